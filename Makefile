@@ -1,0 +1,42 @@
+# The two commands of the README:  `make demo` (set up and run rftweb)  and  `make test`.
+SHELL := /bin/bash
+VENV ?= $(HOME)/.cache/rftweb-venv
+PY := $(VENV)/bin/python
+PORT ?= 8000
+
+.PHONY: demo test test-quick install services migrate
+
+# Python packages. The stamp makes a second `make` skip pip when requirements did not change.
+install: $(VENV)/.installed-$(shell cat requirements.txt requirements-nodeps.txt | md5sum | cut -c1-12)
+$(VENV)/.installed-%:
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --disable-pip-version-check --upgrade pip
+	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements.txt
+	$(VENV)/bin/pip install -q --disable-pip-version-check --no-deps -r requirements-nodeps.txt
+	@rm -f $(VENV)/.installed-* && touch $@
+
+# Start the local PostgreSQL and Redis when they are installed but stopped; say what is missing otherwise.
+services:
+	@pg_isready -q -h localhost -p 5432 2>/dev/null || { \
+	  command -v pg_ctlcluster >/dev/null && pg_ctlcluster --skip-systemctl-redirect $$(ls /etc/postgresql | head -1) main start && sleep 1; } || { \
+	  echo "PostgreSQL is not running on localhost:5432 and is not installed here: apt-get install postgresql, or point DATABASE_URL at one" >&2; exit 1; }
+	@redis-cli -h localhost -p 6379 ping >/dev/null 2>&1 || { \
+	  command -v redis-server >/dev/null && redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no && sleep 0.5; } || { \
+	  echo "Redis is not running on localhost:6379 and is not installed here: apt-get install redis-server, or point REDIS_URL at one" >&2; exit 1; }
+
+# The tests use real Postgres and Redis (rftweb/test_settings.py), slow tests included.
+test: install services
+	$(PY) -m pytest -q
+
+# The same without the slow tests, for a quick check while working.
+test-quick: install services
+	$(PY) -m pytest -q -m "not slow"
+
+# With no DATABASE_URL/REDIS_URL this runs embedded: SQLite in ./data, in-process worker, in-memory channels.
+demo: export DEBUG ?= 1
+demo: install
+	$(PY) manage.py migrate --noinput
+	$(PY) manage.py load_builtin_tasksets
+	$(PY) manage.py create_admin --if-missing --username demo --password demo
+	@echo "rftweb on http://127.0.0.1:$(PORT)/ : log in as demo / demo"
+	$(PY) manage.py runserver 127.0.0.1:$(PORT)

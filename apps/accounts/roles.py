@@ -1,0 +1,61 @@
+"""Roles are Django groups. Staff users count as curators; curators can do what researchers can.
+
+annotator  rates, edits and compares experiences
+researcher uploads tasksets, launches and controls runs (and annotates)
+curator    cleans the buffer in the admin (and everything a researcher does)
+"""
+from functools import wraps
+
+from django.contrib.auth.mixins import AccessMixin
+from django.core.exceptions import PermissionDenied
+
+ANNOTATOR = "annotator"
+RESEARCHER = "researcher"
+CURATOR = "curator"
+ROLES = (ANNOTATOR, RESEARCHER, CURATOR)
+
+# Each role also grants the roles listed here.
+_IMPLIED = {CURATOR: {CURATOR, RESEARCHER, ANNOTATOR}, RESEARCHER: {RESEARCHER, ANNOTATOR}, ANNOTATOR: {ANNOTATOR}}
+
+
+def roles_of(user) -> set[str]:
+    if not user.is_authenticated:
+        return set()
+    if user.is_superuser or user.is_staff:
+        return set(ROLES)
+    cached = getattr(user, "_rftweb_roles", None)
+    if cached is None:
+        cached = set()
+        for name in user.groups.filter(name__in=ROLES).values_list("name", flat=True):
+            cached |= _IMPLIED[name]
+        user._rftweb_roles = cached
+    return cached
+
+
+def has_role(user, role: str) -> bool:
+    return role in roles_of(user)
+
+
+def role_required(role: str):
+    """View decorator: 403 for a logged-in user without the role (anonymous users never get here:
+    LoginRequiredMiddleware sends them to the login page first)."""
+
+    def decorator(view):
+        @wraps(view)
+        def wrapped(request, *args, **kwargs):
+            if not has_role(request.user, role):
+                raise PermissionDenied(f"this page needs the {role} role")
+            return view(request, *args, **kwargs)
+
+        return wrapped
+
+    return decorator
+
+
+class RoleRequiredMixin(AccessMixin):
+    required_role: str = RESEARCHER
+
+    def dispatch(self, request, *args, **kwargs):
+        if not has_role(request.user, self.required_role):
+            raise PermissionDenied(f"this page needs the {self.required_role} role")
+        return super().dispatch(request, *args, **kwargs)

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class BufferConfig(AppConfig):
+    name = "apps.buffer"
+    label = "buffer"

@@ -1,0 +1,58 @@
+"""Token arrays stored as packed little-endian bytes: a 1,000-token response is 4 KB, not a JSON list."""
+import numpy as np
+from django.db import models
+
+
+class PackedArrayField(models.BinaryField):
+    """A 1-D numeric array stored as raw bytes. Reads back as a Python list (None stays None)."""
+
+    def __init__(self, *args, dtype: str = "<i4", **kwargs):
+        self.dtype = np.dtype(dtype)
+        kwargs.setdefault("null", True)
+        kwargs.setdefault("blank", True)
+        kwargs.setdefault("editable", False)
+        super().__init__(*args, **kwargs)
+
+    def deconstruct(self):
+        name, path, args, kwargs = super().deconstruct()
+        kwargs["dtype"] = self.dtype.str
+        for key in ("null", "blank", "editable"):
+            kwargs.pop(key, None)
+        return name, path, args, kwargs
+
+    def unpack(self, value):
+        if value is None:
+            return None
+        return np.frombuffer(bytes(value), dtype=self.dtype).tolist()
+
+    def pack(self, value) -> bytes | None:
+        if value is None:
+            return None
+        if isinstance(value, (bytes, memoryview)):
+            return bytes(value)
+        array = np.asarray(value)
+        if array.size == 0:
+            return b""
+        if array.ndim != 1:
+            raise ValueError(f"{self.name}: expected a 1-D array, got shape {array.shape}")
+        if self.dtype.kind in "iu":
+            if not np.issubdtype(array.dtype, np.integer):
+                raise ValueError(f"{self.name}: expected integers, got {array.dtype}")
+            bounds = np.iinfo(self.dtype)
+            if array.min() < bounds.min or array.max() > bounds.max:
+                raise ValueError(f"{self.name}: values outside [{bounds.min}, {bounds.max}]")
+        return array.astype(self.dtype).tobytes()
+
+    def from_db_value(self, value, expression, connection):
+        return self.unpack(value)
+
+    def to_python(self, value):
+        if isinstance(value, (bytes, memoryview)):
+            return self.unpack(value)
+        return value
+
+    def get_db_prep_value(self, value, connection, prepared=False):
+        return super().get_db_prep_value(self.pack(value), connection, prepared)
+
+    def value_to_string(self, obj):
+        return str(self.value_from_object(obj))

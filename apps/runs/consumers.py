@@ -1,0 +1,47 @@
+"""The live channel of a run: status and metric updates, pushed after they are committed.
+
+Only researchers (and curators) may watch. Messages are whatever `services.broadcast` sends.
+"""
+import json
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from apps.accounts.roles import RESEARCHER, has_role
+
+
+def run_group(run_id: int) -> str:
+    return f"run-{run_id}"
+
+
+class RunConsumer(AsyncJsonWebsocketConsumer):
+    async def connect(self):
+        user = self.scope.get("user")
+        self.run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
+        if not (user and user.is_authenticated and await self._may_watch(user)):
+            await self.close(code=4403)
+            return
+        await self.channel_layer.group_add(run_group(self.run_id), self.channel_name)
+        await self.accept()
+
+    async def disconnect(self, code):
+        await self.channel_layer.group_discard(run_group(self.run_id), self.channel_name)
+
+    async def receive(self, text_data=None, bytes_data=None, **kwargs):
+        try:
+            content = json.loads(text_data or "")
+        except json.JSONDecodeError:
+            content = None
+        if not isinstance(content, dict) or content.get("type") != "ping":
+            await self.send_json({"type": "error", "error": "unknown message; this channel only accepts {\"type\": \"ping\"}"})
+            return
+        await self.send_json({"type": "pong"})
+
+    async def run_update(self, event):
+        await self.send_json(event["payload"])
+
+    @database_sync_to_async
+    def _may_watch(self, user) -> bool:
+        from .models import Run
+
+        return has_role(user, RESEARCHER) and Run.objects.filter(pk=self.run_id).exists()

@@ -1,0 +1,80 @@
+from django.conf import settings
+from django.db import models
+
+
+class Run(models.Model):
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        STARTING = "starting"
+        RUNNING = "running"
+        PAUSED = "paused"
+        STOPPING = "stopping"
+        STOPPED = "stopped"
+        COMPLETED = "completed"
+        FAILED = "failed"
+
+    class Mode(models.TextChoices):
+        BOTH = "both"
+        EXPLORE = "explore"
+        TRAIN = "train"
+        BENCH = "bench"
+
+    FINISHED = (Status.STOPPED, Status.COMPLETED, Status.FAILED)
+
+    name = models.CharField(max_length=200)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, related_name="runs", on_delete=models.PROTECT)
+    config = models.JSONField(help_text="the validated run config (workers.rft.config)")
+    mode = models.CharField(max_length=10, choices=Mode.choices, default=Mode.BOTH)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.QUEUED, db_index=True)
+    explorer_step = models.PositiveIntegerField(default=0)
+    trainer_step = models.PositiveIntegerField(default=0)
+    model_version = models.PositiveIntegerField(default=0)
+    error = models.TextField(blank=True)
+    # {"explorer": iso time, "trainer": iso time}: the watchdog resumes a role whose heartbeat expired.
+    heartbeats = models.JSONField(default=dict, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self):
+        return f"{self.name} ({self.status})"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in self.FINISHED
+
+
+class MetricPoint(models.Model):
+    """All scalars of one role at one step, in one row."""
+
+    class Role(models.TextChoices):
+        EXPLORER = "explorer"
+        TRAINER = "trainer"
+        EVAL = "eval"
+        SYSTEM = "system"
+
+    run = models.ForeignKey(Run, related_name="metrics", on_delete=models.CASCADE)
+    role = models.CharField(max_length=10, choices=Role.choices)
+    step = models.PositiveIntegerField()
+    values = models.JSONField()
+    time = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "role", "step"]
+        constraints = [models.UniqueConstraint(fields=["run", "role", "step"], name="metric_unique_step")]
+
+
+class Checkpoint(models.Model):
+    run = models.ForeignKey(Run, related_name="checkpoints", on_delete=models.CASCADE)
+    version = models.PositiveIntegerField()
+    step = models.PositiveIntegerField()
+    path = models.CharField(max_length=500)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["run", "version"]
+        constraints = [models.UniqueConstraint(fields=["run", "version"], name="checkpoint_unique_version")]

@@ -1,0 +1,3 @@
+from apps.runs.routing import websocket_urlpatterns as run_routes
+
+websocket_urlpatterns = [*run_routes]

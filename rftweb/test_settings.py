@@ -1,0 +1,14 @@
+"""Test settings: real Postgres and Redis (the test command starts them), never the embedded default."""
+import os
+
+os.environ.setdefault("DEBUG", "1")
+os.environ.setdefault("DATABASE_URL", "postgres://postgres@localhost:5432/rftweb")
+os.environ.setdefault("REDIS_URL", "redis://localhost:6379/14")
+
+from .settings import *  # noqa: E402,F401,F403
+
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]  # fast logins in tests
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+}

@@ -1,0 +1,9 @@
+from django.contrib import admin
+from django.urls import include, path
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("accounts/", include("apps.accounts.urls")),
+    path("tasksets/", include("apps.tasksets.urls")),
+    path("", include("apps.runs.urls")),
+]

@@ -1,0 +1,106 @@
+"""The run websocket through the real ASGI app (auth, origin check, routing) and the Redis channel layer."""
+import pytest
+from asgiref.sync import async_to_sync
+from channels.db import database_sync_to_async
+from channels.layers import get_channel_layer
+from channels.testing import WebsocketCommunicator
+from django.conf import settings
+from django.db import transaction
+
+from apps.runs import services
+from apps.runs.models import Run
+from rftweb.asgi import application
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def session_cookie(client, user) -> bytes:
+    client.force_login(user)
+    return f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}".encode()
+
+
+def connect(path, cookie=b"", origin=b"http://localhost"):
+    headers = [(b"origin", origin)] + ([(b"cookie", cookie)] if cookie else [])
+    return WebsocketCommunicator(application, path, headers=headers)
+
+
+def test_channel_layer_is_redis():
+    assert type(get_channel_layer()).__name__ == "RedisChannelLayer"
+
+
+def test_researcher_receives_updates_sent_after_commit(client, researcher):
+    run = Run.objects.create(name="r", owner=researcher, config={})
+    cookie = session_cookie(client, researcher)
+
+    async def scenario():
+        ws = connect(f"/ws/runs/{run.pk}/", cookie)
+        assert (await ws.connect())[0]
+        await ws.send_json_to({"type": "ping"})
+        assert await ws.receive_json_from(timeout=5) == {"type": "pong"}
+        await database_sync_to_async(services.record_metrics)(run, "trainer", 1, {"loss": 0.5})
+        message = await ws.receive_json_from(timeout=5)
+        await ws.disconnect()
+        return message
+
+    assert async_to_sync(scenario)() == {"type": "metrics", "role": "trainer", "step": 1, "values": {"loss": 0.5}}
+
+
+def test_rolled_back_metrics_are_never_broadcast(client, researcher):
+    run = Run.objects.create(name="r", owner=researcher, config={})
+    cookie = session_cookie(client, researcher)
+
+    def record_then_roll_back():
+        with pytest.raises(RuntimeError), transaction.atomic():
+            services.record_metrics(run, "trainer", 1, {"loss": 0.5})
+            raise RuntimeError("rolled back")
+
+    async def scenario():
+        ws = connect(f"/ws/runs/{run.pk}/", cookie)
+        assert (await ws.connect())[0]
+        await database_sync_to_async(record_then_roll_back)()
+        silent = await ws.receive_nothing(timeout=0.5)
+        await ws.disconnect()
+        return silent
+
+    assert async_to_sync(scenario)()
+
+
+@pytest.mark.parametrize("who", ["anonymous", "annotator"])
+def test_anonymous_and_annotators_are_refused(client, researcher, annotator, who):
+    run = Run.objects.create(name="r", owner=researcher, config={})
+    cookie = session_cookie(client, annotator) if who == "annotator" else b""
+
+    async def scenario():
+        connected, code = await connect(f"/ws/runs/{run.pk}/", cookie).connect()
+        return connected, code
+
+    connected, code = async_to_sync(scenario)()
+    assert not connected and code == 4403
+
+
+def test_foreign_origin_is_refused(client, researcher):
+    run = Run.objects.create(name="r", owner=researcher, config={})
+
+    cookie = session_cookie(client, researcher)
+
+    async def scenario():
+        return await connect(f"/ws/runs/{run.pk}/", cookie, b"http://evil.example").connect()
+
+    connected, _ = async_to_sync(scenario)()
+    assert not connected
+
+
+def test_unknown_messages_get_an_error(client, researcher):
+    run = Run.objects.create(name="r", owner=researcher, config={})
+
+    cookie = session_cookie(client, researcher)
+
+    async def scenario():
+        ws = connect(f"/ws/runs/{run.pk}/", cookie)
+        assert (await ws.connect())[0]
+        await ws.send_to(text_data="not json at all")
+        first = await ws.receive_json_from(timeout=5)
+        await ws.disconnect()
+        return first
+
+    assert async_to_sync(scenario)()["type"] == "error"
