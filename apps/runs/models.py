@@ -32,6 +32,7 @@ class Run(models.Model):
     error = models.TextField(blank=True)
     # {"explorer": iso time, "trainer": iso time}: the watchdog resumes a role whose heartbeat expired.
     heartbeats = models.JSONField(default=dict, blank=True)
+    live_seq = models.PositiveBigIntegerField(default=0, help_text="number of the last live message sent")
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

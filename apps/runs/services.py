@@ -2,7 +2,7 @@
 from django.db import transaction
 from django.utils import timezone
 
-from .consumers import run_group
+from .live import publisher
 from .models import MetricPoint, Run
 
 Status = Run.Status
@@ -24,16 +24,9 @@ class InvalidTransition(Exception):
     pass
 
 
-def broadcast(run_id: int, payload: dict) -> None:
-    """Send to the run's websocket group once the current transaction commits."""
-
-    def send():
-        from asgiref.sync import async_to_sync
-        from channels.layers import get_channel_layer
-
-        async_to_sync(get_channel_layer().group_send)(run_group(run_id), {"type": "run.update", "payload": payload})
-
-    transaction.on_commit(send)
+def broadcast(run_id: int, update: dict) -> None:
+    """Publish to the run's live channel once the current transaction commits (never a rolled-back change)."""
+    transaction.on_commit(lambda: publisher.publish(run_id, update))
 
 
 @transaction.atomic

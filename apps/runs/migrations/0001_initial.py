@@ -27,6 +27,7 @@ class Migration(migrations.Migration):
                 ('model_version', models.PositiveIntegerField(default=0)),
                 ('error', models.TextField(blank=True)),
                 ('heartbeats', models.JSONField(blank=True, default=dict)),
+                ('live_seq', models.PositiveBigIntegerField(default=0, help_text='number of the last live message sent')),
                 ('created_at', models.DateTimeField(auto_now_add=True)),
                 ('started_at', models.DateTimeField(blank=True, null=True)),
                 ('finished_at', models.DateTimeField(blank=True, null=True)),

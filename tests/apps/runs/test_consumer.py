@@ -42,7 +42,37 @@ def test_researcher_receives_updates_sent_after_commit(client, researcher):
         await ws.disconnect()
         return message
 
-    assert async_to_sync(scenario)() == {"type": "metrics", "role": "trainer", "step": 1, "values": {"loss": 0.5}}
+    message = async_to_sync(scenario)()
+    assert message == {
+        "type": "updates",
+        "seq": 1,
+        "updates": [{"type": "metrics", "role": "trainer", "step": 1, "values": {"loss": 0.5}}],
+    }
+
+
+def test_updates_are_numbered_in_order_and_coalesced(client, researcher):
+    run = Run.objects.create(name="r", owner=researcher, config={})
+    cookie = session_cookie(client, researcher)
+
+    def train_steps(first, last):
+        for step in range(first, last + 1):
+            services.record_metrics(run, "trainer", step, {"loss": 1 / step})
+
+    async def scenario():
+        ws = connect(f"/ws/runs/{run.pk}/", cookie)
+        assert (await ws.connect())[0]
+        await database_sync_to_async(train_steps)(1, 60)
+        messages = []
+        while sum(len(m["updates"]) for m in messages) < 60:
+            messages.append(await ws.receive_json_from(timeout=5))
+        await ws.disconnect()
+        return messages
+
+    messages = async_to_sync(scenario)()
+    assert [m["seq"] for m in messages] == list(range(1, len(messages) + 1))
+    steps = [u["step"] for m in messages for u in m["updates"]]
+    assert steps == list(range(1, 61))
+    assert len(messages) < 60  # 60 steps went out in a few messages
 
 
 def test_rolled_back_metrics_are_never_broadcast(client, researcher):

@@ -1,0 +1,61 @@
+"""Numbered, coalesced live updates of a run (DESIGN.md, "Live updates").
+
+Channels drops messages silently when a client falls behind, so every message carries the run's
+next `seq`; a client that sees a gap fetches the snapshot (`views.run_live`) again. The snapshot
+reads `Run.live_seq` before the data it returns, so any message numbered at or below it describes
+something already in the snapshot.
+
+Each process coalesces its updates per run: the first update starts a short timer, and everything
+published until it fires goes out as one message. That keeps a run to a few messages a second
+however fast its steps are.
+"""
+import threading
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import transaction
+
+from .consumers import run_group
+
+COALESCE_SECONDS = 0.25
+
+
+def next_seq(run_id: int) -> int:
+    from .models import Run
+
+    with transaction.atomic():
+        run = Run.objects.select_for_update().only("live_seq").get(pk=run_id)
+        run.live_seq += 1
+        run.save(update_fields=["live_seq"])
+        return run.live_seq
+
+
+class LivePublisher:
+    def __init__(self, coalesce_seconds: float = COALESCE_SECONDS):
+        self.coalesce_seconds = coalesce_seconds
+        self._pending: dict[int, list[dict]] = {}
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+
+    def publish(self, run_id: int, update: dict) -> None:
+        with self._lock:
+            self._pending.setdefault(run_id, []).append(update)
+            if self._timer is None:
+                self._timer = threading.Timer(self.coalesce_seconds, self.flush)
+                self._timer.daemon = True
+                self._timer.start()
+
+    def flush(self) -> None:
+        """Send what is pending now (the timer calls this; so does a worker before it exits)."""
+        with self._lock:
+            pending, self._pending = self._pending, {}
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+        layer = get_channel_layer()
+        for run_id, updates in pending.items():
+            message = {"type": "updates", "seq": next_seq(run_id), "updates": updates}
+            async_to_sync(layer.group_send)(run_group(run_id), {"type": "run.update", "payload": message})
+
+
+publisher = LivePublisher()

@@ -1,0 +1,340 @@
+"""The run config: one schema for the launch form, YAML files and the JSON API.
+
+`RunConfig.from_dict(data)` checks everything and raises one ConfigError listing every problem
+under its dotted key (`algorithm.kl.coef: must be >= 0, got -1`). Field rules sit next to the
+fields; rules that span several keys are in `_combination_issues`.
+"""
+import difflib
+import math
+import operator
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from pathlib import Path
+from types import NoneType, UnionType
+from typing import get_args
+
+import yaml
+
+from workers.rft.algorithms import (
+    ADVANTAGE_FNS, AGG_MODES, ALGORITHMS, GROUP_ADVANTAGE_FNS, KL_FNS, POLICY_LOSSES, resolve,
+)
+from workers.rft.rewards import build_reward
+
+MODES = ("both", "explore", "train", "bench")
+
+
+@dataclass
+class ConfigIssue:
+    key: str  # dotted path, e.g. 'algorithm.kl.coef'; '<config>' for the document itself
+    message: str
+
+
+class ConfigError(ValueError):
+    def __init__(self, errors: list[ConfigIssue]):
+        self.errors = list(errors)
+        super().__init__("\n".join(f"{issue.key}: {issue.message}" for issue in self.errors))
+
+
+def _f(default=None, *, factory=None, choices=None, ge=None, gt=None, le=None, lt=None, check=None):
+    """A config field: its default and the rules its value follows (check(value) -> problem or None)."""
+    rules = {"choices": choices, "ge": ge, "gt": gt, "le": le, "lt": lt, "check": check}
+    if factory is not None:
+        return field(default_factory=factory, metadata=rules)
+    return field(default=default, metadata=rules)
+
+
+def _check_reward_fn(spec) -> str | None:
+    try:
+        build_reward(spec)
+    except (KeyError, TypeError, ValueError) as err:
+        return str(err.args[0])
+    return None
+
+
+def _check_operators(ops: list) -> str | None:
+    for i, op in enumerate(ops):
+        name = op.get("name") if isinstance(op, Mapping) else op
+        if not isinstance(name, str) or not name:
+            return f"item {i}: expected an operator name or a mapping with a 'name'"
+    return None
+
+
+@dataclass
+class ModelConfig:
+    path: str = "tiny"  # a local HF dir or a built-in name (resolved by models.py)
+    ref_path: str | None = None  # default: path
+    critic_path: str | None = None  # default: path
+    max_prompt_tokens: int = _f(256, ge=1)
+    dtype: str = _f("auto", choices=("auto", "float32", "bfloat16", "float16"))
+    device: str = _f("auto", choices=("auto", "cpu", "cuda"))
+
+
+@dataclass
+class KLConfig:
+    fn: str = _f("none", choices=KL_FNS)
+    coef: float = _f(0.0, ge=0)
+
+
+@dataclass
+class GAEConfig:
+    gamma: float = _f(1.0, ge=0, le=1)
+    lam: float = _f(0.95, ge=0, le=1)
+
+
+@dataclass
+class DPOConfig:
+    beta: float = _f(0.1, gt=0)
+
+
+@dataclass
+class MixConfig:
+    mu: float = _f(0.1, ge=0, le=1)
+    expert_data_ratio: float = _f(0.25, ge=0, le=1)
+
+
+@dataclass
+class AlgorithmConfig:
+    name: str = _f("grpo", choices=ALGORITHMS)
+    repeat_times: int = _f(8, ge=1)
+    advantage_fn: str | None = _f(None, choices=ADVANTAGE_FNS)
+    policy_loss: str | None = _f(None, choices=POLICY_LOSSES)
+    clip_range: float = _f(0.2, gt=0, lt=1)
+    clip_range_low: float | None = _f(None, gt=0, lt=1)
+    clip_range_high: float | None = _f(None, gt=0)
+    loss_agg_mode: str = _f("token-mean", choices=AGG_MODES)
+    entropy_coef: float = _f(0.0, ge=0)
+    drop_zero_std_groups: bool = False
+    epsilon: float = _f(1e-6, gt=0)
+    kl: KLConfig = field(default_factory=KLConfig)
+    gae: GAEConfig = field(default_factory=GAEConfig)
+    value_clip: float = _f(0.2, gt=0)
+    dpo: DPOConfig = field(default_factory=DPOConfig)
+    mix: MixConfig = field(default_factory=MixConfig)
+
+    @property
+    def clip_low(self) -> float:
+        return self.clip_range if self.clip_range_low is None else self.clip_range_low
+
+    @property
+    def clip_high(self) -> float:
+        return self.clip_range if self.clip_range_high is None else self.clip_range_high
+
+
+@dataclass
+class ExplorerConfig:
+    engine: str = _f("auto", choices=("auto", "vllm", "transformers"))
+    batch_size: int = _f(16, ge=1)  # tasks per explorer step
+    temperature: float = _f(1.0, ge=0)
+    top_p: float = _f(1.0, gt=0, le=1)
+    max_new_tokens: int = _f(32, ge=1)
+    workflow: str = "single_turn"
+    reward_fn: str | dict = _f("exact_match", check=_check_reward_fn)  # name, or {name: weight | {weight, <params>}}
+    system_prompt: str | None = None
+    use_chat_template: bool = True
+    pipeline: list = _f(factory=list, check=_check_operators)
+    eval_interval: int = _f(0, ge=0)  # 0: no eval
+
+
+@dataclass
+class TrainerConfig:
+    lr: float = _f(1e-5, gt=0)
+    critic_lr: float = _f(1e-5, gt=0)
+    batch_size: int | None = _f(None, ge=1)  # default: explorer.batch_size * repeat_times
+    micro_batch_size: int = _f(8, ge=1)
+    total_steps: int = _f(100, ge=1)
+    save_interval: int = _f(0, ge=0)  # 0: only at the end
+    grad_clip: float = _f(1.0, gt=0)
+    weight_decay: float = _f(0.0, ge=0)
+    warmup_steps: int = _f(0, ge=0)
+    update_epochs: int = _f(1, ge=1)
+
+
+@dataclass
+class BufferConfig:
+    taskset: str = "arithmetic"
+    expert_taskset: str | None = None
+    eval_taskset: str | None = None
+    max_staleness: int | None = _f(None, ge=0)  # in model versions; None: unbounded
+    task_pipeline: list = _f(factory=list, check=_check_operators)
+
+
+@dataclass
+class SynchronizerConfig:
+    method: str = _f("memory", choices=("memory", "checkpoint", "nccl"))
+    interval: int = _f(1, ge=1)
+    offset: int = _f(0, ge=0)
+
+
+@dataclass
+class RunConfig:
+    mode: str = _f("both", choices=MODES)
+    seed: int = _f(0, ge=0)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    explorer: ExplorerConfig = field(default_factory=ExplorerConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    buffer: BufferConfig = field(default_factory=BufferConfig)
+    synchronizer: SynchronizerConfig = field(default_factory=SynchronizerConfig)
+
+    @classmethod
+    def from_dict(cls, data: Mapping) -> "RunConfig":
+        issues, bad = [], set()
+        config = _build(cls, data, "", issues, bad)
+        issues += _combination_issues(config, bad)
+        if issues:
+            raise ConfigError(issues)
+        return config
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def train_batch_size(self) -> int:
+        """Experiences per trainer step: trainer.batch_size, else one explorer step's worth."""
+        return self.trainer.batch_size or self.explorer.batch_size * self.algorithm.repeat_times
+
+
+class _Loader(yaml.SafeLoader):
+    """YAML 1.1 reads `1e-5` (no dot) as a string; every config author means a float."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+$"), list("-+0123456789.")
+)
+
+
+def load_config(path_or_text: str | Path) -> RunConfig:
+    """A RunConfig from YAML/JSON text (JSON is read as YAML) or a file: a Path, or a one-line str
+    ending in .yaml, .yml or .json."""
+    text = path_or_text
+    if isinstance(text, Path) or ("\n" not in text and text.strip().endswith((".yaml", ".yml", ".json"))):
+        text = Path(text).read_text()
+    try:
+        data = yaml.load(text, Loader=_Loader)
+    except yaml.YAMLError as err:
+        raise ConfigError([ConfigIssue("<config>", f"not valid YAML or JSON: {err}")]) from None
+    return RunConfig.from_dict({} if data is None else data)
+
+
+# ---- field-level checks -------------------------------------------------------------------------
+
+TYPE_NAMES = {
+    bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list", dict: "a mapping",
+}
+BOUNDS = {"ge": (operator.ge, ">="), "gt": (operator.gt, ">"), "le": (operator.le, "<="), "lt": (operator.lt, "<")}
+
+
+def _build(cls, data, prefix: str, issues: list, bad: set):
+    """An instance of dataclass cls from data; a bad value is reported and its default kept."""
+    if not isinstance(data, Mapping):
+        _report(issues, bad, prefix or "<config>", f"expected a mapping, got {_type_name(data)}")
+        return cls()
+    known = [f.name for f in fields(cls)]
+    for key in data:
+        if key not in known:
+            hint = _hint(str(key), known) or f"; known keys: {', '.join(known)}"
+            _report(issues, bad, _join(prefix, key), "unknown key" + hint)
+    values = {}
+    for f in fields(cls):
+        if f.name not in data:
+            continue
+        key = _join(prefix, f.name)
+        if is_dataclass(f.type):
+            values[f.name] = _build(f.type, data[f.name], key, issues, bad)
+            continue
+        value, problem = _check_value(data[f.name], f)
+        if problem:
+            _report(issues, bad, key, problem)
+        else:
+            values[f.name] = value
+    return cls(**values)
+
+
+def _check_value(value, f) -> tuple[object, str | None]:
+    allowed = get_args(f.type) if isinstance(f.type, UnionType) else (f.type,)
+    if value is None:
+        return None, None if NoneType in allowed else "must not be null"
+    types = [t for t in allowed if t is not NoneType]
+    if not any(_is(value, t) for t in types):
+        return None, f"expected {' or '.join(TYPE_NAMES[t] for t in types)}, got {_type_name(value)}"
+    if isinstance(value, float) and not math.isfinite(value):
+        return None, "must be a finite number"
+    if float in types:
+        value = float(value)
+    if isinstance(value, str) and not value.strip():
+        return None, "must not be empty"
+    rules = f.metadata
+    choices = rules.get("choices")
+    if choices is not None and value not in choices:
+        return None, f"'{value}' is not one of: {', '.join(choices)}" + _hint(value, list(choices))
+    bounds = [(name, rules[name]) for name in BOUNDS if rules.get(name) is not None]
+    if not all(BOUNDS[name][0](value, bound) for name, bound in bounds):
+        limits = " and ".join(f"{BOUNDS[name][1]} {bound}" for name, bound in bounds)
+        return None, f"must be {limits}, got {value}"
+    check = rules.get("check")
+    return value, check(value) if check else None
+
+
+def _is(value, type_) -> bool:
+    if type_ is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if type_ is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, type_)
+
+
+def _type_name(value) -> str:
+    return "null" if value is None else next((TYPE_NAMES[t] for t in TYPE_NAMES if _is(value, t)), type(value).__name__)
+
+
+def _hint(word: str, options: list[str]) -> str:
+    close = difflib.get_close_matches(word, options, n=1)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def _join(prefix: str, key) -> str:
+    return f"{prefix}.{key}" if prefix else str(key)
+
+
+def _report(issues: list, bad: set, key: str, message: str):
+    issues.append(ConfigIssue(key, message))
+    bad.add(key)
+
+
+# ---- rules across keys --------------------------------------------------------------------------
+
+
+def _combination_issues(c: RunConfig, bad: set) -> list[ConfigIssue]:
+    """Each rule names the key to blame and the keys it reads; it is skipped when any of them
+    already has an error (their values here are defaults standing in for the bad ones)."""
+    algo, spec, preset = c.algorithm, resolve(c), ALGORITHMS[c.algorithm.name]
+    sync = c.synchronizer
+    rules = [  # (key, broken, message, other keys read)
+        ("buffer.expert_taskset", spec.sample_strategy == "mix" and c.buffer.expert_taskset is None,
+         f"required by {'algorithm' if algo.name == 'mix' else 'policy loss'} 'mix', which mixes expert data into "
+         "every trainer batch", ("algorithm.name", "algorithm.policy_loss")),
+        ("algorithm.repeat_times", spec.advantage_fn in GROUP_ADVANTAGE_FNS and algo.repeat_times < 2,
+         f"must be >= 2 for advantage fn '{spec.advantage_fn}', which compares rollouts of the same task, "
+         f"got {algo.repeat_times}", ("algorithm.name", "algorithm.advantage_fn")),
+        ("mode", not spec.uses_rollouts and c.mode == "explore",
+         f"'explore' only collects rollouts, and algorithm '{algo.name}' does not train on rollouts",
+         ("algorithm.name",)),
+        ("algorithm.advantage_fn", algo.advantage_fn is not None and preset.advantage_fn is None,
+         f"algorithm '{algo.name}' uses no advantages", ("algorithm.name",)),
+        ("algorithm.policy_loss", algo.policy_loss not in (None, preset.policy_loss)
+         and (not preset.uses_rollouts or algo.policy_loss == "dpo"),
+         f"'{algo.policy_loss}' cannot replace the '{preset.policy_loss}' loss of algorithm '{algo.name}'",
+         ("algorithm.name",)),
+        ("synchronizer.offset", sync.offset > sync.interval,
+         f"must be <= synchronizer.interval ({sync.interval}), got {sync.offset}", ("synchronizer.interval",)),
+        ("buffer.eval_taskset", c.mode == "bench" and c.buffer.eval_taskset is None,
+         "required by mode 'bench'", ("mode",)),
+        ("buffer.eval_taskset", c.explorer.eval_interval > 0 and c.buffer.eval_taskset is None,
+         "required when explorer.eval_interval > 0", ("explorer.eval_interval",)),
+    ]
+    return [
+        ConfigIssue(key, message)
+        for key, broken, message, reads in rules
+        if broken and not any(k == b or k.startswith(b + ".") for k in (key, *reads) for b in bad)
+    ]

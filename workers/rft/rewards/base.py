@@ -1,0 +1,49 @@
+"""The reward fn registry and `build_reward`, which turns the config's reward_fn into one callable.
+
+A reward fn is fn(response: str, task, **params) -> float, where task is a mapping or an object
+(e.g. experience.Task) with 'answer' and 'metadata'.
+"""
+import inspect
+from collections.abc import Mapping
+
+from workers.rft.registry import Registry
+
+REWARD_FNS = Registry("reward fn")
+
+
+def task_field(task, name: str, default=None):
+    """task[name] for a mapping, task.name for an object such as experience.Task."""
+    if isinstance(task, Mapping):
+        return task.get(name, default)
+    return getattr(task, name, default)
+
+
+def build_reward(spec):
+    """spec: a name, or a mapping {name: weight} where a weight may also be {weight: w, <params>}.
+
+    Returns reward(response, task) -> (total, components): components holds each fn's own score,
+    total the weighted sum. Unknown names raise KeyError; bad params or weights raise TypeError or
+    ValueError here, not at the first rollout.
+    """
+    if isinstance(spec, str):
+        spec = {spec: 1.0}
+    if not isinstance(spec, Mapping) or not spec:
+        raise ValueError("reward_fn must be a name or a non-empty mapping {name: weight}")
+    terms = []  # (name, fn, weight, params)
+    for name, value in spec.items():
+        fn = REWARD_FNS.get(name)
+        params = dict(value) if isinstance(value, Mapping) else {"weight": value}
+        weight = params.pop("weight", 1.0)
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)):
+            raise ValueError(f"weight of reward fn '{name}' must be a number, got {weight!r}")
+        try:
+            inspect.signature(fn).bind("", {}, **params)
+        except TypeError as err:
+            raise TypeError(f"reward fn '{name}': {err}") from None
+        terms.append((name, fn, float(weight), params))
+
+    def reward(response: str, task) -> tuple[float, dict[str, float]]:
+        components = {name: float(fn(response, task, **params)) for name, fn, _, params in terms}
+        return sum(weight * components[name] for name, _, weight, _ in terms), components
+
+    return reward
