@@ -76,6 +76,11 @@ TEMPLATES = [
 
 DATABASE_URL = os.environ.get("DATABASE_URL") or f"sqlite:///{DATA_DIR / 'rftweb.sqlite3'}"
 DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
+    DATA_DIR.mkdir(parents=True, exist_ok=True)
+    # The embedded worker thread writes while pages read: wait for the lock rather than fail.
+    # WAL lets pages read while the worker writes.
+    DATABASES["default"]["OPTIONS"] = {"timeout": 30, "init_command": "PRAGMA journal_mode=WAL"}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = os.environ.get("REDIS_URL", "")
@@ -92,18 +97,20 @@ else:
 # Celery. One long task per worker process (prefetch 1, acks_late) so a killed worker's run step
 # is redelivered; the visibility timeout must outlast the longest step or Redis redelivers it
 # while it is still running.
+# Embedded (no REDIS_URL): no broker; tasks run on threads of the web process (workers.tasks.enqueue).
+RFTWEB_EMBEDDED = not REDIS_URL
 CELERY_BROKER_URL = REDIS_URL or "memory://"
 CELERY_RESULT_BACKEND = REDIS_URL or "cache+memory://"
-CELERY_TASK_ALWAYS_EAGER = not REDIS_URL
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": int(os.environ.get("CELERY_VISIBILITY_TIMEOUT", 6 * 3600))}
 CELERY_TASK_DEFAULT_QUEUE = "default"
-CELERY_TASK_ROUTES = {
-    "workers.tasks.explore": {"queue": "explore"},
-    "workers.tasks.train": {"queue": "train"},
-}
+CELERY_TASK_ROUTES = {"workers.tasks.run_loop": {"queue": "train"}}
+CELERY_BEAT_SCHEDULE = {"watchdog": {"task": "workers.tasks.watchdog", "schedule": 30.0}}
+# A run's worker beats every INTERVAL seconds; one silent for TIMEOUT seconds is presumed dead.
+RFTWEB_HEARTBEAT_INTERVAL = float(os.environ.get("RFTWEB_HEARTBEAT_INTERVAL", 10))
+RFTWEB_HEARTBEAT_TIMEOUT = float(os.environ.get("RFTWEB_HEARTBEAT_TIMEOUT", 120))
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]

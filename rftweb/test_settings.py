@@ -4,6 +4,10 @@ import os
 os.environ.setdefault("DEBUG", "1")
 os.environ.setdefault("DATABASE_URL", "postgres://postgres@localhost:5432/rftweb")
 os.environ.setdefault("REDIS_URL", "redis://localhost:6379/14")
+os.environ.setdefault("RFTWEB_DATA_DIR", os.path.join(os.path.dirname(os.path.dirname(__file__)), "data", "test"))
+# Tests kill workers on purpose: notice a dead one in seconds, not minutes.
+os.environ.setdefault("RFTWEB_HEARTBEAT_INTERVAL", "1")
+os.environ.setdefault("RFTWEB_HEARTBEAT_TIMEOUT", "6")
 
 from .settings import *  # noqa: E402,F401,F403
 

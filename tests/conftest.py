@@ -34,3 +34,61 @@ def researcher_client(client, researcher):
 def annotator_client(client, annotator):
     client.force_login(annotator)
     return client
+
+
+@pytest.fixture
+def celery_worker_factory(transactional_db, tmp_path):
+    """Start real Celery worker processes on the test database and Redis; stop them at the end.
+
+    Tests using it must be transactional (the worker sees only committed rows)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+    import uuid
+
+    from django.conf import settings
+    from django.db import connection
+
+    from rftweb.celery import app
+
+    db = connection.settings_dict
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "rftweb.test_settings",
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "REDIS_URL": settings.REDIS_URL,
+        "RFTWEB_DATA_DIR": str(settings.DATA_DIR),
+        "RFTWEB_HEARTBEAT_INTERVAL": str(settings.RFTWEB_HEARTBEAT_INTERVAL),
+        "RFTWEB_HEARTBEAT_TIMEOUT": str(settings.RFTWEB_HEARTBEAT_TIMEOUT),
+    }
+    app.control.purge()  # nothing left over from an earlier test
+    started = []
+
+    def start(queues="default,train,explore"):
+        name = f"test-{uuid.uuid4().hex[:8]}@localhost"
+        log = open(tmp_path / f"{name}.log", "w")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "celery", "-A", "rftweb", "worker", "-Q", queues, "-c", "1", "-n", name,
+             "--without-gossip", "--without-mingle", "-l", "info"],
+            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+        proc.log_path = tmp_path / f"{name}.log"
+        started.append(proc)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            if app.control.ping(destination=[name], timeout=0.5):
+                return proc
+            if proc.poll() is not None:
+                break
+        raise RuntimeError(f"celery worker did not start:\n{proc.log_path.read_text()}")
+
+    yield start
+    for proc in started:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)

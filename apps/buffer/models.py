@@ -43,6 +43,10 @@ class Experience(models.Model):
     use_count = models.PositiveIntegerField(default=0)
     parent = models.ForeignKey("self", null=True, blank=True, related_name="children", on_delete=models.SET_NULL)
     metadata = models.JSONField(default=dict, blank=True)
+    # Set while a trainer holds the row for its current step, so a second trainer skips it;
+    # cleared when the step is done (or by the trainer's restart, for a step that never finished).
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    consumed_at = models.DateTimeField(null=True, blank=True)  # lets a resumed run rewind what it lost
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -1,4 +1,6 @@
 """State changes of runs. Views, commands and workers call these, never the models directly."""
+from datetime import datetime
+
 from django.db import transaction
 from django.utils import timezone
 
@@ -53,3 +55,100 @@ def record_metrics(run: Run, role: str, step: int, values: dict) -> MetricPoint:
     point, _ = MetricPoint.objects.update_or_create(run=run, role=role, step=step, defaults={"values": values})
     broadcast(run.pk, {"type": "metrics", "role": role, "step": step, "values": values})
     return point
+
+
+def validate_config(config) -> "RunConfig":
+    """The engine's schema, plus what only the database knows: the tasksets must exist.
+    Raises ConfigError naming each bad key."""
+    from apps.tasksets.models import Taskset
+    from workers.rft.config import ConfigError, ConfigIssue, RunConfig, load_config
+
+    parsed = load_config(config) if isinstance(config, str) else RunConfig.from_dict(config)
+    buffer = parsed.buffer
+    issues = [
+        ConfigIssue(f"buffer.{key}", f"no taskset named {name!r}; upload it or pick one of the tasksets page")
+        for key, name in (("taskset", buffer.taskset), ("expert_taskset", buffer.expert_taskset), ("eval_taskset", buffer.eval_taskset))
+        if name and not Taskset.objects.filter(name=name).exists()
+    ]
+    if issues:
+        raise ConfigError(issues)
+    return parsed
+
+
+def launch_run(owner, name: str, config) -> Run:
+    """Validate, create the run and, once that commits, hand it to the workers."""
+    from workers import tasks
+
+    parsed = validate_config(config)
+    with transaction.atomic():
+        run = Run.objects.create(name=name, owner=owner, config=parsed.to_dict(), mode=parsed.mode)
+        transaction.on_commit(lambda: tasks.enqueue(tasks.start_run, run.pk))
+    return run
+
+
+def pause_run(run: Run) -> Run:
+    return set_status(run, Status.PAUSED)
+
+
+def resume_run(run: Run) -> Run:
+    return set_status(run, Status.RUNNING)
+
+
+def stop_run(run: Run) -> Run:
+    """Ask the workers to stop; they check the status every step. A run no worker has started yet
+    stops at once."""
+    if run.status == Status.QUEUED:
+        return set_status(run, Status.STOPPED)
+    return set_status(run, Status.STOPPING)
+
+
+PROGRESS_FIELDS = ("explorer_step", "trainer_step", "model_version")
+
+
+def set_progress(run: Run, **progress: int) -> None:
+    """Move the run's step counters and model version forward (never back: a replayed step
+    after a restart must not make the dashboard jump)."""
+    unknown = set(progress) - set(PROGRESS_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown progress field(s) {sorted(unknown)}")
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().get(pk=run.pk)
+        changed = {k: v for k, v in progress.items() if v > getattr(locked, k)}
+        if not changed:
+            return
+        Run.objects.filter(pk=run.pk).update(**changed)
+        broadcast(run.pk, {"type": "progress", **changed})
+    for key, value in changed.items():
+        setattr(run, key, value)
+
+
+HANDED_OVER = "watchdog"  # the holder the watchdog writes when it hands a dead worker's role on
+
+
+def heartbeat(run: Run, role: str, worker: str) -> None:
+    """`worker` is alive and holds `role` of the run; the watchdog resumes a role whose heartbeat expired."""
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().only("heartbeats").get(pk=run.pk)
+        locked.heartbeats = {**locked.heartbeats, role: {"at": timezone.now().isoformat(), "worker": worker}}
+        locked.save(update_fields=["heartbeats"])
+
+
+def heartbeat_age(run: Run, role: str) -> float | None:
+    """Seconds since the role's last heartbeat (None: it never had one)."""
+    beat = run.heartbeats.get(role)
+    if not beat:
+        return None
+    return (timezone.now() - datetime.fromisoformat(beat["at"])).total_seconds()
+
+
+def claim_role(run: Run, role: str, worker: str, timeout: float) -> bool:
+    """Take the role unless another worker holds it with a fresh heartbeat. A redelivered or
+    duplicated task for a role that is being served then exits without touching the run."""
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().get(pk=run.pk)
+        beat = locked.heartbeats.get(role)
+        age = heartbeat_age(locked, role)
+        if beat and beat["worker"] not in (worker, HANDED_OVER) and age is not None and age < timeout:
+            return False
+        heartbeat(locked, role, worker)
+    return True

@@ -1,45 +1,143 @@
-from django.http import JsonResponse
-from django.shortcuts import get_object_or_404, render
+"""The training dashboard: runs list, launch, the live run page, rollouts, compare, downloads."""
+import importlib.metadata
+import importlib.util
+from pathlib import Path
+
+from django.contrib import messages
+from django.core.paginator import Paginator
+from django.http import FileResponse, JsonResponse, StreamingHttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils.http import content_disposition_header, url_has_allowed_host_and_scheme
+from django.utils.text import slugify
+from django.views.decorators.gzip import gzip_page
+from django.views.decorators.http import require_POST
 
 from apps.accounts.roles import RESEARCHER, has_role, role_required
 from apps.tasksets.models import Taskset
 
-from .models import Run
+from . import queries, services
+from .api import run_json, token_for
+from .checkpoints import checkpoint_dir, tar_stream
+from .controls import control_run, control_statuses
+from .forms import LaunchForm, RolloutFilterForm, RunFilterForm, dump_config_yaml
+from .models import Checkpoint, Run
+from .presets import DEFAULT_PRESET, PRESETS, preset_config
+
+RUNS_PER_PAGE = 50
+GROUPS_PER_PAGE = 10
+COMPARE_PICKER_RUNS = 50
+PLOTLY_JS = Path(importlib.util.find_spec("plotly").submodule_search_locations[0]) / "package_data" / "plotly.min.js"
+PLOTLY_VERSION = importlib.metadata.version("plotly")
+
+def _summarized(runs) -> list[Run]:
+    """Runs with .progress and .latest_reward for the tables."""
+    runs = list(runs)
+    for run in runs:
+        run.progress = queries.run_progress(run)
+        run.latest_reward = queries.latest_reward(run)
+    return runs
+
+
+def _runs():
+    return queries.with_latest_explorer_metrics(Run.objects.select_related("owner"))
 
 
 def home(request):
     """Researchers land on their dashboard; annotators on what they can do."""
     if not has_role(request.user, RESEARCHER):
         return render(request, "runs/annotator_home.html")
-    return render(
-        request,
-        "runs/home.html",
-        {"runs": Run.objects.select_related("owner")[:20], "tasksets": Taskset.objects.all()[:20]},
-    )
+    return render(request, "runs/home.html", {"runs": _summarized(_runs()[:20]), "tasksets": Taskset.objects.all()[:20]})
 
 
 @role_required(RESEARCHER)
 def run_list(request):
-    return render(request, "runs/list.html", {"runs": Run.objects.select_related("owner")})
+    filters = RunFilterForm(request.GET)
+    page = Paginator(filters.filter(_runs()), RUNS_PER_PAGE).get_page(request.GET.get("page"))
+    page.object_list = _summarized(page.object_list)
+    return render(request, "runs/list.html", {"filters": filters, "page": page, "runs": page.object_list})
+
+
+@require_POST
+@role_required(RESEARCHER)
+def run_bulk_stop(request):
+    """Stop every checked run; report the ones that could not stop."""
+    stopped, refused = [], []
+    for run in Run.objects.filter(pk__in=[pk for pk in request.POST.getlist("runs") if pk.isdigit()]):
+        try:
+            control_run(run, "stop")
+            stopped.append(run.name)
+        except services.InvalidTransition:
+            refused.append(f"{run.name} ({run.status})")
+    if stopped:
+        messages.success(request, f"Stopping {len(stopped)} run{'s' * (len(stopped) != 1)}: {', '.join(stopped)}.")
+    if refused:
+        messages.error(request, f"Could not stop {', '.join(refused)}: only queued, starting, running or paused runs stop.")
+    if not (stopped or refused):
+        messages.info(request, "No runs were selected.")
+    back = request.POST.get("next", "")
+    if url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()}, require_https=request.is_secure()):
+        return redirect(back)
+    return redirect("run-list")
+
+
+@role_required(RESEARCHER)
+def run_launch(request):
+    from workers.rft.config import ConfigError
+
+    preset = None
+    if request.method == "POST":
+        form = LaunchForm(request.POST)
+        if form.is_valid():
+            if "switch" in request.POST:
+                form = form.switched()
+            else:
+                try:
+                    run = services.launch_run(request.user, form.run_name(), form.cleaned_data["config"])
+                except ConfigError as err:
+                    form.add_config_errors(err)
+                else:
+                    messages.success(request, f"Launched {run.name}.")
+                    return redirect("run-detail", pk=run.pk)
+    else:
+        config, name, preset = _starting_point(request)
+        form = LaunchForm.for_config(config, name=name)
+    return render(request, "runs/launch.html", {"form": form, "presets": PRESETS, "preset_name": preset})
+
+
+def _starting_point(request) -> tuple[dict, str, str | None]:
+    """(config, run name, preset) to open the launch form with: a run to copy (?from=<id>), a
+    preset (?preset=<name>), or the default preset."""
+    source = request.GET.get("from", "")
+    if source.isdigit():
+        run = get_object_or_404(Run, pk=int(source))
+        return run.config, f"{run.name} (again)", None
+    preset = request.GET.get("preset") if request.GET.get("preset") in PRESETS else DEFAULT_PRESET
+    return preset_config(preset), "", preset
 
 
 @role_required(RESEARCHER)
 def run_detail(request, pk):
-    run = get_object_or_404(Run, pk=pk)
-    return render(request, "runs/detail.html", {"run": run})
-
-
-def run_state(run: Run) -> dict:
-    return {
-        "id": run.pk,
-        "name": run.name,
-        "status": run.status,
-        "mode": run.mode,
-        "explorer_step": run.explorer_step,
-        "trainer_step": run.trainer_step,
-        "model_version": run.model_version,
-        "error": run.error,
-    }
+    run = get_object_or_404(_runs(), pk=pk)
+    run.progress = queries.run_progress(run)
+    return render(
+        request,
+        "runs/detail.html",
+        {
+            "run": run,
+            "state": run_json(run),
+            "config_yaml": dump_config_yaml(run.config),
+            "checkpoints": run.checkpoints.order_by("-version"),
+            "controls": control_statuses(),
+            "plotly_version": PLOTLY_VERSION,
+            "page_data": {
+                "live_url": reverse("run-live", args=[run.pk]),
+                "ws_path": f"/ws/runs/{run.pk}/",
+                "total_steps": run.progress.total,
+                "reward_keys": queries.REWARD_KEYS,
+            },
+        },
+    )
 
 
 @role_required(RESEARCHER)
@@ -49,7 +147,91 @@ def run_live(request, pk):
     # data committed, so that data is in what we read next.
     seq = get_object_or_404(Run.objects.only("live_seq"), pk=pk).live_seq
     run = Run.objects.get(pk=pk)
-    metrics = {}
-    for role, step, values in run.metrics.order_by("role", "step").values_list("role", "step", "values"):
-        metrics.setdefault(role, []).append({"step": step, "values": values})
-    return JsonResponse({"seq": seq, "run": run_state(run), "metrics": metrics})
+    state = {
+        "id": run.pk,
+        "name": run.name,
+        "status": run.status,
+        "mode": run.mode,
+        "explorer_step": run.explorer_step,
+        "trainer_step": run.trainer_step,
+        "model_version": run.model_version,
+        "error": run.error,
+    }
+    return JsonResponse({"seq": seq, "run": state, "metrics": queries.metrics_by_role(run)})
+
+
+@require_POST
+@role_required(RESEARCHER)
+def run_control(request, pk, action):
+    run = get_object_or_404(Run, pk=pk)
+    try:
+        control_run(run, action)
+    except services.InvalidTransition as err:
+        messages.error(request, str(err))
+    else:
+        messages.success(request, {"pause": "Paused", "resume": "Resumed", "stop": "Stopping"}[action] + f" {run.name}.")
+    return redirect("run-detail", pk=pk)
+
+
+@role_required(RESEARCHER)
+def checkpoint_download(request, pk, version):
+    """The checkpoint's directory as a tar, streamed (403 for a path outside the data directory)."""
+    checkpoint = get_object_or_404(Checkpoint.objects.select_related("run"), run_id=pk, version=version)
+    name = f"{slugify(checkpoint.run.name) or 'run'}-{pk}-v{version}"
+    chunks, size = tar_stream(checkpoint_dir(checkpoint.path), name)
+    response = StreamingHttpResponse(chunks, content_type="application/x-tar")
+    response["Content-Length"] = str(size)
+    response["Content-Disposition"] = content_disposition_header(as_attachment=True, filename=f"{name}.tar")
+    return response
+
+
+@role_required(RESEARCHER)
+def run_rollouts(request, pk):
+    run = get_object_or_404(Run, pk=pk)
+    filters = RolloutFilterForm(request.GET)
+    matching = filters.filter(run.experiences.all())
+    page = Paginator(queries.group_keys(matching), GROUPS_PER_PAGE).get_page(request.GET.get("page"))
+    return render(
+        request,
+        "runs/rollouts.html",
+        {
+            "run": run,
+            "filters": filters,
+            "page": page,
+            "groups": queries.rollout_groups(run, page.object_list, matching),
+            "matching_count": matching.count(),
+        },
+    )
+
+
+@role_required(RESEARCHER)
+def run_compare(request):
+    """Overlay the metrics of the runs picked (?runs=1&runs=2): one chart per metric, a trace per run."""
+    picked_ids = [int(pk) for pk in request.GET.getlist("runs") if pk.isdigit()]
+    picked = Run.objects.select_related("owner").in_bulk(picked_ids)
+    picked_runs = [picked[pk] for pk in dict.fromkeys(picked_ids) if pk in picked]
+    choices = list(Run.objects.select_related("owner")[:COMPARE_PICKER_RUNS])
+    choices += [run for run in picked_runs if run not in choices]
+    series = [
+        {"id": run.pk, "name": run.name, "metrics_url": reverse("api-run-metrics", args=[run.pk]), "url": reverse("run-detail", args=[run.pk])}
+        for run in picked_runs
+    ]
+    return render(
+        request,
+        "runs/compare.html",
+        {"choices": choices, "picked": {run.pk for run in picked_runs}, "series": series, "plotly_version": PLOTLY_VERSION},
+    )
+
+
+@role_required(RESEARCHER)
+def api_token(request):
+    return render(request, "runs/api_token.html", {"token": token_for(request.user), "api_root": request.build_absolute_uri("/api/")})
+
+
+@gzip_page
+def plotly_js(request):
+    """plotly.js from the installed plotly package (no CDN). The page links it with ?v=<version>,
+    so browsers may keep it for a year."""
+    response = FileResponse(PLOTLY_JS.open("rb"), content_type="text/javascript; charset=utf-8")
+    response["Cache-Control"] = "private, max-age=31536000, immutable"
+    return response

@@ -38,6 +38,8 @@ class Migration(migrations.Migration):
                 ('priority', models.FloatField(default=0.0)),
                 ('use_count', models.PositiveIntegerField(default=0)),
                 ('metadata', models.JSONField(blank=True, default=dict)),
+                ('claimed_at', models.DateTimeField(blank=True, null=True)),
+                ('consumed_at', models.DateTimeField(blank=True, null=True)),
                 ('created_at', models.DateTimeField(auto_now_add=True)),
                 ('parent', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.SET_NULL, related_name='children', to='buffer.experience')),
                 ('run', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='experiences', to='runs.run')),

@@ -1,0 +1,99 @@
+"""The engine's ExperienceBuffer protocol (workers/rft/protocols.py) over Postgres, for one run."""
+from collections.abc import Sequence
+
+from django.db import transaction
+from django.db.models import F
+from django.utils import timezone
+
+from apps.feedback.models import Feedback
+from workers.rft.experience import SOURCES, Experience, PreferencePair
+
+from .models import Experience as ExperienceRow
+
+STALE_SOURCES = ("rollout", "synthetic")  # expert and human data never go stale
+COPIED_FIELDS = (
+    "group_id", "rollout_index", "source", "prompt_text", "response_text", "messages", "prompt_ids",
+    "response_ids", "action_mask", "logprobs", "reward", "reward_components", "advantage", "model_version",
+    "priority", "use_count", "explorer_step", "metadata",
+)
+
+
+def to_row(exp: Experience, run_id: int | None) -> ExperienceRow:
+    return ExperienceRow(run_id=run_id, task_id=exp.task_id, status=ExperienceRow.Status.READY,
+                         **{name: getattr(exp, name) for name in COPIED_FIELDS})
+
+
+def to_experience(row: ExperienceRow) -> Experience:
+    return Experience(task_id=row.task_id, id=row.pk, **{name: getattr(row, name) for name in COPIED_FIELDS})
+
+
+class DjangoExperienceBuffer:
+    """The experiences of one run (its rollouts, and the expert data the run seeded from its expert taskset)."""
+
+    def __init__(self, run_id: int):
+        self.run_id = run_id
+
+    def _rows(self):
+        return ExperienceRow.objects.filter(run_id=self.run_id)
+
+    def write(self, experiences: Sequence[Experience]) -> int:
+        unknown = {e.source for e in experiences} - set(SOURCES)
+        if unknown:
+            raise ValueError(f"unknown experience source(s) {sorted(unknown)}")
+        with transaction.atomic():
+            rollouts = [e for e in experiences if e.source == "rollout"]
+            stored = set(
+                ExperienceRow.objects.filter(
+                    run_id=self.run_id, source="rollout", explorer_step__in={e.explorer_step for e in rollouts}
+                ).values_list("explorer_step", "task_id", "rollout_index")
+            ) if rollouts else set()
+            new = [e for e in experiences if e.source != "rollout" or e.key not in stored]
+            # ignore_conflicts: a concurrent replay of the same step loses the race harmlessly.
+            ExperienceRow.objects.bulk_create([to_row(e, self.run_id) for e in new], ignore_conflicts=True, batch_size=500)
+        return len(new)
+
+    def sample(self, n: int, *, sources: Sequence[str], min_model_version: int | None = None) -> list[Experience]:
+        """Claims the rows it returns (SKIP LOCKED), so concurrent trainers never share one."""
+        query = self._rows().filter(status=ExperienceRow.Status.READY, source__in=sources, claimed_at__isnull=True)
+        if min_model_version is not None:
+            query = query.exclude(source__in=STALE_SOURCES, model_version__lt=min_model_version)
+        with transaction.atomic():
+            rows = list(
+                query.order_by("use_count", "explorer_step", "id").select_for_update(skip_locked=True, of=("self",))[:n]
+            )
+            ExperienceRow.objects.filter(pk__in=[r.pk for r in rows]).update(claimed_at=timezone.now())
+        return [to_experience(row) for row in rows]
+
+    def mark_used(self, experiences: Sequence[Experience], *, consumed: bool) -> None:
+        changes = {"use_count": F("use_count") + 1, "claimed_at": None}
+        if consumed:
+            changes |= {"status": ExperienceRow.Status.CONSUMED, "consumed_at": timezone.now()}
+        ExperienceRow.objects.filter(pk__in=[e.id for e in experiences]).update(**changes)
+
+    def rewind(self, checkpoint_time) -> int:
+        """Resuming from a checkpoint taken at `checkpoint_time` (None: from the start): rows the
+        lost trainer steps consumed or claimed go back to the pool, so the replayed steps train on
+        them again. Returns how many rows came back."""
+        with transaction.atomic():
+            released = self._rows().filter(claimed_at__isnull=False).update(claimed_at=None)
+            lost = self._rows().filter(status=ExperienceRow.Status.CONSUMED)
+            if checkpoint_time is not None:
+                lost = lost.filter(consumed_at__gt=checkpoint_time)
+            returned = lost.update(status=ExperienceRow.Status.READY, consumed_at=None, use_count=F("use_count") - 1)
+        return released + returned
+
+    def sample_pairs(self, n: int) -> list[PreferencePair]:
+        """Human preferences on this run's experiences; least used first (a use is counted on the chosen row)."""
+        prefs = list(
+            Feedback.objects.filter(kind=Feedback.Kind.PREFERENCE, experience__run_id=self.run_id)
+            .select_related("experience", "other")
+            .order_by("experience__use_count", "id")[:n]
+        )
+        ExperienceRow.objects.filter(pk__in=[p.experience_id for p in prefs]).update(use_count=F("use_count") + 1)
+        return [
+            PreferencePair(
+                prompt_ids=p.experience.prompt_ids, chosen_ids=p.experience.response_ids,
+                rejected_ids=p.other.response_ids, task_id=p.experience.task_id, id=p.pk,
+            )
+            for p in prefs
+        ]

@@ -1,0 +1,83 @@
+"""Checkpoint downloads: a checkpoint directory streamed as an uncompressed tar.
+
+Weights barely compress, so the tar is not gzipped: that keeps the CPU free and lets the response
+announce its exact length (browsers show progress). Files are read in chunks, never whole, and
+only regular files and directories are sent: a symlink could point anywhere on the server.
+"""
+import os
+import stat
+import tarfile
+from collections.abc import Iterator
+from pathlib import Path, PurePosixPath
+
+from django.conf import settings
+from django.core.exceptions import PermissionDenied
+from django.http import Http404
+
+CHUNK_BYTES = 1 << 20
+BLOCK = tarfile.BLOCKSIZE
+
+
+def checkpoint_dir(path: str) -> Path:
+    """The checkpoint's directory, which must lie inside settings.DATA_DIR (relative paths are taken
+    from there). Symlinks are resolved first, so a link cannot lead outside it."""
+    data_dir = Path(settings.DATA_DIR).resolve()
+    directory = (data_dir / path).resolve()
+    if not directory.is_relative_to(data_dir):
+        raise PermissionDenied("the checkpoint lies outside the data directory")
+    if not directory.is_dir():
+        raise Http404("the checkpoint directory no longer exists")
+    return directory
+
+
+def _members(root: Path, arcroot: str) -> Iterator[tuple[Path, tarfile.TarInfo]]:
+    for dirpath, dirnames, filenames in os.walk(root):  # does not descend into linked directories
+        directory = Path(dirpath)
+        dirnames[:] = sorted(name for name in dirnames if not (directory / name).is_symlink())
+        yield directory, _info(directory, PurePosixPath(arcroot, directory.relative_to(root)), tarfile.DIRTYPE)
+        for name in sorted(filenames):
+            path = directory / name
+            if stat.S_ISREG(path.lstat().st_mode):
+                yield path, _info(path, PurePosixPath(arcroot, path.relative_to(root)), tarfile.REGTYPE)
+
+
+def _info(path: Path, arcname: PurePosixPath, kind: bytes) -> tarfile.TarInfo:
+    status = path.lstat()
+    info = tarfile.TarInfo(str(arcname))
+    info.type = kind
+    info.mtime = int(status.st_mtime)
+    info.mode = 0o755 if kind == tarfile.DIRTYPE else 0o644
+    info.size = status.st_size if kind == tarfile.REGTYPE else 0
+    return info
+
+
+def _padding(size: int) -> int:
+    return -size % BLOCK
+
+
+def tar_stream(root: Path, arcroot: str) -> tuple[Iterator[bytes], int]:
+    """The chunks of a tar of root (members under arcroot/) and its size in bytes."""
+    members = [(path, info, info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")) for path, info in _members(root, arcroot)]
+    size = sum(len(header) + info.size + _padding(info.size) for _, info, header in members) + 2 * BLOCK
+
+    def chunks():
+        for path, info, header in members:
+            yield header
+            if info.isfile():
+                yield from _file_chunks(path, info.size)
+                yield bytes(_padding(info.size))
+        yield bytes(2 * BLOCK)  # end of archive
+
+    return chunks(), size
+
+
+def _file_chunks(path: Path, size: int) -> Iterator[bytes]:
+    """Exactly size bytes of the file: the header announced that many."""
+    with path.open("rb") as file:
+        remaining = size
+        while remaining:
+            chunk = file.read(min(CHUNK_BYTES, remaining))
+            if not chunk:
+                raise OSError(f"{path} shrank while it was being sent")
+            remaining -= len(chunk)
+            yield chunk

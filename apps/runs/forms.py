@@ -1,0 +1,300 @@
+"""Forms of the run pages: the launch form over the run config, and the list / rollout filters.
+
+The launch form edits one config in one of two editors. In the form editor each knob is a field
+named by its dotted config key (`algorithm.kl.coef`), so a ConfigError issue lands next to its
+field; the whole config rides along as JSON in `base`, so keys without a field (pipelines, system
+prompt, ...) survive. In the YAML editor the text is the config. Switching editors carries the
+config over; launching validates it with the services (workers.rft.config plus the tasksets).
+"""
+import json
+from collections.abc import Mapping
+from dataclasses import fields
+from types import NoneType, UnionType
+from typing import get_args
+
+import yaml
+from django import forms
+from django.contrib.auth import get_user_model
+from django.db.models import Q
+
+from apps.buffer.models import Experience
+from apps.tasksets.models import Taskset
+
+from .models import Run
+
+FORM, YAML = "form", "yaml"
+
+# Fields the form shows, by section; every other key is edited in the YAML box.
+SECTIONS = (
+    ("Run", ("mode", "seed")),
+    ("Model", ("model.path", "model.dtype", "model.device")),
+    ("Data", ("buffer.taskset", "buffer.expert_taskset", "buffer.eval_taskset", "buffer.max_staleness")),
+    ("Algorithm", (
+        "algorithm.name", "algorithm.repeat_times", "algorithm.clip_range", "algorithm.loss_agg_mode",
+        "algorithm.entropy_coef", "algorithm.drop_zero_std_groups", "algorithm.kl.fn", "algorithm.kl.coef",
+        "algorithm.mix.mu", "algorithm.mix.expert_data_ratio", "algorithm.dpo.beta",
+        "algorithm.gae.gamma", "algorithm.gae.lam",
+    )),
+    ("Explorer", (
+        "explorer.engine", "explorer.batch_size", "explorer.temperature", "explorer.top_p",
+        "explorer.max_new_tokens", "explorer.workflow", "explorer.reward_fn", "explorer.eval_interval",
+    )),
+    ("Trainer", (
+        "trainer.lr", "trainer.total_steps", "trainer.batch_size", "trainer.micro_batch_size",
+        "trainer.save_interval", "trainer.grad_clip", "trainer.warmup_steps",
+    )),
+    ("Synchroniser", ("synchronizer.method", "synchronizer.interval", "synchronizer.offset")),
+)
+
+HELP = {
+    "mode": "both: explore and train · explore: collect rollouts · train: on the buffer · bench: evaluate checkpoints",
+    "model.path": "a built-in model (tiny, smollm2-135m) or a local Hugging Face directory",
+    "buffer.taskset": "tasks the explorer samples",
+    "buffer.expert_taskset": "expert data mixed into trainer batches (mix, sft, dpo)",
+    "buffer.eval_taskset": "held-out tasks for explorer.eval_interval and mode bench",
+    "buffer.max_staleness": "oldest model version a trainer batch may use, in versions behind; empty: unbounded",
+    "algorithm.repeat_times": "group size: rollouts per task",
+    "algorithm.clip_range": "PPO ratio clip ε",
+    "algorithm.drop_zero_std_groups": "drop groups whose rewards are all equal (they carry no signal)",
+    "algorithm.mix.mu": "weight of the SFT loss on expert data",
+    "algorithm.mix.expert_data_ratio": "share of expert experiences in each trainer batch",
+    "explorer.batch_size": "tasks per explorer step",
+    "explorer.reward_fn": "a name, or a mapping of names to weights: {exact_match: 1, format: 0.2}",
+    "explorer.eval_interval": "evaluate every N explorer steps; 0: never",
+    "trainer.batch_size": "experiences per step; empty: explorer.batch_size × repeat_times",
+    "trainer.save_interval": "checkpoint every N steps; 0: only at the end",
+    "synchronizer.interval": "trainer steps between weight syncs",
+    "synchronizer.offset": "explorer runs this many steps ahead of the trainer (1: one-step off-policy)",
+}
+
+# Knobs that matter for some algorithms only; the page hides them for the others.
+ALGORITHM_ONLY = {
+    "algorithm.mix.": ("mix",),
+    "algorithm.dpo.": ("dpo",),
+    "algorithm.gae.": ("ppo",),
+    "algorithm.clip_range": ("grpo", "ppo", "rloo", "reinforce_plus_plus", "mix"),
+    "algorithm.repeat_times": ("grpo", "ppo", "rloo", "reinforce_plus_plus", "mix"),
+}
+
+TASKSET_KEYS = ("buffer.taskset", "buffer.expert_taskset", "buffer.eval_taskset")
+
+
+def parse_config_yaml(text: str) -> dict:
+    """YAML (or JSON) text to a config mapping, read the way the engine reads config files (`1e-5`
+    is a float). Never hand user text to load_config: a one-line text ending in .yaml is a path."""
+    from workers.rft.config import _Loader as ConfigLoader
+
+    try:
+        data = yaml.load(text, Loader=ConfigLoader)
+    except yaml.YAMLError as err:
+        raise forms.ValidationError(f"not valid YAML: {err}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        raise forms.ValidationError("the config must be a mapping of keys to values")
+    return dict(data)
+
+
+def dump_config_yaml(config: Mapping) -> str:
+    return yaml.safe_dump(dict(config), sort_keys=False, default_flow_style=False, allow_unicode=True)
+
+
+def default_config() -> dict:
+    from workers.rft.config import RunConfig
+
+    return RunConfig().to_dict()
+
+
+def get_key(config: Mapping, key: str, default=None):
+    for part in key.split("."):
+        if not isinstance(config, Mapping) or part not in config:
+            return default
+        config = config[part]
+    return config
+
+
+def set_key(config: dict, key: str, value) -> None:
+    *sections, name = key.split(".")
+    for part in sections:
+        if not isinstance(config.get(part), dict):
+            config[part] = {}
+        config = config[part]
+    config[name] = value
+
+
+class RewardFnField(forms.CharField):
+    """explorer.reward_fn: a name, or a flow mapping of names to weights."""
+
+    def prepare_value(self, value):
+        if isinstance(value, Mapping):
+            return yaml.safe_dump(dict(value), default_flow_style=True, sort_keys=False).strip()
+        return value
+
+    def to_python(self, value):
+        value = super().to_python(value)
+        if value.startswith("{"):
+            try:
+                return yaml.safe_load(value)
+            except yaml.YAMLError:
+                raise forms.ValidationError("write a mapping like {exact_match: 1, format: 0.2}") from None
+        return value
+
+
+def _schema_field(key: str):
+    """The dataclass field of RunConfig at a dotted key."""
+    from workers.rft.config import RunConfig
+
+    cls = RunConfig
+    *sections, name = key.split(".")
+    for part in sections:
+        cls = next(f.type for f in fields(cls) if f.name == part)
+    return next(f for f in fields(cls) if f.name == name)
+
+
+def _form_field(key: str, taskset_names: list[str]) -> forms.Field:
+    """A form field that takes what the config key takes, read off the config schema so the two
+    cannot drift; the ranges are left to the schema, whose messages then show next to the field."""
+    spec = _schema_field(key)
+    types = get_args(spec.type) if isinstance(spec.type, UnionType) else (spec.type,)
+    optional = NoneType in types
+    choices = spec.metadata.get("choices")
+    if key in TASKSET_KEYS:
+        choices = taskset_names
+    required = not optional and bool not in types  # an unchecked box is a value: false
+    options = {"required": required, "label": key.split(".", 1)[-1], "help_text": HELP.get(key, "")}
+    if key == "explorer.reward_fn":
+        field = RewardFnField(**options)
+    elif choices is not None:
+        blank = [("", "— none —")] if optional else []
+        field = forms.TypedChoiceField(choices=blank + [(c, c) for c in choices], empty_value=None, **options)
+    elif bool in types:
+        field = forms.BooleanField(**options)
+    elif int in types:
+        field = forms.IntegerField(**options)
+    elif float in types:
+        field = forms.FloatField(widget=forms.NumberInput(attrs={"step": "any"}), **options)
+    else:
+        field = forms.CharField(empty_value=None, **options)
+    field.algorithms = next((names for prefix, names in ALGORITHM_ONLY.items() if key.startswith(prefix)), ())
+    if key == "model.path":
+        from workers.rft.models import BUILTIN_MODELS
+
+        field.suggestions = BUILTIN_MODELS
+        field.widget.attrs["list"] = "suggest-model-path"
+    return field
+
+
+class LaunchForm(forms.Form):
+    name = forms.CharField(max_length=200, required=False, help_text="empty: named after the algorithm and taskset")
+    editor = forms.ChoiceField(choices=[(FORM, FORM), (YAML, YAML)], widget=forms.HiddenInput)
+    base = forms.CharField(widget=forms.HiddenInput, required=False)
+    yaml = forms.CharField(widget=forms.Textarea(attrs={"rows": 32, "spellcheck": "false", "class": "yaml"}), required=False, label="YAML")
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.current_editor = (self.data.get("editor") if self.is_bound else self.initial.get("editor")) or FORM
+        if self.current_editor == FORM:
+            taskset_names = list(Taskset.objects.values_list("name", flat=True))
+            for _, keys in SECTIONS:
+                for key in keys:
+                    self.fields[key] = _form_field(key, taskset_names)
+
+    @classmethod
+    def for_config(cls, config: Mapping, *, name: str = "", editor: str = FORM) -> "LaunchForm":
+        """An unbound form showing config; keys it lacks show their defaults."""
+        defaults = default_config()
+        initial = {"name": name, "editor": editor, "base": json.dumps(config), "yaml": dump_config_yaml(config)}
+        for _, keys in SECTIONS:
+            for key in keys:
+                initial[key] = get_key(config, key, get_key(defaults, key))
+        return cls(initial=initial)
+
+    @property
+    def sections(self):
+        """(title, bound fields) for the template."""
+        return [(title, [self[key] for key in keys]) for title, keys in SECTIONS]
+
+    def clean(self):
+        cleaned = super().clean()
+        if self.current_editor == YAML:
+            try:
+                cleaned["config"] = parse_config_yaml(cleaned.get("yaml", ""))
+            except forms.ValidationError as err:
+                self.add_error("yaml", err)
+            return cleaned
+        try:
+            config = json.loads(cleaned.get("base") or "{}")
+        except json.JSONDecodeError:
+            config = {}
+        if not isinstance(config, dict):
+            config = {}
+        for _, keys in SECTIONS:
+            for key in keys:
+                if key in cleaned:
+                    set_key(config, key, cleaned[key])
+        cleaned["config"] = config
+        return cleaned
+
+    def run_name(self) -> str:
+        config = self.cleaned_data["config"]
+        return self.cleaned_data.get("name") or (
+            f"{get_key(config, 'algorithm.name', 'grpo')} on {get_key(config, 'buffer.taskset', 'arithmetic')}"
+        )[:200]
+
+    def add_config_errors(self, error) -> None:
+        """Each ConfigError issue next to its field; keys without one at the top (or by the YAML box)."""
+        for issue in error.errors:
+            if self.current_editor == FORM and issue.key in self.fields:
+                self.add_error(issue.key, issue.message)
+            else:
+                self.add_error("yaml" if self.current_editor == YAML else None, f"{issue.key}: {issue.message}")
+
+    def switched(self) -> "LaunchForm":
+        """The same config and name in the other editor (call on a valid form)."""
+        other = YAML if self.current_editor == FORM else FORM
+        return LaunchForm.for_config(self.cleaned_data["config"], name=self.cleaned_data.get("name", ""), editor=other)
+
+
+class RunFilterForm(forms.Form):
+    q = forms.CharField(required=False, label="Search", widget=forms.SearchInput(attrs={"placeholder": "run name"}))
+    status = forms.ChoiceField(required=False, choices=[("", "any status"), *Run.Status.choices])
+    owner = forms.ModelChoiceField(
+        required=False, queryset=get_user_model().objects.none(), to_field_name="username", empty_label="anyone"
+    )
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.fields["owner"].queryset = get_user_model().objects.filter(runs__isnull=False).distinct().order_by("username")
+
+    def filter(self, runs):
+        """runs narrowed by the valid filters (an invalid one is ignored and shown as an error)."""
+        data = self.cleaned_data if self.is_valid() else {}
+        if data.get("q"):
+            runs = runs.filter(name__icontains=data["q"])
+        if data.get("status"):
+            runs = runs.filter(status=data["status"])
+        if data.get("owner"):
+            runs = runs.filter(owner=data["owner"])
+        return runs
+
+
+class RolloutFilterForm(forms.Form):
+    q = forms.CharField(required=False, label="Search", widget=forms.SearchInput(attrs={"placeholder": "prompt or response text"}))
+    step = forms.IntegerField(required=False, min_value=0, label="Explorer step")
+    min_reward = forms.FloatField(required=False, label="Reward ≥", widget=forms.NumberInput(attrs={"step": "any"}))
+    max_reward = forms.FloatField(required=False, label="Reward ≤", widget=forms.NumberInput(attrs={"step": "any"}))
+    source = forms.ChoiceField(required=False, choices=[("", "any source"), *Experience.Source.choices])
+
+    def filter(self, experiences):
+        data = self.cleaned_data if self.is_valid() else {}
+        if data.get("q"):
+            experiences = experiences.filter(Q(prompt_text__icontains=data["q"]) | Q(response_text__icontains=data["q"]))
+        if data.get("step") is not None:
+            experiences = experiences.filter(explorer_step=data["step"])
+        if data.get("min_reward") is not None:
+            experiences = experiences.filter(reward__gte=data["min_reward"])
+        if data.get("max_reward") is not None:
+            experiences = experiences.filter(reward__lte=data["max_reward"])
+        if data.get("source"):
+            experiences = experiences.filter(source=data["source"])
+        return experiences

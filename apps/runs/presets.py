@@ -1,0 +1,74 @@
+"""Starting points for the launch page: each is a partial run config over the schema's defaults.
+
+They name the built-in tasksets (`manage.py load_builtin_tasksets`) and the built-in models, so
+they launch on a fresh install without downloads.
+"""
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Preset:
+    title: str
+    description: str
+    config: dict
+
+
+PRESETS = {
+    "quick-demo": Preset(
+        "Quick demo",
+        "A tiny random model learns arithmetic with MIX (GRPO + SFT on expert answers). Minutes on a CPU.",
+        {
+            "mode": "both",
+            "model": {"path": "tiny"},
+            "algorithm": {"name": "mix", "repeat_times": 4, "mix": {"mu": 0.2, "expert_data_ratio": 0.25}},
+            "explorer": {"batch_size": 8, "max_new_tokens": 8, "reward_fn": "exact_match", "eval_interval": 10},
+            "trainer": {"lr": 1e-4, "total_steps": 40, "micro_batch_size": 16, "save_interval": 20},
+            "buffer": {"taskset": "arithmetic", "expert_taskset": "arithmetic", "eval_taskset": "arithmetic-eval"},
+        },
+    ),
+    "smollm2-grpo": Preset(
+        "SmolLM2 GRPO",
+        "SmolLM2-135M-Instruct with GRPO and a low-variance KL to the reference, evaluated on held-out problems.",
+        {
+            "mode": "both",
+            "model": {"path": "smollm2-135m"},
+            "algorithm": {"name": "grpo", "repeat_times": 8, "kl": {"fn": "low_var_kl", "coef": 0.001}},
+            "explorer": {
+                "batch_size": 16, "temperature": 1.0, "max_new_tokens": 64, "reward_fn": "exact_match",
+                "system_prompt": "Solve the problem. Reply with the final number only.", "eval_interval": 10,
+            },
+            "trainer": {"lr": 1e-6, "total_steps": 200, "micro_batch_size": 8, "save_interval": 50},
+            "buffer": {"taskset": "arithmetic", "eval_taskset": "arithmetic-eval"},
+        },
+    ),
+    "sft": Preset(
+        "SFT",
+        "Supervised fine-tuning of SmolLM2 on the expert answers of a taskset; no rollouts.",
+        {
+            "mode": "train",
+            "model": {"path": "smollm2-135m"},
+            "algorithm": {"name": "sft"},
+            "trainer": {"lr": 1e-5, "total_steps": 100, "batch_size": 32, "micro_batch_size": 8, "save_interval": 50},
+            "buffer": {"taskset": "arithmetic", "expert_taskset": "arithmetic"},
+        },
+    ),
+    "dpo-human": Preset(
+        "DPO from human preferences",
+        "Direct preference optimisation of SmolLM2 on the A-over-B judgements annotators made in the buffer.",
+        {
+            "mode": "train",
+            "model": {"path": "smollm2-135m"},
+            "algorithm": {"name": "dpo", "dpo": {"beta": 0.1}},
+            "trainer": {"lr": 5e-7, "total_steps": 100, "batch_size": 16, "micro_batch_size": 4, "save_interval": 50},
+            "buffer": {"taskset": "arithmetic"},
+        },
+    ),
+}
+DEFAULT_PRESET = "quick-demo"
+
+
+def preset_config(name: str) -> dict:
+    """The full config of a preset: its keys over the schema's defaults."""
+    from workers.rft.config import RunConfig
+
+    return RunConfig.from_dict(PRESETS[name].config).to_dict()

@@ -1,0 +1,133 @@
+"""Read-side helpers shared by the run pages and the JSON API: summaries, metrics, rollout groups."""
+import math
+from dataclasses import dataclass
+
+from django.db.models import JSONField, OuterRef, Subquery
+from django.db.models.functions import Length
+
+from apps.buffer.models import Experience
+
+from .models import MetricPoint, Run
+
+# The explorer's mean reward, under the names the engine has used for it (newest convention first).
+REWARD_KEYS = ("reward/mean", "reward_mean", "reward")
+ROLE_ORDER = [role for role, _ in MetricPoint.Role.choices]
+TOKEN_BYTES = Experience._meta.get_field("response_ids").dtype.itemsize
+
+
+def with_latest_explorer_metrics(runs):
+    """Annotate each run with `latest_explorer` (the values of its last explorer step), in one query."""
+    last = MetricPoint.objects.filter(run=OuterRef("pk"), role=MetricPoint.Role.EXPLORER).order_by("-step")
+    return runs.annotate(latest_explorer=Subquery(last.values("values")[:1], output_field=JSONField()))
+
+
+def latest_reward(run: Run) -> float | None:
+    values = getattr(run, "latest_explorer", None) or {}
+    for key in REWARD_KEYS:
+        value = values.get(key)
+        if isinstance(value, (int, float)) and math.isfinite(value):
+            return value
+    return None
+
+
+@dataclass(frozen=True)
+class Progress:
+    done: int
+    total: int
+
+    @property
+    def fraction(self) -> float | None:
+        return min(self.done / self.total, 1.0) if self.total else None
+
+    @property
+    def percent(self) -> int:
+        return round(100 * (self.fraction or 0))
+
+
+def run_progress(run: Run) -> Progress:
+    """Trainer steps out of trainer.total_steps (explorer steps for a run that only explores)."""
+    total = (run.config.get("trainer") or {}).get("total_steps") or 0
+    done = run.explorer_step if run.mode == Run.Mode.EXPLORE else run.trainer_step
+    return Progress(done, total if isinstance(total, int) else 0)
+
+
+def metrics_by_role(run: Run, *, role: str | None = None, since: int | None = None) -> dict:
+    """{role: [{step, values}]} in step order; `since` keeps the steps after it."""
+    points = run.metrics.all()
+    if role:
+        points = points.filter(role=role)
+    if since is not None:
+        points = points.filter(step__gt=since)
+    metrics = {}
+    for point_role, step, values in points.order_by("role", "step").values_list("role", "step", "values"):
+        metrics.setdefault(point_role, []).append({"step": step, "values": values})
+    return dict(sorted(metrics.items(), key=lambda item: _role_rank(item[0])))
+
+
+def _role_rank(role: str) -> int:
+    return ROLE_ORDER.index(role) if role in ROLE_ORDER else len(ROLE_ORDER)
+
+
+def experiences_for_browsing(experiences):
+    """Experiences without their token arrays (a page needs only their length)."""
+    return experiences.defer("prompt_ids", "response_ids", "action_mask", "logprobs").annotate(
+        response_bytes=Length("response_ids")
+    )
+
+
+def response_tokens(experience) -> int | None:
+    size = getattr(experience, "response_bytes", None)
+    return None if size is None else size // TOKEN_BYTES
+
+
+@dataclass
+class RolloutGroup:
+    """The responses to one task at one explorer step; `matched` are the ones the filters picked."""
+
+    explorer_step: int
+    group_id: str
+    experiences: list
+    matched: set
+
+    @property
+    def prompt(self) -> str:
+        return self.experiences[0].prompt_text if self.experiences else ""
+
+    @property
+    def rewards(self) -> list[float]:
+        return [e.reward for e in self.experiences if e.reward is not None]
+
+    @property
+    def reward_mean(self) -> float | None:
+        return sum(self.rewards) / len(self.rewards) if self.rewards else None
+
+    @property
+    def reward_std(self) -> float | None:
+        mean = self.reward_mean
+        return None if mean is None else (sum((r - mean) ** 2 for r in self.rewards) / len(self.rewards)) ** 0.5
+
+
+def group_keys(matching):
+    """The (explorer_step, group_id) of every group with a matching experience, newest step first."""
+    return matching.order_by("-explorer_step", "group_id").values_list("explorer_step", "group_id").distinct()
+
+
+def rollout_groups(run: Run, keys, matching) -> list[RolloutGroup]:
+    """Whole groups for the given keys (a page of group_keys), with the matching members marked."""
+    keys = list(keys)
+    if not keys:
+        return []
+    steps = {step for step, _ in keys}
+    members = experiences_for_browsing(
+        run.experiences.filter(explorer_step__in=steps, group_id__in={group for _, group in keys})
+    ).order_by("rollout_index", "pk")
+    matched = set(matching.filter(explorer_step__in=steps).values_list("pk", flat=True))
+    groups = {key: RolloutGroup(key[0], key[1], [], set()) for key in keys}
+    for experience in members:
+        group = groups.get((experience.explorer_step, experience.group_id))
+        if group is not None:
+            experience.response_tokens = response_tokens(experience)
+            group.experiences.append(experience)
+            if experience.pk in matched:
+                group.matched.add(experience.pk)
+    return list(groups.values())

@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class TasksetsConfig(AppConfig):
+    name = "apps.tasksets"
+    label = "tasksets"

@@ -1,0 +1,102 @@
+import uuid
+from pathlib import Path
+
+from django.conf import settings
+from django.db import models
+
+
+class Taskset(models.Model):
+    """A named collection of tasks. `field_mapping` records which source columns became which task fields."""
+
+    name = models.SlugField(max_length=100, unique=True)
+    description = models.TextField(blank=True)
+    field_mapping = models.JSONField(default=dict, blank=True)
+    default_workflow = models.CharField(max_length=100, default="single_turn")
+    default_reward_fn = models.CharField(max_length=100, default="exact_match")
+    source = models.CharField(max_length=300, blank=True, help_text="file name or generator it came from")
+    task_count = models.PositiveIntegerField(default=0)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
+
+
+class Task(models.Model):
+    taskset = models.ForeignKey(Taskset, related_name="tasks", on_delete=models.CASCADE)
+    index = models.PositiveIntegerField()
+    # A plain string, or a list of chat messages [{"role": ..., "content": ...}].
+    prompt = models.JSONField()
+    answer = models.TextField(blank=True)
+    metadata = models.JSONField(default=dict, blank=True)
+    difficulty = models.FloatField(default=0.0)
+    priority = models.FloatField(default=0.0)
+    times_sampled = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        ordering = ["taskset", "index"]
+        constraints = [models.UniqueConstraint(fields=["taskset", "index"], name="task_unique_index")]
+        indexes = [models.Index(fields=["taskset", "-priority", "times_sampled"], name="task_sampling")]
+
+    def __str__(self):
+        return f"{self.taskset.name}#{self.index}"
+
+    @property
+    def prompt_text(self) -> str:
+        if isinstance(self.prompt, str):
+            return self.prompt
+        return "\n".join(f"{m.get('role')}: {m.get('content')}" for m in self.prompt)
+
+
+def _upload_path(job, filename):
+    # A random name: two uploads of "train.jsonl" must not collide, and the user's file name
+    # (kept in original_filename) never becomes a path on the server.
+    return f"uploads/{uuid.uuid4().hex}{Path(filename).suffix.lower()}"
+
+
+class TasksetImport(models.Model):
+    """One upload being imported into a new taskset: the job the upload page shows progress for."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        RUNNING = "running"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+
+    upload = models.FileField(upload_to=_upload_path, blank=True, help_text="deleted once the import has finished")
+    original_filename = models.CharField(max_length=255)
+    name = models.SlugField(max_length=100, help_text="name of the taskset to create")
+    format = models.CharField(max_length=10)
+    field_mapping = models.JSONField(default=dict)
+    description = models.TextField(blank=True)
+    default_workflow = models.CharField(max_length=100)
+    default_reward_fn = models.CharField(max_length=100)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    rows_done = models.PositiveBigIntegerField(default=0)
+    bytes_done = models.PositiveBigIntegerField(default=0)
+    bytes_total = models.PositiveBigIntegerField(default=0)
+    error = models.TextField(blank=True)
+    taskset = models.ForeignKey(Taskset, null=True, blank=True, related_name="imports", on_delete=models.SET_NULL)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self):
+        return f"import of {self.original_filename} as {self.name} ({self.status})"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in (self.Status.SUCCEEDED, self.Status.FAILED)
+
+    @property
+    def percent(self) -> int:
+        if self.status == self.Status.SUCCEEDED:
+            return 100
+        return min(99, 100 * self.bytes_done // self.bytes_total) if self.bytes_total else 0

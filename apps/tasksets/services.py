@@ -1,0 +1,380 @@
+"""Operations that create tasksets: import from a file, import jobs for uploads, generated tasksets."""
+
+import logging
+from collections.abc import Callable, Iterable
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import validate_slug
+from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, connections, transaction
+from django.utils import timezone
+
+from workers.rft import datasets
+
+from .importers import (
+    DEFAULT_MAX_LINE_BYTES,
+    FieldMapping,
+    ReadProgress,
+    TaskFields,
+    TasksetImportError,
+    detect_format,
+    read_tasks,
+)
+from .models import Task, Taskset, TasksetImport
+
+logger = logging.getLogger(__name__)
+
+IMPORT_BATCH_SIZE = 2_000
+DEFAULT_WORKFLOW = Taskset._meta.get_field("default_workflow").default
+DEFAULT_REWARD_FN = Taskset._meta.get_field("default_reward_fn").default
+
+
+class ImportProgress(NamedTuple):
+    rows_done: int
+    bytes_done: int
+    bytes_total: int
+
+
+ProgressCallback = Callable[[ImportProgress], None]
+
+
+def import_taskset(
+    path,
+    *,
+    name: str,
+    mapping: FieldMapping,
+    fmt: str | None = None,
+    description: str = "",
+    default_workflow: str = DEFAULT_WORKFLOW,
+    default_reward_fn: str = DEFAULT_REWARD_FN,
+    user=None,
+    source: str | None = None,
+    progress: ProgressCallback | None = None,
+    batch_size: int = IMPORT_BATCH_SIZE,
+    max_line_bytes: int | None = None,
+) -> Taskset:
+    """Create the taskset `name` from a JSONL, CSV or Parquet file, all or nothing.
+
+    Rows are streamed and inserted `batch_size` at a time inside one transaction, so memory stays
+    flat however long the file is and a bad row anywhere leaves no taskset and no tasks behind.
+    `source` is the file name shown in errors and on the taskset (default: the path's name);
+    `progress` is called after every batch. Raises TasksetImportError.
+    """
+    path = Path(path)
+    source = source or path.name
+    fmt = fmt or detect_format(path.name)
+    if max_line_bytes is None:
+        max_line_bytes = getattr(settings, "TASKSET_IMPORT_MAX_LINE_BYTES", DEFAULT_MAX_LINE_BYTES)
+    check_new_taskset_name(name, source)
+    rows = read_tasks(path, fmt, mapping, display_name=source, max_line_bytes=max_line_bytes)
+    with transaction.atomic():
+        taskset = _create_taskset(
+            name=name,
+            description=description,
+            field_mapping={"format": fmt, **mapping.to_dict()},
+            default_workflow=default_workflow,
+            default_reward_fn=default_reward_fn,
+            source=source,
+            created_by=user,
+        )
+        _insert_tasks(taskset, rows, batch_size, progress)
+    return taskset
+
+
+def check_new_taskset_name(name: str, source: str = "") -> None:
+    """Raise TasksetImportError unless `name` is a free, valid taskset name."""
+    try:
+        validate_slug(name)
+    except ValidationError:
+        raise TasksetImportError(
+            source, None, f"{name!r} is not a valid taskset name (letters, digits, - and _)"
+        ) from None
+    if Taskset.objects.filter(name=name).exists():
+        raise TasksetImportError(source, None, f"a taskset named {name!r} already exists")
+
+
+def _create_taskset(**fields) -> Taskset:
+    try:
+        return Taskset.objects.create(**fields)
+    except IntegrityError:  # another import took the name since check_new_taskset_name
+        raise TasksetImportError(fields["source"], None, f"a taskset named {fields['name']!r} already exists") from None
+
+
+def _insert_tasks(
+    taskset: Taskset,
+    rows: Iterable[tuple[TaskFields, ReadProgress]],
+    batch_size: int,
+    progress: ProgressCallback | None,
+) -> None:
+    batch, count, read = [], 0, None
+    for fields, read in rows:
+        batch.append(
+            Task(
+                taskset_id=taskset.pk,
+                index=count,
+                prompt=fields.prompt,
+                answer=fields.answer,
+                metadata=fields.metadata,
+                difficulty=fields.difficulty,
+            )
+        )
+        count += 1
+        if len(batch) == batch_size:
+            _flush(batch)
+            if progress:
+                progress(ImportProgress(count, read.bytes_read, read.bytes_total))
+    _flush(batch)
+    taskset.task_count = count
+    taskset.save(update_fields=["task_count"])
+    if progress:
+        progress(ImportProgress(count, read.bytes_total, read.bytes_total))
+
+
+def _flush(batch: list[Task]) -> None:
+    Task.objects.bulk_create(batch)
+    batch.clear()
+    # With DEBUG on, Django keeps the SQL of every query; a million-row import would keep it all.
+    connection.queries_log.clear()
+
+
+# ---- import jobs (the upload page) ----
+
+
+def start_taskset_import(
+    *,
+    upload,
+    name: str,
+    fmt: str,
+    mapping: FieldMapping,
+    description: str = "",
+    default_workflow: str = DEFAULT_WORKFLOW,
+    default_reward_fn: str = DEFAULT_REWARD_FN,
+    user=None,
+) -> TasksetImport:
+    """Save an uploaded file under MEDIA_ROOT/uploads/ and queue its import once this transaction commits
+    (embedded, it runs on a thread of this process: see workers.tasks.enqueue)."""
+    from workers.tasks import enqueue  # imported when used, as apps.runs.services does: it imports the apps
+
+    from .tasks import run_import  # tasks imports this module
+
+    job = TasksetImport(
+        original_filename=Path(upload.name).name,
+        name=name,
+        format=fmt,
+        field_mapping=mapping.to_dict(),
+        description=description,
+        default_workflow=default_workflow,
+        default_reward_fn=default_reward_fn,
+        bytes_total=upload.size,
+        created_by=user,
+    )
+    job.upload.save(upload.name, upload, save=False)  # copied in chunks, never whole in memory
+    job.save()
+    transaction.on_commit(lambda: enqueue(run_import, job.pk))
+    return job
+
+
+def run_taskset_import(job_id: int) -> TasksetImport:
+    """Run a queued import job to the end: the taskset exists, or the job holds the error.
+
+    A job that already finished is left alone (a redelivered Celery task); one left `running` by a
+    killed worker starts again, its transaction having been rolled back with the worker's connection.
+    """
+    job = TasksetImport.objects.select_related("created_by").get(pk=job_id)
+    if job.is_finished:
+        return job
+    job.status, job.started_at, job.rows_done, job.bytes_done = TasksetImport.Status.RUNNING, timezone.now(), 0, 0
+    job.save(update_fields=["status", "started_at", "rows_done", "bytes_done"])
+    try:
+        with _job_progress_writer(job) as write_progress:
+            taskset = import_taskset(
+                job.upload.path,
+                name=job.name,
+                fmt=job.format,
+                mapping=FieldMapping.from_dict(job.field_mapping),
+                description=job.description,
+                default_workflow=job.default_workflow,
+                default_reward_fn=job.default_reward_fn,
+                user=job.created_by,
+                source=job.original_filename,
+                progress=write_progress,
+            )
+    except TasksetImportError as exc:
+        _finish_job(job, TasksetImport.Status.FAILED, error=str(exc))
+    except Exception as exc:
+        logger.exception("taskset import %s failed", job.pk)
+        _finish_job(
+            job, TasksetImport.Status.FAILED, error=f"{job.original_filename}: the import failed unexpectedly ({exc!r})"
+        )
+        raise
+    else:
+        _finish_job(
+            job,
+            TasksetImport.Status.SUCCEEDED,
+            taskset=taskset,
+            rows_done=taskset.task_count,
+            bytes_done=job.bytes_total,
+        )
+    return job
+
+
+@contextmanager
+def _job_progress_writer(job: TasksetImport):
+    """Yield a progress callback that makes the job's progress visible to other connections at once.
+
+    The import inserts everything in one transaction on the default connection, so progress saved
+    there would stay invisible until the end (and be rolled back on failure). Instead each update
+    is written through a second connection of our own, in autocommit mode, which commits it
+    immediately. That is safe because the import transaction never touches the job row (the job
+    is finished after it ends), so the two connections never wait on each other's locks. When the
+    job itself runs inside an outer transaction (its own row possibly locked and uncommitted; the
+    tests) or on SQLite (one writer at a time), nobody can see progress before the end anyway,
+    and the callback does nothing.
+    """
+    if connection.vendor != "postgresql" or connection.in_atomic_block:
+        yield lambda progress: None
+        return
+    progress_connection = connections.create_connection(DEFAULT_DB_ALIAS)
+    sql = f"UPDATE {TasksetImport._meta.db_table} SET rows_done = %s, bytes_done = %s, bytes_total = %s WHERE id = %s"
+
+    def write_progress(progress: ImportProgress) -> None:
+        with progress_connection.cursor() as cursor:
+            cursor.execute(sql, [progress.rows_done, progress.bytes_done, progress.bytes_total, job.pk])
+
+    try:
+        yield write_progress
+    finally:
+        progress_connection.close()
+
+
+def _finish_job(job: TasksetImport, status: str, **fields) -> None:
+    job.upload.delete(save=False)
+    job.status, job.finished_at = status, timezone.now()
+    for name, value in fields.items():
+        setattr(job, name, value)
+    job.save()
+
+
+# ---- generated tasksets ----
+
+
+@dataclass(frozen=True)
+class GeneratedTaskset:
+    """A taskset made by one of the engine's generators (workers.rft.datasets)."""
+
+    name: str
+    generator: str
+    n: int
+    seed: int = 0
+    params: dict = field(default_factory=dict)
+    held_out_from: str | None = None  # no prompt of this taskset appears in the new one
+    description: str = ""
+    default_workflow: str = DEFAULT_WORKFLOW
+    default_reward_fn: str = DEFAULT_REWARD_FN
+
+
+# Operands up to 30 give ~3,000 distinct arithmetic problems: enough that 2,000 training draws
+# still leave plenty unseen for a genuinely held-out eval set (with the generator's default of 10
+# there are ~300, and the training set covers nearly all of them).
+ARITHMETIC_PARAMS = {"max_operand": 30}
+BUILTIN_TASKSETS = (
+    GeneratedTaskset(
+        "arithmetic",
+        "arithmetic",
+        2_000,
+        seed=0,
+        params=ARITHMETIC_PARAMS,
+        description="a + b, a - b and a * b with operands 0..30.",
+        default_reward_fn="exact_match",
+    ),
+    GeneratedTaskset(
+        "arithmetic-eval",
+        "arithmetic",
+        200,
+        seed=1,
+        params=ARITHMETIC_PARAMS,
+        held_out_from="arithmetic",
+        description="Held-out arithmetic: 200 distinct problems, none of them in 'arithmetic'.",
+        default_reward_fn="exact_match",
+    ),
+    GeneratedTaskset(
+        "countdown",
+        "countdown",
+        1_000,
+        seed=0,
+        description="Reach a target number from three numbers with + - * / (answer inside <answer></answer>).",
+        default_reward_fn="countdown",
+    ),
+)
+
+
+def create_generated_taskset(spec: GeneratedTaskset, *, user=None) -> Taskset:
+    """Create a taskset from a generator spec. Raises TasksetImportError if the name is taken."""
+    settings_text = ", ".join([f"n={spec.n}", f"seed={spec.seed}", *(f"{k}={v}" for k, v in spec.params.items())])
+    source = f"generated by {spec.generator} ({settings_text})"
+    check_new_taskset_name(spec.name, source)
+    if spec.held_out_from:
+        excluded = set(Taskset.objects.get(name=spec.held_out_from).tasks.values_list("prompt", flat=True))
+        tasks = _held_out_tasks(spec, excluded)
+    else:
+        tasks = datasets.generate(spec.generator, spec.n, seed=spec.seed, **spec.params)
+    with transaction.atomic():
+        taskset = _create_taskset(
+            name=spec.name,
+            description=spec.description,
+            default_workflow=spec.default_workflow,
+            default_reward_fn=spec.default_reward_fn,
+            source=source,
+            created_by=user,
+        )
+        Task.objects.bulk_create(
+            Task(
+                taskset=taskset,
+                index=index,
+                prompt=task["prompt"],
+                answer=task["answer"],
+                metadata=task.get("metadata") or {},
+                difficulty=task.get("difficulty") or 0.0,
+            )
+            for index, task in enumerate(tasks)
+        )
+        taskset.task_count = len(tasks)
+        taskset.save(update_fields=["task_count"])
+    return taskset
+
+
+def _held_out_tasks(spec: GeneratedTaskset, excluded: set) -> list[dict]:
+    """The first `spec.n` distinct generated tasks whose prompt is not in `excluded`.
+
+    The generator is deterministic and its first k tasks are a prefix of its first 2k, so asking
+    for more until there are enough keeps the result a function of the spec alone."""
+    wanted = 4 * spec.n
+    while True:
+        chosen, seen = [], set(excluded)
+        for task in datasets.generate(spec.generator, wanted, seed=spec.seed, **spec.params):
+            if task["prompt"] not in seen:
+                seen.add(task["prompt"])
+                chosen.append(task)
+                if len(chosen) == spec.n:
+                    return chosen
+        if wanted >= 64 * spec.n:
+            raise ValueError(
+                f"{spec.generator} with {spec.params} has fewer than {spec.n} problems outside {spec.held_out_from!r}"
+            )
+        wanted *= 2
+
+
+def load_builtin_tasksets(*, user=None) -> list[tuple[str, bool]]:
+    """Create the built-in tasksets that do not exist yet; return (name, created) for each."""
+    results = []
+    for spec in BUILTIN_TASKSETS:
+        if Taskset.objects.filter(name=spec.name).exists():
+            results.append((spec.name, False))
+        else:
+            create_generated_taskset(spec, user=user)
+            results.append((spec.name, True))
+    return results

@@ -1,0 +1,172 @@
+"""The JSON API: token and session auth, runs, metrics, experiences, launch and controls."""
+import pytest
+import yaml
+from django.test import Client
+from django.urls import reverse
+
+from apps.buffer.models import Experience
+from apps.runs.api import token_for
+from apps.runs.models import Checkpoint, MetricPoint, Run
+from apps.runs.presets import preset_config
+
+Status = Run.Status
+
+
+def bearer(token: str) -> dict:
+    return {"HTTP_AUTHORIZATION": f"Bearer {token}"}
+
+
+@pytest.fixture
+def api(researcher):
+    """A script's client: no session, the researcher's token."""
+    client = Client(enforce_csrf_checks=True)
+    headers = bearer(token_for(researcher))
+
+    def call(method, url, data=None, **extra):
+        if method == "post":
+            return client.post(url, data, content_type=extra.pop("content_type", "application/json"), **headers, **extra)
+        return client.get(url, data, **headers, **extra)
+
+    return call
+
+
+def test_a_valid_token_reads_the_runs(api, make_run):
+    make_run("alpha", status=Status.RUNNING, trainer_step=50)
+    body = api("get", reverse("api-runs")).json()
+    assert body["count"] == 1 and body["page"] == 1
+    (run,) = body["results"]
+    assert run["name"] == "alpha" and run["owner"] == "res" and run["progress"] == 0.5 and run["total_steps"] == 100
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [{}, bearer("rft_1_deadbeef"), bearer("nonsense"), {"HTTP_AUTHORIZATION": "Basic cmVzOnB3"}, bearer("")],
+    ids=["missing", "wrong", "malformed", "basic", "empty"],
+)
+def test_without_a_valid_token_it_is_401_json_not_a_redirect(db, headers, researcher):
+    response = Client().get(reverse("api-runs"), **headers)
+    assert response.status_code == 401 and response["Content-Type"] == "application/json"
+    assert response["WWW-Authenticate"].startswith("Bearer") and "error" in response.json()
+
+
+def test_someone_elses_mac_does_not_pass(db, researcher, curator):
+    forged = f"rft_{curator.pk}_{token_for(researcher).rsplit('_', 1)[1]}"
+    assert Client().get(reverse("api-runs"), **bearer(forged)).status_code == 401
+
+
+def test_an_annotator_token_is_403(annotator):
+    response = Client().get(reverse("api-runs"), **bearer(token_for(annotator)))
+    assert response.status_code == 403 and "researcher" in response.json()["error"]
+
+
+def test_a_password_change_revokes_the_token(researcher):
+    token = token_for(researcher)
+    researcher.set_password("a-brand-new-password-9")
+    researcher.save()
+    assert Client().get(reverse("api-runs"), **bearer(token)).status_code == 401
+    assert Client().get(reverse("api-runs"), **bearer(token_for(researcher))).status_code == 200
+
+
+def test_an_inactive_users_token_is_401(researcher):
+    token = token_for(researcher)
+    researcher.is_active = False
+    researcher.save()
+    assert Client().get(reverse("api-runs"), **bearer(token)).status_code == 401
+
+
+def test_pages_use_the_api_with_their_session(researcher_client, annotator_client, make_run):
+    make_run()
+    assert researcher_client.get(reverse("api-runs")).status_code == 200
+    assert annotator_client.get(reverse("api-runs")).status_code == 403
+
+
+def test_a_session_must_pass_the_csrf_check_to_change_things(researcher, make_run):
+    run = make_run(status=Status.RUNNING)
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(researcher)
+    response = client.post(reverse("api-run-pause", args=[run.pk]))
+    assert response.status_code == 403 and "CSRF" in response.json()["error"]
+    assert Run.objects.get().status == Status.RUNNING
+
+
+def test_runs_filters(api, make_run, curator):
+    make_run("alpha", status=Status.RUNNING)
+    make_run("beta", status=Status.COMPLETED, owner=curator)
+    names = lambda **q: [r["name"] for r in api("get", reverse("api-runs"), q).json()["results"]]  # noqa: E731
+    assert names(status="running") == ["alpha"] and names(owner="cur") == ["beta"] and names(q="ET") == ["beta"]
+    assert api("get", reverse("api-runs"), {"status": "bogus"}).status_code == 400
+
+
+def test_run_detail(api, make_run):
+    run = make_run("alpha", config=preset_config("sft"))
+    Checkpoint.objects.create(run=run, version=1, step=50, path="runs/1/v1")
+    MetricPoint.objects.create(run=run, role="explorer", step=1, values={"reward_mean": 0.25})
+    body = api("get", reverse("api-run", args=[run.pk])).json()
+    assert body["config"]["algorithm"]["name"] == "sft" and body["latest_reward"] == 0.25
+    assert body["checkpoints"] == [
+        {"version": 1, "step": 50, "created_at": body["checkpoints"][0]["created_at"], "download_url": reverse("checkpoint-download", args=[run.pk, 1])}
+    ]
+    assert api("get", reverse("api-run", args=[run.pk + 1])).status_code == 404
+
+
+def test_metrics_by_role_and_since(api, make_run):
+    run = make_run()
+    for step in (1, 2, 3):
+        MetricPoint.objects.create(run=run, role="trainer", step=step, values={"loss": 1 / step})
+    MetricPoint.objects.create(run=run, role="explorer", step=1, values={"reward_mean": 0.1})
+    url = reverse("api-run-metrics", args=[run.pk])
+    assert list(api("get", url).json()["metrics"]) == ["explorer", "trainer"]
+    assert api("get", url, {"role": "trainer", "since": 1}).json()["metrics"] == {
+        "trainer": [{"step": 2, "values": {"loss": 0.5}}, {"step": 3, "values": {"loss": 1 / 3}}]
+    }
+    assert api("get", url, {"since": "yesterday"}).status_code == 400
+
+
+def test_experiences_with_filters_and_pages(api, make_run):
+    run = make_run()
+    Experience.objects.bulk_create(
+        Experience(run=run, explorer_step=step, group_id=f"g{step}", rollout_index=i, reward=float(i), response_text=f"r{i}", response_ids=[7] * i)
+        for step in (1, 2) for i in range(3)
+    )
+    url = reverse("api-run-experiences", args=[run.pk])
+    body = api("get", url, {"min_reward": 1, "page_size": 2}).json()
+    assert (body["count"], body["pages"]) == (4, 2)
+    first = body["results"][0]
+    assert (first["explorer_step"], first["rollout_index"], first["response_tokens"], first["reward"]) == (2, 1, 1, 1.0)
+    assert first["annotate_url"] == f"/annotate/experience/{first['id']}/"
+    assert api("get", url, {"step": 1, "q": "r2"}).json()["count"] == 1
+    assert api("get", url, {"step": -1}).status_code == 400
+
+
+def test_launch_through_the_api(api, tasksets, worker_queue, django_capture_on_commit_callbacks, researcher):
+    with django_capture_on_commit_callbacks(execute=True):
+        response = api("post", reverse("api-runs"), {"name": "scripted", "config": preset_config("quick-demo")})
+    assert response.status_code == 201
+    run = Run.objects.get()
+    assert response.json()["id"] == run.pk and run.owner == researcher and worker_queue == [run.pk]
+
+
+def test_launch_takes_yaml_text(api, tasksets, worker_queue):
+    text = yaml.safe_dump(preset_config("sft"))
+    assert api("post", reverse("api-runs"), {"name": "y", "config": text}).status_code == 201
+
+
+def test_an_invalid_launch_lists_its_errors_and_creates_nothing(api, tasksets, worker_queue):
+    config = preset_config("quick-demo")
+    config["algorithm"]["kl"]["coef"] = -1
+    config["buffer"]["taskset"] = "nope"
+    response = api("post", reverse("api-runs"), {"name": "bad", "config": config})
+    assert response.status_code == 400
+    assert [e["key"] for e in response.json()["errors"]] == ["algorithm.kl.coef"]  # the schema speaks first
+    assert api("post", reverse("api-runs"), {"config": "a: [unclosed"}).json()["errors"][0]["key"] == "<config>"
+    assert api("post", reverse("api-runs"), "not json", content_type="text/plain").status_code == 400
+    assert not Run.objects.exists() and worker_queue == []
+
+
+def test_controls(api, make_run):
+    run = make_run(status=Status.RUNNING)
+    response = api("post", reverse("api-run-pause", args=[run.pk]))
+    assert response.status_code == 200 and response.json()["status"] == "paused"
+    refused = api("post", reverse("api-run-pause", args=[run.pk]))
+    assert refused.status_code == 409 and refused.json()["status"] == "paused"
+    assert api("get", reverse("api-run-stop", args=[run.pk])).status_code == 405

@@ -1,0 +1,172 @@
+"""The launch page: form and YAML editors over one run config, presets, key-level errors."""
+import pytest
+import yaml
+from django.urls import reverse
+
+from apps.runs import services
+from apps.runs.forms import LaunchForm
+from apps.runs.models import Run
+from apps.runs.presets import PRESETS, preset_config
+from workers.rft.config import RunConfig
+
+URL = reverse("run-launch")
+
+
+def posted(form: LaunchForm, **changes) -> dict:
+    """What a browser posts for an unbound form as shown, with some fields changed."""
+    data = {}
+    for field in form:
+        value = field.value()
+        if field.widget_type == "checkbox":
+            if value:
+                data[field.name] = "on"
+        else:
+            data[field.name] = "" if value is None else str(value)
+    data.update(changes)
+    return {key: value for key, value in data.items() if value is not None}
+
+
+def config_form(config=None, **kwargs) -> LaunchForm:
+    return LaunchForm.for_config(config or preset_config("quick-demo"), **kwargs)
+
+
+def test_the_page_opens_on_the_quick_demo(researcher_client, tasksets):
+    response = researcher_client.get(URL)
+    assert response.status_code == 200
+    form = response.context["form"]
+    assert form["algorithm.name"].value() == "mix" and form["model.path"].value() == "tiny"
+    assert form["buffer.taskset"].value() == "arithmetic"
+    for preset in PRESETS.values():
+        assert preset.title in response.content.decode()
+
+
+def test_a_preset_fills_the_form(researcher_client, tasksets):
+    form = researcher_client.get(URL, {"preset": "smollm2-grpo"}).context["form"]
+    assert form["model.path"].value() == "smollm2-135m" and form["algorithm.name"].value() == "grpo"
+
+
+def test_every_preset_is_a_valid_config(tasksets):
+    for name in PRESETS:
+        services.validate_config(preset_config(name))
+
+
+def test_a_valid_form_launches_the_validated_config(researcher_client, researcher, tasksets, worker_queue, django_capture_on_commit_callbacks):
+    data = posted(config_form(), name="demo", **{"trainer.total_steps": "7", "algorithm.kl.fn": "k3", "algorithm.kl.coef": "0.01"})
+    with django_capture_on_commit_callbacks(execute=True):
+        response = researcher_client.post(URL, data)
+    run = Run.objects.get()
+    assert response.status_code == 302 and response["Location"] == reverse("run-detail", args=[run.pk])
+    expected = preset_config("quick-demo")
+    expected["trainer"]["total_steps"] = 7
+    expected["algorithm"]["kl"] = {"fn": "k3", "coef": 0.01}
+    assert run.config == RunConfig.from_dict(expected).to_dict()
+    assert (run.name, run.owner, run.mode) == ("demo", researcher, "both")
+    assert worker_queue == [run.pk]
+
+
+def test_an_empty_name_is_made_from_the_config(researcher_client, tasksets, worker_queue):
+    researcher_client.post(URL, posted(config_form(), name=""))
+    assert Run.objects.get().name == "mix on arithmetic"
+
+
+def test_a_bad_value_shows_next_to_its_field_and_creates_nothing(researcher_client, tasksets, worker_queue):
+    response = researcher_client.post(URL, posted(config_form(), **{"algorithm.kl.coef": "-1"}))
+    assert response.status_code == 200
+    assert response.context["form"].errors == {"algorithm.kl.coef": ["must be >= 0, got -1.0"]}
+    html = response.content.decode()
+    field = html[html.index('data-key="algorithm.kl.coef"'):]
+    assert field.index("must be &gt;= 0, got -1.0") < field.index('data-key="algorithm.mix.mu"')
+    assert not Run.objects.exists() and worker_queue == []
+
+
+def test_a_value_of_the_wrong_type_is_refused_by_the_form(researcher_client, tasksets, worker_queue):
+    response = researcher_client.post(URL, posted(config_form(), **{"trainer.lr": "fast"}))
+    assert response.status_code == 200 and "trainer.lr" in response.context["form"].errors
+    assert not Run.objects.exists()
+
+
+def test_a_missing_taskset_is_reported_on_its_field(researcher_client, tasksets, worker_queue):
+    config = preset_config("quick-demo")
+    tasksets[1].delete()  # arithmetic-eval, the demo's eval taskset
+    response = researcher_client.post(URL, posted(config_form(config), **{"buffer.eval_taskset": "arithmetic-eval"}))
+    assert "buffer.eval_taskset" in response.context["form"].errors
+    assert not Run.objects.exists()
+
+
+def test_cross_key_rules_land_on_the_key_they_blame(researcher_client, tasksets, worker_queue):
+    response = researcher_client.post(URL, posted(config_form(), **{"buffer.expert_taskset": ""}))
+    assert list(response.context["form"].errors) == ["buffer.expert_taskset"]  # mix needs expert data
+
+
+def test_errors_of_keys_without_a_field_show_at_the_top(researcher_client, tasksets, worker_queue):
+    config = preset_config("quick-demo")
+    config["explorer"]["pipeline"] = "dedupe"  # must be a list; the form has no field for it
+    response = researcher_client.post(URL, posted(config_form(config)))
+    form = response.context["form"]
+    assert form.non_field_errors() == ["explorer.pipeline: expected a list, got a string"]
+    assert "The config has problems" in response.content.decode()
+    assert not Run.objects.exists()
+
+
+def test_keys_without_a_field_survive_the_form(researcher_client, tasksets, worker_queue):
+    config = preset_config("quick-demo")
+    config["explorer"]["system_prompt"] = "Answer with a number."
+    researcher_client.post(URL, posted(config_form(config)))
+    assert Run.objects.get().config["explorer"]["system_prompt"] == "Answer with a number."
+
+
+def test_form_to_yaml_and_back(researcher_client, tasksets, worker_queue):
+    data = posted(config_form(), name="round trip", switch="", **{"explorer.temperature": "0.7", "explorer.reward_fn": "{exact_match: 1, format: 0.2}"})
+    as_yaml = researcher_client.post(URL, data).context["form"]
+    assert as_yaml.current_editor == "yaml" and "algorithm.name" not in as_yaml.fields
+    config = yaml.safe_load(as_yaml["yaml"].value())
+    assert config["explorer"]["temperature"] == 0.7
+    assert config["explorer"]["reward_fn"] == {"exact_match": 1, "format": 0.2}
+    assert RunConfig.from_dict(config).to_dict() == config  # the YAML is the whole config
+
+    text = as_yaml["yaml"].value().replace("max_new_tokens: 8", "max_new_tokens: 12")
+    as_form = researcher_client.post(URL, {"editor": "yaml", "name": "round trip", "yaml": text, "switch": ""}).context["form"]
+    assert as_form.current_editor == "form" and as_form["name"].value() == "round trip"
+    assert as_form["explorer.max_new_tokens"].value() == 12 and as_form["explorer.temperature"].value() == 0.7
+    assert as_form["explorer.reward_fn"].value() == "{exact_match: 1, format: 0.2}"
+
+    researcher_client.post(URL, posted(as_form))
+    launched = Run.objects.get().config
+    assert launched["explorer"]["max_new_tokens"] == 12 and launched["explorer"]["reward_fn"] == {"exact_match": 1, "format": 0.2}
+
+
+def test_launch_from_yaml_reads_floats_like_the_cli(researcher_client, tasksets, worker_queue):
+    text = yaml.safe_dump(preset_config("quick-demo")).replace("lr: 0.0001", "lr: 1e-4")
+    assert "lr: 1e-4" in text
+    researcher_client.post(URL, {"editor": "yaml", "name": "y", "yaml": text})
+    assert Run.objects.get().config["trainer"]["lr"] == 1e-4
+
+
+def test_yaml_errors_show_by_the_yaml_box(researcher_client, tasksets, worker_queue):
+    text = yaml.safe_dump(preset_config("quick-demo")) + "trainr: {}\n"
+    form = researcher_client.post(URL, {"editor": "yaml", "yaml": text}).context["form"]
+    assert form.errors["yaml"] == ["trainr: unknown key; did you mean 'trainer'?"]
+    broken = researcher_client.post(URL, {"editor": "yaml", "yaml": "model: [unclosed"}).context["form"]
+    assert broken.errors["yaml"][0].startswith("not valid YAML")
+    assert not Run.objects.exists()
+
+
+def test_yaml_text_is_never_taken_for_a_file_name(researcher_client, tasksets, worker_queue):
+    form = researcher_client.post(URL, {"editor": "yaml", "yaml": "/etc/hostname.yaml"}).context["form"]
+    assert form.errors["yaml"] == ["the config must be a mapping of keys to values"]
+
+
+def test_launch_again_copies_a_run(researcher_client, make_run, tasksets):
+    run = make_run("first", config=preset_config("sft"))
+    form = researcher_client.get(URL, {"from": run.pk}).context["form"]
+    assert form["name"].value() == "first (again)" and form["algorithm.name"].value() == "sft"
+
+
+def test_annotators_cannot_launch(annotator_client, tasksets):
+    assert annotator_client.get(URL).status_code == 403
+
+
+@pytest.mark.parametrize("algorithm, shown", [("mix", "algorithm.mix.mu"), ("dpo", "algorithm.dpo.beta")])
+def test_algorithm_specific_fields_are_marked(researcher_client, tasksets, algorithm, shown):
+    html = researcher_client.get(URL).content.decode()
+    assert f'data-key="{shown}" data-algorithms="{algorithm}"' in html

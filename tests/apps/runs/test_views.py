@@ -1,0 +1,322 @@
+"""The dashboard pages: runs list, run page and its controls, live snapshot, rollouts, compare, downloads."""
+import io
+import json
+import tarfile
+
+import pytest
+from django.contrib.messages import get_messages
+from django.urls import reverse
+
+from apps.buffer.models import Experience
+from apps.runs import services
+from apps.runs.models import Checkpoint, MetricPoint, Run
+
+Status = Run.Status
+
+
+def messages_of(response) -> list[str]:
+    return [str(message) for message in get_messages(response.wsgi_request)]
+
+
+# ---- runs list ----------------------------------------------------------------------------------
+
+
+def test_list_shows_progress_reward_and_owner(researcher_client, make_run):
+    run = make_run("alpha", status=Status.RUNNING, trainer_step=25)
+    MetricPoint.objects.create(run=run, role="explorer", step=3, values={"reward_mean": 0.5})
+    MetricPoint.objects.create(run=run, role="explorer", step=4, values={"reward_mean": 0.75})
+    html = researcher_client.get(reverse("run-list")).content.decode()
+    assert "alpha" in html and "25 / 100" in html and 'style="width: 25%"' in html
+    assert "0.750" in html and "res" in html
+
+
+@pytest.fixture
+def three_runs(make_run, researcher, curator):
+    return {
+        "alpha": make_run("alpha-grpo", status=Status.RUNNING),
+        "beta": make_run("beta-grpo", status=Status.COMPLETED),
+        "gamma": make_run("gamma-sft", status=Status.RUNNING, owner=curator),
+    }
+
+
+@pytest.mark.parametrize(
+    "query, expected",
+    [
+        ({}, {"alpha-grpo", "beta-grpo", "gamma-sft"}),
+        ({"status": "running"}, {"alpha-grpo", "gamma-sft"}),
+        ({"owner": "cur"}, {"gamma-sft"}),
+        ({"q": "GRPO"}, {"alpha-grpo", "beta-grpo"}),
+        ({"q": "grpo", "status": "completed", "owner": "res"}, {"beta-grpo"}),
+    ],
+)
+def test_list_filters_and_search(researcher_client, three_runs, query, expected):
+    response = researcher_client.get(reverse("run-list"), query)
+    assert {run.name for run in response.context["runs"]} == expected
+
+
+def test_list_owner_choices_are_the_run_owners(researcher_client, three_runs, annotator):
+    owners = researcher_client.get(reverse("run-list")).context["filters"].fields["owner"].queryset
+    assert set(owners.values_list("username", flat=True)) == {"res", "cur"}
+
+
+def test_bulk_stop_stops_what_it_can_and_names_the_rest(researcher_client, make_run):
+    queued, running, done = make_run("q"), make_run("r", status=Status.RUNNING), make_run("d", status=Status.COMPLETED)
+    back = reverse("run-list") + "?status=running"
+    response = researcher_client.post(reverse("run-bulk-stop"), {"runs": [queued.pk, running.pk, done.pk], "next": back})
+    assert response.status_code == 302 and response["Location"] == back
+    statuses = dict(Run.objects.values_list("name", "status"))
+    assert statuses == {"q": Status.STOPPED, "r": Status.STOPPING, "d": Status.COMPLETED}
+    notes = messages_of(response)
+    assert any("Stopping 2 runs" in note for note in notes)
+    assert any("Could not stop d (completed)" in note for note in notes)
+
+
+def test_bulk_stop_ignores_a_foreign_next(researcher_client, make_run):
+    response = researcher_client.post(reverse("run-bulk-stop"), {"runs": [make_run().pk], "next": "https://evil.example/"})
+    assert response["Location"] == reverse("run-list")
+
+
+def test_bulk_stop_needs_post_and_the_role(researcher_client, annotator_client, make_run):
+    run = make_run()
+    assert researcher_client.get(reverse("run-bulk-stop")).status_code == 405
+    assert annotator_client.post(reverse("run-bulk-stop"), {"runs": [run.pk]}).status_code == 403
+    assert Run.objects.get().status == Status.QUEUED
+
+
+# ---- run page and controls ----------------------------------------------------------------------
+
+
+def test_run_page_has_the_charts_the_socket_and_the_run(researcher_client, make_run):
+    run = make_run("live-one", status=Status.RUNNING, error="CUDA out of memory", config={"trainer": {"total_steps": 10}, "algorithm": {"name": "grpo"}})
+    Checkpoint.objects.create(run=run, version=3, step=30, path="runs/1/v3")
+    response = researcher_client.get(reverse("run-detail", args=[run.pk]))
+    html = response.content.decode()
+    page = json.loads(html.split('id="run-page-data" type="application/json">')[1].split("</script>")[0])
+    assert page["ws_path"] == f"/ws/runs/{run.pk}/" and page["live_url"] == reverse("run-live", args=[run.pk])
+    assert 'id="charts"' in html and reverse("plotly-js") in html
+    assert "CUDA out of memory" in html and "total_steps: 10" in html
+    assert reverse("checkpoint-download", args=[run.pk, 3]) in html
+    assert f'href="/runs/{run.pk}/rollouts/"' in html
+
+
+def control_forms(html: str) -> dict[str, bool]:
+    """{action: shown} for the control buttons of a run page."""
+    shown = {}
+    for action in ("pause", "resume", "stop"):
+        start = html.index(f"/{action}/\" data-statuses=")
+        tag = html[start:html.index(">", start)]
+        shown[action] = " hidden" not in tag
+    return shown
+
+
+@pytest.mark.parametrize(
+    "status, shown",
+    [
+        (Status.QUEUED, {"pause": False, "resume": False, "stop": True}),
+        (Status.RUNNING, {"pause": True, "resume": False, "stop": True}),
+        (Status.PAUSED, {"pause": False, "resume": True, "stop": True}),
+        (Status.STOPPING, {"pause": False, "resume": False, "stop": False}),
+        (Status.COMPLETED, {"pause": False, "resume": False, "stop": False}),
+    ],
+)
+def test_buttons_follow_the_legal_transitions(researcher_client, make_run, status, shown):
+    run = make_run(status=status)
+    assert control_forms(researcher_client.get(reverse("run-detail", args=[run.pk])).content.decode()) == shown
+
+
+def test_pause_resume_stop(researcher_client, make_run):
+    run = make_run(status=Status.RUNNING)
+    for action, status in [("pause", Status.PAUSED), ("resume", Status.RUNNING), ("stop", Status.STOPPING)]:
+        response = researcher_client.post(reverse(f"run-{action}", args=[run.pk]))
+        assert response.status_code == 302 and response["Location"] == reverse("run-detail", args=[run.pk])
+        run.refresh_from_db()
+        assert run.status == status
+
+
+@pytest.mark.parametrize(
+    "status, action",
+    [(Status.RUNNING, "resume"), (Status.QUEUED, "pause"), (Status.STARTING, "resume"), (Status.COMPLETED, "stop"), (Status.STOPPING, "stop")],
+)
+def test_illegal_controls_are_refused(researcher_client, make_run, status, action):
+    run = make_run(status=status)
+    response = researcher_client.post(reverse(f"run-{action}", args=[run.pk]))
+    run.refresh_from_db()
+    assert run.status == status
+    assert messages_of(response) == [f"cannot {action} run 'run': it is {status}"]
+
+
+def test_controls_need_post_and_the_role(researcher_client, annotator_client, make_run):
+    run = make_run(status=Status.RUNNING)
+    assert researcher_client.get(reverse("run-pause", args=[run.pk])).status_code == 405
+    assert annotator_client.post(reverse("run-pause", args=[run.pk])).status_code == 403
+    assert annotator_client.get(reverse("run-detail", args=[run.pk])).status_code == 403
+
+
+def test_live_snapshot(researcher_client, make_run, django_capture_on_commit_callbacks):
+    run = make_run(status=Status.RUNNING)
+    with django_capture_on_commit_callbacks():  # nothing is published in this test
+        services.record_metrics(run, "trainer", 2, {"loss": 0.5})
+        services.record_metrics(run, "trainer", 1, {"loss": 0.9})
+        services.record_metrics(run, "explorer", 1, {"reward_mean": 0.25})
+    Run.objects.filter(pk=run.pk).update(live_seq=7, trainer_step=2)
+    snapshot = researcher_client.get(reverse("run-live", args=[run.pk])).json()
+    assert snapshot["seq"] == 7
+    assert snapshot["run"]["status"] == "running" and snapshot["run"]["trainer_step"] == 2
+    assert list(snapshot["metrics"]) == ["explorer", "trainer"]
+    assert snapshot["metrics"]["trainer"] == [{"step": 1, "values": {"loss": 0.9}}, {"step": 2, "values": {"loss": 0.5}}]
+
+
+# ---- checkpoint download ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def data_dir(settings, tmp_path):
+    settings.DATA_DIR = tmp_path / "data"
+    settings.DATA_DIR.mkdir()
+    return settings.DATA_DIR
+
+
+def test_checkpoint_download_streams_a_tar_of_the_directory(researcher_client, make_run, data_dir, tmp_path):
+    directory = data_dir / "runs" / "1" / "v2"
+    (directory / "tokenizer").mkdir(parents=True)
+    weights = bytes(range(256)) * 5000  # not a multiple of the tar block size
+    (directory / "model.safetensors").write_bytes(weights)
+    (directory / "tokenizer" / "vocab.json").write_text('{"a": 1}')
+    (tmp_path / "secret").write_text("not yours")
+    (directory / "link").symlink_to(tmp_path / "secret")  # symlinks are never followed
+    run = make_run("my run")
+    Checkpoint.objects.create(run=run, version=2, step=20, path="runs/1/v2")
+
+    response = researcher_client.get(reverse("checkpoint-download", args=[run.pk, 2]))
+    assert response.status_code == 200 and response.streaming
+    assert response["Content-Type"] == "application/x-tar"
+    assert f'my-run-{run.pk}-v2.tar' in response["Content-Disposition"]
+    body = b"".join(response.streaming_content)
+    assert int(response["Content-Length"]) == len(body)
+    with tarfile.open(fileobj=io.BytesIO(body)) as tar:
+        root = f"my-run-{run.pk}-v2"
+        assert sorted(tar.getnames()) == [root, f"{root}/model.safetensors", f"{root}/tokenizer", f"{root}/tokenizer/vocab.json"]
+        assert tar.extractfile(f"{root}/model.safetensors").read() == weights
+        assert tar.extractfile(f"{root}/tokenizer/vocab.json").read() == b'{"a": 1}'
+
+
+@pytest.mark.parametrize("where", ["absolute", "relative", "symlink"])
+def test_checkpoint_download_refuses_paths_outside_the_data_dir(researcher_client, make_run, data_dir, tmp_path, where):
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "id_rsa").write_text("secret")
+    path = {"absolute": str(outside), "relative": "../elsewhere", "symlink": "escape"}[where]
+    (data_dir / "escape").symlink_to(outside)
+    run = make_run()
+    Checkpoint.objects.create(run=run, version=1, step=1, path=path)
+    assert researcher_client.get(reverse("checkpoint-download", args=[run.pk, 1])).status_code == 403
+
+
+def test_checkpoint_download_of_a_missing_directory_is_404(researcher_client, make_run, data_dir):
+    run = make_run()
+    Checkpoint.objects.create(run=run, version=1, step=1, path="runs/gone")
+    assert researcher_client.get(reverse("checkpoint-download", args=[run.pk, 1])).status_code == 404
+    assert researcher_client.get(reverse("checkpoint-download", args=[run.pk, 9])).status_code == 404
+
+
+# ---- rollout browser ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def rollouts(make_run):
+    """Two explorer steps of two groups each, four responses a group, rewards 0/1 alternating."""
+    run = make_run("explorer")
+    Experience.objects.bulk_create(
+        Experience(
+            run=run, explorer_step=step, group_id=f"s{step}-g{group}", rollout_index=i,
+            prompt_text=f"What is {group} + {step}?", response_text=f"answer {i}" + (" banana" if (step, group, i) == (2, 1, 3) else ""),
+            reward=float(i % 2), reward_components={"exact_match": float(i % 2)}, advantage=i - 1.5,
+            model_version=step, response_ids=[1, 2, 3][: i + 1],
+        )
+        for step in (1, 2) for group in (0, 1) for i in range(4)
+    )
+    Experience.objects.create(run=run, explorer_step=2, group_id="", source="human_edit", response_text="edited", reward=1.0)
+    return run
+
+
+def browse(client, run, **query):
+    return client.get(reverse("run-rollouts", args=[run.pk]), query).context
+
+
+def test_rollouts_show_whole_groups_newest_step_first(researcher_client, rollouts):
+    context = browse(researcher_client, rollouts)
+    groups = context["groups"]
+    assert [(g.explorer_step, g.group_id) for g in groups] == [(2, ""), (2, "s2-g0"), (2, "s2-g1"), (1, "s1-g0"), (1, "s1-g1")]
+    group = groups[1]
+    assert group.prompt == "What is 0 + 2?" and group.reward_mean == 0.5 and group.reward_std == 0.5
+    assert [e.response_tokens for e in group.experiences] == [1, 2, 3, 3]
+    html = researcher_client.get(reverse("run-rollouts", args=[rollouts.pk])).content.decode()
+    assert f'href="/annotate/experience/{group.experiences[0].pk}/"' in html
+
+
+@pytest.mark.parametrize(
+    "query, groups, matches",
+    [
+        ({"step": 1}, [(1, "s1-g0"), (1, "s1-g1")], 8),
+        ({"min_reward": 0.5, "step": 2}, [(2, ""), (2, "s2-g0"), (2, "s2-g1")], 5),
+        ({"max_reward": 0.5, "step": 1}, [(1, "s1-g0"), (1, "s1-g1")], 4),
+        ({"source": "human_edit"}, [(2, "")], 1),
+        ({"q": "BANANA"}, [(2, "s2-g1")], 1),
+    ],
+)
+def test_rollout_filters(researcher_client, rollouts, query, groups, matches):
+    context = browse(researcher_client, rollouts, **query)
+    assert [(g.explorer_step, g.group_id) for g in context["groups"]] == groups
+    assert context["matching_count"] == matches
+    if query.get("q"):
+        (group,) = context["groups"]
+        assert len(group.experiences) == 4 and len(group.matched) == 1  # the whole group, one match marked
+
+
+def test_rollouts_paginate_by_group(researcher_client, make_run):
+    run = make_run()
+    Experience.objects.bulk_create(Experience(run=run, explorer_step=step, group_id="g", rollout_index=0) for step in range(25))
+    first, last = browse(researcher_client, run), browse(researcher_client, run, page=3)
+    assert [g.explorer_step for g in first["groups"]] == list(range(24, 14, -1))
+    assert [g.explorer_step for g in last["groups"]] == list(range(4, -1, -1))
+
+
+def test_bad_rollout_filters_are_shown_not_applied(researcher_client, rollouts):
+    context = browse(researcher_client, rollouts, min_reward="lots")
+    assert "min_reward" in context["filters"].errors and context["matching_count"] == 17
+
+
+# ---- compare, plotly, home ----------------------------------------------------------------------
+
+
+def test_compare_lists_the_picked_runs_for_the_charts(researcher_client, make_run):
+    a, b, _ = make_run("a"), make_run("b"), make_run("c")
+    response = researcher_client.get(reverse("run-compare"), {"runs": [b.pk, a.pk, "999", "x"]})
+    series = response.context["series"]
+    assert [s["name"] for s in series] == ["b", "a"]
+    assert series[0]["metrics_url"] == reverse("api-run-metrics", args=[b.pk])
+    html = response.content.decode()
+    assert 'id="compare-data"' in html and 'id="charts"' in html and html.count('name="runs"') == 3
+
+
+def test_compare_without_runs_invites_a_pick(researcher_client, make_run):
+    make_run("a")
+    response = researcher_client.get(reverse("run-compare"))
+    assert response.context["series"] == [] and "Pick two or more runs" in response.content.decode()
+
+
+def test_plotly_comes_from_the_installed_package(researcher_client):
+    response = researcher_client.get(reverse("plotly-js"), HTTP_ACCEPT_ENCODING="gzip")
+    assert response.status_code == 200 and response["Content-Type"].startswith("text/javascript")
+    assert "immutable" in response["Cache-Control"] and response["Content-Encoding"] == "gzip"
+
+
+def test_home_shows_recent_runs(researcher_client, make_run):
+    make_run("recent", status=Status.RUNNING)
+    assert "recent" in researcher_client.get(reverse("home")).content.decode()
+
+
+def test_api_token_page(researcher_client, researcher):
+    from apps.runs.api import token_for
+
+    assert token_for(researcher) in researcher_client.get(reverse("api-token")).content.decode()

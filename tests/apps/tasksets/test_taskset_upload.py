@@ -1,0 +1,233 @@
+"""The upload page, the import job it starts, and the job's status endpoint."""
+
+import json
+from contextlib import contextmanager
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.db import connections
+from django.urls import reverse
+
+from apps.tasksets import services
+from apps.tasksets.models import Task, Taskset, TasksetImport
+from rftweb.celery import app as celery_app
+
+UPLOAD_URL = reverse("taskset-upload")
+
+
+@pytest.fixture(autouse=True)
+def media_root(settings, tmp_path):
+    settings.MEDIA_ROOT = tmp_path / "media"
+    return settings.MEDIA_ROOT
+
+
+@pytest.fixture
+def eager_celery():
+    """Run Celery tasks inline, as the embedded mode does (the test settings point at Redis)."""
+    celery_app.conf.task_always_eager = True
+    yield
+    celery_app.conf.task_always_eager = False
+
+
+def jsonl_upload(rows, name="questions.jsonl"):
+    return SimpleUploadedFile(name, "".join(json.dumps(r) + "\n" for r in rows).encode())
+
+
+def form_data(upload, **overrides):
+    return {
+        "file": upload,
+        "name": "uploaded",
+        "format": "auto",
+        "prompt_field": "q",
+        "answer_field": "a",
+        "metadata_fields": "topic, source",
+        "difficulty_field": "",
+        "description": "From a test.",
+        "default_workflow": "single_turn",
+        "default_reward_fn": "numeric",
+        **overrides,
+    }
+
+
+ROWS = [{"q": f"What is {i} + 1?", "a": str(i + 1), "topic": "sums", "source": "test"} for i in range(30)]
+
+
+def test_researcher_uploads_jsonl_and_the_import_job_creates_the_taskset(
+    researcher_client, researcher, eager_celery, media_root, django_capture_on_commit_callbacks
+):
+    with django_capture_on_commit_callbacks(execute=True):
+        response = researcher_client.post(UPLOAD_URL, form_data(jsonl_upload(ROWS)))
+
+    job = TasksetImport.objects.get()
+    assert response.status_code == 302 and response.url == reverse("taskset-import", args=[job.pk])
+    assert (job.status, job.rows_done, job.created_by, job.original_filename) == (
+        "succeeded",
+        30,
+        researcher,
+        "questions.jsonl",
+    )
+    assert job.bytes_done == job.bytes_total > 0
+    taskset = Taskset.objects.get(name="uploaded")
+    assert job.taskset == taskset and taskset.task_count == Task.objects.filter(taskset=taskset).count() == 30
+    assert (taskset.source, taskset.description, taskset.default_reward_fn) == (
+        "questions.jsonl",
+        "From a test.",
+        "numeric",
+    )
+    assert taskset.tasks.get(index=3).metadata == {"topic": "sums", "source": "test"}
+    assert not job.upload and not any(p.is_file() for p in media_root.rglob("*")), "the upload is deleted"
+
+    status = researcher_client.get(reverse("taskset-import-status", args=[job.pk])).json()
+    assert status == {
+        "id": job.pk,
+        "status": "succeeded",
+        "finished": True,
+        "rows_done": 30,
+        "bytes_done": job.bytes_total,
+        "bytes_total": job.bytes_total,
+        "percent": 100,
+        "error": "",
+        "taskset_url": reverse("taskset-detail", args=["uploaded"]),
+    }
+    page = researcher_client.get(response.url).content.decode()
+    assert reverse("taskset-detail", args=["uploaded"]) in page and "import_progress.js" not in page
+    detail = researcher_client.get(reverse("taskset-detail", args=["uploaded"])).content.decode()
+    assert "<code>q</code>" in detail and "<code>topic</code>, <code>source</code>" in detail
+
+
+def test_a_bad_upload_fails_the_job_with_the_line_and_leaves_nothing(
+    researcher_client, eager_celery, media_root, django_capture_on_commit_callbacks
+):
+    rows = [*ROWS[:5], {"q": "no answer here"}]
+    with django_capture_on_commit_callbacks(execute=True):
+        researcher_client.post(UPLOAD_URL, form_data(jsonl_upload(rows, "broken.jsonl"), metadata_fields=""))
+
+    job = TasksetImport.objects.get()
+    assert (job.status, job.taskset, job.error) == ("failed", None, "broken.jsonl, line 6: missing field 'a'")
+    assert Taskset.objects.count() == Task.objects.count() == 0
+    assert not any(p.is_file() for p in media_root.rglob("*"))
+    status = researcher_client.get(reverse("taskset-import-status", args=[job.pk])).json()
+    assert (status["status"], status["finished"], status["error"], status["taskset_url"]) == (
+        "failed",
+        True,
+        job.error,
+        None,
+    )
+    assert "line 6: missing field" in researcher_client.get(reverse("taskset-import", args=[job.pk])).content.decode()
+
+
+def test_a_queued_job_shows_a_polling_progress_bar(researcher_client, media_root):
+    """Without an eager worker the job waits in the queue; the page polls its status.json."""
+    response = researcher_client.post(UPLOAD_URL, form_data(jsonl_upload(ROWS)))  # on_commit never fires here
+
+    job = TasksetImport.objects.get()
+    assert job.status == "pending" and job.upload.name.startswith("uploads/") and job.upload.name.endswith(".jsonl")
+    assert (media_root / job.upload.name).is_file()
+    page = researcher_client.get(response.url).content.decode()
+    assert "import_progress.js" in page and reverse("taskset-import-status", args=[job.pk]) in page
+    status = researcher_client.get(reverse("taskset-import-status", args=[job.pk])).json()
+    assert (status["status"], status["finished"], status["percent"], status["bytes_total"]) == (
+        "pending",
+        False,
+        0,
+        job.bytes_total,
+    )
+
+
+@pytest.mark.parametrize(
+    "overrides, field, error",
+    [
+        ({"name": "taken"}, "name", "a taskset named 'taken' already exists"),
+        ({"name": "not a slug"}, "name", "Enter a valid “slug”"),
+        (
+            {"file": SimpleUploadedFile("tasks.txt", b"x")},
+            "format",
+            "Cannot tell the format of 'tasks.txt' from its extension; choose one.",
+        ),
+        (
+            {"file": SimpleUploadedFile("big.jsonl", b"x" * 101)},
+            "file",
+            "The file is 101 bytes; uploads are limited to 100 bytes.",
+        ),
+    ],
+)
+def test_upload_form_errors(researcher_client, settings, overrides, field, error):
+    Taskset.objects.create(name="taken")
+    settings.TASKSET_UPLOAD_MAX_BYTES = 100
+
+    response = researcher_client.post(UPLOAD_URL, form_data(jsonl_upload(ROWS[:1]), **overrides))
+
+    assert response.status_code == 200
+    assert any(error in message.replace("\xa0", " ") for message in response.context["form"].errors[field])
+    assert not TasksetImport.objects.exists()
+
+
+def test_upload_page_needs_the_researcher_role(annotator_client):
+    assert annotator_client.get(UPLOAD_URL).status_code == 403
+    assert annotator_client.post(UPLOAD_URL, form_data(jsonl_upload(ROWS))).status_code == 403
+    assert not TasksetImport.objects.exists()
+
+
+def test_anonymous_users_are_sent_to_log_in(client):
+    response = client.get(UPLOAD_URL)
+    assert response.status_code == 302 and response.url.startswith(reverse("login"))
+
+
+def test_upload_page_and_list_render_for_a_researcher(researcher_client):
+    assert b'enctype="multipart/form-data"' in researcher_client.get(UPLOAD_URL).content
+    assert UPLOAD_URL.encode() in researcher_client.get(reverse("taskset-list")).content
+
+
+@pytest.mark.django_db(transaction=True)
+def test_progress_is_visible_to_other_connections_while_the_import_runs(researcher, files, monkeypatch):
+    """The tasks are invisible until the import commits, but each batch's progress is not."""
+    path = files.jsonl({"q": f"q{i}", "a": str(i)} for i in range(5_000))
+    job = TasksetImport.objects.create(
+        original_filename="many.jsonl",
+        name="many",
+        format="jsonl",
+        field_mapping={"prompt": "q", "answer": "a"},
+        default_workflow="single_turn",
+        default_reward_fn="exact_match",
+        bytes_total=path.stat().st_size,
+    )
+    job.upload.save("many.jsonl", open(path, "rb"))
+    seen_by_others = []
+    observer = connections.create_connection("default")
+    real_writer = services._job_progress_writer
+
+    def observed_writer(job):
+        with real_writer(job) as write_progress:
+
+            def write_and_look(progress):
+                write_progress(progress)
+                with observer.cursor() as cursor:
+                    cursor.execute("SELECT status, rows_done FROM tasksets_tasksetimport WHERE id = %s", [job.pk])
+                    status, rows_done = cursor.fetchone()
+                    cursor.execute("SELECT count(*) FROM tasksets_task")
+                    seen_by_others.append((status, rows_done, cursor.fetchone()[0]))
+
+            yield write_and_look
+
+    monkeypatch.setattr(services, "_job_progress_writer", contextmanager(observed_writer))
+    try:
+        services.run_taskset_import(job.pk)
+    finally:
+        observer.close()
+
+    assert seen_by_others == [("running", 2_000, 0), ("running", 4_000, 0), ("running", 5_000, 0)]
+    job.refresh_from_db()
+    assert (job.status, job.rows_done, job.taskset.task_count) == ("succeeded", 5_000, 5_000)
+
+
+def test_a_finished_job_is_not_run_again(researcher):
+    job = TasksetImport.objects.create(
+        original_filename="x.jsonl",
+        name="x",
+        format="jsonl",
+        status="succeeded",
+        default_workflow="single_turn",
+        default_reward_fn="exact_match",
+    )
+    assert services.run_taskset_import(job.pk).status == "succeeded"
+    assert not Taskset.objects.exists()
