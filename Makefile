@@ -32,11 +32,8 @@ test: install services
 test-quick: install services
 	$(PY) -m pytest -q -m "not slow"
 
-# With no DATABASE_URL/REDIS_URL this runs embedded: SQLite in ./data, in-process worker, in-memory channels.
+# The dashboard with a demo run training. With no DATABASE_URL/REDIS_URL it runs embedded:
+# SQLite in ./data, the worker on a thread of the server, in-memory channels.
 demo: export DEBUG ?= 1
 demo: install
-	$(PY) manage.py migrate --noinput
-	$(PY) manage.py load_builtin_tasksets
-	$(PY) manage.py create_admin --if-missing --username demo --password demo
-	@echo "rftweb on http://127.0.0.1:$(PORT)/ : log in as demo / demo"
-	$(PY) manage.py runserver 127.0.0.1:$(PORT)
+	$(PY) manage.py demo 127.0.0.1:$(PORT)

@@ -80,7 +80,9 @@ if DATABASES["default"]["ENGINE"].endswith("sqlite3"):
     DATA_DIR.mkdir(parents=True, exist_ok=True)
     # The embedded worker thread writes while pages read: wait for the lock rather than fail.
     # WAL lets pages read while the worker writes.
-    DATABASES["default"]["OPTIONS"] = {"timeout": 30, "init_command": "PRAGMA journal_mode=WAL"}
+    DATABASES["default"]["OPTIONS"] = {
+        "timeout": 30, "init_command": "PRAGMA journal_mode=WAL", "transaction_mode": "IMMEDIATE",
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = os.environ.get("REDIS_URL", "")

@@ -5,6 +5,7 @@ user's id and an HMAC of it with the user's password hash under SECRET_KEY, so i
 cannot be forged, and dies when the password changes (which is how a user revokes it). API clients
 get 401/403 as JSON, never the login page.
 """
+
 import json
 from functools import wraps
 
@@ -52,9 +53,9 @@ def user_for_token(token: str):
     return user
 
 
-def error(status: int, message: str, **extra) -> JsonResponse:
-    response = JsonResponse({"error": message, **extra}, status=status)
-    if status == 401:
+def error(http_status: int, message: str, **extra) -> JsonResponse:
+    response = JsonResponse({"error": message, **extra}, status=http_status)
+    if http_status == 401:
         response["WWW-Authenticate"] = 'Bearer realm="rftweb"'
     return response
 

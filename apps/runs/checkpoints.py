@@ -4,6 +4,7 @@ Weights barely compress, so the tar is not gzipped: that keeps the CPU free and 
 announce its exact length (browsers show progress). Files are read in chunks, never whole, and
 only regular files and directories are sent: a symlink could point anywhere on the server.
 """
+
 import os
 import stat
 import tarfile
@@ -57,7 +58,10 @@ def _padding(size: int) -> int:
 
 def tar_stream(root: Path, arcroot: str) -> tuple[Iterator[bytes], int]:
     """The chunks of a tar of root (members under arcroot/) and its size in bytes."""
-    members = [(path, info, info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape")) for path, info in _members(root, arcroot)]
+    members = [
+        (path, info, info.tobuf(tarfile.PAX_FORMAT, "utf-8", "surrogateescape"))
+        for path, info in _members(root, arcroot)
+    ]
     size = sum(len(header) + info.size + _padding(info.size) for _, info, header in members) + 2 * BLOCK
 
     def chunks():

@@ -3,6 +3,7 @@
 The services decide what is legal; this decides which buttons a status offers. "resume" is only
 offered after a pause: starting → running is the worker's own step, not the user's.
 """
+
 from . import services
 from .models import Run
 
@@ -11,7 +12,10 @@ Status = Run.Status
 CONTROLS = {  # action: (service, statuses that offer it)
     "pause": (services.pause_run, lambda status: Status.PAUSED in services.TRANSITIONS[status]),
     "resume": (services.resume_run, lambda status: status == Status.PAUSED),
-    "stop": (services.stop_run, lambda status: status == Status.QUEUED or Status.STOPPING in services.TRANSITIONS[status]),
+    "stop": (
+        services.stop_run,
+        lambda status: status == Status.QUEUED or Status.STOPPING in services.TRANSITIONS[status],
+    ),
 }
 
 
@@ -25,4 +29,6 @@ def control_run(run: Run, action: str) -> Run:
 
 def control_statuses() -> dict[str, list[str]]:
     """For each control, the statuses that offer it (the run page shows and hides its buttons live)."""
-    return {action: [status for status in Status.values if offered(status)] for action, (_, offered) in CONTROLS.items()}
+    return {
+        action: [status for status in Status.values if offered(status)] for action, (_, offered) in CONTROLS.items()
+    }

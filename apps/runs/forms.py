@@ -6,6 +6,7 @@ field; the whole config rides along as JSON in `base`, so keys without a field (
 prompt, ...) survive. In the YAML editor the text is the config. Switching editors carries the
 config over; launching validates it with the services (workers.rft.config plus the tasksets).
 """
+
 import json
 from collections.abc import Mapping
 from dataclasses import fields
@@ -29,20 +30,49 @@ SECTIONS = (
     ("Run", ("mode", "seed")),
     ("Model", ("model.path", "model.dtype", "model.device")),
     ("Data", ("buffer.taskset", "buffer.expert_taskset", "buffer.eval_taskset", "buffer.max_staleness")),
-    ("Algorithm", (
-        "algorithm.name", "algorithm.repeat_times", "algorithm.clip_range", "algorithm.loss_agg_mode",
-        "algorithm.entropy_coef", "algorithm.drop_zero_std_groups", "algorithm.kl.fn", "algorithm.kl.coef",
-        "algorithm.mix.mu", "algorithm.mix.expert_data_ratio", "algorithm.dpo.beta",
-        "algorithm.gae.gamma", "algorithm.gae.lam",
-    )),
-    ("Explorer", (
-        "explorer.engine", "explorer.batch_size", "explorer.temperature", "explorer.top_p",
-        "explorer.max_new_tokens", "explorer.workflow", "explorer.reward_fn", "explorer.eval_interval",
-    )),
-    ("Trainer", (
-        "trainer.lr", "trainer.total_steps", "trainer.batch_size", "trainer.micro_batch_size",
-        "trainer.save_interval", "trainer.grad_clip", "trainer.warmup_steps",
-    )),
+    (
+        "Algorithm",
+        (
+            "algorithm.name",
+            "algorithm.repeat_times",
+            "algorithm.clip_range",
+            "algorithm.loss_agg_mode",
+            "algorithm.entropy_coef",
+            "algorithm.drop_zero_std_groups",
+            "algorithm.kl.fn",
+            "algorithm.kl.coef",
+            "algorithm.mix.mu",
+            "algorithm.mix.expert_data_ratio",
+            "algorithm.dpo.beta",
+            "algorithm.gae.gamma",
+            "algorithm.gae.lam",
+        ),
+    ),
+    (
+        "Explorer",
+        (
+            "explorer.engine",
+            "explorer.batch_size",
+            "explorer.temperature",
+            "explorer.top_p",
+            "explorer.max_new_tokens",
+            "explorer.workflow",
+            "explorer.reward_fn",
+            "explorer.eval_interval",
+        ),
+    ),
+    (
+        "Trainer",
+        (
+            "trainer.lr",
+            "trainer.total_steps",
+            "trainer.batch_size",
+            "trainer.micro_batch_size",
+            "trainer.save_interval",
+            "trainer.grad_clip",
+            "trainer.warmup_steps",
+        ),
+    ),
     ("Synchroniser", ("synchronizer.method", "synchronizer.interval", "synchronizer.offset")),
 )
 
@@ -80,23 +110,26 @@ TASKSET_KEYS = ("buffer.taskset", "buffer.expert_taskset", "buffer.eval_taskset"
 
 
 def parse_config_yaml(text: str) -> dict:
-    """YAML (or JSON) text to a config mapping, read the way the engine reads config files (`1e-5`
-    is a float). Never hand user text to load_config: a one-line text ending in .yaml is a path."""
-    from workers.rft.config import _Loader as ConfigLoader
+    """YAML (or JSON) text to a config mapping, read the way the engine reads config files."""
+    from workers.rft.config import ConfigError, parse_config_text
 
     try:
-        data = yaml.load(text, Loader=ConfigLoader)
-    except yaml.YAMLError as err:
-        raise forms.ValidationError(f"not valid YAML: {err}") from None
-    if data is None:
-        return {}
-    if not isinstance(data, Mapping):
-        raise forms.ValidationError("the config must be a mapping of keys to values")
-    return dict(data)
+        return parse_config_text(text)
+    except ConfigError as err:
+        raise forms.ValidationError(err.errors[0].message) from None
 
 
 def dump_config_yaml(config: Mapping) -> str:
-    return yaml.safe_dump(dict(config), sort_keys=False, default_flow_style=False, allow_unicode=True)
+    """YAML in the schema's key order (Postgres' jsonb keeps no order)."""
+    return yaml.safe_dump(_in_schema_order(config, default_config()), sort_keys=False, allow_unicode=True)
+
+
+def _in_schema_order(config, schema):
+    if not isinstance(config, Mapping):
+        return config
+    schema = schema if isinstance(schema, Mapping) else {}
+    keys = [key for key in schema if key in config] + [key for key in config if key not in schema]
+    return {key: _in_schema_order(config[key], schema.get(key)) for key in keys}
 
 
 def default_config() -> dict:
@@ -188,7 +221,9 @@ class LaunchForm(forms.Form):
     name = forms.CharField(max_length=200, required=False, help_text="empty: named after the algorithm and taskset")
     editor = forms.ChoiceField(choices=[(FORM, FORM), (YAML, YAML)], widget=forms.HiddenInput)
     base = forms.CharField(widget=forms.HiddenInput, required=False)
-    yaml = forms.CharField(widget=forms.Textarea(attrs={"rows": 32, "spellcheck": "false", "class": "yaml"}), required=False, label="YAML")
+    yaml = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 32, "spellcheck": "false", "class": "yaml"}), required=False, label="YAML"
+    )
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -237,9 +272,12 @@ class LaunchForm(forms.Form):
 
     def run_name(self) -> str:
         config = self.cleaned_data["config"]
-        return self.cleaned_data.get("name") or (
-            f"{get_key(config, 'algorithm.name', 'grpo')} on {get_key(config, 'buffer.taskset', 'arithmetic')}"
-        )[:200]
+        return (
+            self.cleaned_data.get("name")
+            or (f"{get_key(config, 'algorithm.name', 'grpo')} on {get_key(config, 'buffer.taskset', 'arithmetic')}")[
+                :200
+            ]
+        )
 
     def add_config_errors(self, error) -> None:
         """Each ConfigError issue next to its field; keys without one at the top (or by the YAML box)."""
@@ -264,7 +302,9 @@ class RunFilterForm(forms.Form):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        self.fields["owner"].queryset = get_user_model().objects.filter(runs__isnull=False).distinct().order_by("username")
+        self.fields["owner"].queryset = (
+            get_user_model().objects.filter(runs__isnull=False).distinct().order_by("username")
+        )
 
     def filter(self, runs):
         """runs narrowed by the valid filters (an invalid one is ignored and shown as an error)."""
@@ -279,7 +319,9 @@ class RunFilterForm(forms.Form):
 
 
 class RolloutFilterForm(forms.Form):
-    q = forms.CharField(required=False, label="Search", widget=forms.SearchInput(attrs={"placeholder": "prompt or response text"}))
+    q = forms.CharField(
+        required=False, label="Search", widget=forms.SearchInput(attrs={"placeholder": "prompt or response text"})
+    )
     step = forms.IntegerField(required=False, min_value=0, label="Explorer step")
     min_reward = forms.FloatField(required=False, label="Reward ≥", widget=forms.NumberInput(attrs={"step": "any"}))
     max_reward = forms.FloatField(required=False, label="Reward ≤", widget=forms.NumberInput(attrs={"step": "any"}))
@@ -288,7 +330,9 @@ class RolloutFilterForm(forms.Form):
     def filter(self, experiences):
         data = self.cleaned_data if self.is_valid() else {}
         if data.get("q"):
-            experiences = experiences.filter(Q(prompt_text__icontains=data["q"]) | Q(response_text__icontains=data["q"]))
+            experiences = experiences.filter(
+                Q(prompt_text__icontains=data["q"]) | Q(response_text__icontains=data["q"])
+            )
         if data.get("step") is not None:
             experiences = experiences.filter(explorer_step=data["step"])
         if data.get("min_reward") is not None:

@@ -13,7 +13,7 @@ import threading
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
-from django.db import transaction
+from django.db import connection, transaction
 
 from .consumers import run_group
 
@@ -35,15 +35,22 @@ class LivePublisher:
         self.coalesce_seconds = coalesce_seconds
         self._pending: dict[int, list[dict]] = {}
         self._lock = threading.Lock()
+        self._send_lock = threading.Lock()  # numbers go out in the order they were taken
         self._timer: threading.Timer | None = None
 
     def publish(self, run_id: int, update: dict) -> None:
         with self._lock:
             self._pending.setdefault(run_id, []).append(update)
             if self._timer is None:
-                self._timer = threading.Timer(self.coalesce_seconds, self.flush)
+                self._timer = threading.Timer(self.coalesce_seconds, self._flush_on_timer)
                 self._timer.daemon = True
                 self._timer.start()
+
+    def _flush_on_timer(self) -> None:
+        try:
+            self.flush()
+        finally:
+            connection.close()  # the timer thread's own; nothing else would close it
 
     def flush(self) -> None:
         """Send what is pending now (the timer calls this; so does a worker before it exits)."""
@@ -53,9 +60,10 @@ class LivePublisher:
                 self._timer.cancel()
                 self._timer = None
         layer = get_channel_layer()
-        for run_id, updates in pending.items():
-            message = {"type": "updates", "seq": next_seq(run_id), "updates": updates}
-            async_to_sync(layer.group_send)(run_group(run_id), {"type": "run.update", "payload": message})
+        with self._send_lock:
+            for run_id, updates in pending.items():
+                message = {"type": "updates", "seq": next_seq(run_id), "updates": updates}
+                async_to_sync(layer.group_send)(run_group(run_id), {"type": "run.update", "payload": message})
 
 
 publisher = LivePublisher()

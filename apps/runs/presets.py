@@ -3,6 +3,7 @@
 They name the built-in tasksets (`manage.py load_builtin_tasksets`) and the built-in models, so
 they launch on a fresh install without downloads.
 """
+
 from dataclasses import dataclass
 
 
@@ -34,8 +35,12 @@ PRESETS = {
             "model": {"path": "smollm2-135m"},
             "algorithm": {"name": "grpo", "repeat_times": 8, "kl": {"fn": "low_var_kl", "coef": 0.001}},
             "explorer": {
-                "batch_size": 16, "temperature": 1.0, "max_new_tokens": 64, "reward_fn": "exact_match",
-                "system_prompt": "Solve the problem. Reply with the final number only.", "eval_interval": 10,
+                "batch_size": 16,
+                "temperature": 1.0,
+                "max_new_tokens": 64,
+                "reward_fn": "exact_match",
+                "system_prompt": "Solve the problem. Reply with the final number only.",
+                "eval_interval": 10,
             },
             "trainer": {"lr": 1e-6, "total_steps": 200, "micro_batch_size": 8, "save_interval": 50},
             "buffer": {"taskset": "arithmetic", "eval_taskset": "arithmetic-eval"},

@@ -1,4 +1,5 @@
 """Read-side helpers shared by the run pages and the JSON API: summaries, metrics, rollout groups."""
+
 import math
 from dataclasses import dataclass
 

@@ -1,4 +1,5 @@
 """State changes of runs. Views, commands and workers call these, never the models directly."""
+import math
 from datetime import datetime
 
 from django.db import transaction
@@ -50,20 +51,26 @@ def set_status(run: Run, new_status: str, *, error: str = "") -> Run:
     return locked
 
 
+def finite_or_none(value):
+    """Postgres JSON has no NaN or infinity; a diverged loss is stored as null."""
+    return value if not isinstance(value, float) or math.isfinite(value) else None
+
+
 @transaction.atomic
 def record_metrics(run: Run, role: str, step: int, values: dict) -> MetricPoint:
+    values = {key: finite_or_none(value) for key, value in values.items()}
     point, _ = MetricPoint.objects.update_or_create(run=run, role=role, step=step, defaults={"values": values})
     broadcast(run.pk, {"type": "metrics", "role": role, "step": step, "values": values})
     return point
 
 
-def validate_config(config) -> "RunConfig":
+def validate_config(config: dict) -> "RunConfig":
     """The engine's schema, plus what only the database knows: the tasksets must exist.
     Raises ConfigError naming each bad key."""
     from apps.tasksets.models import Taskset
-    from workers.rft.config import ConfigError, ConfigIssue, RunConfig, load_config
+    from workers.rft.config import ConfigError, ConfigIssue, RunConfig
 
-    parsed = load_config(config) if isinstance(config, str) else RunConfig.from_dict(config)
+    parsed = RunConfig.from_dict(config)
     buffer = parsed.buffer
     issues = [
         ConfigIssue(f"buffer.{key}", f"no taskset named {name!r}; upload it or pick one of the tasksets page")
@@ -75,7 +82,7 @@ def validate_config(config) -> "RunConfig":
     return parsed
 
 
-def launch_run(owner, name: str, config) -> Run:
+def launch_run(owner, name: str, config: dict) -> Run:
     """Validate, create the run and, once that commits, hand it to the workers."""
     from workers import tasks
 

@@ -22,7 +22,10 @@ class DjangoMetricSink:
         with transaction.atomic():
             services.record_metrics(self.run, role, step, values)
             if role in PROGRESS_OF_ROLE:
-                services.set_progress(self.run, **{PROGRESS_OF_ROLE[role]: step})
+                progress = {PROGRESS_OF_ROLE[role]: step}
+                if role == "explorer" and "model_version" in values:
+                    progress["model_version"] = int(values["model_version"])
+                services.set_progress(self.run, **progress)
 
 
 class DjangoCheckpointStore:

@@ -1,4 +1,5 @@
 """The training dashboard: runs list, launch, the live run page, rollouts, compare, downloads."""
+
 import importlib.metadata
 import importlib.util
 from pathlib import Path
@@ -30,6 +31,7 @@ COMPARE_PICKER_RUNS = 50
 PLOTLY_JS = Path(importlib.util.find_spec("plotly").submodule_search_locations[0]) / "package_data" / "plotly.min.js"
 PLOTLY_VERSION = importlib.metadata.version("plotly")
 
+
 def _summarized(runs) -> list[Run]:
     """Runs with .progress and .latest_reward for the tables."""
     runs = list(runs)
@@ -47,7 +49,9 @@ def home(request):
     """Researchers land on their dashboard; annotators on what they can do."""
     if not has_role(request.user, RESEARCHER):
         return render(request, "runs/annotator_home.html")
-    return render(request, "runs/home.html", {"runs": _summarized(_runs()[:20]), "tasksets": Taskset.objects.all()[:20]})
+    return render(
+        request, "runs/home.html", {"runs": _summarized(_runs()[:20]), "tasksets": Taskset.objects.all()[:20]}
+    )
 
 
 @role_required(RESEARCHER)
@@ -72,7 +76,9 @@ def run_bulk_stop(request):
     if stopped:
         messages.success(request, f"Stopping {len(stopped)} run{'s' * (len(stopped) != 1)}: {', '.join(stopped)}.")
     if refused:
-        messages.error(request, f"Could not stop {', '.join(refused)}: only queued, starting, running or paused runs stop.")
+        messages.error(
+            request, f"Could not stop {', '.join(refused)}: only queued, starting, running or paused runs stop."
+        )
     if not (stopped or refused):
         messages.info(request, "No runs were selected.")
     back = request.POST.get("next", "")
@@ -169,7 +175,9 @@ def run_control(request, pk, action):
     except services.InvalidTransition as err:
         messages.error(request, str(err))
     else:
-        messages.success(request, {"pause": "Paused", "resume": "Resumed", "stop": "Stopping"}[action] + f" {run.name}.")
+        messages.success(
+            request, {"pause": "Paused", "resume": "Resumed", "stop": "Stopping"}[action] + f" {run.name}."
+        )
     return redirect("run-detail", pk=pk)
 
 
@@ -213,19 +221,33 @@ def run_compare(request):
     choices = list(Run.objects.select_related("owner")[:COMPARE_PICKER_RUNS])
     choices += [run for run in picked_runs if run not in choices]
     series = [
-        {"id": run.pk, "name": run.name, "metrics_url": reverse("api-run-metrics", args=[run.pk]), "url": reverse("run-detail", args=[run.pk])}
+        {
+            "id": run.pk,
+            "name": run.name,
+            "metrics_url": reverse("api-run-metrics", args=[run.pk]),
+            "url": reverse("run-detail", args=[run.pk]),
+        }
         for run in picked_runs
     ]
     return render(
         request,
         "runs/compare.html",
-        {"choices": choices, "picked": {run.pk for run in picked_runs}, "series": series, "plotly_version": PLOTLY_VERSION},
+        {
+            "choices": choices,
+            "picked": {run.pk for run in picked_runs},
+            "series": series,
+            "plotly_version": PLOTLY_VERSION,
+        },
     )
 
 
 @role_required(RESEARCHER)
 def api_token(request):
-    return render(request, "runs/api_token.html", {"token": token_for(request.user), "api_root": request.build_absolute_uri("/api/")})
+    return render(
+        request,
+        "runs/api_token.html",
+        {"token": token_for(request.user), "api_root": request.build_absolute_uri("/api/")},
+    )
 
 
 @gzip_page

@@ -20,6 +20,11 @@ function flattenMetrics(values, prefix = "", out = {}) {
   return out;
 }
 
+// Plotly reads a few HTML tags in titles and trace names; run names and metric keys are plain text.
+function plotlyText(text) {
+  return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+}
+
 function chartSection(role, key) {
   const slash = key.indexOf("/");
   return slash > 0 ? role + " · " + key.slice(0, slash) : role;
@@ -118,14 +123,16 @@ class ChartBoard {
 
   setFilter(text) {
     this.filter = text.trim().toLowerCase();
-    for (const chart of this.charts.values()) chart.element.hidden = !this._passes(chart);
-    for (const [title, section] of this.sections) {
-      section.element.hidden = ![...this.charts.values()].some((chart) => chart.section === title && this._passes(chart));
-    }
+    this.sections.forEach((section) => this._showMatching(section));
   }
 
-  _passes(chart) {
-    return !this.filter || chart.id.toLowerCase().includes(this.filter);
+  _showMatching(section) {
+    for (const chart of section.charts) {
+      const hidden = Boolean(this.filter) && !chart.id.toLowerCase().includes(this.filter);
+      if (chart.element.hidden && !hidden && chart.drawn) requestAnimationFrame(() => Plotly.Plots.resize(chart.element));
+      chart.element.hidden = hidden;
+    }
+    section.element.hidden = section.charts.every((chart) => chart.element.hidden);
   }
 
   _series(chartId, section, title, seriesName) {
@@ -135,7 +142,7 @@ class ChartBoard {
       chart.element.className = "chart";
       this.charts.set(chartId, chart);
       this._place(chart);
-      chart.element.hidden = !this._passes(chart);
+      this._showMatching(this.sections.get(chart.section));
     }
     let series = chart.series.get(seriesName);
     if (!series) {
@@ -151,7 +158,7 @@ class ChartBoard {
     series.smoothed = series.values.map((value) => series.ema.next(value));
   }
 
-  // Insert the chart in rank order in its section, creating the section in rank order too.
+  // Keep sections, and charts within a section, in rank order as they appear.
   _place(chart) {
     this.container.querySelector(".charts-empty")?.remove();
     let section = this.sections.get(chart.section);
@@ -160,17 +167,17 @@ class ChartBoard {
       element.className = "chart-section";
       element.innerHTML = "<h3></h3><div class=\"chart-grid\"></div>";
       element.querySelector("h3").textContent = chart.section;
-      section = { element, grid: element.querySelector(".chart-grid"), rank: sectionRank(chart.section) };
-      const after = [...this.sections.values()].find((other) => compareRanks(other.rank, section.rank) > 0);
-      this.container.insertBefore(element, after ? after.element : null);
+      section = { element, grid: element.querySelector(".chart-grid"), rank: sectionRank(chart.section), charts: [] };
+      const next = [...this.sections.values()].filter((other) => compareRanks(other.rank, section.rank) > 0)
+        .sort((a, b) => compareRanks(a.rank, b.rank))[0];
+      this.container.insertBefore(element, next ? next.element : null);
       this.sections.set(chart.section, section);
     }
-    section.element.hidden = false;
     const rank = keyRank(chart.title);
-    const after = [...this.charts.values()].find(
-      (other) => other !== chart && other.section === chart.section && compareRanks(keyRank(other.title), rank) > 0
-    );
-    section.grid.insertBefore(chart.element, after ? after.element : null);
+    const index = section.charts.findIndex((other) => compareRanks(keyRank(other.title), rank) > 0);
+    const next = index < 0 ? null : section.charts[index];
+    section.charts.splice(index < 0 ? section.charts.length : index, 0, chart);
+    section.grid.insertBefore(chart.element, next ? next.element : null);
   }
 
   // Redraws are batched into the next animation frame: a snapshot touches each chart many times.
@@ -195,7 +202,7 @@ class ChartBoard {
     for (const series of chart.series.values()) {
       const color = this.colors.get(series.name);
       const mode = series.steps.length < 2 ? "markers" : "lines";
-      const common = { mode, name: series.name, showlegend: false, marker: { color }, x: series.steps.slice() };
+      const common = { mode, name: plotlyText(series.name), showlegend: false, marker: { color }, x: series.steps.slice() };
       traces.push({ ...common, y: series.values.slice(), hoverinfo: "skip", line: { color, width: 1 }, opacity: 0.25,
         visible: this.smoothing > 0 });
       traces.push({ ...common, y: series.smoothed.slice(), line: { color, width: 2 } });
@@ -205,15 +212,15 @@ class ChartBoard {
 
   _layout(chart) {
     return {
-      title: { text: chart.title, x: 0.02, xanchor: "left", font: { size: 13 } },
-      margin: { l: 50, r: 14, t: 32, b: 30 },
+      title: { text: plotlyText(chart.title), x: 0.02, xanchor: "left", font: { size: 13 } },
+      margin: { l: 56, r: 14, t: 32, b: 30 },
       height: 238,
       hovermode: "x unified",
       paper_bgcolor: "rgba(0,0,0,0)",
       plot_bgcolor: "rgba(0,0,0,0)",
       font: { family: "system-ui, -apple-system, Segoe UI, sans-serif", size: 11, color: "#1d2330" },
       xaxis: { gridcolor: "#eef0f4", zeroline: false },
-      yaxis: { gridcolor: "#eef0f4", zeroline: false, automargin: true, type: this.logScale ? "log" : "linear" },
+      yaxis: { gridcolor: "#eef0f4", zeroline: false, tickformat: "~g", hoverformat: ".4~g", type: this.logScale ? "log" : "linear" },
       uirevision: chart.id, // keep the user's zoom across redraws
     };
   }

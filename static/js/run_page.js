@@ -10,8 +10,14 @@
   const progress = document.getElementById("run-progress");
   const figures = Object.fromEntries([...document.querySelectorAll("[data-state]")].map((el) => [el.dataset.state, el]));
 
+  const counters = {}; // step counters and model version only move forward (a replayed step must not move them back)
+
   function showFigure(name, value) {
     if (value === undefined || value === null || !figures[name]) return;
+    if (name !== "latest_reward") {
+      if (value < counters[name]) return;
+      counters[name] = value;
+    }
     figures[name].textContent = typeof value === "number" && !Number.isInteger(value) ? value.toFixed(3) : value;
     if (name === "trainer_step" && page.total_steps) {
       progress.style.width = Math.min(100, (100 * value) / page.total_steps) + "%";
@@ -77,5 +83,7 @@
     dot.textContent = { live: "live", offline: "reconnecting…", forbidden: "not allowed to watch" }[state];
   }
 
-  new LiveRun({ snapshotUrl: page.live_url, socketUrl: liveSocketUrl(page.ws_path), onSnapshot, onUpdates, onConnection }).start();
+  const live = new LiveRun({ snapshotUrl: page.live_url, socketUrl: liveSocketUrl(page.ws_path), onSnapshot, onUpdates, onConnection });
+  window.rftRunPage = { live, board }; // a handle for browser tests and the console
+  live.start();
 })();

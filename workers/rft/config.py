@@ -204,17 +204,24 @@ _Loader.add_implicit_resolver(
 )
 
 
-def load_config(path_or_text: str | Path) -> RunConfig:
-    """A RunConfig from YAML/JSON text (JSON is read as YAML) or a file: a Path, or a one-line str
-    ending in .yaml, .yml or .json."""
-    text = path_or_text
-    if isinstance(text, Path) or ("\n" not in text and text.strip().endswith((".yaml", ".yml", ".json"))):
-        text = Path(text).read_text()
+def parse_config_text(text: str) -> dict:
+    """YAML or JSON text to a config mapping (not yet validated); syntax errors are ConfigErrors."""
     try:
         data = yaml.load(text, Loader=_Loader)
     except yaml.YAMLError as err:
         raise ConfigError([ConfigIssue("<config>", f"not valid YAML or JSON: {err}")]) from None
-    return RunConfig.from_dict({} if data is None else data)
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        raise ConfigError([ConfigIssue("<config>", f"expected a mapping, got {_type_name(data)}")])
+    return dict(data)
+
+
+def load_config(source: str | Path) -> RunConfig:
+    """A RunConfig from a file (a Path) or from YAML/JSON text (a str: never read as a path, so
+    text from a user cannot make us open a file)."""
+    text = source.read_text() if isinstance(source, Path) else source
+    return RunConfig.from_dict(parse_config_text(text))
 
 
 # ---- field-level checks -------------------------------------------------------------------------

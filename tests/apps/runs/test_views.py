@@ -1,4 +1,5 @@
 """The dashboard pages: runs list, run page and its controls, live snapshot, rollouts, compare, downloads."""
+
 import io
 import json
 import tarfile
@@ -62,7 +63,9 @@ def test_list_owner_choices_are_the_run_owners(researcher_client, three_runs, an
 def test_bulk_stop_stops_what_it_can_and_names_the_rest(researcher_client, make_run):
     queued, running, done = make_run("q"), make_run("r", status=Status.RUNNING), make_run("d", status=Status.COMPLETED)
     back = reverse("run-list") + "?status=running"
-    response = researcher_client.post(reverse("run-bulk-stop"), {"runs": [queued.pk, running.pk, done.pk], "next": back})
+    response = researcher_client.post(
+        reverse("run-bulk-stop"), {"runs": [queued.pk, running.pk, done.pk], "next": back}
+    )
     assert response.status_code == 302 and response["Location"] == back
     statuses = dict(Run.objects.values_list("name", "status"))
     assert statuses == {"q": Status.STOPPED, "r": Status.STOPPING, "d": Status.COMPLETED}
@@ -72,7 +75,9 @@ def test_bulk_stop_stops_what_it_can_and_names_the_rest(researcher_client, make_
 
 
 def test_bulk_stop_ignores_a_foreign_next(researcher_client, make_run):
-    response = researcher_client.post(reverse("run-bulk-stop"), {"runs": [make_run().pk], "next": "https://evil.example/"})
+    response = researcher_client.post(
+        reverse("run-bulk-stop"), {"runs": [make_run().pk], "next": "https://evil.example/"}
+    )
     assert response["Location"] == reverse("run-list")
 
 
@@ -87,7 +92,12 @@ def test_bulk_stop_needs_post_and_the_role(researcher_client, annotator_client, 
 
 
 def test_run_page_has_the_charts_the_socket_and_the_run(researcher_client, make_run):
-    run = make_run("live-one", status=Status.RUNNING, error="CUDA out of memory", config={"trainer": {"total_steps": 10}, "algorithm": {"name": "grpo"}})
+    run = make_run(
+        "live-one",
+        status=Status.RUNNING,
+        error="CUDA out of memory",
+        config={"trainer": {"total_steps": 10}, "algorithm": {"name": "grpo"}},
+    )
     Checkpoint.objects.create(run=run, version=3, step=30, path="runs/1/v3")
     response = researcher_client.get(reverse("run-detail", args=[run.pk]))
     html = response.content.decode()
@@ -103,8 +113,8 @@ def control_forms(html: str) -> dict[str, bool]:
     """{action: shown} for the control buttons of a run page."""
     shown = {}
     for action in ("pause", "resume", "stop"):
-        start = html.index(f"/{action}/\" data-statuses=")
-        tag = html[start:html.index(">", start)]
+        start = html.index(f'/{action}/" data-statuses=')
+        tag = html[start : html.index(">", start)]
         shown[action] = " hidden" not in tag
     return shown
 
@@ -135,7 +145,13 @@ def test_pause_resume_stop(researcher_client, make_run):
 
 @pytest.mark.parametrize(
     "status, action",
-    [(Status.RUNNING, "resume"), (Status.QUEUED, "pause"), (Status.STARTING, "resume"), (Status.COMPLETED, "stop"), (Status.STOPPING, "stop")],
+    [
+        (Status.RUNNING, "resume"),
+        (Status.QUEUED, "pause"),
+        (Status.STARTING, "resume"),
+        (Status.COMPLETED, "stop"),
+        (Status.STOPPING, "stop"),
+    ],
 )
 def test_illegal_controls_are_refused(researcher_client, make_run, status, action):
     run = make_run(status=status)
@@ -163,7 +179,10 @@ def test_live_snapshot(researcher_client, make_run, django_capture_on_commit_cal
     assert snapshot["seq"] == 7
     assert snapshot["run"]["status"] == "running" and snapshot["run"]["trainer_step"] == 2
     assert list(snapshot["metrics"]) == ["explorer", "trainer"]
-    assert snapshot["metrics"]["trainer"] == [{"step": 1, "values": {"loss": 0.9}}, {"step": 2, "values": {"loss": 0.5}}]
+    assert snapshot["metrics"]["trainer"] == [
+        {"step": 1, "values": {"loss": 0.9}},
+        {"step": 2, "values": {"loss": 0.5}},
+    ]
 
 
 # ---- checkpoint download ------------------------------------------------------------------------
@@ -190,12 +209,17 @@ def test_checkpoint_download_streams_a_tar_of_the_directory(researcher_client, m
     response = researcher_client.get(reverse("checkpoint-download", args=[run.pk, 2]))
     assert response.status_code == 200 and response.streaming
     assert response["Content-Type"] == "application/x-tar"
-    assert f'my-run-{run.pk}-v2.tar' in response["Content-Disposition"]
+    assert f"my-run-{run.pk}-v2.tar" in response["Content-Disposition"]
     body = b"".join(response.streaming_content)
     assert int(response["Content-Length"]) == len(body)
     with tarfile.open(fileobj=io.BytesIO(body)) as tar:
         root = f"my-run-{run.pk}-v2"
-        assert sorted(tar.getnames()) == [root, f"{root}/model.safetensors", f"{root}/tokenizer", f"{root}/tokenizer/vocab.json"]
+        assert sorted(tar.getnames()) == [
+            root,
+            f"{root}/model.safetensors",
+            f"{root}/tokenizer",
+            f"{root}/tokenizer/vocab.json",
+        ]
         assert tar.extractfile(f"{root}/model.safetensors").read() == weights
         assert tar.extractfile(f"{root}/tokenizer/vocab.json").read() == b'{"a": 1}'
 
@@ -228,14 +252,25 @@ def rollouts(make_run):
     run = make_run("explorer")
     Experience.objects.bulk_create(
         Experience(
-            run=run, explorer_step=step, group_id=f"s{step}-g{group}", rollout_index=i,
-            prompt_text=f"What is {group} + {step}?", response_text=f"answer {i}" + (" banana" if (step, group, i) == (2, 1, 3) else ""),
-            reward=float(i % 2), reward_components={"exact_match": float(i % 2)}, advantage=i - 1.5,
-            model_version=step, response_ids=[1, 2, 3][: i + 1],
+            run=run,
+            explorer_step=step,
+            group_id=f"s{step}-g{group}",
+            rollout_index=i,
+            prompt_text=f"What is {group} + {step}?",
+            response_text=f"answer {i}" + (" banana" if (step, group, i) == (2, 1, 3) else ""),
+            reward=float(i % 2),
+            reward_components={"exact_match": float(i % 2)},
+            advantage=i - 1.5,
+            model_version=step,
+            response_ids=[1, 2, 3][: i + 1],
         )
-        for step in (1, 2) for group in (0, 1) for i in range(4)
+        for step in (1, 2)
+        for group in (0, 1)
+        for i in range(4)
     )
-    Experience.objects.create(run=run, explorer_step=2, group_id="", source="human_edit", response_text="edited", reward=1.0)
+    Experience.objects.create(
+        run=run, explorer_step=2, group_id="", source="human_edit", response_text="edited", reward=1.0
+    )
     return run
 
 
@@ -246,7 +281,13 @@ def browse(client, run, **query):
 def test_rollouts_show_whole_groups_newest_step_first(researcher_client, rollouts):
     context = browse(researcher_client, rollouts)
     groups = context["groups"]
-    assert [(g.explorer_step, g.group_id) for g in groups] == [(2, ""), (2, "s2-g0"), (2, "s2-g1"), (1, "s1-g0"), (1, "s1-g1")]
+    assert [(g.explorer_step, g.group_id) for g in groups] == [
+        (2, ""),
+        (2, "s2-g0"),
+        (2, "s2-g1"),
+        (1, "s1-g0"),
+        (1, "s1-g1"),
+    ]
     group = groups[1]
     assert group.prompt == "What is 0 + 2?" and group.reward_mean == 0.5 and group.reward_std == 0.5
     assert [e.response_tokens for e in group.experiences] == [1, 2, 3, 3]
@@ -275,7 +316,9 @@ def test_rollout_filters(researcher_client, rollouts, query, groups, matches):
 
 def test_rollouts_paginate_by_group(researcher_client, make_run):
     run = make_run()
-    Experience.objects.bulk_create(Experience(run=run, explorer_step=step, group_id="g", rollout_index=0) for step in range(25))
+    Experience.objects.bulk_create(
+        Experience(run=run, explorer_step=step, group_id="g", rollout_index=0) for step in range(25)
+    )
     first, last = browse(researcher_client, run), browse(researcher_client, run, page=3)
     assert [g.explorer_step for g in first["groups"]] == list(range(24, 14, -1))
     assert [g.explorer_step for g in last["groups"]] == list(range(4, -1, -1))

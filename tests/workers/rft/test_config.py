@@ -1,6 +1,8 @@
 """The run config: good configs round-trip; every kind of mistake is reported under its key, all at once."""
 import json
 
+from pathlib import Path
+
 import pytest
 
 from workers.rft.config import ConfigError, ConfigIssue, RunConfig, load_config
@@ -82,7 +84,7 @@ def test_full_config_round_trips_through_yaml_json_and_files(tmp_path):
     assert load_config(json.dumps(data)) == config
     path = tmp_path / "run.yaml"
     path.write_text(FULL)
-    assert load_config(str(path)) == config == load_config(path)
+    assert load_config(path) == config == load_config(path.read_text())
 
 
 def test_resolved_defaults():
@@ -195,4 +197,4 @@ def test_documents_that_are_not_configs():
     assert errors("- 1\n- 2\n") == {"<config>": "expected a mapping, got a list"}
     assert ConfigError([ConfigIssue("a.b", "bad")]).errors == [ConfigIssue("a.b", "bad")]
     with pytest.raises(FileNotFoundError):
-        load_config("/nonexistent/run.yaml")
+        load_config(Path("/nonexistent/run.yaml"))
