@@ -1,0 +1,179 @@
+import pytest
+import torch
+
+from workers.rft.experience import Experience, PreferencePair
+from workers.rft.memory import InMemoryBuffer, InMemoryMetrics
+from workers.rft.models import load_critic, load_policy, load_reference
+from workers.rft.trainer import Trainer, collate
+
+from .conftest import make_config
+
+CPU = torch.device("cpu")
+
+
+def experience(tokenizer, a, b, answer=None, source="rollout", advantage=None, step=0, index=0, version=0):
+    prompt = tokenizer(f"What is {a} + {b}?")["input_ids"]
+    response = tokenizer(str(a + b if answer is None else answer))["input_ids"] + [tokenizer.eos_token_id]
+    return Experience(
+        task_id=a * 10 + b, group_id=f"{step}-{a * 10 + b}", rollout_index=index, prompt_ids=prompt,
+        response_ids=response, action_mask=[1] * len(response), source=source, reward=float(answer is None),
+        advantage=advantage, explorer_step=step, model_version=version,
+    )
+
+
+def rollouts(tokenizer, n=8):
+    """Groups of two: the right answer (advantage +1) and a wrong one (-1), of different lengths."""
+    batch = []
+    for i in range(n // 2):
+        a, b = i % 10, (3 * i) % 10
+        batch.append(experience(tokenizer, a, b, advantage=1.0, index=0))
+        batch.append(experience(tokenizer, a, b, answer=a + b + 11, advantage=-1.0, index=1))
+    return batch
+
+
+def make_trainer(tiny_path, tokenizer, experiences, metrics=None, reference=None, critic=None, **sections):
+    buffer = InMemoryBuffer()
+    buffer.write(experiences)
+    config = make_config(**sections)
+    torch.manual_seed(0)
+    return Trainer(config, load_policy(tiny_path, CPU), tokenizer, buffer, metrics, reference=reference, critic=critic)
+
+
+def weights(model):
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def response_logprob(model, tokenizer, exp):
+    mb = collate([exp], tokenizer.pad_token_id, CPU)
+    with torch.no_grad():
+        logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids).logits
+    width_t = mb.response_ids.shape[1]
+    logp = torch.log_softmax(logits[:, -width_t - 1 : -1], -1).gather(-1, mb.response_ids[..., None])[..., 0]
+    return (logp * mb.mask).sum().item()
+
+
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+def test_micro_batches_accumulate_to_the_full_batch_step(tiny_path, tokenizer, agg):
+    batch = rollouts(tokenizer)
+    algorithm = {"loss_agg_mode": agg}
+    whole = make_trainer(tiny_path, tokenizer, batch, algorithm=algorithm, trainer={"micro_batch_size": 8, "batch_size": 8})
+    parts = make_trainer(tiny_path, tokenizer, batch, algorithm=algorithm, trainer={"micro_batch_size": 3, "batch_size": 8})
+    a, b = whole.train_step(), parts.train_step()
+    assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+    for (name, x), y in zip(whole.policy.named_parameters(), parts.policy.parameters()):
+        torch.testing.assert_close(x.grad, y.grad, atol=1e-7, rtol=1e-4, msg=name)
+
+
+def test_grpo_step_changes_weights_towards_positive_advantages(tiny_path, tokenizer):
+    batch = rollouts(tokenizer)
+    metrics = InMemoryMetrics()
+    trainer = make_trainer(tiny_path, tokenizer, batch, metrics, trainer={"micro_batch_size": 4, "batch_size": 8, "lr": 1e-3})
+    good, bad = batch[0], batch[1]
+    before = weights(trainer.policy)
+    good_before, bad_before = response_logprob(trainer.policy, tokenizer, good), response_logprob(trainer.policy, tokenizer, bad)
+    out = trainer.train_step()
+    assert any(not torch.equal(before[n], p) for n, p in trainer.policy.named_parameters())
+    assert response_logprob(trainer.policy, tokenizer, good) > good_before
+    assert response_logprob(trainer.policy, tokenizer, bad) < bad_before
+    # Generation logprobs were missing here, so logπ_old was the policy itself: ratio 1, nothing clipped.
+    assert out["ratio_mean"] == pytest.approx(1.0) and out["clip_frac"] == 0.0
+    for key in ("loss", "policy_loss", "entropy", "grad_norm", "lr", "response_length", "tokens_per_s", "staleness"):
+        assert key in metrics.points[("trainer", 1)]
+    assert trainer.buffer.sample(10, sources=["rollout"]) == []  # all consumed
+
+
+def test_generation_logprobs_serve_as_old_logprobs(tiny_path, tokenizer):
+    batch = rollouts(tokenizer, 2)
+    for exp in batch:
+        exp.logprobs = [-0.1] * len(exp.response_ids)  # pretend a different behaviour policy
+    trainer = make_trainer(tiny_path, tokenizer, batch, trainer={"batch_size": 2})
+    assert trainer.train_step()["ratio_mean"] != pytest.approx(1.0)
+
+
+def test_sft_lowers_the_loss_on_expert_data(tiny_path, tokenizer):
+    expert = [experience(tokenizer, a, b, source="expert") for a in range(4) for b in range(4)]
+    trainer = make_trainer(tiny_path, tokenizer, expert, algorithm={"name": "sft"}, trainer={"batch_size": 16, "micro_batch_size": 16, "lr": 3e-3})
+    losses = [trainer.train_step()["sft_loss"] for _ in range(8)]
+    assert losses[-1] < 0.5 * losses[0]
+    assert trainer.buffer.sample(100, sources=["expert"])[0].use_count == 8  # reused, not consumed
+
+
+def test_mix_batches_blend_expert_data_at_the_configured_ratio(tiny_path, tokenizer):
+    expert = [experience(tokenizer, a, 1, source="expert") for a in range(10)]
+    trainer = make_trainer(
+        tiny_path, tokenizer, rollouts(tokenizer, 6) + expert,
+        algorithm={"name": "mix", "mix": {"mu": 0.5, "expert_data_ratio": 0.25}},
+        buffer={"expert_taskset": "x"}, trainer={"batch_size": 6},
+    )
+    out = trainer.train_step()
+    assert out["experiences"] == 8 and out["expert_experiences"] == 2
+    assert {"policy_loss", "sft_loss", "entropy"} <= out.keys()
+
+
+def test_staleness_limit_skips_old_rollouts(tiny_path, tokenizer):
+    batch = [experience(tokenizer, 1, 2, advantage=1.0, version=v, index=v) for v in range(4)]
+    trainer = make_trainer(tiny_path, tokenizer, batch, buffer={"max_staleness": 1}, trainer={"batch_size": 4})
+    out = trainer.train_step(current_version=3)
+    assert out["experiences"] == 2 and out["staleness"] == pytest.approx(0.5)
+
+
+def test_empty_buffer_step_is_counted_as_skipped(tiny_path, tokenizer):
+    trainer = make_trainer(tiny_path, tokenizer, [])
+    assert trainer.train_step()["skipped"] == 1 and trainer.step == 1
+
+
+def test_warmup_scales_the_learning_rate(tiny_path, tokenizer):
+    trainer = make_trainer(tiny_path, tokenizer, rollouts(tokenizer) * 1, trainer={"batch_size": 2, "warmup_steps": 4, "lr": 1e-3})
+    assert [trainer.train_step()["lr"] for _ in range(3)] == pytest.approx([2.5e-4, 5e-4, 7.5e-4])
+
+
+def test_kl_to_the_reference_starts_at_zero(tiny_path, tokenizer):
+    reference = load_reference(tiny_path, CPU)
+    trainer = make_trainer(tiny_path, tokenizer, rollouts(tokenizer) * 1, reference=reference,
+                           algorithm={"kl": {"fn": "k3", "coef": 0.1}}, trainer={"batch_size": 4})
+    assert trainer.train_step()["kl"] == pytest.approx(0.0, abs=1e-6)
+    assert trainer.train_step()["kl"] > 0
+
+
+def test_ppo_trains_policy_and_critic(tiny_path, tokenizer):
+    batch = rollouts(tokenizer)
+    critic = load_critic(tiny_path, CPU)
+    before = weights(critic)
+    trainer = make_trainer(tiny_path, tokenizer, batch, critic=critic, algorithm={"name": "ppo", "repeat_times": 1},
+                           trainer={"batch_size": 8, "micro_batch_size": 4})
+    out = trainer.train_step()
+    assert "vf_loss" in out and out["policy_loss"] != 0
+    assert any(not torch.equal(before[n], p) for n, p in critic.named_parameters())
+
+
+def test_dpo_raises_the_margin_of_chosen_over_rejected(tiny_path, tokenizer):
+    pairs = []
+    for exp in rollouts(tokenizer):
+        if exp.rollout_index == 0:
+            wrong = experience(tokenizer, exp.task_id // 10, exp.task_id % 10, answer=99)
+            pairs.append(PreferencePair(exp.prompt_ids, exp.response_ids, wrong.response_ids))
+    trainer = make_trainer(tiny_path, tokenizer, [], reference=load_reference(tiny_path, CPU),
+                           algorithm={"name": "dpo", "repeat_times": 1}, trainer={"batch_size": 4, "lr": 1e-3})
+    trainer.buffer.add_pairs(pairs)
+    first = trainer.train_step()
+    assert first["dpo_margin"] == pytest.approx(0.0, abs=1e-5) and first["pairs"] == 4
+    assert trainer.train_step()["dpo_margin"] > 0
+
+
+def test_checkpoint_restores_weights_optimizer_and_step(tiny_path, tokenizer, tmp_path):
+    def three_steps_of_rollouts():
+        batch = []
+        for step in range(3):
+            batch += [experience(tokenizer, step, b, advantage=(-1.0) ** b, step=step, index=b) for b in range(8)]
+        return batch
+
+    trainer = make_trainer(tiny_path, tokenizer, three_steps_of_rollouts(), trainer={"batch_size": 8})
+    trainer.train_step()
+    path = trainer.save_checkpoint(tmp_path / "ckpt", extra={"explorer_step": 5})
+    assert (path / "model.safetensors").exists() and (path / "optimizer.pt").exists() and (path / "tokenizer.json").exists()
+    expected = [trainer.train_step()["loss"] for _ in range(2)]
+
+    resumed = make_trainer(tiny_path, tokenizer, three_steps_of_rollouts(), trainer={"batch_size": 8})
+    resumed.buffer.mark_used(resumed.buffer.sample(8, sources=["rollout"]), consumed=True)  # what step 1 took
+    assert resumed.load_checkpoint(path) == {"explorer_step": 5} and resumed.step == 1
+    assert [resumed.train_step()["loss"] for _ in range(2)] == expected

@@ -1,0 +1,170 @@
+"""Runs on real Celery workers over real Postgres and Redis: launch, watch live, complete, survive a kill."""
+import os
+import signal
+import time
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.testing import WebsocketCommunicator
+from django.conf import settings
+
+from apps.buffer.models import Experience
+from apps.runs import services
+from apps.runs.models import Run
+from apps.tasksets.models import Task, Taskset
+from rftweb.asgi import application
+from workers import tasks
+from workers.rft import datasets
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+TASKS, REPEATS = 4, 4
+
+
+def make_taskset(name="arith", n=40):
+    taskset = Taskset.objects.create(name=name, task_count=n)
+    Task.objects.bulk_create(
+        Task(taskset=taskset, index=i, prompt=row["prompt"], answer=row["answer"], metadata=row["metadata"])
+        for i, row in enumerate(datasets.generate("arithmetic", n, seed=0, max_operand=9))
+    )
+    return taskset
+
+
+def grpo_config(steps: int, **sync) -> dict:
+    return {
+        "model": {"path": "tiny"},
+        "algorithm": {"name": "grpo", "repeat_times": REPEATS},
+        "explorer": {"batch_size": TASKS, "max_new_tokens": 8},
+        "trainer": {"lr": 1e-3, "micro_batch_size": 16, "total_steps": steps, "save_interval": 1},
+        "buffer": {"taskset": "arith"},
+        "synchronizer": {"method": "memory", **sync},
+    }
+
+
+def wait_for(predicate, timeout=180, what="condition"):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def finished(run):
+    run.refresh_from_db()
+    return run.is_finished
+
+
+def session_cookie(client, user) -> bytes:
+    client.force_login(user)
+    return f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}".encode()
+
+
+def test_grpo_run_completes_with_live_numbered_updates(celery_worker_factory, researcher, client):
+    make_taskset()
+    celery_worker_factory()
+    cookie = session_cookie(client, researcher)
+    steps = 3
+    config = services.validate_config(grpo_config(steps)).to_dict()
+
+    async def watch():
+        from channels.db import database_sync_to_async
+
+        # Launch after subscribing, so the client sees the run from its first update.
+        run = await database_sync_to_async(Run.objects.create)(
+            name="e2e", owner=researcher, config=config
+        )
+        ws = WebsocketCommunicator(application, f"/ws/runs/{run.pk}/", headers=[(b"origin", b"http://localhost"), (b"cookie", cookie)])
+        assert (await ws.connect())[0]
+        await database_sync_to_async(tasks.enqueue)(tasks.start_run, run.pk)
+        messages = []
+        while not any(u.get("status") in ("completed", "failed") for m in messages for u in m["updates"]):
+            try:
+                messages.append(await ws.receive_json_from(timeout=60))
+            except Exception:
+                print("DEBUG", messages)
+                raise
+        await ws.disconnect()
+        return run, messages
+
+    run, messages = async_to_sync(watch)()
+    run.refresh_from_db()
+    assert run.status == "completed", run.error
+    # Numbered in order, none missing.
+    assert [m["seq"] for m in messages] == list(range(1, len(messages) + 1))
+    updates = [u for m in messages for u in m["updates"]]
+    assert [u["status"] for u in updates if u["type"] == "status"] == ["starting", "running", "completed"]
+    trainer_steps = [u["step"] for u in updates if u["type"] == "metrics" and u["role"] == "trainer"]
+    assert trainer_steps == list(range(1, steps + 1))
+
+    assert run.trainer_step == steps and run.explorer_step >= steps and run.model_version == steps
+    assert Experience.objects.filter(run=run, source="rollout").count() == run.explorer_step * TASKS * REPEATS
+    assert Experience.objects.filter(run=run, status="consumed").count() == steps * TASKS * REPEATS
+    assert set(run.metrics.values_list("role", flat=True)) >= {"explorer", "trainer"}
+    assert run.checkpoints.count() == steps
+    assert all(os.path.isdir(path) for path in run.checkpoints.values_list("path", flat=True))
+
+
+def test_stop_releases_the_worker_within_a_step(celery_worker_factory, researcher):
+    make_taskset()
+    celery_worker_factory()
+    run = services.launch_run(researcher, "to stop", grpo_config(200))
+    wait_for(lambda: Run.objects.get(pk=run.pk).trainer_step >= 1, what="first trainer step")
+    services.stop_run(Run.objects.get(pk=run.pk))
+    stopped_at = Run.objects.get(pk=run.pk).trainer_step
+    wait_for(lambda: finished(run), timeout=60, what="stop")
+    assert run.status == "stopped"
+    assert run.trainer_step <= stopped_at + 1
+
+
+def test_pause_holds_the_run_and_resume_continues(celery_worker_factory, researcher):
+    make_taskset()
+    celery_worker_factory()
+    run = services.launch_run(researcher, "to pause", grpo_config(6))
+    wait_for(lambda: Run.objects.get(pk=run.pk).trainer_step >= 1, what="first trainer step")
+    services.pause_run(Run.objects.get(pk=run.pk))
+    paused_at = Run.objects.get(pk=run.pk).trainer_step
+
+    def steady(seconds=5):
+        before = Run.objects.get(pk=run.pk).trainer_step
+        time.sleep(seconds)
+        return Run.objects.get(pk=run.pk).trainer_step == before
+
+    wait_for(steady, timeout=60, what="the steps in flight to finish")
+    held = Run.objects.get(pk=run.pk).trainer_step
+    assert held <= paused_at + 2  # the explorer and trainer steps in flight, no more
+    assert steady() and Run.objects.get(pk=run.pk).status == "paused"
+    services.resume_run(Run.objects.get(pk=run.pk))
+    wait_for(lambda: finished(run), what="completion")
+    assert run.status == "completed" and run.trainer_step == 6
+
+
+def test_a_killed_worker_is_replaced_and_nothing_is_lost_or_duplicated(celery_worker_factory, researcher):
+    make_taskset()
+    first = celery_worker_factory()
+    steps = 8
+    run = services.launch_run(researcher, "survivor", grpo_config(steps))
+    wait_for(lambda: Run.objects.get(pk=run.pk).trainer_step >= 3, what="trainer step 3")
+    os.killpg(first.pid, signal.SIGKILL)  # the worker and its pool child, mid-run
+    first.wait()
+    killed_at = Run.objects.get(pk=run.pk).trainer_step
+    assert killed_at < steps
+
+    celery_worker_factory()
+    wait_for(lambda: tasks.watchdog() == [run.pk], timeout=60, what="the watchdog to notice")
+    wait_for(lambda: finished(run), what="completion after the kill")
+    assert run.status == "completed", run.error
+    assert run.trainer_step == steps
+
+    rollouts = Experience.objects.filter(run=run, source="rollout")
+    keys = list(rollouts.values_list("explorer_step", "task_id", "rollout_index"))
+    assert len(keys) == len(set(keys))  # nothing duplicated
+    per_step = {}
+    for step, _, _ in keys:
+        per_step[step] = per_step.get(step, 0) + 1
+    assert sorted(per_step) == list(range(len(per_step)))  # no explorer step missing
+    assert set(per_step.values()) == {TASKS * REPEATS}  # no rollout missing
+    trainer_steps = list(run.metrics.filter(role="trainer").order_by("step").values_list("step", flat=True))
+    assert trainer_steps == list(range(1, steps + 1))  # no gap, no repeat
+    assert not run.metrics.filter(role="trainer", values__skipped=1).exists()  # replayed steps found their data

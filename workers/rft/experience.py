@@ -1,0 +1,79 @@
+"""The records the engine passes around: tasks in, experiences and preference pairs out.
+
+Field names follow the Postgres data model (apps/tasksets, apps/buffer) so the Django stores map
+them one to one. Token arrays are plain lists here; the stores pack them.
+"""
+from dataclasses import dataclass, field
+
+SOURCES = ("rollout", "expert", "human_edit", "synthetic")
+# Sources that carry a reference answer to imitate (the SFT half of MIX), not a reward to climb.
+EXPERT_SOURCES = ("expert", "human_edit")
+
+
+@dataclass
+class Task:
+    """One problem: a prompt (plain text or chat messages) and the answer a reward fn checks against."""
+
+    id: int | None  # assigned by the task source; None for a synthetic task not yet stored
+    prompt: str | list[dict]
+    answer: str = ""
+    metadata: dict = field(default_factory=dict)
+    difficulty: float = 0.0
+    priority: float = 0.0
+    times_sampled: int = 0
+
+
+@dataclass
+class Experience:
+    """One response to one task with everything the trainer needs.
+
+    `response_ids`, `action_mask` and `logprobs` are aligned: one entry per response token.
+    `action_mask` is 1 where the model produced the token (0 for tokens a multi-turn environment
+    inserted), so losses only touch the model's own actions.
+    """
+
+    task_id: int | None
+    group_id: str  # rollouts of one task in one explorer step share it (GRPO groups)
+    rollout_index: int
+    prompt_ids: list[int]
+    response_ids: list[int]
+    action_mask: list[int]
+    source: str = "rollout"
+    prompt_text: str = ""
+    response_text: str = ""
+    messages: list[dict] | None = None
+    logprobs: list[float] | None = None  # generation logprobs: the behaviour policy's logπ_old
+    reward: float | None = None
+    reward_components: dict[str, float] = field(default_factory=dict)
+    advantage: float | None = None
+    model_version: int = 0
+    priority: float = 0.0
+    use_count: int = 0
+    explorer_step: int = 0
+    metadata: dict = field(default_factory=dict)  # finish_reason, truncated, task answer, ...
+    id: int | None = None  # assigned by the buffer
+
+    @property
+    def key(self) -> tuple:
+        """The natural key a replayed explorer step must not duplicate (the run is the store's)."""
+        return (self.explorer_step, self.task_id, self.rollout_index)
+
+
+@dataclass
+class PreferencePair:
+    """A DPO pair: two responses to one prompt, `chosen` preferred over `rejected`."""
+
+    prompt_ids: list[int]
+    chosen_ids: list[int]
+    rejected_ids: list[int]
+    task_id: int | None = None
+    metadata: dict = field(default_factory=dict)
+    id: int | None = None
+
+    def as_experiences(self) -> tuple["Experience", "Experience"]:
+        """Both sides as experiences, so the trainer's collation serves DPO too."""
+        chosen, rejected = (
+            Experience(self.task_id, f"pair-{self.id}", index, self.prompt_ids, ids, [1] * len(ids), source="human_edit")
+            for index, ids in enumerate((self.chosen_ids, self.rejected_ids))
+        )
+        return chosen, rejected

@@ -1,0 +1,198 @@
+"""A run in one process: build explorer, trainer and synchroniser from a RunConfig and storage
+(any implementation of the protocols), then alternate explorer and trainer steps as the
+synchronisation rules allow. The headless CLI runs it with in-memory stores; a Celery worker
+runs it with the Postgres-backed ones.
+
+Mode `both` in one process is sequential: the explorer steps while the version it needs is
+published, otherwise the trainer steps (and publishes every `interval` steps). That reproduces
+exactly what synchronous (offset 0) and one-step off-policy (offset 1) runs train on.
+"""
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .algorithms import resolve
+from .engines import build_engine
+from .experience import EXPERT_SOURCES
+from .explorer import Explorer
+from .memory import InMemoryBuffer, InMemoryCheckpoints, InMemoryMetrics, InMemoryTaskSource
+from .models import load_critic, load_policy, load_reference, load_tokenizer, pick_device, pick_dtype
+from .rewards import build_reward
+from .synchronizer import Synchronizer
+from .trainer import Trainer
+from .workflows import WORKFLOWS
+
+
+@dataclass
+class Stores:
+    """Everything a run reads and writes outside its own process."""
+
+    task_source: object  # TaskSource
+    buffer: object  # ExperienceBuffer
+    metrics: object  # MetricSink
+    eval_source: object = None  # TaskSource, for eval and bench
+    expert_source: object = None  # TaskSource whose answers become expert data (MIX, SFT)
+    checkpoints: object = None  # CheckpointStore
+
+
+def memory_stores(config, echo=None) -> Stores:
+    """In-memory stores with the config's tasksets (names as memory.load_tasks reads them)."""
+    buffer = config.buffer
+    return Stores(
+        task_source=InMemoryTaskSource.from_spec(buffer.taskset),
+        buffer=InMemoryBuffer(),
+        metrics=InMemoryMetrics(echo),
+        eval_source=InMemoryTaskSource.from_spec(buffer.eval_taskset) if buffer.eval_taskset else None,
+        expert_source=InMemoryTaskSource.from_spec(buffer.expert_taskset) if buffer.expert_taskset else None,
+        checkpoints=InMemoryCheckpoints(),
+    )
+
+
+class Loop:
+    def __init__(self, config, stores: Stores, work_dir: str | Path):
+        torch.manual_seed(config.seed)
+        self.config = config
+        self.stores = stores
+        self.work_dir = Path(work_dir)
+        self.spec = resolve(config)
+        model = config.model
+        device = pick_device(model.device)
+        tokenizer = load_tokenizer(model.path)
+        self.sync = Synchronizer(
+            config.synchronizer.method,
+            config.synchronizer.interval,
+            config.synchronizer.offset,
+            directory=self.work_dir / "versions" if config.synchronizer.method == "checkpoint" else None,
+            tokenizer=tokenizer,
+        )
+
+        engine = None
+        if config.mode != "train":
+            rollout_model = load_policy(model.path, device, pick_dtype(device, model.dtype))
+            engine = build_engine(config.explorer.engine, rollout_model, tokenizer)
+        self.workflow = WORKFLOWS.get(config.explorer.workflow)(
+            engine,
+            build_reward(config.explorer.reward_fn),
+            tokenizer=tokenizer,
+            system_prompt=config.explorer.system_prompt,
+            use_chat_template=config.explorer.use_chat_template,
+            max_prompt_tokens=model.max_prompt_tokens,
+        )
+        self.explorer = None
+        if engine is not None:
+            self.explorer = Explorer(
+                config, self.workflow, stores.task_source, stores.buffer, stores.metrics, stores.eval_source
+            )
+
+        self.trainer = None
+        if config.mode in ("both", "train"):
+            self.trainer = Trainer(
+                config,
+                load_policy(model.path, device),
+                tokenizer,
+                stores.buffer,
+                stores.metrics,
+                reference=load_reference(model.ref_path or model.path, device) if self.spec.needs_reference else None,
+                critic=load_critic(model.critic_path or model.path, device) if self.spec.needs_critic else None,
+            )
+            if self.spec.uses_expert:
+                self.seed_expert_data()
+
+    def seed_expert_data(self) -> int:
+        """Write the expert taskset's answers into the buffer as expert experiences, once."""
+        source, buffer = self.stores.expert_source, self.stores.buffer
+        if source is None or buffer.sample(1, sources=EXPERT_SOURCES):
+            return 0
+        return buffer.write([self.workflow.expert_experience(task) for task in source.tasks()])
+
+    # -- running ---------------------------------------------------------------------------------
+
+    def run(self, should_stop=None) -> str:
+        """Run to trainer.total_steps; returns 'completed', or 'stopped' when should_stop() said so
+        (checked after every trainer step; a checkpoint is saved either way)."""
+        should_stop = should_stop or (lambda: False)
+        if self.config.mode == "bench":
+            self.bench()
+            return "completed"
+        if self.config.mode == "explore":
+            return self._explore_only(should_stop)
+        evaluating = self.explorer is not None and self.config.explorer.eval_interval > 0
+        if evaluating and self.explorer.step == 0:
+            self.explorer.evaluate()
+        total = self.config.trainer.total_steps
+        while self.trainer.step < total:
+            if self.explorer is not None and self.sync.latest_version() >= self.sync.required_version(self.explorer.step):
+                self.explore()
+                continue
+            self.train()
+            if should_stop() and self.trainer.step < total:
+                self.save()
+                return "stopped"
+        if evaluating:  # the final weights, which no explorer step has pulled yet
+            self.sync.pull(self.explorer.engine, self.sync.latest_version())
+            self.explorer.evaluate()
+        self.save()
+        return "completed"
+
+    def explore(self) -> dict:
+        self.sync.pull(self.explorer.engine, self.sync.required_version(self.explorer.step))
+        metrics = self.explorer.explore_step()
+        interval = self.config.explorer.eval_interval
+        if interval and self.explorer.step % interval == 0:
+            self.explorer.evaluate()
+        return metrics
+
+    def train(self) -> dict:
+        metrics = self.trainer.train_step(current_version=self.sync.latest_version())
+        if self.sync.is_publish_step(self.trainer.step):
+            self.sync.publish(self.trainer.policy, self.trainer.step)
+        save_interval = self.config.trainer.save_interval
+        if save_interval and self.trainer.step % save_interval == 0:
+            self.save()
+        return metrics
+
+    def _explore_only(self, should_stop) -> str:
+        """Rollouts only (e.g. to collect data), with the newest published version if any."""
+        while self.explorer.step < self.config.trainer.total_steps:
+            self.sync.pull(self.explorer.engine, self.sync.latest_version())
+            self.explorer.explore_step()
+            if should_stop():
+                return "stopped"
+        return "completed"
+
+    def bench(self) -> list[dict]:
+        """Evaluate the starting model and every published version on the eval taskset."""
+        results = [self.explorer.evaluate()]
+        if self.sync.method == "checkpoint":
+            for version in range(1, self.sync.latest_version() + 1):
+                if self.sync.version_dir(version).exists():
+                    self.sync.pull(self.explorer.engine, version)
+                    self.explorer.step = version
+                    results.append(self.explorer.evaluate())
+        return results
+
+    # -- checkpoints -----------------------------------------------------------------------------
+
+    def checkpoint_dir(self, step: int) -> Path:
+        return self.work_dir / "checkpoints" / f"step_{step}"
+
+    def save(self) -> Path | None:
+        if self.trainer is None:
+            return None
+        extra = {"explorer_step": self.explorer.step if self.explorer else 0}
+        path = self.trainer.save_checkpoint(self.checkpoint_dir(self.trainer.step), extra)
+        if self.stores.checkpoints is not None:
+            self.stores.checkpoints.record(self.trainer.step // self.sync.interval, self.trainer.step, str(path))
+        return path
+
+    def resume(self, path: str | Path) -> None:
+        """Continue from a checkpoint this loop saved (the stores must be the run's own)."""
+        extra = self.trainer.load_checkpoint(path)
+        if self.explorer is not None:
+            self.explorer.step = extra["explorer_step"]
+        self.sync.discard_after(self.trainer.step // self.sync.interval)
+        if self.sync.method == "memory":
+            if not self.sync.is_publish_step(self.trainer.step):
+                raise ValueError("memory sync resumes only from a checkpoint taken at a sync step")
+            self.sync.publish(self.trainer.policy, self.trainer.step)

@@ -1,0 +1,163 @@
+"""In-memory implementations of the storage protocols, for the headless CLI, benchmarks and tests.
+
+Tasksets are named as in the run config. Headless, a name is either a JSONL file (one task per
+line: {"prompt", "answer", "metadata", "difficulty"}) or a built-in generator with parameters:
+
+    arithmetic                                   datasets.generate('arithmetic', 100, seed=0)
+    arithmetic:n=1000,max_operand=9,ops=+,split=train
+
+`split=train|eval` keeps distinct prompts only and holds out a fixed fifth of them (by a hash of
+the prompt) as `eval`, so an eval split never shares a prompt with its train split.
+"""
+import json
+import zlib
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+
+from . import datasets
+from .experience import SOURCES, Experience, PreferencePair, Task
+
+EVAL_FRACTION = 5  # one prompt in five is held out
+
+
+def parse_taskset_spec(spec: str) -> tuple[str, dict]:
+    name, _, params = spec.partition(":")
+    values = {}
+    for item in filter(None, params.split(",")):
+        key, _, value = item.partition("=")
+        values[key.strip()] = int(value) if value.strip().lstrip("-").isdigit() else value.strip()
+    return name.strip(), values
+
+
+def load_tasks(spec: str) -> list[Task]:
+    """Tasks for a taskset name (see the module doc), numbered from 0."""
+    if spec.endswith(".jsonl") or Path(spec).is_file():
+        rows = [json.loads(line) for line in Path(spec).read_text().splitlines() if line.strip()]
+    else:
+        name, params = parse_taskset_spec(spec)
+        n, seed, split = params.pop("n", 100), params.pop("seed", 0), params.pop("split", None)
+        rows = datasets.generate(name, n, seed=seed, **params)
+        if split is not None:
+            rows = held_out_split(rows, split)
+    return [Task(id=i, **row) for i, row in enumerate(rows)]
+
+
+def held_out_split(rows: list[dict], split: str) -> list[dict]:
+    if split not in ("train", "eval"):
+        raise ValueError(f"split must be 'train' or 'eval', got {split!r}")
+    distinct = {json.dumps(row["prompt"]): row for row in rows}
+    held_out = {key for key in distinct if zlib.crc32(key.encode()) % EVAL_FRACTION == 0}
+    return [row for key, row in distinct.items() if (key in held_out) == (split == "eval")]
+
+
+class InMemoryTaskSource:
+    def __init__(self, tasks: Sequence[Task]):
+        self._tasks = {task.id: task for task in tasks}
+
+    @classmethod
+    def from_spec(cls, spec: str) -> "InMemoryTaskSource":
+        return cls(load_tasks(spec))
+
+    def tasks(self) -> list[Task]:
+        return list(self._tasks.values())
+
+    def mark_sampled(self, task_ids: Sequence[int]) -> None:
+        for task_id in task_ids:
+            self._tasks[task_id].times_sampled += 1
+
+    def add_tasks(self, tasks: Sequence[Task]) -> list[Task]:
+        next_id = max(self._tasks, default=-1) + 1
+        added = [replace(task, id=next_id + i) for i, task in enumerate(tasks)]
+        self._tasks.update((task.id, task) for task in added)
+        return added
+
+
+class InMemoryBuffer:
+    """Statuses as in Postgres: 'ready' until trained on, then 'consumed' (rollouts only)."""
+
+    STALE_SOURCES = ("rollout", "synthetic")
+
+    def __init__(self):
+        self._experiences: list[Experience] = []
+        self._status: list[str] = []
+        self._keys: set[tuple] = set()
+        self.pairs: list[PreferencePair] = []
+        self._pair_uses: list[int] = []
+
+    def write(self, experiences: Sequence[Experience]) -> int:
+        written = 0
+        for exp in experiences:
+            if exp.source not in SOURCES:
+                raise ValueError(f"unknown experience source {exp.source!r}")
+            if exp.source == "rollout":
+                if exp.key in self._keys:
+                    continue
+                self._keys.add(exp.key)
+            self._experiences.append(replace(exp, id=len(self._experiences)))
+            self._status.append("ready")
+            written += 1
+        return written
+
+    def sample(self, n: int, *, sources: Sequence[str], min_model_version: int | None = None) -> list[Experience]:
+        def usable(i: int, exp: Experience) -> bool:
+            stale = (
+                min_model_version is not None
+                and exp.source in self.STALE_SOURCES
+                and exp.model_version < min_model_version
+            )
+            return self._status[i] == "ready" and exp.source in sources and not stale
+
+        candidates = [exp for i, exp in enumerate(self._experiences) if usable(i, exp)]
+        candidates.sort(key=lambda exp: (exp.use_count, exp.explorer_step, exp.id))
+        return [replace(exp) for exp in candidates[:n]]
+
+    def mark_used(self, experiences: Sequence[Experience], *, consumed: bool) -> None:
+        for exp in experiences:
+            self._experiences[exp.id].use_count += 1
+            if consumed:
+                self._status[exp.id] = "consumed"
+
+    def add_pairs(self, pairs: Sequence[PreferencePair]) -> None:
+        for pair in pairs:
+            self.pairs.append(replace(pair, id=len(self.pairs)))
+            self._pair_uses.append(0)
+
+    def sample_pairs(self, n: int) -> list[PreferencePair]:
+        order = sorted(range(len(self.pairs)), key=lambda i: (self._pair_uses[i], i))[:n]
+        for i in order:
+            self._pair_uses[i] += 1
+        return [self.pairs[i] for i in order]
+
+    def all(self, status: str | None = None) -> list[Experience]:
+        """Everything stored (or with one status), for scripts and tests."""
+        return [replace(e) for e, s in zip(self._experiences, self._status) if status in (None, s)]
+
+
+class InMemoryMetrics:
+    """Keeps every point; `echo` prints one line per point (the CLI's output)."""
+
+    def __init__(self, echo=None):
+        self.points: dict[tuple[str, int], dict] = {}
+        self.echo = echo
+
+    def log(self, role: str, step: int, values: dict[str, float]) -> None:
+        self.points[(role, step)] = dict(values)
+        if self.echo:
+            self.echo(format_metrics(role, step, values))
+
+    def series(self, role: str, name: str) -> list[tuple[int, float]]:
+        return sorted((step, v[name]) for (r, step), v in self.points.items() if r == role and name in v)
+
+
+class InMemoryCheckpoints:
+    def __init__(self):
+        self.records: list[tuple[int, int, str]] = []
+
+    def record(self, version: int, step: int, path: str) -> None:
+        self.records.append((version, step, path))
+
+
+def format_metrics(role: str, step: int, values: dict) -> str:
+    shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())
+    return f"{role:8s} step {step:4d}  {shown}"

@@ -1,0 +1,105 @@
+"""Experience operators: clean, filter, dedupe, shape and promote what the explorer produced.
+The algorithm's group advantage runs last, added by the explorer (see `group_advantage`)."""
+from dataclasses import replace
+
+import torch
+
+from ..algorithms import ADVANTAGE_FNS, zero_std_mask
+from .base import EXPERIENCE_OPERATORS
+
+
+def _split(experiences, keep):
+    kept = [exp for exp in experiences if keep(exp)]
+    return kept, {"dropped": len(experiences) - len(kept)}
+
+
+@EXPERIENCE_OPERATORS.register("drop_empty")
+def drop_empty(experiences, ctx):
+    """Responses with no text (just a stop token, or whitespace) teach nothing but to stop."""
+    return _split(experiences, lambda exp: exp.response_text.strip())
+
+
+@EXPERIENCE_OPERATORS.register("drop_truncated")
+def drop_truncated(experiences, ctx):
+    """Responses cut off at max_new_tokens: their reward judges an unfinished answer."""
+    return _split(experiences, lambda exp: exp.metadata.get("finish_reason") != "length")
+
+
+@EXPERIENCE_OPERATORS.register("reward_filter")
+def reward_filter(experiences, ctx, min: float | None = None, max: float | None = None):
+    lo = float("-inf") if min is None else min
+    hi = float("inf") if max is None else max
+    return _split(experiences, lambda exp: exp.reward is not None and lo <= exp.reward <= hi)
+
+
+@EXPERIENCE_OPERATORS.register("group_std_filter")
+def group_std_filter(experiences, ctx):
+    """Drop rollout groups whose rewards are all equal: their group advantages are all zero."""
+    rollouts = [exp for exp in experiences if exp.source == "rollout"]
+    if not rollouts:
+        return experiences, {"dropped": 0}
+    flat = zero_std_mask([exp.reward for exp in rollouts], [exp.group_id for exp in rollouts])
+    dropped = {id(exp) for exp, is_flat in zip(rollouts, flat.tolist()) if is_flat}
+    return _split(experiences, lambda exp: id(exp) not in dropped)
+
+
+@EXPERIENCE_OPERATORS.register("dedupe")
+def dedupe(experiences, ctx):
+    """Exact duplicates (same task, same response tokens): keep the first."""
+    seen = set()
+
+    def first(exp):
+        key = (exp.task_id, tuple(exp.response_ids))
+        if key in seen:
+            return False
+        seen.add(key)
+        return True
+
+    return _split(experiences, first)
+
+
+@EXPERIENCE_OPERATORS.register("reward_shaping")
+def reward_shaping(experiences, ctx, scale=1.0, offset=0.0, length_penalty=0.0, truncation_penalty=0.0):
+    """reward = scale * reward + offset - length_penalty * response tokens - truncation_penalty if cut off.
+    The unshaped reward stays in reward_components['unshaped']."""
+    shaped = []
+    for exp in experiences:
+        reward = scale * exp.reward + offset - length_penalty * len(exp.response_ids)
+        if exp.metadata.get("finish_reason") == "length":
+            reward -= truncation_penalty
+        shaped.append(replace(exp, reward=reward, reward_components={**exp.reward_components, "unshaped": exp.reward}))
+    return shaped, {}
+
+
+@EXPERIENCE_OPERATORS.register("promote_to_expert")
+def promote_to_expert(experiences, ctx, min_reward: float = 1.0):
+    """Copy rollouts scoring at least min_reward into expert data (MIX then imitates them).
+    The rollouts themselves stay; the copies cite them in metadata['promoted_from']."""
+    promoted = [
+        replace(
+            exp,
+            source="expert",
+            group_id=f"promoted-{exp.group_id}",
+            advantage=None,
+            metadata={**exp.metadata, "promoted_from": [exp.explorer_step, exp.task_id, exp.rollout_index]},
+        )
+        for exp in experiences
+        if exp.source == "rollout" and exp.reward is not None and exp.reward >= min_reward
+    ]
+    return experiences + promoted, {"promoted": len(promoted)}
+
+
+def group_advantage(experiences, ctx, fn: str = "grpo", drop_zero_std: bool = False, **params):
+    """The algorithm's advantage fn over the rollout groups (always the last operator).
+    Other sources keep advantage None: the trainer imitates them rather than weighting them."""
+    rollouts = [exp for exp in experiences if exp.source == "rollout"]
+    if not rollouts:
+        return experiences, {"zero_std_groups": 0}
+    rewards = torch.tensor([exp.reward for exp in rollouts], dtype=torch.float32)
+    advantages, metrics = ADVANTAGE_FNS.get(fn)(rewards, [exp.group_id for exp in rollouts], **params)
+    for exp, advantage in zip(rollouts, advantages.tolist()):
+        exp.advantage = advantage
+    if drop_zero_std:
+        experiences, dropped = group_std_filter(experiences, ctx)
+        metrics["zero_std_dropped"] = dropped["dropped"]
+    return experiences, metrics

@@ -1,0 +1,343 @@
+"""The trainer: sample a batch from the buffer, compute the algorithm's loss over micro-batches
+with gradient accumulation, clip, step, log; save and load exact checkpoints.
+
+Sequences are laid out prompt-left-padded, response-right-padded, so every response starts at the
+same column and per-token tensors are [B, T] over response tokens (as algorithms/ expects).
+Micro-batch losses are weighted by their share of the batch's tokens (token-mean) or sequences
+(seq-mean modes), so accumulating them gives exactly the loss of the whole batch at once.
+"""
+import json
+import os
+import random
+import shutil
+import time
+import uuid
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .algorithms import KL_FNS, POLICY_LOSSES, aggregate, compute_gae, entropy_from_logits, resolve, value_loss
+from .experience import Experience, PreferencePair
+from .models import copy_weights, pick_dtype, read_weights
+from .sampling import SAMPLE_STRATEGIES, TrainBatch
+
+
+@dataclass
+class MicroBatch:
+    """Collated experiences, on the trainer's device."""
+
+    input_ids: torch.Tensor  # [B, P + T]
+    attention_mask: torch.Tensor
+    position_ids: torch.Tensor
+    response_ids: torch.Tensor  # [B, T]
+    mask: torch.Tensor  # [B, T] float: the action mask, 0 on padding
+    old_logprobs: torch.Tensor | None  # [B, T] the behaviour policy's, None when some are missing
+    advantages: torch.Tensor | None  # [B] from the explorer's group advantage, or [B, T] from GAE
+    rewards: torch.Tensor  # [B]
+    returns: torch.Tensor | None = None  # [B, T] critic targets (PPO)
+    old_values: torch.Tensor | None = None  # [B, T]
+
+    def units(self, agg_mode: str) -> float:
+        """How much this micro-batch weighs in its batch's loss under the aggregation mode."""
+        if agg_mode == "token-mean":
+            return self.mask.sum().item()
+        return (self.mask.sum(-1) > 0).sum().item()
+
+
+def collate(experiences: list[Experience], pad_id: int, device: torch.device) -> MicroBatch:
+    width_p = max(len(e.prompt_ids) for e in experiences)
+    width_t = max(max(len(e.response_ids) for e in experiences), 1)
+    n = len(experiences)
+    input_ids = torch.full((n, width_p + width_t), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((n, width_p + width_t), dtype=torch.long)
+    response_ids = torch.full((n, width_t), pad_id, dtype=torch.long)
+    mask = torch.zeros((n, width_t))
+    old_logprobs = torch.zeros((n, width_t))
+    for i, e in enumerate(experiences):
+        p, t = len(e.prompt_ids), len(e.response_ids)
+        input_ids[i, width_p - p : width_p] = torch.tensor(e.prompt_ids)
+        input_ids[i, width_p : width_p + t] = torch.tensor(e.response_ids, dtype=torch.long)
+        attention_mask[i, width_p - p : width_p + t] = 1
+        response_ids[i, :t] = torch.tensor(e.response_ids, dtype=torch.long)
+        mask[i, :t] = torch.tensor(e.action_mask, dtype=torch.float)
+        if e.logprobs is not None:
+            old_logprobs[i, :t] = torch.tensor(e.logprobs)
+    has_logprobs = all(e.logprobs is not None for e in experiences)
+    has_advantages = all(e.advantage is not None for e in experiences)
+    return MicroBatch(
+        input_ids=input_ids.to(device),
+        attention_mask=attention_mask.to(device),
+        position_ids=(attention_mask.cumsum(-1) - 1).clamp(min=0).to(device),
+        response_ids=response_ids.to(device),
+        mask=mask.to(device),
+        old_logprobs=old_logprobs.to(device) if has_logprobs else None,
+        advantages=torch.tensor([e.advantage for e in experiences], device=device) if has_advantages else None,
+        rewards=torch.tensor([e.reward or 0.0 for e in experiences], device=device),
+    )
+
+
+def chunks(items: list, size: int) -> list[list]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+class Trainer:
+    def __init__(self, config, policy, tokenizer, buffer, metrics=None, reference=None, critic=None):
+        self.config = config
+        self.spec = resolve(config)
+        self.algo = config.algorithm
+        self.policy = policy.train()
+        self.tokenizer = tokenizer
+        self.buffer = buffer
+        self.metrics = metrics
+        self.reference = reference
+        self.critic = critic.train() if critic is not None else None
+        self.device = next(policy.parameters()).device
+        # Master weights stay fp32; on a GPU the forward runs under bf16 autocast.
+        compute_dtype = pick_dtype(self.device, config.model.dtype)
+        self.autocast = compute_dtype if self.device.type == "cuda" and compute_dtype != torch.float32 else None
+        trainer = config.trainer
+        self.optimizer = torch.optim.AdamW(policy.parameters(), lr=trainer.lr, weight_decay=trainer.weight_decay)
+        self.critic_optimizer = (
+            torch.optim.AdamW(critic.parameters(), lr=trainer.critic_lr, weight_decay=trainer.weight_decay)
+            if critic is not None
+            else None
+        )
+        # Rollout logprobs were taken under softmax(logits / temperature); ratios must compare like with like.
+        self.temperature = config.explorer.temperature or 1.0
+        self.batch_size = config.train_batch_size
+        self.step = 0
+
+    # -- one step --------------------------------------------------------------------------------
+
+    def train_step(self, current_version: int = 0) -> dict:
+        """Sample, update, log. A step with nothing to train on still counts (metrics say skipped)."""
+        started = time.perf_counter()
+        self._set_lr()
+        if self.spec.policy_loss == "dpo":
+            pairs = self.buffer.sample_pairs(self.batch_size)
+            metrics = self._update_dpo(pairs) if pairs else {"skipped": 1}
+            batch = TrainBatch()
+        else:
+            batch = SAMPLE_STRATEGIES.get(self.spec.sample_strategy)(
+                self.buffer,
+                self.batch_size,
+                current_version,
+                max_staleness=self.config.buffer.max_staleness,
+                uses_rollouts=self.spec.uses_rollouts,
+                expert_data_ratio=self.algo.mix.expert_data_ratio,
+            )
+            metrics = self._update(batch) if len(batch) else {"skipped": 1}
+            self.buffer.mark_used(batch.usual, consumed=True)
+            self.buffer.mark_used(batch.expert, consumed=False)
+        self.step += 1
+        seconds = time.perf_counter() - started
+        metrics.update(self._batch_metrics(batch, current_version, seconds))
+        metrics["lr"] = self.optimizer.param_groups[0]["lr"]
+        if self.metrics is not None:
+            self.metrics.log("trainer", self.step, metrics)
+        return metrics
+
+    def _set_lr(self) -> None:
+        warmup = self.config.trainer.warmup_steps
+        scale = min(1.0, (self.step + 1) / warmup) if warmup else 1.0
+        for group in self.optimizer.param_groups:
+            group["lr"] = self.config.trainer.lr * scale
+
+    def _update(self, batch: TrainBatch) -> dict:
+        micro = self.config.trainer.micro_batch_size
+        pad_id = self.tokenizer.pad_token_id
+        usual = [collate(part, pad_id, self.device) for part in chunks(batch.usual, micro)]
+        expert = [collate(part, pad_id, self.device) for part in chunks(batch.expert, micro)]
+        self._prepare_usual(usual)
+        mix = self.spec.policy_loss == "mix"
+        mu = self.algo.mix.mu
+        parts = [(usual, 1 - mu if mix else 1.0, self._policy_loss), (expert, mu if mix else 1.0, self._sft_loss)]
+
+        for _ in range(self.config.trainer.update_epochs):
+            self.optimizer.zero_grad(set_to_none=True)
+            metrics = {}
+            total_loss = 0.0
+            for mbs, weight, loss_fn in parts:
+                part_units = sum(mb.units(self.algo.loss_agg_mode) for mb in mbs)
+                for mb in mbs:
+                    share = mb.units(self.algo.loss_agg_mode) / max(part_units, 1)
+                    loss, mb_metrics = loss_fn(mb)
+                    (weight * share * loss).backward()
+                    total_loss += weight * share * loss.item()
+                    for key, value in mb_metrics.items():
+                        metrics[key] = metrics.get(key, 0.0) + share * value
+            grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.config.trainer.grad_clip)
+            self.optimizer.step()
+            if self.critic is not None and usual:
+                metrics.update(self._critic_update(usual))
+        metrics.update(loss=total_loss, grad_norm=grad_norm.item())
+        return metrics
+
+    # -- losses ----------------------------------------------------------------------------------
+
+    def _forward(self, model, mb: MicroBatch, temperature: float = 1.0) -> torch.Tensor:
+        """Logits [B, T, V] predicting each response token (float32)."""
+        width_t = mb.response_ids.shape[1]
+        with torch.autocast(self.device.type, self.autocast) if self.autocast else nullcontext():
+            out = model(
+                input_ids=mb.input_ids,
+                attention_mask=mb.attention_mask,
+                position_ids=mb.position_ids,
+                logits_to_keep=width_t + 1,  # the position before each response token
+            )
+        return out.logits[:, :-1].float() / temperature
+
+    @staticmethod
+    def _token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        return torch.log_softmax(logits, -1).gather(-1, tokens[..., None])[..., 0]
+
+    def _policy_loss(self, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
+        logits = self._forward(self.policy, mb, self.temperature)
+        logprobs = self._token_logprobs(logits, mb.response_ids)
+        agg = self.algo.loss_agg_mode
+        loss, metrics = POLICY_LOSSES.get("ppo")(
+            logprobs, mb.old_logprobs, mb.advantages, mb.mask, self.algo.clip_low, self.algo.clip_high, agg
+        )
+        metrics["policy_loss"] = loss.item()
+        if self.algo.kl.fn != "none":
+            with torch.no_grad():
+                ref_logprobs = self._token_logprobs(self._forward(self.reference, mb, self.temperature), mb.response_ids)
+            kl = aggregate(KL_FNS.get(self.algo.kl.fn)(logprobs, ref_logprobs), mb.mask, agg)
+            loss = loss + self.algo.kl.coef * kl
+            metrics["kl"] = kl.item()
+        return self._with_entropy(loss, metrics, logits, mb)
+
+    def _sft_loss(self, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
+        logits = self._forward(self.policy, mb)
+        logprobs = self._token_logprobs(logits, mb.response_ids)
+        loss, metrics = POLICY_LOSSES.get("sft")(logprobs, mb.mask, self.algo.loss_agg_mode)
+        if self.spec.policy_loss == "mix":  # the policy part reports entropy; avoid mixing both in one number
+            return loss, metrics
+        return self._with_entropy(loss, metrics, logits, mb)
+
+    def _with_entropy(self, loss, metrics, logits, mb):
+        coef = self.algo.entropy_coef
+        with torch.no_grad() if coef == 0 else nullcontext():
+            entropy = aggregate(entropy_from_logits(logits), mb.mask, self.algo.loss_agg_mode)
+        metrics["entropy"] = entropy.item()
+        return loss - coef * entropy, metrics
+
+    @torch.no_grad()
+    def _prepare_usual(self, mbs: list[MicroBatch]) -> None:
+        """logπ_old and advantages before any update: generation logprobs when every experience
+        has them (they are the behaviour policy's), else the current policy's; GAE for PPO."""
+        for mb in mbs:
+            if mb.advantages is None and self.critic is None:
+                raise ValueError("rollouts reached the trainer without advantages: the explorer's pipeline sets them")
+            if mb.old_logprobs is None:
+                mb.old_logprobs = self._token_logprobs(self._forward(self.policy, mb, self.temperature), mb.response_ids)
+            if self.critic is not None:
+                mb.old_values = self._values(mb)
+                token_rewards = torch.zeros_like(mb.mask)
+                last = (mb.mask.sum(-1) - 1).clamp(min=0).long()  # a sequence's reward lands on its last token
+                token_rewards[torch.arange(len(last)), last] = mb.rewards
+                mb.advantages, mb.returns = compute_gae(
+                    token_rewards, mb.old_values, mb.mask, self.algo.gae.gamma, self.algo.gae.lam
+                )
+
+    def _values(self, mb: MicroBatch) -> torch.Tensor:
+        width_t = mb.response_ids.shape[1]
+        with torch.autocast(self.device.type, self.autocast) if self.autocast else nullcontext():
+            out = self.critic(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids)
+        return out.logits[:, -width_t - 1 : -1, 0].float()
+
+    def _critic_update(self, mbs: list[MicroBatch]) -> dict:
+        self.critic_optimizer.zero_grad(set_to_none=True)
+        total = sum(mb.units(self.algo.loss_agg_mode) for mb in mbs)
+        metrics = {}
+        for mb in mbs:
+            share = mb.units(self.algo.loss_agg_mode) / max(total, 1)
+            loss, mb_metrics = value_loss(
+                self._values(mb), mb.old_values, mb.returns, mb.mask, self.algo.value_clip, self.algo.loss_agg_mode
+            )
+            (share * loss).backward()
+            for key, value in mb_metrics.items():
+                metrics[key] = metrics.get(key, 0.0) + share * value
+        torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.config.trainer.grad_clip)
+        self.critic_optimizer.step()
+        return metrics
+
+    def _update_dpo(self, pairs: list[PreferencePair]) -> dict:
+        """DPO over pairs: sequence logprob sums of chosen and rejected, against the reference."""
+        self.optimizer.zero_grad(set_to_none=True)
+        metrics, total_loss = {}, 0.0
+        pad_id = self.tokenizer.pad_token_id
+        for part in chunks(pairs, self.config.trainer.micro_batch_size):
+            share = len(part) / len(pairs)
+            chosen, rejected = zip(*(pair.as_experiences() for pair in part))
+            sides = [collate(list(side), pad_id, self.device) for side in (chosen, rejected)]
+            logps = [self._sequence_logprob(self.policy, mb) for mb in sides]
+            with torch.no_grad():
+                ref = [self._sequence_logprob(self.reference, mb) for mb in sides]
+            loss, mb_metrics = POLICY_LOSSES.get("dpo")(logps[0], logps[1], ref[0], ref[1], self.algo.dpo.beta)
+            (share * loss).backward()
+            total_loss += share * loss.item()
+            for key, value in mb_metrics.items():
+                metrics[key] = metrics.get(key, 0.0) + share * value
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.config.trainer.grad_clip)
+        self.optimizer.step()
+        return metrics | {"loss": total_loss, "grad_norm": grad_norm.item(), "pairs": len(pairs)}
+
+    def _sequence_logprob(self, model, mb: MicroBatch) -> torch.Tensor:
+        return (self._token_logprobs(self._forward(model, mb), mb.response_ids) * mb.mask).sum(-1)
+
+    def _batch_metrics(self, batch: TrainBatch, current_version: int, seconds: float) -> dict:
+        experiences = batch.usual + batch.expert
+        tokens = sum(len(e.prompt_ids) + len(e.response_ids) for e in experiences)
+        metrics = {"seconds": seconds, "tokens_per_s": tokens / seconds, "experiences": len(experiences)}
+        if batch.expert:
+            metrics["expert_experiences"] = len(batch.expert)
+        if batch.usual:
+            n = len(batch.usual)
+            metrics["reward_mean"] = sum(e.reward or 0.0 for e in batch.usual) / n
+            metrics["response_length"] = sum(len(e.response_ids) for e in batch.usual) / n
+            metrics["staleness"] = current_version - sum(e.model_version for e in batch.usual) / n
+        return metrics
+
+    # -- checkpoints -----------------------------------------------------------------------------
+
+    def save_checkpoint(self, path: str | Path, extra: dict | None = None) -> Path:
+        """A complete HF model directory (weights + tokenizer) plus what resuming needs: optimizer
+        state, step, RNG states and `extra` (the loop's own counters). Written to a temporary
+        directory and renamed, so a crash never leaves half a checkpoint."""
+        path = Path(path)
+        tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}"
+        self.policy.save_pretrained(tmp)
+        self.tokenizer.save_pretrained(tmp)
+        torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+        if self.critic is not None:
+            self.critic.save_pretrained(tmp / "critic")
+            torch.save(self.critic_optimizer.state_dict(), tmp / "critic_optimizer.pt")
+        rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state_all()
+        torch.save(rng, tmp / "rng.pt")
+        (tmp / "trainer_state.json").write_text(json.dumps({"step": self.step, "extra": extra or {}}, indent=1))
+        if path.exists():
+            shutil.rmtree(path)
+        os.rename(tmp, path)
+        return path
+
+    def load_checkpoint(self, path: str | Path) -> dict:
+        """Restore everything save_checkpoint wrote; returns its `extra`."""
+        path = Path(path)
+        copy_weights(self.policy, read_weights(path))
+        self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location=self.device))
+        if self.critic is not None:
+            copy_weights(self.critic, read_weights(path / "critic"))
+            self.critic_optimizer.load_state_dict(torch.load(path / "critic_optimizer.pt", map_location=self.device))
+        rng = torch.load(path / "rng.pt", weights_only=False)
+        torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(rng["cuda"])
+        state = json.loads((path / "trainer_state.json").read_text())
+        self.step = state["step"]
+        return state["extra"]

@@ -1,0 +1,89 @@
+"""Workflows turn tasks into scored experiences, using a rollout engine and a reward fn.
+
+A workflow owns the conversation: how a task becomes messages and prompt tokens (chat template,
+system prompt), how many turns there are, and which tokens are the model's own (action mask).
+Single-turn workflows batch every task of a step into one engine call (`run_batch`); a multi-turn
+workflow overrides `run` to play one episode (agent <-> environment turns) per task.
+"""
+from ..engines import RolloutEngine, SamplingParams
+from ..experience import Experience, Task
+from ..registry import Registry
+
+WORKFLOWS = Registry("workflow")
+
+
+class Workflow:
+    def __init__(
+        self,
+        engine: RolloutEngine | None,
+        reward_fn,
+        *,
+        tokenizer=None,
+        system_prompt: str | None = None,
+        use_chat_template: bool = True,
+        max_prompt_tokens: int = 256,
+    ):
+        self.engine = engine  # None where only prompts are formatted (expert data for a trainer-only run)
+        self.tokenizer = tokenizer or engine.tokenizer
+        self.reward_fn = reward_fn  # reward(response, task) -> (total, components), see rewards.build_reward
+        self.system_prompt = system_prompt
+        self.use_chat_template = use_chat_template
+        self.max_prompt_tokens = max_prompt_tokens
+
+    def run_batch(self, tasks: list[Task], params: SamplingParams, explorer_step: int) -> list[Experience]:
+        """`params.n` scored experiences per task, tasks in order."""
+        return [exp for task in tasks for exp in self.run(task, params, explorer_step)]
+
+    def run(self, task: Task, params: SamplingParams, explorer_step: int) -> list[Experience]:
+        raise NotImplementedError
+
+    # -- the pieces every workflow shares ---------------------------------------------------------
+
+    def messages(self, task: Task) -> list[dict]:
+        """The task's prompt as chat messages, with the configured system prompt first."""
+        messages = [{"role": "user", "content": task.prompt}] if isinstance(task.prompt, str) else list(task.prompt)
+        if self.system_prompt and messages[0]["role"] != "system":
+            messages.insert(0, {"role": "system", "content": self.system_prompt})
+        return messages
+
+    def encode_prompt(self, messages: list[dict]) -> tuple[str, list[int]]:
+        """Prompt text and token ids, ending where the assistant's reply begins. Without a chat
+        template the contents are joined by blank lines. An overlong prompt keeps its end."""
+        if self.use_chat_template:
+            text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        else:
+            text = "\n\n".join(m["content"] for m in messages)
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        return text, ids[-self.max_prompt_tokens :]
+
+    def encode_response(self, text: str) -> list[int]:
+        """A written (expert or human) response as the model would have produced it: ending with eos."""
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+
+    def score(self, response: str, task: Task) -> tuple[float, dict[str, float]]:
+        return self.reward_fn(response, task)
+
+    def expert_experience(self, task: Task) -> Experience:
+        """The task's reference answer as an expert experience, formatted exactly like a rollout
+        so SFT teaches what the explorer will be asked. `metadata['expert_response']`, when a
+        taskset provides it, is the full written response (e.g. with tags or working); else the
+        answer itself is the response."""
+        messages = self.messages(task)
+        prompt_text, prompt_ids = self.encode_prompt(messages)
+        response = task.metadata.get("expert_response", task.answer)
+        response_ids = self.encode_response(response)
+        reward, components = self.score(response, task)
+        return Experience(
+            task_id=task.id,
+            group_id=f"expert-{task.id}",
+            rollout_index=0,
+            prompt_ids=prompt_ids,
+            response_ids=response_ids,
+            action_mask=[1] * len(response_ids),
+            source="expert",
+            prompt_text=prompt_text,
+            response_text=response,
+            messages=messages + [{"role": "assistant", "content": response}],
+            reward=reward,
+            reward_components=components,
+        )
