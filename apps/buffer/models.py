@@ -1,7 +1,25 @@
+import uuid
+from pathlib import Path
+
+from django.conf import settings
+from django.contrib.postgres.indexes import GinIndex
+from django.contrib.postgres.search import SearchVector
 from django.db import models
 from django.db.models import Q
+from django.db.models.functions import Left
 
 from .fields import PackedArrayField
+
+# Full-text search reads this many characters of the prompt and of the response: a tsvector is
+# capped at 1 MB, and an uncapped index would make the insert of one huge text fail.
+SEARCH_CHARS = 100_000
+
+
+def search_document() -> SearchVector:
+    """What the admin's full-text search matches against. The GIN index `experience_text_search`
+    is built over this very expression: Postgres uses it only for a query with the same one.
+    The 'simple' configuration (no stemming, no stop words) suits code, math and any language."""
+    return SearchVector(Left("prompt_text", SEARCH_CHARS), Left("response_text", SEARCH_CHARS), config="simple")
 
 
 class Experience(models.Model):
@@ -62,7 +80,69 @@ class Experience(models.Model):
         indexes = [
             models.Index(fields=["run", "status", "source", "model_version"], name="experience_sampling"),
             models.Index(fields=["run", "explorer_step"], name="experience_step"),
+            # Created on Postgres only (migration 0002): SQLite, the embedded default, has no GIN.
+            GinIndex(search_document(), name="experience_text_search"),
         ]
 
     def __str__(self):
         return f"experience {self.pk} ({self.source}, reward {self.reward})"
+
+
+def _job_file_path(job, filename):
+    # A random name, as for taskset uploads: the user's file name never becomes a server path.
+    return f"buffer-jobs/{uuid.uuid4().hex}{Path(filename).suffix.lower()}"
+
+
+class BufferJob(models.Model):
+    """A curation job too long for a request (import, export, re-score, promote, pipeline op),
+    run by a Celery worker on the `default` queue; the admin shows its progress and result."""
+
+    class Kind(models.TextChoices):
+        IMPORT = "import"  # expert data from `upload`
+        EXPORT = "export"  # the selected experiences or feedback into `output`
+        RESCORE = "rescore"  # the selected experiences with a reward fn
+        PROMOTE = "promote"  # expert copies of the selected experiences
+        PIPELINE = "pipeline"  # an experience pipeline operator over the selected experiences
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        RUNNING = "running"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+
+    kind = models.CharField(max_length=10, choices=Kind.choices)
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    params = models.JSONField(default=dict, blank=True, help_text="what the job does: format, reward fn, operator")
+    # Fixed when the curator confirmed: the job acts on exactly these rows, whatever changes later.
+    selection = PackedArrayField(dtype="<i8", help_text="ids of the selected rows, in the order they are processed")
+    upload = models.FileField(upload_to=_job_file_path, blank=True, help_text="deleted once the import has finished")
+    original_filename = models.CharField(max_length=255, blank=True)
+    output = models.FileField(upload_to=_job_file_path, blank=True, help_text="the export file")
+    rows_done = models.PositiveBigIntegerField(default=0)
+    rows_total = models.PositiveBigIntegerField(default=0)
+    bytes_done = models.PositiveBigIntegerField(default=0)
+    bytes_total = models.PositiveBigIntegerField(default=0)
+    result = models.JSONField(default=dict, blank=True, help_text="what the job did: rows changed, added, rejected")
+    error = models.TextField(blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self):
+        return f"{self.get_kind_display()} job {self.pk} ({self.status})"
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in (self.Status.SUCCEEDED, self.Status.FAILED)
+
+    @property
+    def percent(self) -> int:
+        if self.status == self.Status.SUCCEEDED:
+            return 100
+        # An import knows how far it is through its file; the others, through their selection.
+        done, total = (self.bytes_done, self.bytes_total) if self.bytes_total else (self.rows_done, self.rows_total)
+        return min(99, 100 * done // total) if total else 0

@@ -52,6 +52,12 @@ class DjangoExperienceBuffer:
             ExperienceRow.objects.bulk_create([to_row(e, self.run_id) for e in new], ignore_conflicts=True, batch_size=500)
         return len(new)
 
+    def count(self, *, sources: Sequence[str]) -> int:
+        return self._rows().filter(source__in=sources).count()
+
+    def has_explorer_step(self, step: int) -> bool:
+        return self._rows().filter(source="rollout", explorer_step=step).exists()
+
     def sample(self, n: int, *, sources: Sequence[str], min_model_version: int | None = None) -> list[Experience]:
         """Claims the rows it returns (SKIP LOCKED), so concurrent trainers never share one."""
         query = self._rows().filter(status=ExperienceRow.Status.READY, source__in=sources, claimed_at__isnull=True)

@@ -17,14 +17,16 @@ class Preset:
 PRESETS = {
     "quick-demo": Preset(
         "Quick demo",
-        "A tiny random model learns arithmetic with MIX (GRPO + SFT on expert answers). Minutes on a CPU.",
+        "A tiny random model learns single-digit addition with MIX (GRPO on its own answers + SFT on "
+        "expert ones): held-out accuracy climbs from 0 to about 0.5 in a few minutes on a CPU.",
         {
             "mode": "both",
             "model": {"path": "tiny"},
-            "algorithm": {"name": "mix", "repeat_times": 4, "mix": {"mu": 0.2, "expert_data_ratio": 0.25}},
-            "explorer": {"batch_size": 8, "max_new_tokens": 8, "reward_fn": "exact_match", "eval_interval": 10},
-            "trainer": {"lr": 1e-4, "total_steps": 40, "micro_batch_size": 16, "save_interval": 20},
-            "buffer": {"taskset": "arithmetic", "expert_taskset": "arithmetic", "eval_taskset": "arithmetic-eval"},
+            "algorithm": {"name": "mix", "repeat_times": 8, "mix": {"mu": 0.5, "expert_data_ratio": 0.5}},
+            # The same run as tests/workers/rft/test_learning.py (no chat template: half the tokens).
+            "explorer": {"batch_size": 8, "max_new_tokens": 4, "use_chat_template": False, "eval_interval": 10},
+            "trainer": {"lr": 1e-3, "total_steps": 150, "micro_batch_size": 64, "save_interval": 50},
+            "buffer": {"taskset": "addition", "expert_taskset": "addition", "eval_taskset": "addition-eval"},
         },
     ),
     "smollm2-grpo": Preset(

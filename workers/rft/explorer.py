@@ -51,6 +51,10 @@ class Explorer:
         return sorted(tasks, key=order)[: self.config.explorer.batch_size]
 
     def explore_step(self) -> dict:
+        if self.buffer.has_explorer_step(self.step):
+            # A restarted run replays the steps after its checkpoint; this one's rollouts are stored.
+            self.step += 1
+            return {"replayed": 1}
         started = time.perf_counter()
         explorer = self.config.explorer
         tasks = self.select_tasks()

@@ -102,7 +102,7 @@ class Loop:
     def seed_expert_data(self) -> int:
         """Write the expert taskset's answers into the buffer as expert experiences, once."""
         source, buffer = self.stores.expert_source, self.stores.buffer
-        if source is None or buffer.sample(1, sources=EXPERT_SOURCES):
+        if source is None or buffer.count(sources=EXPERT_SOURCES):
             return 0
         return buffer.write([self.workflow.expert_experience(task) for task in source.tasks()])
 

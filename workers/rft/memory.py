@@ -99,6 +99,12 @@ class InMemoryBuffer:
             written += 1
         return written
 
+    def count(self, *, sources: Sequence[str]) -> int:
+        return sum(exp.source in sources for exp in self._experiences)
+
+    def has_explorer_step(self, step: int) -> bool:
+        return any(key[0] == step for key in self._keys)
+
     def sample(self, n: int, *, sources: Sequence[str], min_model_version: int | None = None) -> list[Experience]:
         def usable(i: int, exp: Experience) -> bool:
             stale = (

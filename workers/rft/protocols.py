@@ -31,6 +31,12 @@ class ExperienceBuffer(Protocol):
         the natural key (run, explorer_step, task_id, rollout_index) of a stored one is skipped,
         so a replayed explorer step writes nothing twice."""
 
+    def count(self, *, sources: Sequence[str]) -> int:
+        """How many stored experiences (any status) have a source in `sources`."""
+
+    def has_explorer_step(self, step: int) -> bool:
+        """Rollouts of explorer step `step` are stored: a restarted run replaying it has nothing to do."""
+
     def sample(self, n: int, *, sources: Sequence[str], min_model_version: int | None = None) -> list[Experience]:
         """Up to n ready experiences whose source is in `sources`: least used first, then oldest
         (explorer_step, then id). Rollouts and synthetic experiences with model_version below

@@ -298,7 +298,10 @@ class Trainer:
             n = len(batch.usual)
             metrics["reward_mean"] = sum(e.reward or 0.0 for e in batch.usual) / n
             metrics["response_length"] = sum(len(e.response_ids) for e in batch.usual) / n
-            metrics["staleness"] = current_version - sum(e.model_version for e in batch.usual) / n
+            versions = [e.model_version for e in batch.usual]
+            metrics["staleness"] = current_version - sum(versions) / n
+            metrics["staleness_max"] = current_version - min(versions)
+            metrics["staleness_min"] = current_version - max(versions)
         return metrics
 
     # -- checkpoints -----------------------------------------------------------------------------

@@ -19,7 +19,7 @@ def make_run(researcher):
 @pytest.fixture
 def tasksets(db):
     """The built-in tasksets' names (empty: the launch pages only check that they exist)."""
-    return [Taskset.objects.create(name=name) for name in ("arithmetic", "arithmetic-eval", "countdown")]
+    return [Taskset.objects.create(name=name) for name in ("addition", "addition-eval", "arithmetic", "arithmetic-eval", "countdown")]
 
 
 @pytest.fixture

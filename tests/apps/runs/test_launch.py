@@ -36,7 +36,7 @@ def test_the_page_opens_on_the_quick_demo(researcher_client, tasksets):
     assert response.status_code == 200
     form = response.context["form"]
     assert form["algorithm.name"].value() == "mix" and form["model.path"].value() == "tiny"
-    assert form["buffer.taskset"].value() == "arithmetic"
+    assert form["buffer.taskset"].value() == "addition"
     for preset in PRESETS.values():
         assert preset.title in response.content.decode()
 
@@ -71,7 +71,7 @@ def test_a_valid_form_launches_the_validated_config(
 
 def test_an_empty_name_is_made_from_the_config(researcher_client, tasksets, worker_queue):
     researcher_client.post(URL, posted(config_form(), name=""))
-    assert Run.objects.get().name == "mix on arithmetic"
+    assert Run.objects.get().name == "mix on addition"
 
 
 def test_a_bad_value_shows_next_to_its_field_and_creates_nothing(researcher_client, tasksets, worker_queue):
@@ -92,8 +92,8 @@ def test_a_value_of_the_wrong_type_is_refused_by_the_form(researcher_client, tas
 
 def test_a_missing_taskset_is_reported_on_its_field(researcher_client, tasksets, worker_queue):
     config = preset_config("quick-demo")
-    tasksets[1].delete()  # arithmetic-eval, the demo's eval taskset
-    response = researcher_client.post(URL, posted(config_form(config), **{"buffer.eval_taskset": "arithmetic-eval"}))
+    tasksets[1].delete()  # addition-eval, the demo's eval taskset
+    response = researcher_client.post(URL, posted(config_form(config), **{"buffer.eval_taskset": "addition-eval"}))
     assert "buffer.eval_taskset" in response.context["form"].errors
     assert not Run.objects.exists()
 
@@ -134,7 +134,7 @@ def test_form_to_yaml_and_back(researcher_client, tasksets, worker_queue):
     assert config["explorer"]["reward_fn"] == {"exact_match": 1, "format": 0.2}
     assert RunConfig.from_dict(config).to_dict() == config  # the YAML is the whole config
 
-    text = as_yaml["yaml"].value().replace("max_new_tokens: 8", "max_new_tokens: 12")
+    text = as_yaml["yaml"].value().replace("max_new_tokens: 4", "max_new_tokens: 12")
     as_form = researcher_client.post(URL, {"editor": "yaml", "name": "round trip", "yaml": text, "switch": ""}).context[
         "form"
     ]
@@ -151,7 +151,7 @@ def test_form_to_yaml_and_back(researcher_client, tasksets, worker_queue):
 
 
 def test_launch_from_yaml_reads_floats_like_the_cli(researcher_client, tasksets, worker_queue):
-    text = yaml.safe_dump(preset_config("quick-demo")).replace("lr: 0.0001", "lr: 1e-4")
+    text = yaml.safe_dump(preset_config("quick-demo")).replace("lr: 0.001", "lr: 1e-4")
     assert "lr: 1e-4" in text
     researcher_client.post(URL, {"editor": "yaml", "name": "y", "yaml": text})
     assert Run.objects.get().config["trainer"]["lr"] == 1e-4

@@ -63,18 +63,22 @@ def test_import_taskset_command_with_a_missing_file(tmp_path):
 def test_load_builtin_tasksets_is_idempotent(capsys):
     call_command("load_builtin_tasksets")
     assert capsys.readouterr().out.splitlines() == [
+        "addition: created",
+        "addition-eval: created",
         "arithmetic: created",
         "arithmetic-eval: created",
         "countdown: created",
     ]
     counts = dict(Taskset.objects.values_list("name", "task_count"))
-    assert counts == {"arithmetic": 2_000, "arithmetic-eval": 200, "countdown": 1_000}
-    assert Task.objects.count() == 3_200
+    assert counts == {"addition": 80, "addition-eval": 20, "arithmetic": 2_000, "arithmetic-eval": 200, "countdown": 1_000}
+    assert Task.objects.count() == 3_300
 
     call_command("load_builtin_tasksets")
     assert "arithmetic: exists, left as it is" in capsys.readouterr().out
-    assert Task.objects.count() == 3_200
+    assert Task.objects.count() == 3_300
 
+    addition = set(Task.objects.filter(taskset__name="addition").values_list("prompt", flat=True))
+    assert not addition & set(Task.objects.filter(taskset__name="addition-eval").values_list("prompt", flat=True))
     train = set(Task.objects.filter(taskset__name="arithmetic").values_list("prompt", flat=True))
     held_out = list(Task.objects.filter(taskset__name="arithmetic-eval").values_list("prompt", flat=True))
     assert len(set(held_out)) == 200 and not train & set(held_out)

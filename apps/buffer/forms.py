@@ -1,0 +1,118 @@
+"""Forms of the curation admin: the options of bulk actions, and the expert data upload."""
+import json
+
+from django import forms
+from django.conf import settings
+from django.template.defaultfilters import filesizeformat
+
+from apps.tasksets.importers import TasksetImportError
+from workers.rft.rewards import build_reward
+
+from . import exporters, importers, services
+
+
+class PriorityForm(forms.Form):
+    priority = forms.FloatField(help_text="Higher-priority experiences are preferred where a sample strategy uses priority.")
+
+
+class ExportForm(forms.Form):
+    format = forms.ChoiceField(
+        choices=[(fmt, fmt) for fmt in exporters.FORMATS],
+        help_text="Both hold every field and import back as expert data; see docs/data-formats.md.",
+    )
+
+
+class RescoreForm(forms.Form):
+    reward_fn = forms.CharField(
+        label="Reward fn",
+        max_length=2000,
+        help_text='A reward fn name, e.g. exact_match, or a JSON mapping of names to weights, e.g. '
+        '{"exact_match": 0.9, "format": 0.1}.',
+    )
+
+    def clean_reward_fn(self):
+        text = self.cleaned_data["reward_fn"].strip()
+        spec = _json_or_text(text)
+        try:
+            build_reward(spec)
+        except (KeyError, TypeError, ValueError) as exc:
+            raise forms.ValidationError(str(exc).strip("\"'")) from None
+        return spec
+
+
+class PipelineForm(forms.Form):
+    operator = forms.ChoiceField(help_text="An experience pipeline operator, as a run config names it.")
+    params = forms.CharField(
+        required=False,
+        max_length=2000,
+        help_text='Its parameters as a JSON object, e.g. {"min": 0.5} for reward_filter; empty for none.',
+    )
+
+    def __init__(self, *args, **kwargs):
+        from workers.rft.pipelines import EXPERIENCE_OPERATORS  # imports torch: only when the form is used
+
+        super().__init__(*args, **kwargs)
+        self.fields["operator"].choices = [(name, name) for name in EXPERIENCE_OPERATORS.names()]
+
+    def clean_params(self):
+        text = self.cleaned_data["params"].strip()
+        if not text:
+            return {}
+        try:
+            params = json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise forms.ValidationError(f"not valid JSON: {exc.msg}") from None
+        if not isinstance(params, dict):
+            raise forms.ValidationError("the parameters must be a JSON object")
+        return params
+
+    def clean(self):
+        cleaned = super().clean()
+        if "operator" in cleaned and "params" in cleaned:
+            try:
+                services.check_operator(cleaned["operator"], cleaned["params"])
+            except (KeyError, TypeError) as exc:
+                self.add_error("params", str(exc).strip("\"'"))
+        return cleaned
+
+
+class ExpertDataUploadForm(forms.Form):
+    file = forms.FileField(help_text="JSONL (one object per line) or Parquet, UTF-8.")
+    layout = forms.ChoiceField(
+        choices=[
+            ("sft", "SFT: prompt + response, or chat messages (an rftweb experience export too)"),
+            ("dpo", "DPO: prompt + chosen + rejected"),
+        ],
+        initial="sft",
+    )
+    format = forms.ChoiceField(
+        choices=[("auto", "from the file extension"), *((f, f) for f in importers.FORMATS)], initial="auto"
+    )
+
+    def clean_file(self):
+        upload = self.cleaned_data["file"]
+        limit = settings.TASKSET_UPLOAD_MAX_BYTES  # the one upload limit of the project
+        if upload.size > limit:
+            raise forms.ValidationError(
+                f"The file is {filesizeformat(upload.size)}; uploads are limited to {filesizeformat(limit)}."
+            )
+        return upload
+
+    def clean(self):
+        cleaned = super().clean()
+        if cleaned.get("format") == "auto" and cleaned.get("file"):
+            try:
+                cleaned["format"] = importers.detect_expert_format(cleaned["file"].name)
+            except TasksetImportError as exc:
+                self.add_error("format", exc.message)
+        return cleaned
+
+
+def _json_or_text(text: str):
+    """A reward fn spec is a name, or a JSON mapping."""
+    if text.startswith("{"):
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError as exc:
+            raise forms.ValidationError(f"not valid JSON: {exc.msg}") from None
+    return text

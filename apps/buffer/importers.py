@@ -1,0 +1,293 @@
+"""Read expert data files (JSONL, Parquet) as a stream of experience fields; see docs/data-formats.md.
+
+Two layouts. SFT: one experience a row, `prompt` + `response` or chat `messages`, optionally with
+token ids, rewards and metadata (an rftweb experience export is such a file). DPO: one preference
+pair a row, `prompt` + `chosen` + `rejected`. The files are read by the taskset importer's readers
+(apps.tasksets.importers), so they stream in constant memory and every problem is a
+`TasksetImportError` naming the file, the line (or Parquet row) and the field. Nothing here touches
+the database.
+"""
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pyarrow
+import pyarrow.parquet as pq
+
+from apps.tasksets.importers import (
+    ReadProgress,
+    TasksetImportError,
+    _json_type,
+    _json_value,
+    _read_jsonl,
+    _read_parquet,
+    _text,
+    detect_format,
+)
+
+FORMATS = ("jsonl", "parquet")  # CSV cannot hold chat messages or token arrays
+LAYOUTS = ("sft", "dpo")
+# An exported experience is one line: its token ids and logprobs make it far longer than a task.
+MAX_LINE_BYTES = 64 * 1024 * 1024
+INT32 = np.iinfo(np.int32)
+
+# The columns a Parquet reader asks for (the others are not read); JSONL rows simply ignore them.
+SFT_COLUMNS = (
+    "prompt", "response", "messages", "prompt_ids", "response_ids", "action_mask", "logprobs", "reward",
+    "reward_components", "group_id", "rollout_index", "model_version", "priority", "metadata",
+)
+DPO_COLUMNS = ("prompt", "chosen", "rejected", "prompt_ids", "chosen_ids", "rejected_ids", "metadata")
+
+
+@dataclass
+class ExperienceFields:
+    """The fields of one imported experience (its source is always `expert`)."""
+
+    prompt_text: str
+    response_text: str
+    messages: list[dict] | None = None
+    prompt_ids: list[int] | None = None
+    response_ids: list[int] | None = None
+    action_mask: list[int] | None = None
+    logprobs: list[float] | None = None
+    reward: float | None = None
+    reward_components: dict = field(default_factory=dict)
+    group_id: str = ""
+    rollout_index: int = 0
+    model_version: int = 0
+    priority: float = 0.0
+    metadata: dict = field(default_factory=dict)
+
+
+def detect_expert_format(filename: str) -> str:
+    fmt = detect_format(filename)
+    if fmt not in FORMATS:
+        raise TasksetImportError(Path(filename).name, None, f"{fmt} files cannot hold expert data; use JSONL or Parquet")
+    return fmt
+
+
+def read_expert_data(
+    path: Path, fmt: str, layout: str, *, display_name: str | None = None, max_line_bytes: int = MAX_LINE_BYTES
+) -> Iterator[tuple[tuple[ExperienceFields, ...], ReadProgress]]:
+    """Yield (experiences, progress) for each row: one experience for an SFT row, (chosen,
+    rejected) for a DPO row. Raises TasksetImportError."""
+    path = Path(path)
+    name = display_name or path.name
+    if fmt not in FORMATS:
+        raise TasksetImportError(name, None, f"unknown format {fmt!r} (known: {', '.join(FORMATS)})")
+    if layout not in LAYOUTS:
+        raise TasksetImportError(name, None, f"unknown layout {layout!r} (known: {', '.join(LAYOUTS)})")
+    if not path.is_file():
+        raise TasksetImportError(name, None, f"no such file: {path}")
+    columns, parse = (SFT_COLUMNS, _sft_row) if layout == "sft" else (DPO_COLUMNS, _dpo_row)
+    if fmt == "jsonl":
+        records = _read_jsonl(path, name, None, max_line_bytes)
+    else:
+        records = _read_parquet(path, name, SimpleNamespace(columns=_parquet_columns(path, name, columns)), max_line_bytes)
+    rows = 0
+    for location, unit, record, progress in records:
+        try:
+            experiences = parse(record)
+        except ValueError as exc:
+            raise TasksetImportError(name, location, str(exc), unit=unit) from None
+        rows += 1
+        yield experiences, progress
+    if rows == 0:
+        raise TasksetImportError(name, None, "the file has no rows")
+
+
+def _parquet_columns(path: Path, name: str, wanted: tuple[str, ...]) -> list[str]:
+    """The wanted columns the file has: the taskset reader reads only those, and insists on all of them."""
+    try:
+        present = set(pq.read_schema(path).names)
+    except (pyarrow.ArrowException, OSError) as exc:
+        raise TasksetImportError(name, None, f"not a readable Parquet file ({exc})") from None
+    return [column for column in wanted if column in present]
+
+
+# ---- one record -> experience fields (ValueError names the field and the problem) ----
+
+
+def _sft_row(record: dict) -> tuple[ExperienceFields]:
+    messages = _chat(record["messages"], "messages") if _given(record, "messages") else None
+    if _given(record, "response"):
+        if not _given(record, "prompt"):
+            raise ValueError("a row with a 'response' needs a 'prompt'")
+        prompt = _prompt(record["prompt"], "prompt")
+        response = _string(record["response"], "response")
+        if messages is None and isinstance(prompt, list):
+            messages = [*prompt, {"role": "assistant", "content": response}]
+        prompt_text = _render(prompt)
+    elif messages is not None:
+        if messages[-1]["role"] != "assistant" or len(messages) < 2:
+            raise ValueError("'messages' must end with the assistant's reply after at least one prompt message")
+        response = messages[-1]["content"]
+        prompt_text = _prompt_text_from(record, messages[:-1])
+    else:
+        raise ValueError("needs 'prompt' and 'response', or chat 'messages' ending with the assistant's reply")
+
+    experience = ExperienceFields(prompt_text=prompt_text, response_text=response, messages=messages)
+    experience.prompt_ids = _token_ids(record, "prompt_ids")
+    experience.response_ids = _token_ids(record, "response_ids")
+    experience.action_mask = _aligned(record, "action_mask", experience.response_ids, _mask)
+    experience.logprobs = _aligned(record, "logprobs", experience.response_ids, _floats)
+    experience.reward = _number(record.get("reward"), "reward") if _given(record, "reward") else None
+    experience.reward_components = _components(record.get("reward_components"))
+    experience.group_id = _string(record["group_id"], "group_id", limit=100) if _given(record, "group_id") else ""
+    experience.rollout_index = _count(record.get("rollout_index"), "rollout_index")
+    experience.model_version = _count(record.get("model_version"), "model_version")
+    experience.priority = _number(record["priority"], "priority") if _given(record, "priority") else 0.0
+    experience.metadata = _object(record.get("metadata"), "metadata")
+    return (experience,)
+
+
+def _dpo_row(record: dict) -> tuple[ExperienceFields, ExperienceFields]:
+    missing = [key for key in ("prompt", "chosen", "rejected") if not _given(record, key)]
+    if missing:
+        raise ValueError(f"missing {', '.join(repr(key) for key in missing)} (a DPO row has prompt, chosen and rejected)")
+    prompt = _prompt(record["prompt"], "prompt")
+    prompt_ids = _token_ids(record, "prompt_ids")
+    metadata = _object(record.get("metadata"), "metadata")
+    pair = []
+    for index, side in enumerate(("chosen", "rejected")):
+        response = _string(record[side], side)
+        messages = [*prompt, {"role": "assistant", "content": response}] if isinstance(prompt, list) else None
+        pair.append(
+            ExperienceFields(
+                prompt_text=_render(prompt),
+                response_text=response,
+                messages=messages,
+                prompt_ids=prompt_ids,
+                response_ids=_token_ids(record, f"{side}_ids"),
+                rollout_index=index,
+                metadata={**metadata, "preference": side},
+            )
+        )
+    return tuple(pair)
+
+
+def _given(record: dict, key: str) -> bool:
+    return record.get(key) is not None
+
+
+def _prompt_text_from(record: dict, prompt_messages: list[dict]) -> str:
+    return _string(record["prompt"], "prompt") if _given(record, "prompt") else _render(prompt_messages)
+
+
+def _render(prompt: str | list[dict]) -> str:
+    """A chat prompt as text the way the engine writes it without a chat template: contents joined by blank lines."""
+    return prompt if isinstance(prompt, str) else "\n\n".join(message["content"] for message in prompt)
+
+
+def _string(value, key: str, limit: int | None = None) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{key!r} must be a string, got {_json_type(value)}")
+    if limit is not None and len(value) > limit:
+        raise ValueError(f"{key!r} is {len(value)} characters long, over the limit of {limit}")
+    return _text(value, repr(key))
+
+
+def _prompt(value, key: str) -> str | list[dict]:
+    if isinstance(value, str):
+        if not value.strip():
+            raise ValueError(f"{key!r} is empty")
+        return _text(value, repr(key))
+    return _chat(value, key)
+
+
+def _chat(value, key: str) -> list[dict]:
+    """Chat messages: a list of {role, content} objects, or the same list as JSON text (Parquet)."""
+    value = _decoded(value, key)
+    if not isinstance(value, list) or not value:
+        raise ValueError(f"{key!r} must be text or a non-empty list of chat messages {{role, content}}, got {_json_type(value)}")
+    for number, message in enumerate(value, 1):
+        if not isinstance(message, dict):
+            raise ValueError(f"{key!r}: message {number} is {_json_type(message)}, not a {{role, content}} object")
+        for part in ("role", "content"):
+            if not isinstance(message.get(part), str):
+                raise ValueError(f"{key!r}: message {number} has no string {part!r}")
+    return [_json_value(message) for message in value]
+
+
+def _object(value, key: str) -> dict:
+    value = _decoded(value, key)
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise ValueError(f"{key!r} must be an object, got {_json_type(value)}")
+    return _json_value(value)
+
+
+def _components(value) -> dict[str, float]:
+    components = _object(value, "reward_components")
+    return {name: _number(score, f"reward_components.{name}") for name, score in components.items()}
+
+
+def _decoded(value, key: str):
+    """Parquet has no type for arbitrary JSON, so exports store these fields as JSON text."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{key!r} is text but not valid JSON ({exc.msg})") from None
+
+
+def _number(value, key: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{key!r} must be a number, got {_json_type(value)}")
+    return float(value)
+
+
+def _count(value, key: str) -> int:
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"{key!r} must be a whole number of at least 0, got {value!r}")
+    return value
+
+
+def _token_ids(record: dict, key: str) -> list[int] | None:
+    if not _given(record, key):
+        return None
+    values = _list(record[key], key)
+    for position, value in enumerate(values):
+        if isinstance(value, bool) or not isinstance(value, int) or not INT32.min <= value <= INT32.max:
+            raise ValueError(f"{key!r}[{position}] is {value!r}, not a 32-bit integer token id")
+    return values
+
+
+def _mask(values: list, key: str) -> list[int]:
+    for position, value in enumerate(values):
+        if isinstance(value, bool) or value not in (0, 1):
+            raise ValueError(f"{key!r}[{position}] is {value!r}; a mask holds 0 and 1")
+    return values
+
+
+def _floats(values: list, key: str) -> list[float]:
+    for position, value in enumerate(values):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+            raise ValueError(f"{key!r}[{position}] is {value!r}, not a number")
+    return [float(value) for value in values]
+
+
+def _aligned(record: dict, key: str, response_ids: list[int] | None, check) -> list | None:
+    """action_mask and logprobs have one entry per response token."""
+    if not _given(record, key):
+        return None
+    values = check(_list(record[key], key), key)
+    if response_ids is None:
+        raise ValueError(f"{key!r} is given without 'response_ids'")
+    if len(values) != len(response_ids):
+        raise ValueError(f"{key!r} has {len(values)} entries for {len(response_ids)} response tokens")
+    return values
+
+
+def _list(value, key: str) -> list:
+    if not isinstance(value, list):
+        raise ValueError(f"{key!r} must be a list, got {_json_type(value)}")
+    return value
