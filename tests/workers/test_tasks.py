@@ -168,3 +168,25 @@ def test_a_killed_worker_is_replaced_and_nothing_is_lost_or_duplicated(celery_wo
     trainer_steps = list(run.metrics.filter(role="trainer").order_by("step").values_list("step", flat=True))
     assert trainer_steps == list(range(1, steps + 1))  # no gap, no repeat
     assert not run.metrics.filter(role="trainer", values__skipped=1).exists()  # replayed steps found their data
+
+
+@pytest.mark.parametrize(
+    "sync, buffer, expected",
+    [
+        # One-step off-policy: from the second step on, every batch came from exactly the previous version.
+        ({"interval": 1, "offset": 1}, {}, lambda s: s["staleness_min"] == s["staleness_max"] == 1),
+        # Asynchronous: the explorer runs up to 3 versions ahead, the trainer takes nothing staler than 1.
+        ({"interval": 1, "offset": 3}, {"max_staleness": 1}, lambda s: s["staleness_max"] <= 1),
+    ],
+    ids=["one-step-off-policy", "async-bounded-staleness"],
+)
+def test_synchronisation_modes_on_a_worker(celery_worker_factory, researcher, sync, buffer, expected):
+    make_taskset()
+    celery_worker_factory()
+    config = grpo_config(5, **sync)
+    config["buffer"].update(buffer)
+    run = services.launch_run(researcher, "sync", config)
+    wait_for(lambda: finished(run), what="completion")
+    assert run.status == "completed", run.error
+    trained = [v for v in run.metrics.filter(role="trainer", step__gte=2).order_by("step").values_list("values", flat=True)]
+    assert len(trained) == 4 and all("staleness_max" in s and expected(s) for s in trained), trained

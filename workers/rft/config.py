@@ -316,7 +316,6 @@ def _combination_issues(c: RunConfig, bad: set) -> list[ConfigIssue]:
     """Each rule names the key to blame and the keys it reads; it is skipped when any of them
     already has an error (their values here are defaults standing in for the bad ones)."""
     algo, spec, preset = c.algorithm, resolve(c), ALGORITHMS[c.algorithm.name]
-    sync = c.synchronizer
     rules = [  # (key, broken, message, other keys read)
         ("buffer.expert_taskset", spec.sample_strategy == "mix" and c.buffer.expert_taskset is None,
          f"required by {'algorithm' if algo.name == 'mix' else 'policy loss'} 'mix', which mixes expert data into "
@@ -333,8 +332,6 @@ def _combination_issues(c: RunConfig, bad: set) -> list[ConfigIssue]:
          and (not preset.uses_rollouts or algo.policy_loss == "dpo"),
          f"'{algo.policy_loss}' cannot replace the '{preset.policy_loss}' loss of algorithm '{algo.name}'",
          ("algorithm.name",)),
-        ("synchronizer.offset", sync.offset > sync.interval,
-         f"must be <= synchronizer.interval ({sync.interval}), got {sync.offset}", ("synchronizer.interval",)),
         ("buffer.eval_taskset", c.mode == "bench" and c.buffer.eval_taskset is None,
          "required by mode 'bench'", ("mode",)),
         ("buffer.eval_taskset", c.explorer.eval_interval > 0 and c.buffer.eval_taskset is None,
