@@ -122,6 +122,7 @@ def run_loop(run_id: int) -> str:
             loop.resume(checkpoint.path)
         # Steps after the checkpoint are replayed: give them back the rows the dead worker took.
         stores.buffer.rewind(checkpoint.created_at if checkpoint else None)
+        run.refresh_from_db(fields=["status"])
         if run.status == Status.STARTING:
             services.set_status(run, Status.RUNNING)
         outcome = loop.run(should_stop=lambda: wait_while_paused(run) == Status.STOPPING)
@@ -131,7 +132,9 @@ def run_loop(run_id: int) -> str:
     except Exception:
         log.exception("run %s failed", run_id)
         close_old_connections()
-        services.set_status(Run.objects.get(pk=run_id), Status.FAILED, error=traceback.format_exc(limit=8))
+        run = Run.objects.get(pk=run_id)
+        if not run.is_finished:
+            services.set_status(run, Status.FAILED, error=traceback.format_exc(limit=8))
         return "failed"
     finally:
         beat.stop()

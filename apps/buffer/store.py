@@ -18,9 +18,25 @@ COPIED_FIELDS = (
 )
 
 
+def storable(value):
+    """Postgres text and jsonb cannot hold NUL, which a byte-level model can generate: it becomes
+    U+FFFD in texts (the token ids keep the exact output)."""
+    if isinstance(value, str):
+        return value.replace("\x00", "\ufffd")
+    if isinstance(value, list):
+        return [storable(v) for v in value]
+    if isinstance(value, dict):
+        return {storable(k): storable(v) for k, v in value.items()}
+    return value
+
+
+TEXT_FIELDS = ("prompt_text", "response_text", "messages", "reward_components", "metadata")
+
+
 def to_row(exp: Experience, run_id: int | None) -> ExperienceRow:
-    return ExperienceRow(run_id=run_id, task_id=exp.task_id, status=ExperienceRow.Status.READY,
-                         **{name: getattr(exp, name) for name in COPIED_FIELDS})
+    fields = {name: getattr(exp, name) for name in COPIED_FIELDS}
+    fields.update((name, storable(fields[name])) for name in TEXT_FIELDS)
+    return ExperienceRow(run_id=run_id, task_id=exp.task_id, status=ExperienceRow.Status.READY, **fields)
 
 
 def to_experience(row: ExperienceRow) -> Experience:

@@ -1,0 +1,75 @@
+"""The engine's buffer protocol over Postgres."""
+import pytest
+
+from apps.buffer.models import Experience as ExperienceRow
+from apps.buffer.store import DjangoExperienceBuffer
+from apps.runs.models import Run
+from apps.tasksets.models import Task, Taskset
+from workers.rft.experience import Experience
+
+
+@pytest.fixture
+def run(researcher):
+    return Run.objects.create(name="r", owner=researcher, config={})
+
+
+@pytest.fixture
+def task_ids(db):
+    taskset = Taskset.objects.create(name="ts")
+    return [Task.objects.create(taskset=taskset, index=i, prompt=f"{i}+1?", answer=str(i + 1)).pk for i in range(4)]
+
+
+def rollout(task_id, step=0, index=0, version=0, **fields):
+    return Experience(task_id=task_id, group_id=f"{step}-{task_id}", rollout_index=index, prompt_ids=[1, 2],
+                      response_ids=[3, 4], action_mask=[1, 1], explorer_step=step, model_version=version, **fields)
+
+
+def test_write_is_idempotent_per_natural_key(run, task_ids):
+    buffer = DjangoExperienceBuffer(run.pk)
+    step = [rollout(t, index=i) for t in task_ids for i in range(2)]
+    assert buffer.write(step) == 8
+    assert buffer.write(step) == 0
+    assert buffer.has_explorer_step(0) and not buffer.has_explorer_step(1)
+    assert ExperienceRow.objects.filter(run=run).count() == 8
+
+
+def test_generated_nul_bytes_are_stored(run, task_ids):
+    buffer = DjangoExperienceBuffer(run.pk)
+    buffer.write([rollout(task_ids[0], response_text="a\x00b", metadata={"raw": "\x00"})])
+    row = ExperienceRow.objects.get(run=run)
+    assert row.response_text == "a\ufffdb" and row.metadata == {"raw": "\ufffd"}
+    assert row.response_ids == [3, 4]
+
+
+def test_sample_claims_rows_so_two_trainers_never_share_one(run, task_ids):
+    buffer = DjangoExperienceBuffer(run.pk)
+    buffer.write([rollout(t, index=i) for t in task_ids for i in range(2)])
+    first = buffer.sample(5, sources=["rollout"])
+    second = DjangoExperienceBuffer(run.pk).sample(5, sources=["rollout"])
+    assert len(first) == 5 and len(second) == 3
+    assert not {e.id for e in first} & {e.id for e in second}
+
+
+def test_staleness_and_consumption(run, task_ids):
+    buffer = DjangoExperienceBuffer(run.pk)
+    buffer.write([rollout(task_ids[0], step=0, version=0), rollout(task_ids[1], step=1, version=3)])
+    fresh = buffer.sample(10, sources=["rollout"], min_model_version=2)
+    assert [e.model_version for e in fresh] == [3]
+    buffer.mark_used(fresh, consumed=True)
+    assert [e.model_version for e in buffer.sample(10, sources=["rollout"])] == [0]  # the consumed one is gone
+
+
+def test_rewind_gives_back_what_lost_steps_consumed(run, task_ids):
+    from django.utils import timezone
+
+    buffer = DjangoExperienceBuffer(run.pk)
+    buffer.write([rollout(t) for t in task_ids])
+    early = buffer.sample(2, sources=["rollout"])
+    buffer.mark_used(early, consumed=True)
+    checkpoint_time = timezone.now()
+    late = buffer.sample(2, sources=["rollout"])
+    buffer.mark_used(late, consumed=True)
+    assert buffer.rewind(checkpoint_time) == 2
+    back = buffer.sample(10, sources=["rollout"])
+    assert {e.id for e in back} == {e.id for e in late}
+    assert all(e.use_count == 0 for e in back)
