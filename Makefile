@@ -4,7 +4,7 @@ VENV ?= $(HOME)/.cache/rftweb-venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
 
-.PHONY: demo test test-quick install services migrate
+.PHONY: demo test test-quick install services chromium
 
 # Python packages. The stamp makes a second `make` skip pip when requirements did not change.
 install: $(VENV)/.installed-$(shell cat requirements.txt requirements-nodeps.txt | md5sum | cut -c1-12)
@@ -24,8 +24,12 @@ services:
 	  command -v redis-server >/dev/null && redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no && sleep 0.5; } || { \
 	  echo "Redis is not running on localhost:6379 and is not installed here: apt-get install redis-server, or point REDIS_URL at one" >&2; exit 1; }
 
+# The browser tests (tests/e2e) drive Debian's Chromium; Playwright's own browser download is not used.
+chromium:
+	@test -x "$${RFTWEB_CHROMIUM:-/usr/bin/chromium}" || { apt-get update -q && apt-get install -y -q chromium; }
+
 # The tests use real Postgres and Redis (rftweb/test_settings.py), slow tests included.
-test: install services
+test: install services chromium
 	$(PY) -m pytest -q
 
 # The same without the slow tests, for a quick check while working.

@@ -1,10 +1,15 @@
 """Celery tasks: thin wrappers that load a run, build the engine over the Postgres stores and loop.
 
-A run's work is one long task on queue `train` (`run_loop`): the engine's Loop runs explorer and
-trainer in that process. It holds the run's `loop` role through a heartbeat written by a
-background thread; the `watchdog` (Celery beat) re-enqueues a run whose heartbeat expired (its
-worker died) and the new task resumes from the last checkpoint. Pause and stop are statuses the
-loop checks after every trainer step.
+A run is served by one or two long tasks, each holding a *role* of the run:
+- `loop` (queue `train`): explorer and trainer alternate in one process, as the headless engine
+  runs them. Used with `synchronizer.method: memory` and for single-role modes.
+- `explorer` (queue `explore`) + `trainer` (queue `train`): with `synchronizer.method: checkpoint`
+  in mode `both`, the roles run in separate workers (and machines) and meet through the Postgres
+  buffer and the versioned weights directory.
+A role is held through a heartbeat written by a background thread; the `watchdog` (Celery beat)
+re-enqueues a role whose heartbeat expired (its worker died), and the new task resumes: the
+trainer from the last checkpoint, the explorer from its last stored step. Pause and stop are
+statuses the roles check every step.
 """
 import logging
 import os
@@ -23,8 +28,9 @@ from apps.runs.models import Run
 
 log = logging.getLogger(__name__)
 Status = Run.Status
-ROLE = "loop"
 ACTIVE = (Status.STARTING, Status.RUNNING, Status.PAUSED, Status.STOPPING)
+QUEUE_OF_ROLE = {"loop": "train", "explorer": "explore", "trainer": "train"}
+WAIT_SECONDS = 0.5  # how often a role waiting for the other one looks again
 
 
 def enqueue(task, *args, queue: str = "default") -> None:
@@ -51,29 +57,37 @@ def run_dir(run_id: int):
     return settings.DATA_DIR / "runs" / str(run_id)
 
 
+def roles_of_run(run: Run) -> tuple[str, ...]:
+    config = run.config
+    split = config["mode"] == "both" and config["synchronizer"]["method"] == "checkpoint"
+    return ("explorer", "trainer") if split else ("loop",)
+
+
 @shared_task(name="workers.tasks.start_run")
 def start_run(run_id: int) -> None:
     run = Run.objects.get(pk=run_id)
     if run.status != Status.QUEUED:
         return
     services.set_status(run, Status.STARTING)
-    enqueue(run_loop, run_id, queue="train")
+    for role in roles_of_run(run):
+        enqueue(run_role, run_id, role, queue=QUEUE_OF_ROLE[role])
 
 
 class Heartbeat(threading.Thread):
     """Beats every `interval` seconds while the task lives, however long a step takes, and logs
     system metrics (CPU, memory, GPU) with each beat."""
 
-    def __init__(self, run: Run, worker: str, interval: float):
-        super().__init__(daemon=True, name=f"heartbeat-run-{run.pk}")
-        self.target_run, self.worker, self.interval = run, worker, interval
+    def __init__(self, run: Run, role: str, worker: str, interval: float):
+        super().__init__(daemon=True, name=f"heartbeat-run-{run.pk}-{role}")
+        self.target_run, self.role, self.worker, self.interval = run, role, worker, interval
         self.stopped = threading.Event()
 
     def run(self):
         try:
             while not self.stopped.wait(self.interval):
-                services.heartbeat(self.target_run, ROLE, self.worker)
-                services.record_metrics(self.target_run, "system", int(time.time()), system_metrics())
+                services.heartbeat(self.target_run, self.role, self.worker)
+                if self.role != "explorer":  # one series per run
+                    services.record_metrics(self.target_run, "system", int(time.time()), system_metrics())
         finally:
             connection.close()
 
@@ -100,58 +114,83 @@ def wait_while_paused(run: Run, interval: float = 1.0) -> str:
     return run.status
 
 
-@shared_task(name="workers.tasks.run_loop", acks_late=True)
-def run_loop(run_id: int) -> str:
+@shared_task(name="workers.tasks.run_role", acks_late=True)
+def run_role(run_id: int, role: str = "loop") -> str:
     # Imported here: torch loads only in workers, not in every web process that enqueues.
     from apps.runs.store import run_stores
     from workers.rft.config import RunConfig
-    from workers.rft.loop import Loop
+    from workers.rft.loop import EXPLORER, TRAINER, Loop
 
     run = Run.objects.get(pk=run_id)
     me = worker_id()
-    if run.status not in ACTIVE or not services.claim_role(run, ROLE, me, settings.RFTWEB_HEARTBEAT_TIMEOUT):
+    if run.status not in ACTIVE or not services.claim_role(run, role, me, settings.RFTWEB_HEARTBEAT_TIMEOUT):
         return "skipped"
-    beat = Heartbeat(run, me, settings.RFTWEB_HEARTBEAT_INTERVAL)
+    beat = Heartbeat(run, role, me, settings.RFTWEB_HEARTBEAT_INTERVAL)
     beat.start()
     try:
         config = RunConfig.from_dict(run.config)
         stores = run_stores(run, config)
-        loop = Loop(config, stores, run_dir(run_id))
-        checkpoint = stores.checkpoints.latest()
-        if checkpoint is not None:
-            loop.resume(checkpoint.path)
-        # Steps after the checkpoint are replayed: give them back the rows the dead worker took.
-        stores.buffer.rewind(checkpoint.created_at if checkpoint else None)
-        run.refresh_from_db(fields=["status"])
-        if run.status == Status.STARTING:
-            services.set_status(run, Status.RUNNING)
-        outcome = loop.run(should_stop=lambda: wait_while_paused(run) == Status.STOPPING)
-        run.refresh_from_db(fields=["status"])
-        services.set_status(run, Status.STOPPED if run.status == Status.STOPPING else Status.COMPLETED)
+        loop = Loop(config, stores, run_dir(run_id), roles={"explorer": (EXPLORER,), "trainer": (TRAINER,)}.get(role))
+        if loop.trainer is not None:
+            checkpoint = stores.checkpoints.latest()
+            if checkpoint is not None:
+                loop.resume(checkpoint.path)
+            # Steps after the checkpoint are replayed: give them back the rows the dead worker took.
+            stores.buffer.rewind(checkpoint.created_at if checkpoint else None)
+        run.refresh_from_db()
+        if role == "explorer":
+            loop.explorer.step = run.explorer_step  # steps already stored are not redone
+        services.mark_running(run)
+
+        if role == "explorer":
+            return loop.run_explorer(should_stop=lambda: wait_while_paused(run) != Status.RUNNING, wait=pause)
+        stopping = lambda: wait_while_paused(run) in (Status.STOPPING, *Run.FINISHED)  # noqa: E731
+        if role == "trainer":
+            outcome = loop.run_trainer(stopping, explored_steps=lambda: explorer_steps(run), wait=pause)
+        else:
+            outcome = loop.run(should_stop=stopping)
+        finish(run)
         return outcome
     except Exception:
-        log.exception("run %s failed", run_id)
+        log.exception("run %s (%s) failed", run_id, role)
         close_old_connections()
         run = Run.objects.get(pk=run_id)
         if not run.is_finished:
-            services.set_status(run, Status.FAILED, error=traceback.format_exc(limit=8))
+            services.set_status(run, Status.FAILED, error=f"{role}: {traceback.format_exc(limit=8)}")
         return "failed"
     finally:
         beat.stop()
         publisher.flush()
 
 
+def pause() -> None:
+    time.sleep(WAIT_SECONDS)
+
+
+def explorer_steps(run: Run) -> int:
+    run.refresh_from_db(fields=["explorer_step"])
+    return run.explorer_step
+
+
+def finish(run: Run) -> None:
+    """The trainer (or the single loop) is done: completed, or stopped if a stop was asked."""
+    run.refresh_from_db(fields=["status"])
+    if not run.is_finished:
+        services.set_status(run, Status.STOPPED if run.status == Status.STOPPING else Status.COMPLETED)
+
+
 @shared_task(name="workers.tasks.watchdog")
-def watchdog() -> list[int]:
-    """Re-enqueue the runs whose worker stopped beating (killed, lost its machine)."""
+def watchdog() -> list[tuple[int, str]]:
+    """Re-enqueue the roles whose worker stopped beating (killed, lost its machine)."""
     resumed = []
     for run in Run.objects.filter(status__in=ACTIVE):
-        age = services.heartbeat_age(run, ROLE)
-        if age is None and run.status == Status.STARTING:
-            continue  # queued for a worker that has not picked it up yet
-        if age is None or age > settings.RFTWEB_HEARTBEAT_TIMEOUT:
-            # Mark the role as handed over, so the next watchdog tick does not enqueue it again.
-            services.heartbeat(run, ROLE, services.HANDED_OVER)
-            enqueue(run_loop, run.pk, queue="train")
-            resumed.append(run.pk)
+        for role in roles_of_run(run):
+            age = services.heartbeat_age(run, role)
+            if age is None and run.status == Status.STARTING:
+                continue  # queued for a worker that has not picked it up yet
+            if age is None or age > settings.RFTWEB_HEARTBEAT_TIMEOUT:
+                # Mark the role as handed over, so the next watchdog tick does not enqueue it again.
+                services.heartbeat(run, role, services.HANDED_OVER)
+                enqueue(run_role, run.pk, role, queue=QUEUE_OF_ROLE[role])
+                resumed.append((run.pk, role))
     return resumed

@@ -1,11 +1,597 @@
-from django.contrib import admin
+"""The curators' admin for the buffer: experiences (list, filters, full-text search, bulk actions,
+a readable detail page, expert data import) and the jobs that import, export and transform them.
 
-from .models import Experience
+Built for a million experiences: the list reads only the columns it shows (token arrays stay in
+the database, previews are cut there), counts are capped (counts.EstimatedCountPaginator), the
+search matches the indexed models.SearchDocument column, and every bulk action is one statement or
+a Celery job. Actions and pages change state through services, never directly.
+"""
+
+import json
+
+from django.contrib import admin, messages
+from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.contrib.admin.views.main import PAGE_VAR, ChangeList
+from django.contrib.postgres.search import SearchQuery
+from django.core.exceptions import PermissionDenied
+from django.db import connections
+from django.db.models import Count, Exists, IntegerField, OuterRef, Q, Subquery
+from django.db.models.functions import Coalesce, Length, Substr
+from django.http import FileResponse, Http404, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html
+
+from apps.feedback.models import Feedback
+
+from . import services
+from .counts import EstimatedCountPaginator
+from .forms import ExpertDataUploadForm, ExportForm, PipelineForm, PriorityForm, RescoreForm
+from .models import BufferJob, Experience, SearchDocument
+
+PREVIEW_CHARS = 80
+CONFIRM_SAMPLE_ROWS = 10
+RELATED_ROWS = 50  # siblings, children and feedback shown on the detail page
+TOKEN_ARRAYS = ("prompt_ids", "response_ids", "action_mask", "logprobs")
+
+
+# ---- filters ----
+
+
+class RewardRangeFilter(admin.FieldListFilter):
+    """reward between a minimum and a maximum, typed into a small form (both optional)."""
+
+    template = "admin/buffer/range_filter.html"
+
+    def __init__(self, field, request, params, model, model_admin, field_path):
+        self.lookup_min, self.lookup_max = f"{field_path}__gte", f"{field_path}__lte"
+        super().__init__(field, request, params, model, model_admin, field_path)
+
+    def expected_parameters(self):
+        return [self.lookup_min, self.lookup_max]
+
+    def queryset(self, request, queryset):
+        bounds = {}
+        for lookup, values in self.used_parameters.items():
+            try:
+                bounds[lookup] = float(values[-1])
+            except ValueError:
+                raise admin.options.IncorrectLookupParameters(f"{lookup} must be a number") from None
+        return queryset.filter(**bounds)
+
+    def choices(self, changelist):
+        # One "choice": the form, with the other parameters of the page as hidden fields.
+        current = {name: values[-1] for name, values in self.used_parameters.items()}
+        yield {
+            "lookup_min": self.lookup_min,
+            "lookup_max": self.lookup_max,
+            "min": current.get(self.lookup_min, ""),
+            "max": current.get(self.lookup_max, ""),
+            "hidden": [
+                (name, value)
+                for name, value in changelist.params.items()
+                if name not in (PAGE_VAR, *self.expected_parameters())
+            ],
+            "clear_url": changelist.get_query_string(remove=self.expected_parameters()),
+        }
+
+
+class YesNoFilter(admin.SimpleListFilter):
+    def lookups(self, request, model_admin):
+        return [("yes", "Yes"), ("no", "No")]
+
+    def queryset(self, request, queryset):
+        if self.value() == "yes":
+            return queryset.filter(self.condition())
+        if self.value() == "no":
+            return queryset.exclude(self.condition())
+        return queryset
+
+
+class HasFeedbackFilter(YesNoFilter):
+    title = "has feedback"
+    parameter_name = "has_feedback"
+
+    def condition(self):
+        return Exists(Feedback.objects.filter(experience=OuterRef("pk")))
+
+
+class FlaggedFilter(YesNoFilter):
+    title = "flagged"
+    parameter_name = "flagged"
+
+    def condition(self):
+        return Exists(Feedback.objects.filter(experience=OuterRef("pk"), kind=Feedback.Kind.FLAG))
+
+
+class RunFilter(admin.RelatedFieldListFilter):
+    def field_choices(self, field, request, model_admin):
+        # Names only: a run's str() needs its status, and its row a config of kilobytes.
+        runs = field.related_model.objects.order_by("-pk").values_list("pk", "name")
+        return [(pk, f"{name} (#{pk})") for pk, name in runs]
+
+    def choices(self, changelist):
+        for choice in super().choices(changelist):
+            if choice["display"] == self.empty_value_display:
+                choice["display"] = "imported (no run)"
+            yield choice
+
+
+# ---- experiences ----
+
+
+def feedback_count():
+    counted = Feedback.objects.filter(experience=OuterRef("pk")).order_by().values("experience").annotate(n=Count("pk"))
+    return Coalesce(Subquery(counted.values("n"), output_field=IntegerField()), 0)
+
+
+def response_tokens():
+    return Length("response_ids") / 4  # int32 token ids: 4 bytes a token
+
+
+def with_previews(queryset):
+    """Short prompt and response, cut in the database: a row's texts may be megabytes."""
+    return queryset.annotate(
+        prompt_preview=Substr("prompt_text", 1, PREVIEW_CHARS),
+        response_preview=Substr("response_text", 1, PREVIEW_CHARS),
+    )
+
+
+LIST_FIELDS = ("id", "run__name", "explorer_step", "source", "status", "reward", "model_version", "created_at")
+
+
+class ExperienceChangeList(ChangeList):
+    def get_queryset(self, request, exclude_parameters=None):
+        # Only the shown columns: the list never loads token arrays, texts or metadata.
+        queryset = super().get_queryset(request, exclude_parameters)
+        return with_previews(queryset.select_related("run").only(*LIST_FIELDS)).annotate(
+            tokens=response_tokens(), feedback_count=feedback_count()
+        )
+
+
+def preview(text: str | None) -> str:
+    if not text:
+        return ""
+    return text if len(text) < PREVIEW_CHARS else text[: PREVIEW_CHARS - 1] + "…"
 
 
 @admin.register(Experience)
 class ExperienceAdmin(admin.ModelAdmin):
-    list_display = ("id", "run", "source", "status", "reward", "advantage", "model_version", "explorer_step", "created_at")
-    list_filter = ("source", "status", "run")
-    search_fields = ("prompt_text", "response_text")
-    raw_id_fields = ("run", "task", "parent")
+    list_display = (
+        "id",
+        "run_name",
+        "explorer_step",
+        "source",
+        "status",
+        "reward",
+        "model_version",
+        "tokens",
+        "feedback",
+        "prompt",
+        "response",
+    )
+    list_filter = (
+        ("run", RunFilter),
+        "source",
+        "status",
+        ("reward", RewardRangeFilter),
+        HasFeedbackFilter,
+        FlaggedFilter,
+    )
+    search_fields = ("prompt_text", "response_text")  # the search box; get_search_results does the searching
+    search_help_text = 'Full-text search of prompt and response: words, "a phrase", -excluded, or.'
+    ordering = ("-id",)
+    sortable_by = ("id", "explorer_step", "reward", "model_version")
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER  # counts per filter choice: a count of the table each
+    list_per_page = 100
+    actions = (
+        "mark_ready",
+        "mark_rejected",
+        "set_priority",
+        "promote_to_expert",
+        "rescore",
+        "run_pipeline_operator",
+        "export_selection",
+        "delete_selection",
+    )
+    fieldsets = (
+        (None, {"fields": ("status", "priority")}),
+        (
+            "Where it comes from",
+            {
+                "fields": (
+                    "run",
+                    "task",
+                    "source",
+                    "explorer_step",
+                    "group_id",
+                    "rollout_index",
+                    "model_version",
+                    "parent",
+                    "created_at",
+                )
+            },
+        ),
+        ("Training", {"fields": ("reward", "advantage", "use_count", "claimed_at", "consumed_at")}),
+        ("Metadata", {"fields": ("metadata_json",)}),
+    )
+    readonly_fields = (
+        "run",
+        "task",
+        "source",
+        "explorer_step",
+        "group_id",
+        "rollout_index",
+        "model_version",
+        "parent",
+        "created_at",
+        "reward",
+        "advantage",
+        "use_count",
+        "claimed_at",
+        "consumed_at",
+        "metadata_json",
+    )
+    change_form_template = "admin/buffer/experience/change_form.html"
+
+    # -- the list --
+
+    def get_changelist(self, request, **kwargs):
+        return ExperienceChangeList
+
+    def get_queryset(self, request):
+        # Token arrays are read only when the detail page is asked for them (see _detail_context).
+        return super().get_queryset(request).defer(*TOKEN_ARRAYS)
+
+    def get_search_results(self, request, queryset, search_term):
+        if not search_term.strip():
+            return queryset, False
+        if connections[queryset.db].vendor != "postgresql":  # embedded SQLite: no full-text search
+            return super().get_search_results(request, queryset, search_term)
+        query = SearchQuery(search_term, config="simple", search_type="websearch")
+        return queryset.alias(document=SearchDocument()).filter(document=query), False
+
+    @admin.display(description="run", ordering="run")
+    def run_name(self, experience):
+        return experience.run.name if experience.run_id else "imported"
+
+    @admin.display(description="tokens")
+    def tokens(self, experience):
+        return experience.tokens
+
+    @admin.display(description="feedback")
+    def feedback(self, experience):
+        return experience.feedback_count or ""
+
+    @admin.display(description="prompt")
+    def prompt(self, experience):
+        return preview(experience.prompt_preview)
+
+    @admin.display(description="response")
+    def response(self, experience):
+        return preview(experience.response_preview)
+
+    # -- bulk actions: each asks for confirmation (and its options) first --
+
+    @admin.action(description="Mark selected experiences ready", permissions=["change"])
+    def mark_ready(self, request, queryset):
+        return self._confirm(
+            request,
+            queryset,
+            "Mark ready",
+            "They become available to the trainer again.",
+            perform=lambda data: self._done(
+                request, services.set_status(queryset, Experience.Status.READY), "marked ready"
+            ),
+        )
+
+    @admin.action(description="Mark selected experiences rejected", permissions=["change"])
+    def mark_rejected(self, request, queryset):
+        return self._confirm(
+            request,
+            queryset,
+            "Mark rejected",
+            "The trainer will not sample them.",
+            perform=lambda data: self._done(
+                request, services.set_status(queryset, Experience.Status.REJECTED), "marked rejected"
+            ),
+        )
+
+    @admin.action(description="Set the priority of selected experiences", permissions=["change"])
+    def set_priority(self, request, queryset):
+        return self._confirm(
+            request,
+            queryset,
+            "Set priority",
+            "",
+            form_class=PriorityForm,
+            perform=lambda data: self._done(
+                request, services.set_priority(queryset, data["priority"]), f"set to priority {data['priority']}"
+            ),
+        )
+
+    @admin.action(description="Promote selected experiences to expert data", permissions=["change"])
+    def promote_to_expert(self, request, queryset):
+        return self._confirm(
+            request,
+            queryset,
+            "Promote to expert data",
+            "Each becomes an expert copy (ready, same run, the original as its parent) that SFT and MIX imitate. "
+            "Expert rows and rows promoted before are skipped. Runs as a job.",
+            perform=lambda data: self._job_started(services.start_promotion(queryset, user=request.user)),
+        )
+
+    @admin.action(description="Re-score selected experiences with a reward fn", permissions=["change"])
+    def rescore(self, request, queryset):
+        return self._confirm(
+            request,
+            queryset,
+            "Re-score with a reward fn",
+            "Reward and reward components are recomputed from each response and its task (rows without a task "
+            "are skipped); the previous reward is kept in metadata. Advantages are not recomputed. Runs as a job.",
+            form_class=RescoreForm,
+            perform=lambda data: self._job_started(
+                services.start_rescore(queryset, reward_fn=data["reward_fn"], user=request.user)
+            ),
+        )
+
+    @admin.action(description="Run a pipeline operator over selected experiences", permissions=["change"])
+    def run_pipeline_operator(self, request, queryset):
+        return self._confirm(
+            request,
+            queryset,
+            "Run an experience pipeline operator",
+            "The operator sees the selection one task at a time, as the explorer's pipeline would. Rows it drops "
+            "become rejected, changes it makes are saved, experiences it adds are inserted. Runs as a job.",
+            form_class=PipelineForm,
+            perform=lambda data: self._job_started(
+                services.start_pipeline(queryset, operator=data["operator"], params=data["params"], user=request.user)
+            ),
+        )
+
+    @admin.action(description="Export selected experiences", permissions=["view"])
+    def export_selection(self, request, queryset):
+        return export_action(self, request, queryset)
+
+    @admin.action(description="Delete selected experiences", permissions=["delete"])
+    def delete_selection(self, request, queryset):
+        return self._confirm(
+            request,
+            queryset,
+            "Delete",
+            "The experiences and all feedback on them are deleted; human edits made from them stay. "
+            "This cannot be undone.",
+            perform=lambda data: self._done(request, services.delete_experiences(queryset), "deleted"),
+        )
+
+    def get_actions(self, request):
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)  # loads every row first: delete_selection does it in SQL
+        return actions
+
+    def _confirm(self, request, queryset, title, description, *, perform, form_class=None):
+        return confirm_action(self, request, queryset, title, description, perform=perform, form_class=form_class)
+
+    def _done(self, request, count: int, what: str):
+        self.message_user(request, f"{count:,} experience{'' if count == 1 else 's'} {what}.", messages.SUCCESS)
+
+    def _job_started(self, job):
+        return HttpResponseRedirect(reverse("admin:buffer_bufferjob_change", args=[job.pk]))
+
+    # -- the detail page --
+
+    def has_add_permission(self, request):
+        return False  # experiences come from runs and imports, not from a blank form
+
+    def save_model(self, request, obj, form, change):
+        # Only the two curated fields, as updates: a trainer may be changing the row's use count meanwhile.
+        selection = Experience.objects.filter(pk=obj.pk)
+        services.set_status(selection, form.cleaned_data["status"])
+        services.set_priority(selection, form.cleaned_data["priority"])
+
+    @admin.display(description="metadata")
+    def metadata_json(self, experience):
+        return format_html(
+            "<pre class='buffer-json'>{}</pre>", json.dumps(experience.metadata, indent=2, ensure_ascii=False)
+        )
+
+    def render_change_form(self, request, context, add=False, change=False, form_url="", obj=None):
+        if obj is not None:
+            context.update(self._detail_context(request, obj))
+        return super().render_change_form(request, context, add, change, form_url, obj)
+
+    def _detail_context(self, request, experience) -> dict:
+        show_tokens = request.GET.get("tokens") == "1"
+        arrays = Experience.objects.filter(pk=experience.pk)
+        token_counts = (
+            arrays.annotate(prompt_tokens=Length("prompt_ids") / 4, response_tokens=Length("response_ids") / 4)
+            .values("prompt_tokens", "response_tokens")
+            .get()
+        )
+        siblings = (
+            with_previews(Experience.objects.filter(run_id=experience.run_id, group_id=experience.group_id))
+            .exclude(pk=experience.pk)
+            .only("id", "rollout_index", "source", "status", "reward", "advantage")
+            .order_by("rollout_index", "id")[:RELATED_ROWS]
+            if experience.group_id
+            else []
+        )
+        children = with_previews(experience.children.all()).only("id", "source", "status", "reward").order_by("id")
+        feedback = (
+            Feedback.objects.filter(Q(experience=experience) | Q(other=experience))
+            .select_related("user")
+            .order_by("-updated_at")[:RELATED_ROWS]
+        )
+        return {
+            "experience": experience,
+            "turns": experience.messages
+            or [
+                {"role": "prompt", "content": experience.prompt_text},
+                {"role": "response", "content": experience.response_text},
+            ],
+            "reward_components": sorted(experience.reward_components.items()),
+            "token_counts": token_counts,
+            "tokens": arrays.values(*TOKEN_ARRAYS).get() if show_tokens else None,
+            "siblings": siblings,
+            "children": children[:RELATED_ROWS],
+            "feedback_rows": feedback,
+        }
+
+    # -- importing expert data --
+
+    def get_urls(self):
+        return [
+            path("import/", self.admin_site.admin_view(self.import_view), name="buffer_experience_import"),
+            *super().get_urls(),
+        ]
+
+    def import_view(self, request):
+        if not request.user.has_perm("buffer.add_experience"):
+            raise PermissionDenied
+        form = ExpertDataUploadForm(request.POST or None, request.FILES or None)
+        if request.method == "POST" and form.is_valid():
+            job = services.start_import(
+                upload=form.cleaned_data["file"],
+                layout=form.cleaned_data["layout"],
+                fmt=form.cleaned_data["format"],
+                user=request.user,
+            )
+            return self._job_started(job)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Import expert data",
+            "opts": self.opts,
+            "form": form,
+        }
+        return TemplateResponse(request, "admin/buffer/experience/import.html", context)
+
+
+def confirm_action(model_admin, request, queryset, title, description, *, perform, form_class=None):
+    """The confirmation page of a bulk action, with its options; on confirmation, `perform(options)`.
+
+    The page posts back to the changelist URL it came from (so the same filters select the same
+    rows) with the action, its selection and `confirm`; `perform` returns None (back to the
+    list) or a response."""
+    confirmed = request.POST.get("confirm") == "yes"
+    form = form_class(request.POST if confirmed else None) if form_class else None
+    if confirmed and (form is None or form.is_valid()):
+        return perform(form.cleaned_data if form else {})
+    context = {
+        **model_admin.admin_site.each_context(request),
+        "title": title,
+        "description": description,
+        "opts": model_admin.opts,
+        "form": form,
+        "count": queryset.count(),
+        "sample": queryset[:CONFIRM_SAMPLE_ROWS],
+        "action": request.POST["action"],
+        "select_across": request.POST.get("select_across", "0"),
+        "selected": request.POST.getlist(ACTION_CHECKBOX_NAME),
+        "action_checkbox_name": ACTION_CHECKBOX_NAME,
+    }
+    return TemplateResponse(request, "admin/buffer/confirm_action.html", context)
+
+
+def export_action(model_admin, request, queryset):
+    """The export bulk action, shared by the experience and feedback admins."""
+    return confirm_action(
+        model_admin,
+        request,
+        queryset,
+        "Export",
+        "Writes the selected rows to a file you can download from the job page; see docs/data-formats.md.",
+        form_class=ExportForm,
+        perform=lambda data: HttpResponseRedirect(
+            reverse(
+                "admin:buffer_bufferjob_change",
+                args=[services.start_export(queryset, fmt=data["format"], user=request.user).pk],
+            )
+        ),
+    )
+
+
+# ---- jobs ----
+
+
+@admin.register(BufferJob)
+class BufferJobAdmin(admin.ModelAdmin):
+    list_display = ("id", "kind", "status", "progress", "rows", "what", "created_by", "created_at", "finished_at")
+    list_filter = ("kind", "status")
+    list_select_related = ("created_by",)
+    fields = (
+        "kind",
+        "status",
+        "progress",
+        "what",
+        "rows",
+        "result_summary",
+        "error",
+        "download",
+        "created_by",
+        "created_at",
+        "started_at",
+        "finished_at",
+    )
+    readonly_fields = fields
+    change_form_template = "admin/buffer/bufferjob/change_form.html"
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).defer("selection")  # up to 8 bytes a selected row
+
+    def has_add_permission(self, request):
+        return False  # jobs are started by the experience actions and the import page
+
+    def has_change_permission(self, request, obj=None):
+        return False  # a job is a record: it is looked at, or deleted
+
+    def delete_queryset(self, request, queryset):
+        services.delete_jobs(queryset)
+
+    def delete_model(self, request, obj):
+        services.delete_jobs(BufferJob.objects.filter(pk=obj.pk))
+
+    @admin.display(description="progress")
+    def progress(self, job):
+        return format_html('<progress max="100" value="{}"></progress> {}%', job.percent, job.percent)
+
+    @admin.display(description="rows")
+    def rows(self, job):
+        return f"{job.rows_done:,} of {job.rows_total:,}" if job.rows_total else f"{job.rows_done:,}"
+
+    @admin.display(description="what")
+    def what(self, job):
+        if job.kind == BufferJob.Kind.IMPORT:
+            return f"{job.original_filename} ({job.params.get('layout')}, {job.params.get('format')})"
+        return ", ".join(f"{key}: {json.dumps(value)}" for key, value in job.params.items())
+
+    @admin.display(description="result")
+    def result_summary(self, job):
+        return ", ".join(f"{key.replace('_', ' ')}: {value:,}" for key, value in job.result.items())
+
+    @admin.display(description="file")
+    def download(self, job):
+        if not job.output:
+            return ""
+        url = reverse("admin:buffer_bufferjob_download", args=[job.pk])
+        return format_html('<a href="{}">{}</a>', url, services.export_filename(job))
+
+    def get_urls(self):
+        return [
+            path(
+                "<int:job_id>/download/",
+                self.admin_site.admin_view(self.download_view),
+                name="buffer_bufferjob_download",
+            ),
+            *super().get_urls(),
+        ]
+
+    def download_view(self, request, job_id):
+        job = get_object_or_404(BufferJob.objects.defer("selection"), pk=job_id)
+        if not self.has_view_permission(request, job):
+            raise PermissionDenied
+        if not job.output:
+            raise Http404("this job has no file")
+        return FileResponse(job.output.open("rb"), as_attachment=True, filename=services.export_filename(job))

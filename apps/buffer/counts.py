@@ -5,6 +5,7 @@ seconds on every page view. A changelist counts exactly up to EXACT_COUNT_LIMIT 
 there, so that costs at most that many rows); past it, the planner's row estimate serves, and the
 page says "about".
 """
+
 import json
 
 from django.core.paginator import Paginator

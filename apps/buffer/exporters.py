@@ -4,6 +4,7 @@ A writer holds one chunk in memory at most: JSONL is written line by line, Parqu
 a chunk, so an export of any size runs in flat memory. An experience export is also an SFT
 import file (`prompt`, `response`, token arrays, rewards), so exported data imports back as is.
 """
+
 import json
 from pathlib import Path
 
@@ -14,51 +15,55 @@ FORMATS = ("jsonl", "parquet")
 # Parquet has no type for arbitrary JSON: these columns hold JSON text there (native JSON in JSONL).
 JSON_COLUMNS = {"messages", "reward_components", "metadata"}
 
-EXPERIENCE_SCHEMA = pa.schema([
-    ("id", pa.int64()),
-    ("run", pa.int64()),
-    ("task", pa.int64()),
-    ("parent", pa.int64()),
-    ("source", pa.string()),
-    ("status", pa.string()),
-    ("explorer_step", pa.int64()),
-    ("group_id", pa.string()),
-    ("rollout_index", pa.int64()),
-    ("model_version", pa.int64()),
-    ("prompt", pa.string()),
-    ("response", pa.string()),
-    ("messages", pa.string()),
-    ("prompt_ids", pa.list_(pa.int32())),
-    ("response_ids", pa.list_(pa.int32())),
-    ("action_mask", pa.list_(pa.uint8())),
-    ("logprobs", pa.list_(pa.float32())),
-    ("reward", pa.float64()),
-    ("reward_components", pa.string()),
-    ("advantage", pa.float64()),
-    ("priority", pa.float64()),
-    ("use_count", pa.int64()),
-    ("metadata", pa.string()),
-    ("created_at", pa.timestamp("us", tz="UTC")),
-])
+EXPERIENCE_SCHEMA = pa.schema(
+    [
+        ("id", pa.int64()),
+        ("run", pa.int64()),
+        ("task", pa.int64()),
+        ("parent", pa.int64()),
+        ("source", pa.string()),
+        ("status", pa.string()),
+        ("explorer_step", pa.int64()),
+        ("group_id", pa.string()),
+        ("rollout_index", pa.int64()),
+        ("model_version", pa.int64()),
+        ("prompt", pa.string()),
+        ("response", pa.string()),
+        ("messages", pa.string()),
+        ("prompt_ids", pa.list_(pa.int32())),
+        ("response_ids", pa.list_(pa.int32())),
+        ("action_mask", pa.list_(pa.uint8())),
+        ("logprobs", pa.list_(pa.float32())),
+        ("reward", pa.float64()),
+        ("reward_components", pa.string()),
+        ("advantage", pa.float64()),
+        ("priority", pa.float64()),
+        ("use_count", pa.int64()),
+        ("metadata", pa.string()),
+        ("created_at", pa.timestamp("us", tz="UTC")),
+    ]
+)
 
-FEEDBACK_SCHEMA = pa.schema([
-    ("id", pa.int64()),
-    ("experience", pa.int64()),
-    ("other", pa.int64()),
-    ("user", pa.string()),
-    ("kind", pa.string()),
-    ("value", pa.float64()),
-    ("edited_text", pa.string()),
-    ("comment", pa.string()),
-    ("seconds_spent", pa.float64()),
-    ("prompt", pa.string()),
-    ("response", pa.string()),
-    # Set on preference rows only, so an export of preferences is a DPO import file.
-    ("chosen", pa.string()),
-    ("rejected", pa.string()),
-    ("created_at", pa.timestamp("us", tz="UTC")),
-    ("updated_at", pa.timestamp("us", tz="UTC")),
-])
+FEEDBACK_SCHEMA = pa.schema(
+    [
+        ("id", pa.int64()),
+        ("experience", pa.int64()),
+        ("other", pa.int64()),
+        ("user", pa.string()),
+        ("kind", pa.string()),
+        ("value", pa.float64()),
+        ("edited_text", pa.string()),
+        ("comment", pa.string()),
+        ("seconds_spent", pa.float64()),
+        ("prompt", pa.string()),
+        ("response", pa.string()),
+        # Set on preference rows only, so an export of preferences is a DPO import file.
+        ("chosen", pa.string()),
+        ("rejected", pa.string()),
+        ("created_at", pa.timestamp("us", tz="UTC")),
+        ("updated_at", pa.timestamp("us", tz="UTC")),
+    ]
+)
 
 
 def experience_record(row) -> dict:

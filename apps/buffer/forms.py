@@ -1,4 +1,5 @@
 """Forms of the curation admin: the options of bulk actions, and the expert data upload."""
+
 import json
 
 from django import forms
@@ -12,7 +13,9 @@ from . import exporters, importers, services
 
 
 class PriorityForm(forms.Form):
-    priority = forms.FloatField(help_text="Higher-priority experiences are preferred where a sample strategy uses priority.")
+    priority = forms.FloatField(
+        help_text="Higher-priority experiences are preferred where a sample strategy uses priority."
+    )
 
 
 class ExportForm(forms.Form):
@@ -26,7 +29,7 @@ class RescoreForm(forms.Form):
     reward_fn = forms.CharField(
         label="Reward fn",
         max_length=2000,
-        help_text='A reward fn name, e.g. exact_match, or a JSON mapping of names to weights, e.g. '
+        help_text="A reward fn name, e.g. exact_match, or a JSON mapping of names to weights, e.g. "
         '{"exact_match": 0.9, "format": 0.1}.',
     )
 

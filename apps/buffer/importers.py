@@ -7,6 +7,7 @@ pair a row, `prompt` + `chosen` + `rejected`. The files are read by the taskset 
 `TasksetImportError` naming the file, the line (or Parquet row) and the field. Nothing here touches
 the database.
 """
+
 import json
 import math
 from collections.abc import Iterator
@@ -37,8 +38,20 @@ INT32 = np.iinfo(np.int32)
 
 # The columns a Parquet reader asks for (the others are not read); JSONL rows simply ignore them.
 SFT_COLUMNS = (
-    "prompt", "response", "messages", "prompt_ids", "response_ids", "action_mask", "logprobs", "reward",
-    "reward_components", "group_id", "rollout_index", "model_version", "priority", "metadata",
+    "prompt",
+    "response",
+    "messages",
+    "prompt_ids",
+    "response_ids",
+    "action_mask",
+    "logprobs",
+    "reward",
+    "reward_components",
+    "group_id",
+    "rollout_index",
+    "model_version",
+    "priority",
+    "metadata",
 )
 DPO_COLUMNS = ("prompt", "chosen", "rejected", "prompt_ids", "chosen_ids", "rejected_ids", "metadata")
 
@@ -66,7 +79,9 @@ class ExperienceFields:
 def detect_expert_format(filename: str) -> str:
     fmt = detect_format(filename)
     if fmt not in FORMATS:
-        raise TasksetImportError(Path(filename).name, None, f"{fmt} files cannot hold expert data; use JSONL or Parquet")
+        raise TasksetImportError(
+            Path(filename).name, None, f"{fmt} files cannot hold expert data; use JSONL or Parquet"
+        )
     return fmt
 
 
@@ -87,7 +102,9 @@ def read_expert_data(
     if fmt == "jsonl":
         records = _read_jsonl(path, name, None, max_line_bytes)
     else:
-        records = _read_parquet(path, name, SimpleNamespace(columns=_parquet_columns(path, name, columns)), max_line_bytes)
+        records = _read_parquet(
+            path, name, SimpleNamespace(columns=_parquet_columns(path, name, columns)), max_line_bytes
+        )
     rows = 0
     for location, unit, record, progress in records:
         try:
@@ -148,7 +165,9 @@ def _sft_row(record: dict) -> tuple[ExperienceFields]:
 def _dpo_row(record: dict) -> tuple[ExperienceFields, ExperienceFields]:
     missing = [key for key in ("prompt", "chosen", "rejected") if not _given(record, key)]
     if missing:
-        raise ValueError(f"missing {', '.join(repr(key) for key in missing)} (a DPO row has prompt, chosen and rejected)")
+        raise ValueError(
+            f"missing {', '.join(repr(key) for key in missing)} (a DPO row has prompt, chosen and rejected)"
+        )
     prompt = _prompt(record["prompt"], "prompt")
     prompt_ids = _token_ids(record, "prompt_ids")
     metadata = _object(record.get("metadata"), "metadata")
@@ -203,7 +222,9 @@ def _chat(value, key: str) -> list[dict]:
     """Chat messages: a list of {role, content} objects, or the same list as JSON text (Parquet)."""
     value = _decoded(value, key)
     if not isinstance(value, list) or not value:
-        raise ValueError(f"{key!r} must be text or a non-empty list of chat messages {{role, content}}, got {_json_type(value)}")
+        raise ValueError(
+            f"{key!r} must be text or a non-empty list of chat messages {{role, content}}, got {_json_type(value)}"
+        )
     for number, message in enumerate(value, 1):
         if not isinstance(message, dict):
             raise ValueError(f"{key!r}: message {number} is {_json_type(message)}, not a {{role, content}} object")

@@ -2,24 +2,31 @@ import uuid
 from pathlib import Path
 
 from django.conf import settings
-from django.contrib.postgres.indexes import GinIndex
-from django.contrib.postgres.search import SearchVector
+from django.contrib.postgres.search import SearchVectorField
 from django.db import models
-from django.db.models import Q
-from django.db.models.functions import Left
+from django.db.models import Expression, Q
 
 from .fields import PackedArrayField
 
 # Full-text search reads this many characters of the prompt and of the response: a tsvector is
-# capped at 1 MB, and an uncapped index would make the insert of one huge text fail.
+# capped at 1 MB, and an uncapped column would make the insert of one huge text fail.
 SEARCH_CHARS = 100_000
 
 
-def search_document() -> SearchVector:
-    """What the admin's full-text search matches against. The GIN index `experience_text_search`
-    is built over this very expression: Postgres uses it only for a query with the same one.
-    The 'simple' configuration (no stemming, no stop words) suits code, math and any language."""
-    return SearchVector(Left("prompt_text", SEARCH_CHARS), Left("response_text", SEARCH_CHARS), config="simple")
+class SearchDocument(Expression):
+    """The experience's `search_document` column: the tsvector of its prompt and response that the
+    admin's full-text search matches, indexed by the GIN index `experience_text_search`.
+
+    Postgres computes and stores it (a generated column, migration 0003), so matching a row costs
+    no text parsing; Django does not know the column, so no query ever reads it by accident (the
+    engine loads whole rows). SQLite, the embedded default, has neither the column nor full-text
+    search: the admin falls back to a substring search there."""
+
+    output_field = SearchVectorField()
+
+    def as_sql(self, compiler, connection):
+        table = compiler.quote_name_unless_alias(compiler.query.get_initial_alias())
+        return f"{table}.search_document", []
 
 
 class Experience(models.Model):
@@ -80,8 +87,6 @@ class Experience(models.Model):
         indexes = [
             models.Index(fields=["run", "status", "source", "model_version"], name="experience_sampling"),
             models.Index(fields=["run", "explorer_step"], name="experience_step"),
-            # Created on Postgres only (migration 0002): SQLite, the embedded default, has no GIN.
-            GinIndex(search_document(), name="experience_text_search"),
         ]
 
     def __str__(self):

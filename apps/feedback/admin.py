@@ -1,10 +1,56 @@
 from django.contrib import admin
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.text import Truncator
+
+from apps.buffer.admin import export_action
+from apps.buffer.counts import EstimatedCountPaginator
 
 from .models import Feedback
 
 
 @admin.register(Feedback)
 class FeedbackAdmin(admin.ModelAdmin):
-    list_display = ("experience", "user", "kind", "value", "updated_at")
-    list_filter = ("kind",)
+    list_display = (
+        "id",
+        "experience_link",
+        "kind",
+        "user",
+        "value",
+        "other_link",
+        "short_comment",
+        "seconds_spent",
+        "updated_at",
+    )
+    list_filter = ("kind", "user")
+    search_fields = ("comment", "edited_text", "user__username")
+    list_select_related = ("user",)
     raw_id_fields = ("experience", "other")
+    ordering = ("-id",)
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
+    actions = ("export_selection",)
+
+    # Experiences are shown as links by id: their rows (texts, token arrays) are never loaded.
+    @admin.display(description="experience", ordering="experience")
+    def experience_link(self, feedback):
+        return _experience_link(feedback.experience_id)
+
+    @admin.display(description="other")
+    def other_link(self, feedback):
+        return _experience_link(feedback.other_id) if feedback.other_id else ""
+
+    @admin.display(description="comment")
+    def short_comment(self, feedback):
+        return Truncator(feedback.comment).chars(80)
+
+    @admin.action(description="Export selected feedback", permissions=["view"])
+    def export_selection(self, request, queryset):
+        return export_action(self, request, queryset)
+
+
+def _experience_link(experience_id: int):
+    return format_html(
+        '<a href="{}">{}</a>', reverse("admin:buffer_experience_change", args=[experience_id]), experience_id
+    )

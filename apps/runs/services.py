@@ -93,6 +93,13 @@ def launch_run(owner, name: str, config: dict) -> Run:
     return run
 
 
+def mark_running(run: Run) -> None:
+    """A worker has the run going: starting -> running, once (the run's other role may be first)."""
+    with transaction.atomic():
+        if Run.objects.select_for_update().get(pk=run.pk).status == Status.STARTING:
+            set_status(run, Status.RUNNING)
+
+
 def pause_run(run: Run) -> Run:
     return set_status(run, Status.PAUSED)
 

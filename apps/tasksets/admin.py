@@ -1,13 +1,32 @@
 from django.contrib import admin
+from django.urls import reverse
+from django.utils.html import format_html
 
-from .models import Task, Taskset
+from apps.buffer.counts import EstimatedCountPaginator
+
+from .models import Task, Taskset, TasksetImport
 
 
 @admin.register(Taskset)
 class TasksetAdmin(admin.ModelAdmin):
-    list_display = ("name", "task_count", "default_workflow", "default_reward_fn", "source", "created_by", "created_at")
+    list_display = (
+        "name",
+        "task_count",
+        "tasks",
+        "default_workflow",
+        "default_reward_fn",
+        "source",
+        "created_by",
+        "created_at",
+    )
     search_fields = ("name", "description")
+    list_select_related = ("created_by",)
     readonly_fields = ("task_count", "created_at")
+
+    @admin.display(description="")
+    def tasks(self, taskset):
+        url = reverse("admin:tasksets_task_changelist") + f"?taskset__id__exact={taskset.pk}"
+        return format_html('<a href="{}">tasks</a>', url)
 
 
 @admin.register(Task)
@@ -16,7 +35,25 @@ class TaskAdmin(admin.ModelAdmin):
     list_filter = ("taskset",)
     search_fields = ("answer",)
     list_select_related = ("taskset",)
+    raw_id_fields = ("taskset",)
+    ordering = ("taskset", "index")
+    paginator = EstimatedCountPaginator
+    show_full_result_count = False
+    show_facets = admin.ShowFacets.NEVER
 
     @admin.display(description="prompt")
     def short_prompt(self, task):
         return task.prompt_text[:80]
+
+
+@admin.register(TasksetImport)
+class TasksetImportAdmin(admin.ModelAdmin):
+    list_display = ("id", "original_filename", "name", "status", "rows_done", "taskset", "created_by", "created_at")
+    list_filter = ("status",)
+    list_select_related = ("taskset", "created_by")
+
+    def has_add_permission(self, request):
+        return False  # imports are started from the upload page
+
+    def has_change_permission(self, request, obj=None):
+        return False

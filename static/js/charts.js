@@ -49,6 +49,15 @@ function compareRanks(a, b) {
   return 0;
 }
 
+// System metrics (CPU, memory) are numbered by Unix time, not by step: their charts get a time axis.
+function isTimeSection(section) {
+  return section.split(" · ")[0] === "system";
+}
+
+function chartX(chart, steps) {
+  return chart.time ? steps.map((seconds) => new Date(seconds * 1000)) : steps.slice();
+}
+
 // Debiased EMA (as TensorBoard's): the first points are not pulled towards zero.
 class Ema {
   constructor(alpha) { this.alpha = alpha; this.last = 0; this.weight = 0; }
@@ -103,7 +112,8 @@ class ChartBoard {
       return;
     }
     const index = 2 * [...chart.series.keys()].indexOf(seriesName);
-    Plotly.extendTraces(chart.element, { x: [steps, steps], y: [values, smoothed] }, [index, index + 1]);
+    const x = chartX(chart, steps);
+    Plotly.extendTraces(chart.element, { x: [x, x], y: [values, smoothed] }, [index, index + 1]);
   }
 
   setSmoothing(alpha) {
@@ -138,7 +148,8 @@ class ChartBoard {
   _series(chartId, section, title, seriesName) {
     let chart = this.charts.get(chartId);
     if (!chart) {
-      chart = { id: chartId, title, section, element: document.createElement("div"), series: new Map(), drawn: false };
+      chart = { id: chartId, title, section, element: document.createElement("div"), series: new Map(), drawn: false,
+        time: isTimeSection(section) };
       chart.element.className = "chart";
       this.charts.set(chartId, chart);
       this._place(chart);
@@ -202,7 +213,8 @@ class ChartBoard {
     for (const series of chart.series.values()) {
       const color = this.colors.get(series.name);
       const mode = series.steps.length < 2 ? "markers" : "lines";
-      const common = { mode, name: plotlyText(series.name), showlegend: false, marker: { color }, x: series.steps.slice() };
+      const common = { mode, name: plotlyText(series.name), showlegend: false, marker: { color },
+        x: chartX(chart, series.steps) };
       traces.push({ ...common, y: series.values.slice(), hoverinfo: "skip", line: { color, width: 1 }, opacity: 0.25,
         visible: this.smoothing > 0 });
       traces.push({ ...common, y: series.smoothed.slice(), line: { color, width: 2 } });
@@ -219,7 +231,7 @@ class ChartBoard {
       paper_bgcolor: "rgba(0,0,0,0)",
       plot_bgcolor: "rgba(0,0,0,0)",
       font: { family: "system-ui, -apple-system, Segoe UI, sans-serif", size: 11, color: "#1d2330" },
-      xaxis: { gridcolor: "#eef0f4", zeroline: false },
+      xaxis: { gridcolor: "#eef0f4", zeroline: false, ...(chart.time ? { type: "date" } : {}) },
       yaxis: { gridcolor: "#eef0f4", zeroline: false, tickformat: "~g", hoverformat: ".4~g", type: this.logScale ? "log" : "linear" },
       uirevision: chart.id, // keep the user's zoom across redraws
     };

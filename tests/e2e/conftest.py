@@ -42,8 +42,8 @@ def pytest_runtest_makereport(item, call):
 
 
 def _failed(request) -> bool:
-    return any(getattr(request.node, f"report_{when}", None) and getattr(request.node, f"report_{when}").failed
-               for when in ("setup", "call"))
+    reports = (getattr(request.node, f"report_{when}", None) for when in ("setup", "call"))
+    return any(report is not None and report.failed for report in reports)
 
 
 def _artifact_dir(request) -> Path:

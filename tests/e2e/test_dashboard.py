@@ -3,6 +3,7 @@ demo from the form, watch its charts grow live, read its rollouts, stop it; and 
 bad value, refused next to its field."""
 
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -27,7 +28,7 @@ PLOTTED = """(role) => {
   return out;
 }"""
 FINISHED = ("completed", "stopped", "failed")
-IDLE_MS = 7_000  # longer than the channel layer's blocking read
+QUIET_S = 7  # longer than the channel layer's blocking read
 
 
 def plotted(page, role="trainer") -> dict[str, int]:
@@ -52,7 +53,6 @@ def test_launch_the_quick_demo_watch_it_live_read_rollouts_and_stop_it(
     page, login, researcher, celery_worker_factory, page_errors
 ):
     load_builtin_tasksets()
-    celery_worker_factory()
 
     # Log in on the way to the launch form, which opens on the quick demo.
     login(researcher, "/runs/new/?preset=quick-demo")
@@ -63,7 +63,7 @@ def test_launch_the_quick_demo_watch_it_live_read_rollouts_and_stop_it(
 
     page.get_by_label("Run name").fill("e2e demo")
     # Long enough to be still running when we stop it (the test never waits for the end).
-    page.locator('[name="trainer.total_steps"]').fill("200")
+    page.locator('[name="trainer.total_steps"]').fill("100")
     sockets = []
     page.on("websocket", lambda socket: sockets.append(socket))
     page.get_by_role("button", name="Launch run").click()
@@ -71,13 +71,21 @@ def test_launch_the_quick_demo_watch_it_live_read_rollouts_and_stop_it(
     page.wait_for_url(re.compile(r"/runs/\d+/$"))
     run = Run.objects.get(name="e2e demo")
     assert page.url.endswith(f"/runs/{run.pk}/")
-    assert run.config["trainer"]["total_steps"] == 200 and run.config["algorithm"]["name"] == "mix"
+    assert run.config["trainer"]["total_steps"] == 100 and run.config["algorithm"]["name"] == "mix"
     expect(page.locator(".flash")).to_have_text("Launched e2e demo.")
-
-    # The charts fill in live: points appended as the worker reports them, with no reload (which
-    # would lose the marker), the figures and the status following.
-    page.evaluate("window.e2eSamePage = true")
+    expect(page.locator("#run-status")).to_have_text("queued")
     expect(page.locator("#live-dot")).to_have_text("live")
+    page.evaluate("window.e2eSamePage = true")  # a reload would lose it
+
+    # No worker yet: the page is quiet meanwhile, and must keep its socket (the server must not
+    # drop it when nothing is sent for a while; the channel layer's blocking read waits 5 s).
+    quiet_since = time.monotonic()
+    celery_worker_factory()
+    page.wait_for_timeout(max(0.0, QUIET_S - (time.monotonic() - quiet_since)) * 1000)
+    assert len(sockets) == 1 and not sockets[0].is_closed(), "the server dropped a quiet websocket"
+
+    # The charts fill in live: points appended as the worker reports them, with no reload, the
+    # figures and the status following.
     first = wait_for_plotted(page, 0)
     expect(page.locator("#run-status")).to_have_text("running")
     wait_for_plotted(page, first + 1)
@@ -89,13 +97,14 @@ def test_launch_the_quick_demo_watch_it_live_read_rollouts_and_stop_it(
     expect(page.locator(".charts-empty")).to_have_count(0)
     expect(page.locator("#charts .chart .main-svg").first).to_be_visible()
     # System metrics are numbered by Unix time: a time axis, not 1.7e9 "steps".
-    page.wait_for_function("window.rftRunPage.board.charts.get('system/cpu_percent')?.drawn")
-    assert page.evaluate("window.rftRunPage.board.charts.get('system/cpu_percent').element.layout.xaxis.type") == "date"
+    cpu = "window.rftRunPage.board.charts.get('system/cpu_percent')"
+    page.wait_for_function(f"{cpu}?.drawn")
+    assert page.evaluate(f"{cpu}.element.layout.xaxis.type") == "date"
     # All on one websocket.
     assert [socket.url.split("/", 3)[-1] for socket in sockets] == [f"ws/runs/{run.pk}/"]
     assert not sockets[0].is_closed()
     ARTIFACTS.mkdir(exist_ok=True)
-    page.screenshot(path=ARTIFACTS / "run-page-live.png", full_page=True)
+    page.screenshot(path=ARTIFACTS / "run-page-live.png")
 
     # The rollout browser shows what the model wrote.
     page.get_by_role("link", name="Rollouts").click()
@@ -129,14 +138,7 @@ def test_launch_the_quick_demo_watch_it_live_read_rollouts_and_stop_it(
     for control in ("Stop", "Pause", "Resume"):
         expect(page.get_by_role("button", name=control)).to_be_hidden()
     run.refresh_from_db()
-    assert run.status == "stopped" and run.trainer_step < 200
-
-    # A quiet page keeps its socket: the server must not drop it when nothing is sent for a while
-    # (the channel layer's blocking read waits 5 s at a time).
-    opened = len(sockets)
-    page.wait_for_timeout(IDLE_MS)
-    assert len(sockets) == opened and not sockets[-1].is_closed()
-    expect(page.locator("#live-dot")).to_have_text("live")
+    assert run.status == "stopped" and run.trainer_step < 100
     assert page_errors == []
 
 

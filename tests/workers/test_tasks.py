@@ -152,7 +152,7 @@ def test_a_killed_worker_is_replaced_and_nothing_is_lost_or_duplicated(celery_wo
     assert killed_at < steps
 
     celery_worker_factory()
-    wait_for(lambda: tasks.watchdog() == [run.pk], timeout=60, what="the watchdog to notice")
+    wait_for(lambda: tasks.watchdog() == [(run.pk, "loop")], timeout=60, what="the watchdog to notice")
     wait_for(lambda: finished(run), what="completion after the kill")
     assert run.status == "completed", run.error
     assert run.trainer_step == steps
@@ -190,3 +190,24 @@ def test_synchronisation_modes_on_a_worker(celery_worker_factory, researcher, sy
     assert run.status == "completed", run.error
     trained = [v for v in run.metrics.filter(role="trainer", step__gte=2).order_by("step").values_list("values", flat=True)]
     assert len(trained) == 4 and all("staleness_max" in s and expected(s) for s in trained), trained
+
+
+def test_explorer_and_trainer_on_separate_workers(celery_worker_factory, researcher):
+    """Checkpoint sync: the roles run on an `explore` worker and a `train` worker, and still
+    train synchronously: explorer step t used exactly version t (offset 0, interval 1)."""
+    make_taskset()
+    celery_worker_factory(queues="default,explore")
+    celery_worker_factory(queues="train")
+    steps = 4
+    run = services.launch_run(researcher, "split", grpo_config(steps, method="checkpoint"))
+    wait_for(lambda: finished(run), what="completion")
+    assert run.status == "completed", run.error
+    assert run.trainer_step == steps and run.model_version >= steps
+    heartbeats = run.heartbeats
+    assert heartbeats["explorer"]["worker"] != heartbeats["trainer"]["worker"]  # two processes
+    explored = dict(run.metrics.filter(role="explorer").values_list("step", "values"))
+    used_versions = [explored[step]["model_version"] for step in sorted(explored)]
+    assert used_versions[: steps] == list(range(steps))  # step t (1-based t+1) rolled out with version t
+    trained = run.metrics.filter(role="trainer").values_list("values", flat=True)
+    assert all(v["staleness_max"] == 0 for v in trained)
+    assert Experience.objects.filter(run=run, status="consumed").count() == steps * TASKS * REPEATS

@@ -49,8 +49,20 @@ def memory_stores(config, echo=None) -> Stores:
     )
 
 
+EXPLORER, TRAINER = "explorer", "trainer"
+
+
+def roles_of(config) -> tuple[str, ...]:
+    """The roles a run's mode needs."""
+    return {"both": (EXPLORER, TRAINER), "explore": (EXPLORER,), "bench": (EXPLORER,), "train": (TRAINER,)}[config.mode]
+
+
 class Loop:
-    def __init__(self, config, stores: Stores, work_dir: str | Path):
+    """Explorer and trainer of a run. `roles` limits this process to one of them when the other
+    runs elsewhere (checkpoint sync): see `run_explorer` and `run_trainer`."""
+
+    def __init__(self, config, stores: Stores, work_dir: str | Path, roles: tuple[str, ...] | None = None):
+        roles = roles or roles_of(config)
         torch.manual_seed(config.seed)
         self.config = config
         self.stores = stores
@@ -68,7 +80,7 @@ class Loop:
         )
 
         engine = None
-        if config.mode != "train":
+        if EXPLORER in roles:
             rollout_model = load_policy(model.path, device, pick_dtype(device, model.dtype))
             engine = build_engine(config.explorer.engine, rollout_model, tokenizer)
         self.workflow = WORKFLOWS.get(config.explorer.workflow)(
@@ -86,7 +98,7 @@ class Loop:
             )
 
         self.trainer = None
-        if config.mode in ("both", "train"):
+        if TRAINER in roles:
             self.trainer = Trainer(
                 config,
                 load_policy(model.path, device),
@@ -132,6 +144,34 @@ class Loop:
         if evaluating:  # the final weights, which no explorer step has pulled yet
             self.sync.pull(self.explorer.engine, self.sync.latest_version())
             self.explorer.evaluate()
+        self.save()
+        return "completed"
+
+    def run_explorer(self, should_stop, wait) -> str:
+        """The explorer alone, its trainer in another process: each step waits until the version
+        it needs is published. Runs until should_stop() (the trainer has finished, or a stop)."""
+        while not should_stop():
+            if self.sync.latest_version() < self.sync.required_version(self.explorer.step):
+                wait()
+                continue
+            self.explore()
+        return "stopped"
+
+    def run_trainer(self, should_stop, explored_steps, wait) -> str:
+        """The trainer alone, its explorer in another process: trainer step s + 1 waits until
+        explorer step s is done (`explored_steps()` counts them), as in the single-process loop."""
+        total = self.config.trainer.total_steps
+        while self.trainer.step < total:
+            if self.spec.uses_rollouts and explored_steps() <= self.trainer.step:
+                if should_stop():
+                    self.save()
+                    return "stopped"
+                wait()
+                continue
+            self.train()
+            if should_stop() and self.trainer.step < total:
+                self.save()
+                return "stopped"
         self.save()
         return "completed"
 

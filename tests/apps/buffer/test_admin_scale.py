@@ -1,0 +1,85 @@
+"""The curation admin on a buffer of 200,000 generated experiences (bench/admin_changelist.py makes
+them, and prints the same figures): the changelist answers with a bounded number of queries in
+under a second of server time, and bulk actions change exactly the selected rows."""
+
+import statistics
+import time
+
+import pytest
+from django.db import connection
+from django.db.models import Q
+from django.test.utils import CaptureQueriesContext
+
+from apps.buffer.models import Experience
+from bench.admin_changelist import changelist_cases, generate_buffer
+
+pytestmark = pytest.mark.slow
+
+ROWS = 200_000
+MAX_QUERIES = 8  # session, user, 2 permission lookups, run filter, capped count (+ estimate), page
+
+
+@pytest.fixture(scope="module")
+def big_buffer(django_db_setup, django_db_blocker):
+    """Generated once for the module and committed; each test's changes are rolled back."""
+    from apps.accounts.services import create_user
+    from apps.runs.models import Run
+
+    with django_db_blocker.unblock():
+        owner = create_user("scale-owner", "scale-password-123")
+        runs = generate_buffer(ROWS, owner)
+        yield runs
+        with connection.cursor() as cursor:
+            cursor.execute("TRUNCATE buffer_experience, feedback_feedback")
+        Run.objects.filter(pk__in=[run.pk for run in runs]).delete()
+        owner.delete()
+
+
+def server_seconds(client, url: str, repeat: int = 5) -> tuple[float, int]:
+    client.get(url)  # warm: templates, session, permissions
+    seconds, queries = [], 0
+    for _ in range(repeat):
+        with CaptureQueriesContext(connection) as captured:
+            start = time.perf_counter()
+            response = client.get(url)
+            seconds.append(time.perf_counter() - start)
+        assert response.status_code == 200, url
+        queries = len(captured)
+    return statistics.median(seconds), queries
+
+
+def test_changelist_with_filters_and_search_is_fast(big_buffer, curator_client):
+    assert Experience.objects.count() == ROWS
+    for name, url in changelist_cases(big_buffer[0]).items():
+        seconds, queries = server_seconds(curator_client, url)
+        print(f"{name}: {seconds * 1000:.0f} ms, {queries} queries")
+        assert queries <= MAX_QUERIES, (name, queries)
+        assert seconds < 1.0, (name, seconds)
+
+
+def test_select_across_changes_exactly_the_rows_the_filters_match(big_buffer, curator_client):
+    run = big_buffer[0]
+    query = f"?run__id__exact={run.pk}&status__exact=raw&q=word7"
+    word7 = Q(prompt_text__regex=r"\mword7\M") | Q(response_text__regex=r"\mword7\M")  # what the search finds
+    matching = set(Experience.objects.filter(word7, run=run, status="raw").values_list("pk", flat=True))
+    before = set(Experience.objects.filter(status="rejected").values_list("pk", flat=True))
+    assert 100 < len(matching) < 10_000 and not matching & before
+    page = curator_client.get("/admin/buffer/experience/" + query).context["cl"].result_list
+
+    response = curator_client.post(
+        "/admin/buffer/experience/" + query,
+        {"action": "mark_rejected", "_selected_action": [row.pk for row in page], "select_across": 1, "confirm": "yes"},
+    )
+
+    assert response.status_code == 302
+    assert set(Experience.objects.filter(status="rejected").values_list("pk", flat=True)) == before | matching
+
+
+def test_page_selection_changes_exactly_the_checked_rows(big_buffer, curator_client):
+    page = curator_client.get("/admin/buffer/experience/?q=word3").context["cl"].result_list
+    checked = [row.pk for row in page][::3]
+    curator_client.post(
+        "/admin/buffer/experience/?q=word3",
+        {"action": "set_priority", "_selected_action": checked, "select_across": 0, "confirm": "yes", "priority": "9"},
+    )
+    assert set(Experience.objects.filter(priority=9).values_list("pk", flat=True)) == set(checked)

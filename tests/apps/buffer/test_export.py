@@ -1,0 +1,191 @@
+"""Exports of experiences and feedback (JSONL, Parquet), their round trip through the importer,
+the admin's export action and download, and flat memory while exporting."""
+
+import json
+import math
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from django.urls import reverse
+
+from apps.buffer import services
+from apps.buffer.models import BufferJob, Experience
+from apps.feedback.models import Feedback
+
+CHANGELIST = "/admin/buffer/experience/"
+# What an import keeps of an exported experience (source, status, run, task and ids are the
+# importing buffer's own: an import is expert data).
+KEPT = (
+    "prompt_text",
+    "response_text",
+    "messages",
+    "prompt_ids",
+    "response_ids",
+    "action_mask",
+    "logprobs",
+    "reward",
+    "reward_components",
+    "group_id",
+    "rollout_index",
+    "model_version",
+    "priority",
+    "metadata",
+)
+
+
+@pytest.fixture
+def varied(make_experience):
+    """Experiences with everything an export has to carry exactly."""
+    return [
+        make_experience(
+            prompt_ids=[0, 2**31 - 1, -(2**31)],
+            response_ids=[5, 150_000],
+            action_mask=[1, 0],
+            logprobs=[-1.2345678, -math.inf],
+            reward=0.1 + 0.2,
+            reward_components={"exact_match": 1.0, "format": -0.25},
+            metadata={"finish_reason": "stop", "nested": {"list": [1, "two", None]}},
+            priority=1.5,
+            model_version=3,
+        ),
+        make_experience(
+            prompt_text="Hello\nworld — ünïcode \U0001f600",
+            response_text="",
+            response_ids=[],
+            action_mask=[],
+            logprobs=None,
+            reward=None,
+            reward_components={},
+            messages=[
+                {"role": "system", "content": "Be brief."},
+                {"role": "user", "content": "Hi"},
+                {"role": "assistant", "content": "Hello", "tool_calls": []},
+            ],
+        ),
+        make_experience(
+            run=None,
+            task=None,
+            prompt_ids=None,
+            response_ids=None,
+            action_mask=None,
+            logprobs=None,
+            source="expert",
+            status="rejected",
+            reward=-2.0,
+        ),
+    ]
+
+
+def export(queryset, fmt, tmp_path) -> Path:
+    job = services.run_job(services.start_export(queryset, fmt=fmt).pk)
+    assert job.status == "succeeded", job.error
+    return Path(job.output.path)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_round_trip_gives_identical_experiences(varied, fmt, tmp_path, curator):
+    path = export(Experience.objects.order_by("pk"), fmt, tmp_path)
+
+    created = services.import_expert_data(path, layout="sft", user=curator)
+
+    assert created == len(varied)
+    imported = list(Experience.objects.exclude(pk__in=[e.pk for e in varied]).order_by("pk"))
+    for original, copy in zip(varied, imported, strict=True):
+        original.refresh_from_db()
+        for name in KEPT:
+            assert getattr(copy, name) == getattr(original, name), name
+        assert (copy.source, copy.status, copy.run_id, copy.task_id) == ("expert", "ready", None, None)
+
+
+def test_jsonl_export_is_one_object_a_line_with_every_field(varied, tmp_path):
+    path = export(Experience.objects.filter(pk=varied[0].pk), "jsonl", tmp_path)
+    [line] = path.read_text(encoding="utf-8").splitlines()
+    record = json.loads(line)
+    assert record["prompt"] == varied[0].prompt_text and record["response"] == varied[0].response_text
+    assert record["response_ids"] == [5, 150_000] and record["logprobs"][1] == -math.inf
+    assert record["run"] == varied[0].run_id and record["task"] == varied[0].task_id and record["source"] == "rollout"
+    assert "-Infinity" in line
+
+
+def test_parquet_export_has_typed_columns(varied, tmp_path):
+    path = export(Experience.objects.order_by("pk"), "parquet", tmp_path)
+    table = pq.read_table(path)
+    assert table.schema.field("response_ids").type.value_type == pa.int32()
+    assert table.schema.field("logprobs").type.value_type == pa.float32()
+    assert table.column("reward").to_pylist()[2] == -2.0
+    assert json.loads(table.column("metadata").to_pylist()[0])["nested"] == {"list": [1, "two", None]}
+
+
+def test_export_action_and_download(curator_client, varied):
+    selected = [varied[0].pk, varied[2].pk]
+    data = {"action": "export_selection", "_selected_action": selected, "select_across": 0}
+    page = curator_client.post(CHANGELIST, data | {"index": 0})
+    assert page.status_code == 200 and page.context["count"] == 2
+    response = curator_client.post(CHANGELIST, data | {"confirm": "yes", "format": "jsonl"})
+    job_id = int(response["Location"].rstrip("/").split("/")[-2])
+    job = services.run_job(job_id)
+    assert job.result["exported"] == 2 and job.rows_total == 2
+
+    assert services.export_filename(job) in curator_client.get(response["Location"]).content.decode()
+    download = curator_client.get(reverse("admin:buffer_bufferjob_download", args=[job_id]))
+    assert download["Content-Disposition"] == f'attachment; filename="experiences-{job_id}.jsonl"'
+    assert [json.loads(line)["id"] for line in b"".join(download.streaming_content).splitlines()] == selected
+
+    curator_client.post(reverse("admin:buffer_bufferjob_delete", args=[job_id]), {"post": "yes"})
+    assert not Path(job.output.path).exists() and not BufferJob.objects.exists()
+
+
+def test_a_failed_export_leaves_no_file(varied, monkeypatch, media_root):
+    def broken(row):
+        raise RuntimeError("disk full")
+
+    monkeypatch.setitem(services.EXPORTS, "experiences", (*services.EXPORTS["experiences"][:2], broken))
+    job = services.start_export(Experience.objects.all(), fmt="jsonl")
+    with pytest.raises(RuntimeError):
+        services.run_job(job.pk)
+    job.refresh_from_db()
+    assert job.status == "failed" and "disk full" in job.error and not job.output
+    assert not list(media_root.glob("buffer-jobs/*"))
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_feedback_export_and_preferences_import_back_as_dpo_pairs(make_experience, annotator, curator, fmt, tmp_path):
+    chosen, rejected, rated = (
+        make_experience(response_text="good"),
+        make_experience(response_text="bad"),
+        make_experience(),
+    )
+    Feedback.objects.create(experience=chosen, user=annotator, kind="preference", other=rejected, seconds_spent=4.0)
+    Feedback.objects.create(experience=rated, user=annotator, kind="rating", value=0.75, comment="fine")
+
+    path = export(Feedback.objects.order_by("pk"), fmt, tmp_path)
+
+    rows = pq.read_table(path).to_pylist() if fmt == "parquet" else [json.loads(line) for line in path.open()]
+    preference, rating = rows
+    assert (preference["kind"], preference["chosen"], preference["rejected"], preference["user"]) == (
+        "preference",
+        "good",
+        "bad",
+        "ann",
+    )
+    assert (rating["value"], rating["comment"], rating["response"], rating["chosen"]) == (
+        0.75,
+        "fine",
+        rated.response_text,
+        None,
+    )
+
+    preferences_only = export(Feedback.objects.filter(kind="preference"), fmt, tmp_path)
+    assert services.import_expert_data(preferences_only, layout="dpo", user=curator) == 2
+    pair = Feedback.objects.get(user=curator)
+    assert (pair.experience.response_text, pair.other.response_text) == ("good", "bad")
+
+
+def test_export_reads_the_selection_in_chunks(make_experience, monkeypatch, tmp_path):
+    rows = [make_experience() for _ in range(7)]
+    monkeypatch.setattr(services, "CHUNK_ROWS", 3)
+    path = export(Experience.objects.all(), "parquet", tmp_path)
+    assert pq.ParquetFile(path).metadata.num_row_groups == 3  # one a chunk
+    assert pq.read_table(path).column("id").to_pylist() == [row.pk for row in rows]

@@ -1,0 +1,89 @@
+"""Jobs outside a test transaction: progress is visible while the job's own transaction is still
+open, and a real Celery worker on the `default` queue runs an export to the end."""
+
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from django.db import DEFAULT_DB_ALIAS, connections
+
+from apps.buffer import services
+from apps.buffer.models import BufferJob, Experience
+
+
+def read_elsewhere(sql: str, params) -> tuple:
+    """One row, read through a connection of its own: what another process would see."""
+    other = connections.create_connection(DEFAULT_DB_ALIAS)
+    try:
+        with other.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchone()
+    finally:
+        other.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_progress_is_visible_while_the_job_is_still_running(make_experience, monkeypatch):
+    rows = [make_experience() for _ in range(5)]
+    monkeypatch.setattr(services, "CHUNK_ROWS", 2)
+    seen = []
+    real_writer = services._progress_writer
+
+    @contextmanager
+    def observed(job):
+        with real_writer(job) as write:
+
+            def write_and_look(rows_done, bytes_done=None):
+                write(rows_done, bytes_done)
+                seen.append(
+                    read_elsewhere(
+                        "SELECT j.rows_done, (SELECT count(*) FROM buffer_experience WHERE source = 'expert') "
+                        "FROM buffer_bufferjob j WHERE j.id = %s",
+                        [job.pk],
+                    )
+                )
+
+            yield write_and_look
+
+    monkeypatch.setattr(services, "_progress_writer", observed)
+    job = services.start_promotion(Experience.objects.filter(pk__in=[row.pk for row in rows]))
+
+    job = services.run_job(job.pk)
+
+    # Each chunk's progress was committed at once; the copies only when the whole job was.
+    assert seen == [(2, 0), (4, 0), (5, 0)]
+    assert (job.status, job.rows_done, Experience.objects.filter(source="expert").count()) == ("succeeded", 5, 5)
+
+
+@pytest.mark.slow
+def test_a_celery_worker_on_the_default_queue_runs_the_export(
+    celery_worker_factory, make_experience, curator, client, settings
+):
+    settings.MEDIA_ROOT = settings.DATA_DIR / "uploads"  # where the worker writes (the test settings')
+    rows = [make_experience() for _ in range(3)]
+    celery_worker_factory(queues="default")  # no other queue: the job must be sent to `default`
+    client.force_login(curator)
+
+    response = client.post(
+        "/admin/buffer/experience/",
+        {
+            "action": "export_selection",
+            "_selected_action": [row.pk for row in rows],
+            "select_across": 0,
+            "confirm": "yes",
+            "format": "parquet",
+        },
+    )
+    job_id = int(response["Location"].rstrip("/").split("/")[-2])
+
+    deadline = time.time() + 60
+    job = BufferJob.objects.get(pk=job_id)
+    while not job.is_finished and time.time() < deadline:
+        time.sleep(0.5)
+        job.refresh_from_db()
+    try:
+        assert (job.status, job.error, job.result["exported"], job.rows_done) == ("succeeded", "", 3, 3)
+        assert Path(job.output.path).stat().st_size > 0
+    finally:
+        services.delete_jobs(BufferJob.objects.filter(pk=job_id))  # the worker wrote into the shared data dir

@@ -1,0 +1,276 @@
+"""Importing expert data (SFT and DPO layouts, JSONL and Parquet): what each row becomes, the
+bad-file corpus (a clear error, nothing kept), the import job and the admin's upload page."""
+
+import json
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.urls import reverse
+
+from apps.buffer import services
+from apps.buffer.models import BufferJob, Experience
+from apps.feedback.models import Feedback
+from apps.tasksets.importers import TasksetImportError
+
+CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 + 2?"}]
+
+
+def write_jsonl(path, rows):
+    path.write_text(
+        "".join((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in rows), encoding="utf-8"
+    )
+    return path
+
+
+def imported() -> list[Experience]:
+    return list(Experience.objects.order_by("pk"))
+
+
+def test_sft_rows_in_each_shape(tmp_path, db):
+    path = write_jsonl(
+        tmp_path / "sft.jsonl",
+        [
+            {"prompt": "What is 1 + 1?", "response": "2", "metadata": {"source": "book"}, "ignored": "x"},
+            {"prompt": CHAT, "response": "4", "reward": 1, "reward_components": {"exact_match": 1}},
+            "   ",  # blank lines are skipped
+            {"messages": [*CHAT, {"role": "assistant", "content": "Four."}], "group_id": "g", "rollout_index": 2},
+            {
+                "prompt": "p",
+                "response": "r",
+                "prompt_ids": [1, 2],
+                "response_ids": [3, 4],
+                "action_mask": [1, 0],
+                "logprobs": [-0.5, -1],
+                "model_version": 4,
+                "priority": 2,
+            },
+        ],
+    )
+
+    assert services.import_expert_data(path) == 4
+
+    text, chat, messages_only, tokens = imported()
+    for row in (text, chat, messages_only, tokens):
+        assert (row.source, row.status, row.run_id, row.task_id, row.parent_id) == ("expert", "ready", None, None, None)
+    assert (text.prompt_text, text.response_text, text.messages, text.metadata) == (
+        "What is 1 + 1?",
+        "2",
+        None,
+        {"source": "book"},
+    )
+    assert (text.prompt_ids, text.response_ids, text.reward, text.reward_components) == (None, None, None, {})
+    assert chat.prompt_text == "Be brief.\n\nWhat is 2 + 2?"
+    assert chat.messages == [*CHAT, {"role": "assistant", "content": "4"}]
+    assert (chat.reward, chat.reward_components) == (1.0, {"exact_match": 1.0})
+    assert (messages_only.prompt_text, messages_only.response_text) == ("Be brief.\n\nWhat is 2 + 2?", "Four.")
+    assert (messages_only.group_id, messages_only.rollout_index) == ("g", 2)
+    assert (tokens.prompt_ids, tokens.response_ids, tokens.action_mask, tokens.logprobs) == (
+        [1, 2],
+        [3, 4],
+        [1, 0],
+        [-0.5, -1.0],
+    )
+    assert (tokens.model_version, tokens.priority) == (4, 2.0)
+
+
+def test_sft_parquet_with_chat_structs_and_json_text(tmp_path, db):
+    path = tmp_path / "sft.parquet"
+    pq.write_table(
+        pa.table(
+            {
+                "messages": [[*CHAT, {"role": "assistant", "content": "4"}], None],
+                "prompt": [None, "Name a colour."],
+                "response": [None, "red"],
+                "response_ids": pa.array([[7, 8], None], pa.list_(pa.int32())),
+                "metadata": ['{"k": [1, 2]}', None],
+                "unused": [1, 2],
+            }
+        ),
+        path,
+    )
+
+    assert services.import_expert_data(path) == 2
+
+    chat, text = imported()
+    assert (chat.response_text, chat.response_ids, chat.metadata) == ("4", [7, 8], {"k": [1, 2]})
+    assert (text.prompt_text, text.response_text, text.messages) == ("Name a colour.", "red", None)
+
+
+@pytest.mark.parametrize("suffix", ["jsonl", "parquet"])
+def test_dpo_rows_become_two_experiences_and_a_preference(tmp_path, curator, suffix):
+    rows = [
+        {"prompt": "Say hi", "chosen": "Hi!", "rejected": "Go away.", "metadata": {"batch": 1}},
+        {"prompt": CHAT, "chosen": "4", "rejected": "5", "metadata": None},
+    ]
+    path = tmp_path / f"pairs.{suffix}"
+    if suffix == "jsonl":
+        write_jsonl(path, rows)
+    else:
+        # A Parquet column has one type: the text prompt goes in as a one-message chat.
+        prompts = [[{"role": "user", "content": "Say hi"}], CHAT]
+        pq.write_table(
+            pa.table(
+                {
+                    "prompt": prompts,
+                    "chosen": [row["chosen"] for row in rows],
+                    "rejected": [row["rejected"] for row in rows],
+                }
+            ),
+            path,
+        )
+
+    assert services.import_expert_data(path, layout="dpo", user=curator) == 4
+
+    chosen, rejected, chat_chosen, chat_rejected = imported()
+    assert (chosen.response_text, chosen.status, rejected.response_text, rejected.status) == (
+        "Hi!",
+        "ready",
+        "Go away.",
+        "rejected",
+    )
+    assert chosen.group_id == rejected.group_id != chat_chosen.group_id
+    assert (chosen.rollout_index, rejected.rollout_index) == (0, 1)
+    assert rejected.metadata["preference"] == "rejected"
+    assert chat_rejected.messages == [*CHAT, {"role": "assistant", "content": "5"}]
+    preferences = list(Feedback.objects.order_by("pk").values_list("experience_id", "other_id", "user_id", "kind"))
+    assert preferences == [
+        (chosen.pk, rejected.pk, curator.pk, "preference"),
+        (chat_chosen.pk, chat_rejected.pk, curator.pk, "preference"),
+    ]
+
+
+def test_dpo_needs_a_user(tmp_path, db):
+    path = write_jsonl(tmp_path / "pairs.jsonl", [{"prompt": "p", "chosen": "a", "rejected": "b"}])
+    with pytest.raises(TasksetImportError, match="needs a user"):
+        services.import_expert_data(path, layout="dpo")
+
+
+BAD_SFT_ROWS = [
+    ({"prompt": "p"}, "needs 'prompt' and 'response'"),
+    ({"response": "r"}, "needs a 'prompt'"),
+    ({"prompt": "", "response": "r"}, "'prompt' is empty"),
+    ({"prompt": "p", "response": 4}, "'response' must be a string, got a number"),
+    ({"messages": [{"role": "user", "content": "hi"}]}, "must end with the assistant's reply"),
+    ({"messages": [{"role": "user"}, {"role": "assistant", "content": "x"}]}, "message 1 has no string 'content'"),
+    ({"messages": "[not json"}, "'messages' is text but not valid JSON"),
+    ({"prompt": "p", "response": "r", "response_ids": [1, 2.5]}, "'response_ids'[1] is 2.5, not a 32-bit integer"),
+    ({"prompt": "p", "response": "r", "response_ids": [2**31]}, "not a 32-bit integer"),
+    (
+        {"prompt": "p", "response": "r", "response_ids": [1], "action_mask": [1, 1]},
+        "'action_mask' has 2 entries for 1 response tokens",
+    ),
+    ({"prompt": "p", "response": "r", "response_ids": [1], "action_mask": [2]}, "a mask holds 0 and 1"),
+    ({"prompt": "p", "response": "r", "logprobs": [-1.0]}, "'logprobs' is given without 'response_ids'"),
+    ({"prompt": "p", "response": "r", "reward": "high"}, "'reward' must be a number, got a string"),
+    ({"prompt": "p", "response": "r", "reward_components": {"a": "x"}}, "'reward_components.a' must be a number"),
+    ({"prompt": "p", "response": "r", "metadata": [1]}, "'metadata' must be an object, got an array"),
+    ({"prompt": "p", "response": "r", "rollout_index": -1}, "'rollout_index' must be a whole number"),
+    ({"prompt": "p", "response": "r", "group_id": "g" * 101}, "over the limit of 100"),
+    ({"prompt": "p", "response": "nul \x00 here"}, "NUL character"),
+]
+
+
+@pytest.mark.parametrize("bad_row, message", BAD_SFT_ROWS)
+def test_a_bad_row_is_named_and_nothing_is_kept(tmp_path, db, bad_row, message):
+    good = {"prompt": "p", "response": "r"}
+    path = write_jsonl(tmp_path / "data.jsonl", [good, good, good, bad_row])
+
+    with pytest.raises(TasksetImportError) as error:
+        services.import_expert_data(path, batch_size=2)  # the first two rows are already inserted when it fails
+
+    assert (error.value.file, error.value.line) == ("data.jsonl", 4)
+    assert message in error.value.message
+    assert not Experience.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "content, name, layout, message",
+    [
+        (b'{"prompt": "p", "response": "r"}\n{"prompt": \n', "data.jsonl", "sft", "line 2: invalid JSON"),
+        (b"[1, 2]\n", "data.jsonl", "sft", "line 1: expected a JSON object, got an array"),
+        (b"", "data.jsonl", "sft", "the file has no rows"),
+        (b"prompt,response\np,r\n", "data.csv", "sft", "csv files cannot hold expert data"),
+        (b"not parquet", "data.parquet", "sft", "not a readable Parquet file"),
+        (b'{"prompt": "p", "chosen": "a"}\n', "pairs.jsonl", "dpo", "line 1: missing 'rejected'"),
+        (b'{"prompt": "p", "response": "\xff"}\n', "data.jsonl", "sft", "not valid UTF-8"),
+    ],
+)
+def test_bad_files(tmp_path, curator, content, name, layout, message):
+    path = tmp_path / name
+    path.write_bytes(content)
+    with pytest.raises(TasksetImportError, match=message):
+        services.import_expert_data(path, layout=layout, user=curator)
+    assert not Experience.objects.exists() and not Feedback.objects.exists()
+
+
+def test_a_bad_parquet_row_is_named(tmp_path, db):
+    path = tmp_path / "data.parquet"
+    pq.write_table(pa.table({"prompt": ["a", "b", "c"], "response": ["x", None, "z"]}), path)
+    with pytest.raises(TasksetImportError, match=r"data.parquet, row 2: needs 'prompt' and 'response'"):
+        services.import_expert_data(path)
+
+
+# ---- the job and the upload page ----
+
+
+def upload(name: str, rows) -> SimpleUploadedFile:
+    return SimpleUploadedFile(name, "".join(json.dumps(row) + "\n" for row in rows).encode())
+
+
+def test_import_job_imports_and_deletes_its_upload(curator):
+    job = services.start_import(
+        upload=upload("expert.jsonl", [{"prompt": "p", "response": "r"}] * 3), layout="sft", fmt="jsonl", user=curator
+    )
+    upload_path = job.upload.path
+
+    job = services.run_job(job.pk)
+
+    assert (job.status, job.result, job.rows_done, job.bytes_done, job.percent) == (
+        "succeeded",
+        {"imported": 3},
+        3,
+        0,
+        100,
+    )
+    assert Experience.objects.count() == 3 and not job.upload
+    import os
+
+    assert not os.path.exists(upload_path)
+
+
+def test_failed_import_job_holds_the_error(curator):
+    job = services.start_import(upload=upload("bad.jsonl", [{"prompt": "p"}]), layout="sft", fmt="jsonl", user=curator)
+    job = services.run_job(job.pk)
+    assert job.status == "failed" and job.error.startswith("bad.jsonl, line 1: needs 'prompt' and 'response'")
+    assert not Experience.objects.exists()
+    assert services.run_job(job.pk).status == "failed"  # a redelivered task leaves a finished job alone
+
+
+def test_upload_page(curator_client, curator):
+    url = reverse("admin:buffer_experience_import")
+    assert "Import expert data" in curator_client.get(url).content.decode()
+    assert "Import expert data" in curator_client.get("/admin/buffer/experience/").content.decode()
+
+    bad = curator_client.post(url, {"file": SimpleUploadedFile("x.txt", b"{}"), "layout": "sft", "format": "auto"})
+    assert bad.status_code == 200 and "unknown format" in bad.content.decode()
+
+    response = curator_client.post(
+        url,
+        {
+            "file": upload("pairs.jsonl", [{"prompt": "p", "chosen": "a", "rejected": "b"}]),
+            "layout": "dpo",
+            "format": "auto",
+        },
+    )
+    job = BufferJob.objects.get()
+    assert response["Location"] == reverse("admin:buffer_bufferjob_change", args=[job.pk])
+    assert (job.kind, job.params, job.original_filename, job.created_by) == (
+        "import",
+        {"layout": "dpo", "format": "jsonl"},
+        "pairs.jsonl",
+        curator,
+    )
+    assert services.run_job(job.pk).result == {"imported": 2}
+    assert "pairs.jsonl" in curator_client.get(response["Location"]).content.decode()
