@@ -99,10 +99,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=6)
     steps = parser.parse_args().steps
-    alone = headless(steps)
+    # Headless before and after the stack, so a change in the machine's load shows up as a spread.
+    before = headless(steps)
     stack = full_stack(steps)
+    after = headless(steps)
+    alone = (before + after) / 2
     print(f"GRPO, tiny model, 16 tasks x 8 samples, 32 new tokens, {steps} steps (explore + train each)")
-    print(f"{'headless engine':>18}: {alone:6.2f} s/step")
+    print(f"{'headless engine':>18}: {alone:6.2f} s/step   (before {before:.2f}, after {after:.2f})")
     print(f"{'full stack':>18}: {stack:6.2f} s/step   overhead {stack - alone:+.2f} s/step ({(stack / alone - 1) * 100:+.0f}%)")
 
 
