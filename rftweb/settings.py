@@ -115,6 +115,9 @@ CELERY_BEAT_SCHEDULE = {"watchdog": {"task": "workers.tasks.watchdog", "schedule
 # A run's worker beats every INTERVAL seconds; one silent for TIMEOUT seconds is presumed dead.
 RFTWEB_HEARTBEAT_INTERVAL = float(os.environ.get("RFTWEB_HEARTBEAT_INTERVAL", 10))
 RFTWEB_HEARTBEAT_TIMEOUT = float(os.environ.get("RFTWEB_HEARTBEAT_TIMEOUT", 120))
+# Annotation queue: how long an annotator holds an item, and how many annotators judge each one.
+RFTWEB_ANNOTATION_LOCK_SECONDS = float(os.environ.get("RFTWEB_ANNOTATION_LOCK_SECONDS", 300))
+RFTWEB_JUDGEMENTS_PER_ITEM = int(os.environ.get("RFTWEB_JUDGEMENTS_PER_ITEM", 1))
 CELERY_TASK_SERIALIZER = "json"
 CELERY_RESULT_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]

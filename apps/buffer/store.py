@@ -2,7 +2,7 @@
 from collections.abc import Sequence
 
 from django.db import transaction
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from apps.feedback.models import Feedback
@@ -108,6 +108,7 @@ class DjangoExperienceBuffer:
         """Human preferences on this run's experiences; least used first (a use is counted on the chosen row)."""
         prefs = list(
             Feedback.objects.filter(kind=Feedback.Kind.PREFERENCE, experience__run_id=self.run_id)
+            .filter(Q(value=1.0) | Q(value__isnull=True))  # a verdict; ties and "both bad" are no pair
             .select_related("experience", "other")
             .order_by("experience__use_count", "id")[:n]
         )

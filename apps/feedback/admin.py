@@ -1,4 +1,5 @@
 from django.contrib import admin
+from django.db.models import Q
 from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.text import Truncator
@@ -9,6 +10,25 @@ from apps.buffer.counts import EstimatedCountPaginator
 from .models import Feedback
 
 
+class DpoPairFilter(admin.SimpleListFilter):
+    """Preferences that say `experience` beat `other` (value 1; older rows have no value): what
+    DPO trains on, and what a DPO export file holds."""
+
+    title = "DPO pair"
+    parameter_name = "dpo_pair"
+
+    def lookups(self, request, model_admin):
+        return [("yes", "Yes"), ("no", "No")]
+
+    def queryset(self, request, queryset):
+        pair = Q(kind=Feedback.Kind.PREFERENCE) & (Q(value=1.0) | Q(value__isnull=True))
+        if self.value() == "yes":
+            return queryset.filter(pair)
+        if self.value() == "no":
+            return queryset.exclude(pair)
+        return queryset
+
+
 @admin.register(Feedback)
 class FeedbackAdmin(admin.ModelAdmin):
     list_display = (
@@ -17,12 +37,13 @@ class FeedbackAdmin(admin.ModelAdmin):
         "kind",
         "user",
         "value",
+        "label",
         "other_link",
         "short_comment",
         "seconds_spent",
         "updated_at",
     )
-    list_filter = ("kind", "user")
+    list_filter = ("kind", DpoPairFilter, "user")
     search_fields = ("comment", "edited_text", "user__username")
     list_select_related = ("user",)
     raw_id_fields = ("experience", "other")

@@ -6,15 +6,18 @@ class Feedback(models.Model):
     """A human judgement of an experience; one per (experience, user, kind), updated in place."""
 
     class Kind(models.TextChoices):
-        RATING = "rating"  # value: the reward override in [0, 1]
+        RATING = "rating"  # value: the rating mapped to [0, 1]; label: the point of the scale chosen
         EDIT = "edit"  # edited_text: a corrected response, becomes a human_edit experience
-        PREFERENCE = "preference"  # other: the experience this one was preferred over (a DPO pair)
-        FLAG = "flag"  # excluded from training
+        # experience was preferred over `other` (value 1: a DPO pair); a tie (value 0.5) or
+        # "both bad" (value 0) is recorded for agreement but is no pair to train on.
+        PREFERENCE = "preference"
+        FLAG = "flag"  # excluded from training; label: why (wrong, harmful, garbled)
 
     experience = models.ForeignKey("buffer.Experience", related_name="feedback", on_delete=models.CASCADE)
     user = models.ForeignKey(settings.AUTH_USER_MODEL, related_name="feedback", on_delete=models.CASCADE)
     kind = models.CharField(max_length=10, choices=Kind.choices)
     value = models.FloatField(null=True, blank=True)
+    label = models.CharField(max_length=20, blank=True, help_text="the scale point, comparison verdict or flag reason")
     edited_text = models.TextField(blank=True)
     other = models.ForeignKey(
         "buffer.Experience", null=True, blank=True, related_name="preferred_over_by", on_delete=models.CASCADE
@@ -33,3 +36,28 @@ class Feedback(models.Model):
                 name="feedback_preference_has_other",
             ),
         ]
+
+
+class AnnotationLock(models.Model):
+    """An annotator is working on an experience until `expires_at`: the queue hands the item to
+    nobody else (beyond the judgements per item still wanted), and others cannot judge it."""
+
+    experience = models.ForeignKey("buffer.Experience", related_name="annotation_locks", on_delete=models.CASCADE)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, related_name="annotation_locks", on_delete=models.CASCADE)
+    expires_at = models.DateTimeField(db_index=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["experience", "user"], name="annotation_lock_one_per_user")]
+
+
+class SetAside(models.Model):
+    """An annotator skipped an experience (never offered to them again) or postponed it (offered
+    to them after everything else)."""
+
+    experience = models.ForeignKey("buffer.Experience", related_name="set_aside", on_delete=models.CASCADE)
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, related_name="set_aside", on_delete=models.CASCADE)
+    postponed = models.BooleanField(default=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["experience", "user"], name="set_aside_one_per_user")]

@@ -1,13 +1,361 @@
-"""State changes from human judgements."""
-from django.db import transaction
+"""State changes from human judgements, and the annotation queue that hands out what to judge.
 
-from .models import Feedback
+Every operation that hands out or judges an item first locks the experience's row
+(SELECT … FOR UPDATE), then counts its judges and annotation locks in fresh statements: two
+annotators racing for the last place on an item are serialised by that row lock, so an item is
+never judged by more annotators than `RFTWEB_JUDGEMENTS_PER_ITEM` asks for. The queue takes its
+candidates with SKIP LOCKED, so concurrent annotators are handed different items without waiting.
+"""
+import functools
+from datetime import timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
+from django.db.models.functions import Abs
+from django.utils import timezone
+
+from apps.buffer.models import Experience
+
+from . import live
+from .models import AnnotationLock, Feedback, SetAside
+
+Status = Experience.Status
+
+# Queue strategies: which experience of the run an annotator judges next.
+NEWEST = "newest"  # what the explorer wrote last: feedback on the current policy
+LOWEST_CONFIDENCE = "lowest_confidence"  # unscored first, then rewards nearest 0.5, where the reward fn is least sure
+RANDOM = "random"  # an unbiased sample, e.g. for measuring agreement
+GROUND_TRUTH_FIRST = "ground_truth_first"  # tasks with a known answer first: annotators can be checked against it
+STRATEGIES = {
+    NEWEST: "Newest first",
+    LOWEST_CONFIDENCE: "Lowest-confidence reward first",
+    RANDOM: "Random",
+    GROUND_TRUTH_FIRST: "Ground truth first",
+}
+
+# Rating scales: each point's label (what the annotator presses, in order: digit 1 is the first)
+# and the human reward it stands for.
+SCALES = {
+    "1-5": {"1": 0.0, "2": 0.25, "3": 0.5, "4": 0.75, "5": 1.0},
+    "good-bad": {"bad": 0.0, "good": 1.0},
+}
+DEFAULT_SCALE = "1-5"
+HUMAN_REWARD = "human"  # the reward component that holds the mean human rating
+
+VERDICTS = {"a_better": "A is better", "b_better": "B is better", "tie": "Tie", "both_bad": "Both bad"}
+# The preference row's value: 1 makes (experience, other) a DPO pair; the others are no pair.
+VERDICT_VALUES = {"a_better": 1.0, "b_better": 1.0, "tie": 0.5, "both_bad": 0.0}
+FLAG_REASONS = {"wrong": "Wrong", "harmful": "Harmful", "garbled": "Garbled"}
+MAX_EDIT_CHARS = 20_000
+MAX_SECONDS_SPENT = 3600.0  # a page left open overnight is not an hour's work per item
+QUEUED_SOURCES = (Experience.Source.ROLLOUT, Experience.Source.SYNTHETIC)  # what the model wrote
+CANDIDATES = 20  # rows the queue locks at once; it walks them in the strategy's order
+
+
+class FeedbackError(Exception):
+    """A judgement or queue request that cannot be done; the message says why, for the annotator."""
+
+
+def rating_scale(run) -> dict[str, float]:
+    """The run's rating scale: `feedback.scale` of its config, else 1–5."""
+    name = (run.config or {}).get("feedback", {}).get("scale", DEFAULT_SCALE) if run else DEFAULT_SCALE
+    return SCALES.get(name, SCALES[DEFAULT_SCALE])
+
+
+def judgements_per_item() -> int:
+    return settings.RFTWEB_JUDGEMENTS_PER_ITEM
+
+
+def _lock_expiry():
+    return timezone.now() + timedelta(seconds=settings.RFTWEB_ANNOTATION_LOCK_SECONDS)
+
+
+# -- who holds and who judged an item ---------------------------------------------------------------
+
+
+def _judged(experience_id, user_id=None):
+    """Feedback on the experience, counting a comparison for both of its responses."""
+    rows = Feedback.objects.filter(Q(experience_id=experience_id) | Q(other_id=experience_id))
+    return rows if user_id is None else rows.filter(user_id=user_id)
+
+
+def _live_locks(experience_id):
+    return AnnotationLock.objects.filter(experience_id=experience_id, expires_at__gt=timezone.now())
+
+
+def _places_left(experience_id: int, user=None) -> int:
+    """How many more annotators may take the item, leaving `user`'s own lock and judgements out
+    of the count. Call with its row locked."""
+    me = user.pk if user is not None else None
+    judges = set(_judged(experience_id).values_list("user_id", flat=True)) - {me}
+    holders = _live_locks(experience_id).exclude(user_id=me).exclude(user_id__in=judges).count()
+    return judgements_per_item() - len(judges) - holders
+
+
+def _locked_row(experience_id: int) -> Experience:
+    try:
+        return Experience.objects.select_for_update(of=("self",)).select_related("run").get(pk=experience_id)
+    except Experience.DoesNotExist:
+        raise FeedbackError(f"experience {experience_id} does not exist") from None
+
+
+def _check_may_judge(experience: Experience, user) -> None:
+    """Refuse a judgement that would go past the judgements per item or touch what is settled."""
+    run = experience.run
+    if experience.status == Status.CONSUMED and run is not None and run.is_finished:
+        raise FeedbackError(
+            f"experience {experience.pk} was already trained on and its run is {run.status}: it can no longer be judged"
+        )
+    if _live_locks(experience.pk).filter(user=user).exists() or _judged(experience.pk, user.pk).exists():
+        return
+    if _places_left(experience.pk, user) <= 0:
+        holders = ", ".join(
+            _live_locks(experience.pk).exclude(user=user).values_list("user__username", flat=True).order_by("user__username")
+        )
+        raise FeedbackError(
+            f"experience {experience.pk} is taken by {holders or 'other annotators'}: go on to the next item"
+            if holders
+            else f"experience {experience.pk} has all the judgements it needs: go on to the next item"
+        )
+
+
+def _judgement_done(experience: Experience, user) -> None:
+    """The user has judged the item: their lock goes, and the others watching the run hear of it."""
+    AnnotationLock.objects.filter(experience=experience, user=user).delete()
+    live.broadcast(experience.run_id, {"type": "judged", "experience": experience.pk, "user": user.username})
+
+
+def _save_feedback(experience, user, kind, seconds_spent, **fields) -> Feedback:
+    seconds = min(max(float(seconds_spent or 0.0), 0.0), MAX_SECONDS_SPENT)
+    feedback, _ = Feedback.objects.update_or_create(
+        experience=experience, user=user, kind=kind, defaults={"seconds_spent": seconds, **fields}
+    )
+    return feedback
+
+
+# -- judgements -------------------------------------------------------------------------------------
 
 
 @transaction.atomic
-def give_feedback(experience, user, kind: str, **fields) -> Feedback:
-    """One feedback per (experience, user, kind): giving it again updates it."""
-    if kind == Feedback.Kind.RATING and not (0.0 <= float(fields.get("value", -1)) <= 1.0):
-        raise ValueError("a rating's value must be between 0 and 1")
-    feedback, _ = Feedback.objects.update_or_create(experience=experience, user=user, kind=kind, defaults=fields)
+def rate(experience_id: int, user, point: str, *, seconds_spent: float = 0.0, comment: str = "") -> Feedback:
+    """Rate on the run's scale; the mean of the human ratings becomes the experience's `human`
+    reward component (which the run may weight into its reward, or override it with)."""
+    experience = _locked_row(experience_id)
+    scale = rating_scale(experience.run)
+    point = str(point).strip()
+    if point not in scale:
+        raise FeedbackError(f"rating {point!r} is not on this run's scale ({', '.join(scale)})")
+    _check_may_judge(experience, user)
+    feedback = _save_feedback(
+        experience, user, Feedback.Kind.RATING, seconds_spent, value=scale[point], label=point, comment=comment
+    )
+    ratings = list(experience.feedback.filter(kind=Feedback.Kind.RATING).values_list("value", flat=True))
+    experience.reward_components = {**experience.reward_components, HUMAN_REWARD: sum(ratings) / len(ratings)}
+    experience.save(update_fields=["reward_components"])
+    _judgement_done(experience, user)
     return feedback
+
+
+@transaction.atomic
+def edit(experience_id: int, user, text: str, *, seconds_spent: float = 0.0, comment: str = "") -> Feedback:
+    """Correct the response: the edit becomes a `human_edit` experience (parent: the original),
+    ready for SFT/MIX at once. Editing again replaces the annotator's edit while it is unused."""
+    experience = _locked_row(experience_id)
+    text = text.replace("\r\n", "\n")
+    if not text.strip():
+        raise FeedbackError("the edited response is empty: write the corrected response, or skip the item")
+    if len(text) > MAX_EDIT_CHARS:
+        raise FeedbackError(f"the edited response is {len(text)} characters long; at most {MAX_EDIT_CHARS} are allowed")
+    if text == experience.response_text:
+        raise FeedbackError("the edited response is the same as the model's: change it, or rate the response instead")
+    _check_may_judge(experience, user)
+    feedback = _save_feedback(experience, user, Feedback.Kind.EDIT, seconds_spent, edited_text=text, comment=comment)
+    _store_human_edit(experience, user, text)
+    _judgement_done(experience, user)
+    return feedback
+
+
+def _store_human_edit(parent: Experience, user, text: str) -> Experience:
+    response_ids = _encode_response(parent.run, text)
+    fields = {
+        "response_text": text,
+        "response_ids": response_ids or [],
+        "action_mask": [1] * len(response_ids or []),
+        "logprobs": [],
+        # Without the run's tokenizer the row cannot be trained on yet: it waits, raw, to be tokenized.
+        "status": Status.READY if response_ids is not None else Status.RAW,
+        "metadata": {"edited_by": user.username, **({} if response_ids is not None else {"needs_tokenizing": True})},
+    }
+    unused = parent.children.filter(
+        source=Experience.Source.HUMAN_EDIT, metadata__edited_by=user.username, use_count=0, claimed_at__isnull=True
+    ).exclude(status=Status.CONSUMED).first()
+    if unused is not None:
+        for name, value in fields.items():
+            setattr(unused, name, value)
+        unused.save(update_fields=list(fields))
+        return unused
+    return Experience.objects.create(
+        run=parent.run, task=parent.task, explorer_step=parent.explorer_step, group_id=parent.group_id,
+        rollout_index=parent.rollout_index, source=Experience.Source.HUMAN_EDIT, parent=parent,
+        prompt_text=parent.prompt_text, messages=parent.messages, prompt_ids=parent.prompt_ids,
+        model_version=parent.model_version, **fields,
+    )
+
+
+def _encode_response(run, text: str) -> list[int] | None:
+    """The edit's token ids as the run's model would have produced them (ending with eos), or
+    None for a run without a model (imported data)."""
+    path = ((run.config or {}).get("model") or {}).get("path") if run else None
+    if not path:
+        return None
+    tokenizer = _tokenizer(path)
+    return tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer(path: str):
+    from workers.rft.models import load_tokenizer  # transformers: imported only when an edit needs it
+
+    return load_tokenizer(path)
+
+
+@transaction.atomic
+def compare(experience_id: int, other_id: int, user, verdict: str, *, seconds_spent: float = 0.0, comment: str = "") -> Feedback:
+    """Compare two responses to one prompt (A: the queued item, B: the other). A decisive verdict
+    is a DPO pair (the preferred response as `experience`); a tie or "both bad" is recorded with
+    value 0.5 or 0 and trains nothing."""
+    if verdict not in VERDICTS:
+        raise FeedbackError(f"unknown verdict {verdict!r}: choose one of {', '.join(VERDICTS)}")
+    if experience_id == other_id:
+        raise FeedbackError("a response cannot be compared with itself")
+    experience = _locked_row(experience_id)
+    other = _locked_row(other_id)
+    if (other.run_id, other.task_id, other.prompt_text) != (experience.run_id, experience.task_id, experience.prompt_text):
+        raise FeedbackError(f"experiences {experience.pk} and {other.pk} answer different prompts: only responses to one prompt compare")
+    _check_may_judge(experience, user)
+    chosen, rejected = (other, experience) if verdict == "b_better" else (experience, other)
+    # One verdict per annotator and pair: a changed mind replaces the earlier one, either way round.
+    Feedback.objects.filter(kind=Feedback.Kind.PREFERENCE, user=user).filter(
+        Q(experience=experience, other=other) | Q(experience=other, other=experience)
+    ).delete()
+    feedback = _save_feedback(
+        chosen, user, Feedback.Kind.PREFERENCE, seconds_spent,
+        other=rejected, value=VERDICT_VALUES[verdict], label=verdict, comment=comment,
+    )
+    _judgement_done(experience, user)
+    return feedback
+
+
+@transaction.atomic
+def flag(experience_id: int, user, reason: str, *, seconds_spent: float = 0.0, comment: str = "") -> Feedback:
+    """Flag the response (wrong, harmful, garbled): it is excluded from training."""
+    if reason not in FLAG_REASONS:
+        raise FeedbackError(f"unknown flag {reason!r}: choose one of {', '.join(FLAG_REASONS)}")
+    experience = _locked_row(experience_id)
+    _check_may_judge(experience, user)
+    feedback = _save_feedback(experience, user, Feedback.Kind.FLAG, seconds_spent, label=reason, comment=comment)
+    experience.status = Status.REJECTED
+    experience.save(update_fields=["status"])
+    _judgement_done(experience, user)
+    return feedback
+
+
+# -- the queue --------------------------------------------------------------------------------------
+
+
+def next_item(run, user, strategy: str = NEWEST) -> Experience | None:
+    """The experience of `run` the user should judge now, locked for them; None when nothing is left.
+    An item the user already holds comes back first (a reload, the back button)."""
+    if strategy not in STRATEGIES:
+        raise FeedbackError(f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
+    with transaction.atomic():
+        held = _held_item(run, user)
+        if held is not None:
+            return held
+        # Candidates were counted before their rows were locked: one can fill up meanwhile, so the
+        # count is redone under the lock, and a fresh batch is tried if a whole batch filled up.
+        for _ in range(3):
+            candidates = list(_candidates(run, user, strategy).select_for_update(skip_locked=True, of=("self",))[:CANDIDATES])
+            for experience in candidates:
+                if _places_left(experience.pk, user) > 0:
+                    _take(experience, user)
+                    return experience
+            if len(candidates) < CANDIDATES:
+                return None
+    return None
+
+
+def _held_item(run, user) -> Experience | None:
+    lock = (
+        AnnotationLock.objects.filter(user=user, experience__run=run, expires_at__gt=timezone.now())
+        .exclude(Exists(_judged(OuterRef("experience_id"), user.pk)))
+        .select_related("experience")
+        .order_by("expires_at")
+        .first()
+    )
+    if lock is None:
+        return None
+    lock.expires_at = _lock_expiry()
+    lock.save(update_fields=["expires_at"])
+    return lock.experience
+
+
+def _candidates(run, user, strategy: str):
+    items = (
+        Experience.objects.filter(run=run, source__in=QUEUED_SOURCES)
+        .exclude(status=Status.REJECTED)
+        .exclude(Exists(_judged(OuterRef("pk"), user.pk)))
+        .exclude(Exists(SetAside.objects.filter(experience=OuterRef("pk"), user=user, postponed=False)))
+        .annotate(postponed=Exists(SetAside.objects.filter(experience=OuterRef("pk"), user=user, postponed=True)))
+    )
+    if judgements_per_item() == 1:
+        # Held by someone else: a cheap first cut (the exact count is redone under the row lock).
+        others = AnnotationLock.objects.filter(experience=OuterRef("pk"), expires_at__gt=timezone.now()).exclude(user=user)
+        items = items.exclude(Exists(others))
+    if run.is_finished:
+        items = items.exclude(status=Status.CONSUMED)  # trained on, and no more training to come
+    newest = (F("explorer_step").desc(), F("pk").desc())
+    order = {
+        NEWEST: newest,
+        LOWEST_CONFIDENCE: (Abs(F("reward") - Value(0.5)).asc(nulls_first=True), *newest),
+        # Sorting every candidate is fine at queue sizes of a run; a sampled scan would be the next step.
+        RANDOM: ("?",),
+        GROUND_TRUTH_FIRST: (Case(When(task__answer__gt="", then=Value(0)), default=Value(1)), *newest),
+    }[strategy]
+    return items.order_by("postponed", *order)
+
+
+def _take(experience: Experience, user) -> None:
+    AnnotationLock.objects.update_or_create(experience=experience, user=user, defaults={"expires_at": _lock_expiry()})
+    live.broadcast(
+        experience.run_id,
+        {"type": "taken", "experience": experience.pk, "user": user.username, "places_left": _places_left(experience.pk)},
+    )
+
+
+def holders(experience: Experience, user) -> list[str]:
+    """Other annotators holding the experience now, for the page to show."""
+    return list(
+        _live_locks(experience.pk).exclude(user=user).order_by("user__username").values_list("user__username", flat=True)
+    )
+
+
+@transaction.atomic
+def take(experience_id: int, user) -> Experience:
+    """Lock an item the user opened directly (a link from the rollout browser), if places are left."""
+    experience = _locked_row(experience_id)
+    _check_may_judge(experience, user)
+    if not _judged(experience.pk, user.pk).exists():
+        _take(experience, user)
+    return experience
+
+
+@transaction.atomic
+def set_aside(experience_id: int, user, *, postpone: bool) -> None:
+    """Skip (never offer it to this user again) or postpone (offer it after everything else);
+    either way the user's lock goes, and the item is free for others."""
+    experience = _locked_row(experience_id)
+    SetAside.objects.update_or_create(experience=experience, user=user, defaults={"postponed": postpone})
+    if AnnotationLock.objects.filter(experience=experience, user=user).delete()[0]:
+        live.broadcast(experience.run_id, {"type": "released", "experience": experience.pk, "user": user.username})

@@ -78,6 +78,17 @@ class ChartBoard {
     this.sections = new Map(); // section title -> {element, grid}
     this.colors = new Map(); // series name -> colour, the same in every chart
     this.redrawQueue = new Set();
+    // Plotly takes ~0.1 s a chart whatever its length: only charts near the viewport are drawn;
+    // the others are drawn as they scroll into view (a long run has dozens).
+    this.observer = new IntersectionObserver((entries) => this._onVisibility(entries), { rootMargin: "300px" });
+  }
+
+  _onVisibility(entries) {
+    for (const entry of entries) {
+      const chart = entry.target.chart;
+      chart.visible = entry.isIntersecting;
+      if (chart.visible && chart.stale) this._redraw(chart);
+    }
   }
 
   // Replace a series' points (a snapshot, or one run's metrics on the compare page).
@@ -107,7 +118,7 @@ class ChartBoard {
     series.values.push(...values);
     series.smoothed.push(...smoothed);
     const hadLine = series.steps.length - steps.length >= 2; // else it was drawn as markers, or not yet
-    if (!chart.drawn || this.redrawQueue.has(chart) || !hadLine) {
+    if (!chart.drawn || !chart.visible || this.redrawQueue.has(chart) || !hadLine) {
       this._redraw(chart);
       return;
     }
@@ -149,10 +160,12 @@ class ChartBoard {
     let chart = this.charts.get(chartId);
     if (!chart) {
       chart = { id: chartId, title, section, element: document.createElement("div"), series: new Map(), drawn: false,
-        time: isTimeSection(section) };
+        visible: false, stale: false, time: isTimeSection(section) };
       chart.element.className = "chart";
+      chart.element.chart = chart;
       this.charts.set(chartId, chart);
       this._place(chart);
+      this.observer.observe(chart.element);
       this._showMatching(this.sections.get(chart.section));
     }
     let series = chart.series.get(seriesName);
@@ -201,9 +214,14 @@ class ChartBoard {
     const charts = [...this.redrawQueue];
     this.redrawQueue.clear();
     for (const chart of charts) {
+      if (!chart.visible) {
+        chart.stale = true; // drawn when it scrolls into view
+        continue;
+      }
       Plotly.react(chart.element, this._traces(chart), this._layout(chart), { displaylogo: false, responsive: true,
         modeBarButtonsToRemove: ["select2d", "lasso2d", "autoScale2d", "toggleSpikelines"] });
       chart.drawn = true;
+      chart.stale = false;
     }
   }
 

@@ -53,6 +53,8 @@ def test_launch_the_quick_demo_watch_it_live_read_rollouts_and_stop_it(
     page, login, researcher, celery_worker_factory, page_errors
 ):
     load_builtin_tasksets()
+    # Charts are drawn as they scroll into view: a page this tall has every one in view.
+    page.set_viewport_size({"width": 1280, "height": 4000})
 
     # Log in on the way to the launch form, which opens on the quick demo.
     login(researcher, "/runs/new/?preset=quick-demo")

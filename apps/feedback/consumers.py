@@ -1,0 +1,56 @@
+"""The annotation channel of a run: who took or judged which item, and when new experiences arrive.
+
+Annotators (and the roles above them) may listen. New experiences are noticed on the run's own
+live group: every explorer step moves the run's `explorer_step`, which this consumer passes on as
+`new_experiences`, and nothing else of the dashboard's traffic.
+"""
+import json
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from apps.accounts.roles import ANNOTATOR, has_role
+from apps.runs.consumers import run_group
+
+from .live import annotate_group
+
+
+class AnnotateConsumer(AsyncJsonWebsocketConsumer):
+    async def connect(self):
+        user = self.scope.get("user")
+        self.run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
+        if not (user and user.is_authenticated and await self._may_annotate(user)):
+            await self.close(code=4403)
+            return
+        self.groups_joined = (annotate_group(self.run_id), run_group(self.run_id))
+        for group in self.groups_joined:
+            await self.channel_layer.group_add(group, self.channel_name)
+        await self.accept()
+
+    async def disconnect(self, code):
+        for group in getattr(self, "groups_joined", ()):
+            await self.channel_layer.group_discard(group, self.channel_name)
+
+    async def receive(self, text_data=None, bytes_data=None, **kwargs):
+        try:
+            content = json.loads(text_data or "")
+        except json.JSONDecodeError:
+            content = None
+        if not isinstance(content, dict) or content.get("type") != "ping":
+            await self.send_json({"type": "error", "error": "unknown message; this channel only accepts {\"type\": \"ping\"}"})
+            return
+        await self.send_json({"type": "pong"})
+
+    async def annotate_message(self, event):
+        await self.send_json(event["payload"])
+
+    async def run_update(self, event):
+        steps = [u["explorer_step"] for u in event["payload"].get("updates", []) if u.get("type") == "progress" and "explorer_step" in u]
+        if steps:
+            await self.send_json({"type": "new_experiences", "explorer_step": max(steps)})
+
+    @database_sync_to_async
+    def _may_annotate(self, user) -> bool:
+        from apps.runs.models import Run
+
+        return has_role(user, ANNOTATOR) and Run.objects.filter(pk=self.run_id).exists()

@@ -1,0 +1,17 @@
+from django.urls import path
+
+from . import views
+
+urlpatterns = [
+    path("", views.start, name="annotate-start"),
+    path("next/", views.next_item, name="annotate-next"),
+    path("runs/<int:run_id>/", views.run_feedback, name="annotate-run-feedback"),
+    path("runs/<int:run_id>/feedback.jsonl", views.export, name="annotate-export"),
+    path("experience/<int:pk>/", views.experience, name="annotate-experience"),
+    path("experience/<int:pk>/skip/", views.set_aside, {"postpone": False}, name="annotate-skip"),
+    path("experience/<int:pk>/postpone/", views.set_aside, {"postpone": True}, name="annotate-postpone"),
+    *(
+        path(f"experience/<int:pk>/{action}/", views.judge, {"action": action}, name=f"annotate-{action}")
+        for action in views.JUDGEMENTS
+    ),
+]

@@ -1,0 +1,141 @@
+"""The annotation queue's pages: pick a run and a strategy, then judge one item after another."""
+import time
+
+from django.contrib import messages
+from django.http import StreamingHttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
+
+from apps.accounts.roles import ANNOTATOR, RESEARCHER, role_required
+from apps.buffer.models import Experience
+from apps.runs.models import Run
+
+from . import services, stats
+from .services import FeedbackError
+
+RUN_CHOICES = 50
+SESSION_RUN, SESSION_STRATEGY = "annotate_run", "annotate_strategy"
+
+
+@role_required(ANNOTATOR)
+def start(request):
+    """Choose the run and the strategy; the queue remembers them for the session."""
+    if "run" in request.GET:
+        run = get_object_or_404(Run, pk=request.GET["run"]) if request.GET["run"].isdigit() else None
+        strategy = request.GET.get("strategy", services.NEWEST)
+        if run is None or strategy not in services.STRATEGIES:
+            messages.error(request, "Choose a run and one of the strategies.")
+        else:
+            request.session[SESSION_RUN], request.session[SESSION_STRATEGY] = run.pk, strategy
+            return redirect("annotate-next")
+    runs = Run.objects.filter(experiences__isnull=False).distinct().order_by("-created_at")[:RUN_CHOICES]
+    return render(
+        request, "feedback/start.html",
+        {"runs": runs, "strategies": services.STRATEGIES, "chosen_run": request.session.get(SESSION_RUN),
+         "chosen_strategy": request.session.get(SESSION_STRATEGY, services.NEWEST)},
+    )
+
+
+@role_required(ANNOTATOR)
+def next_item(request):
+    run = Run.objects.filter(pk=request.session.get(SESSION_RUN)).first()
+    if run is None:
+        return redirect("annotate-start")
+    item = services.next_item(run, request.user, request.session.get(SESSION_STRATEGY, services.NEWEST))
+    if item is None:
+        # The page waits on the run's channel and comes back here when new experiences arrive.
+        return render(request, "feedback/empty.html", {"run": run})
+    return redirect("annotate-experience", pk=item.pk)
+
+
+@role_required(ANNOTATOR)
+def experience(request, pk):
+    item = get_object_or_404(Experience.objects.select_related("run", "task"), pk=pk)
+    try:
+        services.take(item.pk, request.user)
+        error = None
+    except FeedbackError as exc:
+        error = str(exc)
+    if item.run_id:
+        request.session[SESSION_RUN] = item.run_id  # after this item the queue goes on with its run
+    return _item_page(request, item, error=error)
+
+
+def _item_page(request, item, *, error=None, status=200):
+    other = (
+        Experience.objects.filter(run_id=item.run_id, task_id=item.task_id, prompt_text=item.prompt_text, source__in=services.QUEUED_SOURCES)
+        .exclude(pk=item.pk)
+        .order_by("rollout_index")
+        .first()
+    ) if item.run_id else None
+    return render(
+        request, "feedback/experience.html",
+        {
+            "item": item, "other": other, "error": error, "shown_at": time.time(),
+            "scale": list(services.rating_scale(item.run)), "verdicts": services.VERDICTS,
+            "flag_reasons": services.FLAG_REASONS, "holders": services.holders(item, request.user),
+            "max_edit_chars": services.MAX_EDIT_CHARS,
+        },
+        status=status,
+    )
+
+
+def _seconds_spent(request) -> float:
+    try:
+        return time.time() - float(request.POST.get("shown_at", ""))
+    except ValueError:
+        return 0.0
+
+
+# Each judgement: what the form sends, and the service that records it.
+JUDGEMENTS = {
+    "rate": lambda request, pk, **kw: services.rate(pk, request.user, request.POST.get("point", ""), **kw),
+    "edit": lambda request, pk, **kw: services.edit(pk, request.user, request.POST.get("text", ""), **kw),
+    "compare": lambda request, pk, **kw: services.compare(
+        pk, _int(request.POST.get("other")), request.user, request.POST.get("verdict", ""), **kw
+    ),
+    "flag": lambda request, pk, **kw: services.flag(pk, request.user, request.POST.get("reason", ""), **kw),
+}
+
+
+def _int(value) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise FeedbackError("the form names no other response to compare with") from None
+
+
+@require_POST
+@role_required(ANNOTATOR)
+def judge(request, pk, action):
+    item = get_object_or_404(Experience.objects.select_related("run", "task"), pk=pk)
+    try:
+        JUDGEMENTS[action](request, item.pk, seconds_spent=_seconds_spent(request), comment=request.POST.get("comment", ""))
+    except FeedbackError as exc:
+        item.refresh_from_db()
+        return _item_page(request, item, error=str(exc), status=400)
+    messages.success(request, f"Saved your {action} of experience {item.pk}.")
+    return redirect("annotate-next")
+
+
+@require_POST
+@role_required(ANNOTATOR)
+def set_aside(request, pk, postpone):
+    item = get_object_or_404(Experience, pk=pk)
+    services.set_aside(item.pk, request.user, postpone=postpone)
+    return redirect("annotate-next")
+
+
+@role_required(RESEARCHER)
+def run_feedback(request, run_id):
+    """Progress and quality of a run's feedback: per-annotator counts and time, agreement."""
+    run = get_object_or_404(Run, pk=run_id)
+    return render(request, "feedback/stats.html", {"run": run, "annotators": stats.per_annotator(run), "agreement": stats.agreement(run)})
+
+
+@role_required(RESEARCHER)
+def export(request, run_id):
+    run = get_object_or_404(Run, pk=run_id)
+    response = StreamingHttpResponse(stats.export_jsonl(run), content_type="application/jsonl")
+    response["Content-Disposition"] = f'attachment; filename="feedback-run-{run.pk}.jsonl"'
+    return response

@@ -1,0 +1,210 @@
+"""Judgements and the annotation queue: validation, locks, overlap, strategies, skip and postpone."""
+from datetime import timedelta
+
+import pytest
+from django.utils import timezone
+
+from apps.buffer.models import Experience
+from apps.feedback import services
+from apps.feedback.models import AnnotationLock, Feedback, SetAside
+from apps.feedback.services import FeedbackError
+from apps.runs.models import Run
+
+pytestmark = pytest.mark.django_db
+
+
+def test_rating_maps_the_scale_to_a_human_reward_component(make_experience, make_annotator):
+    experience = make_experience()
+    first, second = make_annotator("a1"), make_annotator("a2")
+    services.rate(experience.pk, first, "5", seconds_spent=3.5)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(services, "judgements_per_item", lambda: 2)
+        services.rate(experience.pk, second, "2")
+    experience.refresh_from_db()
+    assert experience.reward_components == {"exact_match": 1.0, "human": pytest.approx(0.625)}
+    assert experience.reward == 1.0  # the run decides how the human reward counts
+    rating = Feedback.objects.get(user=first)
+    assert (rating.kind, rating.value, rating.label, rating.seconds_spent) == ("rating", 1.0, "5", 3.5)
+
+
+def test_a_run_may_rate_good_or_bad(make_experience, annotator, run):
+    run.config = {"feedback": {"scale": "good-bad"}}
+    run.save()
+    experience = make_experience()
+    with pytest.raises(FeedbackError, match="not on this run's scale"):
+        services.rate(experience.pk, annotator, "5")
+    assert services.rate(experience.pk, annotator, "good").value == 1.0
+
+
+@pytest.mark.parametrize("point", ["0", "6", "", "five", "4.5"])
+def test_ratings_off_the_scale_are_refused_and_nothing_is_saved(make_experience, annotator, point):
+    experience = make_experience()
+    with pytest.raises(FeedbackError, match="not on this run's scale"):
+        services.rate(experience.pk, annotator, point)
+    assert not Feedback.objects.exists()
+    experience.refresh_from_db()
+    assert "human" not in experience.reward_components
+
+
+def test_an_edit_becomes_a_ready_expert_experience_tokenized_for_the_run(make_experience, annotator, run):
+    run.config = {"model": {"path": "tiny"}}
+    run.save()
+    original = make_experience()
+    services.edit(original.pk, annotator, "The answer is 4.", seconds_spent=12)
+    child = Experience.objects.get(parent=original)
+    tokenizer = services._tokenizer("tiny")
+    assert (child.source, child.status, child.run_id, child.task_id) == ("human_edit", "ready", run.pk, original.task_id)
+    assert child.response_text == "The answer is 4."
+    assert child.response_ids == tokenizer("The answer is 4.", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    assert child.action_mask == [1] * len(child.response_ids)
+    assert (child.prompt_text, child.prompt_ids) == (original.prompt_text, original.prompt_ids)
+    assert Feedback.objects.get(kind="edit").edited_text == "The answer is 4."
+    # Editing again replaces the unused edit instead of piling up copies.
+    services.edit(original.pk, annotator, "The answer is 2.")
+    assert list(Experience.objects.filter(parent=original).values_list("response_text", flat=True)) == ["The answer is 2."]
+
+
+def test_an_edit_without_a_model_waits_raw_for_tokenizing(make_experience, annotator):
+    original = make_experience()
+    services.edit(original.pk, annotator, "fixed")
+    child = Experience.objects.get(parent=original)
+    assert (child.status, child.response_ids, child.metadata["needs_tokenizing"]) == ("raw", [], True)
+
+
+@pytest.mark.parametrize(
+    "text, error",
+    [("", "empty"), ("  \n ", "empty"), ("x" * (services.MAX_EDIT_CHARS + 1), "at most"), ("response number 0", "same as the model's")],
+)
+def test_bad_edits_are_refused_and_nothing_is_saved(make_experience, annotator, text, error):
+    original = make_experience()
+    with pytest.raises(FeedbackError, match=error):
+        services.edit(original.pk, annotator, text)
+    assert not Feedback.objects.exists()
+    assert Experience.objects.count() == 1
+
+
+def test_a_comparison_is_a_dpo_pair_with_the_preferred_response_first(make_experience, annotator):
+    a, b = make_experience(), make_experience()
+    services.compare(a.pk, b.pk, annotator, "b_better")
+    pref = Feedback.objects.get()
+    assert (pref.kind, pref.experience_id, pref.other_id, pref.value, pref.label) == ("preference", b.pk, a.pk, 1.0, "b_better")
+    # Changing one's mind replaces the verdict, whichever way round it now goes.
+    services.compare(a.pk, b.pk, annotator, "tie")
+    pref = Feedback.objects.get()
+    assert (pref.experience_id, pref.other_id, pref.value, pref.label) == (a.pk, b.pk, 0.5, "tie")
+
+
+def test_comparisons_need_two_responses_to_one_prompt_and_a_known_verdict(make_experience, annotator):
+    a, b, elsewhere = make_experience(), make_experience(), make_experience()
+    with pytest.raises(FeedbackError, match="different prompts"):
+        services.compare(a.pk, elsewhere.pk, annotator, "a_better")
+    with pytest.raises(FeedbackError, match="itself"):
+        services.compare(a.pk, a.pk, annotator, "a_better")
+    with pytest.raises(FeedbackError, match="unknown verdict"):
+        services.compare(a.pk, b.pk, annotator, "a_much_better")
+    assert not Feedback.objects.exists()
+
+
+def test_a_flag_excludes_the_experience_from_training(make_experience, annotator):
+    experience = make_experience()
+    with pytest.raises(FeedbackError, match="unknown flag"):
+        services.flag(experience.pk, annotator, "boring")
+    services.flag(experience.pk, annotator, "harmful")
+    experience.refresh_from_db()
+    assert experience.status == "rejected"
+    assert Feedback.objects.get().label == "harmful"
+
+
+def test_a_consumed_item_of_a_stopped_run_cannot_be_judged(make_experience, annotator, run):
+    experience = make_experience(status="consumed")
+    run.status = Run.Status.STOPPED
+    run.save()
+    for judge in (
+        lambda: services.rate(experience.pk, annotator, "3"),
+        lambda: services.edit(experience.pk, annotator, "better"),
+        lambda: services.flag(experience.pk, annotator, "wrong"),
+    ):
+        with pytest.raises(FeedbackError, match="already trained on and its run is stopped"):
+            judge()
+    assert not Feedback.objects.exists() and Experience.objects.count() == 1
+    assert services.next_item(run, annotator) is None
+
+
+def test_an_item_locked_by_someone_else_cannot_be_judged(make_experience, make_annotator):
+    first, second = make_annotator("first"), make_annotator("second")
+    experience = make_experience()
+    assert services.next_item(experience.run, first) == experience
+    with pytest.raises(FeedbackError, match="taken by first"):
+        services.rate(experience.pk, second, "4")
+    with pytest.raises(FeedbackError, match="taken by first"):
+        services.take(experience.pk, second)
+    assert not Feedback.objects.exists()
+    services.rate(experience.pk, first, "4")
+    assert not AnnotationLock.objects.exists()  # judged: the lock goes
+    with pytest.raises(FeedbackError, match="has all the judgements it needs"):
+        services.rate(experience.pk, second, "4")
+
+
+def test_an_expired_lock_frees_the_item(make_experience, make_annotator):
+    first, second = make_annotator("first"), make_annotator("second")
+    experience = make_experience()
+    services.next_item(experience.run, first)
+    AnnotationLock.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
+    assert services.next_item(experience.run, second) == experience
+    services.rate(experience.pk, second, "1")
+
+
+def test_the_queue_hands_each_item_to_as_many_annotators_as_judgements_wanted(make_experience, make_annotator, settings, run):
+    settings.RFTWEB_JUDGEMENTS_PER_ITEM = 2
+    experience = make_experience()
+    a, b, c = (make_annotator(name) for name in "abc")
+    assert services.next_item(run, a) == experience
+    assert services.next_item(run, b) == experience
+    assert services.next_item(run, c) is None
+    assert services.next_item(run, a) == experience  # a reload gives the held item back
+    services.rate(experience.pk, a, "5")
+    services.rate(experience.pk, b, "4")
+    assert services.next_item(run, a) is None  # judged it already
+    with pytest.raises(FeedbackError):
+        services.rate(experience.pk, c, "3")
+
+
+def test_strategies_order_the_queue(make_experience, annotator, run, tasks):
+    tasks[1].answer = ""
+    tasks[1].save()
+    old_unsure = make_experience(explorer_step=0, reward=0.4, task=tasks[0])
+    old_sure = make_experience(explorer_step=0, reward=1.0, task=tasks[0])
+    new_no_answer = make_experience(explorer_step=5, reward=0.0, task=tasks[1])
+    unscored = make_experience(explorer_step=1, reward=None, task=tasks[0])
+
+    def order(strategy):
+        taken = []
+        while (item := services.next_item(run, annotator, strategy)) is not None:
+            taken.append(item)
+            services.set_aside(item.pk, annotator, postpone=False)
+        SetAside.objects.all().delete()
+        return taken
+
+    assert order("newest") == [new_no_answer, unscored, old_sure, old_unsure]
+    assert order("lowest_confidence") == [unscored, old_unsure, new_no_answer, old_sure]
+    assert order("ground_truth_first") == [unscored, old_sure, old_unsure, new_no_answer]
+    assert sorted(e.pk for e in order("random")) == sorted(e.pk for e in (old_unsure, old_sure, new_no_answer, unscored))
+    with pytest.raises(FeedbackError, match="unknown strategy"):
+        services.next_item(run, annotator, "best")
+
+
+def test_skipped_items_never_come_back_and_postponed_ones_come_last(make_experience, annotator, run):
+    older, newer = make_experience(explorer_step=0), make_experience(explorer_step=1)
+    assert services.next_item(run, annotator) == newer
+    services.set_aside(newer.pk, annotator, postpone=True)
+    assert services.next_item(run, annotator) == older
+    services.set_aside(older.pk, annotator, postpone=False)
+    assert services.next_item(run, annotator) == newer
+    services.rate(newer.pk, annotator, "3")
+    assert services.next_item(run, annotator) is None
+
+
+def test_rejected_items_and_human_edits_are_not_queued(make_experience, annotator, run):
+    make_experience(status="rejected")
+    make_experience(source="human_edit")
+    assert services.next_item(run, annotator) is None

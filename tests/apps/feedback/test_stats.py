@@ -1,0 +1,49 @@
+"""Per-annotator progress, agreement between annotators, and the JSONL export."""
+import json
+
+import pytest
+from django.urls import reverse
+
+from apps.feedback import services, stats
+
+pytestmark = pytest.mark.django_db
+
+
+def test_krippendorff_alpha_interval():
+    assert stats.krippendorff_alpha_interval([[1, 1], [0, 0]]) == 1.0
+    # Observed disagreement 1, expected 2/3 (hand-computed): alpha = 1 - 1.5.
+    assert stats.krippendorff_alpha_interval([[1, 0], [0, 1]]) == pytest.approx(-0.5)
+    assert stats.krippendorff_alpha_interval([[1], [0]]) is None  # nothing rated twice
+    assert stats.percent_agreement([[1, 1, 0], [0.5, 0.5]]) == pytest.approx(2 / 4)
+
+
+def test_a_run_page_counts_per_annotator_and_measures_agreement(researcher_client, run, make_experience, make_annotator, settings):
+    settings.RFTWEB_JUDGEMENTS_PER_ITEM = 2
+    a, b = make_annotator("a"), make_annotator("b")
+    same, different = make_experience(), make_experience()
+    for user, points in ((a, ("5", "1")), (b, ("5", "5"))):
+        services.rate(same.pk, user, points[0], seconds_spent=4)
+        services.rate(different.pk, user, points[1], seconds_spent=8)
+    assert stats.per_annotator(run) == [
+        {"annotator": "a", "kind": "rating", "count": 2, "mean_seconds": 6.0},
+        {"annotator": "b", "kind": "rating", "count": 2, "mean_seconds": 6.0},
+    ]
+    assert stats.agreement(run)["percent_agreement"] == 0.5
+    page = researcher_client.get(reverse("annotate-run-feedback", args=[run.pk]))
+    assert page.status_code == 200 and b"50%" in page.content
+
+
+def test_feedback_exports_as_jsonl(researcher_client, run, make_experience, annotator):
+    experience = make_experience()
+    services.flag(experience.pk, annotator, "wrong", comment="2 + 2 is not 5")
+    response = researcher_client.get(reverse("annotate-export", args=[run.pk]))
+    lines = b"".join(response.streaming_content).decode().splitlines()
+    record = json.loads(lines[0])
+    assert len(lines) == 1
+    assert {k: record[k] for k in ("experience", "annotator", "kind", "label", "comment")} == {
+        "experience": experience.pk, "annotator": "ann", "kind": "flag", "label": "wrong", "comment": "2 + 2 is not 5"
+    }
+
+
+def test_annotators_cannot_export(annotator_client, run):
+    assert annotator_client.get(reverse("annotate-export", args=[run.pk])).status_code == 403
