@@ -111,6 +111,8 @@ def resume_run(run: Run) -> Run:
 def stop_run(run: Run) -> Run:
     """Ask the workers to stop; they check the status every step. A run no worker has started yet
     stops at once."""
+    if run.is_finished:
+        raise InvalidTransition(f"run {run.pk} is already {run.status}")
     if run.status == Status.QUEUED:
         return set_status(run, Status.STOPPED)
     return set_status(run, Status.STOPPING)
