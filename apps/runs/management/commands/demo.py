@@ -21,7 +21,7 @@ from apps.runs.presets import PRESETS
 from apps.tasksets.services import load_builtin_tasksets
 
 DEMO_USER, DEMO_PASSWORD = "demo", "demo"
-DEMO_RUN = "demo: tiny model learns arithmetic (MIX)"
+DEMO_RUN = "demo: tiny model learns addition (MIX)"
 
 
 class Command(BaseCommand):
