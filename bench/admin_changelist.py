@@ -55,9 +55,9 @@ JOIN bench_text AS response ON response.n = g %% %(pool)s;
 
 FEEDBACK_SQL = """
 INSERT INTO feedback_feedback (
-    experience_id, user_id, kind, value, edited_text, comment, seconds_spent, created_at, updated_at)
+    experience_id, user_id, kind, value, label, edited_text, comment, seconds_spent, created_at, updated_at)
 SELECT id, %(user)s, CASE WHEN id %% 500 = 0 THEN 'flag' ELSE 'rating' END,
-       CASE WHEN id %% 500 = 0 THEN NULL ELSE 1.0 END, '', '', 3.0, now(), now()
+       CASE WHEN id %% 500 = 0 THEN NULL ELSE 1.0 END, '', '', '', 3.0, now(), now()
 FROM buffer_experience WHERE id %% 100 = 0
 """
 

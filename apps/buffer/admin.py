@@ -161,11 +161,11 @@ class ExperienceAdmin(admin.ModelAdmin):
     list_display = (
         "id",
         "run_name",
-        "explorer_step",
+        "step",
         "source",
         "status",
         "reward",
-        "model_version",
+        "version",
         "tokens",
         "feedback",
         "prompt",
@@ -182,7 +182,7 @@ class ExperienceAdmin(admin.ModelAdmin):
     search_fields = ("prompt_text", "response_text")  # the search box; get_search_results does the searching
     search_help_text = 'Full-text search of prompt and response: words, "a phrase", -excluded, or.'
     ordering = ("-id",)
-    sortable_by = ("id", "explorer_step", "reward", "model_version")
+    sortable_by = ("id", "step", "reward", "version")
     paginator = EstimatedCountPaginator
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER  # counts per filter choice: a count of the table each
@@ -257,6 +257,14 @@ class ExperienceAdmin(admin.ModelAdmin):
     @admin.display(description="run", ordering="run")
     def run_name(self, experience):
         return experience.run.name if experience.run_id else "imported"
+
+    @admin.display(description="step", ordering="explorer_step")
+    def step(self, experience):
+        return experience.explorer_step
+
+    @admin.display(description="version", ordering="model_version")
+    def version(self, experience):
+        return experience.model_version
 
     @admin.display(description="tokens")
     def tokens(self, experience):
@@ -385,6 +393,9 @@ class ExperienceAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request):
         return False  # experiences come from runs and imports, not from a blank form
+
+    def delete_model(self, request, obj):
+        services.delete_experiences(Experience.objects.filter(pk=obj.pk))
 
     def save_model(self, request, obj, form, change):
         # Only the two curated fields, as updates: a trainer may be changing the row's use count meanwhile.
@@ -563,9 +574,17 @@ class BufferJobAdmin(admin.ModelAdmin):
 
     @admin.display(description="what")
     def what(self, job):
-        if job.kind == BufferJob.Kind.IMPORT:
-            return f"{job.original_filename} ({job.params.get('layout')}, {job.params.get('format')})"
-        return ", ".join(f"{key}: {json.dumps(value)}" for key, value in job.params.items())
+        params = job.params
+        match job.kind:
+            case BufferJob.Kind.IMPORT:
+                return f"{job.original_filename} ({params['layout']} layout, {params['format']})"
+            case BufferJob.Kind.EXPORT:
+                return f"{params['what']} as {params['format']}"
+            case BufferJob.Kind.RESCORE:
+                return f"with {json.dumps(params['reward_fn'])}"
+            case BufferJob.Kind.PIPELINE:
+                return f"{params['operator']} {json.dumps(params['params'])}"
+        return ""
 
     @admin.display(description="result")
     def result_summary(self, job):

@@ -52,12 +52,13 @@ FEEDBACK_SCHEMA = pa.schema(
         ("user", pa.string()),
         ("kind", pa.string()),
         ("value", pa.float64()),
+        ("label", pa.string()),
         ("edited_text", pa.string()),
         ("comment", pa.string()),
         ("seconds_spent", pa.float64()),
         ("prompt", pa.string()),
         ("response", pa.string()),
-        # Set on preference rows only, so an export of preferences is a DPO import file.
+        # Set on the rows that are DPO pairs only, so an export of those is a DPO import file.
         ("chosen", pa.string()),
         ("rejected", pa.string()),
         ("created_at", pa.timestamp("us", tz="UTC")),
@@ -98,7 +99,9 @@ def experience_record(row) -> dict:
 
 def feedback_record(row) -> dict:
     """One feedback as an export row; `row` is a feedback.Feedback with its experience, other and user loaded."""
-    preference = row.kind == "preference"  # a preference always names its other experience
+    # A preference of value 1 (or of no value: the older rows) says experience beat other: a DPO
+    # pair. A tie (0.5) or "both bad" (0) is no pair.
+    pair = row.kind == "preference" and row.value in (None, 1.0)
     return {
         "id": row.pk,
         "experience": row.experience_id,
@@ -106,13 +109,14 @@ def feedback_record(row) -> dict:
         "user": row.user.get_username(),
         "kind": row.kind,
         "value": row.value,
+        "label": row.label,
         "edited_text": row.edited_text,
         "comment": row.comment,
         "seconds_spent": row.seconds_spent,
         "prompt": row.experience.prompt_text,
         "response": row.experience.response_text,
-        "chosen": row.experience.response_text if preference else None,
-        "rejected": row.other.response_text if preference else None,
+        "chosen": row.experience.response_text if pair else None,
+        "rejected": row.other.response_text if pair else None,
         "created_at": row.created_at,
         "updated_at": row.updated_at,
     }

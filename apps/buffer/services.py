@@ -17,8 +17,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
-from django.db.models import BinaryField, ExpressionWrapper, F, Q
+from django.db import DEFAULT_DB_ALIAS, connection, connections, models, transaction
+from django.db.models import BinaryField, ExpressionWrapper, F
 from django.db.models.functions import MD5
 from django.utils import timezone
 
@@ -70,19 +70,27 @@ def set_priority(queryset, priority: float) -> int:
 
 
 def delete_experiences(queryset) -> int:
-    """Delete the rows and the feedback on them (as either side of a preference); human edits made
-    from them keep existing, without a parent. Returns the number of experiences deleted.
+    """Delete the rows and what depends on them, as Django's delete() would: rows that point at
+    them with CASCADE (feedback on either side of a preference, annotation locks, …) are deleted,
+    links with SET_NULL (human edits made from them) are cleared. Returns the number of
+    experiences deleted.
 
-    Done in SQL: Django's delete() would first load every row into memory (the parent link is
-    SET_NULL). The ids are fixed first, since deleting the feedback can change what a filter such
-    as "has feedback" matches."""
+    Done set by set: Django's delete() would first load every selected row into memory (the
+    parent link is SET_NULL). The ids are fixed first, since deleting the feedback can change what
+    a filter such as "has feedback" matches."""
     ids = _ids(queryset)
     deleted = 0
     with transaction.atomic():
         for chunk in _chunks(ids, DELETE_CHUNK_ROWS):
             chunk = chunk.tolist()
-            Feedback.objects.filter(Q(experience_id__in=chunk) | Q(other_id__in=chunk)).delete()
-            Experience.objects.filter(parent_id__in=chunk).update(parent=None)
+            for relation in Experience._meta.related_objects:
+                pointing = relation.related_model._base_manager.filter(**{f"{relation.field.name}__in": chunk})
+                if relation.on_delete is models.CASCADE:
+                    pointing.delete()
+                elif relation.on_delete is models.SET_NULL:
+                    pointing.update(**{relation.field.name: None})
+                else:
+                    raise NotImplementedError(f"deleting experiences that {relation} points at ({relation.on_delete})")
             deleted += Experience.objects.filter(pk__in=chunk)._raw_delete(DEFAULT_DB_ALIAS)
     return deleted
 
@@ -168,6 +176,7 @@ def _insert_imported(batch: list[list[Experience]], layout: str, user, source: s
                 other=rejected,
                 user=user,
                 kind=Feedback.Kind.PREFERENCE,
+                value=1.0,  # chosen is better: a DPO pair
                 comment=f"imported from {source}",
             )
             for chosen, rejected in batch
@@ -412,8 +421,9 @@ def _store_outcome(rows: list[Experience], outcome: list, operator: str) -> Coun
                 f"operator {operator!r} made an experience from none of the selected ones; the admin cannot place it"
             )
         if experience.id in kept:  # a second experience from the same row: a new one
-            added.append(to_row(experience, row.run_id))
-            added[-1].task_id, added[-1].parent_id = row.task_id, row.pk
+            new = to_row(experience, row.run_id)
+            new.task_id, new.parent_id = row.task_id, row.pk  # the operator saw a stand-in task key
+            added.append(new)
             continue
         kept.add(experience.id)
         fields = [name for name in COPIED_FIELDS if not _same(getattr(row, name), getattr(experience, name))]

@@ -240,17 +240,23 @@ def test_set_priority(curator_client, make_experience):
     assert [row.priority for row in Experience.objects.order_by("pk")] == [2.5, 2.5, 0.0]
 
 
-def test_delete_removes_the_rows_and_their_feedback_but_keeps_edits(curator_client, make_experience, annotator):
+def test_delete_removes_the_rows_and_what_depends_on_them_but_keeps_edits(curator_client, make_experience, annotator):
+    from django.utils import timezone
+
+    from apps.feedback.models import AnnotationLock
+
     doomed, kept = make_experience(), make_experience()
     edit = make_experience(source="human_edit", parent=doomed)
     Feedback.objects.create(experience=doomed, user=annotator, kind="rating", value=1.0)
-    Feedback.objects.create(experience=kept, user=annotator, kind="preference", other=doomed)
+    Feedback.objects.create(experience=kept, user=annotator, kind="preference", other=doomed, value=1.0)
     Feedback.objects.create(experience=kept, user=annotator, kind="rating", value=0.0)
+    AnnotationLock.objects.create(experience=doomed, user=annotator, expires_at=timezone.now())
 
     post_action(curator_client, "delete_selection", [doomed.pk], confirm=True)
 
     assert set(Experience.objects.values_list("pk", flat=True)) == {kept.pk, edit.pk}
     assert list(Feedback.objects.values_list("kind", flat=True)) == ["rating"]
+    assert not AnnotationLock.objects.exists()
     edit.refresh_from_db()
     assert edit.parent_id is None
 
@@ -471,6 +477,16 @@ def test_detail_page_saves_only_status_and_priority(curator_client, make_experie
     )
 
 
+def test_delete_from_the_detail_page(curator_client, make_experience, annotator):
+    experience = make_experience()
+    edit = make_experience(source="human_edit", parent=experience)
+    Feedback.objects.create(experience=experience, user=annotator, kind="flag")
+    url = reverse("admin:buffer_experience_delete", args=[experience.pk])
+    assert curator_client.get(url).status_code == 200
+    curator_client.post(url, {"post": "yes"})
+    assert list(Experience.objects.values_list("pk", flat=True)) == [edit.pk] and not Feedback.objects.exists()
+
+
 # ---- the other admins ----
 
 
@@ -495,3 +511,12 @@ def test_other_admin_lists_render_with_few_queries(curator_client, make_experien
         with CaptureQueriesContext(connection) as captured:
             assert curator_client.get(url).status_code == 200, url
         assert len(captured) <= 8, (url, [q["sql"] for q in captured])
+
+
+def test_feedback_list_filters_dpo_pairs(curator_client, make_experience, annotator):
+    a, b = make_experience(), make_experience()
+    pair = Feedback.objects.create(experience=a, user=annotator, kind="preference", other=b, value=1.0)
+    Feedback.objects.create(experience=b, user=annotator, kind="preference", other=a, value=0.5)  # a tie
+    Feedback.objects.create(experience=a, user=annotator, kind="rating", value=1.0)
+    response = curator_client.get("/admin/feedback/feedback/?dpo_pair=yes")
+    assert [feedback.pk for feedback in response.context["cl"].result_list] == [pair.pk]

@@ -151,36 +151,40 @@ def test_a_failed_export_leaves_no_file(varied, monkeypatch, media_root):
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
-def test_feedback_export_and_preferences_import_back_as_dpo_pairs(make_experience, annotator, curator, fmt, tmp_path):
+def test_feedback_export_and_dpo_pairs_import_back(make_experience, annotator, curator, fmt, tmp_path):
     chosen, rejected, rated = (
         make_experience(response_text="good"),
         make_experience(response_text="bad"),
         make_experience(),
     )
-    Feedback.objects.create(experience=chosen, user=annotator, kind="preference", other=rejected, seconds_spent=4.0)
-    Feedback.objects.create(experience=rated, user=annotator, kind="rating", value=0.75, comment="fine")
+    Feedback.objects.create(experience=chosen, user=annotator, kind="preference", other=rejected, value=1.0, label="a")
+    Feedback.objects.create(experience=rated, user=annotator, kind="rating", value=0.75, label="4", comment="fine")
+    Feedback.objects.create(experience=rated, user=annotator, kind="preference", other=chosen, value=0.5, label="tie")
 
     path = export(Feedback.objects.order_by("pk"), fmt, tmp_path)
 
     rows = pq.read_table(path).to_pylist() if fmt == "parquet" else [json.loads(line) for line in path.open()]
-    preference, rating = rows
-    assert (preference["kind"], preference["chosen"], preference["rejected"], preference["user"]) == (
+    pair, rating, tie = rows
+    assert (pair["kind"], pair["chosen"], pair["rejected"], pair["user"], pair["label"]) == (
         "preference",
         "good",
         "bad",
         "ann",
+        "a",
     )
-    assert (rating["value"], rating["comment"], rating["response"], rating["chosen"]) == (
+    assert (rating["value"], rating["label"], rating["comment"], rating["response"], rating["chosen"]) == (
         0.75,
+        "4",
         "fine",
         rated.response_text,
         None,
     )
+    assert (tie["value"], tie["chosen"], tie["rejected"]) == (0.5, None, None)  # a tie is no DPO pair
 
-    preferences_only = export(Feedback.objects.filter(kind="preference"), fmt, tmp_path)
-    assert services.import_expert_data(preferences_only, layout="dpo", user=curator) == 2
-    pair = Feedback.objects.get(user=curator)
-    assert (pair.experience.response_text, pair.other.response_text) == ("good", "bad")
+    pairs_only = export(Feedback.objects.filter(kind="preference", value=1.0), fmt, tmp_path)
+    assert services.import_expert_data(pairs_only, layout="dpo", user=curator) == 2
+    imported = Feedback.objects.get(user=curator)
+    assert (imported.experience.response_text, imported.other.response_text, imported.value) == ("good", "bad", 1.0)
 
 
 def test_export_reads_the_selection_in_chunks(make_experience, monkeypatch, tmp_path):

@@ -134,10 +134,10 @@ def test_dpo_rows_become_two_experiences_and_a_preference(tmp_path, curator, suf
     assert (chosen.rollout_index, rejected.rollout_index) == (0, 1)
     assert rejected.metadata["preference"] == "rejected"
     assert chat_rejected.messages == [*CHAT, {"role": "assistant", "content": "5"}]
-    preferences = list(Feedback.objects.order_by("pk").values_list("experience_id", "other_id", "user_id", "kind"))
-    assert preferences == [
-        (chosen.pk, rejected.pk, curator.pk, "preference"),
-        (chat_chosen.pk, chat_rejected.pk, curator.pk, "preference"),
+    preferences = Feedback.objects.order_by("pk").values_list("experience_id", "other_id", "user_id", "kind", "value")
+    assert list(preferences) == [
+        (chosen.pk, rejected.pk, curator.pk, "preference", 1.0),
+        (chat_chosen.pk, chat_rejected.pk, curator.pk, "preference", 1.0),
     ]
 
 
