@@ -146,11 +146,20 @@ TASKSET_UPLOAD_MAX_BYTES = int(os.environ.get("TASKSET_UPLOAD_MAX_BYTES", 2 * 10
 
 SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False  # the websocket and fetch JS read it
+SECURE_CONTENT_TYPE_NOSNIFF = True
+X_FRAME_OPTIONS = "DENY"
+# Production (DEBUG off) is HTTPS only: `manage.py check --deploy` passes with no warning. Behind a
+# TLS-terminating proxy set SECURE_PROXY_SSL_HEADER=1 (it must set X-Forwarded-Proto); for plain
+# HTTP on a private network turn each of these off explicitly (docs/security.md).
 if not DEBUG:
     SESSION_COOKIE_SECURE = env_bool("SECURE_COOKIES", True)
     CSRF_COOKIE_SECURE = env_bool("SECURE_COOKIES", True)
-    SECURE_CONTENT_TYPE_NOSNIFF = True
-    X_FRAME_OPTIONS = "DENY"
+    SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", True)
+    SECURE_HSTS_SECONDS = int(os.environ.get("SECURE_HSTS_SECONDS", 365 * 24 * 3600))
+    SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", True)
+    SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", True)  # the header alone lists nothing
+    if env_bool("SECURE_PROXY_SSL_HEADER", False):
+        SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 
 LOGGING = {
     "version": 1,

@@ -53,8 +53,10 @@ def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def run_dir(run_id: int):
-    return settings.DATA_DIR / "runs" / str(run_id)
+def run_dir(run: Run):
+    """The run's work dir (weights versions, checkpoints). Named by id *and* creation time: ids are
+    reused after a database reset, and a new run must never resume from an old run's files."""
+    return settings.DATA_DIR / "runs" / f"{run.pk}-{run.created_at:%Y%m%dT%H%M%S%f}"
 
 
 def roles_of_run(run: Run) -> tuple[str, ...]:
@@ -130,7 +132,7 @@ def run_role(run_id: int, role: str = "loop") -> str:
     try:
         config = RunConfig.from_dict(run.config)
         stores = run_stores(run, config)
-        loop = Loop(config, stores, run_dir(run_id), roles={"explorer": (EXPLORER,), "trainer": (TRAINER,)}.get(role))
+        loop = Loop(config, stores, run_dir(run), roles={"explorer": (EXPLORER,), "trainer": (TRAINER,)}.get(role))
         if loop.trainer is not None:
             checkpoint = stores.checkpoints.latest()
             if checkpoint is not None:
