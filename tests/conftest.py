@@ -66,11 +66,11 @@ def celery_worker_factory(transactional_db, tmp_path):
     app.control.purge()  # nothing left over from an earlier test
     started = []
 
-    def start(queues="default,train,explore"):
+    def start(queues="default,train,explore", pool="prefork"):
         name = f"test-{uuid.uuid4().hex[:8]}@localhost"
         log = open(tmp_path / f"{name}.log", "w")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "rftweb", "worker", "-Q", queues, "-c", "1", "-n", name,
+            [sys.executable, "-m", "celery", "-A", "rftweb", "worker", "-Q", queues, "-c", "1", "--pool", pool, "-n", name,
              "--without-gossip", "--without-mingle", "-l", "info"],
             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )

@@ -39,10 +39,10 @@ def main(argv=None) -> int:
     from .loop import Loop, memory_stores
 
     work_dir = args.work_dir or models.data_dir() / "runs" / f"{Path(args.config).stem}-{time.strftime('%Y%m%d-%H%M%S')}"
-    loop = Loop(config, memory_stores(config, echo=print), work_dir)
-    if args.resume:
-        loop.resume(args.resume)
-    status = loop.run()
+    with Loop(config, memory_stores(config, echo=print), work_dir) as loop:
+        if args.resume:
+            loop.resume(args.resume)
+        status = loop.run()
     print(f"{status}: {work_dir}")
     return 0
 

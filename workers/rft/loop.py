@@ -82,7 +82,7 @@ class Loop:
         engine = None
         if EXPLORER in roles:
             rollout_model = load_policy(model.path, device, pick_dtype(device, model.dtype))
-            engine = build_engine(config.explorer.engine, rollout_model, tokenizer)
+            engine = build_engine(config.explorer.engine, rollout_model, tokenizer, seed=config.seed)
         self.workflow = WORKFLOWS.get(config.explorer.workflow)(
             engine,
             build_reward(config.explorer.reward_fn),
@@ -90,6 +90,7 @@ class Loop:
             system_prompt=config.explorer.system_prompt,
             use_chat_template=config.explorer.use_chat_template,
             max_prompt_tokens=model.max_prompt_tokens,
+            **config.explorer.workflow_args,
         )
         self.explorer = None
         if engine is not None:
@@ -117,6 +118,18 @@ class Loop:
         if source is None or buffer.count(sources=EXPERT_SOURCES):
             return 0
         return buffer.write([self.workflow.expert_experience(task) for task in source.tasks()])
+
+    def close(self) -> None:
+        """Free what outlives a run in a long-lived worker: the rollout engine's processes (vLLM)."""
+        engine = self.workflow.engine
+        if engine is not None and hasattr(engine, "close"):
+            engine.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
 
     # -- running ---------------------------------------------------------------------------------
 

@@ -38,6 +38,8 @@ class MicroBatch:
     rewards: torch.Tensor  # [B]
     returns: torch.Tensor | None = None  # [B, T] critic targets (PPO)
     old_values: torch.Tensor | None = None  # [B, T]
+    rollout_logprobs: bool = False  # old_logprobs came from the rollout engine
+    logprob_mismatch: float | None = None  # mean |logπ_trainer - logπ_rollout| before the update
 
     def units(self, agg_mode: str) -> float:
         """How much this micro-batch weighs in its batch's loss under the aggregation mode."""
@@ -75,6 +77,7 @@ def collate(experiences: list[Experience], pad_id: int, device: torch.device) ->
         old_logprobs=old_logprobs.to(device) if has_logprobs else None,
         advantages=torch.tensor([e.advantage for e in experiences], device=device) if has_advantages else None,
         rewards=torch.tensor([e.reward or 0.0 for e in experiences], device=device),
+        rollout_logprobs=has_logprobs,
     )
 
 
@@ -173,6 +176,10 @@ class Trainer:
             if self.critic is not None and usual:
                 metrics.update(self._critic_update(usual))
         metrics.update(loss=total_loss, grad_norm=grad_norm.item())
+        measured = [mb for mb in usual if mb.logprob_mismatch is not None]
+        if measured:
+            tokens = sum(mb.mask.sum().item() for mb in measured)
+            metrics["logprob_mismatch"] = sum(mb.logprob_mismatch * mb.mask.sum().item() for mb in measured) / max(tokens, 1)
         return metrics
 
     # -- losses ----------------------------------------------------------------------------------
@@ -201,6 +208,11 @@ class Trainer:
             logprobs, mb.old_logprobs, mb.advantages, mb.mask, self.algo.clip_low, self.algo.clip_high, agg
         )
         metrics["policy_loss"] = loss.item()
+        if mb.rollout_logprobs and mb.logprob_mismatch is None:
+            # Before the first optimizer step the trainer holds the weights that generated these
+            # rollouts (at staleness 0): any gap is the engines' numerics (vLLM kernels, bf16...).
+            gap = (logprobs.detach() - mb.old_logprobs).abs() * mb.mask
+            mb.logprob_mismatch = (gap.sum() / mb.mask.sum().clamp(min=1)).item()
         if self.algo.kl.fn != "none":
             with torch.no_grad():
                 ref_logprobs = self._token_logprobs(self._forward(self.reference, mb, self.temperature), mb.response_ids)

@@ -90,6 +90,27 @@ def test_generation_logprobs_serve_as_old_logprobs(tiny_path, tokenizer):
     assert trainer.train_step()["ratio_mean"] != pytest.approx(1.0)
 
 
+def test_logprob_mismatch_measures_the_gap_to_the_rollout_engine(tiny_path, tokenizer):
+    """Zero when the rollout logprobs are the trainer's own; the mean token gap otherwise."""
+    batch = rollouts(tokenizer, 4)
+    policy = load_policy(tiny_path, CPU)
+    for exp in batch:
+        mb = collate([exp], tokenizer.pad_token_id, CPU)
+        with torch.no_grad():
+            logits = policy(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids).logits
+        width_t = mb.response_ids.shape[1]
+        own = torch.log_softmax(logits[:, -width_t - 1 : -1], -1).gather(-1, mb.response_ids[..., None])[0, :, 0]
+        exp.logprobs = own.tolist()
+    same = make_trainer(tiny_path, tokenizer, batch, trainer={"batch_size": 4, "micro_batch_size": 3})
+    assert same.train_step()["logprob_mismatch"] == pytest.approx(0.0, abs=1e-5)
+    for exp in batch:
+        exp.logprobs = [x - 0.25 for x in exp.logprobs]
+    shifted = make_trainer(tiny_path, tokenizer, batch, trainer={"batch_size": 4, "micro_batch_size": 3})
+    assert shifted.train_step()["logprob_mismatch"] == pytest.approx(0.25, abs=1e-4)
+    without = rollouts(tokenizer, 4)  # no rollout logprobs: nothing to compare
+    assert "logprob_mismatch" not in make_trainer(tiny_path, tokenizer, without, trainer={"batch_size": 4}).train_step()
+
+
 def test_sft_lowers_the_loss_on_expert_data(tiny_path, tokenizer):
     expert = [experience(tokenizer, a, b, source="expert") for a in range(4) for b in range(4)]
     trainer = make_trainer(tiny_path, tokenizer, expert, algorithm={"name": "sft"}, trainer={"batch_size": 16, "micro_batch_size": 16, "lr": 3e-3})
