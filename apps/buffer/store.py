@@ -1,16 +1,27 @@
-"""The engine's ExperienceBuffer protocol (workers/rft/protocols.py) over Postgres, for one run."""
+"""The engine's ExperienceBuffer protocol (workers/rft/protocols.py) over Postgres, for one run.
+
+Sampling applies the run's `feedback` settings (docs/feedback.md): rated rollouts train with
+their human reward and group advantages recomputed from it, human edits join the expert data,
+flagged experiences are rejected and never sampled, and preference pairs feed DPO.
+"""
+import time
+from collections import defaultdict
 from collections.abc import Sequence
+from functools import cached_property
 
 from django.db import transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
 from apps.feedback.models import Feedback
+from workers.rft.config import RunConfig
 from workers.rft.experience import SOURCES, Experience, PreferencePair
+from workers.rft.sampling import HUMAN_REWARD, apply_human_feedback
 
 from .models import Experience as ExperienceRow
 
 STALE_SOURCES = ("rollout", "synthetic")  # expert and human data never go stale
+RATING_POLL_S = 0.5  # how often a trainer step waiting for ratings looks again
 COPIED_FIELDS = (
     "group_id", "rollout_index", "source", "prompt_text", "response_text", "messages", "prompt_ids",
     "response_ids", "action_mask", "logprobs", "reward", "reward_components", "advantage", "model_version",
@@ -49,6 +60,12 @@ class DjangoExperienceBuffer:
     def __init__(self, run_id: int):
         self.run_id = run_id
 
+    @cached_property
+    def config(self) -> RunConfig:
+        from apps.runs.models import Run  # apps.runs imports this module
+
+        return RunConfig.from_dict(Run.objects.get(pk=self.run_id).config or {})
+
     def _rows(self):
         return ExperienceRow.objects.filter(run_id=self.run_id)
 
@@ -74,17 +91,66 @@ class DjangoExperienceBuffer:
     def has_explorer_step(self, step: int) -> bool:
         return self._rows().filter(source="rollout", explorer_step=step).exists()
 
-    def sample(self, n: int, *, sources: Sequence[str], min_model_version: int | None = None) -> list[Experience]:
-        """Claims the rows it returns (SKIP LOCKED), so concurrent trainers never share one."""
-        query = self._rows().filter(status=ExperienceRow.Status.READY, source__in=sources, claimed_at__isnull=True)
+    def _sampleable(self, sources: Sequence[str], min_model_version: int | None):
+        """Ready, unclaimed rows the trainer may take: the run's own, plus the human edits of the
+        feedback source runs; with feedback.rated_only, rollouts only once rated."""
+        feedback = self.config.feedback
+        if not feedback.edits_as_expert:
+            sources = [s for s in sources if s != "human_edit"]
+        query = ExperienceRow.objects.filter(
+            Q(run_id=self.run_id) | Q(run_id__in=feedback.source_runs, source="human_edit"),
+            status=ExperienceRow.Status.READY, source__in=sources, claimed_at__isnull=True,
+        )
         if min_model_version is not None:
             query = query.exclude(source__in=STALE_SOURCES, model_version__lt=min_model_version)
+        if feedback.rated_only:
+            query = query.exclude(Q(source__in=STALE_SOURCES) & ~Q(reward_components__has_key=HUMAN_REWARD))
+        return query
+
+    def sample(self, n: int, *, sources: Sequence[str], min_model_version: int | None = None) -> list[Experience]:
+        """Claims the rows it returns (SKIP LOCKED), so concurrent trainers never share one."""
+        query = self._sampleable(sources, min_model_version)
+        if self.config.feedback.rated_only and set(sources) & set(STALE_SOURCES):
+            self._wait_for_ratings(query, n, min_model_version)
         with transaction.atomic():
             rows = list(
                 query.order_by("use_count", "explorer_step", "id").select_for_update(skip_locked=True, of=("self",))[:n]
             )
             ExperienceRow.objects.filter(pk__in=[r.pk for r in rows]).update(claimed_at=timezone.now())
-        return [to_experience(row) for row in rows]
+        experiences = [to_experience(row) for row in rows]
+        self._apply_feedback([e for e in experiences if e.source in STALE_SOURCES])
+        return experiences
+
+    def _wait_for_ratings(self, rated, n: int, min_model_version: int | None) -> None:
+        """Up to feedback.rating_wait_s, while fewer than n rated rollouts are ready and unrated
+        ones are there that annotators may still rate."""
+        deadline = time.monotonic() + self.config.feedback.rating_wait_s
+        unrated = self._rows().filter(
+            status=ExperienceRow.Status.READY, source__in=STALE_SOURCES, claimed_at__isnull=True
+        ).exclude(reward_components__has_key=HUMAN_REWARD)
+        if min_model_version is not None:
+            unrated = unrated.exclude(model_version__lt=min_model_version)
+        while time.monotonic() < deadline and rated.count() < n and unrated.exists():
+            time.sleep(RATING_POLL_S)
+
+    def _apply_feedback(self, rollouts: list[Experience]) -> None:
+        """Human rewards and recomputed group advantages for the groups that have a rating."""
+        feedback = self.config.feedback
+        if not rollouts or (feedback.reward_mode == "none" and not feedback.rated_only):
+            return
+        rated_groups = {e.group_id for e in rollouts if HUMAN_REWARD in e.reward_components}
+        members = (
+            self._rows().filter(group_id__in=rated_groups, source__in=STALE_SOURCES)
+            .exclude(status=ExperienceRow.Status.REJECTED)
+        )
+        if feedback.rated_only:
+            members = members.filter(reward_components__has_key=HUMAN_REWARD)
+        groups = defaultdict(list)
+        for pk, group_id, reward, components in members.values_list("pk", "group_id", "reward", "reward_components"):
+            groups[group_id].append(
+                Experience(None, group_id, 0, [], [], [], reward=reward, reward_components=components, id=pk)
+            )
+        apply_human_feedback(rollouts, groups, self.config)
 
     def mark_used(self, experiences: Sequence[Experience], *, consumed: bool) -> None:
         changes = {"use_count": F("use_count") + 1, "claimed_at": None}
@@ -105,13 +171,17 @@ class DjangoExperienceBuffer:
         return released + returned
 
     def sample_pairs(self, n: int) -> list[PreferencePair]:
-        """Human preferences on this run's experiences; least used first (a use is counted on the chosen row)."""
-        prefs = list(
-            Feedback.objects.filter(kind=Feedback.Kind.PREFERENCE, experience__run_id=self.run_id)
+        """Human preferences on this run's experiences and those of the feedback source runs;
+        least used first (a use is counted on the chosen row)."""
+        feedback = self.config.feedback
+        prefs = (
+            Feedback.objects.filter(kind=Feedback.Kind.PREFERENCE, experience__run_id__in=[self.run_id, *feedback.source_runs])
             .filter(Q(value=1.0) | Q(value__isnull=True))  # a verdict; ties and "both bad" are no pair
-            .select_related("experience", "other")
-            .order_by("experience__use_count", "id")[:n]
         )
+        if feedback.exclude_flagged:
+            rejected = ExperienceRow.Status.REJECTED
+            prefs = prefs.exclude(experience__status=rejected).exclude(other__status=rejected)
+        prefs = list(prefs.select_related("experience", "other").order_by("experience__use_count", "id")[:n])
         ExperienceRow.objects.filter(pk__in=[p.experience_id for p in prefs]).update(use_count=F("use_count") + 1)
         return [
             PreferencePair(

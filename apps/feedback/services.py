@@ -16,6 +16,8 @@ from django.db.models.functions import Abs
 from django.utils import timezone
 
 from apps.buffer.models import Experience
+from workers.rft import sampling
+from workers.rft.config import RunConfig
 
 from . import live
 from .models import AnnotationLock, Feedback, SetAside
@@ -34,14 +36,7 @@ STRATEGIES = {
     GROUND_TRUTH_FIRST: "Ground truth first",
 }
 
-# Rating scales: each point's label (what the annotator presses, in order: digit 1 is the first)
-# and the human reward it stands for.
-SCALES = {
-    "1-5": {"1": 0.0, "2": 0.25, "3": 0.5, "4": 0.75, "5": 1.0},
-    "good-bad": {"bad": 0.0, "good": 1.0},
-}
-DEFAULT_SCALE = "1-5"
-HUMAN_REWARD = "human"  # the reward component that holds the mean human rating
+HUMAN_REWARD = sampling.HUMAN_REWARD  # the reward component that holds the mean human rating
 
 VERDICTS = {"a_better": "A is better", "b_better": "B is better", "tie": "Tie", "both_bad": "Both bad"}
 # The preference row's value: 1 makes (experience, other) a DPO pair; the others are no pair.
@@ -57,10 +52,18 @@ class FeedbackError(Exception):
     """A judgement or queue request that cannot be done; the message says why, for the annotator."""
 
 
+def feedback_settings(run):
+    """The `feedback` section of the run's config (a FeedbackConfig; defaults without a run)."""
+    section = ((run.config or {}).get("feedback") or {}) if run else {}
+    return RunConfig.from_dict({"feedback": section}).feedback
+
+
 def rating_scale(run) -> dict[str, float]:
-    """The run's rating scale: `feedback.scale` of its config, else 1–5."""
-    name = (run.config or {}).get("feedback", {}).get("scale", DEFAULT_SCALE) if run else DEFAULT_SCALE
-    return SCALES.get(name, SCALES[DEFAULT_SCALE])
+    """The run's rating scale: each point's label (the digit an annotator presses) and the human
+    reward it stands for, normalised to [0, 1]."""
+    section = feedback_settings(run)
+    low, high = section.scale_min, section.scale_max
+    return {str(point): (point - low) / (high - low) for point in range(low, high + 1)}
 
 
 def judgements_per_item() -> int:
@@ -249,14 +252,16 @@ def compare(experience_id: int, other_id: int, user, verdict: str, *, seconds_sp
 
 @transaction.atomic
 def flag(experience_id: int, user, reason: str, *, seconds_spent: float = 0.0, comment: str = "") -> Feedback:
-    """Flag the response (wrong, harmful, garbled): it is excluded from training."""
+    """Flag the response (wrong, harmful, garbled): it is rejected, so never trained on, unless
+    the run's `feedback.exclude_flagged` is off (then the flag is only recorded)."""
     if reason not in FLAG_REASONS:
         raise FeedbackError(f"unknown flag {reason!r}: choose one of {', '.join(FLAG_REASONS)}")
     experience = _locked_row(experience_id)
     _check_may_judge(experience, user)
     feedback = _save_feedback(experience, user, Feedback.Kind.FLAG, seconds_spent, label=reason, comment=comment)
-    experience.status = Status.REJECTED
-    experience.save(update_fields=["status"])
+    if feedback_settings(experience.run).exclude_flagged:
+        experience.status = Status.REJECTED
+        experience.save(update_fields=["status"])
     _judgement_done(experience, user)
     return feedback
 
@@ -323,7 +328,9 @@ def _candidates(run, user, strategy: str):
         RANDOM: ("?",),
         GROUND_TRUTH_FIRST: (Case(When(task__answer__gt="", then=Value(0)), default=Value(1)), *newest),
     }[strategy]
-    return items.order_by("postponed", *order)
+    # What the trainer has not taken yet first: a judgement on it can still shape this run's training.
+    consumed_last = Case(When(status=Status.CONSUMED, then=Value(1)), default=Value(0))
+    return items.order_by("postponed", consumed_last, *order)
 
 
 def _take(experience: Experience, user) -> None:

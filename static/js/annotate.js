@@ -55,7 +55,8 @@ function annotateItem(root) {
     }
     if (event.ctrlKey || event.metaKey || event.altKey) return;
     const count = buttons().length;
-    if (/^[1-9]$/.test(event.key) && Number(event.key) <= count) { choice = Number(event.key) - 1; show(); }
+    const keyed = buttons().findIndex((b) => b.dataset.key === event.key);
+    if (/^[0-9]$/.test(event.key) && keyed >= 0) { choice = keyed; show(); }
     else if (event.key === "ArrowRight") { choice = Math.min(choice + 1, count - 1); show(); }
     else if (event.key === "ArrowLeft") { choice = Math.max(choice - 1, 0); show(); }
     else if (event.key === "ArrowDown") { panel = (panel + 1) % panels.length; choice = -1; show(); }

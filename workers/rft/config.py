@@ -163,17 +163,34 @@ class BufferConfig:
     task_pipeline: list = _f(factory=list, check=_check_operators)
 
 
+def _check_run_ids(ids: list) -> str | None:
+    for i, run_id in enumerate(ids):
+        if not isinstance(run_id, int) or isinstance(run_id, bool) or run_id < 1:
+            return f"item {i}: expected a run id (a positive integer), got {run_id!r}"
+    return None
+
+
 @dataclass
 class FeedbackConfig:
     """How human judgements (apps/feedback) reach training. See docs/feedback.md."""
-    scale_min: int = _f(1)
-    scale_max: int = _f(5)
-    # none: ratings are only recorded; weight: reward += weight * normalised rating;
-    # override: a rated experience's reward is its normalised rating.
+    # The rating scale: integer points scale_min..scale_max, one digit key each; a rating r is
+    # stored normalised, (r - scale_min) / (scale_max - scale_min), in [0, 1].
+    scale_min: int = _f(1, ge=0, le=8)
+    scale_max: int = _f(5, ge=1, le=9)
+    # none: ratings are only recorded; weight: reward += reward_weight * normalised rating;
+    # override: a rated experience's reward is its normalised rating. Group advantages are
+    # recomputed from the new rewards.
     reward_mode: str = _f("none", choices=("none", "weight", "override"))
     reward_weight: float = _f(1.0, ge=0)
+    # Train only on rated rollouts: the others wait in the buffer until rated (or too stale).
+    rated_only: bool = False
+    # With rated_only, a trainer step waits up to this many seconds for a full batch of rated rollouts.
+    rating_wait_s: float = _f(0.0, ge=0, le=3600)
     edits_as_expert: bool = True  # human edits join the expert data of SFT/MIX
-    exclude_flagged: bool = True
+    exclude_flagged: bool = True  # a flagged experience is rejected: never trained on
+    # Ids of other runs whose human edits and preference pairs this run also trains on (e.g. a
+    # DPO or SFT run in mode 'train' on the feedback collected on an RL run).
+    source_runs: list = _f(factory=list, check=_check_run_ids)
 
 
 @dataclass

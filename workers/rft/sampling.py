@@ -3,9 +3,13 @@
 `default`: the algorithm's kind of data only: usual experiences (rollouts, synthetic) for RL
 algorithms, expert data (expert, human edits) for SFT.
 `mix`: usual experiences plus expert ones, so that expert data is `expert_data_ratio` of the batch.
+
+Human feedback (ratings as rewards, flags, edits as expert data) is applied by the buffer as it
+samples, with the functions at the end of this module.
 """
 from dataclasses import dataclass, field
 
+from .algorithms import ADVANTAGE_FNS, GROUP_ADVANTAGE_FNS, resolve
 from .experience import EXPERT_SOURCES, Experience
 from .registry import Registry
 
@@ -44,3 +48,53 @@ def mix(buffer, batch_size: int, current_version: int, *, max_staleness=None, ex
     usual = default(buffer, batch_size, current_version, max_staleness=max_staleness).usual
     n_expert = round(batch_size * expert_data_ratio / (1 - expert_data_ratio))
     return TrainBatch(usual=usual, expert=buffer.sample(n_expert, sources=EXPERT_SOURCES))
+
+
+# -- human feedback ---------------------------------------------------------------------------------
+# Annotators' ratings arrive in the buffer as the reward component HUMAN_REWARD (their mean,
+# normalised to [0, 1] on the run's scale). The buffer applies the run's `feedback` settings to
+# what it samples, through the two functions below, so every sample strategy trains on them.
+
+HUMAN_REWARD = "human"
+
+
+def reward_with_feedback(experience: Experience, feedback) -> float | None:
+    """The reward an experience trains with under the run's feedback settings (a FeedbackConfig)."""
+    human = experience.reward_components.get(HUMAN_REWARD)
+    if human is None or feedback.reward_mode == "none":
+        return experience.reward
+    if feedback.reward_mode == "override":
+        return human
+    return (experience.reward or 0.0) + feedback.reward_weight * human
+
+
+def group_advantage_params(config) -> tuple[str, dict] | None:
+    """The run's group advantage fn and its parameters, as the explorer applies it; None when the
+    algorithm compares no groups (PPO's GAE reads the rewards in the trainer, SFT/DPO use none)."""
+    spec, algo = resolve(config), config.algorithm
+    if spec.advantage_fn not in GROUP_ADVANTAGE_FNS:
+        return None
+    return spec.advantage_fn, ({} if spec.advantage_fn == "rloo" else {"epsilon": algo.epsilon})
+
+
+def apply_human_feedback(batch: list[Experience], groups: dict[str, list[Experience]], config) -> None:
+    """Give the batch's rollouts their rewards under `config.feedback` and, where the algorithm
+    uses group advantages, recompute their advantages from the new rewards of their whole group.
+
+    `groups` maps a group id to the experiences its advantages compare (the batch's own among
+    them; with feedback.rated_only only the rated ones). A group missing from it keeps the
+    advantages the explorer gave it."""
+    for experience in batch:
+        experience.reward = reward_with_feedback(experience, config.feedback)
+    advantage = group_advantage_params(config)
+    if advantage is None:
+        return
+    fn, params = advantage
+    recomputed = {}
+    for group_id, members in groups.items():
+        rewards = [reward_with_feedback(m, config.feedback) or 0.0 for m in members]
+        advantages, _ = ADVANTAGE_FNS.get(fn)(rewards, [group_id] * len(members), **params)
+        recomputed.update(zip((m.id for m in members), advantages.tolist()))
+    for experience in batch:
+        if experience.id in recomputed:
+            experience.advantage = recomputed[experience.id]

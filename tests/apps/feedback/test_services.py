@@ -27,13 +27,23 @@ def test_rating_maps_the_scale_to_a_human_reward_component(make_experience, make
     assert (rating.kind, rating.value, rating.label, rating.seconds_spent) == ("rating", 1.0, "5", 3.5)
 
 
-def test_a_run_may_rate_good_or_bad(make_experience, annotator, run):
-    run.config = {"feedback": {"scale": "good-bad"}}
+def test_a_run_defines_its_scale_and_ratings_are_normalised_to_it(make_experience, annotator, run):
+    run.config = {"feedback": {"scale_min": 0, "scale_max": 2}}
+    run.save()
+    assert services.rating_scale(run) == {"0": 0.0, "1": 0.5, "2": 1.0}
+    experience = make_experience()
+    with pytest.raises(FeedbackError, match=r"not on this run's scale \(0, 1, 2\)"):
+        services.rate(experience.pk, annotator, "3")
+    assert services.rate(experience.pk, annotator, "1").value == 0.5
+
+
+def test_a_flag_only_records_when_the_run_keeps_flagged_experiences(make_experience, annotator, run):
+    run.config = {"feedback": {"exclude_flagged": False}}
     run.save()
     experience = make_experience()
-    with pytest.raises(FeedbackError, match="not on this run's scale"):
-        services.rate(experience.pk, annotator, "5")
-    assert services.rate(experience.pk, annotator, "good").value == 1.0
+    services.flag(experience.pk, annotator, "wrong")
+    experience.refresh_from_db()
+    assert experience.status == "ready" and Feedback.objects.get().label == "wrong"
 
 
 @pytest.mark.parametrize("point", ["0", "6", "", "five", "4.5"])
