@@ -1,15 +1,15 @@
 """The annotation channel of a run: who took or judged which item, and when new experiences arrive.
 
-Annotators (and the roles above them) may listen. New experiences are noticed on the run's own
-live group: every explorer step moves the run's `explorer_step`, which this consumer passes on as
-`new_experiences`, and nothing else of the dashboard's traffic.
+Annotators of the run (services.may_annotate: every annotator, or those assigned to it) may
+listen. New experiences are noticed on the run's own live group: every explorer step moves the
+run's `explorer_step`, which this consumer passes on as `new_experiences`, and nothing else of
+the dashboard's traffic.
 """
 import json
 
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from apps.accounts.roles import ANNOTATOR, has_role
 from apps.runs.consumers import run_group
 
 from .live import annotate_group
@@ -53,4 +53,7 @@ class AnnotateConsumer(AsyncJsonWebsocketConsumer):
     def _may_annotate(self, user) -> bool:
         from apps.runs.models import Run
 
-        return has_role(user, ANNOTATOR) and Run.objects.filter(pk=self.run_id).exists()
+        from .services import may_annotate
+
+        run = Run.objects.filter(pk=self.run_id).first()
+        return run is not None and may_annotate(run, user)

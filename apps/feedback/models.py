@@ -61,3 +61,13 @@ class SetAside(models.Model):
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["experience", "user"], name="set_aside_one_per_user")]
+
+
+class RunAnnotators(models.Model):
+    """Who may annotate a run: every annotator (`open_to_all`, also when a run has no row) or only
+    those listed. The run's owner and curators always may."""
+
+    run = models.OneToOneField("runs.Run", primary_key=True, related_name="annotators", on_delete=models.CASCADE)
+    open_to_all = models.BooleanField(default=True)
+    users = models.ManyToManyField(settings.AUTH_USER_MODEL, blank=True, related_name="annotated_runs")
+    updated_at = models.DateTimeField(auto_now=True)

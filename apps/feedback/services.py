@@ -15,12 +15,13 @@ from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
 from django.db.models.functions import Abs
 from django.utils import timezone
 
+from apps.accounts.roles import ANNOTATOR, CURATOR, has_role
 from apps.buffer.models import Experience
 from workers.rft import sampling
 from workers.rft.config import RunConfig
 
 from . import live
-from .models import AnnotationLock, Feedback, SetAside
+from .models import AnnotationLock, Feedback, RunAnnotators, SetAside
 
 Status = Experience.Status
 
@@ -74,6 +75,54 @@ def _lock_expiry():
     return timezone.now() + timedelta(seconds=settings.RFTWEB_ANNOTATION_LOCK_SECONDS)
 
 
+# -- who may annotate a run ------------------------------------------------------------------------
+
+
+def may_annotate(run, user) -> bool:
+    """Annotators may judge a run's experiences if it is open to all, or they are assigned to it;
+    its owner and curators always may. Imported data (no run) is open to every annotator."""
+    if not has_role(user, ANNOTATOR):
+        return False
+    if run is None or run.owner_id == user.pk or has_role(user, CURATOR):
+        return True
+    access = RunAnnotators.objects.filter(run=run).first()
+    return access is None or access.open_to_all or access.users.filter(pk=user.pk).exists()
+
+
+def annotatable_runs(runs, user):
+    """`runs` (a queryset) narrowed to those the user may annotate."""
+    if has_role(user, CURATOR):
+        return runs
+    return runs.filter(
+        Q(owner=user) | Q(annotators__isnull=True) | Q(annotators__open_to_all=True) | Q(annotators__users=user)
+    ).distinct()
+
+
+def _check_may_annotate(run, user) -> None:
+    if not may_annotate(run, user):
+        raise FeedbackError(f"you are not an annotator of run {run.name!r}: its owner assigns who annotates it")
+
+
+@transaction.atomic
+def set_annotators(run, user, *, open_to_all: bool, usernames: list[str]) -> RunAnnotators:
+    """Who may annotate the run (its owner or a curator decides): everyone, or the named annotators."""
+    from django.contrib.auth import get_user_model
+
+    if run.owner_id != user.pk and not has_role(user, CURATOR):
+        raise FeedbackError(f"only the owner of run {run.name!r} or a curator assigns its annotators")
+    names = sorted({name.strip() for name in usernames if name.strip()})
+    users = list(get_user_model().objects.filter(username__in=names))
+    unknown = sorted(set(names) - {u.username for u in users})
+    if unknown:
+        raise FeedbackError(f"no user named {', '.join(unknown)}: nothing was changed")
+    not_annotators = sorted(u.username for u in users if not has_role(u, ANNOTATOR))
+    if not_annotators:
+        raise FeedbackError(f"{', '.join(not_annotators)} cannot annotate (no annotator role): nothing was changed")
+    access, _ = RunAnnotators.objects.update_or_create(run=run, defaults={"open_to_all": open_to_all})
+    access.users.set(users)
+    return access
+
+
 # -- who holds and who judged an item ---------------------------------------------------------------
 
 
@@ -104,8 +153,10 @@ def _locked_row(experience_id: int) -> Experience:
 
 
 def _check_may_judge(experience: Experience, user) -> None:
-    """Refuse a judgement that would go past the judgements per item or touch what is settled."""
+    """Refuse a judgement by someone not annotating the run, one that would go past the
+    judgements per item, or one on what is settled."""
     run = experience.run
+    _check_may_annotate(run, user)
     if experience.status == Status.CONSUMED and run is not None and run.is_finished:
         raise FeedbackError(
             f"experience {experience.pk} was already trained on and its run is {run.status}: it can no longer be judged"
@@ -274,6 +325,7 @@ def next_item(run, user, strategy: str = NEWEST) -> Experience | None:
     An item the user already holds comes back first (a reload, the back button)."""
     if strategy not in STRATEGIES:
         raise FeedbackError(f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
+    _check_may_annotate(run, user)
     with transaction.atomic():
         held = _held_item(run, user)
         if held is not None:

@@ -4,7 +4,9 @@ import itertools
 import json
 from collections import defaultdict
 
-from django.db.models import Avg, Count
+from django.db.models import Avg, Count, FloatField
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast
 
 from .models import Feedback
 
@@ -75,3 +77,31 @@ def export_jsonl(run):
         record = dict(zip(names, row))
         record["created_at"], record["updated_at"] = record["created_at"].isoformat(), record["updated_at"].isoformat()
         yield json.dumps(record) + "\n"
+
+
+def summary(run) -> dict:
+    """What the run page shows of human feedback: judgements by kind, what reached the buffer
+    (rated, flagged, edits, DPO pairs), and the human reward (mean normalised rating) overall and
+    per explorer step."""
+    from apps.buffer.models import Experience
+
+    from .services import HUMAN_REWARD
+
+    feedback = Feedback.objects.filter(experience__run=run)
+    counts = dict.fromkeys(Feedback.Kind.values, 0) | dict(feedback.values_list("kind").annotate(n=Count("pk")))
+    rated = Experience.objects.filter(run=run, reward_components__has_key=HUMAN_REWARD)
+    human = KeyTextTransform(HUMAN_REWARD, "reward_components")
+    by_step = (
+        rated.values("explorer_step").annotate(mean=Avg(Cast(human, FloatField())), n=Count("pk")).order_by("explorer_step")
+    )
+    steps = [{"explorer_step": row["explorer_step"], "human_reward": row["mean"], "rated": row["n"]} for row in by_step]
+    total = sum(s["rated"] for s in steps)
+    return {
+        "judgements": counts,
+        "rated_experiences": total,
+        "flagged_experiences": feedback.filter(kind=Feedback.Kind.FLAG).values("experience").distinct().count(),
+        "human_edits": Experience.objects.filter(run=run, source=Experience.Source.HUMAN_EDIT).count(),
+        "dpo_pairs": feedback.filter(kind=Feedback.Kind.PREFERENCE, value=1.0).count(),
+        "human_reward": sum(s["human_reward"] * s["rated"] for s in steps) / total if total else None,
+        "human_reward_by_step": steps,
+    }

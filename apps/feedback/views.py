@@ -2,7 +2,7 @@
 import time
 
 from django.contrib import messages
-from django.http import StreamingHttpResponse
+from django.http import JsonResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
@@ -11,6 +11,7 @@ from apps.buffer.models import Experience
 from apps.runs.models import Run
 
 from . import services, stats
+from .models import RunAnnotators
 from .services import FeedbackError
 
 RUN_CHOICES = 50
@@ -25,10 +26,13 @@ def start(request):
         strategy = request.GET.get("strategy", services.NEWEST)
         if run is None or strategy not in services.STRATEGIES:
             messages.error(request, "Choose a run and one of the strategies.")
+        elif not services.may_annotate(run, request.user):
+            messages.error(request, f"You are not an annotator of run {run.name}: its owner assigns who annotates it.")
         else:
             request.session[SESSION_RUN], request.session[SESSION_STRATEGY] = run.pk, strategy
             return redirect("annotate-next")
-    runs = Run.objects.filter(experiences__isnull=False).distinct().order_by("-created_at")[:RUN_CHOICES]
+    runs = services.annotatable_runs(Run.objects.filter(experiences__isnull=False), request.user)
+    runs = runs.distinct().order_by("-created_at")[:RUN_CHOICES]
     return render(
         request, "feedback/start.html",
         {"runs": runs, "strategies": services.STRATEGIES, "chosen_run": request.session.get(SESSION_RUN),
@@ -41,7 +45,11 @@ def next_item(request):
     run = Run.objects.filter(pk=request.session.get(SESSION_RUN)).first()
     if run is None:
         return redirect("annotate-start")
-    item = services.next_item(run, request.user, request.session.get(SESSION_STRATEGY, services.NEWEST))
+    try:
+        item = services.next_item(run, request.user, request.session.get(SESSION_STRATEGY, services.NEWEST))
+    except FeedbackError as exc:
+        messages.error(request, str(exc))
+        return redirect("annotate-start")
     if item is None:
         # The page waits on the run's channel and comes back here when new experiences arrive.
         return render(request, "feedback/empty.html", {"run": run})
@@ -128,9 +136,36 @@ def set_aside(request, pk, postpone):
 
 @role_required(RESEARCHER)
 def run_feedback(request, run_id):
-    """Progress and quality of a run's feedback: per-annotator counts and time, agreement."""
+    """Progress and quality of a run's feedback: per-annotator counts and time, agreement; and
+    who may annotate the run."""
     run = get_object_or_404(Run, pk=run_id)
-    return render(request, "feedback/stats.html", {"run": run, "annotators": stats.per_annotator(run), "agreement": stats.agreement(run)})
+    access = RunAnnotators.objects.filter(run=run).first()
+    return render(
+        request, "feedback/stats.html",
+        {"run": run, "annotators": stats.per_annotator(run), "agreement": stats.agreement(run),
+         "open_to_all": access is None or access.open_to_all,
+         "assigned": sorted(access.users.values_list("username", flat=True)) if access else []},
+    )
+
+
+@require_POST
+@role_required(RESEARCHER)
+def assign_annotators(request, run_id):
+    run = get_object_or_404(Run, pk=run_id)
+    usernames = request.POST.get("usernames", "").replace(",", "\n").splitlines()
+    try:
+        services.set_annotators(run, request.user, open_to_all=request.POST.get("open_to_all") == "on", usernames=usernames)
+    except FeedbackError as exc:
+        messages.error(request, str(exc))
+    else:
+        messages.success(request, f"Saved who annotates {run.name}.")
+    return redirect("annotate-run-feedback", run_id=run.pk)
+
+
+@role_required(RESEARCHER)
+def run_summary(request, run_id):
+    """Human-feedback counts and the human-reward metric of a run, for its run page."""
+    return JsonResponse(stats.summary(get_object_or_404(Run, pk=run_id)))
 
 
 @role_required(RESEARCHER)

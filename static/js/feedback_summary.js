@@ -1,0 +1,36 @@
+// The run page's human-feedback card: counts and the human-reward metric from the feedback
+// summary (apps/feedback stats.summary), fetched now and every few seconds while the page is open.
+"use strict";
+(function () {
+  const card = document.getElementById("human-feedback");
+  if (!card) return;
+  const REFRESH_MS = 5000;
+  const fields = Object.fromEntries([...card.querySelectorAll("[data-feedback]")].map((el) => [el.dataset.feedback, el]));
+  const chart = document.getElementById("human-reward-chart");
+  let drawnSteps = -1;
+
+  function show(summary) {
+    const j = summary.judgements;
+    fields.human_reward.textContent = summary.human_reward === null ? "—" : summary.human_reward.toFixed(3);
+    fields.rated_experiences.textContent = summary.rated_experiences;
+    fields.judgements.textContent = `${j.rating} · ${j.edit} · ${j.preference} · ${j.flag}`;
+    fields.data.textContent = `${summary.human_edits} · ${summary.dpo_pairs} · ${summary.flagged_experiences}`;
+    const steps = summary.human_reward_by_step;
+    if (!steps.length || steps.length === drawnSteps || !window.Plotly) return;
+    drawnSteps = steps.length;
+    chart.hidden = false;
+    const trace = { x: steps.map((s) => s.explorer_step), y: steps.map((s) => s.human_reward), mode: "lines+markers", name: "human reward" };
+    const layout = { height: 220, margin: { l: 40, r: 10, t: 10, b: 30 }, xaxis: { title: "explorer step" }, yaxis: { range: [0, 1] } };
+    Plotly.react(chart, [trace], layout, { displayModeBar: false, responsive: true });
+  }
+
+  async function refresh() {
+    try {
+      const response = await fetch(card.dataset.summary, { headers: { Accept: "application/json" } });
+      if (response.ok) show(await response.json());
+    } finally {
+      setTimeout(refresh, REFRESH_MS);
+    }
+  }
+  refresh();
+})();
