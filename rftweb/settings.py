@@ -26,6 +26,8 @@ CSRF_TRUSTED_ORIGINS = [o for o in os.environ.get("CSRF_TRUSTED_ORIGINS", "").sp
 # Models, checkpoints and uploads live here. The engine reads the same variable.
 DATA_DIR = Path(os.environ.get("RFTWEB_DATA_DIR", BASE_DIR / "data")).resolve()
 os.environ.setdefault("RFTWEB_DATA_DIR", str(DATA_DIR))
+# Model directories a run may load, besides the data dir (comma-separated; checked at launch).
+RFTWEB_MODEL_DIRS = [d for d in os.environ.get("RFTWEB_MODEL_DIRS", "").split(",") if d]
 
 INSTALLED_APPS = [
     "daphne",

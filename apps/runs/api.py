@@ -11,7 +11,8 @@ from functools import wraps
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.decorators import login_not_required
-from django.core.exceptions import PermissionDenied, ValidationError
+from django.conf import settings
+from django.core.exceptions import PermissionDenied, RequestDataTooBig, ValidationError
 from django.core.paginator import Paginator
 from django.http import Http404, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
@@ -105,7 +106,9 @@ def _csrf_failure(request) -> bool:
 def _json_body(request) -> dict:
     try:
         body = json.loads(request.body or b"{}")
-    except (json.JSONDecodeError, UnicodeDecodeError):
+    except RequestDataTooBig:
+        raise ValueError(f"the body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes") from None
+    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
         raise ValueError("the body must be JSON") from None
     if not isinstance(body, dict):
         raise ValueError("the body must be a JSON object")
@@ -207,8 +210,11 @@ def _launch(request):
         return _config_errors([("<config>", message) for message in err.messages])
     if not isinstance(config, dict):
         return _config_errors([("<config>", "expected a mapping or YAML text")])
+    name = body.get("name") or "api run"
+    if not isinstance(name, str) or "\x00" in name:
+        return error(400, "name must be a string without NUL characters")
     try:
-        run = services.launch_run(request.user, str(body.get("name") or "api run")[:200], config)
+        run = services.launch_run(request.user, name[:200], config)
     except ConfigError as err:
         return _config_errors([(issue.key, issue.message) for issue in err.errors])
     return JsonResponse(run_json(_run(run.pk), detail=True), status=201)
@@ -227,7 +233,7 @@ def run_detail(request, pk):
 def run_action(request, pk, action):
     run = get_object_or_404(Run, pk=pk)
     try:
-        control_run(run, action)
+        control_run(run, action, request.user)
     except services.InvalidTransition as err:
         return error(409, str(err), status=run.status)
     return JsonResponse(run_json(_run(pk)))

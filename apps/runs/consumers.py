@@ -14,7 +14,32 @@ def run_group(run_id: int) -> str:
     return f"run-{run_id}"
 
 
-class RunConsumer(AsyncJsonWebsocketConsumer):
+MAX_CLIENT_MESSAGE_CHARS = 4096  # a client only ever sends pings; anything bigger is abuse
+
+
+class PingConsumer(AsyncJsonWebsocketConsumer):
+    """A push-only channel: the server sends, the client may only ping (to keep proxies from
+    closing an idle socket). Anything else gets an error reply and the socket stays open; a frame
+    too big to be a ping closes it (1009, message too big) before it is parsed."""
+
+    async def receive(self, text_data=None, bytes_data=None, **kwargs):
+        if bytes_data is not None:
+            await self.send_json({"type": "error", "error": "binary frames are not accepted; send JSON text"})
+            return
+        if len(text_data or "") > MAX_CLIENT_MESSAGE_CHARS:
+            await self.close(code=1009)
+            return
+        try:
+            content = json.loads(text_data or "")
+        except (ValueError, RecursionError):  # not JSON, or nested too deep to parse
+            content = None
+        if not isinstance(content, dict) or content.get("type") != "ping":
+            await self.send_json({"type": "error", "error": "unknown message; this channel only accepts {\"type\": \"ping\"}"})
+            return
+        await self.send_json({"type": "pong"})
+
+
+class RunConsumer(PingConsumer):
     async def connect(self):
         user = self.scope.get("user")
         self.run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
@@ -26,16 +51,6 @@ class RunConsumer(AsyncJsonWebsocketConsumer):
 
     async def disconnect(self, code):
         await self.channel_layer.group_discard(run_group(self.run_id), self.channel_name)
-
-    async def receive(self, text_data=None, bytes_data=None, **kwargs):
-        try:
-            content = json.loads(text_data or "")
-        except json.JSONDecodeError:
-            content = None
-        if not isinstance(content, dict) or content.get("type") != "ping":
-            await self.send_json({"type": "error", "error": "unknown message; this channel only accepts {\"type\": \"ping\"}"})
-            return
-        await self.send_json({"type": "pong"})
 
     async def run_update(self, event):
         await self.send_json(event["payload"])

@@ -1,8 +1,12 @@
 """The pause / resume / stop controls of a run, shared by the pages and the API.
 
 The services decide what is legal; this decides which buttons a status offers. "resume" is only
-offered after a pause: starting → running is the worker's own step, not the user's.
+offered after a pause: starting → running is the worker's own step, not the user's. Every
+researcher may watch every run; only its owner and curators may control it.
 """
+from django.core.exceptions import PermissionDenied
+
+from apps.accounts.roles import CURATOR, has_role
 
 from . import services
 from .models import Run
@@ -19,8 +23,15 @@ CONTROLS = {  # action: (service, statuses that offer it)
 }
 
 
-def control_run(run: Run, action: str) -> Run:
-    """Pause, resume or stop; InvalidTransition when the status does not offer that control."""
+def may_control(user, run: Run) -> bool:
+    return run.owner_id == user.pk or has_role(user, CURATOR)
+
+
+def control_run(run: Run, action: str, user) -> Run:
+    """Pause, resume or stop for `user`: PermissionDenied when it is not their run (and they are
+    no curator), InvalidTransition when the status does not offer that control."""
+    if not may_control(user, run):
+        raise PermissionDenied(f"only the owner of run {run.name!r} ({run.owner}) or a curator may {action} it")
     change, offered = CONTROLS[action]
     if not offered(run.status):
         raise services.InvalidTransition(f"cannot {action} run {run.name!r}: it is {run.status}")

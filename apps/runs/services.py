@@ -65,20 +65,29 @@ def record_metrics(run: Run, role: str, step: int, values: dict) -> MetricPoint:
 
 
 def validate_config(config: dict) -> "RunConfig":
-    """The engine's schema, plus what only the database knows: the tasksets must exist.
+    """The engine's schema, plus what a shared server adds: upper bounds, model directories
+    confined to the allowed roots (stored resolved), and tasksets that exist.
     Raises ConfigError naming each bad key."""
     from apps.tasksets.models import Taskset
     from workers.rft.config import ConfigError, ConfigIssue, RunConfig
+
+    from .config_checks import bound_issues, model_issues, nul_issues
 
     parsed = RunConfig.from_dict(config)
     buffer = parsed.buffer
     issues = [
         ConfigIssue(f"buffer.{key}", f"no taskset named {name!r}; upload it or pick one of the tasksets page")
         for key, name in (("taskset", buffer.taskset), ("expert_taskset", buffer.expert_taskset), ("eval_taskset", buffer.eval_taskset))
-        if name and not Taskset.objects.filter(name=name).exists()
+        if name and "\x00" not in name and not Taskset.objects.filter(name=name).exists()  # NUL: nul_issues
     ]
+    bad_models, resolved_models = model_issues(parsed)
+    issues += [ConfigIssue(key, message) for key, message in bound_issues(parsed) + bad_models]
+    reported = {issue.key for issue in issues}
+    issues += [ConfigIssue(key, message) for key, message in nul_issues(parsed.to_dict()) if key not in reported]
     if issues:
         raise ConfigError(issues)
+    for key, directory in resolved_models.items():
+        setattr(parsed.model, key.removeprefix("model."), directory)
     return parsed
 
 

@@ -5,6 +5,7 @@ import importlib.util
 from pathlib import Path
 
 from django.contrib import messages
+from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.http import FileResponse, JsonResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
@@ -20,7 +21,7 @@ from apps.tasksets.models import Taskset
 from . import queries, services
 from .api import run_json, token_for
 from .checkpoints import checkpoint_dir, tar_stream
-from .controls import control_run, control_statuses
+from .controls import control_run, control_statuses, may_control
 from .forms import LaunchForm, RolloutFilterForm, RunFilterForm, dump_config_yaml
 from .models import Checkpoint, Run
 from .presets import DEFAULT_PRESET, PRESETS, preset_config
@@ -69,10 +70,12 @@ def run_bulk_stop(request):
     stopped, refused = [], []
     for run in Run.objects.filter(pk__in=[pk for pk in request.POST.getlist("runs") if pk.isdigit()]):
         try:
-            control_run(run, "stop")
+            control_run(run, "stop", request.user)
             stopped.append(run.name)
         except services.InvalidTransition:
             refused.append(f"{run.name} ({run.status})")
+        except PermissionDenied:
+            refused.append(f"{run.name} (not yours)")
     if stopped:
         messages.success(request, f"Stopping {len(stopped)} run{'s' * (len(stopped) != 1)}: {', '.join(stopped)}.")
     if refused:
@@ -135,6 +138,7 @@ def run_detail(request, pk):
             "config_yaml": dump_config_yaml(run.config),
             "checkpoints": run.checkpoints.order_by("-version"),
             "controls": control_statuses(),
+            "may_control": may_control(request.user, run),
             "plotly_version": PLOTLY_VERSION,
             "page_data": {
                 "live_url": reverse("run-live", args=[run.pk]),
@@ -171,7 +175,7 @@ def run_live(request, pk):
 def run_control(request, pk, action):
     run = get_object_or_404(Run, pk=pk)
     try:
-        control_run(run, action)
+        control_run(run, action, request.user)  # PermissionDenied: 403
     except services.InvalidTransition as err:
         messages.error(request, str(err))
     else:

@@ -1,10 +1,11 @@
+from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.http import JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_GET
 
-from apps.accounts.roles import RESEARCHER, role_required
+from apps.accounts.roles import CURATOR, RESEARCHER, has_role, role_required
 
 from . import services
 from .forms import TasksetUploadForm
@@ -45,16 +46,24 @@ def taskset_upload(request):
     return render(request, "tasksets/upload.html", {"form": form})
 
 
+def _import_job(request, pk) -> TasksetImport:
+    """An import job is seen by the researcher who uploaded the file, and by curators."""
+    job = get_object_or_404(TasksetImport.objects.select_related("taskset"), pk=pk)
+    if job.created_by_id != request.user.pk and not has_role(request.user, CURATOR):
+        raise PermissionDenied("this import belongs to another user")
+    return job
+
+
 @role_required(RESEARCHER)
 def taskset_import(request, pk):
-    job = get_object_or_404(TasksetImport.objects.select_related("taskset"), pk=pk)
+    job = _import_job(request, pk)
     return render(request, "tasksets/import.html", {"job": job, "status": _import_status(job)})
 
 
 @require_GET
 @role_required(RESEARCHER)
 def taskset_import_status(request, pk):
-    job = get_object_or_404(TasksetImport.objects.select_related("taskset"), pk=pk)
+    job = _import_job(request, pk)
     return JsonResponse(_import_status(job))
 
 

@@ -1,0 +1,146 @@
+"""What a launch checks on top of the engine's config schema: sane upper bounds and model paths.
+
+The engine's schema (workers.rft.config) gives every key its type and lower bound. A web server
+shared by a team also needs an upper bound on what one request may ask of the workers (10^9 new
+tokens would tie up a GPU for good), and must not let a config read files outside the data
+directory. Both are reported like the schema's own errors: a ConfigIssue per dotted key.
+"""
+import json
+from pathlib import Path
+
+from django.conf import settings
+
+# dotted key: the largest value a launch accepts.
+UPPER_BOUNDS = {
+    "seed": 2**32 - 1,
+    "model.max_prompt_tokens": 131_072,
+    "algorithm.repeat_times": 256,
+    "algorithm.entropy_coef": 100.0,
+    "algorithm.kl.coef": 100.0,
+    "algorithm.dpo.beta": 100.0,
+    "algorithm.clip_range_high": 100.0,
+    "explorer.batch_size": 4096,
+    "explorer.temperature": 10.0,
+    "explorer.max_new_tokens": 32_768,
+    "explorer.eval_interval": 10_000_000,
+    "trainer.lr": 1.0,
+    "trainer.critic_lr": 1.0,
+    "trainer.batch_size": 65_536,
+    "trainer.micro_batch_size": 4096,
+    "trainer.total_steps": 10_000_000,
+    "trainer.save_interval": 10_000_000,
+    "trainer.warmup_steps": 10_000_000,
+    "trainer.update_epochs": 100,
+    "trainer.grad_clip": 1e6,
+    "buffer.max_staleness": 1_000_000,
+    "synchronizer.interval": 1_000_000,
+    "synchronizer.offset": 1_000_000,
+    "feedback.scale_min": 1000,
+    "feedback.scale_max": 1000,
+}
+MAX_ROLLOUTS_PER_STEP = 65_536  # explorer.batch_size * algorithm.repeat_times
+MAX_TEXT_CHARS = 100_000  # explorer.system_prompt
+
+MODEL_KEYS = ("model.path", "model.ref_path", "model.critic_path")
+# A causal language model, as transformers names its classes.
+CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def _value(config, dotted: str):
+    for part in dotted.split("."):
+        config = getattr(config, part)
+    return config
+
+
+def bound_issues(config) -> list[tuple[str, str]]:
+    """(key, message) for each value above its upper bound."""
+    issues = [
+        (key, f"must be <= {limit}, got {value}")
+        for key, limit in UPPER_BOUNDS.items()
+        if (value := _value(config, key)) is not None and value > limit
+    ]
+    rollouts = config.explorer.batch_size * config.algorithm.repeat_times
+    already_reported = {key for key, _ in issues} & {"explorer.batch_size", "algorithm.repeat_times"}
+    if rollouts > MAX_ROLLOUTS_PER_STEP and not already_reported:
+        issues.append((
+            "explorer.batch_size",
+            f"batch_size x algorithm.repeat_times is {rollouts} rollouts a step; at most {MAX_ROLLOUTS_PER_STEP}",
+        ))
+    prompt = config.explorer.system_prompt
+    if prompt is not None and len(prompt) > MAX_TEXT_CHARS:
+        issues.append(("explorer.system_prompt", f"must be at most {MAX_TEXT_CHARS} characters, got {len(prompt)}"))
+    return issues
+
+
+def nul_issues(data, prefix: str = "") -> list[tuple[str, str]]:
+    """(key, message) for each string holding a NUL character, which Postgres cannot store."""
+    if isinstance(data, dict):
+        return [issue for key, value in data.items() for issue in nul_issues(value, f"{prefix}.{key}" if prefix else str(key))]
+    if isinstance(data, list):
+        return [issue for i, value in enumerate(data) for issue in nul_issues(value, f"{prefix}[{i}]")]
+    if isinstance(data, str) and "\x00" in data:
+        return [(prefix, "must not contain a NUL character (\\x00)")]
+    return []
+
+
+def allowed_model_roots() -> list[Path]:
+    """Model directories may lie only under these: the data dir and RFTWEB_MODEL_DIRS."""
+    return [Path(settings.DATA_DIR).resolve(), *(Path(d).resolve() for d in settings.RFTWEB_MODEL_DIRS)]
+
+
+def model_issues(config) -> tuple[list[tuple[str, str]], dict[str, str]]:
+    """(issues, resolved): each model path is a built-in name or a model directory inside an
+    allowed root (relative paths are taken from the data dir; symlinks are resolved first, so a
+    link cannot lead out). `resolved` maps each good directory key to its absolute path, which is
+    what the run stores, so the workers read exactly what was checked."""
+    from workers.rft.models import BUILTIN_MODELS
+
+    issues, resolved = [], {}
+    for key in MODEL_KEYS:
+        path = _value(config, key)
+        if path is None or path in BUILTIN_MODELS:
+            continue
+        problem, directory = _model_dir_problem(path)
+        if problem:
+            issues.append((key, problem))
+        else:
+            resolved[key] = str(directory)
+    return issues, resolved
+
+
+def _model_dir_problem(path: str) -> tuple[str | None, Path | None]:
+    roots = allowed_model_roots()
+    if "\x00" in path:
+        return "must not contain a NUL character", None
+    directory = (roots[0] / path).resolve()  # an absolute path replaces the root
+    if not any(directory.is_relative_to(root) for root in roots):
+        return (
+            f"{path!r} lies outside the allowed model directories ({', '.join(map(str, roots))}); "
+            "use a built-in model (tiny, smollm2-135m) or a directory under them",
+            None,
+        )
+    if not directory.is_dir():
+        return f"no model directory at {directory}", None
+    config_file = directory / "config.json"
+    if not config_file.is_file():
+        return f"{directory} has no config.json; is it a Hugging Face model directory (save_pretrained)?", None
+    try:
+        model_config = json.loads(config_file.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        return f"{config_file} is not valid JSON: {err}", None
+    if not isinstance(model_config, dict) or not isinstance(model_config.get("model_type"), str):
+        return f"{config_file} has no model_type", None
+    architectures = model_config.get("architectures") or []
+    if architectures and not any(str(a).endswith(CAUSAL_LM_SUFFIXES) for a in architectures):
+        return (
+            f"{config_file} names architecture {', '.join(map(str, architectures))}, which is not a causal "
+            "language model (a ...ForCausalLM class)",
+            None,
+        )
+    if not any((directory / name).is_file() for name in WEIGHT_FILES):
+        return f"{directory} has no weights ({' or '.join(WEIGHT_FILES)})", None
+    if not any((directory / name).is_file() for name in TOKENIZER_FILES):
+        return f"{directory} has no tokenizer ({' or '.join(TOKENIZER_FILES)})", None
+    return None, directory
