@@ -1,0 +1,97 @@
+"""python -m bench all | <name> [options]: run benchmarks, print their tables, write bench/results/<name>.json.
+
+Names: grpo_step, learning, rollout, stack_overhead, buffer, live_metrics, memory. `--quick` uses
+fewer repetitions and steps (for a loaded machine); see bench/README.md for what each figure means.
+"""
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import load, machine  # noqa: E402
+
+
+def run_grpo_step(args):
+    from bench.grpo import grpo_step
+
+    cases = args.cases or ("tiny", "smollm2")
+    return grpo_step(reps=2 if args.quick else 3, steps=1 if args.quick else 3, cases=cases,
+                     dtypes=args.dtypes or ("fp32", "bf16"))
+
+
+def run_learning(args):
+    from bench.grpo import learning
+
+    return learning(seeds=2 if args.quick else 4, steps=12 if args.quick else 24)
+
+
+def run_rollout(args):
+    from bench.rollout import rollout
+
+    return rollout(quick=args.quick)
+
+
+def run_stack_overhead(args):
+    from bench.stack_overhead import stack_overhead
+
+    return stack_overhead(steps=3 if args.quick else 6, reps=1 if args.quick else 2)
+
+
+def run_buffer(args):
+    from bench.buffer import buffer
+
+    return buffer(rows=200_000 if args.quick else 1_000_000)
+
+
+def run_live_metrics(args):
+    from bench.live_metrics import live_metrics
+
+    return live_metrics(clients=50, steps=20 if args.quick else 60)
+
+
+def run_memory(args):
+    from bench.memory import memory
+
+    return memory(steps=2 if args.quick else 3)
+
+
+BENCHMARKS = {
+    "grpo_step": run_grpo_step,
+    "learning": run_learning,
+    "rollout": run_rollout,
+    "stack_overhead": run_stack_overhead,
+    "buffer": run_buffer,
+    "live_metrics": run_live_metrics,
+    "memory": run_memory,
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench")
+    parser.add_argument("name", choices=["all", *BENCHMARKS])
+    parser.add_argument("--quick", action="store_true", help="fewer repetitions and steps")
+    parser.add_argument("--cases", nargs="+", choices=["tiny", "smollm2"], help="grpo_step: which models")
+    parser.add_argument("--dtypes", nargs="+", choices=["fp32", "bf16"], help="grpo_step: which dtypes")
+    args = parser.parse_args()
+    print(f"machine: {machine()}", flush=True)
+    names = list(BENCHMARKS) if args.name == "all" else [args.name]
+    failed = []
+    for name in names:
+        print(f"\n== {name} (load {load()}) ==", flush=True)
+        started = time.perf_counter()
+        try:
+            BENCHMARKS[name](args)
+        except Exception as err:  # noqa: BLE001 - one benchmark failing must not hide the others
+            if type(err).__name__ == "LossMismatch" or "LOSS MISMATCH" in str(err):
+                raise
+            print(f"{name} FAILED: {type(err).__name__}: {err}", flush=True)
+            failed.append(name)
+        print(f"({name}: {time.perf_counter() - started:.0f} s, load {load()})", flush=True)
+    if failed:
+        sys.exit(f"failed: {', '.join(failed)}")
+
+
+if __name__ == "__main__":
+    main()
