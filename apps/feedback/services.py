@@ -3,7 +3,7 @@
 Every operation that hands out or judges an item first locks the experience's row
 (SELECT … FOR UPDATE), then counts its judges and annotation locks in fresh statements: two
 annotators racing for the last place on an item are serialised by that row lock, so an item is
-never judged by more annotators than `RFTWEB_JUDGEMENTS_PER_ITEM` asks for. The queue takes its
+never judged by more annotators than the run asks for (`judgements_per_item`). The queue takes its
 candidates with SKIP LOCKED, so concurrent annotators are handed different items without waiting.
 """
 import functools
@@ -67,8 +67,10 @@ def rating_scale(run) -> dict[str, float]:
     return {str(point): (point - low) / (high - low) for point in range(low, high + 1)}
 
 
-def judgements_per_item() -> int:
-    return settings.RFTWEB_JUDGEMENTS_PER_ITEM
+def judgements_per_item(run) -> int:
+    """How many annotators judge each item: the run's `feedback.judgements_per_item`, else the
+    deployment's RFTWEB_JUDGEMENTS_PER_ITEM."""
+    return feedback_settings(run).judgements_per_item or settings.RFTWEB_JUDGEMENTS_PER_ITEM
 
 
 def _lock_expiry():
@@ -136,13 +138,13 @@ def _live_locks(experience_id):
     return AnnotationLock.objects.filter(experience_id=experience_id, expires_at__gt=timezone.now())
 
 
-def _places_left(experience_id: int, user=None) -> int:
+def _places_left(experience: Experience, user=None) -> int:
     """How many more annotators may take the item, leaving `user`'s own lock and judgements out
     of the count. Call with its row locked."""
     me = user.pk if user is not None else None
-    judges = set(_judged(experience_id).values_list("user_id", flat=True)) - {me}
-    holders = _live_locks(experience_id).exclude(user_id=me).exclude(user_id__in=judges).count()
-    return judgements_per_item() - len(judges) - holders
+    judges = set(_judged(experience.pk).values_list("user_id", flat=True)) - {me}
+    holders = _live_locks(experience.pk).exclude(user_id=me).exclude(user_id__in=judges).count()
+    return judgements_per_item(experience.run) - len(judges) - holders
 
 
 def _locked_row(experience_id: int) -> Experience:
@@ -163,7 +165,7 @@ def _check_may_judge(experience: Experience, user) -> None:
         )
     if _live_locks(experience.pk).filter(user=user).exists() or _judged(experience.pk, user.pk).exists():
         return
-    if _places_left(experience.pk, user) <= 0:
+    if _places_left(experience, user) <= 0:
         holders = ", ".join(
             _live_locks(experience.pk).exclude(user=user).values_list("user__username", flat=True).order_by("user__username")
         )
@@ -283,8 +285,10 @@ def compare(experience_id: int, other_id: int, user, verdict: str, *, seconds_sp
         raise FeedbackError(f"unknown verdict {verdict!r}: choose one of {', '.join(VERDICTS)}")
     if experience_id == other_id:
         raise FeedbackError("a response cannot be compared with itself")
-    experience = _locked_row(experience_id)
-    other = _locked_row(other_id)
+    # Rows are locked in id order: two annotators comparing the same pair from either side must
+    # not each hold one row and wait for the other's (a deadlock Postgres answers with an error).
+    locked = {pk: _locked_row(pk) for pk in sorted((experience_id, other_id))}
+    experience, other = locked[experience_id], locked[other_id]
     if (other.run_id, other.task_id, other.prompt_text) != (experience.run_id, experience.task_id, experience.prompt_text):
         raise FeedbackError(f"experiences {experience.pk} and {other.pk} answer different prompts: only responses to one prompt compare")
     _check_may_judge(experience, user)
@@ -333,9 +337,11 @@ def next_item(run, user, strategy: str = NEWEST) -> Experience | None:
         # Candidates were counted before their rows were locked: one can fill up meanwhile, so the
         # count is redone under the lock, and a fresh batch is tried if a whole batch filled up.
         for _ in range(3):
-            candidates = list(_candidates(run, user, strategy).select_for_update(skip_locked=True, of=("self",))[:CANDIDATES])
+            candidates = list(
+                _candidates(run, user, strategy).select_related("run").select_for_update(skip_locked=True, of=("self",))[:CANDIDATES]
+            )
             for experience in candidates:
-                if _places_left(experience.pk, user) > 0:
+                if _places_left(experience, user) > 0:
                     _take(experience, user)
                     return experience
             if len(candidates) < CANDIDATES:
@@ -366,7 +372,7 @@ def _candidates(run, user, strategy: str):
         .exclude(Exists(SetAside.objects.filter(experience=OuterRef("pk"), user=user, postponed=False)))
         .annotate(postponed=Exists(SetAside.objects.filter(experience=OuterRef("pk"), user=user, postponed=True)))
     )
-    if judgements_per_item() == 1:
+    if judgements_per_item(run) == 1:
         # Held by someone else: a cheap first cut (the exact count is redone under the row lock).
         others = AnnotationLock.objects.filter(experience=OuterRef("pk"), expires_at__gt=timezone.now()).exclude(user=user)
         items = items.exclude(Exists(others))
@@ -389,7 +395,7 @@ def _take(experience: Experience, user) -> None:
     AnnotationLock.objects.update_or_create(experience=experience, user=user, defaults={"expires_at": _lock_expiry()})
     live.broadcast(
         experience.run_id,
-        {"type": "taken", "experience": experience.pk, "user": user.username, "places_left": _places_left(experience.pk)},
+        {"type": "taken", "experience": experience.pk, "user": user.username, "places_left": _places_left(experience)},
     )
 
 

@@ -177,6 +177,9 @@ class FeedbackConfig:
     # stored normalised, (r - scale_min) / (scale_max - scale_min), in [0, 1].
     scale_min: int = _f(1, ge=0, le=8)
     scale_max: int = _f(5, ge=1, le=9)
+    # Annotators who judge each item (more than one measures agreement); None: the deployment's
+    # default (RFTWEB_JUDGEMENTS_PER_ITEM).
+    judgements_per_item: int | None = _f(None, ge=1, le=20)
     # none: ratings are only recorded; weight: reward += reward_weight * normalised rating;
     # override: a rated experience's reward is its normalised rating. Group advantages are
     # recomputed from the new rewards.

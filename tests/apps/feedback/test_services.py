@@ -18,7 +18,7 @@ def test_rating_maps_the_scale_to_a_human_reward_component(make_experience, make
     first, second = make_annotator("a1"), make_annotator("a2")
     services.rate(experience.pk, first, "5", seconds_spent=3.5)
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(services, "judgements_per_item", lambda: 2)
+        mp.setattr(services, "judgements_per_item", lambda run: 2)
         services.rate(experience.pk, second, "2")
     experience.refresh_from_db()
     assert experience.reward_components == {"exact_match": 1.0, "human": pytest.approx(0.625)}
@@ -218,3 +218,15 @@ def test_rejected_items_and_human_edits_are_not_queued(make_experience, annotato
     make_experience(status="rejected")
     make_experience(source="human_edit")
     assert services.next_item(run, annotator) is None
+
+
+def test_a_judgement_stands_when_the_live_hint_cannot_be_sent(make_experience, annotator, settings, django_capture_on_commit_callbacks, caplog):
+    # Nothing listens on port 1: the channel layer fails after the judgement has committed.
+    settings.CHANNEL_LAYERS = {
+        "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": ["redis://127.0.0.1:1/0"]}}
+    }
+    experience = make_experience()
+    with django_capture_on_commit_callbacks(execute=True):
+        services.rate(experience.pk, annotator, "4")
+    assert Feedback.objects.get().value == 0.75
+    assert "annotation hint judged" in caplog.text and "not sent" in caplog.text
