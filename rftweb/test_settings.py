@@ -16,3 +16,6 @@ STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
 }
+# Close each connection after use: websocket tests run database calls on executor threads that
+# die with their event loop, and kept-alive connections there would pile up to max_connections.
+DATABASES["default"]["CONN_MAX_AGE"] = 0  # noqa: F405

@@ -1,0 +1,281 @@
+"""Who reaches what: every URL and websocket route x anonymous, annotator, the run's owner, another
+researcher (someone else's run) and a curator.
+
+The URL resolver and the websocket routing are walked, so a new URL or route without an entry in
+the matrix fails `test_every_url_has_a_matrix_entry`. Expected outcomes:
+  A  allowed: the view answers (2xx, a redirect elsewhere, or 400/409 on the empty form it got)
+  L  sent to the login page          U  401 JSON (API)          D  403 (admin: its own login page)
+  R  refused by the view with a message, and nothing changed (a redirect back)
+"""
+import shutil
+from dataclasses import dataclass, field
+from typing import Callable
+
+import pytest
+from asgiref.sync import async_to_sync
+from channels.testing import WebsocketCommunicator
+from django.conf import settings
+from django.contrib import admin
+from django.test import Client
+from django.urls import URLPattern, URLResolver, get_resolver, reverse
+
+from apps.accounts.apps import CURATED_APPS
+from apps.accounts.roles import ANNOTATOR, CURATOR, RESEARCHER
+from apps.accounts.services import create_user
+from apps.buffer.models import Experience
+from apps.feedback.models import RunAnnotators
+from apps.runs.api import token_for
+from apps.runs.models import Checkpoint, Run
+from apps.tasksets.models import Task, Taskset, TasksetImport
+from rftweb.asgi import application
+from rftweb.routing import websocket_urlpatterns
+
+PRINCIPALS = ("anonymous", "annotator", "owner", "other", "curator")
+Status = Run.Status
+
+
+@dataclass
+class Entry:
+    expected: str  # one letter per principal, in PRINCIPALS order
+    method: str = "get"
+    kwargs: Callable = lambda o: {}
+    data: Callable = lambda o: {}
+    run_status: str = Status.RUNNING
+    changed: Callable | None = None  # for a change: did it happen? (it must exactly when allowed)
+    api: bool = False  # called with the user's bearer token instead of the session
+    extra: dict = field(default_factory=dict)
+
+
+run = lambda o: {"pk": o.run.pk}  # noqa: E731
+run_id = lambda o: {"run_id": o.run.pk}  # noqa: E731
+item = lambda o: {"pk": o.experience.pk}  # noqa: E731
+
+
+def status_is(status):
+    return lambda o: Run.objects.get(pk=o.run.pk).status == status
+
+
+MATRIX = {
+    # accounts: the login page is public; logout (POST) always lands on the login page.
+    "login": Entry("AAAAA"),
+    "logout": Entry("LLLLL", method="post"),
+    # tasksets: researchers; an import job is its uploader's (and curators')
+    "taskset-list": Entry("LDAAA"),
+    "taskset-upload": Entry("LDAAA"),
+    "taskset-import": Entry("LDADA", kwargs=lambda o: {"pk": o.job.pk}),
+    "taskset-import-status": Entry("LDADA", kwargs=lambda o: {"pk": o.job.pk}),
+    "taskset-detail": Entry("LDAAA", kwargs=lambda o: {"name": o.taskset.name}),
+    # annotation: annotators and up; a run's feedback stats and who annotates it: researchers
+    "annotate-start": Entry("LAAAA"),
+    "annotate-next": Entry("LAAAA"),
+    "annotate-experience": Entry("LAAAA", kwargs=item),
+    "annotate-skip": Entry("LAAAA", method="post", kwargs=item),
+    "annotate-postpone": Entry("LAAAA", method="post", kwargs=item),
+    "annotate-rate": Entry("LAAAA", method="post", kwargs=item, data=lambda o: {"point": "3"}),
+    "annotate-edit": Entry("LAAAA", method="post", kwargs=item, data=lambda o: {"text": "a better answer"}),
+    "annotate-compare": Entry("LAAAA", method="post", kwargs=item),
+    "annotate-flag": Entry("LAAAA", method="post", kwargs=item, data=lambda o: {"reason": "garbled"}),
+    "annotate-run-feedback": Entry("LDAAA", kwargs=run_id),
+    "annotate-export": Entry("LDAAA", kwargs=run_id),
+    "annotate-run-summary": Entry("LDAAA", kwargs=run_id),
+    "annotate-assign": Entry(
+        "LDARA", method="post", kwargs=run_id, data=lambda o: {"usernames": "ann"},
+        changed=lambda o: RunAnnotators.objects.filter(run=o.run).exists(),
+    ),
+    # the dashboard: every researcher watches every run; only its owner and curators control it
+    "home": Entry("LAAAA"),
+    "plotly-js": Entry("LAAAA"),
+    "run-list": Entry("LDAAA"),
+    "run-launch": Entry("LDAAA"),
+    "run-compare": Entry("LDAAA", data=lambda o: {"runs": [o.run.pk]}),
+    "run-detail": Entry("LDAAA", kwargs=run),
+    "run-live": Entry("LDAAA", kwargs=run),
+    "run-rollouts": Entry("LDAAA", kwargs=run),
+    "checkpoint-download": Entry("LDAAA", kwargs=lambda o: {"pk": o.run.pk, "version": 1}),
+    "run-pause": Entry("LDADA", method="post", kwargs=run, changed=status_is(Status.PAUSED)),
+    "run-resume": Entry("LDADA", method="post", kwargs=run, run_status=Status.PAUSED, changed=status_is(Status.RUNNING)),
+    "run-stop": Entry("LDADA", method="post", kwargs=run, changed=status_is(Status.STOPPING)),
+    "run-bulk-stop": Entry(
+        "LDARA", method="post", data=lambda o: {"runs": [o.run.pk]}, changed=status_is(Status.STOPPING)
+    ),
+    "api-token": Entry("LDAAA"),
+    # the JSON API, with each user's token
+    "api-runs": Entry("UDAAA", api=True),
+    "api-run": Entry("UDAAA", api=True, kwargs=run),
+    "api-run-metrics": Entry("UDAAA", api=True, kwargs=run),
+    "api-run-experiences": Entry("UDAAA", api=True, kwargs=run),
+    "api-run-pause": Entry("UDADA", api=True, method="post", kwargs=run, changed=status_is(Status.PAUSED)),
+    "api-run-resume": Entry(
+        "UDADA", api=True, method="post", kwargs=run, run_status=Status.PAUSED, changed=status_is(Status.RUNNING)
+    ),
+    "api-run-stop": Entry("UDADA", api=True, method="post", kwargs=run, changed=status_is(Status.STOPPING)),
+}
+
+WS_MATRIX = {
+    "ws/runs/<int:run_id>/": "DDAAA",
+    "ws/annotate/<int:run_id>/": "DAAAA",
+}
+
+
+def url_names() -> set[str]:
+    """Every named URL outside the admin (the admin is checked model by model below)."""
+    names = set()
+
+    def walk(patterns, namespace):
+        for pattern in patterns:
+            if isinstance(pattern, URLResolver):
+                walk(pattern.url_patterns, pattern.namespace or namespace)
+            elif isinstance(pattern, URLPattern) and namespace != "admin":
+                assert pattern.name, f"URL {pattern.pattern} has no name; name it and add it to the matrix"
+                names.add(pattern.name)
+
+    walk(get_resolver().url_patterns, None)
+    return names
+
+
+def test_every_url_has_a_matrix_entry():
+    assert url_names() == set(MATRIX), "add the new URL to MATRIX (or drop the entry of a removed one)"
+
+
+def test_every_websocket_route_has_a_matrix_entry():
+    assert {str(route.pattern) for route in websocket_urlpatterns} == set(WS_MATRIX)
+
+
+@pytest.fixture
+def world(db, settings):
+    """Users of each role, a run of `owner` with an experience and a checkpoint, an import job."""
+
+    class World:
+        pass
+
+    o = World()
+    o.users = {
+        "annotator": create_user("ann", "pw-for-tests-123", roles=(ANNOTATOR,)),
+        "owner": create_user("owner", "pw-for-tests-123", roles=(RESEARCHER,)),
+        "other": create_user("other", "pw-for-tests-123", roles=(RESEARCHER,)),
+        "curator": create_user("cur", "pw-for-tests-123", roles=(CURATOR,)),
+    }
+    o.taskset = Taskset.objects.create(name="ts", task_count=1)
+    task = Task.objects.create(taskset=o.taskset, index=0, prompt="1+1?", answer="2")
+    o.run = Run.objects.create(name="r", owner=o.users["owner"], config={})
+    o.experience = Experience.objects.create(
+        run=o.run, task=task, explorer_step=0, rollout_index=0, group_id="g0", prompt_text="1+1?", response_text="2",
+        prompt_ids=[1], response_ids=[2], action_mask=[1], logprobs=[-0.1], reward=1.0, model_version=0,
+    )
+    directory = settings.DATA_DIR / "access-matrix-checkpoint"
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "weights.bin").write_bytes(b"w")
+    Checkpoint.objects.create(run=o.run, version=1, step=1, path=str(directory))
+    o.job = TasksetImport.objects.create(
+        original_filename="t.jsonl", name="new-ts", format="jsonl", default_workflow="single_turn",
+        default_reward_fn="exact_match", created_by=o.users["owner"],
+    )
+    yield o
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+def outcome(response) -> str:
+    location = response.headers.get("Location", "")
+    if response.status_code == 401:
+        return "U"
+    if response.status_code == 403 or (response.status_code == 302 and location.startswith("/admin/login/")):
+        return "D"
+    if response.status_code == 302 and location.startswith(reverse("login")):
+        return "L"
+    if response.status_code in (200, 201, 204, 301, 302, 400, 409):
+        return "A"
+    return f"unexpected {response.status_code}"
+
+
+def call(o, principal: str, entry: Entry, url: str):
+    client = Client()
+    user = o.users.get(principal)
+    headers = {}
+    if entry.api and user is not None:
+        headers["HTTP_AUTHORIZATION"] = f"Bearer {token_for(user)}"
+    elif user is not None:
+        client.force_login(user)
+    return getattr(client, entry.method)(url, entry.data(o), **headers)
+
+
+@pytest.mark.parametrize("principal", PRINCIPALS)
+@pytest.mark.parametrize("name", sorted(MATRIX))
+def test_access(world, name, principal):
+    entry = MATRIX[name]
+    Run.objects.filter(pk=world.run.pk).update(status=entry.run_status)
+    expected = entry.expected[PRINCIPALS.index(principal)]
+    response = call(world, principal, entry, reverse(name, kwargs=entry.kwargs(world)))
+    got = outcome(response)
+    if expected == "R":  # the view answers, but refuses: a message and a redirect, nothing changed
+        assert got == "A" and response.status_code == 302, (name, principal, response.status_code)
+    else:
+        assert got == expected, (name, principal, response.status_code, response.headers.get("Location"))
+    if entry.changed is not None:
+        assert entry.changed(world) == (expected == "A"), (name, principal, "change")
+
+
+# ---- the admin: curators only, and never the user accounts ---------------------------------------
+
+# Experiences come from runs and imports, jobs from their forms: the admin adds none of them by hand.
+NOT_ADDED_BY_HAND = {("buffer", "experience"), ("buffer", "bufferjob"), ("tasksets", "tasksetimport")}
+ADMIN_PAGES = sorted(
+    (model._meta.app_label, model._meta.model_name, page)
+    for model in admin.site._registry
+    for page in ("changelist", "add")
+)
+
+
+@pytest.mark.parametrize("principal", PRINCIPALS)
+@pytest.mark.parametrize("app_label, model_name, page", ADMIN_PAGES)
+def test_admin_access(world, principal, app_label, model_name, page):
+    expected = {"anonymous": "L", "annotator": "D", "owner": "D", "other": "D"}.get(principal)
+    if principal == "curator":
+        by_hand = page != "add" or (app_label, model_name) not in NOT_ADDED_BY_HAND
+        expected = "A" if app_label in CURATED_APPS and by_hand else "D"
+    response = call(world, principal, Entry(expected), reverse(f"admin:{app_label}_{model_name}_{page}"))
+    got = outcome(response)
+    assert got == expected, (app_label, model_name, page, principal, response.status_code)
+
+
+# ---- websockets -----------------------------------------------------------------------------------
+
+
+def ws_accepts(o, principal: str, path: str, origin: bytes = b"http://localhost") -> bool:
+    headers = [(b"origin", origin)] if origin else []
+    user = o.users.get(principal)
+    if user is not None:
+        client = Client()
+        client.force_login(user)
+        headers.append((b"cookie", f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}".encode()))
+
+    async def scenario():
+        ws = WebsocketCommunicator(application, path, headers=headers)
+        connected, _ = await ws.connect(timeout=10)
+        if connected:
+            await ws.disconnect()
+        return connected
+
+    return async_to_sync(scenario)()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("principal", PRINCIPALS)
+@pytest.mark.parametrize("route", sorted(WS_MATRIX))
+def test_websocket_access(world, route, principal):
+    path = "/" + route.replace("<int:run_id>", str(world.run.pk))
+    expected = WS_MATRIX[route][PRINCIPALS.index(principal)] == "A"
+    assert ws_accepts(world, principal, path) == expected
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("origin", [b"https://evil.example", b"http://localhost.evil.example", b"null", b""])
+@pytest.mark.parametrize("route", sorted(WS_MATRIX))
+def test_websocket_refuses_a_foreign_or_missing_origin(world, route, origin):
+    path = "/" + route.replace("<int:run_id>", str(world.run.pk))
+    assert not ws_accepts(world, "curator", path, origin=origin)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("route", sorted(WS_MATRIX))
+def test_websocket_refuses_a_run_that_does_not_exist(world, route):
+    assert not ws_accepts(world, "curator", "/" + route.replace("<int:run_id>", str(world.run.pk + 1000)))
