@@ -203,7 +203,11 @@ def load_tokenizer(path: str | Path):
 def load_policy(path: str | Path, device: torch.device, dtype: torch.dtype = torch.float32):
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(resolve_model_path(str(path)), dtype=dtype)
+    from .attention import attention_for
+
+    model = AutoModelForCausalLM.from_pretrained(
+        resolve_model_path(str(path)), dtype=dtype, attn_implementation=attention_for(torch.device(device))
+    )
     return model.to(device)
 
 
@@ -219,7 +223,11 @@ def load_critic(path: str | Path, device: torch.device, dtype: torch.dtype = tor
     Its forward returns `.logits[..., 0]` as the value of each position."""
     from transformers import AutoModelForTokenClassification
 
-    model = AutoModelForTokenClassification.from_pretrained(resolve_model_path(str(path)), num_labels=1, dtype=dtype)
+    from .attention import attention_for
+
+    model = AutoModelForTokenClassification.from_pretrained(
+        resolve_model_path(str(path)), num_labels=1, dtype=dtype, attn_implementation=attention_for(torch.device(device))
+    )
     return model.to(device)
 
 

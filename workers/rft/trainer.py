@@ -97,9 +97,10 @@ class Trainer:
         self.reference = reference
         self.critic = critic.train() if critic is not None else None
         self.device = next(policy.parameters()).device
-        # Master weights stay fp32; on a GPU the forward runs under bf16 autocast.
+        # Master weights stay fp32; the forward runs under autocast in the compute dtype (bf16 on a
+        # GPU by default; on CPU only when model.dtype asks for it).
         compute_dtype = pick_dtype(self.device, config.model.dtype)
-        self.autocast = compute_dtype if self.device.type == "cuda" and compute_dtype != torch.float32 else None
+        self.autocast = compute_dtype if compute_dtype != torch.float32 else None
         trainer = config.trainer
         self.optimizer = torch.optim.AdamW(policy.parameters(), lr=trainer.lr, weight_decay=trainer.weight_decay)
         self.critic_optimizer = (

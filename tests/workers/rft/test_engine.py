@@ -2,7 +2,7 @@ import pytest
 import torch
 
 from workers.rft.engines import SamplingParams, TransformersEngine, build_engine
-from workers.rft.engines.transformers_engine import sample_token
+from workers.rft.engines.transformers_engine import draw, sample_token
 
 
 @pytest.fixture
@@ -68,6 +68,18 @@ def test_top_p_keeps_only_the_nucleus():
     assert drawn == {0}  # token 0 alone holds > 50% of the mass
     token, logprob = sample_token(logits, 1.0, 0.5, generator)
     assert logprob.item() == pytest.approx(torch.log_softmax(logits, -1)[0, 0].item())
+
+
+def test_draw_follows_the_probabilities():
+    """Frequencies over 40,000 draws match the distribution (5 sigma); zero-probability tokens,
+    first and last included, never come up; rows need not be normalised."""
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.3, 0.2, 0.0], [0.0, 0.0, 2.0, 0.0, 0.0, 2.0]])
+    generator = torch.Generator().manual_seed(0)
+    draws = torch.stack([draw(probs, generator) for _ in range(40_000)])
+    for row, expected in enumerate(probs / probs.sum(-1, keepdim=True)):
+        frequency = torch.bincount(draws[:, row], minlength=6).float() / len(draws)
+        sigma = (expected * (1 - expected) / len(draws)).sqrt()
+        assert ((frequency - expected).abs() <= 5 * sigma + 1e-9).all(), (row, frequency, expected)
 
 
 def test_stop_token_ends_a_row_and_the_rest_keep_going(engine, tiny_model, tokenizer):

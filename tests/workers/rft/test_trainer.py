@@ -111,6 +111,17 @@ def test_logprob_mismatch_measures_the_gap_to_the_rollout_engine(tiny_path, toke
     assert "logprob_mismatch" not in make_trainer(tiny_path, tokenizer, without, trainer={"batch_size": 4}).train_step()
 
 
+def test_bf16_on_cpu_trains_under_autocast_with_fp32_master_weights(tiny_path, tokenizer):
+    batch = rollouts(tokenizer, 4)
+    trainer = make_trainer(tiny_path, tokenizer, batch, model={"dtype": "bfloat16"}, trainer={"batch_size": 4, "lr": 1e-3})
+    assert trainer.autocast == torch.bfloat16
+    before = weights(trainer.policy)
+    metrics = trainer.train_step()
+    assert torch.isfinite(torch.tensor(metrics["loss"]))
+    assert all(p.dtype == torch.float32 for p in trainer.policy.parameters())
+    assert any(not torch.equal(before[n], p) for n, p in trainer.policy.named_parameters())
+
+
 def test_sft_lowers_the_loss_on_expert_data(tiny_path, tokenizer):
     expert = [experience(tokenizer, a, b, source="expert") for a in range(4) for b in range(4)]
     trainer = make_trainer(tiny_path, tokenizer, expert, algorithm={"name": "sft"}, trainer={"batch_size": 16, "micro_batch_size": 16, "lr": 3e-3})

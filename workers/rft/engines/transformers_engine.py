@@ -113,5 +113,14 @@ def sample_token(logits: torch.Tensor, temperature: float, top_p: float, generat
         outside = sorted_probs.cumsum(-1) - sorted_probs > top_p  # keep the smallest set reaching top_p
         sorted_probs = sorted_probs.masked_fill(outside, 0.0)
         probs = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
-    token = torch.multinomial(probs, 1, generator=generator)[:, 0]
+    token = draw(probs, generator)
     return token, logp.gather(-1, token[:, None])[:, 0]
+
+
+def draw(probs: torch.Tensor, generator) -> torch.Tensor:
+    """One index per row, with the row's probabilities (zeros are never drawn; rows need not sum
+    to 1): inverse CDF with one uniform per row, several times faster than torch.multinomial on
+    CPU for a large vocabulary."""
+    cdf = probs.cumsum(-1)
+    u = torch.rand((probs.shape[0], 1), generator=generator, device=probs.device, dtype=cdf.dtype) * cdf[:, -1:]
+    return torch.searchsorted(cdf, u, right=True)[:, 0].clamp_(max=probs.shape[-1] - 1)
