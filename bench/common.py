@@ -18,6 +18,12 @@ ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 PY = sys.executable
 
+# Threads per process, the same for both sides. On a shared, loaded machine (more runnable
+# processes than cores) OpenMP's spinning threads wait on preempted peers: 2 threads ran the tiny
+# model's rollouts ~10x slower than 1. BENCH_THREADS overrides; `nproc` is right on an idle machine.
+THREADS = os.environ.get("BENCH_THREADS", "1")
+THREAD_ENV = {"OMP_NUM_THREADS": THREADS, "MKL_NUM_THREADS": THREADS}
+
 # Benchmarks that need a database or Redis use these, never the default ones.
 BENCH_ENV = {
     "DATABASE_URL": "postgres://postgres@localhost:5432/rftweb_d",
@@ -42,7 +48,7 @@ def machine() -> dict:
         "ram_gib": round(mem_kb / 2**20, 1),
         "cpu": cpu,
         "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
+        "threads_per_process": int(THREADS),
         "load": load(),
     }
 
@@ -76,7 +82,7 @@ def child(module: str, *args, env: dict | None = None, timeout: float = 1800) ->
     started = time.perf_counter()
     proc = subprocess.run(
         [PY, "-m", module, *map(str, args)], cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-        env={**os.environ, **(env or {}), "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"},
+        env={**os.environ, **THREAD_ENV, **(env or {}), "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"},
     )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("{")]
     if proc.returncode != 0 or not lines:

@@ -1,74 +1,113 @@
-"""Seconds per step of the same GRPO config: headless engine vs the full stack.
+"""Orchestration overhead: the same GRPO config (tiny model, 16 tasks x 8 samples, 32 new tokens)
+headless against the full stack, and where the difference goes.
 
-    python bench/stack_overhead.py [--steps 6]
+    python -m bench stack_overhead [--quick]
 
-Headless: `workers.rft.loop.Loop` with in-memory stores, in this process. Full stack: the run is
-launched through `runs.services.launch_run`, executed by a real Celery worker (started here) over
-Postgres and Redis, with metrics stored and published live. Both time from "models loaded" to
-"final checkpoint saved" (the stack: Run.started_at → Run.finished_at) and divide by the steps.
-Needs the local Postgres and Redis; uses its own database `rftweb_bench` and Redis db 9.
-Figures, not pass/fail.
+- headless: `workers.rft.loop.Loop` with in-memory stores (`python -m bench.stack_overhead headless`).
+- full stack: the run is launched through `runs.services.launch_run` and executed by a real Celery
+  worker (started here, queue default+train, `-c 1`) over Postgres and Redis, with its heartbeat,
+  metrics stored and published live through the Channels layer. Seconds per step are taken from the
+  trainer's MetricPoint times (step k - step k-1), so start-up and model loading are not counted;
+  headless per-step times likewise skip the first step.
+- profile: `workers.tasks.run_role` called in this process (everything the Celery task does, less
+  Celery's messaging) with the storage methods timed, in ms per step, plus cProfile's top functions
+  outside torch (bench/results/stack_profile.txt).
+
+Headless and stack alternate (headless, stack, headless, ...). Uses DATABASE_URL / REDIS_URL from
+bench.common.BENCH_ENV (database rftweb_d, recreated; Redis db 10, flushed) and drops the database
+at the end.
 """
 import argparse
+import cProfile
+import io
 import os
+import pstats
 import subprocess
 import sys
 import tempfile
 import time
-from pathlib import Path
+from collections import defaultdict
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-os.environ.setdefault("DEBUG", "1")
-os.environ["DJANGO_SETTINGS_MODULE"] = "rftweb.settings"
-os.environ["DATABASE_URL"] = "postgres://postgres@localhost:5432/rftweb_bench"
-os.environ["REDIS_URL"] = "redis://localhost:6379/9"
+from bench.common import BENCH_ENV, PY, ROOT, THREAD_ENV, child, emit, load, machine, median, quiet_hf, save, table
 
 TASKSET_SPEC = "arithmetic:n=200"
+DJANGO_ENV = {
+    **BENCH_ENV,
+    "DJANGO_SETTINGS_MODULE": "rftweb.settings",
+    "DEBUG": "0",
+    "SECRET_KEY": "bench-only-secret-key-not-for-production-use-0123456789",
+    "SECURE_COOKIES": "0",
+    "ALLOWED_HOSTS": "testserver,127.0.0.1,localhost",
+}
 
 
-def config_dict(steps: int) -> dict:
+def config_dict(steps: int, taskset: str = "bench-arithmetic") -> dict:
     return {
         "seed": 0,
         "model": {"path": "tiny"},
         "algorithm": {"name": "grpo", "repeat_times": 8},
-        "explorer": {"batch_size": 16, "max_new_tokens": 32},
+        "explorer": {"engine": "transformers", "batch_size": 16, "max_new_tokens": 32},
         "trainer": {"lr": 1e-6, "micro_batch_size": 32, "total_steps": steps},
-        "buffer": {"taskset": "bench-arithmetic"},
+        "buffer": {"taskset": taskset},
     }
 
 
-def headless(steps: int) -> float:
+def headless(steps: int) -> dict:
     from workers.rft.config import RunConfig
     from workers.rft.loop import Loop, memory_stores
 
-    data = config_dict(steps)
-    data["buffer"]["taskset"] = TASKSET_SPEC
-    config = RunConfig.from_dict(data)
+    config = RunConfig.from_dict(config_dict(steps, TASKSET_SPEC))
+    times = []
     with tempfile.TemporaryDirectory() as work_dir:
         loop = Loop(config, memory_stores(config), work_dir)
-        started = time.perf_counter()
-        assert loop.run() == "completed"
-        return (time.perf_counter() - started) / steps
+        for _ in range(steps):
+            started = time.perf_counter()
+            loop.explore()
+            loop.train()
+            times.append(time.perf_counter() - started)
+    return {"step_s": times[1:]}
+
+
+# ---- the stack ----------------------------------------------------------------------------------
+
+def setup_django():
+    os.environ.update(DJANGO_ENV)
+    import django
+
+    django.setup()
 
 
 def create_database() -> None:
     import psycopg
 
+    name = DJANGO_ENV["DATABASE_URL"].rsplit("/", 1)[1]
     with psycopg.connect("postgresql://postgres@localhost:5432/postgres", autocommit=True) as conn:
-        conn.execute("DROP DATABASE IF EXISTS rftweb_bench WITH (FORCE)")
-        conn.execute("CREATE DATABASE rftweb_bench")
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        conn.execute(f"CREATE DATABASE {name}")
 
 
-def full_stack(steps: int) -> float:
-    import django
+def drop_database() -> None:
+    import psycopg
 
-    create_database()
-    django.setup()
+    from django.db import connections
+
+    connections.close_all()
+    name = DJANGO_ENV["DATABASE_URL"].rsplit("/", 1)[1]
+    with psycopg.connect("postgresql://postgres@localhost:5432/postgres", autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+def flush_redis() -> None:
+    import redis
+
+    redis.Redis.from_url(DJANGO_ENV["REDIS_URL"]).flushdb()
+
+
+def prepare():
+    """Migrate the fresh database, a researcher and the taskset; returns the user."""
     from django.core.management import call_command
 
     from apps.accounts.services import create_user
-    from apps.runs import services
     from apps.tasksets.models import Task, Taskset
     from workers.rft.memory import load_tasks
 
@@ -79,35 +118,155 @@ def full_stack(steps: int) -> float:
         Task(taskset=taskset, index=i, prompt=t.prompt, answer=t.answer, metadata=t.metadata)
         for i, t in enumerate(load_tasks(TASKSET_SPEC))
     )
+    return user
+
+
+def trainer_step_seconds(run) -> list[float]:
+    times = list(run.metrics.filter(role="trainer").order_by("step").values_list("time", flat=True))
+    return [(b - a).total_seconds() for a, b in zip(times, times[1:])]
+
+
+def full_stack(user, steps: int, index: int) -> dict:
+    from apps.runs import services
+
     worker = subprocess.Popen(
-        [sys.executable, "-m", "celery", "-A", "rftweb", "worker", "-Q", "default,train", "-c", "1", "-l", "warning"],
-        cwd=ROOT, start_new_session=True,
+        [PY, "-m", "celery", "-A", "rftweb", "worker", "-Q", "default,train", "-c", "1", "-l", "warning",
+         "--without-gossip", "--without-mingle"],
+        cwd=ROOT, start_new_session=True, env={**os.environ, **THREAD_ENV},
     )
     try:
-        run = services.launch_run(user, "overhead", config_dict(steps))
-        while not run.is_finished:
+        run = services.launch_run(user, f"overhead-{index}", config_dict(steps))
+        deadline = time.monotonic() + 3600
+        while not run.is_finished and time.monotonic() < deadline:
             time.sleep(1)
             run.refresh_from_db()
-        assert run.status == "completed", run.error
-        return (run.finished_at - run.started_at).total_seconds() / steps
+        assert run.status == "completed", (run.status, run.error)
+        return {"step_s": trainer_step_seconds(run), "total_s": (run.finished_at - run.started_at).total_seconds()}
     finally:
         worker.terminate()
-        worker.wait(30)
+        try:
+            worker.wait(30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
 
 
-def main() -> None:
+def profile_stack(user, steps: int) -> dict:
+    """run_role in this process, with every storage method and the loop's steps timed."""
+    import apps.buffer.store as buffer_store
+    import apps.runs.store as run_store
+    import apps.tasksets.store as task_store
+    from apps.runs import services
+    from workers import tasks as worker_tasks
+    from workers.rft.loop import Loop
+
+    spent = defaultdict(float)
+    calls = defaultdict(int)
+
+    def timed(owner, name, label):
+        original = getattr(owner, name)
+
+        def wrapper(*args, **kwargs):
+            started = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                spent[label] += time.perf_counter() - started
+                calls[label] += 1
+
+        setattr(owner, name, wrapper)
+        return owner, name, original
+
+    patches = [timed(Loop, "explore", "loop.explore (all)"), timed(Loop, "train", "loop.train (all)")]
+    for cls, label in [(buffer_store.DjangoExperienceBuffer, "buffer"), (task_store.DjangoTaskSource, "tasks"),
+                       (run_store.DjangoMetricSink, "metrics"), (run_store.DjangoCheckpointStore, "checkpoints")]:
+        for name in [n for n in vars(cls) if not n.startswith("_") and callable(vars(cls)[n])]:
+            patches.append(timed(cls, name, f"{label}.{name}"))
+    patches.append(timed(worker_tasks, "wait_while_paused", "run status check (wait_while_paused)"))
+    run = services.launch_run(user, "overhead-profile", config_dict(steps))
+    run.refresh_from_db()
+    profiler = cProfile.Profile()
+    try:
+        # the Celery task's own body, synchronously (start_run's status change first)
+        services.set_status(run, "starting") if run.status == "queued" else None
+        profiler.enable()
+        outcome = worker_tasks.run_role(run.pk, "loop")
+        profiler.disable()
+    finally:
+        for owner, name, original in patches:
+            setattr(owner, name, original)
+    run.refresh_from_db()
+    stream = io.StringIO()
+    stats = pstats.Stats(profiler, stream=stream)
+    stats.sort_stats("cumulative").print_stats(60)
+    (ROOT / "bench" / "results").mkdir(parents=True, exist_ok=True)
+    (ROOT / "bench" / "results" / "stack_profile.txt").write_text(stream.getvalue())
+    per_step = {k: 1000 * v / steps for k, v in sorted(spent.items(), key=lambda kv: -kv[1])}
+    return {"outcome": outcome, "status": run.status, "ms_per_step": per_step, "calls": dict(calls),
+            "step_s": trainer_step_seconds(run)}
+
+
+def stack_main(argv) -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("what", choices=["headless", "stack", "profile"])
     parser.add_argument("--steps", type=int, default=6)
-    steps = parser.parse_args().steps
-    # Headless before and after the stack, so a change in the machine's load shows up as a spread.
-    before = headless(steps)
-    stack = full_stack(steps)
-    after = headless(steps)
-    alone = (before + after) / 2
-    print(f"GRPO, tiny model, 16 tasks x 8 samples, 32 new tokens, {steps} steps (explore + train each)")
-    print(f"{'headless engine':>18}: {alone:6.2f} s/step   (before {before:.2f}, after {after:.2f})")
-    print(f"{'full stack':>18}: {stack:6.2f} s/step   overhead {stack - alone:+.2f} s/step ({(stack / alone - 1) * 100:+.0f}%)")
+    parser.add_argument("--index", type=int, default=0)
+    args = parser.parse_args(argv)
+    quiet_hf()
+    if args.what == "headless":
+        emit(headless(args.steps))
+        return
+    setup_django()
+    from django.contrib.auth import get_user_model
+
+    user = get_user_model().objects.get(username="bench")
+    if args.what == "stack":
+        emit(full_stack(user, args.steps, args.index))
+    else:
+        emit(profile_stack(user, args.steps))
+
+
+def stack_overhead(steps: int = 6, reps: int = 2) -> dict:
+    results = {"machine": machine(), "steps": steps, "reps": reps, "runs": []}
+    env = {**DJANGO_ENV}
+    # the parent prepares the database, the children use it
+    os.environ.update(DJANGO_ENV)
+    create_database()
+    flush_redis()
+    prep = subprocess.run([PY, "-c", "import django, os; django.setup(); from bench.stack_overhead import prepare; prepare()"],
+                          cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True)
+    if prep.returncode:
+        raise RuntimeError(prep.stderr[-3000:])
+    try:
+        alone, stack = [], []
+        for rep in range(reps):
+            out = child("bench.stack_overhead", "headless", "--steps", steps, env=env)
+            alone.append(median(out["step_s"]))
+            results["runs"].append({"side": "headless", **out, "load": load()})
+            out = child("bench.stack_overhead", "stack", "--steps", steps, "--index", rep, env=env)
+            stack.append(median(out["step_s"]))
+            results["runs"].append({"side": "stack", **out, "load": load()})
+            print(f"rep {rep}: headless {alone[-1]:.2f} s/step, stack {stack[-1]:.2f} s/step (load {load()})", flush=True)
+        out = child("bench.stack_overhead", "headless", "--steps", steps, env=env)
+        alone.append(median(out["step_s"]))
+        results["runs"].append({"side": "headless", **out, "load": load()})
+        profile = child("bench.stack_overhead", "profile", "--steps", steps, env=env)
+        results["profile"] = profile
+    finally:
+        flush_redis()
+        drop_database()
+    h, s = median(alone), median(stack)
+    results["summary"] = {"headless_s": h, "stack_s": s, "overhead": s / h - 1, "load_end": load()}
+    save("stack_overhead", results)
+    print(table([["headless engine", h, ""], ["full stack", s, f"{(s / h - 1) * 100:+.1f}%"]], ["side", "s/step", "overhead"]))
+    print("where the stack spends its time (in-process run_role, ms/step):")
+    for name, ms in list(profile["ms_per_step"].items())[:12]:
+        print(f"  {ms:9.1f} ms  {name}")
+    return results
+
+
+def drop_database_main():
+    drop_database()
 
 
 if __name__ == "__main__":
-    main()
+    stack_main(sys.argv[1:])

@@ -1,0 +1,122 @@
+"""Rollout throughput in generated tokens/s: rftweb's engines (transformers, vLLM) against plain
+HF `model.generate`, on the same prompts (chat-formatted arithmetic), samples and length.
+
+    python -m bench rollout [--quick]
+
+Every row runs to exactly `tokens` new tokens (eos ignored) at temperature 1, so all engines do the
+same work. Each engine runs in its own child process (`python -m bench.rollout child ...`), the
+engines alternate, rep after rep; figures are medians over reps of tokens/s of the timed rounds
+(after one small warm-up call). The rftweb engines also report their weight-sync times and the
+logprob gap to a trainer forward (bench/vllm_rollout.py does their measurement).
+"""
+import argparse
+import sys
+import time
+
+from bench.common import child, emit, load, machine, median, peak_rss_mb, quiet_hf, save, table
+
+ENGINES = ("hf_generate", "transformers", "vllm")
+
+
+def bench_hf_generate(path, args) -> dict:
+    import torch
+
+    from bench.vllm_rollout import prompts_for
+    from workers.rft.models import load_policy, load_tokenizer
+
+    tokenizer = load_tokenizer(path)
+    model = load_policy(path, torch.device("cpu")).eval()
+    prompts = prompts_for(tokenizer, args.prompts)
+    rows = [p for p in prompts for _ in range(args.samples)]
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id)
+    mask = torch.zeros_like(ids)
+    for i, row in enumerate(rows):
+        ids[i, width - len(row):] = torch.tensor(row)
+        mask[i, width - len(row):] = 1
+
+    def generate(n_rows, tokens, seed):
+        torch.manual_seed(seed)
+        with torch.no_grad():
+            return model.generate(
+                input_ids=ids[:n_rows], attention_mask=mask[:n_rows], do_sample=True, temperature=1.0, top_k=0,
+                top_p=1.0, max_new_tokens=tokens, min_new_tokens=tokens, pad_token_id=tokenizer.pad_token_id,
+            )
+
+    generate(4, 4, 0)  # warm-up
+    rounds = []
+    for r in range(args.rounds):
+        started = time.perf_counter()
+        out = generate(len(rows), args.tokens, r)
+        rounds.append(((out.shape[1] - width) * len(rows), time.perf_counter() - started))
+    tokens, seconds = sum(t for t, _ in rounds), sum(s for _, s in rounds)
+    return {"engine": "hf_generate", "tokens_per_round": tokens / len(rounds), "tokens_per_s": tokens / seconds,
+            "round_s": seconds / len(rounds)}
+
+
+def child_main(argv) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("what", choices=["child"])
+    parser.add_argument("--engine", choices=ENGINES)
+    parser.add_argument("--model", default="smollm2-135m")
+    parser.add_argument("--prompts", type=int, default=16)
+    parser.add_argument("--samples", type=int, default=8)
+    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--rounds", type=int, default=1)
+    args = parser.parse_args(argv)
+    quiet_hf()
+    from workers.rft.models import resolve_model_path
+
+    path = resolve_model_path(args.model)
+    if args.engine == "hf_generate":
+        result = bench_hf_generate(path, args)
+    else:
+        from bench.vllm_rollout import bench_engine
+
+        result = bench_engine(args.engine, path, args)
+    result["peak_rss_mb"] = peak_rss_mb()
+    emit(result)
+
+
+def rollout(quick: bool = False, model: str = "smollm2-135m") -> dict:
+    shape = {"prompts": 8, "samples": 4, "tokens": 32} if quick else {"prompts": 16, "samples": 8, "tokens": 64}
+    reps = 2 if quick else 3
+    results = {"machine": machine(), "model": model, **shape, "reps": reps, "runs": []}
+    per_engine = {e: [] for e in ENGINES}
+    failures = {}
+    for rep in range(reps):
+        order = ENGINES if rep % 2 == 0 else tuple(reversed(ENGINES))
+        for engine in order:
+            if engine in failures:
+                continue
+            try:
+                out = child("bench.rollout", "child", "--engine", engine, "--model", model,
+                            *[f"--{k}={v}" for k, v in shape.items()])
+            except (RuntimeError, OSError) as err:
+                failures[engine] = str(err)
+                print(f"{engine}: failed ({err})", flush=True)
+                continue
+            out["load"] = load()
+            per_engine[engine].append(out)
+            results["runs"].append(out)
+            print(f"rep {rep} {engine:12s}: {out['tokens_per_s']:.1f} tokens/s (load {out['load']})", flush=True)
+    base = median([o["tokens_per_s"] for o in per_engine["hf_generate"]])
+    rows = []
+    for engine, outs in per_engine.items():
+        if not outs:
+            continue
+        tps = median([o["tokens_per_s"] for o in outs])
+        rows.append([engine, tps, tps / base, median([o.get("tokens_per_s_with_sync") for o in outs]),
+                     median([o.get("sync_memory_s") for o in outs]), median([o.get("mismatch_mean") for o in outs]),
+                     max(o["peak_rss_mb"] for o in outs)])
+    results["summary"] = [dict(zip(["engine", "tokens_per_s", "vs_hf_generate", "tokens_per_s_with_sync",
+                                    "sync_memory_s", "logprob_gap_mean", "peak_rss_mb"], r)) for r in rows]
+    results["failures"] = failures
+    results["load_end"] = load()
+    save("rollout", results)
+    print(table(rows, ["engine", "tokens/s", "x HF generate", "tokens/s with sync", "sync s", "|dlogp| mean", "RSS MB"]))
+    return results
+
+
+if __name__ == "__main__":  # vLLM starts its workers with spawn: this module is re-imported there
+    child_main(sys.argv[1:])
