@@ -261,6 +261,8 @@ def _decoded(value, key: str):
 def _number(value, key: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"{key!r} must be a number, got {_json_type(value)}")
+    if not math.isfinite(value):  # JSON's 1e400 reads as infinity; it would turn advantages to NaN
+        raise ValueError(f"{key!r} must be a finite number, got {value!r}")
     return float(value)
 
 
