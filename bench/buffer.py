@@ -17,7 +17,7 @@ import random
 import sys
 import time
 
-from bench.common import BENCH_ENV, load, machine, median, percentile, save, table
+from bench.common import BENCH_ENV, ROOT, load, machine, median, percentile, save, table
 
 DB_NAME = "rftweb_d_buffer"
 TOKENS = 512
@@ -62,6 +62,7 @@ def experiences(step: int, rng: random.Random):
 
 
 def writer(run_id: int, first_step: int, stop_at: float, counts) -> None:
+    sys.path.insert(0, str(ROOT))
     django_env()
     from apps.buffer.store import DjangoExperienceBuffer
 
@@ -170,7 +171,11 @@ def _measure(rows: int, samples: int, writers: int) -> dict:
     connections.close_all()
     for p in procs:
         p.start()
-    time.sleep(15)  # the writers are writing
+    deadline = time.time() + 300
+    while len(counts) < 2 * writers and time.time() < deadline:  # the writers are writing
+        time.sleep(0.5)
+    if not counts:
+        raise RuntimeError("the concurrent writers wrote nothing")
     latencies = []
     count_before, started_all = len(counts), time.time()
     for _ in range(samples):

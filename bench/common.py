@@ -50,7 +50,19 @@ def machine() -> dict:
         "torch": torch.__version__,
         "threads_per_process": int(THREADS),
         "load": load(),
+        "commit": git_commit(),
     }
+
+
+def git_commit() -> str:
+    """The commit measured, with '+dirty' when the engine or apps have uncommitted changes."""
+    try:
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--", "workers", "apps"], cwd=ROOT,
+                               capture_output=True, text=True).stdout.strip()
+        return head + ("+dirty" if dirty else "")
+    except OSError:
+        return "unknown"
 
 
 def load() -> str:
