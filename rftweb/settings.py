@@ -113,10 +113,14 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": int(os.environ.get("CELERY_VISIBILITY_TIMEOUT", 6 * 3600))}
 CELERY_TASK_DEFAULT_QUEUE = "default"
 CELERY_TASK_ROUTES = {"workers.tasks.run_role": {"queue": "train"}}  # the explorer role is sent to "explore"
-CELERY_BEAT_SCHEDULE = {"watchdog": {"task": "workers.tasks.watchdog", "schedule": 30.0}}
+CELERY_BEAT_SCHEDULE = {
+    "watchdog": {"task": "workers.tasks.watchdog", "schedule": float(os.environ.get("RFTWEB_WATCHDOG_INTERVAL", 30))}
+}
 # A run's worker beats every INTERVAL seconds; one silent for TIMEOUT seconds is presumed dead.
 RFTWEB_HEARTBEAT_INTERVAL = float(os.environ.get("RFTWEB_HEARTBEAT_INTERVAL", 10))
 RFTWEB_HEARTBEAT_TIMEOUT = float(os.environ.get("RFTWEB_HEARTBEAT_TIMEOUT", 120))
+# How long a run's worker waits for a restarted database before leaving the run to the watchdog.
+RFTWEB_DATABASE_OUTAGE_SECONDS = float(os.environ.get("RFTWEB_DATABASE_OUTAGE_SECONDS", 300))
 # Annotation queue: how long an annotator holds an item, and how many annotators judge each one.
 RFTWEB_ANNOTATION_LOCK_SECONDS = float(os.environ.get("RFTWEB_ANNOTATION_LOCK_SECONDS", 300))
 RFTWEB_JUDGEMENTS_PER_ITEM = int(os.environ.get("RFTWEB_JUDGEMENTS_PER_ITEM", 1))

@@ -11,8 +11,10 @@ re-enqueues a role whose heartbeat expired (its worker died), and the new task r
 trainer from the last checkpoint, the explorer from its last stored step. Pause and stop are
 statuses the roles check every step.
 """
+import errno
 import logging
 import os
+import shutil
 import socket
 import threading
 import time
@@ -20,7 +22,7 @@ import traceback
 
 from celery import shared_task
 from django.conf import settings
-from django.db import close_old_connections, connection
+from django.db import InterfaceError, OperationalError, close_old_connections, connection
 
 from apps.runs import services
 from apps.runs.live import publisher
@@ -87,9 +89,13 @@ class Heartbeat(threading.Thread):
     def run(self):
         try:
             while not self.stopped.wait(self.interval):
-                services.heartbeat(self.target_run, self.role, self.worker)
-                if self.role != "explorer":  # one series per run
-                    services.record_metrics(self.target_run, "system", int(time.time()), system_metrics())
+                try:
+                    services.heartbeat(self.target_run, self.role, self.worker)
+                    if self.role != "explorer":  # one series per run
+                        services.record_metrics(self.target_run, "system", int(time.time()), system_metrics())
+                except DATABASE_LOST as err:  # beat again once the database is back
+                    log.warning("heartbeat of run %s (%s) missed: %s", self.target_run.pk, self.role, err)
+                    connection.close()
         finally:
             connection.close()
 
@@ -118,11 +124,6 @@ def wait_while_paused(run: Run, interval: float = 1.0) -> str:
 
 @shared_task(name="workers.tasks.run_role", acks_late=True)
 def run_role(run_id: int, role: str = "loop") -> str:
-    # Imported here: torch loads only in workers, not in every web process that enqueues.
-    from apps.runs.store import run_stores
-    from workers.rft.config import RunConfig
-    from workers.rft.loop import EXPLORER, TRAINER, Loop
-
     run = Run.objects.get(pk=run_id)
     me = worker_id()
     if run.status not in ACTIVE or not services.claim_role(run, role, me, settings.RFTWEB_HEARTBEAT_TIMEOUT):
@@ -130,39 +131,96 @@ def run_role(run_id: int, role: str = "loop") -> str:
     beat = Heartbeat(run, role, me, settings.RFTWEB_HEARTBEAT_INTERVAL)
     beat.start()
     try:
-        config = RunConfig.from_dict(run.config)
-        stores = run_stores(run, config)
-        loop = Loop(config, stores, run_dir(run), roles={"explorer": (EXPLORER,), "trainer": (TRAINER,)}.get(role))
-        if loop.trainer is not None:
-            checkpoint = stores.checkpoints.latest()
-            if checkpoint is not None:
-                loop.resume(checkpoint.path)
-            # Steps after the checkpoint are replayed: give them back the rows the dead worker took.
-            stores.buffer.rewind(checkpoint.created_at if checkpoint else None)
-        run.refresh_from_db()
-        if role == "explorer":
-            loop.explorer.step = run.explorer_step  # steps already stored are not redone
-        services.mark_running(run)
-
-        if role == "explorer":
-            return loop.run_explorer(should_stop=lambda: wait_while_paused(run) != Status.RUNNING, wait=pause)
-        stopping = lambda: wait_while_paused(run) in (Status.STOPPING, *Run.FINISHED)  # noqa: E731
-        if role == "trainer":
-            outcome = loop.run_trainer(stopping, explored_steps=lambda: explorer_steps(run), wait=pause)
-        else:
-            outcome = loop.run(should_stop=stopping)
-        finish(run)
-        return outcome
-    except Exception:
+        while True:
+            try:
+                return serve_role(run, role)
+            except DATABASE_LOST as err:
+                # Postgres restarted or the network blipped: wait for it, then resume in place from
+                # the last checkpoint, exactly as a replacement worker would.
+                log.warning("run %s (%s) lost the database (%s); resuming once it is back", run_id, role, err)
+                if not wait_for_database(settings.RFTWEB_DATABASE_OUTAGE_SECONDS):
+                    return "lost the database"  # the watchdog hands the role on once it is back
+    except Exception as exc:
         log.exception("run %s (%s) failed", run_id, role)
         close_old_connections()
         run = Run.objects.get(pk=run_id)
         if not run.is_finished:
-            services.set_status(run, Status.FAILED, error=f"{role}: {traceback.format_exc(limit=8)}")
+            services.set_status(run, Status.FAILED, error=describe_failure(role, exc, run_dir(run)))
         return "failed"
     finally:
         beat.stop()
         publisher.flush()
+
+
+def serve_role(run: Run, role: str) -> str:
+    """Build the engine for the role from the run's last checkpoint and stored steps, and run it."""
+    # Imported here: torch loads only in workers, not in every web process that enqueues.
+    from apps.runs.store import run_stores
+    from workers.rft.config import RunConfig
+    from workers.rft.loop import EXPLORER, TRAINER, Loop
+
+    config = RunConfig.from_dict(run.config)
+    stores = run_stores(run, config)
+    loop = Loop(config, stores, run_dir(run), roles={"explorer": (EXPLORER,), "trainer": (TRAINER,)}.get(role))
+    if loop.trainer is not None:
+        checkpoint = stores.checkpoints.latest()
+        if checkpoint is not None:
+            loop.resume(checkpoint.path)
+        # Steps after the checkpoint are replayed: give them back the rows the lost steps took.
+        stores.buffer.rewind(checkpoint.created_at if checkpoint else None)
+    run.refresh_from_db()
+    if role == "explorer":
+        loop.explorer.step = run.explorer_step  # steps already stored are not redone
+    services.mark_running(run)
+
+    if role == "explorer":
+        return loop.run_explorer(should_stop=lambda: wait_while_paused(run) != Status.RUNNING, wait=pause)
+    stopping = lambda: wait_while_paused(run) in (Status.STOPPING, *Run.FINISHED)  # noqa: E731
+    if role == "trainer":
+        outcome = loop.run_trainer(stopping, explored_steps=lambda: explorer_steps(run), wait=pause)
+    else:
+        outcome = loop.run(should_stop=stopping)
+    finish(run)
+    return outcome
+
+
+DATABASE_LOST = (OperationalError, InterfaceError)
+DISK_FULL_MARKS = ("No space left on device", "StorageFull", "file write failed")
+
+
+def wait_for_database(timeout: float) -> bool:
+    """True once a new connection works, False after `timeout` seconds of trying."""
+    deadline = time.monotonic() + timeout
+    while True:
+        connection.close()
+        try:
+            connection.ensure_connection()
+            return True
+        except DATABASE_LOST:
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(1)
+
+
+def describe_failure(role: str, exc: BaseException, work_dir) -> str:
+    """The run's error: one line a person can act on, then the traceback for whoever debugs it.
+    A full disk surfaces as OSError, torch's RuntimeError or safetensors' own error: look at the
+    error's text and at the disk itself."""
+    headline = f"{role} failed: {type(exc).__name__}: {exc}"
+    disk_full = getattr(exc, "errno", None) == errno.ENOSPC or any(mark in str(exc) for mark in DISK_FULL_MARKS)
+    if disk_full or free_bytes(work_dir) < 1024 * 1024:
+        headline = (
+            f"{role} failed: the disk holding {work_dir} is full (no space left on device). "
+            "Free space there, then launch the run again from its last checkpoint."
+        )
+    return f"{headline}\n\n{traceback.format_exc(limit=8)}"
+
+
+def free_bytes(path) -> float:
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            return shutil.disk_usage(candidate).free
+    return float("inf")
 
 
 def pause() -> None:

@@ -9,6 +9,7 @@ Each process coalesces its updates per run: the first update starts a short time
 published until it fires goes out as one message. That keeps a run to a few messages a second
 however fast its steps are.
 """
+import logging
 import threading
 
 from asgiref.sync import async_to_sync
@@ -18,6 +19,7 @@ from django.db import connection, transaction
 from .consumers import run_group
 
 COALESCE_SECONDS = 0.25
+log = logging.getLogger(__name__)
 
 
 def next_seq(run_id: int) -> int:
@@ -63,7 +65,10 @@ class LivePublisher:
         with self._send_lock:
             for run_id, updates in pending.items():
                 message = {"type": "updates", "seq": next_seq(run_id), "updates": updates}
-                async_to_sync(layer.group_send)(run_group(run_id), {"type": "run.update", "payload": message})
+                try:
+                    async_to_sync(layer.group_send)(run_group(run_id), {"type": "run.update", "payload": message})
+                except Exception as err:  # noqa: BLE001 - Redis down: the pages see the gap in seq and refetch
+                    log.warning("live update %s of run %s not sent: %r", message["seq"], run_id, err)
 
 
 publisher = LivePublisher()
