@@ -103,3 +103,23 @@ def compute_gae(token_rewards, values, mask, gamma: float, lam: float, whiten: b
         var = (((advantages - mean) * mask) ** 2).sum() / n
         advantages = (advantages - mean) * torch.rsqrt(var + 1e-8)
     return advantages * mask, returns
+
+
+def stepwise(fn: str, rewards, group_ids: Sequence, episode_ids: Sequence, **params):
+    """Advantages for multi-turn rollouts stored one experience per step.
+
+    Every step of an episode carries the episode's final reward. Rollouts of a task (one group)
+    are compared once per *episode*, so a long episode does not count more than a short one; each
+    step then gets its episode's advantage. `episode_ids` tell the episodes apart within a group.
+    """
+    rewards = _as_float(rewards)
+    keys = list(zip(group_ids, episode_ids))
+    first = {}
+    for i, key in enumerate(keys):
+        if key in first and rewards[first[key]] != rewards[i]:
+            raise ValueError(f"episode {key}: its steps carry different rewards ({rewards[first[key]]} and {rewards[i]})")
+        first.setdefault(key, i)
+    episodes = list(first)
+    advantages, metrics = ADVANTAGE_FNS.get(fn)(rewards[[first[key] for key in episodes]], [g for g, _ in episodes], **params)
+    position = {key: j for j, key in enumerate(episodes)}
+    return advantages[[position[key] for key in keys]], metrics

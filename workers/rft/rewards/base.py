@@ -1,7 +1,9 @@
 """The reward fn registry and `build_reward`, which turns the config's reward_fn into one callable.
 
 A reward fn is fn(response: str, task, **params) -> float, where task is a mapping or an object
-(e.g. experience.Task) with 'answer' and 'metadata'.
+(e.g. experience.Task) with 'answer' and 'metadata'. A model-based fn also has a `batch` attribute,
+batch(responses, tasks, **params) -> [float | None], which scores a whole step in one call; None
+means it could not score that response (counted in the component '<name>_failed').
 """
 import inspect
 from collections.abc import Mapping
@@ -42,8 +44,22 @@ def build_reward(spec):
             raise TypeError(f"reward fn '{name}': {err}") from None
         terms.append((name, fn, float(weight), params))
 
-    def reward(response: str, task) -> tuple[float, dict[str, float]]:
-        components = {name: float(fn(response, task, **params)) for name, fn, _, params in terms}
-        return sum(weight * components[name] for name, _, weight, _ in terms), components
+    def batch(responses: list[str], tasks: list) -> list[tuple[float, dict[str, float]]]:
+        """Each response's (total, components); batched fns get every response at once."""
+        components = [{} for _ in responses]
+        for name, fn, _, params in terms:
+            if hasattr(fn, "batch"):
+                scores = fn.batch(responses, tasks, **params)
+                for parts, score in zip(components, scores):
+                    parts[name] = 0.0 if score is None else float(score)
+                    parts[f"{name}_failed"] = float(score is None)
+            else:
+                for parts, response, task in zip(components, responses, tasks):
+                    parts[name] = float(fn(response, task, **params))
+        return [(sum(weight * parts[name] for name, _, weight, _ in terms), parts) for parts in components]
 
+    def reward(response: str, task) -> tuple[float, dict[str, float]]:
+        return batch([response], [task])[0]
+
+    reward.batch = batch
     return reward

@@ -5,14 +5,70 @@ system prompt), how many turns there are, and which tokens are the model's own (
 Single-turn workflows batch every task of a step into one engine call (`run_batch`); a multi-turn
 workflow overrides `run` to play one episode (agent <-> environment turns) per task.
 """
+from dataclasses import dataclass
+
 from ..engines import RolloutEngine, SamplingParams
 from ..experience import Experience, Task
 from ..registry import Registry
 
 WORKFLOWS = Registry("workflow")
+REQUIRED = object()  # an Arg default: the setting must be given
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One setting a workflow takes in explorer.workflow_args."""
+
+    default: object
+    kind: type | tuple[type, ...]
+    choices: tuple = ()
+    minimum: float | None = None
+
+    def problem(self, value) -> str | None:
+        kinds = self.kind if isinstance(self.kind, tuple) else (self.kind,)
+        number = float in kinds and isinstance(value, int)  # an int is a fine float
+        if isinstance(value, bool) and bool not in kinds or not (isinstance(value, kinds) or number):
+            return f"must be {' or '.join(k.__name__ for k in kinds)}, got {value!r}"
+        if self.choices and value not in self.choices:
+            return f"must be one of {', '.join(map(str, self.choices))}, got {value!r}"
+        if self.minimum is not None and value < self.minimum:
+            return f"must be at least {self.minimum}, got {value!r}"
+        return None
 
 
 class Workflow:
+    # The settings this workflow reads from explorer.workflow_args; anything else is an error.
+    ARGS: dict[str, Arg] = {}
+
+    @classmethod
+    def args_problems(cls, args) -> list[tuple[str, str]]:
+        """(key, problem) for each bad setting: unknown keys, wrong types, missing required ones,
+        then the workflow's own checks (`check_args`) once every value has the right type."""
+        if not isinstance(args, dict):
+            return [("", f"must be a mapping of settings, got {args!r}")]
+        known = ", ".join(sorted(cls.ARGS)) or "none"
+        problems = [(str(key), f"unknown key; {cls.name()} takes: {known}") for key in args if key not in cls.ARGS]
+        for key, arg in cls.ARGS.items():
+            if key in args:
+                problem = arg.problem(args[key])
+                problems += [(key, problem)] if problem else []
+            elif arg.default is REQUIRED:
+                problems.append((key, f"required by workflow {cls.name()}"))
+        return problems or cls.check_args(cls.settings(args))
+
+    @classmethod
+    def check_args(cls, settings: dict) -> list[tuple[str, str]]:
+        """Checks beyond types (a registered name, settings that fit together)."""
+        return []
+
+    @classmethod
+    def settings(cls, args: dict) -> dict:
+        return {key: args.get(key, arg.default) for key, arg in cls.ARGS.items()}
+
+    @classmethod
+    def name(cls) -> str:
+        return next((name for name in WORKFLOWS if WORKFLOWS.get(name) is cls), cls.__name__)
+
     def __init__(
         self,
         engine: RolloutEngine | None,
@@ -22,7 +78,12 @@ class Workflow:
         system_prompt: str | None = None,
         use_chat_template: bool = True,
         max_prompt_tokens: int = 256,
+        **workflow_args,
     ):
+        problems = self.args_problems(workflow_args)
+        if problems:
+            raise ValueError("; ".join(f"explorer.workflow_args.{key}: {problem}" for key, problem in problems))
+        self.args = self.settings(workflow_args)
         self.engine = engine  # None where only prompts are formatted (expert data for a trainer-only run)
         self.tokenizer = tokenizer or engine.tokenizer
         self.reward_fn = reward_fn  # reward(response, task) -> (total, components), see rewards.build_reward
@@ -62,6 +123,12 @@ class Workflow:
 
     def score(self, response: str, task: Task) -> tuple[float, dict[str, float]]:
         return self.reward_fn(response, task)
+
+    def score_batch(self, responses: list[str], tasks: list[Task]) -> list[tuple[float, dict[str, float]]]:
+        """Every response of a step at once where the reward fn is batched (reward models)."""
+        if hasattr(self.reward_fn, "batch"):
+            return self.reward_fn.batch(responses, tasks)
+        return [self.score(response, task) for response, task in zip(responses, tasks)]
 
     def expert_experience(self, task: Task) -> Experience:
         """The task's reference answer as an expert experience, formatted exactly like a rollout

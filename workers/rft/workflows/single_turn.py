@@ -10,10 +10,14 @@ class SingleTurnWorkflow(Workflow):
         conversations = [self.messages(task) for task in tasks]
         prompts = [self.encode_prompt(messages) for messages in conversations]
         generations = self.engine.generate([ids for _, ids in prompts], params)
+        scores = iter(self.score_batch(
+            [c.text for completions in generations for c in completions],
+            [task for task, completions in zip(tasks, generations) for _ in completions],
+        ))
         experiences = []
         for task, messages, (prompt_text, prompt_ids), completions in zip(tasks, conversations, prompts, generations):
             for index, completion in enumerate(completions):
-                reward, components = self.score(completion.text, task)
+                reward, components = next(scores)
                 experiences.append(
                     Experience(
                         task_id=task.id,

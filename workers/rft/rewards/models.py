@@ -1,0 +1,149 @@
+"""Rewards computed by models: an LLM judge and a sequence-classification reward model.
+
+Both are batched reward fns (`batch` attribute, see rewards.base): a workflow scores all the
+responses of a step in one call, batch_size sequences per forward. Models load from a local
+directory (or a built-in name, see models.py) on first use, once per process, on `device`:
+`auto` is the explorer's own rule (CUDA when present, else CPU).
+
+    explorer.reward_fn:
+      llm_judge: {model: /models/judge, rubric: "...{prompt}...{response}...", max_score: 10}
+      reward_model: {model: /models/rm, weight: 0.5}
+
+A judge reply with no score in it (or one outside 0..max_score) is a parse failure: the response
+scores 0 and the reward component `llm_judge_failed` is 1 for it, so the explorer's metrics show
+the failure rate.
+"""
+import re
+from functools import lru_cache
+
+import torch
+
+from ..engines import SamplingParams
+from .base import REWARD_FNS, task_field
+
+DEFAULT_RUBRIC = (
+    "Rate the response to the question below from 0 (wrong or unhelpful) to {max_score} "
+    "(correct, clear and complete).\n\nQuestion: {prompt}\n\nReference answer: {answer}\n\n"
+    "Response: {response}\n\nReply with 'Score: <number>' and nothing else."
+)
+SCORE = re.compile(r"score\s*[:=]\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def prompt_text(task) -> str:
+    """A task's prompt as plain text: the string, or the last user message of a chat prompt."""
+    prompt = task_field(task, "prompt", "")
+    if isinstance(prompt, str):
+        return prompt
+    return next((m["content"] for m in reversed(prompt) if m.get("role") == "user"), "")
+
+
+def parse_score(text: str, max_score: float) -> float | None:
+    """'Score: 7' (else the last number in the reply) scaled to [0, 1]; None when there is none
+    or it lies outside 0..max_score."""
+    found = SCORE.findall(text) or NUMBER.findall(text)
+    if not found:
+        return None
+    value = float(found[-1])
+    return value / max_score if 0 <= value <= max_score else None
+
+
+class LLMJudge:
+    """Scores responses by asking a generative model, greedily, with a rubric prompt."""
+
+    def __init__(self, engine, tokenizer, max_new_tokens: int = 16, batch_size: int = 16):
+        self.engine, self.tokenizer = engine, tokenizer
+        self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
+
+    def judge_prompt(self, rubric: str, response: str, task, max_score: float) -> list[int]:
+        content = rubric.format(prompt=prompt_text(task), answer=task_field(task, "answer", ""), response=response, max_score=max_score)
+        if self.tokenizer.chat_template:
+            text = self.tokenizer.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False)
+        else:
+            text = content + "\n"
+        return self.tokenizer(text, add_special_tokens=False)["input_ids"]
+
+    def scores(self, responses: list[str], tasks: list, rubric: str, max_score: float) -> tuple[list[float | None], list[str]]:
+        """Each response's score in [0, 1] (None: the judge's reply had none) and the replies."""
+        prompts = [self.judge_prompt(rubric, r, t, max_score) for r, t in zip(responses, tasks)]
+        params = SamplingParams(n=1, temperature=0.0, max_new_tokens=self.max_new_tokens)
+        replies = []
+        for i in range(0, len(prompts), self.batch_size):
+            replies += [c[0].text for c in self.engine.generate(prompts[i : i + self.batch_size], params)]
+        return [parse_score(reply, max_score) for reply in replies], replies
+
+
+@lru_cache(maxsize=4)
+def _judge(model: str, device: str, max_new_tokens: int, batch_size: int) -> LLMJudge:
+    from ..engines import TransformersEngine
+    from ..models import load_policy, load_tokenizer, pick_device
+
+    tokenizer = load_tokenizer(model)
+    return LLMJudge(TransformersEngine(load_policy(model, pick_device(device)), tokenizer), tokenizer, max_new_tokens, batch_size)
+
+
+def _llm_judge_batch(responses, tasks, model: str, rubric: str = DEFAULT_RUBRIC, max_score: float = 10,
+                     max_new_tokens: int = 16, device: str = "auto", batch_size: int = 16):
+    judge = _judge(str(model), device, max_new_tokens, batch_size)
+    return judge.scores(list(responses), list(tasks), rubric, max_score)[0]
+
+
+@REWARD_FNS.register("llm_judge")
+def llm_judge(response: str, task, model: str, rubric: str = DEFAULT_RUBRIC, max_score: float = 10,
+              max_new_tokens: int = 16, device: str = "auto", batch_size: int = 16) -> float | None:
+    """A second local model's score from the rubric (placeholders {prompt} {answer} {response}
+    {max_score}), in [0, 1]; None when its reply holds no valid score."""
+    return _llm_judge_batch([response], [task], model, rubric, max_score, max_new_tokens, device, batch_size)[0]
+
+
+llm_judge.batch = _llm_judge_batch
+
+
+class RewardModel:
+    """A sequence-classification model with one output: its logit on (prompt, response) is the reward."""
+
+    def __init__(self, model, tokenizer, batch_size: int = 16):
+        self.model, self.tokenizer, self.batch_size = model.eval(), tokenizer, batch_size
+
+    def text(self, response: str, task) -> str:
+        messages = [{"role": "user", "content": prompt_text(task)}, {"role": "assistant", "content": response}]
+        if self.tokenizer.chat_template:
+            return self.tokenizer.apply_chat_template(messages, tokenize=False)
+        return f"{messages[0]['content']}\n\n{response}"
+
+    @torch.no_grad()
+    def scores(self, responses: list[str], tasks: list) -> list[float]:
+        device = next(self.model.parameters()).device
+        texts = [self.text(r, t) for r, t in zip(responses, tasks)]
+        out = []
+        for i in range(0, len(texts), self.batch_size):
+            batch = self.tokenizer(texts[i : i + self.batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
+            logits = self.model(**batch.to(device)).logits
+            out += logits[:, 0].float().tolist()
+        return out
+
+
+@lru_cache(maxsize=4)
+def _reward_model(model: str, device: str, batch_size: int) -> RewardModel:
+    from transformers import AutoModelForSequenceClassification
+
+    from ..models import load_tokenizer, pick_device, resolve_model_path
+
+    tokenizer = load_tokenizer(model)
+    network = AutoModelForSequenceClassification.from_pretrained(resolve_model_path(model), num_labels=1)
+    if network.config.pad_token_id is None:  # it finds each sequence's last token by the pad id
+        network.config.pad_token_id = tokenizer.pad_token_id
+    return RewardModel(network.to(pick_device(device)), tokenizer, batch_size)
+
+
+def _reward_model_batch(responses, tasks, model: str, device: str = "auto", batch_size: int = 16):
+    return _reward_model(str(model), device, batch_size).scores(list(responses), list(tasks))
+
+
+@REWARD_FNS.register("reward_model")
+def reward_model(response: str, task, model: str, device: str = "auto", batch_size: int = 16) -> float:
+    """The logit of a one-label sequence-classification model from a local directory."""
+    return _reward_model_batch([response], [task], model, device, batch_size)[0]
+
+
+reward_model.batch = _reward_model_batch

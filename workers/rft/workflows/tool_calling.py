@@ -1,0 +1,98 @@
+"""Tool calling: the model may call registered Python tools (workers/rft/tools.py) before it answers.
+
+The format (Hermes/Qwen style), which the first user turn explains to the model:
+
+    <tool_call>{"name": "calculator", "arguments": {"expression": "12 * 7"}}</tool_call>
+
+A reply with one or more tool calls gets their results back as the next user turn, one line each:
+
+    <tool_response>{"name": "calculator", "content": "84"}</tool_response>
+
+A call that cannot run (not JSON, an unknown tool, bad arguments, a tool error) is answered with
+{"name": ..., "error": ...} and counts as an invalid action (`invalid_action`: end or penalize). A
+reply without a tool call is the final answer, scored by explorer.reward_fn against the task.
+"""
+import json
+import re
+
+from ..environments import Step, TextEnvironment
+from ..experience import Task
+from ..tools import TOOLS, ToolError, call, describe
+from .base import WORKFLOWS, Arg
+from .multi_turn import SHARED_ARGS, MultiTurnWorkflow
+
+TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+
+
+def parse_tool_calls(reply: str) -> list[tuple[str, dict] | str]:
+    """Each call in a reply as (name, arguments), or an error message where it is malformed."""
+    calls = []
+    for body in TOOL_CALL.findall(reply):
+        try:
+            data = json.loads(body)
+        except json.JSONDecodeError as err:
+            calls.append(f"not JSON: {err}")
+            continue
+        if not isinstance(data, dict) or not isinstance(data.get("name"), str) or not isinstance(data.get("arguments", {}), dict):
+            calls.append('expected {"name": <tool>, "arguments": {...}}')
+            continue
+        calls.append((data["name"], data.get("arguments", {})))
+    return calls
+
+
+class ToolEnvironment(TextEnvironment):
+    """Runs the tools a reply calls; a reply without calls ends the episode with the reward fn's score."""
+
+    def __init__(self, tools: list[str], reward_fn, task: Task):
+        self.tools, self.reward_fn, self.task = tools, reward_fn, task
+        self.instructions = (
+            "You can call these tools:\n"
+            + "\n".join(f"- {describe(name)}" for name in tools)
+            + '\nTo call one, reply with <tool_call>{"name": "<tool>", "arguments": {...}}</tool_call> and '
+            "wait for its <tool_response>. When you know the answer, reply with the answer only."
+        )
+
+    def reset(self, seed, task) -> str:
+        return ""
+
+    def step(self, reply: str) -> Step:
+        calls = parse_tool_calls(reply)
+        if not calls:
+            reward, components = self.reward_fn(reply, self.task)
+            return Step("", reward, done=True, success=reward > 0, components=components)
+        lines, invalid = [], False
+        for parsed in calls:
+            if isinstance(parsed, str):
+                lines.append({"name": None, "error": parsed})
+                invalid = True
+                continue
+            name, arguments = parsed
+            if name not in self.tools:
+                lines.append({"name": name, "error": f"unknown tool; available: {', '.join(self.tools)}"})
+                invalid = True
+                continue
+            try:
+                lines.append({"name": name, "content": call(name, arguments)})
+            except ToolError as err:
+                lines.append({"name": name, "error": str(err)})
+                invalid = True
+        observation = "\n".join(f"<tool_response>{json.dumps(line)}</tool_response>" for line in lines)
+        return Step(observation, invalid=invalid)
+
+
+@WORKFLOWS.register("tool_calling")
+class ToolCallingWorkflow(MultiTurnWorkflow):
+    """Multi-turn with tools; the reward is explorer.reward_fn on the final answer, less
+    invalid-call penalties."""
+
+    ARGS = {"tools": Arg(["calculator"], list), **SHARED_ARGS}
+
+    @classmethod
+    def check_args(cls, settings: dict) -> list[tuple[str, str]]:
+        unknown = [name for name in settings["tools"] if name not in TOOLS]
+        if unknown or not settings["tools"]:
+            return [("tools", f"unknown tool(s) {unknown}; available: {', '.join(TOOLS.names())}" if unknown else "name at least one tool")]
+        return []
+
+    def new_environment(self, task: Task) -> TextEnvironment:
+        return ToolEnvironment(self.args["tools"], self.reward_fn, task)
