@@ -126,17 +126,18 @@ def test_a_flag_excludes_the_experience_from_training(make_experience, annotator
 
 
 def test_a_consumed_item_of_a_stopped_run_cannot_be_judged(make_experience, annotator, run):
-    experience = make_experience(status="consumed")
+    experience, same_prompt = make_experience(status="consumed"), make_experience(status="consumed")
     run.status = Run.Status.STOPPED
     run.save()
     for judge in (
         lambda: services.rate(experience.pk, annotator, "3"),
         lambda: services.edit(experience.pk, annotator, "better"),
+        lambda: services.compare(experience.pk, same_prompt.pk, annotator, "a_better"),
         lambda: services.flag(experience.pk, annotator, "wrong"),
     ):
         with pytest.raises(FeedbackError, match="already trained on and its run is stopped"):
             judge()
-    assert not Feedback.objects.exists() and Experience.objects.count() == 1
+    assert not Feedback.objects.exists() and Experience.objects.count() == 2
     assert services.next_item(run, annotator) is None
 
 
