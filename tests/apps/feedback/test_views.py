@@ -87,3 +87,10 @@ def test_edit_compare_skip_from_the_page(annotator_client, make_experience, run)
     annotator_client.get(reverse("annotate-experience", args=[b.pk]))
     annotator_client.post(reverse("annotate-skip", args=[b.pk]))
     assert not AnnotationLock.objects.exists()
+
+
+def test_a_multi_turn_item_shows_its_conversation(annotator_client, make_experience):
+    messages = [{"role": "user", "content": "Go left."}, {"role": "assistant", "content": "I went left."}]
+    experience = make_experience(messages=messages)
+    page = annotator_client.get(reverse("annotate-experience", args=[experience.pk])).content.decode()
+    assert "Conversation" in page and "I went left." in page and 'class="trajectory"' in page
