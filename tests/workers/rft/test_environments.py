@@ -66,7 +66,7 @@ def test_cliffwalking_taxi_and_blackjack_speak_text():
     assert taxi.step("pickup").reward == -10.0  # the passenger is not here
     assert taxi.step("north").observation == "Taxi at row 2, column 0. Passenger waiting at B. Destination Y."
     blackjack = ENVIRONMENTS.get("blackjack")()
-    assert blackjack.reset(0, None) == "Your hand totals 7. The dealer shows 10."
+    assert blackjack.reset(0, None) == "Your hand totals 11. The dealer shows 10."
     end = blackjack.step("stick")
     assert end.done and end.reward in (-1.0, 0.0, 1.0) and end.success == (end.reward > 0)
     assert blackjack.expert_replies() is None

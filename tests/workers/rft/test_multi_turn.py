@@ -249,3 +249,26 @@ def test_workflow_run_is_deterministic_by_seed(tiny_model, tokenizer):
     runs = [workflow.run_batch([Task(id=1, prompt="")], SamplingParams(n=2, max_new_tokens=4, seed=5), 0) for _ in range(2)]
     assert [e.response_ids for e in runs[0]] == [e.response_ids for e in runs[1]]
     assert torch.tensor(runs[0][0].logprobs).isfinite().all()
+
+
+def test_rollout_browser_shows_episodes_turn_by_turn(tokenizer, researcher_client, researcher):
+    """Through the Postgres buffer and the rollouts page: every turn, who spoke, the episode's facts."""
+    from django.urls import reverse
+
+    from apps.buffer.store import DjangoExperienceBuffer
+    from apps.runs.models import Run
+
+    script = ["jump", "down", "down", "right", "down", "right", "right"]
+    engine = ScriptedEngine(tokenizer, lambda call, row, text: script[call])
+    trajectory = flow(engine, tokenizer, env="frozenlake", invalid_action="penalize").run_batch([Task(id=None, prompt="")], SamplingParams(max_new_tokens=8), 3)
+    engine = ScriptedEngine(tokenizer, lambda call, row, text: script[call])
+    steps = flow(engine, tokenizer, env="frozenlake", invalid_action="penalize", experience="step").run_batch([Task(id=None, prompt="")], SamplingParams(max_new_tokens=8), 4)
+    run = Run.objects.create(name="lake", owner=researcher, config={"trainer": {"total_steps": 10}})
+    assert DjangoExperienceBuffer(run.pk).write(trajectory + steps) == 1 + 7
+
+    html = researcher_client.get(reverse("run-rollouts", args=[run.pk])).content.decode()
+    assert html.count('class="trajectory"') == 8
+    assert html.count("<span class=\"chip good\">model</span>") == 7 + sum(range(1, 8))
+    assert "Invalid action. Reply with one of: left, down, right, up." in html
+    assert "7 turns" in html and ">success<" in html and "1 invalid action<" in html and "ended: done" in html
+    assert "episode 0 · turn 7" in html
