@@ -183,6 +183,19 @@ def _measure(rows: int, samples: int, writers: int) -> dict:
         got = buffer.sample(256, sources=["rollout"])
         latencies.append(time.perf_counter() - started)
         assert len(got) == 256
+    # where one sample's time goes (functions by own time), while the writers still write
+    import cProfile
+    import io
+    import pstats
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    buffer.sample(256, sources=["rollout"])
+    profiler.disable()
+    stream = io.StringIO()
+    pstats.Stats(profiler, stream=stream).sort_stats("tottime").print_stats(20)
+    (ROOT / "bench" / "results").mkdir(parents=True, exist_ok=True)
+    (ROOT / "bench" / "results" / "buffer_sample_profile.txt").write_text(stream.getvalue())
     concurrent_rate = (sum(counts[count_before:]) if len(counts) > count_before else 0) / (time.time() - started_all)
     for p in procs:
         p.terminate()

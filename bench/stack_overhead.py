@@ -197,7 +197,9 @@ def profile_stack(user, steps: int) -> dict:
     run.refresh_from_db()
     stream = io.StringIO()
     stats = pstats.Stats(profiler, stream=stream)
-    stats.sort_stats("cumulative").print_stats(60)
+    stats.sort_stats("cumulative").print_stats(40)
+    stream.write("\n--- outside torch: rftweb, Django's database layer, psycopg, Channels, Redis ---\n")
+    stats.sort_stats("cumulative").print_stats(r"apps/|workers/tasks|django/db/|psycopg|channels|redis|live", 60)
     (ROOT / "bench" / "results").mkdir(parents=True, exist_ok=True)
     (ROOT / "bench" / "results" / "stack_profile.txt").write_text(stream.getvalue())
     per_step = {k: 1000 * v / steps for k, v in sorted(spent.items(), key=lambda kv: -kv[1])}
