@@ -73,7 +73,7 @@ def run_rftweb(case: dict, dtype: str, steps: int, seed: int, lr: float, reward:
 
     config = rftweb_config(case, dtype, steps, seed, lr, reward)
     stores = memory_stores(config)
-    times, explore_s, train_s = [], [], []
+    times, explore_s, train_s, cpu = [], [], [], []
     with tempfile.TemporaryDirectory() as work_dir:
         loop = Loop(config, stores, work_dir)
         profiler = None
@@ -83,11 +83,12 @@ def run_rftweb(case: dict, dtype: str, steps: int, seed: int, lr: float, reward:
 
                 profiler = cProfile.Profile()
                 profiler.enable()
-            started = time.perf_counter()
+            started, cpu_started = time.perf_counter(), time.process_time()
             loop.explore()
             middle = time.perf_counter()
             loop.train()
             ended = time.perf_counter()
+            cpu.append(time.process_time() - cpu_started)
             times.append(ended - started)
             explore_s.append(middle - started)
             train_s.append(ended - middle)
@@ -96,7 +97,8 @@ def run_rftweb(case: dict, dtype: str, steps: int, seed: int, lr: float, reward:
             profiler.dump_stats(profile)
     rewards = [v for _, v in stores.metrics.series("explorer", "reward_mean")]
     lengths = [v for _, v in stores.metrics.series("explorer", "response_length")]
-    return {"step_s": times, "explore_s": explore_s, "train_s": train_s, "rewards": rewards, "lengths": lengths}
+    return {"step_s": times, "step_cpu_s": cpu, "explore_s": explore_s, "train_s": train_s, "rewards": rewards,
+            "lengths": lengths}
 
 
 # ---- TRL side -----------------------------------------------------------------------------------
@@ -139,7 +141,7 @@ def trl_trainer(case: dict, dtype: str, steps: int, seed: int, lr: float, reward
 def run_trl(case: dict, dtype: str, steps: int, seed: int, lr: float, reward: str, profile: str | None) -> dict:
     from transformers import TrainerCallback
 
-    times = []
+    times, cpu = [], []
 
     class Timer(TrainerCallback):
         profiler = None
@@ -150,10 +152,11 @@ def run_trl(case: dict, dtype: str, steps: int, seed: int, lr: float, reward: st
 
                 self.profiler = cProfile.Profile()
                 self.profiler.enable()
-            self.started = time.perf_counter()
+            self.started, self.cpu_started = time.perf_counter(), time.process_time()
 
         def on_step_end(self, args, state, control, **kwargs):
             times.append(time.perf_counter() - self.started)
+            cpu.append(time.process_time() - self.cpu_started)
 
     timer = Timer()
     with tempfile.TemporaryDirectory() as out_dir:
@@ -165,6 +168,7 @@ def run_trl(case: dict, dtype: str, steps: int, seed: int, lr: float, reward: st
     logs = [entry for entry in trainer.state.log_history if "reward" in entry]
     return {
         "step_s": times,
+        "step_cpu_s": cpu,
         "rewards": [entry["reward"] for entry in logs],
         "lengths": [entry.get("completions/mean_length") for entry in logs],
     }
@@ -316,22 +320,26 @@ def grpo_step(reps: int = 3, steps: int = 4, cases=("tiny", "smollm2"), dtypes=(
             row = {"case": case, "dtype": dtype, "load": load()}
             for side, outs in per_side.items():
                 row[f"{side}_step_s"] = median([median(o["step_s"][1:]) for o in outs])  # drop the warm-up step
+                row[f"{side}_cpu_s"] = median([median(o["step_cpu_s"][1:]) for o in outs])
                 row[f"{side}_len"] = median([median(o["lengths"]) for o in outs])
                 row[f"{side}_rss_mb"] = max(o["peak_rss_mb"] for o in outs)
                 row[f"{side}_runs"] = outs
             row["explore_s"] = median([median(o["explore_s"][1:]) for o in per_side["rftweb"]])
             row["train_s"] = median([median(o["train_s"][1:]) for o in per_side["rftweb"]])
             row["ratio"] = row["rftweb_step_s"] / row["trl_step_s"]
+            row["cpu_ratio"] = row["rftweb_cpu_s"] / row["trl_cpu_s"]
             results["rows"].append(row)
             print(f"{case} {dtype}: TRL {row['trl_step_s']:.2f} s/step, rftweb {row['rftweb_step_s']:.2f} s/step "
-                  f"(explore {row['explore_s']:.2f} + train {row['train_s']:.2f}), ratio {row['ratio']:.2f}, load {row['load']}",
+                  f"(explore {row['explore_s']:.2f} + train {row['train_s']:.2f}), ratio {row['ratio']:.2f}; CPU s/step TRL "
+                  f"{row['trl_cpu_s']:.2f} rftweb {row['rftweb_cpu_s']:.2f} ratio {row['cpu_ratio']:.2f}; load {row['load']}",
                   flush=True)
     save("grpo_step", results)
     print(table(
-        [[r["case"], r["dtype"], r["trl_step_s"], r["rftweb_step_s"], r["ratio"], r["trl_len"], r["rftweb_len"],
-          r["trl_rss_mb"], r["rftweb_rss_mb"], r["load"]] for r in results["rows"]],
-        ["case", "dtype", "TRL s/step", "rftweb s/step", "ratio", "TRL len", "rftweb len", "TRL RSS MB",
-         "rftweb RSS MB", "load"],
+        [[r["case"], r["dtype"], r["trl_step_s"], r["rftweb_step_s"], r["ratio"], r["trl_cpu_s"], r["rftweb_cpu_s"],
+          r["cpu_ratio"], r["trl_len"], r["rftweb_len"], r["trl_rss_mb"], r["rftweb_rss_mb"], r["load"]]
+         for r in results["rows"]],
+        ["case", "dtype", "TRL s/step", "rftweb s/step", "ratio", "TRL CPU s", "rftweb CPU s", "CPU ratio", "TRL len",
+         "rftweb len", "TRL RSS MB", "rftweb RSS MB", "load"],
     ))
     return results
 
@@ -356,7 +364,8 @@ def learning(seeds: int = 4, steps: int = 24, lr: float = 1e-3, reward: str = "b
             quarter = max(1, len(rewards) // 4)
             last[side].append(sum(rewards[-quarter:]) / quarter)
             first[side].append(sum(rewards[:quarter]) / quarter)
-            results["runs"].append({"side": side, "seed": seed, "rewards": rewards, "step_s": out["step_s"], "load": load()})
+            results["runs"].append({"side": side, "seed": seed, "rewards": rewards, "step_s": out["step_s"],
+                                    "step_cpu_s": out["step_cpu_s"], "load": load()})
             print(f"seed {seed} {side:6s}: first quarter {first[side][-1]:.3f} -> last quarter {last[side][-1]:.3f} "
                   f"({median(out['step_s']):.2f} s/step, load {load()})", flush=True)
     summary = {side: {"first_quarter": sum(v) / len(v), "last_quarter": sum(last[side]) / len(last[side]),

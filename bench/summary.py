@@ -30,9 +30,12 @@ def rows() -> list[tuple[str, str, str, str, str]]:
                         "equal" if check["equal"] else "MISMATCH", ""))
     aims = {"tiny": 0.5, "smollm2": 0.75}
     for row in grpo_rows:
-        out.append(("grpo_step", f"{row['case']} {row['dtype']} s/step (rftweb explore + train)",
+        out.append(("grpo_step", f"{row['case']} {row['dtype']} wall s/step (rftweb explore + train)",
                     f"{row['rftweb_step_s']:.2f} ({row['explore_s']:.2f} + {row['train_s']:.2f})",
                     f"TRL {row['trl_step_s']:.2f}; ratio {row['ratio']:.2f} (aim <= {aims[row['case']]})", row["load"]))
+        if "cpu_ratio" in row:
+            out.append(("grpo_step", f"{row['case']} {row['dtype']} CPU s/step (1 thread)", f"{row['rftweb_cpu_s']:.2f}",
+                        f"TRL {row['trl_cpu_s']:.2f}; ratio {row['cpu_ratio']:.2f}", row["load"]))
     data = read("learning")
     if data and "summary" in data:
         s = data["summary"]
