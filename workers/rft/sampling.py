@@ -58,9 +58,10 @@ def mix(buffer, batch_size: int, current_version: int, *, max_staleness=None, ex
 HUMAN_REWARD = "human"
 
 
-def reward_with_feedback(experience: Experience, feedback) -> float | None:
-    """The reward an experience trains with under the run's feedback settings (a FeedbackConfig)."""
-    human = experience.reward_components.get(HUMAN_REWARD)
+def reward_with_feedback(experience: Experience, feedback, human: float | None = None) -> float | None:
+    """The reward an experience trains with under the run's feedback settings (a FeedbackConfig).
+    `human` stands in for the rating of an unrated experience (None: it has none)."""
+    human = experience.reward_components.get(HUMAN_REWARD, human)
     if human is None or feedback.reward_mode == "none":
         return experience.reward
     if feedback.reward_mode == "override":
@@ -81,20 +82,25 @@ def apply_human_feedback(batch: list[Experience], groups: dict[str, list[Experie
     """Give the batch's rollouts their rewards under `config.feedback` and, where the algorithm
     uses group advantages, recompute their advantages from the new rewards of their whole group.
 
-    `groups` maps a group id to the experiences its advantages compare (the batch's own among
-    them; with feedback.rated_only only the rated ones). A group missing from it keeps the
-    advantages the explorer gave it."""
-    for experience in batch:
-        experience.reward = reward_with_feedback(experience, config.feedback)
-    advantage = group_advantage_params(config)
-    if advantage is None:
-        return
-    fn, params = advantage
-    recomputed = {}
+    `groups` maps the id of each group with a rating to the experiences its advantages compare
+    (the batch's own among them; with feedback.rated_only only the rated ones). An unrated member
+    of such a group counts as its group's mean rating: neither better nor worse than what the
+    annotators saw, so a rating moves only the rated rollouts. Other groups keep their rewards
+    and the advantages the explorer gave them."""
+    feedback = config.feedback
+    group_rating = {}
     for group_id, members in groups.items():
-        rewards = [reward_with_feedback(m, config.feedback) or 0.0 for m in members]
-        advantages, _ = ADVANTAGE_FNS.get(fn)(rewards, [group_id] * len(members), **params)
-        recomputed.update(zip((m.id for m in members), advantages.tolist()))
-    for experience in batch:
-        if experience.id in recomputed:
-            experience.advantage = recomputed[experience.id]
+        ratings = [m.reward_components[HUMAN_REWARD] for m in members if HUMAN_REWARD in m.reward_components]
+        group_rating[group_id] = sum(ratings) / len(ratings) if ratings else None
+    rewards = [reward_with_feedback(e, feedback, group_rating.get(e.group_id)) for e in batch]
+    advantages = {}
+    if (advantage := group_advantage_params(config)) is not None:
+        fn, params = advantage
+        for group_id, members in groups.items():
+            group_rewards = [reward_with_feedback(m, feedback, group_rating[group_id]) or 0.0 for m in members]
+            values, _ = ADVANTAGE_FNS.get(fn)(group_rewards, [group_id] * len(members), **params)
+            advantages.update(zip((m.id for m in members), values.tolist()))
+    # Assigned last: the batch's experiences may be the groups' members themselves.
+    for experience, reward in zip(batch, rewards):
+        experience.reward = reward
+        experience.advantage = advantages.get(experience.id, experience.advantage)

@@ -36,8 +36,9 @@ def test_rated_rollouts_train_with_their_human_reward_and_recomputed_group_advan
     sampled = {e.id: e for e in buffer.sample(10, sources=["rollout"])}
 
     assert set(sampled) == {group[0].pk, group[1].pk, group[3].pk}
-    expected, _ = grpo(torch.tensor([1.0, 0.0, 0.5, 0.0]), ["g"] * 4, epsilon=1e-6)
-    assert [sampled[m.pk].reward for m in (group[0], group[1], group[3])] == [1.0, 0.0, 0.0]
+    # The unrated rollout counts as the group's mean rating (0.5).
+    expected, _ = grpo(torch.tensor([1.0, 0.0, 0.5, 0.5]), ["g"] * 4, epsilon=1e-6)
+    assert [sampled[m.pk].reward for m in (group[0], group[1], group[3])] == [1.0, 0.0, 0.5]
     assert [sampled[m.pk].advantage for m in (group[0], group[1], group[3])] == pytest.approx(
         [expected[0].item(), expected[1].item(), expected[3].item()]
     )
@@ -60,7 +61,7 @@ def test_flagged_rollouts_are_never_sampled_nor_compared(run, tasks, make_experi
     services.rate(group[2].pk, make_annotator("c"), "1")
     sampled = {e.id: e for e in buffer.sample(10, sources=["rollout"])}
     assert group[0].pk not in sampled
-    expected, _ = grpo(torch.tensor([1.0, 0.0, 0.0]), ["g"] * 3, epsilon=1e-6)
+    expected, _ = grpo(torch.tensor([1.0, 0.0, 0.5]), ["g"] * 3, epsilon=1e-6)  # the unrated one: the mean rating
     assert sampled[group[1].pk].advantage == pytest.approx(expected[0].item())
 
 

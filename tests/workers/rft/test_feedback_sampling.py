@@ -30,13 +30,22 @@ def test_the_human_reward_counts_as_the_mode_says(mode, weight, expected_rated, 
 
 def test_group_advantages_are_recomputed_over_the_whole_group_from_the_new_rewards():
     # The batch holds two of the group's four rollouts; the group's advantages compare all four.
+    # The unrated one counts as the group's mean rating (0.5): neither better nor worse.
     group = [experience(1, 0.0, human=1.0), experience(2, 0.0, human=0.0), experience(3, 0.0, human=0.5), experience(4, 0.0)]
     batch = [experience(1, 0.0, human=1.0), experience(4, 0.0)]
     apply_human_feedback(batch, {"g": group}, config(reward_mode="override"))
-    expected, _ = grpo(torch.tensor([1.0, 0.0, 0.5, 0.0]), ["g"] * 4, epsilon=1e-6)
-    assert [e.reward for e in batch] == [1.0, 0.0]
+    expected, _ = grpo(torch.tensor([1.0, 0.0, 0.5, 0.5]), ["g"] * 4, epsilon=1e-6)
+    assert [e.reward for e in batch] == [1.0, 0.5]
     assert [e.advantage for e in batch] == pytest.approx([expected[0].item(), expected[3].item()])
-    assert batch[0].advantage > 0 > batch[1].advantage
+    assert batch[0].advantage > 0 and batch[1].advantage == pytest.approx(0.0, abs=1e-6)
+
+
+def test_weighted_ratings_add_to_the_rule_reward_and_unrated_rollouts_get_the_group_mean():
+    group = [experience(1, 1.0, human=1.0), experience(2, 1.0, human=0.0), experience(3, 0.0)]
+    apply_human_feedback(group, {"g": group}, config(reward_mode="weight", reward_weight=2.0))
+    assert [e.reward for e in group] == [3.0, 1.0, 1.0]
+    expected, _ = grpo(torch.tensor([3.0, 1.0, 1.0]), ["g"] * 3, epsilon=1e-6)
+    assert [e.advantage for e in group] == pytest.approx(expected.tolist())
 
 
 def test_rloo_takes_its_own_parameters_and_groups_without_feedback_keep_their_advantages():
