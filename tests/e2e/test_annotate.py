@@ -1,6 +1,7 @@
 """Annotation in a real browser against the real server: an annotator rates three items with the
-keyboard only, edits one and compares a pair; the rows hold what was chosen; and a second
-annotator's page shows live that the first took the item it is looking at."""
+keyboard only, edits one and compares a pair; the rows hold what was chosen; a second
+annotator's page shows live that the first took the item it is looking at; and the run page
+shows the feedback."""
 import re
 
 import pytest
@@ -104,5 +105,18 @@ def test_an_annotator_rates_edits_and_compares_with_the_keyboard_while_another_w
     preference = Feedback.objects.get(user=first, kind="preference")
     assert (preference.experience_id, preference.other_id, preference.value, preference.label) == (pair_a.pk, pair_b.pk, 1.0, "a_better")
     assert Feedback.objects.filter(user=watcher).count() == 0
-    assert page_errors == []
     watcher_context.close()
+
+    # The run page shows the feedback: counts, and the human reward (mean of 0.75, 0.25 and 1).
+    researcher_context = browser.new_context(base_url=asgi_server, viewport={"width": 1400, "height": 3000})
+    run_page = researcher_context.new_page()
+    run_page.on("pageerror", lambda error: page_errors.append(str(error)))
+    sign_in(run_page, researcher, f"/runs/{run.pk}/")
+    card = run_page.locator("#human-feedback")
+    expect(card.locator('[data-feedback="rated_experiences"]')).to_have_text("3")
+    expect(card.locator('[data-feedback="human_reward"]')).to_have_text("0.667")
+    expect(card.locator('[data-feedback="judgements"]')).to_have_text("3 · 1 · 1 · 0")
+    expect(card.locator('[data-feedback="data"]')).to_have_text("1 · 1 · 0")
+    expect(run_page.locator("#human-reward-chart .main-svg").first).to_be_visible()
+    researcher_context.close()
+    assert page_errors == []
