@@ -195,7 +195,16 @@ def _measure(rows: int, samples: int, writers: int) -> dict:
     stream = io.StringIO()
     pstats.Stats(profiler, stream=stream).sort_stats("tottime").print_stats(20)
     (ROOT / "bench" / "results").mkdir(parents=True, exist_ok=True)
-    (ROOT / "bench" / "results" / "buffer_sample_profile.txt").write_text(stream.getvalue())
+    from django.db import connection
+
+    with connection.cursor() as cursor:  # the plan of the sampling query (the same filter and order)
+        cursor.execute(
+            "EXPLAIN (ANALYZE, BUFFERS) SELECT id FROM buffer_experience WHERE run_id = %s AND status = 'ready' "
+            "AND source IN ('rollout') AND claimed_at IS NULL ORDER BY use_count, explorer_step, id LIMIT 256 "
+            "FOR UPDATE SKIP LOCKED", [run.pk])
+        plan = "\n".join(row[0] for row in cursor.fetchall())
+    results["sample_plan"] = plan
+    (ROOT / "bench" / "results" / "buffer_sample_profile.txt").write_text(stream.getvalue() + "\n" + plan + "\n")
     concurrent_rate = (sum(counts[count_before:]) if len(counts) > count_before else 0) / (time.time() - started_all)
     for p in procs:
         p.terminate()
