@@ -231,3 +231,11 @@ def test_a_judgement_stands_when_the_live_hint_cannot_be_sent(make_experience, a
         services.rate(experience.pk, annotator, "4")
     assert Feedback.objects.get().value == 0.75
     assert "annotation hint judged" in caplog.text and "not sent" in caplog.text
+
+
+def test_the_queue_offers_what_the_trainer_has_not_taken_yet_first(make_experience, annotator, run):
+    trained_on = make_experience(explorer_step=5, status="consumed")
+    waiting = make_experience(explorer_step=1)
+    assert services.next_item(run, annotator) == waiting  # a rating on it can still shape this run's training
+    services.rate(waiting.pk, annotator, "3")
+    assert services.next_item(run, annotator) == trained_on  # a running run's consumed items still count (agreement, pairs)
