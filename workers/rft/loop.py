@@ -14,7 +14,6 @@ import torch
 
 from .algorithms import resolve
 from .engines import build_engine
-from .experience import EXPERT_SOURCES
 from .explorer import Explorer
 from .memory import InMemoryBuffer, InMemoryCheckpoints, InMemoryMetrics, InMemoryTaskSource
 from .models import load_critic, load_policy, load_reference, load_tokenizer, pick_device, pick_dtype
@@ -113,9 +112,10 @@ class Loop:
                 self.seed_expert_data()
 
     def seed_expert_data(self) -> int:
-        """Write the expert taskset's answers into the buffer as expert experiences, once."""
+        """Write the expert taskset's answers into the buffer as expert experiences, once (human
+        edits made before the trainer started do not count as the taskset's)."""
         source, buffer = self.stores.expert_source, self.stores.buffer
-        if source is None or buffer.count(sources=EXPERT_SOURCES):
+        if source is None or buffer.count(sources=("expert",)):
             return 0
         return buffer.write([self.workflow.expert_experience(task) for task in source.tasks()])
 
