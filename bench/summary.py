@@ -18,7 +18,7 @@ def rows() -> list[tuple[str, str, str, str, str]]:
     """(benchmark, figure, rftweb, baseline / aim, load)"""
     out = []
     grpo_rows = []
-    for name in ("grpo_step_tiny", "grpo_step_smollm2", "grpo_step"):
+    for name in ("grpo_step_tiny_cpu", "grpo_step_tiny", "grpo_step_smollm2", "grpo_step"):
         data = read(name)
         for row in (data or {}).get("rows", []):
             key = (row["case"], row["dtype"])
