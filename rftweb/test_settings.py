@@ -8,6 +8,9 @@ os.environ.setdefault("RFTWEB_DATA_DIR", os.path.join(os.path.dirname(os.path.di
 # Tests kill workers on purpose: notice a dead one in seconds, not minutes.
 os.environ.setdefault("RFTWEB_HEARTBEAT_INTERVAL", "1")
 os.environ.setdefault("RFTWEB_HEARTBEAT_TIMEOUT", "6")
+# Tests open event loops and threads by the hundred; a connection kept by each would pile up to
+# Postgres's max_connections (the load test's server sets the production default itself).
+os.environ.setdefault("DB_CONN_MAX_AGE", "0")
 
 from .settings import *  # noqa: E402,F401,F403
 
@@ -16,6 +19,3 @@ STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
 }
-# Close each connection after use: websocket tests run database calls on executor threads that
-# die with their event loop, and kept-alive connections there would pile up to max_connections.
-DATABASES["default"]["CONN_MAX_AGE"] = 0  # noqa: F405

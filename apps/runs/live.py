@@ -55,14 +55,17 @@ class LivePublisher:
             connection.close()  # the timer thread's own; nothing else would close it
 
     def flush(self) -> None:
-        """Send what is pending now (the timer calls this; so does a worker before it exits)."""
-        with self._lock:
-            pending, self._pending = self._pending, {}
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
+        """Send what is pending now (the timer calls this; so does a worker before it exits).
+
+        A batch is taken and numbered under the send lock: two flushes (a timer and a worker's
+        last one) must not take batches in one order and number them in the other."""
         layer = get_channel_layer()
         with self._send_lock:
+            with self._lock:
+                pending, self._pending = self._pending, {}
+                if self._timer is not None:
+                    self._timer.cancel()
+                    self._timer = None
             for run_id, updates in pending.items():
                 message = {"type": "updates", "seq": next_seq(run_id), "updates": updates}
                 try:
