@@ -133,7 +133,7 @@ def test_unknown_keys_suggest_the_closest():
     ({"algorithm": {"loss_agg_mode": "token_mean"}}, "algorithm.loss_agg_mode",
      "'token_mean' is not one of: token-mean, seq-mean-token-mean, seq-mean-token-sum; did you mean 'token-mean'?"),
     ({"explorer": {"reward_fn": {"exact_match": 1, "nope": 2}}}, "explorer.reward_fn",
-     "unknown reward fn 'nope'; known: countdown, exact_match, format, numeric"),
+     "unknown reward fn 'nope'; known: countdown, exact_match, format, llm_judge, numeric, reward_model"),
     ({"explorer": {"reward_fn": {"numeric": {"tol": 0.1}}}}, "explorer.reward_fn",
      "reward fn 'numeric': got an unexpected keyword argument 'tol'"),
     ({"explorer": {"reward_fn": {"format": "heavy"}}}, "explorer.reward_fn",
