@@ -105,6 +105,12 @@ def test_100_websocket_clients_on_one_run_get_every_update(server, session, rese
                         latencies.append(now - update["values"]["sent_at"])
             received.append((seen, steps, latencies))
 
+    def record(step):
+        try:
+            services.record_metrics(run, "trainer", step, {"loss": 1 / step, "sent_at": time.time()})
+        finally:
+            connection.close()  # this executor thread's own
+
     async def scenario():
         connected, received = [], []
         all_connected = asyncio.Event()
@@ -112,7 +118,7 @@ def test_100_websocket_clients_on_one_run_get_every_update(server, session, rese
         await asyncio.wait_for(all_connected.wait(), timeout=180)
         await asyncio.sleep(1)  # every consumer has joined the group
         for step in range(1, UPDATES + 1):
-            await asyncio.to_thread(services.record_metrics, run, "trainer", step, {"loss": 1 / step, "sent_at": time.time()})
+            await asyncio.to_thread(record, step)
             await asyncio.sleep(0.05)
         results = await asyncio.gather(*clients, return_exceptions=True)
         return received, [r for r in results if isinstance(r, BaseException)]
