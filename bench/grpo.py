@@ -333,7 +333,9 @@ def grpo_step(reps: int = 3, steps: int = 4, cases=("tiny", "smollm2"), dtypes=(
                   f"(explore {row['explore_s']:.2f} + train {row['train_s']:.2f}), ratio {row['ratio']:.2f}; CPU s/step TRL "
                   f"{row['trl_cpu_s']:.2f} rftweb {row['rftweb_cpu_s']:.2f} ratio {row['cpu_ratio']:.2f}; load {row['load']}",
                   flush=True)
-    save("grpo_step", results)
+    # one file per selection, so runs of different cases never overwrite each other
+    save("grpo_step" if set(cases) == set(CASES) and set(dtypes) == {"fp32", "bf16"} else
+         f"grpo_step_{'_'.join(cases)}_{'_'.join(dtypes)}", results)
     print(table(
         [[r["case"], r["dtype"], r["trl_step_s"], r["rftweb_step_s"], r["ratio"], r["trl_cpu_s"], r["rftweb_cpu_s"],
           r["cpu_ratio"], r["trl_len"], r["rftweb_len"], r["trl_rss_mb"], r["rftweb_rss_mb"], r["load"]]

@@ -18,13 +18,17 @@ def rows() -> list[tuple[str, str, str, str, str]]:
     """(benchmark, figure, rftweb, baseline / aim, load)"""
     out = []
     grpo_rows = []
-    for name in ("grpo_step_tiny_cpu", "grpo_step_tiny", "grpo_step_smollm2", "grpo_step"):
-        data = read(name)
+    files = [json.loads(path.read_text()) for path in RESULTS.glob("grpo_step*.json")]
+    checks_seen = set()
+    for data in sorted(files, key=lambda d: d.get("finished", ""), reverse=True):  # newest first
         for row in (data or {}).get("rows", []):
             key = (row["case"], row["dtype"])
             if key not in [(r["case"], r["dtype"]) for r in grpo_rows]:
                 grpo_rows.append(row)
         for case, check in (data or {}).get("checks", {}).items():
+            if case in checks_seen:
+                continue
+            checks_seen.add(case)
             out.append(("grpo loss check", f"{case}: loss TRL vs rftweb; grad rel diff",
                         f"{check['rftweb_loss']:.6g} vs {check['trl_loss']:.6g}; {check['grad_rel_diff']:.1e}",
                         "equal" if check["equal"] else "MISMATCH", ""))
