@@ -223,9 +223,10 @@ def test_workflow_settings_are_checked_by_name():
     assert workflow_args_problems("multi_turn", {"env": "frozenlake", "max_turns": 5}) == []
     problems = dict(workflow_args_problems("multi_turn", {"env": "lava", "max_turn": 5}))
     assert problems["max_turn"].startswith("unknown key; multi_turn takes: env, env_args, experience, invalid_action")
-    assert dict(workflow_args_problems("multi_turn", {"env": "lava"})) == {
-        "env": "unknown environment 'lava'; known: blackjack, cliffwalking, frozenlake, taxi, test-three-turns"
-    }
+    # (other test modules register environments of their own: they follow the built-in ones)
+    assert dict(workflow_args_problems("multi_turn", {"env": "lava"}))["env"].startswith(
+        "unknown environment 'lava'; known: blackjack, cliffwalking, frozenlake, taxi, test-"
+    )
     assert dict(workflow_args_problems("multi_turn", {})) == {"env": "required by workflow multi_turn"}
     bad_types = dict(workflow_args_problems("multi_turn", {"env": "taxi", "max_turns": "5", "invalid_penalty": True, "experience": "steps"}))
     assert bad_types == {
