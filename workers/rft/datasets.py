@@ -92,3 +92,10 @@ def countdown(rng: random.Random, count: int = 3, max_number: int = 20) -> dict:
         "metadata": {"numbers": numbers, "target": target},
         "difficulty": round(count + math.log10(target), 3),
     }
+
+
+@BUILTIN_TASKSETS.register("episodes")
+def episodes(rng: random.Random, prompt: str = "") -> dict:
+    """One task per episode to play, each with its own environment seed (metadata.seed); the
+    environment itself is named by the workflow (explorer.workflow_args.env)."""
+    return {"prompt": prompt, "answer": "", "metadata": {"seed": rng.randrange(2**31)}, "difficulty": 0.0}

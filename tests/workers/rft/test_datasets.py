@@ -10,8 +10,8 @@ PROBLEM = re.compile(r"^What is (\d+) ([-+*]) (\d+)\?$")
 
 
 def test_builtin_names():
-    assert BUILTIN_TASKSETS.names() == ["arithmetic", "countdown"]
-    with pytest.raises(KeyError, match="unknown built-in taskset 'gsm9k'; known: arithmetic, countdown"):
+    assert BUILTIN_TASKSETS.names() == ["arithmetic", "countdown", "episodes"]
+    with pytest.raises(KeyError, match="unknown built-in taskset 'gsm9k'; known: arithmetic, countdown, episodes"):
         generate("gsm9k", 3)
 
 

@@ -17,11 +17,9 @@ A user environment is one class and one decorator:
 and `explorer.workflow_args: {env: guess_number, env_args: {...}}` plays it. Keyword arguments of
 the class are the environment's settings (`env_args`), checked when the config is validated.
 """
-import random
 import re
 from dataclasses import dataclass, field
 
-from ..datasets import BUILTIN_TASKSETS
 from ..registry import Registry
 
 ENVIRONMENTS = Registry("environment")
@@ -76,10 +74,3 @@ def parse_action(reply: str, actions: list[str]) -> int | None:
     if text.isdigit() and int(text) < len(actions):
         return int(text)
     return None
-
-
-@BUILTIN_TASKSETS.register("episodes")
-def episodes(rng: random.Random, prompt: str = "") -> dict:
-    """One task per episode to play, each with its own environment seed (metadata.seed); the
-    environment itself is named by the workflow (explorer.workflow_args.env)."""
-    return {"prompt": prompt, "answer": "", "metadata": {"seed": rng.randrange(2**31)}, "difficulty": 0.0}
