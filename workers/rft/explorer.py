@@ -5,17 +5,13 @@ experience carries the step that made it and the model version that generated it
 import time
 import zlib
 
-import torch
-
 from .algorithms import GROUP_ADVANTAGE_FNS, resolve
-from .algorithms.advantages import stepwise
 from .engines import SamplingParams
 from .experience import Task
 from .pipelines import (
     EXPERIENCE_OPERATORS, TASK_OPERATORS, PipelineContext, build_operators, group_advantage,
     run_experience_operators, run_task_operators,
 )
-from .pipelines.experience_ops import group_std_filter
 
 EVAL_CHUNK = 64  # eval prompts per engine call
 
@@ -38,8 +34,8 @@ class Explorer:
             params = {} if spec.advantage_fn == "rloo" else {"epsilon": algo.epsilon}
             params |= {"fn": spec.advantage_fn, "drop_zero_std": algo.drop_zero_std_groups}
             # A multi-turn workflow storing one experience per step compares whole episodes.
-            advantage = stepwise_advantage if getattr(workflow, "stepwise", False) else group_advantage
-            self.experience_ops.append(("advantage", advantage, params))
+            params["by_episode"] = getattr(workflow, "stepwise", False)
+            self.experience_ops.append(("advantage", group_advantage, params))
 
     @property
     def engine(self):
@@ -100,23 +96,6 @@ class Explorer:
         if self.metrics is not None:
             self.metrics.log("eval", self.step, metrics)
         return metrics
-
-
-def stepwise_advantage(experiences, ctx, fn: str = "grpo", drop_zero_std: bool = False, **params):
-    """`group_advantage` for step experiences (metadata.rollout names their episode): one
-    advantage per episode, from the episodes of the same task, broadcast to its steps."""
-    rollouts = [exp for exp in experiences if exp.source == "rollout"]
-    if not rollouts:
-        return experiences, {"zero_std_groups": 0}
-    rewards = torch.tensor([exp.reward for exp in rollouts], dtype=torch.float32)
-    episodes = [exp.metadata["rollout"] for exp in rollouts]
-    advantages, metrics = stepwise(fn, rewards, [exp.group_id for exp in rollouts], episodes, **params)
-    for exp, advantage in zip(rollouts, advantages.tolist()):
-        exp.advantage = advantage
-    if drop_zero_std:
-        experiences, dropped = group_std_filter(experiences, ctx)
-        metrics["zero_std_dropped"] = dropped["dropped"]
-    return experiences, metrics
 
 
 def rollout_metrics(experiences) -> dict:

@@ -5,6 +5,7 @@ from dataclasses import replace
 import torch
 
 from ..algorithms import ADVANTAGE_FNS, zero_std_mask
+from ..algorithms.advantages import stepwise
 from .base import EXPERIENCE_OPERATORS
 
 
@@ -89,14 +90,23 @@ def promote_to_expert(experiences, ctx, min_reward: float = 1.0):
     return experiences + promoted, {"promoted": len(promoted)}
 
 
-def group_advantage(experiences, ctx, fn: str = "grpo", drop_zero_std: bool = False, **params):
+def group_advantage(
+    experiences, ctx, fn: str = "grpo", drop_zero_std: bool = False, by_episode: bool = False, **params
+):
     """The algorithm's advantage fn over the rollout groups (always the last operator).
-    Other sources keep advantage None: the trainer imitates them rather than weighting them."""
+    Other sources keep advantage None: the trainer imitates them rather than weighting them.
+    `by_episode`: step experiences of multi-turn episodes (metadata.rollout names their episode)
+    get one advantage per episode, from the episodes of the same task, broadcast to its steps."""
     rollouts = [exp for exp in experiences if exp.source == "rollout"]
     if not rollouts:
         return experiences, {"zero_std_groups": 0}
     rewards = torch.tensor([exp.reward for exp in rollouts], dtype=torch.float32)
-    advantages, metrics = ADVANTAGE_FNS.get(fn)(rewards, [exp.group_id for exp in rollouts], **params)
+    groups = [exp.group_id for exp in rollouts]
+    if by_episode:
+        episodes = [exp.metadata["rollout"] for exp in rollouts]
+        advantages, metrics = stepwise(fn, rewards, groups, episodes, **params)
+    else:
+        advantages, metrics = ADVANTAGE_FNS.get(fn)(rewards, groups, **params)
     for exp, advantage in zip(rollouts, advantages.tolist()):
         exp.advantage = advantage
     if drop_zero_std:
