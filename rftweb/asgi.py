@@ -1,3 +1,4 @@
+import asyncio
 import os
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rftweb.settings")
@@ -27,9 +28,28 @@ def close_request_connections(**kwargs):
 # Only for requests the ASGI server handles (the test client's handler is another sender).
 request_finished.connect(close_request_connections, sender=ASGIHandler, dispatch_uid="rftweb-close-request-connections")
 
+class HttpConcurrencyLimit:
+    """At most `limit` HTTP requests run at once; the rest wait in the event loop. Django runs each
+    request's view in a thread of its own with a database connection of its own, so a burst of
+    requests (200 annotators posting at once) would otherwise open more connections than Postgres
+    allows and fail with 500s."""
+
+    def __init__(self, app, limit: int):
+        self.app, self.limit = app, limit
+        self._semaphore = None  # made on first use, inside the server's event loop
+
+    async def __call__(self, scope, receive, send):
+        if self._semaphore is None:
+            self._semaphore = asyncio.Semaphore(self.limit)
+        async with self._semaphore:
+            await self.app(scope, receive, send)
+
+
+MAX_CONCURRENT_REQUESTS = int(os.environ.get("RFTWEB_MAX_CONCURRENT_REQUESTS", "16"))
+
 application = ProtocolTypeRouter(
     {
-        "http": django_asgi_app,
+        "http": HttpConcurrencyLimit(django_asgi_app, MAX_CONCURRENT_REQUESTS),
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

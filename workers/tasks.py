@@ -161,25 +161,27 @@ def serve_role(run: Run, role: str) -> str:
 
     config = RunConfig.from_dict(run.config)
     stores = run_stores(run, config)
-    loop = Loop(config, stores, run_dir(run), roles={"explorer": (EXPLORER,), "trainer": (TRAINER,)}.get(role))
-    if loop.trainer is not None:
-        checkpoint = stores.checkpoints.latest()
-        if checkpoint is not None:
-            loop.resume(checkpoint.path)
-        # Steps after the checkpoint are replayed: give them back the rows the lost steps took.
-        stores.buffer.rewind(checkpoint.created_at if checkpoint else None)
-    run.refresh_from_db()
-    if role == "explorer":
-        loop.explorer.step = run.explorer_step  # steps already stored are not redone
-    services.mark_running(run)
+    roles = {"explorer": (EXPLORER,), "trainer": (TRAINER,)}.get(role)
+    # Closed when the role ends: a worker process outlives its runs, vLLM's processes must not.
+    with Loop(config, stores, run_dir(run), roles=roles) as loop:
+        if loop.trainer is not None:
+            checkpoint = stores.checkpoints.latest()
+            if checkpoint is not None:
+                loop.resume(checkpoint.path)
+            # Steps after the checkpoint are replayed: give them back the rows the lost steps took.
+            stores.buffer.rewind(checkpoint.created_at if checkpoint else None)
+        run.refresh_from_db()
+        if role == "explorer":
+            loop.explorer.step = run.explorer_step  # steps already stored are not redone
+        services.mark_running(run)
 
-    if role == "explorer":
-        return loop.run_explorer(should_stop=lambda: wait_while_paused(run) != Status.RUNNING, wait=pause)
-    stopping = lambda: wait_while_paused(run) in (Status.STOPPING, *Run.FINISHED)  # noqa: E731
-    if role == "trainer":
-        outcome = loop.run_trainer(stopping, explored_steps=lambda: explorer_steps(run), wait=pause)
-    else:
-        outcome = loop.run(should_stop=stopping)
+        if role == "explorer":
+            return loop.run_explorer(should_stop=lambda: wait_while_paused(run) != Status.RUNNING, wait=pause)
+        stopping = lambda: wait_while_paused(run) in (Status.STOPPING, *Run.FINISHED)  # noqa: E731
+        if role == "trainer":
+            outcome = loop.run_trainer(stopping, explored_steps=lambda: explorer_steps(run), wait=pause)
+        else:
+            outcome = loop.run(should_stop=stopping)
     finish(run)
     return outcome
 

@@ -5,17 +5,14 @@ listen. New experiences are noticed on the run's own live group: every explorer 
 run's `explorer_step`, which this consumer passes on as `new_experiences`, and nothing else of
 the dashboard's traffic.
 """
-import json
-
 from channels.db import database_sync_to_async
-from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from apps.runs.consumers import run_group
+from apps.runs.consumers import PingConsumer, run_group
 
 from .live import annotate_group
 
 
-class AnnotateConsumer(AsyncJsonWebsocketConsumer):
+class AnnotateConsumer(PingConsumer):
     async def connect(self):
         user = self.scope.get("user")
         self.run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
@@ -30,16 +27,6 @@ class AnnotateConsumer(AsyncJsonWebsocketConsumer):
     async def disconnect(self, code):
         for group in getattr(self, "groups_joined", ()):
             await self.channel_layer.group_discard(group, self.channel_name)
-
-    async def receive(self, text_data=None, bytes_data=None, **kwargs):
-        try:
-            content = json.loads(text_data or "")
-        except json.JSONDecodeError:
-            content = None
-        if not isinstance(content, dict) or content.get("type") != "ping":
-            await self.send_json({"type": "error", "error": "unknown message; this channel only accepts {\"type\": \"ping\"}"})
-            return
-        await self.send_json({"type": "pong"})
 
     async def annotate_message(self, event):
         await self.send_json(event["payload"])

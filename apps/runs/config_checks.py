@@ -1,45 +1,13 @@
-"""What a launch checks on top of the engine's config schema: sane upper bounds and model paths.
+"""What a launch checks on top of the engine's config schema (which bounds every value, upper
+sanity limits included): model paths, and strings Postgres can store.
 
-The engine's schema (workers.rft.config) gives every key its type and lower bound. A web server
-shared by a team also needs an upper bound on what one request may ask of the workers (10^9 new
-tokens would tie up a GPU for good), and must not let a config read files outside the data
-directory. Both are reported like the schema's own errors: a ConfigIssue per dotted key.
+A web server shared by a team must not let a config read files outside the data directory.
+Problems are reported like the schema's own errors: a ConfigIssue per dotted key.
 """
 import json
 from pathlib import Path
 
 from django.conf import settings
-
-# dotted key: the largest value a launch accepts.
-UPPER_BOUNDS = {
-    "seed": 2**32 - 1,
-    "model.max_prompt_tokens": 131_072,
-    "algorithm.repeat_times": 256,
-    "algorithm.entropy_coef": 100.0,
-    "algorithm.kl.coef": 100.0,
-    "algorithm.dpo.beta": 100.0,
-    "algorithm.clip_range_high": 100.0,
-    "explorer.batch_size": 4096,
-    "explorer.temperature": 10.0,
-    "explorer.max_new_tokens": 32_768,
-    "explorer.eval_interval": 10_000_000,
-    "trainer.lr": 1.0,
-    "trainer.critic_lr": 1.0,
-    "trainer.batch_size": 65_536,
-    "trainer.micro_batch_size": 4096,
-    "trainer.total_steps": 10_000_000,
-    "trainer.save_interval": 10_000_000,
-    "trainer.warmup_steps": 10_000_000,
-    "trainer.update_epochs": 100,
-    "trainer.grad_clip": 1e6,
-    "buffer.max_staleness": 1_000_000,
-    "synchronizer.interval": 1_000_000,
-    "synchronizer.offset": 1_000_000,
-    "feedback.scale_min": 1000,
-    "feedback.scale_max": 1000,
-}
-MAX_ROLLOUTS_PER_STEP = 65_536  # explorer.batch_size * algorithm.repeat_times
-MAX_TEXT_CHARS = 100_000  # explorer.system_prompt
 
 MODEL_KEYS = ("model.path", "model.ref_path", "model.critic_path")
 # A causal language model, as transformers names its classes.
@@ -52,26 +20,6 @@ def _value(config, dotted: str):
     for part in dotted.split("."):
         config = getattr(config, part)
     return config
-
-
-def bound_issues(config) -> list[tuple[str, str]]:
-    """(key, message) for each value above its upper bound."""
-    issues = [
-        (key, f"must be <= {limit}, got {value}")
-        for key, limit in UPPER_BOUNDS.items()
-        if (value := _value(config, key)) is not None and value > limit
-    ]
-    rollouts = config.explorer.batch_size * config.algorithm.repeat_times
-    already_reported = {key for key, _ in issues} & {"explorer.batch_size", "algorithm.repeat_times"}
-    if rollouts > MAX_ROLLOUTS_PER_STEP and not already_reported:
-        issues.append((
-            "explorer.batch_size",
-            f"batch_size x algorithm.repeat_times is {rollouts} rollouts a step; at most {MAX_ROLLOUTS_PER_STEP}",
-        ))
-    prompt = config.explorer.system_prompt
-    if prompt is not None and len(prompt) > MAX_TEXT_CHARS:
-        issues.append(("explorer.system_prompt", f"must be at most {MAX_TEXT_CHARS} characters, got {len(prompt)}"))
-    return issues
 
 
 def nul_issues(data, prefix: str = "") -> list[tuple[str, str]]:

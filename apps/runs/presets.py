@@ -61,7 +61,8 @@ PRESETS = {
     ),
     "dpo-human": Preset(
         "DPO from human preferences",
-        "Direct preference optimisation of SmolLM2 on the A-over-B judgements annotators made in the buffer.",
+        "Direct preference optimisation of SmolLM2 on the A-over-B judgements annotators made on other runs: "
+        "list those runs in feedback.source_runs.",
         {
             "mode": "train",
             "model": {"path": "smollm2-135m"},

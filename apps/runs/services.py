@@ -65,13 +65,13 @@ def record_metrics(run: Run, role: str, step: int, values: dict) -> MetricPoint:
 
 
 def validate_config(config: dict) -> "RunConfig":
-    """The engine's schema, plus what a shared server adds: upper bounds, model directories
-    confined to the allowed roots (stored resolved), and tasksets that exist.
+    """The engine's schema, plus what a shared server adds: model directories confined to the
+    allowed roots (stored resolved), and tasksets and feedback source runs that exist.
     Raises ConfigError naming each bad key."""
     from apps.tasksets.models import Taskset
     from workers.rft.config import ConfigError, ConfigIssue, RunConfig
 
-    from .config_checks import bound_issues, model_issues, nul_issues
+    from .config_checks import model_issues, nul_issues
 
     parsed = RunConfig.from_dict(config)
     buffer = parsed.buffer
@@ -80,8 +80,13 @@ def validate_config(config: dict) -> "RunConfig":
         for key, name in (("taskset", buffer.taskset), ("expert_taskset", buffer.expert_taskset), ("eval_taskset", buffer.eval_taskset))
         if name and "\x00" not in name and not Taskset.objects.filter(name=name).exists()  # NUL: nul_issues
     ]
+    known_runs = set(Run.objects.filter(pk__in=parsed.feedback.source_runs).values_list("pk", flat=True))
+    issues += [
+        ConfigIssue("feedback.source_runs", f"no run with id {run_id}")
+        for run_id in parsed.feedback.source_runs if run_id not in known_runs
+    ]
     bad_models, resolved_models = model_issues(parsed)
-    issues += [ConfigIssue(key, message) for key, message in bound_issues(parsed) + bad_models]
+    issues += [ConfigIssue(key, message) for key, message in bad_models]
     reported = {issue.key for issue in issues}
     issues += [ConfigIssue(key, message) for key, message in nul_issues(parsed.to_dict()) if key not in reported]
     if issues:

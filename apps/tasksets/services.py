@@ -330,6 +330,13 @@ BUILTIN_TASKSETS = (
         description="Reach a target number from three numbers with + - * / (answer inside <answer></answer>).",
         default_reward_fn="countdown",
     ),
+    GeneratedTaskset(
+        "episodes",
+        "episodes",
+        64,
+        description="Environment episodes, one seed each, for explorer.workflow: multi_turn (the environment is "
+        "named by explorer.workflow_args.env).",
+    ),
 )
 
 

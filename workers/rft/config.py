@@ -23,6 +23,8 @@ from workers.rft.rewards import build_reward
 from workers.rft.workflows import workflow_args_problems
 
 MODES = ("both", "explore", "train", "bench")
+MAX_ROLLOUTS_PER_STEP = 65_536  # explorer.batch_size * algorithm.repeat_times
+MAX_TEXT_CHARS = 100_000
 
 
 @dataclass
@@ -37,9 +39,11 @@ class ConfigError(ValueError):
         super().__init__("\n".join(f"{issue.key}: {issue.message}" for issue in self.errors))
 
 
-def _f(default=None, *, factory=None, choices=None, ge=None, gt=None, le=None, lt=None, check=None):
-    """A config field: its default and the rules its value follows (check(value) -> problem or None)."""
-    rules = {"choices": choices, "ge": ge, "gt": gt, "le": le, "lt": lt, "check": check}
+def _f(default=None, *, factory=None, choices=None, ge=None, gt=None, le=None, lt=None, most=None, check=None):
+    """A config field: its default and the rules its value follows (check(value) -> problem or None).
+    `most` is a sanity limit rather than a range: what one run may ask of shared workers (10^9 new
+    tokens would tie up a GPU for good)."""
+    rules = {"choices": choices, "ge": ge, "gt": gt, "le": le, "lt": lt, "most": most, "check": check}
     if factory is not None:
         return field(default_factory=factory, metadata=rules)
     return field(default=default, metadata=rules)
@@ -51,6 +55,10 @@ def _check_reward_fn(spec) -> str | None:
     except (KeyError, TypeError, ValueError) as err:
         return str(err.args[0])
     return None
+
+
+def _too_long(text: str, limit: int) -> str | None:
+    return f"must be at most {limit} characters, got {len(text)}" if len(text) > limit else None
 
 
 def _check_operators(ops: list) -> str | None:
@@ -66,7 +74,7 @@ class ModelConfig:
     path: str = "tiny"  # a local HF dir or a built-in name (resolved by models.py)
     ref_path: str | None = None  # default: path
     critic_path: str | None = None  # default: path
-    max_prompt_tokens: int = _f(256, ge=1)
+    max_prompt_tokens: int = _f(256, ge=1, most=131_072)
     dtype: str = _f("auto", choices=("auto", "float32", "bfloat16", "float16"))
     device: str = _f("auto", choices=("auto", "cpu", "cuda"))
 
@@ -74,7 +82,7 @@ class ModelConfig:
 @dataclass
 class KLConfig:
     fn: str = _f("none", choices=KL_FNS)
-    coef: float = _f(0.0, ge=0)
+    coef: float = _f(0.0, ge=0, most=100.0)
 
 
 @dataclass
@@ -85,7 +93,7 @@ class GAEConfig:
 
 @dataclass
 class DPOConfig:
-    beta: float = _f(0.1, gt=0)
+    beta: float = _f(0.1, gt=0, most=100.0)
 
 
 @dataclass
@@ -97,14 +105,14 @@ class MixConfig:
 @dataclass
 class AlgorithmConfig:
     name: str = _f("grpo", choices=ALGORITHMS)
-    repeat_times: int = _f(8, ge=1)
+    repeat_times: int = _f(8, ge=1, most=256)
     advantage_fn: str | None = _f(None, choices=ADVANTAGE_FNS)
     policy_loss: str | None = _f(None, choices=POLICY_LOSSES)
     clip_range: float = _f(0.2, gt=0, lt=1)
     clip_range_low: float | None = _f(None, gt=0, lt=1)
-    clip_range_high: float | None = _f(None, gt=0)
+    clip_range_high: float | None = _f(None, gt=0, most=100.0)
     loss_agg_mode: str = _f("token-mean", choices=AGG_MODES)
-    entropy_coef: float = _f(0.0, ge=0)
+    entropy_coef: float = _f(0.0, ge=0, most=100.0)
     drop_zero_std_groups: bool = False
     epsilon: float = _f(1e-6, gt=0)
     kl: KLConfig = field(default_factory=KLConfig)
@@ -125,33 +133,33 @@ class AlgorithmConfig:
 @dataclass
 class ExplorerConfig:
     engine: str = _f("auto", choices=("auto", "vllm", "transformers"))
-    batch_size: int = _f(16, ge=1)  # tasks per explorer step
-    temperature: float = _f(1.0, ge=0)
+    batch_size: int = _f(16, ge=1, most=4096)  # tasks per explorer step
+    temperature: float = _f(1.0, ge=0, most=10.0)
     top_p: float = _f(1.0, gt=0, le=1)
-    max_new_tokens: int = _f(32, ge=1)
+    max_new_tokens: int = _f(32, ge=1, most=32_768)
     workflow: str = "single_turn"
     # Settings of the workflow named above (multi-turn: environment, turn limit, tools...); each
     # workflow checks its own (workflows.workflow_args_problems).
     workflow_args: dict = _f(factory=dict)
     reward_fn: str | dict = _f("exact_match", check=_check_reward_fn)  # name, or {name: weight | {weight, <params>}}
-    system_prompt: str | None = None
+    system_prompt: str | None = _f(None, check=lambda text: _too_long(text, MAX_TEXT_CHARS))
     use_chat_template: bool = True
     pipeline: list = _f(factory=list, check=_check_operators)
-    eval_interval: int = _f(0, ge=0)  # 0: no eval
+    eval_interval: int = _f(0, ge=0, most=10_000_000)  # 0: no eval
 
 
 @dataclass
 class TrainerConfig:
-    lr: float = _f(1e-5, gt=0)
-    critic_lr: float = _f(1e-5, gt=0)
-    batch_size: int | None = _f(None, ge=1)  # default: explorer.batch_size * repeat_times
-    micro_batch_size: int = _f(8, ge=1)
-    total_steps: int = _f(100, ge=1)
-    save_interval: int = _f(0, ge=0)  # 0: only at the end
-    grad_clip: float = _f(1.0, gt=0)
+    lr: float = _f(1e-5, gt=0, most=1.0)
+    critic_lr: float = _f(1e-5, gt=0, most=1.0)
+    batch_size: int | None = _f(None, ge=1, most=65_536)  # default: explorer.batch_size * repeat_times
+    micro_batch_size: int = _f(8, ge=1, most=4096)
+    total_steps: int = _f(100, ge=1, most=10_000_000)
+    save_interval: int = _f(0, ge=0, most=10_000_000)  # 0: only at the end
+    grad_clip: float = _f(1.0, gt=0, most=1e6)
     weight_decay: float = _f(0.0, ge=0)
-    warmup_steps: int = _f(0, ge=0)
-    update_epochs: int = _f(1, ge=1)
+    warmup_steps: int = _f(0, ge=0, most=10_000_000)
+    update_epochs: int = _f(1, ge=1, most=100)
 
 
 @dataclass
@@ -159,7 +167,7 @@ class BufferConfig:
     taskset: str = "arithmetic"
     expert_taskset: str | None = None
     eval_taskset: str | None = None
-    max_staleness: int | None = _f(None, ge=0)  # in model versions; None: unbounded
+    max_staleness: int | None = _f(None, ge=0, most=1_000_000)  # in model versions; None: unbounded
     task_pipeline: list = _f(factory=list, check=_check_operators)
 
 
@@ -199,14 +207,14 @@ class FeedbackConfig:
 @dataclass
 class SynchronizerConfig:
     method: str = _f("memory", choices=("memory", "checkpoint", "nccl"))
-    interval: int = _f(1, ge=1)
-    offset: int = _f(0, ge=0)
+    interval: int = _f(1, ge=1, most=1_000_000)
+    offset: int = _f(0, ge=0, most=1_000_000)
 
 
 @dataclass
 class RunConfig:
     mode: str = _f("both", choices=MODES)
-    seed: int = _f(0, ge=0)
+    seed: int = _f(0, ge=0, most=2**32 - 1)
     model: ModelConfig = field(default_factory=ModelConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     explorer: ExplorerConfig = field(default_factory=ExplorerConfig)
@@ -317,6 +325,8 @@ def _check_value(value, f) -> tuple[object, str | None]:
     if not all(BOUNDS[name][0](value, bound) for name, bound in bounds):
         limits = " and ".join(f"{BOUNDS[name][1]} {bound}" for name, bound in bounds)
         return None, f"must be {limits}, got {value}"
+    if rules.get("most") is not None and value > rules["most"]:
+        return None, f"must be <= {rules['most']}, got {value}"
     check = rules.get("check")
     return value, check(value) if check else None
 
@@ -375,7 +385,11 @@ def _combination_issues(c: RunConfig, bad: set) -> list[ConfigIssue]:
         ("buffer.eval_taskset", c.explorer.eval_interval > 0 and c.buffer.eval_taskset is None,
          "required when explorer.eval_interval > 0", ("explorer.eval_interval",)),
     ]
+    rollouts = c.explorer.batch_size * algo.repeat_times
     rules += [
+        ("explorer.batch_size", rollouts > MAX_ROLLOUTS_PER_STEP,
+         f"batch_size x algorithm.repeat_times is {rollouts} rollouts a step; at most {MAX_ROLLOUTS_PER_STEP}",
+         ("algorithm.repeat_times",)),
         ("feedback.scale_max", c.feedback.scale_max <= c.feedback.scale_min,
          f"must be greater than feedback.scale_min ({c.feedback.scale_min}), got {c.feedback.scale_max}",
          ("feedback.scale_min",)),

@@ -325,17 +325,21 @@ class Trainer:
         directory and renamed, so a crash never leaves half a checkpoint."""
         path = Path(path)
         tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}"
-        self.policy.save_pretrained(tmp)
-        self.tokenizer.save_pretrained(tmp)
-        torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
-        if self.critic is not None:
-            self.critic.save_pretrained(tmp / "critic")
-            torch.save(self.critic_optimizer.state_dict(), tmp / "critic_optimizer.pt")
-        rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
-        if torch.cuda.is_available():
-            rng["cuda"] = torch.cuda.get_rng_state_all()
-        torch.save(rng, tmp / "rng.pt")
-        (tmp / "trainer_state.json").write_text(json.dumps({"step": self.step, "extra": extra or {}}, indent=1))
+        try:
+            self.policy.save_pretrained(tmp)
+            self.tokenizer.save_pretrained(tmp)
+            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+            if self.critic is not None:
+                self.critic.save_pretrained(tmp / "critic")
+                torch.save(self.critic_optimizer.state_dict(), tmp / "critic_optimizer.pt")
+            rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
+            if torch.cuda.is_available():
+                rng["cuda"] = torch.cuda.get_rng_state_all()
+            torch.save(rng, tmp / "rng.pt")
+            (tmp / "trainer_state.json").write_text(json.dumps({"step": self.step, "extra": extra or {}}, indent=1))
+        except BaseException:  # e.g. a full disk: leave no partial directory behind
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
         if path.exists():
             shutil.rmtree(path)
         os.rename(tmp, path)

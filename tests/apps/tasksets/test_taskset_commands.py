@@ -68,14 +68,17 @@ def test_load_builtin_tasksets_is_idempotent(capsys):
         "arithmetic: created",
         "arithmetic-eval: created",
         "countdown: created",
+        "episodes: created",
     ]
     counts = dict(Taskset.objects.values_list("name", "task_count"))
-    assert counts == {"addition": 80, "addition-eval": 20, "arithmetic": 2_000, "arithmetic-eval": 200, "countdown": 1_000}
-    assert Task.objects.count() == 3_300
+    assert counts == {
+        "addition": 80, "addition-eval": 20, "arithmetic": 2_000, "arithmetic-eval": 200, "countdown": 1_000, "episodes": 64,
+    }
+    assert Task.objects.count() == 3_364
 
     call_command("load_builtin_tasksets")
     assert "arithmetic: exists, left as it is" in capsys.readouterr().out
-    assert Task.objects.count() == 3_300
+    assert Task.objects.count() == 3_364
 
     addition = set(Task.objects.filter(taskset__name="addition").values_list("prompt", flat=True))
     assert not addition & set(Task.objects.filter(taskset__name="addition-eval").values_list("prompt", flat=True))
