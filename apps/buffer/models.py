@@ -87,6 +87,13 @@ class Experience(models.Model):
         indexes = [
             models.Index(fields=["run", "status", "source", "model_version"], name="experience_sampling"),
             models.Index(fields=["run", "explorer_step"], name="experience_step"),
+            # The trainer's sample order (store.sample): a run's ready, unclaimed rows, least used
+            # first. Without it, sampling 256 rows at 10^6 scans and sorts them all (~20 s).
+            models.Index(
+                fields=["run", "use_count", "explorer_step", "id"],
+                condition=Q(status="ready", claimed_at__isnull=True),
+                name="experience_sample_order",
+            ),
         ]
 
     def __str__(self):

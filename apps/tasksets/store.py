@@ -26,9 +26,13 @@ class DjangoTaskSource:
         counts: dict[int, int] = {}
         for task_id in task_ids:
             counts[task_id] = counts.get(task_id, 0) + 1
+        # One UPDATE per distinct count (usually one: each task of a step is drawn once).
+        by_count: dict[int, list[int]] = {}
+        for task_id, count in counts.items():
+            by_count.setdefault(count, []).append(task_id)
         with transaction.atomic():
-            for task_id, count in counts.items():
-                TaskRow.objects.filter(pk=task_id).update(times_sampled=F("times_sampled") + count)
+            for count, ids in by_count.items():
+                TaskRow.objects.filter(pk__in=ids).update(times_sampled=F("times_sampled") + count)
 
     def add_tasks(self, tasks: Sequence[Task]) -> list[Task]:
         with transaction.atomic():

@@ -6,12 +6,15 @@ to <data dir>/models/<name> and are built (tiny) or installed (smollm2-135m) on 
 """
 import importlib.util
 import json
+import logging
 import os
 import shutil
 import uuid
 from pathlib import Path
 
 import torch
+
+log = logging.getLogger(__name__)
 
 TINY = "tiny"
 SMOLLM2 = "smollm2-135m"
@@ -43,6 +46,10 @@ def pick_dtype(device: torch.device, name: str = "auto") -> torch.dtype:
     """The compute dtype: bf16 on a GPU that has it, fp32 on CPU (bf16 matmuls are slow there)."""
     if name == "auto":
         return torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
+    if device.type == "cpu" and name == "bfloat16" and "AVX512" not in torch.backends.cpu.get_cpu_capability():
+        # Without AVX-512 (BF16/AMX) bf16 matmuls are emulated: 3-10x slower than fp32 (bench/README.md).
+        log.warning("model.dtype bfloat16 on a CPU without AVX-512 (%s): expect it slower than float32",
+                    torch.backends.cpu.get_cpu_capability())
     return getattr(torch, name)
 
 
