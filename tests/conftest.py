@@ -48,21 +48,11 @@ def celery_worker_factory(transactional_db, tmp_path):
     import time
     import uuid
 
-    from django.conf import settings
-    from django.db import connection
-
     from rftweb.celery import app
 
-    db = connection.settings_dict
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "rftweb.test_settings",
-        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-        "REDIS_URL": settings.REDIS_URL,
-        "RFTWEB_DATA_DIR": str(settings.DATA_DIR),
-        "RFTWEB_HEARTBEAT_INTERVAL": str(settings.RFTWEB_HEARTBEAT_INTERVAL),
-        "RFTWEB_HEARTBEAT_TIMEOUT": str(settings.RFTWEB_HEARTBEAT_TIMEOUT),
-    }
+    from tests.support import service_env
+
+    env = service_env()
     app.control.purge()  # nothing left over from an earlier test
     started = []
 

@@ -23,7 +23,6 @@ from pathlib import Path
 import psycopg
 import pytest
 from django.conf import settings
-from django.db import connection
 
 from apps.buffer.models import Experience
 from apps.runs import services
@@ -31,6 +30,7 @@ from apps.runs.models import Run
 from apps.tasksets.models import Task, Taskset
 from workers import tasks
 from workers.rft import datasets
+from tests.support import service_env, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -55,16 +55,6 @@ def grpo_config(steps: int, method="memory") -> dict:
         "buffer": {"taskset": "arith"},
         "synchronizer": {"method": method},
     }
-
-
-def wait_for(predicate, timeout=300, what="condition"):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def run_field(run, name):
@@ -117,20 +107,6 @@ def test_a_killed_explorer_or_trainer_worker_is_replaced(celery_worker_factory, 
     assert_buffer_intact(rows_of(run), trainer_steps_of(run), steps)
 
 
-def subprocess_env(**overrides) -> dict:
-    db = connection.settings_dict
-    return {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "rftweb.test_settings",
-        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-        "REDIS_URL": settings.REDIS_URL,
-        "RFTWEB_DATA_DIR": str(settings.DATA_DIR),
-        "RFTWEB_HEARTBEAT_INTERVAL": str(settings.RFTWEB_HEARTBEAT_INTERVAL),
-        "RFTWEB_HEARTBEAT_TIMEOUT": str(settings.RFTWEB_HEARTBEAT_TIMEOUT),
-        **overrides,
-    }
-
-
 def start_process(args, env, log_path: Path, ready: str | None = None, timeout=90):
     log = open(log_path, "w")
     proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -179,7 +155,7 @@ def test_a_killed_beat_and_worker_come_back_and_the_new_beat_resumes_the_run(res
 
     make_taskset()
     app.control.purge()
-    env = subprocess_env(RFTWEB_WATCHDOG_INTERVAL="2")
+    env = service_env(RFTWEB_WATCHDOG_INTERVAL="2")
     worker = start_worker(env, tmp_path, processes)
     beat = start_beat(env, tmp_path, processes)
     steps = 5
@@ -250,7 +226,7 @@ def launch_through(env, run):
 
 def test_redis_restarted_mid_run(researcher, tmp_path, processes, private_redis):
     make_taskset()
-    env = subprocess_env(REDIS_URL=private_redis.url)
+    env = service_env(REDIS_URL=private_redis.url)
     worker = start_worker(env, tmp_path, processes)
     steps = 5
     run = Run.objects.create(name="redis restart", owner=researcher, config=services.validate_config(grpo_config(steps)).to_dict())
@@ -328,7 +304,7 @@ def test_postgres_restarted_mid_run(tmp_path, processes, private_postgres, priva
     import json
 
     steps = 5
-    env = subprocess_env(DATABASE_URL=private_postgres.url, REDIS_URL=private_redis.url)
+    env = service_env(DATABASE_URL=private_postgres.url, REDIS_URL=private_redis.url)
     manage = [sys.executable, str(settings.BASE_DIR / "manage.py")]
     migrate = subprocess.run([*manage, "migrate", "--noinput"], env=env, capture_output=True, text=True, timeout=300)
     assert migrate.returncode == 0, migrate.stderr

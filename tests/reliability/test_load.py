@@ -22,6 +22,7 @@ from apps.accounts.roles import RESEARCHER
 from apps.accounts.services import create_user
 from apps.runs import services
 from apps.runs.models import Run
+from tests.support import service_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -41,15 +42,7 @@ def server(tmp_path):
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    db = connection.settings_dict
-    env = {
-        **os.environ,
-        "DJANGO_SETTINGS_MODULE": "rftweb.test_settings",
-        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
-        "REDIS_URL": settings.REDIS_URL,
-        "RFTWEB_DATA_DIR": str(settings.DATA_DIR),
-        "DB_CONN_MAX_AGE": "60",  # the production default, not the tests' 0
-    }
+    env = service_env(DB_CONN_MAX_AGE="60")  # the production default, not the tests' 0
     log = open(tmp_path / "daphne.log", "w")
     proc = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "rftweb.asgi:application"],
                             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)

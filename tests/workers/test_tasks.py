@@ -15,6 +15,7 @@ from apps.tasksets.models import Task, Taskset
 from rftweb.asgi import application
 from workers import tasks
 from workers.rft import datasets
+from tests.support import wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -39,16 +40,6 @@ def grpo_config(steps: int, **sync) -> dict:
         "buffer": {"taskset": "arith"},
         "synchronizer": {"method": "memory", **sync},
     }
-
-
-def wait_for(predicate, timeout=180, what="condition"):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.5)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def finished(run):

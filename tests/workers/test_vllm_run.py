@@ -7,7 +7,9 @@ import pytest
 from apps.buffer.models import Experience
 from apps.runs import services
 
-from .test_tasks import finished, make_taskset, wait_for
+from tests.support import wait_for
+
+from .test_tasks import finished, make_taskset
 
 pytestmark = [
     pytest.mark.slow,

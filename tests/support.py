@@ -1,0 +1,33 @@
+"""What test modules share: the environment of the processes they start (Celery workers, daphne,
+beat) on the test database and Redis, and polling for a condition."""
+import os
+import time
+
+
+def service_env(**overrides) -> dict:
+    """os.environ plus what a started process needs to reach this test's database, Redis and data dir."""
+    from django.conf import settings
+    from django.db import connection
+
+    db = connection.settings_dict
+    return {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "rftweb.test_settings",
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "REDIS_URL": settings.REDIS_URL,
+        "RFTWEB_DATA_DIR": str(settings.DATA_DIR),
+        "RFTWEB_HEARTBEAT_INTERVAL": str(settings.RFTWEB_HEARTBEAT_INTERVAL),
+        "RFTWEB_HEARTBEAT_TIMEOUT": str(settings.RFTWEB_HEARTBEAT_TIMEOUT),
+        **overrides,
+    }
+
+
+def wait_for(predicate, timeout=300, what="condition"):
+    """The predicate's first truthy value, polled every 0.5 s; fails after `timeout` seconds."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.5)
+    raise AssertionError(f"timed out waiting for {what}")
