@@ -23,7 +23,6 @@ TRL's own advantages to both sides.
 """
 import argparse
 import math
-import os
 import sys
 import tempfile
 import time
@@ -52,7 +51,7 @@ def register_bench_rewards() -> None:
 
 # ---- rftweb side --------------------------------------------------------------------------------
 
-def rftweb_config(case: dict, dtype: str, steps: int, seed: int, lr: float, reward: str):
+def rftweb_config(case: dict, dtype: str, steps: int, seed: int, lr: float, reward: str, offset: int = 0):
     from workers.rft.config import RunConfig
 
     register_bench_rewards()
@@ -65,40 +64,58 @@ def rftweb_config(case: dict, dtype: str, steps: int, seed: int, lr: float, rewa
         "trainer": {"lr": lr, "micro_batch_size": case["tasks"] * case["samples"], "total_steps": steps,
                     "grad_clip": 1.0, "weight_decay": 0.0},
         "buffer": {"taskset": TASKSET},
+        "synchronizer": {"offset": offset},
     })
 
 
-def run_rftweb(case: dict, dtype: str, steps: int, seed: int, lr: float, reward: str, profile: str | None) -> dict:
+def run_rftweb(case: dict, dtype: str, steps: int, seed: int, lr: float, reward: str, profile: str | None,
+               offset: int = 0) -> dict:
+    """`Loop.run()` as the headless CLI runs it: explorer and trainer one after the other at offset
+    0, overlapped (explorer one step ahead, in its own thread) at offset 1. A step's time is the
+    wall time between two trainer steps' ends, so overlap counts; the first step is the warm-up."""
     from workers.rft.loop import Loop, memory_stores
 
-    config = rftweb_config(case, dtype, steps, seed, lr, reward)
+    config = rftweb_config(case, dtype, steps, seed, lr, reward, offset)
     stores = memory_stores(config)
-    times, explore_s, train_s, cpu = [], [], [], []
-    with tempfile.TemporaryDirectory() as work_dir:
-        loop = Loop(config, stores, work_dir)
-        profiler = None
-        for step in range(steps):
-            if profile and step == 1:  # profile the steps after the warm-up one
-                import cProfile
+    ends, cpu_ends, explore_s, train_s = [], [], [], []
+    profiler = None
 
-                profiler = cProfile.Profile()
-                profiler.enable()
-            started, cpu_started = time.perf_counter(), time.process_time()
-            loop.explore()
-            middle = time.perf_counter()
-            loop.train()
-            ended = time.perf_counter()
-            cpu.append(time.process_time() - cpu_started)
-            times.append(ended - started)
-            explore_s.append(middle - started)
-            train_s.append(ended - middle)
-        if profiler is not None:
-            profiler.disable()
-            profiler.dump_stats(profile)
+    def timed(step_fn, durations, after=None):
+        def wrapper(*args, **kwargs):
+            started = time.perf_counter()
+            result = step_fn(*args, **kwargs)
+            durations.append(time.perf_counter() - started)
+            if after:
+                after()
+            return result
+        return wrapper
+
+    def trainer_step_ended():
+        nonlocal profiler
+        ends.append(time.perf_counter())
+        cpu_ends.append(time.process_time())
+        if profile and len(ends) == 1:  # profile the steps after the warm-up (this thread only)
+            import cProfile
+
+            profiler = cProfile.Profile()
+            profiler.enable()
+
+    with tempfile.TemporaryDirectory() as work_dir, Loop(config, stores, work_dir) as loop:
+        loop.explorer.explore_step = timed(loop.explorer.explore_step, explore_s)
+        loop.trainer.train_step = timed(loop.trainer.train_step, train_s, trainer_step_ended)
+        started, cpu_started = time.perf_counter(), time.process_time()
+        loop.run()
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(profile)
     rewards = [v for _, v in stores.metrics.series("explorer", "reward_mean")]
     lengths = [v for _, v in stores.metrics.series("explorer", "response_length")]
-    return {"step_s": times, "step_cpu_s": cpu, "explore_s": explore_s, "train_s": train_s, "rewards": rewards,
-            "lengths": lengths}
+    return {"step_s": diffs([started, *ends]), "step_cpu_s": diffs([cpu_started, *cpu_ends]), "explore_s": explore_s,
+            "train_s": train_s, "rewards": rewards, "lengths": lengths}
+
+
+def diffs(values: list[float]) -> list[float]:
+    return [b - a for a, b in zip(values, values[1:])]
 
 
 # ---- TRL side -----------------------------------------------------------------------------------
@@ -132,6 +149,7 @@ def trl_trainer(case: dict, dtype: str, steps: int, seed: int, lr: float, reward
         num_generations=case["samples"], max_completion_length=case["tokens"], temperature=1.0,
         learning_rate=lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
         loss_type="dapo", beta=0.0, num_iterations=1, max_steps=steps, logging_steps=1, report_to="none",
+        gradient_checkpointing=False,  # TRL's default is True; rftweb does not checkpoint, so neither side recomputes
         save_strategy="no", seed=seed, data_seed=seed, dataloader_num_workers=0, disable_tqdm=True,
     )
     return GRPOTrainer(model=model, reward_funcs=reward_fn, args=args, train_dataset=dataset,
@@ -277,6 +295,7 @@ def child_main(argv) -> None:
     parser.add_argument("--lr", type=float, default=STEP_LR)
     parser.add_argument("--reward", default="exact_match")
     parser.add_argument("--profile")
+    parser.add_argument("--offset", type=int, default=0)
     args = parser.parse_args(argv)
     quiet_hf()
     import torch
@@ -290,10 +309,25 @@ def child_main(argv) -> None:
             sys.exit(3)
         emit(result)
         return
-    run = run_trl if args.side == "trl" else run_rftweb
-    result = run(CASES[args.case], args.dtype, args.steps, args.seed, args.lr, args.reward, args.profile)
+    case = CASES[args.case]
+    if args.side == "trl":
+        result = run_trl(case, args.dtype, args.steps, args.seed, args.lr, args.reward, args.profile)
+    else:
+        result = run_rftweb(case, args.dtype, args.steps, args.seed, args.lr, args.reward, args.profile, args.offset)
     result["peak_rss_mb"] = peak_rss_mb()
     emit(result)
+
+
+# The compared sides: TRL; rftweb on-policy (offset 0: explore then train, TRL's schedule); rftweb
+# one step off-policy (offset 1: the explorer generates step t + 1 while the trainer trains step t).
+SIDES = {"trl": ["--side", "trl"], "rftweb": ["--side", "rftweb"], "rftweb_offset1": ["--side", "rftweb", "--offset", "1"]}
+
+
+def alternating(rep: int) -> list[str]:
+    """The sides in a different order every repetition (rotated), so drift in load hits each alike."""
+    names = list(SIDES)
+    shift = rep % len(names)
+    return names[shift:] + names[:shift]
 
 
 def grpo_step(reps: int = 3, steps: int = 4, cases=("tiny", "smollm2"), dtypes=("fp32", "bf16"), profile: bool = True) -> dict:
@@ -306,42 +340,42 @@ def grpo_step(reps: int = 3, steps: int = 4, cases=("tiny", "smollm2"), dtypes=(
               f"{check['grad_rel_diff']:.1e}, clip frac {check['clip_frac']:.2f} -> equal", flush=True)
     for case in cases:
         for dtype in dtypes:
-            per_side = {"trl": [], "rftweb": []}
+            per_side = {side: [] for side in SIDES}
             for rep in range(reps):
-                order = ("trl", "rftweb") if rep % 2 == 0 else ("rftweb", "trl")
-                for side in order:
+                for side in alternating(rep):
                     extra = []
                     if profile and rep == reps - 1 and dtype == "fp32":
                         extra = ["--profile", str(save_path(f"profile_{case}_{side}.prof"))]
-                    out = child("bench.grpo", "run", "--side", side, "--case", case, "--dtype", dtype,
-                                "--steps", steps + 1, *extra)
+                    out = child("bench.grpo", "run", *SIDES[side], "--case", case, "--dtype", dtype,
+                                "--steps", steps + 2, *extra)
                     out["load"] = load()
                     per_side[side].append(out)
             row = {"case": case, "dtype": dtype, "load": load()}
             for side, outs in per_side.items():
-                row[f"{side}_step_s"] = median([median(o["step_s"][1:]) for o in outs])  # drop the warm-up step
-                row[f"{side}_cpu_s"] = median([median(o["step_cpu_s"][1:]) for o in outs])
+                # Timed: the steps between the warm-up and the last one (which no explorer step
+                # overlaps: nothing is left to generate for).
+                row[f"{side}_step_s"] = median([median(o["step_s"][1:-1]) for o in outs])
+                row[f"{side}_cpu_s"] = median([median(o["step_cpu_s"][1:-1]) for o in outs])
                 row[f"{side}_len"] = median([median(o["lengths"]) for o in outs])
                 row[f"{side}_rss_mb"] = max(o["peak_rss_mb"] for o in outs)
                 row[f"{side}_runs"] = outs
-            row["explore_s"] = median([median(o["explore_s"][1:]) for o in per_side["rftweb"]])
-            row["train_s"] = median([median(o["train_s"][1:]) for o in per_side["rftweb"]])
-            row["ratio"] = row["rftweb_step_s"] / row["trl_step_s"]
-            row["cpu_ratio"] = row["rftweb_cpu_s"] / row["trl_cpu_s"]
+                if side != "trl":
+                    row[f"{side}_explore_s"] = median([median(o["explore_s"][1:]) for o in outs])
+                    row[f"{side}_train_s"] = median([median(o["train_s"][1:]) for o in outs])
+                    row[f"{side}_ratio"] = row[f"{side}_step_s"] / row["trl_step_s"]
+                    row[f"{side}_cpu_ratio"] = row[f"{side}_cpu_s"] / row["trl_cpu_s"]
             results["rows"].append(row)
-            print(f"{case} {dtype}: TRL {row['trl_step_s']:.2f} s/step, rftweb {row['rftweb_step_s']:.2f} s/step "
-                  f"(explore {row['explore_s']:.2f} + train {row['train_s']:.2f}), ratio {row['ratio']:.2f}; CPU s/step TRL "
-                  f"{row['trl_cpu_s']:.2f} rftweb {row['rftweb_cpu_s']:.2f} ratio {row['cpu_ratio']:.2f}; load {row['load']}",
-                  flush=True)
+            print(f"{case} {dtype}: TRL {row['trl_step_s']:.2f} s/step; " + "; ".join(
+                f"{side} {row[f'{side}_step_s']:.2f} (explore {row[f'{side}_explore_s']:.2f}, train "
+                f"{row[f'{side}_train_s']:.2f}) ratio {row[f'{side}_ratio']:.2f}" for side in SIDES if side != "trl")
+                + f"; load {row['load']}", flush=True)
     # one file per selection, so runs of different cases never overwrite each other
     save("grpo_step" if set(cases) == set(CASES) and set(dtypes) == {"fp32", "bf16"} else
          f"grpo_step_{'_'.join(cases)}_{'_'.join(dtypes)}", results)
     print(table(
-        [[r["case"], r["dtype"], r["trl_step_s"], r["rftweb_step_s"], r["ratio"], r["trl_cpu_s"], r["rftweb_cpu_s"],
-          r["cpu_ratio"], r["trl_len"], r["rftweb_len"], r["trl_rss_mb"], r["rftweb_rss_mb"], r["load"]]
-         for r in results["rows"]],
-        ["case", "dtype", "TRL s/step", "rftweb s/step", "ratio", "TRL CPU s", "rftweb CPU s", "CPU ratio", "TRL len",
-         "rftweb len", "TRL RSS MB", "rftweb RSS MB", "load"],
+        [[r["case"], r["dtype"], side, r[f"{side}_step_s"], r.get(f"{side}_ratio", 1.0), r[f"{side}_cpu_s"],
+          r[f"{side}_len"], r[f"{side}_rss_mb"], r["load"]] for r in results["rows"] for side in SIDES],
+        ["case", "dtype", "side", "s/step", "ratio to TRL", "CPU s/step", "response len", "peak RSS MB", "load"],
     ))
     return results
 
@@ -354,13 +388,12 @@ def save_path(name: str):
 
 
 def learning(seeds: int = 4, steps: int = 24, lr: float = 1e-3, reward: str = "bench_digits", case: str = "tiny") -> dict:
-    """Same GRPO config, several seeds, both sides alternating; mean reward of the last quarter."""
+    """Same GRPO config, several seeds, the sides alternating; mean reward of the first and last quarter."""
     results = {"machine": machine(), "seeds": seeds, "steps": steps, "lr": lr, "reward": reward, "case": case, "runs": []}
-    last = {"trl": [], "rftweb": []}
-    first = {"trl": [], "rftweb": []}
+    first, last = {side: [] for side in SIDES}, {side: [] for side in SIDES}
     for seed in range(seeds):
-        for side in (("trl", "rftweb") if seed % 2 == 0 else ("rftweb", "trl")):
-            out = child("bench.grpo", "run", "--side", side, "--case", case, "--steps", steps, "--seed", seed,
+        for side in alternating(seed):
+            out = child("bench.grpo", "run", *SIDES[side], "--case", case, "--steps", steps, "--seed", seed,
                         "--lr", lr, "--reward", reward)
             rewards = out["rewards"]
             quarter = max(1, len(rewards) // 4)
@@ -368,7 +401,7 @@ def learning(seeds: int = 4, steps: int = 24, lr: float = 1e-3, reward: str = "b
             first[side].append(sum(rewards[:quarter]) / quarter)
             results["runs"].append({"side": side, "seed": seed, "rewards": rewards, "step_s": out["step_s"],
                                     "step_cpu_s": out["step_cpu_s"], "load": load()})
-            print(f"seed {seed} {side:6s}: first quarter {first[side][-1]:.3f} -> last quarter {last[side][-1]:.3f} "
+            print(f"seed {seed} {side:14s}: first quarter {first[side][-1]:.3f} -> last quarter {last[side][-1]:.3f} "
                   f"({median(out['step_s']):.2f} s/step, load {load()})", flush=True)
     summary = {side: {"first_quarter": sum(v) / len(v), "last_quarter": sum(last[side]) / len(last[side]),
                       "last_quarter_per_seed": last[side]} for side, v in first.items()}

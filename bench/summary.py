@@ -33,20 +33,24 @@ def rows() -> list[tuple[str, str, str, str, str]]:
                         f"{check['rftweb_loss']:.6g} vs {check['trl_loss']:.6g}; {check['grad_rel_diff']:.1e}",
                         "equal" if check["equal"] else "MISMATCH", ""))
     aims = {"tiny": 0.5, "smollm2": 0.75}
+    schedules = {"rftweb": "offset 0, sequential", "rftweb_offset1": "offset 1, overlapped"}
     for row in grpo_rows:
-        out.append(("grpo_step", f"{row['case']} {row['dtype']} wall s/step (rftweb explore + train)",
-                    f"{row['rftweb_step_s']:.2f} ({row['explore_s']:.2f} + {row['train_s']:.2f})",
-                    f"TRL {row['trl_step_s']:.2f}; ratio {row['ratio']:.2f} (aim <= {aims[row['case']]})", row["load"]))
-        if "cpu_ratio" in row:
-            out.append(("grpo_step", f"{row['case']} {row['dtype']} CPU s/step (1 thread)", f"{row['rftweb_cpu_s']:.2f}",
-                        f"TRL {row['trl_cpu_s']:.2f}; ratio {row['cpu_ratio']:.2f}", row["load"]))
+        for side, schedule in schedules.items():
+            name = f"{row['case']} {row['dtype']}"
+            out.append(("grpo_step", f"{name} wall s/step, rftweb {schedule} (explore, train)",
+                        f"{row[f'{side}_step_s']:.2f} ({row[f'{side}_explore_s']:.2f}, {row[f'{side}_train_s']:.2f})",
+                        f"TRL {row['trl_step_s']:.2f}; ratio {row[f'{side}_ratio']:.2f} (aim <= {aims[row['case']]})",
+                        row["load"]))
+            out.append(("grpo_step", f"{name} CPU s/step, rftweb {schedule}", f"{row[f'{side}_cpu_s']:.2f}",
+                        f"TRL {row['trl_cpu_s']:.2f}; ratio {row[f'{side}_cpu_ratio']:.2f}", row["load"]))
     data = read("learning")
     if data and "summary" in data:
         s = data["summary"]
+        quarters = {side: f"{v['first_quarter']:.3f} -> {v['last_quarter']:.3f}" for side, v in s.items()}
         out.append(("learning", f"{data['case']}, {data['steps']} steps x {data['seeds']} seeds, reward {data['reward']}: "
                     "mean reward 1st -> last quarter",
-                    f"{s['rftweb']['first_quarter']:.3f} -> {s['rftweb']['last_quarter']:.3f}",
-                    f"TRL {s['trl']['first_quarter']:.3f} -> {s['trl']['last_quarter']:.3f}", data["machine"]["load"]))
+                    f"offset 0: {quarters['rftweb']}; offset 1: {quarters['rftweb_offset1']}",
+                    f"TRL {quarters['trl']}", data["machine"]["load"]))
     data = read("rollout")
     if data and data.get("summary"):
         base = next((r for r in data["summary"] if r["engine"] == "hf_generate"), None)

@@ -1,8 +1,9 @@
 """Celery tasks: thin wrappers that load a run, build the engine over the Postgres stores and loop.
 
 A run is served by one or two long tasks, each holding a *role* of the run:
-- `loop` (queue `train`): explorer and trainer alternate in one process, as the headless engine
-  runs them. Used with `synchronizer.method: memory` and for single-role modes.
+- `loop` (queue `train`): explorer and trainer in one process, as the headless engine runs them
+  (overlapping in two threads from offset 1). Used with `synchronizer.method: memory` and for
+  single-role modes.
 - `explorer` (queue `explore`) + `trainer` (queue `train`): with `synchronizer.method: checkpoint`
   in mode `both`, the roles run in separate workers (and machines) and meet through the Postgres
   buffer and the versioned weights directory.

@@ -1,5 +1,5 @@
 """The engine's storage protocols for one run, over Postgres (see workers/rft/protocols.py)."""
-from django.db import transaction
+from django.db import connections, transaction
 
 from apps.buffer.store import DjangoExperienceBuffer
 from apps.tasksets.models import Taskset
@@ -55,4 +55,5 @@ def run_stores(run: Run, config) -> Stores:
         eval_source=taskset_source(buffer.eval_taskset),
         expert_source=DjangoTaskSource(expert) if expert else None,
         checkpoints=DjangoCheckpointStore(run),
+        thread_finished=connections.close_all,  # the connections Django opened for that thread
     )

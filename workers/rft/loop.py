@@ -3,17 +3,25 @@
 synchronisation rules allow. The headless CLI runs it with in-memory stores; a Celery worker
 runs it with the Postgres-backed ones.
 
-Mode `both` in one process is sequential: the explorer steps while the version it needs is
-published, otherwise the trainer steps (and publishes every `interval` steps). That reproduces
-exactly what synchronous (offset 0) and one-step off-policy (offset 1) runs train on.
+Mode `both` in one process follows the synchronisation rules: explorer step t runs once the
+version it needs (`required_version(t)`) is published; trainer step s + 1 runs once explorer step
+s (the one it trains on) is done. At offset 0 that is sequential: the explorer steps while it
+may, otherwise the trainer steps (and publishes every `interval` steps). From offset 1 on, the
+explorer runs in a background thread beside the trainer, so a step costs max(explore, train)
+rather than their sum; on CPU each thread gets its own share of torch's intra-op threads. The
+trainer trains on the same batches as the sequential loop whenever one explorer step fills a
+trainer batch (filters that drop rollouts can make a batch reach into the next explorer step,
+which the sequential loop always has ready and the overlapped one may not yet).
 """
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from .algorithms import resolve
-from .engines import build_engine
+from .engines import TransformersEngine, build_engine
 from .explorer import Explorer
 from .memory import InMemoryBuffer, InMemoryCheckpoints, InMemoryMetrics, InMemoryTaskSource
 from .models import load_critic, load_policy, load_reference, load_tokenizer, pick_device, pick_dtype
@@ -33,6 +41,9 @@ class Stores:
     eval_source: object = None  # TaskSource, for eval and bench
     expert_source: object = None  # TaskSource whose answers become expert data (MIX, SFT)
     checkpoints: object = None  # CheckpointStore
+    # Called at the end of a thread (other than the caller's) that used the stores: Postgres
+    # closes that thread's connection there.
+    thread_finished: Callable[[], None] | None = None
 
 
 def memory_stores(config, echo=None) -> Stores:
@@ -97,6 +108,7 @@ class Loop:
                 config, self.workflow, stores.task_source, stores.buffer, stores.metrics, stores.eval_source
             )
 
+        self._explorer_thread = None  # while run() overlaps the explorer with the trainer
         self.trainer = None
         if TRAINER in roles:
             self.trainer = Trainer(
@@ -133,9 +145,10 @@ class Loop:
 
     # -- running ---------------------------------------------------------------------------------
 
-    def run(self, should_stop=None) -> str:
+    def run(self, should_stop=None, overlap: bool = True) -> str:
         """Run to trainer.total_steps; returns 'completed', or 'stopped' when should_stop() said so
-        (checked after every trainer step; a checkpoint is saved either way)."""
+        (checked after every trainer step; a checkpoint is saved either way). `overlap=False`
+        keeps the explorer in this thread at any offset (tests compare the two loops)."""
         should_stop = should_stop or (lambda: False)
         if self.config.mode == "bench":
             self.bench()
@@ -145,6 +158,19 @@ class Loop:
         evaluating = self.explorer is not None and self.config.explorer.eval_interval > 0
         if evaluating and self.explorer.step == 0:
             self.explorer.evaluate()
+        if overlap and self.explorer is not None and self.sync.offset >= 1:
+            outcome = self._run_overlapped(should_stop)
+        else:
+            outcome = self._run_sequential(should_stop)
+        if outcome == "stopped":
+            return outcome
+        if evaluating:  # the final weights, which no explorer step has pulled yet
+            self.sync.pull(self.explorer.engine, self.sync.latest_version())
+            self.explorer.evaluate()
+        self.save()
+        return "completed"
+
+    def _run_sequential(self, should_stop) -> str:
         total = self.config.trainer.total_steps
         while self.trainer.step < total:
             if self.explorer is not None and self.sync.latest_version() >= self.sync.required_version(self.explorer.step):
@@ -154,11 +180,62 @@ class Loop:
             if should_stop() and self.trainer.step < total:
                 self.save()
                 return "stopped"
-        if evaluating:  # the final weights, which no explorer step has pulled yet
-            self.sync.pull(self.explorer.engine, self.sync.latest_version())
-            self.explorer.evaluate()
-        self.save()
         return "completed"
+
+    def _run_overlapped(self, should_stop) -> str:
+        """The trainer in this thread, the explorer in an ExplorerThread beside it."""
+        total = self.config.trainer.total_steps
+        threads_before = torch.get_num_threads()
+        explorer_threads, trainer_threads = self.torch_thread_shares()
+        # Explorer steps needing the version the last trainer step publishes would train nothing
+        # (the sequential loop does not run them either).
+        explorer = ExplorerThread(self, last_version=(total - 1) // self.sync.interval, torch_threads=explorer_threads)
+        self._explorer_thread = explorer
+        explorer.start()
+        try:
+            if trainer_threads:
+                torch.set_num_threads(trainer_threads)
+            while self.trainer.step < total:
+                needed = self.explorer_steps_needed()
+                explorer.wait_until(lambda: self.explorer.step >= needed)
+                self.train()
+                if should_stop() and self.trainer.step < total:
+                    explorer.finish()
+                    self.save()
+                    return "stopped"
+                # Only now: no explorer step starts on a version published just before a stop,
+                # nor while the run is paused (should_stop() waits then).
+                explorer.allow(self.sync.latest_version())
+            explorer.finish()
+            return "completed"
+        finally:
+            explorer.stop()  # on an error here: the explorer finishes its step, starts no other
+            self._explorer_thread = None
+            if trainer_threads:
+                torch.set_num_threads(threads_before)
+
+    def explorer_steps_needed(self) -> int:
+        """The explorer steps done before the next trainer step may start: the one it trains on
+        (trainer step s + 1 trains on explorer step s, as in run_trainer) and, with
+        buffer.max_staleness, the first step whose rollouts are fresh enough for it."""
+        if not self.spec.uses_rollouts:
+            return 0
+        needed = self.trainer.step + 1
+        max_staleness = self.config.buffer.max_staleness
+        if max_staleness is not None and (oldest_usable := self.sync.latest_version() - max_staleness) > 0:
+            first_fresh_step = oldest_usable * self.sync.interval + self.sync.offset
+            needed = max(needed, first_fresh_step + 1)
+        return needed
+
+    def torch_thread_shares(self) -> tuple[int | None, int | None]:
+        """(explorer, trainer) torch intra-op threads while they overlap: the cores split between
+        them when both compute on this CPU, None (leave as is) otherwise."""
+        engine = self.explorer.engine
+        on_cpu = isinstance(engine, TransformersEngine) and engine.device.type == "cpu" and self.trainer.device.type == "cpu"
+        if not on_cpu:
+            return None, None
+        n = torch.get_num_threads()
+        return max(1, n // 2), max(1, n - n // 2)
 
     def run_explorer(self, should_stop, wait) -> str:
         """The explorer alone, its trainer in another process: each step waits until the version
@@ -233,6 +310,15 @@ class Loop:
     def save(self) -> Path | None:
         if self.trainer is None:
             return None
+        if self._explorer_thread is not None:
+            # As the sequential loop would have it: every explorer step needing a version older
+            # than this checkpoint's is done (memory sync resumes holding this version only).
+            self._explorer_thread.wait_until(
+                lambda: self.sync.required_version(self.explorer.step) >= self.sync.latest_version()
+            )
+        # Read once: the explorer counts a step only after writing its rollouts, so this many are
+        # stored. A step still running beside us is written after the checkpoint; a resumed run
+        # replays it (the buffer has its rollouts: has_explorer_step).
         extra = {"explorer_step": self.explorer.step if self.explorer else 0}
         path = self.trainer.save_checkpoint(self.checkpoint_dir(self.trainer.step), extra)
         if self.stores.checkpoints is not None:
@@ -249,3 +335,74 @@ class Loop:
             if not self.sync.is_publish_step(self.trainer.step):
                 raise ValueError("memory sync resumes only from a checkpoint taken at a sync step")
             self.sync.publish(self.trainer.policy, self.trainer.step)
+
+
+class ExplorerThread(threading.Thread):
+    """The loop's explorer beside its trainer: explorer step t starts once the trainer has allowed
+    version required_version(t). The thread ends after the last step needing at most
+    `last_version`, on stop(), or on an error, which the trainer's thread re-raises. Every change
+    either side waits for is notified on `changed`."""
+
+    def __init__(self, loop: Loop, last_version: int, torch_threads: int | None):
+        super().__init__(name="rft-explorer", daemon=True)
+        self.loop = loop
+        self.last_version = last_version
+        self.torch_threads = torch_threads
+        self.changed = threading.Condition()
+        self.allowed_version = loop.sync.latest_version()
+        self.stopped = False  # no explorer step starts any more
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            if self.torch_threads:
+                torch.set_num_threads(self.torch_threads)  # this thread's own OpenMP pool
+            while self.wait_for_next_step():
+                self.loop.explore()
+                with self.changed:
+                    self.changed.notify_all()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the trainer's thread
+            self.error = exc
+        finally:
+            with self.changed:
+                self.stopped = True
+                self.changed.notify_all()
+            if self.loop.stores.thread_finished is not None:
+                self.loop.stores.thread_finished()
+
+    def wait_for_next_step(self) -> bool:
+        """True once the next explorer step may start, False when the thread is to end."""
+        sync, explorer = self.loop.sync, self.loop.explorer
+        with self.changed:
+            self.changed.wait_for(
+                lambda: self.stopped or not self.allowed_version < sync.required_version(explorer.step) <= self.last_version
+            )
+            return not self.stopped and sync.required_version(explorer.step) <= self.last_version
+
+    def allow(self, version: int) -> None:
+        with self.changed:
+            self.allowed_version = version
+            self.changed.notify_all()
+
+    def wait_until(self, ready: Callable[[], bool]) -> None:
+        """Wait in the trainer's thread until ready() or the explorer ended; raise its error."""
+        with self.changed:
+            self.changed.wait_for(lambda: self.stopped or ready())
+        if self.error is not None:
+            raise self.error
+
+    def finish(self) -> None:
+        """Run the explorer steps already allowed, then end; raise the explorer's error."""
+        with self.changed:
+            self.last_version = min(self.last_version, self.allowed_version)
+            self.changed.notify_all()
+        self.join()
+        if self.error is not None:
+            raise self.error
+
+    def stop(self) -> None:
+        """Start no more explorer steps; return once the one running (if any) is done."""
+        with self.changed:
+            self.stopped = True
+            self.changed.notify_all()
+        self.join()

@@ -8,8 +8,12 @@ line: {"prompt", "answer", "metadata", "difficulty"}) or a built-in generator wi
 
 `split=train|eval` keeps distinct prompts only and holds out a fixed fifth of them (by a hash of
 the prompt) as `eval`, so an eval split never shares a prompt with its train split.
+
+The explorer and trainer threads of an overlapped loop (loop.py) share these stores: a lock
+guards whatever both may read and change.
 """
 import json
+import threading
 import zlib
 from collections.abc import Sequence
 from dataclasses import replace
@@ -54,22 +58,26 @@ def held_out_split(rows: list[dict], split: str) -> list[dict]:
 class InMemoryTaskSource:
     def __init__(self, tasks: Sequence[Task]):
         self._tasks = {task.id: task for task in tasks}
+        self._lock = threading.Lock()
 
     @classmethod
     def from_spec(cls, spec: str) -> "InMemoryTaskSource":
         return cls(load_tasks(spec))
 
     def tasks(self) -> list[Task]:
-        return list(self._tasks.values())
+        with self._lock:
+            return list(self._tasks.values())
 
     def mark_sampled(self, task_ids: Sequence[int]) -> None:
-        for task_id in task_ids:
-            self._tasks[task_id].times_sampled += 1
+        with self._lock:
+            for task_id in task_ids:
+                self._tasks[task_id].times_sampled += 1
 
     def add_tasks(self, tasks: Sequence[Task]) -> list[Task]:
-        next_id = max(self._tasks, default=-1) + 1
-        added = [replace(task, id=next_id + i) for i, task in enumerate(tasks)]
-        self._tasks.update((task.id, task) for task in added)
+        with self._lock:
+            next_id = max(self._tasks, default=-1) + 1
+            added = [replace(task, id=next_id + i) for i, task in enumerate(tasks)]
+            self._tasks.update((task.id, task) for task in added)
         return added
 
 
@@ -84,26 +92,30 @@ class InMemoryBuffer:
         self._keys: set[tuple] = set()
         self.pairs: list[PreferencePair] = []
         self._pair_uses: list[int] = []
+        self._lock = threading.Lock()
 
     def write(self, experiences: Sequence[Experience]) -> int:
         written = 0
-        for exp in experiences:
-            if exp.source not in SOURCES:
-                raise ValueError(f"unknown experience source {exp.source!r}")
-            if exp.source == "rollout":
-                if exp.key in self._keys:
-                    continue
-                self._keys.add(exp.key)
-            self._experiences.append(replace(exp, id=len(self._experiences)))
-            self._status.append("ready")
-            written += 1
+        with self._lock:
+            for exp in experiences:
+                if exp.source not in SOURCES:
+                    raise ValueError(f"unknown experience source {exp.source!r}")
+                if exp.source == "rollout":
+                    if exp.key in self._keys:
+                        continue
+                    self._keys.add(exp.key)
+                self._experiences.append(replace(exp, id=len(self._experiences)))
+                self._status.append("ready")
+                written += 1
         return written
 
     def count(self, *, sources: Sequence[str]) -> int:
-        return sum(exp.source in sources for exp in self._experiences)
+        with self._lock:
+            return sum(exp.source in sources for exp in self._experiences)
 
     def has_explorer_step(self, step: int) -> bool:
-        return any(key[0] == step for key in self._keys)
+        with self._lock:
+            return any(key[0] == step for key in self._keys)
 
     def sample(self, n: int, *, sources: Sequence[str], min_model_version: int | None = None) -> list[Experience]:
         def usable(i: int, exp: Experience) -> bool:
@@ -114,30 +126,35 @@ class InMemoryBuffer:
             )
             return self._status[i] == "ready" and exp.source in sources and not stale
 
-        candidates = [exp for i, exp in enumerate(self._experiences) if usable(i, exp)]
-        candidates.sort(key=lambda exp: (exp.use_count, exp.explorer_step, exp.id))
-        return [replace(exp) for exp in candidates[:n]]
+        with self._lock:
+            candidates = [exp for i, exp in enumerate(self._experiences) if usable(i, exp)]
+            candidates.sort(key=lambda exp: (exp.use_count, exp.explorer_step, exp.id))
+            return [replace(exp) for exp in candidates[:n]]
 
     def mark_used(self, experiences: Sequence[Experience], *, consumed: bool) -> None:
-        for exp in experiences:
-            self._experiences[exp.id].use_count += 1
-            if consumed:
-                self._status[exp.id] = "consumed"
+        with self._lock:
+            for exp in experiences:
+                self._experiences[exp.id].use_count += 1
+                if consumed:
+                    self._status[exp.id] = "consumed"
 
     def add_pairs(self, pairs: Sequence[PreferencePair]) -> None:
-        for pair in pairs:
-            self.pairs.append(replace(pair, id=len(self.pairs)))
-            self._pair_uses.append(0)
+        with self._lock:
+            for pair in pairs:
+                self.pairs.append(replace(pair, id=len(self.pairs)))
+                self._pair_uses.append(0)
 
     def sample_pairs(self, n: int) -> list[PreferencePair]:
-        order = sorted(range(len(self.pairs)), key=lambda i: (self._pair_uses[i], i))[:n]
-        for i in order:
-            self._pair_uses[i] += 1
-        return [self.pairs[i] for i in order]
+        with self._lock:
+            order = sorted(range(len(self.pairs)), key=lambda i: (self._pair_uses[i], i))[:n]
+            for i in order:
+                self._pair_uses[i] += 1
+            return [self.pairs[i] for i in order]
 
     def all(self, status: str | None = None) -> list[Experience]:
         """Everything stored (or with one status), for scripts and tests."""
-        return [replace(e) for e, s in zip(self._experiences, self._status) if status in (None, s)]
+        with self._lock:
+            return [replace(e) for e, s in zip(self._experiences, self._status) if status in (None, s)]
 
 
 class InMemoryMetrics:
@@ -146,17 +163,22 @@ class InMemoryMetrics:
     def __init__(self, echo=None):
         self.points: dict[tuple[str, int], dict] = {}
         self.echo = echo
+        self._lock = threading.Lock()
 
     def log(self, role: str, step: int, values: dict[str, float]) -> None:
-        self.points[(role, step)] = dict(values)
-        if self.echo:
-            self.echo(format_metrics(role, step, values))
+        with self._lock:  # whole lines, in the order the points are stored
+            self.points[(role, step)] = dict(values)
+            if self.echo:
+                self.echo(format_metrics(role, step, values))
 
     def series(self, role: str, name: str) -> list[tuple[int, float]]:
-        return sorted((step, v[name]) for (r, step), v in self.points.items() if r == role and name in v)
+        with self._lock:
+            return sorted((step, v[name]) for (r, step), v in self.points.items() if r == role and name in v)
 
 
 class InMemoryCheckpoints:
+    """Only the trainer records checkpoints, and a list append is atomic: no lock."""
+
     def __init__(self):
         self.records: list[tuple[int, int, str]] = []
 

@@ -2,7 +2,8 @@
 
 The Django apps implement these against Postgres; memory.py implements them in memory for the
 headless CLI, benchmarks and tests. Every method is called from one role's loop (explorer or
-trainer); none is expected to be thread-safe.
+trainer); the overlapped loop (loop.py, offset >= 1) runs the two roles in two threads of one
+process, so a store's methods may be called from both at once and must be thread-safe.
 """
 from collections.abc import Sequence
 from typing import Protocol

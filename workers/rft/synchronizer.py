@@ -5,13 +5,17 @@ the starting model. Explorer step t needs version max(0, t - offset) // interval
 the explorer waits for each new version (synchronous), with offset 1 it runs one version behind
 (one-step off-policy), and it never runs more than `offset` steps ahead of what it was promised.
 
-`memory`: a snapshot of the state dict, copied into the explorer's model in this process.
+`memory`: snapshots of the state dict, copied into the explorer's model in this process. It keeps
+the newest ceil(offset / interval) + 1 versions: an explorer step running beside the trainer (the
+overlapped loop) may still need one that many versions old; at offset 0, only the newest. Publish
+(trainer thread) and pull (explorer thread) may run at the same time.
 `checkpoint`: a versioned directory <dir>/v{N}/ (HF save_pretrained, safetensors) that any
 process can load; the explorer loads exactly the version it needs.
 """
 import os
 import re
 import shutil
+import threading
 import uuid
 from pathlib import Path
 
@@ -31,8 +35,10 @@ class Synchronizer:
         if self.directory is not None:
             self.directory.mkdir(parents=True, exist_ok=True)
         self.tokenizer = tokenizer  # saved next to the weights, so a version directory is a complete model
-        self._snapshot: dict | None = None
-        self._snapshot_version = 0
+        self._lock = threading.Lock()  # memory: the snapshots and the latest version change together
+        self._snapshots: dict[int, dict] = {}  # memory: version -> state dict
+        self._latest_version = 0
+        self._kept_versions = -(-offset // interval) + 1
 
     def required_version(self, explorer_step: int) -> int:
         return max(0, explorer_step - self.offset) // self.interval
@@ -43,8 +49,12 @@ class Synchronizer:
     def publish(self, model, trainer_step: int) -> int:
         version = trainer_step // self.interval
         if self.method == "memory":
-            self._snapshot = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
-            self._snapshot_version = version
+            snapshot = {name: tensor.detach().clone() for name, tensor in model.state_dict().items()}
+            with self._lock:
+                # Newer versions go too: a resumed trainer publishes them again.
+                kept = {v: s for v, s in self._snapshots.items() if version - self._kept_versions < v < version}
+                self._snapshots = kept | {version: snapshot}
+                self._latest_version = version
             return version
         path = self.version_dir(version)
         tmp = self.directory / f".v{version}.{uuid.uuid4().hex}"
@@ -57,7 +67,7 @@ class Synchronizer:
 
     def latest_version(self) -> int:
         if self.method == "memory":
-            return self._snapshot_version
+            return self._latest_version
         versions = [int(m[1]) for p in self.directory.glob("v*") if (m := re.fullmatch(r"v(\d+)", p.name))]
         return max(versions, default=0)
 
@@ -75,8 +85,11 @@ class Synchronizer:
         if version == engine.model_version:
             return
         if self.method == "memory":
-            if version != self._snapshot_version:
-                raise RuntimeError(f"memory sync holds version {self._snapshot_version}, not {version}")
-            engine.load_state_dict(self._snapshot, version)
+            with self._lock:  # a snapshot is never changed once stored: load it outside the lock
+                snapshot = self._snapshots.get(version)
+                held = sorted(self._snapshots)
+            if snapshot is None:
+                raise RuntimeError(f"memory sync holds versions {held}, not {version}")
+            engine.load_state_dict(snapshot, version)
         else:
             engine.load_checkpoint(self.version_dir(version), version)

@@ -3,6 +3,9 @@ with gradient accumulation, clip, step, log; save and load exact checkpoints.
 
 Sequences are laid out prompt-left-padded, response-right-padded, so every response starts at the
 same column and per-token tensors are [B, T] over response tokens (as algorithms/ expects).
+Rollouts of one task share their prompt: the forward runs each distinct prompt once and the rows
+that repeat it continue from its key/value cache (gradients flow back through the cache), which
+saves (n - 1) / n of the prompt tokens' compute at group size n.
 Micro-batch losses are weighted by their share of the batch's tokens (token-mean) or sequences
 (seq-mean modes), so accumulating them gives exactly the loss of the whole batch at once.
 """
@@ -39,6 +42,8 @@ class MicroBatch:
     returns: torch.Tensor | None = None  # [B, T] critic targets (PPO)
     old_values: torch.Tensor | None = None  # [B, T]
     rollout_logprobs: bool = False  # old_logprobs came from the rollout engine
+    prompt_rows: torch.Tensor | None = None  # [U] the first row of each distinct prompt; None: all distinct
+    row_prompt: torch.Tensor | None = None  # [B] each row's index into prompt_rows
     logprob_mismatch: float | None = None  # mean |logπ_trainer - logπ_rollout| before the update
 
     def units(self, agg_mode: str) -> float:
@@ -68,6 +73,14 @@ def collate(experiences: list[Experience], pad_id: int, device: torch.device) ->
             old_logprobs[i, :t] = torch.tensor(e.logprobs)
     has_logprobs = all(e.logprobs is not None for e in experiences)
     has_advantages = all(e.advantage is not None for e in experiences)
+    first_rows, row_prompt, index = [], [], {}  # index: prompt -> its position in first_rows
+    for i, e in enumerate(experiences):
+        key = tuple(e.prompt_ids)
+        if key not in index:
+            index[key] = len(first_rows)
+            first_rows.append(i)
+        row_prompt.append(index[key])
+    shared = len(first_rows) < n
     return MicroBatch(
         input_ids=input_ids.to(device),
         attention_mask=attention_mask.to(device),
@@ -78,7 +91,32 @@ def collate(experiences: list[Experience], pad_id: int, device: torch.device) ->
         advantages=torch.tensor([e.advantage for e in experiences], device=device) if has_advantages else None,
         rewards=torch.tensor([e.reward or 0.0 for e in experiences], device=device),
         rollout_logprobs=has_logprobs,
+        prompt_rows=torch.tensor(first_rows, device=device) if shared else None,
+        row_prompt=torch.tensor(row_prompt, device=device) if shared else None,
     )
+
+
+def response_logits(model, mb: MicroBatch) -> torch.Tensor:
+    """[B, T, V]: the logits at the position before each response token. With shared prompts:
+    one forward over the distinct prompts, its cache gathered to the rows, then the responses."""
+    width_t = mb.response_ids.shape[1]
+    # Gradient checkpointing drops the cache in training (transformers' GradientCheckpointingLayer).
+    if mb.prompt_rows is None or (model.training and getattr(model, "is_gradient_checkpointing", False)):
+        out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids,
+                    logits_to_keep=width_t + 1)
+        return out.logits[:, :-1]
+    width_p = mb.input_ids.shape[1] - width_t
+    rows = mb.prompt_rows
+    head = model(input_ids=mb.input_ids[rows, :width_p], attention_mask=mb.attention_mask[rows, :width_p],
+                 position_ids=mb.position_ids[rows, :width_p], use_cache=True, logits_to_keep=1)
+    first = head.logits[mb.row_prompt]  # [B, 1, V]: predicts the first response token
+    if width_t == 1:
+        return first
+    cache = head.past_key_values
+    cache.batch_select_indices(mb.row_prompt)
+    tail = model(input_ids=mb.input_ids[:, width_p:-1], attention_mask=mb.attention_mask[:, :-1],
+                 position_ids=mb.position_ids[:, width_p:-1], past_key_values=cache, use_cache=True)
+    return torch.cat([first, tail.logits], dim=1)
 
 
 def chunks(items: list, size: int) -> list[list]:
@@ -188,19 +226,14 @@ class Trainer:
 
     def _forward(self, model, mb: MicroBatch, temperature: float = 1.0) -> torch.Tensor:
         """Logits [B, T, V] predicting each response token (float32)."""
-        width_t = mb.response_ids.shape[1]
         with torch.autocast(self.device.type, self.autocast) if self.autocast else nullcontext():
-            out = model(
-                input_ids=mb.input_ids,
-                attention_mask=mb.attention_mask,
-                position_ids=mb.position_ids,
-                logits_to_keep=width_t + 1,  # the position before each response token
-            )
-        return out.logits[:, :-1].float() / temperature
+            logits = response_logits(model, mb).float()
+        return logits / temperature if temperature != 1.0 else logits
 
     @staticmethod
     def _token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        return torch.log_softmax(logits, -1).gather(-1, tokens[..., None])[..., 0]
+        # logsumexp keeps no [B, T, V] output for backward, as log_softmax would.
+        return logits.gather(-1, tokens[..., None])[..., 0] - logits.logsumexp(-1)
 
     def _policy_loss(self, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
         logits = self._forward(self.policy, mb, self.temperature)

@@ -4,7 +4,7 @@ import torch
 from workers.rft.experience import Experience, PreferencePair
 from workers.rft.memory import InMemoryBuffer, InMemoryMetrics
 from workers.rft.models import load_critic, load_policy, load_reference
-from workers.rft.trainer import Trainer, collate
+from workers.rft.trainer import Trainer, collate, response_logits
 
 from .conftest import make_config
 
@@ -62,6 +62,31 @@ def test_micro_batches_accumulate_to_the_full_batch_step(tiny_path, tokenizer, a
     assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
     for (name, x), y in zip(whole.policy.named_parameters(), parts.policy.parameters()):
         torch.testing.assert_close(x.grad, y.grad, atol=1e-7, rtol=1e-4, msg=name)
+
+
+def test_shared_prompts_give_the_logits_and_gradients_of_the_plain_forward(tiny_path, tokenizer):
+    # Rollouts of one task share their prompt: the trainer runs each distinct prompt once and
+    # continues the rows from its cache. Prompts of different lengths (left padding), responses
+    # of different lengths (right padding), and one row whose prompt nobody shares.
+    batch = rollouts(tokenizer, n=6) + [experience(tokenizer, 12, 34, answer=7)]
+    mb = collate(batch, tokenizer.pad_token_id, CPU)
+    assert mb.prompt_rows.tolist() == [0, 2, 4, 6] and mb.row_prompt.tolist() == [0, 0, 1, 1, 2, 2, 3]
+    torch.manual_seed(0)
+    model = load_policy(tiny_path, CPU)
+    params = list(model.parameters())
+
+    def logits_and_grads(shared: bool):
+        mb.prompt_rows = mb.prompt_rows if shared else None
+        logits = response_logits(model, mb)
+        logprobs = Trainer._token_logprobs(logits, mb.response_ids)
+        return logits.detach(), torch.autograd.grad((logprobs * mb.mask).sum(), params)
+
+    shared_logits, shared_grads = logits_and_grads(True)
+    plain_logits, plain_grads = logits_and_grads(False)
+    real = mb.mask.bool()
+    torch.testing.assert_close(shared_logits[real], plain_logits[real], atol=1e-5, rtol=1e-5)
+    for (name, _), a, b in zip(model.named_parameters(), shared_grads, plain_grads):
+        torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-4, msg=name)
 
 
 def test_grpo_step_changes_weights_towards_positive_advantages(tiny_path, tokenizer):

@@ -22,34 +22,38 @@ class TransformersEngine(RolloutEngine):
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
-        rows = [prompt for prompt in prompts for _ in range(params.n)]
         generator = None
         if params.seed is not None:
             generator = torch.Generator(self.device).manual_seed(params.seed)
-        tokens, logprobs, finished_by_stop = self._sample(rows, params, generator)
+        tokens, logprobs, finished_by_stop = self._sample(prompts, params, generator)
         completions = []
         for ids, lps, stopped in zip(tokens, logprobs, finished_by_stop):
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
             completions.append(Completion(ids, text, lps, "stop" if stopped else "length"))
         return [completions[i * params.n : (i + 1) * params.n] for i in range(len(prompts))]
 
-    def _sample(self, rows: list[list[int]], params: SamplingParams, generator):
-        device = self.device
-        width = max(len(row) for row in rows)
-        input_ids = torch.full((len(rows), width), self.pad_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(rows), width), dtype=torch.long)
-        for i, row in enumerate(rows):
-            input_ids[i, width - len(row) :] = torch.tensor(row)
-            attention_mask[i, width - len(row) :] = 1
+    def _sample(self, prompts: list[list[int]], params: SamplingParams, generator):
+        """Rows are the prompts, each repeated params.n times in a row. Each prompt is prefilled
+        once and its key/value cache repeated for its n samples."""
+        device, n = self.device, params.n
+        width = max(len(prompt) for prompt in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for i, prompt in enumerate(prompts):
+            input_ids[i, width - len(prompt) :] = torch.tensor(prompt)
+            attention_mask[i, width - len(prompt) :] = 1
         input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
         # Left padding shifts every row; positions count real tokens only.
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         stop_ids = torch.tensor(self.stop_ids, device=device)
 
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=True)
-        cache, next_logits = out.past_key_values, out.logits[:, -1].float()
-        positions = position_ids[:, -1]
-        finished = torch.zeros(len(rows), dtype=torch.bool, device=device)
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         use_cache=True, logits_to_keep=1)
+        cache, next_logits = out.past_key_values, out.logits[:, -1].float().repeat_interleave(n, dim=0)
+        cache.batch_repeat_interleave(n)
+        attention_mask = attention_mask.repeat_interleave(n, dim=0)
+        positions = position_ids[:, -1].repeat_interleave(n, dim=0)
+        finished = torch.zeros(len(prompts) * n, dtype=torch.bool, device=device)
         stopped = torch.zeros_like(finished)
         tokens, logprobs = [], []
         for _ in range(params.max_new_tokens):
