@@ -9,7 +9,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from functools import cached_property
 
-from django.db import transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import F, Q
 from django.utils import timezone
 
@@ -50,6 +50,17 @@ def to_row(exp: Experience, run_id: int | None) -> ExperienceRow:
     return ExperienceRow(run_id=run_id, task_id=exp.task_id, status=ExperienceRow.Status.READY, **fields)
 
 
+def copy_rows(rows: Sequence[ExperienceRow]) -> None:
+    """Insert with COPY: half the time of bulk_create, whose single INSERT binds one Python-side
+    parameter per column and row (3,200 for a 128-rollout step)."""
+    fields = [f for f in ExperienceRow._meta.concrete_fields if not f.primary_key]
+    sql = f"COPY {ExperienceRow._meta.db_table} ({', '.join(f.column for f in fields)}) FROM STDIN"
+    # The raw psycopg cursor (Django's wrapper has no copy); errors still become Django's.
+    with connection.cursor() as cursor, connection.wrap_database_errors, cursor.cursor.copy(sql) as copy:
+        for row in rows:
+            copy.write_row([f.get_db_prep_save(f.pre_save(row, True), connection) for f in fields])
+
+
 def to_experience(row: ExperienceRow) -> Experience:
     return Experience(task_id=row.task_id, id=row.pk, **{name: getattr(row, name) for name in COPIED_FIELDS})
 
@@ -81,8 +92,13 @@ class DjangoExperienceBuffer:
                 ).values_list("explorer_step", "task_id", "rollout_index")
             ) if rollouts else set()
             new = [e for e in experiences if e.source != "rollout" or e.key not in stored]
-            # ignore_conflicts: a concurrent replay of the same step loses the race harmlessly.
-            ExperienceRow.objects.bulk_create([to_row(e, self.run_id) for e in new], ignore_conflicts=True, batch_size=500)
+            rows = [to_row(e, self.run_id) for e in new]
+            try:
+                with transaction.atomic():  # a savepoint: a failed COPY leaves nothing behind
+                    copy_rows(rows)
+            except IntegrityError:
+                # A concurrent replay of the same step stored some of them first: it wins, harmlessly.
+                ExperienceRow.objects.bulk_create(rows, ignore_conflicts=True, batch_size=500)
         return len(new)
 
     def count(self, *, sources: Sequence[str]) -> int:

@@ -1,6 +1,9 @@
 """The engine's buffer protocol over Postgres."""
+from dataclasses import replace
+
 import pytest
 
+from apps.buffer import store
 from apps.buffer.models import Experience as ExperienceRow
 from apps.buffer.store import DjangoExperienceBuffer
 from apps.runs.models import Run
@@ -31,6 +34,35 @@ def test_write_is_idempotent_per_natural_key(run, task_ids):
     assert buffer.write(step) == 0
     assert buffer.has_explorer_step(0) and not buffer.has_explorer_step(1)
     assert ExperienceRow.objects.filter(run=run).count() == 8
+
+
+def test_every_field_reads_back_as_written(run, task_ids):
+    buffer = DjangoExperienceBuffer(run.pk)
+    written = rollout(
+        task_ids[1], step=3, index=2, version=1, prompt_text="1+1?", response_text="2", messages=[{"role": "user", "content": "hi"}],
+        logprobs=[-0.25, -1.5], reward=0.75, reward_components={"accuracy": 1.0}, advantage=-0.5, priority=2.0,
+        metadata={"finish_reason": "stop"},
+    )
+    buffer.write([written])
+    [row] = ExperienceRow.objects.filter(run=run)
+    assert store.to_experience(row) == replace(written, id=row.pk)
+    assert row.status == "ready" and row.created_at is not None
+
+
+def test_a_concurrent_replay_of_the_same_step_wins_harmlessly(run, task_ids, monkeypatch):
+    # Another worker replaying step 0 stores one of its rollouts after this write looked for them.
+    buffer = DjangoExperienceBuffer(run.pk)
+    step = [rollout(t) for t in task_ids]
+    real_to_row = store.to_row
+
+    def to_row_after_the_other_writer(exp, run_id):
+        if not ExperienceRow.objects.filter(run=run).exists():
+            ExperienceRow.objects.bulk_create([real_to_row(step[0], run_id)])
+        return real_to_row(exp, run_id)
+
+    monkeypatch.setattr(store, "to_row", to_row_after_the_other_writer)
+    buffer.write(step)
+    assert sorted(ExperienceRow.objects.filter(run=run).values_list("task_id", flat=True)) == sorted(task_ids)
 
 
 def test_generated_nul_bytes_are_stored(run, task_ids):
