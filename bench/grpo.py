@@ -244,7 +244,7 @@ def check_loss(case_name: str, seed: int = 0) -> dict:
 
         trl_loss = trainer._compute_loss(model, inputs)
         trl_grads = torch.autograd.grad(trl_loss, params, allow_unused=True)
-        rft_loss, metrics = rft._policy_loss(mb)
+        rft_loss, metrics = rft._loss(mb, "usual")
         rft_grads = torch.autograd.grad(rft_loss, params, allow_unused=True)
         pairs = [(a, b) for a, b in zip(trl_grads, rft_grads) if a is not None and b is not None]
         diff = math.sqrt(sum(((a - b) ** 2).sum().item() for a, b in pairs))

@@ -121,6 +121,9 @@ CELERY_BEAT_SCHEDULE = {
 # A run's worker beats every INTERVAL seconds; one silent for TIMEOUT seconds is presumed dead.
 RFTWEB_HEARTBEAT_INTERVAL = float(os.environ.get("RFTWEB_HEARTBEAT_INTERVAL", 10))
 RFTWEB_HEARTBEAT_TIMEOUT = float(os.environ.get("RFTWEB_HEARTBEAT_TIMEOUT", 120))
+# How many times in a row the watchdog hands a dead worker's role on without a trainer step between;
+# then the run fails for its user to resume (a worker killed at the same step each time: out of memory?).
+RFTWEB_MAX_HANDOVERS = int(os.environ.get("RFTWEB_MAX_HANDOVERS", 3))
 # How long a run's worker waits for a restarted database before leaving the run to the watchdog.
 RFTWEB_DATABASE_OUTAGE_SECONDS = float(os.environ.get("RFTWEB_DATABASE_OUTAGE_SECONDS", 300))
 # Annotation queue: how long an annotator holds an item, and how many annotators judge each one.

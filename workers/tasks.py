@@ -9,8 +9,10 @@ A run is served by one or two long tasks, each holding a *role* of the run:
   buffer and the versioned weights directory.
 A role is held through a heartbeat written by a background thread; the `watchdog` (Celery beat)
 re-enqueues a role whose heartbeat expired (its worker died), and the new task resumes: the
-trainer from the last checkpoint, the explorer from its last stored step. Pause and stop are
-statuses the roles check every step.
+trainer from the last checkpoint, the explorer from its last stored step. A failed or stopped
+run resumes the same way when its user resumes it (services.resume_run queues it again). Pause
+and stop are statuses the roles check every step; so is holding the role: a worker that finds
+its role taken over stops at once, saving and changing nothing.
 """
 import errno
 import logging
@@ -31,7 +33,7 @@ from apps.runs.models import Run
 
 log = logging.getLogger(__name__)
 Status = Run.Status
-ACTIVE = (Status.STARTING, Status.RUNNING, Status.PAUSED, Status.STOPPING)
+ACTIVE = Run.ACTIVE
 QUEUE_OF_ROLE = {"loop": "train", "explorer": "explore", "trainer": "train"}
 WAIT_SECONDS = 0.5  # how often a role waiting for the other one looks again
 
@@ -91,7 +93,8 @@ class Heartbeat(threading.Thread):
         try:
             while not self.stopped.wait(self.interval):
                 try:
-                    services.heartbeat(self.target_run, self.role, self.worker)
+                    if not services.heartbeat(self.target_run, self.role, self.worker):
+                        return  # the role was taken over: the role's next status check stops it
                     if self.role != "explorer":  # one series per run
                         services.record_metrics(self.target_run, "system", int(time.time()), system_metrics())
                 except DATABASE_LOST as err:  # beat again once the database is back
@@ -115,45 +118,58 @@ def system_metrics() -> dict:
     return values
 
 
-def wait_while_paused(run: Run, interval: float = 1.0) -> str:
-    run.refresh_from_db(fields=["status"])
-    while run.status == Status.PAUSED:
+class RoleLost(Exception):
+    """Another worker holds this role now (the watchdog handed it on, or the run was resumed)."""
+
+
+def wait_while_paused(run: Run, role: str, worker: str, interval: float = 1.0) -> str:
+    """The run's status once it is not paused; RoleLost as soon as `worker` no longer holds `role`."""
+    while True:
+        run.refresh_from_db(fields=["status", "heartbeats"])
+        if services.holder(run, role) != worker:
+            raise RoleLost(f"run {run.pk}: worker {worker} no longer holds the {role} role")
+        if run.status != Status.PAUSED:
+            return run.status
         time.sleep(interval)
-        run.refresh_from_db(fields=["status"])
-    return run.status
 
 
 @shared_task(name="workers.tasks.run_role", acks_late=True)
 def run_role(run_id: int, role: str = "loop") -> str:
     run = Run.objects.get(pk=run_id)
     me = worker_id()
-    if run.status not in ACTIVE or not services.claim_role(run, role, me, settings.RFTWEB_HEARTBEAT_TIMEOUT):
+    if not services.claim_role(run, role, me, settings.RFTWEB_HEARTBEAT_TIMEOUT):
         return "skipped"
     beat = Heartbeat(run, role, me, settings.RFTWEB_HEARTBEAT_INTERVAL)
     beat.start()
+    failure = None
     try:
         while True:
             try:
-                return serve_role(run, role)
+                return serve_role(run, role, me)
             except DATABASE_LOST as err:
                 # Postgres restarted or the network blipped: wait for it, then resume in place from
                 # the last checkpoint, exactly as a replacement worker would.
                 log.warning("run %s (%s) lost the database (%s); resuming once it is back", run_id, role, err)
                 if not wait_for_database(settings.RFTWEB_DATABASE_OUTAGE_SECONDS):
                     return "lost the database"  # the watchdog hands the role on once it is back
+    except RoleLost as lost:
+        log.warning("%s; it stops here", lost)
+        return "taken over"
     except Exception as exc:
         log.exception("run %s (%s) failed", run_id, role)
         close_old_connections()
-        run = Run.objects.get(pk=run_id)
-        if not run.is_finished:
-            services.set_status(run, Status.FAILED, error=describe_failure(role, exc, run_dir(run)))
+        failure = describe_failure(role, exc, run_dir(run))
         return "failed"
     finally:
         beat.stop()
+        try:  # let the role go (failing the run with the error, if any): it may be resumed at once
+            services.release_role(run, role, me, error=failure)
+        except DATABASE_LOST:
+            log.warning("run %s (%s): the database is gone; the role's heartbeat expires instead", run_id, role)
         publisher.flush()
 
 
-def serve_role(run: Run, role: str) -> str:
+def serve_role(run: Run, role: str, worker: str) -> str:
     """Build the engine for the role from the run's last checkpoint and stored steps, and run it."""
     # Imported here: torch loads only in workers, not in every web process that enqueues.
     from apps.runs.store import run_stores
@@ -163,27 +179,32 @@ def serve_role(run: Run, role: str) -> str:
     config = RunConfig.from_dict(run.config)
     stores = run_stores(run, config)
     roles = {"explorer": (EXPLORER,), "trainer": (TRAINER,)}.get(role)
+    status = lambda: wait_while_paused(run, role, worker)  # noqa: E731
     # Closed when the role ends: a worker process outlives its runs, vLLM's processes must not.
     with Loop(config, stores, run_dir(run), roles=roles) as loop:
         if loop.trainer is not None:
             checkpoint = stores.checkpoints.latest()
             if checkpoint is not None:
+                log.info("run %s (%s): from checkpoint v%s (trainer step %s)", run.pk, role, checkpoint.version, checkpoint.step)
                 loop.resume(checkpoint.path)
+            elif run.trainer_step:
+                log.info("run %s (%s): no checkpoint yet, from step 0 (same run)", run.pk, role)
             # Steps after the checkpoint are replayed: give them back the rows the lost steps took.
             stores.buffer.rewind(checkpoint.created_at if checkpoint else None)
         run.refresh_from_db()
         if role == "explorer":
             loop.explorer.step = run.explorer_step  # steps already stored are not redone
+        status()  # nobody took the role over while the engine loaded
         services.mark_running(run)
 
         if role == "explorer":
-            return loop.run_explorer(should_stop=lambda: wait_while_paused(run) != Status.RUNNING, wait=pause)
-        stopping = lambda: wait_while_paused(run) in (Status.STOPPING, *Run.FINISHED)  # noqa: E731
+            return loop.run_explorer(should_stop=lambda: status() != Status.RUNNING, wait=pause)
+        stopping = lambda: status() in (Status.STOPPING, *Run.FINISHED)  # noqa: E731
         if role == "trainer":
             outcome = loop.run_trainer(stopping, explored_steps=lambda: explorer_steps(run), wait=pause)
         else:
             outcome = loop.run(should_stop=stopping)
-    finish(run)
+    finish(run, status())
     return outcome
 
 
@@ -214,7 +235,7 @@ def describe_failure(role: str, exc: BaseException, work_dir) -> str:
     if disk_full or free_bytes(work_dir) < 1024 * 1024:
         headline = (
             f"{role} failed: the disk holding {work_dir} is full (no space left on device). "
-            "Free space there, then launch the run again from its last checkpoint."
+            "Free space there, then resume the run: it continues from its last checkpoint."
         )
     return f"{headline}\n\n{traceback.format_exc(limit=8)}"
 
@@ -235,25 +256,32 @@ def explorer_steps(run: Run) -> int:
     return run.explorer_step
 
 
-def finish(run: Run) -> None:
+def finish(run: Run, status: str) -> None:
     """The trainer (or the single loop) is done: completed, or stopped if a stop was asked."""
-    run.refresh_from_db(fields=["status"])
-    if not run.is_finished:
-        services.set_status(run, Status.STOPPED if run.status == Status.STOPPING else Status.COMPLETED)
+    if status not in Run.FINISHED:
+        services.set_status(run, Status.STOPPED if status == Status.STOPPING else Status.COMPLETED)
 
 
 @shared_task(name="workers.tasks.watchdog")
 def watchdog() -> list[tuple[int, str]]:
-    """Re-enqueue the roles whose worker stopped beating (killed, lost its machine)."""
+    """Re-enqueue the roles of active runs that no worker holds (their worker was killed, lost its
+    machine or quit), up to RFTWEB_MAX_HANDOVERS times in a row without progress; then the run
+    fails. A stopping run that no worker holds any more is stopped: nobody is left to stop it.
+    Failed runs are left alone: resuming one is its user's call."""
+    timeout = settings.RFTWEB_HEARTBEAT_TIMEOUT
     resumed = []
     for run in Run.objects.filter(status__in=ACTIVE):
+        if run.status == Status.STOPPING:
+            if not services.workers_holding(run):
+                services.set_status(run, Status.STOPPED)
+            continue
         for role in roles_of_run(run):
-            age = services.heartbeat_age(run, role)
-            if age is None and run.status == Status.STARTING:
+            if role not in run.heartbeats and run.status == Status.STARTING:
                 continue  # queued for a worker that has not picked it up yet
-            if age is None or age > settings.RFTWEB_HEARTBEAT_TIMEOUT:
-                # Mark the role as handed over, so the next watchdog tick does not enqueue it again.
-                services.heartbeat(run, role, services.HANDED_OVER)
+            # Held by HANDED_OVER until a worker claims it: the next tick does not enqueue it again.
+            if services.holder(run, role, timeout) is None:
+                if not services.hand_over(run, role, settings.RFTWEB_MAX_HANDOVERS):
+                    break  # the run failed: its user resumes it
                 enqueue(run_role, run.pk, role, queue=QUEUE_OF_ROLE[role])
                 resumed.append((run.pk, role))
     return resumed

@@ -151,6 +151,8 @@ def _sft_row(record: dict) -> tuple[ExperienceFields]:
     experience.prompt_ids = _token_ids(record, "prompt_ids")
     experience.response_ids = _token_ids(record, "response_ids")
     experience.action_mask = _aligned(record, "action_mask", experience.response_ids, _mask)
+    if experience.action_mask is None and experience.response_ids is not None:
+        experience.action_mask = [1] * len(experience.response_ids)  # every token is the response's own
     experience.logprobs = _aligned(record, "logprobs", experience.response_ids, _floats)
     experience.reward = _number(record.get("reward"), "reward") if _given(record, "reward") else None
     experience.reward_components = _components(record.get("reward_components"))

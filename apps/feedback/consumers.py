@@ -2,8 +2,8 @@
 
 Annotators of the run (services.may_annotate: every annotator, or those assigned to it) may
 listen. New experiences are noticed on the run's own live group: every explorer step moves the
-run's `explorer_step`, which this consumer passes on as `new_experiences`, and nothing else of
-the dashboard's traffic.
+run's `explorer_step`, which this consumer passes on as `new_experiences`; a change of the run's
+status goes on as `run_status`; nothing else of the dashboard's traffic.
 """
 from channels.db import database_sync_to_async
 
@@ -32,9 +32,14 @@ class AnnotateConsumer(PingConsumer):
         await self.send_json(event["payload"])
 
     async def run_update(self, event):
-        steps = [u["explorer_step"] for u in event["payload"].get("updates", []) if u.get("type") == "progress" and "explorer_step" in u]
+        updates = event["payload"].get("updates", [])
+        steps = [u["explorer_step"] for u in updates if u.get("type") == "progress" and "explorer_step" in u]
         if steps:
             await self.send_json({"type": "new_experiences", "explorer_step": max(steps)})
+        # A finished run writes nothing more, and what it trained on can no longer be judged.
+        for update in updates:
+            if update.get("type") == "status":
+                await self.send_json({"type": "run_status", "status": update["status"]})
 
     @database_sync_to_async
     def _may_annotate(self, user) -> bool:

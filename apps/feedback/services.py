@@ -7,12 +7,13 @@ never judged by more annotators than the run asks for (`judgements_per_item`). T
 candidates with SKIP LOCKED, so concurrent annotators are handed different items without waiting.
 """
 import functools
+import threading
 from datetime import timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Case, Exists, F, OuterRef, Q, Value, When
-from django.db.models.functions import Abs
+from django.db.models import Case, Exists, F, Func, IntegerField, OuterRef, Q, Subquery, Value, When
+from django.db.models.functions import Abs, Coalesce
 from django.utils import timezone
 
 from apps.accounts.roles import ANNOTATOR, CURATOR, has_role
@@ -65,6 +66,15 @@ def rating_scale(run) -> dict[str, float]:
     section = feedback_settings(run)
     low, high = section.scale_min, section.scale_max
     return {str(point): (point - low) / (high - low) for point in range(low, high + 1)}
+
+
+# Labels of the points of a scale that fall on these fractions of it (1-5: all five; 0-9: the ends).
+SCALE_ANCHORS = {0.0: "wrong", 0.25: "poor", 0.5: "partly right", 0.75: "good", 1.0: "perfect"}
+
+
+def scale_labels(run) -> list[tuple[str, str]]:
+    """The run's rating scale for the page: (point, label), the label empty between anchors."""
+    return [(point, SCALE_ANCHORS.get(value, "")) for point, value in rating_scale(run).items()]
 
 
 def judgements_per_item(run) -> int:
@@ -176,6 +186,16 @@ def _check_may_judge(experience: Experience, user) -> None:
         )
 
 
+def refusal(experience: Experience, user) -> str | None:
+    """Why the user cannot judge the item now (None: they can), for the page to say so instead of
+    offering judgements that would be refused. The services check again when judging."""
+    try:
+        _check_may_judge(experience, user)
+    except FeedbackError as exc:
+        return str(exc)
+    return None
+
+
 def _judgement_done(experience: Experience, user) -> None:
     """The user has judged the item: their lock goes, and the others watching the run hear of it."""
     AnnotationLock.objects.filter(experience=experience, user=user).delete()
@@ -238,7 +258,7 @@ def _store_human_edit(parent: Experience, user, text: str) -> Experience:
         "response_text": text,
         "response_ids": response_ids or [],
         "action_mask": [1] * len(response_ids or []),
-        "logprobs": [],
+        "logprobs": None,  # no generation logprobs: a person wrote it (None is "none", for every writer)
         # Without the run's tokenizer the row cannot be trained on yet: it waits, raw, to be tokenized.
         "status": Status.READY if response_ids is not None else Status.RAW,
         "metadata": {"edited_by": user.username, **({} if response_ids is not None else {"needs_tokenizing": True})},
@@ -262,18 +282,45 @@ def _store_human_edit(parent: Experience, user, text: str) -> Experience:
 def _encode_response(run, text: str) -> list[int] | None:
     """The edit's token ids as the run's model would have produced them (ending with eos), or
     None for a run without a model (imported data)."""
-    path = ((run.config or {}).get("model") or {}).get("path") if run else None
+    path = _model_path(run)
     if not path:
         return None
     tokenizer = _tokenizer(path)
     return tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
 
 
-@functools.lru_cache(maxsize=4)
+def _model_path(run) -> str | None:
+    return ((run.config or {}).get("model") or {}).get("path") if run else None
+
+
+# One load at a time: transformers' lazy imports are not thread-safe (an edit racing the background
+# load of prepare_edits failed with "cannot import name 'AutoTokenizer'"); a second caller waits
+# for the first's tokenizer instead.
+_tokenizer_lock = threading.Lock()
+
+
 def _tokenizer(path: str):
+    with _tokenizer_lock:
+        return _loaded_tokenizer(path)
+
+
+@functools.lru_cache(maxsize=4)
+def _loaded_tokenizer(path: str):
     from workers.rft.models import load_tokenizer  # transformers: imported only when an edit needs it
 
     return load_tokenizer(path)
+
+
+_tokenizers_asked: set[str] = set()
+
+
+def prepare_edits(run) -> None:
+    """Load the run's tokenizer on a background thread when an item of the run is shown, once per
+    process: importing transformers takes seconds, which the annotator's first edit would wait."""
+    path = _model_path(run)
+    if path and path not in _tokenizers_asked:
+        _tokenizers_asked.add(path)
+        threading.Thread(target=_tokenizer, args=(path,), name=f"tokenizer {path}", daemon=True).start()
 
 
 @transaction.atomic
@@ -326,7 +373,8 @@ def flag(experience_id: int, user, reason: str, *, seconds_spent: float = 0.0, c
 
 def next_item(run, user, strategy: str = NEWEST) -> Experience | None:
     """The experience of `run` the user should judge now, locked for them; None when nothing is left.
-    An item the user already holds comes back first (a reload, the back button)."""
+    An item the user already holds comes back first (a reload, the back button), while it can
+    still be judged."""
     if strategy not in STRATEGIES:
         raise FeedbackError(f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
     _check_may_annotate(run, user)
@@ -350,34 +398,45 @@ def next_item(run, user, strategy: str = NEWEST) -> Experience | None:
 
 
 def _held_item(run, user) -> Experience | None:
-    lock = (
-        AnnotationLock.objects.filter(user=user, experience__run=run, expires_at__gt=timezone.now())
-        .exclude(Exists(_judged(OuterRef("experience_id"), user.pk)))
-        .select_related("experience")
-        .order_by("expires_at")
-        .first()
+    mine = AnnotationLock.objects.filter(experience_id=OuterRef("pk"), user=user, expires_at__gt=timezone.now())
+    held = _open_items(run, user).filter(Exists(mine)).select_related("run").first()
+    if held is not None:
+        AnnotationLock.objects.filter(experience=held, user=user).update(expires_at=_lock_expiry())
+    return held
+
+
+def _open_items(run, user):
+    """The run's items the user may still judge: what its model wrote, not rejected, not judged or
+    skipped by the user, with a place left for them, and not trained on by a run that has finished
+    (no more training to come: such a judgement is refused). The exact count of places is redone
+    under the row's lock when an item is taken or judged."""
+    judges = (
+        Feedback.objects.filter(Q(experience_id=OuterRef("pk")) | Q(other_id=OuterRef("pk")))
+        .exclude(user=user).order_by()
+        .values(n=Func(F("user_id"), function="COUNT", template="COUNT(DISTINCT %(expressions)s)", output_field=IntegerField()))
     )
-    if lock is None:
-        return None
-    lock.expires_at = _lock_expiry()
-    lock.save(update_fields=["expires_at"])
-    return lock.experience
-
-
-def _candidates(run, user, strategy: str):
+    holders = (
+        AnnotationLock.objects.filter(experience_id=OuterRef("pk"), expires_at__gt=timezone.now())
+        .exclude(user=user).order_by()
+        .values(n=Func(F("pk"), function="COUNT", output_field=IntegerField()))
+    )
     items = (
         Experience.objects.filter(run=run, source__in=QUEUED_SOURCES)
         .exclude(status=Status.REJECTED)
         .exclude(Exists(_judged(OuterRef("pk"), user.pk)))
         .exclude(Exists(SetAside.objects.filter(experience=OuterRef("pk"), user=user, postponed=False)))
-        .annotate(postponed=Exists(SetAside.objects.filter(experience=OuterRef("pk"), user=user, postponed=True)))
+        .alias(places_taken=Coalesce(Subquery(judges), 0) + Coalesce(Subquery(holders), 0))
+        .filter(places_taken__lt=judgements_per_item(run))
     )
-    if judgements_per_item(run) == 1:
-        # Held by someone else: a cheap first cut (the exact count is redone under the row lock).
-        others = AnnotationLock.objects.filter(experience=OuterRef("pk"), expires_at__gt=timezone.now()).exclude(user=user)
-        items = items.exclude(Exists(others))
     if run.is_finished:
-        items = items.exclude(status=Status.CONSUMED)  # trained on, and no more training to come
+        items = items.exclude(status=Status.CONSUMED)
+    return items
+
+
+def _candidates(run, user, strategy: str):
+    items = _open_items(run, user).annotate(
+        postponed=Exists(SetAside.objects.filter(experience=OuterRef("pk"), user=user, postponed=True))
+    )
     newest = (F("explorer_step").desc(), F("pk").desc())
     order = {
         NEWEST: newest,
@@ -389,6 +448,62 @@ def _candidates(run, user, strategy: str):
     # What the trainer has not taken yet first: a judgement on it can still shape this run's training.
     consumed_last = Case(When(status=Status.CONSUMED, then=Value(1)), default=Value(0))
     return items.order_by("postponed", consumed_last, *order)
+
+
+ITEMS_LEFT_COUNTED = 1000  # counting a big run's queue exactly would cost every page more than it tells
+
+
+def items_left(run, user) -> int:
+    """How many items of the run the user may still judge (an item another annotator holds now
+    counts while places are left on it), counted up to ITEMS_LEFT_COUNTED + 1: more reads "1000+"."""
+    return _open_items(run, user)[: ITEMS_LEFT_COUNTED + 1].count()
+
+
+def items_left_label(count: int) -> str:
+    return f"{ITEMS_LEFT_COUNTED}+" if count > ITEMS_LEFT_COUNTED else str(count)
+
+
+def why_empty(run, user) -> list[tuple[int, str]]:
+    """Why nothing of the run is left for the user, for the empty queue's page: (count, reason)
+    pairs over its items, each item counted once, under the first reason that holds."""
+    judged_by_me = Exists(_judged(OuterRef("pk"), user.pk))
+    skipped = Exists(SetAside.objects.filter(experience=OuterRef("pk"), user=user, postponed=False))
+    reasons = [
+        (judged_by_me, "judged by you"),
+        (skipped, "skipped by you"),
+        (Q(status=Status.REJECTED), "flagged, so out of training"),
+    ]
+    if run.is_finished:
+        reasons.append((Q(status=Status.CONSUMED), f"trained on before the run {run.status}: no longer open to judge"))
+    rest = Experience.objects.filter(run=run, source__in=QUEUED_SOURCES)
+    counts = []
+    for condition, reason in reasons:
+        counts.append((rest.filter(condition).count(), reason))
+        rest = rest.exclude(condition)
+    counts.append((rest.count(), "judged by or held by other annotators"))
+    return [(n, reason) for n, reason in counts if n]
+
+
+def choose_comparison(experience: Experience) -> Experience | None:
+    """Another response to the item's prompt to compare it with (B): from the same model version
+    where there is one, else the nearest version; within that the same explorer step first.
+    Responses identical to the item's teach nothing as a pair, and flagged ones train nothing."""
+    if experience.run_id is None:
+        return None
+    return (
+        Experience.objects.filter(
+            run_id=experience.run_id, task_id=experience.task_id, prompt_text=experience.prompt_text, source__in=QUEUED_SOURCES
+        )
+        .exclude(pk=experience.pk)
+        .exclude(status=Status.REJECTED)
+        .exclude(response_text=experience.response_text)
+        .order_by(
+            Abs(F("model_version") - experience.model_version),
+            Abs(F("explorer_step") - experience.explorer_step),
+            "rollout_index", "pk",
+        )
+        .first()
+    )
 
 
 def _take(experience: Experience, user) -> None:

@@ -32,10 +32,14 @@ def start(request):
             request.session[SESSION_RUN], request.session[SESSION_STRATEGY] = run.pk, strategy
             return redirect("annotate-next")
     runs = services.annotatable_runs(Run.objects.filter(experiences__isnull=False), request.user)
-    runs = runs.distinct().order_by("-created_at")[:RUN_CHOICES]
+    choices = []  # (run, items left to the user, how many that reads as)
+    for run in runs.distinct().order_by("-created_at")[:RUN_CHOICES]:
+        left = services.items_left(run, request.user)
+        choices.append((run, left, services.items_left_label(left)))
     return render(
         request, "feedback/start.html",
-        {"runs": runs, "strategies": services.STRATEGIES, "chosen_run": request.session.get(SESSION_RUN),
+        {"runs": choices, "strategies": services.STRATEGIES,
+         "chosen_run": request.session.get(SESSION_RUN),
          "chosen_strategy": request.session.get(SESSION_STRATEGY, services.NEWEST)},
     )
 
@@ -51,8 +55,9 @@ def next_item(request):
         messages.error(request, str(exc))
         return redirect("annotate-start")
     if item is None:
-        # The page waits on the run's channel and comes back here when new experiences arrive.
-        return render(request, "feedback/empty.html", {"run": run})
+        # While the run goes on, the page waits on its channel and comes back here when new
+        # experiences arrive; a finished run writes none, and the page says so.
+        return render(request, "feedback/empty.html", {"run": run, "reasons": services.why_empty(run, request.user)})
     return redirect("annotate-experience", pk=item.pk)
 
 
@@ -66,26 +71,39 @@ def experience(request, pk):
         error = str(exc)
     if item.run_id:
         request.session[SESSION_RUN] = item.run_id  # after this item the queue goes on with its run
+        if error is None:
+            services.prepare_edits(item.run)
     return _item_page(request, item, error=error)
 
 
 def _item_page(request, item, *, error=None, status=200):
-    other = (
-        Experience.objects.filter(run_id=item.run_id, task_id=item.task_id, prompt_text=item.prompt_text, source__in=services.QUEUED_SOURCES)
-        .exclude(pk=item.pk)
-        .order_by("rollout_index")
-        .first()
-    ) if item.run_id else None
+    refusal = services.refusal(item, request.user)
+    prompt_turns, response_turns = _split_conversation(item.messages)
     return render(
         request, "feedback/experience.html",
         {
-            "item": item, "other": other, "error": error, "shown_at": time.time(),
-            "scale": list(services.rating_scale(item.run)), "verdicts": services.VERDICTS,
+            "item": item, "error": error if error != refusal else None, "refusal": refusal, "shown_at": time.time(),
+            "other": services.choose_comparison(item) if refusal is None else None,
+            "prompt_turns": prompt_turns, "response_turns": response_turns,
+            "answer": item.task.answer if item.task_id else "", "rubric": services.feedback_settings(item.run).rubric,
+            "scale": services.scale_labels(item.run), "verdicts": services.VERDICTS,
             "flag_reasons": services.FLAG_REASONS, "holders": services.holders(item, request.user),
-            "max_edit_chars": services.MAX_EDIT_CHARS,
+            "items_left": services.items_left_label(services.items_left(item.run, request.user)) if item.run_id else None,
+            "max_edit_chars": services.MAX_EDIT_CHARS, "edited_text": request.POST.get("text") if error else None,
         },
         status=status,
     )
+
+
+def _split_conversation(messages) -> tuple[list, list]:
+    """The item's chat messages as (prompt, response) turns: the prompt is what precedes the
+    model's first turn; the response turns are shown only for a multi-turn episode (for one
+    model turn, the response text is the response)."""
+    first = next((i for i, m in enumerate(messages or []) if m.get("role") == "assistant"), None)
+    if first is None:
+        return [], []
+    rest = messages[first:]
+    return messages[:first], rest if len(rest) > 1 else []
 
 
 def _seconds_spent(request) -> float:
@@ -106,6 +124,9 @@ JUDGEMENTS = {
 }
 
 
+JUDGEMENT_NAMES = {"rate": "rating", "edit": "edit", "compare": "comparison", "flag": "flag"}
+
+
 def _int(value) -> int:
     try:
         return int(value)
@@ -122,7 +143,7 @@ def judge(request, pk, action):
     except FeedbackError as exc:
         item.refresh_from_db()
         return _item_page(request, item, error=str(exc), status=400)
-    messages.success(request, f"Saved your {action} of experience {item.pk}.")
+    messages.success(request, f"Saved your {JUDGEMENT_NAMES[action]} of experience {item.pk}.")
     return redirect("annotate-next")
 
 

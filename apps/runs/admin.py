@@ -28,6 +28,7 @@ class RunAdmin(admin.ModelAdmin):
         "trainer_step",
         "model_version",
         "heartbeats",
+        "resumes",
         "created_at",
         "started_at",
         "finished_at",

@@ -146,6 +146,7 @@ def run_json(run: Run, *, detail: bool = False) -> dict:
     }
     if detail:
         data["config"] = run.config
+        data["resumes"] = run.resumes
         data["checkpoints"] = [
             {
                 "version": checkpoint.version,
@@ -180,6 +181,23 @@ def experience_json(experience) -> dict:
 
 def _run(pk) -> Run:
     return get_object_or_404(queries.with_latest_explorer_metrics(Run.objects.select_related("owner")), pk=pk)
+
+
+@api_view("GET")
+def index(request):
+    """What a script finds at /api/: the endpoints, with the docs' name for each."""
+    run = "<id>"
+    return JsonResponse({
+        "docs": "docs/api.md",
+        "token": request.build_absolute_uri(reverse("api-token")),
+        "endpoints": {
+            "runs": "GET list (filters: q, status, owner, page, page_size) · POST launch {name, config}",
+            f"runs/{run}/": "GET one run",
+            f"runs/{run}/metrics/": "GET its metrics by role (role, since)",
+            f"runs/{run}/experiences/": "GET its rollouts (filters as the rollout browser)",
+            **{f"runs/{run}/{action}/": f"POST {action}" for action in ("pause", "resume", "stop")},
+        },
+    })
 
 
 @api_view("GET", "POST")
@@ -231,12 +249,17 @@ def run_detail(request, pk):
 
 @api_view("POST")
 def run_action(request, pk, action):
+    """Pause, resume or stop; resuming a failed or stopped run says where it continues from."""
     run = get_object_or_404(Run, pk=pk)
+    was = run.status
     try:
         control_run(run, action, request.user)
     except services.InvalidTransition as err:
         return error(409, str(err), status=run.status)
-    return JsonResponse(run_json(_run(pk)))
+    data = run_json(_run(pk), detail=action == "resume")
+    if action == "resume":
+        data["message"] = services.describe_resume(run, was)
+    return JsonResponse(data)
 
 
 @api_view("GET")

@@ -1,8 +1,9 @@
 """The pause / resume / stop controls of a run, shared by the pages and the API.
 
-The services decide what is legal; this decides which buttons a status offers. "resume" is only
-offered after a pause: starting → running is the worker's own step, not the user's. Every
-researcher may watch every run; only its owner and curators may control it.
+The services decide what is legal; this decides which buttons a status offers. "resume" is the one
+name for "continue this run": a paused run carries on in place, a failed or stopped one restarts
+from its newest checkpoint (services.resume_run). starting → running is the worker's own step, not
+the user's. Every researcher may watch every run; only its owner and curators may control it.
 """
 from django.core.exceptions import PermissionDenied
 
@@ -15,7 +16,7 @@ Status = Run.Status
 
 CONTROLS = {  # action: (service, statuses that offer it)
     "pause": (services.pause_run, lambda status: Status.PAUSED in services.TRANSITIONS[status]),
-    "resume": (services.resume_run, lambda status: status == Status.PAUSED),
+    "resume": (services.resume_run, lambda status: status in (Status.PAUSED, Status.FAILED, Status.STOPPED)),
     "stop": (
         services.stop_run,
         lambda status: status == Status.QUEUED or Status.STOPPING in services.TRANSITIONS[status],

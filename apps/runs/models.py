@@ -20,6 +20,7 @@ class Run(models.Model):
         BENCH = "bench"
 
     FINISHED = (Status.STOPPED, Status.COMPLETED, Status.FAILED)
+    ACTIVE = (Status.STARTING, Status.RUNNING, Status.PAUSED, Status.STOPPING)  # a worker's to serve
 
     name = models.CharField(max_length=200)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, related_name="runs", on_delete=models.PROTECT)
@@ -30,8 +31,12 @@ class Run(models.Model):
     trainer_step = models.PositiveIntegerField(default=0)
     model_version = models.PositiveIntegerField(default=0)
     error = models.TextField(blank=True)
-    # {"explorer": iso time, "trainer": iso time}: the watchdog resumes a role whose heartbeat expired.
+    # {role: {"at": iso time, "worker": id, "ended": iso time once the worker let go}}: who serves
+    # each role (services.holder); the watchdog hands on a role whose heartbeat expired.
     heartbeats = models.JSONField(default=dict, blank=True)
+    # Each resume of a failed or stopped run: {"at", "after": the status it left, "error": the
+    # error it had (no longer shown as current), "checkpoint": {"version", "step"} or null}.
+    resumes = models.JSONField(default=list, blank=True)
     live_seq = models.PositiveBigIntegerField(default=0, help_text="number of the last live message sent")
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)

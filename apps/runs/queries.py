@@ -12,6 +12,9 @@ from .models import MetricPoint, Run
 
 # The explorer's mean reward, under the names the engine has used for it (newest convention first).
 REWARD_KEYS = ("reward/mean", "reward_mean", "reward")
+# Reward fns that score 1 for a correct answer and 0 otherwise (workers/rft/rewards): the mean of
+# one over the eval tasks is the held-out accuracy.
+ACCURACY_KEYS = ("accuracy", "exact_match", "numeric", "countdown")
 ROLE_ORDER = [role for role, _ in MetricPoint.Role.choices]
 TOKEN_BYTES = Experience._meta.get_field("response_ids").dtype.itemsize
 
@@ -50,6 +53,59 @@ def run_progress(run: Run) -> Progress:
     total = (run.config.get("trainer") or {}).get("total_steps") or 0
     done = run.explorer_step if run.mode == Run.Mode.EXPLORE else run.trainer_step
     return Progress(done, total if isinstance(total, int) else 0)
+
+
+# Where a run's held-out score and train reward are, first found first: (chart "role/key", label).
+HELD_OUT = [(f"eval/{key}", "Held-out accuracy") for key in ACCURACY_KEYS] + [
+    (f"eval/{key}", "Eval reward") for key in REWARD_KEYS
+]
+# A run that only trains (SFT, DPO) has no rollouts to reward: its loss is what it shows.
+TRAIN_REWARD = [(f"{role}/{key}", "Train reward") for role in ("explorer", "trainer") for key in REWARD_KEYS] + [
+    ("trainer/loss", "Train loss")
+]
+THROUGHPUT = [("trainer/tokens_per_s", "Throughput"), ("explorer/tokens_per_s", "Throughput")]
+
+
+def overview_charts() -> list[list[str]]:
+    """The chart groups the pages show first (static/js/charts.js adds loss, KL, entropy, length)."""
+    return [[chart for chart, _ in candidates] for candidates in (HELD_OUT, TRAIN_REWARD)]
+
+
+def key_figures(run: Run) -> list[dict]:
+    """The figures atop the run page, each from the first of its candidate charts that the run
+    reports, with that candidate's label. The page fills in values and sparklines from the live
+    snapshot (static/js/run_page.js); "step" is the run's own counter, not a chart."""
+    eval_interval = (run.config.get("explorer") or {}).get("eval_interval") or 0
+    has_eval = eval_interval or run.mode == Run.Mode.BENCH or run.metrics.filter(role="eval").exists()
+    figures = [
+        {
+            "id": "heldout",
+            "candidates": HELD_OUT,
+            "format": "fraction",
+            "pending": f"evaluated every {eval_interval} explorer steps" if eval_interval else "not evaluated yet",
+        },
+        {"id": "reward", "candidates": TRAIN_REWARD, "format": "fraction"},
+        {"id": "step"},
+        {"id": "throughput", "candidates": THROUGHPUT, "format": "rate", "unit": "tokens/s"},
+    ]
+    return [figure for figure in figures if figure["id"] != "heldout" or has_eval]
+
+
+def checkpoint_schedule(run: Run) -> str:
+    """When the trainer saves checkpoints (trainer.save_interval, save_interval_s, keep_checkpoints),
+    in words, for the run page's empty checkpoint table."""
+    from workers.rft.config import TrainerConfig
+
+    trainer = {**vars(TrainerConfig()), **(run.config.get("trainer") or {})}
+    every = []
+    if trainer["save_interval"]:
+        every.append(f"every {trainer['save_interval']} trainer steps")
+    if trainer["save_interval_s"]:
+        seconds = trainer["save_interval_s"]
+        every.append(f"every {seconds / 60:g} min" if seconds >= 60 else f"every {seconds:g} s")
+    when = " and ".join(every) + ", and at the end" if every else "only at the end"
+    kept = trainer["keep_checkpoints"]
+    return f"one is saved {when}; the newest {kept} {'is' if kept == 1 else 'are'} kept"
 
 
 def metrics_by_role(run: Run, *, role: str | None = None, since: int | None = None) -> dict:

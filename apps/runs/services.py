@@ -1,7 +1,10 @@
 """State changes of runs. Views, commands and workers call these, never the models directly."""
 import math
+import os
+import socket
 from datetime import datetime
 
+from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
@@ -10,16 +13,17 @@ from .models import MetricPoint, Run
 
 Status = Run.Status
 
-# Which status may follow which. Anything else is refused with InvalidTransition.
+# Which status may follow which. Anything else is refused with InvalidTransition. A run stops at
+# once (-> stopped) when no worker holds it; a failed or stopped run is resumed by queueing it again.
 TRANSITIONS: dict[str, set[str]] = {
     Status.QUEUED: {Status.STARTING, Status.STOPPED, Status.FAILED},
-    Status.STARTING: {Status.RUNNING, Status.STOPPING, Status.FAILED},
-    Status.RUNNING: {Status.PAUSED, Status.STOPPING, Status.COMPLETED, Status.FAILED},
-    Status.PAUSED: {Status.RUNNING, Status.STOPPING, Status.FAILED},
+    Status.STARTING: {Status.RUNNING, Status.STOPPING, Status.STOPPED, Status.FAILED},
+    Status.RUNNING: {Status.PAUSED, Status.STOPPING, Status.STOPPED, Status.COMPLETED, Status.FAILED},
+    Status.PAUSED: {Status.RUNNING, Status.STOPPING, Status.STOPPED, Status.FAILED},
     Status.STOPPING: {Status.STOPPED, Status.FAILED},
-    Status.STOPPED: set(),
+    Status.STOPPED: {Status.QUEUED},
     Status.COMPLETED: set(),
-    Status.FAILED: set(),
+    Status.FAILED: {Status.QUEUED},
 }
 
 
@@ -33,7 +37,8 @@ def broadcast(run_id: int, update: dict) -> None:
 
 
 @transaction.atomic
-def set_status(run: Run, new_status: str, *, error: str = "") -> Run:
+def set_status(run: Run, new_status: str, *, error: str | None = None) -> Run:
+    """Move the run to `new_status`; `error` replaces the run's error ("" clears it)."""
     locked = Run.objects.select_for_update().get(pk=run.pk)
     if new_status not in TRANSITIONS[locked.status]:
         raise InvalidTransition(f"run {locked.pk} cannot go from {locked.status} to {new_status}")
@@ -41,9 +46,8 @@ def set_status(run: Run, new_status: str, *, error: str = "") -> Run:
     now = timezone.now()
     if new_status == Status.RUNNING and locked.started_at is None:
         locked.started_at = now
-    if new_status in Run.FINISHED:
-        locked.finished_at = now
-    if error:
+    locked.finished_at = now if new_status in Run.FINISHED else None  # a resumed run is unfinished again
+    if error is not None:
         locked.error = error
     locked.save(update_fields=["status", "started_at", "finished_at", "error", "updated_at"])
     broadcast(locked.pk, {"type": "status", "status": locked.status, "error": locked.error})
@@ -59,7 +63,10 @@ def finite_or_none(value):
 @transaction.atomic
 def record_metrics(run: Run, role: str, step: int, values: dict) -> MetricPoint:
     values = {key: finite_or_none(value) for key, value in values.items()}
-    point, _ = MetricPoint.objects.update_or_create(run=run, role=role, step=step, defaults={"values": values})
+    # A replayed step (after a resume) replaces its row, and its time says when it was recorded.
+    point, _ = MetricPoint.objects.update_or_create(
+        run=run, role=role, step=step, defaults={"values": values, "time": timezone.now()}
+    )
     broadcast(run.pk, {"type": "metrics", "role": role, "step": step, "values": values})
     return point
 
@@ -119,17 +126,66 @@ def pause_run(run: Run) -> Run:
 
 
 def resume_run(run: Run) -> Run:
-    return set_status(run, Status.RUNNING)
+    """Continue the run. A paused run's workers carry on in place. A failed or stopped run is queued
+    again: its roles restart from its newest checkpoint (from step 0 when it has none) on the same
+    run, metrics and buffer (replayed steps replace their metrics; the buffer gives back what the
+    lost steps consumed). Its error moves to `resumes`, so the run no longer shows it as current.
+    Refused while a worker still holds one of its roles (it lets go within a step)."""
+    from workers import tasks
+
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().get(pk=run.pk)
+        if locked.status == Status.PAUSED:
+            return set_status(run, Status.RUNNING)
+        if locked.status not in (Status.FAILED, Status.STOPPED):
+            raise InvalidTransition(
+                f"run {locked.pk} is {locked.status}: only a paused, failed or stopped run can be resumed"
+            )
+        busy = workers_holding(locked)
+        if busy:
+            role, worker = next(iter(busy.items()))
+            raise InvalidTransition(
+                f"run {locked.pk} cannot be resumed yet: worker {worker} still holds its {role} role "
+                "and lets go within a step; try again in a moment"
+            )
+        checkpoint = locked.checkpoints.order_by("-step").first()
+        locked.resumes = [*locked.resumes, {
+            "at": timezone.now().isoformat(),
+            "after": locked.status,
+            "error": locked.error,
+            "checkpoint": {"version": checkpoint.version, "step": checkpoint.step} if checkpoint else None,
+        }]
+        locked.heartbeats = {}  # the workers that served it are gone; whoever starts it now holds it
+        locked.save(update_fields=["resumes", "heartbeats", "updated_at"])
+        set_status(locked, Status.QUEUED, error="")
+        transaction.on_commit(lambda: tasks.enqueue(tasks.start_run, locked.pk))
+    run.refresh_from_db()
+    return run
+
+
+def describe_resume(run: Run, was: str) -> str:
+    """What resume_run did to a run that was `was`, for a person: where it continues from."""
+    if was == Status.PAUSED:
+        return f"run {run.pk} carries on where it was paused"
+    checkpoint = run.resumes[-1]["checkpoint"]
+    if checkpoint is None:
+        return (f"run {run.pk} has no checkpoint yet: it starts again from step 0 "
+                "(the same run: replayed steps replace their metrics)")
+    return f"run {run.pk} resumes from checkpoint v{checkpoint['version']} (trainer step {checkpoint['step']})"
 
 
 def stop_run(run: Run) -> Run:
-    """Ask the workers to stop; they check the status every step. A run no worker has started yet
-    stops at once."""
-    if run.is_finished:
-        raise InvalidTransition(f"run {run.pk} is already {run.status}")
-    if run.status == Status.QUEUED:
-        return set_status(run, Status.STOPPED)
-    return set_status(run, Status.STOPPING)
+    """Ask the workers to stop; they check the status every step. A run no worker holds (not
+    started yet, or its workers died) stops at once."""
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().get(pk=run.pk)
+        if locked.is_finished:
+            raise InvalidTransition(f"run {locked.pk} is already {locked.status}")
+        if not workers_holding(locked):
+            return set_status(run, Status.STOPPED)
+        if locked.status == Status.STOPPING:
+            raise InvalidTransition(f"run {locked.pk} is already stopping: its workers stop within a step")
+        return set_status(run, Status.STOPPING)
 
 
 PROGRESS_FIELDS = ("explorer_step", "trainer_step", "model_version")
@@ -152,15 +208,17 @@ def set_progress(run: Run, **progress: int) -> None:
         setattr(run, key, value)
 
 
-HANDED_OVER = "watchdog"  # the holder the watchdog writes when it hands a dead worker's role on
+# A role is held by the worker its heartbeat names, until that worker lets it go ("ended") or
+# falls silent for RFTWEB_HEARTBEAT_TIMEOUT seconds. Only claim_role makes a worker the holder;
+# a worker that finds another holder stops (the watchdog or a resume gave the role away).
+HANDED_OVER = "watchdog"  # the holder the watchdog writes when it sends a dead worker's role on
 
 
-def heartbeat(run: Run, role: str, worker: str) -> None:
-    """`worker` is alive and holds `role` of the run; the watchdog resumes a role whose heartbeat expired."""
-    with transaction.atomic():
-        locked = Run.objects.select_for_update().only("heartbeats").get(pk=run.pk)
-        locked.heartbeats = {**locked.heartbeats, role: {"at": timezone.now().isoformat(), "worker": worker}}
-        locked.save(update_fields=["heartbeats"])
+def _write_beat(run: Run, role: str, worker: str) -> None:
+    previous = run.heartbeats.get(role, {})
+    handovers = {key: previous[key] for key in ("handovers", "handed_over_at_step") if key in previous}
+    run.heartbeats = {**run.heartbeats, role: {**handovers, "at": timezone.now().isoformat(), "worker": worker}}
+    run.save(update_fields=["heartbeats"])
 
 
 def heartbeat_age(run: Run, role: str) -> float | None:
@@ -171,14 +229,103 @@ def heartbeat_age(run: Run, role: str) -> float | None:
     return (timezone.now() - datetime.fromisoformat(beat["at"])).total_seconds()
 
 
+def holder(run: Run, role: str, timeout: float | None = None) -> str | None:
+    """Who holds the role as `run` was read: a worker id, HANDED_OVER (a task was sent on for it
+    and has not started yet) or None (never claimed, or let go). With `timeout`, who holds it
+    alive: None also for a worker silent for `timeout` seconds or whose process is gone."""
+    beat = run.heartbeats.get(role)
+    if not beat or beat.get("ended"):
+        return None
+    if timeout is not None and (heartbeat_age(run, role) > timeout or process_is_gone(beat["worker"])):
+        return None
+    return beat["worker"]
+
+
+def process_is_gone(worker: str) -> bool:
+    """True for a worker ("host:pid", workers.tasks.worker_id) of this machine whose process has
+    exited (killed): nobody need wait for its heartbeat to expire. Unknown elsewhere: False."""
+    host, _, pid = worker.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False
+
+
+def workers_holding(run: Run) -> dict[str, str]:
+    """{role: worker} for the roles a live worker holds."""
+    timeout = settings.RFTWEB_HEARTBEAT_TIMEOUT
+    held = {role: holder(run, role, timeout) for role in run.heartbeats}
+    return {role: worker for role, worker in held.items() if worker not in (None, HANDED_OVER)}
+
+
 def claim_role(run: Run, role: str, worker: str, timeout: float) -> bool:
-    """Take the role unless another worker holds it with a fresh heartbeat. A redelivered or
-    duplicated task for a role that is being served then exits without touching the run."""
+    """Take the role of an active run unless another live worker holds it. A redelivered or
+    duplicated task for a role that is being served, or for a run no longer active, then exits
+    without touching the run."""
     with transaction.atomic():
         locked = Run.objects.select_for_update().get(pk=run.pk)
-        beat = locked.heartbeats.get(role)
-        age = heartbeat_age(locked, role)
-        if beat and beat["worker"] not in (worker, HANDED_OVER) and age is not None and age < timeout:
+        if locked.status not in Run.ACTIVE or holder(locked, role, timeout) not in (None, HANDED_OVER, worker):
             return False
-        heartbeat(locked, role, worker)
+        _write_beat(locked, role, worker)
+    return True
+
+
+def heartbeat(run: Run, role: str, worker: str) -> bool:
+    """`worker` is alive and still holds `role`. False, writing nothing, once it does not: the
+    role was handed to another worker or the run was resumed since."""
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().only("heartbeats").get(pk=run.pk)
+        if holder(locked, role) != worker:
+            return False
+        _write_beat(locked, role, worker)
+    return True
+
+
+def hand_over(run: Run, role: str, limit: int) -> bool:
+    """The watchdog sends on the role of a worker that stopped beating: the first task to claim it
+    holds it. After `limit` hand-overs in a row with no trainer step between (a worker killed at
+    the same step each time), the run fails instead, for its user to resume: returns False."""
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().get(pk=run.pk)
+        beat = locked.heartbeats.get(role, {})
+        stuck = beat.get("handed_over_at_step") == locked.trainer_step
+        handovers = beat.get("handovers", 0) + 1 if stuck else 1
+        if handovers > limit:
+            lost = (
+                "no worker took it over" if beat.get("worker") == HANDED_OVER
+                else f"its worker {beat.get('worker')} stopped beating (killed? out of memory?)"
+            )
+            set_status(locked, Status.FAILED, error=(
+                f"{role} failed: {lost} at trainer step {locked.trainer_step}, and the watchdog hands a "
+                f"role on at most {limit} time(s) in a row without progress. "
+                "Resume the run to continue from its last checkpoint."
+            ))
+            return False
+        locked.heartbeats = {**locked.heartbeats, role: {
+            "at": timezone.now().isoformat(), "worker": HANDED_OVER,
+            "handovers": handovers, "handed_over_at_step": locked.trainer_step,
+        }}
+        locked.save(update_fields=["heartbeats"])
+    return True
+
+
+def release_role(run: Run, role: str, worker: str, *, error: str | None = None) -> bool:
+    """`worker` lets the role go (its task ends); with `error`, the run fails with it, in the same
+    transaction, so that no one sees a failed run whose role is still held. False, changing
+    nothing, when the worker no longer held the role."""
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().get(pk=run.pk)
+        if holder(locked, role) != worker:
+            return False
+        beat = {**locked.heartbeats[role], "ended": timezone.now().isoformat()}
+        locked.heartbeats = {**locked.heartbeats, role: beat}
+        locked.save(update_fields=["heartbeats"])
+        if error is not None and not locked.is_finished:
+            set_status(locked, Status.FAILED, error=error)
+    run.refresh_from_db(fields=["status", "error", "heartbeats"])
     return True

@@ -1,5 +1,6 @@
 """The engine's storage protocols for one run, over Postgres (see workers/rft/protocols.py)."""
 from django.db import connections, transaction
+from django.utils import timezone
 
 from apps.buffer.store import DjangoExperienceBuffer
 from apps.tasksets.models import Taskset
@@ -33,9 +34,15 @@ class DjangoCheckpointStore:
         self.run = run
 
     def record(self, version: int, step: int, path: str) -> None:
+        # created_at is when this version was last saved: the buffer rewinds what was consumed after it.
         with transaction.atomic():
-            Checkpoint.objects.update_or_create(run=self.run, version=version, defaults={"step": step, "path": path})
+            Checkpoint.objects.update_or_create(
+                run=self.run, version=version, defaults={"step": step, "path": path, "created_at": timezone.now()}
+            )
             services.set_progress(self.run, model_version=version)
+
+    def forget(self, steps) -> None:
+        self.run.checkpoints.filter(step__in=list(steps)).delete()
 
     def latest(self) -> Checkpoint | None:
         return self.run.checkpoints.order_by("-step").first()

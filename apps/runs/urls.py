@@ -17,6 +17,7 @@ urlpatterns = [
     path("runs/<int:pk>/rollouts/", views.run_rollouts, name="run-rollouts"),
     path("runs/<int:pk>/checkpoints/<int:version>/download/", views.checkpoint_download, name="checkpoint-download"),
     # The JSON API (docs/api.md). The token page is HTML, for a logged-in researcher.
+    path("api/", api.index, name="api-index"),
     path("api/token/", views.api_token, name="api-token"),
     path("api/runs/", api.runs, name="api-runs"),
     path("api/runs/<int:pk>/", api.run_detail, name="api-run"),

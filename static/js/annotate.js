@@ -23,10 +23,14 @@ function annotateSocket(path, onMessage) {
   connect();
 }
 
-// An empty queue waits for the explorer's next step, then asks for an item again.
+const RUN_FINISHED = ["stopped", "completed", "failed"];
+
+// An empty queue waits for the explorer's next step, then asks for an item again; when the run
+// finishes, the page comes back saying so.
 function watchEmptyQueue(root) {
   annotateSocket(root.dataset.socket, (message) => {
-    if (message.type === "new_experiences" || message.type === "released") location.assign(root.dataset.next);
+    const finished = message.type === "run_status" && RUN_FINISHED.includes(message.status);
+    if (message.type === "new_experiences" || message.type === "released" || finished) location.assign(root.dataset.next);
   });
 }
 
@@ -34,7 +38,10 @@ function annotateItem(root) {
   const experience = Number(root.dataset.experience);
   const me = root.dataset.me;
   const panels = [...root.querySelectorAll(".panel")];
+  const editForm = document.getElementById("edit-form");
   const editor = document.getElementById("edit-text");
+  const response = document.getElementById("response");
+  const responseShown = !("turns" in response.dataset); // a multi-turn item shows its turns instead
   let panel = 0; // index of the active panel
   let choice = -1; // index of the selected button in it
 
@@ -43,17 +50,38 @@ function annotateItem(root) {
     panels.forEach((p, i) => p.classList.toggle("active", i === panel));
     root.querySelectorAll(".choice").forEach((b) => b.classList.remove("selected"));
     if (choice >= 0) buttons()[choice].classList.add("selected");
+    // B and the "A:" label belong to the comparison: while rating or flagging, one response is shown.
+    const comparing = panels[panel] && panels[panel].dataset.panel === "compare";
+    root.querySelectorAll(".compare-only").forEach((el) => { el.hidden = !comparing; });
   };
   const activate = (name) => { panel = panels.findIndex((p) => p.dataset.panel === name); if (panel < 0) panel = 0; choice = -1; show(); };
   const submitChoice = () => { if (choice >= 0) buttons()[choice].click(); };
+  // Editing happens in place: the response turns into the editor, so it is never shown twice.
+  const startEditing = () => {
+    panels.forEach((p) => p.classList.remove("active")); // keys go to the editor now, not to a panel
+    editForm.hidden = false;
+    response.hidden = true;
+    editor.focus();
+    editor.setSelectionRange(editor.value.length, editor.value.length);
+  };
+  const stopEditing = () => {
+    editForm.hidden = true;
+    response.hidden = !responseShown;
+    editor.blur();
+    show();
+  };
 
   document.addEventListener("keydown", (event) => {
-    if (event.target === editor) {
-      if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) { event.preventDefault(); editor.form.requestSubmit(); }
-      if (event.key === "Escape") editor.blur();
+    if (editor && event.target === editor) {
+      if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) { event.preventDefault(); editForm.requestSubmit(); }
+      if (event.key === "Escape") stopEditing();
       return;
     }
     if (event.ctrlKey || event.metaKey || event.altKey) return;
+    if (!panels.length) { // nothing to judge here: Enter goes on to the next item
+      if (event.key === "Enter" && document.getElementById("next")) document.getElementById("next").click();
+      return;
+    }
     const count = buttons().length;
     const keyed = buttons().findIndex((b) => b.dataset.key === event.key);
     if (/^[0-9]$/.test(event.key) && keyed >= 0) { choice = keyed; show(); }
@@ -65,12 +93,17 @@ function annotateItem(root) {
     else if (event.key === "r") activate("rate");
     else if (event.key === "c") activate("compare");
     else if (event.key === "f") activate("flag");
-    else if (event.key === "e") { editor.focus(); editor.setSelectionRange(editor.value.length, editor.value.length); }
+    else if (event.key === "e") startEditing();
     else if (event.key === "s") document.getElementById("skip").click();
     else if (event.key === "p") document.getElementById("postpone").click();
     else return;
     event.preventDefault();
   });
+  if (editForm) {
+    document.getElementById("edit").addEventListener("click", startEditing);
+    document.getElementById("edit-cancel").addEventListener("click", stopEditing);
+    if (!editForm.hidden) editor.focus(); // the server refused an edit: carry on editing it
+  }
   show();
 
   if (!root.dataset.socket) return; // imported data: no run, no channel
@@ -79,9 +112,23 @@ function annotateItem(root) {
     document.getElementById("holders").textContent = [...holders].join(", ");
     document.getElementById("taken-notice").hidden = holders.size === 0;
   };
+  // New experiences are a quiet count beside the queue's size, not a notice: the item at hand matters more.
+  const openedAtStep = Number(root.dataset.step);
   annotateSocket(root.dataset.socket, (message) => {
-    if (message.type === "new_experiences") document.getElementById("new-notice").hidden = false;
-    if (message.experience !== experience || message.user === me) return;
+    if (message.type === "run_status" && RUN_FINISHED.includes(message.status)) {
+      // Not a reload: the annotator may be halfway through an edit. The server says at submit
+      // whether this item can still be judged.
+      const note = document.getElementById("queue-note");
+      if (note) note.textContent = `the run has ${message.status}: no new items will come`;
+      return;
+    }
+    if (message.type === "new_experiences") {
+      const steps = message.explorer_step - openedAtStep;
+      const note = document.getElementById("new-steps");
+      if (note && steps > 0) note.textContent = ` · +${steps} explorer step${steps === 1 ? "" : "s"} since`;
+      return;
+    }
+    if (message.experience !== experience || message.user === me || !panels.length) return;
     if (message.type === "taken") holders.add(message.user);
     if (message.type === "released" || message.type === "judged") holders.delete(message.user);
     showHolders();
@@ -92,5 +139,5 @@ document.addEventListener("DOMContentLoaded", () => {
   const item = document.getElementById("annotate");
   if (item) annotateItem(item);
   const empty = document.getElementById("annotate-empty");
-  if (empty) watchEmptyQueue(empty);
+  if (empty && empty.dataset.socket) watchEmptyQueue(empty); // a finished run writes nothing more: no need to wait
 });

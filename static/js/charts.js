@@ -1,13 +1,39 @@
-// Metric charts as small multiples: one Plotly chart per metric key, in sections by role and key
-// prefix ("trainer · loss" for trainer "loss/policy"). Each series keeps its raw points and shows
-// them faintly under an exponential moving average. Live points are appended with
-// Plotly.extendTraces; a chart is redrawn only when it is new or a step was rewritten.
+// Metric charts as small multiples: one Plotly chart per metric key, in collapsible sections by
+// role and key prefix ("trainer · loss" for trainer "loss/policy"), with an "overview" section of
+// the charts a page pins first. Noisy series are drawn faintly under an exponential moving
+// average; eval series, counters, settings and short series are drawn as they are. Live points
+// are appended with Plotly.extendTraces; a chart is redrawn only when it is new, a step was
+// rewritten or its look changes (smoothed or not, a flat series, a short step range).
 "use strict";
 
 const CHART_PALETTE = ["#3b5bdb", "#e8590c", "#2b8a3e", "#c2255c", "#1098ad", "#7048e8", "#f08c00", "#495057"];
-const ROLE_ORDER = ["explorer", "trainer", "eval", "system"];
+const ROLE_ORDER = ["eval", "explorer", "trainer", "system"];
+const OVERVIEW = "overview";
+// After the page's own (held-out score, train reward): what a policy-gradient run is watched by.
+const OVERVIEW_CHARTS = [["trainer/loss"], ["trainer/kl", "trainer/approx_kl"], ["trainer/entropy"], ["explorer/response_length"]];
 // Metric names are still settling: match loosely, so the charts people look at first come first.
 const KEY_PRIORITY = [/reward|accuracy|acc\b/, /loss/, /kl/, /entropy/, /clip/, /grad/, /length|tokens/, /stale|version/];
+// Eval steps are few and each one counts; a moving average over them would show values that never
+// were (0.045 for a step at 0.1). Series this short are not smoothed either.
+const MIN_SMOOTHED_POINTS = 20;
+// Counters and settings are exact: smoothing only blurs a step change. (Integer-valued series are
+// counters too, whatever their name.)
+const EXACT_KEY = /(^|\/)(lr|learning_rate|model_version|step|staleness\w*)$/;
+const MARKER_POINTS = 60; // an unsmoothed series shorter than this shows each point as a dot
+const X_TITLES = { eval: "explorer step", explorer: "explorer step", trainer: "trainer step", system: "time" };
+const Y_UNITS = [
+  [/tokens_per_s$/, "tokens/s"], [/(^|\/)seconds$/, "seconds"], [/_gb$/, "GiB"], [/_percent$/, "%"],
+  [/(^|\/)response_length$/, "tokens"], [/(^|\/)(lr|learning_rate)$/, "learning rate"], [/_frac$/, "fraction"],
+  [/(^|\/)staleness/, "model versions"],
+];
+const SECTIONS_KEY = "rftweb.chartSections"; // which sections a user keeps open, on every page
+
+// plotly.js is the pages' last deferred script (they fetch their data meanwhile): it has run by
+// DOMContentLoaded.
+const plotlyReady = new Promise((resolve) => {
+  if (window.Plotly) resolve();
+  else document.addEventListener("DOMContentLoaded", resolve, { once: true });
+});
 
 // {"loss": 1, "reward": {"exact_match": 0.5}} -> {"loss": 1, "reward/exact_match": 0.5}; numbers only.
 function flattenMetrics(values, prefix = "", out = {}) {
@@ -31,6 +57,7 @@ function chartSection(role, key) {
 }
 
 function sectionRank(section) {
+  if (section === OVERVIEW) return [-1];
   const role = section.split(" · ")[0];
   const index = ROLE_ORDER.indexOf(role);
   return [index < 0 ? ROLE_ORDER.length : index, section.includes(" · ") ? 1 : 0, section];
@@ -49,11 +76,20 @@ function compareRanks(a, b) {
   return 0;
 }
 
-// System metrics (CPU, memory) are numbered by Unix time, not by step: their charts get a time axis.
-function isTimeSection(section) {
-  return section.split(" · ")[0] === "system";
+function yTitle(key) {
+  const unit = Y_UNITS.find(([pattern]) => pattern.test(key));
+  return unit ? unit[1] : key.slice(key.lastIndexOf("/") + 1).replace(/_/g, " ");
 }
 
+// A flat series gets an axis around its value: autorange would zoom into float noise, or draw a
+// single tick.
+function flatRange(value, log) {
+  if (log) return value > 0 ? [Math.log10(value) - 1, Math.log10(value) + 1] : null;
+  // At 0 (a count, a rate, an accuracy not yet above it) the axis rises from just below it.
+  return value === 0 ? [-0.05, 1] : [value - Math.abs(value) / 2, value + Math.abs(value) / 2];
+}
+
+// System metrics (CPU, memory) are numbered by Unix time, not by step: their charts get a time axis.
 function chartX(chart, steps) {
   return chart.time ? steps.map((seconds) => new Date(seconds * 1000)) : steps.slice();
 }
@@ -69,18 +105,22 @@ class Ema {
 }
 
 class ChartBoard {
-  constructor(container, { smoothing = 0.6, logScale = false } = {}) {
+  // pinned: groups of chart ids ("role/key"); the first chart of each group that exists goes to
+  // the overview section, in group order, followed by OVERVIEW_CHARTS.
+  constructor(container, { smoothing = 0.6, logScale = false, pinned = [] } = {}) {
     this.container = container;
     this.smoothing = smoothing;
     this.logScale = logScale;
+    this.pinned = [...pinned, ...OVERVIEW_CHARTS];
     this.filter = "";
-    this.charts = new Map(); // chart id -> {id, title, section, element, series: Map, drawn}
-    this.sections = new Map(); // section title -> {element, grid}
+    this.charts = new Map(); // chart id -> {id, role, title, home, section, element, series: Map, drawn, look}
+    this.sections = new Map(); // section title -> {element, grid, count, rank, charts}
     this.colors = new Map(); // series name -> colour, the same in every chart
     this.redrawQueue = new Set();
-    // Plotly takes ~0.1 s a chart whatever its length: only charts near the viewport are drawn;
-    // the others are drawn as they scroll into view (a long run has dozens).
-    this.observer = new IntersectionObserver((entries) => this._onVisibility(entries), { rootMargin: "300px" });
+    this.openSections = this._loadOpenSections();
+    // Plotly takes tens of ms a chart whatever its length: only charts in open sections near the
+    // viewport are drawn; the others as they come into view.
+    this.observer = new IntersectionObserver((entries) => this._onVisibility(entries), { rootMargin: "200px" });
   }
 
   _onVisibility(entries) {
@@ -89,6 +129,11 @@ class ChartBoard {
       chart.visible = entry.isIntersecting;
       if (chart.visible && chart.stale) this._redraw(chart);
     }
+  }
+
+  // One series' points, or undefined.
+  series(chartId, seriesName) {
+    return this.charts.get(chartId)?.series.get(seriesName);
   }
 
   // Replace a series' points (a snapshot, or one run's metrics on the compare page).
@@ -117,8 +162,8 @@ class ChartBoard {
     series.steps.push(...steps);
     series.values.push(...values);
     series.smoothed.push(...smoothed);
-    const hadLine = series.steps.length - steps.length >= 2; // else it was drawn as markers, or not yet
-    if (!chart.drawn || !chart.visible || this.redrawQueue.has(chart) || !hadLine) {
+    const drawnLook = chart.look;
+    if (!chart.drawn || !chart.visible || this.redrawQueue.has(chart) || JSON.stringify(this._look(chart)) !== drawnLook) {
       this._redraw(chart);
       return;
     }
@@ -137,14 +182,16 @@ class ChartBoard {
 
   setLogScale(on) {
     this.logScale = on;
-    for (const chart of this.charts.values()) {
-      if (chart.drawn) Plotly.relayout(chart.element, { "yaxis.type": on ? "log" : "linear" });
-    }
+    this.charts.forEach((chart) => this._redraw(chart));
   }
 
+  // Show the charts whose id contains the text; a section with a match opens while filtering.
   setFilter(text) {
     this.filter = text.trim().toLowerCase();
-    this.sections.forEach((section) => this._showMatching(section));
+    this.sections.forEach((section, name) => {
+      this._showMatching(section);
+      this._setOpen(section, this.filter && !section.element.hidden ? true : this._isOpen(name));
+    });
   }
 
   _showMatching(section) {
@@ -154,19 +201,47 @@ class ChartBoard {
       chart.element.hidden = hidden;
     }
     section.element.hidden = section.charts.every((chart) => chart.element.hidden);
+    section.count.textContent = section.charts.length + (section.charts.length === 1 ? " chart" : " charts");
+  }
+
+  _loadOpenSections() {
+    try {
+      return JSON.parse(localStorage.getItem(SECTIONS_KEY)) || {};
+    } catch {
+      return {};
+    }
+  }
+
+  _isOpen(name) {
+    return name in this.openSections ? this.openSections[name] : name === OVERVIEW;
+  }
+
+  _setOpen(section, open) {
+    if (section.element.open !== open) section.element.open = open;
+  }
+
+  // Remembers what the user opens and closes. The page's own changes (while filtering, or back
+  // to the remembered state) are not remembered.
+  _onToggle(name, section) {
+    if (this.filter || section.element.open === this._isOpen(name)) return;
+    this.openSections[name] = section.element.open;
+    try {
+      localStorage.setItem(SECTIONS_KEY, JSON.stringify(this.openSections));
+    } catch { /* storage full or disabled: the choice lasts for this page */ }
   }
 
   _series(chartId, section, title, seriesName) {
     let chart = this.charts.get(chartId);
     if (!chart) {
-      chart = { id: chartId, title, section, element: document.createElement("div"), series: new Map(), drawn: false,
-        visible: false, stale: false, time: isTimeSection(section) };
+      const role = chartId.slice(0, chartId.indexOf("/"));
+      chart = { id: chartId, role, title, home: section, section: null, element: document.createElement("div"),
+        series: new Map(), drawn: false, visible: false, stale: false, time: role === "system", look: null };
       chart.element.className = "chart";
+      chart.element.dataset.chart = chartId;
       chart.element.chart = chart;
       this.charts.set(chartId, chart);
-      this._place(chart);
+      this._placePinned(chartId);
       this.observer.observe(chart.element);
-      this._showMatching(this.sections.get(chart.section));
     }
     let series = chart.series.get(seriesName);
     if (!series) {
@@ -177,31 +252,69 @@ class ChartBoard {
     return series;
   }
 
-  _resmooth(series) {
-    series.ema = new Ema(this.smoothing);
-    series.smoothed = series.values.map((value) => series.ema.next(value));
+  // The overview's order for a chart that is the first existing chart of a pin group, else null.
+  _overviewRank(chartId) {
+    for (let group = 0; group < this.pinned.length; group++) {
+      if (this.pinned[group].find((id) => this.charts.has(id)) === chartId) return [group, this.pinned[group].indexOf(chartId)];
+    }
+    return null;
+  }
+
+  // A new chart goes to the overview if it comes first in a pin group; the one it displaces
+  // there goes back to its own section.
+  _placePinned(chartId) {
+    const affected = new Set([chartId, ...this.pinned.filter((ids) => ids.includes(chartId)).flat()]);
+    const moves = [...affected].map((id) => this.charts.get(id)).filter(Boolean)
+      .map((chart) => [chart, this._overviewRank(chart.id) ? OVERVIEW : chart.home])
+      .filter(([chart, section]) => chart.section !== section);
+    // Out of the overview first: the overview's order is only defined for the charts it keeps.
+    moves.sort(([, a], [, b]) => (a === OVERVIEW) - (b === OVERVIEW));
+    moves.forEach(([chart, section]) => this._place(chart, section));
+  }
+
+  _chartRank(chart, section) {
+    return section === OVERVIEW ? this._overviewRank(chart.id) : keyRank(chart.title);
   }
 
   // Keep sections, and charts within a section, in rank order as they appear.
-  _place(chart) {
+  _place(chart, name) {
     this.container.querySelector(".charts-empty")?.remove();
-    let section = this.sections.get(chart.section);
-    if (!section) {
-      const element = document.createElement("div");
-      element.className = "chart-section";
-      element.innerHTML = "<h3></h3><div class=\"chart-grid\"></div>";
-      element.querySelector("h3").textContent = chart.section;
-      section = { element, grid: element.querySelector(".chart-grid"), rank: sectionRank(chart.section), charts: [] };
-      const next = [...this.sections.values()].filter((other) => compareRanks(other.rank, section.rank) > 0)
-        .sort((a, b) => compareRanks(a.rank, b.rank))[0];
-      this.container.insertBefore(element, next ? next.element : null);
-      this.sections.set(chart.section, section);
+    if (chart.section) {
+      const old = this.sections.get(chart.section);
+      old.charts.splice(old.charts.indexOf(chart), 1);
+      this._showMatching(old);
     }
-    const rank = keyRank(chart.title);
-    const index = section.charts.findIndex((other) => compareRanks(keyRank(other.title), rank) > 0);
+    chart.section = name;
+    const section = this.sections.get(name) || this._newSection(name);
+    const rank = this._chartRank(chart, name);
+    const index = section.charts.findIndex((other) => compareRanks(this._chartRank(other, name), rank) > 0);
     const next = index < 0 ? null : section.charts[index];
     section.charts.splice(index < 0 ? section.charts.length : index, 0, chart);
     section.grid.insertBefore(chart.element, next ? next.element : null);
+    this._showMatching(section);
+    if (chart.drawn) this._redraw(chart); // its title names its role in the overview
+  }
+
+  _newSection(name) {
+    const element = document.createElement("details");
+    element.className = "chart-section";
+    element.dataset.section = name;
+    element.innerHTML = "<summary><h3></h3> <span class=\"count\"></span></summary><div class=\"chart-grid\"></div>";
+    element.querySelector("h3").textContent = name;
+    const section = { element, grid: element.querySelector(".chart-grid"), count: element.querySelector(".count"),
+      rank: sectionRank(name), charts: [] };
+    this._setOpen(section, this._isOpen(name) || Boolean(this.filter));
+    element.addEventListener("toggle", () => this._onToggle(name, section));
+    const next = [...this.sections.values()].filter((other) => compareRanks(other.rank, section.rank) > 0)
+      .sort((a, b) => compareRanks(a.rank, b.rank))[0];
+    this.container.insertBefore(element, next ? next.element : null);
+    this.sections.set(name, section);
+    return section;
+  }
+
+  _resmooth(series) {
+    series.ema = new Ema(this.smoothing);
+    series.smoothed = series.values.map((value) => series.ema.next(value));
   }
 
   // Redraws are batched into the next animation frame: a snapshot touches each chart many times.
@@ -210,48 +323,103 @@ class ChartBoard {
     if (this.redrawQueue.size === 1) requestAnimationFrame(() => this._flush());
   }
 
+  // Draws the visible charts top first, a few per frame, so the first ones show before the rest
+  // are drawn; the others are drawn when they come into view.
   _flush() {
-    const charts = [...this.redrawQueue];
-    this.redrawQueue.clear();
-    for (const chart of charts) {
-      if (!chart.visible) {
-        chart.stale = true; // drawn when it scrolls into view
-        continue;
-      }
-      Plotly.react(chart.element, this._traces(chart), this._layout(chart), { displaylogo: false, responsive: true,
+    if (!window.Plotly) {
+      plotlyReady.then(() => requestAnimationFrame(() => this._flush()));
+      return;
+    }
+    const started = performance.now();
+    const queued = [...this.redrawQueue];
+    for (const chart of queued.filter((chart) => !chart.visible)) {
+      chart.stale = true;
+      this.redrawQueue.delete(chart);
+    }
+    const visible = queued.filter((chart) => chart.visible)
+      .map((chart) => [chart.element.getBoundingClientRect().top, chart]).sort((a, b) => a[0] - b[0]);
+    for (const [, chart] of visible) {
+      if (performance.now() - started > 30) break;
+      this.redrawQueue.delete(chart);
+      const look = this._look(chart);
+      Plotly.react(chart.element, this._traces(chart, look), this._layout(chart, look), { displaylogo: false, responsive: true,
         modeBarButtonsToRemove: ["select2d", "lasso2d", "autoScale2d", "toggleSpikelines"] });
+      chart.look = JSON.stringify(look);
       chart.drawn = true;
       chart.stale = false;
     }
+    if (this.redrawQueue.size) requestAnimationFrame(() => this._flush());
   }
 
-  // Two traces a series: the raw points, faint (hidden without smoothing), and the smoothed line.
-  _traces(chart) {
+  // How a chart is drawn, from its points: smoothed or not, a fixed y range for a flat series,
+  // a tick per step for a short step range, dots for a short unsmoothed series. A point that
+  // changes it redraws the chart.
+  _look(chart) {
+    let min = Infinity, max = -Infinity, points = 0, integers = true, first = Infinity, last = -Infinity;
+    for (const series of chart.series.values()) {
+      points = Math.max(points, series.values.length);
+      for (const value of series.values) {
+        if (value < min) min = value;
+        if (value > max) max = value;
+        if (integers && !Number.isInteger(value)) integers = false;
+      }
+      if (series.steps.length) {
+        first = Math.min(first, series.steps[0]);
+        last = Math.max(last, series.steps[series.steps.length - 1]);
+      }
+    }
+    const smooth = this.smoothing > 0 && chart.role !== "eval" && points >= MIN_SMOOTHED_POINTS && !integers
+      && !EXACT_KEY.test(chart.title);
+    const flat = points > 0 && max - min <= 1e-9 * Math.max(Math.abs(min), Math.abs(max));
+    return {
+      smooth,
+      range: flat ? flatRange(min, this.logScale) : null,
+      // A few steps: a tick at each, half a step of room either side (so the points clear the axes).
+      steps: !chart.time && last - first < 6 ? [first - 0.5, last + 0.5] : null,
+      markers: !smooth && points < MARKER_POINTS,
+      log: this.logScale,
+    };
+  }
+
+  // Two traces a series: its values, and their moving average (hidden when not smoothed). The
+  // values stay in the hover either way.
+  _traces(chart, look) {
     const traces = [];
     for (const series of chart.series.values()) {
       const color = this.colors.get(series.name);
-      const mode = series.steps.length < 2 ? "markers" : "lines";
-      const common = { mode, name: plotlyText(series.name), showlegend: false, marker: { color },
-        x: chartX(chart, series.steps) };
-      traces.push({ ...common, y: series.values.slice(), hoverinfo: "skip", line: { color, width: 1 }, opacity: 0.25,
-        visible: this.smoothing > 0 });
-      traces.push({ ...common, y: series.smoothed.slice(), line: { color, width: 2 } });
+      const x = chartX(chart, series.steps);
+      const name = plotlyText(series.name);
+      const mode = series.steps.length < 2 ? "markers" : look.markers ? "lines+markers" : "lines";
+      traces.push({ x, y: series.values.slice(), name, mode, showlegend: false, marker: { color, size: 5 }, cliponaxis: false,
+        line: { color, width: look.smooth ? 1 : 2 }, opacity: look.smooth ? 0.3 : 1 });
+      traces.push({ x, y: series.smoothed.slice(), name: name + " (smoothed)", mode: "lines", showlegend: false,
+        line: { color, width: 2 }, visible: look.smooth });
     }
     return traces;
   }
 
-  _layout(chart) {
+  _layout(chart, look) {
+    const steps = look.steps ? { tickmode: "linear", tick0: 0, dtick: 1, range: look.steps, autorange: false } : {};
     return {
-      title: { text: plotlyText(chart.title), x: 0.02, xanchor: "left", font: { size: 13 } },
-      margin: { l: 56, r: 14, t: 32, b: 30 },
+      title: { text: plotlyText(chart.section === OVERVIEW ? chart.role + " · " + chart.title : chart.title), x: 0.02, xanchor: "left", font: { size: 13 } },
+      margin: { l: 62, r: 14, t: 32, b: 40 },
       height: 238,
       hovermode: "x unified",
+      hoverlabel: { namelength: -1 },
       paper_bgcolor: "rgba(0,0,0,0)",
       plot_bgcolor: "rgba(0,0,0,0)",
       font: { family: "system-ui, -apple-system, Segoe UI, sans-serif", size: 11, color: "#1d2330" },
-      xaxis: { gridcolor: "#eef0f4", zeroline: false, ...(chart.time ? { type: "date" } : {}) },
-      yaxis: { gridcolor: "#eef0f4", zeroline: false, tickformat: "~g", hoverformat: ".4~g", type: this.logScale ? "log" : "linear" },
-      uirevision: chart.id, // keep the user's zoom across redraws
+      xaxis: {
+        title: { text: X_TITLES[chart.role] || "step", standoff: 4, font: { size: 10, color: "#6b7385" } },
+        gridcolor: "#eef0f4", zeroline: false,
+        ...(chart.time ? { type: "date" } : { tickformat: "d", hoverformat: "d", rangemode: "nonnegative", ...steps }),
+      },
+      yaxis: {
+        title: { text: plotlyText(yTitle(chart.title)), standoff: 4, font: { size: 10, color: "#6b7385" } },
+        gridcolor: "#eef0f4", zeroline: false, tickformat: "~g", hoverformat: ".4~g",
+        type: look.log ? "log" : "linear", ...(look.range ? { range: look.range, autorange: false } : { autorange: true }),
+      },
+      uirevision: chart.id + (look.range ? " flat" : ""), // keep the user's zoom across redraws
     };
   }
 }

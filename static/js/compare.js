@@ -2,7 +2,8 @@
 "use strict";
 (async function () {
   const runs = JSON.parse(document.getElementById("compare-data").textContent);
-  const board = new ChartBoard(document.getElementById("charts"));
+  const overview = JSON.parse(document.getElementById("compare-overview").textContent);
+  const board = new ChartBoard(document.getElementById("charts"), { pinned: overview });
   bindChartControls(board, document.querySelector("[data-chart-controls]"));
   const label = (run) => run.name + " #" + run.id; // names may repeat; ids do not
 

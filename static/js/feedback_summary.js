@@ -15,12 +15,22 @@
     fields.rated_experiences.textContent = summary.rated_experiences;
     fields.judgements.textContent = `${j.rating} · ${j.edit} · ${j.preference} · ${j.flag}`;
     fields.data.textContent = `${summary.human_edits} · ${summary.dpo_pairs} · ${summary.flagged_experiences}`;
-    const steps = summary.human_reward_by_step;
-    if (!steps.length || steps.length === drawnSteps || !window.Plotly) return;
+    draw(summary.human_reward_by_step);
+  }
+
+  function draw(steps) {
+    if (!steps.length || steps.length === drawnSteps) return;
+    if (!window.Plotly) { // plotly.js is the page's last script: draw once it has loaded
+      window.addEventListener("load", () => draw(steps), { once: true });
+      return;
+    }
     drawnSteps = steps.length;
     chart.hidden = false;
     const trace = { x: steps.map((s) => s.explorer_step), y: steps.map((s) => s.human_reward), mode: "lines+markers", name: "human reward" };
-    const layout = { height: 220, margin: { l: 40, r: 10, t: 10, b: 30 }, xaxis: { title: "explorer step" }, yaxis: { range: [0, 1] } };
+    const layout = {
+      height: 220, margin: { l: 55, r: 10, t: 10, b: 40 },
+      xaxis: { title: { text: "explorer step" } }, yaxis: { range: [0, 1], title: { text: "mean rating (0–1)" } },
+    };
     Plotly.react(chart, [trace], layout, { displayModeBar: false, responsive: true });
   }
 

@@ -1,30 +1,89 @@
-// The run page: charts and figures from the live snapshot and updates (LiveRun, ChartBoard).
+// The run page: key figures, charts and status from the live snapshot and updates (LiveRun,
+// ChartBoard). A key figure shows the newest value of the first of its candidate charts the run
+// reports (apps/runs/queries.key_figures), with a sparkline of that chart.
 "use strict";
 (function () {
   const page = JSON.parse(document.getElementById("run-page-data").textContent);
-  const board = new ChartBoard(document.getElementById("charts"));
+  const figureSpecs = page.figures.filter((figure) => figure.candidates);
+  const board = new ChartBoard(document.getElementById("charts"), { pinned: page.overview });
   bindChartControls(board, document.querySelector("[data-chart-controls]"));
   const badge = document.getElementById("run-status");
   const dot = document.getElementById("live-dot");
   const errorBox = document.getElementById("run-error");
   const progress = document.getElementById("run-progress");
-  const figures = Object.fromEntries([...document.querySelectorAll("[data-state]")].map((el) => [el.dataset.state, el]));
+  const counterElements = Object.fromEntries([...document.querySelectorAll("[data-state]")].map((el) => [el.dataset.state, el]));
+  const SPARK_POINTS = 120; // a sparkline is 100 units wide: more points would not show
+  const SERIES = "value"; // the run page's one series a chart
 
   const counters = {}; // step counters and model version only move forward (a replayed step must not move them back)
+  let status = badge.textContent;
+  let connection = "connecting";
 
-  function showFigure(name, value) {
-    if (value === undefined || value === null || !figures[name]) return;
-    if (name !== "latest_reward") {
-      if (value < counters[name]) return;
-      counters[name] = value;
-    }
-    figures[name].textContent = typeof value === "number" && !Number.isInteger(value) ? value.toFixed(3) : value;
-    if (name === "trainer_step" && page.total_steps) {
+  function showCounter(name, value) {
+    if (value === undefined || value === null || !counterElements[name] || value < counters[name]) return;
+    counters[name] = value;
+    counterElements[name].textContent = value;
+    if (name === page.progress_counter && page.total_steps) {
       progress.style.width = Math.min(100, (100 * value) / page.total_steps) + "%";
     }
   }
 
-  function showStatus(status, error) {
+  function formatFigure(value, format) {
+    return format === "rate" ? Math.round(value).toLocaleString("en-US") : value.toFixed(3);
+  }
+
+  function drawSparkline(svg, values) {
+    const every = Math.ceil(values.length / SPARK_POINTS);
+    const shown = values.filter((_, i) => i % every === 0 || i === values.length - 1);
+    const min = Math.min(...shown), max = Math.max(...shown);
+    const points = shown.map((value, i) => {
+      const x = shown.length > 1 ? (100 * i) / (shown.length - 1) : 100;
+      const y = max > min ? 30 - (28 * (value - min)) / (max - min) : 16;
+      return x.toFixed(1) + "," + y.toFixed(1);
+    });
+    if (points.length === 1) points.unshift("0," + points[0].split(",")[1]);
+    svg.querySelector("polyline").setAttribute("points", points.join(" "));
+  }
+
+  // The line under a figure's value: where it was measured, and what else helps read it.
+  function figureNote(figure, id, series) {
+    const role = id.slice(0, id.indexOf("/"));
+    const step = series.steps[series.steps.length - 1];
+    if (figure.id === "heldout") return `explorer step ${step} · best ${formatFigure(Math.max(...series.values), figure.format)}`;
+    if (figure.id === "throughput") {
+      const seconds = board.series(role + "/seconds", SERIES);
+      const perStep = seconds ? ` · ${seconds.values[seconds.values.length - 1].toFixed(2)} s a step` : "";
+      return `${role}${perStep}`;
+    }
+    return `${role === "trainer" ? "trainer" : "explorer"} step ${step}`;
+  }
+
+  function showFigures() {
+    for (const figure of figureSpecs) {
+      const found = figure.candidates.find(([id]) => board.series(id, SERIES)?.values.length);
+      if (!found) continue;
+      const [id, label] = found;
+      const series = board.series(id, SERIES);
+      const element = document.querySelector(`[data-figure="${figure.id}"]`);
+      element.title = "from " + id.replace("/", " · "); // which metric it is
+      element.querySelector(".label").textContent = label;
+      element.querySelector(".value").textContent = formatFigure(series.values[series.values.length - 1], figure.format)
+        + (figure.unit ? " " + figure.unit : "");
+      element.querySelector(".sub").textContent = figureNote(figure, id, series);
+      drawSparkline(element.querySelector("svg"), series.values);
+    }
+  }
+
+  // "live" only while the run is active: a finished run says what it finished as.
+  function showDot() {
+    const finished = page.finished_statuses.includes(status);
+    dot.className = "live-dot " + (finished ? "finished" : connection);
+    dot.textContent = finished ? status
+      : { connecting: "connecting", live: "live", offline: "reconnecting…", forbidden: "not allowed to watch" }[connection];
+  }
+
+  function showStatus(newStatus, error) {
+    status = newStatus;
     badge.textContent = status;
     badge.className = "status " + status;
     document.querySelectorAll("form[data-statuses]").forEach((form) => {
@@ -34,13 +93,11 @@
       errorBox.hidden = !error;
       errorBox.querySelector("pre").textContent = error || "";
     }
+    showDot();
   }
 
-  // The figures one role's metrics move: its step counter, the model version, the reward.
-  function showMetricFigures(role, step, values) {
-    if (role === "explorer" || role === "trainer") showFigure(role + "_step", step);
-    showFigure("model_version", values.model_version);
-    if (role === "explorer") showFigure("latest_reward", page.reward_keys.map((key) => values[key]).find(Number.isFinite));
+  function showProgress(values) {
+    ["explorer_step", "trainer_step", "model_version"].forEach((name) => showCounter(name, values[name]));
   }
 
   // Points of one role grouped by chart: {chartId: {section, title, steps, values}}.
@@ -55,32 +112,34 @@
       }
     }
     const last = points[points.length - 1];
-    if (last) showMetricFigures(role, last.step, flattenMetrics(last.values));
+    if (last && (role === "explorer" || role === "trainer")) showCounter(role + "_step", last.step);
+    if (last) showCounter("model_version", flattenMetrics(last.values).model_version);
     return into;
   }
 
   function onSnapshot(snapshot) {
     for (const [role, points] of Object.entries(snapshot.metrics)) {
-      for (const [id, chart] of chartPoints(role, points)) board.setSeries(id, chart.section, chart.title, "value", chart.steps, chart.values);
+      for (const [id, chart] of chartPoints(role, points)) board.setSeries(id, chart.section, chart.title, SERIES, chart.steps, chart.values);
     }
-    const run = snapshot.run;
-    ["explorer_step", "trainer_step", "model_version"].forEach((name) => showFigure(name, run[name]));
-    showStatus(run.status, run.error);
+    showFigures();
+    showProgress(snapshot.run);
+    showStatus(snapshot.run.status, snapshot.run.error);
   }
 
   function onUpdates(updates) {
     const charts = new Map();
     for (const update of updates) {
       if (update.type === "status") showStatus(update.status, update.error);
-      else if (update.type === "progress") ["explorer_step", "trainer_step", "model_version"].forEach((name) => showFigure(name, update[name]));
+      else if (update.type === "progress") showProgress(update);
       else if (update.type === "metrics") chartPoints(update.role, [update], charts);
     }
-    for (const [id, chart] of charts) board.appendPoints(id, chart.section, chart.title, "value", chart.steps, chart.values);
+    for (const [id, chart] of charts) board.appendPoints(id, chart.section, chart.title, SERIES, chart.steps, chart.values);
+    if (charts.size) showFigures();
   }
 
   function onConnection(state) {
-    dot.className = "live-dot " + state;
-    dot.textContent = { live: "live", offline: "reconnecting…", forbidden: "not allowed to watch" }[state];
+    connection = state;
+    showDot();
   }
 
   const live = new LiveRun({ snapshotUrl: page.live_url, socketUrl: liveSocketUrl(page.ws_path), onSnapshot, onUpdates, onConnection });

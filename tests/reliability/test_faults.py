@@ -358,6 +358,7 @@ def full_disk_at():
 
 
 def test_a_full_checkpoint_disk_fails_the_run_with_a_readable_error(celery_worker_factory, researcher, full_disk_at):
+    """... and once there is space again, the user resumes it (from step 0: no checkpoint was written)."""
     make_taskset()
     celery_worker_factory()
     run = Run.objects.create(name="full disk", owner=researcher, config=services.validate_config(grpo_config(4)).to_dict())
@@ -369,7 +370,15 @@ def test_a_full_checkpoint_disk_fails_the_run_with_a_readable_error(celery_worke
     headline = run.error.splitlines()[0]
     assert headline == (
         f"loop failed: the disk holding {tasks.run_dir(run)} is full (no space left on device). "
-        "Free space there, then launch the run again from its last checkpoint."
+        "Free space there, then resume the run: it continues from its last checkpoint."
     ), run.error
     assert run.checkpoints.count() == 0  # no checkpoint row for a checkpoint that was never written
     assert_buffer_intact(rows_of(run), trainer_steps_of(run))
+
+    subprocess.run(["umount", "-l", str(tasks.run_dir(run))], check=True)  # space again
+    services.resume_run(run)
+    assert services.describe_resume(run, "failed").startswith(f"run {run.pk} has no checkpoint yet: it starts again from step 0")
+    wait_for(lambda: Run.objects.get(pk=run.pk).is_finished, what="completion after the resume")
+    run.refresh_from_db()
+    assert run.status == "completed", run.error
+    assert_buffer_intact(rows_of(run), trainer_steps_of(run), 4)

@@ -18,6 +18,7 @@ from django.conf import settings
 from django.contrib import admin
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
+from django.utils import timezone
 
 from apps.accounts.apps import CURATED_APPS
 from apps.accounts.roles import ANNOTATOR, CURATOR, RESEARCHER
@@ -58,6 +59,7 @@ def status_is(status):
 MATRIX = {
     # accounts: the login page is public; logout (POST) always lands on the login page.
     "login": Entry("AAAAA"),
+    "favicon": Entry("AAAAA"),  # a redirect to the static icon, which the login page shows too
     "logout": Entry("LLLLL", method="post"),
     # tasksets: researchers; an import job is its uploader's (and curators')
     "taskset-list": Entry("LDAAA"),
@@ -100,6 +102,7 @@ MATRIX = {
     ),
     "api-token": Entry("LDAAA"),
     # the JSON API, with each user's token
+    "api-index": Entry("UDAAA", api=True),
     "api-runs": Entry("UDAAA", api=True),
     "api-run": Entry("UDAAA", api=True, kwargs=run),
     "api-run-metrics": Entry("UDAAA", api=True, kwargs=run),
@@ -157,7 +160,9 @@ def world(db, settings):
     }
     o.taskset = Taskset.objects.create(name="ts", task_count=1)
     task = Task.objects.create(taskset=o.taskset, index=0, prompt="1+1?", answer="2")
-    o.run = Run.objects.create(name="r", owner=o.users["owner"], config={})
+    # Held by a live worker, so that a stop asks it to stop (a run no worker holds stops at once).
+    beat = {"at": timezone.now().isoformat(), "worker": "test-worker"}
+    o.run = Run.objects.create(name="r", owner=o.users["owner"], config={}, heartbeats={"loop": beat})
     o.experience = Experience.objects.create(
         run=o.run, task=task, explorer_step=0, rollout_index=0, group_id="g0", prompt_text="1+1?", response_text="2",
         prompt_ids=[1], response_ids=[2], action_mask=[1], logprobs=[-0.1], reward=1.0, model_version=0,

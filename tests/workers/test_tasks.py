@@ -161,6 +161,59 @@ def test_a_killed_worker_is_replaced_and_nothing_is_lost_or_duplicated(celery_wo
     assert not run.metrics.filter(role="trainer", values__skipped=1).exists()  # replayed steps found their data
 
 
+def test_a_failed_run_resumes_from_its_newest_checkpoint(celery_worker_factory, researcher):
+    """The run fails saving step 3's checkpoint (a file sits where its directory goes). Once that is
+    gone its user resumes it: the same run continues from checkpoint 2 and trains 3..5 once each."""
+    make_taskset()
+    celery_worker_factory()
+    steps = 5
+    run = Run.objects.create(name="fails", owner=researcher, config=services.validate_config(grpo_config(steps)).to_dict())
+    blocker = tasks.run_dir(run) / "checkpoints" / "step_3"
+    blocker.parent.mkdir(parents=True)
+    blocker.write_text("not a checkpoint")
+    tasks.enqueue(tasks.start_run, run.pk)
+    wait_for(lambda: finished(run), what="the failure")
+    assert run.status == "failed" and run.error.startswith("loop failed: NotADirectoryError"), run.error
+    assert run.trainer_step == 3 and list(run.checkpoints.values_list("step", flat=True)) == [1, 2]
+    assert services.workers_holding(run) == {}  # the failed worker let go: resumable at once
+
+    blocker.unlink()
+    services.resume_run(run)
+    assert run.status == "queued" and run.error == ""
+    wait_for(lambda: finished(run), what="completion after the resume")
+    assert run.status == "completed", run.error
+    (resume,) = run.resumes
+    assert resume["checkpoint"] == {"version": 2, "step": 2} and resume["error"].startswith("loop failed: NotADirectoryError")
+    trainer_steps = list(run.metrics.filter(role="trainer").order_by("step").values_list("step", flat=True))
+    assert trainer_steps == list(range(1, steps + 1))  # step 3 replayed in place: no repeat, no gap
+    assert not run.metrics.filter(role="trainer", values__skipped=1).exists()
+    keys = list(Experience.objects.filter(run=run, source="rollout").values_list("explorer_step", "task_id", "rollout_index"))
+    assert len(keys) == len(set(keys))
+    assert Experience.objects.filter(run=run, status="consumed").count() == steps * TASKS * REPEATS
+    assert list(run.checkpoints.values_list("step", flat=True)) == [3, 4, 5]  # trainer.keep_checkpoints: 3
+    assert sorted(os.listdir(tasks.run_dir(run) / "checkpoints")) == ["step_3", "step_4", "step_5"]
+
+
+def test_a_stopped_run_resumes_where_it_stopped(celery_worker_factory, researcher):
+    make_taskset()
+    celery_worker_factory()
+    steps = 4
+    run = services.launch_run(researcher, "stop and go", grpo_config(steps))
+    wait_for(lambda: Run.objects.get(pk=run.pk).trainer_step >= 1, what="first trainer step")
+    services.stop_run(Run.objects.get(pk=run.pk))
+    wait_for(lambda: finished(run), timeout=60, what="stop")
+    assert run.status == "stopped" and run.trainer_step < steps
+    stopped_at = run.trainer_step
+    assert run.checkpoints.order_by("-step").first().step == stopped_at  # saved on the stop
+    services.resume_run(run)
+    wait_for(lambda: finished(run), what="completion after the resume")
+    assert run.status == "completed", run.error
+    assert run.resumes[0]["checkpoint"]["step"] == stopped_at
+    trainer_steps = list(run.metrics.filter(role="trainer").order_by("step").values_list("step", flat=True))
+    assert trainer_steps == list(range(1, steps + 1))
+    assert Experience.objects.filter(run=run, status="consumed").count() == steps * TASKS * REPEATS
+
+
 @pytest.mark.parametrize(
     "sync, buffer, expected",
     [

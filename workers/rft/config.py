@@ -19,8 +19,9 @@ import yaml
 from workers.rft.algorithms import (
     ADVANTAGE_FNS, AGG_MODES, ALGORITHMS, GROUP_ADVANTAGE_FNS, KL_FNS, POLICY_LOSSES, resolve,
 )
-from workers.rft.rewards import build_reward
-from workers.rft.workflows import workflow_args_problems
+from workers.rft.rewards import REWARD_FNS, build_reward
+from workers.rft.synchronizer import SYNC_METHODS
+from workers.rft.workflows import WORKFLOWS, workflow_args_problems
 
 MODES = ("both", "explore", "train", "bench")
 MAX_ROLLOUTS_PER_STEP = 65_536  # explorer.batch_size * algorithm.repeat_times
@@ -39,11 +40,17 @@ class ConfigError(ValueError):
         super().__init__("\n".join(f"{issue.key}: {issue.message}" for issue in self.errors))
 
 
-def _f(default=None, *, factory=None, choices=None, ge=None, gt=None, le=None, lt=None, most=None, check=None):
+def _f(default=None, *, factory=None, choices=None, unavailable=None, names=None, ge=None, gt=None, le=None, lt=None,
+       most=None, check=None):
     """A config field: its default and the rules its value follows (check(value) -> problem or None).
-    `most` is a sanity limit rather than a range: what one run may ask of shared workers (10^9 new
-    tokens would tie up a GPU for good)."""
-    rules = {"choices": choices, "ge": ge, "gt": gt, "le": le, "lt": lt, "most": most, "check": check}
+    `choices`: the values it takes; `unavailable`: {value: what to use instead} for values people
+    may expect that are not built yet; `names`: the registry whose names a value is made of, where
+    the value is more than a choice (a reward fn spec). `most` is a sanity limit rather than a
+    range: what one run may ask of shared workers (10^9 new tokens would tie up a GPU for good)."""
+    rules = {
+        "choices": choices, "unavailable": unavailable, "names": names, "ge": ge, "gt": gt, "le": le, "lt": lt,
+        "most": most, "check": check,
+    }
     if factory is not None:
         return field(default_factory=factory, metadata=rules)
     return field(default=default, metadata=rules)
@@ -137,11 +144,12 @@ class ExplorerConfig:
     temperature: float = _f(1.0, ge=0, most=10.0)
     top_p: float = _f(1.0, gt=0, le=1)
     max_new_tokens: int = _f(32, ge=1, most=32_768)
-    workflow: str = "single_turn"
+    workflow: str = _f("single_turn", choices=WORKFLOWS)
     # Settings of the workflow named above (multi-turn: environment, turn limit, tools...); each
     # workflow checks its own (workflows.workflow_args_problems).
     workflow_args: dict = _f(factory=dict)
-    reward_fn: str | dict = _f("exact_match", check=_check_reward_fn)  # name, or {name: weight | {weight, <params>}}
+    # a name, or {name: weight | {weight, <params>}}
+    reward_fn: str | dict = _f("exact_match", names=REWARD_FNS, check=_check_reward_fn)
     system_prompt: str | None = _f(None, check=lambda text: _too_long(text, MAX_TEXT_CHARS))
     use_chat_template: bool = True
     pipeline: list = _f(factory=list, check=_check_operators)
@@ -155,7 +163,12 @@ class TrainerConfig:
     batch_size: int | None = _f(None, ge=1, most=65_536)  # default: explorer.batch_size * repeat_times
     micro_batch_size: int = _f(8, ge=1, most=4096)
     total_steps: int = _f(100, ge=1, most=10_000_000)
-    save_interval: int = _f(0, ge=0, most=10_000_000)  # 0: only at the end
+    # A checkpoint every save_interval steps and whenever save_interval_s seconds have passed since
+    # the last one (0 turns either off; one is always saved at the end), so a failure loses minutes,
+    # not the run. The newest keep_checkpoints are kept.
+    save_interval: int = _f(0, ge=0, most=10_000_000)
+    save_interval_s: float = _f(300.0, ge=0, most=1e7)
+    keep_checkpoints: int = _f(3, ge=1, most=1000)
     grad_clip: float = _f(1.0, gt=0, most=1e6)
     weight_decay: float = _f(0.0, ge=0)
     warmup_steps: int = _f(0, ge=0, most=10_000_000)
@@ -202,11 +215,13 @@ class FeedbackConfig:
     # Ids of other runs whose human edits and preference pairs this run also trains on (e.g. a
     # DPO or SFT run in mode 'train' on the feedback collected on an RL run).
     source_runs: list = _f(factory=list, check=_check_run_ids)
+    # What annotators should judge by (shown beside every item); None: only the scale's labels.
+    rubric: str | None = _f(None, check=lambda text: _too_long(text, MAX_TEXT_CHARS))
 
 
 @dataclass
 class SynchronizerConfig:
-    method: str = _f("memory", choices=("memory", "checkpoint", "nccl"))
+    method: str = _f("memory", choices=SYNC_METHODS, unavailable={"nccl": "use memory or checkpoint"})
     interval: int = _f(1, ge=1, most=1_000_000)
     offset: int = _f(0, ge=0, most=1_000_000)
 
@@ -320,6 +335,8 @@ def _check_value(value, f) -> tuple[object, str | None]:
     rules = f.metadata
     choices = rules.get("choices")
     if choices is not None and value not in choices:
+        if isinstance(value, str) and value in (rules.get("unavailable") or {}):
+            return None, f"'{value}' is not available yet: {rules['unavailable'][value]}"
         return None, f"'{value}' is not one of: {', '.join(choices)}" + _hint(value, list(choices))
     bounds = [(name, rules[name]) for name in BOUNDS if rules.get(name) is not None]
     if not all(BOUNDS[name][0](value, bound) for name, bound in bounds):
@@ -360,9 +377,36 @@ def _report(issues: list, bad: set, key: str, message: str):
 # ---- rules across keys --------------------------------------------------------------------------
 
 
+def _loss_fits(loss: str, algorithm: str) -> bool:
+    """Whether algorithm.policy_loss `loss` may replace the preset's loss of `algorithm`: it must
+    train on the data the algorithm samples. On an RL algorithm (its loss 'ppo') only 'mix' may,
+    adding expert data to the rollouts. 'sft' reads no reward: on rollouts it would imitate the
+    model's own answers whatever they scored (RL that ignores its rewards), so it is refused rather
+    than given that meaning; SFT on expert data is algorithm 'sft'. 'dpo' needs preference pairs
+    (algorithm 'dpo'); 'ppo' on 'mix' would sample expert data it cannot train on (that is 'grpo')."""
+    preset = ALGORITHMS[algorithm].policy_loss
+    return loss == preset or (preset == "ppo" and loss == "mix")
+
+
+def _loss_misfit(loss: str | None, algorithm: str) -> str:
+    preset = ALGORITHMS[algorithm]
+    if loss == "sft":
+        why = ("it reads no reward, so on rollouts it would imitate the model's own answers "
+               "(use algorithm 'sft', or policy_loss 'mix' to add expert data to RL)")
+    elif loss == "dpo":
+        why = "it trains on preference pairs (use algorithm 'dpo')"
+    elif not preset.uses_rollouts:
+        why = f"it trains on rollouts, and algorithm '{algorithm}' collects none"
+    else:
+        why = f"algorithm '{algorithm}' samples expert data, which '{loss}' cannot train on (use algorithm 'grpo')"
+    return f"'{loss}' cannot replace the '{preset.policy_loss}' loss of algorithm '{algorithm}': {why}"
+
+
 def _combination_issues(c: RunConfig, bad: set) -> list[ConfigIssue]:
     """Each rule names the key to blame and the keys it reads; it is skipped when any of them
-    already has an error (their values here are defaults standing in for the bad ones)."""
+    already has an error (their values here are defaults standing in for the bad ones).
+    A key that would do nothing in its combination is refused too: a run does what its config says.
+    (kl.fn with kl.coef 0 is allowed: the KL is then logged, not penalised.)"""
     algo, spec, preset = c.algorithm, resolve(c), ALGORITHMS[c.algorithm.name]
     rules = [  # (key, broken, message, other keys read)
         ("buffer.expert_taskset", spec.sample_strategy == "mix" and c.buffer.expert_taskset is None,
@@ -376,9 +420,17 @@ def _combination_issues(c: RunConfig, bad: set) -> list[ConfigIssue]:
          ("algorithm.name",)),
         ("algorithm.advantage_fn", algo.advantage_fn is not None and preset.advantage_fn is None,
          f"algorithm '{algo.name}' uses no advantages", ("algorithm.name",)),
-        ("algorithm.policy_loss", algo.policy_loss not in (None, preset.policy_loss)
-         and (not preset.uses_rollouts or algo.policy_loss == "dpo"),
-         f"'{algo.policy_loss}' cannot replace the '{preset.policy_loss}' loss of algorithm '{algo.name}'",
+        ("algorithm.policy_loss", algo.policy_loss is not None and not _loss_fits(algo.policy_loss, algo.name),
+         _loss_misfit(algo.policy_loss, algo.name), ("algorithm.name",)),
+        ("algorithm.kl.fn", algo.kl.fn != "none" and not spec.uses_rollouts,
+         f"'{algo.kl.fn}' estimates the KL from the policy's own samples (rollouts), and algorithm '{algo.name}' "
+         "trains on none", ("algorithm.name",)),
+        ("algorithm.kl.coef", algo.kl.coef > 0 and algo.kl.fn == "none",
+         "has no effect with algorithm.kl.fn 'none': name an estimator (k1, k2, k3, low_var_kl)", ("algorithm.kl.fn",)),
+        ("algorithm.entropy_coef", algo.entropy_coef > 0 and spec.policy_loss == "dpo",
+         "the 'dpo' loss has no entropy bonus", ("algorithm.name", "algorithm.policy_loss")),
+        ("feedback.reward_mode", c.feedback.reward_mode != "none" and not spec.uses_rollouts,
+         f"'{c.feedback.reward_mode}' turns ratings into rewards, and algorithm '{algo.name}' trains on no rewards",
          ("algorithm.name",)),
         ("buffer.eval_taskset", c.mode == "bench" and c.buffer.eval_taskset is None,
          "required by mode 'bench'", ("mode",)),

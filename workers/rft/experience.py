@@ -27,9 +27,10 @@ class Task:
 class Experience:
     """One response to one task with everything the trainer needs.
 
-    `response_ids`, `action_mask` and `logprobs` are aligned: one entry per response token.
-    `action_mask` is 1 where the model produced the token (0 for tokens a multi-turn environment
-    inserted), so losses only touch the model's own actions.
+    `response_ids`, `action_mask` and `logprobs` are aligned: one entry per response token
+    (construction refuses anything else). `action_mask` is 1 where the model produced the token (0
+    for tokens a multi-turn environment inserted), so losses only touch the model's own actions.
+    `logprobs` is None where no model generated the response.
     """
 
     task_id: int | None
@@ -53,10 +54,24 @@ class Experience:
     metadata: dict = field(default_factory=dict)  # finish_reason, truncated, task answer, ...
     id: int | None = None  # assigned by the buffer
 
+    def __post_init__(self):
+        """Misaligned arrays are refused where they are written, not deep in the trainer's collation."""
+        tokens = len(self.response_ids)
+        if self.action_mask is None or len(self.action_mask) != tokens:
+            raise ValueError(_misaligned("action_mask", self.action_mask, tokens))
+        if self.logprobs is not None and len(self.logprobs) != tokens:
+            raise ValueError(_misaligned("logprobs", self.logprobs, tokens))
+
     @property
     def key(self) -> tuple:
         """The natural key a replayed explorer step must not duplicate (the run is the store's)."""
         return (self.explorer_step, self.task_id, self.rollout_index)
+
+
+def _misaligned(name: str, values: list | None, tokens: int) -> str:
+    got = "None" if values is None else f"{len(values)} entries"
+    none = " (no logprobs is None, not [])" if name == "logprobs" and not values else ""
+    return f"experience {name} has {got} for {tokens} response tokens: one per token{none}"
 
 
 @dataclass

@@ -13,7 +13,10 @@ trainer trains on the same batches as the sequential loop whenever one explorer 
 trainer batch (filters that drop rollouts can make a batch reach into the next explorer step,
 which the sequential loop always has ready and the overlapped one may not yet).
 """
+import re
+import shutil
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,8 +74,11 @@ class Loop:
     """Explorer and trainer of a run. `roles` limits this process to one of them when the other
     runs elsewhere (checkpoint sync): see `run_explorer` and `run_trainer`."""
 
-    def __init__(self, config, stores: Stores, work_dir: str | Path, roles: tuple[str, ...] | None = None):
+    def __init__(self, config, stores: Stores, work_dir: str | Path, roles: tuple[str, ...] | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         roles = roles or roles_of(config)
+        self.clock = clock  # seconds, for trainer.save_interval_s
+        self._saved = (0, clock())  # (trainer step, clock) of the last checkpoint, or of the start
         torch.manual_seed(config.seed)
         self.config = config
         self.stores = stores
@@ -167,7 +173,7 @@ class Loop:
         if evaluating:  # the final weights, which no explorer step has pulled yet
             self.sync.pull(self.explorer.engine, self.sync.latest_version())
             self.explorer.evaluate()
-        self.save()
+        self.save_final()
         return "completed"
 
     def _run_sequential(self, should_stop) -> str:
@@ -178,7 +184,7 @@ class Loop:
                 continue
             self.train()
             if should_stop() and self.trainer.step < total:
-                self.save()
+                self.save_for_resume()
                 return "stopped"
         return "completed"
 
@@ -201,7 +207,7 @@ class Loop:
                 self.train()
                 if should_stop() and self.trainer.step < total:
                     explorer.finish()
-                    self.save()
+                    self.save_for_resume()
                     return "stopped"
                 # Only now: no explorer step starts on a version published just before a stop,
                 # nor while the run is paused (should_stop() waits then).
@@ -254,15 +260,15 @@ class Loop:
         while self.trainer.step < total:
             if self.spec.uses_rollouts and explored_steps() <= self.trainer.step:
                 if should_stop():
-                    self.save()
+                    self.save_for_resume()
                     return "stopped"
                 wait()
                 continue
             self.train()
             if should_stop() and self.trainer.step < total:
-                self.save()
+                self.save_for_resume()
                 return "stopped"
-        self.save()
+        self.save_final()
         return "completed"
 
     def explore(self) -> dict:
@@ -277,10 +283,25 @@ class Loop:
         metrics = self.trainer.train_step(current_version=self.sync.latest_version())
         if self.sync.is_publish_step(self.trainer.step):
             self.sync.publish(self.trainer.policy, self.trainer.step)
-        save_interval = self.config.trainer.save_interval
-        if save_interval and self.trainer.step % save_interval == 0:
+        if self.checkpoint_due():
             self.save()
         return metrics
+
+    def checkpoint_due(self) -> bool:
+        """A checkpoint after this trainer step? At the first step the run can resume from once
+        a multiple of trainer.save_interval steps is passed, or once trainer.save_interval_s
+        seconds have passed since the last checkpoint (0 turns either off)."""
+        step, (saved_step, saved_at) = self.trainer.step, self._saved
+        every_steps, every_s = self.config.trainer.save_interval, self.config.trainer.save_interval_s
+        due = (every_steps and step // every_steps > saved_step // every_steps) or (
+            every_s and self.clock() - saved_at >= every_s
+        )
+        return bool(due) and self.resumable_at(step)
+
+    def resumable_at(self, step: int) -> bool:
+        """Memory sync holds the explorer's weights in this process only: a resumed loop rebuilds
+        them from the checkpoint, which must then be a published version (a sync step)."""
+        return self.sync.method != "memory" or self.sync.is_publish_step(step)
 
     def _explore_only(self, should_stop) -> str:
         """Rollouts only (e.g. to collect data), with the newest published version if any."""
@@ -323,11 +344,42 @@ class Loop:
         path = self.trainer.save_checkpoint(self.checkpoint_dir(self.trainer.step), extra)
         if self.stores.checkpoints is not None:
             self.stores.checkpoints.record(self.trainer.step // self.sync.interval, self.trainer.step, str(path))
+        self._saved = (self.trainer.step, self.clock())
+        self.prune_checkpoints()
         return path
+
+    def save_final(self) -> Path | None:
+        """The trained model, unless the last step's checkpoint already holds it."""
+        return self.save() if self._saved[0] != self.trainer.step else None
+
+    def save_for_resume(self) -> Path | None:
+        """On a stop: a checkpoint to resume from, where the run can resume from this step (else
+        it resumes from its last checkpoint)."""
+        return self.save() if self.resumable_at(self.trainer.step) else None
+
+    def prune_checkpoints(self) -> list[int]:
+        """Keep the newest trainer.keep_checkpoints checkpoints; delete older ones, any newer than
+        the trainer's step (left by steps a failure lost; never recorded) and half-written ones
+        (a killed save). Store rows go before their directories, so a listed checkpoint always
+        has its files. Returns the steps deleted."""
+        root = self.work_dir / "checkpoints"
+        saved = sorted(
+            (int(match[1]), path) for path in root.glob("step_*") if (match := re.fullmatch(r"step_(\d+)", path.name))
+        )
+        up_to_now = [entry for entry in saved if entry[0] <= self.trainer.step]
+        doomed = up_to_now[: -self.config.trainer.keep_checkpoints] + [e for e in saved if e[0] > self.trainer.step]
+        if doomed and self.stores.checkpoints is not None:
+            self.stores.checkpoints.forget([step for step, _ in doomed])
+        for _, path in doomed:
+            shutil.rmtree(path, ignore_errors=True)
+        for half_written in root.glob(".step_*"):
+            shutil.rmtree(half_written, ignore_errors=True)
+        return [step for step, _ in doomed]
 
     def resume(self, path: str | Path) -> None:
         """Continue from a checkpoint this loop saved (the stores must be the run's own)."""
         extra = self.trainer.load_checkpoint(path)
+        self._saved = (self.trainer.step, self.clock())
         if self.explorer is not None:
             self.explorer.step = extra["explorer_step"]
         self.sync.discard_after(self.trainer.step // self.sync.interval)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from . import datasets
 from .experience import SOURCES, Experience, PreferencePair, Task
+from .sampling import HUMAN_REWARD, apply_human_feedback
 
 EVAL_FRACTION = 5  # one prompt in five is held out
 
@@ -86,7 +87,11 @@ class InMemoryBuffer:
 
     STALE_SOURCES = ("rollout", "synthetic")
 
-    def __init__(self):
+    def __init__(self, config=None):
+        # With the run's config, sampled rollouts carry its feedback.reward_mode (ratings as rewards,
+        # group advantages recomputed) as the Postgres buffer's do (not rated_only: that waits for
+        # annotators); headless runs have no ratings unless a script writes the 'human' component.
+        self.config = config
         self._experiences: list[Experience] = []
         self._status: list[str] = []
         self._keys: set[tuple] = set()
@@ -129,7 +134,18 @@ class InMemoryBuffer:
         with self._lock:
             candidates = [exp for i, exp in enumerate(self._experiences) if usable(i, exp)]
             candidates.sort(key=lambda exp: (exp.use_count, exp.explorer_step, exp.id))
-            return [replace(exp) for exp in candidates[:n]]
+            batch = [replace(exp) for exp in candidates[:n]]
+            if self.config is not None and self.config.feedback.reward_mode != "none":
+                self._apply_feedback([exp for exp in batch if exp.source in self.STALE_SOURCES])
+            return batch
+
+    def _apply_feedback(self, rollouts: list[Experience]) -> None:
+        rated = {exp.group_id for exp in rollouts if HUMAN_REWARD in exp.reward_components}
+        groups = {group_id: [] for group_id in rated}
+        for exp in self._experiences:
+            if exp.group_id in groups and exp.source in self.STALE_SOURCES:
+                groups[exp.group_id].append(replace(exp))
+        apply_human_feedback(rollouts, groups, self.config)
 
     def mark_used(self, experiences: Sequence[Experience], *, consumed: bool) -> None:
         with self._lock:
@@ -177,13 +193,16 @@ class InMemoryMetrics:
 
 
 class InMemoryCheckpoints:
-    """Only the trainer records checkpoints, and a list append is atomic: no lock."""
+    """Only the trainer records and forgets checkpoints, in its own thread: no lock."""
 
     def __init__(self):
-        self.records: list[tuple[int, int, str]] = []
+        self.records: list[tuple[int, int, str]] = []  # (version, step, path), oldest first
 
     def record(self, version: int, step: int, path: str) -> None:
         self.records.append((version, step, path))
+
+    def forget(self, steps: Sequence[int]) -> None:
+        self.records = [record for record in self.records if record[1] not in steps]
 
 
 def format_metrics(role: str, step: int, values: dict) -> str:

@@ -61,3 +61,6 @@ class MetricSink(Protocol):
 class CheckpointStore(Protocol):
     def record(self, version: int, step: int, path: str) -> None:
         """A weights directory was published: model `version`, after trainer `step`, at `path`."""
+
+    def forget(self, steps: Sequence[int]) -> None:
+        """The checkpoints of these trainer steps are about to be deleted (keep_checkpoints)."""

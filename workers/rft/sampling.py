@@ -3,6 +3,8 @@
 `default`: the algorithm's kind of data only: usual experiences (rollouts, synthetic) for RL
 algorithms, expert data (expert, human edits) for SFT.
 `mix`: usual experiences plus expert ones, so that expert data is `expert_data_ratio` of the batch.
+`pairs`: preference pairs (DPO), batch_size of them.
+The algorithm picks the strategy (`AlgorithmSpec.sample_strategy`, see algorithms/presets.py).
 
 Human feedback (ratings as rewards, flags, edits as expert data) is applied by the buffer as it
 samples, with the functions at the end of this module.
@@ -10,7 +12,7 @@ samples, with the functions at the end of this module.
 from dataclasses import dataclass, field
 
 from .algorithms import ADVANTAGE_FNS, GROUP_ADVANTAGE_FNS, resolve
-from .experience import EXPERT_SOURCES, Experience
+from .experience import EXPERT_SOURCES, Experience, PreferencePair
 from .registry import Registry
 
 USUAL_SOURCES = ("rollout", "synthetic")
@@ -21,9 +23,10 @@ SAMPLE_STRATEGIES = Registry("sample strategy")
 class TrainBatch:
     usual: list[Experience] = field(default_factory=list)  # trained with the policy loss and their advantages
     expert: list[Experience] = field(default_factory=list)  # imitated (SFT loss)
+    pairs: list[PreferencePair] = field(default_factory=list)  # preferences (DPO)
 
     def __len__(self) -> int:
-        return len(self.usual) + len(self.expert)
+        return len(self.usual) + len(self.expert) + len(self.pairs)
 
 
 def min_model_version(current_version: int, max_staleness: int | None) -> int | None:
@@ -48,6 +51,12 @@ def mix(buffer, batch_size: int, current_version: int, *, max_staleness=None, ex
     usual = default(buffer, batch_size, current_version, max_staleness=max_staleness).usual
     n_expert = round(batch_size * expert_data_ratio / (1 - expert_data_ratio))
     return TrainBatch(usual=usual, expert=buffer.sample(n_expert, sources=EXPERT_SOURCES))
+
+
+@SAMPLE_STRATEGIES.register("pairs")
+def pairs(buffer, batch_size: int, current_version: int, **_) -> TrainBatch:
+    """batch_size preference pairs, least used first (sampling them counts as their use)."""
+    return TrainBatch(pairs=buffer.sample_pairs(batch_size))
 
 
 # -- human feedback ---------------------------------------------------------------------------------

@@ -21,11 +21,13 @@ from pathlib import Path
 
 from .engines import RolloutEngine
 
+SYNC_METHODS = ("memory", "checkpoint")
+
 
 class Synchronizer:
     def __init__(self, method: str, interval: int = 1, offset: int = 0, directory: str | Path | None = None, tokenizer=None):
-        if method not in ("memory", "checkpoint"):
-            raise NotImplementedError(f"synchronizer method {method!r} is not available yet; use memory or checkpoint")
+        if method not in SYNC_METHODS:
+            raise ValueError(f"unknown synchronizer method {method!r}; known: {', '.join(SYNC_METHODS)}")
         if method == "checkpoint" and directory is None:
             raise ValueError("the checkpoint synchronizer needs a directory")
         self.method = method

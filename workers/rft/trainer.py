@@ -1,13 +1,18 @@
-"""The trainer: sample a batch from the buffer, compute the algorithm's loss over micro-batches
-with gradient accumulation, clip, step, log; save and load exact checkpoints.
+"""The trainer: sample a batch from the buffer (the algorithm's sample strategy), compute the
+run's policy loss (its registry entry, algorithms/losses.py) over micro-batches with gradient
+accumulation, clip, step, log; save and load exact checkpoints.
+
+A batch has up to three parts: usual rollouts, expert data, preference pairs; every micro-batch
+holds rows of one part, and the loss is told which.
 
 Sequences are laid out prompt-left-padded, response-right-padded, so every response starts at the
 same column and per-token tensors are [B, T] over response tokens (as algorithms/ expects).
 Rollouts of one task share their prompt: the forward runs each distinct prompt once and the rows
 that repeat it continue from its key/value cache (gradients flow back through the cache), which
 saves (n - 1) / n of the prompt tokens' compute at group size n.
-Micro-batch losses are weighted by their share of the batch's tokens (token-mean) or sequences
-(seq-mean modes), so accumulating them gives exactly the loss of the whole batch at once.
+Micro-batch losses are weighted by their share of their part's tokens (token-mean) or sequences
+(seq-mean modes; pairs for DPO), so accumulating them gives exactly the loss of the whole part at
+once; the parts' losses add up (MIX weights them inside its loss).
 """
 import json
 import os
@@ -21,8 +26,8 @@ from pathlib import Path
 
 import torch
 
-from .algorithms import KL_FNS, POLICY_LOSSES, aggregate, compute_gae, entropy_from_logits, resolve, value_loss
-from .experience import Experience, PreferencePair
+from .algorithms import EXPERT, PAIRS, POLICY_LOSSES, USUAL, LossInputs, compute_gae, resolve, value_loss
+from .experience import Experience
 from .models import copy_weights, pick_dtype, read_weights
 from .sampling import SAMPLE_STRATEGIES, TrainBatch
 
@@ -45,9 +50,13 @@ class MicroBatch:
     prompt_rows: torch.Tensor | None = None  # [U] the first row of each distinct prompt; None: all distinct
     row_prompt: torch.Tensor | None = None  # [B] each row's index into prompt_rows
     logprob_mismatch: float | None = None  # mean |logπ_trainer - logπ_rollout| before the update
+    ref_logprobs: torch.Tensor | None = None  # [B, T] the reference model's, where a loss reads them
 
-    def units(self, agg_mode: str) -> float:
-        """How much this micro-batch weighs in its batch's loss under the aggregation mode."""
+    def units(self, agg_mode: str, part: str = USUAL) -> float:
+        """How much this micro-batch weighs in its part's loss: tokens (token-mean) or sequences
+        (seq-mean modes); pairs for DPO, whose loss is a mean over pairs."""
+        if part == PAIRS:
+            return self.mask.shape[0] / 2
         if agg_mode == "token-mean":
             return self.mask.sum().item()
         return (self.mask.sum(-1) > 0).sum().item()
@@ -127,6 +136,7 @@ class Trainer:
     def __init__(self, config, policy, tokenizer, buffer, metrics=None, reference=None, critic=None):
         self.config = config
         self.spec = resolve(config)
+        self.loss_fn = POLICY_LOSSES.get(self.spec.policy_loss)
         self.algo = config.algorithm
         self.policy = policy.train()
         self.tokenizer = tokenizer
@@ -158,22 +168,17 @@ class Trainer:
         """Sample, update, log. A step with nothing to train on still counts (metrics say skipped)."""
         started = time.perf_counter()
         self._set_lr()
-        if self.spec.policy_loss == "dpo":
-            pairs = self.buffer.sample_pairs(self.batch_size)
-            metrics = self._update_dpo(pairs) if pairs else {"skipped": 1}
-            batch = TrainBatch()
-        else:
-            batch = SAMPLE_STRATEGIES.get(self.spec.sample_strategy)(
-                self.buffer,
-                self.batch_size,
-                current_version,
-                max_staleness=self.config.buffer.max_staleness,
-                uses_rollouts=self.spec.uses_rollouts,
-                expert_data_ratio=self.algo.mix.expert_data_ratio,
-            )
-            metrics = self._update(batch) if len(batch) else {"skipped": 1}
-            self.buffer.mark_used(batch.usual, consumed=True)
-            self.buffer.mark_used(batch.expert, consumed=False)
+        batch = SAMPLE_STRATEGIES.get(self.spec.sample_strategy)(
+            self.buffer,
+            self.batch_size,
+            current_version,
+            max_staleness=self.config.buffer.max_staleness,
+            uses_rollouts=self.spec.uses_rollouts,
+            expert_data_ratio=self.algo.mix.expert_data_ratio,
+        )
+        metrics = self._update(batch) if len(batch) else {"skipped": 1}
+        self.buffer.mark_used(batch.usual, consumed=True)
+        self.buffer.mark_used(batch.expert, consumed=False)
         self.step += 1
         seconds = time.perf_counter() - started
         metrics.update(self._batch_metrics(batch, current_version, seconds))
@@ -189,26 +194,23 @@ class Trainer:
             group["lr"] = self.config.trainer.lr * scale
 
     def _update(self, batch: TrainBatch) -> dict:
-        micro = self.config.trainer.micro_batch_size
-        pad_id = self.tokenizer.pad_token_id
-        usual = [collate(part, pad_id, self.device) for part in chunks(batch.usual, micro)]
-        expert = [collate(part, pad_id, self.device) for part in chunks(batch.expert, micro)]
-        self._prepare_usual(usual)
-        mix = self.spec.policy_loss == "mix"
-        mu = self.algo.mix.mu
-        parts = [(usual, 1 - mu if mix else 1.0, self._policy_loss), (expert, mu if mix else 1.0, self._sft_loss)]
-
+        """update_epochs passes over the batch: the run's policy loss on every micro-batch of each
+        part, weighted by the micro-batch's share of its part, gradients accumulated, one step."""
+        parts = self._micro_batches(batch)
+        self._prepare(parts)
+        usual = dict(parts).get(USUAL, [])
+        agg = self.algo.loss_agg_mode
         for _ in range(self.config.trainer.update_epochs):
             self.optimizer.zero_grad(set_to_none=True)
             metrics = {}
             total_loss = 0.0
-            for mbs, weight, loss_fn in parts:
-                part_units = sum(mb.units(self.algo.loss_agg_mode) for mb in mbs)
+            for part, mbs in parts:
+                part_units = sum(mb.units(agg, part) for mb in mbs)
                 for mb in mbs:
-                    share = mb.units(self.algo.loss_agg_mode) / max(part_units, 1)
-                    loss, mb_metrics = loss_fn(mb)
-                    (weight * share * loss).backward()
-                    total_loss += weight * share * loss.item()
+                    share = mb.units(agg, part) / max(part_units, 1)
+                    loss, mb_metrics = self._loss(mb, part)
+                    (share * loss).backward()
+                    total_loss += share * loss.item()
                     for key, value in mb_metrics.items():
                         metrics[key] = metrics.get(key, 0.0) + share * value
             grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.config.trainer.grad_clip)
@@ -222,7 +224,43 @@ class Trainer:
             metrics["logprob_mismatch"] = sum(mb.logprob_mismatch * mb.mask.sum().item() for mb in measured) / max(tokens, 1)
         return metrics
 
+    def _micro_batches(self, batch: TrainBatch) -> list[tuple[str, list[MicroBatch]]]:
+        """(part, its micro-batches) for each part the batch has. A DPO micro-batch holds its
+        pairs' chosen rows, then their rejected rows (the layout the dpo loss reads): micro_batch_size
+        rows, so half as many pairs."""
+        micro, pad_id = self.config.trainer.micro_batch_size, self.tokenizer.pad_token_id
+        pair_rows = []
+        for part in chunks(batch.pairs, max(1, micro // 2)):
+            chosen, rejected = zip(*(pair.as_experiences() for pair in part))
+            pair_rows.append([*chosen, *rejected])
+        parts = [
+            (USUAL, chunks(batch.usual, micro)),
+            (EXPERT, chunks(batch.expert, micro)),
+            (PAIRS, pair_rows),
+        ]
+        return [(part, [collate(rows, pad_id, self.device) for rows in groups]) for part, groups in parts if groups]
+
     # -- losses ----------------------------------------------------------------------------------
+
+    def _loss(self, mb: MicroBatch, part: str) -> tuple[torch.Tensor, dict]:
+        """The run's policy loss (POLICY_LOSSES[resolve(config).policy_loss]) on one micro-batch."""
+        logits = self._forward(self.policy, mb, self._temperature(part))
+        logprobs = self._token_logprobs(logits, mb.response_ids)
+        if part == USUAL and mb.rollout_logprobs and mb.logprob_mismatch is None:
+            # Before the first optimizer step the trainer holds the weights that generated these
+            # rollouts (at staleness 0): any gap is the engines' numerics (vLLM kernels, bf16...).
+            gap = (logprobs.detach() - mb.old_logprobs).abs() * mb.mask
+            mb.logprob_mismatch = (gap.sum() / mb.mask.sum().clamp(min=1)).item()
+        inputs = LossInputs(
+            mask=mb.mask, part=part, old_logprobs=mb.old_logprobs, advantages=mb.advantages,
+            ref_logprobs=mb.ref_logprobs, logits=logits,
+        )
+        return self.loss_fn(logprobs, inputs, self.algo)
+
+    def _temperature(self, part: str) -> float:
+        """Rollouts were sampled under softmax(logits / temperature): their log-probs compare like
+        with like. Written responses (expert data, preference pairs) are scored as the model is."""
+        return self.temperature if part == USUAL else 1.0
 
     def _forward(self, model, mb: MicroBatch, temperature: float = 1.0) -> torch.Tensor:
         """Logits [B, T, V] predicting each response token (float32)."""
@@ -235,59 +273,33 @@ class Trainer:
         # logsumexp keeps no [B, T, V] output for backward, as log_softmax would.
         return logits.gather(-1, tokens[..., None])[..., 0] - logits.logsumexp(-1)
 
-    def _policy_loss(self, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
-        logits = self._forward(self.policy, mb, self.temperature)
-        logprobs = self._token_logprobs(logits, mb.response_ids)
-        agg = self.algo.loss_agg_mode
-        loss, metrics = POLICY_LOSSES.get("ppo")(
-            logprobs, mb.old_logprobs, mb.advantages, mb.mask, self.algo.clip_low, self.algo.clip_high, agg
-        )
-        metrics["policy_loss"] = loss.item()
-        if mb.rollout_logprobs and mb.logprob_mismatch is None:
-            # Before the first optimizer step the trainer holds the weights that generated these
-            # rollouts (at staleness 0): any gap is the engines' numerics (vLLM kernels, bf16...).
-            gap = (logprobs.detach() - mb.old_logprobs).abs() * mb.mask
-            mb.logprob_mismatch = (gap.sum() / mb.mask.sum().clamp(min=1)).item()
-        if self.algo.kl.fn != "none":
-            with torch.no_grad():
-                ref_logprobs = self._token_logprobs(self._forward(self.reference, mb, self.temperature), mb.response_ids)
-            kl = aggregate(KL_FNS.get(self.algo.kl.fn)(logprobs, ref_logprobs), mb.mask, agg)
-            loss = loss + self.algo.kl.coef * kl
-            metrics["kl"] = kl.item()
-        return self._with_entropy(loss, metrics, logits, mb)
-
-    def _sft_loss(self, mb: MicroBatch) -> tuple[torch.Tensor, dict]:
-        logits = self._forward(self.policy, mb)
-        logprobs = self._token_logprobs(logits, mb.response_ids)
-        loss, metrics = POLICY_LOSSES.get("sft")(logprobs, mb.mask, self.algo.loss_agg_mode)
-        if self.spec.policy_loss == "mix":  # the policy part reports entropy; avoid mixing both in one number
-            return loss, metrics
-        return self._with_entropy(loss, metrics, logits, mb)
-
-    def _with_entropy(self, loss, metrics, logits, mb):
-        coef = self.algo.entropy_coef
-        with torch.no_grad() if coef == 0 else nullcontext():
-            entropy = aggregate(entropy_from_logits(logits), mb.mask, self.algo.loss_agg_mode)
-        metrics["entropy"] = entropy.item()
-        return loss - coef * entropy, metrics
-
     @torch.no_grad()
-    def _prepare_usual(self, mbs: list[MicroBatch]) -> None:
-        """logπ_old and advantages before any update: generation logprobs when every experience
-        has them (they are the behaviour policy's), else the current policy's; GAE for PPO."""
-        for mb in mbs:
-            if mb.advantages is None and self.critic is None:
-                raise ValueError("rollouts reached the trainer without advantages: the explorer's pipeline sets them")
-            if mb.old_logprobs is None:
-                mb.old_logprobs = self._token_logprobs(self._forward(self.policy, mb, self.temperature), mb.response_ids)
-            if self.critic is not None:
-                mb.old_values = self._values(mb)
-                token_rewards = torch.zeros_like(mb.mask)
-                last = (mb.mask.sum(-1) - 1).clamp(min=0).long()  # a sequence's reward lands on its last token
-                token_rewards[torch.arange(len(last)), last] = mb.rewards
-                mb.advantages, mb.returns = compute_gae(
-                    token_rewards, mb.old_values, mb.mask, self.algo.gae.gamma, self.algo.gae.lam
-                )
+    def _prepare(self, parts: list[tuple[str, list[MicroBatch]]]) -> None:
+        """What the losses read besides the policy, fixed before any update. Rollouts: logπ_old
+        (generation logprobs when every experience has them, they are the behaviour policy's;
+        else the current policy's) and advantages (GAE for PPO). The reference's log-probs where
+        a loss compares with it: preference pairs, and rollouts under a KL penalty."""
+        for part, mbs in parts:
+            for mb in mbs:
+                if part == USUAL:
+                    self._prepare_rollouts(mb)
+                if part == PAIRS or (part == USUAL and self.algo.kl.fn != "none"):
+                    reference = self._forward(self.reference, mb, self._temperature(part))
+                    mb.ref_logprobs = self._token_logprobs(reference, mb.response_ids)
+
+    def _prepare_rollouts(self, mb: MicroBatch) -> None:
+        if mb.advantages is None and self.critic is None:
+            raise ValueError("rollouts reached the trainer without advantages: the explorer's pipeline sets them")
+        if mb.old_logprobs is None:
+            mb.old_logprobs = self._token_logprobs(self._forward(self.policy, mb, self.temperature), mb.response_ids)
+        if self.critic is not None:
+            mb.old_values = self._values(mb)
+            token_rewards = torch.zeros_like(mb.mask)
+            last = (mb.mask.sum(-1) - 1).clamp(min=0).long()  # a sequence's reward lands on its last token
+            token_rewards[torch.arange(len(last)), last] = mb.rewards
+            mb.advantages, mb.returns = compute_gae(
+                token_rewards, mb.old_values, mb.mask, self.algo.gae.gamma, self.algo.gae.lam
+            )
 
     def _values(self, mb: MicroBatch) -> torch.Tensor:
         width_t = mb.response_ids.shape[1]
@@ -311,36 +323,15 @@ class Trainer:
         self.critic_optimizer.step()
         return metrics
 
-    def _update_dpo(self, pairs: list[PreferencePair]) -> dict:
-        """DPO over pairs: sequence logprob sums of chosen and rejected, against the reference."""
-        self.optimizer.zero_grad(set_to_none=True)
-        metrics, total_loss = {}, 0.0
-        pad_id = self.tokenizer.pad_token_id
-        for part in chunks(pairs, self.config.trainer.micro_batch_size):
-            share = len(part) / len(pairs)
-            chosen, rejected = zip(*(pair.as_experiences() for pair in part))
-            sides = [collate(list(side), pad_id, self.device) for side in (chosen, rejected)]
-            logps = [self._sequence_logprob(self.policy, mb) for mb in sides]
-            with torch.no_grad():
-                ref = [self._sequence_logprob(self.reference, mb) for mb in sides]
-            loss, mb_metrics = POLICY_LOSSES.get("dpo")(logps[0], logps[1], ref[0], ref[1], self.algo.dpo.beta)
-            (share * loss).backward()
-            total_loss += share * loss.item()
-            for key, value in mb_metrics.items():
-                metrics[key] = metrics.get(key, 0.0) + share * value
-        grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.config.trainer.grad_clip)
-        self.optimizer.step()
-        return metrics | {"loss": total_loss, "grad_norm": grad_norm.item(), "pairs": len(pairs)}
-
-    def _sequence_logprob(self, model, mb: MicroBatch) -> torch.Tensor:
-        return (self._token_logprobs(self._forward(model, mb), mb.response_ids) * mb.mask).sum(-1)
-
     def _batch_metrics(self, batch: TrainBatch, current_version: int, seconds: float) -> dict:
         experiences = batch.usual + batch.expert
         tokens = sum(len(e.prompt_ids) + len(e.response_ids) for e in experiences)
-        metrics = {"seconds": seconds, "tokens_per_s": tokens / seconds, "experiences": len(experiences)}
+        tokens += sum(2 * len(p.prompt_ids) + len(p.chosen_ids) + len(p.rejected_ids) for p in batch.pairs)
+        metrics = {"seconds": seconds, "tokens_per_s": tokens / seconds, "experiences": len(experiences) + 2 * len(batch.pairs)}
         if batch.expert:
             metrics["expert_experiences"] = len(batch.expert)
+        if batch.pairs:
+            metrics["pairs"] = len(batch.pairs)
         if batch.usual:
             n = len(batch.usual)
             metrics["reward_mean"] = sum(e.reward or 0.0 for e in batch.usual) / n

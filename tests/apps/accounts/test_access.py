@@ -6,6 +6,9 @@ from apps.runs.models import Run
 from apps.tasksets.models import Taskset
 
 
+PUBLIC = ("login", "logout", "favicon")  # the login page shows the icon too
+
+
 def all_page_urls(kwargs_for) -> list[str]:
     """Every URL the project serves outside the admin and login, with its parameters filled in."""
     urls = []
@@ -16,7 +19,7 @@ def all_page_urls(kwargs_for) -> list[str]:
                 if str(pattern.pattern).startswith(("admin/",)):
                     continue
                 walk(pattern.url_patterns, prefix + str(pattern.pattern))
-            elif isinstance(pattern, URLPattern) and pattern.name not in ("login", "logout"):
+            elif isinstance(pattern, URLPattern) and pattern.name not in PUBLIC:
                 route = prefix + str(pattern.pattern)
                 urls.append("/" + fill(route, kwargs_for))
 
@@ -52,6 +55,11 @@ def test_anonymous_users_are_sent_to_login_from_every_page(client, objects):
             continue
         assert response.status_code == 302, url
         assert response["Location"].startswith(reverse("login")), url
+
+
+def test_the_icon_is_public(client, db):
+    response = client.get("/favicon.ico")
+    assert response.status_code == 301 and response["Location"].endswith("favicon.svg")
 
 
 def test_anonymous_admin_goes_to_login(client, db):

@@ -105,3 +105,24 @@ def test_rewind_gives_back_what_lost_steps_consumed(run, task_ids):
     back = buffer.sample(10, sources=["rollout"])
     assert {e.id for e in back} == {e.id for e in late}
     assert all(e.use_count == 0 for e in back)
+
+
+def test_a_flag_made_while_a_step_holds_the_row_keeps_it_out_of_training(run, task_ids):
+    buffer = DjangoExperienceBuffer(run.pk)
+    buffer.write([rollout(t) for t in task_ids])
+    taken = buffer.sample(2, sources=["rollout"])
+    ExperienceRow.objects.filter(pk=taken[0].id).update(status=ExperienceRow.Status.REJECTED)  # the annotator's flag
+    buffer.mark_used(taken, consumed=True)
+    statuses = dict(ExperienceRow.objects.filter(pk__in=[e.id for e in taken]).values_list("pk", "status"))
+    assert statuses == {taken[0].id: "rejected", taken[1].id: "consumed"}
+    assert buffer.rewind(None) == 1  # a resumed run gives back the consumed row only
+    assert taken[0].id not in {e.id for e in buffer.sample(10, sources=["rollout"])}
+
+
+def test_a_fresh_human_edit_is_sampled_before_the_seeded_expert_rows(run, task_ids):
+    buffer = DjangoExperienceBuffer(run.pk)
+    buffer.write([replace(rollout(t), source="expert", group_id=f"expert-{t}") for t in task_ids])
+    edit = replace(rollout(task_ids[0], step=7), source="human_edit", logprobs=None)
+    buffer.write([edit])
+    [first] = buffer.sample(1, sources=["expert", "human_edit"])
+    assert first.source == "human_edit"

@@ -22,7 +22,7 @@ def connect(path, cookie=b""):
     return WebsocketCommunicator(application, path, headers=headers)
 
 
-def test_annotators_hear_items_taken_judged_and_new_experiences(client, make_experience, make_annotator, run):
+def test_annotators_hear_items_taken_judged_new_experiences_and_the_run_finishing(client, make_experience, make_annotator, run):
     watcher, worker = make_annotator("watcher"), make_annotator("worker")
     experience = make_experience()
     cookie = session_cookie(client, watcher)
@@ -38,6 +38,8 @@ def test_annotators_hear_items_taken_judged_and_new_experiences(client, make_exp
         heard.append(await ws.receive_json_from(timeout=5))
         await database_sync_to_async(run_services.set_progress)(run, explorer_step=7)
         heard.append(await ws.receive_json_from(timeout=5))
+        await database_sync_to_async(run_services.set_status)(run, "failed", error="boom")
+        heard.append(await ws.receive_json_from(timeout=5))
         await ws.disconnect()
         return heard
 
@@ -46,6 +48,7 @@ def test_annotators_hear_items_taken_judged_and_new_experiences(client, make_exp
         {"type": "taken", "experience": experience.pk, "user": "worker", "places_left": 0},
         {"type": "judged", "experience": experience.pk, "user": "worker"},
         {"type": "new_experiences", "explorer_step": 7},
+        {"type": "run_status", "status": "failed"},
     ]
 
 

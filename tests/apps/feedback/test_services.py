@@ -239,3 +239,78 @@ def test_the_queue_offers_what_the_trainer_has_not_taken_yet_first(make_experien
     assert services.next_item(run, annotator) == waiting  # a rating on it can still shape this run's training
     services.rate(waiting.pk, annotator, "3")
     assert services.next_item(run, annotator) == trained_on  # a running run's consumed items still count (agreement, pairs)
+
+
+def test_a_held_item_the_run_trained_on_is_not_handed_back_once_the_run_has_failed(make_experience, annotator, run):
+    held = make_experience(explorer_step=5)
+    waiting = make_experience(explorer_step=1)
+    assert services.next_item(run, annotator) == held
+    Experience.objects.filter(pk=held.pk).update(status="consumed")  # the trainer took it meanwhile
+    assert services.next_item(run, annotator) == held  # the run goes on: still open to judge
+    run.status = Run.Status.FAILED
+    run.save()
+    # The lock is still live, but a judgement would be refused: the queue moves on.
+    assert services.next_item(run, annotator) == waiting
+    services.rate(waiting.pk, annotator, "4")
+    assert services.next_item(run, annotator) is None
+    assert services.items_left(run, annotator) == 0
+
+
+def test_items_others_judged_do_not_hide_the_rest_of_the_queue(make_experience, annotator, make_annotator, run):
+    # More items than the queue looks at in one go are judged by someone else (one judge an item).
+    other = make_annotator("other")
+    judged = [make_experience(explorer_step=10) for _ in range(3 * services.CANDIDATES + 1)]
+    Feedback.objects.bulk_create([Feedback(experience=e, user=other, kind="rating", value=1.0) for e in judged])
+    left = make_experience(explorer_step=0)
+    assert services.items_left(run, annotator) == 1
+    assert services.next_item(run, annotator) == left
+
+
+def test_an_empty_queue_says_why(make_experience, annotator, make_annotator, run):
+    judged, skipped, flagged, trained, by_other = (make_experience() for _ in range(5))
+    services.rate(judged.pk, annotator, "3")
+    services.set_aside(skipped.pk, annotator, postpone=False)
+    services.flag(flagged.pk, make_annotator("flagger"), "wrong")
+    Experience.objects.filter(pk=trained.pk).update(status="consumed")
+    services.rate(by_other.pk, make_annotator("other"), "3")
+    assert services.next_item(run, annotator) == trained  # the run goes on: a trained-on item is still open
+    AnnotationLock.objects.all().delete()
+    run.status = Run.Status.COMPLETED
+    run.save()
+    assert services.next_item(run, annotator) is None
+    assert services.why_empty(run, annotator) == [
+        (1, "judged by you"), (1, "skipped by you"), (1, "flagged, so out of training"),
+        (1, "trained on before the run completed: no longer open to judge"), (1, "judged by or held by other annotators"),
+    ]
+
+
+def test_the_comparison_is_another_response_of_the_same_model_version_where_there_is_one(make_experience, run, tasks):
+    def answer(step, version, text, task=tasks[0], **fields):
+        return make_experience(task=task, explorer_step=step, model_version=version, response_text=text, **fields)
+
+    item = answer(9, 4, "4")
+    answer(0, 0, "an old answer")
+    answer(9, 4, "4")  # the same answer: nothing to choose between
+    answer(9, 4, "5", status="rejected")  # flagged: trains nothing
+    near = answer(7, 3, "a nearer answer")
+    assert services.choose_comparison(item) == near  # no other answer of version 4: the nearest version
+    same_version = answer(8, 4, "8")
+    assert services.choose_comparison(item) == same_version
+    same_step = answer(9, 4, "9")
+    assert services.choose_comparison(item) == same_step
+    make_experience(task=tasks[1], explorer_step=9, model_version=4)  # another prompt never compares
+    assert services.choose_comparison(answer(1, 0, "alone", task=tasks[2])) is None
+
+
+def test_the_scale_labels_its_anchor_points(run):
+    assert services.scale_labels(run) == [("1", "wrong"), ("2", "poor"), ("3", "partly right"), ("4", "good"), ("5", "perfect")]
+    run.config = {"feedback": {"scale_min": 0, "scale_max": 9}}
+    assert [label for _, label in services.scale_labels(run)] == ["wrong", *[""] * 8, "perfect"]
+
+
+def test_a_big_queue_is_counted_up_to_a_bound(make_experience, annotator, run, monkeypatch):
+    monkeypatch.setattr(services, "ITEMS_LEFT_COUNTED", 3)
+    for _ in range(5):
+        make_experience()
+    assert services.items_left(run, annotator) == 4
+    assert (services.items_left_label(4), services.items_left_label(3)) == ("3+", "3")

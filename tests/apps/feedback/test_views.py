@@ -4,6 +4,7 @@ from django.urls import reverse
 
 from apps.buffer.models import Experience
 from apps.feedback.models import AnnotationLock, Feedback
+from apps.runs.models import Run
 
 pytestmark = pytest.mark.django_db
 
@@ -89,8 +90,82 @@ def test_edit_compare_skip_from_the_page(annotator_client, make_experience, run)
     assert not AnnotationLock.objects.exists()
 
 
-def test_a_multi_turn_item_shows_its_conversation(annotator_client, make_experience):
-    messages = [{"role": "user", "content": "Go left."}, {"role": "assistant", "content": "I went left."}]
-    experience = make_experience(messages=messages)
+def test_a_multi_turn_item_shows_its_turns_as_the_response(annotator_client, make_experience):
+    messages = [
+        {"role": "user", "content": "Go left."}, {"role": "assistant", "content": "I went left."},
+        {"role": "user", "content": "You see a door."}, {"role": "assistant", "content": "I open it."},
+    ]
+    experience = make_experience(messages=messages, response_text="I went left.<eos>You see a door.<eos>I open it.")
     page = annotator_client.get(reverse("annotate-experience", args=[experience.pk])).content.decode()
-    assert "Conversation" in page and "I went left." in page and 'class="trajectory"' in page
+    assert page.count("Go left.") == 1 and page.count("I open it.") == 2 and 'class="trajectory"' in page
+    # Besides the turns, the raw response is only the editor's starting text, hidden until the annotator edits.
+    assert page.count("I went left.&lt;eos&gt;You see a door.") == 1 and 'id="edit-form" hidden' in page
+
+
+def test_the_item_shows_its_context_once(annotator_client, make_experience, run, tasks):
+    run.config = {"feedback": {"rubric": "Correct and short wins."}}
+    run.save()
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": tasks[2].prompt},
+                {"role": "assistant", "content": "response number 0"}]
+    experience = make_experience(task=tasks[2], messages=messages, prompt_text=f"<s>user {tasks[2].prompt}")
+    html = annotator_client.get(reverse("annotate-experience", args=[experience.pk])).content.decode()
+    assert html.count(tasks[2].prompt) == 1 and "<s>user" not in html  # the conversation's turns, not the template's text
+    assert "Be brief." in html
+    # The response once on show; the editor holds a copy but is hidden until the annotator edits.
+    assert html.count("response number 0") == 2 and '<form method="post" action="/annotate/experience/' in html
+    assert 'id="edit-form" hidden' in html
+    assert 'id="answer">4<' in html and "Reference answer" in html
+    assert 'id="rubric">Correct and short wins.<' in html
+    for point, label in [("1", "wrong"), ("3", "partly right"), ("5", "perfect")]:
+        assert f'data-key="{point}"><kbd>{point}</kbd><small>{label}</small>' in html
+    tasks[2].answer = ""
+    tasks[2].save()
+    html = annotator_client.get(reverse("annotate-experience", args=[experience.pk])).content.decode()
+    assert "Reference answer" not in html
+
+
+def test_an_item_that_can_no_longer_be_judged_offers_no_judgements(annotator_client, make_experience, run):
+    experience = make_experience(status="consumed")
+    run.status = Run.Status.FAILED
+    run.save()
+    html = annotator_client.get(reverse("annotate-experience", args=[experience.pk])).content.decode()
+    assert "already trained on and its run is failed" in html and 'id="next"' in html
+    assert 'data-panel="rate"' not in html and "annotate-rate" not in html and 'id="skip"' not in html
+
+
+def test_a_finished_runs_empty_queue_says_why_and_waits_for_nothing(annotator_client, make_experience, run):
+    make_experience(status="consumed")
+    run.status = Run.Status.FAILED
+    run.save()
+    start(annotator_client, run)
+    html = annotator_client.get(reverse("annotate-next")).content.decode()
+    assert "has failed: it writes no more experiences" in html
+    assert "1 trained on before the run failed: no longer open to judge" in html
+    assert "data-socket" not in html and 'id="live"' not in html
+
+
+def test_the_start_page_says_what_each_run_has_left_to_judge(annotator_client, make_experience, run, researcher):
+    make_experience()
+    finished = Run.objects.create(name="done", owner=researcher, config={}, status=Run.Status.COMPLETED)
+    make_experience(run=finished, status="consumed")
+    html = annotator_client.get(reverse("annotate-start")).content.decode()
+    assert f'<option value="{run.pk}">r (running · 1 to judge so far)</option>' in html
+    assert f'<option value="{finished.pk}" disabled>done (completed · nothing left to judge)</option>' in html
+
+
+@pytest.mark.slow  # imports transformers
+def test_showing_an_item_starts_loading_the_runs_tokenizer_for_the_first_edit(annotator_client, make_experience, run):
+    from apps.feedback import services
+
+    run.config = {"model": {"path": "tiny"}}
+    run.save()
+    services._loaded_tokenizer.cache_clear()
+    services._tokenizers_asked.clear()
+    experience = make_experience()
+    annotator_client.get(reverse("annotate-experience", args=[experience.pk]))
+    assert services._tokenizers_asked == {"tiny"}  # loading on a thread of its own
+    # An edit at once waits for the load under way (two threads importing transformers at once fail).
+    response = annotator_client.post(reverse("annotate-edit", args=[experience.pk]), {"text": "The answer is 4."})
+    assert response.status_code == 302
+    assert services._loaded_tokenizer.cache_info().currsize == 1
+    assert Experience.objects.get(parent=experience).response_ids[-1] == services._tokenizer("tiny").eos_token_id

@@ -1,5 +1,6 @@
 """The dashboard pages: runs list, run page and its controls, live snapshot, rollouts, compare, downloads."""
 
+import gzip
 import io
 import json
 import tarfile
@@ -11,6 +12,7 @@ from django.urls import reverse
 from apps.buffer.models import Experience
 from apps.runs import services
 from apps.runs.models import Checkpoint, MetricPoint, Run
+from apps.runs.views import PLOTLY_VERSION
 
 Status = Run.Status
 
@@ -103,10 +105,77 @@ def test_run_page_has_the_charts_the_socket_and_the_run(researcher_client, make_
     html = response.content.decode()
     page = json.loads(html.split('id="run-page-data" type="application/json">')[1].split("</script>")[0])
     assert page["ws_path"] == f"/ws/runs/{run.pk}/" and page["live_url"] == reverse("run-live", args=[run.pk])
-    assert 'id="charts"' in html and reverse("plotly-js") in html
+    assert 'id="charts"' in html and f'{reverse("plotly-js")}?v={PLOTLY_VERSION}' in html
     assert "CUDA out of memory" in html and "total_steps: 10" in html
     assert reverse("checkpoint-download", args=[run.pk, 3]) in html
     assert f'href="/runs/{run.pk}/rollouts/"' in html
+    assert '<span class="live-dot" id="live-dot">connecting</span>' in html
+
+
+def page_data(response) -> dict:
+    html = response.content.decode()
+    return json.loads(html.split('id="run-page-data" type="application/json">')[1].split("</script>")[0])
+
+
+def test_key_figures_start_with_held_out_accuracy_when_the_run_evaluates(researcher_client, make_run):
+    run = make_run(status=Status.RUNNING, config={"explorer": {"eval_interval": 10}, "trainer": {"total_steps": 50}})
+    response = researcher_client.get(reverse("run-detail", args=[run.pk]))
+    figures = page_data(response)["figures"]
+    assert [figure["id"] for figure in figures] == ["heldout", "reward", "step", "throughput"]
+    heldout = figures[0]
+    assert heldout["candidates"][:2] == [
+        ["eval/accuracy", "Held-out accuracy"], ["eval/exact_match", "Held-out accuracy"]
+    ]
+    assert heldout["candidates"][-1] == ["eval/reward", "Eval reward"]
+    assert heldout["pending"] == "evaluated every 10 explorer steps"
+    # The charts the page shows first: held-out score, then train reward, each from its first candidate.
+    assert page_data(response)["overview"] == [
+        [chart for chart, _ in heldout["candidates"]], [chart for chart, _ in figures[1]["candidates"]]
+    ]
+    html = response.content.decode()
+    # In that order on the page, above the charts; the step is the run's own counter.
+    assert html.index('data-figure="heldout"') < html.index('data-figure="reward"') < html.index('data-figure="step"')
+    assert html.index('data-figure="throughput"') < html.index('id="charts"')
+    assert '<span data-state="trainer_step">0</span><span class="of"> / 50</span>' in html
+
+
+def test_a_run_without_eval_has_no_held_out_figure_and_one_that_only_trains_shows_its_loss(researcher_client, make_run):
+    explore = make_run("plain", config={"trainer": {"total_steps": 10}})
+    assert [f["id"] for f in page_data(researcher_client.get(reverse("run-detail", args=[explore.pk])))["figures"]] == [
+        "reward", "step", "throughput"
+    ]
+    # Eval points make it appear even when the config does not say (an older run, a bench run).
+    MetricPoint.objects.create(run=explore, role="eval", step=0, values={"reward_mean": 0.5})
+    assert page_data(researcher_client.get(reverse("run-detail", args=[explore.pk])))["figures"][0]["id"] == "heldout"
+    sft = make_run("sft", mode=Run.Mode.TRAIN, config={"algorithm": {"name": "sft"}, "trainer": {"total_steps": 10}})
+    reward = page_data(researcher_client.get(reverse("run-detail", args=[sft.pk])))["figures"][0]
+    assert reward["candidates"][-1] == ["trainer/loss", "Train loss"]
+
+
+@pytest.mark.parametrize("status", [Status.COMPLETED, Status.FAILED, Status.STOPPED])
+def test_the_live_dot_of_a_finished_run_says_how_it_finished(researcher_client, make_run, status):
+    run = make_run(status=status)
+    response = researcher_client.get(reverse("run-detail", args=[run.pk]))
+    assert f'<span class="live-dot finished" id="live-dot">{status}</span>' in response.content.decode()
+    assert set(page_data(response)["finished_statuses"]) == {"stopped", "completed", "failed"}
+
+
+@pytest.mark.parametrize(
+    "trainer, says",
+    [
+        ({}, "one is saved every 5 min, and at the end; the newest 3 are kept"),
+        (
+            {"save_interval": 50, "save_interval_s": 90, "keep_checkpoints": 1},
+            "one is saved every 50 trainer steps and every 1.5 min, and at the end; the newest 1 is kept",
+        ),
+        ({"save_interval_s": 30}, "one is saved every 30 s, and at the end; the newest 3 are kept"),
+        ({"save_interval": 0, "save_interval_s": 0}, "one is saved only at the end; the newest 3 are kept"),
+    ],
+)
+def test_the_empty_checkpoint_table_says_when_checkpoints_come(researcher_client, make_run, trainer, says):
+    run = make_run(config={"trainer": {"total_steps": 10, **trainer}})
+    html = researcher_client.get(reverse("run-detail", args=[run.pk])).content.decode()
+    assert f"No checkpoints yet: {says}." in html
 
 
 def control_forms(html: str) -> dict[str, bool]:
@@ -348,10 +417,26 @@ def test_compare_without_runs_invites_a_pick(researcher_client, make_run):
     assert response.context["series"] == [] and "Pick two or more runs" in response.content.decode()
 
 
-def test_plotly_comes_from_the_installed_package(researcher_client):
-    response = researcher_client.get(reverse("plotly-js"), HTTP_ACCEPT_ENCODING="gzip")
+def test_plotly_is_the_vendored_basic_bundle_compressed_and_cached_for_good(researcher_client):
+    from apps.runs.views import PLOTLY_JS
+
+    response = researcher_client.get(reverse("plotly-js"), {"v": PLOTLY_VERSION}, HTTP_ACCEPT_ENCODING="gzip, br")
     assert response.status_code == 200 and response["Content-Type"].startswith("text/javascript")
-    assert "immutable" in response["Cache-Control"] and response["Content-Encoding"] == "gzip"
+    assert "immutable" in response["Cache-Control"] and "Accept-Encoding" in response["Vary"]
+    assert response["Content-Encoding"] == "gzip"
+    assert gzip.decompress(response.content) == PLOTLY_JS.read_bytes()
+    assert len(response.content) < 500_000  # the full bundle is 1.4 MB compressed
+    plain = researcher_client.get(reverse("plotly-js"), HTTP_ACCEPT_ENCODING="identity")
+    assert "Content-Encoding" not in plain and b"".join(plain.streaming_content) == PLOTLY_JS.read_bytes()
+
+
+def test_the_favicon_is_served_to_anyone(client):
+    from django.contrib.staticfiles import finders
+
+    response = client.get("/favicon.ico")  # not logged in
+    assert response.status_code == 301 and response["Location"] == "/static/favicon.svg"
+    assert open(finders.find("favicon.svg")).read().startswith("<svg")
+    assert '<link rel="icon" href="/static/favicon.svg"' in client.get(reverse("login")).content.decode()
 
 
 def test_home_shows_recent_runs(researcher_client, make_run):

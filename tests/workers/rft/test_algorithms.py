@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from workers.rft.algorithms import (
-    ADVANTAGE_FNS, ALGORITHMS, KL_FNS, POLICY_LOSSES, aggregate, compute_gae, dpo, entropy_from_logits, grpo,
-    mix, ppo, reinforce_plus_plus, resolve, rloo, sft, value_loss, zero_std_mask,
+    ADVANTAGE_FNS, ALGORITHMS, EXPERT, KL_FNS, PAIRS, POLICY_LOSSES, USUAL, LossInputs, aggregate, compute_gae, dpo,
+    entropy_from_logits, grpo, mix, ppo, reinforce_plus_plus, resolve, rloo, sft, value_loss, zero_std_mask,
 )
-from workers.rft.config import RunConfig
+from workers.rft.config import AlgorithmConfig, RunConfig
 from workers.rft.registry import Registry
 
 
@@ -145,6 +145,7 @@ def test_aggregation_rejects_unknown_mode():
 
 
 # ---- policy losses ------------------------------------------------------------------------------
+# One signature for all: loss_fn(logprobs, LossInputs(...), algorithm config) -> (loss, metrics).
 
 # ratios 1.5, 0.5, 1.1 (and a masked 4th token with a wild ratio that must not count)
 OLD = torch.zeros(1, 4)
@@ -155,13 +156,34 @@ def new_logprobs():
     return torch.tensor([[math.log(1.5), math.log(0.5), math.log(1.1), 5.0]], requires_grad=True)
 
 
+def algo(**values) -> AlgorithmConfig:
+    return RunConfig.from_dict({"algorithm": values, "buffer": {"expert_taskset": "gold"}}).algorithm
+
+
+def rollouts(advantages, old=OLD, mask=PPO_MASK, **extra) -> LossInputs:
+    return LossInputs(mask=mask, part=USUAL, old_logprobs=old, advantages=advantages, **extra)
+
+
+def test_every_policy_loss_takes_one_signature_and_refuses_parts_it_cannot_train_on():
+    import inspect
+
+    for name in POLICY_LOSSES:
+        assert list(inspect.signature(POLICY_LOSSES.get(name)).parameters) == ["logprobs", "inputs", "algo"], name
+    with pytest.raises(ValueError, match="policy loss 'ppo' trains on usual rows, not on expert rows"):
+        ppo(torch.zeros(1, 2), LossInputs(mask=torch.ones(1, 2), part=EXPERT), algo())
+    with pytest.raises(ValueError, match="policy loss 'sft' trains on expert rows, not on usual rows"):
+        sft(torch.zeros(1, 2), LossInputs(mask=torch.ones(1, 2)), algo(name="sft"))
+    with pytest.raises(ValueError, match="policy loss 'dpo' trains on pairs rows"):
+        dpo(torch.zeros(2, 2), LossInputs(mask=torch.ones(2, 2), part=EXPERT), algo(name="dpo"))
+
+
 def test_ppo_positive_advantage():
     # A = 1, clip .2: per token max(-r, -clip(r, .8, 1.2)) = max(-1.5,-1.2), max(-.5,-.8), max(-1.1,-1.1)
     # = [-1.2, -.5, -1.1] -> mean -0.9333333; clipping wins only on token 0 -> clip_frac 1/3
     # approx_kl = mean(r - 1 - ln r) = (.0945349 + .1931472 + .0046898)/3 = .0974573; ratio_mean 3.1/3
     logprobs = new_logprobs()
-    loss, metrics = ppo(logprobs, OLD, torch.tensor([1.0]), PPO_MASK, 0.2, 0.2, "token-mean")
-    assert loss.item() == pytest.approx(-0.9333333)
+    loss, metrics = ppo(logprobs, rollouts(torch.tensor([1.0])), algo(clip_range=0.2))
+    assert loss.item() == pytest.approx(-0.9333333) and metrics["policy_loss"] == pytest.approx(-0.9333333)
     assert metrics["clip_frac"] == pytest.approx(1 / 3)
     assert metrics["approx_kl"] == pytest.approx(0.0974573, abs=1e-6)
     assert metrics["ratio_mean"] == pytest.approx(1.0333333)
@@ -172,7 +194,7 @@ def test_ppo_positive_advantage():
 
 def test_ppo_negative_advantage_clips_the_other_side():
     # A = -1: max(1.5, 1.2), max(.5, .8), max(1.1, 1.1) = [1.5, .8, 1.1] -> 1.1333333; token 1 clipped
-    loss, metrics = ppo(new_logprobs(), OLD, torch.full((1, 4), -1.0), PPO_MASK, 0.2, 0.2, "token-mean")
+    loss, metrics = ppo(new_logprobs(), rollouts(torch.full((1, 4), -1.0)), algo(clip_range=0.2))
     assert loss.item() == pytest.approx(1.1333333)
     assert metrics["clip_frac"] == pytest.approx(1 / 3)
 
@@ -180,43 +202,78 @@ def test_ppo_negative_advantage_clips_the_other_side():
 def test_ppo_separate_low_and_high_clip():
     # A = 1, low .1, high .3: clip(r, .9, 1.3) = [1.3, .9, 1.1] -> max(-1.5,-1.3), max(-.5,-.9), -1.1
     # = [-1.3, -.5, -1.1] -> -0.9666667
-    loss, _ = ppo(new_logprobs(), OLD, torch.tensor([1.0]), PPO_MASK, 0.1, 0.3, "token-mean")
+    loss, _ = ppo(new_logprobs(), rollouts(torch.tensor([1.0])), algo(clip_range_low=0.1, clip_range_high=0.3))
     assert loss.item() == pytest.approx(-0.9666667)
 
 
 def test_ppo_on_policy_has_no_clipping_and_zero_kl():
-    loss, metrics = ppo(torch.zeros(2, 3), torch.zeros(2, 3), torch.tensor([2.0, -1.0]), torch.ones(2, 3), 0.2, 0.2)
+    inputs = rollouts(torch.tensor([2.0, -1.0]), old=torch.zeros(2, 3), mask=torch.ones(2, 3))
+    loss, metrics = ppo(torch.zeros(2, 3), inputs, algo())
     # ratio 1 everywhere: loss = mean of -A over tokens = (-2·3 + 1·3)/6 = -0.5
     assert loss.item() == pytest.approx(-0.5)
-    assert metrics == {"clip_frac": 0.0, "approx_kl": 0.0, "ratio_mean": 1.0}
+    assert metrics == {"policy_loss": -0.5, "clip_frac": 0.0, "approx_kl": 0.0, "ratio_mean": 1.0}
+
+
+def test_ppo_adds_the_kl_penalty_and_the_entropy_bonus():
+    # On policy (ratio 1), A = 1 on both tokens: surrogate -1. d = logp - ref = [.5, -1] (the KL
+    # cases below): k2 token-mean (.125 + .5)/2 = .3125, times coef .2 = .0625.
+    # Uniform logits over 4: entropy ln 4 = 1.3862944 per token, times coef .1 = .1386294.
+    # -1 + .0625 - .1386294 = -1.0761294
+    logp = torch.tensor([[-1.0, -2.0]])
+    inputs = rollouts(torch.tensor([1.0]), old=logp, mask=torch.ones(1, 2), ref_logprobs=torch.tensor([[-1.5, -1.0]]),
+                      logits=torch.zeros(1, 2, 4))
+    loss, metrics = ppo(logp, inputs, algo(kl={"fn": "k2", "coef": 0.2}, entropy_coef=0.1))
+    assert loss.item() == pytest.approx(-1.0761294)
+    assert metrics["policy_loss"] == pytest.approx(-1.0) and metrics["kl"] == pytest.approx(0.3125)
+    assert metrics["entropy"] == pytest.approx(1.3862944)
+    # kl.fn none: no penalty, no metric, though reference log-probs are given
+    loss, metrics = ppo(logp, inputs, algo(entropy_coef=0.1))
+    assert loss.item() == pytest.approx(-1.1386294) and "kl" not in metrics
 
 
 def test_sft_is_masked_negative_log_likelihood():
     logprobs = -LOSS  # so -logp is LOSS: the aggregation cases above carry over
-    assert sft(logprobs, MASK, "token-mean")[0].item() == pytest.approx(7 / 3)
-    loss, metrics = sft(logprobs, MASK, "seq-mean-token-sum")
+    expert = LossInputs(mask=MASK, part=EXPERT)
+    assert sft(logprobs, expert, algo(name="sft"))[0].item() == pytest.approx(7 / 3)
+    loss, metrics = sft(logprobs, expert, algo(name="sft", loss_agg_mode="seq-mean-token-sum"))
     assert loss.item() == pytest.approx(3.5) and metrics == {"sft_loss": pytest.approx(3.5)}
+
+
+def pair_rows(chosen, rejected, ref_chosen, ref_rejected):
+    """Sequence log-probs as one-token rows: chosen rows first, then rejected ones (dpo's layout)."""
+    policy = torch.tensor(chosen + rejected)[:, None]
+    reference = torch.tensor(ref_chosen + ref_rejected)[:, None]
+    return policy, LossInputs(mask=torch.ones_like(policy), part=PAIRS, ref_logprobs=reference)
 
 
 def test_dpo_by_hand():
     # pair 0: (−1 − −1.5) − (−3 − −2.5) = 1   -> logit .1;  pair 1: (−2 − −2) − (−1 − −1.5) = −.5 -> −.05
     # loss = mean(ln(1 + e^−.1), ln(1 + e^.05)) = mean(.6443967, .7184597) = .6814282
-    loss, metrics = dpo(
-        torch.tensor([-1.0, -2.0]), torch.tensor([-3.0, -1.0]),
-        torch.tensor([-1.5, -2.0]), torch.tensor([-2.5, -1.5]), beta=0.1,
-    )
+    loss, metrics = dpo(*pair_rows([-1.0, -2.0], [-3.0, -1.0], [-1.5, -2.0], [-2.5, -1.5]), algo(name="dpo", dpo={"beta": 0.1}))
     assert loss.item() == pytest.approx(0.6814282)
     assert metrics["dpo_acc"] == 0.5 and metrics["dpo_margin"] == pytest.approx(0.025)
     # no preference learned yet: ln 2
-    assert dpo(*(torch.zeros(3),) * 4, beta=0.5)[0].item() == pytest.approx(0.6931472)
+    zeros = pair_rows([0.0] * 3, [0.0] * 3, [0.0] * 3, [0.0] * 3)
+    assert dpo(*zeros, algo(name="dpo", dpo={"beta": 0.5}))[0].item() == pytest.approx(0.6931472)
+    # the first case again, as two-token rows: a sequence's log-prob is the sum over its kept
+    # tokens ([-.5, -.5] is -1; the masked -9 and -7 do not count)
+    policy = torch.tensor([[-0.5, -0.5], [-2.0, -9.0], [-1.0, -2.0], [-1.0, -9.0]])
+    inputs = LossInputs(mask=torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0], [1.0, 0.0]]), part=PAIRS,
+                        ref_logprobs=torch.tensor([[-1.0, -0.5], [-2.0, -7.0], [-2.5, 0.0], [-1.5, 0.0]]))
+    assert dpo(policy, inputs, algo(name="dpo", dpo={"beta": 0.1}))[0].item() == pytest.approx(0.6814282)
 
 
-def test_mix_interpolates_between_policy_and_sft():
-    policy_loss, _ = ppo(new_logprobs(), OLD, torch.tensor([1.0]), PPO_MASK, 0.2, 0.2)
-    sft_loss, _ = sft(-LOSS, MASK)
-    assert mix(policy_loss, sft_loss, 0.0).item() == pytest.approx(-0.9333333)  # pure policy
-    assert mix(policy_loss, sft_loss, 1.0).item() == pytest.approx(7 / 3)  # pure SFT
-    assert mix(torch.tensor(2.0), torch.tensor(4.0), 0.25).item() == pytest.approx(2.5)  # .75·2 + .25·4
+def test_mix_weights_ppo_on_rollouts_and_sft_on_expert_data():
+    # mu .25: the rollouts' part is .75 · ppo (-0.9333333, the case above) = -0.7; the expert part
+    # .25 · NLL (7/3, the aggregation case) = 0.5833333; metrics report each term unweighted.
+    mixed = algo(name="mix", mix={"mu": 0.25}, clip_range=0.2)
+    policy_part, metrics = mix(new_logprobs(), rollouts(torch.tensor([1.0])), mixed)
+    assert policy_part.item() == pytest.approx(-0.7) and metrics["policy_loss"] == pytest.approx(-0.9333333)
+    expert_part, metrics = mix(-LOSS, LossInputs(mask=MASK, part=EXPERT), mixed)
+    assert expert_part.item() == pytest.approx(0.5833333) and metrics == {"sft_loss": pytest.approx(7 / 3)}
+    # mu 0: pure policy; mu 1: pure SFT
+    assert mix(new_logprobs(), rollouts(torch.tensor([1.0])), algo(name="mix", mix={"mu": 0.0}))[0].item() == pytest.approx(-0.9333333)
+    assert mix(-LOSS, LossInputs(mask=MASK, part=EXPERT), algo(name="mix", mix={"mu": 1.0}))[0].item() == pytest.approx(7 / 3)
 
 
 # ---- KL, entropy, value loss --------------------------------------------------------------------
@@ -271,7 +328,8 @@ def test_gradients_flow_through_a_full_policy_step():
     logprobs = torch.log_softmax(logits, -1).gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     old = logprobs.detach() + 0.05
     adv, _ = grpo(torch.tensor([1.0, 0.0]), [0, 0])
-    loss, _ = ppo(logprobs, old, adv, mask, 0.2, 0.28, "seq-mean-token-mean")
+    loss, _ = ppo(logprobs, rollouts(adv, old=old, mask=mask),
+                  algo(clip_range_low=0.2, clip_range_high=0.28, loss_agg_mode="seq-mean-token-mean"))
     loss = loss + 0.1 * aggregate(KL_FNS.get("low_var_kl")(logprobs, old - 0.1), mask, "token-mean")
     loss = loss - 0.01 * aggregate(entropy_from_logits(logits), mask, "token-mean")
     loss.backward()
@@ -287,6 +345,7 @@ def test_presets():
     assert ALGORITHMS["ppo"].needs_critic and ALGORITHMS["dpo"].needs_reference
     assert not ALGORITHMS["sft"].uses_rollouts and ALGORITHMS["sft"].uses_expert
     assert ALGORITHMS["mix"].sample_strategy == "mix" and ALGORITHMS["mix"].uses_rollouts
+    assert ALGORITHMS["dpo"].sample_strategy == "pairs"
 
 
 def test_resolve_applies_overrides():

@@ -129,6 +129,10 @@ def test_unknown_keys_suggest_the_closest():
     ({"explorer": {"top_p": 0}}, "explorer.top_p", "must be > 0 and <= 1, got 0.0"),
     ({"buffer": {"max_staleness": -1}}, "buffer.max_staleness", "must be >= 0, got -1"),
     ({"mode": "serve"}, "mode", "'serve' is not one of: both, explore, train, bench"),
+    ({"synchronizer": {"method": "nccl"}}, "synchronizer.method", "'nccl' is not available yet: use memory or checkpoint"),
+    ({"synchronizer": {"method": "ray"}}, "synchronizer.method", "'ray' is not one of: memory, checkpoint"),
+    ({"explorer": {"workflow": "singleturn"}}, "explorer.workflow",
+     "'singleturn' is not one of: multi_turn, single_turn, tool_calling; did you mean 'single_turn'?"),
     ({"algorithm": {"kl": {"fn": "k4"}}}, "algorithm.kl.fn", "'k4' is not one of: k1, k2, k3, low_var_kl, none"),
     ({"algorithm": {"loss_agg_mode": "token_mean"}}, "algorithm.loss_agg_mode",
      "'token_mean' is not one of: token-mean, seq-mean-token-mean, seq-mean-token-sum; did you mean 'token-mean'?"),
@@ -155,6 +159,19 @@ def test_field_errors(data, key, message):
     ({"algorithm": {"name": "sft", "advantage_fn": "grpo"}}, "algorithm.advantage_fn", "'sft' uses no advantages"),
     ({"algorithm": {"name": "sft", "policy_loss": "ppo"}}, "algorithm.policy_loss", "cannot replace the 'sft' loss"),
     ({"algorithm": {"policy_loss": "dpo"}}, "algorithm.policy_loss", "'dpo' cannot replace the 'ppo' loss"),
+    # sft reads no reward: on an RL algorithm it would imitate the model's own rollouts
+    ({"algorithm": {"policy_loss": "sft"}}, "algorithm.policy_loss",
+     "'sft' cannot replace the 'ppo' loss of algorithm 'grpo': it reads no reward"),
+    ({"algorithm": {"name": "mix", "policy_loss": "ppo"}, "buffer": {"expert_taskset": "gold"}}, "algorithm.policy_loss",
+     "algorithm 'mix' samples expert data, which 'ppo' cannot train on (use algorithm 'grpo')"),
+    ({"algorithm": {"name": "sft", "policy_loss": "mix"}, "buffer": {"expert_taskset": "gold"}}, "algorithm.policy_loss",
+     "it trains on rollouts, and algorithm 'sft' collects none"),
+    ({"algorithm": {"name": "sft", "kl": {"fn": "k3"}}}, "algorithm.kl.fn",
+     "'k3' estimates the KL from the policy's own samples (rollouts), and algorithm 'sft' trains on none"),
+    ({"algorithm": {"kl": {"coef": 0.1}}}, "algorithm.kl.coef", "has no effect with algorithm.kl.fn 'none'"),
+    ({"algorithm": {"name": "dpo", "entropy_coef": 0.01}}, "algorithm.entropy_coef", "the 'dpo' loss has no entropy bonus"),
+    ({"algorithm": {"name": "sft"}, "feedback": {"reward_mode": "weight"}}, "feedback.reward_mode",
+     "'weight' turns ratings into rewards, and algorithm 'sft' trains on no rewards"),
     ({"mode": "bench", "synchronizer": {"method": "checkpoint"}}, "buffer.eval_taskset", "required by mode 'bench'"),
     ({"explorer": {"eval_interval": 10}}, "buffer.eval_taskset", "required when explorer.eval_interval > 0"),
 ])
@@ -167,6 +184,10 @@ def test_combinations_that_are_fine():
     RunConfig.from_dict({"algorithm": {"name": "sft", "repeat_times": 1}})  # no groups: one rollout is fine
     RunConfig.from_dict({"algorithm": {"name": "ppo", "repeat_times": 1}})
     RunConfig.from_dict({"algorithm": {"name": "mix"}, "buffer": {"expert_taskset": "gold"}})
+    for rl in ("grpo", "ppo", "rloo", "reinforce_plus_plus"):  # MIX's loss on any RL algorithm: + SFT on expert data
+        RunConfig.from_dict({"algorithm": {"name": rl, "policy_loss": "mix"}, "buffer": {"expert_taskset": "gold"}})
+    RunConfig.from_dict({"algorithm": {"name": "sft", "policy_loss": "sft"}})  # the preset's own loss, named
+    RunConfig.from_dict({"algorithm": {"kl": {"fn": "k3"}}})  # coef 0: the KL is logged, not penalised
     RunConfig.from_dict({"mode": "train", "algorithm": {"name": "dpo"}, "synchronizer": {"method": "checkpoint"}})
     RunConfig.from_dict({"synchronizer": {"interval": 2, "offset": 2}})
     RunConfig.from_dict({"synchronizer": {"interval": 1, "offset": 4}, "buffer": {"max_staleness": 2}})  # async

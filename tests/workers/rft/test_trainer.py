@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from workers.rft.algorithms import POLICY_LOSSES
 from workers.rft.experience import Experience, PreferencePair
 from workers.rft.memory import InMemoryBuffer, InMemoryMetrics
 from workers.rft.models import load_critic, load_policy, load_reference
@@ -165,6 +166,39 @@ def test_mix_batches_blend_expert_data_at_the_configured_ratio(tiny_path, tokeni
     out = trainer.train_step()
     assert out["experiences"] == 8 and out["expert_experiences"] == 2
     assert {"policy_loss", "sft_loss", "entropy"} <= out.keys()
+
+
+def test_a_mix_step_trains_on_rollouts_with_logprobs_and_a_human_edit_without(tiny_path, tokenizer):
+    """The edit's "no generation logprobs" is None (a person wrote it); before, an edit stored with
+    [] crashed collate. Now [] with tokens is refused where the experience is made."""
+    batch = rollouts(tokenizer, 4)
+    for exp in batch:
+        exp.logprobs = [-0.5] * len(exp.response_ids)
+    edit = experience(tokenizer, 2, 3, source="human_edit")
+    assert edit.logprobs is None
+    trainer = make_trainer(
+        tiny_path, tokenizer, batch + [edit], algorithm={"name": "mix", "mix": {"mu": 0.5, "expert_data_ratio": 0.5}},
+        buffer={"expert_taskset": "x"}, trainer={"batch_size": 4},
+    )
+    edit_before = response_logprob(trainer.policy, tokenizer, edit)
+    out = trainer.train_step()
+    assert out["experiences"] == 5 and out["expert_experiences"] == 1
+    assert out["sft_loss"] > 0 and out["ratio_mean"] != pytest.approx(1.0)  # the rollouts' own logπ_old
+    assert response_logprob(trainer.policy, tokenizer, edit) > edit_before  # imitated
+    assert trainer.buffer.sample(10, sources=["human_edit"])[0].use_count == 1
+    with pytest.raises(ValueError, match=r"experience logprobs has 0 entries for \d+ response tokens.*None, not \[\]"):
+        Experience(**{**vars(edit), "logprobs": []})
+
+
+def test_the_policy_loss_is_the_one_the_config_names(tiny_path, tokenizer):
+    """grpo with policy_loss 'mix' trains with MIX's loss (SFT on expert data beside the rollouts);
+    before, the trainer called 'ppo' by a fixed name whatever the config said."""
+    expert = [experience(tokenizer, a, 1, source="expert") for a in range(4)]
+    trainer = make_trainer(tiny_path, tokenizer, rollouts(tokenizer, 4) + expert, algorithm={"policy_loss": "mix"},
+                           buffer={"expert_taskset": "x"}, trainer={"batch_size": 4})
+    assert trainer.loss_fn is POLICY_LOSSES.get("mix")
+    out = trainer.train_step()
+    assert {"policy_loss", "sft_loss"} <= out.keys() and out["expert_experiences"] == 1
 
 
 def test_staleness_limit_skips_old_rollouts(tiny_path, tokenizer):

@@ -8,7 +8,9 @@ class AlgorithmSpec:
     policy_loss: str
     needs_reference: bool = False
     needs_critic: bool = False
-    sample_strategy: str = "default"  # 'mix': trainer batches blend usual and expert experiences
+    # How a trainer batch is drawn (sampling.SAMPLE_STRATEGIES): 'default' the algorithm's kind of
+    # data, 'mix' usual and expert experiences blended, 'pairs' preference pairs.
+    sample_strategy: str = "default"
     uses_rollouts: bool = True
     uses_expert: bool = False
 
@@ -19,7 +21,7 @@ ALGORITHMS = {
     "rloo": AlgorithmSpec("rloo", "ppo"),
     "reinforce_plus_plus": AlgorithmSpec("reinforce_plus_plus", "ppo"),
     "sft": AlgorithmSpec(None, "sft", uses_rollouts=False, uses_expert=True),
-    "dpo": AlgorithmSpec(None, "dpo", needs_reference=True, uses_rollouts=False, uses_expert=True),
+    "dpo": AlgorithmSpec(None, "dpo", needs_reference=True, sample_strategy="pairs", uses_rollouts=False, uses_expert=True),
     "mix": AlgorithmSpec("grpo", "mix", sample_strategy="mix", uses_expert=True),
 }
 

@@ -1,8 +1,12 @@
+from pathlib import Path
+
 from django.core.management.base import BaseCommand, CommandError
 from tqdm import tqdm
 
 from apps.tasksets.importers import FORMATS, FieldMapping, TasksetImportError
-from apps.tasksets.services import DEFAULT_REWARD_FN, DEFAULT_WORKFLOW, IMPORT_BATCH_SIZE, import_taskset
+from apps.tasksets.services import (
+    DEFAULT_REWARD_FN, DEFAULT_WORKFLOW, IMPORT_BATCH_SIZE, check_new_taskset_name, import_taskset,
+)
 
 
 class Command(BaseCommand):
@@ -13,9 +17,11 @@ class Command(BaseCommand):
         parser.add_argument("--name", required=True, help="name of the new taskset (a slug)")
         parser.add_argument("--format", choices=FORMATS, help="default: from the file's extension")
         parser.add_argument(
-            "--prompt-field", required=True, help="column or key holding the prompt (text or chat messages)"
+            "--prompt-field", default="prompt", help="column or key holding the prompt (text or chat messages); default: prompt"
         )
-        parser.add_argument("--answer-field", required=True, help="column or key holding the ground-truth answer")
+        parser.add_argument(
+            "--answer-field", default="answer", help="column or key holding the ground-truth answer; default: answer"
+        )
         parser.add_argument(
             "--metadata-field",
             action="append",
@@ -37,6 +43,10 @@ class Command(BaseCommand):
             metadata=options["metadata_fields"],
             difficulty=options["difficulty_field"],
         )
+        try:  # before the progress bar: a taken name is reported alone, not under an empty bar
+            check_new_taskset_name(options["name"], Path(options["file"]).name)
+        except TasksetImportError as exc:
+            raise CommandError(str(exc)) from None
         with tqdm(total=0, unit="B", unit_scale=True, desc=options["name"], disable=options["verbosity"] == 0) as bar:
 
             def show_progress(progress):

@@ -1,0 +1,265 @@
+"""Resuming a failed or stopped run, and who holds a run's roles: services, controls, API, command.
+
+The worker side (a resumed run training from its checkpoint) is in tests/workers/test_tasks.py and
+tests/journeys/test_recovery.py."""
+import os
+import socket
+import subprocess
+import sys
+from contextlib import contextmanager
+from datetime import timedelta
+
+import pytest
+from django.core.exceptions import PermissionDenied
+from django.core.management import call_command
+from django.core.management.base import CommandError
+from django.urls import reverse
+from django.utils import timezone
+
+from apps.runs import services
+from apps.runs.api import token_for
+from apps.runs.controls import control_run, control_statuses
+from apps.runs.live import publisher
+from apps.runs.models import Checkpoint, MetricPoint, Run
+
+Status = Run.Status
+ERROR = "loop failed: RuntimeError: boom\n\nTraceback ..."
+
+
+def beat(worker="w1", seconds_ago=0.0, **extra) -> dict:
+    return {"at": (timezone.now() - timedelta(seconds=seconds_ago)).isoformat(), "worker": worker, **extra}
+
+
+@pytest.fixture
+def after_commit(django_capture_on_commit_callbacks):
+    """Runs what a change leaves for after its commit: the start_run a resume queues (worker_queue
+    records it) and the live updates (sent now, while this test's database is still there)."""
+
+    @contextmanager
+    def committed():
+        with django_capture_on_commit_callbacks(execute=True):
+            yield
+        publisher.flush()
+
+    return committed
+
+
+@pytest.fixture
+def failed_run(make_run):
+    run = make_run(status=Status.FAILED, error=ERROR, trainer_step=7, explorer_step=8,
+                   heartbeats={"loop": beat(ended=timezone.now().isoformat())}, finished_at=timezone.now())
+    Checkpoint.objects.create(run=run, version=4, step=4, path="/data/runs/x/checkpoints/step_4")
+    Checkpoint.objects.create(run=run, version=6, step=6, path="/data/runs/x/checkpoints/step_6")
+    return run
+
+
+def test_a_failed_run_is_queued_again_from_its_newest_checkpoint(failed_run, worker_queue, after_commit):
+    with after_commit():
+        services.resume_run(failed_run)
+    run = Run.objects.get(pk=failed_run.pk)
+    assert run.status == Status.QUEUED and run.finished_at is None
+    assert run.error == ""  # the page no longer shows it as current...
+    (resume,) = run.resumes  # ...it is history
+    assert resume["after"] == "failed" and resume["error"] == ERROR and resume["checkpoint"] == {"version": 6, "step": 6}
+    assert run.heartbeats == {}  # the dead worker's role blocks nobody
+    assert run.trainer_step == 7 and run.explorer_step == 8  # same run: its progress is kept
+    assert worker_queue == [run.pk]  # start_run, once the resume committed
+    assert services.describe_resume(run, "failed") == f"run {run.pk} resumes from checkpoint v6 (trainer step 6)"
+
+
+def test_a_stopped_run_without_a_checkpoint_starts_again_from_step_0(make_run, worker_queue, after_commit):
+    run = make_run(status=Status.STOPPED, trainer_step=2)
+    with after_commit():
+        services.resume_run(run)
+    assert run.status == Status.QUEUED and run.resumes[0]["checkpoint"] is None
+    assert "no checkpoint yet: it starts again from step 0" in services.describe_resume(run, "stopped")
+    assert worker_queue == [run.pk]
+
+
+def test_a_paused_run_carries_on_in_place(make_run, worker_queue, after_commit):
+    run = make_run(status=Status.PAUSED)
+    with after_commit():
+        services.resume_run(run)
+    run.refresh_from_db()
+    assert run.status == Status.RUNNING and run.resumes == [] and worker_queue == []
+    assert services.describe_resume(run, "paused") == f"run {run.pk} carries on where it was paused"
+
+
+@pytest.mark.parametrize("status", [Status.QUEUED, Status.STARTING, Status.RUNNING, Status.STOPPING, Status.COMPLETED])
+def test_only_paused_failed_or_stopped_runs_resume(make_run, worker_queue, status):
+    run = make_run(status=status)
+    with pytest.raises(services.InvalidTransition, match=f"is {status}: only a paused, failed or stopped run"):
+        services.resume_run(run)
+    assert Run.objects.get(pk=run.pk).status == status and worker_queue == []
+
+
+def test_resume_waits_for_a_worker_that_still_holds_a_role(failed_run, worker_queue, settings):
+    # Split roles: the trainer failed; the explorer's worker is still finishing its step.
+    Run.objects.filter(pk=failed_run.pk).update(heartbeats={"trainer": beat("t", ended="x"), "explorer": beat("e", seconds_ago=1)})
+    with pytest.raises(services.InvalidTransition, match="worker e still holds its explorer role"):
+        services.resume_run(failed_run)
+    assert Run.objects.get(pk=failed_run.pk).status == Status.FAILED and worker_queue == []
+    # A worker silent for longer than the timeout is dead: it holds nothing.
+    Run.objects.filter(pk=failed_run.pk).update(heartbeats={"explorer": beat("e", seconds_ago=settings.RFTWEB_HEARTBEAT_TIMEOUT + 1)})
+    services.resume_run(failed_run)
+    assert failed_run.status == Status.QUEUED
+
+
+def test_the_resume_control_is_offered_on_paused_failed_and_stopped_runs(failed_run, make_run, curator, worker_queue):
+    assert set(control_statuses()["resume"]) == {"paused", "failed", "stopped"}
+    other = make_run("other", status=Status.FAILED, owner=curator)
+    with pytest.raises(PermissionDenied, match="only the owner"):
+        control_run(other, "resume", failed_run.owner)
+    control_run(failed_run, "resume", curator)  # curators control every run
+    assert Run.objects.get(pk=failed_run.pk).status == Status.QUEUED
+
+
+def test_api_resume(client, failed_run, make_run, researcher, worker_queue):
+    headers = {"HTTP_AUTHORIZATION": f"Bearer {token_for(researcher)}"}
+    response = client.post(reverse("api-run-resume", args=[failed_run.pk]), **headers)
+    assert response.status_code == 200, response.content
+    body = response.json()
+    assert body["status"] == "queued" and body["error"] == ""
+    assert body["message"] == f"run {failed_run.pk} resumes from checkpoint v6 (trainer step 6)"
+    assert body["resumes"][0]["error"] == ERROR
+    done = make_run("done", status=Status.COMPLETED)
+    refused = client.post(reverse("api-run-resume", args=[done.pk]), **headers)
+    assert refused.status_code == 409 and refused.json() == {
+        "error": "cannot resume run 'done': it is completed", "status": "completed"
+    }
+
+
+def test_the_snapshot_of_a_resumed_run_shows_no_stale_error(researcher_client, failed_run, worker_queue):
+    snapshot = lambda: researcher_client.get(reverse("run-live", args=[failed_run.pk])).json()["run"]  # noqa: E731
+    assert snapshot()["error"] == ERROR
+    services.resume_run(failed_run)
+    assert snapshot()["status"] == "queued" and snapshot()["error"] == ""
+
+
+def test_rft_resume_command(failed_run, worker_queue, capsys):
+    call_command("rft_resume", str(failed_run.pk))
+    assert capsys.readouterr().out.strip() == f"run {failed_run.pk} resumes from checkpoint v6 (trainer step 6)"
+    with pytest.raises(CommandError, match=f"run {failed_run.pk} is queued: only a paused, failed or stopped run"):
+        call_command("rft_resume", str(failed_run.pk))
+    with pytest.raises(CommandError, match="no run with id 999"):
+        call_command("rft_resume", "999")
+
+
+def test_replayed_steps_replace_their_metrics(make_run):
+    run = make_run(status=Status.RUNNING)
+    first = services.record_metrics(run, "trainer", 3, {"loss": 1.0})
+    replayed = services.record_metrics(run, "trainer", 3, {"loss": 0.9})
+    assert list(run.metrics.values_list("step", "values")) == [(3, {"loss": 0.9})]
+    assert MetricPoint.objects.get().time == replayed.time > first.time  # when the step was last recorded
+
+
+# ---- who holds a role ----------------------------------------------------------------------------
+
+
+def test_claim_role_refuses_a_live_holder_and_inactive_runs(make_run, settings):
+    timeout = settings.RFTWEB_HEARTBEAT_TIMEOUT
+    run = make_run(status=Status.RUNNING, heartbeats={"loop": beat("w1")})
+    assert not services.claim_role(run, "loop", "w2", timeout)  # w1 beats
+    assert services.claim_role(run, "loop", "w1", timeout)  # its own role again
+    run.heartbeats = {"loop": beat("w1", seconds_ago=timeout + 1)}
+    run.save()
+    assert services.claim_role(run, "loop", "w2", timeout)  # w1 fell silent
+    run.refresh_from_db()
+    assert services.holder(run, "loop") == "w2"
+    assert services.release_role(run, "loop", "w2")
+    assert services.claim_role(run, "loop", "w3", timeout)  # let go: anyone may take it
+    for status in (Status.QUEUED, Status.FAILED, Status.STOPPED):
+        stopped = make_run(f"r-{status}", status=status)
+        assert not services.claim_role(stopped, "loop", "w1", timeout)
+        assert Run.objects.get(pk=stopped.pk).heartbeats == {}
+
+
+def test_a_worker_of_this_machine_whose_process_is_gone_holds_nothing(make_run, settings):
+    """Its heartbeat need not expire: a killed worker's task, redelivered, is served at once."""
+    exited = subprocess.Popen([sys.executable, "-c", "pass"])
+    exited.wait()
+    dead, alive = f"{socket.gethostname()}:{exited.pid}", f"{socket.gethostname()}:{os.getpid()}"
+    assert services.process_is_gone(dead) and not services.process_is_gone(alive)
+    assert not services.process_is_gone(f"elsewhere:{exited.pid}")  # another machine's: unknown
+    run = make_run(status=Status.RUNNING, heartbeats={"loop": beat(dead)})
+    assert services.holder(run, "loop") == dead  # by name it still is the holder...
+    assert services.workers_holding(run) == {}  # ...but not a live one
+    assert services.claim_role(run, "loop", alive, settings.RFTWEB_HEARTBEAT_TIMEOUT)
+
+
+def test_a_worker_whose_role_was_taken_stops_beating(make_run, settings):
+    run = make_run(status=Status.RUNNING, heartbeats={"loop": beat("old")})
+    assert services.heartbeat(run, "loop", "old")
+    services.hand_over(run, "loop", limit=3)
+    assert not services.heartbeat(run, "loop", "old")  # it learns it lost the role...
+    assert services.claim_role(run, "loop", "new", settings.RFTWEB_HEARTBEAT_TIMEOUT)  # ...the new task takes it
+    assert not services.release_role(run, "loop", "old", error="late failure")  # nor can it fail the run
+    run.refresh_from_db()
+    assert run.status == Status.RUNNING and run.error == "" and services.holder(run, "loop") == "new"
+
+
+def test_a_worker_checks_it_still_holds_its_role_at_every_step(make_run):
+    from workers.tasks import RoleLost, wait_while_paused
+
+    run = make_run(status=Status.RUNNING, heartbeats={"loop": beat("me")})
+    assert wait_while_paused(run, "loop", "me") == Status.RUNNING
+    services.hand_over(run, "loop", limit=3)  # the watchdog took me for dead
+    with pytest.raises(RoleLost, match="worker me no longer holds the loop role"):
+        wait_while_paused(run, "loop", "me")
+
+
+def test_a_failing_worker_lets_go_and_fails_the_run_at_once(make_run):
+    run = make_run(status=Status.RUNNING, heartbeats={"loop": beat("w1")})
+    assert services.release_role(run, "loop", "w1", error=ERROR)
+    assert run.status == Status.FAILED and run.error == ERROR and services.workers_holding(run) == {}
+
+
+def test_stop_is_immediate_when_no_worker_holds_the_run(make_run, settings):
+    held = make_run("held", status=Status.RUNNING)
+    assert services.stop_run(held).status == Status.STOPPING  # its worker stops within a step
+    with pytest.raises(services.InvalidTransition, match="already stopping"):
+        services.stop_run(held)
+    dead = make_run("dead", status=Status.RUNNING, heartbeats={"loop": beat(seconds_ago=settings.RFTWEB_HEARTBEAT_TIMEOUT + 1)})
+    assert services.stop_run(dead).status == Status.STOPPED  # its worker died: nobody to ask
+
+
+def test_the_watchdog_stops_a_stopping_run_whose_workers_died(make_run, settings):
+    from workers.tasks import watchdog
+
+    silent = beat(seconds_ago=settings.RFTWEB_HEARTBEAT_TIMEOUT + 1)
+    config = {"mode": "both", "synchronizer": {"method": "memory"}, "trainer": {"total_steps": 10}}
+    dying = make_run("dying", status=Status.STOPPING, config=config, heartbeats={"loop": silent})
+    alive = make_run("alive", status=Status.STOPPING, config=config)
+    assert watchdog() == []
+    assert Run.objects.get(pk=dying.pk).status == Status.STOPPED
+    assert Run.objects.get(pk=alive.pk).status == Status.STOPPING  # its worker stops it
+
+
+def test_the_watchdog_fails_a_run_whose_worker_keeps_dying(make_run, settings):
+    """Each hand-over without a new trainer step counts; past RFTWEB_MAX_HANDOVERS the run fails,
+    and its user resumes it."""
+    from workers.tasks import watchdog
+
+    settings.RFTWEB_MAX_HANDOVERS = 2
+    config = {"mode": "both", "synchronizer": {"method": "memory"}, "trainer": {"total_steps": 10}}
+    run = make_run(status=Status.RUNNING, config=config, trainer_step=5, heartbeats={"loop": beat("w1")})
+    assert services.hand_over(run, "loop", limit=2)
+    services.claim_role(run, "loop", "w2", settings.RFTWEB_HEARTBEAT_TIMEOUT)
+    assert services.hand_over(run, "loop", limit=2)  # w2 died at the same step: the second in a row
+    run.refresh_from_db()
+    assert run.heartbeats["loop"]["handovers"] == 2
+    Run.objects.filter(pk=run.pk).update(heartbeats={"loop": {**run.heartbeats["loop"], "worker": "w3", "at": beat(seconds_ago=999)["at"]}})
+    assert watchdog() == []  # the third: the run fails instead
+    run.refresh_from_db()
+    assert run.status == Status.FAILED
+    assert run.error == (
+        "loop failed: its worker w3 stopped beating (killed? out of memory?) at trainer step 5, and the "
+        "watchdog hands a role on at most 2 time(s) in a row without progress. "
+        "Resume the run to continue from its last checkpoint."
+    )
+    # Progress resets the count.
+    progressed = make_run("progressed", status=Status.RUNNING, trainer_step=9,
+                          heartbeats={"loop": beat("w1", handovers=2, handed_over_at_step=5)})
+    assert services.hand_over(progressed, "loop", limit=2)
+    progressed.refresh_from_db()
+    assert progressed.heartbeats["loop"]["handovers"] == 1

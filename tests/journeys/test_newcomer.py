@@ -1,0 +1,134 @@
+"""A newcomer runs `manage.py demo` (what `make demo` runs), logs in and watches the demo run learn.
+
+Both ways the README offers: embedded (no DATABASE_URL / REDIS_URL: SQLite, the worker on a
+thread of the server, in-memory channels) and the full stack (Postgres, Redis, the Celery worker
+and beat the demo command starts). The server is the product's own process, started as a person
+starts it, on a fresh data dir and a fresh database. What the newcomer checks: the demo run is on
+the dashboard, its page shows the held-out accuracy in the first screen, and that accuracy rises.
+"""
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psycopg
+import pytest
+import redis
+
+from tests.e2e.conftest import CHROMIUM, CHROMIUM_ARGS, _free_port, _wait_for_port
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO_RUN = "demo: tiny model learns addition (MIX)"
+LEARNING_TIMEOUT_S = 900  # held-out accuracy rises within ~40 steps: 2-4 minutes on 2 busy cores
+ADMIN_DB = "postgres://postgres@localhost:5432/postgres"
+REDIS_DB = "redis://localhost:6379/12"  # the tests' own server uses /14
+
+
+def newcomer_env(data_dir: Path, **extra) -> dict:
+    """A shell's environment, without what the test settings put into this process."""
+    env = {
+        key: value for key, value in os.environ.items()
+        if not key.startswith(("DATABASE_URL", "REDIS_URL", "RFTWEB_", "DJANGO_", "DB_CONN"))
+    }
+    return env | {"DEBUG": "1", "RFTWEB_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1"} | extra
+
+
+@pytest.fixture(params=["embedded", "full-stack"])
+def demo(request, tmp_path):
+    """`manage.py demo` on a free port; yields (base URL, server log)."""
+    env = newcomer_env(tmp_path / "data")
+    database = None
+    if request.param == "full-stack":
+        database = f"rftweb_journey_{uuid.uuid4().hex[:8]}"
+        with psycopg.connect(ADMIN_DB, autocommit=True) as admin:
+            admin.execute(f'CREATE DATABASE "{database}"')
+        redis.Redis.from_url(REDIS_DB).flushdb()
+        env |= {"DATABASE_URL": f"postgres://postgres@localhost:5432/{database}", "REDIS_URL": REDIS_DB}
+    port = _free_port()
+    log_path = tmp_path / "demo.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "manage.py", "demo", f"127.0.0.1:{port}"],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    try:
+        _wait_for_port(port, proc, log_path, timeout=180)
+        yield f"http://127.0.0.1:{port}", log_path
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # the demo command stops its worker and beat with it
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        if database:
+            with psycopg.connect(ADMIN_DB, autocommit=True) as admin:
+                admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+            redis.Redis.from_url(REDIS_DB).flushdb()
+
+
+def held_out_accuracy(page, run_url: str) -> list[float]:
+    """The run's eval series as the page's own snapshot serves it."""
+    snapshot = page.request.get(f"{run_url}live.json").json()
+    assert not snapshot["run"]["error"], snapshot["run"]["error"]
+    assert snapshot["run"]["status"] in ("queued", "starting", "running", "completed"), snapshot["run"]["status"]
+    return [point["values"]["reward_mean"] for point in snapshot["metrics"].get("eval", [])]
+
+
+def wait_until(predicate, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(1)
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_newcomer_watches_the_demo_run_learn(demo, tmp_path):
+    from playwright.sync_api import expect, sync_playwright
+
+    base_url, log_path = demo
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        page = browser.new_page(base_url=base_url, viewport={"width": 1366, "height": 768})
+        try:
+            page.goto("/")
+            page.wait_for_url(re.compile(r"/accounts/login/"))
+            page.get_by_label("Username").fill("demo")
+            page.get_by_label("Password").fill("demo")
+            page.get_by_role("button", name="Log in").click()
+            page.get_by_role("link", name=DEMO_RUN).first.click()
+            page.wait_for_url(re.compile(r"/runs/\d+/$"))
+            run_url = page.url
+
+            # The figure the README says to watch is in the first screen, not below the charts.
+            figure = page.locator('[data-figure="heldout"]')
+            expect(figure.locator(".label")).to_have_text(re.compile("held-out accuracy", re.I))
+            box = figure.bounding_box()
+            assert box["y"] + box["height"] <= 768, box
+
+            deadline = time.monotonic() + LEARNING_TIMEOUT_S
+            while True:
+                accuracy = held_out_accuracy(page, run_url)
+                if len(accuracy) >= 2 and max(accuracy[1:]) >= accuracy[0] + 0.1:
+                    break
+                assert time.monotonic() < deadline, f"held-out accuracy did not rise: {accuracy}"
+                time.sleep(5)
+            # ...and the page shows the climb live, without a reload: its figure is the newest
+            # stored value, above where it started.
+            def shown() -> float:
+                text = figure.locator(".value").text_content()
+                return float(text) if re.fullmatch(r"\d\.\d+", text or "") else -1.0
+
+            wait_until(lambda: shown() >= accuracy[0] + 0.1
+                       and round(shown(), 3) in {round(v, 3) for v in held_out_accuracy(page, run_url)}, 60)
+        except BaseException:
+            page.screenshot(path=tmp_path / "page.png", full_page=True)
+            print(log_path.read_text()[-5000:])
+            raise
+        finally:
+            browser.close()

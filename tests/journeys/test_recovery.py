@@ -1,0 +1,201 @@
+"""Failure and recovery: a run's worker is SIGKILLed mid-run, and the run still finishes, with
+every trainer step exactly once.
+
+The stack is the product's own processes, started as an operator starts them: a Celery worker and
+Celery beat (whose watchdog looks after runs) on the test database and Redis. The run checkpoints
+by time (`trainer.save_interval_s`), as the default config does, only more often.
+
+(a) An operator's supervisor restarts the dead worker; the watchdog hands the run over to it and
+    it trains on from the last checkpoint. Measured: seconds lost to the killed worker, from the
+    kill to the first trainer step recorded again (printed; run with -s).
+(b) A deployment that lets people decide (RFTWEB_MAX_HANDOVERS=0): the run fails, naming the dead
+    worker; its user resumes it with `manage.py rft_resume RUN --wait`, which continues from the
+    newest checkpoint.
+
+What the seconds lost are made of: restarting the worker, the watchdog's next tick
+(RFTWEB_WATCHDOG_INTERVAL: 2 s here, 30 s by default), loading the model and replaying the steps
+since the checkpoint. The watchdog sees at once that a worker of its own machine is gone; one on
+another machine is presumed dead after RFTWEB_HEARTBEAT_TIMEOUT (6 s in tests, 120 s by default).
+"""
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+
+from apps.buffer.models import Experience
+from apps.runs import services
+from apps.runs.models import MetricPoint, Run
+from apps.tasksets.models import Task, Taskset
+from tests.support import service_env, wait_for
+from workers.rft import datasets
+
+pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+ROOT = Path(__file__).resolve().parents[2]
+TASKS, REPEATS, STEPS = 4, 4, 8
+
+
+def make_taskset(name="arith", n=40):
+    taskset = Taskset.objects.create(name=name, task_count=n)
+    Task.objects.bulk_create(
+        Task(taskset=taskset, index=i, prompt=row["prompt"], answer=row["answer"], metadata=row["metadata"])
+        for i, row in enumerate(datasets.generate("arithmetic", n, seed=0, max_operand=9))
+    )
+
+
+def config() -> dict:
+    return {
+        "model": {"path": "tiny"},
+        "algorithm": {"name": "grpo", "repeat_times": REPEATS},
+        "explorer": {"batch_size": TASKS, "max_new_tokens": 8},
+        # A checkpoint at the first step 2 s after the last one; the default is 300 s.
+        "trainer": {"lr": 1e-3, "micro_batch_size": 16, "total_steps": STEPS, "save_interval": 0, "save_interval_s": 2},
+        "buffer": {"taskset": "arith"},
+    }
+
+
+class Stack:
+    """The worker and beat processes of one test; whatever is left is killed at the end."""
+
+    def __init__(self, tmp_path: Path, **env):
+        self.tmp_path, self.env, self.procs = tmp_path, service_env(RFTWEB_WATCHDOG_INTERVAL="2", **env), []
+
+    def start(self, *args, ready: str) -> subprocess.Popen:
+        log_path = self.tmp_path / f"{args[0]}-{uuid.uuid4().hex[:6]}.log"
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "celery", "-A", "rftweb", *args], cwd=ROOT, env=self.env,
+                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs.append(proc)
+        wait_for(lambda: ready in log_path.read_text() or proc.poll() is not None, timeout=90, what=f"celery {args[0]}")
+        assert proc.poll() is None, log_path.read_text()
+        return proc
+
+    def worker(self) -> subprocess.Popen:
+        name = f"recovery-{uuid.uuid4().hex[:8]}@localhost"
+        return self.start("worker", "-Q", "default,train,explore", "-c", "1", "-n", name,
+                          "--without-gossip", "--without-mingle", "-l", "info", ready="ready.")
+
+    def beat(self) -> subprocess.Popen:
+        return self.start("beat", "-s", str(self.tmp_path / "beat-schedule"), "-l", "info", ready="beat: Starting")
+
+    def stop(self):
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+
+
+@pytest.fixture
+def stack(tmp_path):
+    from rftweb.celery import app
+
+    app.control.purge()
+    stacks = []
+
+    def make(**env):
+        stacks.append(Stack(tmp_path, **env))
+        return stacks[-1]
+
+    yield make
+    for made in stacks:
+        made.stop()
+
+
+def sigkill(proc: subprocess.Popen) -> datetime:
+    """kill -9 the worker and its pool child, mid-step; returns when."""
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    return datetime.now(timezone.utc)
+
+
+def run_row(run: Run) -> Run:
+    return Run.objects.get(pk=run.pk)
+
+
+def kill_mid_run(worker, run) -> tuple[datetime, int]:
+    """Once a checkpoint exists and the run has trained past it, kill its worker."""
+    wait_for(lambda: run.checkpoints.exists() and run_row(run).trainer_step > run.checkpoints.order_by("-step")[0].step,
+             what="training past a checkpoint")
+    killed_at = sigkill(worker)
+    trained = run_row(run).trainer_step
+    assert trained < STEPS, "the run finished before the kill: nothing was tested"
+    return killed_at, trained
+
+
+def assert_each_step_once(run: Run) -> None:
+    """What the person checks on the finished run: steps 1..N, each trained once, on each explorer
+    step's rollouts, stored once."""
+    run.refresh_from_db()
+    assert run.status == "completed", run.error
+    trainer_steps = list(run.metrics.filter(role="trainer").order_by("step").values_list("step", flat=True))
+    assert trainer_steps == list(range(1, STEPS + 1)), f"missing or repeated trainer steps: {trainer_steps}"
+    assert not run.metrics.filter(role="trainer", values__skipped=1).exists()  # every replayed step found its data
+    keys = list(Experience.objects.filter(run=run, source="rollout").values_list("explorer_step", "task_id", "rollout_index"))
+    assert len(keys) == len(set(keys)), "a rollout was stored twice"
+    per_step = Counter(step for step, _, _ in keys)
+    assert sorted(per_step) == list(range(len(per_step))) and set(per_step.values()) == {TASKS * REPEATS}
+    assert Experience.objects.filter(run=run, status="consumed").count() == STEPS * TASKS * REPEATS
+
+
+def test_a_killed_worker_is_replaced_by_the_watchdog_and_the_run_completes(researcher, stack):
+    make_taskset()
+    processes = stack()
+    worker = processes.worker()
+    processes.beat()
+    run = services.launch_run(researcher, "survives a kill", config())
+    killed_at, trained = kill_mid_run(worker, run)
+
+    processes.worker()  # the supervisor brings the worker back
+    worker_back = (datetime.now(timezone.utc) - killed_at).total_seconds()
+    first_again = wait_for(
+        lambda: MetricPoint.objects.filter(run=run, role="trainer", time__gt=killed_at).order_by("time").first(),
+        timeout=180, what="training again after the kill",
+    )
+    seconds_lost = (first_again.time - killed_at).total_seconds()
+    resumed_from = run.checkpoints.filter(step__lt=first_again.step).order_by("-step").first()
+    print(
+        f"\nseconds lost to a killed worker: {seconds_lost:.1f} s (the new worker ready after {worker_back:.1f} s; "
+        f"killed at trainer step {trained}, resumed from checkpoint step {resumed_from.step if resumed_from else 0}, "
+        f"step {first_again.step} recorded again; watchdog every 2 s)"
+    )
+    wait_for(lambda: run_row(run).is_finished, what="completion after the hand-over")
+    assert_each_step_once(run)
+    assert run.resumes == []  # handed over, not resumed by anyone
+    assert seconds_lost < 120
+
+
+def test_a_run_whose_worker_died_fails_and_its_user_resumes_it(researcher, stack):
+    make_taskset()
+    processes = stack(RFTWEB_MAX_HANDOVERS="0")
+    worker = processes.worker()
+    processes.beat()
+    run = services.launch_run(researcher, "resumed by its user", config())
+    kill_mid_run(worker, run)
+    processes.worker()  # back, but the watchdog leaves the run to its user
+    wait_for(lambda: run_row(run).status == "failed", timeout=120, what="the watchdog to fail the run")
+    run.refresh_from_db()
+    assert run.error.startswith("loop failed: its worker ") and "stopped beating (killed? out of memory?)" in run.error
+    assert run.error.endswith("Resume the run to continue from its last checkpoint.")
+    newest = run.checkpoints.order_by("-step").first()
+
+    # What the user types, as the error says.
+    resumed = subprocess.run(
+        [sys.executable, "manage.py", "rft_resume", str(run.pk), "--wait"],
+        cwd=ROOT, env=processes.env, capture_output=True, text=True, timeout=600,
+    )
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    lines = resumed.stdout.splitlines()
+    assert lines[0] == f"run {run.pk} resumes from checkpoint v{newest.version} (trainer step {newest.step})"
+    assert lines[-1].startswith(f"run {run.pk} 'resumed by its user': completed  trainer {STEPS}/{STEPS}")
+    assert_each_step_once(run)
+    assert run.error == ""  # no stale error on the finished run...
+    (resume,) = run.resumes  # ...it is in its history
+    assert resume["after"] == "failed" and "stopped beating" in resume["error"]
+    assert resume["checkpoint"] == {"version": newest.version, "step": newest.step}
