@@ -186,14 +186,17 @@ def run_live(request, pk):
 @role_required(RESEARCHER)
 def run_control(request, pk, action):
     run = get_object_or_404(Run, pk=pk)
+    was = run.status
     try:
         control_run(run, action, request.user)  # PermissionDenied: 403
     except services.InvalidTransition as err:
         messages.error(request, str(err))
     else:
-        messages.success(
-            request, {"pause": "Paused", "resume": "Resumed", "stop": "Stopping"}[action] + f" {run.name}."
-        )
+        if action == "resume":
+            said = services.describe_resume(run, was)
+            messages.success(request, said[0].upper() + said[1:] + ".")
+        else:
+            messages.success(request, {"pause": "Paused", "stop": "Stopping"}[action] + f" {run.name}.")
     return redirect("run-detail", pk=pk)
 
 

@@ -448,3 +448,14 @@ def test_api_token_page(researcher_client, researcher):
     from apps.runs.api import token_for
 
     assert token_for(researcher) in researcher_client.get(reverse("api-token")).content.decode()
+
+
+def test_resuming_a_failed_run_from_the_page_says_where_it_continues(researcher_client, make_run):
+    from apps.runs.models import Checkpoint
+
+    run = make_run(status=Status.FAILED, error="loop failed: boom")
+    Checkpoint.objects.create(run=run, version=2, step=10, path="runs/x/checkpoints/step_10")
+    response = researcher_client.post(reverse("run-resume", args=[run.pk]), follow=True)
+    run.refresh_from_db()
+    assert run.status == Status.QUEUED and run.error == ""
+    assert messages_of(response) == [f"Run {run.pk} resumes from checkpoint v2 (trainer step 10)."]
