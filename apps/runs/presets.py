@@ -18,14 +18,15 @@ PRESETS = {
     "quick-demo": Preset(
         "Quick demo",
         "A tiny random model learns single-digit addition with MIX (GRPO on its own answers + SFT on "
-        "expert ones): held-out accuracy climbs from 0 to about 0.5 in a few minutes on a CPU.",
+        "expert ones): held-out accuracy climbs from 0 past 0.5 within a minute and to about 0.9 in "
+        "1,000 steps (4 minutes on 2 CPU cores), time enough to watch it and to annotate as it trains.",
         {
             "mode": "both",
             "model": {"path": "tiny"},
             "algorithm": {"name": "mix", "repeat_times": 8, "mix": {"mu": 0.5, "expert_data_ratio": 0.5}},
             # The same run as tests/workers/rft/test_learning.py (no chat template: half the tokens).
             "explorer": {"batch_size": 8, "max_new_tokens": 4, "use_chat_template": False, "eval_interval": 10},
-            "trainer": {"lr": 1e-3, "total_steps": 150, "micro_batch_size": 64, "save_interval": 50},
+            "trainer": {"lr": 1e-3, "total_steps": 1000, "micro_batch_size": 64, "save_interval": 50},
             "buffer": {"taskset": "addition", "expert_taskset": "addition", "eval_taskset": "addition-eval"},
         },
     ),

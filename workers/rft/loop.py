@@ -54,7 +54,7 @@ def memory_stores(config, echo=None) -> Stores:
     buffer = config.buffer
     return Stores(
         task_source=InMemoryTaskSource.from_spec(buffer.taskset),
-        buffer=InMemoryBuffer(),
+        buffer=InMemoryBuffer(config),
         metrics=InMemoryMetrics(echo),
         eval_source=InMemoryTaskSource.from_spec(buffer.eval_taskset) if buffer.eval_taskset else None,
         expert_source=InMemoryTaskSource.from_spec(buffer.expert_taskset) if buffer.expert_taskset else None,
