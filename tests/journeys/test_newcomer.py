@@ -1,10 +1,13 @@
-"""A newcomer runs `manage.py demo` (what `make demo` runs), logs in and watches the demo run learn.
+"""A newcomer runs `manage.py demo` (what `make demo` runs), logs in, watches the demo run learn,
+annotates while it trains, stops it and resumes it.
 
 Both ways the README offers: embedded (no DATABASE_URL / REDIS_URL: SQLite, the worker on a
 thread of the server, in-memory channels) and the full stack (Postgres, Redis, the Celery worker
 and beat the demo command starts). The server is the product's own process, started as a person
 starts it, on a fresh data dir and a fresh database. What the newcomer checks: the demo run is on
-the dashboard, its page shows the held-out accuracy in the first screen, and that accuracy rises.
+the dashboard, its page shows the held-out accuracy in the first screen, and that accuracy rises;
+a rating and an edit by keyboard are saved and the run trains on the edit; a stopped run resumes
+from its checkpoint with every trainer step once.
 """
 import os
 import re
@@ -14,6 +17,8 @@ import sys
 import time
 import uuid
 from pathlib import Path
+
+import sqlite3
 
 import psycopg
 import pytest
@@ -39,7 +44,7 @@ def newcomer_env(data_dir: Path, **extra) -> dict:
 
 @pytest.fixture(params=["embedded", "full-stack"])
 def demo(request, tmp_path):
-    """`manage.py demo` on a free port; yields (base URL, server log)."""
+    """`manage.py demo` on a free port; yields (base URL, server log, sql(query) -> rows of its database)."""
     env = newcomer_env(tmp_path / "data")
     database = None
     if request.param == "full-stack":
@@ -48,6 +53,14 @@ def demo(request, tmp_path):
             admin.execute(f'CREATE DATABASE "{database}"')
         redis.Redis.from_url(REDIS_DB).flushdb()
         env |= {"DATABASE_URL": f"postgres://postgres@localhost:5432/{database}", "REDIS_URL": REDIS_DB}
+
+    def sql(query: str) -> list[tuple]:
+        if database is None:
+            with sqlite3.connect(tmp_path / "data" / "rftweb.sqlite3") as db:
+                return db.execute(query).fetchall()
+        with psycopg.connect(f"postgres://postgres@localhost:5432/{database}") as db:
+            return db.execute(query).fetchall()
+
     port = _free_port()
     log_path = tmp_path / "demo.log"
     with open(log_path, "w") as log:
@@ -57,7 +70,7 @@ def demo(request, tmp_path):
         )
     try:
         _wait_for_port(port, proc, log_path, timeout=180)
-        yield f"http://127.0.0.1:{port}", log_path
+        yield f"http://127.0.0.1:{port}", log_path, sql
     finally:
         os.killpg(proc.pid, signal.SIGTERM)  # the demo command stops its worker and beat with it
         try:
@@ -91,7 +104,7 @@ def wait_until(predicate, timeout: float) -> None:
 def test_newcomer_watches_the_demo_run_learn(demo, tmp_path):
     from playwright.sync_api import expect, sync_playwright
 
-    base_url, log_path = demo
+    base_url, log_path, sql = demo
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
         page = browser.new_page(base_url=base_url, viewport={"width": 1366, "height": 768})
@@ -126,9 +139,60 @@ def test_newcomer_watches_the_demo_run_learn(demo, tmp_path):
 
             wait_until(lambda: shown() >= accuracy[0] + 0.1
                        and round(shown(), 3) in {round(v, 3) for v in held_out_accuracy(page, run_url)}, 60)
+
+            annotate_while_it_trains(page, run_url, sql)
+            stop_and_resume(page, run_url)
         except BaseException:
             page.screenshot(path=tmp_path / "page.png", full_page=True)
             print(log_path.read_text()[-5000:])
             raise
         finally:
             browser.close()
+
+
+def run_state(page, run_url: str) -> dict:
+    return page.request.get(f"{run_url}live.json").json()["run"]
+
+
+def annotate_while_it_trains(page, run_url: str, sql) -> None:
+    """Rate one answer, then correct another to its reference answer, by keyboard; the run goes
+    on training, and on the correction."""
+    from playwright.sync_api import expect
+
+    run_id = int(re.search(r"/runs/(\d+)/", run_url)[1])
+    page.goto(f"/annotate/?run={run_id}")
+    page.wait_for_url(re.compile(r"/annotate/experience/\d+/"))
+    page.keyboard.press("4")
+    page.keyboard.press("Enter")
+    expect(page.locator("body")).to_contain_text("Saved your rating")
+    reference = page.locator("#answer").text_content().strip()
+    page.keyboard.press("e")
+    page.keyboard.press("Control+a")
+    page.keyboard.type(reference + " ")  # differs from the model's answer even where that was right
+    page.keyboard.press("Control+Enter")
+    expect(page.locator("body")).to_contain_text("Saved your edit")
+    summary = page.request.get(f"/annotate/runs/{run_id}/summary.json").json()
+    assert summary["judgements"]["rating"] == 1 and summary["judgements"]["edit"] == 1, summary
+
+    step_at_edit = run_state(page, run_url)["trainer_step"]
+    wait_until(lambda: sql("SELECT use_count FROM buffer_experience WHERE source = 'human_edit'")[0][0] > 0, 120)
+    state = run_state(page, run_url)
+    assert state["trainer_step"] > step_at_edit and not state["error"], state
+
+
+def stop_and_resume(page, run_url: str) -> None:
+    """Stop on the run page, then Resume: the same run continues from its checkpoint."""
+    from playwright.sync_api import expect
+
+    page.goto(run_url)
+    page.get_by_role("button", name="Stop").click()
+    wait_until(lambda: run_state(page, run_url)["status"] == "stopped", 120)
+    stopped_at = run_state(page, run_url)["trainer_step"]
+    page.goto(run_url)
+    page.get_by_role("button", name="Resume").click()
+    expect(page.locator("body")).to_contain_text(re.compile(r"resumes from checkpoint v\d+"))
+    wait_until(lambda: run_state(page, run_url)["trainer_step"] > stopped_at + 2, 180)
+    state = run_state(page, run_url)
+    assert state["status"] == "running" and not state["error"], state
+    steps = [point["step"] for point in page.request.get(f"{run_url}live.json").json()["metrics"]["trainer"]]
+    assert steps == list(range(1, len(steps) + 1)), "a trainer step is missing or repeated"
