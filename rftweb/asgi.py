@@ -1,5 +1,6 @@
 import asyncio
 import os
+from urllib.parse import urlsplit
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rftweb.settings")
 
@@ -9,10 +10,12 @@ django_asgi_app = get_asgi_application()  # before importing code that touches m
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
-from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
+from channels.security.websocket import WebsocketDenier  # noqa: E402
+from django.conf import settings  # noqa: E402
 from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 from django.core.signals import request_finished  # noqa: E402
 from django.db import connections  # noqa: E402
+from django.http.request import is_same_domain, split_domain_port, validate_host  # noqa: E402
 
 from rftweb.routing import websocket_urlpatterns  # noqa: E402
 
@@ -45,11 +48,82 @@ class HttpConcurrencyLimit:
             await self.app(scope, receive, send)
 
 
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _origin(text: str) -> tuple[str, str, int] | None:
+    """(scheme, host, port) of an origin like `https://example.com:8443`, or None if it is none."""
+    try:
+        parts = urlsplit(text)
+        port = parts.port or DEFAULT_PORTS.get(parts.scheme)
+    except ValueError:  # a port that is not a number, or out of range
+        return None
+    if parts.scheme not in DEFAULT_PORTS or not parts.hostname or parts.path or parts.query or parts.username:
+        return None
+    return parts.scheme, parts.hostname, port
+
+
+class SameOriginWebsockets:
+    """A websocket is accepted only from a page of this server, as CSRF protects forms: its
+    Origin must have the scheme, host and port the request came to (its Host header, which must be
+    in ALLOWED_HOSTS; https when the socket is wss or the proxy header of SECURE_PROXY_SSL_HEADER
+    says so), or be one of CSRF_TRUSTED_ORIGINS. Anything else, a missing Origin or Host
+    included, is refused at the handshake (403). channels' AllowedHostsOriginValidator compared the
+    host alone, so a page on another port or scheme of the same host could open sockets."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send):
+        if self.same_origin(scope):
+            return await self.app(scope, receive, send)
+        return await WebsocketDenier()(scope, receive, send)
+
+    @staticmethod
+    def same_origin(scope) -> bool:
+        headers = {name.decode("latin1").lower(): value.decode("latin1") for name, value in scope.get("headers", [])}
+        origin = _origin(headers.get("origin", ""))
+        if origin is None:
+            return False
+        if any(_trusted(origin, pattern) for pattern in settings.CSRF_TRUSTED_ORIGINS):
+            return True
+        host = headers.get("host", "")
+        domain, _ = split_domain_port(host)
+        # Django's own default with DEBUG on and no ALLOWED_HOSTS.
+        allowed_hosts = settings.ALLOWED_HOSTS or ([".localhost", "127.0.0.1", "[::1]"] if settings.DEBUG else [])
+        if not domain or not validate_host(domain, allowed_hosts):
+            return False
+        return origin == _origin(f"{'https' if _secure(scope, headers) else 'http'}://{host}")
+
+
+def _secure(scope, headers: dict) -> bool:
+    """Whether the page that opens the socket was served over TLS (by us, or by the proxy)."""
+    if scope.get("scheme") == "wss":
+        return True
+    proxy_header = getattr(settings, "SECURE_PROXY_SSL_HEADER", None)
+    if proxy_header:  # ("HTTP_X_FORWARDED_PROTO", "https"): the header's WSGI name, and the value
+        name, value = proxy_header
+        return headers.get(name.removeprefix("HTTP_").replace("_", "-").lower(), "").split(",")[0].strip() == value
+    return False
+
+
+def _trusted(origin: tuple[str, str, int], pattern: str) -> bool:
+    """An origin matches a CSRF_TRUSTED_ORIGINS entry as Django's CSRF check matches it: scheme,
+    host and port, where `https://*.example.com` takes every subdomain."""
+    wildcard = "://*." in pattern
+    trusted = _origin(pattern.replace("://*.", "://", 1))
+    if trusted is None:
+        return False
+    (scheme, host, port), (t_scheme, t_host, t_port) = origin, trusted
+    same_host = is_same_domain(host, "." + t_host) if wildcard else host == t_host
+    return scheme == t_scheme and port == t_port and same_host
+
+
 MAX_CONCURRENT_REQUESTS = int(os.environ.get("RFTWEB_MAX_CONCURRENT_REQUESTS", "16"))
 
 application = ProtocolTypeRouter(
     {
         "http": HttpConcurrencyLimit(django_asgi_app, MAX_CONCURRENT_REQUESTS),
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        "websocket": SameOriginWebsockets(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

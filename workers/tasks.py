@@ -19,9 +19,10 @@ import logging
 import os
 import shutil
 import socket
+import sys
 import threading
 import time
-import traceback
+from pathlib import Path
 
 from celery import shared_task
 from django.conf import settings
@@ -210,6 +211,7 @@ def serve_role(run: Run, role: str, worker: str) -> str:
 
 DATABASE_LOST = (OperationalError, InterfaceError)
 DISK_FULL_MARKS = ("No space left on device", "StorageFull", "file write failed")
+MAX_CAUSE_CHARS = 1000  # an exception can quote a whole input back
 
 
 def wait_for_database(timeout: float) -> bool:
@@ -227,17 +229,38 @@ def wait_for_database(timeout: float) -> bool:
 
 
 def describe_failure(role: str, exc: BaseException, work_dir) -> str:
-    """The run's error: one line a person can act on, then the traceback for whoever debugs it.
-    A full disk surfaces as OSError, torch's RuntimeError or safetensors' own error: look at the
-    error's text and at the disk itself."""
-    headline = f"{role} failed: {type(exc).__name__}: {exc}"
+    """The run's error, as every researcher watching the run reads it: the cause and what to do.
+    The traceback is not part of it (it names the server's files and code): run_role logs it in
+    the worker's log. A full disk surfaces as OSError, torch's RuntimeError or safetensors' own
+    error: look at the error's text and at the disk itself."""
     disk_full = getattr(exc, "errno", None) == errno.ENOSPC or any(mark in str(exc) for mark in DISK_FULL_MARKS)
     if disk_full or free_bytes(work_dir) < 1024 * 1024:
-        headline = (
-            f"{role} failed: the disk holding {work_dir} is full (no space left on device). "
-            "Free space there, then resume the run: it continues from its last checkpoint."
+        return (
+            f"{role} failed: the disk holding the run's directory ({without_server_paths(work_dir)} in the data "
+            "directory) is full (no space left on device). Free space there, then resume the run: it continues "
+            "from its last checkpoint."
         )
-    return f"{headline}\n\n{traceback.format_exc(limit=8)}"
+    cause = without_server_paths(f"{type(exc).__name__}: {exc}")
+    if len(cause) > MAX_CAUSE_CHARS:
+        cause = cause[:MAX_CAUSE_CHARS] + " [...]"
+    return (
+        f"{role} failed: {cause}\n\nThe traceback is in the worker's log, for the server's administrators. "
+        "Fix the cause, then resume the run: it continues from its last checkpoint."
+    )
+
+
+def without_server_paths(text) -> str:
+    """Paths in the data directory as the user knows them (relative to it); the server's own
+    directories (the code, Python's install) not at all."""
+    text = str(text)
+    for directory, shown_as in (
+        (settings.DATA_DIR, ""),
+        (settings.BASE_DIR, "<rftweb>/"),
+        (Path(sys.prefix), "<python>/"),
+        (Path(sys.base_prefix), "<python>/"),
+    ):
+        text = text.replace(f"{directory}{os.sep}", shown_as).replace(str(directory), shown_as or ".")
+    return text
 
 
 def free_bytes(path) -> float:

@@ -1,7 +1,19 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
+# The password change views require a login (LoginRequiredMiddleware, and the views themselves).
+# A new password also revokes the user's API token: the token is a MAC over the password hash.
 urlpatterns = [
     path("login/", auth_views.LoginView.as_view(template_name="accounts/login.html"), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path(
+        "password_change/",
+        auth_views.PasswordChangeView.as_view(template_name="accounts/password_change.html"),
+        name="password_change",
+    ),
+    path(
+        "password_change/done/",
+        auth_views.PasswordChangeDoneView.as_view(template_name="accounts/password_change_done.html"),
+        name="password_change_done",
+    ),
 ]

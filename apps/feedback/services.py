@@ -7,6 +7,7 @@ never judged by more annotators than the run asks for (`judgements_per_item`). T
 candidates with SKIP LOCKED, so concurrent annotators are handed different items without waiting.
 """
 import functools
+import math
 import threading
 from datetime import timedelta
 
@@ -45,6 +46,7 @@ VERDICTS = {"a_better": "A is better", "b_better": "B is better", "tie": "Tie", 
 VERDICT_VALUES = {"a_better": 1.0, "b_better": 1.0, "tie": 0.5, "both_bad": 0.0}
 FLAG_REASONS = {"wrong": "Wrong", "harmful": "Harmful", "garbled": "Garbled"}
 MAX_EDIT_CHARS = 20_000
+MAX_COMMENT_CHARS = 2_000  # a note on a judgement, not a document
 MAX_SECONDS_SPENT = 3600.0  # a page left open overnight is not an hour's work per item
 QUEUED_SOURCES = (Experience.Source.ROLLOUT, Experience.Source.SYNTHETIC)  # what the model wrote
 CANDIDATES = 20  # rows the queue locks at once; it walks them in the strategy's order
@@ -52,6 +54,11 @@ CANDIDATES = 20  # rows the queue locks at once; it walks them in the strategy's
 
 class FeedbackError(Exception):
     """A judgement or queue request that cannot be done; the message says why, for the annotator."""
+
+
+class NotAnnotator(FeedbackError):
+    """The user may not annotate the run at all: final on every route (the pages answer 403 and
+    show nothing of the item), unlike a refusal of one item (taken, judged enough)."""
 
 
 def feedback_settings(run):
@@ -110,9 +117,11 @@ def annotatable_runs(runs, user):
     ).distinct()
 
 
-def _check_may_annotate(run, user) -> None:
+def check_may_annotate(run, user) -> None:
+    """NotAnnotator unless the user may annotate the run: every service that reads or changes an
+    item of a run checks this first, so an outsider learns nothing more of it."""
     if not may_annotate(run, user):
-        raise FeedbackError(f"you are not an annotator of run {run.name!r}: its owner assigns who annotates it")
+        raise NotAnnotator(f"you are not an annotator of run {run.name!r}: its owner assigns who annotates it")
 
 
 @transaction.atomic
@@ -157,18 +166,22 @@ def _places_left(experience: Experience, user=None) -> int:
     return judgements_per_item(experience.run) - len(judges) - holders
 
 
-def _locked_row(experience_id: int) -> Experience:
+def _locked_row(experience_id: int, user) -> Experience:
+    """The experience's row, locked, once the user is known to annotate its run: whoever may not
+    learns nothing more of the item from any later check."""
     try:
-        return Experience.objects.select_for_update(of=("self",)).select_related("run").get(pk=experience_id)
+        experience = Experience.objects.select_for_update(of=("self",)).select_related("run").get(pk=experience_id)
     except Experience.DoesNotExist:
         raise FeedbackError(f"experience {experience_id} does not exist") from None
+    check_may_annotate(experience.run, user)
+    return experience
 
 
 def _check_may_judge(experience: Experience, user) -> None:
     """Refuse a judgement by someone not annotating the run, one that would go past the
     judgements per item, or one on what is settled."""
     run = experience.run
-    _check_may_annotate(run, user)
+    check_may_annotate(run, user)
     if experience.status == Status.CONSUMED and run is not None and run.is_finished:
         raise FeedbackError(
             f"experience {experience.pk} was already trained on and its run is {run.status}: it can no longer be judged"
@@ -202,8 +215,19 @@ def _judgement_done(experience: Experience, user) -> None:
     live.broadcast(experience.run_id, {"type": "judged", "experience": experience.pk, "user": user.username})
 
 
+def _checked_comment(comment: str) -> str:
+    """The annotator's comment, if it can be stored as typed."""
+    if "\x00" in comment:
+        raise FeedbackError("the comment holds a NUL character (\\x00), which cannot be stored: remove it")
+    if len(comment) > MAX_COMMENT_CHARS:
+        raise FeedbackError(f"the comment is {len(comment)} characters long; at most {MAX_COMMENT_CHARS} are allowed")
+    return comment
+
+
 def _save_feedback(experience, user, kind, seconds_spent, **fields) -> Feedback:
-    seconds = min(max(float(seconds_spent or 0.0), 0.0), MAX_SECONDS_SPENT)
+    seconds = float(seconds_spent or 0.0)
+    # The time comes from the page's `shown_at`: one that is not a finite number is unknown (0).
+    seconds = min(max(seconds, 0.0), MAX_SECONDS_SPENT) if math.isfinite(seconds) else 0.0
     feedback, _ = Feedback.objects.update_or_create(
         experience=experience, user=user, kind=kind, defaults={"seconds_spent": seconds, **fields}
     )
@@ -217,7 +241,8 @@ def _save_feedback(experience, user, kind, seconds_spent, **fields) -> Feedback:
 def rate(experience_id: int, user, point: str, *, seconds_spent: float = 0.0, comment: str = "") -> Feedback:
     """Rate on the run's scale; the mean of the human ratings becomes the experience's `human`
     reward component (which the run may weight into its reward, or override it with)."""
-    experience = _locked_row(experience_id)
+    comment = _checked_comment(comment)
+    experience = _locked_row(experience_id, user)
     scale = rating_scale(experience.run)
     point = str(point).strip()
     if point not in scale:
@@ -237,10 +262,14 @@ def rate(experience_id: int, user, point: str, *, seconds_spent: float = 0.0, co
 def edit(experience_id: int, user, text: str, *, seconds_spent: float = 0.0, comment: str = "") -> Feedback:
     """Correct the response: the edit becomes a `human_edit` experience (parent: the original),
     ready for SFT/MIX at once. Editing again replaces the annotator's edit while it is unused."""
-    experience = _locked_row(experience_id)
+    comment = _checked_comment(comment)
+    experience = _locked_row(experience_id, user)
     text = text.replace("\r\n", "\n")
     if not text.strip():
         raise FeedbackError("the edited response is empty: write the corrected response, or skip the item")
+    # A person typing a NUL made a mistake (the model's output has NULs replaced, buffer.store).
+    if "\x00" in text:
+        raise FeedbackError("the edited response holds a NUL character (\\x00), which cannot be stored: remove it")
     if len(text) > MAX_EDIT_CHARS:
         raise FeedbackError(f"the edited response is {len(text)} characters long; at most {MAX_EDIT_CHARS} are allowed")
     if text == experience.response_text:
@@ -332,9 +361,10 @@ def compare(experience_id: int, other_id: int, user, verdict: str, *, seconds_sp
         raise FeedbackError(f"unknown verdict {verdict!r}: choose one of {', '.join(VERDICTS)}")
     if experience_id == other_id:
         raise FeedbackError("a response cannot be compared with itself")
+    comment = _checked_comment(comment)
     # Rows are locked in id order: two annotators comparing the same pair from either side must
     # not each hold one row and wait for the other's (a deadlock Postgres answers with an error).
-    locked = {pk: _locked_row(pk) for pk in sorted((experience_id, other_id))}
+    locked = {pk: _locked_row(pk, user) for pk in sorted((experience_id, other_id))}
     experience, other = locked[experience_id], locked[other_id]
     if (other.run_id, other.task_id, other.prompt_text) != (experience.run_id, experience.task_id, experience.prompt_text):
         raise FeedbackError(f"experiences {experience.pk} and {other.pk} answer different prompts: only responses to one prompt compare")
@@ -358,7 +388,8 @@ def flag(experience_id: int, user, reason: str, *, seconds_spent: float = 0.0, c
     the run's `feedback.exclude_flagged` is off (then the flag is only recorded)."""
     if reason not in FLAG_REASONS:
         raise FeedbackError(f"unknown flag {reason!r}: choose one of {', '.join(FLAG_REASONS)}")
-    experience = _locked_row(experience_id)
+    comment = _checked_comment(comment)
+    experience = _locked_row(experience_id, user)
     _check_may_judge(experience, user)
     feedback = _save_feedback(experience, user, Feedback.Kind.FLAG, seconds_spent, label=reason, comment=comment)
     if feedback_settings(experience.run).exclude_flagged:
@@ -377,7 +408,7 @@ def next_item(run, user, strategy: str = NEWEST) -> Experience | None:
     still be judged."""
     if strategy not in STRATEGIES:
         raise FeedbackError(f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
-    _check_may_annotate(run, user)
+    check_may_annotate(run, user)
     with transaction.atomic():
         held = _held_item(run, user)
         if held is not None:
@@ -524,7 +555,7 @@ def holders(experience: Experience, user) -> list[str]:
 @transaction.atomic
 def take(experience_id: int, user) -> Experience:
     """Lock an item the user opened directly (a link from the rollout browser), if places are left."""
-    experience = _locked_row(experience_id)
+    experience = _locked_row(experience_id, user)
     _check_may_judge(experience, user)
     if not _judged(experience.pk, user.pk).exists():
         _take(experience, user)
@@ -535,7 +566,7 @@ def take(experience_id: int, user) -> Experience:
 def set_aside(experience_id: int, user, *, postpone: bool) -> None:
     """Skip (never offer it to this user again) or postpone (offer it after everything else);
     either way the user's lock goes, and the item is free for others."""
-    experience = _locked_row(experience_id)
+    experience = _locked_row(experience_id, user)
     SetAside.objects.update_or_create(experience=experience, user=user, defaults={"postponed": postpone})
     if AnnotationLock.objects.filter(experience=experience, user=user).delete()[0]:
         live.broadcast(experience.run_id, {"type": "released", "experience": experience.pk, "user": user.username})

@@ -12,7 +12,7 @@ from apps.runs.models import Run
 
 from . import services, stats
 from .models import RunAnnotators
-from .services import FeedbackError
+from .services import FeedbackError, NotAnnotator
 
 RUN_CHOICES = 50
 SESSION_RUN, SESSION_STRATEGY = "annotate_run", "annotate_strategy"
@@ -61,13 +61,20 @@ def next_item(request):
     return redirect("annotate-experience", pk=item.pk)
 
 
+def _refused(request, exc: NotAnnotator):
+    """The answer to someone who may not annotate the item's run: why, and nothing of the item."""
+    return render(request, "feedback/refused.html", {"reason": str(exc)}, status=403)
+
+
 @role_required(ANNOTATOR)
 def experience(request, pk):
     item = get_object_or_404(Experience.objects.select_related("run", "task"), pk=pk)
     try:
         services.take(item.pk, request.user)
         error = None
-    except FeedbackError as exc:
+    except NotAnnotator as exc:
+        return _refused(request, exc)
+    except FeedbackError as exc:  # this item is not open to them now: the page shows it, read only
         error = str(exc)
     if item.run_id:
         request.session[SESSION_RUN] = item.run_id  # after this item the queue goes on with its run
@@ -77,6 +84,12 @@ def experience(request, pk):
 
 
 def _item_page(request, item, *, error=None, status=200):
+    # Checked here too, as the last word before any text of the item is shown: a form refused
+    # before its service ran (no other response named, say) must not show an outsider the item.
+    try:
+        services.check_may_annotate(item.run, request.user)
+    except NotAnnotator as exc:
+        return _refused(request, exc)
     refusal = services.refusal(item, request.user)
     prompt_turns, response_turns = _split_conversation(item.messages)
     return render(
@@ -140,6 +153,8 @@ def judge(request, pk, action):
     item = get_object_or_404(Experience.objects.select_related("run", "task"), pk=pk)
     try:
         JUDGEMENTS[action](request, item.pk, seconds_spent=_seconds_spent(request), comment=request.POST.get("comment", ""))
+    except NotAnnotator as exc:
+        return _refused(request, exc)
     except FeedbackError as exc:
         item.refresh_from_db()
         return _item_page(request, item, error=str(exc), status=400)
@@ -151,7 +166,10 @@ def judge(request, pk, action):
 @role_required(ANNOTATOR)
 def set_aside(request, pk, postpone):
     item = get_object_or_404(Experience, pk=pk)
-    services.set_aside(item.pk, request.user, postpone=postpone)
+    try:
+        services.set_aside(item.pk, request.user, postpone=postpone)
+    except NotAnnotator as exc:
+        return _refused(request, exc)
     return redirect("annotate-next")
 
 

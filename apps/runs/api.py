@@ -7,10 +7,12 @@ get 401/403 as JSON, never the login page.
 """
 
 import json
+import re
 from functools import wraps
 
 from django.contrib.auth import get_user_model
 from django.contrib.auth.decorators import login_not_required
+from django.contrib.auth.views import redirect_to_login
 from django.conf import settings
 from django.core.exceptions import PermissionDenied, RequestDataTooBig, ValidationError
 from django.core.paginator import Paginator
@@ -34,6 +36,12 @@ PAGE_SIZE, MAX_PAGE_SIZE = 50, 500
 SAFE_METHODS = ("GET", "HEAD", "OPTIONS")
 
 
+# The one spelling of a token, as token_for writes it: ASCII digits without leading zeros (so
+# `rft_04_...` is not a second spelling of `rft_4_...`, and `rft_²_...` or a 5,000-digit id never
+# reaches int() or the database), then the hex HMAC.
+TOKEN_FORMAT = re.compile(rf"{TOKEN_PREFIX}_([1-9][0-9]{{0,17}})_([0-9a-f]{{64}})")
+
+
 def token_for(user) -> str:
     return f"{TOKEN_PREFIX}_{user.pk}_{_token_mac(user)}"
 
@@ -44,14 +52,40 @@ def _token_mac(user) -> str:
 
 def user_for_token(token: str):
     """The active user the token belongs to, or None."""
-    prefix, _, rest = token.partition("_")
-    user_id, _, mac = rest.partition("_")
-    if prefix != TOKEN_PREFIX or not user_id.isdigit():
+    match = TOKEN_FORMAT.fullmatch(token)
+    if match is None:
         return None
+    user_id, mac = match.groups()
     user = get_user_model().objects.filter(pk=int(user_id), is_active=True).first()
     if user is None or not constant_time_compare(mac, _token_mac(user)):
         return None
     return user
+
+
+def bearer_user(request):
+    """The user of the request's `Authorization: Bearer <token>` header, or None when it names none."""
+    scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+    return user_for_token(token.strip()) if scheme.lower() == "bearer" else None
+
+
+def token_or_session(view):
+    """For a page that scripts fetch too (a checkpoint download): with an Authorization header its
+    token's user, as on the API (a 401 if it names none); without one, the session, as on every
+    page (anonymous users go to the login page)."""
+
+    @login_not_required
+    @wraps(view)
+    def wrapped(request, *args, **kwargs):
+        if request.headers.get("Authorization"):
+            user = bearer_user(request)
+            if user is None:
+                return error(401, "invalid API token")
+            request.user = user
+        elif not request.user.is_authenticated:
+            return redirect_to_login(request.get_full_path())
+        return view(request, *args, **kwargs)
+
+    return wrapped
 
 
 def error(http_status: int, message: str, **extra) -> JsonResponse:
@@ -72,10 +106,8 @@ def api_view(*methods: str):
         def wrapped(request, *args, **kwargs):
             if request.method not in methods:
                 return error(405, f"use {' or '.join(methods)}")
-            header = request.headers.get("Authorization", "")
-            if header:
-                scheme, _, token = header.partition(" ")
-                user = user_for_token(token.strip()) if scheme.lower() == "bearer" else None
+            if request.headers.get("Authorization"):
+                user = bearer_user(request)
                 if user is None:
                     return error(401, "invalid API token")
                 request.user = user
@@ -108,7 +140,7 @@ def _json_body(request) -> dict:
         body = json.loads(request.body or b"{}")
     except RequestDataTooBig:
         raise ValueError(f"the body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes") from None
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+    except (ValueError, RecursionError):  # ValueError: not JSON, not UTF-8, an int of 5,000 digits
         raise ValueError("the body must be JSON") from None
     if not isinstance(body, dict):
         raise ValueError("the body must be a JSON object")

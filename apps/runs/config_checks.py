@@ -58,37 +58,45 @@ def model_issues(config) -> tuple[list[tuple[str, str]], dict[str, str]]:
     return issues, resolved
 
 
+def shown(path: Path) -> str:
+    """A path as a user may see it: under the data dir relative to it (the server's own layout
+    stays private), under another allowed root as configured (RFTWEB_MODEL_DIRS is the team's)."""
+    data_dir = Path(settings.DATA_DIR).resolve()
+    return str(path.relative_to(data_dir)) if path.is_relative_to(data_dir) else str(path)
+
+
 def _model_dir_problem(path: str) -> tuple[str | None, Path | None]:
     roots = allowed_model_roots()
     if "\x00" in path:
         return "must not contain a NUL character", None
     directory = (roots[0] / path).resolve()  # an absolute path replaces the root
     if not any(directory.is_relative_to(root) for root in roots):
+        others = "".join(f", {root}" for root in roots[1:])
         return (
-            f"{path!r} lies outside the allowed model directories ({', '.join(map(str, roots))}); "
+            f"{path!r} lies outside the allowed model directories (the data directory{others}); "
             "use a built-in model (tiny, smollm2-135m) or a directory under them",
             None,
         )
     if not directory.is_dir():
-        return f"no model directory at {directory}", None
+        return f"no model directory at {shown(directory)}", None
     config_file = directory / "config.json"
     if not config_file.is_file():
-        return f"{directory} has no config.json; is it a Hugging Face model directory (save_pretrained)?", None
+        return f"{shown(directory)} has no config.json; is it a Hugging Face model directory (save_pretrained)?", None
     try:
         model_config = json.loads(config_file.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        return f"{config_file} is not valid JSON: {err}", None
+        return f"{shown(config_file)} is not valid JSON: {err}", None
     if not isinstance(model_config, dict) or not isinstance(model_config.get("model_type"), str):
-        return f"{config_file} has no model_type", None
+        return f"{shown(config_file)} has no model_type", None
     architectures = model_config.get("architectures") or []
     if architectures and not any(str(a).endswith(CAUSAL_LM_SUFFIXES) for a in architectures):
         return (
-            f"{config_file} names architecture {', '.join(map(str, architectures))}, which is not a causal "
+            f"{shown(config_file)} names architecture {', '.join(map(str, architectures))}, which is not a causal "
             "language model (a ...ForCausalLM class)",
             None,
         )
     if not any((directory / name).is_file() for name in WEIGHT_FILES):
-        return f"{directory} has no weights ({' or '.join(WEIGHT_FILES)})", None
+        return f"{shown(directory)} has no weights ({' or '.join(WEIGHT_FILES)})", None
     if not any((directory / name).is_file() for name in TOKENIZER_FILES):
-        return f"{directory} has no tokenizer ({' or '.join(TOKENIZER_FILES)})", None
+        return f"{shown(directory)} has no tokenizer ({' or '.join(TOKENIZER_FILES)})", None
     return None, directory

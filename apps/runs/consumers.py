@@ -15,19 +15,23 @@ def run_group(run_id: int) -> str:
 
 
 MAX_CLIENT_MESSAGE_CHARS = 4096  # a client only ever sends pings; anything bigger is abuse
+# The close code for a frame over that: 1009 (message too big) is the protocol's own, but an
+# application may only close with 1000 or 3000-4999 (daphne's autobahn refuses 1009 and the
+# socket ended with 1011 instead), so it is 4000 + 1009's last digits.
+CLOSE_MESSAGE_TOO_BIG = 4009
 
 
 class PingConsumer(AsyncJsonWebsocketConsumer):
     """A push-only channel: the server sends, the client may only ping (to keep proxies from
     closing an idle socket). Anything else gets an error reply and the socket stays open; a frame
-    too big to be a ping closes it (1009, message too big) before it is parsed."""
+    too big to be a ping closes it (CLOSE_MESSAGE_TOO_BIG, 4009) before it is parsed."""
 
     async def receive(self, text_data=None, bytes_data=None, **kwargs):
         if bytes_data is not None:
             await self.send_json({"type": "error", "error": "binary frames are not accepted; send JSON text"})
             return
         if len(text_data or "") > MAX_CLIENT_MESSAGE_CHARS:
-            await self.close(code=1009)
+            await self.close(code=CLOSE_MESSAGE_TOO_BIG, reason="message too big")
             return
         try:
             content = json.loads(text_data or "")

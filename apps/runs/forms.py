@@ -259,7 +259,7 @@ class LaunchForm(forms.Form):
             return cleaned
         try:
             config = json.loads(cleaned.get("base") or "{}")
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):  # the form's own JSON, tampered with
             config = {}
         if not isinstance(config, dict):
             config = {}

@@ -14,13 +14,14 @@ from django.urls import reverse
 from django.utils.cache import patch_vary_headers
 from django.utils.http import content_disposition_header, url_has_allowed_host_and_scheme
 from django.utils.text import slugify
+from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
 from apps.accounts.roles import RESEARCHER, has_role, role_required
 from apps.tasksets.models import Taskset
 
 from . import queries, services
-from .api import token_for
+from .api import token_for, token_or_session
 from .checkpoints import checkpoint_dir, tar_stream
 from .controls import control_run, control_statuses, may_control
 from .forms import LaunchForm, RolloutFilterForm, RunFilterForm, dump_config_yaml
@@ -200,6 +201,7 @@ def run_control(request, pk, action):
     return redirect("run-detail", pk=pk)
 
 
+@token_or_session  # scripts download with their API token
 @role_required(RESEARCHER)
 def checkpoint_download(request, pk, version):
     """The checkpoint's directory as a tar, streamed (403 for a path outside the data directory)."""
@@ -261,6 +263,7 @@ def run_compare(request):
     )
 
 
+@never_cache  # the token is a password: no cache, shared or the browser's, may keep the page
 @role_required(RESEARCHER)
 def api_token(request):
     return render(

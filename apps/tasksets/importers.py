@@ -12,7 +12,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import numpy as np
 import pyarrow
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 FORMATS = ("jsonl", "csv", "parquet")
@@ -164,7 +166,10 @@ def _read_csv(path: Path, name: str, mapping: FieldMapping, max_line_bytes: int)
 def _read_parquet(path: Path, name: str, mapping: FieldMapping, max_line_bytes: int):
     total = path.stat().st_size
     try:
-        parquet = pq.ParquetFile(path)
+        metadata = pq.read_metadata(path)
+        # Text stored once in a dictionary page stays one value in memory, however many cells
+        # repeat it, until its size has been checked.
+        parquet = pq.ParquetFile(path, metadata=metadata, read_dictionary=_dictionary_encoded_text(metadata))
     except (pyarrow.ArrowException, OSError) as exc:
         raise TasksetImportError(name, None, f"not a readable Parquet file ({exc})") from None
     with parquet:
@@ -173,10 +178,12 @@ def _read_parquet(path: Path, name: str, mapping: FieldMapping, max_line_bytes: 
         if missing:
             raise TasksetImportError(name, None, f"no column {_names(missing)} (columns: {', '.join(columns)})")
         total_rows = parquet.metadata.num_rows
+        _check_row_group_sizes(parquet.metadata, mapping.columns, name, max_line_bytes)
         row_number = 0
         try:
             # Only the mapped columns are read, one batch at a time.
             for batch in parquet.iter_batches(batch_size=PARQUET_BATCH_ROWS, columns=mapping.columns):
+                _check_cell_sizes(batch, row_number, name, max_line_bytes)
                 for record in batch.to_pylist():
                     row_number += 1
                     # Parquet is read column by column, so there is no byte position to report;
@@ -184,6 +191,91 @@ def _read_parquet(path: Path, name: str, mapping: FieldMapping, max_line_bytes: 
                     yield row_number, "row", record, ReadProgress(total * row_number // max(total_rows, 1), total)
         except pyarrow.ArrowException as exc:
             raise TasksetImportError(name, row_number + 1, f"unreadable Parquet data ({exc})", unit="row") from None
+
+
+# A JSONL or CSV line holds at most `max_line_bytes`, and so does each of its cells. Parquet has no
+# lines, and compresses a huge repeated value to almost nothing, so each of its cells is held to the
+# same limit: first from the row groups' metadata, before anything is decompressed, then exactly,
+# cell by cell, on each batch before its values become Python objects.
+
+
+def _dictionary_encoded_text(metadata) -> list[str]:
+    """The top-level text columns that some row group stores as a dictionary. (Arrow cannot read
+    nested columns as dictionaries across row groups: a chat prompt's repeated text is expanded
+    before its size is checked, though never imported.)"""
+    columns = set()
+    for group in range(metadata.num_row_groups):
+        row_group = metadata.row_group(group)
+        for leaf in range(row_group.num_columns):
+            chunk = row_group.column(leaf)
+            if chunk.physical_type == "BYTE_ARRAY" and chunk.has_dictionary_page and "." not in chunk.path_in_schema:
+                columns.add(chunk.path_in_schema)
+    return sorted(columns)
+
+
+def _check_row_group_sizes(metadata, columns: list[str], name: str, limit: int) -> None:
+    """Refuse a row group in which some mapped column holds more than `limit` bytes a row: one of
+    its cells must be over the limit. A file that understates its sizes is caught per batch."""
+    first_row = 1
+    for group in range(metadata.num_row_groups):
+        row_group = metadata.row_group(group)
+        sizes = dict.fromkeys(columns, 0)
+        for leaf in range(row_group.num_columns):
+            chunk = row_group.column(leaf)
+            column = chunk.path_in_schema.split(".", 1)[0]  # a nested column has one chunk per leaf
+            if column in sizes:
+                sizes[column] += chunk.total_uncompressed_size
+        rows = row_group.num_rows
+        for column, size in sizes.items():
+            if size > limit * max(rows, 1):
+                if rows == 1:
+                    raise TasksetImportError(
+                        name, first_row, f"column {column!r} holds {size:,} bytes uncompressed, over the limit "
+                        f"of {limit:,} bytes", unit="row",
+                    )
+                raise TasksetImportError(
+                    name,
+                    None,
+                    f"rows {first_row:,}-{first_row + rows - 1:,}: column {column!r} holds {size:,} bytes "
+                    f"uncompressed for {rows:,} rows, so a cell is over the limit of {limit:,} bytes",
+                )
+        first_row += rows
+
+
+def _check_cell_sizes(batch: pyarrow.RecordBatch, rows_before: int, name: str, limit: int) -> None:
+    for column, values in zip(batch.schema.names, batch.columns, strict=True):
+        if values.nbytes <= limit:
+            continue  # the whole column of the batch fits: so does each of its cells
+        sizes = _cell_bytes(values)
+        over = (sizes > limit).nonzero()[0]
+        if len(over):
+            index = int(over[0])
+            raise TasksetImportError(
+                name,
+                rows_before + index + 1,
+                f"column {column!r} is {int(sizes[index]):,} bytes, over the limit of {limit:,} bytes",
+                unit="row",
+            )
+
+
+def _cell_bytes(values: pyarrow.Array) -> np.ndarray:
+    """The bytes of each cell's values (text, and 8 bytes a number), computed column-wise: nothing
+    becomes a Python object, and a dictionary value repeated in many cells counts in each."""
+    kind = values.type
+    if pyarrow.types.is_dictionary(kind):
+        if len(values.dictionary) == 0:  # every cell null
+            return np.zeros(len(values), dtype=np.int64)
+        return _cell_bytes(values.dictionary)[values.indices.fill_null(0).to_numpy(zero_copy_only=False)]
+    if pyarrow.types.is_string(kind) or pyarrow.types.is_binary(kind) or pyarrow.types.is_large_string(kind) \
+            or pyarrow.types.is_large_binary(kind):
+        return pc.binary_length(values).fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
+    if pyarrow.types.is_list(kind) or pyarrow.types.is_large_list(kind) or pyarrow.types.is_map(kind):
+        offsets = values.offsets.to_numpy(zero_copy_only=False)  # into the whole child array
+        running = np.concatenate(([0], np.cumsum(_cell_bytes(values.values))))
+        return running[offsets[1:]] - running[offsets[:-1]]
+    if pyarrow.types.is_struct(kind):
+        return sum((_cell_bytes(field) for field in values.flatten()), np.zeros(len(values), dtype=np.int64))
+    return np.full(len(values), 8, dtype=np.int64)  # numbers, booleans, dates: small and fixed
 
 
 class _Lines:

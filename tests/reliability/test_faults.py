@@ -369,8 +369,8 @@ def test_a_full_checkpoint_disk_fails_the_run_with_a_readable_error(celery_worke
     assert run.status == "failed"
     headline = run.error.splitlines()[0]
     assert headline == (
-        f"loop failed: the disk holding {tasks.run_dir(run)} is full (no space left on device). "
-        "Free space there, then resume the run: it continues from its last checkpoint."
+        f"loop failed: the disk holding the run's directory (runs/{tasks.run_dir(run).name} in the data directory) "
+        "is full (no space left on device). Free space there, then resume the run: it continues from its last checkpoint."
     ), run.error
     assert run.checkpoints.count() == 0  # no checkpoint row for a checkpoint that was never written
     assert_buffer_intact(rows_of(run), trainer_steps_of(run))

@@ -61,6 +61,8 @@ MATRIX = {
     "login": Entry("AAAAA"),
     "favicon": Entry("AAAAA"),  # a redirect to the static icon, which the login page shows too
     "logout": Entry("LLLLL", method="post"),
+    "password_change": Entry("LAAAA"),  # everyone changes their own password (and so revokes their token)
+    "password_change_done": Entry("LAAAA"),
     # tasksets: researchers; an import job is its uploader's (and curators')
     "taskset-list": Entry("LDAAA"),
     "taskset-upload": Entry("LDAAA"),
@@ -219,6 +221,21 @@ def test_access(world, name, principal):
         assert entry.changed(world) == (expected == "A"), (name, principal, "change")
 
 
+ITEM_ROUTES = ("annotate-experience", "annotate-skip", "annotate-postpone", "annotate-rate", "annotate-edit",
+               "annotate-compare", "annotate-flag")
+
+
+@pytest.mark.parametrize("principal", ["annotator", "owner", "curator"])
+@pytest.mark.parametrize("name", ITEM_ROUTES)
+def test_a_run_restricted_to_no_annotators_refuses_every_item_route_to_an_annotator(world, name, principal):
+    """The owner assigns nobody: a plain annotator gets a 403 on reading, taking, setting aside and
+    judging its items (its owner and curators still may)."""
+    RunAnnotators.objects.create(run=world.run, open_to_all=False)
+    entry = MATRIX[name]
+    response = call(world, principal, entry, reverse(name, kwargs=entry.kwargs(world)))
+    assert outcome(response) == ("D" if principal == "annotator" else "A"), (name, principal, response.status_code)
+
+
 # ---- the admin: curators only, and never the user accounts ---------------------------------------
 
 # Experiences come from runs and imports, jobs from their forms: the admin adds none of them by hand.
@@ -246,7 +263,7 @@ def test_admin_access(world, principal, app_label, model_name, page):
 
 
 def ws_accepts(o, principal: str, path: str, origin: bytes = b"http://localhost") -> bool:
-    headers = [(b"origin", origin)] if origin else []
+    headers = [(b"host", b"localhost")] + ([(b"origin", origin)] if origin else [])
     user = o.users.get(principal)
     if user is not None:
         client = Client()
@@ -273,7 +290,10 @@ def test_websocket_access(world, route, principal):
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("origin", [b"https://evil.example", b"http://localhost.evil.example", b"null", b""])
+@pytest.mark.parametrize(
+    "origin",
+    [b"https://evil.example", b"http://localhost.evil.example", b"null", b"", b"http://localhost:9999", b"https://localhost"],
+)
 @pytest.mark.parametrize("route", sorted(WS_MATRIX))
 def test_websocket_refuses_a_foreign_or_missing_origin(world, route, origin):
     path = "/" + route.replace("<int:run_id>", str(world.run.pk))

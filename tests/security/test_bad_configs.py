@@ -153,11 +153,13 @@ MODEL_CASES = {
 
 @pytest.mark.parametrize("key", ["model.path", "model.ref_path"])
 @pytest.mark.parametrize("make_path, message", MODEL_CASES.values(), ids=MODEL_CASES.keys())
-def test_bad_model_path_is_refused(api, models_root, tmp_path, key, make_path, message):
+def test_bad_model_path_is_refused(api, models_root, tmp_path, settings, key, make_path, message):
     path = make_path(models_root, tmp_path)
     response = api({"name": "bad", "config": merged(GOOD, {"model": {key.split(".")[1]: path}})})
     assert refused(response, key), response.content
-    assert message in next(e["message"] for e in response.json()["errors"] if e["key"] == key)
+    said = next(e["message"] for e in response.json()["errors"] if e["key"] == key)
+    assert message in said
+    assert str(settings.DATA_DIR) not in said.replace(repr(path), "")  # the layout is private; the input is echoed
     assert Run.objects.count() == 0
 
 
@@ -181,3 +183,9 @@ def test_cli_refuses_a_bad_config_file(researcher, tmp_path):
         call_command("rft_run", str(path), "--owner", researcher.username)
     assert "trainer.lr" in str(err.value) and "explorer.batch_size" in str(err.value)
     assert Run.objects.count() == 0
+
+
+def test_a_model_path_error_does_not_show_where_the_data_dir_is(api, settings):
+    response = api({"name": "bad", "config": merged(GOOD, {"model": {"path": "models/absent"}})})
+    said = next(e["message"] for e in response.json()["errors"] if e["key"] == "model.path")
+    assert said == "no model directory at models/absent" and str(settings.DATA_DIR) not in said

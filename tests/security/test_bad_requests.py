@@ -92,7 +92,7 @@ SOCKETS = ("/ws/runs/{}/", "/ws/annotate/{}/")
 
 
 def ws_connect(path, cookie):
-    return WebsocketCommunicator(application, path, headers=[(b"origin", b"http://localhost"), (b"cookie", cookie)])
+    return WebsocketCommunicator(application, path, headers=[(b"host", b"localhost"), (b"origin", b"http://localhost"), (b"cookie", cookie)])
 
 
 def session_cookie(client, user) -> bytes:
@@ -139,4 +139,4 @@ def test_a_huge_frame_closes_the_socket_before_it_is_parsed(client, researcher, 
         return closed
 
     closed = async_to_sync(scenario)()
-    assert closed == {"type": "websocket.close", "code": 1009}
+    assert closed == {"type": "websocket.close", "code": 4009, "reason": "message too big"}

@@ -73,6 +73,9 @@ def test_production_responses_carry_the_secure_headers_and_cookies():
     assert headers["X-Frame-Options"] == "DENY"
     assert headers["X-Content-Type-Options"] == "nosniff"
     assert headers["Referrer-Policy"] == "same-origin"
+    # Scripts from this site only: an injected <script> or onerror= does not run (tests/e2e/test_csp.py).
+    policy = dict(part.strip().split(" ", 1) for part in headers["Content-Security-Policy"].split(";"))
+    assert policy["script-src"] == "'self'" and policy["object-src"] == "'none'", policy
     assert seen["cookies"]["csrftoken"]["secure"] and seen["cookies"]["csrftoken"]["samesite"] == "Lax"
     # Plain HTTP is sent to HTTPS.
     assert seen["http_status"] == 301 and seen["http_location"].startswith("https://")

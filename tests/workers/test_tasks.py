@@ -66,7 +66,7 @@ def test_grpo_run_completes_with_live_numbered_updates(celery_worker_factory, re
         run = await database_sync_to_async(Run.objects.create)(
             name="e2e", owner=researcher, config=config
         )
-        ws = WebsocketCommunicator(application, f"/ws/runs/{run.pk}/", headers=[(b"origin", b"http://localhost"), (b"cookie", cookie)])
+        ws = WebsocketCommunicator(application, f"/ws/runs/{run.pk}/", headers=[(b"host", b"localhost"), (b"origin", b"http://localhost"), (b"cookie", cookie)])
         assert (await ws.connect())[0]
         await database_sync_to_async(tasks.enqueue)(tasks.start_run, run.pk)
         messages = []
@@ -255,3 +255,35 @@ def test_explorer_and_trainer_on_separate_workers(celery_worker_factory, researc
     trained = run.metrics.filter(role="trainer").values_list("values", flat=True)
     assert all(v["staleness_max"] == 0 for v in trained)
     assert Experience.objects.filter(run=run, status="consumed").count() == steps * TASKS * REPEATS
+
+
+# ---- the failure message its user reads (issue #20, finding 7) ---------------------------------------
+
+
+def failure_of(role: str, exc: BaseException, work_dir) -> str:
+    """describe_failure as run_role calls it: inside the except block, with a traceback at hand."""
+    try:
+        raise exc
+    except BaseException as raised:
+        return tasks.describe_failure(role, raised, work_dir)
+
+
+def test_a_failure_tells_its_user_the_cause_and_what_to_do_without_a_traceback_or_server_paths(tmp_path):
+    work_dir = settings.DATA_DIR / "runs" / "7-20260101T000000000000"
+    missing = work_dir / "checkpoints" / "step_3" / "weights.safetensors"
+    error = failure_of("trainer", FileNotFoundError(2, "No such file or directory", str(missing)), work_dir)
+    assert "Traceback" not in error and 'File "' not in error, error
+    assert str(settings.DATA_DIR) not in error and str(settings.BASE_DIR) not in error, error
+    assert error.startswith("trainer failed: FileNotFoundError: [Errno 2] No such file or directory: "), error
+    assert "runs/7-20260101T000000000000/checkpoints/step_3/weights.safetensors" in error, error
+    assert "worker's log" in error and "resume the run" in error, error
+
+
+def test_a_full_disk_is_named_without_the_server_path(tmp_path):
+    work_dir = settings.DATA_DIR / "runs" / "8-20260101T000000000000"
+    error = failure_of("loop", OSError(28, "No space left on device"), work_dir)
+    assert error == (
+        "loop failed: the disk holding the run's directory (runs/8-20260101T000000000000 in the data directory) "
+        "is full (no space left on device). Free space there, then resume the run: it continues from its last "
+        "checkpoint."
+    ), error

@@ -19,6 +19,7 @@ import yaml
 from workers.rft.algorithms import (
     ADVANTAGE_FNS, AGG_MODES, ALGORITHMS, GROUP_ADVANTAGE_FNS, KL_FNS, POLICY_LOSSES, resolve,
 )
+from workers.rft.json_values import json_value_problem
 from workers.rft.rewards import REWARD_FNS, build_reward
 from workers.rft.synchronizer import SYNC_METHODS
 from workers.rft.workflows import WORKFLOWS, workflow_args_problems
@@ -26,6 +27,10 @@ from workers.rft.workflows import WORKFLOWS, workflow_args_problems
 MODES = ("both", "explore", "train", "bench")
 MAX_ROLLOUTS_PER_STEP = 65_536  # explorer.batch_size * algorithm.repeat_times
 MAX_TEXT_CHARS = 100_000
+# A whole config, as text or as JSON: real ones are a few KB. Bounded before anything walks it, so
+# a small request cannot make a big tree (YAML aliases are refused for the same reason).
+MAX_CONFIG_CHARS = 256 * 1024
+MAX_CONFIG_DEPTH = 64  # mappings and lists inside each other
 
 
 @dataclass
@@ -240,6 +245,10 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "RunConfig":
+        bad_value = json_value_problem(data, max_depth=MAX_CONFIG_DEPTH, max_chars=MAX_CONFIG_CHARS)
+        if bad_value:
+            key, message = bad_value
+            raise ConfigError([ConfigIssue(key or "<config>", message)])
         issues, bad = [], set()
         config = _build(cls, data, "", issues, bad)
         issues += _combination_issues(config, bad)
@@ -257,7 +266,41 @@ class RunConfig:
 
 
 class _Loader(yaml.SafeLoader):
-    """YAML 1.1 reads `1e-5` (no dot) as a string; every config author means a float."""
+    """YAML 1.1 reads `1e-5` (no dot) as a string; every config author means a float.
+
+    Anchors and aliases (`&a`, `*a`) are refused: ten aliases of ten aliases of ... make a few
+    hundred bytes into megabytes, and a config never needs them. Nesting deeper than
+    MAX_CONFIG_DEPTH is refused as it is read: PyYAML composes nodes recursively, and its scanner
+    takes time quadratic in the depth of `[` and `{` (0.3 s for a thousand)."""
+
+    depth = 0
+
+    def fetch_flow_collection_start(self, token_class):
+        if self.flow_level >= MAX_CONFIG_DEPTH:
+            raise _too_deep(self.get_mark().line + 1)
+        super().fetch_flow_collection_start(token_class)
+
+    def compose_node(self, parent, index):
+        event = self.peek_event()
+        line = event.start_mark.line + 1
+        if event.anchor is not None:
+            raise ConfigError([ConfigIssue(
+                "<config>",
+                f"line {line}: YAML anchors and aliases (&{event.anchor}, *{event.anchor}) are not accepted; "
+                "write the value out in full (a config never needs them)",
+            )])
+        nests = isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent))
+        if nests and self.depth >= MAX_CONFIG_DEPTH:
+            raise _too_deep(line)
+        self.depth += nests
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= nests
+
+
+def _too_deep(line: int) -> ConfigError:
+    return ConfigError([ConfigIssue("<config>", f"line {line}: nested more than {MAX_CONFIG_DEPTH} levels deep")])
 
 
 _Loader.add_implicit_resolver(
@@ -266,11 +309,18 @@ _Loader.add_implicit_resolver(
 
 
 def parse_config_text(text: str) -> dict:
-    """YAML or JSON text to a config mapping (not yet validated); syntax errors are ConfigErrors."""
+    """YAML or JSON text to a config mapping (not yet validated); syntax errors, text longer than
+    MAX_CONFIG_CHARS, nesting deeper than MAX_CONFIG_DEPTH and YAML aliases are ConfigErrors."""
+    if len(text) > MAX_CONFIG_CHARS:
+        raise ConfigError([ConfigIssue("<config>", f"is {len(text)} characters long; at most {MAX_CONFIG_CHARS}")])
     try:
         data = yaml.load(text, Loader=_Loader)
-    except yaml.YAMLError as err:
+    except ConfigError:
+        raise
+    except (yaml.YAMLError, ValueError) as err:  # ValueError: a date like 2024-02-30, an int of 5,000 digits
         raise ConfigError([ConfigIssue("<config>", f"not valid YAML or JSON: {err}")]) from None
+    except RecursionError:  # the depth limit should come first; this is the backstop
+        raise ConfigError([ConfigIssue("<config>", f"nested more than {MAX_CONFIG_DEPTH} levels deep")]) from None
     if data is None:
         return {}
     if not isinstance(data, Mapping):

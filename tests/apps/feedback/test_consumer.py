@@ -18,7 +18,7 @@ def session_cookie(client, user) -> bytes:
 
 
 def connect(path, cookie=b""):
-    headers = [(b"origin", b"http://localhost")] + ([(b"cookie", cookie)] if cookie else [])
+    headers = [(b"host", b"localhost"), (b"origin", b"http://localhost")] + ([(b"cookie", cookie)] if cookie else [])
     return WebsocketCommunicator(application, path, headers=headers)
 
 

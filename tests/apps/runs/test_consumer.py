@@ -20,7 +20,7 @@ def session_cookie(client, user) -> bytes:
 
 
 def connect(path, cookie=b"", origin=b"http://localhost"):
-    headers = [(b"origin", origin)] + ([(b"cookie", cookie)] if cookie else [])
+    headers = [(b"host", b"localhost"), (b"origin", origin)] + ([(b"cookie", cookie)] if cookie else [])
     return WebsocketCommunicator(application, path, headers=headers)
 
 

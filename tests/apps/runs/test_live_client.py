@@ -62,7 +62,7 @@ def test_a_client_following_the_numbers_ends_where_the_database_is(client, resea
     async def scenario():
         live = LiveClient(lambda: sync_to_async(lambda: client.get(reverse("run-live", args=[run.pk])).json())())
         ws = WebsocketCommunicator(
-            application, f"/ws/runs/{run.pk}/", headers=[(b"origin", b"http://localhost"), (b"cookie", cookie)]
+            application, f"/ws/runs/{run.pk}/", headers=[(b"host", b"localhost"), (b"origin", b"http://localhost"), (b"cookie", cookie)]
         )
         assert (await ws.connect())[0]
         await live.load()

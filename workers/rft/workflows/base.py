@@ -5,14 +5,20 @@ system prompt), how many turns there are, and which tokens are the model's own (
 Single-turn workflows batch every task of a step into one engine call (`run_batch`); a multi-turn
 workflow overrides `run` to play one episode (agent <-> environment turns) per task.
 """
+import reprlib
 from dataclasses import dataclass
 
 from ..engines import RolloutEngine, SamplingParams
 from ..experience import Experience, Task
+from ..json_values import json_value_problem
 from ..registry import Registry
 
 WORKFLOWS = Registry("workflow")
 REQUIRED = object()  # an Arg default: the setting must be given
+# Each setting is a JSON value at most this long and deep (an environment's map, a list of tools):
+# the workers build environments from it every episode, and the run page shows it.
+MAX_ARG_CHARS = 64 * 1024
+MAX_ARG_DEPTH = 16
 
 
 @dataclass(frozen=True)
@@ -28,9 +34,13 @@ class Arg:
         kinds = self.kind if isinstance(self.kind, tuple) else (self.kind,)
         number = float in kinds and isinstance(value, int)  # an int is a fine float
         if isinstance(value, bool) and bool not in kinds or not (isinstance(value, kinds) or number):
-            return f"must be {' or '.join(k.__name__ for k in kinds)}, got {value!r}"
+            return f"must be {' or '.join(k.__name__ for k in kinds)}, got {reprlib.repr(value)}"
+        too_big = json_value_problem(value, max_depth=MAX_ARG_DEPTH, max_chars=MAX_ARG_CHARS)
+        if too_big:
+            path, problem = too_big
+            return f"{path} {problem}" if path else problem
         if self.choices and value not in self.choices:
-            return f"must be one of {', '.join(map(str, self.choices))}, got {value!r}"
+            return f"must be one of {', '.join(map(str, self.choices))}, got {reprlib.repr(value)}"
         if self.minimum is not None and value < self.minimum:
             return f"must be at least {self.minimum}, got {value!r}"
         return None
@@ -45,7 +55,7 @@ class Workflow:
         """(key, problem) for each bad setting: unknown keys, wrong types, missing required ones,
         then the workflow's own checks (`check_args`) once every value has the right type."""
         if not isinstance(args, dict):
-            return [("", f"must be a mapping of settings, got {args!r}")]
+            return [("", f"must be a mapping of settings, got {reprlib.repr(args)}")]
         known = ", ".join(sorted(cls.ARGS)) or "none"
         problems = [(str(key), f"unknown key; {cls.name()} takes: {known}") for key in args if key not in cls.ARGS]
         for key, arg in cls.ARGS.items():

@@ -22,6 +22,9 @@ the episode goes on. Episode facts go to `metadata.episode` (the explorer averag
 `episode/...` metrics).
 """
 import inspect
+import reprlib
+import types
+import typing
 from dataclasses import dataclass, field, replace
 
 from ..engines import Completion, SamplingParams
@@ -271,6 +274,32 @@ class MultiTurnWorkflow(Workflow):
         return self.experiences(episode, explorer_step=0, source="expert")[0]
 
 
+def _fits(value, hint) -> bool:
+    """Whether a JSON value fits an environment's annotation (bool, int, float, str, None, lists,
+    dicts, unions of them). Annotations beyond those are not checked here (the value is still a
+    bounded JSON value: Arg.problem)."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is inspect.Parameter.empty or hint is typing.Any:
+        return True
+    if origin in (typing.Union, types.UnionType):
+        return any(_fits(value, arg) for arg in args)
+    if hint is None or hint is types.NoneType:
+        return value is None
+    if hint in (bool, str):
+        return isinstance(value, hint)
+    if hint in (int, float):  # an int is a fine float; a bool is neither
+        return isinstance(value, (int, hint)) and not isinstance(value, bool)
+    if (origin or hint) is list:
+        return isinstance(value, list) and (not args or all(_fits(item, args[0]) for item in value))
+    if (origin or hint) is dict:
+        return isinstance(value, dict) and (not args or all(_fits(item, args[1]) for item in value.values()))
+    return True
+
+
+def _type_text(hint) -> str:
+    return hint.__name__ if isinstance(hint, type) and not typing.get_args(hint) else str(hint)
+
+
 @WORKFLOWS.register("multi_turn")
 class EnvironmentWorkflow(MultiTurnWorkflow):
     """Episodes of a registered text environment (explorer.workflow_args.env). Reward: the
@@ -282,11 +311,22 @@ class EnvironmentWorkflow(MultiTurnWorkflow):
     def check_args(cls, settings: dict) -> list[tuple[str, str]]:
         if settings["env"] not in ENVIRONMENTS:
             return [("env", f"unknown environment {settings['env']!r}; known: {', '.join(ENVIRONMENTS.names())}")]
+        signature = inspect.signature(ENVIRONMENTS.get(settings["env"]), eval_str=True)
         try:
-            inspect.signature(ENVIRONMENTS.get(settings["env"])).bind(**settings["env_args"])
+            bound = signature.bind(**settings["env_args"])
         except TypeError as err:
             return [("env_args", f"environment {settings['env']}: {err}")]
-        return []
+        problems = []
+        for name, value in bound.arguments.items():
+            parameter = signature.parameters[name]
+            if parameter.kind in (parameter.VAR_KEYWORD, parameter.VAR_POSITIONAL):
+                continue  # its annotation is of each item, not of the collected dict or tuple
+            if not _fits(value, parameter.annotation):
+                problems.append((
+                    f"env_args.{name}",
+                    f"environment {settings['env']} takes {_type_text(parameter.annotation)}, got {reprlib.repr(value)}",
+                ))
+        return problems
 
     def new_environment(self, task: Task) -> TextEnvironment:
         return ENVIRONMENTS.get(self.args["env"])(**self.args["env_args"])
