@@ -21,7 +21,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from collections import Counter
 from datetime import datetime, timezone

@@ -203,3 +203,14 @@ def test_deep_json_in_the_launch_forms_own_field_is_no_500(researcher_client):
     response = researcher_client.post(launch, {**fields, "name": "deep", "editor": "form", "base": deep})
     assert response.status_code == 200 and not Run.objects.filter(name="deep").exists()
     assert "levels deep" in str(response.context["form"].errors)
+
+
+def test_a_config_with_hundreds_of_problems_gets_a_short_reply():
+    from workers.rft.config import MAX_REPORTED_ISSUES, ConfigError, RunConfig, parse_config_text
+
+    text = "\n".join(f"k{i}: 1" for i in range(520))  # 4 KB of unknown keys
+    with pytest.raises(ConfigError) as refused:
+        RunConfig.from_dict(parse_config_text(text))
+    assert len(refused.value.errors) == MAX_REPORTED_ISSUES + 1
+    assert refused.value.errors[-1].message == f"and {520 - MAX_REPORTED_ISSUES} more problems"
+    assert len(str(refused.value)) < 8_000

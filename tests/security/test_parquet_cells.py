@@ -3,7 +3,6 @@
 A few KB of zstd Parquet can hold prompts of hundreds of MB. Every mapped cell over the limit
 (1 MiB for tasks, 64 MiB for expert data) refuses the import whole, naming the row and the
 column; a file whose own metadata gives it away is refused before anything is decompressed."""
-import io
 import time
 
 import pyarrow as pa
@@ -40,7 +39,7 @@ def test_the_issue_file_three_huge_prompts_in_a_few_kilobytes_is_refused_at_once
     assert path.stat().st_size < 64 * 1024
     started = time.monotonic()
     message = refusal(path)
-    assert time.monotonic() - started < 1.0  # the row group's metadata gave it away: nothing decompressed
+    assert time.monotonic() - started < 10  # 0.5 ms here: the metadata gave it away (reading it all took 22 s)
     assert "bomb.parquet" in message and "'q'" in message and "row" in message and f"{LIMIT:,}" in message, message
 
 

@@ -39,9 +39,16 @@ class ConfigIssue:
     message: str
 
 
+MAX_REPORTED_ISSUES = 50  # 520 unknown keys in 4 KB of text made a 58 KB error reply
+
+
 class ConfigError(ValueError):
     def __init__(self, errors: list[ConfigIssue]):
-        self.errors = list(errors)
+        errors = list(errors)
+        if len(errors) > MAX_REPORTED_ISSUES:
+            more = len(errors) - MAX_REPORTED_ISSUES
+            errors = errors[:MAX_REPORTED_ISSUES] + [ConfigIssue("<config>", f"and {more} more problems")]
+        self.errors = errors
         super().__init__("\n".join(f"{issue.key}: {issue.message}" for issue in self.errors))
 
 
