@@ -31,3 +31,20 @@ def wait_for(predicate, timeout=300, what="condition"):
             return value
         time.sleep(0.5)
     raise AssertionError(f"timed out waiting for {what}")
+
+
+def websocket_connects(path: str, headers: list[tuple[bytes, bytes]]) -> bool:
+    """Whether the real ASGI app accepts a websocket handshake at `path` with these headers."""
+    from asgiref.sync import async_to_sync
+    from channels.testing import WebsocketCommunicator
+
+    from rftweb.asgi import application
+
+    async def scenario():
+        ws = WebsocketCommunicator(application, path, headers=headers)
+        connected, _ = await ws.connect(timeout=10)
+        if connected:
+            await ws.disconnect()
+        return connected
+
+    return async_to_sync(scenario)()

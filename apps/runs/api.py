@@ -68,6 +68,15 @@ def bearer_user(request):
     return user_for_token(token.strip()) if scheme.lower() == "bearer" else None
 
 
+def authenticate_bearer(request) -> JsonResponse | None:
+    """The Authorization header's user becomes request.user; a 401 when it names none."""
+    user = bearer_user(request)
+    if user is None:
+        return error(401, "invalid API token")
+    request.user = user
+    return None
+
+
 def token_or_session(view):
     """For a page that scripts fetch too (a checkpoint download): with an Authorization header its
     token's user, as on the API (a 401 if it names none); without one, the session, as on every
@@ -77,10 +86,8 @@ def token_or_session(view):
     @wraps(view)
     def wrapped(request, *args, **kwargs):
         if request.headers.get("Authorization"):
-            user = bearer_user(request)
-            if user is None:
-                return error(401, "invalid API token")
-            request.user = user
+            if refused := authenticate_bearer(request):
+                return refused
         elif not request.user.is_authenticated:
             return redirect_to_login(request.get_full_path())
         return view(request, *args, **kwargs)
@@ -107,10 +114,8 @@ def api_view(*methods: str):
             if request.method not in methods:
                 return error(405, f"use {' or '.join(methods)}")
             if request.headers.get("Authorization"):
-                user = bearer_user(request)
-                if user is None:
-                    return error(401, "invalid API token")
-                request.user = user
+                if refused := authenticate_bearer(request):
+                    return refused
             elif not request.user.is_authenticated:
                 return error(401, "log in, or send Authorization: Bearer <token>")
             elif request.method not in SAFE_METHODS and _csrf_failure(request):

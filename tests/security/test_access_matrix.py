@@ -12,8 +12,6 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import pytest
-from asgiref.sync import async_to_sync
-from channels.testing import WebsocketCommunicator
 from django.conf import settings
 from django.contrib import admin
 from django.test import Client
@@ -28,8 +26,8 @@ from apps.feedback.models import RunAnnotators
 from apps.runs.api import token_for
 from apps.runs.models import Checkpoint, Run
 from apps.tasksets.models import Task, Taskset, TasksetImport
-from rftweb.asgi import application
 from rftweb.routing import websocket_urlpatterns
+from tests.support import websocket_connects
 
 PRINCIPALS = ("anonymous", "annotator", "owner", "other", "curator")
 Status = Run.Status
@@ -269,15 +267,7 @@ def ws_accepts(o, principal: str, path: str, origin: bytes = b"http://localhost"
         client = Client()
         client.force_login(user)
         headers.append((b"cookie", f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}".encode()))
-
-    async def scenario():
-        ws = WebsocketCommunicator(application, path, headers=headers)
-        connected, _ = await ws.connect(timeout=10)
-        if connected:
-            await ws.disconnect()
-        return connected
-
-    return async_to_sync(scenario)()
+    return websocket_connects(path, headers)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -31,7 +31,7 @@ from apps.runs.consumers import CLOSE_MESSAGE_TOO_BIG, MAX_CLIENT_MESSAGE_CHARS
 from apps.runs.models import Run
 from apps.tasksets.models import Task, Taskset
 from rftweb.asgi import application
-from tests.support import service_env
+from tests.support import service_env, websocket_connects
 
 PROMPT, RESPONSE, OTHER_RESPONSE = "secret prompt 7431", "secret response 7431", "secret other response 7431"
 JUDGEMENT_FORMS = {
@@ -203,15 +203,7 @@ def session_cookie(user) -> bytes:
 
 def ws_accepts(o, host: bytes, origin: bytes, extra=()) -> bool:
     headers = [(b"host", host), (b"origin", origin), (b"cookie", session_cookie(o.chosen)), *extra]
-
-    async def scenario():
-        ws = WebsocketCommunicator(application, f"/ws/annotate/{o.run.pk}/", headers=headers)
-        connected, _ = await ws.connect(timeout=10)
-        if connected:
-            await ws.disconnect()
-        return connected
-
-    return async_to_sync(scenario)()
+    return websocket_connects(f"/ws/annotate/{o.run.pk}/", headers)
 
 
 @pytest.mark.django_db(transaction=True)

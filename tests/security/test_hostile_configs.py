@@ -18,13 +18,8 @@ from apps.tasksets.models import Taskset
 from workers.rft.config import MAX_CONFIG_CHARS, MAX_CONFIG_DEPTH
 from workers.rft.workflows.base import MAX_ARG_CHARS, MAX_ARG_DEPTH
 
-GOOD = {
-    "model": {"path": "tiny"},
-    "algorithm": {"name": "grpo", "repeat_times": 2},
-    "explorer": {"batch_size": 2, "max_new_tokens": 8},
-    "trainer": {"total_steps": 2},
-    "buffer": {"taskset": "arith"},
-}
+from tests.security.test_bad_configs import GOOD  # the smallest config that launches
+
 GOOD_YAML = yaml.safe_dump(GOOD)
 ENV_ARGS = "explorer.workflow_args.env_args"
 
