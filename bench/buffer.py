@@ -99,7 +99,8 @@ def fill(run_id: int, rows: int) -> float:
                 copy.write_row((
                     n, np.array([rng.randrange(49152) for _ in range(PROMPT)], "<i4").tobytes(),
                     np.array([rng.randrange(49152) for _ in range(TOKENS)], "<i4").tobytes(),
-                    np.ones(TOKENS, "u1").tobytes(), np.array([-rng.random() * 5 for _ in range(TOKENS)], "<f4").tobytes(),
+                    np.ones(TOKENS, "u1").tobytes(),
+                    np.array([-rng.random() * 5 for _ in range(TOKENS)], "<f4").tobytes(),
                 ))
         cursor.execute(
             """
@@ -155,8 +156,8 @@ def _measure(rows: int, samples: int, writers: int) -> dict:
         buffer.write(exps)
         rates.append(len(exps) / (time.perf_counter() - started))
     results["write_per_s"] = median(rates)
-    print(f"write: {results['write_per_s']:.0f} experiences/s ({TOKENS}-token arrays, batches of {BATCH}), load {load()}",
-          flush=True)
+    print(f"write: {results['write_per_s']:.0f} experiences/s ({TOKENS}-token arrays, batches of {BATCH}), "
+          f"load {load()}", flush=True)
 
     results["fill_s"] = fill(run.pk, rows)
     print(f"filled {rows} rows in {results['fill_s']:.0f} s", flush=True)

@@ -38,7 +38,8 @@ def machine() -> dict:
     cpu = platform.processor()
     try:
         mem_kb = int(next(line for line in open("/proc/meminfo") if line.startswith("MemTotal")).split()[1])
-        cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")), cpu)
+        cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
+                   cpu)
     except (OSError, StopIteration):
         pass
     import torch
@@ -57,7 +58,8 @@ def machine() -> dict:
 def git_commit() -> str:
     """The commit measured, with '+dirty' when the engine or apps have uncommitted changes."""
     try:
-        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True).stdout.strip()
+        head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
+                              capture_output=True, text=True).stdout.strip()
         dirty = subprocess.run(["git", "status", "--porcelain", "--", "workers", "apps"], cwd=ROOT,
                                capture_output=True, text=True).stdout.strip()
         return head + ("+dirty" if dirty else "")

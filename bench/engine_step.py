@@ -14,8 +14,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from workers.rft.config import RunConfig  # noqa: E402
-from workers.rft.loop import Loop, memory_stores  # noqa: E402
+from workers.rft.config import RunConfig
+from workers.rft.loop import Loop, memory_stores
 
 CASES = {
     "tiny": {"model": "tiny", "tasks": 16, "samples": 8, "new_tokens": 32},
@@ -28,7 +28,7 @@ def grpo_config(case: dict, steps: int) -> RunConfig:
         "seed": 0,
         "model": {"path": case["model"]},
         "algorithm": {"name": "grpo", "repeat_times": case["samples"]},
-        "explorer": {"batch_size": case["tasks"], "max_new_tokens": case["new_tokens"]},
+        "explorer": {"engine": "transformers", "batch_size": case["tasks"], "max_new_tokens": case["new_tokens"]},
         "trainer": {"lr": 1e-6, "micro_batch_size": 16, "total_steps": steps + 1},
         "buffer": {"taskset": "arithmetic:n=200"},
     })

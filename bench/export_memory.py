@@ -19,7 +19,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.admin_changelist import create_bench_database, generate_buffer  # noqa: E402
+from bench.admin_changelist import create_bench_database, generate_buffer
 
 MB = 1024 * 1024
 

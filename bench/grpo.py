@@ -250,7 +250,8 @@ def check_loss(case_name: str, seed: int = 0) -> dict:
         diff = math.sqrt(sum(((a - b) ** 2).sum().item() for a, b in pairs))
         norm = math.sqrt(sum((a**2).sum().item() for a, _ in pairs))
         found.update(
-            trl_loss=trl_loss.item(), rftweb_loss=rft_loss.item(), grad_norm=norm, grad_rel_diff=diff / max(norm, 1e-30),
+            trl_loss=trl_loss.item(), rftweb_loss=rft_loss.item(),
+            grad_norm=norm, grad_rel_diff=diff / max(norm, 1e-30),
             clip_frac=metrics["clip_frac"], tokens=int(mb.mask.sum().item()), rows=len(lengths),
         )
         # The advantage each side gives the same rewards (TRL's formula written out: group mean,
@@ -320,7 +321,11 @@ def child_main(argv) -> None:
 
 # The compared sides: TRL; rftweb on-policy (offset 0: explore then train, TRL's schedule); rftweb
 # one step off-policy (offset 1: the explorer generates step t + 1 while the trainer trains step t).
-SIDES = {"trl": ["--side", "trl"], "rftweb": ["--side", "rftweb"], "rftweb_offset1": ["--side", "rftweb", "--offset", "1"]}
+SIDES = {
+    "trl": ["--side", "trl"],
+    "rftweb": ["--side", "rftweb"],
+    "rftweb_offset1": ["--side", "rftweb", "--offset", "1"],
+}
 
 
 def alternating(rep: int) -> list[str]:
@@ -330,7 +335,8 @@ def alternating(rep: int) -> list[str]:
     return names[shift:] + names[:shift]
 
 
-def grpo_step(reps: int = 3, steps: int = 4, cases=("tiny", "smollm2"), dtypes=("fp32", "bf16"), profile: bool = True) -> dict:
+def grpo_step(reps: int = 3, steps: int = 4, cases=("tiny", "smollm2"), dtypes=("fp32", "bf16"),
+              profile: bool = True) -> dict:
     """Loss check first (fails loudly), then alternating timed children."""
     results = {"machine": machine(), "reps": reps, "steps_per_child": steps, "checks": {}, "rows": []}
     for case in cases:
@@ -387,9 +393,11 @@ def save_path(name: str):
     return RESULTS / name
 
 
-def learning(seeds: int = 4, steps: int = 24, lr: float = 1e-3, reward: str = "bench_digits", case: str = "tiny") -> dict:
+def learning(seeds: int = 4, steps: int = 24, lr: float = 1e-3, reward: str = "bench_digits",
+             case: str = "tiny") -> dict:
     """Same GRPO config, several seeds, the sides alternating; mean reward of the first and last quarter."""
-    results = {"machine": machine(), "seeds": seeds, "steps": steps, "lr": lr, "reward": reward, "case": case, "runs": []}
+    results = {"machine": machine(), "seeds": seeds, "steps": steps, "lr": lr, "reward": reward, "case": case,
+               "runs": []}
     first, last = {side: [] for side in SIDES}, {side: [] for side in SIDES}
     for seed in range(seeds):
         for side in alternating(seed):

@@ -151,7 +151,8 @@ def live_metrics(clients: int = 50, steps: int = 60, interval: float = 1.0) -> d
 
         connections.close_all()
         admin_sql(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
-    latencies = [now - committed[step] for per_client in data["received"] for step, now in per_client if step in committed]
+    latencies = [now - committed[step]
+                 for per_client in data["received"] for step, now in per_client if step in committed]
     expected = clients * steps
     results = {
         "machine": machine(), "clients": clients, "connected": connected, "steps": steps,
@@ -160,8 +161,8 @@ def live_metrics(clients: int = 50, steps: int = 60, interval: float = 1.0) -> d
         "max_ms": 1000 * max(latencies) if latencies else None, "load_end": load(),
     }
     save("live_metrics", results)
-    print(table([[clients, connected, f"{len(latencies)}/{expected}", results["p50_ms"], results["p95_ms"], results["max_ms"]]],
-                ["clients", "connected", "received", "p50 ms", "p95 ms", "max ms"]))
+    row = [clients, connected, f"{len(latencies)}/{expected}", results["p50_ms"], results["p95_ms"], results["max_ms"]]
+    print(table([row], ["clients", "connected", "received", "p50 ms", "p95 ms", "max ms"]))
     return results
 
 

@@ -114,7 +114,8 @@ def rollout(quick: bool = False, model: str = "smollm2-135m") -> dict:
     results["failures"] = failures
     results["load_end"] = load()
     save("rollout", results)
-    print(table(rows, ["engine", "tokens/s", "x HF generate", "tokens/s with sync", "sync s", "|dlogp| mean", "RSS MB"]))
+    print(table(rows, ["engine", "tokens/s", "x HF generate", "tokens/s with sync", "sync s", "|dlogp| mean",
+                       "RSS MB"]))
     return results
 
 

@@ -51,8 +51,10 @@ def make_run(steps: int):
                              status="completed", trainer_step=steps, explorer_step=steps, model_version=steps)
     points = [MetricPoint(run=run, role=role, step=s, values=metric_values(s, role))
               for s in range(1, steps + 1) for role in ("explorer", "trainer")]
-    points += [MetricPoint(run=run, role="eval", step=s, values={"exact_match": s / steps}) for s in range(0, steps + 1, 10)]
-    points += [MetricPoint(run=run, role="system", step=1_790_000_000 + s, values={"cpu_percent": 50.0, "memory_gb": 1.0})
+    points += [MetricPoint(run=run, role="eval", step=s, values={"exact_match": s / steps})
+               for s in range(0, steps + 1, 10)]
+    points += [MetricPoint(run=run, role="system", step=1_790_000_000 + s,
+                           values={"cpu_percent": 50.0, "memory_gb": 1.0})
                for s in range(steps)]
     MetricPoint.objects.bulk_create(points, batch_size=2000)
     return user, run, len(points)
@@ -81,7 +83,8 @@ def draw_time(run) -> float:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    server = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "rftweb.asgi:application"],
+    server = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                               "rftweb.asgi:application"],
                               cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         for _ in range(100):

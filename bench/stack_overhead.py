@@ -9,7 +9,7 @@ headless against the full stack, and where the difference goes.
   metrics stored and published live through the Channels layer. Seconds per step are taken from the
   trainer's MetricPoint times (step k - step k-1), so start-up and model loading are not counted;
   headless per-step times likewise skip the first step.
-- profile: `workers.tasks.run_role` called in this process (everything the Celery task does, less
+- profile: `workers.tasks.serve_duty` called in this process (everything the Celery task does, less
   Celery's messaging) with the storage methods timed, in ms per step, plus cProfile's top functions
   outside torch (bench/results/stack_profile.txt).
 
@@ -88,7 +88,6 @@ def create_database() -> None:
 
 def drop_database() -> None:
     import psycopg
-
     from django.db import connections
 
     connections.close_all()
@@ -151,11 +150,11 @@ def full_stack(user, steps: int, index: int) -> dict:
 
 
 def profile_stack(user, steps: int) -> dict:
-    """run_role in this process, with every storage method and the loop's steps timed."""
+    """serve_duty in this process, with every storage method and the loop's steps timed."""
     import apps.buffer.store as buffer_store
     import apps.runs.store as run_store
     import apps.tasksets.store as task_store
-    from apps.runs import services
+    from apps.runs import services, supervision
     from workers import tasks as worker_tasks
     from workers.rft.loop import Loop
 
@@ -181,7 +180,7 @@ def profile_stack(user, steps: int) -> dict:
                        (run_store.DjangoMetricSink, "metrics"), (run_store.DjangoCheckpointStore, "checkpoints")]:
         for name in [n for n in vars(cls) if not n.startswith("_") and callable(vars(cls)[n])]:
             patches.append(timed(cls, name, f"{label}.{name}"))
-    patches.append(timed(worker_tasks, "wait_while_paused", "run status check (wait_while_paused)"))
+    patches.append(timed(supervision, "wait_while_paused", "run status check (wait_while_paused)"))
     run = services.launch_run(user, "overhead-profile", config_dict(steps))
     run.refresh_from_db()
     profiler = cProfile.Profile()
@@ -189,7 +188,7 @@ def profile_stack(user, steps: int) -> dict:
         # the Celery task's own body, synchronously (start_run's status change first)
         services.set_status(run, "starting") if run.status == "queued" else None
         profiler.enable()
-        outcome = worker_tasks.run_role(run.pk, "loop")
+        outcome = worker_tasks.serve_duty(run.pk, "loop")
         profiler.disable()
     finally:
         for owner, name, original in patches:
@@ -234,7 +233,8 @@ def stack_overhead(steps: int = 6, reps: int = 2) -> dict:
     os.environ.update(DJANGO_ENV)
     create_database()
     flush_redis()
-    prep = subprocess.run([PY, "-c", "import django, os; django.setup(); from bench.stack_overhead import prepare; prepare()"],
+    prep = subprocess.run([PY, "-c", "import django, os; django.setup(); "
+                                     "from bench.stack_overhead import prepare; prepare()"],
                           cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True)
     if prep.returncode:
         raise RuntimeError(prep.stderr[-3000:])
@@ -247,7 +247,8 @@ def stack_overhead(steps: int = 6, reps: int = 2) -> dict:
             out = child("bench.stack_overhead", "stack", "--steps", steps, "--index", rep, env=env)
             stack.append(median(out["step_s"]))
             results["runs"].append({"side": "stack", **out, "load": load()})
-            print(f"rep {rep}: headless {alone[-1]:.2f} s/step, stack {stack[-1]:.2f} s/step (load {load()})", flush=True)
+            print(f"rep {rep}: headless {alone[-1]:.2f} s/step, stack {stack[-1]:.2f} s/step (load {load()})",
+                  flush=True)
         out = child("bench.stack_overhead", "headless", "--steps", steps, env=env)
         alone.append(median(out["step_s"]))
         results["runs"].append({"side": "headless", **out, "load": load()})
@@ -259,8 +260,9 @@ def stack_overhead(steps: int = 6, reps: int = 2) -> dict:
     h, s = median(alone), median(stack)
     results["summary"] = {"headless_s": h, "stack_s": s, "overhead": s / h - 1, "load_end": load()}
     save("stack_overhead", results)
-    print(table([["headless engine", h, ""], ["full stack", s, f"{(s / h - 1) * 100:+.1f}%"]], ["side", "s/step", "overhead"]))
-    print("where the stack spends its time (in-process run_role, ms/step):")
+    print(table([["headless engine", h, ""], ["full stack", s, f"{(s / h - 1) * 100:+.1f}%"]],
+                ["side", "s/step", "overhead"]))
+    print("where the stack spends its time (in-process serve_duty, ms/step):")
     for name, ms in list(profile["ms_per_step"].items())[:12]:
         print(f"  {ms:9.1f} ms  {name}")
     return results

@@ -47,8 +47,8 @@ def rows() -> list[tuple[str, str, str, str, str]]:
     if data and "summary" in data:
         s = data["summary"]
         quarters = {side: f"{v['first_quarter']:.3f} -> {v['last_quarter']:.3f}" for side, v in s.items()}
-        out.append(("learning", f"{data['case']}, {data['steps']} steps x {data['seeds']} seeds, reward {data['reward']}: "
-                    "mean reward 1st -> last quarter",
+        out.append(("learning", f"{data['case']}, {data['steps']} steps x {data['seeds']} seeds, "
+                    f"reward {data['reward']}: mean reward 1st -> last quarter",
                     f"offset 0: {quarters['rftweb']}; offset 1: {quarters['rftweb_offset1']}",
                     f"TRL {quarters['trl']}", data["machine"]["load"]))
     data = read("rollout")
@@ -57,9 +57,10 @@ def rows() -> list[tuple[str, str, str, str, str]]:
         for r in data["summary"]:
             if r["engine"] == "hf_generate":
                 continue
-            out.append(("rollout", f"{r['engine']} tokens/s ({data['model']}, {data['prompts']}x{data['samples']}x{data['tokens']})",
-                        f"{r['tokens_per_s']:.1f}", f"HF generate {base['tokens_per_s']:.1f}; x{r['vs_hf_generate']:.2f}" if base else "",
-                        data.get("load_end", "")))
+            shape = f"{data['prompts']}x{data['samples']}x{data['tokens']}"
+            versus = f"HF generate {base['tokens_per_s']:.1f}; x{r['vs_hf_generate']:.2f}" if base else ""
+            out.append(("rollout", f"{r['engine']} tokens/s ({data['model']}, {shape})",
+                        f"{r['tokens_per_s']:.1f}", versus, data.get("load_end", "")))
         for engine, err in data.get("failures", {}).items():
             out.append(("rollout", f"{engine}", "failed", err[:60], ""))
     data = read("stack_overhead")
@@ -75,7 +76,8 @@ def rows() -> list[tuple[str, str, str, str, str]]:
                     f"{total / max(loop_ms, 1) * 100:.1f}% of the step; top: {top}", ""))
     data = read("buffer")
     if data and "sample_p50_ms" in data:
-        out.append(("buffer", "writes/s (128-row batches, 512-token arrays)", f"{data['write_per_s']:.0f}", "", data["machine"]["load"]))
+        out.append(("buffer", "writes/s (128-row batches, 512-token arrays)", f"{data['write_per_s']:.0f}", "",
+                    data["machine"]["load"]))
         out.append(("buffer", f"sample(256) p50 / p95 ms at {data['rows']:,} rows, {data['writers']} writers",
                     f"{data['sample_p50_ms']:.0f} / {data['sample_p95_ms']:.0f}",
                     f"writers {data['concurrent_write_per_s']:.0f} exps/s", data.get("load_end", "")))
@@ -83,12 +85,27 @@ def rows() -> list[tuple[str, str, str, str, str]]:
     if data:
         out.append(("live_metrics", f"commit -> websocket p50 / p95 / max ms, {data['clients']} clients",
                     f"{data['p50_ms']:.0f} / {data['p95_ms']:.0f} / {data['max_ms']:.0f}",
-                    f"received {data['received']}/{data['expected']} (0.25 s coalescing included)", data.get("load_end", "")))
+                    f"received {data['received']}/{data['expected']} (0.25 s coalescing included)",
+                    data.get("load_end", "")))
     data = read("memory")
     if data:
         out.append(("memory", "peak RSS MB, SmolLM2: explorer / trainer / loop",
                     f"{data['explorer_mb']:.0f} / {data['trainer_mb']:.0f} / {data['loop_mb']:.0f}",
                     f"TRL {data['trl_mb']:.0f}", data.get("load_end", "")))
+    data = read("weight_sync")
+    if data and data.get("summary"):
+        by = {r["method"]: r for r in data["summary"]}
+        for method, r in by.items():
+            parts = ", ".join(f"{k} {v:.0f}" for k, v in r["parts_ms"].items())
+            out.append(("weight_sync", f"{data['model']} ms per version, {method} ({parts})",
+                        f"{r['per_version_ms']:.0f}", f"first version {r['first_ms']:.0f}", data.get("load_end", "")))
+    data = read("explorers")
+    if data and data.get("summary"):
+        for r in data["summary"]:
+            versus = f"x{r['vs_one']:.2f} of 1 explorer" if r.get("vs_one") and r["explorers"] > 1 else ""
+            out.append(("explorers", f"{data['model']} rollouts/s; s/trainer step, sync {r['method']}, "
+                        f"{r['explorers']} explorer(s)", f"{r['rollouts_per_s']:.2f}; {r['s_per_step']:.1f}", versus,
+                        data.get("load_end", "")))
     return out
 
 

@@ -27,7 +27,9 @@ def prompts_for(tokenizer, n: int) -> list[list[int]]:
 
     tasks = generate("arithmetic", n, seed=0, max_operand=50)
     texts = [
-        tokenizer.apply_chat_template([{"role": "user", "content": t["prompt"]}], add_generation_prompt=True, tokenize=False)
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": t["prompt"]}], add_generation_prompt=True, tokenize=False
+        )
         for t in tasks
     ]
     return [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]

@@ -4,6 +4,7 @@ With no DATABASE_URL / REDIS_URL the project runs embedded: SQLite in the data d
 channel layer and Celery tasks executed in-process. Production and the tests set both.
 """
 import os
+import socket
 from pathlib import Path
 
 import dj_database_url
@@ -38,6 +39,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    "apps.core",
     "apps.accounts",
     "apps.tasksets",
     "apps.runs",
@@ -106,7 +108,7 @@ else:
 # Celery. One long task per worker process (prefetch 1, acks_late) so a killed worker's run step
 # is redelivered; the visibility timeout must outlast the longest step or Redis redelivers it
 # while it is still running.
-# Embedded (no REDIS_URL): no broker; tasks run on threads of the web process (workers.tasks.enqueue).
+# Embedded (no REDIS_URL): no broker; tasks run on threads of the web process (rftweb.celery.enqueue).
 RFTWEB_EMBEDDED = not REDIS_URL
 CELERY_BROKER_URL = REDIS_URL or "memory://"
 CELERY_RESULT_BACKEND = REDIS_URL or "cache+memory://"
@@ -115,7 +117,8 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": int(os.environ.get("CELERY_VISIBILITY_TIMEOUT", 6 * 3600))}
 CELERY_TASK_DEFAULT_QUEUE = "default"
-CELERY_TASK_ROUTES = {"workers.tasks.run_role": {"queue": "train"}}  # the explorer role is sent to "explore"
+# Everything else, jobs included (apps.core.tasks.run_job), goes to "default".
+CELERY_TASK_ROUTES = {"workers.tasks.serve_duty": {"queue": "train"}}  # the explorer duty is sent to "explore"
 CELERY_BEAT_SCHEDULE = {
     "watchdog": {"task": "workers.tasks.watchdog", "schedule": float(os.environ.get("RFTWEB_WATCHDOG_INTERVAL", 30))}
 }
@@ -125,6 +128,10 @@ RFTWEB_HEARTBEAT_TIMEOUT = float(os.environ.get("RFTWEB_HEARTBEAT_TIMEOUT", 120)
 # How many times in a row the watchdog hands a dead worker's role on without a trainer step between;
 # then the run fails for its user to resume (a worker killed at the same step each time: out of memory?).
 RFTWEB_MAX_HANDOVERS = int(os.environ.get("RFTWEB_MAX_HANDOVERS", 3))
+# The address other machines reach this one's trainer at (the ranks of a trainer on several
+# machines, trainer.num_nodes; explorers receiving weights, synchronizer.method nccl): this host's
+# name as it resolves here, unless set (to an address on the network they share).
+RFTWEB_NODE_ADDRESS = os.environ.get("RFTWEB_NODE_ADDRESS") or socket.gethostbyname(socket.gethostname())
 # How long a run's worker waits for a restarted database before leaving the run to the watchdog.
 RFTWEB_DATABASE_OUTAGE_SECONDS = float(os.environ.get("RFTWEB_DATABASE_OUTAGE_SECONDS", 300))
 # Annotation queue: how long an annotator holds an item, and how many annotators judge each one.

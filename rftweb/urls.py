@@ -15,6 +15,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("accounts/", include("apps.accounts.urls")),
     path("tasksets/", include("apps.tasksets.urls")),
+    path("jobs/", include("apps.core.urls")),
     path("annotate/", include("apps.feedback.urls")),
     path("", include("apps.runs.urls")),
 ]

@@ -49,7 +49,6 @@ def celery_worker_factory(transactional_db, tmp_path):
     import uuid
 
     from rftweb.celery import app
-
     from tests.support import service_env
 
     env = service_env()
@@ -60,8 +59,8 @@ def celery_worker_factory(transactional_db, tmp_path):
         name = f"test-{uuid.uuid4().hex[:8]}@localhost"
         log = open(tmp_path / f"{name}.log", "w")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "celery", "-A", "rftweb", "worker", "-Q", queues, "-c", "1", "--pool", pool, "-n", name,
-             "--without-gossip", "--without-mingle", "-l", "info"],
+            [sys.executable, "-m", "celery", "-A", "rftweb", "worker", "-Q", queues, "-c", "1", "--pool", pool,
+             "-n", name, "--without-gossip", "--without-mingle", "-l", "info"],
             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         proc.log_path = tmp_path / f"{name}.log"

@@ -22,14 +22,14 @@ def service_env(**overrides) -> dict:
     }
 
 
-def wait_for(predicate, timeout=300, what="condition"):
-    """The predicate's first truthy value, polled every 0.5 s; fails after `timeout` seconds."""
+def wait_for(predicate, timeout=300, what="condition", every=0.5):
+    """The predicate's first truthy value, polled every `every` seconds; fails after `timeout` seconds."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         value = predicate()
         if value:
             return value
-        time.sleep(0.5)
+        time.sleep(every)
     raise AssertionError(f"timed out waiting for {what}")
 
 

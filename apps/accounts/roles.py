@@ -6,7 +6,6 @@ curator    cleans the buffer in the admin (and everything a researcher does)
 """
 from functools import wraps
 
-from django.contrib.auth.mixins import AccessMixin
 from django.core.exceptions import PermissionDenied
 
 ANNOTATOR = "annotator"
@@ -50,12 +49,3 @@ def role_required(role: str):
         return wrapped
 
     return decorator
-
-
-class RoleRequiredMixin(AccessMixin):
-    required_role: str = RESEARCHER
-
-    def dispatch(self, request, *args, **kwargs):
-        if not has_role(request.user, self.required_role):
-            raise PermissionDenied(f"this page needs the {self.required_role} role")
-        return super().dispatch(request, *args, **kwargs)

@@ -2,7 +2,7 @@
 a readable detail page, expert data import) and the jobs that import, export and transform them.
 
 Built for a million experiences: the list reads only the columns it shows (token arrays stay in
-the database, previews are cut there), counts are capped (counts.EstimatedCountPaginator), the
+the database, previews are cut there), counts are capped (EstimatedCountPaginator), the
 search matches the indexed models.SearchDocument column, and every bulk action is one statement or
 a Celery job. Actions and pages change state through services, never directly.
 """
@@ -23,10 +23,10 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
+from apps.core.counts import EstimatedCountPaginator
 from apps.feedback.models import Feedback
 
 from . import services
-from .counts import EstimatedCountPaginator
 from .forms import ExpertDataUploadForm, ExportForm, PipelineForm, PriorityForm, RescoreForm
 from .models import BufferJob, Experience, SearchDocument
 
@@ -566,13 +566,23 @@ class BufferJobAdmin(admin.ModelAdmin):
     def delete_model(self, request, obj):
         services.delete_jobs(BufferJob.objects.filter(pk=obj.pk))
 
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        # The job page follows a running job with the progress widget (static/js/job_progress.js).
+        extra_context = {**(extra_context or {}), "job_label": BufferJob._meta.label_lower}
+        return super().change_view(request, object_id, form_url, extra_context)
+
     @admin.display(description="progress")
     def progress(self, job):
-        return format_html('<progress max="100" value="{}"></progress> {}%', job.percent, job.percent)
+        return format_html(
+            '<progress data-job-bar max="100" value="{}"></progress> <span data-job-percent>{}</span>%',
+            job.percent,
+            job.percent,
+        )
 
     @admin.display(description="rows")
     def rows(self, job):
-        return f"{job.rows_done:,} of {job.rows_total:,}" if job.rows_total else f"{job.rows_done:,}"
+        text = f"{job.rows_done:,} of {job.rows_total:,}" if job.rows_total else f"{job.rows_done:,}"
+        return format_html("<span data-job-rows>{}</span>", text)
 
     @admin.display(description="what")
     def what(self, job):

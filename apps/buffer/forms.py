@@ -6,7 +6,7 @@ from django import forms
 from django.conf import settings
 from django.template.defaultfilters import filesizeformat
 
-from apps.tasksets.importers import TasksetImportError
+from apps.core.files import FileImportError
 from workers.rft.rewards import build_reward
 
 from . import exporters, importers, services
@@ -106,7 +106,7 @@ class ExpertDataUploadForm(forms.Form):
         if cleaned.get("format") == "auto" and cleaned.get("file"):
             try:
                 cleaned["format"] = importers.detect_expert_format(cleaned["file"].name)
-            except TasksetImportError as exc:
+            except FileImportError as exc:
                 self.add_error("format", exc.message)
         return cleaned
 

@@ -2,10 +2,9 @@
 
 Two layouts. SFT: one experience a row, `prompt` + `response` or chat `messages`, optionally with
 token ids, rewards and metadata (an rftweb experience export is such a file). DPO: one preference
-pair a row, `prompt` + `chosen` + `rejected`. The files are read by the taskset importer's readers
-(apps.tasksets.importers), so they stream in constant memory and every problem is a
-`TasksetImportError` naming the file, the line (or Parquet row) and the field. Nothing here touches
-the database.
+pair a row, `prompt` + `chosen` + `rejected`. The files are read by the shared readers
+(apps.core.files), so they stream in constant memory and every problem is a `FileImportError`
+naming the file, the line (or Parquet row) and the field. Nothing here touches the database.
 """
 
 import json
@@ -13,21 +12,20 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pyarrow
 import pyarrow.parquet as pq
 
-from apps.tasksets.importers import (
+from apps.core.files import (
+    FileImportError,
     ReadProgress,
-    TasksetImportError,
-    _json_type,
-    _json_value,
-    _read_jsonl,
-    _read_parquet,
-    _text,
     detect_format,
+    json_type,
+    json_value,
+    read_jsonl,
+    read_parquet,
+    text,
 )
 
 FORMATS = ("jsonl", "parquet")  # CSV cannot hold chat messages or token arrays
@@ -79,7 +77,7 @@ class ExperienceFields:
 def detect_expert_format(filename: str) -> str:
     fmt = detect_format(filename)
     if fmt not in FORMATS:
-        raise TasksetImportError(
+        raise FileImportError(
             Path(filename).name, None, f"{fmt} files cannot hold expert data; use JSONL or Parquet"
         )
     return fmt
@@ -89,40 +87,38 @@ def read_expert_data(
     path: Path, fmt: str, layout: str, *, display_name: str | None = None, max_line_bytes: int = MAX_LINE_BYTES
 ) -> Iterator[tuple[tuple[ExperienceFields, ...], ReadProgress]]:
     """Yield (experiences, progress) for each row: one experience for an SFT row, (chosen,
-    rejected) for a DPO row. Raises TasksetImportError."""
+    rejected) for a DPO row. Raises FileImportError."""
     path = Path(path)
     name = display_name or path.name
     if fmt not in FORMATS:
-        raise TasksetImportError(name, None, f"unknown format {fmt!r} (known: {', '.join(FORMATS)})")
+        raise FileImportError(name, None, f"unknown format {fmt!r} (known: {', '.join(FORMATS)})")
     if layout not in LAYOUTS:
-        raise TasksetImportError(name, None, f"unknown layout {layout!r} (known: {', '.join(LAYOUTS)})")
+        raise FileImportError(name, None, f"unknown layout {layout!r} (known: {', '.join(LAYOUTS)})")
     if not path.is_file():
-        raise TasksetImportError(name, None, f"no such file: {path}")
+        raise FileImportError(name, None, f"no such file: {path}")
     columns, parse = (SFT_COLUMNS, _sft_row) if layout == "sft" else (DPO_COLUMNS, _dpo_row)
     if fmt == "jsonl":
-        records = _read_jsonl(path, name, None, max_line_bytes)
+        records = read_jsonl(path, name, max_line_bytes)
     else:
-        records = _read_parquet(
-            path, name, SimpleNamespace(columns=_parquet_columns(path, name, columns)), max_line_bytes
-        )
+        records = read_parquet(path, name, _parquet_columns(path, name, columns), max_line_bytes)
     rows = 0
     for location, unit, record, progress in records:
         try:
             experiences = parse(record)
         except ValueError as exc:
-            raise TasksetImportError(name, location, str(exc), unit=unit) from None
+            raise FileImportError(name, location, str(exc), unit=unit) from None
         rows += 1
         yield experiences, progress
     if rows == 0:
-        raise TasksetImportError(name, None, "the file has no rows")
+        raise FileImportError(name, None, "the file has no rows")
 
 
 def _parquet_columns(path: Path, name: str, wanted: tuple[str, ...]) -> list[str]:
-    """The wanted columns the file has: the taskset reader reads only those, and insists on all of them."""
+    """The wanted columns the file has: the reader reads only those, and insists on all of them."""
     try:
         present = set(pq.read_schema(path).names)
     except (pyarrow.ArrowException, OSError) as exc:
-        raise TasksetImportError(name, None, f"not a readable Parquet file ({exc})") from None
+        raise FileImportError(name, None, f"not a readable Parquet file ({exc})") from None
     return [column for column in wanted if column in present]
 
 
@@ -206,17 +202,17 @@ def _render(prompt: str | list[dict]) -> str:
 
 def _string(value, key: str, limit: int | None = None) -> str:
     if not isinstance(value, str):
-        raise ValueError(f"{key!r} must be a string, got {_json_type(value)}")
+        raise ValueError(f"{key!r} must be a string, got {json_type(value)}")
     if limit is not None and len(value) > limit:
         raise ValueError(f"{key!r} is {len(value)} characters long, over the limit of {limit}")
-    return _text(value, repr(key))
+    return text(value, repr(key))
 
 
 def _prompt(value, key: str) -> str | list[dict]:
     if isinstance(value, str):
         if not value.strip():
             raise ValueError(f"{key!r} is empty")
-        return _text(value, repr(key))
+        return text(value, repr(key))
     return _chat(value, key)
 
 
@@ -225,15 +221,15 @@ def _chat(value, key: str) -> list[dict]:
     value = _decoded(value, key)
     if not isinstance(value, list) or not value:
         raise ValueError(
-            f"{key!r} must be text or a non-empty list of chat messages {{role, content}}, got {_json_type(value)}"
+            f"{key!r} must be text or a non-empty list of chat messages {{role, content}}, got {json_type(value)}"
         )
     for number, message in enumerate(value, 1):
         if not isinstance(message, dict):
-            raise ValueError(f"{key!r}: message {number} is {_json_type(message)}, not a {{role, content}} object")
+            raise ValueError(f"{key!r}: message {number} is {json_type(message)}, not a {{role, content}} object")
         for part in ("role", "content"):
             if not isinstance(message.get(part), str):
                 raise ValueError(f"{key!r}: message {number} has no string {part!r}")
-    return [_json_value(message) for message in value]
+    return [json_value(message) for message in value]
 
 
 def _object(value, key: str) -> dict:
@@ -241,8 +237,8 @@ def _object(value, key: str) -> dict:
     if value is None:
         return {}
     if not isinstance(value, dict):
-        raise ValueError(f"{key!r} must be an object, got {_json_type(value)}")
-    return _json_value(value)
+        raise ValueError(f"{key!r} must be an object, got {json_type(value)}")
+    return json_value(value)
 
 
 def _components(value) -> dict[str, float]:
@@ -262,7 +258,7 @@ def _decoded(value, key: str):
 
 def _number(value, key: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{key!r} must be a number, got {_json_type(value)}")
+        raise ValueError(f"{key!r} must be a number, got {json_type(value)}")
     if not math.isfinite(value):  # JSON's 1e400 reads as infinity; it would turn advantages to NaN
         raise ValueError(f"{key!r} must be a finite number, got {value!r}")
     return float(value)
@@ -314,5 +310,5 @@ def _aligned(record: dict, key: str, response_ids: list[int] | None, check) -> l
 
 def _list(value, key: str) -> list:
     if not isinstance(value, list):
-        raise ValueError(f"{key!r} must be a list, got {_json_type(value)}")
+        raise ValueError(f"{key!r} must be a list, got {json_type(value)}")
     return value

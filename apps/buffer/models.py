@@ -1,10 +1,11 @@
 import uuid
 from pathlib import Path
 
-from django.conf import settings
 from django.contrib.postgres.search import SearchVectorField
 from django.db import models
 from django.db.models import Expression, Q
+
+from apps.core.models import Job
 
 from .fields import PackedArrayField
 
@@ -45,7 +46,9 @@ class Experience(models.Model):
         REJECTED = "rejected"  # filtered out by a pipeline, a curator or a flag
 
     run = models.ForeignKey("runs.Run", null=True, blank=True, related_name="experiences", on_delete=models.CASCADE)
-    task = models.ForeignKey("tasksets.Task", null=True, blank=True, related_name="experiences", on_delete=models.SET_NULL)
+    task = models.ForeignKey(
+        "tasksets.Task", null=True, blank=True, related_name="experiences", on_delete=models.SET_NULL
+    )
     explorer_step = models.PositiveIntegerField(default=0)
     group_id = models.CharField(max_length=100, blank=True, db_index=True)
     rollout_index = models.PositiveIntegerField(default=0)
@@ -105,7 +108,7 @@ def _job_file_path(job, filename):
     return f"buffer-jobs/{uuid.uuid4().hex}{Path(filename).suffix.lower()}"
 
 
-class BufferJob(models.Model):
+class BufferJob(Job):
     """A curation job too long for a request (import, export, re-score, promote, pipeline op),
     run by a Celery worker on the `default` queue; the admin shows its progress and result."""
 
@@ -116,45 +119,33 @@ class BufferJob(models.Model):
         PROMOTE = "promote"  # expert copies of the selected experiences
         PIPELINE = "pipeline"  # an experience pipeline operator over the selected experiences
 
-    class Status(models.TextChoices):
-        PENDING = "pending"
-        RUNNING = "running"
-        SUCCEEDED = "succeeded"
-        FAILED = "failed"
-
     kind = models.CharField(max_length=10, choices=Kind.choices)
-    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
     params = models.JSONField(default=dict, blank=True, help_text="what the job does: format, reward fn, operator")
     # Fixed when the curator confirmed: the job acts on exactly these rows, whatever changes later.
     selection = PackedArrayField(dtype="<i8", help_text="ids of the selected rows, in the order they are processed")
     upload = models.FileField(upload_to=_job_file_path, blank=True, help_text="deleted once the import has finished")
     original_filename = models.CharField(max_length=255, blank=True)
     output = models.FileField(upload_to=_job_file_path, blank=True, help_text="the export file")
-    rows_done = models.PositiveBigIntegerField(default=0)
-    rows_total = models.PositiveBigIntegerField(default=0)
-    bytes_done = models.PositiveBigIntegerField(default=0)
-    bytes_total = models.PositiveBigIntegerField(default=0)
     result = models.JSONField(default=dict, blank=True, help_text="what the job did: rows changed, added, rejected")
-    error = models.TextField(blank=True)
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
-    created_at = models.DateTimeField(auto_now_add=True)
-    started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
 
-    class Meta:
-        ordering = ["-created_at"]
+    heavy_fields = ("selection",)  # read as packed bytes (services._selection), not as a list
 
     def __str__(self):
         return f"{self.get_kind_display()} job {self.pk} ({self.status})"
 
     @property
-    def is_finished(self) -> bool:
-        return self.status in (self.Status.SUCCEEDED, self.Status.FAILED)
+    def job_type(self) -> str:
+        return f"buffer.{self.kind}"
 
-    @property
-    def percent(self) -> int:
-        if self.status == self.Status.SUCCEEDED:
-            return 100
-        # An import knows how far it is through its file; the others, through their selection.
-        done, total = (self.bytes_done, self.bytes_total) if self.bytes_total else (self.rows_done, self.rows_total)
-        return min(99, 100 * done // total) if total else 0
+    def may_view(self, user) -> bool:
+        """Whoever may look at the job in the admin."""
+        return user.is_active and user.is_staff and user.has_perm("buffer.view_bufferjob")
+
+    def keep_result(self, result: dict) -> None:
+        self.result = result
+
+    def clean_up(self, failed: bool) -> None:
+        if self.upload:
+            self.upload.delete(save=False)
+        if failed:
+            self.output.name = ""  # a failed export's partial file is already deleted

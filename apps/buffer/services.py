@@ -2,28 +2,28 @@
 
 Curation acts on a selection (a queryset of experiences, typically the admin changelist's). Quick
 set-based changes (status, priority, delete) run in the request. Anything that reads every row
-in Python (import, export, re-score, promote, a pipeline operator) is a `BufferJob` run by a
-Celery worker on the `default` queue: the job fixes the selected ids when the curator confirms,
-reports its progress as it goes, and changes the buffer all or nothing.
+in Python (import, export, re-score, promote, a pipeline operator) is a `BufferJob`, each kind a
+job type that apps.core.jobs runs on a Celery worker of the `default` queue: the job fixes the
+selected ids when the curator confirms, reports its progress as it goes, and changes the buffer
+all or nothing.
 """
 
 import copy
-import logging
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-from django.db import DEFAULT_DB_ALIAS, connection, connections, models, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, models, transaction
 from django.db.models import BinaryField, ExpressionWrapper, F
 from django.db.models.functions import MD5
-from django.utils import timezone
 
+from apps.core import jobs
+from apps.core.files import FileImportError
+from apps.core.jobs import JobError
 from apps.feedback.models import Feedback
-from apps.tasksets.importers import TasksetImportError
 from apps.tasksets.store import to_task
 from workers.rft.rewards import build_reward
 
@@ -31,23 +31,8 @@ from . import exporters, importers
 from .models import BufferJob, Experience
 from .store import COPIED_FIELDS, to_experience, to_row
 
-logger = logging.getLogger(__name__)
-
 CHUNK_ROWS = 2_000  # rows a job holds in memory at once
 DELETE_CHUNK_ROWS = 10_000
-
-
-class JobError(Exception):
-    """A job that cannot do what it was asked; the message is shown to the curator."""
-
-
-@transaction.atomic
-def write_rollouts(experiences: list[Experience]) -> int:
-    """Insert rollouts; a row whose natural key (run, explorer step, task, rollout index) already
-    exists is skipped, so a replayed explorer step writes nothing twice. Returns rows inserted."""
-    before = Experience.objects.filter(run_id__in={e.run_id for e in experiences}).count()
-    Experience.objects.bulk_create(experiences, ignore_conflicts=True, batch_size=500)
-    return Experience.objects.filter(run_id__in={e.run_id for e in experiences}).count() - before
 
 
 # ---- quick changes of a selection ----
@@ -115,12 +100,12 @@ def import_expert_data(
     so a bad row anywhere leaves nothing behind. A DPO row becomes two experiences (chosen: ready;
     rejected: status rejected, so it is never imitated) and `user`'s preference between them.
     `progress(rows, bytes_done, bytes_total)` is called after every batch. Returns the number of
-    experiences created. Raises TasksetImportError."""
+    experiences created. Raises FileImportError."""
     path = Path(path)
     source = source or path.name
     fmt = fmt or importers.detect_expert_format(path.name)
     if layout == "dpo" and user is None:
-        raise TasksetImportError(source, None, "a DPO import needs a user: each pair becomes their preference")
+        raise FileImportError(source, None, "a DPO import needs a user: each pair becomes their preference")
     rows = importers.read_expert_data(path, fmt, layout, display_name=source)
     pair_prefix = f"pair-{uuid.uuid4().hex[:12]}"  # each pair is a group of two, so the admin shows them side by side
     batch, created, read = [], 0, None
@@ -198,7 +183,7 @@ def start_import(*, upload, layout: str, fmt: str, user=None) -> BufferJob:
     )
     job.upload.save(upload.name, upload, save=False)  # copied in chunks, never whole in memory
     job.save()
-    _enqueue(job)
+    jobs.enqueue_job(job)
     return job
 
 
@@ -245,6 +230,7 @@ def export_rows(
     return written
 
 
+@jobs.register(f"buffer.{BufferJob.Kind.EXPORT}")
 def _run_export(job: BufferJob, progress) -> dict:
     what, fmt = job.params["what"], job.params["format"]
     job.output.name = f"buffer-jobs/{uuid.uuid4().hex}.{fmt}"
@@ -272,6 +258,7 @@ def start_rescore(queryset, *, reward_fn, user=None) -> BufferJob:
     return _start_selection_job(BufferJob.Kind.RESCORE, queryset, {"reward_fn": reward_fn}, user)
 
 
+@jobs.register(f"buffer.{BufferJob.Kind.RESCORE}")
 def _rescore(job: BufferJob, progress) -> dict:
     """reward and reward_components from the reward fn, on the response and the row's task; the
     previous reward is kept in metadata['rescored']. Rows without a task (imported data) have no
@@ -302,6 +289,7 @@ def start_promotion(queryset, *, user=None) -> BufferJob:
     return _start_selection_job(BufferJob.Kind.PROMOTE, queryset, {}, user)
 
 
+@jobs.register(f"buffer.{BufferJob.Kind.PROMOTE}")
 def _promote(job: BufferJob, progress) -> dict:
     """An expert copy of each selected experience (MIX and SFT imitate expert data), ready, in
     the same run, with the original as its parent. Expert rows, and rows promoted before, are skipped."""
@@ -363,6 +351,7 @@ def start_pipeline(queryset, *, operator: str, params: dict, user=None) -> Buffe
     )
 
 
+@jobs.register(f"buffer.{BufferJob.Kind.PIPELINE}")
 def _run_pipeline(job: BufferJob, progress) -> dict:
     """Run the operator as the explorer would, over the selection one whole task at a time, and
     store the outcome: rows it drops become `rejected` (metadata['rejected_by'] names it), changed
@@ -468,17 +457,8 @@ def _whole_tasks(chunks: Iterator[tuple[int, list]]) -> Iterator[tuple[int, list
 def _start_selection_job(kind: str, queryset, params: dict, user, order=("pk",)) -> BufferJob:
     ids = _ids(queryset.order_by(*order))
     job = BufferJob.objects.create(kind=kind, params=params, selection=ids, rows_total=len(ids), created_by=user)
-    _enqueue(job)
+    jobs.enqueue_job(job)
     return job
-
-
-def _enqueue(job: BufferJob) -> None:
-    """Queue the job on `default` once this transaction commits (embedded: a thread of this process)."""
-    from workers.tasks import enqueue  # imported when used, as the taskset import does: it imports the apps
-
-    from .tasks import run_buffer_job  # tasks imports this module
-
-    transaction.on_commit(lambda: enqueue(run_buffer_job, job.pk, queue="default"))
 
 
 def _ids(queryset) -> np.ndarray:
@@ -513,30 +493,7 @@ def _selected_rows(job: BufferJob, rows) -> Iterator[tuple[int, list]]:
         connection.queries_log.clear()
 
 
-def run_job(job_id: int) -> BufferJob:
-    """Run a queued job to the end: it succeeded and holds its result, or failed and holds the error.
-
-    A finished job is left alone (a redelivered Celery task); one left `running` by a killed worker
-    starts again, its transaction having been rolled back with the worker's connection."""
-    job = BufferJob.objects.select_related("created_by").defer("selection").get(pk=job_id)
-    if job.is_finished:
-        return job
-    job.status, job.started_at, job.rows_done, job.bytes_done = BufferJob.Status.RUNNING, timezone.now(), 0, 0
-    job.save(update_fields=["status", "started_at", "rows_done", "bytes_done"])
-    try:
-        with _progress_writer(job) as progress:
-            result = JOB_RUNNERS[job.kind](job, progress)
-    except (TasksetImportError, JobError) as exc:
-        _finish_job(job, BufferJob.Status.FAILED, error=str(exc))
-    except Exception as exc:
-        logger.exception("buffer job %s failed", job.pk)
-        _finish_job(job, BufferJob.Status.FAILED, error=f"the job failed unexpectedly ({exc!r})")
-        raise
-    else:
-        _finish_job(job, BufferJob.Status.SUCCEEDED, result=result, rows_done=job.rows_total)
-    return job
-
-
+@jobs.register(f"buffer.{BufferJob.Kind.IMPORT}")
 def _run_import(job: BufferJob, progress) -> dict:
     created = import_expert_data(
         job.upload.path,
@@ -550,59 +507,11 @@ def _run_import(job: BufferJob, progress) -> dict:
     return {"imported": created}
 
 
-JOB_RUNNERS = {
-    BufferJob.Kind.IMPORT: _run_import,
-    BufferJob.Kind.EXPORT: _run_export,
-    BufferJob.Kind.RESCORE: _rescore,
-    BufferJob.Kind.PROMOTE: _promote,
-    BufferJob.Kind.PIPELINE: _run_pipeline,
-}
-
-
-@contextmanager
-def _progress_writer(job: BufferJob):
-    """Yield progress(rows_done, bytes_done=None), which makes the job's progress visible at once.
-
-    The jobs change the buffer in one transaction on the default connection, so progress saved
-    there would stay invisible until the end. Each update goes through a second connection, in
-    autocommit mode, instead: safe because the job's transaction never touches the job row. Inside
-    an outer transaction (the tests) or on SQLite (one writer at a time) nobody could see progress
-    before the end anyway, and the callback does nothing. (The taskset import does the same.)"""
-    if connection.vendor != "postgresql" or connection.in_atomic_block:
-        yield lambda rows_done, bytes_done=None: None
-        return
-    progress_connection = connections.create_connection(DEFAULT_DB_ALIAS)
-    table = BufferJob._meta.db_table
-
-    def write_progress(rows_done: int, bytes_done: int | None = None) -> None:
-        with progress_connection.cursor() as cursor:
-            cursor.execute(
-                f"UPDATE {table} SET rows_done = %s, bytes_done = COALESCE(%s, bytes_done) WHERE id = %s",
-                [rows_done, bytes_done, job.pk],
-            )
-
-    try:
-        yield write_progress
-    finally:
-        progress_connection.close()
-
-
-def _finish_job(job: BufferJob, status: str, **fields) -> None:
-    if job.upload:
-        job.upload.delete(save=False)
-    if status == BufferJob.Status.FAILED:
-        job.output.name = ""  # a failed export's partial file is already deleted
-    job.status, job.finished_at = status, timezone.now()
-    for name, value in fields.items():
-        setattr(job, name, value)
-    job.save()
-
-
 def delete_jobs(queryset) -> int:
     """Delete jobs with their files (uploads not yet imported, export files)."""
-    jobs = list(queryset)
-    for job in jobs:
+    doomed = list(queryset)
+    for job in doomed:
         for file in (job.upload, job.output):
             if file:
                 file.delete(save=False)
-    return BufferJob.objects.filter(pk__in=[job.pk for job in jobs]).delete()[0]
+    return BufferJob.objects.filter(pk__in=[job.pk for job in doomed]).delete()[0]

@@ -90,21 +90,34 @@ class DjangoExperienceBuffer:
         if unknown:
             raise ValueError(f"unknown experience source(s) {sorted(unknown)}")
         with transaction.atomic():
-            rollouts = [e for e in experiences if e.source == "rollout"]
-            stored = set(
-                ExperienceRow.objects.filter(
-                    run_id=self.run_id, source="rollout", explorer_step__in={e.explorer_step for e in rollouts}
-                ).values_list("explorer_step", "task_id", "rollout_index")
-            ) if rollouts else set()
-            new = [e for e in experiences if e.source != "rollout" or e.key not in stored]
-            rows = [to_row(e, self.run_id) for e in new]
+            new = self._new(experiences)
             try:
                 with transaction.atomic():  # a savepoint: a failed COPY leaves nothing behind
-                    insert_rows(rows)
+                    insert_rows([to_row(e, self.run_id) for e in new])
             except IntegrityError:
-                # A concurrent replay of the same step stored some of them first: it wins, harmlessly.
+                # A concurrent replay of the same step committed some of them first: it wins,
+                # harmlessly, and what it stored is not new here (read committed: we now see it).
+                new = self._new(new)
+                rows = [to_row(e, self.run_id) for e in new]
                 ExperienceRow.objects.bulk_create(rows, ignore_conflicts=True, batch_size=500)
         return len(new)
+
+    def _new(self, experiences: Sequence[Experience]) -> list[Experience]:
+        """The experiences to store: all but the rollouts whose natural key is stored already or
+        comes earlier in the same batch."""
+        steps = {e.explorer_step for e in experiences if e.source == "rollout"}
+        seen = set(
+            self._rows().filter(source="rollout", explorer_step__in=steps)
+            .values_list("explorer_step", "task_id", "rollout_index")
+        ) if steps else set()
+        new = []
+        for e in experiences:
+            if e.source == "rollout":
+                if e.key in seen:
+                    continue
+                seen.add(e.key)
+            new.append(e)
+        return new
 
     def count(self, *, sources: Sequence[str]) -> int:
         return self._rows().filter(source__in=sources).count()
@@ -183,7 +196,9 @@ class DjangoExperienceBuffer:
         if consumed:
             rejected = ExperienceRow.Status.REJECTED
             changes |= {
-                "status": Case(When(status=rejected, then=Value(rejected)), default=Value(ExperienceRow.Status.CONSUMED)),
+                "status": Case(
+                    When(status=rejected, then=Value(rejected)), default=Value(ExperienceRow.Status.CONSUMED)
+                ),
                 "consumed_at": timezone.now(),
             }
         ExperienceRow.objects.filter(pk__in=[e.id for e in experiences]).update(**changes)
@@ -204,8 +219,9 @@ class DjangoExperienceBuffer:
         """Human preferences on this run's experiences and those of the feedback source runs;
         least used first (a use is counted on the chosen row)."""
         feedback = self.config.feedback
+        runs = [self.run_id, *feedback.source_runs]
         prefs = (
-            Feedback.objects.filter(kind=Feedback.Kind.PREFERENCE, experience__run_id__in=[self.run_id, *feedback.source_runs])
+            Feedback.objects.filter(kind=Feedback.Kind.PREFERENCE, experience__run_id__in=runs)
             .filter(Q(value=1.0) | Q(value__isnull=True))  # a verdict; ties and "both bad" are no pair
         )
         if feedback.exclude_flagged:

@@ -5,7 +5,7 @@ from django.utils.html import format_html
 from django.utils.text import Truncator
 
 from apps.buffer.admin import export_action
-from apps.buffer.counts import EstimatedCountPaginator
+from apps.core.counts import EstimatedCountPaginator
 
 from .models import Feedback
 

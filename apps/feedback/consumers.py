@@ -7,7 +7,8 @@ status goes on as `run_status`; nothing else of the dashboard's traffic.
 """
 from channels.db import database_sync_to_async
 
-from apps.runs.consumers import PingConsumer, run_group
+from apps.core.consumers import CLOSE_FORBIDDEN, PingConsumer
+from apps.runs.consumers import run_group
 
 from .live import annotate_group
 
@@ -17,7 +18,7 @@ class AnnotateConsumer(PingConsumer):
         user = self.scope.get("user")
         self.run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
         if not (user and user.is_authenticated and await self._may_annotate(user)):
-            await self.close(code=4403)
+            await self.close(code=CLOSE_FORBIDDEN)
             return
         self.groups_joined = (annotate_group(self.run_id), run_group(self.run_id))
         for group in self.groups_joined:

@@ -26,7 +26,9 @@ def broadcast(run_id: int | None, message: dict) -> None:
         # The judgement is committed: a channel layer that is slow or down must not turn it into
         # an error the annotator would retry. Pages catch up on their next request.
         try:
-            async_to_sync(get_channel_layer().group_send)(annotate_group(run_id), {"type": "annotate.message", "payload": message})
+            async_to_sync(get_channel_layer().group_send)(
+                annotate_group(run_id), {"type": "annotate.message", "payload": message}
+            )
         except Exception as exc:  # noqa: BLE001 - any failure of the layer: the hint is dropped
             logger.warning("annotation hint %s for run %s not sent: %r", message.get("type"), run_id, exc)
 

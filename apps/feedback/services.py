@@ -190,7 +190,10 @@ def _check_may_judge(experience: Experience, user) -> None:
         return
     if _places_left(experience, user) <= 0:
         holders = ", ".join(
-            _live_locks(experience.pk).exclude(user=user).values_list("user__username", flat=True).order_by("user__username")
+            _live_locks(experience.pk)
+            .exclude(user=user)
+            .values_list("user__username", flat=True)
+            .order_by("user__username")
         )
         raise FeedbackError(
             f"experience {experience.pk} is taken by {holders or 'other annotators'}: go on to the next item"
@@ -353,7 +356,9 @@ def prepare_edits(run) -> None:
 
 
 @transaction.atomic
-def compare(experience_id: int, other_id: int, user, verdict: str, *, seconds_spent: float = 0.0, comment: str = "") -> Feedback:
+def compare(
+    experience_id: int, other_id: int, user, verdict: str, *, seconds_spent: float = 0.0, comment: str = ""
+) -> Feedback:
     """Compare two responses to one prompt (A: the queued item, B: the other). A decisive verdict
     is a DPO pair (the preferred response as `experience`); a tie or "both bad" is recorded with
     value 0.5 or 0 and trains nothing."""
@@ -366,8 +371,13 @@ def compare(experience_id: int, other_id: int, user, verdict: str, *, seconds_sp
     # not each hold one row and wait for the other's (a deadlock Postgres answers with an error).
     locked = {pk: _locked_row(pk, user) for pk in sorted((experience_id, other_id))}
     experience, other = locked[experience_id], locked[other_id]
-    if (other.run_id, other.task_id, other.prompt_text) != (experience.run_id, experience.task_id, experience.prompt_text):
-        raise FeedbackError(f"experiences {experience.pk} and {other.pk} answer different prompts: only responses to one prompt compare")
+    if (other.run_id, other.task_id, other.prompt_text) != (
+        experience.run_id, experience.task_id, experience.prompt_text
+    ):
+        raise FeedbackError(
+            f"experiences {experience.pk} and {other.pk} answer different prompts: "
+            "only responses to one prompt compare"
+        )
     _check_may_judge(experience, user)
     chosen, rejected = (other, experience) if verdict == "b_better" else (experience, other)
     # One verdict per annotator and pair: a changed mind replaces the earlier one, either way round.
@@ -417,7 +427,9 @@ def next_item(run, user, strategy: str = NEWEST) -> Experience | None:
         # count is redone under the lock, and a fresh batch is tried if a whole batch filled up.
         for _ in range(3):
             candidates = list(
-                _candidates(run, user, strategy).select_related("run").select_for_update(skip_locked=True, of=("self",))[:CANDIDATES]
+                _candidates(run, user, strategy)
+                .select_related("run")
+                .select_for_update(skip_locked=True, of=("self",))[:CANDIDATES]
             )
             for experience in candidates:
                 if _places_left(experience, user) > 0:
@@ -444,7 +456,11 @@ def _open_items(run, user):
     judges = (
         Feedback.objects.filter(Q(experience_id=OuterRef("pk")) | Q(other_id=OuterRef("pk")))
         .exclude(user=user).order_by()
-        .values(n=Func(F("user_id"), function="COUNT", template="COUNT(DISTINCT %(expressions)s)", output_field=IntegerField()))
+        .values(
+            n=Func(
+                F("user_id"), function="COUNT", template="COUNT(DISTINCT %(expressions)s)", output_field=IntegerField()
+            )
+        )
     )
     holders = (
         AnnotationLock.objects.filter(experience_id=OuterRef("pk"), expires_at__gt=timezone.now())
@@ -523,7 +539,10 @@ def choose_comparison(experience: Experience) -> Experience | None:
         return None
     return (
         Experience.objects.filter(
-            run_id=experience.run_id, task_id=experience.task_id, prompt_text=experience.prompt_text, source__in=QUEUED_SOURCES
+            run_id=experience.run_id,
+            task_id=experience.task_id,
+            prompt_text=experience.prompt_text,
+            source__in=QUEUED_SOURCES,
         )
         .exclude(pk=experience.pk)
         .exclude(status=Status.REJECTED)
@@ -548,7 +567,10 @@ def _take(experience: Experience, user) -> None:
 def holders(experience: Experience, user) -> list[str]:
     """Other annotators holding the experience now, for the page to show."""
     return list(
-        _live_locks(experience.pk).exclude(user=user).order_by("user__username").values_list("user__username", flat=True)
+        _live_locks(experience.pk)
+        .exclude(user=user)
+        .order_by("user__username")
+        .values_list("user__username", flat=True)
     )
 
 

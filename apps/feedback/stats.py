@@ -28,7 +28,8 @@ def per_annotator(run) -> list[dict]:
 def _ratings_by_item(run) -> list[list[float]]:
     """The ratings of each item rated more than once."""
     by_item = defaultdict(list)
-    for experience_id, value in Feedback.objects.filter(experience__run=run, kind=Feedback.Kind.RATING).values_list("experience_id", "value"):
+    ratings = Feedback.objects.filter(experience__run=run, kind=Feedback.Kind.RATING)
+    for experience_id, value in ratings.values_list("experience_id", "value"):
         by_item[experience_id].append(value)
     return [values for values in by_item.values() if len(values) > 1]
 
@@ -92,7 +93,9 @@ def summary(run) -> dict:
     rated = Experience.objects.filter(run=run, reward_components__has_key=HUMAN_REWARD)
     human = KeyTextTransform(HUMAN_REWARD, "reward_components")
     by_step = (
-        rated.values("explorer_step").annotate(mean=Avg(Cast(human, FloatField())), n=Count("pk")).order_by("explorer_step")
+        rated.values("explorer_step")
+        .annotate(mean=Avg(Cast(human, FloatField())), n=Count("pk"))
+        .order_by("explorer_step")
     )
     steps = [{"explorer_step": row["explorer_step"], "human_reward": row["mean"], "rated": row["n"]} for row in by_step]
     total = sum(s["rated"] for s in steps)

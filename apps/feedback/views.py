@@ -101,7 +101,9 @@ def _item_page(request, item, *, error=None, status=200):
             "answer": item.task.answer if item.task_id else "", "rubric": services.feedback_settings(item.run).rubric,
             "scale": services.scale_labels(item.run), "verdicts": services.VERDICTS,
             "flag_reasons": services.FLAG_REASONS, "holders": services.holders(item, request.user),
-            "items_left": services.items_left_label(services.items_left(item.run, request.user)) if item.run_id else None,
+            "items_left": (
+                services.items_left_label(services.items_left(item.run, request.user)) if item.run_id else None
+            ),
             "max_edit_chars": services.MAX_EDIT_CHARS, "edited_text": request.POST.get("text") if error else None,
         },
         status=status,
@@ -152,7 +154,9 @@ def _int(value) -> int:
 def judge(request, pk, action):
     item = get_object_or_404(Experience.objects.select_related("run", "task"), pk=pk)
     try:
-        JUDGEMENTS[action](request, item.pk, seconds_spent=_seconds_spent(request), comment=request.POST.get("comment", ""))
+        JUDGEMENTS[action](
+            request, item.pk, seconds_spent=_seconds_spent(request), comment=request.POST.get("comment", "")
+        )
     except NotAnnotator as exc:
         return _refused(request, exc)
     except FeedbackError as exc:
@@ -193,7 +197,9 @@ def assign_annotators(request, run_id):
     run = get_object_or_404(Run, pk=run_id)
     usernames = request.POST.get("usernames", "").replace(",", "\n").splitlines()
     try:
-        services.set_annotators(run, request.user, open_to_all=request.POST.get("open_to_all") == "on", usernames=usernames)
+        services.set_annotators(
+            run, request.user, open_to_all=request.POST.get("open_to_all") == "on", usernames=usernames
+        )
     except FeedbackError as exc:
         messages.error(request, str(exc))
     else:

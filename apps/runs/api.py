@@ -10,10 +10,10 @@ import json
 import re
 from functools import wraps
 
+from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.decorators import login_not_required
 from django.contrib.auth.views import redirect_to_login
-from django.conf import settings
 from django.core.exceptions import PermissionDenied, RequestDataTooBig, ValidationError
 from django.core.paginator import Paginator
 from django.http import Http404, JsonResponse
@@ -24,6 +24,7 @@ from django.utils.crypto import constant_time_compare, salted_hmac
 from django.views.decorators.csrf import csrf_exempt
 
 from apps.accounts.roles import RESEARCHER, has_role
+from workers.rft.config import ConfigError
 
 from . import queries, services
 from .controls import control_run
@@ -251,8 +252,6 @@ def runs(request):
 
 def _launch(request):
     """Body: {"name": "...", "config": {...} or "YAML text"}."""
-    from workers.rft.config import ConfigError
-
     try:
         body = _json_body(request)
     except ValueError as err:

@@ -12,7 +12,9 @@ from django.conf import settings
 MODEL_KEYS = ("model.path", "model.ref_path", "model.critic_path")
 # A causal language model, as transformers names its classes.
 CAUSAL_LM_SUFFIXES = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json")
+WEIGHT_FILES = (
+    "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json"
+)
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
@@ -25,7 +27,11 @@ def _value(config, dotted: str):
 def nul_issues(data, prefix: str = "") -> list[tuple[str, str]]:
     """(key, message) for each string holding a NUL character, which Postgres cannot store."""
     if isinstance(data, dict):
-        return [issue for key, value in data.items() for issue in nul_issues(value, f"{prefix}.{key}" if prefix else str(key))]
+        return [
+            issue
+            for key, value in data.items()
+            for issue in nul_issues(value, f"{prefix}.{key}" if prefix else str(key))
+        ]
     if isinstance(data, list):
         return [issue for i, value in enumerate(data) for issue in nul_issues(value, f"{prefix}[{i}]")]
     if isinstance(data, str) and "\x00" in data:

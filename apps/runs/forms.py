@@ -74,6 +74,7 @@ SECTIONS = (
         ),
     ),
     ("Synchroniser", ("synchronizer.method", "synchronizer.interval", "synchronizer.offset")),
+    ("Scale", ("trainer.strategy", "trainer.num_processes", "trainer.num_nodes", "explorer.engine_num")),
 )
 
 HELP = {
@@ -93,6 +94,14 @@ HELP = {
     "explorer.eval_interval": "evaluate every N explorer steps; 0: never",
     "trainer.batch_size": "experiences per step; empty: explorer.batch_size × repeat_times",
     "trainer.save_interval": "checkpoint every N steps; 0: only at the end",
+    "trainer.strategy": "single: one process · ddp: data parallel, a rank per GPU · fsdp: ddp with the model "
+                        "sharded over the ranks (docs/scale.md)",
+    "trainer.num_processes": "ranks per machine (one per GPU); the trainer's worker starts them",
+    "trainer.num_nodes": "machines: each past the first needs a free train worker",
+    "synchronizer.method": "memory: explorer and trainer in one worker · checkpoint: through versioned files · "
+                           "nccl: broadcast from the trainer to its explorers (gloo on CPU); "
+                           "checkpoint and nccl put them in workers of their own",
+    "explorer.engine_num": "explorers, each a worker of its own on queue explore (checkpoint or nccl sync)",
     "synchronizer.interval": "trainer steps between weight syncs",
     "synchronizer.offset": "explorer runs this many steps ahead of the trainer (1: one-step off-policy)",
 }

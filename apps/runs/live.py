@@ -1,4 +1,4 @@
-"""Numbered, coalesced live updates of a run (DESIGN.md, "Live updates").
+"""Numbered, coalesced live updates of a run (docs/architecture.md, "Live updates").
 
 Channels drops messages silently when a client falls behind, so every message carries the run's
 next `seq`; a client that sees a gap fetches the snapshot (`views.run_live`) again. The snapshot
@@ -17,14 +17,13 @@ from channels.layers import get_channel_layer
 from django.db import connection, transaction
 
 from .consumers import run_group
+from .models import Run
 
 COALESCE_SECONDS = 0.25
 log = logging.getLogger(__name__)
 
 
 def next_seq(run_id: int) -> int:
-    from .models import Run
-
     with transaction.atomic():
         run = Run.objects.select_for_update().only("live_seq").get(pk=run_id)
         run.live_seq += 1

@@ -31,12 +31,19 @@ class Run(models.Model):
     trainer_step = models.PositiveIntegerField(default=0)
     model_version = models.PositiveIntegerField(default=0)
     error = models.TextField(blank=True)
-    # {role: {"at": iso time, "worker": id, "ended": iso time once the worker let go}}: who serves
-    # each role (services.holder); the watchdog hands on a role whose heartbeat expired.
+    # {duty: {"at": iso time, "worker": id, "ended": iso time once the worker let go, "broke": why its
+    # rank group broke}}: who serves each duty ("loop", or "explorer" and "trainer", and
+    # "trainer-node-K" per extra trainer machine: supervision.duties_of_run; services.holder); the
+    # watchdog hands on a duty whose heartbeat expired or whose rank group broke.
     heartbeats = models.JSONField(default=dict, blank=True)
     # Each resume of a failed or stopped run: {"at", "after": the status it left, "error": the
     # error it had (no longer shown as current), "checkpoint": {"version", "step"} or null}.
     resumes = models.JSONField(default=list, blank=True)
+    # Where groups of the run's processes meet, by name: "trainer", the ranks of a trainer on
+    # several machines (trainer.num_nodes > 1); "weights", the trainer and its explorers
+    # (synchronizer.method nccl). Each is {"generation", "host", "port", "world_size"} while rank 0
+    # has it open, then {"generation"} alone; each group rank 0 opens gets the next generation.
+    rendezvous = models.JSONField(default=dict, blank=True)
     live_seq = models.PositiveBigIntegerField(default=0, help_text="number of the last live message sent")
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -84,3 +91,35 @@ class Checkpoint(models.Model):
     class Meta:
         ordering = ["run", "version"]
         constraints = [models.UniqueConstraint(fields=["run", "version"], name="checkpoint_unique_version")]
+
+
+class ExplorerStep(models.Model):
+    """One explorer step of a run served by several explorers (explorer.engine_num > 1): the tasks
+    its batch holds, picked once by the first explorer to open it, and what each explorer measured
+    on its share (`parts`), merged into the step's explorer metrics by the one that finishes it."""
+
+    run = models.ForeignKey(Run, related_name="explorer_steps", on_delete=models.CASCADE)
+    step = models.PositiveIntegerField()
+    task_ids = models.JSONField()
+    parts = models.JSONField(default=list)
+    opened_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "step"], name="explorer_step_unique")]
+
+
+class ExplorerGroup(models.Model):
+    """A task's group of rollouts in an ExplorerStep: the unit explorers claim. `worker` is the
+    claiming explorer as "<duty>@<worker id>" (store.DjangoStepClaims). A claim by an explorer
+    whose duty no live worker holds any more is free to take again."""
+
+    explorer_step = models.ForeignKey(ExplorerStep, related_name="groups", on_delete=models.CASCADE)
+    task_id = models.BigIntegerField()
+    worker = models.CharField(max_length=200, blank=True)
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    done_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [models.UniqueConstraint(fields=["explorer_step", "task_id"], name="explorer_group_unique")]

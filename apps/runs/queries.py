@@ -7,6 +7,7 @@ from django.db.models import JSONField, OuterRef, Subquery
 from django.db.models.functions import Length
 
 from apps.buffer.models import Experience
+from workers.rft.config import TrainerConfig
 
 from .models import MetricPoint, Run
 
@@ -94,8 +95,6 @@ def key_figures(run: Run) -> list[dict]:
 def checkpoint_schedule(run: Run) -> str:
     """When the trainer saves checkpoints (trainer.save_interval, save_interval_s, keep_checkpoints),
     in words, for the run page's empty checkpoint table."""
-    from workers.rft.config import TrainerConfig
-
     trainer = {**vars(TrainerConfig()), **(run.config.get("trainer") or {})}
     every = []
     if trainer["save_interval"]:

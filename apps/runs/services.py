@@ -8,6 +8,11 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from apps.tasksets.models import Taskset
+from rftweb.celery import enqueue
+from workers.rft.config import ConfigError, ConfigIssue, RunConfig
+
+from .config_checks import model_issues, nul_issues
 from .live import publisher
 from .models import MetricPoint, Run
 
@@ -71,20 +76,16 @@ def record_metrics(run: Run, role: str, step: int, values: dict) -> MetricPoint:
     return point
 
 
-def validate_config(config: dict) -> "RunConfig":
+def validate_config(config: dict) -> RunConfig:
     """The engine's schema, plus what a shared server adds: model directories confined to the
     allowed roots (stored resolved), and tasksets and feedback source runs that exist.
     Raises ConfigError naming each bad key."""
-    from apps.tasksets.models import Taskset
-    from workers.rft.config import ConfigError, ConfigIssue, RunConfig
-
-    from .config_checks import model_issues, nul_issues
-
     parsed = RunConfig.from_dict(config)
     buffer = parsed.buffer
+    named = {"taskset": buffer.taskset, "expert_taskset": buffer.expert_taskset, "eval_taskset": buffer.eval_taskset}
     issues = [
         ConfigIssue(f"buffer.{key}", f"no taskset named {name!r}; upload it or pick one of the tasksets page")
-        for key, name in (("taskset", buffer.taskset), ("expert_taskset", buffer.expert_taskset), ("eval_taskset", buffer.eval_taskset))
+        for key, name in named.items()
         if name and "\x00" not in name and not Taskset.objects.filter(name=name).exists()  # NUL: nul_issues
     ]
     known_runs = set(Run.objects.filter(pk__in=parsed.feedback.source_runs).values_list("pk", flat=True))
@@ -105,17 +106,15 @@ def validate_config(config: dict) -> "RunConfig":
 
 def launch_run(owner, name: str, config: dict) -> Run:
     """Validate, create the run and, once that commits, hand it to the workers."""
-    from workers import tasks
-
     parsed = validate_config(config)
     with transaction.atomic():
         run = Run.objects.create(name=name, owner=owner, config=parsed.to_dict(), mode=parsed.mode)
-        transaction.on_commit(lambda: tasks.enqueue(tasks.start_run, run.pk))
+        transaction.on_commit(lambda: enqueue("workers.tasks.start_run", run.pk))
     return run
 
 
 def mark_running(run: Run) -> None:
-    """A worker has the run going: starting -> running, once (the run's other role may be first)."""
+    """A worker has the run going: starting -> running, once (the run's other duty may be first)."""
     with transaction.atomic():
         if Run.objects.select_for_update().get(pk=run.pk).status == Status.STARTING:
             set_status(run, Status.RUNNING)
@@ -127,12 +126,10 @@ def pause_run(run: Run) -> Run:
 
 def resume_run(run: Run) -> Run:
     """Continue the run. A paused run's workers carry on in place. A failed or stopped run is queued
-    again: its roles restart from its newest checkpoint (from step 0 when it has none) on the same
+    again: its duties restart from its newest checkpoint (from step 0 when it has none) on the same
     run, metrics and buffer (replayed steps replace their metrics; the buffer gives back what the
     lost steps consumed). Its error moves to `resumes`, so the run no longer shows it as current.
-    Refused while a worker still holds one of its roles (it lets go within a step)."""
-    from workers import tasks
-
+    Refused while a worker still holds one of its duties (it lets go within a step)."""
     with transaction.atomic():
         locked = Run.objects.select_for_update().get(pk=run.pk)
         if locked.status == Status.PAUSED:
@@ -143,9 +140,9 @@ def resume_run(run: Run) -> Run:
             )
         busy = workers_holding(locked)
         if busy:
-            role, worker = next(iter(busy.items()))
+            duty, worker = next(iter(busy.items()))
             raise InvalidTransition(
-                f"run {locked.pk} cannot be resumed yet: worker {worker} still holds its {role} role "
+                f"run {locked.pk} cannot be resumed yet: worker {worker} still holds its {duty} duty "
                 "and lets go within a step; try again in a moment"
             )
         checkpoint = locked.checkpoints.order_by("-step").first()
@@ -158,7 +155,7 @@ def resume_run(run: Run) -> Run:
         locked.heartbeats = {}  # the workers that served it are gone; whoever starts it now holds it
         locked.save(update_fields=["resumes", "heartbeats", "updated_at"])
         set_status(locked, Status.QUEUED, error="")
-        transaction.on_commit(lambda: tasks.enqueue(tasks.start_run, locked.pk))
+        transaction.on_commit(lambda: enqueue("workers.tasks.start_run", locked.pk))
     run.refresh_from_db()
     return run
 
@@ -208,41 +205,41 @@ def set_progress(run: Run, **progress: int) -> None:
         setattr(run, key, value)
 
 
-# A role is held by the worker its heartbeat names, until that worker lets it go ("ended") or
-# falls silent for RFTWEB_HEARTBEAT_TIMEOUT seconds. Only claim_role makes a worker the holder;
-# a worker that finds another holder stops (the watchdog or a resume gave the role away).
-HANDED_OVER = "watchdog"  # the holder the watchdog writes when it sends a dead worker's role on
+# A duty is held by the worker its heartbeat names, until that worker lets it go ("ended") or
+# falls silent for RFTWEB_HEARTBEAT_TIMEOUT seconds. Only claim_duty makes a worker the holder;
+# a worker that finds another holder stops (the watchdog or a resume gave the duty away).
+HANDED_OVER = "watchdog"  # the holder the watchdog writes when it sends a dead worker's duty on
 
 
-def _write_beat(run: Run, role: str, worker: str) -> None:
-    previous = run.heartbeats.get(role, {})
+def _write_beat(run: Run, duty: str, worker: str) -> None:
+    previous = run.heartbeats.get(duty, {})
     handovers = {key: previous[key] for key in ("handovers", "handed_over_at_step") if key in previous}
-    run.heartbeats = {**run.heartbeats, role: {**handovers, "at": timezone.now().isoformat(), "worker": worker}}
+    run.heartbeats = {**run.heartbeats, duty: {**handovers, "at": timezone.now().isoformat(), "worker": worker}}
     run.save(update_fields=["heartbeats"])
 
 
-def heartbeat_age(run: Run, role: str) -> float | None:
-    """Seconds since the role's last heartbeat (None: it never had one)."""
-    beat = run.heartbeats.get(role)
+def heartbeat_age(run: Run, duty: str) -> float | None:
+    """Seconds since the duty's last heartbeat (None: it never had one)."""
+    beat = run.heartbeats.get(duty)
     if not beat:
         return None
     return (timezone.now() - datetime.fromisoformat(beat["at"])).total_seconds()
 
 
-def holder(run: Run, role: str, timeout: float | None = None) -> str | None:
-    """Who holds the role as `run` was read: a worker id, HANDED_OVER (a task was sent on for it
+def holder(run: Run, duty: str, timeout: float | None = None) -> str | None:
+    """Who holds the duty as `run` was read: a worker id, HANDED_OVER (a task was sent on for it
     and has not started yet) or None (never claimed, or let go). With `timeout`, who holds it
     alive: None also for a worker silent for `timeout` seconds or whose process is gone."""
-    beat = run.heartbeats.get(role)
+    beat = run.heartbeats.get(duty)
     if not beat or beat.get("ended"):
         return None
-    if timeout is not None and (heartbeat_age(run, role) > timeout or process_is_gone(beat["worker"])):
+    if timeout is not None and (heartbeat_age(run, duty) > timeout or process_is_gone(beat["worker"])):
         return None
     return beat["worker"]
 
 
 def process_is_gone(worker: str) -> bool:
-    """True for a worker ("host:pid", workers.tasks.worker_id) of this machine whose process has
+    """True for a worker ("host:pid", supervision.worker_id) of this machine whose process has
     exited (killed): nobody need wait for its heartbeat to expire. Unknown elsewhere: False."""
     host, _, pid = worker.rpartition(":")
     if host != socket.gethostname() or not pid.isdigit():
@@ -256,57 +253,64 @@ def process_is_gone(worker: str) -> bool:
     return False
 
 
+def is_explorer(duty: str) -> bool:
+    """explorer, or explorer-K: one of the run's explorer.engine_num explorers."""
+    return duty == "explorer" or duty.startswith("explorer-")
+
+
 def workers_holding(run: Run) -> dict[str, str]:
-    """{role: worker} for the roles a live worker holds."""
+    """{duty: worker} for the duties a live worker holds."""
     timeout = settings.RFTWEB_HEARTBEAT_TIMEOUT
-    held = {role: holder(run, role, timeout) for role in run.heartbeats}
-    return {role: worker for role, worker in held.items() if worker not in (None, HANDED_OVER)}
+    held = {duty: holder(run, duty, timeout) for duty in run.heartbeats}
+    return {duty: worker for duty, worker in held.items() if worker not in (None, HANDED_OVER)}
 
 
-def claim_role(run: Run, role: str, worker: str, timeout: float) -> bool:
-    """Take the role of an active run unless another live worker holds it. A redelivered or
-    duplicated task for a role that is being served, or for a run no longer active, then exits
+def claim_duty(run: Run, duty: str, worker: str, timeout: float) -> bool:
+    """Take the duty of an active run unless another live worker holds it. A redelivered or
+    duplicated task for a duty that is being served, or for a run no longer active, then exits
     without touching the run."""
     with transaction.atomic():
         locked = Run.objects.select_for_update().get(pk=run.pk)
-        if locked.status not in Run.ACTIVE or holder(locked, role, timeout) not in (None, HANDED_OVER, worker):
+        if locked.status not in Run.ACTIVE or holder(locked, duty, timeout) not in (None, HANDED_OVER, worker):
             return False
-        _write_beat(locked, role, worker)
+        _write_beat(locked, duty, worker)
     return True
 
 
-def heartbeat(run: Run, role: str, worker: str) -> bool:
-    """`worker` is alive and still holds `role`. False, writing nothing, once it does not: the
-    role was handed to another worker or the run was resumed since."""
+def heartbeat(run: Run, duty: str, worker: str) -> bool:
+    """`worker` is alive and still holds `duty`. False, writing nothing, once it does not: the
+    duty was handed to another worker or the run was resumed since."""
     with transaction.atomic():
         locked = Run.objects.select_for_update().only("heartbeats").get(pk=run.pk)
-        if holder(locked, role) != worker:
+        if holder(locked, duty) != worker:
             return False
-        _write_beat(locked, role, worker)
+        _write_beat(locked, duty, worker)
     return True
 
 
-def hand_over(run: Run, role: str, limit: int) -> bool:
-    """The watchdog sends on the role of a worker that stopped beating: the first task to claim it
+def hand_over(run: Run, duty: str, limit: int) -> bool:
+    """The watchdog sends on the duty of a worker that stopped beating: the first task to claim it
     holds it. After `limit` hand-overs in a row with no trainer step between (a worker killed at
     the same step each time), the run fails instead, for its user to resume: returns False."""
     with transaction.atomic():
         locked = Run.objects.select_for_update().get(pk=run.pk)
-        beat = locked.heartbeats.get(role, {})
+        beat = locked.heartbeats.get(duty, {})
         stuck = beat.get("handed_over_at_step") == locked.trainer_step
         handovers = beat.get("handovers", 0) + 1 if stuck else 1
         if handovers > limit:
-            lost = (
-                "no worker took it over" if beat.get("worker") == HANDED_OVER
-                else f"its worker {beat.get('worker')} stopped beating (killed? out of memory?)"
-            )
+            if beat.get("broke"):
+                lost = f"its trainer's rank group broke ({beat['broke']})"
+            elif beat.get("worker") == HANDED_OVER:
+                lost = "no worker took it over"
+            else:
+                lost = f"its worker {beat.get('worker')} stopped beating (killed? out of memory?)"
             set_status(locked, Status.FAILED, error=(
-                f"{role} failed: {lost} at trainer step {locked.trainer_step}, and the watchdog hands a "
-                f"role on at most {limit} time(s) in a row without progress. "
+                f"{duty} failed: {lost} at trainer step {locked.trainer_step}, and the watchdog hands a "
+                f"duty on at most {limit} time(s) in a row without progress. "
                 "Resume the run to continue from its last checkpoint."
             ))
             return False
-        locked.heartbeats = {**locked.heartbeats, role: {
+        locked.heartbeats = {**locked.heartbeats, duty: {
             "at": timezone.now().isoformat(), "worker": HANDED_OVER,
             "handovers": handovers, "handed_over_at_step": locked.trainer_step,
         }}
@@ -314,18 +318,44 @@ def hand_over(run: Run, role: str, limit: int) -> bool:
     return True
 
 
-def release_role(run: Run, role: str, worker: str, *, error: str | None = None) -> bool:
-    """`worker` lets the role go (its task ends); with `error`, the run fails with it, in the same
-    transaction, so that no one sees a failed run whose role is still held. False, changing
-    nothing, when the worker no longer held the role."""
+def release_duty(run: Run, duty: str, worker: str, *, error: str | None = None, broke: str | None = None) -> bool:
+    """`worker` lets the duty go (its task ends); with `error`, the run fails with it, in the same
+    transaction, so that no one sees a failed run whose duty is still held. With `broke` (why the
+    trainer's rank group broke) the run stays active and the watchdog hands the duty on, as for a
+    dead worker. False, changing nothing, when the worker no longer held the duty."""
     with transaction.atomic():
         locked = Run.objects.select_for_update().get(pk=run.pk)
-        if holder(locked, role) != worker:
+        if holder(locked, duty) != worker:
             return False
-        beat = {**locked.heartbeats[role], "ended": timezone.now().isoformat()}
-        locked.heartbeats = {**locked.heartbeats, role: beat}
+        beat = {**locked.heartbeats[duty], "ended": timezone.now().isoformat()}
+        if broke is not None:
+            beat["broke"] = broke
+        locked.heartbeats = {**locked.heartbeats, duty: beat}
         locked.save(update_fields=["heartbeats"])
         if error is not None and not locked.is_finished:
             set_status(locked, Status.FAILED, error=error)
     run.refresh_from_db(fields=["status", "error", "heartbeats"])
     return True
+
+
+def open_rendezvous(run: Run, group: str, host: str, port: int, world_size: int) -> int:
+    """Rank 0 opens a group at host:port, as Run.rendezvous[group]: "trainer", the trainer's ranks
+    on several machines (the other machines' node duties start theirs in it: supervision.serve_node);
+    "weights", the trainer's weight group for synchronizer.method nccl (world_size: its explorers).
+    Returns its generation."""
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().only("rendezvous").get(pk=run.pk)
+        generation = locked.rendezvous.get(group, {}).get("generation", 0) + 1
+        opened = {"generation": generation, "host": host, "port": port, "world_size": world_size}
+        locked.rendezvous = {**locked.rendezvous, group: opened}
+        locked.save(update_fields=["rendezvous"])
+    return generation
+
+
+def close_rendezvous(run: Run, group: str, generation: int) -> None:
+    """The group of that generation is over: no one joins it any more."""
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().only("rendezvous").get(pk=run.pk)
+        if locked.rendezvous.get(group, {}).get("generation") == generation:
+            locked.rendezvous = {**locked.rendezvous, group: {"generation": generation}}
+            locked.save(update_fields=["rendezvous"])

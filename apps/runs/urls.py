@@ -14,6 +14,7 @@ urlpatterns = [
     path("runs/<int:pk>/pause/", views.run_control, {"action": "pause"}, name="run-pause"),
     path("runs/<int:pk>/resume/", views.run_control, {"action": "resume"}, name="run-resume"),
     path("runs/<int:pk>/stop/", views.run_control, {"action": "stop"}, name="run-stop"),
+    path("runs/<int:pk>/explorers/", views.run_explorers, name="run-explorers"),
     path("runs/<int:pk>/rollouts/", views.run_rollouts, name="run-rollouts"),
     path("runs/<int:pk>/checkpoints/<int:version>/download/", views.checkpoint_download, name="checkpoint-download"),
     # The JSON API (docs/api.md). The token page is HTML, for a logged-in researcher.

@@ -19,8 +19,9 @@ from django.views.decorators.http import require_POST
 
 from apps.accounts.roles import RESEARCHER, has_role, role_required
 from apps.tasksets.models import Taskset
+from workers.rft.config import ConfigError
 
-from . import queries, services
+from . import queries, services, supervision
 from .api import token_for, token_or_session
 from .checkpoints import checkpoint_dir, tar_stream
 from .controls import control_run, control_statuses, may_control
@@ -98,8 +99,6 @@ def run_bulk_stop(request):
 
 @role_required(RESEARCHER)
 def run_launch(request):
-    from workers.rft.config import ConfigError
-
     preset = None
     if request.method == "POST":
         form = LaunchForm(request.POST)
@@ -149,6 +148,13 @@ def run_detail(request, pk):
             "progress_counter": progress_counter,
             "controls": control_statuses(),
             "may_control": may_control(request.user, run),
+            # Explorers of a run whose explorers are workers of their own may be added or removed
+            # while it runs, with checkpoint sync (nccl's weight group has a fixed size).
+            "explorers": "trainer" in supervision.duties_of_run(run) and run.config["explorer"]["engine_num"],
+            "sync_method": run.config.get("synchronizer", {}).get("method", "memory"),
+            "explorers_editable": may_control(request.user, run) and run.status in (Run.Status.RUNNING,
+                                                                                     Run.Status.PAUSED)
+            and run.config.get("synchronizer", {}).get("method") != "nccl",
             "plotly_version": PLOTLY_VERSION,
             "page_data": {
                 "live_url": reverse("run-live", args=[run.pk]),
@@ -198,6 +204,29 @@ def run_control(request, pk, action):
             messages.success(request, said[0].upper() + said[1:] + ".")
         else:
             messages.success(request, {"pause": "Paused", "stop": "Stopping"}[action] + f" {run.name}.")
+    return redirect("run-detail", pk=pk)
+
+
+@require_POST
+@role_required(RESEARCHER)
+def run_explorers(request, pk):
+    """Add or remove explorers while the run trains (supervision.set_explorers)."""
+    run = get_object_or_404(Run, pk=pk)
+    if not may_control(request.user, run):
+        raise PermissionDenied(f"only the owner of run {run.name!r} ({run.owner}) or a curator may change explorers")
+    try:
+        count = int(request.POST.get("engine_num", ""))
+    except ValueError:
+        messages.error(request, "explorer.engine_num must be a whole number")
+        return redirect("run-detail", pk=pk)
+    try:
+        supervision.set_explorers(run, count)
+    except ConfigError as err:
+        messages.error(request, "; ".join(f"{issue.key}: {issue.message}" for issue in err.errors))
+    except services.InvalidTransition as err:
+        messages.error(request, str(err))
+    else:
+        messages.success(request, f"{run.name} is served by {count} explorer{'s' if count != 1 else ''} from now on.")
     return redirect("run-detail", pk=pk)
 
 

@@ -2,7 +2,7 @@ from django.contrib import admin
 from django.urls import reverse
 from django.utils.html import format_html
 
-from apps.buffer.counts import EstimatedCountPaginator
+from apps.core.counts import EstimatedCountPaginator
 
 from .models import Task, Taskset, TasksetImport
 

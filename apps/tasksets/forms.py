@@ -2,7 +2,9 @@ from django import forms
 from django.conf import settings
 from django.template.defaultfilters import filesizeformat
 
-from .importers import FORMATS, FieldMapping, TasksetImportError, detect_format
+from apps.core.files import FileImportError, detect_format
+
+from .importers import FORMATS, FieldMapping
 from .services import DEFAULT_REWARD_FN, DEFAULT_WORKFLOW, check_new_taskset_name
 
 
@@ -41,7 +43,7 @@ class TasksetUploadForm(forms.Form):
         name = self.cleaned_data["name"]
         try:
             check_new_taskset_name(name)
-        except TasksetImportError as exc:
+        except FileImportError as exc:
             raise forms.ValidationError(exc.message) from None
         return name
 
@@ -53,7 +55,7 @@ class TasksetUploadForm(forms.Form):
         if cleaned.get("format") == "auto" and cleaned.get("file"):
             try:
                 cleaned["format"] = detect_format(cleaned["file"].name)
-            except TasksetImportError:
+            except FileImportError:
                 self.add_error(
                     "format", f"Cannot tell the format of {cleaned['file'].name!r} from its extension; choose one."
                 )

@@ -3,6 +3,10 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import models
+from django.urls import reverse
+
+from apps.accounts.roles import CURATOR, RESEARCHER, has_role
+from apps.core.models import Job
 
 
 class Taskset(models.Model):
@@ -57,14 +61,8 @@ def _upload_path(job, filename):
     return f"uploads/{uuid.uuid4().hex}{Path(filename).suffix.lower()}"
 
 
-class TasksetImport(models.Model):
+class TasksetImport(Job):
     """One upload being imported into a new taskset: the job the upload page shows progress for."""
-
-    class Status(models.TextChoices):
-        PENDING = "pending"
-        RUNNING = "running"
-        SUCCEEDED = "succeeded"
-        FAILED = "failed"
 
     upload = models.FileField(upload_to=_upload_path, blank=True, help_text="deleted once the import has finished")
     original_filename = models.CharField(max_length=255)
@@ -74,29 +72,22 @@ class TasksetImport(models.Model):
     description = models.TextField(blank=True)
     default_workflow = models.CharField(max_length=100)
     default_reward_fn = models.CharField(max_length=100)
-    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
-    rows_done = models.PositiveBigIntegerField(default=0)
-    bytes_done = models.PositiveBigIntegerField(default=0)
-    bytes_total = models.PositiveBigIntegerField(default=0)
-    error = models.TextField(blank=True)
     taskset = models.ForeignKey(Taskset, null=True, blank=True, related_name="imports", on_delete=models.SET_NULL)
-    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
-    created_at = models.DateTimeField(auto_now_add=True)
-    started_at = models.DateTimeField(null=True, blank=True)
-    finished_at = models.DateTimeField(null=True, blank=True)
 
-    class Meta:
-        ordering = ["-created_at"]
+    job_type = "tasksets.import"
 
     def __str__(self):
         return f"import of {self.original_filename} as {self.name} ({self.status})"
 
-    @property
-    def is_finished(self) -> bool:
-        return self.status in (self.Status.SUCCEEDED, self.Status.FAILED)
+    def may_view(self, user) -> bool:
+        """The researcher who uploaded the file, and curators."""
+        return has_role(user, RESEARCHER) and (self.created_by_id == user.pk or has_role(user, CURATOR))
 
-    @property
-    def percent(self) -> int:
-        if self.status == self.Status.SUCCEEDED:
-            return 100
-        return min(99, 100 * self.bytes_done // self.bytes_total) if self.bytes_total else 0
+    def keep_result(self, taskset) -> None:
+        self.taskset = taskset
+
+    def clean_up(self, failed: bool) -> None:
+        self.upload.delete(save=False)
+
+    def result_url(self) -> str | None:
+        return reverse("taskset-detail", args=[self.taskset.name]) if self.taskset else None

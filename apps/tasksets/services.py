@@ -1,8 +1,6 @@
 """Operations that create tasksets: import from a file, import jobs for uploads, generated tasksets."""
 
-import logging
 from collections.abc import Callable, Iterable
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import NamedTuple
@@ -10,24 +8,15 @@ from typing import NamedTuple
 from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_slug
-from django.db import DEFAULT_DB_ALIAS, IntegrityError, connection, connections, transaction
-from django.utils import timezone
+from django.db import IntegrityError, connection, transaction
 
+from apps.core import jobs
+from apps.core.files import FileImportError, ReadProgress, detect_format
 from workers.rft import datasets
 from workers.rft.memory import held_out_split
 
-from .importers import (
-    DEFAULT_MAX_LINE_BYTES,
-    FieldMapping,
-    ReadProgress,
-    TaskFields,
-    TasksetImportError,
-    detect_format,
-    read_tasks,
-)
+from .importers import DEFAULT_MAX_LINE_BYTES, FieldMapping, TaskFields, read_tasks
 from .models import Task, Taskset, TasksetImport
-
-logger = logging.getLogger(__name__)
 
 IMPORT_BATCH_SIZE = 2_000
 DEFAULT_WORKFLOW = Taskset._meta.get_field("default_workflow").default
@@ -63,7 +52,7 @@ def import_taskset(
     Rows are streamed and inserted `batch_size` at a time inside one transaction, so memory stays
     flat however long the file is and a bad row anywhere leaves no taskset and no tasks behind.
     `source` is the file name shown in errors and on the taskset (default: the path's name);
-    `progress` is called after every batch. Raises TasksetImportError.
+    `progress` is called after every batch. Raises FileImportError.
     """
     path = Path(path)
     source = source or path.name
@@ -87,22 +76,22 @@ def import_taskset(
 
 
 def check_new_taskset_name(name: str, source: str = "") -> None:
-    """Raise TasksetImportError unless `name` is a free, valid taskset name."""
+    """Raise FileImportError unless `name` is a free, valid taskset name."""
     try:
         validate_slug(name)
     except ValidationError:
-        raise TasksetImportError(
+        raise FileImportError(
             source, None, f"{name!r} is not a valid taskset name (letters, digits, - and _)"
         ) from None
     if Taskset.objects.filter(name=name).exists():
-        raise TasksetImportError(source, None, f"a taskset named {name!r} already exists")
+        raise FileImportError(source, None, f"a taskset named {name!r} already exists")
 
 
 def _create_taskset(**fields) -> Taskset:
     try:
         return Taskset.objects.create(**fields)
     except IntegrityError:  # another import took the name since check_new_taskset_name
-        raise TasksetImportError(fields["source"], None, f"a taskset named {fields['name']!r} already exists") from None
+        raise FileImportError(fields["source"], None, f"a taskset named {fields['name']!r} already exists") from None
 
 
 def _insert_tasks(
@@ -156,12 +145,8 @@ def start_taskset_import(
     default_reward_fn: str = DEFAULT_REWARD_FN,
     user=None,
 ) -> TasksetImport:
-    """Save an uploaded file under MEDIA_ROOT/uploads/ and queue its import once this transaction commits
-    (embedded, it runs on a thread of this process: see workers.tasks.enqueue)."""
-    from workers.tasks import enqueue  # imported when used, as apps.runs.services does: it imports the apps
-
-    from .tasks import run_import  # tasks imports this module
-
+    """Save an uploaded file under MEDIA_ROOT/uploads/ and queue its import (run_import) once this
+    transaction commits (embedded, it runs on a thread of this process: see rftweb.celery.enqueue)."""
     job = TasksetImport(
         original_filename=Path(upload.name).name,
         name=name,
@@ -175,89 +160,26 @@ def start_taskset_import(
     )
     job.upload.save(upload.name, upload, save=False)  # copied in chunks, never whole in memory
     job.save()
-    transaction.on_commit(lambda: enqueue(run_import, job.pk))
+    jobs.enqueue_job(job)
     return job
 
 
-def run_taskset_import(job_id: int) -> TasksetImport:
-    """Run a queued import job to the end: the taskset exists, or the job holds the error.
-
-    A job that already finished is left alone (a redelivered Celery task); one left `running` by a
-    killed worker starts again, its transaction having been rolled back with the worker's connection.
-    """
-    job = TasksetImport.objects.select_related("created_by").get(pk=job_id)
-    if job.is_finished:
-        return job
-    job.status, job.started_at, job.rows_done, job.bytes_done = TasksetImport.Status.RUNNING, timezone.now(), 0, 0
-    job.save(update_fields=["status", "started_at", "rows_done", "bytes_done"])
-    try:
-        with _job_progress_writer(job) as write_progress:
-            taskset = import_taskset(
-                job.upload.path,
-                name=job.name,
-                fmt=job.format,
-                mapping=FieldMapping.from_dict(job.field_mapping),
-                description=job.description,
-                default_workflow=job.default_workflow,
-                default_reward_fn=job.default_reward_fn,
-                user=job.created_by,
-                source=job.original_filename,
-                progress=write_progress,
-            )
-    except TasksetImportError as exc:
-        _finish_job(job, TasksetImport.Status.FAILED, error=str(exc))
-    except Exception as exc:
-        logger.exception("taskset import %s failed", job.pk)
-        _finish_job(
-            job, TasksetImport.Status.FAILED, error=f"{job.original_filename}: the import failed unexpectedly ({exc!r})"
-        )
-        raise
-    else:
-        _finish_job(
-            job,
-            TasksetImport.Status.SUCCEEDED,
-            taskset=taskset,
-            rows_done=taskset.task_count,
-            bytes_done=job.bytes_total,
-        )
-    return job
-
-
-@contextmanager
-def _job_progress_writer(job: TasksetImport):
-    """Yield a progress callback that makes the job's progress visible to other connections at once.
-
-    The import inserts everything in one transaction on the default connection, so progress saved
-    there would stay invisible until the end (and be rolled back on failure). Instead each update
-    is written through a second connection of our own, in autocommit mode, which commits it
-    immediately. That is safe because the import transaction never touches the job row (the job
-    is finished after it ends), so the two connections never wait on each other's locks. When the
-    job itself runs inside an outer transaction (its own row possibly locked and uncommitted; the
-    tests) or on SQLite (one writer at a time), nobody can see progress before the end anyway,
-    and the callback does nothing.
-    """
-    if connection.vendor != "postgresql" or connection.in_atomic_block:
-        yield lambda progress: None
-        return
-    progress_connection = connections.create_connection(DEFAULT_DB_ALIAS)
-    sql = f"UPDATE {TasksetImport._meta.db_table} SET rows_done = %s, bytes_done = %s, bytes_total = %s WHERE id = %s"
-
-    def write_progress(progress: ImportProgress) -> None:
-        with progress_connection.cursor() as cursor:
-            cursor.execute(sql, [progress.rows_done, progress.bytes_done, progress.bytes_total, job.pk])
-
-    try:
-        yield write_progress
-    finally:
-        progress_connection.close()
-
-
-def _finish_job(job: TasksetImport, status: str, **fields) -> None:
-    job.upload.delete(save=False)
-    job.status, job.finished_at = status, timezone.now()
-    for name, value in fields.items():
-        setattr(job, name, value)
-    job.save()
+@jobs.register(TasksetImport.job_type)
+def run_import(job: TasksetImport, progress: jobs.Progress) -> Taskset:
+    taskset = import_taskset(
+        job.upload.path,
+        name=job.name,
+        fmt=job.format,
+        mapping=FieldMapping.from_dict(job.field_mapping),
+        description=job.description,
+        default_workflow=job.default_workflow,
+        default_reward_fn=job.default_reward_fn,
+        user=job.created_by,
+        source=job.original_filename,
+        progress=lambda update: progress(update.rows_done, update.bytes_done),
+    )
+    job.rows_total = taskset.task_count
+    return taskset
 
 
 # ---- generated tasksets ----
@@ -341,7 +263,7 @@ BUILTIN_TASKSETS = (
 
 
 def create_generated_taskset(spec: GeneratedTaskset, *, user=None) -> Taskset:
-    """Create a taskset from a generator spec. Raises TasksetImportError if the name is taken."""
+    """Create a taskset from a generator spec. Raises FileImportError if the name is taken."""
     settings_text = ", ".join([f"n={spec.n}", f"seed={spec.seed}", *(f"{k}={v}" for k, v in spec.params.items())])
     if spec.split:
         settings_text += f", split={spec.split}"

@@ -22,6 +22,10 @@ class DjangoTaskSource:
     def tasks(self) -> list[Task]:
         return [to_task(row) for row in TaskRow.objects.filter(taskset=self.taskset).order_by("index")]
 
+    def tasks_with_ids(self, task_ids: Sequence[int]) -> list[Task]:
+        rows = TaskRow.objects.in_bulk(list(task_ids))
+        return [to_task(rows[task_id]) for task_id in task_ids]
+
     def mark_sampled(self, task_ids: Sequence[int]) -> None:
         counts: dict[int, int] = {}
         for task_id in task_ids:

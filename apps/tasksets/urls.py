@@ -7,6 +7,5 @@ urlpatterns = [
     # Two path segments, so no taskset name (one slug) can shadow them.
     path("imports/new/", views.taskset_upload, name="taskset-upload"),
     path("imports/<int:pk>/", views.taskset_import, name="taskset-import"),
-    path("imports/<int:pk>/status.json", views.taskset_import_status, name="taskset-import-status"),
     path("<slug:name>/", views.taskset_detail, name="taskset-detail"),
 ]

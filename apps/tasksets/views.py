@@ -1,11 +1,9 @@
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.http import JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
-from django.urls import reverse
-from django.views.decorators.http import require_GET
 
-from apps.accounts.roles import CURATOR, RESEARCHER, has_role, role_required
+from apps.accounts.roles import RESEARCHER, role_required
+from apps.core.jobs import label
 
 from . import services
 from .forms import TasksetUploadForm
@@ -46,36 +44,10 @@ def taskset_upload(request):
     return render(request, "tasksets/upload.html", {"form": form})
 
 
-def _import_job(request, pk) -> TasksetImport:
-    """An import job is seen by the researcher who uploaded the file, and by curators."""
-    job = get_object_or_404(TasksetImport.objects.select_related("taskset"), pk=pk)
-    if job.created_by_id != request.user.pk and not has_role(request.user, CURATOR):
-        raise PermissionDenied("this import belongs to another user")
-    return job
-
-
 @role_required(RESEARCHER)
 def taskset_import(request, pk):
-    job = _import_job(request, pk)
-    return render(request, "tasksets/import.html", {"job": job, "status": _import_status(job)})
-
-
-@require_GET
-@role_required(RESEARCHER)
-def taskset_import_status(request, pk):
-    job = _import_job(request, pk)
-    return JsonResponse(_import_status(job))
-
-
-def _import_status(job: TasksetImport) -> dict:
-    return {
-        "id": job.pk,
-        "status": job.status,
-        "finished": job.is_finished,
-        "rows_done": job.rows_done,
-        "bytes_done": job.bytes_done,
-        "bytes_total": job.bytes_total,
-        "percent": job.percent,
-        "error": job.error,
-        "taskset_url": reverse("taskset-detail", args=[job.taskset.name]) if job.taskset else None,
-    }
+    """An import job's page, with its progress (apps.core's progress widget) until it has finished."""
+    job = get_object_or_404(TasksetImport.objects.select_related("taskset"), pk=pk)
+    if not job.may_view(request.user):
+        raise PermissionDenied("this import belongs to another user")
+    return render(request, "tasksets/import.html", {"job": job, "job_label": label(job)})

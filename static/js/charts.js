@@ -22,6 +22,7 @@ const EXACT_KEY = /(^|\/)(lr|learning_rate|model_version|step|staleness\w*)$/;
 const MARKER_POINTS = 60; // an unsmoothed series shorter than this shows each point as a dot
 const X_TITLES = { eval: "explorer step", explorer: "explorer step", trainer: "trainer step", system: "time" };
 const Y_UNITS = [
+  [/(^|\/)staleness_share\//, "share of the batch"], [/(^|\/)idle_share$/, "share of the time"],
   [/tokens_per_s$/, "tokens/s"], [/(^|\/)seconds$/, "seconds"], [/_gb$/, "GiB"], [/_percent$/, "%"],
   [/(^|\/)response_length$/, "tokens"], [/(^|\/)(lr|learning_rate)$/, "learning rate"], [/_frac$/, "fraction"],
   [/(^|\/)staleness/, "model versions"],
@@ -390,7 +391,7 @@ class ChartBoard {
       const x = chartX(chart, series.steps);
       const name = plotlyText(series.name);
       const mode = series.steps.length < 2 ? "markers" : look.markers ? "lines+markers" : "lines";
-      traces.push({ x, y: series.values.slice(), name, mode, showlegend: false, marker: { color, size: 5 }, cliponaxis: false,
+      traces.push({ x, y: series.values.slice(), name, mode, showlegend: chart.series.size > 1, marker: { color, size: 5 }, cliponaxis: false,
         line: { color, width: look.smooth ? 1 : 2 }, opacity: look.smooth ? 0.3 : 1 });
       traces.push({ x, y: series.smoothed.slice(), name: name + " (smoothed)", mode: "lines", showlegend: false,
         line: { color, width: 2 }, visible: look.smooth });
@@ -406,6 +407,8 @@ class ChartBoard {
       height: 238,
       hovermode: "x unified",
       hoverlabel: { namelength: -1 },
+      // Several lines (explorers, compared runs): named in the title's row, on the right.
+      legend: { orientation: "h", x: 1, xanchor: "right", y: 1.02, yanchor: "bottom", font: { size: 10 }, bgcolor: "rgba(0,0,0,0)" },
       paper_bgcolor: "rgba(0,0,0,0)",
       plot_bgcolor: "rgba(0,0,0,0)",
       font: { family: "system-ui, -apple-system, Segoe UI, sans-serif", size: 11, color: "#1d2330" },

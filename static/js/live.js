@@ -1,4 +1,4 @@
-// Live updates of a run (DESIGN.md, "Live updates"): a snapshot over HTTP, then numbered messages
+// Live updates of a run (docs/architecture.md, "Live updates"): a snapshot over HTTP, then numbered messages
 // over the websocket. Channels drops messages silently when a client falls behind, so the numbers
 // are the truth: a message is applied only right after its predecessor; a gap means something was
 // lost, and the client starts over from a fresh snapshot.
@@ -6,7 +6,9 @@
 
 const LIVE_FORBIDDEN = 4403; // the consumer's close code for "not allowed to watch": retrying will not help
 const LIVE_RETRY_MS = [1000, 30000]; // reconnect backoff: first and longest wait
-const LIVE_PING_MS = 25000; // keeps proxies from closing an idle socket
+// Keeps proxies from closing an idle socket, and finds a lost last message: the pong carries the
+// run's newest number (a final "stopped" that Channels dropped has no later message to show the gap).
+const LIVE_PING_MS = 10000;
 
 class LiveRun {
   // onSnapshot({seq, run, metrics}) replaces what the page shows; onUpdates([update]) adds to it;
@@ -27,7 +29,11 @@ class LiveRun {
 
   // The whole numbering rule. Returns what it did, for tests and logs.
   receive(message) {
-    if (message.type !== "updates") return "ignored"; // pongs and errors
+    if (message.type === "pong" && message.seq > this.seq && !this.loading) {
+      this.refetch(); // behind with nothing more on its way
+      return "behind";
+    }
+    if (message.type !== "updates") return "ignored"; // other pongs, and errors
     if (this.loading) {
       this.queued.push(message);
       return "queued";

@@ -14,6 +14,9 @@
   const counterElements = Object.fromEntries([...document.querySelectorAll("[data-state]")].map((el) => [el.dataset.state, el]));
   const SPARK_POINTS = 120; // a sparkline is 100 units wide: more points would not show
   const SERIES = "value"; // the run page's one series a chart
+  const PER_EXPLORER = /^(tokens_per_s|idle_share|sync_seconds)\/(explorer(?:-\d+)?)$/;
+  const TRAINER_BESIDE = ["idle_share", "sync_seconds"];
+  const EXPLORERS_SECTION = "system · explorers";
 
   const counters = {}; // step counters and model version only move forward (a replayed step must not move them back)
   let status = badge.textContent;
@@ -100,15 +103,26 @@
     ["explorer_step", "trainer_step", "model_version"].forEach((name) => showCounter(name, values[name]));
   }
 
-  // Points of one role grouped by chart: {chartId: {section, title, steps, values}}.
+  // Points of one role grouped by chart and line: {id + line: {id, line, section, title, steps, values}}.
+  // A run with several explorers also draws each explorer's figures (tokens_per_s/explorer-1...)
+  // as lines of one chart per figure, with the trainer's idle share and sync seconds beside them,
+  // in the "system · explorers" section.
   function chartPoints(role, points, into = new Map()) {
+    const add = (id, line, section, title, step, value) => {
+      const entry = id + "\n" + line;
+      if (!into.has(entry)) into.set(entry, { id, line, section, title, steps: [], values: [] });
+      into.get(entry).steps.push(step);
+      into.get(entry).values.push(value);
+    };
     for (const { step, values } of points) {
       const flat = flattenMetrics(values);
       for (const [key, value] of Object.entries(flat)) {
-        const id = role + "/" + key;
-        if (!into.has(id)) into.set(id, { section: chartSection(role, key), title: key, steps: [], values: [] });
-        into.get(id).steps.push(step);
-        into.get(id).values.push(value);
+        const each = role === "explorer" && PER_EXPLORER.exec(key);
+        if (each) add("explorer/by explorer/" + each[1], each[2], EXPLORERS_SECTION, each[1], step, value);
+        else add(role + "/" + key, SERIES, chartSection(role, key), key, step, value);
+        if (role === "trainer" && TRAINER_BESIDE.includes(key) && board.charts.has("explorer/by explorer/" + key)) {
+          add("explorer/by explorer/" + key, "trainer", EXPLORERS_SECTION, key, step, value);
+        }
       }
     }
     const last = points[points.length - 1];
@@ -118,8 +132,12 @@
   }
 
   function onSnapshot(snapshot) {
-    for (const [role, points] of Object.entries(snapshot.metrics)) {
-      for (const [id, chart] of chartPoints(role, points)) board.setSeries(id, chart.section, chart.title, SERIES, chart.steps, chart.values);
+    // The explorer's first: the trainer's lines join the per-explorer charts (chartPoints).
+    const roles = Object.entries(snapshot.metrics).sort(([a], [b]) => (b === "explorer") - (a === "explorer"));
+    for (const [role, points] of roles) {
+      for (const chart of chartPoints(role, points).values()) {
+        board.setSeries(chart.id, chart.section, chart.title, chart.line, chart.steps, chart.values);
+      }
     }
     showFigures();
     showProgress(snapshot.run);
@@ -133,7 +151,7 @@
       else if (update.type === "progress") showProgress(update);
       else if (update.type === "metrics") chartPoints(update.role, [update], charts);
     }
-    for (const [id, chart] of charts) board.appendPoints(id, chart.section, chart.title, SERIES, chart.steps, chart.values);
+    for (const chart of charts.values()) board.appendPoints(chart.id, chart.section, chart.title, chart.line, chart.steps, chart.values);
     if (charts.size) showFigures();
   }
 

@@ -170,10 +170,13 @@ def page(request, browser, asgi_server, asgi_server_log, page_errors, tmp_path):
     server_log_start = asgi_server_log.stat().st_size if asgi_server_log.exists() else 0
     yield page
     if _failed(request):
+        # Playwright is installed: the browser fixture checked it.
+        from playwright.sync_api import Error as PlaywrightError
+
         out = _artifact_dir(request)
         try:
             page.screenshot(path=out / "page.png", full_page=True)
-        except Exception as err:  # a crashed page has no screenshot; keep the rest
+        except PlaywrightError as err:  # a crashed page has no screenshot; keep the rest
             (out / "screenshot-error.txt").write_text(str(err))
         if tracing:
             context.tracing.stop(path=out / "trace.zip")

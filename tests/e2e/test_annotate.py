@@ -41,7 +41,12 @@ def in_view(page, selector) -> bool:
     """The element is wholly inside the viewport, without scrolling."""
     box = page.locator(selector).bounding_box()
     viewport = page.viewport_size
-    return box is not None and box["y"] >= 0 and box["y"] + box["height"] <= viewport["height"] and box["x"] + box["width"] <= viewport["width"]
+    return (
+        box is not None
+        and box["y"] >= 0
+        and box["y"] + box["height"] <= viewport["height"]
+        and box["x"] + box["width"] <= viewport["width"]
+    )
 
 
 def shot(page, name):
@@ -71,8 +76,9 @@ def test_an_annotator_rates_edits_compares_and_flags_with_the_keyboard_while_ano
 
     def rollout(task, step, text):
         return Experience.objects.create(
-            run=run, task=task, explorer_step=step, rollout_index=step, group_id=f"{step}-{task.pk}", prompt_text=task.prompt,
-            response_text=text, prompt_ids=[1], response_ids=[2, 3], action_mask=[1, 1], reward=0.0, model_version=step,
+            run=run, task=task, explorer_step=step, rollout_index=step, group_id=f"{step}-{task.pk}",
+            prompt_text=task.prompt, response_text=text, prompt_ids=[1], response_ids=[2, 3], action_mask=[1, 1],
+            reward=0.0, model_version=step,
         )
 
     # The queue hands out the newest first: three to rate, one to edit, a pair to compare, one to flag.
@@ -134,7 +140,10 @@ def test_an_annotator_rates_edits_compares_and_flags_with_the_keyboard_while_ano
     for experience, point, following in zip(to_rate, "425", [*to_rate[1:], to_edit]):
         expect(page.locator("#response")).to_have_text(experience.response_text)
         selected = page.locator(f'[data-panel="rate"] button[value="{point}"]')
-        judge("rate", [point], following, before_enter=lambda: expect(selected).to_have_class(re.compile(r"\bselected\b")))
+        judge(
+            "rate", [point], following,
+            before_enter=lambda selected=selected: expect(selected).to_have_class(re.compile(r"\bselected\b")),
+        )
     expect(watcher_page.locator("#taken-notice")).to_be_hidden()  # judged: the item is no longer held
 
     # Edit: e turns the response into the editor (in place), Ctrl+Enter saves.
@@ -187,7 +196,9 @@ def test_an_annotator_rates_edits_compares_and_flags_with_the_keyboard_while_ano
     edited = Experience.objects.get(parent=to_edit)
     assert (edited.source, edited.response_text) == ("human_edit", "The sun is hot.")
     preference = Feedback.objects.get(user=first, kind="preference")
-    assert (preference.experience_id, preference.other_id, preference.value, preference.label) == (pair_a.pk, pair_b.pk, 1.0, "a_better")
+    assert (preference.experience_id, preference.other_id, preference.value, preference.label) == (
+        pair_a.pk, pair_b.pk, 1.0, "a_better"
+    )
     assert Feedback.objects.get(user=first, kind="flag").experience_id == to_flag.pk
     assert Experience.objects.get(pk=to_flag.pk).status == "rejected"
     assert Feedback.objects.filter(user=watcher).count() == 0

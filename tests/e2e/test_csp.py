@@ -18,8 +18,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transacti
 
 # Recorded in every page before its own scripts run: what the browser refused, and why.
 LISTEN = """window.cspViolations = [];
-document.addEventListener("securitypolicyviolation",
-  (e) => window.cspViolations.push(`${e.violatedDirective} blocked ${e.blockedURI || "inline"} at ${e.sourceFile}:${e.lineNumber}`));"""
+document.addEventListener("securitypolicyviolation", (e) => window.cspViolations.push(
+  `${e.violatedDirective} blocked ${e.blockedURI || "inline"} at ${e.sourceFile}:${e.lineNumber}`));"""
 
 
 def violations(page, console) -> list[str]:

@@ -150,7 +150,12 @@ def test_launch_the_quick_demo_watch_it_live_read_rollouts_and_stop_it(
         page.get_by_role("button", name="Stop").click()
     expect(page.locator(".flash")).to_have_text("Stopping e2e demo.")
     page.evaluate("window.e2eSamePage = true")
-    expect(page.locator("#run-status")).to_have_text("stopped", timeout=60_000)
+    try:
+        expect(page.locator("#run-status")).to_have_text("stopped", timeout=60_000)
+    except AssertionError as shown:
+        run.refresh_from_db()
+        raise AssertionError(f"the page shows {page.locator('#run-status').text_content()!r}; the database has "
+                             f"{run.status!r} (live seq {run.live_seq}, heartbeats {run.heartbeats})") from shown
     expect(page.locator("#live-dot")).to_have_text("stopped")  # no longer "live"
     assert page.evaluate("window.e2eSamePage") is True
     for control in ("Stop", "Pause"):
@@ -200,7 +205,7 @@ DEMO_CONFIG = {  # as the quick-demo preset
 
 def seed_history(run, steps=STEPS):
     """`steps` steps of explorer, trainer, eval (every EVAL_EVERY) and system metrics under the
-    names the engine reports (workers/rft/explorer.py, trainer.py, workers/tasks.py): a run whose
+    names the engine reports (workers/rft/explorer.py, trainer.py, apps/runs/supervision.py): a run whose
     held-out accuracy climbs, as the quick demo's does, with a constant learning rate."""
     import random
 
@@ -268,6 +273,53 @@ def hover_text(page, chart_id, step) -> str:
         [chart_id, step],
     )
     return page.locator(f'[data-chart="{chart_id}"] .hoverlayer').text_content()
+
+
+def test_a_run_with_two_explorers_draws_a_line_per_explorer_in_the_system_section(page, login, researcher,
+                                                                                   page_errors):
+    """What a user of a scaled run watches: each explorer's tokens/s, idle share and sync seconds
+    as lines of one chart per figure, the trainer's idle share and sync seconds beside them."""
+    from apps.runs.models import MetricPoint
+
+    config = {**DEMO_CONFIG, "explorer": {"engine_num": 2}, "synchronizer": {"method": "nccl"}}
+    run = Run.objects.create(name="two explorers", owner=researcher, status=Run.Status.COMPLETED, config=config,
+                             explorer_step=6, trainer_step=6)
+    for step in range(1, 7):
+        MetricPoint.objects.create(run=run, role="explorer", step=step, values={
+            "reward_mean": 0.1 * step, "tokens_per_s": 900, "tokens_per_s/explorer": 500,
+            "tokens_per_s/explorer-1": 400, "idle_share/explorer": 0.2, "idle_share/explorer-1": 0.3,
+            "sync_seconds/explorer": 0.05, "sync_seconds/explorer-1": 0.06, "sync_seconds": 0.06, "idle_share": 0.25})
+        MetricPoint.objects.create(run=run, role="trainer", step=step, values={
+            "loss": 1.0 / step, "idle_share": 0.4, "sync_seconds": 0.1, "staleness_share": {"0": 0.75, "1": 0.25}})
+    page.set_viewport_size(SCREEN)
+    login(researcher, f"/runs/{run.pk}/")
+    expect(page.locator(".run-explorers")).to_contain_text("weights by nccl broadcast")
+    section = page.locator("details", has=page.locator("summary", has_text="system · explorers"))
+    expect(section).to_have_count(1)
+    section.locator("summary").click()
+    idle = chart_state(page, "explorer/by explorer/idle_share")
+    lines = {trace["name"]: trace["y"] for trace in idle["traces"] if not trace["name"].endswith("(smoothed)")}
+    assert lines == {"explorer": [0.2] * 6, "explorer-1": [0.3] * 6, "trainer": [0.4] * 6}
+    assert idle["yaxis"]["title"] == "share of the time"
+    tokens = chart_state(page, "explorer/by explorer/tokens_per_s")
+    assert {trace["name"] for trace in tokens["traces"]} >= {"explorer", "explorer-1"}
+    assert "trainer" not in {trace["name"] for trace in tokens["traces"]}  # the trainer's tokens/s is its own
+    assert page.locator('[data-chart="explorer/tokens_per_s/explorer"]').count() == 0  # not a chart each as well
+    section.screenshot(path=SHOTS / "run-page-explorers.png")
+    assert page_errors == []
+
+
+def test_a_lost_last_message_reaches_the_page_through_the_next_pong(page, login, researcher, page_errors):
+    """The page of a stopping run whose final "stopped" Channels dropped (no later message shows
+    the gap): the next pong carries the newest number, and the page refetches."""
+    from django.db.models import F
+
+    run = Run.objects.create(name="stopping", owner=researcher, config={}, status="stopping")
+    login(researcher, f"/runs/{run.pk}/")
+    expect(page.locator("#live-dot")).to_have_text("live")
+    Run.objects.filter(pk=run.pk).update(status="stopped", live_seq=F("live_seq") + 1)  # numbered, never sent
+    expect(page.locator("#run-status")).to_have_text("stopped", timeout=20_000)  # a ping every 10 s
+    expect(page.locator("#live-dot")).to_have_text("stopped")
 
 
 def test_a_finished_run_shows_held_out_accuracy_first_unsmoothed_with_titled_axes(

@@ -44,7 +44,9 @@ CONFIG = {
     "buffer": {"taskset": "journey-sums", "expert_taskset": "journey-sums"},
     # Only what the annotator rated trains as RL (their rating weighted into the reward), so what
     # they flag is never sampled whatever the timing; expert answers and edits train every step.
-    "feedback": {"reward_mode": "weight", "rated_only": True, "rubric": "5: the right sum and nothing else. 1: a wrong sum."},
+    "feedback": {
+        "reward_mode": "weight", "rated_only": True, "rubric": "5: the right sum and nothing else. 1: a wrong sum."
+    },
 }
 RUN_DEADLINE_S = 900  # a loaded 2-core machine: seconds a step
 ITEM = re.compile(r"/annotate/experience/(\d+)/$")
@@ -64,7 +66,9 @@ def test_an_annotator_judges_by_keyboard_while_the_run_trains_and_the_run_trains
     run = launch_run(researcher, "judged while training", CONFIG)
     worker = celery_worker_factory()
     # Two explorer steps' rollouts: every prompt has answers to compare.
-    wait_for(lambda: Experience.objects.filter(run=run, source="rollout").count() >= 2 * TASKS * 4 // 2, 600, "rollouts")
+    wait_for(
+        lambda: Experience.objects.filter(run=run, source="rollout").count() >= 2 * TASKS * 4 // 2, 600, "rollouts"
+    )
 
     page.set_viewport_size({"width": 1366, "height": 768})
     login(annotator, f"/annotate/?run={run.pk}&strategy=newest")

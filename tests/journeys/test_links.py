@@ -38,4 +38,6 @@ def test_every_documented_page_resolves_for_a_logged_in_user(client, curator, pa
     client.force_login(curator)
     url = re.sub(r"<[^>]+>", str(run.pk), path)
     response = client.get(url, follow=True)
-    assert response.status_code == 200, f"{path} (named in {', '.join(documented_pages()[path])}) answered {response.status_code}"
+    assert response.status_code == 200, (
+        f"{path} (named in {', '.join(documented_pages()[path])}) answered {response.status_code}"
+    )

@@ -12,13 +12,12 @@ from its checkpoint with every trainer step once.
 import os
 import re
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
-
-import sqlite3
 
 import psycopg
 import pytest
@@ -141,6 +140,7 @@ def test_newcomer_watches_the_demo_run_learn(demo, tmp_path):
                        and round(shown(), 3) in {round(v, 3) for v in held_out_accuracy(page, run_url)}, 60)
 
             annotate_while_it_trains(page, run_url, sql)
+            upload_a_taskset_while_it_trains(page, tmp_path)
             stop_and_resume(page, run_url)
         except BaseException:
             page.screenshot(path=tmp_path / "page.png", full_page=True)
@@ -178,6 +178,27 @@ def annotate_while_it_trains(page, run_url: str, sql) -> None:
     wait_until(lambda: sql("SELECT use_count FROM buffer_experience WHERE source = 'human_edit'")[0][0] > 0, 120)
     state = run_state(page, run_url)
     assert state["trainer_step"] > step_at_edit and not state["error"], state
+
+
+def upload_a_taskset_while_it_trains(page, tmp_path: Path) -> None:
+    """Upload a JSONL taskset while the demo run trains: its import finishes within a minute and
+    the taskset is there. (Full stack, a run's duty holds its worker process: with one worker
+    process for everything, the import waited for the run's 1,000 steps.)"""
+    from playwright.sync_api import expect
+
+    upload = tmp_path / "sums.jsonl"
+    upload.write_text("".join(f'{{"q": "What is {i} + 3?", "a": "{i + 3}"}}\n' for i in range(500)))
+    page.goto("/tasksets/imports/new/")
+    page.locator("input[type=file]").set_input_files(upload)
+    page.locator("#id_name").fill("sums-while-training")
+    page.get_by_label("Prompt field").fill("q")
+    page.get_by_label("Answer field").fill("a")
+    page.get_by_role("button", name="Upload and import").click()
+    page.wait_for_url(re.compile(r"/tasksets/imports/\d+/$"))
+    expect(page.locator("[data-job-status]")).to_have_text("succeeded", timeout=60_000)  # live, no reload
+    # The same link whether the import ended before the page was rendered (500 rows can) or after.
+    page.get_by_role("link", name="open taskset sums-while-training").click()
+    expect(page.get_by_role("heading", name=re.compile("sums-while-training"))).to_contain_text("500 tasks")
 
 
 def stop_and_resume(page, run_url: str) -> None:

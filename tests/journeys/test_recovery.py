@@ -11,6 +11,8 @@ by time (`trainer.save_interval_s`), as the default config does, only more often
 (b) A deployment that lets people decide (RFTWEB_MAX_HANDOVERS=0): the run fails, naming the dead
     worker; its user resumes it with `manage.py rft_resume RUN --wait`, which continues from the
     newest checkpoint.
+(c) A trainer on two machines (trainer.num_nodes 2: two train workers, one rank each) loses one:
+    the group breaks, and the watchdog restarts both machines' ranks from the checkpoint.
 
 What the seconds lost are made of: restarting the worker, the watchdog's next tick
 (RFTWEB_WATCHDOG_INTERVAL: 2 s here, 30 s by default), loading the model and replaying the steps
@@ -26,6 +28,7 @@ from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
 
+import psutil
 import pytest
 
 from apps.buffer.models import Experience
@@ -38,7 +41,9 @@ from workers.rft import datasets
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 ROOT = Path(__file__).resolve().parents[2]
-TASKS, REPEATS, STEPS = 4, 4, 8
+# 16 steps: with 8, a fast machine (a tiny-model step in ~0.3 s) could finish between the first
+# checkpoint (2 s in) and the kill, and then nothing was tested.
+TASKS, REPEATS, STEPS = 4, 4, 16
 
 
 def make_taskset(name="arith", n=40):
@@ -121,7 +126,7 @@ def run_row(run: Run) -> Run:
 def kill_mid_run(worker, run) -> tuple[datetime, int]:
     """Once a checkpoint exists and the run has trained past it, kill its worker."""
     wait_for(lambda: run.checkpoints.exists() and run_row(run).trainer_step > run.checkpoints.order_by("-step")[0].step,
-             what="training past a checkpoint")
+             what="training past a checkpoint", every=0.1)
     killed_at = sigkill(worker)
     trained = run_row(run).trainer_step
     assert trained < STEPS, "the run finished before the kill: nothing was tested"
@@ -136,7 +141,8 @@ def assert_each_step_once(run: Run) -> None:
     trainer_steps = list(run.metrics.filter(role="trainer").order_by("step").values_list("step", flat=True))
     assert trainer_steps == list(range(1, STEPS + 1)), f"missing or repeated trainer steps: {trainer_steps}"
     assert not run.metrics.filter(role="trainer", values__skipped=1).exists()  # every replayed step found its data
-    keys = list(Experience.objects.filter(run=run, source="rollout").values_list("explorer_step", "task_id", "rollout_index"))
+    rollouts = Experience.objects.filter(run=run, source="rollout")
+    keys = list(rollouts.values_list("explorer_step", "task_id", "rollout_index"))
     assert len(keys) == len(set(keys)), "a rollout was stored twice"
     per_step = Counter(step for step, _, _ in keys)
     assert sorted(per_step) == list(range(len(per_step))) and set(per_step.values()) == {TASKS * REPEATS}
@@ -198,3 +204,27 @@ def test_a_run_whose_worker_died_fails_and_its_user_resumes_it(researcher, stack
     (resume,) = run.resumes  # ...it is in its history
     assert resume["after"] == "failed" and "stopped beating" in resume["error"]
     assert resume["checkpoint"] == {"version": newest.version, "step": newest.step}
+
+
+def test_a_trainer_on_two_machines_restarts_its_group_when_one_dies(researcher, stack):
+    """trainer.num_nodes 2 as two Celery train workers on this machine, one rank each, meeting
+    through the run's record in Postgres; the second machine's worker is killed mid-run."""
+    make_taskset()
+    processes = stack(RFTWEB_NODE_ADDRESS="127.0.0.1")
+    workers = [processes.worker(), processes.worker()]
+    processes.beat()
+    two_nodes = config()
+    two_nodes["trainer"].update(strategy="ddp", num_nodes=2, collective_timeout_s=20)
+    run = services.launch_run(researcher, "two machines", two_nodes)
+    wait_for(lambda: run_row(run).trainer_step >= 1, what="the first step of the two machines", timeout=180)
+    node_pid = int(run_row(run).heartbeats["trainer-node-1"]["worker"].rpartition(":")[2])
+    (node_worker,) = [w for w in workers if node_pid in {w.pid, *(c.pid for c in psutil.Process(w.pid).children())}]
+    assert run_row(run).heartbeats["loop"]["worker"] != run_row(run).heartbeats["trainer-node-1"]["worker"]
+
+    kill_mid_run(node_worker, run)  # the machine of rank 1, with its rank
+    processes.worker()  # its replacement
+    wait_for(lambda: run_row(run).is_finished, timeout=300, what="completion after the group restarted")
+    assert_each_step_once(run)
+    assert run.resumes == []  # restarted by the watchdog, not by anyone
+    group = run.rendezvous["trainer"]
+    assert group.keys() == {"generation"} and group["generation"] >= 2  # a second group met

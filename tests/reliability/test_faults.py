@@ -25,12 +25,12 @@ import pytest
 from django.conf import settings
 
 from apps.buffer.models import Experience
-from apps.runs import services
+from apps.runs import services, supervision
 from apps.runs.models import Run
 from apps.tasksets.models import Task, Taskset
-from workers import tasks
-from workers.rft import datasets
+from rftweb.celery import enqueue
 from tests.support import service_env, wait_for
+from workers.rft import datasets
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -68,14 +68,17 @@ def assert_buffer_intact(rows, trainer_steps, steps=None):
     per_step = Counter(step for step, _, _ in keys)
     assert sorted(per_step) == list(range(len(per_step))), f"an explorer step is missing: {sorted(per_step)}"
     assert set(per_step.values()) == {TASKS * REPEATS}, f"a step lost rollouts: {per_step}"
-    assert trainer_steps == list(range(1, len(trainer_steps) + 1)), f"trainer steps with a gap or a repeat: {trainer_steps}"
+    assert trainer_steps == list(range(1, len(trainer_steps) + 1)), (
+        f"trainer steps with a gap or a repeat: {trainer_steps}"
+    )
     if steps is not None:  # a finished run trained each of its steps on exactly one step's rollouts
         assert trainer_steps == list(range(1, steps + 1))
         assert sum(1 for row in rows if row[3] == "consumed") == steps * TASKS * REPEATS
 
 
 def rows_of(run):
-    return list(Experience.objects.filter(run=run, source="rollout").values_list("explorer_step", "task_id", "rollout_index", "status"))
+    rollouts = Experience.objects.filter(run=run, source="rollout")
+    return list(rollouts.values_list("explorer_step", "task_id", "rollout_index", "status"))
 
 
 def trainer_steps_of(run):
@@ -93,14 +96,18 @@ def kill(proc):
 @pytest.mark.parametrize("victim", ["explorer", "trainer"])
 def test_a_killed_explorer_or_trainer_worker_is_replaced(celery_worker_factory, researcher, victim):
     make_taskset()
-    workers = {"explorer": celery_worker_factory(queues="default,explore"), "trainer": celery_worker_factory(queues="train")}
+    workers = {
+        "explorer": celery_worker_factory(queues="default,explore"),
+        "trainer": celery_worker_factory(queues="train"),
+    }
     steps = 5
     run = services.launch_run(researcher, f"kill the {victim}", grpo_config(steps, method="checkpoint"))
     wait_for(lambda: run_field(run, "trainer_step") >= 2, what="trainer step 2")
     kill(workers[victim])
     assert run_field(run, "trainer_step") < steps  # mid-run
     celery_worker_factory(queues="default,explore" if victim == "explorer" else "train")
-    wait_for(lambda: (run.pk, victim) in tasks.watchdog(), timeout=120, what=f"the watchdog to hand the {victim} on")
+    wait_for(lambda: (run.pk, victim) in supervision.watchdog(), timeout=120,
+             what=f"the watchdog to hand the {victim} on")
     wait_for(lambda: Run.objects.get(pk=run.pk).is_finished, what="completion after the kill")
     run.refresh_from_db()
     assert run.status == "completed", run.error
@@ -111,7 +118,8 @@ def start_process(args, env, log_path: Path, ready: str | None = None, timeout=9
     log = open(log_path, "w")
     proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     if ready is not None:
-        wait_for(lambda: ready in log_path.read_text() or proc.poll() is not None, timeout=timeout, what=f"{args[3:5]} to start")
+        wait_for(lambda: ready in log_path.read_text() or proc.poll() is not None, timeout=timeout,
+                 what=f"{args[3:5]} to start")
         assert proc.poll() is None, log_path.read_text()
     return proc
 
@@ -158,13 +166,13 @@ def test_a_killed_beat_and_worker_come_back_and_the_new_beat_resumes_the_run(res
     env = service_env(RFTWEB_WATCHDOG_INTERVAL="2")
     worker = start_worker(env, tmp_path, processes)
     beat = start_beat(env, tmp_path, processes)
-    steps = 5
+    steps = 16  # 5 were all taken before the kill once, on a busy machine
     run = services.launch_run(researcher, "kill the beat", grpo_config(steps))
-    wait_for(lambda: run_field(run, "trainer_step") >= 1, what="trainer step 1")
+    wait_for(lambda: run_field(run, "trainer_step") >= 1, what="trainer step 1", every=0.1)
     kill(beat)
-    wait_for(lambda: run_field(run, "trainer_step") >= 2, what="a step without the beat")
+    wait_for(lambda: run_field(run, "trainer_step") >= 2, what="a step without the beat", every=0.1)
     kill(worker)
-    assert run_field(run, "trainer_step") < steps  # mid-run
+    assert run_field(run, "trainer_step") < steps, "the run ended before the kill: nothing was tested"
     start_worker(env, tmp_path, processes)
     start_beat(env, tmp_path, processes)
     wait_for(lambda: Run.objects.get(pk=run.pk).is_finished, what="completion after the new beat's watchdog")
@@ -197,7 +205,8 @@ class PrivateRedis:
              "--save", "", "--appendonly", "no"],
             stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True,
         )
-        wait_for(lambda: subprocess.run(["redis-cli", "-p", str(self.port), "ping"], capture_output=True, text=True).stdout.strip() == "PONG",
+        ping = ["redis-cli", "-p", str(self.port), "ping"]
+        wait_for(lambda: subprocess.run(ping, capture_output=True, text=True).stdout.strip() == "PONG",
                  timeout=30, what="redis-server")
 
     def kill(self):
@@ -218,7 +227,8 @@ def private_redis(tmp_path):
 def launch_through(env, run):
     """Hand a run to the workers through the given broker (the test process's own points elsewhere)."""
     result = subprocess.run(
-        [sys.executable, "-m", "celery", "-A", "rftweb", "call", "workers.tasks.start_run", f"--args=[{run.pk}]", "--queue=default"],
+        [sys.executable, "-m", "celery", "-A", "rftweb", "call", "workers.tasks.start_run", f"--args=[{run.pk}]",
+         "--queue=default"],
         env=env, capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 0, result.stderr
@@ -229,7 +239,8 @@ def test_redis_restarted_mid_run(researcher, tmp_path, processes, private_redis)
     env = service_env(REDIS_URL=private_redis.url)
     worker = start_worker(env, tmp_path, processes)
     steps = 5
-    run = Run.objects.create(name="redis restart", owner=researcher, config=services.validate_config(grpo_config(steps)).to_dict())
+    config = services.validate_config(grpo_config(steps)).to_dict()
+    run = Run.objects.create(name="redis restart", owner=researcher, config=config)
     launch_through(env, run)
     wait_for(lambda: run_field(run, "trainer_step") >= 2, what="trainer step 2")
     assert run_field(run, "trainer_step") < steps  # mid-run
@@ -319,7 +330,8 @@ def test_postgres_restarted_mid_run(tmp_path, processes, private_postgres, priva
 
     def run_row():
         try:
-            return dict(zip(("status", "trainer_step", "error"), query("select status, trainer_step, error from runs_run where id = %s", run_id)[0]))
+            (row,) = query("select status, trainer_step, error from runs_run where id = %s", run_id)
+            return dict(zip(("status", "trainer_step", "error"), row))
         except psycopg.OperationalError:
             return {"status": "?", "trainer_step": -1, "error": ""}
 
@@ -328,12 +340,16 @@ def test_postgres_restarted_mid_run(tmp_path, processes, private_postgres, priva
     wait_for(lambda: run_row()["trainer_step"] >= 2, what="trainer step 2")
     assert run_row()["trainer_step"] < steps  # mid-run
     private_postgres.ctl("restart", "-m", "fast")  # every connection of the worker is cut
-    wait_for(lambda: run_row()["status"] in ("completed", "failed", "stopped"), what="completion after the Postgres restart")
+    wait_for(lambda: run_row()["status"] in ("completed", "failed", "stopped"),
+             what="completion after the Postgres restart")
     row = run_row()
     assert row["status"] == "completed", row["error"]
     assert "lost the database" in worker.log_path.read_text()  # the worker saw the outage and resumed in place
-    rows = query("select explorer_step, task_id, rollout_index, status from buffer_experience where run_id = %s and source = 'rollout'", run_id)
-    trained = [step for (step,) in query("select step from runs_metricpoint where run_id = %s and role = 'trainer' order by step", run_id)]
+    rows = query("select explorer_step, task_id, rollout_index, status from buffer_experience"
+                 " where run_id = %s and source = 'rollout'", run_id)
+    trained = [step for (step,) in query(
+        "select step from runs_metricpoint where run_id = %s and role = 'trainer' order by step", run_id
+    )]
     assert_buffer_intact(rows, trained, steps)
 
 
@@ -346,7 +362,8 @@ def full_disk_at():
 
     def mount(directory: Path, size="2m"):
         directory.mkdir(parents=True, exist_ok=True)
-        result = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)], capture_output=True, text=True)
+        mount = ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(directory)]
+        result = subprocess.run(mount, capture_output=True, text=True)
         if result.returncode != 0:
             pytest.skip(f"cannot mount a tmpfs here ({result.stderr.strip()}); the full-disk test needs root")
         mounted.append(directory)
@@ -361,23 +378,27 @@ def test_a_full_checkpoint_disk_fails_the_run_with_a_readable_error(celery_worke
     """... and once there is space again, the user resumes it (from step 0: no checkpoint was written)."""
     make_taskset()
     celery_worker_factory()
-    run = Run.objects.create(name="full disk", owner=researcher, config=services.validate_config(grpo_config(4)).to_dict())
-    full_disk_at(tasks.run_dir(run))  # 2 MiB: less than one checkpoint of the tiny model
-    tasks.enqueue(tasks.start_run, run.pk)
+    config = services.validate_config(grpo_config(4)).to_dict()
+    run = Run.objects.create(name="full disk", owner=researcher, config=config)
+    full_disk_at(supervision.run_dir(run))  # 2 MiB: less than one checkpoint of the tiny model
+    enqueue("workers.tasks.start_run", run.pk)
     wait_for(lambda: Run.objects.get(pk=run.pk).is_finished, what="the run to end")
     run.refresh_from_db()
     assert run.status == "failed"
     headline = run.error.splitlines()[0]
     assert headline == (
-        f"loop failed: the disk holding the run's directory (runs/{tasks.run_dir(run).name} in the data directory) "
-        "is full (no space left on device). Free space there, then resume the run: it continues from its last checkpoint."
+        f"loop failed: the disk holding the run's directory (runs/{supervision.run_dir(run).name} in the data "
+        "directory) is full (no space left on device). Free space there, then resume the run: it continues from "
+        "its last checkpoint."
     ), run.error
     assert run.checkpoints.count() == 0  # no checkpoint row for a checkpoint that was never written
     assert_buffer_intact(rows_of(run), trainer_steps_of(run))
 
-    subprocess.run(["umount", "-l", str(tasks.run_dir(run))], check=True)  # space again
+    subprocess.run(["umount", "-l", str(supervision.run_dir(run))], check=True)  # space again
     services.resume_run(run)
-    assert services.describe_resume(run, "failed").startswith(f"run {run.pk} has no checkpoint yet: it starts again from step 0")
+    assert services.describe_resume(run, "failed").startswith(
+        f"run {run.pk} has no checkpoint yet: it starts again from step 0"
+    )
     wait_for(lambda: Run.objects.get(pk=run.pk).is_finished, what="completion after the resume")
     run.refresh_from_db()
     assert run.status == "completed", run.error

@@ -57,7 +57,9 @@ def annotators(n: int) -> list[dict]:
     for i in range(n):
         client = Client()
         client.force_login(create_user(f"load{i}", "pw-for-tests-123", roles=(ANNOTATOR,)))
-        cookies.append({settings.SESSION_COOKIE_NAME: client.cookies[settings.SESSION_COOKIE_NAME].value, "csrftoken": CSRF})
+        cookies.append(
+            {settings.SESSION_COOKIE_NAME: client.cookies[settings.SESSION_COOKIE_NAME].value, "csrftoken": CSRF}
+        )
     return cookies
 
 
@@ -75,7 +77,9 @@ def server_errors(log_path, since: int) -> str:
 
 
 @needs_request_limit
-def test_two_hundred_feedback_posts_at_once_all_get_an_answer_and_none_is_lost(asgi_server, asgi_server_log, researcher):  # noqa: F811
+def test_two_hundred_feedback_posts_at_once_all_get_an_answer_and_none_is_lost(
+    asgi_server, asgi_server_log, researcher  # noqa: F811
+):
     # 100 items rated by one annotator each, and 25 contested items that 4 annotators rate at once:
     # one of the four gets it (one judgement per item), the others a clear refusal.
     items = make_run(researcher, 125)
@@ -123,7 +127,9 @@ async def annotate_for(base_url: str, cookie: dict, seconds: float, confirmed: C
                 errors.append(f"GET /annotate/next/ -> {response.status_code}")
                 return
             pk = int(found.group(1))
-            response = await http.post(f"/annotate/experience/{pk}/rate/", data={"point": "3", "csrfmiddlewaretoken": CSRF})
+            response = await http.post(
+                f"/annotate/experience/{pk}/rate/", data={"point": "3", "csrfmiddlewaretoken": CSRF}
+            )
             if response.status_code == 302:
                 confirmed[pk] += 1
             else:

@@ -37,6 +37,11 @@ def p95(values):
 
 
 @pytest.fixture
+def server_log(tmp_path):
+    return tmp_path / "daphne.log"
+
+
+@pytest.fixture
 def server(tmp_path):
     """daphne serving rftweb.asgi on a free port, on the test database and Redis."""
     with socket.socket() as sock:
@@ -44,7 +49,8 @@ def server(tmp_path):
         port = sock.getsockname()[1]
     env = service_env(DB_CONN_MAX_AGE="60")  # the production default, not the tests' 0
     log = open(tmp_path / "daphne.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "rftweb.asgi:application"],
+    proc = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+                             "rftweb.asgi:application"],
                             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 90
@@ -77,7 +83,7 @@ def record_figures(**figures):
     print(json.dumps(figures, indent=2))
 
 
-def test_100_websocket_clients_on_one_run_get_every_update(server, session, researcher):
+def test_100_websocket_clients_on_one_run_get_every_update(server, server_log, session, researcher):
     run = Run.objects.create(name="watched", owner=researcher, config={})
     ws_url = server.replace("http", "ws") + f"/ws/runs/{run.pk}/"
 
@@ -108,7 +114,15 @@ def test_100_websocket_clients_on_one_run_get_every_update(server, session, rese
         connected, received = [], []
         all_connected = asyncio.Event()
         clients = [asyncio.create_task(client(None, all_connected, connected, received)) for _ in range(WS_CLIENTS)]
-        await asyncio.wait_for(all_connected.wait(), timeout=180)
+        # Until every client is connected, or one has failed (then say why, not just "timed out").
+        waiting = asyncio.create_task(all_connected.wait())
+        done, _ = await asyncio.wait([waiting, *clients], timeout=180, return_when=asyncio.FIRST_COMPLETED)
+        if waiting not in done:
+            failed = [task.exception() for task in clients if task.done()]
+            for task in [waiting, *clients]:
+                task.cancel()
+            raise AssertionError(f"{len(connected)} of {WS_CLIENTS} clients connected; first failures: {failed[:3]}; "
+                                 f"daphne log: {server_log.read_text()[-3000:]}")
         await asyncio.sleep(1)  # every consumer has joined the group
         for step in range(1, UPDATES + 1):
             await asyncio.to_thread(record, step)
@@ -141,7 +155,9 @@ def test_the_dashboard_under_concurrent_users(server, researcher):
         client = Client()
         client.force_login(user)
         cookies.append({settings.SESSION_COOKIE_NAME: client.cookies[settings.SESSION_COOKIE_NAME].value})
-    pages = ["/", "/runs/", f"/runs/{run.pk}/", f"/runs/{run.pk}/live.json", "/api/runs/", f"/api/runs/{run.pk}/metrics/"]
+    pages = [
+        "/", "/runs/", f"/runs/{run.pk}/", f"/runs/{run.pk}/live.json", "/api/runs/", f"/api/runs/{run.pk}/metrics/"
+    ]
 
     async def user_session(cookie):
         timings, failures = [], []

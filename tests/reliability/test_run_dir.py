@@ -1,6 +1,6 @@
 """A run's work dir is its own: ids come back after a database reset, old files must not."""
 from apps.runs.models import Run
-from workers.tasks import run_dir
+from apps.runs.supervision import run_dir
 
 
 def test_run_dir_is_named_by_id_and_creation_time(researcher, settings):

@@ -30,6 +30,7 @@ from rftweb.routing import websocket_urlpatterns
 from tests.support import websocket_connects
 
 PRINCIPALS = ("anonymous", "annotator", "owner", "other", "curator")
+JOB_LABEL = "tasksets.tasksetimport"  # the world's job is a taskset import
 Status = Run.Status
 
 
@@ -65,7 +66,8 @@ MATRIX = {
     "taskset-list": Entry("LDAAA"),
     "taskset-upload": Entry("LDAAA"),
     "taskset-import": Entry("LDADA", kwargs=lambda o: {"pk": o.job.pk}),
-    "taskset-import-status": Entry("LDADA", kwargs=lambda o: {"pk": o.job.pk}),
+    # a job's progress (an import here): whoever may see the job
+    "job-progress": Entry("LDADA", kwargs=lambda o: {"label": JOB_LABEL, "pk": o.job.pk}),
     "taskset-detail": Entry("LDAAA", kwargs=lambda o: {"name": o.taskset.name}),
     # annotation: annotators and up; a run's feedback stats and who annotates it: researchers
     "annotate-start": Entry("LAAAA"),
@@ -95,8 +97,14 @@ MATRIX = {
     "run-rollouts": Entry("LDAAA", kwargs=run),
     "checkpoint-download": Entry("LDAAA", kwargs=lambda o: {"pk": o.run.pk, "version": 1}),
     "run-pause": Entry("LDADA", method="post", kwargs=run, changed=status_is(Status.PAUSED)),
-    "run-resume": Entry("LDADA", method="post", kwargs=run, run_status=Status.PAUSED, changed=status_is(Status.RUNNING)),
+    "run-resume": Entry(
+        "LDADA", method="post", kwargs=run, run_status=Status.PAUSED, changed=status_is(Status.RUNNING)
+    ),
     "run-stop": Entry("LDADA", method="post", kwargs=run, changed=status_is(Status.STOPPING)),
+    "run-explorers": Entry(
+        "LDADA", method="post", kwargs=run, data=lambda o: {"engine_num": "1"},
+        changed=lambda o: Run.objects.get(pk=o.run.pk).config.get("explorer", {}).get("engine_num") == 1,
+    ),
     "run-bulk-stop": Entry(
         "LDARA", method="post", data=lambda o: {"runs": [o.run.pk]}, changed=status_is(Status.STOPPING)
     ),
@@ -117,6 +125,7 @@ MATRIX = {
 WS_MATRIX = {
     "ws/runs/<int:run_id>/": "DDAAA",
     "ws/annotate/<int:run_id>/": "DAAAA",
+    "ws/jobs/<str:label>/<int:job_id>/": "DDADA",
 }
 
 
@@ -260,13 +269,22 @@ def test_admin_access(world, principal, app_label, model_name, page):
 # ---- websockets -----------------------------------------------------------------------------------
 
 
+def ws_path(route: str, o, *, missing: bool = False) -> str:
+    """The route's path for the world's run or job (`missing`: one that does not exist)."""
+    unknown = 1000 if missing else 0
+    path = route.replace("<int:run_id>", str(o.run.pk + unknown))
+    path = path.replace("<str:label>", JOB_LABEL).replace("<int:job_id>", str(o.job.pk + unknown))
+    return "/" + path
+
+
 def ws_accepts(o, principal: str, path: str, origin: bytes = b"http://localhost") -> bool:
     headers = [(b"host", b"localhost")] + ([(b"origin", origin)] if origin else [])
     user = o.users.get(principal)
     if user is not None:
         client = Client()
         client.force_login(user)
-        headers.append((b"cookie", f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}".encode()))
+        session = client.cookies[settings.SESSION_COOKIE_NAME].value
+        headers.append((b"cookie", f"{settings.SESSION_COOKIE_NAME}={session}".encode()))
     return websocket_connects(path, headers)
 
 
@@ -274,7 +292,7 @@ def ws_accepts(o, principal: str, path: str, origin: bytes = b"http://localhost"
 @pytest.mark.parametrize("principal", PRINCIPALS)
 @pytest.mark.parametrize("route", sorted(WS_MATRIX))
 def test_websocket_access(world, route, principal):
-    path = "/" + route.replace("<int:run_id>", str(world.run.pk))
+    path = ws_path(route, world)
     expected = WS_MATRIX[route][PRINCIPALS.index(principal)] == "A"
     assert ws_accepts(world, principal, path) == expected
 
@@ -286,11 +304,11 @@ def test_websocket_access(world, route, principal):
 )
 @pytest.mark.parametrize("route", sorted(WS_MATRIX))
 def test_websocket_refuses_a_foreign_or_missing_origin(world, route, origin):
-    path = "/" + route.replace("<int:run_id>", str(world.run.pk))
+    path = ws_path(route, world)
     assert not ws_accepts(world, "curator", path, origin=origin)
 
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("route", sorted(WS_MATRIX))
-def test_websocket_refuses_a_run_that_does_not_exist(world, route):
-    assert not ws_accepts(world, "curator", "/" + route.replace("<int:run_id>", str(world.run.pk + 1000)))
+def test_websocket_refuses_a_run_or_job_that_does_not_exist(world, route):
+    assert not ws_accepts(world, "curator", ws_path(route, world, missing=True))

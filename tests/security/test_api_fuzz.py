@@ -15,14 +15,18 @@ from apps.tasksets.models import Taskset
 pytestmark = pytest.mark.slow
 
 CONFIG_KEYS = ["mode", "seed", "model", "algorithm", "explorer", "trainer", "buffer", "synchronizer", "feedback",
-               "path", "name", "batch_size", "lr", "total_steps", "repeat_times", "max_new_tokens", "taskset", "kl", "coef"]
+               "path", "name", "batch_size", "lr", "total_steps", "repeat_times", "max_new_tokens", "taskset", "kl",
+               "coef"]
 scalars = st.one_of(
     st.none(), st.booleans(), st.integers(min_value=-(2**70), max_value=2**70),
     st.floats(allow_nan=True, allow_infinity=True), st.text(max_size=40),
 )
 json_values = st.recursive(
     scalars,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.sampled_from(CONFIG_KEYS) | st.text(max_size=8), inner, max_size=4),
+    lambda inner: (
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.sampled_from(CONFIG_KEYS) | st.text(max_size=8), inner, max_size=4)
+    ),
     max_leaves=25,
 )
 bodies = st.one_of(
@@ -33,11 +37,15 @@ bodies = st.one_of(
     ),
 )
 query = st.dictionaries(
-    st.sampled_from(["status", "owner", "q", "page", "page_size", "since", "role", "step", "min_reward", "max_reward", "source"]),
+    st.sampled_from(
+        ["status", "owner", "q", "page", "page_size", "since", "role", "step", "min_reward", "max_reward", "source"]
+    ),
     st.text(max_size=12),
     max_size=4,
 )
-ENDPOINTS = ["api-runs", "api-run", "api-run-metrics", "api-run-experiences", "api-run-pause", "api-run-resume", "api-run-stop"]
+ENDPOINTS = [
+    "api-runs", "api-run", "api-run-metrics", "api-run-experiences", "api-run-pause", "api-run-resume", "api-run-stop"
+]
 
 
 @pytest.fixture
@@ -47,7 +55,9 @@ def fuzz_client(researcher):
     return Client(HTTP_AUTHORIZATION=f"Bearer {token_for(researcher)}"), run
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(
     endpoint=st.sampled_from(ENDPOINTS),
     run_offset=st.sampled_from([0, 0, 0, 1, 10**6]),
@@ -84,7 +94,9 @@ authorization = st.one_of(
 )
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(header=authorization)
 def test_any_authorization_header_gets_json_and_never_a_500(db, header):
     response = Client().get(reverse("api-runs"), HTTP_AUTHORIZATION=header)
@@ -97,7 +109,9 @@ def yaml_texts():
     """Config texts built to hurt: anchors and aliases, deep nesting, merge keys, odd tags."""
     anchors = st.sampled_from(["a", "b", "c"])
     scalars = st.sampled_from(["1", "x", ".nan", "2024-01-01", "2024-02-30", "!!binary aGk=", '"s"', "~", "9" * 40])
-    aliased = st.builds(lambda anchor, value: f"&{anchor} {value}", anchors, scalars) | anchors.map(lambda name: f"*{name}")
+    aliased = (
+        st.builds(lambda anchor, value: f"&{anchor} {value}", anchors, scalars) | anchors.map(lambda name: f"*{name}")
+    )
     flows = st.recursive(
         scalars | aliased,
         lambda inner: st.lists(inner, max_size=5).map(lambda items: f"[{', '.join(items)}]")
@@ -119,12 +133,16 @@ def yaml_texts():
     )
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(text=yaml_texts())
 def test_any_yaml_config_gets_json_never_a_500_and_nothing_big_is_stored(fuzz_client, text):
     client, _ = fuzz_client
     runs_before = set(Run.objects.values_list("pk", flat=True))
-    response = client.post(reverse("api-runs"), json.dumps({"name": "fuzz", "config": text}), content_type="application/json")
+    response = client.post(
+        reverse("api-runs"), json.dumps({"name": "fuzz", "config": text}), content_type="application/json"
+    )
     assert response.status_code in (201, 400), response.content[:300]
     assert response["Content-Type"] == "application/json"
     created = Run.objects.exclude(pk__in=runs_before)

@@ -118,7 +118,10 @@ def model_dir(root, name, *, config=None, files=("model.safetensors", "tokenizer
     directory = root / name
     directory.mkdir()
     if config is not False:
-        text = config if isinstance(config, str) else json.dumps(config or {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]})
+        if isinstance(config, str):
+            text = config
+        else:
+            text = json.dumps(config or {"model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"]})
         (directory / "config.json").write_text(text)
     for file in files:
         (directory / file).write_bytes(b"\0")
@@ -143,7 +146,9 @@ MODEL_CASES = {
     "config-not-json": (lambda root, tmp: str(model_dir(root, "m", config="{oops")), "not valid JSON"),
     "config-no-model-type": (lambda root, tmp: str(model_dir(root, "m", config={"hidden_size": 8})), "no model_type"),
     "wrong-architecture": (
-        lambda root, tmp: str(model_dir(root, "m", config={"model_type": "bert", "architectures": ["BertForSequenceClassification"]})),
+        lambda root, tmp: str(
+            model_dir(root, "m", config={"model_type": "bert", "architectures": ["BertForSequenceClassification"]})
+        ),
         "not a causal language model",
     ),
     "no-weights": (lambda root, tmp: str(model_dir(root, "m", files=("tokenizer.json",))), "has no weights"),
@@ -169,7 +174,11 @@ def test_launch_form_shows_the_bound_next_to_its_field(researcher_client):
 
     response = researcher_client.post(
         reverse("run-launch"),
-        {"name": "huge", "editor": "yaml", "yaml": yaml.safe_dump(merged(GOOD, {"explorer": {"max_new_tokens": 10**9}}))},
+        {
+            "name": "huge",
+            "editor": "yaml",
+            "yaml": yaml.safe_dump(merged(GOOD, {"explorer": {"max_new_tokens": 10**9}})),
+        },
     )
     assert response.status_code == 200 and Run.objects.count() == 0
     assert "must be &lt;= 32768" in response.content.decode() or "must be <= 32768" in response.content.decode()

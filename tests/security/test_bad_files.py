@@ -9,7 +9,8 @@ import pytest
 
 from apps.buffer.models import Experience
 from apps.buffer.services import import_expert_data
-from apps.tasksets.importers import FieldMapping, TasksetImportError
+from apps.core.files import FileImportError
+from apps.tasksets.importers import FieldMapping
 from apps.tasksets.models import Task, Taskset
 from apps.tasksets.services import import_taskset
 
@@ -56,7 +57,7 @@ TASKSET_CASES = {
 def test_bad_taskset_file_is_refused_whole(tmp_path, filename, content, words):
     path = tmp_path / filename
     path.write_bytes(content)
-    with pytest.raises(TasksetImportError) as err:
+    with pytest.raises(FileImportError) as err:
         import_taskset(path, name="bad", mapping=MAPPING)
     message = str(err.value)
     assert filename in message and words in message, message
@@ -75,8 +76,12 @@ EXPERT_CASES = {
     "sft-missing-response": ("e.jsonl", "sft", [GOOD_SFT, {"prompt": "2+2?"}], "line 2"),
     "sft-reward-not-a-number": ("e.jsonl", "sft", [GOOD_SFT, {**GOOD_SFT, "reward": "high"}], "reward"),
     "sft-reward-infinite": ("e.jsonl", "sft", [GOOD_SFT, {**GOOD_SFT, "reward": 1e400}], "reward"),
-    "sft-token-ids-not-ints": ("e.jsonl", "sft", [GOOD_SFT, {**GOOD_SFT, "prompt_ids": ["a"], "response_ids": [1]}], "prompt_ids"),
-    "sft-token-id-overflow": ("e.jsonl", "sft", [GOOD_SFT, {**GOOD_SFT, "prompt_ids": [2**40], "response_ids": [1]}], "prompt_ids"),
+    "sft-token-ids-not-ints": (
+        "e.jsonl", "sft", [GOOD_SFT, {**GOOD_SFT, "prompt_ids": ["a"], "response_ids": [1]}], "prompt_ids"
+    ),
+    "sft-token-id-overflow": (
+        "e.jsonl", "sft", [GOOD_SFT, {**GOOD_SFT, "prompt_ids": [2**40], "response_ids": [1]}], "prompt_ids"
+    ),
     "sft-bad-messages": ("e.jsonl", "sft", [GOOD_SFT, {"messages": [{"role": 5}]}], "messages"),
     "dpo-missing-rejected": ("e.jsonl", "dpo", [{"prompt": "p", "chosen": "a"}], "rejected"),
     "sft-csv-format": ("e.csv", "sft", [GOOD_SFT], "e.csv"),
@@ -87,7 +92,7 @@ EXPERT_CASES = {
 def test_bad_expert_data_is_refused_whole(tmp_path, researcher, filename, layout, rows, words):
     path = tmp_path / filename
     path.write_text("".join(json.dumps(row).replace("Infinity", "1e400") + "\n" for row in rows))
-    with pytest.raises(TasksetImportError) as err:
+    with pytest.raises(FileImportError) as err:
         import_expert_data(path, layout=layout, user=researcher)
     message = str(err.value)
     assert filename in message and words in message, message

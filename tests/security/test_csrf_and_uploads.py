@@ -9,10 +9,10 @@ from django.test import Client
 from django.urls import reverse
 
 from apps.buffer.models import Experience
+from apps.core import jobs
 from apps.runs.api import token_for
 from apps.runs.models import Run
 from apps.tasksets.models import Task, Taskset, TasksetImport
-from apps.tasksets.services import run_taskset_import
 
 Status = Run.Status
 
@@ -49,7 +49,10 @@ FORMS = {
     "annotate-rate": lambda o: (reverse("annotate-rate", args=[o["experience"].pk]), {"point": "3"}),
     "annotate-flag": lambda o: (reverse("annotate-flag", args=[o["experience"].pk]), {"reason": "garbled"}),
     "annotate-assign": lambda o: (reverse("annotate-assign", args=[o["run"].pk]), {"usernames": "cur"}),
-    "admin-action": lambda o: (reverse("admin:buffer_experience_changelist"), {"action": "delete_selected", "_selected_action": [o["experience"].pk]}),
+    "admin-action": lambda o: (
+        reverse("admin:buffer_experience_changelist"),
+        {"action": "delete_selected", "_selected_action": [o["experience"].pk]},
+    ),
 }
 
 
@@ -131,6 +134,6 @@ def test_an_upload_is_stored_under_a_random_name_never_served_and_read_only_as_d
     for url in (f"/media/{job.upload.name}", f"/{job.upload.name}", f"/static/{job.upload.name}"):
         assert researcher_client.get(url).status_code == 404, url
     # The import reads it as data: it fails on line 1, and nothing ran.
-    job = run_taskset_import(job.pk)
+    job = jobs.run_job("tasksets.tasksetimport", job.pk)
     assert job.status == "failed" and "line 1" in job.error
     assert not marker.exists()

@@ -41,7 +41,9 @@ def test_without_a_secret_key_production_refuses_to_start():
 
 def test_the_secret_key_comes_from_the_environment():
     key = secrets.token_urlsafe(50)
-    result = manage("shell", "-c", "from django.conf import settings; print(settings.SECRET_KEY)", env=prod_env(SECRET_KEY=key))
+    result = manage(
+        "shell", "-c", "from django.conf import settings; print(settings.SECRET_KEY)", env=prod_env(SECRET_KEY=key)
+    )
     assert result.stdout.strip().splitlines()[-1] == key
     # No key, password or token is written in the settings themselves.
     source = (settings.BASE_DIR / "rftweb" / "settings.py").read_text()
@@ -56,7 +58,10 @@ response_http = Client().get("/accounts/login/")
 print(json.dumps({
     "status": response.status_code,
     "headers": dict(response.headers),
-    "cookies": {name: {"secure": bool(c["secure"]), "httponly": bool(c["httponly"]), "samesite": c["samesite"]} for name, c in response.cookies.items()},
+    "cookies": {
+        name: {"secure": bool(c["secure"]), "httponly": bool(c["httponly"]), "samesite": c["samesite"]}
+        for name, c in response.cookies.items()
+    },
     "http_status": response_http.status_code,
     "http_location": response_http.headers.get("Location", ""),
 }))

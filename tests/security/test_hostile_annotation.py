@@ -25,9 +25,9 @@ from hypothesis import strategies as st
 from apps.accounts.roles import ANNOTATOR, RESEARCHER
 from apps.accounts.services import create_user
 from apps.buffer.models import Experience
+from apps.core.consumers import CLOSE_MESSAGE_TOO_BIG, MAX_CLIENT_MESSAGE_CHARS
 from apps.feedback import services
 from apps.feedback.models import AnnotationLock, Feedback, SetAside
-from apps.runs.consumers import CLOSE_MESSAGE_TOO_BIG, MAX_CLIENT_MESSAGE_CHARS
 from apps.runs.models import Run
 from apps.tasksets.models import Task, Taskset
 from rftweb.asgi import application
@@ -56,8 +56,9 @@ def world(db):
     task = Task.objects.create(taskset=Taskset.objects.create(name="ts"), index=0, prompt=PROMPT, answer="2")
     o.item, o.other = (
         Experience.objects.create(
-            run=o.run, task=task, explorer_step=0, rollout_index=i, group_id="g0", prompt_text=PROMPT, response_text=text,
-            prompt_ids=[1], response_ids=[2], action_mask=[1], logprobs=[-0.1], reward=1.0, model_version=1,
+            run=o.run, task=task, explorer_step=0, rollout_index=i, group_id="g0", prompt_text=PROMPT,
+            response_text=text, prompt_ids=[1], response_ids=[2], action_mask=[1], logprobs=[-0.1], reward=1.0,
+            model_version=1,
         )
         for i, text in enumerate((RESPONSE, OTHER_RESPONSE))
     )
@@ -117,7 +118,7 @@ def test_every_service_refuses_an_outsider_before_anything_else(world):
         "flag": lambda: services.flag(o.item.pk, outsider, "wrong"),
         "next": lambda: services.next_item(o.run, outsider),
     }
-    for name, call in calls.items():
+    for call in calls.values():
         with pytest.raises(services.NotAnnotator, match="not an annotator of run 'r'"):
             call()
     assert nothing_stored()
@@ -150,7 +151,9 @@ def test_a_nul_or_an_overlong_comment_is_a_400_naming_it_and_stores_nothing(worl
 @pytest.mark.django_db
 def test_a_comment_at_the_limit_is_stored(world):
     comment = "x" * services.MAX_COMMENT_CHARS
-    response = client_of(world.chosen).post(reverse("annotate-rate", args=[world.item.pk]), {"point": "3", "comment": comment})
+    response = client_of(world.chosen).post(
+        reverse("annotate-rate", args=[world.item.pk]), {"point": "3", "comment": comment}
+    )
     assert response.status_code == 302
     assert Feedback.objects.get().comment == comment
 
@@ -159,7 +162,9 @@ def test_a_comment_at_the_limit_is_stored(world):
 @pytest.mark.parametrize("shown_at, spent", [("nan", 0.0), ("inf", 0.0), ("-inf", 0.0),
                                               ("1e308", 0.0), ("banana", 0.0)])
 def test_the_time_spent_is_always_finite_and_bounded(world, shown_at, spent):
-    response = client_of(world.chosen).post(reverse("annotate-rate", args=[world.item.pk]), {"point": "3", "shown_at": shown_at})
+    response = client_of(world.chosen).post(
+        reverse("annotate-rate", args=[world.item.pk]), {"point": "3", "shown_at": shown_at}
+    )
     assert response.status_code == 302
     assert Feedback.objects.get().seconds_spent == spent
 
@@ -177,8 +182,12 @@ ROUTES = ["annotate-experience", "annotate-skip", "annotate-postpone", *JUDGEMEN
 @hypothesis_settings(
     max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 )
-@given(route=st.sampled_from(ROUTES), who=st.sampled_from(["chosen", "outsider"]), offset=st.sampled_from([0, 0, 1, 10**6]),
-       form=forms)
+@given(
+    route=st.sampled_from(ROUTES),
+    who=st.sampled_from(["chosen", "outsider"]),
+    offset=st.sampled_from([0, 0, 1, 10**6]),
+    form=forms,
+)
 def test_the_annotation_routes_answer_anything_without_a_500(world, route, who, offset, form):
     """Whatever a form holds: no 500; an outsider gets a 403 (or 404) and nothing is stored."""
     stored_before = (Feedback.objects.count(), SetAside.objects.count(), Experience.objects.count())
@@ -198,7 +207,8 @@ def test_the_annotation_routes_answer_anything_without_a_500(world, route, who, 
 
 
 def session_cookie(user) -> bytes:
-    return f"{django_settings.SESSION_COOKIE_NAME}={client_of(user).cookies[django_settings.SESSION_COOKIE_NAME].value}".encode()
+    session = client_of(user).cookies[django_settings.SESSION_COOKIE_NAME].value
+    return f"{django_settings.SESSION_COOKIE_NAME}={session}".encode()
 
 
 def ws_accepts(o, host: bytes, origin: bytes, extra=()) -> bool:

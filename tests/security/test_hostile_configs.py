@@ -15,10 +15,9 @@ from apps.runs.api import token_for
 from apps.runs.forms import LaunchForm
 from apps.runs.models import Run
 from apps.tasksets.models import Taskset
+from tests.security.test_bad_configs import GOOD  # the smallest config that launches
 from workers.rft.config import MAX_CONFIG_CHARS, MAX_CONFIG_DEPTH
 from workers.rft.workflows.base import MAX_ARG_CHARS, MAX_ARG_DEPTH
-
-from tests.security.test_bad_configs import GOOD  # the smallest config that launches
 
 GOOD_YAML = yaml.safe_dump(GOOD)
 ENV_ARGS = "explorer.workflow_args.env_args"
@@ -59,7 +58,9 @@ def api(researcher):
     client = Client(enforce_csrf_checks=True, HTTP_AUTHORIZATION=f"Bearer {token_for(researcher)}")
 
     def post(config):
-        return client.post(reverse("api-runs"), json.dumps({"name": "hostile", "config": config}), content_type="application/json")
+        return client.post(
+            reverse("api-runs"), json.dumps({"name": "hostile", "config": config}), content_type="application/json"
+        )
 
     return post
 
@@ -121,7 +122,9 @@ def test_hostile_config_text_is_a_form_error_on_the_launch_page(researcher_clien
 
 JSON_CASES = {
     "deep": (lambda: {**GOOD, "x": nested(MAX_CONFIG_DEPTH + 1)}, "x", "levels deep"),
-    "huge": (lambda: {**GOOD, "x": ["a" * 1000] * (MAX_CONFIG_CHARS // 1000)}, "<config>", f"more than {MAX_CONFIG_CHARS}"),
+    "huge": (
+        lambda: {**GOOD, "x": ["a" * 1000] * (MAX_CONFIG_CHARS // 1000)}, "<config>", f"more than {MAX_CONFIG_CHARS}"
+    ),
     "nan-anywhere": (lambda: {**GOOD, "trainer": {"lr": float("nan")}}, "trainer.lr", "finite"),
 }
 

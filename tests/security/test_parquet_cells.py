@@ -12,20 +12,22 @@ import pytest
 from apps.buffer.importers import MAX_LINE_BYTES as EXPERT_LIMIT
 from apps.buffer.models import Experience
 from apps.buffer.services import import_expert_data
+from apps.core.files import FileImportError
 from apps.tasksets.importers import DEFAULT_MAX_LINE_BYTES as LIMIT
-from apps.tasksets.importers import FieldMapping, TasksetImportError
+from apps.tasksets.importers import FieldMapping
 from apps.tasksets.models import Task, Taskset
 from apps.tasksets.services import import_taskset
 
 pytestmark = pytest.mark.django_db
+MAPPING = FieldMapping("q", "a", metadata=("m",))
 
 
 def write_parquet(path, table: dict, **options) -> None:
     pq.write_table(pa.table(table), path, compression="zstd", **options)
 
 
-def refusal(path, mapping=FieldMapping("q", "a", metadata=("m",))) -> str:
-    with pytest.raises(TasksetImportError) as err:
+def refusal(path, mapping=MAPPING) -> str:
+    with pytest.raises(FileImportError) as err:
         import_taskset(path, name="bad", mapping=mapping)
     assert not Taskset.objects.exists() and not Task.objects.exists()
     return str(err.value)
@@ -60,7 +62,9 @@ def test_a_value_over_the_limit_repeated_in_many_cells_is_refused_at_its_first_r
     read as a dictionary, it is measured once per cell without being copied into each."""
     rows = 1500
     path = tmp_path / "t.parquet"
-    write_parquet(path, {"q": ["1+1?"] * 3 + ["w" * (LIMIT + 1)] * rows, "a": ["2"] * (rows + 3), "m": [""] * (rows + 3)})
+    write_parquet(
+        path, {"q": ["1+1?"] * 3 + ["w" * (LIMIT + 1)] * rows, "a": ["2"] * (rows + 3), "m": [""] * (rows + 3)}
+    )
     assert path.stat().st_size < 64 * 1024
     message = refusal(path)
     assert f"t.parquet, row 4: column 'q' is {LIMIT + 1:,} bytes" in message, message
@@ -83,7 +87,7 @@ def test_cells_at_the_limit_import(tmp_path):
 def test_an_expert_data_cell_over_its_limit_is_refused(tmp_path, researcher):
     path = tmp_path / "e.parquet"
     write_parquet(path, {"prompt": ["p", "p"], "response": ["r", "r" * (EXPERT_LIMIT + 1)]}, row_group_size=1)
-    with pytest.raises(TasksetImportError) as err:
+    with pytest.raises(FileImportError) as err:
         import_expert_data(path, layout="sft", user=researcher)
     assert "e.parquet, row 2: column 'response'" in str(err.value), str(err.value)
     assert not Experience.objects.exists()

@@ -9,13 +9,13 @@ from channels.testing import WebsocketCommunicator
 from django.conf import settings
 
 from apps.buffer.models import Experience
-from apps.runs import services
+from apps.runs import services, supervision
 from apps.runs.models import Run
 from apps.tasksets.models import Task, Taskset
 from rftweb.asgi import application
-from workers import tasks
-from workers.rft import datasets
+from rftweb.celery import enqueue
 from tests.support import wait_for
+from workers.rft import datasets
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -66,9 +66,12 @@ def test_grpo_run_completes_with_live_numbered_updates(celery_worker_factory, re
         run = await database_sync_to_async(Run.objects.create)(
             name="e2e", owner=researcher, config=config
         )
-        ws = WebsocketCommunicator(application, f"/ws/runs/{run.pk}/", headers=[(b"host", b"localhost"), (b"origin", b"http://localhost"), (b"cookie", cookie)])
+        ws = WebsocketCommunicator(
+            application, f"/ws/runs/{run.pk}/",
+            headers=[(b"host", b"localhost"), (b"origin", b"http://localhost"), (b"cookie", cookie)],
+        )
         assert (await ws.connect())[0]
-        await database_sync_to_async(tasks.enqueue)(tasks.start_run, run.pk)
+        await database_sync_to_async(enqueue)("workers.tasks.start_run", run.pk)
         messages = []
         while not any(u.get("status") in ("completed", "failed") for m in messages for u in m["updates"]):
             try:
@@ -143,7 +146,7 @@ def test_a_killed_worker_is_replaced_and_nothing_is_lost_or_duplicated(celery_wo
     assert killed_at < steps
 
     celery_worker_factory()
-    wait_for(lambda: tasks.watchdog() == [(run.pk, "loop")], timeout=60, what="the watchdog to notice")
+    wait_for(lambda: supervision.watchdog() == [(run.pk, "loop")], timeout=60, what="the watchdog to notice")
     wait_for(lambda: finished(run), what="completion after the kill")
     assert run.status == "completed", run.error
     assert run.trainer_step == steps
@@ -167,11 +170,12 @@ def test_a_failed_run_resumes_from_its_newest_checkpoint(celery_worker_factory, 
     make_taskset()
     celery_worker_factory()
     steps = 5
-    run = Run.objects.create(name="fails", owner=researcher, config=services.validate_config(grpo_config(steps)).to_dict())
-    blocker = tasks.run_dir(run) / "checkpoints" / "step_3"
+    config = services.validate_config(grpo_config(steps)).to_dict()
+    run = Run.objects.create(name="fails", owner=researcher, config=config)
+    blocker = supervision.run_dir(run) / "checkpoints" / "step_3"
     blocker.parent.mkdir(parents=True)
     blocker.write_text("not a checkpoint")
-    tasks.enqueue(tasks.start_run, run.pk)
+    enqueue("workers.tasks.start_run", run.pk)
     wait_for(lambda: finished(run), what="the failure")
     assert run.status == "failed" and run.error.startswith("loop failed: NotADirectoryError"), run.error
     assert run.trainer_step == 3 and list(run.checkpoints.values_list("step", flat=True)) == [1, 2]
@@ -183,15 +187,17 @@ def test_a_failed_run_resumes_from_its_newest_checkpoint(celery_worker_factory, 
     wait_for(lambda: finished(run), what="completion after the resume")
     assert run.status == "completed", run.error
     (resume,) = run.resumes
-    assert resume["checkpoint"] == {"version": 2, "step": 2} and resume["error"].startswith("loop failed: NotADirectoryError")
+    assert resume["checkpoint"] == {"version": 2, "step": 2}
+    assert resume["error"].startswith("loop failed: NotADirectoryError")
     trainer_steps = list(run.metrics.filter(role="trainer").order_by("step").values_list("step", flat=True))
     assert trainer_steps == list(range(1, steps + 1))  # step 3 replayed in place: no repeat, no gap
     assert not run.metrics.filter(role="trainer", values__skipped=1).exists()
-    keys = list(Experience.objects.filter(run=run, source="rollout").values_list("explorer_step", "task_id", "rollout_index"))
+    rollouts = Experience.objects.filter(run=run, source="rollout")
+    keys = list(rollouts.values_list("explorer_step", "task_id", "rollout_index"))
     assert len(keys) == len(set(keys))
     assert Experience.objects.filter(run=run, status="consumed").count() == steps * TASKS * REPEATS
     assert list(run.checkpoints.values_list("step", flat=True)) == [3, 4, 5]  # trainer.keep_checkpoints: 3
-    assert sorted(os.listdir(tasks.run_dir(run) / "checkpoints")) == ["step_3", "step_4", "step_5"]
+    assert sorted(os.listdir(supervision.run_dir(run) / "checkpoints")) == ["step_3", "step_4", "step_5"]
 
 
 def test_a_stopped_run_resumes_where_it_stopped(celery_worker_factory, researcher):
@@ -232,12 +238,12 @@ def test_synchronisation_modes_on_a_worker(celery_worker_factory, researcher, sy
     run = services.launch_run(researcher, "sync", config)
     wait_for(lambda: finished(run), what="completion")
     assert run.status == "completed", run.error
-    trained = [v for v in run.metrics.filter(role="trainer", step__gte=2).order_by("step").values_list("values", flat=True)]
+    trained = list(run.metrics.filter(role="trainer", step__gte=2).order_by("step").values_list("values", flat=True))
     assert len(trained) == 4 and all("staleness_max" in s and expected(s) for s in trained), trained
 
 
 def test_explorer_and_trainer_on_separate_workers(celery_worker_factory, researcher):
-    """Checkpoint sync: the roles run on an `explore` worker and a `train` worker, and still
+    """Checkpoint sync: the duties run on an `explore` worker and a `train` worker, and still
     train synchronously: explorer step t used exactly version t (offset 0, interval 1)."""
     make_taskset()
     celery_worker_factory(queues="default,explore")
@@ -260,12 +266,12 @@ def test_explorer_and_trainer_on_separate_workers(celery_worker_factory, researc
 # ---- the failure message its user reads (issue #20, finding 7) ---------------------------------------
 
 
-def failure_of(role: str, exc: BaseException, work_dir) -> str:
-    """describe_failure as run_role calls it: inside the except block, with a traceback at hand."""
+def failure_of(duty: str, exc: Exception, work_dir) -> str:
+    """describe_failure as supervision.serve calls it: inside the except block, with a traceback at hand."""
     try:
         raise exc
-    except BaseException as raised:
-        return tasks.describe_failure(role, raised, work_dir)
+    except type(exc) as raised:
+        return supervision.describe_failure(duty, raised, work_dir)
 
 
 def test_a_failure_tells_its_user_the_cause_and_what_to_do_without_a_traceback_or_server_paths(tmp_path):

@@ -6,7 +6,6 @@ import pytest
 
 from apps.buffer.models import Experience
 from apps.runs import services
-
 from tests.support import wait_for
 
 from .test_tasks import finished, make_taskset

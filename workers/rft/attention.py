@@ -22,7 +22,9 @@ def gqa_eager_attention(module, query, key, value, attention_mask, dropout=0.0, 
     batch, heads, tq, dim = query.shape
     kv_heads, tk = key.shape[1], key.shape[2]
     if batch * heads * tq * tk > MAX_SCORES or dropout > 0:
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     group = heads // kv_heads
     scaling = dim**-0.5 if scaling is None else scaling
     # Heads h = kv * group + r share key/value head kv (transformers' repeat_kv order).

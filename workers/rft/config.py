@@ -17,11 +17,17 @@ from typing import get_args
 import yaml
 
 from workers.rft.algorithms import (
-    ADVANTAGE_FNS, AGG_MODES, ALGORITHMS, GROUP_ADVANTAGE_FNS, KL_FNS, POLICY_LOSSES, resolve,
+    ADVANTAGE_FNS,
+    AGG_MODES,
+    ALGORITHMS,
+    GROUP_ADVANTAGE_FNS,
+    KL_FNS,
+    POLICY_LOSSES,
+    resolve,
 )
 from workers.rft.json_values import json_value_problem
 from workers.rft.rewards import REWARD_FNS, build_reward
-from workers.rft.synchronizer import SYNC_METHODS
+from workers.rft.synchronizer import SPLIT_SYNC_METHODS, SYNC_METHODS
 from workers.rft.workflows import WORKFLOWS, workflow_args_problems
 
 MODES = ("both", "explore", "train", "bench")
@@ -52,15 +58,14 @@ class ConfigError(ValueError):
         super().__init__("\n".join(f"{issue.key}: {issue.message}" for issue in self.errors))
 
 
-def _f(default=None, *, factory=None, choices=None, unavailable=None, names=None, ge=None, gt=None, le=None, lt=None,
-       most=None, check=None):
+def _f(default=None, *, factory=None, choices=None, names=None, ge=None, gt=None, le=None, lt=None, most=None,
+       check=None):
     """A config field: its default and the rules its value follows (check(value) -> problem or None).
-    `choices`: the values it takes; `unavailable`: {value: what to use instead} for values people
-    may expect that are not built yet; `names`: the registry whose names a value is made of, where
+    `choices`: the values it takes; `names`: the registry whose names a value is made of, where
     the value is more than a choice (a reward fn spec). `most` is a sanity limit rather than a
     range: what one run may ask of shared workers (10^9 new tokens would tie up a GPU for good)."""
     rules = {
-        "choices": choices, "unavailable": unavailable, "names": names, "ge": ge, "gt": gt, "le": le, "lt": lt,
+        "choices": choices, "names": names, "ge": ge, "gt": gt, "le": le, "lt": lt,
         "most": most, "check": check,
     }
     if factory is not None:
@@ -88,6 +93,28 @@ def _check_operators(ops: list) -> str | None:
     return None
 
 
+def _check_target_modules(value: str | list) -> str | None:
+    if isinstance(value, str):
+        return None if value == "all-linear" else f"expected 'all-linear' or a list of module names, got '{value}'"
+    if not value:
+        return "must name at least one module"
+    for i, name in enumerate(value):
+        if not isinstance(name, str) or not name.strip():
+            return f"item {i}: expected a module name (e.g. 'q_proj'), got {name!r}"
+    return None
+
+
+@dataclass
+class LoraConfig:
+    """Low-rank adapters on the policy (peft): only they train; see docs/scale.md."""
+    r: int = _f(16, ge=1, most=4096)
+    alpha: float = _f(32.0, gt=0, most=1e6)  # the update is scaled by alpha / r
+    dropout: float = _f(0.0, ge=0, lt=1)
+    # Module names (suffixes, as peft matches them: 'q_proj'), or 'all-linear': every linear layer
+    # but the output head.
+    target_modules: str | list = _f("all-linear", check=_check_target_modules)
+
+
 @dataclass
 class ModelConfig:
     path: str = "tiny"  # a local HF dir or a built-in name (resolved by models.py)
@@ -96,6 +123,7 @@ class ModelConfig:
     max_prompt_tokens: int = _f(256, ge=1, most=131_072)
     dtype: str = _f("auto", choices=("auto", "float32", "bfloat16", "float16"))
     device: str = _f("auto", choices=("auto", "cpu", "cuda"))
+    lora: LoraConfig | None = None  # None: full fine-tuning
 
 
 @dataclass
@@ -152,6 +180,9 @@ class AlgorithmConfig:
 @dataclass
 class ExplorerConfig:
     engine: str = _f("auto", choices=("auto", "vllm", "transformers"))
+    # Explorers serving the run, each a worker with its own engine, sharing every step group by
+    # group (explorer.py); more than one needs synchronizer.method 'checkpoint'.
+    engine_num: int = _f(1, ge=1, most=256)
     batch_size: int = _f(16, ge=1, most=4096)  # tasks per explorer step
     temperature: float = _f(1.0, ge=0, most=10.0)
     top_p: float = _f(1.0, gt=0, le=1)
@@ -166,6 +197,21 @@ class ExplorerConfig:
     use_chat_template: bool = True
     pipeline: list = _f(factory=list, check=_check_operators)
     eval_interval: int = _f(0, ge=0, most=10_000_000)  # 0: no eval
+
+
+@dataclass
+class FsdpConfig:
+    """trainer.strategy 'fsdp' (torch FSDP2): each rank holds 1/N of every weight, gradient and
+    optimizer state; see distributed.py and docs/scale.md."""
+    # True (ZeRO-3): a layer's gathered weights are freed after its forward and gathered again for
+    # its backward. False (ZeRO-2): kept from forward to backward, one all-gather fewer per layer,
+    # at the memory of the whole unsharded model per rank during a micro-batch.
+    reshard_after_forward: bool = True
+    # The sharded weights, gradients and optimizer state live in CPU memory (the optimizer steps
+    # there); each layer's weights are copied to the GPU for its forward and backward.
+    cpu_offload: bool = False
+    # Keep only each decoder layer's input from the forward; recompute the layer in backward.
+    activation_checkpointing: bool = False
 
 
 @dataclass
@@ -185,6 +231,17 @@ class TrainerConfig:
     weight_decay: float = _f(0.0, ge=0)
     warmup_steps: int = _f(0, ge=0, most=10_000_000)
     update_epochs: int = _f(1, ge=1, most=100)
+    # Data parallelism (names as accelerate's): `ddp` and `fsdp` run num_processes ranks on each of
+    # num_nodes machines, each computing on its share of the batch's micro-batches (whole ones: a
+    # batch of fewer micro-batches than ranks leaves ranks idle); rank 0 alone talks to storage.
+    # `ddp` replicates the models on every rank; `fsdp` shards them (knobs: trainer.fsdp). See
+    # distributed.py.
+    strategy: str = _f("single", choices=("single", "ddp", "fsdp"))
+    num_processes: int = _f(1, ge=1, most=64)  # ranks per node
+    num_nodes: int = _f(1, ge=1, most=1024)
+    # A collective waiting longer than this fails the step, naming the ranks that did not answer.
+    collective_timeout_s: float = _f(300.0, gt=0, most=86_400.0)
+    fsdp: FsdpConfig | None = None  # None: FSDP's defaults, with strategy 'fsdp'
 
 
 @dataclass
@@ -233,9 +290,15 @@ class FeedbackConfig:
 
 @dataclass
 class SynchronizerConfig:
-    method: str = _f("memory", choices=SYNC_METHODS, unavailable={"nccl": "use memory or checkpoint"})
+    method: str = _f("memory", choices=SYNC_METHODS)
     interval: int = _f(1, ge=1, most=1_000_000)
     offset: int = _f(0, ge=0, most=1_000_000)
+    # nccl: how long one transfer (or an explorer's load of it) may take before the trainer names
+    # the explorer that did not answer; SmolLM2's takes ~0.3 s on CPU (bench/weight_sync.py).
+    timeout_s: float = _f(120.0, ge=1, most=86_400)
+    # nccl: checksums on the first version and every verify_every-th after it (0: the first only);
+    # they cost ~0.1-0.3 s a side for SmolLM2's 0.5 GB on a loaded 2-core machine.
+    verify_every: int = _f(10, ge=0, most=1_000_000)
 
 
 @dataclass
@@ -365,8 +428,9 @@ def _build(cls, data, prefix: str, issues: list, bad: set):
         if f.name not in data:
             continue
         key = _join(prefix, f.name)
-        if is_dataclass(f.type):
-            values[f.name] = _build(f.type, data[f.name], key, issues, bad)
+        section = _section(f.type)
+        if section is not None and not (data[f.name] is None and section is not f.type):
+            values[f.name] = _build(section, data[f.name], key, issues, bad)
             continue
         value, problem = _check_value(data[f.name], f)
         if problem:
@@ -374,6 +438,12 @@ def _build(cls, data, prefix: str, issues: list, bad: set):
         else:
             values[f.name] = value
     return cls(**values)
+
+
+def _section(type_):
+    """The dataclass of a nested section (`kl: KLConfig`, or optional: `lora: LoraConfig | None`)."""
+    types = get_args(type_) if isinstance(type_, UnionType) else (type_,)
+    return next((t for t in types if is_dataclass(t)), None)
 
 
 def _check_value(value, f) -> tuple[object, str | None]:
@@ -392,8 +462,6 @@ def _check_value(value, f) -> tuple[object, str | None]:
     rules = f.metadata
     choices = rules.get("choices")
     if choices is not None and value not in choices:
-        if isinstance(value, str) and value in (rules.get("unavailable") or {}):
-            return None, f"'{value}' is not available yet: {rules['unavailable'][value]}"
         return None, f"'{value}' is not one of: {', '.join(choices)}" + _hint(value, list(choices))
     bounds = [(name, rules[name]) for name in BOUNDS if rules.get(name) is not None]
     if not all(BOUNDS[name][0](value, bound) for name, bound in bounds):
@@ -465,7 +533,22 @@ def _combination_issues(c: RunConfig, bad: set) -> list[ConfigIssue]:
     A key that would do nothing in its combination is refused too: a run does what its config says.
     (kl.fn with kl.coef 0 is allowed: the KL is then logged, not penalised.)"""
     algo, spec, preset = c.algorithm, resolve(c), ALGORITHMS[c.algorithm.name]
+    sync = c.synchronizer
     rules = [  # (key, broken, message, other keys read)
+        ("explorer.engine_num",
+         c.explorer.engine_num > 1 and (c.mode != "both" or sync.method not in SPLIT_SYNC_METHODS),
+         f"{c.explorer.engine_num} explorers run in workers of their own beside the trainer's: set mode 'both' and "
+         "synchronizer.method 'checkpoint' or 'nccl'", ("mode", "synchronizer.method")),
+        ("synchronizer.method", sync.method == "nccl" and c.mode != "both",
+         f"'nccl' sends the trainer's weights to explorers, and mode '{c.mode}' runs "
+         f"{'no trainer' if c.mode in ('explore', 'bench') else 'no explorer'}: use 'memory' or 'checkpoint'",
+         ("mode",)),
+        ("synchronizer.timeout_s", sync.timeout_s != 120.0 and sync.method != "nccl",
+         f"has no effect with synchronizer.method '{sync.method}': it bounds an nccl transfer",
+         ("synchronizer.method",)),
+        ("synchronizer.verify_every", sync.verify_every != 10 and sync.method != "nccl",
+         f"has no effect with synchronizer.method '{sync.method}': it checksums nccl transfers",
+         ("synchronizer.method",)),
         ("buffer.expert_taskset", spec.sample_strategy == "mix" and c.buffer.expert_taskset is None,
          f"required by {'algorithm' if algo.name == 'mix' else 'policy loss'} 'mix', which mixes expert data into "
          "every trainer batch", ("algorithm.name", "algorithm.policy_loss")),
@@ -493,6 +576,33 @@ def _combination_issues(c: RunConfig, bad: set) -> list[ConfigIssue]:
          "required by mode 'bench'", ("mode",)),
         ("buffer.eval_taskset", c.explorer.eval_interval > 0 and c.buffer.eval_taskset is None,
          "required when explorer.eval_interval > 0", ("explorer.eval_interval",)),
+    ]
+    trainer = c.trainer
+    world = trainer.num_processes * trainer.num_nodes
+    rules += [
+        ("trainer.num_processes", trainer.strategy == "single" and trainer.num_processes > 1,
+         f"strategy 'single' trains in one process, got {trainer.num_processes}: set trainer.strategy 'ddp' "
+         "or 'fsdp'", ("trainer.strategy",)),
+        ("trainer.num_nodes", trainer.strategy == "single" and trainer.num_nodes > 1,
+         f"strategy 'single' trains on one machine, got {trainer.num_nodes}: set trainer.strategy 'ddp' or 'fsdp'",
+         ("trainer.strategy",)),
+        ("trainer.fsdp", trainer.fsdp is not None and trainer.strategy != "fsdp",
+         f"has no effect with trainer.strategy '{trainer.strategy}': its settings are FSDP's (trainer.strategy "
+         "'fsdp')", ("trainer.strategy",)),
+        ("trainer.fsdp.cpu_offload", trainer.fsdp is not None and trainer.fsdp.cpu_offload and c.model.device == "cpu",
+         "has no effect with model.device 'cpu': the weights are in CPU memory already", ("model.device",)),
+        # peft's adapters inside FSDP's sharded layers (merging them for the explorer, the
+        # base-as-reference switch) are not built; adapters are small, ddp replicates them cheaply.
+        ("model.lora", c.model.lora is not None and trainer.strategy == "fsdp",
+         "is not available with trainer.strategy 'fsdp' yet: use trainer.strategy 'ddp' with adapters",
+         ("trainer.strategy",)),
+        ("trainer.strategy", c.trainer.strategy != "single" and world == 1,
+         f"'{c.trainer.strategy}' with one rank is 'single': set trainer.num_processes (ranks per node) above 1",
+         ("trainer.num_processes", "trainer.num_nodes")),
+        ("trainer.strategy", c.trainer.strategy != "single" and c.mode in ("explore", "bench"),
+         f"mode '{c.mode}' runs no trainer to spread over ranks", ("mode",)),
+        ("model.lora", c.model.lora is not None and c.mode in ("explore", "bench"),
+         f"mode '{c.mode}' runs no trainer to put adapters on", ("mode",)),
     ]
     rollouts = c.explorer.batch_size * algo.repeat_times
     rules += [

@@ -88,7 +88,9 @@ class PreferencePair:
     def as_experiences(self) -> tuple["Experience", "Experience"]:
         """Both sides as experiences, so the trainer's collation serves DPO too."""
         chosen, rejected = (
-            Experience(self.task_id, f"pair-{self.id}", index, self.prompt_ids, ids, [1] * len(ids), source="human_edit")
+            Experience(
+                self.task_id, f"pair-{self.id}", index, self.prompt_ids, ids, [1] * len(ids), source="human_edit"
+            )
             for index, ids in enumerate((self.chosen_ids, self.rejected_ids))
         )
         return chosen, rejected

@@ -1,7 +1,16 @@
 """The explorer: pick tasks, roll them out with the workflow, run the experience pipeline, write
 the buffer. One `explore_step` is one batch of tasks; steps are numbered from 0 and every
 experience carries the step that made it and the model version that generated it.
+
+Explorers that are workers of their own (explorer.engine_num of them; more may join while the
+run trains) share each step through `claims` (protocols.StepClaims): the first to open a step
+picks its batch; each claims an even share of its groups (a task's rollouts: the unit the group
+advantage needs whole), rolls them out and stores them; the one that finds every group done
+finishes the step (tasks marked sampled, the step's metrics merged from each explorer's part) and
+all move on to the next. The trainer sees what one explorer would have stored: the same natural
+keys, the same groups.
 """
+import math
 import time
 import zlib
 
@@ -9,16 +18,23 @@ from .algorithms import GROUP_ADVANTAGE_FNS, resolve
 from .engines import SamplingParams
 from .experience import Task
 from .pipelines import (
-    EXPERIENCE_OPERATORS, TASK_OPERATORS, PipelineContext, build_operators, group_advantage,
-    run_experience_operators, run_task_operators,
+    EXPERIENCE_OPERATORS,
+    TASK_OPERATORS,
+    PipelineContext,
+    build_operators,
+    group_advantage,
+    run_experience_operators,
+    run_task_operators,
 )
 
 EVAL_CHUNK = 64  # eval prompts per engine call
 
 
 class Explorer:
-    def __init__(self, config, workflow, task_source, buffer, metrics=None, eval_source=None, step: int = 0):
+    def __init__(self, config, workflow, task_source, buffer, metrics=None, eval_source=None, step: int = 0,
+                 claims=None):
         self.config = config
+        self.claims = claims  # protocols.StepClaims when explorers are workers of their own
         self.workflow = workflow
         self.task_source = task_source
         self.buffer = buffer
@@ -26,6 +42,12 @@ class Explorer:
         self.eval_source = eval_source
         self.step = step
         self.seed = config.seed
+        # Where this explorer's time goes, for idle_share and sync_seconds: the loop adds the time
+        # it spends loading weights for a step (Loop.explore), evaluate() its own; the end of the
+        # last step or part.
+        self.sync_seconds = 0.0
+        self._eval_seconds = 0.0
+        self._last_end: float | None = None
         self.ctx = PipelineContext(workflow=workflow, task_source=task_source, buffer=buffer, seed=config.seed)
         self.task_ops = build_operators(TASK_OPERATORS, config.buffer.task_pipeline)
         self.experience_ops = build_operators(EXPERIENCE_OPERATORS, config.explorer.pipeline)
@@ -52,14 +74,70 @@ class Explorer:
 
         return sorted(tasks, key=order)[: self.config.explorer.batch_size]
 
-    def explore_step(self) -> dict:
+    def explore_step(self) -> dict | None:
+        """One step: its metrics, and self.step moves on. Shared with other explorers, one call
+        does one part of it: rolls out a share of its groups ({"groups": n}), or finishes the
+        step (its metrics; {} when another explorer finished it), or finds only other
+        explorers' groups left running (None: call again in a moment)."""
+        if self.claims is not None:
+            return self._explore_shared_step()
         if self.buffer.has_explorer_step(self.step):
             # A restarted run replays the steps after its checkpoint; this one's rollouts are stored.
             self.step += 1
             return {"replayed": 1}
         started = time.perf_counter()
-        explorer = self.config.explorer
         tasks = self.select_tasks()
+        part = self._roll_out(tasks)
+        metrics = part["means"] | part["counts"] | {
+            "rollouts": part["rollouts"], "tokens_per_s": part["tokens"] / part["generate_seconds"],
+        }
+        self.task_source.mark_sampled([task.id for task in tasks])
+        self.step += 1
+        metrics |= {"model_version": self.engine.model_version, "seconds": time.perf_counter() - started}
+        metrics |= self._timing(started)
+        if self.metrics is not None:
+            self.metrics.log("explorer", self.step, metrics)
+        return metrics
+
+    def _explore_shared_step(self) -> dict | None:
+        step = self.step
+        task_ids = self.claims.open(step, lambda: [task.id for task in self.select_tasks()])
+        mine = set(self.claims.claim(step))
+        if mine:
+            started = time.perf_counter()
+            part = self._roll_out(self.task_source.tasks_with_ids([i for i in task_ids if i in mine]))
+            self.claims.done(step, sorted(mine), part | self._timing(started))
+            return {"groups": len(mine)}
+        merged = {}
+
+        def finish(parts: list[dict]) -> None:  # the one explorer that finishes the step
+            self.task_source.mark_sampled(task_ids)
+            merged.update(merge_parts(parts), model_version=self.engine.model_version)
+            if self.metrics is not None:
+                self.metrics.log("explorer", step + 1, merged)
+
+        if not self.claims.finish(step, finish):
+            return None
+        self.step += 1
+        return merged
+
+    def _timing(self, started: float) -> dict:
+        """Since this explorer's last step (or part of one) ended: the share of the time it waited
+        (for a version, or for other explorers' groups) rather than loading weights or rolling
+        out, and the seconds it loaded weights (sync_seconds). No idle_share on its first."""
+        now = time.perf_counter()
+        busy = now - started + self.sync_seconds + self._eval_seconds
+        timing = {"sync_seconds": self.sync_seconds}
+        if self._last_end is not None:
+            timing["idle_share"] = max(0.0, 1.0 - busy / max(now - self._last_end, 1e-9))
+        self._last_end, self.sync_seconds, self._eval_seconds = now, 0.0, 0.0
+        return timing
+
+    def _roll_out(self, tasks: list[Task]) -> dict:
+        """Roll the tasks out at this step, run the experience pipeline, store what it keeps.
+        Returns the part of the step's metrics these tasks make (merge_parts)."""
+        started = time.perf_counter()
+        explorer = self.config.explorer
         params = SamplingParams(
             n=self.config.algorithm.repeat_times,
             temperature=explorer.temperature,
@@ -69,24 +147,19 @@ class Explorer:
         )
         experiences = self.workflow.run_batch(tasks, params, explorer_step=self.step)
         generated = time.perf_counter() - started
-        metrics = rollout_metrics(experiences)
-        metrics["tokens_per_s"] = sum(len(e.response_ids) for e in experiences) / generated
-
+        means = rollout_metrics(experiences)
+        rollouts = means.pop("rollouts")
         for task in tasks:
             rewards = [e.reward for e in experiences if e.task_id == task.id]
             self.ctx.task_rewards[task.id] = sum(rewards) / len(rewards)
-        experiences, pipeline_metrics = run_experience_operators(self.experience_ops, experiences, self.ctx)
-        metrics |= pipeline_metrics
-        metrics["written"] = self.buffer.write(experiences)
-        self.task_source.mark_sampled([task.id for task in tasks])
-        self.step += 1
-        metrics |= {"model_version": self.engine.model_version, "seconds": time.perf_counter() - started}
-        if self.metrics is not None:
-            self.metrics.log("explorer", self.step, metrics)
-        return metrics
+        tokens = sum(len(e.response_ids) for e in experiences)
+        experiences, counts = run_experience_operators(self.experience_ops, experiences, self.ctx)
+        counts["written"] = self.buffer.write(experiences)
+        return {"rollouts": rollouts, "means": means, "counts": counts, "tokens": tokens, "generate_seconds": generated}
 
     def evaluate(self, tasks: list[Task] | None = None) -> dict:
         """Greedy answers to every eval task; logged under role 'eval' at the current step."""
+        started = time.perf_counter()
         tasks = self.eval_source.tasks() if tasks is None else tasks
         params = SamplingParams(n=1, temperature=0.0, max_new_tokens=self.config.explorer.max_new_tokens)
         experiences = []
@@ -95,7 +168,47 @@ class Explorer:
         metrics = rollout_metrics(experiences) | {"model_version": self.engine.model_version, "tasks": len(tasks)}
         if self.metrics is not None:
             self.metrics.log("eval", self.step, metrics)
+        self._eval_seconds += time.perf_counter() - started
         return metrics
+
+
+def merge_parts(parts: list[dict]) -> dict:
+    """A shared step's explorer metrics from its explorers' parts (Explorer._roll_out with
+    Explorer._timing): the same keys one explorer logs, plus each explorer's own tokens/s
+    (tokens_per_s/<explorer>, where several took part), idle share and sync seconds
+    (idle_share/<explorer>, sync_seconds/<explorer>). Means weighted by rollouts, the reward std
+    over all rollouts (the law of total variance), counts summed, tokens/s over the slowest
+    explorer's time, sync_seconds the slowest explorer's, idle_share the mean of the explorers'."""
+    total = sum(part["rollouts"] for part in parts) or 1
+    means = {key for part in parts for key in part["means"]}
+    merged = {key: sum(part["rollouts"] * part["means"].get(key, 0.0) for part in parts) / total for key in means}
+    square = sum(part["rollouts"] * (part["means"]["reward_std"] ** 2 + part["means"]["reward_mean"] ** 2)
+                 for part in parts) / total
+    merged["reward_std"] = math.sqrt(max(0.0, square - merged["reward_mean"] ** 2))
+    for part in parts:
+        for key, value in part["counts"].items():
+            merged[key] = merged.get(key, 0) + value
+    seconds, tokens, synced, idle = {}, {}, {}, {}
+    for part in parts:
+        name = part.get("explorer", part.get("worker"))
+        seconds[name] = seconds.get(name, 0.0) + part["generate_seconds"]
+        tokens[name] = tokens.get(name, 0) + part["tokens"]
+        synced[name] = synced.get(name, 0.0) + part.get("sync_seconds", 0.0)
+        if "idle_share" in part:
+            idle.setdefault(name, []).append(part["idle_share"])
+    merged |= {
+        "rollouts": sum(part["rollouts"] for part in parts),
+        "tokens_per_s": sum(tokens.values()) / max(max(seconds.values()), 1e-9),
+        "explorers": len(seconds),
+    }
+    if len(seconds) > 1:
+        merged |= {f"tokens_per_s/{name}": tokens[name] / max(seconds[name], 1e-9) for name in seconds}
+    merged |= {f"sync_seconds/{name}": value for name, value in synced.items()}
+    merged |= {f"idle_share/{name}": sum(shares) / len(shares) for name, shares in idle.items()}
+    merged["sync_seconds"] = max(synced.values(), default=0.0)
+    if idle:
+        merged["idle_share"] = sum(merged[f"idle_share/{name}"] for name in idle) / len(idle)
+    return merged
 
 
 def rollout_metrics(experiences) -> dict:

@@ -27,7 +27,8 @@ from .algorithms import resolve
 from .engines import TransformersEngine, build_engine
 from .explorer import Explorer
 from .memory import InMemoryBuffer, InMemoryCheckpoints, InMemoryMetrics, InMemoryTaskSource
-from .models import load_critic, load_policy, load_reference, load_tokenizer, pick_device, pick_dtype
+from .models import add_lora, load_critic, load_policy, load_reference, load_tokenizer, pick_device, pick_dtype
+from .protocols import CheckpointStore, ExperienceBuffer, MetricSink, StepClaims, TaskSource, WeightGroup
 from .rewards import build_reward
 from .synchronizer import Synchronizer
 from .trainer import Trainer
@@ -38,12 +39,14 @@ from .workflows import WORKFLOWS
 class Stores:
     """Everything a run reads and writes outside its own process."""
 
-    task_source: object  # TaskSource
-    buffer: object  # ExperienceBuffer
-    metrics: object  # MetricSink
-    eval_source: object = None  # TaskSource, for eval and bench
-    expert_source: object = None  # TaskSource whose answers become expert data (MIX, SFT)
-    checkpoints: object = None  # CheckpointStore
+    task_source: TaskSource
+    buffer: ExperienceBuffer
+    metrics: MetricSink
+    eval_source: TaskSource | None = None  # for eval and bench
+    expert_source: TaskSource | None = None  # whose answers become expert data (MIX, SFT)
+    checkpoints: CheckpointStore | None = None
+    claims: StepClaims | None = None  # how explorers that are workers of their own share the steps
+    weight_group: WeightGroup | None = None  # synchronizer.method 'nccl': where trainer and explorers meet
     # Called at the end of a thread (other than the caller's) that used the stores: Postgres
     # closes that thread's connection there.
     thread_finished: Callable[[], None] | None = None
@@ -65,18 +68,61 @@ def memory_stores(config, echo=None) -> Stores:
 EXPLORER, TRAINER = "explorer", "trainer"
 
 
-def roles_of(config) -> tuple[str, ...]:
-    """The roles a run's mode needs."""
+def components_of(config) -> tuple[str, ...]:
+    """The components (explorer, trainer) a run's mode needs."""
     return {"both": (EXPLORER, TRAINER), "explore": (EXPLORER,), "bench": (EXPLORER,), "train": (TRAINER,)}[config.mode]
 
 
-class Loop:
-    """Explorer and trainer of a run. `roles` limits this process to one of them when the other
-    runs elsewhere (checkpoint sync): see `run_explorer` and `run_trainer`."""
+def build_trainer(config, tokenizer, buffer=None, metrics=None, ranks=None) -> Trainer:
+    """The run's trainer with its models (reference and critic where the algorithm needs them).
+    A follower rank (distributed.py) builds it with no stores: it only runs what the leader sends.
+    With model.lora the policy gets adapters, and its base (adapters off) is the reference unless
+    model.ref_path names another model. The critic is always trained in full."""
+    spec, model, device = resolve(config), config.model, pick_device(config.model.device)
+    policy = load_policy(model.path, device)
+    if model.lora is not None:
+        policy = add_lora(policy, model.lora)
+    separate_reference = spec.needs_reference and (model.lora is None or model.ref_path is not None)
+    return Trainer(
+        config,
+        policy,
+        tokenizer,
+        buffer,
+        metrics,
+        reference=load_reference(model.ref_path or model.path, device) if separate_reference else None,
+        critic=load_critic(model.critic_path or model.path, device) if spec.needs_critic else None,
+        ranks=ranks,
+    )
 
-    def __init__(self, config, stores: Stores, work_dir: str | Path, roles: tuple[str, ...] | None = None,
-                 clock: Callable[[], float] = time.monotonic):
-        roles = roles or roles_of(config)
+
+def follow(config, ranks) -> None:
+    """A follower rank of the run's trainer: build it, run the leader's commands until stop."""
+    torch.manual_seed(config.seed)
+    build_trainer(config, load_tokenizer(config.model.path), ranks=ranks).follow()
+
+
+def run_rank(ranks, config, work_dir: str | Path, resume: str | None = None) -> str | None:
+    """One rank of a headless run (ranks None: the only one), in-memory stores: rank 0 runs the
+    loop and returns its status; the others follow its trainer. (Here, not in __main__: spawned
+    ranks import it by its module's name.)"""
+    if ranks is not None and not ranks.is_leader:
+        follow(config, ranks)
+        return None
+    with Loop(config, memory_stores(config, echo=print), work_dir, ranks=ranks) as loop:
+        if resume:
+            loop.resume(resume)
+        return loop.run()
+
+
+class Loop:
+    """Explorer and trainer of a run. `components` limits this process to one of them when the other
+    runs elsewhere (checkpoint sync): see `run_explorer` and `run_trainer`. With `ranks`
+    (distributed.Ranks, trainer.strategy 'ddp' or 'fsdp') this is the leader rank: its followers run
+    `follow` and are released by close()."""
+
+    def __init__(self, config, stores: Stores, work_dir: str | Path, components: tuple[str, ...] | None = None,
+                 clock: Callable[[], float] = time.monotonic, ranks=None):
+        components = components or components_of(config)
         self.clock = clock  # seconds, for trainer.save_interval_s
         self._saved = (0, clock())  # (trainer step, clock) of the last checkpoint, or of the start
         torch.manual_seed(config.seed)
@@ -87,16 +133,16 @@ class Loop:
         model = config.model
         device = pick_device(model.device)
         tokenizer = load_tokenizer(model.path)
+        sync = config.synchronizer
         self.sync = Synchronizer(
-            config.synchronizer.method,
-            config.synchronizer.interval,
-            config.synchronizer.offset,
-            directory=self.work_dir / "versions" if config.synchronizer.method == "checkpoint" else None,
-            tokenizer=tokenizer,
+            sync.method, sync.interval, sync.offset,
+            directory=self.work_dir / "versions" if sync.method == "checkpoint" else None,
+            tokenizer=tokenizer, group=stores.weight_group, timeout_s=sync.timeout_s, verify_every=sync.verify_every,
+            device=device,
         )
 
         engine = None
-        if EXPLORER in roles:
+        if EXPLORER in components:
             rollout_model = load_policy(model.path, device, pick_dtype(device, model.dtype))
             engine = build_engine(config.explorer.engine, rollout_model, tokenizer, seed=config.seed)
         self.workflow = WORKFLOWS.get(config.explorer.workflow)(
@@ -111,21 +157,14 @@ class Loop:
         self.explorer = None
         if engine is not None:
             self.explorer = Explorer(
-                config, self.workflow, stores.task_source, stores.buffer, stores.metrics, stores.eval_source
+                config, self.workflow, stores.task_source, stores.buffer, stores.metrics, stores.eval_source,
+                claims=stores.claims,
             )
 
         self._explorer_thread = None  # while run() overlaps the explorer with the trainer
         self.trainer = None
-        if TRAINER in roles:
-            self.trainer = Trainer(
-                config,
-                load_policy(model.path, device),
-                tokenizer,
-                stores.buffer,
-                stores.metrics,
-                reference=load_reference(model.ref_path or model.path, device) if self.spec.needs_reference else None,
-                critic=load_critic(model.critic_path or model.path, device) if self.spec.needs_critic else None,
-            )
+        if TRAINER in components:
+            self.trainer = build_trainer(config, tokenizer, stores.buffer, stores.metrics, ranks)
             if self.spec.uses_expert:
                 self.seed_expert_data()
 
@@ -138,7 +177,11 @@ class Loop:
         return buffer.write([self.workflow.expert_experience(task) for task in source.tasks()])
 
     def close(self) -> None:
-        """Free what outlives a run in a long-lived worker: the rollout engine's processes (vLLM)."""
+        """Free what outlives a run in a long-lived worker: the rollout engine's processes (vLLM),
+        the follower ranks."""
+        self.sync.close()
+        if self.trainer is not None:
+            self.trainer.release_ranks()
         engine = self.workflow.engine
         if engine is not None and hasattr(engine, "close"):
             engine.close()
@@ -179,7 +222,8 @@ class Loop:
     def _run_sequential(self, should_stop) -> str:
         total = self.config.trainer.total_steps
         while self.trainer.step < total:
-            if self.explorer is not None and self.sync.latest_version() >= self.sync.required_version(self.explorer.step):
+            explorer = self.explorer
+            if explorer is not None and self.sync.latest_version() >= self.sync.required_version(explorer.step):
                 self.explore()
                 continue
             self.train()
@@ -203,7 +247,7 @@ class Loop:
                 torch.set_num_threads(trainer_threads)
             while self.trainer.step < total:
                 needed = self.explorer_steps_needed()
-                explorer.wait_until(lambda: self.explorer.step >= needed)
+                explorer.wait_until(lambda needed=needed: self.explorer.step >= needed)
                 self.train()
                 if should_stop() and self.trainer.step < total:
                     explorer.finish()
@@ -237,7 +281,9 @@ class Loop:
         """(explorer, trainer) torch intra-op threads while they overlap: the cores split between
         them when both compute on this CPU, None (leave as is) otherwise."""
         engine = self.explorer.engine
-        on_cpu = isinstance(engine, TransformersEngine) and engine.device.type == "cpu" and self.trainer.device.type == "cpu"
+        on_cpu = (
+            isinstance(engine, TransformersEngine) and engine.device.type == "cpu" and self.trainer.device.type == "cpu"
+        )
         if not on_cpu:
             return None, None
         n = torch.get_num_threads()
@@ -245,20 +291,34 @@ class Loop:
 
     def run_explorer(self, should_stop, wait) -> str:
         """The explorer alone, its trainer in another process: each step waits until the version
-        it needs is published. Runs until should_stop() (the trainer has finished, or a stop)."""
+        it needs is published. Runs until should_stop() (the trainer has finished, or a stop);
+        past the last step the trainer trains on it only waits (an nccl explorer still takes the
+        versions the trainer sends)."""
+        total = self.config.trainer.total_steps
         while not should_stop():
+            if self.explorer.step >= total:  # trainer step s + 1 trains on explorer step s
+                wait()
+                continue
             if self.sync.latest_version() < self.sync.required_version(self.explorer.step):
                 wait()
                 continue
-            self.explore()
+            if self.explore() is None:  # other explorers still roll out this step's last groups
+                wait()
         return "stopped"
 
     def run_trainer(self, should_stop, explored_steps, wait) -> str:
         """The trainer alone, its explorer in another process: trainer step s + 1 waits until
         explorer step s is done (`explored_steps()` counts them), as in the single-process loop."""
         total = self.config.trainer.total_steps
+        while not self.sync.ready():  # nccl: the explorers join the weight group as their engines come up
+            if should_stop():
+                return "stopped"
+            wait()
+        if self.sync.method == "nccl" and not self.sync.has_sent():  # the explorers start from the trainer's weights
+            self.sync.publish(self.trainer.policy, self.trainer.step, self.trainer.full_state()["policy"])
         while self.trainer.step < total:
             if self.spec.uses_rollouts and explored_steps() <= self.trainer.step:
+                self.sync.check()  # an explorer that died meanwhile breaks the weight group: say so now
                 if should_stop():
                     self.save_for_resume()
                     return "stopped"
@@ -271,18 +331,25 @@ class Loop:
         self.save_final()
         return "completed"
 
-    def explore(self) -> dict:
-        self.sync.pull(self.explorer.engine, self.sync.required_version(self.explorer.step))
+    def explore(self) -> dict | None:
+        """An explorer step (or, shared with other explorers, a part of one: Explorer.explore_step)
+        with the version it needs; then the eval, if due, by the explorer that finished the step."""
+        step = self.explorer.step
+        started = time.perf_counter()
+        self.sync.pull(self.explorer.engine, self.sync.required_version(step))
+        self.explorer.sync_seconds += time.perf_counter() - started  # in the step's metrics
         metrics = self.explorer.explore_step()
         interval = self.config.explorer.eval_interval
-        if interval and self.explorer.step % interval == 0:
+        if interval and metrics and self.explorer.step != step and self.explorer.step % interval == 0:
             self.explorer.evaluate()
         return metrics
 
     def train(self) -> dict:
-        metrics = self.trainer.train_step(current_version=self.sync.latest_version())
-        if self.sync.is_publish_step(self.trainer.step):
-            self.sync.publish(self.trainer.policy, self.trainer.step)
+        def publish():  # after the update, inside the step (its sync_seconds)
+            if self.sync.is_publish_step(self.trainer.step):
+                self.sync.publish(self.trainer.policy, self.trainer.step, self.trainer.full_state()["policy"])
+
+        metrics = self.trainer.train_step(current_version=self.sync.latest_version(), publish=publish)
         if self.checkpoint_due():
             self.save()
         return metrics
@@ -299,9 +366,9 @@ class Loop:
         return bool(due) and self.resumable_at(step)
 
     def resumable_at(self, step: int) -> bool:
-        """Memory sync holds the explorer's weights in this process only: a resumed loop rebuilds
-        them from the checkpoint, which must then be a published version (a sync step)."""
-        return self.sync.method != "memory" or self.sync.is_publish_step(step)
+        """Memory and nccl sync keep no version anywhere but in the explorers: a resumed loop sends
+        them the checkpoint's weights, which must then be a published version (a sync step)."""
+        return self.sync.method == "checkpoint" or self.sync.is_publish_step(step)
 
     def _explore_only(self, should_stop) -> str:
         """Rollouts only (e.g. to collect data), with the newest published version if any."""
@@ -386,7 +453,7 @@ class Loop:
         if self.sync.method == "memory":
             if not self.sync.is_publish_step(self.trainer.step):
                 raise ValueError("memory sync resumes only from a checkpoint taken at a sync step")
-            self.sync.publish(self.trainer.policy, self.trainer.step)
+            self.sync.publish(self.trainer.policy, self.trainer.step, self.trainer.full_state()["policy"])
 
 
 class ExplorerThread(threading.Thread):
@@ -427,7 +494,8 @@ class ExplorerThread(threading.Thread):
         sync, explorer = self.loop.sync, self.loop.explorer
         with self.changed:
             self.changed.wait_for(
-                lambda: self.stopped or not self.allowed_version < sync.required_version(explorer.step) <= self.last_version
+                lambda: self.stopped
+                or not self.allowed_version < sync.required_version(explorer.step) <= self.last_version
             )
             return not self.stopped and sync.required_version(explorer.step) <= self.last_version
 

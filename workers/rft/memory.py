@@ -20,7 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from . import datasets
-from .experience import SOURCES, Experience, PreferencePair, Task
+from .experience import EXPERT_SOURCES, SOURCES, Experience, PreferencePair, Task
 from .sampling import HUMAN_REWARD, apply_human_feedback
 
 EVAL_FRACTION = 5  # one prompt in five is held out
@@ -66,8 +66,14 @@ class InMemoryTaskSource:
         return cls(load_tasks(spec))
 
     def tasks(self) -> list[Task]:
+        # Copies, as the Postgres source's fresh rows: a caller's list is a snapshot that a later
+        # mark_sampled does not change under it.
         with self._lock:
-            return list(self._tasks.values())
+            return [replace(task) for task in self._tasks.values()]
+
+    def tasks_with_ids(self, task_ids: Sequence[int]) -> list[Task]:
+        with self._lock:
+            return [replace(self._tasks[task_id]) for task_id in task_ids]
 
     def mark_sampled(self, task_ids: Sequence[int]) -> None:
         with self._lock:
@@ -78,7 +84,7 @@ class InMemoryTaskSource:
         with self._lock:
             next_id = max(self._tasks, default=-1) + 1
             added = [replace(task, id=next_id + i) for i, task in enumerate(tasks)]
-            self._tasks.update((task.id, task) for task in added)
+            self._tasks.update((task.id, replace(task)) for task in added)
         return added
 
 
@@ -100,11 +106,12 @@ class InMemoryBuffer:
         self._lock = threading.Lock()
 
     def write(self, experiences: Sequence[Experience]) -> int:
+        unknown = {exp.source for exp in experiences} - set(SOURCES)
+        if unknown:  # refused before anything is stored, as the Postgres buffer's transaction does
+            raise ValueError(f"unknown experience source(s) {sorted(unknown)}")
         written = 0
         with self._lock:
             for exp in experiences:
-                if exp.source not in SOURCES:
-                    raise ValueError(f"unknown experience source {exp.source!r}")
                 if exp.source == "rollout":
                     if exp.key in self._keys:
                         continue
@@ -123,6 +130,12 @@ class InMemoryBuffer:
             return any(key[0] == step for key in self._keys)
 
     def sample(self, n: int, *, sources: Sequence[str], min_model_version: int | None = None) -> list[Experience]:
+        if self.config is not None and not self.config.feedback.edits_as_expert:
+            sources = [s for s in sources if s != "human_edit"]
+        # The Postgres buffer's order (apps/buffer/store.py says why): least used first, then
+        # rollouts oldest first, expert data newest first.
+        newest_first = set(sources) <= set(EXPERT_SOURCES)
+
         def usable(i: int, exp: Experience) -> bool:
             stale = (
                 min_model_version is not None
@@ -133,7 +146,9 @@ class InMemoryBuffer:
 
         with self._lock:
             candidates = [exp for i, exp in enumerate(self._experiences) if usable(i, exp)]
-            candidates.sort(key=lambda exp: (exp.use_count, exp.explorer_step, exp.id))
+            candidates.sort(
+                key=lambda exp: (exp.use_count, -exp.explorer_step if newest_first else exp.explorer_step, exp.id)
+            )
             batch = [replace(exp) for exp in candidates[:n]]
             if self.config is not None and self.config.feedback.reward_mode != "none":
                 self._apply_feedback([exp for exp in batch if exp.source in self.STALE_SOURCES])
@@ -208,3 +223,38 @@ class InMemoryCheckpoints:
 def format_metrics(role: str, step: int, values: dict) -> str:
     shown = " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in values.items())
     return f"{role:8s} step {step:4d}  {shown}"
+
+
+class InMemoryWeightGroup:
+    """protocols.WeightGroup within one process (tests, benchmarks: a trainer and explorers in
+    threads): `side(rank)` is the trainer's (0) or an explorer's, all sharing one record of the
+    group opened last, as the run's record is shared in Postgres (apps/runs/store.DjangoWeightGroup)."""
+
+    def __init__(self, explorers: int, host: str = "127.0.0.1"):
+        self.explorers, self.host = explorers, host
+        self.generation, self.address = 0, None
+        self._lock = threading.Lock()
+
+    def side(self, rank: int) -> "_WeightGroupSide":
+        return _WeightGroupSide(self, rank)
+
+
+class _WeightGroupSide:
+    def __init__(self, record: InMemoryWeightGroup, rank: int):
+        self.record, self.rank = record, rank
+
+    def open(self, port: int) -> tuple[int, str, int, int]:
+        record = self.record
+        with record._lock:
+            record.generation += 1
+            record.address = (record.generation, record.host, port, record.explorers)
+            return record.address
+
+    def current(self) -> tuple[int, str, int, int] | None:
+        return self.record.address
+
+    def close(self, generation: int) -> None:
+        record = self.record
+        with record._lock:
+            if record.address is not None and record.address[0] == generation:
+                record.address = None

@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import shutil
+import threading
 import uuid
 from pathlib import Path
 
@@ -22,7 +23,7 @@ BUILTIN_MODELS = (TINY, SMOLLM2)
 
 # Qwen2's pre-tokenizer split. transformers 5 re-imposes it on every qwen2 tokenizer it loads, so
 # the tiny tokenizer is trained with the very same split or token ids would not round-trip.
-QWEN2_SPLIT = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+QWEN2_SPLIT = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""  # noqa: E501 - one regex
 CHATML_TEMPLATE = (
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
@@ -30,6 +31,12 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}"
 )
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# transformers builds a model on the meta device by patching torch for the process: two threads
+# loading at once (an embedded server's explorer and trainer) left one model's weights on meta
+# ("Cannot copy out of meta tensor", 2 of 3 threads loading tiny 10 times each), and its lazy
+# imports are not thread-safe either ("cannot import name AutoModelForCausalLM"). One load at a time.
+LOADING = threading.RLock()
 
 
 def data_dir() -> Path:
@@ -199,8 +206,8 @@ def install_smollm2(out_dir: Path) -> Path:
 
 
 def load_tokenizer(path: str | Path):
-    from transformers import AutoTokenizer
-
+    with LOADING:
+        from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(str(path)))
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -208,13 +215,14 @@ def load_tokenizer(path: str | Path):
 
 
 def load_policy(path: str | Path, device: torch.device, dtype: torch.dtype = torch.float32):
-    from transformers import AutoModelForCausalLM
-
     from .attention import attention_for
 
-    model = AutoModelForCausalLM.from_pretrained(
-        resolve_model_path(str(path)), dtype=dtype, attn_implementation=attention_for(torch.device(device))
-    )
+    with LOADING:
+        from transformers import AutoModelForCausalLM
+
+        model = AutoModelForCausalLM.from_pretrained(
+            resolve_model_path(str(path)), dtype=dtype, attn_implementation=attention_for(torch.device(device))
+        )
     return model.to(device)
 
 
@@ -227,15 +235,73 @@ def load_reference(path: str | Path, device: torch.device, dtype: torch.dtype = 
 
 def load_critic(path: str | Path, device: torch.device, dtype: torch.dtype = torch.float32):
     """The PPO value model: the policy's backbone with a fresh one-output head per token.
-    Its forward returns `.logits[..., 0]` as the value of each position."""
-    from transformers import AutoModelForTokenClassification
-
+    Its forward returns `.logits[..., 0]` as the value of each position. No dropout before the
+    head (transformers' default is 0.1): the old values GAE reads and the values the loss clips
+    against them must come from the same function, and data-parallel ranks draw different masks."""
     from .attention import attention_for
 
-    model = AutoModelForTokenClassification.from_pretrained(
-        resolve_model_path(str(path)), num_labels=1, dtype=dtype, attn_implementation=attention_for(torch.device(device))
-    )
+    path = resolve_model_path(str(path))
+    with LOADING:
+        from transformers import AutoConfig, AutoModelForTokenClassification
+
+        config = AutoConfig.from_pretrained(path, num_labels=1)
+        config.classifier_dropout = 0.0
+        model = AutoModelForTokenClassification.from_pretrained(
+            path, config=config, dtype=dtype, attn_implementation=attention_for(torch.device(device))
+        )
     return model.to(device)
+
+
+def add_lora(model, lora):
+    """The policy with low-rank adapters (config.LoraConfig) on its target modules: a peft model
+    whose base weights are frozen, so only the adapters train. lora_B starts at zero: the adapted
+    model starts as the base, and the explorer's copy of the base is version 0 as it is."""
+    from peft import LoraConfig, get_peft_model
+
+    config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                        target_modules=lora.target_modules, task_type="CAUSAL_LM")
+    return get_peft_model(model, config)
+
+
+def is_lora(model) -> bool:
+    return hasattr(model, "disable_adapter")  # a peft model
+
+
+@torch.no_grad()
+def merged_state_dict(model) -> dict:
+    """The model's weights under its base model's names, each adapted layer's merged as base +
+    its LoRA delta, computed apart from the model: peft's merge_adapter / unmerge_adapter in place
+    would add and subtract the delta from the fp32 base weights on every sync, drifting them."""
+    if not is_lora(model):
+        return model.state_dict()
+    from peft.tuners.lora import LoraLayer
+
+    base = model.get_base_model()
+    state = {
+        f"{name}.weight": module.get_base_layer().weight + module.get_delta_weight(model.active_adapter)
+        for name, module in base.named_modules()
+        if isinstance(module, LoraLayer) and model.active_adapter in module.lora_A
+    }
+    for key, tensor in base.state_dict().items():
+        if ".lora_" not in key:
+            state.setdefault(key.replace(".base_layer.", "."), tensor)
+    return state
+
+
+def save_merged(model, path: str | Path, state_dict: dict | None = None) -> None:
+    """A complete HF model directory of the model's (merged) weights: what any engine loads.
+    `state_dict`: those weights when the caller has them already (a sharded trainer gathers
+    them: Trainer.full_state)."""
+    if is_lora(model):
+        model.get_base_model().save_pretrained(path, state_dict=state_dict or merged_state_dict(model))
+    else:
+        model.save_pretrained(path, state_dict=state_dict)
+
+
+def trainable_params(model) -> tuple[int, int]:
+    """(trainable, all) parameter counts."""
+    params = list(model.parameters())
+    return sum(p.numel() for p in params if p.requires_grad), sum(p.numel() for p in params)
 
 
 def stop_token_ids(tokenizer, model) -> list[int]:

@@ -1,11 +1,11 @@
 """What the engine needs from storage, and nothing more.
 
 The Django apps implement these against Postgres; memory.py implements them in memory for the
-headless CLI, benchmarks and tests. Every method is called from one role's loop (explorer or
-trainer); the overlapped loop (loop.py, offset >= 1) runs the two roles in two threads of one
+headless CLI, benchmarks and tests. Every method is called from one component's loop (explorer or
+trainer); the overlapped loop (loop.py, offset >= 1) runs the two components in two threads of one
 process, so a store's methods may be called from both at once and must be thread-safe.
 """
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from .experience import Experience, PreferencePair, Task
@@ -16,6 +16,9 @@ class TaskSource(Protocol):
 
     def tasks(self) -> list[Task]:
         """All tasks, synthetic ones included, with their current priority and times_sampled."""
+
+    def tasks_with_ids(self, task_ids: Sequence[int]) -> list[Task]:
+        """The tasks with these ids, in that order (an explorer's share of a step)."""
 
     def mark_sampled(self, task_ids: Sequence[int]) -> None:
         """times_sampled += 1 for each id (an id listed twice counts twice)."""
@@ -39,10 +42,14 @@ class ExperienceBuffer(Protocol):
         """Rollouts of explorer step `step` are stored: a restarted run replaying it has nothing to do."""
 
     def sample(self, n: int, *, sources: Sequence[str], min_model_version: int | None = None) -> list[Experience]:
-        """Up to n ready experiences whose source is in `sources`: least used first, then oldest
-        (explorer_step, then id). Rollouts and synthetic experiences with model_version below
-        `min_model_version` are too stale and are skipped; expert and human data never go stale.
-        Sampling changes nothing: the trainer calls `mark_used` once the step is done."""
+        """Up to n ready experiences whose source is in `sources`: least used first, then rollouts
+        oldest first (explorer_step, then id) and expert-only samples newest first, so a fresh
+        human edit trains within a step or two. Rollouts and synthetic experiences with
+        model_version below `min_model_version` are too stale and are skipped; expert and human
+        data never go stale. Sampling changes no use count or status (the trainer calls `mark_used`
+        once the step is done); a buffer shared by several trainers (Postgres) holds what it
+        returns until then, so no two trainers take the same row. tests/contract holds every
+        implementation to this."""
 
     def mark_used(self, experiences: Sequence[Experience], *, consumed: bool) -> None:
         """use_count += 1; with consumed=True they also leave the ready pool (status 'consumed'):
@@ -64,3 +71,43 @@ class CheckpointStore(Protocol):
 
     def forget(self, steps: Sequence[int]) -> None:
         """The checkpoints of these trainer steps are about to be deleted (keep_checkpoints)."""
+
+
+class StepClaims(Protocol):
+    """Explorer steps shared by several explorers (explorer.engine_num > 1), each in a process of
+    its own: the unit is a task's group of rollouts. Bound to one explorer (the caller)."""
+
+    def open(self, step: int, select: Callable[[], list[int]]) -> list[int]:
+        """The step's task ids, in batch order: `select()`ed by the first explorer to open the
+        step, read back by the others (a task pipeline may add tasks: it runs once)."""
+
+    def claim(self, step: int) -> list[int]:
+        """An even share (the step's groups over the explorers serving the run now) of the
+        groups (task ids) that no live explorer holds or has done, now this explorer's; [] when
+        none is left."""
+
+    def done(self, step: int, task_ids: Sequence[int], part: dict) -> None:
+        """Those groups' rollouts are stored; `part` is what this explorer measured on them."""
+
+    def finish(self, step: int, then: Callable[[list[dict]], None]) -> bool:
+        """Once every group of the step is done, exactly one explorer (the first to ask) runs
+        then(parts), atomically with marking the step finished; True from then on, to every
+        explorer. False while groups are left."""
+
+
+class WeightGroup(Protocol):
+    """Where the trainer and its explorers meet for synchronizer.method 'nccl' (the run's record of
+    it): the trainer opens a group at an address of its machine, each explorer joins the group
+    opened last. Bound to one side: `rank` 0 is the trainer, explorers are 1..explorers."""
+
+    rank: int
+
+    def open(self, port: int) -> tuple[int, str, int, int]:
+        """Trainer: announce a new group at this machine's address and `port`, for the run's
+        explorers; returns (generation, host, port, explorers)."""
+
+    def current(self) -> tuple[int, str, int, int] | None:
+        """Explorer: (generation, host, port, explorers) of the open group; None while none is."""
+
+    def close(self, generation: int) -> None:
+        """Trainer: that group is over (no explorer joins it any more)."""

@@ -34,7 +34,9 @@ def min_model_version(current_version: int, max_staleness: int | None) -> int | 
 
 
 @SAMPLE_STRATEGIES.register("default")
-def default(buffer, batch_size: int, current_version: int, *, max_staleness=None, uses_rollouts=True, **_) -> TrainBatch:
+def default(
+    buffer, batch_size: int, current_version: int, *, max_staleness=None, uses_rollouts=True, **_
+) -> TrainBatch:
     if not uses_rollouts:
         return TrainBatch(expert=buffer.sample(batch_size, sources=EXPERT_SOURCES))
     usual = buffer.sample(
@@ -44,7 +46,9 @@ def default(buffer, batch_size: int, current_version: int, *, max_staleness=None
 
 
 @SAMPLE_STRATEGIES.register("mix")
-def mix(buffer, batch_size: int, current_version: int, *, max_staleness=None, expert_data_ratio=0.25, **_) -> TrainBatch:
+def mix(
+    buffer, batch_size: int, current_version: int, *, max_staleness=None, expert_data_ratio=0.25, **_
+) -> TrainBatch:
     """batch_size usual experiences, plus as many expert ones as make `expert_data_ratio` of the whole."""
     if expert_data_ratio >= 1:
         return default(buffer, batch_size, current_version, uses_rollouts=False)

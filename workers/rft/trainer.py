@@ -13,6 +13,12 @@ saves (n - 1) / n of the prompt tokens' compute at group size n.
 Micro-batch losses are weighted by their share of their part's tokens (token-mean) or sequences
 (seq-mean modes; pairs for DPO), so accumulating them gives exactly the loss of the whole part at
 once; the parts' losses add up (MIX weights them inside its loss).
+
+With trainer.strategy 'ddp' this trainer is one of several ranks (distributed.py): the leader
+samples and sends each batch to the followers, every rank computes its share of the micro-batches,
+weighted by their units in the whole batch, and the gradients and metrics are summed across ranks.
+With 'fsdp' the models are sharded over the ranks too, and every rank runs the same number of
+forwards and backwards (stand-in micro-batches weighted 0), since FSDP's collectives run inside them.
 """
 import json
 import os
@@ -20,15 +26,26 @@ import random
 import shutil
 import time
 import uuid
-from contextlib import nullcontext
-from dataclasses import dataclass
+from collections.abc import Callable
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
+from . import distributed
 from .algorithms import EXPERT, PAIRS, POLICY_LOSSES, USUAL, LossInputs, compute_gae, resolve, value_loss
+from .config import FsdpConfig
 from .experience import Experience
-from .models import copy_weights, pick_dtype, read_weights
+from .models import (
+    copy_weights,
+    is_lora,
+    merged_state_dict,
+    pick_dtype,
+    read_weights,
+    save_merged,
+    trainable_params,
+)
 from .sampling import SAMPLE_STRATEGIES, TrainBatch
 
 
@@ -51,6 +68,11 @@ class MicroBatch:
     row_prompt: torch.Tensor | None = None  # [B] each row's index into prompt_rows
     logprob_mismatch: float | None = None  # mean |logπ_trainer - logπ_rollout| before the update
     ref_logprobs: torch.Tensor | None = None  # [B, T] the reference model's, where a loss reads them
+    # fsdp (Trainer._share): a stand-in that keeps this rank's passes in step with the others',
+    # weighted 0; and whether a rollout micro-batch runs the policy's no-grad forward for logπ_old
+    # although it has them, because another rank's micro-batch of the same round has none.
+    padding: bool = False
+    policy_pass: bool = False
 
     def units(self, agg_mode: str, part: str = USUAL) -> float:
         """How much this micro-batch weighs in its part's loss: tokens (token-mean) or sequences
@@ -133,7 +155,7 @@ def chunks(items: list, size: int) -> list[list]:
 
 
 class Trainer:
-    def __init__(self, config, policy, tokenizer, buffer, metrics=None, reference=None, critic=None):
+    def __init__(self, config, policy, tokenizer, buffer, metrics=None, reference=None, critic=None, ranks=None):
         self.config = config
         self.spec = resolve(config)
         self.loss_fn = POLICY_LOSSES.get(self.spec.policy_loss)
@@ -150,8 +172,27 @@ class Trainer:
         compute_dtype = pick_dtype(self.device, config.model.dtype)
         self.autocast = compute_dtype if compute_dtype != torch.float32 else None
         trainer = config.trainer
+        self.trainable, self.params = trainable_params(policy)
+        self.ranks = ranks  # distributed.Ranks with strategy 'ddp' or 'fsdp'; None: this process alone
+        self.sharded = ranks is not None and trainer.strategy == "fsdp"
+        if ranks is not None:
+            for model in (policy, critic):
+                if model is not None:
+                    ranks.broadcast_parameters(model)  # before sharding: each rank's shard of the same head
+        if self.sharded:
+            settings = trainer.fsdp or FsdpConfig()
+            for model in (policy, critic):
+                if model is not None:
+                    distributed.shard(model, ranks, settings, self.device)
+            # Sharded too (it runs in the same lockstep): a replica would cost every rank the whole
+            # model's memory, which is what fsdp is chosen to save.
+            if reference is not None:
+                distributed.shard(reference, ranks, settings, self.device, train=False)
+        # With LoRA only the adapters: the optimizer holds no state for the frozen base. Built on
+        # the sharded parameters under fsdp: each rank steps its shard.
+        trained = [p for p in policy.parameters() if p.requires_grad]
         # fused: one kernel over all parameters (3.1 s -> 0.2 s per SmolLM2 step on CPU, as TRL's).
-        self.optimizer = torch.optim.AdamW(policy.parameters(), lr=trainer.lr, weight_decay=trainer.weight_decay, fused=True)
+        self.optimizer = torch.optim.AdamW(trained, lr=trainer.lr, weight_decay=trainer.weight_decay, fused=True)
         self.critic_optimizer = (
             torch.optim.AdamW(critic.parameters(), lr=trainer.critic_lr, weight_decay=trainer.weight_decay, fused=True)
             if critic is not None
@@ -161,11 +202,17 @@ class Trainer:
         self.temperature = config.explorer.temperature or 1.0
         self.batch_size = config.train_batch_size
         self.step = 0
+        # For idle_share: the end of the last step, and checkpoint time since (busy, not idle).
+        self._last_end: float | None = None
+        self._checkpoint_seconds = 0.0
 
     # -- one step --------------------------------------------------------------------------------
 
-    def train_step(self, current_version: int = 0) -> dict:
-        """Sample, update, log. A step with nothing to train on still counts (metrics say skipped)."""
+    def train_step(self, current_version: int = 0, publish: Callable[[], object] | None = None) -> dict:
+        """Sample, update, `publish` the new weights (the synchroniser's part in this thread:
+        sync_seconds), log. A step with nothing to train on still counts (metrics say skipped).
+        idle_share: the part of the time since the last step's end spent neither in this step nor
+        saving a checkpoint (waiting for rollouts, mostly)."""
         started = time.perf_counter()
         self._set_lr()
         batch = SAMPLE_STRATEGIES.get(self.spec.sample_strategy)(
@@ -176,16 +223,58 @@ class Trainer:
             uses_rollouts=self.spec.uses_rollouts,
             expert_data_ratio=self.algo.mix.expert_data_ratio,
         )
+        scatter = None
+        if len(batch) and self.ranks is not None:
+            sent = time.perf_counter()
+            self.ranks.send("step", batch, self.step)  # the batch, pickled, to every follower
+            scatter = time.perf_counter() - sent
         metrics = self._update(batch) if len(batch) else {"skipped": 1}
+        if scatter is not None:
+            metrics["scatter_seconds"] = scatter  # what leading the ranks costs a step
         self.buffer.mark_used(batch.usual, consumed=True)
         self.buffer.mark_used(batch.expert, consumed=False)
         self.step += 1
-        seconds = time.perf_counter() - started
+        if publish is not None:
+            published = time.perf_counter()
+            publish()
+            metrics["sync_seconds"] = time.perf_counter() - published
+        now = time.perf_counter()
+        seconds = now - started
+        if self._last_end is not None:
+            busy = seconds + self._checkpoint_seconds
+            metrics["idle_share"] = max(0.0, 1.0 - busy / max(now - self._last_end, 1e-9))
+        self._last_end, self._checkpoint_seconds = now, 0.0
         metrics.update(self._batch_metrics(batch, current_version, seconds))
         metrics["lr"] = self.optimizer.param_groups[0]["lr"]
+        metrics["trainable_params"] = self.trainable
+        metrics["trainable_share"] = self.trainable / self.params
         if self.metrics is not None:
             self.metrics.log("trainer", self.step, metrics)
         return metrics
+
+    def follow(self) -> None:
+        """A follower rank: run the leader's commands (train_step, load_checkpoint, release_ranks)
+        until it says stop."""
+        while True:
+            command, args = self.ranks.receive()
+            if command == "stop":
+                return
+            if command == "step":
+                batch, self.step = args
+                self._set_lr()
+                self._update(batch)
+                self.step += 1
+            elif command == "load":
+                self.load_checkpoint(*args)
+            elif command == "gather":
+                self.full_state(*args)
+            else:
+                raise ValueError(f"unknown command from the leader rank: {command!r}")
+
+    def release_ranks(self) -> None:
+        """Leader: end the followers' command loops (the run is over)."""
+        if self.ranks is not None and self.ranks.is_leader and not self.ranks.failed:
+            self.ranks.send("stop")
 
     def _set_lr(self) -> None:
         warmup = self.config.trainer.warmup_steps
@@ -195,34 +284,82 @@ class Trainer:
 
     def _update(self, batch: TrainBatch) -> dict:
         """update_epochs passes over the batch: the run's policy loss on every micro-batch of each
-        part, weighted by the micro-batch's share of its part, gradients accumulated, one step."""
+        part, weighted by the micro-batch's share of its part, gradients accumulated, one step.
+        With ranks: each its share of the micro-batches, still weighted by the whole part."""
+        agg = self.algo.loss_agg_mode
         parts = self._micro_batches(batch)
+        part_units = {part: sum(mb.units(agg, part) for mb in mbs) for part, mbs in parts}
+        if self.ranks is not None:
+            parts = [(part, self._share(mbs)) for part, mbs in parts]
         self._prepare(parts)
         usual = dict(parts).get(USUAL, [])
-        agg = self.algo.loss_agg_mode
         for _ in range(self.config.trainer.update_epochs):
             self.optimizer.zero_grad(set_to_none=True)
             metrics = {}
             total_loss = 0.0
             for part, mbs in parts:
-                part_units = sum(mb.units(agg, part) for mb in mbs)
                 for mb in mbs:
-                    share = mb.units(agg, part) / max(part_units, 1)
+                    share = 0.0 if mb.padding else mb.units(agg, part) / max(part_units[part], 1)
                     loss, mb_metrics = self._loss(mb, part)
                     (share * loss).backward()
                     total_loss += share * loss.item()
                     for key, value in mb_metrics.items():
                         metrics[key] = metrics.get(key, 0.0) + share * value
-            grad_norm = torch.nn.utils.clip_grad_norm_(self.policy.parameters(), self.config.trainer.grad_clip)
+            self._sum_gradients(self.policy)
+            grad_norm = self._clip(self.policy)
             self.optimizer.step()
-            if self.critic is not None and usual:
-                metrics.update(self._critic_update(usual))
-        metrics.update(loss=total_loss, grad_norm=grad_norm.item())
-        measured = [mb for mb in usual if mb.logprob_mismatch is not None]
-        if measured:
-            tokens = sum(mb.mask.sum().item() for mb in measured)
-            metrics["logprob_mismatch"] = sum(mb.logprob_mismatch * mb.mask.sum().item() for mb in measured) / max(tokens, 1)
+            if self.critic is not None and USUAL in part_units:
+                metrics.update(self._critic_update(usual, part_units[USUAL]))
+        metrics["loss"] = total_loss
+        measured = [mb for mb in usual if mb.logprob_mismatch is not None and not mb.padding]
+        if measured:  # token-weighted: summed over ranks as (weighted sum, tokens)
+            metrics["logprob_mismatch"] = sum(mb.logprob_mismatch * mb.mask.sum().item() for mb in measured)
+            metrics["logprob_mismatch_tokens"] = sum(mb.mask.sum().item() for mb in measured)
+        if self.ranks is not None:
+            metrics = self.ranks.sum_values(metrics)
+        if "logprob_mismatch" in metrics:
+            metrics["logprob_mismatch"] /= max(metrics.pop("logprob_mismatch_tokens"), 1)
+        metrics["grad_norm"] = grad_norm.item()
         return metrics
+
+    def _share(self, mbs: list[MicroBatch]) -> list[MicroBatch]:
+        """This rank's micro-batches of a part (every world_size-th). Under fsdp FSDP gathers
+        weights inside every forward and reduce-scatters gradients inside every backward, so each
+        rank runs ceil(n / world_size), in rounds of one micro-batch per rank: a rank short of one
+        runs a stand-in (a copy of the round's first, weighted 0), and a round where some rank
+        computes logπ_old has every rank run that forward. (The other way, one reduce-scatter after
+        accumulating under set_requires_gradient_sync(False), would hold the whole model's
+        unsharded gradients on every rank between backwards: what sharding is chosen to avoid.)"""
+        mine = self.ranks.share(mbs)
+        if not self.sharded:
+            return mine
+        world = self.ranks.world_size
+        rounds = [mbs[i : i + world] for i in range(0, len(mbs), world)]
+        out = []
+        for j, round_ in enumerate(rounds):
+            mb = mine[j] if j < len(mine) else replace(round_[0], padding=True)
+            mb.policy_pass = any(other.old_logprobs is None for other in round_)
+            out.append(mb)
+        return out
+
+    def _clip(self, model) -> torch.Tensor:
+        """Clip the gradients by their norm over all parameters; the norm. (Sharded gradients are
+        DTensors: the norm comes back as one, summed over the ranks' shards.)"""
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), self.config.trainer.grad_clip)
+        return norm.full_tensor() if hasattr(norm, "full_tensor") else norm
+
+    def _sum_gradients(self, model) -> None:
+        """With ddp ranks: each parameter's gradient summed over them (see distributed.py). A
+        parameter no rank computed a gradient for keeps none, as in one process, so the optimizer
+        skips it there too. (Under fsdp each backward has summed them already.)"""
+        if self.ranks is None or self.sharded:
+            return
+        params = [p for p in model.parameters() if p.requires_grad]
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in params]
+        has_grad = torch.tensor([float(p.grad is not None) for p in params])
+        self.ranks.sum_tensors([*grads, has_grad])
+        for p, grad, computed in zip(params, grads, has_grad.tolist()):
+            p.grad = grad if computed else None
 
     def _micro_batches(self, batch: TrainBatch) -> list[tuple[str, list[MicroBatch]]]:
         """(part, its micro-batches) for each part the batch has. A DPO micro-batch holds its
@@ -238,7 +375,12 @@ class Trainer:
             (EXPERT, chunks(batch.expert, micro)),
             (PAIRS, pair_rows),
         ]
-        return [(part, [collate(rows, pad_id, self.device) for rows in groups]) for part, groups in parts if groups]
+        out = [(part, [collate(rows, pad_id, self.device) for rows in groups]) for part, groups in parts if groups]
+        if self.sharded:
+            # One forward per micro-batch on every rank: sharing a prompt's cache takes one or two
+            # forwards by the data (response_logits), and FSDP's gathers must match across ranks.
+            out = [(part, [replace(mb, prompt_rows=None, row_prompt=None) for mb in mbs]) for part, mbs in out]
+        return out
 
     # -- losses ----------------------------------------------------------------------------------
 
@@ -284,14 +426,31 @@ class Trainer:
                 if part == USUAL:
                     self._prepare_rollouts(mb)
                 if part == PAIRS or (part == USUAL and self.algo.kl.fn != "none"):
-                    reference = self._forward(self.reference, mb, self._temperature(part))
-                    mb.ref_logprobs = self._token_logprobs(reference, mb.response_ids)
+                    with self._reference() as reference:
+                        logits = self._forward(reference, mb, self._temperature(part))
+                    mb.ref_logprobs = self._token_logprobs(logits, mb.response_ids)
+
+    @contextmanager
+    def _reference(self):
+        """The reference model; with LoRA and no model.ref_path, the policy with its adapters off
+        (the base, in eval mode as a loaded reference is): no second copy of the base in memory."""
+        if self.reference is not None:
+            yield self.reference
+            return
+        self.policy.eval()
+        try:
+            with self.policy.disable_adapter():
+                yield self.policy
+        finally:
+            self.policy.train()
 
     def _prepare_rollouts(self, mb: MicroBatch) -> None:
         if mb.advantages is None and self.critic is None:
             raise ValueError("rollouts reached the trainer without advantages: the explorer's pipeline sets them")
         if mb.old_logprobs is None:
             mb.old_logprobs = self._token_logprobs(self._forward(self.policy, mb, self.temperature), mb.response_ids)
+        elif mb.policy_pass:  # fsdp: another rank computes its logπ_old in this round (Trainer._share)
+            self._forward(self.policy, mb, self.temperature)
         if self.critic is not None:
             mb.old_values = self._values(mb)
             token_rewards = torch.zeros_like(mb.mask)
@@ -307,19 +466,20 @@ class Trainer:
             out = self.critic(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids)
         return out.logits[:, -width_t - 1 : -1, 0].float()
 
-    def _critic_update(self, mbs: list[MicroBatch]) -> dict:
+    def _critic_update(self, mbs: list[MicroBatch], total: float) -> dict:
+        """One critic step on the rollouts' micro-batches (this rank's); `total`: the units of them all."""
         self.critic_optimizer.zero_grad(set_to_none=True)
-        total = sum(mb.units(self.algo.loss_agg_mode) for mb in mbs)
         metrics = {}
         for mb in mbs:
-            share = mb.units(self.algo.loss_agg_mode) / max(total, 1)
+            share = 0.0 if mb.padding else mb.units(self.algo.loss_agg_mode) / max(total, 1)
             loss, mb_metrics = value_loss(
                 self._values(mb), mb.old_values, mb.returns, mb.mask, self.algo.value_clip, self.algo.loss_agg_mode
             )
             (share * loss).backward()
             for key, value in mb_metrics.items():
                 metrics[key] = metrics.get(key, 0.0) + share * value
-        torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.config.trainer.grad_clip)
+        self._sum_gradients(self.critic)
+        self._clip(self.critic)
         self.critic_optimizer.step()
         return metrics
 
@@ -327,7 +487,10 @@ class Trainer:
         experiences = batch.usual + batch.expert
         tokens = sum(len(e.prompt_ids) + len(e.response_ids) for e in experiences)
         tokens += sum(2 * len(p.prompt_ids) + len(p.chosen_ids) + len(p.rejected_ids) for p in batch.pairs)
-        metrics = {"seconds": seconds, "tokens_per_s": tokens / seconds, "experiences": len(experiences) + 2 * len(batch.pairs)}
+        metrics = {
+            "seconds": seconds, "tokens_per_s": tokens / seconds,
+            "experiences": len(experiences) + 2 * len(batch.pairs),
+        }
         if batch.expert:
             metrics["expert_experiences"] = len(batch.expert)
         if batch.pairs:
@@ -340,23 +503,55 @@ class Trainer:
             metrics["staleness"] = current_version - sum(versions) / n
             metrics["staleness_max"] = current_version - min(versions)
             metrics["staleness_min"] = current_version - max(versions)
+            # The histogram: the share of the batch each number of versions behind.
+            lags = [current_version - version for version in versions]
+            metrics["staleness_share"] = {str(lag): lags.count(lag) / n for lag in sorted(set(lags))}
         return metrics
 
     # -- checkpoints -----------------------------------------------------------------------------
 
+    def full_state(self, checkpoint: bool = False) -> dict:
+        """The policy's full weights ('policy', merged with LoRA), as one process holds them: what
+        the explorer gets. With `checkpoint` also the critic's ('critic') and the optimizers' state
+        ('optimizer', 'critic_optimizer'). Under fsdp they are sharded over the ranks: the leader
+        has every rank take part (command 'gather') and alone gets them; a follower gets {}."""
+        if self.sharded and self.ranks.is_leader:
+            self.ranks.send("gather", checkpoint)
+        state = {}
+        for name, model, optimizer in (("policy", self.policy, self.optimizer),
+                                       ("critic", self.critic, self.critic_optimizer)):
+            if model is None or (name == "critic" and not checkpoint):
+                continue
+            optimizer_key = "optimizer" if name == "policy" else f"{name}_optimizer"
+            if self.sharded:
+                state[name] = distributed.full_weights(model)
+                if checkpoint:
+                    state[optimizer_key] = distributed.full_optimizer_state(model, optimizer)
+            else:
+                state[name] = merged_state_dict(model)
+                if checkpoint:
+                    state[optimizer_key] = optimizer.state_dict()
+        return state if not self.sharded or self.ranks.is_leader else {}
+
     def save_checkpoint(self, path: str | Path, extra: dict | None = None) -> Path:
         """A complete HF model directory (weights + tokenizer) plus what resuming needs: optimizer
         state, step, RNG states and `extra` (the loop's own counters). Written to a temporary
-        directory and renamed, so a crash never leaves half a checkpoint."""
+        directory and renamed, so a crash never leaves half a checkpoint. With LoRA the weights are
+        the merged ones (the directory stays a plain model) and adapter/ holds the adapters
+        (peft's format), which resuming loads onto the unchanged base."""
         path = Path(path)
+        started = time.perf_counter()
+        state = self.full_state(checkpoint=True)
         tmp = path.parent / f".{path.name}.{uuid.uuid4().hex}"
         try:
-            self.policy.save_pretrained(tmp)
+            save_merged(self.policy, tmp, state["policy"])
+            if is_lora(self.policy):
+                self.policy.save_pretrained(tmp / "adapter")
             self.tokenizer.save_pretrained(tmp)
-            torch.save(self.optimizer.state_dict(), tmp / "optimizer.pt")
+            torch.save(state["optimizer"], tmp / "optimizer.pt")
             if self.critic is not None:
-                self.critic.save_pretrained(tmp / "critic")
-                torch.save(self.critic_optimizer.state_dict(), tmp / "critic_optimizer.pt")
+                self.critic.save_pretrained(tmp / "critic", state_dict=state["critic"])
+                torch.save(state["critic_optimizer"], tmp / "critic_optimizer.pt")
             rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
             if torch.cuda.is_available():
                 rng["cuda"] = torch.cuda.get_rng_state_all()
@@ -368,16 +563,26 @@ class Trainer:
         if path.exists():
             shutil.rmtree(path)
         os.rename(tmp, path)
+        self._checkpoint_seconds += time.perf_counter() - started
         return path
 
     def load_checkpoint(self, path: str | Path) -> dict:
-        """Restore everything save_checkpoint wrote; returns its `extra`."""
+        """Restore everything save_checkpoint wrote; returns its `extra`. The leader has its
+        followers load it too (a checkpoint holds the full weights and optimizer state, which each
+        rank takes whole under ddp and its shard of under fsdp, so a checkpoint saved by any number
+        of ranks resumes on any number, with either strategy)."""
+        if self.ranks is not None and self.ranks.is_leader:
+            self.ranks.send("load", str(path))
         path = Path(path)
-        copy_weights(self.policy, read_weights(path))
-        self.optimizer.load_state_dict(torch.load(path / "optimizer.pt", map_location=self.device))
+        if is_lora(self.policy):
+            load_adapter(self.policy, path / "adapter")
+        else:
+            self._load_weights(self.policy, read_weights(path))
+        self._load_optimizer(self.policy, self.optimizer, torch.load(path / "optimizer.pt", map_location=self.device))
         if self.critic is not None:
-            copy_weights(self.critic, read_weights(path / "critic"))
-            self.critic_optimizer.load_state_dict(torch.load(path / "critic_optimizer.pt", map_location=self.device))
+            self._load_weights(self.critic, read_weights(path / "critic"))
+            state = torch.load(path / "critic_optimizer.pt", map_location=self.device)
+            self._load_optimizer(self.critic, self.critic_optimizer, state)
         rng = torch.load(path / "rng.pt", weights_only=False)
         torch.set_rng_state(rng["torch"])
         random.setstate(rng["python"])
@@ -386,3 +591,25 @@ class Trainer:
         state = json.loads((path / "trainer_state.json").read_text())
         self.step = state["step"]
         return state["extra"]
+
+
+    def _load_weights(self, model, weights: dict) -> None:
+        if self.sharded:
+            distributed.load_full_weights(model, weights)
+        else:
+            copy_weights(model, weights)
+
+    def _load_optimizer(self, model, optimizer, state: dict) -> None:
+        if self.sharded:
+            distributed.load_full_optimizer_state(model, optimizer, state)
+        else:
+            optimizer.load_state_dict(state)
+
+
+def load_adapter(model, path: Path) -> None:
+    """The adapters peft saved at `path` into the LoRA policy, in place (the base is as loaded)."""
+    from peft import set_peft_model_state_dict
+
+    result = set_peft_model_state_dict(model, read_weights(path))
+    if result.unexpected_keys:
+        raise ValueError(f"adapters do not fit the model: unexpected {sorted(result.unexpected_keys)}")

@@ -5,7 +5,6 @@ from django.urls import URLPattern, URLResolver, get_resolver, reverse
 from apps.runs.models import Run
 from apps.tasksets.models import Taskset
 
-
 PUBLIC = ("login", "logout", "favicon")  # the login page shows the icon too
 
 

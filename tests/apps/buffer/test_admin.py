@@ -6,8 +6,10 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
-from apps.buffer import counts, services
+from apps.buffer import services
 from apps.buffer.models import BufferJob, Experience
+from apps.core import counts
+from apps.core.jobs import run_job
 from apps.feedback.models import Feedback
 
 CHANGELIST = "/admin/buffer/experience/"
@@ -26,6 +28,11 @@ def post_action(client, action, selected=(), *, select_across=False, query="", c
     else:
         data["index"] = 0
     return client.post(CHANGELIST + query, data)
+
+
+def job_id(response) -> int:
+    """The job an action started, from the job page it redirected to."""
+    return int(response["Location"].rstrip("/").split("/")[-2])
 
 
 # ---- who gets in ----
@@ -284,8 +291,8 @@ def test_djangos_delete_selected_is_replaced(curator_client):
 
 def started_job(response) -> BufferJob:
     assert response.status_code == 302, getattr(response, "content", b"")[:500]
-    job = BufferJob.objects.get(pk=response["Location"].rstrip("/").split("/")[-2])
-    return services.run_job(job.pk)
+    job = BufferJob.objects.get(pk=job_id(response))
+    return run_job("buffer.bufferjob", job.pk)
 
 
 def test_promote_to_expert_copies_exactly_the_selected_rows(curator_client, make_experience):
@@ -345,10 +352,10 @@ def test_pipeline_operator_dedupe_rejects_exact_duplicates_across_the_selection(
     response = post_action(
         curator_client, "run_pipeline_operator", selection, confirm=True, operator="dedupe", params=""
     )
-    job = BufferJob.objects.get(pk=response["Location"].rstrip("/").split("/")[-2])
+    job = BufferJob.objects.get(pk=job_id(response))
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(services, "CHUNK_ROWS", 2)
-        job = services.run_job(job.pk)
+        job = run_job("buffer.bufferjob", job.pk)
 
     assert job.status == "succeeded", job.error
     rejected = set(Experience.objects.filter(status="rejected").values_list("pk", flat=True))
@@ -427,10 +434,13 @@ def test_job_page_shows_progress_and_result(curator_client, make_experience):
     rows = [make_experience() for _ in range(2)]
     response = post_action(curator_client, "promote_to_expert", [row.pk for row in rows], confirm=True)
     page = curator_client.get(response["Location"])
-    assert page.status_code == 200 and 'http-equiv="refresh"' in page.content.decode()  # pending: the page refreshes
-    job = services.run_job(int(response["Location"].rstrip("/").split("/")[-2]))
+    pending = page.content.decode()
+    snapshot_url = reverse("job-progress", args=["buffer.bufferjob", job_id(response)])
+    assert page.status_code == 200 and "job_progress.js" in pending and snapshot_url in pending  # the page follows it
+    assert curator_client.get(snapshot_url).json()["status"] == "pending"
+    job = run_job("buffer.bufferjob", job_id(response))
     page = curator_client.get(response["Location"]).content.decode()
-    assert "succeeded" in page and "promoted: 2" in page and 'http-equiv="refresh"' not in page
+    assert "succeeded" in page and "promoted: 2" in page and "job_progress.js" not in page
     assert curator_client.get(reverse("admin:buffer_bufferjob_changelist")).status_code == 200
     assert job.percent == 100
 

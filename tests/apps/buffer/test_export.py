@@ -12,6 +12,7 @@ from django.urls import reverse
 
 from apps.buffer import services
 from apps.buffer.models import BufferJob, Experience
+from apps.core.jobs import run_job
 from apps.feedback.models import Feedback
 
 CHANGELIST = "/admin/buffer/experience/"
@@ -79,7 +80,7 @@ def varied(make_experience):
 
 
 def export(queryset, fmt, tmp_path) -> Path:
-    job = services.run_job(services.start_export(queryset, fmt=fmt).pk)
+    job = run_job("buffer.bufferjob", services.start_export(queryset, fmt=fmt).pk)
     assert job.status == "succeeded", job.error
     return Path(job.output.path)
 
@@ -125,7 +126,7 @@ def test_export_action_and_download(curator_client, varied):
     assert page.status_code == 200 and page.context["count"] == 2
     response = curator_client.post(CHANGELIST, data | {"confirm": "yes", "format": "jsonl"})
     job_id = int(response["Location"].rstrip("/").split("/")[-2])
-    job = services.run_job(job_id)
+    job = run_job("buffer.bufferjob", job_id)
     assert job.result["exported"] == 2 and job.rows_total == 2
 
     assert services.export_filename(job) in curator_client.get(response["Location"]).content.decode()
@@ -144,7 +145,7 @@ def test_a_failed_export_leaves_no_file(varied, monkeypatch, media_root):
     monkeypatch.setitem(services.EXPORTS, "experiences", (*services.EXPORTS["experiences"][:2], broken))
     job = services.start_export(Experience.objects.all(), fmt="jsonl")
     with pytest.raises(RuntimeError):
-        services.run_job(job.pk)
+        run_job("buffer.bufferjob", job.pk)
     job.refresh_from_db()
     assert job.status == "failed" and "disk full" in job.error and not job.output
     assert not list(media_root.glob("buffer-jobs/*"))

@@ -10,6 +10,7 @@ from django.db import DEFAULT_DB_ALIAS, connections
 
 from apps.buffer import services
 from apps.buffer.models import BufferJob, Experience
+from apps.core import jobs
 
 
 def read_elsewhere(sql: str, params) -> tuple:
@@ -27,8 +28,9 @@ def read_elsewhere(sql: str, params) -> tuple:
 def test_progress_is_visible_while_the_job_is_still_running(make_experience, monkeypatch):
     rows = [make_experience() for _ in range(5)]
     monkeypatch.setattr(services, "CHUNK_ROWS", 2)
+    monkeypatch.setattr(jobs, "PROGRESS_INTERVAL_SECONDS", 0)  # every chunk's progress
     seen = []
-    real_writer = services._progress_writer
+    real_writer = jobs.progress_writer
 
     @contextmanager
     def observed(job):
@@ -46,10 +48,10 @@ def test_progress_is_visible_while_the_job_is_still_running(make_experience, mon
 
             yield write_and_look
 
-    monkeypatch.setattr(services, "_progress_writer", observed)
+    monkeypatch.setattr(jobs, "progress_writer", observed)
     job = services.start_promotion(Experience.objects.filter(pk__in=[row.pk for row in rows]))
 
-    job = services.run_job(job.pk)
+    job = jobs.run_job("buffer.bufferjob", job.pk)
 
     # Each chunk's progress was committed at once; the copies only when the whole job was.
     assert seen == [(2, 0), (4, 0), (5, 0)]

@@ -11,8 +11,9 @@ from django.urls import reverse
 
 from apps.buffer import services
 from apps.buffer.models import BufferJob, Experience
+from apps.core.files import FileImportError
+from apps.core.jobs import run_job
 from apps.feedback.models import Feedback
-from apps.tasksets.importers import TasksetImportError
 
 CHAT = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "What is 2 + 2?"}]
 
@@ -143,7 +144,7 @@ def test_dpo_rows_become_two_experiences_and_a_preference(tmp_path, curator, suf
 
 def test_dpo_needs_a_user(tmp_path, db):
     path = write_jsonl(tmp_path / "pairs.jsonl", [{"prompt": "p", "chosen": "a", "rejected": "b"}])
-    with pytest.raises(TasksetImportError, match="needs a user"):
+    with pytest.raises(FileImportError, match="needs a user"):
         services.import_expert_data(path, layout="dpo")
 
 
@@ -177,7 +178,7 @@ def test_a_bad_row_is_named_and_nothing_is_kept(tmp_path, db, bad_row, message):
     good = {"prompt": "p", "response": "r"}
     path = write_jsonl(tmp_path / "data.jsonl", [good, good, good, bad_row])
 
-    with pytest.raises(TasksetImportError) as error:
+    with pytest.raises(FileImportError) as error:
         services.import_expert_data(path, batch_size=2)  # the first two rows are already inserted when it fails
 
     assert (error.value.file, error.value.line) == ("data.jsonl", 4)
@@ -200,7 +201,7 @@ def test_a_bad_row_is_named_and_nothing_is_kept(tmp_path, db, bad_row, message):
 def test_bad_files(tmp_path, curator, content, name, layout, message):
     path = tmp_path / name
     path.write_bytes(content)
-    with pytest.raises(TasksetImportError, match=message):
+    with pytest.raises(FileImportError, match=message):
         services.import_expert_data(path, layout=layout, user=curator)
     assert not Experience.objects.exists() and not Feedback.objects.exists()
 
@@ -208,7 +209,7 @@ def test_bad_files(tmp_path, curator, content, name, layout, message):
 def test_a_bad_parquet_row_is_named(tmp_path, db):
     path = tmp_path / "data.parquet"
     pq.write_table(pa.table({"prompt": ["a", "b", "c"], "response": ["x", None, "z"]}), path)
-    with pytest.raises(TasksetImportError, match=r"data.parquet, row 2: needs 'prompt' and 'response'"):
+    with pytest.raises(FileImportError, match=r"data.parquet, row 2: needs 'prompt' and 'response'"):
         services.import_expert_data(path)
 
 
@@ -225,13 +226,13 @@ def test_import_job_imports_and_deletes_its_upload(curator):
     )
     upload_path = job.upload.path
 
-    job = services.run_job(job.pk)
+    job = run_job("buffer.bufferjob", job.pk)
 
     assert (job.status, job.result, job.rows_done, job.bytes_done, job.percent) == (
         "succeeded",
         {"imported": 3},
         3,
-        0,
+        job.bytes_total,  # the whole file read
         100,
     )
     assert Experience.objects.count() == 3 and not job.upload
@@ -242,10 +243,10 @@ def test_import_job_imports_and_deletes_its_upload(curator):
 
 def test_failed_import_job_holds_the_error(curator):
     job = services.start_import(upload=upload("bad.jsonl", [{"prompt": "p"}]), layout="sft", fmt="jsonl", user=curator)
-    job = services.run_job(job.pk)
+    job = run_job("buffer.bufferjob", job.pk)
     assert job.status == "failed" and job.error.startswith("bad.jsonl, line 1: needs 'prompt' and 'response'")
     assert not Experience.objects.exists()
-    assert services.run_job(job.pk).status == "failed"  # a redelivered task leaves a finished job alone
+    assert run_job("buffer.bufferjob", job.pk).status == "failed"  # a redelivered task leaves a finished job alone
 
 
 def test_upload_page(curator_client, curator):
@@ -272,5 +273,5 @@ def test_upload_page(curator_client, curator):
         "pairs.jsonl",
         curator,
     )
-    assert services.run_job(job.pk).result == {"imported": 2}
+    assert run_job("buffer.bufferjob", job.pk).result == {"imported": 2}
     assert "pairs.jsonl" in curator_client.get(response["Location"]).content.decode()

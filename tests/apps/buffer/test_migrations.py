@@ -32,4 +32,5 @@ def test_arrays_are_aligned_for_the_engine(researcher):
         assert rows[imported.pk].action_mask == [1, 1, 1]
         assert (rows[rollout.pk].action_mask, rows[rollout.pk].logprobs) == ([1, 0, 1], [-1.0, -2.0, -3.0])
     finally:
-        migrate(("buffer", max(n for app, n in MigrationExecutor(connection).loader.graph.leaf_nodes() if app == "buffer")))
+        leaf = max(name for app, name in MigrationExecutor(connection).loader.graph.leaf_nodes() if app == "buffer")
+        migrate(("buffer", leaf))

@@ -5,7 +5,6 @@ import pytest
 from django.db import IntegrityError, transaction
 
 from apps.buffer.models import Experience
-from apps.buffer.services import write_rollouts
 from apps.feedback.models import Feedback
 from apps.runs.models import Run
 from apps.tasksets.models import Task, Taskset
@@ -41,12 +40,7 @@ def test_natural_key_only_binds_rollouts(run, task):
     assert Experience.objects.count() == 2
 
 
-def test_replayed_step_writes_nothing_twice(run, task):
-    batch = [rollout(run, task, step=3, index=i, reward=float(i)) for i in range(4)]
-    assert write_rollouts(batch) == 4
-    replay = [rollout(run, task, step=3, index=i, reward=float(i)) for i in range(4)]
-    assert write_rollouts(replay) == 0
-    assert Experience.objects.filter(run=run, explorer_step=3).count() == 4
+# A replayed explorer step writing nothing twice: test_store.test_write_is_idempotent_per_natural_key.
 
 
 def test_token_arrays_round_trip_exactly(run, task):

@@ -39,7 +39,8 @@ def test_write_is_idempotent_per_natural_key(run, task_ids):
 def test_every_field_reads_back_as_written(run, task_ids):
     buffer = DjangoExperienceBuffer(run.pk)
     written = rollout(
-        task_ids[1], step=3, index=2, version=1, prompt_text="1+1?", response_text="2", messages=[{"role": "user", "content": "hi"}],
+        task_ids[1], step=3, index=2, version=1, prompt_text="1+1?", response_text="2",
+        messages=[{"role": "user", "content": "hi"}],
         logprobs=[-0.25, -1.5], reward=0.75, reward_components={"accuracy": 1.0}, advantage=-0.5, priority=2.0,
         metadata={"finish_reason": "stop"},
     )

@@ -14,7 +14,9 @@ def run(researcher):
 @pytest.fixture
 def tasks(db):
     taskset = Taskset.objects.create(name="ts")
-    return [Task.objects.create(taskset=taskset, index=i, prompt=f"What is {i} + {i}?", answer=str(2 * i)) for i in range(4)]
+    return [
+        Task.objects.create(taskset=taskset, index=i, prompt=f"What is {i} + {i}?", answer=str(2 * i)) for i in range(4)
+    ]
 
 
 @pytest.fixture

@@ -17,7 +17,9 @@ def restrict(run, *usernames):
 
 
 @pytest.mark.django_db
-def test_a_run_open_to_all_takes_every_annotator_and_a_restricted_one_only_those_assigned(run, make_experience, make_annotator):
+def test_a_run_open_to_all_takes_every_annotator_and_a_restricted_one_only_those_assigned(
+    run, make_experience, make_annotator
+):
     chosen, other = make_annotator("chosen"), make_annotator("other")
     experience = make_experience()
     assert services.may_annotate(run, other)
@@ -37,7 +39,9 @@ def test_a_run_open_to_all_takes_every_annotator_and_a_restricted_one_only_those
     "usernames, error",
     [(["ghost"], "no user named ghost"), (["res2"], "res2 cannot annotate")],
 )
-def test_assigning_unknown_users_or_non_annotators_is_refused_and_changes_nothing(run, django_user_model, usernames, error):
+def test_assigning_unknown_users_or_non_annotators_is_refused_and_changes_nothing(
+    run, django_user_model, usernames, error
+):
     django_user_model.objects.create_user("res2")  # no role at all
     with pytest.raises(FeedbackError, match=error):
         restrict(run, *usernames)
@@ -94,7 +98,9 @@ def test_the_websocket_refuses_annotators_not_assigned_to_the_run(client, run, m
 
 
 @pytest.mark.django_db
-def test_the_run_page_shows_human_feedback_counts_and_the_human_reward(researcher_client, annotator, run, make_experience, make_annotator, settings):
+def test_the_run_page_shows_human_feedback_counts_and_the_human_reward(
+    researcher_client, annotator, run, make_experience, make_annotator, settings
+):
     settings.RFTWEB_JUDGEMENTS_PER_ITEM = 2
     first, second, third = (make_experience(explorer_step=s) for s in (0, 0, 1))
     services.rate(first.pk, make_annotator("a"), "5")

@@ -18,7 +18,9 @@ SECONDS = 4.0
 
 
 @pytest.mark.parametrize("per_item", [1, 2])
-def test_fifty_annotators_never_judge_an_item_beyond_the_overlap(make_experience, make_annotator, run, settings, per_item):
+def test_fifty_annotators_never_judge_an_item_beyond_the_overlap(
+    make_experience, make_annotator, run, settings, per_item
+):
     settings.RFTWEB_JUDGEMENTS_PER_ITEM = per_item
     for _ in range(ITEMS):
         make_experience()
@@ -42,7 +44,9 @@ def test_fifty_annotators_never_judge_an_item_beyond_the_overlap(make_experience
         finally:
             connection.close()
 
-    threads = [threading.Thread(target=annotate, args=(u, strategies[i % len(strategies)])) for i, u in enumerate(annotators)]
+    threads = [
+        threading.Thread(target=annotate, args=(u, strategies[i % len(strategies)])) for i, u in enumerate(annotators)
+    ]
     for thread in threads:
         thread.start()
     for thread in threads:

@@ -22,7 +22,9 @@ def connect(path, cookie=b""):
     return WebsocketCommunicator(application, path, headers=headers)
 
 
-def test_annotators_hear_items_taken_judged_new_experiences_and_the_run_finishing(client, make_experience, make_annotator, run):
+def test_annotators_hear_items_taken_judged_new_experiences_and_the_run_finishing(
+    client, make_experience, make_annotator, run
+):
     watcher, worker = make_annotator("watcher"), make_annotator("worker")
     experience = make_experience()
     cookie = session_cookie(client, watcher)

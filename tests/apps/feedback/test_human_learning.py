@@ -130,10 +130,15 @@ def test_a_run_rewarded_only_by_a_scripted_annotator_learns_to_answer_shorter(
     assert consumed.exists() and not consumed.exclude(reward_components__has_key="human").exists()
 
     lengths = {}
-    for step, text in Experience.objects.filter(run=run, source="rollout").values_list("explorer_step", "response_text"):
+    rollouts = Experience.objects.filter(run=run, source="rollout")
+    for step, text in rollouts.values_list("explorer_step", "response_text"):
         lengths.setdefault(step, []).append(len(text))
     first, last = quarter_means(lengths)
-    rewards = {p.step: [p.values["reward_mean"]] for p in MetricPoint.objects.filter(run=run, role="trainer") if "reward_mean" in p.values}
+    rewards = {
+        p.step: [p.values["reward_mean"]]
+        for p in MetricPoint.objects.filter(run=run, role="trainer")
+        if "reward_mean" in p.values
+    }
     first_reward, last_reward = quarter_means(rewards)
     print(f"\nmean answer length (characters), first vs last quarter of {len(lengths)} explorer steps: "
           f"{first:.1f} -> {last:.1f}; trainer reward_mean (human): {first_reward:.3f} -> {last_reward:.3f}")

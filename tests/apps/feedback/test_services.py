@@ -63,15 +63,19 @@ def test_an_edit_becomes_a_ready_expert_experience_tokenized_for_the_run(make_ex
     services.edit(original.pk, annotator, "The answer is 4.", seconds_spent=12)
     child = Experience.objects.get(parent=original)
     tokenizer = services._tokenizer("tiny")
-    assert (child.source, child.status, child.run_id, child.task_id) == ("human_edit", "ready", run.pk, original.task_id)
+    assert (child.source, child.status, child.run_id, child.task_id) == (
+        "human_edit", "ready", run.pk, original.task_id
+    )
     assert child.response_text == "The answer is 4."
-    assert child.response_ids == tokenizer("The answer is 4.", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    expected_ids = tokenizer("The answer is 4.", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    assert child.response_ids == expected_ids
     assert child.action_mask == [1] * len(child.response_ids)
     assert (child.prompt_text, child.prompt_ids) == (original.prompt_text, original.prompt_ids)
     assert Feedback.objects.get(kind="edit").edited_text == "The answer is 4."
     # Editing again replaces the unused edit instead of piling up copies.
     services.edit(original.pk, annotator, "The answer is 2.")
-    assert list(Experience.objects.filter(parent=original).values_list("response_text", flat=True)) == ["The answer is 2."]
+    edits = Experience.objects.filter(parent=original).values_list("response_text", flat=True)
+    assert list(edits) == ["The answer is 2."]
 
 
 def test_an_edit_without_a_model_waits_raw_for_tokenizing(make_experience, annotator):
@@ -83,7 +87,12 @@ def test_an_edit_without_a_model_waits_raw_for_tokenizing(make_experience, annot
 
 @pytest.mark.parametrize(
     "text, error",
-    [("", "empty"), ("  \n ", "empty"), ("x" * (services.MAX_EDIT_CHARS + 1), "at most"), ("response number 0", "same as the model's")],
+    [
+        ("", "empty"),
+        ("  \n ", "empty"),
+        ("x" * (services.MAX_EDIT_CHARS + 1), "at most"),
+        ("response number 0", "same as the model's"),
+    ],
 )
 def test_bad_edits_are_refused_and_nothing_is_saved(make_experience, annotator, text, error):
     original = make_experience()
@@ -97,7 +106,9 @@ def test_a_comparison_is_a_dpo_pair_with_the_preferred_response_first(make_exper
     a, b = make_experience(), make_experience()
     services.compare(a.pk, b.pk, annotator, "b_better")
     pref = Feedback.objects.get()
-    assert (pref.kind, pref.experience_id, pref.other_id, pref.value, pref.label) == ("preference", b.pk, a.pk, 1.0, "b_better")
+    assert (pref.kind, pref.experience_id, pref.other_id, pref.value, pref.label) == (
+        "preference", b.pk, a.pk, 1.0, "b_better"
+    )
     # Changing one's mind replaces the verdict, whichever way round it now goes.
     services.compare(a.pk, b.pk, annotator, "tie")
     pref = Feedback.objects.get()
@@ -165,7 +176,9 @@ def test_an_expired_lock_frees_the_item(make_experience, make_annotator):
     services.rate(experience.pk, second, "1")
 
 
-def test_the_queue_hands_each_item_to_as_many_annotators_as_judgements_wanted(make_experience, make_annotator, settings, run):
+def test_the_queue_hands_each_item_to_as_many_annotators_as_judgements_wanted(
+    make_experience, make_annotator, settings, run
+):
     settings.RFTWEB_JUDGEMENTS_PER_ITEM = 2
     experience = make_experience()
     a, b, c = (make_annotator(name) for name in "abc")
@@ -199,7 +212,8 @@ def test_strategies_order_the_queue(make_experience, annotator, run, tasks):
     assert order("newest") == [new_no_answer, unscored, old_sure, old_unsure]
     assert order("lowest_confidence") == [unscored, old_unsure, new_no_answer, old_sure]
     assert order("ground_truth_first") == [unscored, old_sure, old_unsure, new_no_answer]
-    assert sorted(e.pk for e in order("random")) == sorted(e.pk for e in (old_unsure, old_sure, new_no_answer, unscored))
+    every_item = (old_unsure, old_sure, new_no_answer, unscored)
+    assert sorted(e.pk for e in order("random")) == sorted(e.pk for e in every_item)
     with pytest.raises(FeedbackError, match="unknown strategy"):
         services.next_item(run, annotator, "best")
 
@@ -221,7 +235,9 @@ def test_rejected_items_and_human_edits_are_not_queued(make_experience, annotato
     assert services.next_item(run, annotator) is None
 
 
-def test_a_judgement_stands_when_the_live_hint_cannot_be_sent(make_experience, annotator, settings, django_capture_on_commit_callbacks, caplog):
+def test_a_judgement_stands_when_the_live_hint_cannot_be_sent(
+    make_experience, annotator, settings, django_capture_on_commit_callbacks, caplog
+):
     # Nothing listens on port 1: the channel layer fails after the judgement has committed.
     settings.CHANNEL_LAYERS = {
         "default": {"BACKEND": "channels_redis.core.RedisChannelLayer", "CONFIG": {"hosts": ["redis://127.0.0.1:1/0"]}}
@@ -238,7 +254,8 @@ def test_the_queue_offers_what_the_trainer_has_not_taken_yet_first(make_experien
     waiting = make_experience(explorer_step=1)
     assert services.next_item(run, annotator) == waiting  # a rating on it can still shape this run's training
     services.rate(waiting.pk, annotator, "3")
-    assert services.next_item(run, annotator) == trained_on  # a running run's consumed items still count (agreement, pairs)
+    # A running run's consumed items still count (agreement, pairs).
+    assert services.next_item(run, annotator) == trained_on
 
 
 def test_a_held_item_the_run_trained_on_is_not_handed_back_once_the_run_has_failed(make_experience, annotator, run):
@@ -280,7 +297,8 @@ def test_an_empty_queue_says_why(make_experience, annotator, make_annotator, run
     assert services.next_item(run, annotator) is None
     assert services.why_empty(run, annotator) == [
         (1, "judged by you"), (1, "skipped by you"), (1, "flagged, so out of training"),
-        (1, "trained on before the run completed: no longer open to judge"), (1, "judged by or held by other annotators"),
+        (1, "trained on before the run completed: no longer open to judge"),
+        (1, "judged by or held by other annotators"),
     ]
 
 
@@ -303,7 +321,9 @@ def test_the_comparison_is_another_response_of_the_same_model_version_where_ther
 
 
 def test_the_scale_labels_its_anchor_points(run):
-    assert services.scale_labels(run) == [("1", "wrong"), ("2", "poor"), ("3", "partly right"), ("4", "good"), ("5", "perfect")]
+    assert services.scale_labels(run) == [
+        ("1", "wrong"), ("2", "poor"), ("3", "partly right"), ("4", "good"), ("5", "perfect")
+    ]
     run.config = {"feedback": {"scale_min": 0, "scale_max": 9}}
     assert [label for _, label in services.scale_labels(run)] == ["wrong", *[""] * 8, "perfect"]
 

@@ -17,7 +17,9 @@ def test_krippendorff_alpha_interval():
     assert stats.percent_agreement([[1, 1, 0], [0.5, 0.5]]) == pytest.approx(2 / 4)
 
 
-def test_a_run_page_counts_per_annotator_and_measures_agreement(researcher_client, run, make_experience, make_annotator, settings):
+def test_a_run_page_counts_per_annotator_and_measures_agreement(
+    researcher_client, run, make_experience, make_annotator, settings
+):
     settings.RFTWEB_JUDGEMENTS_PER_ITEM = 2
     a, b = make_annotator("a"), make_annotator("b")
     same, different = make_experience(), make_experience()

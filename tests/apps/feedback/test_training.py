@@ -23,10 +23,17 @@ def configure(run, **feedback):
 
 
 def group_of_four(make_experience, task, rewards=(0.0, 0.0, 0.0, 0.0)):
-    return [make_experience(task=task, group_id=f"g-{task.pk}", reward=r, reward_components={"exact_match": r}, advantage=0.0) for r in rewards]
+    return [
+        make_experience(
+            task=task, group_id=f"g-{task.pk}", reward=r, reward_components={"exact_match": r}, advantage=0.0
+        )
+        for r in rewards
+    ]
 
 
-def test_rated_rollouts_train_with_their_human_reward_and_recomputed_group_advantages(run, tasks, make_experience, make_annotator):
+def test_rated_rollouts_train_with_their_human_reward_and_recomputed_group_advantages(
+    run, tasks, make_experience, make_annotator
+):
     buffer = configure(run, reward_mode="override")
     group = group_of_four(make_experience, tasks[0])
     for member, point in zip(group[:3], ["5", "1", "3"]):
@@ -65,7 +72,9 @@ def test_flagged_rollouts_are_never_sampled_nor_compared(run, tasks, make_experi
     assert sampled[group[1].pk].advantage == pytest.approx(expected[0].item())
 
 
-def test_rated_only_trains_on_rated_rollouts_and_waits_a_bounded_time_for_ratings(run, tasks, make_experience, annotator, make_annotator):
+def test_rated_only_trains_on_rated_rollouts_and_waits_a_bounded_time_for_ratings(
+    run, tasks, make_experience, annotator, make_annotator
+):
     buffer = configure(run, reward_mode="override", rated_only=True, rating_wait_s=1.0)
     group = group_of_four(make_experience, tasks[0])
     started = time.monotonic()
@@ -92,10 +101,13 @@ def test_human_edits_are_expert_data_unless_the_run_says_otherwise(run, tasks, m
     assert configure(run, edits_as_expert=False).sample(5, sources=["expert", "human_edit"]) == []
     # Another run trains on this run's edits when it names it as a feedback source.
     sft = Run.objects.create(name="sft", owner=researcher, config={"feedback": {"source_runs": [run.pk]}})
-    assert [e.response_text for e in DjangoExperienceBuffer(sft.pk).sample(5, sources=["expert", "human_edit"])] == ["The answer is 0."]
+    sampled = DjangoExperienceBuffer(sft.pk).sample(5, sources=["expert", "human_edit"])
+    assert [e.response_text for e in sampled] == ["The answer is 0."]
 
 
-def test_a_dpo_run_in_mode_train_trains_on_the_pairs_collected_on_another_run(run, tasks, make_experience, make_annotator, researcher, settings):
+def test_a_dpo_run_in_mode_train_trains_on_the_pairs_collected_on_another_run(
+    run, tasks, make_experience, make_annotator, researcher, settings
+):
     from workers.rft.models import load_policy, load_reference, load_tokenizer
     from workers.rft.trainer import Trainer
 
@@ -105,11 +117,22 @@ def test_a_dpo_run_in_mode_train_trains_on_the_pairs_collected_on_another_run(ru
         a, b = make_experience(task=tasks[i]), make_experience(task=tasks[i])
         pairs.append(services.compare(a.pk, b.pk, make_annotator(f"j{i}"), verdict))
     services.flag(pairs[1].experience_id, make_annotator("flagger"), "wrong")  # a flagged response trains nothing
-    config = {"mode": "train", "algorithm": {"name": "dpo"}, "trainer": {"batch_size": 8}, "feedback": {"source_runs": [run.pk]}}
+    config = {
+        "mode": "train",
+        "algorithm": {"name": "dpo"},
+        "trainer": {"batch_size": 8},
+        "feedback": {"source_runs": [run.pk]},
+    }
     dpo = Run.objects.create(name="dpo", owner=researcher, config=RunConfig.from_dict(config).to_dict(), mode="train")
     buffer = DjangoExperienceBuffer(dpo.pk)
     device = torch.device("cpu")
-    trainer = Trainer(buffer.config, load_policy("tiny", device), load_tokenizer("tiny"), buffer, reference=load_reference("tiny", device))
+    trainer = Trainer(
+        buffer.config,
+        load_policy("tiny", device),
+        load_tokenizer("tiny"),
+        buffer,
+        reference=load_reference("tiny", device),
+    )
 
     metrics = trainer.train_step()
 

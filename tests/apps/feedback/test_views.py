@@ -109,7 +109,8 @@ def test_the_item_shows_its_context_once(annotator_client, make_experience, run,
                 {"role": "assistant", "content": "response number 0"}]
     experience = make_experience(task=tasks[2], messages=messages, prompt_text=f"<s>user {tasks[2].prompt}")
     html = annotator_client.get(reverse("annotate-experience", args=[experience.pk])).content.decode()
-    assert html.count(tasks[2].prompt) == 1 and "<s>user" not in html  # the conversation's turns, not the template's text
+    # The conversation's turns, not the template's text.
+    assert html.count(tasks[2].prompt) == 1 and "<s>user" not in html
     assert "Be brief." in html
     # The response once on show; the editor holds a copy but is hidden until the annotator edits.
     assert html.count("response number 0") == 2 and '<form method="post" action="/annotate/experience/' in html

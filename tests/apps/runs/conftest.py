@@ -1,5 +1,3 @@
-import sys
-import types
 
 import pytest
 from django.utils import timezone
@@ -25,17 +23,20 @@ def make_run(researcher):
 @pytest.fixture
 def tasksets(db):
     """The built-in tasksets' names (empty: the launch pages only check that they exist)."""
-    return [Taskset.objects.create(name=name) for name in ("addition", "addition-eval", "arithmetic", "arithmetic-eval", "countdown")]
+    names = ("addition", "addition-eval", "arithmetic", "arithmetic-eval", "countdown")
+    return [Taskset.objects.create(name=name) for name in names]
 
 
 @pytest.fixture
 def worker_queue(monkeypatch):
-    """Stands in for workers.tasks: records the run ids launch_run hands to the workers."""
-    import workers
+    """Stands in for the workers: records the run ids launch_run and resume_run hand to them."""
+    from apps.runs import services
 
     queued = []
-    start_run = types.SimpleNamespace(name="start_run", delay=queued.append)
-    fake = types.SimpleNamespace(start_run=start_run, enqueue=lambda task, run_id, **options: queued.append(run_id))
-    monkeypatch.setitem(sys.modules, "workers.tasks", fake)
-    monkeypatch.setattr(workers, "tasks", fake, raising=False)
+
+    def enqueue(name, run_id, **options):
+        assert name == "workers.tasks.start_run"
+        queued.append(run_id)
+
+    monkeypatch.setattr(services, "enqueue", enqueue)
     return queued

@@ -36,7 +36,7 @@ def test_researcher_receives_updates_sent_after_commit(client, researcher):
         ws = connect(f"/ws/runs/{run.pk}/", cookie)
         assert (await ws.connect())[0]
         await ws.send_json_to({"type": "ping"})
-        assert await ws.receive_json_from(timeout=5) == {"type": "pong"}
+        assert await ws.receive_json_from(timeout=5) == {"type": "pong", "seq": 0}  # the newest message's number
         await database_sync_to_async(services.record_metrics)(run, "trainer", 1, {"loss": 0.5})
         message = await ws.receive_json_from(timeout=5)
         await ws.disconnect()

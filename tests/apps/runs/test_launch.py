@@ -4,7 +4,7 @@ import pytest
 import yaml
 from django.urls import reverse
 
-from apps.runs import services
+from apps.runs import services, supervision
 from apps.runs.forms import LaunchForm
 from apps.runs.models import Run
 from apps.runs.presets import PRESETS, preset_config
@@ -51,6 +51,17 @@ def test_every_preset_is_a_valid_config(tasksets):
         services.validate_config(preset_config(name))
 
 
+def test_a_data_parallel_trainer_launches_on_one_machine_and_on_several(tasksets):
+    """A worker starts the ranks of its own machine (tests/workers/test_ddp_worker.py); each further
+    machine is a duty of the run that another train worker serves (tests/journeys/test_recovery.py)."""
+    config = preset_config("quick-demo")
+    config["trainer"] = {**config.get("trainer", {}), "strategy": "ddp", "num_processes": 2}
+    assert services.validate_config(config).trainer.num_processes == 2
+    config["trainer"]["num_nodes"] = 3
+    run = Run(config=services.validate_config(config).to_dict())
+    assert supervision.duties_of_run(run) == ("loop", "trainer-node-1", "trainer-node-2")
+
+
 def test_a_valid_form_launches_the_validated_config(
     researcher_client, researcher, tasksets, worker_queue, django_capture_on_commit_callbacks
 ):
@@ -67,6 +78,18 @@ def test_a_valid_form_launches_the_validated_config(
     assert run.config == RunConfig.from_dict(expected).to_dict()
     assert (run.name, run.owner, run.mode) == ("demo", researcher, "both")
     assert worker_queue == [run.pk]
+
+
+def test_the_form_scales_the_trainer_out(researcher_client, tasksets, worker_queue):
+    data = posted(config_form(), name="wide",
+                  **{"trainer.strategy": "ddp", "trainer.num_processes": "2", "trainer.num_nodes": "2"})
+    researcher_client.post(URL, data)
+    trainer = Run.objects.get().config["trainer"]
+    assert (trainer["strategy"], trainer["num_processes"], trainer["num_nodes"]) == ("ddp", 2, 2)
+    # One rank is 'single', and the form says so next to the field.
+    response = researcher_client.post(URL, posted(config_form(), **{"trainer.strategy": "ddp"}))
+    (error,) = response.context["form"].errors["trainer.strategy"]
+    assert "set trainer.num_processes (ranks per node) above 1" in error
 
 
 def test_an_empty_name_is_made_from_the_config(researcher_client, tasksets, worker_queue):

@@ -35,6 +35,11 @@ class LiveClient:
         self.snapshots += 1
 
     async def receive(self, message) -> str:
+        if message["type"] == "pong":
+            if message["seq"] > self.seq:  # behind, with nothing more on its way
+                await self.load()
+                return "behind"
+            return "ignored"
         if message["seq"] <= self.seq:
             return "ignored"
         if message["seq"] > self.seq + 1:
@@ -47,6 +52,21 @@ class LiveClient:
         return "applied"
 
 
+def session_cookie(client, researcher) -> bytes:
+    client.force_login(researcher)
+    return f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}".encode()
+
+
+def watch(client, run, cookie) -> tuple[LiveClient, WebsocketCommunicator]:
+    """The run page's two sources: its snapshot (live.json) and its websocket (connect it)."""
+    live = LiveClient(lambda: sync_to_async(lambda: client.get(reverse("run-live", args=[run.pk])).json())())
+    ws = WebsocketCommunicator(
+        application, f"/ws/runs/{run.pk}/",
+        headers=[(b"host", b"localhost"), (b"origin", b"http://localhost"), (b"cookie", cookie)],
+    )
+    return live, ws
+
+
 def record(run, *steps):
     for step in steps:
         services.record_metrics(run, "trainer", step, {"loss": 1 / step})
@@ -54,16 +74,12 @@ def record(run, *steps):
 
 def test_a_client_following_the_numbers_ends_where_the_database_is(client, researcher):
     run = Run.objects.create(name="r", owner=researcher, config={})
-    client.force_login(researcher)
-    cookie = f"{settings.SESSION_COOKIE_NAME}={client.cookies[settings.SESSION_COOKIE_NAME].value}".encode()
+    cookie = session_cookie(client, researcher)
     record(run, 1, 2, 3)
     publisher.flush()  # these went out before the page opened: no one was listening
 
     async def scenario():
-        live = LiveClient(lambda: sync_to_async(lambda: client.get(reverse("run-live", args=[run.pk])).json())())
-        ws = WebsocketCommunicator(
-            application, f"/ws/runs/{run.pk}/", headers=[(b"host", b"localhost"), (b"origin", b"http://localhost"), (b"cookie", cookie)]
-        )
+        live, ws = watch(client, run, cookie)
         assert (await ws.connect())[0]
         await live.load()
         assert live.steps == {"trainer": [1, 2, 3]}
@@ -81,3 +97,28 @@ def test_a_client_following_the_numbers_ends_where_the_database_is(client, resea
     assert outcome == "gap" and live.snapshots == 2
     assert live.steps == {"trainer": [1, 2, 3, 4, 5, 6]}
     assert live.seq == Run.objects.get(pk=run.pk).live_seq
+
+
+def test_a_lost_last_message_is_found_by_the_next_pong(client, researcher):
+    """A run's final message (its "stopped", say) has no later number to show the gap by: the
+    pong the page asks for every few seconds carries the newest number instead."""
+    run = Run.objects.create(name="r", owner=researcher, config={})
+    cookie = session_cookie(client, researcher)
+
+    async def scenario():
+        live, ws = watch(client, run, cookie)
+        assert (await ws.connect())[0]
+        await live.load()
+        await ws.send_json_to({"type": "ping"})
+        first = await live.receive(await ws.receive_json_from(timeout=5))
+
+        await database_sync_to_async(record)(run, 1)
+        lost = await ws.receive_json_from(timeout=5)  # as if Channels had dropped it on the way
+        await ws.send_json_to({"type": "ping"})
+        second = await live.receive(await ws.receive_json_from(timeout=5))
+        await ws.disconnect()
+        return live, lost, first, second
+
+    live, lost, first, second = async_to_sync(scenario)()
+    assert lost["type"] == "updates" and (first, second) == ("ignored", "behind")
+    assert live.steps == {"trainer": [1]} and live.seq == Run.objects.get(pk=run.pk).live_seq

@@ -1,4 +1,4 @@
-"""Resuming a failed or stopped run, and who holds a run's roles: services, controls, API, command.
+"""Resuming a failed or stopped run, and who holds a run's duties: services, controls, API, command.
 
 The worker side (a resumed run training from its checkpoint) is in tests/workers/test_tasks.py and
 tests/journeys/test_recovery.py."""
@@ -16,7 +16,7 @@ from django.core.management.base import CommandError
 from django.urls import reverse
 from django.utils import timezone
 
-from apps.runs import services
+from apps.runs import services, supervision
 from apps.runs.api import token_for
 from apps.runs.controls import control_run, control_statuses
 from apps.runs.live import publisher
@@ -60,8 +60,9 @@ def test_a_failed_run_is_queued_again_from_its_newest_checkpoint(failed_run, wor
     assert run.status == Status.QUEUED and run.finished_at is None
     assert run.error == ""  # the page no longer shows it as current...
     (resume,) = run.resumes  # ...it is history
-    assert resume["after"] == "failed" and resume["error"] == ERROR and resume["checkpoint"] == {"version": 6, "step": 6}
-    assert run.heartbeats == {}  # the dead worker's role blocks nobody
+    assert resume["after"] == "failed" and resume["error"] == ERROR
+    assert resume["checkpoint"] == {"version": 6, "step": 6}
+    assert run.heartbeats == {}  # the dead worker's duty blocks nobody
     assert run.trainer_step == 7 and run.explorer_step == 8  # same run: its progress is kept
     assert worker_queue == [run.pk]  # start_run, once the resume committed
     assert services.describe_resume(run, "failed") == f"run {run.pk} resumes from checkpoint v6 (trainer step 6)"
@@ -93,14 +94,17 @@ def test_only_paused_failed_or_stopped_runs_resume(make_run, worker_queue, statu
     assert Run.objects.get(pk=run.pk).status == status and worker_queue == []
 
 
-def test_resume_waits_for_a_worker_that_still_holds_a_role(failed_run, worker_queue, settings):
-    # Split roles: the trainer failed; the explorer's worker is still finishing its step.
-    Run.objects.filter(pk=failed_run.pk).update(heartbeats={"trainer": beat("t", ended="x"), "explorer": beat("e", seconds_ago=1)})
-    with pytest.raises(services.InvalidTransition, match="worker e still holds its explorer role"):
+def test_resume_waits_for_a_worker_that_still_holds_a_duty(failed_run, worker_queue, settings):
+    # Split duties: the trainer failed; the explorer's worker is still finishing its step.
+    Run.objects.filter(pk=failed_run.pk).update(
+        heartbeats={"trainer": beat("t", ended="x"), "explorer": beat("e", seconds_ago=1)}
+    )
+    with pytest.raises(services.InvalidTransition, match="worker e still holds its explorer duty"):
         services.resume_run(failed_run)
     assert Run.objects.get(pk=failed_run.pk).status == Status.FAILED and worker_queue == []
     # A worker silent for longer than the timeout is dead: it holds nothing.
-    Run.objects.filter(pk=failed_run.pk).update(heartbeats={"explorer": beat("e", seconds_ago=settings.RFTWEB_HEARTBEAT_TIMEOUT + 1)})
+    silent = beat("e", seconds_ago=settings.RFTWEB_HEARTBEAT_TIMEOUT + 1)
+    Run.objects.filter(pk=failed_run.pk).update(heartbeats={"explorer": silent})
     services.resume_run(failed_run)
     assert failed_run.status == Status.QUEUED
 
@@ -153,24 +157,24 @@ def test_replayed_steps_replace_their_metrics(make_run):
     assert MetricPoint.objects.get().time == replayed.time > first.time  # when the step was last recorded
 
 
-# ---- who holds a role ----------------------------------------------------------------------------
+# ---- who holds a duty ----------------------------------------------------------------------------
 
 
-def test_claim_role_refuses_a_live_holder_and_inactive_runs(make_run, settings):
+def test_claim_duty_refuses_a_live_holder_and_inactive_runs(make_run, settings):
     timeout = settings.RFTWEB_HEARTBEAT_TIMEOUT
     run = make_run(status=Status.RUNNING, heartbeats={"loop": beat("w1")})
-    assert not services.claim_role(run, "loop", "w2", timeout)  # w1 beats
-    assert services.claim_role(run, "loop", "w1", timeout)  # its own role again
+    assert not services.claim_duty(run, "loop", "w2", timeout)  # w1 beats
+    assert services.claim_duty(run, "loop", "w1", timeout)  # its own duty again
     run.heartbeats = {"loop": beat("w1", seconds_ago=timeout + 1)}
     run.save()
-    assert services.claim_role(run, "loop", "w2", timeout)  # w1 fell silent
+    assert services.claim_duty(run, "loop", "w2", timeout)  # w1 fell silent
     run.refresh_from_db()
     assert services.holder(run, "loop") == "w2"
-    assert services.release_role(run, "loop", "w2")
-    assert services.claim_role(run, "loop", "w3", timeout)  # let go: anyone may take it
+    assert services.release_duty(run, "loop", "w2")
+    assert services.claim_duty(run, "loop", "w3", timeout)  # let go: anyone may take it
     for status in (Status.QUEUED, Status.FAILED, Status.STOPPED):
         stopped = make_run(f"r-{status}", status=status)
-        assert not services.claim_role(stopped, "loop", "w1", timeout)
+        assert not services.claim_duty(stopped, "loop", "w1", timeout)
         assert Run.objects.get(pk=stopped.pk).heartbeats == {}
 
 
@@ -184,33 +188,31 @@ def test_a_worker_of_this_machine_whose_process_is_gone_holds_nothing(make_run, 
     run = make_run(status=Status.RUNNING, heartbeats={"loop": beat(dead)})
     assert services.holder(run, "loop") == dead  # by name it still is the holder...
     assert services.workers_holding(run) == {}  # ...but not a live one
-    assert services.claim_role(run, "loop", alive, settings.RFTWEB_HEARTBEAT_TIMEOUT)
+    assert services.claim_duty(run, "loop", alive, settings.RFTWEB_HEARTBEAT_TIMEOUT)
 
 
-def test_a_worker_whose_role_was_taken_stops_beating(make_run, settings):
+def test_a_worker_whose_duty_was_taken_stops_beating(make_run, settings):
     run = make_run(status=Status.RUNNING, heartbeats={"loop": beat("old")})
     assert services.heartbeat(run, "loop", "old")
     services.hand_over(run, "loop", limit=3)
-    assert not services.heartbeat(run, "loop", "old")  # it learns it lost the role...
-    assert services.claim_role(run, "loop", "new", settings.RFTWEB_HEARTBEAT_TIMEOUT)  # ...the new task takes it
-    assert not services.release_role(run, "loop", "old", error="late failure")  # nor can it fail the run
+    assert not services.heartbeat(run, "loop", "old")  # it learns it lost the duty...
+    assert services.claim_duty(run, "loop", "new", settings.RFTWEB_HEARTBEAT_TIMEOUT)  # ...the new task takes it
+    assert not services.release_duty(run, "loop", "old", error="late failure")  # nor can it fail the run
     run.refresh_from_db()
     assert run.status == Status.RUNNING and run.error == "" and services.holder(run, "loop") == "new"
 
 
-def test_a_worker_checks_it_still_holds_its_role_at_every_step(make_run):
-    from workers.tasks import RoleLost, wait_while_paused
-
+def test_a_worker_checks_it_still_holds_its_duty_at_every_step(make_run):
     run = make_run(status=Status.RUNNING, heartbeats={"loop": beat("me")})
-    assert wait_while_paused(run, "loop", "me") == Status.RUNNING
+    assert supervision.wait_while_paused(run, "loop", "me") == Status.RUNNING
     services.hand_over(run, "loop", limit=3)  # the watchdog took me for dead
-    with pytest.raises(RoleLost, match="worker me no longer holds the loop role"):
-        wait_while_paused(run, "loop", "me")
+    with pytest.raises(supervision.DutyLost, match="worker me no longer holds the loop duty"):
+        supervision.wait_while_paused(run, "loop", "me")
 
 
 def test_a_failing_worker_lets_go_and_fails_the_run_at_once(make_run):
     run = make_run(status=Status.RUNNING, heartbeats={"loop": beat("w1")})
-    assert services.release_role(run, "loop", "w1", error=ERROR)
+    assert services.release_duty(run, "loop", "w1", error=ERROR)
     assert run.status == Status.FAILED and run.error == ERROR and services.workers_holding(run) == {}
 
 
@@ -219,18 +221,17 @@ def test_stop_is_immediate_when_no_worker_holds_the_run(make_run, settings):
     assert services.stop_run(held).status == Status.STOPPING  # its worker stops within a step
     with pytest.raises(services.InvalidTransition, match="already stopping"):
         services.stop_run(held)
-    dead = make_run("dead", status=Status.RUNNING, heartbeats={"loop": beat(seconds_ago=settings.RFTWEB_HEARTBEAT_TIMEOUT + 1)})
+    silent = beat(seconds_ago=settings.RFTWEB_HEARTBEAT_TIMEOUT + 1)
+    dead = make_run("dead", status=Status.RUNNING, heartbeats={"loop": silent})
     assert services.stop_run(dead).status == Status.STOPPED  # its worker died: nobody to ask
 
 
 def test_the_watchdog_stops_a_stopping_run_whose_workers_died(make_run, settings):
-    from workers.tasks import watchdog
-
     silent = beat(seconds_ago=settings.RFTWEB_HEARTBEAT_TIMEOUT + 1)
     config = {"mode": "both", "synchronizer": {"method": "memory"}, "trainer": {"total_steps": 10}}
     dying = make_run("dying", status=Status.STOPPING, config=config, heartbeats={"loop": silent})
     alive = make_run("alive", status=Status.STOPPING, config=config)
-    assert watchdog() == []
+    assert supervision.watchdog() == []
     assert Run.objects.get(pk=dying.pk).status == Status.STOPPED
     assert Run.objects.get(pk=alive.pk).status == Status.STOPPING  # its worker stops it
 
@@ -238,23 +239,22 @@ def test_the_watchdog_stops_a_stopping_run_whose_workers_died(make_run, settings
 def test_the_watchdog_fails_a_run_whose_worker_keeps_dying(make_run, settings):
     """Each hand-over without a new trainer step counts; past RFTWEB_MAX_HANDOVERS the run fails,
     and its user resumes it."""
-    from workers.tasks import watchdog
-
     settings.RFTWEB_MAX_HANDOVERS = 2
     config = {"mode": "both", "synchronizer": {"method": "memory"}, "trainer": {"total_steps": 10}}
     run = make_run(status=Status.RUNNING, config=config, trainer_step=5, heartbeats={"loop": beat("w1")})
     assert services.hand_over(run, "loop", limit=2)
-    services.claim_role(run, "loop", "w2", settings.RFTWEB_HEARTBEAT_TIMEOUT)
+    services.claim_duty(run, "loop", "w2", settings.RFTWEB_HEARTBEAT_TIMEOUT)
     assert services.hand_over(run, "loop", limit=2)  # w2 died at the same step: the second in a row
     run.refresh_from_db()
     assert run.heartbeats["loop"]["handovers"] == 2
-    Run.objects.filter(pk=run.pk).update(heartbeats={"loop": {**run.heartbeats["loop"], "worker": "w3", "at": beat(seconds_ago=999)["at"]}})
-    assert watchdog() == []  # the third: the run fails instead
+    w3_silent = {**run.heartbeats["loop"], "worker": "w3", "at": beat(seconds_ago=999)["at"]}
+    Run.objects.filter(pk=run.pk).update(heartbeats={"loop": w3_silent})
+    assert supervision.watchdog() == []  # the third: the run fails instead
     run.refresh_from_db()
     assert run.status == Status.FAILED
     assert run.error == (
         "loop failed: its worker w3 stopped beating (killed? out of memory?) at trainer step 5, and the "
-        "watchdog hands a role on at most 2 time(s) in a row without progress. "
+        "watchdog hands a duty on at most 2 time(s) in a row without progress. "
         "Resume the run to continue from its last checkpoint."
     )
     # Progress resets the count.

@@ -112,6 +112,20 @@ def test_run_page_has_the_charts_the_socket_and_the_run(researcher_client, make_
     assert '<span class="live-dot" id="live-dot">connecting</span>' in html
 
 
+@pytest.mark.parametrize("trainer, model, says", [
+    ({"strategy": "single", "num_processes": 1, "num_nodes": 1}, {"path": "tiny"}, None),
+    ({"strategy": "ddp", "num_processes": 2, "num_nodes": 1}, {"path": "tiny"},
+     "tiny on addition · trainer ddp, 2 ranks ·"),
+    ({"strategy": "ddp", "num_processes": 4, "num_nodes": 2}, {"path": "tiny", "lora": {"r": 8}},
+     "tiny + LoRA r8 on addition · trainer ddp, 4 ranks × 2 machines ·"),
+])
+def test_the_run_page_says_how_the_trainer_is_scaled(researcher_client, make_run, trainer, model, says):
+    run = make_run(config={"trainer": trainer, "model": model, "buffer": {"taskset": "addition"}})
+    html = researcher_client.get(reverse("run-detail", args=[run.pk])).content.decode()
+    meta = " ".join(html.split('class="run-meta muted">')[1].split("</p>")[0].split())
+    assert ("trainer" not in meta) if says is None else (says in meta), meta
+
+
 def page_data(response) -> dict:
     html = response.content.decode()
     return json.loads(html.split('id="run-page-data" type="application/json">')[1].split("</script>")[0])

@@ -72,7 +72,8 @@ def test_load_builtin_tasksets_is_idempotent(capsys):
     ]
     counts = dict(Taskset.objects.values_list("name", "task_count"))
     assert counts == {
-        "addition": 80, "addition-eval": 20, "arithmetic": 2_000, "arithmetic-eval": 200, "countdown": 1_000, "episodes": 64,
+        "addition": 80, "addition-eval": 20, "arithmetic": 2_000, "arithmetic-eval": 200, "countdown": 1_000,
+        "episodes": 64,
     }
     assert Task.objects.count() == 3_364
 

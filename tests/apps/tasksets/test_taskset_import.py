@@ -4,7 +4,8 @@ import tracemalloc
 
 import pytest
 
-from apps.tasksets.importers import FieldMapping, TasksetImportError
+from apps.core.files import FileImportError
+from apps.tasksets.importers import FieldMapping
 from apps.tasksets.models import Task, Taskset
 from apps.tasksets.services import import_taskset
 
@@ -103,7 +104,8 @@ def test_parquet_with_chat_prompts_metadata_and_difficulty(files):
 
     tasks = tasks_of("pq-set")
     assert taskset.task_count == 3
-    assert [t.prompt for t in tasks] == [CHAT, [{"role": "user", "content": "Hi"}], [{"role": "user", "content": "3 * 3?"}]]
+    hi, product = [{"role": "user", "content": "Hi"}], [{"role": "user", "content": "3 * 3?"}]
+    assert [t.prompt for t in tasks] == [CHAT, hi, product]
     assert [t.answer for t in tasks] == ["4", "0", "9"]
     assert [t.metadata for t in tasks] == [{"tags": ["a"]}, {"tags": []}, {"tags": ["b", "c"]}]
     assert [t.difficulty for t in tasks] == [0.1, 0.2, 0.3]
@@ -211,7 +213,7 @@ def test_bad_file_is_rejected_whole_with_its_line_and_problem(case, files, mappi
     write, file, line, problem = case
     path = write(files)
 
-    with pytest.raises(TasksetImportError) as raised:
+    with pytest.raises(FileImportError) as raised:
         import_taskset(path, name="bad", mapping=mapping, batch_size=2)
 
     error = raised.value
@@ -224,7 +226,7 @@ def test_bad_file_is_rejected_whole_with_its_line_and_problem(case, files, mappi
 def test_difficulty_that_is_not_a_number_names_the_row(files):
     path = files.csv(["question", "answer", "level"], [["q", "1", "1"], ["q", "2", "hard"]])
 
-    with pytest.raises(TasksetImportError, match=r"tasks.csv, line 3: difficulty 'level' is 'hard', not a number"):
+    with pytest.raises(FileImportError, match=r"tasks.csv, line 3: difficulty 'level' is 'hard', not a number"):
         import_taskset(path, name="bad", mapping=FieldMapping("question", "answer", difficulty="level"))
 
 
@@ -232,7 +234,7 @@ def test_line_limit_is_configurable(files, mapping, settings):
     path = files.jsonl([good(0), {"question": "x" * 200, "answer": "1"}])
     settings.TASKSET_IMPORT_MAX_LINE_BYTES = 100
 
-    with pytest.raises(TasksetImportError, match=r"line 2: line is 232 bytes, over the limit of 100 bytes"):
+    with pytest.raises(FileImportError, match=r"line 2: line is 232 bytes, over the limit of 100 bytes"):
         import_taskset(path, name="small-lines", mapping=mapping)
 
 
@@ -240,13 +242,13 @@ def test_duplicate_name_is_rejected_before_reading(files, mapping):
     Taskset.objects.create(name="taken")
     path = files.jsonl([good(0)])
 
-    with pytest.raises(TasksetImportError, match=r"tasks.jsonl: a taskset named 'taken' already exists"):
+    with pytest.raises(FileImportError, match=r"tasks.jsonl: a taskset named 'taken' already exists"):
         import_taskset(path, name="taken", mapping=mapping)
     assert Task.objects.count() == 0
 
 
 def test_name_must_be_a_slug(files, mapping):
-    with pytest.raises(TasksetImportError, match="'my set' is not a valid taskset name"):
+    with pytest.raises(FileImportError, match="'my set' is not a valid taskset name"):
         import_taskset(files.jsonl([good(0)]), name="my set", mapping=mapping)
 
 

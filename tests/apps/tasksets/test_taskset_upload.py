@@ -8,11 +8,15 @@ from django.core.files.uploadedfile import SimpleUploadedFile
 from django.db import connections
 from django.urls import reverse
 
-from apps.tasksets import services
+from apps.core import jobs
 from apps.tasksets.models import Task, Taskset, TasksetImport
 from rftweb.celery import app as celery_app
 
 UPLOAD_URL = reverse("taskset-upload")
+
+
+def progress_url(job) -> str:
+    return reverse("job-progress", args=["tasksets.tasksetimport", job.pk])
 
 
 @pytest.fixture(autouse=True)
@@ -77,20 +81,23 @@ def test_researcher_uploads_jsonl_and_the_import_job_creates_the_taskset(
     assert taskset.tasks.get(index=3).metadata == {"topic": "sums", "source": "test"}
     assert not job.upload and not any(p.is_file() for p in media_root.rglob("*")), "the upload is deleted"
 
-    status = researcher_client.get(reverse("taskset-import-status", args=[job.pk])).json()
+    status = researcher_client.get(progress_url(job)).json()
     assert status == {
         "id": job.pk,
         "status": "succeeded",
         "finished": True,
         "rows_done": 30,
+        "rows_total": 30,
         "bytes_done": job.bytes_total,
         "bytes_total": job.bytes_total,
         "percent": 100,
         "error": "",
-        "taskset_url": reverse("taskset-detail", args=["uploaded"]),
+        "result_url": reverse("taskset-detail", args=["uploaded"]),
     }
     page = researcher_client.get(response.url).content.decode()
-    assert reverse("taskset-detail", args=["uploaded"]) in page and "import_progress.js" not in page
+    assert reverse("taskset-detail", args=["uploaded"]) in page and "job_progress.js" not in page
+    # The link reads as the live widget writes it (data-job-result) on a page opened before the end.
+    assert 'data-job-result="open taskset uploaded"' in page and ">open taskset uploaded</a>" in page
     detail = researcher_client.get(reverse("taskset-detail", args=["uploaded"])).content.decode()
     assert "<code>q</code>" in detail and "<code>topic</code>, <code>source</code>" in detail
 
@@ -106,8 +113,8 @@ def test_a_bad_upload_fails_the_job_with_the_line_and_leaves_nothing(
     assert (job.status, job.taskset, job.error) == ("failed", None, "broken.jsonl, line 6: missing field 'a'")
     assert Taskset.objects.count() == Task.objects.count() == 0
     assert not any(p.is_file() for p in media_root.rglob("*"))
-    status = researcher_client.get(reverse("taskset-import-status", args=[job.pk])).json()
-    assert (status["status"], status["finished"], status["error"], status["taskset_url"]) == (
+    status = researcher_client.get(progress_url(job)).json()
+    assert (status["status"], status["finished"], status["error"], status["result_url"]) == (
         "failed",
         True,
         job.error,
@@ -117,15 +124,15 @@ def test_a_bad_upload_fails_the_job_with_the_line_and_leaves_nothing(
 
 
 def test_a_queued_job_shows_a_polling_progress_bar(researcher_client, media_root):
-    """Without an eager worker the job waits in the queue; the page polls its status.json."""
+    """Without an eager worker the job waits in the queue; the page follows its progress."""
     response = researcher_client.post(UPLOAD_URL, form_data(jsonl_upload(ROWS)))  # on_commit never fires here
 
     job = TasksetImport.objects.get()
     assert job.status == "pending" and job.upload.name.startswith("uploads/") and job.upload.name.endswith(".jsonl")
     assert (media_root / job.upload.name).is_file()
     page = researcher_client.get(response.url).content.decode()
-    assert "import_progress.js" in page and reverse("taskset-import-status", args=[job.pk]) in page
-    status = researcher_client.get(reverse("taskset-import-status", args=[job.pk])).json()
+    assert "job_progress.js" in page and progress_url(job) in page
+    status = researcher_client.get(progress_url(job)).json()
     assert (status["status"], status["finished"], status["percent"], status["bytes_total"]) == (
         "pending",
         False,
@@ -194,13 +201,13 @@ def test_progress_is_visible_to_other_connections_while_the_import_runs(research
     job.upload.save("many.jsonl", open(path, "rb"))
     seen_by_others = []
     observer = connections.create_connection("default")
-    real_writer = services._job_progress_writer
+    real_writer = jobs.progress_writer
 
     def observed_writer(job):
         with real_writer(job) as write_progress:
 
-            def write_and_look(progress):
-                write_progress(progress)
+            def write_and_look(rows_done, bytes_done=None):
+                write_progress(rows_done, bytes_done)
                 with observer.cursor() as cursor:
                     cursor.execute("SELECT status, rows_done FROM tasksets_tasksetimport WHERE id = %s", [job.pk])
                     status, rows_done = cursor.fetchone()
@@ -209,9 +216,10 @@ def test_progress_is_visible_to_other_connections_while_the_import_runs(research
 
             yield write_and_look
 
-    monkeypatch.setattr(services, "_job_progress_writer", contextmanager(observed_writer))
+    monkeypatch.setattr(jobs, "progress_writer", contextmanager(observed_writer))
+    monkeypatch.setattr(jobs, "PROGRESS_INTERVAL_SECONDS", 0)  # every batch's progress
     try:
-        services.run_taskset_import(job.pk)
+        jobs.run_job("tasksets.tasksetimport", job.pk)
     finally:
         observer.close()
 
@@ -229,5 +237,5 @@ def test_a_finished_job_is_not_run_again(researcher):
         default_workflow="single_turn",
         default_reward_fn="exact_match",
     )
-    assert services.run_taskset_import(job.pk).status == "succeeded"
+    assert jobs.run_job("tasksets.tasksetimport", job.pk).status == "succeeded"
     assert not Taskset.objects.exists()

@@ -5,8 +5,27 @@ import pytest
 import torch
 
 from workers.rft.algorithms import (
-    ADVANTAGE_FNS, ALGORITHMS, EXPERT, KL_FNS, PAIRS, POLICY_LOSSES, USUAL, LossInputs, aggregate, compute_gae, dpo,
-    entropy_from_logits, grpo, mix, ppo, reinforce_plus_plus, resolve, rloo, sft, value_loss, zero_std_mask,
+    ADVANTAGE_FNS,
+    ALGORITHMS,
+    EXPERT,
+    KL_FNS,
+    PAIRS,
+    POLICY_LOSSES,
+    USUAL,
+    LossInputs,
+    aggregate,
+    compute_gae,
+    dpo,
+    entropy_from_logits,
+    grpo,
+    mix,
+    ppo,
+    reinforce_plus_plus,
+    resolve,
+    rloo,
+    sft,
+    value_loss,
+    zero_std_mask,
 )
 from workers.rft.config import AlgorithmConfig, RunConfig
 from workers.rft.registry import Registry
@@ -249,7 +268,9 @@ def pair_rows(chosen, rejected, ref_chosen, ref_rejected):
 def test_dpo_by_hand():
     # pair 0: (−1 − −1.5) − (−3 − −2.5) = 1   -> logit .1;  pair 1: (−2 − −2) − (−1 − −1.5) = −.5 -> −.05
     # loss = mean(ln(1 + e^−.1), ln(1 + e^.05)) = mean(.6443967, .7184597) = .6814282
-    loss, metrics = dpo(*pair_rows([-1.0, -2.0], [-3.0, -1.0], [-1.5, -2.0], [-2.5, -1.5]), algo(name="dpo", dpo={"beta": 0.1}))
+    loss, metrics = dpo(
+        *pair_rows([-1.0, -2.0], [-3.0, -1.0], [-1.5, -2.0], [-2.5, -1.5]), algo(name="dpo", dpo={"beta": 0.1})
+    )
     assert loss.item() == pytest.approx(0.6814282)
     assert metrics["dpo_acc"] == 0.5 and metrics["dpo_margin"] == pytest.approx(0.025)
     # no preference learned yet: ln 2
@@ -272,8 +293,10 @@ def test_mix_weights_ppo_on_rollouts_and_sft_on_expert_data():
     expert_part, metrics = mix(-LOSS, LossInputs(mask=MASK, part=EXPERT), mixed)
     assert expert_part.item() == pytest.approx(0.5833333) and metrics == {"sft_loss": pytest.approx(7 / 3)}
     # mu 0: pure policy; mu 1: pure SFT
-    assert mix(new_logprobs(), rollouts(torch.tensor([1.0])), algo(name="mix", mix={"mu": 0.0}))[0].item() == pytest.approx(-0.9333333)
-    assert mix(-LOSS, LossInputs(mask=MASK, part=EXPERT), algo(name="mix", mix={"mu": 1.0}))[0].item() == pytest.approx(7 / 3)
+    pure_policy = mix(new_logprobs(), rollouts(torch.tensor([1.0])), algo(name="mix", mix={"mu": 0.0}))[0]
+    assert pure_policy.item() == pytest.approx(-0.9333333)
+    pure_sft = mix(-LOSS, LossInputs(mask=MASK, part=EXPERT), algo(name="mix", mix={"mu": 1.0}))[0]
+    assert pure_sft.item() == pytest.approx(7 / 3)
 
 
 # ---- KL, entropy, value loss --------------------------------------------------------------------

@@ -1,6 +1,5 @@
 """The run config: good configs round-trip; every kind of mistake is reported under its key, all at once."""
 import json
-
 from pathlib import Path
 
 import pytest
@@ -129,8 +128,7 @@ def test_unknown_keys_suggest_the_closest():
     ({"explorer": {"top_p": 0}}, "explorer.top_p", "must be > 0 and <= 1, got 0.0"),
     ({"buffer": {"max_staleness": -1}}, "buffer.max_staleness", "must be >= 0, got -1"),
     ({"mode": "serve"}, "mode", "'serve' is not one of: both, explore, train, bench"),
-    ({"synchronizer": {"method": "nccl"}}, "synchronizer.method", "'nccl' is not available yet: use memory or checkpoint"),
-    ({"synchronizer": {"method": "ray"}}, "synchronizer.method", "'ray' is not one of: memory, checkpoint"),
+    ({"synchronizer": {"method": "ray"}}, "synchronizer.method", "'ray' is not one of: memory, checkpoint, nccl"),
     ({"explorer": {"workflow": "singleturn"}}, "explorer.workflow",
      "'singleturn' is not one of: multi_turn, single_turn, tool_calling; did you mean 'single_turn'?"),
     ({"algorithm": {"kl": {"fn": "k4"}}}, "algorithm.kl.fn", "'k4' is not one of: k1, k2, k3, low_var_kl, none"),
@@ -162,14 +160,17 @@ def test_field_errors(data, key, message):
     # sft reads no reward: on an RL algorithm it would imitate the model's own rollouts
     ({"algorithm": {"policy_loss": "sft"}}, "algorithm.policy_loss",
      "'sft' cannot replace the 'ppo' loss of algorithm 'grpo': it reads no reward"),
-    ({"algorithm": {"name": "mix", "policy_loss": "ppo"}, "buffer": {"expert_taskset": "gold"}}, "algorithm.policy_loss",
+    ({"algorithm": {"name": "mix", "policy_loss": "ppo"}, "buffer": {"expert_taskset": "gold"}},
+     "algorithm.policy_loss",
      "algorithm 'mix' samples expert data, which 'ppo' cannot train on (use algorithm 'grpo')"),
-    ({"algorithm": {"name": "sft", "policy_loss": "mix"}, "buffer": {"expert_taskset": "gold"}}, "algorithm.policy_loss",
+    ({"algorithm": {"name": "sft", "policy_loss": "mix"}, "buffer": {"expert_taskset": "gold"}},
+     "algorithm.policy_loss",
      "it trains on rollouts, and algorithm 'sft' collects none"),
     ({"algorithm": {"name": "sft", "kl": {"fn": "k3"}}}, "algorithm.kl.fn",
      "'k3' estimates the KL from the policy's own samples (rollouts), and algorithm 'sft' trains on none"),
     ({"algorithm": {"kl": {"coef": 0.1}}}, "algorithm.kl.coef", "has no effect with algorithm.kl.fn 'none'"),
-    ({"algorithm": {"name": "dpo", "entropy_coef": 0.01}}, "algorithm.entropy_coef", "the 'dpo' loss has no entropy bonus"),
+    ({"algorithm": {"name": "dpo", "entropy_coef": 0.01}}, "algorithm.entropy_coef",
+     "the 'dpo' loss has no entropy bonus"),
     ({"algorithm": {"name": "sft"}, "feedback": {"reward_mode": "weight"}}, "feedback.reward_mode",
      "'weight' turns ratings into rewards, and algorithm 'sft' trains on no rewards"),
     ({"mode": "bench", "synchronizer": {"method": "checkpoint"}}, "buffer.eval_taskset", "required by mode 'bench'"),
@@ -219,3 +220,43 @@ def test_documents_that_are_not_configs():
     assert ConfigError([ConfigIssue("a.b", "bad")]).errors == [ConfigIssue("a.b", "bad")]
     with pytest.raises(FileNotFoundError):
         load_config(Path("/nonexistent/run.yaml"))
+
+
+@pytest.mark.parametrize("trainer, mode, key, message", [
+    ({"num_processes": 2}, "both", "trainer.num_processes",
+     "strategy 'single' trains in one process, got 2: set trainer.strategy 'ddp' or 'fsdp'"),
+    ({"num_nodes": 2}, "both", "trainer.num_nodes",
+     "strategy 'single' trains on one machine, got 2: set trainer.strategy 'ddp' or 'fsdp'"),
+    ({"strategy": "ddp"}, "both", "trainer.strategy",
+     "'ddp' with one rank is 'single': set trainer.num_processes (ranks per node) above 1"),
+    ({"strategy": "ddp", "num_processes": 2}, "explore", "trainer.strategy",
+     "mode 'explore' runs no trainer to spread over ranks"),
+    ({"strategy": "fsdp"}, "both", "trainer.strategy",
+     "'fsdp' with one rank is 'single': set trainer.num_processes (ranks per node) above 1"),
+    ({"fsdp": {}}, "both", "trainer.fsdp",
+     "has no effect with trainer.strategy 'single': its settings are FSDP's (trainer.strategy 'fsdp')"),
+    ({"strategy": "ddp", "num_processes": 2, "fsdp": {"activation_checkpointing": True}}, "both", "trainer.fsdp",
+     "has no effect with trainer.strategy 'ddp': its settings are FSDP's (trainer.strategy 'fsdp')"),
+    ({"strategy": "fsdp", "num_processes": 2, "fsdp": {"cpu_offload": "yes"}}, "both", "trainer.fsdp.cpu_offload",
+     "expected a boolean, got a string"),
+    ({"strategy": "deepspeed"}, "both", "trainer.strategy", "'deepspeed' is not one of: single, ddp, fsdp"),
+    ({"num_processes": 0}, "both", "trainer.num_processes", "must be >= 1, got 0"),
+    ({"collective_timeout_s": 0}, "both", "trainer.collective_timeout_s", "must be > 0, got 0.0"),
+])
+def test_trainer_strategy_combinations_are_refused_with_the_key(trainer, mode, key, message):
+    assert errors({"mode": mode, "trainer": trainer}) == {key: message}
+
+
+def test_ddp_on_two_nodes_of_one_process_is_accepted():
+    config = RunConfig.from_dict({"trainer": {"strategy": "ddp", "num_nodes": 2}})
+    assert (config.trainer.strategy, config.trainer.num_processes, config.trainer.num_nodes) == ("ddp", 1, 2)
+
+
+def test_fsdp_takes_its_settings_and_defaults_without_them():
+    config = RunConfig.from_dict({"trainer": {"strategy": "fsdp", "num_processes": 2}})
+    assert (config.trainer.strategy, config.trainer.fsdp) == ("fsdp", None)
+    config = RunConfig.from_dict({"trainer": {"strategy": "fsdp", "num_processes": 2, "fsdp": {
+        "reshard_after_forward": False, "activation_checkpointing": True}}})
+    fsdp = config.trainer.fsdp
+    assert (fsdp.reshard_after_forward, fsdp.cpu_offload, fsdp.activation_checkpointing) == (False, False, True)
+    assert RunConfig.from_dict(config.to_dict()) == config

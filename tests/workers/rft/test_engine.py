@@ -1,6 +1,7 @@
 import pytest
 import torch
 
+from workers.rft import engines
 from workers.rft.engines import SamplingParams, TransformersEngine, build_engine
 from workers.rft.engines.transformers_engine import draw, sample_token
 
@@ -87,7 +88,9 @@ def test_stop_token_ends_a_row_and_the_rest_keep_going(engine, tiny_model, token
     with torch.no_grad():
         tiny_model.lm_head.weight[tokenizer.eos_token_id] += 50 * tiny_model.model.norm.weight.sign()
     out = engine.generate(prompts(tokenizer), SamplingParams(n=2, temperature=0, max_new_tokens=6))
-    assert all(c.token_ids == [tokenizer.eos_token_id] and c.finish_reason == "stop" and c.text == "" for g in out for c in g)
+    assert all(
+        c.token_ids == [tokenizer.eos_token_id] and c.finish_reason == "stop" and c.text == "" for g in out for c in g
+    )
 
 
 def test_new_weights_change_outputs_and_version(engine, tiny_path, tokenizer, tmp_path):
@@ -106,12 +109,13 @@ def test_new_weights_change_outputs_and_version(engine, tiny_path, tokenizer, tm
     other.save_pretrained(tmp_path)
     engine.load_checkpoint(tmp_path, version=5)
     assert engine.model_version == 5
-    assert [c.logprobs for g in engine.generate(prompts(tokenizer), params) for c in g] == [c.logprobs for g in after for c in g]
+    again = engine.generate(prompts(tokenizer), params)
+    assert [c.logprobs for g in again for c in g] == [c.logprobs for g in after for c in g]
 
 
 def test_engine_choice(tiny_model, tokenizer, monkeypatch):
-    # On CPU `auto` takes vLLM only when asked (RFTWEB_VLLM_CPU=1); tests/workers/rft/test_vllm.py has the rest.
-    monkeypatch.delenv("RFTWEB_VLLM_CPU", raising=False)
+    # On CPU `auto` takes vLLM for a model of SmolLM2's size on an AVX-512 CPU, never for the tiny
+    # one; tests/workers/rft/test_vllm.py has the rest.
     engine = build_engine("auto", tiny_model, tokenizer)
     assert isinstance(engine, TransformersEngine) and engine.selection.startswith("transformers (auto on CPU")
     assert isinstance(build_engine("transformers", tiny_model, tokenizer), TransformersEngine)
@@ -126,5 +130,8 @@ def test_vllm_asked_for_but_not_installed_says_so(tiny_model, tokenizer, monkeyp
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else find_spec(name, *a))
     with pytest.raises(RuntimeError, match="vllm is not installed"):
         build_engine("vllm", tiny_model, tokenizer)
-    monkeypatch.setenv("RFTWEB_VLLM_CPU", "1")
-    assert build_engine("auto", tiny_model, tokenizer).selection == "transformers (auto: vllm is not installed (requirements-vllm.txt))"
+    monkeypatch.setattr(engines, "VLLM_CPU_MIN_PARAMS", 0)  # a model big enough, on a CPU fit for vLLM
+    monkeypatch.setattr(engines, "cpu_has_avx512", lambda: True)
+    assert build_engine("auto", tiny_model, tokenizer).selection == (
+        "transformers (auto: vllm is not installed (requirements-vllm.txt))"
+    )

@@ -75,7 +75,8 @@ def test_cliffwalking_taxi_and_blackjack_speak_text():
 def test_same_seed_same_episode():
     first, second = (ENVIRONMENTS.get("blackjack")() for _ in range(2))
     assert first.reset(11, None) == second.reset(11, None)
-    assert [s.reward for s in play(first, ["hit", "hit", "stick"], 11)] == [s.reward for s in play(second, ["hit", "hit", "stick"], 11)]
+    moves = ["hit", "hit", "stick"]
+    assert [s.reward for s in play(first, moves, 11)] == [s.reward for s in play(second, moves, 11)]
 
 
 @ENVIRONMENTS.register("test-guess-number")
@@ -117,7 +118,9 @@ def test_a_user_environment_plays_by_name(tokenizer):
                 high = last - 1
         return str((low + high) // 2)
 
-    workflow = WORKFLOWS.get("multi_turn")(ScriptedEngine(tokenizer, binary_search), None, tokenizer=tokenizer, env="test-guess-number")
+    workflow = WORKFLOWS.get("multi_turn")(
+        ScriptedEngine(tokenizer, binary_search), None, tokenizer=tokenizer, env="test-guess-number"
+    )
     (exp,) = workflow.run_batch([Task(id=0, prompt="", metadata={"secret": 7})], SamplingParams(max_new_tokens=4), 0)
     assert [m["content"] for m in exp.messages if m["role"] == "assistant"] == ["5", "7"]
     assert exp.messages[2]["content"] == "higher" and exp.reward == 1.0

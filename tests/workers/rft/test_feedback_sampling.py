@@ -31,7 +31,9 @@ def test_the_human_reward_counts_as_the_mode_says(mode, weight, expected_rated, 
 def test_group_advantages_are_recomputed_over_the_whole_group_from_the_new_rewards():
     # The batch holds two of the group's four rollouts; the group's advantages compare all four.
     # The unrated one counts as the group's mean rating (0.5): neither better nor worse.
-    group = [experience(1, 0.0, human=1.0), experience(2, 0.0, human=0.0), experience(3, 0.0, human=0.5), experience(4, 0.0)]
+    group = [
+        experience(1, 0.0, human=1.0), experience(2, 0.0, human=0.0), experience(3, 0.0, human=0.5), experience(4, 0.0)
+    ]
     batch = [experience(1, 0.0, human=1.0), experience(4, 0.0)]
     apply_human_feedback(batch, {"g": group}, config(reward_mode="override"))
     expected, _ = grpo(torch.tensor([1.0, 0.0, 0.5, 0.5]), ["g"] * 4, epsilon=1e-6)
@@ -49,7 +51,11 @@ def test_weighted_ratings_add_to_the_rule_reward_and_unrated_rollouts_get_the_gr
 
 
 def test_rloo_takes_its_own_parameters_and_groups_without_feedback_keep_their_advantages():
-    batch = [experience(1, 0.0, human=1.0, group="a"), experience(2, 0.0, human=0.0, group="a"), experience(3, 1.0, group="b")]
+    batch = [
+        experience(1, 0.0, human=1.0, group="a"),
+        experience(2, 0.0, human=0.0, group="a"),
+        experience(3, 1.0, group="b"),
+    ]
     apply_human_feedback(batch, {"a": batch[:2]}, config("rloo", reward_mode="override"))
     expected, _ = rloo(torch.tensor([1.0, 0.0]), ["a", "a"])
     assert [e.advantage for e in batch] == pytest.approx([*expected.tolist(), 0.123])

@@ -31,12 +31,16 @@ def test_scripted_judge_scores_a_batch_from_the_rubric(tokenizer):
 
     engine = ScriptedEngine(tokenizer, judge)
     task = Task(id=1, prompt="What is the capital of France?", answer="Paris")
-    scores, replies = LLMJudge(engine, tokenizer, batch_size=2).scores(["Paris", "Lyon", "Rome?"], [task] * 3, DEFAULT_RUBRIC, 10)
+    scores, replies = LLMJudge(engine, tokenizer, batch_size=2).scores(
+        ["Paris", "Lyon", "Rome?"], [task] * 3, DEFAULT_RUBRIC, 10
+    )
     assert scores == [1.0, 0.2, None] and replies == ["Score: 10", "Score: 2", "hmm, hard to say"]
     # Two batches of at most two prompts, each the rubric filled in, in the judge's chat template.
     assert [len(call) for call in engine.calls] == [2, 1]
     prompt = engine.calls[0][0]
-    assert prompt.startswith("<|im_start|>user\nRate the response to the question below from 0 (wrong or unhelpful) to 10")
+    assert prompt.startswith(
+        "<|im_start|>user\nRate the response to the question below from 0 (wrong or unhelpful) to 10"
+    )
     assert "Question: What is the capital of France?" in prompt and "Reference answer: Paris" in prompt
     assert prompt.endswith("<|im_start|>assistant\n")
 
@@ -47,7 +51,9 @@ def test_llm_judge_reward_with_the_tiny_model_counts_parse_failures(tiny_path, t
     judge = _judge(str(tiny_path), "cpu", 4, 4)  # the instance the reward fn loaded once and keeps
     calls = []
     generate = judge.engine.generate
-    monkeypatch.setattr(judge.engine, "generate", lambda prompts, params: calls.append(len(prompts)) or generate(prompts, params))
+    monkeypatch.setattr(
+        judge.engine, "generate", lambda prompts, params: calls.append(len(prompts)) or generate(prompts, params)
+    )
 
     policy = TransformersEngine(judge.engine.model, tokenizer)  # any policy will do: the judge is the subject
     workflow = WORKFLOWS.get("single_turn")(policy, reward)
@@ -55,7 +61,9 @@ def test_llm_judge_reward_with_the_tiny_model_counts_parse_failures(tiny_path, t
     experiences = workflow.run_batch(tasks, SamplingParams(n=2, max_new_tokens=3, seed=0), 0)
     assert calls == [4, 2]  # six responses judged in batches of four, not one call each
 
-    _, replies = judge.scores([e.response_text for e in experiences], [t for t in tasks for _ in range(2)], DEFAULT_RUBRIC, 10)
+    _, replies = judge.scores(
+        [e.response_text for e in experiences], [t for t in tasks for _ in range(2)], DEFAULT_RUBRIC, 10
+    )
     for exp, reply in zip(experiences, replies):
         parsed = parse_score(reply, 10)
         assert exp.reward_components["llm_judge_failed"] == float(parsed is None)
@@ -87,12 +95,14 @@ def reward_model_dir(tiny_path, tmp_path_factory):
 
 
 def test_reward_model_scores_batches_like_single_responses(reward_model_dir):
-    reward = build_reward({"reward_model": {"model": str(reward_model_dir), "batch_size": 2, "device": "cpu", "weight": 0.5}})
+    reward = build_reward(
+        {"reward_model": {"model": str(reward_model_dir), "batch_size": 2, "device": "cpu", "weight": 0.5}}
+    )
     task = Task(id=1, prompt="What is 2 + 2?", answer="4")
     responses = ["4", "The answer is 4, because two and two make four.", "five", ""]
     batched = reward.batch(responses, [task] * 4)
     single = [reward(response, task) for response in responses]
-    for (total, parts), (one_total, one_parts) in zip(batched, single):
+    for (total, parts), (_, one_parts) in zip(batched, single):
         # Padding in a batch does not change a score.
         assert parts["reward_model"] == pytest.approx(one_parts["reward_model"], abs=1e-4)
         assert total == pytest.approx(0.5 * parts["reward_model"]) and parts["reward_model_failed"] == 0.0

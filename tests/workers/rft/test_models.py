@@ -20,7 +20,8 @@ def test_tiny_tokenizer_round_trips_through_auto_tokenizer(tiny_path, tokenizer)
     from tokenizers import Tokenizer
 
     raw = Tokenizer.from_file(str(tiny_path / "tokenizer.json"))
-    for text in ["What is 12 + 7? The answer is 19.", "Using the numbers [3, 5, 7]\n\n<answer>3*5+7</answer>", "héllo 😀"]:
+    texts = ["What is 12 + 7? The answer is 19.", "Using the numbers [3, 5, 7]\n\n<answer>3*5+7</answer>", "héllo 😀"]
+    for text in texts:
         ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         assert ids == raw.encode(text, add_special_tokens=False).ids
         assert tokenizer.decode(ids) == text
@@ -28,7 +29,9 @@ def test_tiny_tokenizer_round_trips_through_auto_tokenizer(tiny_path, tokenizer)
 
 
 def test_tiny_tokenizer_has_chat_template_and_special_tokens(tokenizer):
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": "What is 3 + 5?"}], add_generation_prompt=True, return_dict=False)
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is 3 + 5?"}], add_generation_prompt=True, return_dict=False
+    )
     tokens = tokenizer.convert_ids_to_tokens(ids)
     assert tokens[0] == "<|im_start|>" and tokens[-3:] == ["<|im_start|>", "assistant", "Ċ"]
     assert tokenizer.eos_token == "<|im_end|>" and tokenizer.pad_token == "<|endoftext|>"
@@ -63,6 +66,29 @@ def test_reference_is_frozen_and_critic_gives_one_value_per_token(tiny_path):
     critic = models.load_critic(tiny_path, cpu)
     values = critic(input_ids=torch.tensor([[5, 6, 7]])).logits[..., 0]
     assert values.shape == (1, 3)
+
+
+def test_models_load_in_several_threads_at_once(tiny_path):
+    """An embedded server's explorer and trainer load in threads of one process: without one load
+    at a time, transformers' meta-device build left 2 of 3 threads with meta weights."""
+    from workers.rft.rewards.models import _reward_model
+
+    loaded, errors = [], []
+
+    def load(fn):
+        try:
+            for _ in range(4):
+                loaded.append(fn(tiny_path, torch.device("cpu")))
+        except Exception as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=load, args=(fn,))
+               for fn in (models.load_policy, models.load_critic, models.load_reference)]
+    threads.append(threading.Thread(target=lambda: _reward_model.__wrapped__(str(tiny_path), "cpu", 4)))
+    [thread.start() for thread in threads]
+    [thread.join() for thread in threads]
+    assert errors == []
+    assert len(loaded) == 12 and not any(p.is_meta for model in loaded for p in model.parameters())
 
 
 def test_copy_weights_fills_a_tied_model_from_saved_weights(tiny_path, tmp_path):

@@ -106,9 +106,13 @@ def test_loss_mask_covers_exactly_the_models_tokens_in_a_three_turn_trajectory(t
     # A cut-off reply is closed with the eos the model did not write (masked out).
     assert full + "\n" == rendered
     # Each turn the model saw exactly the tokens it is trained on.
-    assert engine.calls[2] == [tokenizer.decode(exp.prompt_ids + exp.response_ids[: spans[2][0]], skip_special_tokens=False)]
+    assert engine.calls[2] == [
+        tokenizer.decode(exp.prompt_ids + exp.response_ids[: spans[2][0]], skip_special_tokens=False)
+    ]
     assert exp.reward == 1.0 and exp.reward_components == {"env_return": 1.0, "invalid_penalty": 0.0}
-    assert exp.metadata["episode"] == {"return": 1.0, "success": 1.0, "turns": 3, "invalid_actions": 0, "finish": "done"}
+    assert exp.metadata["episode"] == {
+        "return": 1.0, "success": 1.0, "turns": 3, "invalid_actions": 0, "finish": "done"
+    }
     assert (exp.group_id, exp.rollout_index, exp.explorer_step) == ("2-7", 0, 2)
 
 
@@ -131,14 +135,17 @@ def test_step_experiences_one_per_turn_with_the_final_reward(tokenizer):
     workflow = flow(engine, tokenizer, env="test-three-turns", experience="step", max_turns=5)
     assert workflow.stepwise
     steps = workflow.run_batch([Task(id=4, prompt="")], SamplingParams(n=2, max_new_tokens=8), explorer_step=1)
-    assert [(e.metadata["rollout"], e.metadata["turn"], e.rollout_index) for e in steps] == [(0, 0, 0), (0, 1, 1), (0, 2, 2), (1, 0, 5)]
+    assert [(e.metadata["rollout"], e.metadata["turn"], e.rollout_index) for e in steps] == [
+        (0, 0, 0), (0, 1, 1), (0, 2, 2), (1, 0, 5)
+    ]
     assert [e.reward for e in steps] == [1.0, 1.0, 1.0, 0.0]
     assert ["episode" in e.metadata for e in steps] == [False, False, True, True]
     assert len({e.key for e in steps}) == 4  # every step keeps its own natural key
     first, second, third = steps[:3]
     # Each step's prompt is everything before its reply; its response is the reply alone.
     assert second.prompt_ids[: len(first.prompt_ids)] == first.prompt_ids
-    assert second.prompt_ids[len(first.prompt_ids) : len(first.prompt_ids) + len(first.response_ids)] == first.response_ids
+    after_first_prompt = second.prompt_ids[len(first.prompt_ids) :]
+    assert after_first_prompt[: len(first.response_ids)] == first.response_ids
     assert all(e.action_mask == [1] * len(e.response_ids) for e in steps)
     assert tokenizer.decode(third.response_ids, skip_special_tokens=True) == "good"
     assert third.messages[-1] == {"role": "assistant", "content": "good"} and len(third.messages) == 6
@@ -160,12 +167,16 @@ def test_stepwise_advantages_on_a_hand_made_case():
 
 
 def test_explorer_broadcasts_episode_advantages_to_steps(tokenizer):
-    config = make_config(explorer={"workflow": "multi_turn", "workflow_args": {"env": "test-three-turns", "experience": "step"}},
-                         algorithm={"repeat_times": 2})
+    config = make_config(
+        explorer={"workflow": "multi_turn", "workflow_args": {"env": "test-three-turns", "experience": "step"}},
+        algorithm={"repeat_times": 2},
+    )
     # Rows are [task 0 rollout 0, task 0 rollout 1, task 1 rollout 0, ...]: every rollout 1 quits
     # at once, so from the second turn on only rollouts 0 are left.
     script = ["hi", "good"]
-    engine = ScriptedEngine(tokenizer, lambda call, row, text: script[call - 1] if call else ("hi" if row % 2 == 0 else "quit"))
+    engine = ScriptedEngine(
+        tokenizer, lambda call, row, text: script[call - 1] if call else ("hi" if row % 2 == 0 else "quit")
+    )
     workflow = WORKFLOWS.get("multi_turn")(engine, None, tokenizer=tokenizer, **config.explorer.workflow_args)
     buffer = InMemoryBuffer()
     tasks = InMemoryTaskSource([Task(id=i, prompt="") for i in range(4)])
@@ -194,12 +205,16 @@ def test_invalid_actions_end_or_penalise_as_configured(tokenizer, mode):
         assert episode == {"return": 1.0, "success": 1.0, "turns": 7, "invalid_actions": 1, "finish": "done"}
         assert exp.reward == 0.75 and exp.reward_components == {"env_return": 1.0, "invalid_penalty": -0.25}
         # The environment said what went wrong and showed the unchanged board.
-        assert exp.messages[2]["content"] == "Invalid action. Reply with one of: left, down, right, up.\nPFFF\nFHFH\nFFFH\nHFFG"
+        assert exp.messages[2]["content"] == (
+            "Invalid action. Reply with one of: left, down, right, up.\nPFFF\nFHFH\nFFFH\nHFFG"
+        )
 
 
 def test_turn_and_token_limits_end_episodes(tokenizer):
     engine = ScriptedEngine(tokenizer, lambda call, row, text: "left")  # never reaches the goal
-    (exp,) = flow(engine, tokenizer, env="frozenlake", max_turns=4).run_batch([Task(id=0, prompt="")], SamplingParams(max_new_tokens=8), 0)
+    (exp,) = flow(engine, tokenizer, env="frozenlake", max_turns=4).run_batch(
+        [Task(id=0, prompt="")], SamplingParams(max_new_tokens=8), 0
+    )
     assert exp.metadata["episode"]["finish"] == "max_turns" and exp.metadata["episode"]["turns"] == 4
     small = flow(engine, tokenizer, env="frozenlake", max_turns=50, max_tokens=200)
     (exp,) = small.run_batch([Task(id=0, prompt="")], SamplingParams(max_new_tokens=8), 0)
@@ -228,7 +243,9 @@ def test_workflow_settings_are_checked_by_name():
         "unknown environment 'lava'; known: blackjack, cliffwalking, frozenlake, taxi, test-"
     )
     assert dict(workflow_args_problems("multi_turn", {})) == {"env": "required by workflow multi_turn"}
-    bad_types = dict(workflow_args_problems("multi_turn", {"env": "taxi", "max_turns": "5", "invalid_penalty": True, "experience": "steps"}))
+    bad_types = dict(workflow_args_problems(
+        "multi_turn", {"env": "taxi", "max_turns": "5", "invalid_penalty": True, "experience": "steps"}
+    ))
     assert bad_types == {
         "max_turns": "must be int, got '5'",
         "invalid_penalty": "must be float, got True",
@@ -247,7 +264,9 @@ def test_workflow_settings_are_checked_by_name():
 def test_workflow_run_is_deterministic_by_seed(tiny_model, tokenizer):
     engine = TransformersEngine(tiny_model, tokenizer)
     workflow = flow(engine, tokenizer, env="frozenlake", invalid_action="penalize", max_turns=2)
-    runs = [workflow.run_batch([Task(id=1, prompt="")], SamplingParams(n=2, max_new_tokens=4, seed=5), 0) for _ in range(2)]
+    runs = [
+        workflow.run_batch([Task(id=1, prompt="")], SamplingParams(n=2, max_new_tokens=4, seed=5), 0) for _ in range(2)
+    ]
     assert [e.response_ids for e in runs[0]] == [e.response_ids for e in runs[1]]
     assert torch.tensor(runs[0][0].logprobs).isfinite().all()
 
@@ -261,9 +280,13 @@ def test_rollout_browser_shows_episodes_turn_by_turn(tokenizer, researcher_clien
 
     script = ["jump", "down", "down", "right", "down", "right", "right"]
     engine = ScriptedEngine(tokenizer, lambda call, row, text: script[call])
-    trajectory = flow(engine, tokenizer, env="frozenlake", invalid_action="penalize").run_batch([Task(id=None, prompt="")], SamplingParams(max_new_tokens=8), 3)
+    trajectory = flow(engine, tokenizer, env="frozenlake", invalid_action="penalize").run_batch(
+        [Task(id=None, prompt="")], SamplingParams(max_new_tokens=8), 3
+    )
     engine = ScriptedEngine(tokenizer, lambda call, row, text: script[call])
-    steps = flow(engine, tokenizer, env="frozenlake", invalid_action="penalize", experience="step").run_batch([Task(id=None, prompt="")], SamplingParams(max_new_tokens=8), 4)
+    steps = flow(engine, tokenizer, env="frozenlake", invalid_action="penalize", experience="step").run_batch(
+        [Task(id=None, prompt="")], SamplingParams(max_new_tokens=8), 4
+    )
     run = Run.objects.create(name="lake", owner=researcher, config={"trainer": {"total_steps": 10}})
     assert DjangoExperienceBuffer(run.pk).write(trajectory + steps) == 1 + 7
 

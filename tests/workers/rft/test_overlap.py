@@ -51,7 +51,11 @@ def test_overlapped_run_trains_exactly_as_the_sequential_one(tmp_path, one_torch
         assert loop.run(overlap=overlap) == "completed"
         assert torch.get_num_threads() == 1  # restored
         results[overlap] = (
-            [(step, v["loss"], v["reward_mean"]) for (role, step), v in sorted(stores.metrics.points.items()) if role == "trainer"],
+            [
+                (step, v["loss"], v["reward_mean"])
+                for (role, step), v in sorted(stores.metrics.points.items())
+                if role == "trainer"
+            ],
             stores.metrics.series("explorer", "model_version"),
             [(e.explorer_step, e.response_ids) for e in stores.buffer.all()],
             loop.trainer.policy.state_dict(),

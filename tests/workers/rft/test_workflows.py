@@ -27,7 +27,8 @@ def test_single_turn_scores_every_rollout_of_every_task(engine, tokenizer):
     for e in experiences:
         assert e.source == "rollout" and e.explorer_step == 7 and e.model_version == 3
         assert len(e.response_ids) == len(e.action_mask) == len(e.logprobs) and all(e.action_mask)
-        assert e.prompt_text.startswith("<|im_start|>user\nWhat is") and e.prompt_text.endswith("<|im_start|>assistant\n")
+        assert e.prompt_text.startswith("<|im_start|>user\nWhat is")
+        assert e.prompt_text.endswith("<|im_start|>assistant\n")
         assert e.prompt_ids == tokenizer(e.prompt_text, add_special_tokens=False)["input_ids"]
         assert e.messages[-1] == {"role": "assistant", "content": e.response_text}
         assert e.reward == e.reward_components["exact_match"] in (0.0, 1.0)
@@ -41,7 +42,9 @@ def test_reward_comes_from_the_reward_fn(engine):
         seen.append((response, task.id))
         return 0.5, {"half": 0.5}
 
-    experiences = WORKFLOWS.get("single_turn")(engine, reward).run_batch(tasks()[:1], SamplingParams(n=2, max_new_tokens=3, seed=0), 0)
+    experiences = WORKFLOWS.get("single_turn")(engine, reward).run_batch(
+        tasks()[:1], SamplingParams(n=2, max_new_tokens=3, seed=0), 0
+    )
     assert [e.reward for e in experiences] == [0.5, 0.5]
     assert seen == [(e.response_text, 10) for e in experiences]
 

@@ -117,9 +117,13 @@ def stepwise(fn: str, rewards, group_ids: Sequence, episode_ids: Sequence, **par
     first = {}
     for i, key in enumerate(keys):
         if key in first and rewards[first[key]] != rewards[i]:
-            raise ValueError(f"episode {key}: its steps carry different rewards ({rewards[first[key]]} and {rewards[i]})")
+            raise ValueError(
+                f"episode {key}: its steps carry different rewards ({rewards[first[key]]} and {rewards[i]})"
+            )
         first.setdefault(key, i)
     episodes = list(first)
-    advantages, metrics = ADVANTAGE_FNS.get(fn)(rewards[[first[key] for key in episodes]], [g for g, _ in episodes], **params)
+    advantages, metrics = ADVANTAGE_FNS.get(fn)(
+        rewards[[first[key] for key in episodes]], [g for g, _ in episodes], **params
+    )
     position = {key: j for j, key in enumerate(episodes)}
     return advantages[[position[key] for key in keys]], metrics

@@ -21,7 +21,9 @@ ALGORITHMS = {
     "rloo": AlgorithmSpec("rloo", "ppo"),
     "reinforce_plus_plus": AlgorithmSpec("reinforce_plus_plus", "ppo"),
     "sft": AlgorithmSpec(None, "sft", uses_rollouts=False, uses_expert=True),
-    "dpo": AlgorithmSpec(None, "dpo", needs_reference=True, sample_strategy="pairs", uses_rollouts=False, uses_expert=True),
+    "dpo": AlgorithmSpec(
+        None, "dpo", needs_reference=True, sample_strategy="pairs", uses_rollouts=False, uses_expert=True
+    ),
     "mix": AlgorithmSpec("grpo", "mix", sample_strategy="mix", uses_expert=True),
 }
 

@@ -45,5 +45,5 @@ class RolloutEngine(ABC):
     def load_checkpoint(self, path: Path, version: int) -> None:
         """Take new weights from a saved HF directory (the `checkpoint` synchroniser)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - a no-op by default: only engines with processes (vLLM) override it
         """Free what the engine holds beyond Python objects (vLLM: its processes). Idempotent."""

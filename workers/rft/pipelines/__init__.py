@@ -1,6 +1,10 @@
 from . import experience_ops, task_ops  # noqa: F401  (registers the operators)
 from .base import (
-    EXPERIENCE_OPERATORS, TASK_OPERATORS, PipelineContext, build_operators, run_experience_operators,
+    EXPERIENCE_OPERATORS,
+    TASK_OPERATORS,
+    PipelineContext,
+    build_operators,
+    run_experience_operators,
     run_task_operators,
 )
 from .experience_ops import group_advantage

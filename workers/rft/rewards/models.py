@@ -56,14 +56,20 @@ class LLMJudge:
         self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
 
     def judge_prompt(self, rubric: str, response: str, task, max_score: float) -> list[int]:
-        content = rubric.format(prompt=prompt_text(task), answer=task_field(task, "answer", ""), response=response, max_score=max_score)
+        content = rubric.format(
+            prompt=prompt_text(task), answer=task_field(task, "answer", ""), response=response, max_score=max_score
+        )
         if self.tokenizer.chat_template:
-            text = self.tokenizer.apply_chat_template([{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False)
+            text = self.tokenizer.apply_chat_template(
+                [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
+            )
         else:
             text = content + "\n"
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def scores(self, responses: list[str], tasks: list, rubric: str, max_score: float) -> tuple[list[float | None], list[str]]:
+    def scores(
+        self, responses: list[str], tasks: list, rubric: str, max_score: float
+    ) -> tuple[list[float | None], list[str]]:
         """Each response's score in [0, 1] (None: the judge's reply had none) and the replies."""
         prompts = [self.judge_prompt(rubric, r, t, max_score) for r, t in zip(responses, tasks)]
         params = SamplingParams(n=1, temperature=0.0, max_new_tokens=self.max_new_tokens)
@@ -79,7 +85,8 @@ def _judge(model: str, device: str, max_new_tokens: int, batch_size: int) -> LLM
     from ..models import load_policy, load_tokenizer, pick_device
 
     tokenizer = load_tokenizer(model)
-    return LLMJudge(TransformersEngine(load_policy(model, pick_device(device)), tokenizer), tokenizer, max_new_tokens, batch_size)
+    engine = TransformersEngine(load_policy(model, pick_device(device)), tokenizer)
+    return LLMJudge(engine, tokenizer, max_new_tokens, batch_size)
 
 
 def _llm_judge_batch(responses, tasks, model: str, rubric: str = DEFAULT_RUBRIC, max_score: float = 10,
@@ -117,7 +124,9 @@ class RewardModel:
         texts = [self.text(r, t) for r, t in zip(responses, tasks)]
         out = []
         for i in range(0, len(texts), self.batch_size):
-            batch = self.tokenizer(texts[i : i + self.batch_size], return_tensors="pt", padding=True, add_special_tokens=False)
+            batch = self.tokenizer(
+                texts[i : i + self.batch_size], return_tensors="pt", padding=True, add_special_tokens=False
+            )
             logits = self.model(**batch.to(device)).logits
             out += logits[:, 0].float().tolist()
         return out
@@ -125,12 +134,17 @@ class RewardModel:
 
 @lru_cache(maxsize=4)
 def _reward_model(model: str, device: str, batch_size: int) -> RewardModel:
-    from transformers import AutoModelForSequenceClassification
-
-    from ..models import load_tokenizer, pick_device, resolve_model_path
+    from ..models import LOADING, load_tokenizer, pick_device, resolve_model_path
 
     tokenizer = load_tokenizer(model)
-    network = AutoModelForSequenceClassification.from_pretrained(resolve_model_path(model), num_labels=1)
+    # A directory without a trained score head (a causal LM) gets a fresh one: drawn from a fixed
+    # seed, not from the run's random stream, so the same run gives the same rewards whichever run
+    # loaded this cached model first (a ddp rank loads its own: they differed).
+    with LOADING, torch.random.fork_rng(devices=[]):
+        from transformers import AutoModelForSequenceClassification
+
+        torch.manual_seed(0)
+        network = AutoModelForSequenceClassification.from_pretrained(resolve_model_path(model), num_labels=1)
     if network.config.pad_token_id is None:  # it finds each sequence's last token by the pad id
         network.config.pad_token_id = tokenizer.pad_token_id
     return RewardModel(network.to(pick_device(device)), tokenizer, batch_size)

@@ -111,7 +111,8 @@ class MultiTurnWorkflow(Workflow):
         observation = env.reset(task.metadata.get("seed", task.id), task)
         chat = isinstance(task.prompt, list)
         opening = "\n\n".join(part for part in (env.instructions, "" if chat else task.prompt, observation) if part)
-        messages = self.messages(replace(task, prompt=list(task.prompt) + [{"role": "user", "content": opening}] if chat else opening))
+        prompt = (list(task.prompt) + [{"role": "user", "content": opening}]) if chat else opening
+        messages = self.messages(replace(task, prompt=prompt))
         prompt_text, prompt_ids = self.encode_prompt(messages)
         return Episode(task, rollout, env, messages, prompt_text, prompt_ids)
 
@@ -175,9 +176,14 @@ class MultiTurnWorkflow(Workflow):
         closing = ("" if stopped else self.tokenizer.eos_token) + self._turn_end
         if self.use_chat_template:
             before = self.tokenizer.apply_chat_template(messages, tokenize=False)
-            after = self.tokenizer.apply_chat_template(messages + [observation], add_generation_prompt=True, tokenize=False)
+            after = self.tokenizer.apply_chat_template(
+                messages + [observation], add_generation_prompt=True, tokenize=False
+            )
             if not after.startswith(before):
-                raise ValueError("the chat template does not render a conversation turn by turn; multi-turn workflows need one that does")
+                raise ValueError(
+                    "the chat template does not render a conversation turn by turn; "
+                    "multi-turn workflows need one that does"
+                )
             text = closing + after[len(before) :]
         else:
             text = closing + "\n\n" + observation["content"] + "\n\n"
@@ -263,7 +269,9 @@ class MultiTurnWorkflow(Workflow):
         try:
             replies = task.metadata.get("expert_replies") or episode.env.expert_replies()
             if not replies:
-                raise ValueError(f"task {task.id}: no expert replies (metadata.expert_replies) and the environment has no expert")
+                raise ValueError(
+                    f"task {task.id}: no expert replies (metadata.expert_replies) and the environment has no expert"
+                )
             for reply in replies:
                 if episode.done:
                     break
@@ -324,7 +332,8 @@ class EnvironmentWorkflow(MultiTurnWorkflow):
             if not _fits(value, parameter.annotation):
                 problems.append((
                     f"env_args.{name}",
-                    f"environment {settings['env']} takes {_type_text(parameter.annotation)}, got {reprlib.repr(value)}",
+                    f"environment {settings['env']} takes {_type_text(parameter.annotation)}, "
+                    f"got {reprlib.repr(value)}",
                 ))
         return problems
 

@@ -33,7 +33,11 @@ def parse_tool_calls(reply: str) -> list[tuple[str, dict] | str]:
         except json.JSONDecodeError as err:
             calls.append(f"not JSON: {err}")
             continue
-        if not isinstance(data, dict) or not isinstance(data.get("name"), str) or not isinstance(data.get("arguments", {}), dict):
+        if (
+            not isinstance(data, dict)
+            or not isinstance(data.get("name"), str)
+            or not isinstance(data.get("arguments", {}), dict)
+        ):
             calls.append('expected {"name": <tool>, "arguments": {...}}')
             continue
         calls.append((data["name"], data.get("arguments", {})))
@@ -90,8 +94,10 @@ class ToolCallingWorkflow(MultiTurnWorkflow):
     @classmethod
     def check_args(cls, settings: dict) -> list[tuple[str, str]]:
         unknown = [name for name in settings["tools"] if name not in TOOLS]
-        if unknown or not settings["tools"]:
-            return [("tools", f"unknown tool(s) {unknown}; available: {', '.join(TOOLS.names())}" if unknown else "name at least one tool")]
+        if not settings["tools"]:
+            return [("tools", "name at least one tool")]
+        if unknown:
+            return [("tools", f"unknown tool(s) {unknown}; available: {', '.join(TOOLS.names())}")]
         return []
 
     def new_environment(self, task: Task) -> TextEnvironment:

@@ -15,7 +15,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
 from apps.accounts.services import create_user
-from apps.runs import services
+from apps.runs import services, supervision
 from apps.runs.models import Run
 from apps.runs.presets import PRESETS
 from apps.tasksets.services import load_builtin_tasksets
@@ -42,7 +42,9 @@ class Command(BaseCommand):
         try:
             if not no_run:
                 self.start_demo_run(user)
-            self.stdout.write(self.style.SUCCESS(f"rftweb on http://{addrport}/  (log in as {DEMO_USER} / {DEMO_PASSWORD})"))
+            self.stdout.write(self.style.SUCCESS(
+                f"rftweb on http://{addrport}/  (log in as {DEMO_USER} / {DEMO_PASSWORD})"
+            ))
             # --noreload keeps the server in this process, beside the embedded worker thread.
             call_command("runserver", addrport, use_reloader=False)
         finally:
@@ -50,9 +52,7 @@ class Command(BaseCommand):
                 os.killpg(proc.pid, signal.SIGTERM)
 
     def start_demo_run(self, user) -> None:
-        from workers import tasks
-
-        tasks.watchdog()  # a run left over from an earlier session continues
+        supervision.watchdog()  # a run left over from an earlier session continues
         active = Run.objects.exclude(status__in=Run.FINISHED).filter(name=DEMO_RUN).first()
         if active:
             self.stdout.write(f"demo run {active.pk} is {active.status}")
@@ -63,7 +63,11 @@ class Command(BaseCommand):
     def start_workers(self) -> list[subprocess.Popen]:
         celery = [sys.executable, "-m", "celery", "-A", "rftweb"]
         commands = [
-            celery + ["worker", "-Q", "default,train,explore", "-c", "1", "-l", "info"],
+            # A run's duties hold a worker process each for the run's whole life (two with checkpoint
+            # sync), so curation jobs and taskset imports get their own worker: with one process for
+            # everything, an import waited until the demo run's 1,000 steps were done.
+            celery + ["worker", "-n", "runs@%h", "-Q", "train,explore", "-c", "2", "-l", "info"],
+            celery + ["worker", "-n", "jobs@%h", "-Q", "default", "-c", "1", "-l", "info"],
             celery + ["beat", "-l", "info", "-s", str(settings.DATA_DIR / "celerybeat-schedule")],
         ]
         return [subprocess.Popen(c, start_new_session=True) for c in commands]

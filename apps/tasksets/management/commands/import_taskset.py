@@ -3,9 +3,14 @@ from pathlib import Path
 from django.core.management.base import BaseCommand, CommandError
 from tqdm import tqdm
 
-from apps.tasksets.importers import FORMATS, FieldMapping, TasksetImportError
+from apps.core.files import FileImportError
+from apps.tasksets.importers import FORMATS, FieldMapping
 from apps.tasksets.services import (
-    DEFAULT_REWARD_FN, DEFAULT_WORKFLOW, IMPORT_BATCH_SIZE, check_new_taskset_name, import_taskset,
+    DEFAULT_REWARD_FN,
+    DEFAULT_WORKFLOW,
+    IMPORT_BATCH_SIZE,
+    check_new_taskset_name,
+    import_taskset,
 )
 
 
@@ -17,7 +22,9 @@ class Command(BaseCommand):
         parser.add_argument("--name", required=True, help="name of the new taskset (a slug)")
         parser.add_argument("--format", choices=FORMATS, help="default: from the file's extension")
         parser.add_argument(
-            "--prompt-field", default="prompt", help="column or key holding the prompt (text or chat messages); default: prompt"
+            "--prompt-field",
+            default="prompt",
+            help="column or key holding the prompt (text or chat messages); default: prompt",
         )
         parser.add_argument(
             "--answer-field", default="answer", help="column or key holding the ground-truth answer; default: answer"
@@ -45,7 +52,7 @@ class Command(BaseCommand):
         )
         try:  # before the progress bar: a taken name is reported alone, not under an empty bar
             check_new_taskset_name(options["name"], Path(options["file"]).name)
-        except TasksetImportError as exc:
+        except FileImportError as exc:
             raise CommandError(str(exc)) from None
         with tqdm(total=0, unit="B", unit_scale=True, desc=options["name"], disable=options["verbosity"] == 0) as bar:
 
@@ -67,6 +74,6 @@ class Command(BaseCommand):
                     batch_size=options["batch_size"],
                     max_line_bytes=options["max_line_bytes"],
                 )
-            except TasksetImportError as exc:
+            except FileImportError as exc:
                 raise CommandError(str(exc)) from None
         self.stdout.write(self.style.SUCCESS(f"Imported {taskset.task_count:,} tasks into taskset {taskset.name!r}."))

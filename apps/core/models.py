@@ -1,0 +1,68 @@
+from django.conf import settings
+from django.db import models
+
+
+class Job(models.Model):
+    """Work too long for a request, run by a Celery worker on the `default` queue (apps.core.jobs):
+    its state and progress, which its page shows as they change (static/js/job_progress.js).
+
+    Abstract: each kind of job keeps its own table, with the fields of what it does. A subclass
+    names the registered job type that runs it (`job_type`), who may watch it (`may_view`), what
+    to keep of what the type returned (`keep_result`) and which files to drop once it has finished
+    (`clean_up`)."""
+
+    class Status(models.TextChoices):
+        PENDING = "pending"
+        RUNNING = "running"
+        SUCCEEDED = "succeeded"
+        FAILED = "failed"
+
+    status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
+    rows_done = models.PositiveBigIntegerField(default=0)
+    rows_total = models.PositiveBigIntegerField(default=0)
+    bytes_done = models.PositiveBigIntegerField(default=0)
+    bytes_total = models.PositiveBigIntegerField(default=0)
+    error = models.TextField(blank=True)
+    created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    # Fields the runner and the progress endpoint leave unloaded (a BufferJob's selection: 8 bytes
+    # a selected row).
+    heavy_fields: tuple[str, ...] = ()
+
+    class Meta:
+        abstract = True
+        ordering = ["-created_at"]
+
+    @property
+    def is_finished(self) -> bool:
+        return self.status in (self.Status.SUCCEEDED, self.Status.FAILED)
+
+    @property
+    def percent(self) -> int:
+        if self.status == self.Status.SUCCEEDED:
+            return 100
+        # An import knows how far it is through its file; the others, through their rows.
+        done, total = (self.bytes_done, self.bytes_total) if self.bytes_total else (self.rows_done, self.rows_total)
+        return min(99, 100 * done // total) if total else 0
+
+    @property
+    def job_type(self) -> str:
+        """The name of the registered type that runs this job (apps.core.jobs.register)."""
+        raise NotImplementedError
+
+    def may_view(self, user) -> bool:
+        """Whether `user` may watch this job's progress."""
+        raise NotImplementedError
+
+    def keep_result(self, result) -> None:
+        """Record what the job type's run returned (not saved yet)."""
+
+    def clean_up(self, failed: bool) -> None:
+        """Drop the files the finished job no longer needs (not saved yet)."""
+
+    def result_url(self) -> str | None:
+        """Where to see what a succeeded job made, if anywhere."""
+        return None
