@@ -3,6 +3,27 @@ import pytest
 from apps.accounts.roles import ANNOTATOR, CURATOR, RESEARCHER
 
 
+def _flush_test_redis():
+    """Empty the tests' own Redis database (test_settings: /14). Celery tasks acks late, so a task
+    held by a worker that a test killed stays "unacked" and Redis hands it out again after the
+    visibility timeout (6 h): a serve_duty of an earlier session's run 3 would then serve this
+    session's run 3, whose ids start again from 1. Queued tasks of a test that ended before a worker
+    took them are dropped the same way."""
+    import redis
+    from django.conf import settings
+
+    redis.Redis.from_url(settings.REDIS_URL).flushdb()
+
+
+def pytest_sessionstart(session):
+    import redis
+
+    try:
+        _flush_test_redis()
+    except redis.exceptions.ConnectionError:
+        pass  # the tests that need Redis say so themselves
+
+
 def _make_user(django_user_model, username, *roles, **extra):
     from apps.accounts.services import create_user
 
@@ -52,7 +73,7 @@ def celery_worker_factory(transactional_db, tmp_path):
     from tests.support import service_env
 
     env = service_env()
-    app.control.purge()  # nothing left over from an earlier test
+    _flush_test_redis()  # nothing left over from an earlier test
     started = []
 
     def start(queues="default,train,explore", pool="prefork"):
