@@ -113,9 +113,8 @@ def test_new_weights_change_outputs_and_version(engine, tiny_path, tokenizer, tm
     assert [c.logprobs for g in again for c in g] == [c.logprobs for g in after for c in g]
 
 
-def test_engine_choice(tiny_model, tokenizer, monkeypatch):
-    # On CPU `auto` takes vLLM for a model of SmolLM2's size on an AVX-512 CPU, never for the tiny
-    # one; tests/workers/rft/test_vllm.py has the rest.
+def test_engine_choice(tiny_model, tokenizer):
+    # On CPU `auto` takes the transformers engine; tests/workers/rft/test_vllm.py has the rest.
     engine = build_engine("auto", tiny_model, tokenizer)
     assert isinstance(engine, TransformersEngine) and engine.selection.startswith("transformers (auto on CPU")
     assert isinstance(build_engine("transformers", tiny_model, tokenizer), TransformersEngine)
@@ -130,8 +129,6 @@ def test_vllm_asked_for_but_not_installed_says_so(tiny_model, tokenizer, monkeyp
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else find_spec(name, *a))
     with pytest.raises(RuntimeError, match="vllm is not installed"):
         build_engine("vllm", tiny_model, tokenizer)
-    monkeypatch.setattr(engines, "VLLM_CPU_MIN_PARAMS", 0)  # a model big enough, on a CPU fit for vLLM
-    monkeypatch.setattr(engines, "cpu_has_avx512", lambda: True)
-    assert build_engine("auto", tiny_model, tokenizer).selection == (
-        "transformers (auto: vllm is not installed (requirements-vllm.txt))"
+    assert engines.choose_engine("auto", tiny_model.name_or_path, "cuda") == (  # on a GPU auto would take vLLM
+        "transformers", "auto: vllm is not installed (requirements-vllm.txt)"
     )

