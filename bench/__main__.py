@@ -1,6 +1,7 @@
 """python -m bench all | <name> [options]: run benchmarks, print their tables, write bench/results/<name>.json.
 
-Names: grpo_step, learning, rollout, stack_overhead, buffer, live_metrics, memory, weight_sync, explorers.
+Names: grpo_step, learning, rollout, stack_overhead, buffer, live_metrics, memory, weight_sync, explorers,
+gpu_step (one GPU; not in `all`).
 `--quick` uses fewer repetitions and steps (for a loaded machine); see bench/README.md for what each
 figure means.
 """
@@ -70,6 +71,17 @@ def run_explorers(args):
     return explorers(quick=args.quick)
 
 
+def run_gpu_step(args):
+    from bench.gpu_step import gpu_step, prepare
+
+    if args.prepare:
+        return prepare()
+    if args.out is None:
+        sys.exit("gpu_step needs --out DIR")
+    return gpu_step(Path(args.out), steps=2 if args.quick else args.steps, reps=args.reps, quick=args.quick,
+                    sides=args.sides)
+
+
 BENCHMARKS = {
     "grpo_step": run_grpo_step,
     "learning": run_learning,
@@ -80,6 +92,7 @@ BENCHMARKS = {
     "memory": run_memory,
     "weight_sync": run_weight_sync,
     "explorers": run_explorers,
+    "gpu_step": run_gpu_step,
 }
 
 
@@ -89,9 +102,16 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="fewer repetitions and steps")
     parser.add_argument("--cases", nargs="+", choices=["tiny", "smollm2"], help="grpo_step: which models")
     parser.add_argument("--dtypes", nargs="+", choices=["fp32", "bf16"], help="grpo_step: which dtypes")
+    parser.add_argument("--out", help="gpu_step: the folder for gpu_step.json")
+    parser.add_argument("--steps", type=int, default=4, help="gpu_step: steps per child, the first dropped")
+    parser.add_argument("--reps", type=int, default=1, help="gpu_step: children per side")
+    parser.add_argument("--sides", nargs="+", choices=["rftweb", "rftweb_offset1", "trl", "trl_paged"],
+                        help="gpu_step: which sides (default all; a ratio column needs its TRL row)")
+    parser.add_argument("--prepare", action="store_true",
+                        help="gpu_step: copy SmolLM2's config and tokenizer files into .smollm2/ (to carry)")
     args = parser.parse_args()
     print(f"machine: {machine()}", flush=True)
-    names = list(BENCHMARKS) if args.name == "all" else [args.name]
+    names = [name for name in BENCHMARKS if name != "gpu_step"] if args.name == "all" else [args.name]
     failed = []
     for name in names:
         print(f"\n== {name} (load {load()}) ==", flush=True)

@@ -131,6 +131,8 @@ def table(rows: list[list], header: list[str]) -> str:
 
 
 def fmt(value) -> str:
+    if value is None:  # not measured
+        return "-"
     if isinstance(value, float):
         if value != value:
             return "-"

@@ -120,7 +120,9 @@ def diffs(values: list[float]) -> list[float]:
 
 # ---- TRL side -----------------------------------------------------------------------------------
 
-def trl_trainer(case: dict, dtype: str, steps: int, seed: int, lr: float, reward: str, out_dir: str, callbacks=()):
+def trl_trainer(case: dict, dtype: str, steps: int, seed: int, lr: float, reward: str, out_dir: str, callbacks=(),
+                use_cpu: bool = True, **options):
+    """TRL's GRPOTrainer set up as rftweb's side is; `options` go to GRPOConfig (bench/gpu_step.py)."""
     import torch
     from datasets import Dataset
     from transformers import AutoModelForCausalLM
@@ -144,13 +146,13 @@ def trl_trainer(case: dict, dtype: str, steps: int, seed: int, lr: float, reward
     tokenizer = load_tokenizer(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     args = GRPOConfig(
-        output_dir=out_dir, use_cpu=True, use_vllm=False, bf16=dtype == "bf16", fp16=False,
+        output_dir=out_dir, use_cpu=use_cpu, use_vllm=False, bf16=dtype == "bf16", fp16=False,
         per_device_train_batch_size=case["tasks"] * case["samples"], gradient_accumulation_steps=1,
         num_generations=case["samples"], max_completion_length=case["tokens"], temperature=1.0,
         learning_rate=lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
         loss_type="dapo", beta=0.0, num_iterations=1, max_steps=steps, logging_steps=1, report_to="none",
         gradient_checkpointing=False,  # TRL's default is True; rftweb does not checkpoint, so neither side recomputes
-        save_strategy="no", seed=seed, data_seed=seed, dataloader_num_workers=0, disable_tqdm=True,
+        save_strategy="no", seed=seed, data_seed=seed, dataloader_num_workers=0, disable_tqdm=True, **options,
     )
     return GRPOTrainer(model=model, reward_funcs=reward_fn, args=args, train_dataset=dataset,
                        processing_class=tokenizer, callbacks=list(callbacks))
@@ -233,7 +235,7 @@ def check_loss(case_name: str, seed: int = 0) -> dict:
             ))
         mb = collate(experiences, trainer.processing_class.pad_token_id, torch.device("cpu"))
         with torch.no_grad():  # current logprobs, then old ones 0.3 nats away so ratios leave [0.8, 1.2]
-            current = rft._token_logprobs(rft._forward(model, mb), mb.response_ids)
+            current = rft._logprobs(model, mb)[0]
         old = current + 0.3 * torch.randn(current.shape, generator=generator)
         mb.old_logprobs = old * mb.mask
         mb.rollout_logprobs = False

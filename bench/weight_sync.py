@@ -42,6 +42,9 @@ import threading
 import time
 from pathlib import Path
 
+# Every side of a weight group proves it knows the group's secret (a run's own in the product).
+SECRET = "bench weight group"
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -150,7 +153,7 @@ def _explorer(path: str, port: int, versions: int) -> None:
     from workers.rft.weight_broadcast import ModelReceiver
 
     engine = TransformersEngine(load_policy(path, torch.device("cpu")), load_tokenizer(path))
-    receiver = ModelReceiver(engine, "127.0.0.1", port, 1, 2, name="bench explorer")
+    receiver = ModelReceiver(engine, "127.0.0.1", port, 1, 2, name="bench explorer", secret=SECRET)
     for _ in range(versions):
         receiver.receive_into()
     receiver.close()
@@ -168,7 +171,7 @@ def bench_broadcast_transformers(path: Path, versions: int, verify: bool) -> tup
     port = free_port()
     process = mp.get_context("spawn").Process(target=_explorer, args=(str(path), port, versions))
     process.start()
-    sender = Sender("127.0.0.1", port, 1, verify_every=1 if verify else 0)
+    sender = Sender("127.0.0.1", port, 1, verify_every=1 if verify else 0, secret=SECRET)
     seconds, parts = [], []
     for version in range(1, versions + 1):
         nudge(model, version)
@@ -213,9 +216,9 @@ def bench_broadcast_vllm(path: Path, versions: int, verify: bool) -> tuple[list[
     # The trainer's side in a thread of this process: collective_rpc blocks this thread while the
     # worker (another process) receives.
     joining = threading.Thread(
-        target=lambda: box.update(sender=Sender("127.0.0.1", port, 1, verify_every=1 if verify else 0)))
+        target=lambda: box.update(sender=Sender("127.0.0.1", port, 1, verify_every=1 if verify else 0, secret=SECRET)))
     joining.start()
-    wb.join(engine._llm, "127.0.0.1", port, 1, 2, name="bench vLLM explorer")
+    wb.join(engine._llm, "127.0.0.1", port, 1, 2, SECRET, name="bench vLLM explorer")
     joining.join()
     sender = box["sender"]
     seconds, parts = [], []

@@ -119,6 +119,25 @@ def _trusted(origin: tuple[str, str, int], pattern: str) -> bool:
     return scheme == t_scheme and port == t_port and same_host
 
 
+def close_oversized_messages_with_4009():
+    """daphne's autobahn fails a websocket message over the server's limit (daphne's
+    --websocket-max-message-size, 1 MiB by default; it never reaches a consumer) by dropping the
+    TCP connection: the page saw no close code at all. Close it as a consumer closes a message
+    over its own, smaller limit instead: a closing handshake with CLOSE_MESSAGE_TOO_BIG (4009).
+    autobahn still reads nothing more of the message into memory."""
+    from daphne.ws_protocol import WebSocketProtocol
+
+    from apps.core.consumers import CLOSE_MESSAGE_TOO_BIG
+
+    def close_too_big(protocol, message_size, limit, reason):
+        protocol.failByDrop = False  # autobahn's own option: send a close frame rather than drop
+        protocol._fail_connection(CLOSE_MESSAGE_TOO_BIG, "message too big")
+
+    WebSocketProtocol._max_message_size_exceeded = close_too_big
+
+
+close_oversized_messages_with_4009()
+
 MAX_CONCURRENT_REQUESTS = int(os.environ.get("RFTWEB_MAX_CONCURRENT_REQUESTS", "16"))
 
 application = ProtocolTypeRouter(

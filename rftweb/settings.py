@@ -51,6 +51,7 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     "rftweb.csp.ContentSecurityPolicyMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
+    "rftweb.errors.RejectNulMiddleware",  # before anything reads a parameter (CSRF reads the form)
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
@@ -105,6 +106,13 @@ if REDIS_URL:
 else:
     CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
+# Django's cache holds the login throttle's counts (apps.accounts.throttle): in Redis, shared by
+# every web process; embedded, in this process's memory.
+if REDIS_URL:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL}}
+else:
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
 # Celery. One long task per worker process (prefetch 1, acks_late) so a killed worker's run step
 # is redelivered; the visibility timeout must outlast the longest step or Redis redelivers it
 # while it is still running.
@@ -145,6 +153,12 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
     {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
 ]
+# Login throttling (apps.accounts.throttle): this many failed logins from one address, or for one
+# account, within LOCKOUT_SECONDS of the first lock that address or account for LOCKOUT_SECONDS;
+# every login there is refused meanwhile, the right password included.
+RFTWEB_LOGIN_FAILURES_PER_ADDRESS = int(os.environ.get("RFTWEB_LOGIN_FAILURES_PER_ADDRESS", 50))
+RFTWEB_LOGIN_FAILURES_PER_ACCOUNT = int(os.environ.get("RFTWEB_LOGIN_FAILURES_PER_ACCOUNT", 10))
+RFTWEB_LOGIN_LOCKOUT_SECONDS = int(os.environ.get("RFTWEB_LOGIN_LOCKOUT_SECONDS", 15 * 60))
 LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "home"
 LOGOUT_REDIRECT_URL = "login"

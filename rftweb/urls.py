@@ -19,3 +19,9 @@ urlpatterns = [
     path("annotate/", include("apps.feedback.urls")),
     path("", include("apps.runs.urls")),
 ]
+
+# JSON under /api/, Django's pages elsewhere (rftweb/errors.py).
+handler400 = "rftweb.errors.bad_request"
+handler403 = "rftweb.errors.permission_denied"
+handler404 = "rftweb.errors.page_not_found"
+handler500 = "rftweb.errors.server_error"

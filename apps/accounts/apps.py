@@ -1,5 +1,5 @@
 from django.apps import AppConfig
-from django.db.models.signals import post_migrate
+from django.db.models.signals import m2m_changed, post_delete, post_migrate, post_save
 
 from .roles import CURATOR, ROLES
 
@@ -24,4 +24,18 @@ class AccountsConfig(AppConfig):
     label = "accounts"
 
     def ready(self):
+        from django.contrib import admin
+        from django.contrib.auth import get_user_model
+
+        from . import revocation
+        from .forms import AdminLoginForm
+
+        admin.site.login_form = AdminLoginForm  # throttled as the login page is
         post_migrate.connect(create_role_groups, dispatch_uid="rftweb-role-groups")
+        # Open websockets of a user who loses access are closed (apps.accounts.revocation).
+        user_model = get_user_model()
+        post_save.connect(revocation.user_saved, sender=user_model, dispatch_uid="rftweb-revoke-saved")
+        post_delete.connect(revocation.user_deleted, sender=user_model, dispatch_uid="rftweb-revoke-deleted")
+        m2m_changed.connect(
+            revocation.groups_changed, sender=user_model.groups.through, dispatch_uid="rftweb-revoke-groups"
+        )

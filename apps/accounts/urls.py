@@ -1,10 +1,17 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
+from .forms import LoginForm
+
 # The password change views require a login (LoginRequiredMiddleware, and the views themselves).
-# A new password also revokes the user's API token: the token is a MAC over the password hash.
+# A new password also revokes the user's API token (the token is a MAC over the password hash) and
+# closes the user's open websockets (apps.accounts.revocation). Logins are throttled (.throttle).
 urlpatterns = [
-    path("login/", auth_views.LoginView.as_view(template_name="accounts/login.html"), name="login"),
+    path(
+        "login/",
+        auth_views.LoginView.as_view(template_name="accounts/login.html", authentication_form=LoginForm),
+        name="login",
+    ),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path(
         "password_change/",

@@ -1,13 +1,12 @@
 """Forms of the curation admin: the options of bulk actions, and the expert data upload."""
 
-import json
-
 from django import forms
 from django.conf import settings
 from django.template.defaultfilters import filesizeformat
 
 from apps.core.files import FileImportError
-from workers.rft.rewards import build_reward
+from apps.runs.config_checks import checked_reward_fn
+from workers.rft.config import ConfigError, parse_config_text, parse_reward_fn_text
 
 from . import exporters, importers, services
 
@@ -29,18 +28,16 @@ class RescoreForm(forms.Form):
     reward_fn = forms.CharField(
         label="Reward fn",
         max_length=2000,
-        help_text="A reward fn name, e.g. exact_match, or a JSON mapping of names to weights, e.g. "
-        '{"exact_match": 0.9, "format": 0.1}.',
+        help_text="A reward fn name, e.g. exact_match, or a mapping of names to weights, e.g. "
+        '{"exact_match": 0.9, "format": 0.1}, as a run config\'s explorer.reward_fn.',
     )
 
     def clean_reward_fn(self):
-        text = self.cleaned_data["reward_fn"].strip()
-        spec = _json_or_text(text)
+        """The spec as a launch reads and checks explorer.reward_fn, its models resolved."""
         try:
-            build_reward(spec)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise forms.ValidationError(str(exc).strip("\"'")) from None
-        return spec
+            return checked_reward_fn(parse_reward_fn_text(self.cleaned_data["reward_fn"]))
+        except ConfigError as exc:
+            raise forms.ValidationError(_messages(exc)) from None
 
 
 class PipelineForm(forms.Form):
@@ -61,13 +58,12 @@ class PipelineForm(forms.Form):
         text = self.cleaned_data["params"].strip()
         if not text:
             return {}
-        try:
-            params = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise forms.ValidationError(f"not valid JSON: {exc.msg}") from None
-        if not isinstance(params, dict):
+        if not text.startswith("{"):
             raise forms.ValidationError("the parameters must be a JSON object")
-        return params
+        try:
+            return parse_config_text(text)  # as a run config's are read: 1,000 `[` were a RecursionError here
+        except ConfigError as exc:
+            raise forms.ValidationError(_messages(exc)) from None
 
     def clean(self):
         cleaned = super().clean()
@@ -111,11 +107,5 @@ class ExpertDataUploadForm(forms.Form):
         return cleaned
 
 
-def _json_or_text(text: str):
-    """A reward fn spec is a name, or a JSON mapping."""
-    if text.startswith("{"):
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise forms.ValidationError(f"not valid JSON: {exc.msg}") from None
-    return text
+def _messages(error: ConfigError) -> list[str]:
+    return [issue.message if issue.key == "<config>" else f"{issue.key}: {issue.message}" for issue in error.errors]

@@ -23,6 +23,7 @@ from apps.core.files import (
     detect_format,
     json_type,
     json_value,
+    parse_json,
     read_jsonl,
     read_parquet,
     text,
@@ -251,9 +252,11 @@ def _decoded(value, key: str):
     if not isinstance(value, str):
         return value
     try:
-        return json.loads(value)
+        return parse_json(value)
     except json.JSONDecodeError as exc:
         raise ValueError(f"{key!r} is text but not valid JSON ({exc.msg})") from None
+    except ValueError as exc:
+        raise ValueError(f"{key!r}: {exc}") from None
 
 
 def _number(value, key: str) -> float:

@@ -24,6 +24,7 @@ from apps.core import jobs
 from apps.core.files import FileImportError
 from apps.core.jobs import JobError
 from apps.feedback.models import Feedback
+from apps.runs.config_checks import checked_reward_fn
 from apps.tasksets.store import to_task
 from workers.rft.rewards import build_reward
 
@@ -252,10 +253,11 @@ def export_filename(job: BufferJob) -> str:
 
 
 def start_rescore(queryset, *, reward_fn, user=None) -> BufferJob:
-    """Queue re-scoring the selection with a reward fn spec (a name, or {name: weight}); raises
-    KeyError, TypeError or ValueError for a spec that does not build."""
-    build_reward(reward_fn)
-    return _start_selection_job(BufferJob.Kind.RESCORE, queryset, {"reward_fn": reward_fn}, user)
+    """Queue re-scoring the selection with a reward fn spec (a name, or {name: weight}), checked as
+    a launch checks explorer.reward_fn (its models confined and stored resolved); raises
+    ConfigError naming each bad key."""
+    spec = checked_reward_fn(reward_fn)
+    return _start_selection_job(BufferJob.Kind.RESCORE, queryset, {"reward_fn": spec}, user)
 
 
 @jobs.register(f"buffer.{BufferJob.Kind.RESCORE}")

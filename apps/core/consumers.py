@@ -2,22 +2,75 @@
 import json
 
 from channels.db import database_sync_to_async
+from channels.exceptions import StopConsumer
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from .jobs import find_job, job_group
+from apps.accounts.revocation import session_user, user_group
+
+from .jobs import job_group, visible_job
 
 MAX_CLIENT_MESSAGE_CHARS = 4096  # a client only ever sends pings; anything bigger is abuse
 # The close code for a frame over that: 1009 (message too big) is the protocol's own, but an
 # application may only close with 1000 or 3000-4999 (daphne's autobahn refuses 1009 and the
-# socket ended with 1011 instead), so it is 4000 + 1009's last digits.
+# socket ended with 1011 instead), so it is 4000 + 1009's last digits. A frame over the server's
+# own limit is closed with it too (rftweb.asgi).
 CLOSE_MESSAGE_TOO_BIG = 4009
 CLOSE_FORBIDDEN = 4403  # not allowed to watch: the page does not retry
+# Closed because the user's access changed (apps.accounts.revocation). The page reconnects, as
+# after any close but 4403, and its handshake decides: a browser whose session still holds (the
+# one that changed the password) watches on; a user who lost access is refused with 4403.
+CLOSE_ACCESS_CHANGED = 4401
 
 
 class PingConsumer(AsyncJsonWebsocketConsumer):
     """A push-only channel: the server sends, the client may only ping (to keep proxies from
     closing an idle socket). Anything else gets an error reply and the socket stays open; a frame
-    too big to be a ping closes it (CLOSE_MESSAGE_TOO_BIG, 4009) before it is parsed."""
+    too big to be a ping closes it (CLOSE_MESSAGE_TOO_BIG, 4009) before it is parsed.
+
+    A subclass names the groups it listens to (`live_groups`) and who may listen (`may_watch`).
+    The socket also joins its user's group, and checks `may_watch` again whenever it hears
+    `access.check` there or in its own groups (apps.accounts.revocation): a socket whose user
+    lost access is closed with CLOSE_ACCESS_CHANGED and hears nothing more."""
+
+    def live_groups(self) -> tuple[str, ...]:
+        raise NotImplementedError
+
+    def may_watch(self, user) -> bool:
+        """Whether `user` may listen (called in a thread, with database access)."""
+        raise NotImplementedError
+
+    async def connect(self):
+        user = self.scope.get("user")
+        if not (user and user.is_authenticated):
+            await self.close(code=CLOSE_FORBIDDEN)
+            return
+        # Joined before the check: a revocation that commits between the two is still heard.
+        self.joined = (*self.live_groups(), user_group(user.pk))
+        for group in self.joined:
+            await self.channel_layer.group_add(group, self.channel_name)
+        if not await self.allowed():
+            await self.leave()
+            await self.close(code=CLOSE_FORBIDDEN)
+            return
+        await self.accept()
+
+    async def disconnect(self, code):
+        await self.leave()
+
+    async def leave(self):
+        for group in getattr(self, "joined", ()):
+            await self.channel_layer.group_discard(group, self.channel_name)
+        self.joined = ()
+
+    async def access_check(self, event):
+        if not await self.allowed():
+            await self.leave()
+            await self.close(code=CLOSE_ACCESS_CHANGED)
+            raise StopConsumer  # handle nothing more that was already on its way to this socket
+
+    async def allowed(self) -> bool:
+        user = await session_user(self.scope["session"].session_key)
+        return user is not None and await database_sync_to_async(self.may_watch)(user)
 
     async def receive(self, text_data=None, bytes_data=None, **kwargs):
         if bytes_data is not None:
@@ -44,26 +97,15 @@ class PingConsumer(AsyncJsonWebsocketConsumer):
 
 class JobConsumer(PingConsumer):
     """A job's state as it changes ({"type": "job", "job": jobs.snapshot}), for whoever may see
-    the job (its model's may_view)."""
+    the job (its model's may_view); another user's job is refused as a missing one is."""
 
-    async def connect(self):
+    def live_groups(self):
         kwargs = self.scope["url_route"]["kwargs"]
-        self.group = job_group(kwargs["label"], int(kwargs["job_id"]))
-        user = self.scope.get("user")
-        if not (user and user.is_authenticated and await self._may_view(user, kwargs)):
-            await self.close(code=CLOSE_FORBIDDEN)
-            return
-        await self.channel_layer.group_add(self.group, self.channel_name)
-        await self.accept()
+        return (job_group(kwargs["label"], int(kwargs["job_id"])),)
 
-    async def disconnect(self, code):
-        await self.channel_layer.group_discard(self.group, self.channel_name)
+    def may_watch(self, user) -> bool:
+        kwargs = self.scope["url_route"]["kwargs"]
+        return visible_job(kwargs["label"], int(kwargs["job_id"]), user) is not None
 
     async def job_update(self, event):
         await self.send_json({"type": "job", "job": event["payload"]})
-
-    @database_sync_to_async
-    def _may_view(self, user, kwargs) -> bool:
-        job = find_job(kwargs["label"], int(kwargs["job_id"]))
-        return job is not None and job.may_view(user)
-

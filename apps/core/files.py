@@ -72,9 +72,11 @@ def read_jsonl(path: Path, name: str, max_line_bytes: int) -> Iterator[Record]:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
+            record = parse_json(line)
         except json.JSONDecodeError as exc:
             raise FileImportError(name, lines.number, f"invalid JSON: {exc.msg} (column {exc.colno})") from None
+        except ValueError as exc:
+            raise FileImportError(name, lines.number, str(exc)) from None
         if not isinstance(record, dict):
             raise FileImportError(name, lines.number, f"expected a JSON object, got {json_type(record)}")
         yield Record(lines.number, "line", record, lines.progress())
@@ -284,6 +286,28 @@ def _skip_rest_of_line(file, chunk_bytes: int) -> int:
 
 
 # ---- values ----
+
+# How deep JSON from a file may nest. A task or an experience needs a few levels (a chat prompt is
+# 3); Python recursion (json itself, json_value, the pages that show a value) fails a few hundred
+# levels down, which a file must not reach.
+MAX_JSON_DEPTH = 64
+
+
+def parse_json(text: str):
+    """json.loads, but a value nested deeper than MAX_JSON_DEPTH is a ValueError saying so
+    (json.JSONDecodeError, a ValueError too, for text that is not JSON)."""
+    too_deep = ValueError(f"JSON nested deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        value = json.loads(text)
+    except RecursionError:  # thousands of levels: json's own recursion gave up
+        raise too_deep from None
+    depth, level = 0, [value]  # the containers at one depth, looked at level by level (no recursion)
+    while level := [item for item in level if isinstance(item, (dict, list))]:
+        depth += 1
+        if depth > MAX_JSON_DEPTH:
+            raise too_deep
+        level = [child for item in level for child in (item.values() if isinstance(item, dict) else item)]
+    return value
 
 
 def json_value(value):

@@ -74,6 +74,13 @@ def find_job(job_label: str, job_id: int) -> Job | None:
     return model.objects.defer(*model.heavy_fields).filter(pk=job_id).first()
 
 
+def visible_job(job_label: str, job_id: int, user) -> Job | None:
+    """The job if `user` may see it (its model's may_view), else None: a job of someone else's
+    answers as one that does not exist, so job ids cannot be probed."""
+    job = find_job(job_label, job_id)
+    return job if job is not None and job.may_view(user) else None
+
+
 def enqueue_job(job: Job) -> None:
     """Queue the job on `default` once this transaction commits (embedded: a thread of this process)."""
     job_label, job_id = label(job), job.pk

@@ -1,33 +1,29 @@
 """The annotation channel of a run: who took or judged which item, and when new experiences arrive.
 
 Annotators of the run (services.may_annotate: every annotator, or those assigned to it) may
-listen. New experiences are noticed on the run's own live group: every explorer step moves the
-run's `explorer_step`, which this consumer passes on as `new_experiences`; a change of the run's
-status goes on as `run_status`; nothing else of the dashboard's traffic.
+listen; one taken off the run's annotators is closed (services.set_annotators). New experiences
+are noticed on the run's own live group: every explorer step moves the run's `explorer_step`,
+which this consumer passes on as `new_experiences`; a change of the run's status goes on as
+`run_status`; nothing else of the dashboard's traffic.
 """
-from channels.db import database_sync_to_async
-
-from apps.core.consumers import CLOSE_FORBIDDEN, PingConsumer
+from apps.core.consumers import PingConsumer
 from apps.runs.consumers import run_group
 
 from .live import annotate_group
 
 
 class AnnotateConsumer(PingConsumer):
-    async def connect(self):
-        user = self.scope.get("user")
+    def live_groups(self):
         self.run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
-        if not (user and user.is_authenticated and await self._may_annotate(user)):
-            await self.close(code=CLOSE_FORBIDDEN)
-            return
-        self.groups_joined = (annotate_group(self.run_id), run_group(self.run_id))
-        for group in self.groups_joined:
-            await self.channel_layer.group_add(group, self.channel_name)
-        await self.accept()
+        return (annotate_group(self.run_id), run_group(self.run_id))
 
-    async def disconnect(self, code):
-        for group in getattr(self, "groups_joined", ()):
-            await self.channel_layer.group_discard(group, self.channel_name)
+    def may_watch(self, user) -> bool:
+        from apps.runs.models import Run
+
+        from .services import may_annotate
+
+        run = Run.objects.filter(pk=self.run_id).first()
+        return run is not None and may_annotate(run, user)
 
     async def annotate_message(self, event):
         await self.send_json(event["payload"])
@@ -41,12 +37,3 @@ class AnnotateConsumer(PingConsumer):
         for update in updates:
             if update.get("type") == "status":
                 await self.send_json({"type": "run_status", "status": update["status"]})
-
-    @database_sync_to_async
-    def _may_annotate(self, user) -> bool:
-        from apps.runs.models import Run
-
-        from .services import may_annotate
-
-        run = Run.objects.filter(pk=self.run_id).first()
-        return run is not None and may_annotate(run, user)

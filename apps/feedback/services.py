@@ -17,6 +17,7 @@ from django.db.models import Case, Exists, F, Func, IntegerField, OuterRef, Q, S
 from django.db.models.functions import Abs, Coalesce
 from django.utils import timezone
 
+from apps.accounts.revocation import recheck
 from apps.accounts.roles import ANNOTATOR, CURATOR, has_role
 from apps.buffer.models import Experience
 from workers.rft import sampling
@@ -141,6 +142,7 @@ def set_annotators(run, user, *, open_to_all: bool, usernames: list[str]) -> Run
         raise FeedbackError(f"{', '.join(not_annotators)} cannot annotate (no annotator role): nothing was changed")
     access, _ = RunAnnotators.objects.update_or_create(run=run, defaults={"open_to_all": open_to_all})
     access.users.set(users)
+    recheck(live.annotate_group(run.pk))  # the run's open sockets of those left out are closed
     return access
 
 

@@ -9,6 +9,11 @@ from .models import Checkpoint, MetricPoint, Run
 
 @admin.register(Run)
 class RunAdmin(admin.ModelAdmin):
+    """Runs are launched through the launch checks (services.launch_run), never added here, and
+    what workers act on (config, status, where its groups meet, ...) is read-only: a curator's
+    edit must not reach a worker unchecked (a rendezvous address made followers join a stranger's
+    group; a config edit skipped the model-path confinement). Run.secret is not shown at all."""
+
     list_display = (
         "name",
         "owner",
@@ -24,6 +29,11 @@ class RunAdmin(admin.ModelAdmin):
     search_fields = ("name",)
     list_select_related = ("owner",)
     readonly_fields = (
+        "config",
+        "mode",
+        "status",
+        "rendezvous",
+        "live_seq",
         "explorer_step",
         "trainer_step",
         "model_version",
@@ -33,6 +43,9 @@ class RunAdmin(admin.ModelAdmin):
         "started_at",
         "finished_at",
     )
+
+    def has_add_permission(self, request):
+        return False
 
     @admin.display(description="experiences")
     def experiences(self, run):
@@ -53,6 +66,13 @@ class MetricPointAdmin(admin.ModelAdmin):
 
 @admin.register(Checkpoint)
 class CheckpointAdmin(admin.ModelAdmin):
+    """Checkpoints are the trainer's record of what it saved: a worker resumes from `path` and
+    researchers download it, so nothing here changes them (deleting one is allowed)."""
+
     list_display = ("run", "version", "step", "path", "created_at")
     list_filter = ("run",)
     list_select_related = ("run",)
+    readonly_fields = ("run", "version", "step", "path", "created_at")
+
+    def has_add_permission(self, request):
+        return False

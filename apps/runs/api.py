@@ -14,7 +14,7 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.contrib.auth.decorators import login_not_required
 from django.contrib.auth.views import redirect_to_login
-from django.core.exceptions import PermissionDenied, RequestDataTooBig, ValidationError
+from django.core.exceptions import PermissionDenied, RequestDataTooBig
 from django.core.paginator import Paginator
 from django.http import Http404, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
@@ -24,12 +24,13 @@ from django.utils.crypto import constant_time_compare, salted_hmac
 from django.views.decorators.csrf import csrf_exempt
 
 from apps.accounts.roles import RESEARCHER, has_role
-from workers.rft.config import ConfigError
+from workers.rft.config import ConfigError, ConfigIssue, parse_config_text
+from workers.rft.json_values import text_problem
 
 from . import queries, services
 from .controls import control_run
-from .forms import RolloutFilterForm, RunFilterForm, parse_config_yaml
-from .models import Run
+from .forms import RolloutFilterForm, RunFilterForm
+from .models import MetricPoint, Run
 
 TOKEN_PREFIX = "rft"
 TOKEN_SALT = "apps.runs.api.token"
@@ -256,18 +257,16 @@ def _launch(request):
         body = _json_body(request)
     except ValueError as err:
         return error(400, str(err))
+    name = body.get("name") or "api run"
+    problem = "must be a string" if not isinstance(name, str) else text_problem(name)
+    if problem:  # JSON can carry "\u0000" or "\ud800", which Postgres cannot store
+        return error(400, f"name {problem}", errors=[{"key": "name", "message": problem}])
     config = body.get("config") or {}
     try:
         if isinstance(config, str):
-            config = parse_config_yaml(config)
-    except ValidationError as err:
-        return _config_errors([("<config>", message) for message in err.messages])
-    if not isinstance(config, dict):
-        return _config_errors([("<config>", "expected a mapping or YAML text")])
-    name = body.get("name") or "api run"
-    if not isinstance(name, str) or "\x00" in name:
-        return error(400, "name must be a string without NUL characters")
-    try:
+            config = parse_config_text(config)
+        if not isinstance(config, dict):
+            raise ConfigError([ConfigIssue("<config>", "expected a mapping or YAML text")])
         run = services.launch_run(request.user, name[:200], config)
     except ConfigError as err:
         return _config_errors([(issue.key, issue.message) for issue in err.errors])
@@ -302,10 +301,12 @@ def run_action(request, pk, action):
 def run_metrics(request, pk):
     """?role=trainer to keep one role, ?since=<step> for the steps after it (polling)."""
     run = get_object_or_404(Run, pk=pk)
-    since = request.GET.get("since")
-    if since is not None and not since.isdigit():
+    since, role = request.GET.get("since"), request.GET.get("role") or None
+    if since is not None and not (since.isascii() and since.isdigit()):  # isdigit() alone takes "²"
         return error(400, "since must be a step number")
-    metrics = queries.metrics_by_role(run, role=request.GET.get("role"), since=None if since is None else int(since))
+    if role is not None and role not in MetricPoint.Role.values:
+        return error(400, f"role must be one of: {', '.join(MetricPoint.Role.values)}")
+    metrics = queries.metrics_by_role(run, role=role, since=None if since is None else int(since))
     return JsonResponse({"run": run.pk, "name": run.name, "metrics": metrics})
 
 

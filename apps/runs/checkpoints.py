@@ -20,14 +20,30 @@ BLOCK = tarfile.BLOCKSIZE
 
 
 def checkpoint_dir(path: str) -> Path:
-    """The checkpoint's directory, which must lie inside settings.DATA_DIR (relative paths are taken
-    from there). Symlinks are resolved first, so a link cannot lead outside it."""
+    """The checkpoint's directory, which must be one a trainer writes: <data dir>/runs/<a run's
+    directory>/checkpoints/<one directory> (relative paths are taken from the data dir). Symlinks
+    are resolved first, so a link cannot lead elsewhere. Anything else (the data dir itself held
+    every run's files and uploads) is a PermissionDenied naming the rule."""
     data_dir = Path(settings.DATA_DIR).resolve()
     directory = (data_dir / path).resolve()
     if not directory.is_relative_to(data_dir):
         raise PermissionDenied("the checkpoint lies outside the data directory")
+    parts = directory.relative_to(data_dir).parts
+    if len(parts) != 4 or parts[0] != "runs" or parts[2] != "checkpoints":
+        raise PermissionDenied("the checkpoint is not a directory of a run's checkpoints "
+                               "(runs/<run>/checkpoints/<checkpoint> in the data directory)")
     if not directory.is_dir():
         raise Http404("the checkpoint directory no longer exists")
+    return directory
+
+
+def run_checkpoint_dir(checkpoint, run_directory: Path) -> Path:
+    """checkpoint_dir, and inside `run_directory`, the checkpoint's own run's (supervision.run_dir):
+    what a worker resumes from, and what a download of that run's checkpoint may send."""
+    directory = checkpoint_dir(checkpoint.path)
+    if directory.parent.parent != run_directory.resolve():
+        raise PermissionDenied(f"checkpoint v{checkpoint.version} of run {checkpoint.run_id} lies outside that run's "
+                               "own directory")
     return directory
 
 

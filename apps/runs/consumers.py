@@ -5,7 +5,7 @@ Only researchers (and curators) may watch. Messages are whatever `services.broad
 from channels.db import database_sync_to_async
 
 from apps.accounts.roles import RESEARCHER, has_role
-from apps.core.consumers import CLOSE_FORBIDDEN, PingConsumer
+from apps.core.consumers import PingConsumer
 
 
 def run_group(run_id: int) -> str:
@@ -13,17 +13,14 @@ def run_group(run_id: int) -> str:
 
 
 class RunConsumer(PingConsumer):
-    async def connect(self):
-        user = self.scope.get("user")
+    def live_groups(self):
         self.run_id = int(self.scope["url_route"]["kwargs"]["run_id"])
-        if not (user and user.is_authenticated and await self._may_watch(user)):
-            await self.close(code=CLOSE_FORBIDDEN)
-            return
-        await self.channel_layer.group_add(run_group(self.run_id), self.channel_name)
-        await self.accept()
+        return (run_group(self.run_id),)
 
-    async def disconnect(self, code):
-        await self.channel_layer.group_discard(run_group(self.run_id), self.channel_name)
+    def may_watch(self, user) -> bool:
+        from .models import Run
+
+        return has_role(user, RESEARCHER) and Run.objects.filter(pk=self.run_id).exists()
 
     async def run_update(self, event):
         await self.send_json(event["payload"])
@@ -38,9 +35,3 @@ class RunConsumer(PingConsumer):
         from .models import Run
 
         return Run.objects.filter(pk=self.run_id).values_list("live_seq", flat=True).first() or 0
-
-    @database_sync_to_async
-    def _may_watch(self, user) -> bool:
-        from .models import Run
-
-        return has_role(user, RESEARCHER) and Run.objects.filter(pk=self.run_id).exists()

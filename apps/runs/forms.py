@@ -3,8 +3,11 @@
 The launch form edits one config in one of two editors. In the form editor each knob is a field
 named by its dotted config key (`algorithm.kl.coef`), so a ConfigError issue lands next to its
 field; the whole config rides along as JSON in `base`, so keys without a field (pipelines, system
-prompt, ...) survive. In the YAML editor the text is the config. Switching editors carries the
-config over; launching validates it with the services (workers.rft.config plus the tasksets).
+prompt, ...) survive. In the YAML editor the text is the config. Every text here (the YAML box,
+`base`, the reward_fn field) is read by the engine's one reader, parse_config_text, and the config
+the form puts together is a bounded JSON value before anything renders or dumps it. Switching
+editors carries the config over; launching validates it with the services (workers.rft.config
+plus the tasksets and model directories).
 """
 
 import json
@@ -20,6 +23,7 @@ from django.db.models import Q
 
 from apps.buffer.models import Experience
 from apps.tasksets.models import Taskset
+from workers.rft.config import ConfigError, check_config_value, parse_config_text, parse_reward_fn_text
 
 from .models import Run
 
@@ -118,16 +122,6 @@ ALGORITHM_ONLY = {
 TASKSET_KEYS = ("buffer.taskset", "buffer.expert_taskset", "buffer.eval_taskset")
 
 
-def parse_config_yaml(text: str) -> dict:
-    """YAML (or JSON) text to a config mapping, read the way the engine reads config files."""
-    from workers.rft.config import ConfigError, parse_config_text
-
-    try:
-        return parse_config_text(text)
-    except ConfigError as err:
-        raise forms.ValidationError(err.errors[0].message) from None
-
-
 def dump_config_yaml(config: Mapping) -> str:
     """YAML in the schema's key order (Postgres' jsonb keeps no order)."""
     return yaml.safe_dump(_in_schema_order(config, default_config()), sort_keys=False, allow_unicode=True)
@@ -173,13 +167,14 @@ class RewardFnField(forms.CharField):
         return value
 
     def to_python(self, value):
-        value = super().to_python(value)
-        if value.startswith("{"):
-            try:
-                return yaml.safe_load(value)
-            except yaml.YAMLError:
-                raise forms.ValidationError("write a mapping like {exact_match: 1, format: 0.2}") from None
-        return value
+        try:
+            return parse_reward_fn_text(super().to_python(value))
+        except ConfigError as err:
+            issue = err.errors[0]
+            where = "" if issue.key == "<config>" else f"{issue.key}: "
+            raise forms.ValidationError(
+                f"{where}{issue.message} (write a name, or a mapping like {{exact_match: 1, format: 0.2}})"
+            ) from None
 
 
 def _schema_field(key: str):
@@ -260,24 +255,22 @@ class LaunchForm(forms.Form):
 
     def clean(self):
         cleaned = super().clean()
-        if self.current_editor == YAML:
-            try:
-                cleaned["config"] = parse_config_yaml(cleaned.get("yaml", ""))
-            except forms.ValidationError as err:
-                self.add_error("yaml", err)
-            return cleaned
         try:
-            config = json.loads(cleaned.get("base") or "{}")
-        except (json.JSONDecodeError, RecursionError):  # the form's own JSON, tampered with
-            config = {}
-        if not isinstance(config, dict):
-            config = {}
+            cleaned["config"] = self._config(cleaned)
+        except ConfigError as err:
+            self.add_config_errors(err)
+        return cleaned
+
+    def _config(self, cleaned) -> dict:
+        if self.current_editor == YAML:
+            return parse_config_text(cleaned.get("yaml", ""))
+        config = parse_config_text(cleaned.get("base") or "{}")  # the form's own JSON, which a client can rewrite
         for _, keys in SECTIONS:
             for key in keys:
                 if key in cleaned:
                     set_key(config, key, cleaned[key])
-        cleaned["config"] = config
-        return cleaned
+        check_config_value(config)  # each part is bounded; together they must be too
+        return config
 
     def run_name(self) -> str:
         config = self.cleaned_data["config"]
@@ -289,12 +282,19 @@ class LaunchForm(forms.Form):
         )
 
     def add_config_errors(self, error) -> None:
-        """Each ConfigError issue next to its field; keys without one at the top (or by the YAML box)."""
+        """Each ConfigError issue next to its field, or the field whose value holds its key
+        (explorer.reward_fn.llm_judge.rubric by explorer.reward_fn); others at the top (or by the
+        YAML box)."""
         for issue in error.errors:
-            if self.current_editor == FORM and issue.key in self.fields:
-                self.add_error(issue.key, issue.message)
+            field = next(
+                (key for key in self.fields if issue.key == key or issue.key.startswith(f"{key}.")), None
+            ) if self.current_editor == FORM else None
+            if field is None:
+                where = "" if issue.key == "<config>" else f"{issue.key}: "
+                self.add_error("yaml" if self.current_editor == YAML else None, where + issue.message)
             else:
-                self.add_error("yaml" if self.current_editor == YAML else None, f"{issue.key}: {issue.message}")
+                inside = issue.key.removeprefix(field).removeprefix(".")
+                self.add_error(field, f"{inside}: {issue.message}" if inside else issue.message)
 
     def switched(self) -> "LaunchForm":
         """The same config and name in the other editor (call on a valid form)."""

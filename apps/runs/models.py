@@ -1,5 +1,11 @@
+import secrets
+
 from django.conf import settings
 from django.db import models
+
+
+def new_secret() -> str:
+    return secrets.token_hex(32)
 
 
 class Run(models.Model):
@@ -20,7 +26,10 @@ class Run(models.Model):
         BENCH = "bench"
 
     FINISHED = (Status.STOPPED, Status.COMPLETED, Status.FAILED)
-    ACTIVE = (Status.STARTING, Status.RUNNING, Status.PAUSED, Status.STOPPING)  # a worker's to serve
+    ACTIVE = (Status.STARTING, Status.RUNNING, Status.PAUSED, Status.STOPPING)  # not finished
+    # Still to be served: a duty is claimed, waited for and kept only in these. A stopping run's
+    # duties leave (the trainer saving its last checkpoint on the way) and its queued ones exit.
+    SERVED = (Status.STARTING, Status.RUNNING, Status.PAUSED)
 
     name = models.CharField(max_length=200)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, related_name="runs", on_delete=models.PROTECT)
@@ -44,6 +53,10 @@ class Run(models.Model):
     # (synchronizer.method nccl). Each is {"generation", "host", "port", "world_size"} while rank 0
     # has it open, then {"generation"} alone; each group rank 0 opens gets the next generation.
     rendezvous = models.JSONField(default=dict, blank=True)
+    # What the run's process groups (its trainer's ranks, its weight group) prove they know before
+    # their ranks trust each other (workers/rft/distributed.handshake). Workers read it from here
+    # alone: it is in no form, page or API answer (editable=False keeps it out of the admin's).
+    secret = models.CharField(max_length=64, default=new_secret, editable=False)
     live_seq = models.PositiveBigIntegerField(default=0, help_text="number of the last live message sent")
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)

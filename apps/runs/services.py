@@ -12,7 +12,7 @@ from apps.tasksets.models import Taskset
 from rftweb.celery import enqueue
 from workers.rft.config import ConfigError, ConfigIssue, RunConfig
 
-from .config_checks import model_issues, nul_issues
+from .config_checks import model_issues
 from .live import publisher
 from .models import MetricPoint, Run
 
@@ -86,7 +86,7 @@ def validate_config(config: dict) -> RunConfig:
     issues = [
         ConfigIssue(f"buffer.{key}", f"no taskset named {name!r}; upload it or pick one of the tasksets page")
         for key, name in named.items()
-        if name and "\x00" not in name and not Taskset.objects.filter(name=name).exists()  # NUL: nul_issues
+        if name and not Taskset.objects.filter(name=name).exists()  # NUL and surrogates: refused by from_dict
     ]
     known_runs = set(Run.objects.filter(pk__in=parsed.feedback.source_runs).values_list("pk", flat=True))
     issues += [
@@ -95,8 +95,6 @@ def validate_config(config: dict) -> RunConfig:
     ]
     bad_models, resolved_models = model_issues(parsed)
     issues += [ConfigIssue(key, message) for key, message in bad_models]
-    reported = {issue.key for issue in issues}
-    issues += [ConfigIssue(key, message) for key, message in nul_issues(parsed.to_dict()) if key not in reported]
     if issues:
         raise ConfigError(issues)
     for key, directory in resolved_models.items():
@@ -266,12 +264,13 @@ def workers_holding(run: Run) -> dict[str, str]:
 
 
 def claim_duty(run: Run, duty: str, worker: str, timeout: float) -> bool:
-    """Take the duty of an active run unless another live worker holds it. A redelivered or
-    duplicated task for a duty that is being served, or for a run no longer active, then exits
+    """Take the duty of a run still to be served (Run.SERVED) unless another live worker holds it.
+    A redelivered or duplicated task for a duty that is being served, or any task of a run that
+    is stopping or finished (hundreds may be queued: a run of 1,000 nodes), then exits at once
     without touching the run."""
     with transaction.atomic():
         locked = Run.objects.select_for_update().get(pk=run.pk)
-        if locked.status not in Run.ACTIVE or holder(locked, duty, timeout) not in (None, HANDED_OVER, worker):
+        if locked.status not in Run.SERVED or holder(locked, duty, timeout) not in (None, HANDED_OVER, worker):
             return False
         _write_beat(locked, duty, worker)
     return True
@@ -322,7 +321,9 @@ def release_duty(run: Run, duty: str, worker: str, *, error: str | None = None, 
     """`worker` lets the duty go (its task ends); with `error`, the run fails with it, in the same
     transaction, so that no one sees a failed run whose duty is still held. With `broke` (why the
     trainer's rank group broke) the run stays active and the watchdog hands the duty on, as for a
-    dead worker. False, changing nothing, when the worker no longer held the duty."""
+    dead worker. The last duty of a stopping run to go stops it (a stop ends a run when its duties
+    have left, not at the watchdog's next tick). False, changing nothing, when the worker no
+    longer held the duty."""
     with transaction.atomic():
         locked = Run.objects.select_for_update().get(pk=run.pk)
         if holder(locked, duty) != worker:
@@ -334,6 +335,8 @@ def release_duty(run: Run, duty: str, worker: str, *, error: str | None = None, 
         locked.save(update_fields=["heartbeats"])
         if error is not None and not locked.is_finished:
             set_status(locked, Status.FAILED, error=error)
+        elif locked.status == Status.STOPPING and not workers_holding(locked):
+            set_status(locked, Status.STOPPED)
     run.refresh_from_db(fields=["status", "error", "heartbeats"])
     return True
 

@@ -120,6 +120,7 @@ class DjangoWeightGroup:
     def __init__(self, run: Run, duty: str):
         self.run = run
         self.rank = 0 if duty == "trainer" else 1 + (0 if duty == "explorer" else int(duty.rpartition("-")[2]))
+        self.secret = run.secret  # what the group's sides prove they know (weight_broadcast._Group)
 
     def open(self, port):
         host, explorers = settings.RFTWEB_NODE_ADDRESS, self.run.config["explorer"]["engine_num"]

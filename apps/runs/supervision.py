@@ -51,6 +51,7 @@ from rftweb.celery import enqueue
 from workers.rft.synchronizer import SPLIT_SYNC_METHODS
 
 from . import services
+from .checkpoints import run_checkpoint_dir
 from .live import publisher
 from .models import Run
 
@@ -178,6 +179,19 @@ class DutyLost(Exception):
     """Another worker holds this duty now (the watchdog handed it on, or the run was resumed)."""
 
 
+class Stopped(Exception):
+    """The run stopped (or ended) while the duty waited for the run's other duties."""
+
+
+def still_served(run: Run, duty: str, worker: str) -> bool:
+    """Whether the run is still to be served (Run.SERVED) by this duty; DutyLost once `worker`
+    no longer holds it. What a duty waiting for others looks at, so that a stop reaches it."""
+    run.refresh_from_db(fields=["status", "heartbeats"])
+    if services.holder(run, duty) != worker:
+        raise DutyLost(f"run {run.pk}: worker {worker} no longer holds the {duty} duty")
+    return run.status in Run.SERVED
+
+
 def wait_while_paused(run: Run, duty: str, worker: str, interval: float = 1.0) -> str:
     """The run's status once it is not paused; DutyLost as soon as `worker` no longer holds `duty`,
     or the duty is no longer the run's (an explorer beyond a lowered explorer.engine_num)."""
@@ -198,7 +212,8 @@ def serve(run_id: int, duty: str) -> str:
     a database outage), and let it go, failing the run with the error if there was one."""
     run = Run.objects.get(pk=run_id)
     me = worker_id()
-    if not services.claim_duty(run, duty, me, settings.RFTWEB_HEARTBEAT_TIMEOUT):
+    # A task of a run stopped or ended exits on this one read: a stop may leave 1,000 queued.
+    if run.status not in Run.SERVED or not services.claim_duty(run, duty, me, settings.RFTWEB_HEARTBEAT_TIMEOUT):
         return "skipped"
     beat = Heartbeat(run, duty, me, settings.RFTWEB_HEARTBEAT_INTERVAL)
     beat.start()
@@ -218,6 +233,9 @@ def serve(run_id: int, duty: str) -> str:
     except DutyLost as lost:
         log.warning("%s; it stops here", lost)
         return "taken over"
+    except Stopped as stopped:
+        log.info("run %s (%s): %s", run_id, duty, stopped)
+        return "stopped"
     except Exception as exc:
         close_old_connections()
         if is_rank_failure(exc):  # the watchdog restarts the group (see the module's docstring)
@@ -250,14 +268,16 @@ def run_engine(run: Run, duty: str, worker: str) -> str:
     status = lambda: wait_while_paused(run, duty, worker)  # noqa: E731
     # Closed when the duty ends: a worker process outlives its runs, vLLM's processes and the
     # follower ranks must not.
-    with trainer_ranks(run, config, duty) as ranks, Loop(config, stores, run_dir(run), components=components,
-                                                         ranks=ranks) as loop:
+    with trainer_ranks(run, config, duty, worker) as ranks, Loop(config, stores, run_dir(run), components=components,
+                                                                 ranks=ranks) as loop:
         if loop.trainer is not None:
             checkpoint = stores.checkpoints.latest()
             if checkpoint is not None:
                 log.info("run %s (%s): from checkpoint v%s (trainer step %s)",
                          run.pk, duty, checkpoint.version, checkpoint.step)
-                loop.resume(checkpoint.path)
+                # Only from the run's own directory: the path is a row a worker trusts, not a place
+                # any file may be loaded from.
+                loop.resume(run_checkpoint_dir(checkpoint, run_dir(run)))
             elif run.trainer_step:
                 log.info("run %s (%s): no checkpoint yet, from step 0 (same run)", run.pk, duty)
             # Steps after the checkpoint are replayed: give them back the rows the lost steps took.
@@ -299,11 +319,16 @@ def is_rank_failure(exc: BaseException) -> bool:
 
 
 @contextmanager
-def trainer_ranks(run: Run, config, duty: str):
+def trainer_ranks(run: Run, config, duty: str, worker: str):
     """The trainer's ranks (distributed.Ranks) while the duty runs, with this process as rank 0
     and the others started here; None unless the duty holds a trainer of several ranks. On the way out
     (Loop.close has sent its followers stop, unless the group broke) the followers get
-    FOLLOWERS_EXIT_SECONDS to exit, then are killed, and the group goes."""
+    FOLLOWERS_EXIT_SECONDS to exit, then are killed, and the group goes.
+
+    The group's store listens on 127.0.0.1 when every rank is on this machine, else on
+    RFTWEB_NODE_ADDRESS alone; its ranks prove they know the run's secret (Run.secret) before
+    they join. Waiting for ranks that do not come ends as soon as the run is no longer served
+    (Stopped): a stop reaches a leader waiting for 999 machines."""
     trainer = config.trainer
     if trainer.strategy == "single" or services.is_explorer(duty):
         yield None
@@ -311,7 +336,7 @@ def trainer_ranks(run: Run, config, duty: str):
     import torch
     import torch.distributed as dist
 
-    from workers.rft.distributed import RankFailure, free_port, join
+    from workers.rft.distributed import JoinCancelled, RankFailure, free_port, join
     from workers.rft.models import pick_device
 
     device = pick_device(config.model.device).type
@@ -323,18 +348,22 @@ def trainer_ranks(run: Run, config, duty: str):
         raise RuntimeError("this worker process already trains a data-parallel run (one per process): resume this "
                            "run once that one has ended, or serve runs from Celery workers (a process each)")
     threads = torch.get_num_threads()  # join shares the cores out between the ranks
-    port = free_port()
+    host = settings.RFTWEB_NODE_ADDRESS if trainer.num_nodes > 1 else "127.0.0.1"
+    port = free_port(host)
     followers, ranks, generation = [], None, None
     try:
         for rank in range(1, local_size):
-            followers.append(start_follower(config, rank, world_size, f"127.0.0.1:{port}", device))
+            followers.append(start_follower(config, rank, world_size, f"{host}:{port}", device, run.secret))
         log.info("run %s (%s): trainer rank 0 is process %s, ranks 1..%s are processes %s", run.pk, duty,
                  os.getpid(), local_size - 1, [proc.pid for proc in followers])
         if trainer.num_nodes > 1:
-            generation = services.open_rendezvous(run, "trainer", settings.RFTWEB_NODE_ADDRESS, port, world_size)
+            generation = services.open_rendezvous(run, "trainer", host, port, world_size)
         try:
-            ranks = join(0, world_size, 0, ("127.0.0.1", port, True), trainer.collective_timeout_s, device,
-                         local_world_size=local_size)
+            ranks = join(0, world_size, 0, (host, port, True), trainer.collective_timeout_s, device,
+                         local_world_size=local_size, secret=run.secret,
+                         should_stop=lambda: not still_served(run, duty, worker))
+        except JoinCancelled as err:
+            raise Stopped(f"{err}: the run is {run.status}") from err
         except (RuntimeError, dist.DistError) as err:
             exited = [f"rank {rank} exited with {proc.poll()}" for rank, proc in enumerate(followers, 1)
                       if proc.poll() is not None]
@@ -344,7 +373,7 @@ def trainer_ranks(run: Run, config, duty: str):
                 raise RankFailure(
                     f"not every machine's ranks joined within {trainer.collective_timeout_s:g} s "
                     f"(trainer.collective_timeout_s): each of the trainer.num_nodes ({trainer.num_nodes}) needs a "
-                    f"train worker free to serve it, reaching {settings.RFTWEB_NODE_ADDRESS}:{port} "
+                    f"train worker free to serve it, reaching {host}:{port} "
                     "(RFTWEB_NODE_ADDRESS)") from err
             raise
         yield ranks
@@ -358,16 +387,19 @@ def trainer_ranks(run: Run, config, duty: str):
         TRAINER_GROUP.release()
 
 
-def start_follower(config, rank: int, world_size: int, master: str, device: str,
+def start_follower(config, rank: int, world_size: int, master: str, device: str, secret: str,
                    local_rank: int | None = None, local_size: int | None = None) -> subprocess.Popen:
     """A follower rank as a process of its own (not multiprocessing: a Celery pool process is
     daemonic, and may start no children that way); its output goes to the worker's log. On the
-    leader's machine its local rank (its GPU) is its rank."""
+    leader's machine its local rank (its GPU) is its rank. The run's secret goes in its
+    environment (not its command line, which every user of the machine can read)."""
+    from workers.rft.distributed import SECRET_ENV
+
     local = [] if local_rank is None else ["--local-rank", str(local_rank), "--local-world-size", str(local_size)]
     proc = subprocess.Popen(
         [sys.executable, "-m", "workers.rft", "follow", "-", "--rank", str(rank), "--world-size", str(world_size),
          "--master", master, "--device", device, *local],
-        stdin=subprocess.PIPE, cwd=settings.BASE_DIR, text=True,
+        stdin=subprocess.PIPE, cwd=settings.BASE_DIR, text=True, env={**os.environ, SECRET_ENV: secret},
     )
     with proc.stdin:
         proc.stdin.write(json.dumps(config.to_dict()))
@@ -390,8 +422,10 @@ def end_followers(followers: list[subprocess.Popen], at_once: bool) -> None:
 
 def serve_node(run: Run, duty: str, worker: str) -> str:
     """Machine K of a trainer on several (duty trainer-node-K): start its ranks (K*P .. K*P+P-1,
-    P = trainer.num_processes) in each group rank 0 opens, once per group, until the run ends.
-    A group that rank 0 closed or replaced takes its ranks with it."""
+    P = trainer.num_processes) in each group rank 0 opens, once per group, until the run is no
+    longer served: on a stop it leaves within FOLLOWERS_EXIT_SECONDS (its followers' time to take
+    rank 0's stop), whether or not a group ever formed. A group that rank 0 closed or replaced
+    takes its ranks with it."""
     from workers.rft.config import RunConfig
     from workers.rft.models import pick_device
 
@@ -401,11 +435,13 @@ def serve_node(run: Run, duty: str, worker: str) -> str:
     served, followers = None, []
     try:
         while True:
-            run.refresh_from_db(fields=["status", "heartbeats", "rendezvous"])
-            if services.holder(run, duty) != worker:
-                raise DutyLost(f"run {run.pk}: worker {worker} no longer holds the {duty} duty")
-            if run.status not in Run.ACTIVE:
+            if not still_served(run, duty, worker):
+                # Rank 0 sends its followers stop once its last step and checkpoint are done:
+                # they get FOLLOWERS_EXIT_SECONDS for that, not the run's whole life.
+                end_followers(followers, at_once=False)
+                followers = []
                 return run.status
+            run.refresh_from_db(fields=["rendezvous"])
             group = run.rendezvous.get("trainer", {})
             if followers and (group.get("generation") != served or "host" not in group):
                 end_followers(followers, at_once=False)  # released by a stop, or left in a broken group
@@ -414,7 +450,8 @@ def serve_node(run: Run, duty: str, worker: str) -> str:
                 served = group["generation"]
                 master = f"{group['host']}:{group['port']}"
                 followers = [start_follower(config, node * local_size + i, group["world_size"], master, device,
-                                            local_rank=i, local_size=local_size) for i in range(local_size)]
+                                            run.secret, local_rank=i, local_size=local_size)
+                             for i in range(local_size)]
                 log.info("run %s (%s): ranks %s..%s joining group %s at %s", run.pk, duty, node * local_size,
                          (node + 1) * local_size - 1, served, master)
             pause()
@@ -496,10 +533,14 @@ def free_bytes(path: Path) -> float:
 
 
 def watchdog() -> list[tuple[int, str]]:
-    """Send on the duties of active runs that no worker holds (their worker was killed, lost its
-    machine or quit), up to RFTWEB_MAX_HANDOVERS times in a row without progress; then the run
-    fails. A stopping run that no worker holds any more is stopped: nobody is left to stop it.
-    Failed runs are left alone: resuming one is its user's call. Returns the (run id, duty) sent on."""
+    """Send on the duties of active runs whose worker is gone (killed, lost its machine, or its
+    rank group broke), up to RFTWEB_MAX_HANDOVERS times in a row without progress; then the run
+    fails. A duty no worker ever claimed is not sent again: its task is still queued (a run of
+    256 explorers on 2 explore workers has 254 waiting), and sending it each tick grew the queue
+    without bound. One the watchdog sent on that nobody claimed counts a hand-over each timeout,
+    unsent, so a run no worker serves still fails after the limit. A stopping run that no worker
+    holds any more is stopped: nobody is left to stop it. Failed runs are left alone: resuming
+    one is its user's call. Returns the (run id, duty) sent on."""
     timeout = settings.RFTWEB_HEARTBEAT_TIMEOUT
     resumed = []
     for run in Run.objects.filter(status__in=Run.ACTIVE):
@@ -508,12 +549,13 @@ def watchdog() -> list[tuple[int, str]]:
                 services.set_status(run, Status.STOPPED)
             continue
         for duty in duties_of_run(run):
-            if duty not in run.heartbeats and run.status == Status.STARTING:
-                continue  # queued for a worker that has not picked it up yet
-            # Held by HANDED_OVER until a worker claims it: the next tick does not send it again.
-            if services.holder(run, duty, timeout) is None:
-                if not services.hand_over(run, duty, settings.RFTWEB_MAX_HANDOVERS):
-                    break  # the run failed: its user resumes it
-                send(run.pk, duty)
-                resumed.append((run.pk, duty))
+            beat = run.heartbeats.get(duty)
+            if beat is None or services.holder(run, duty, timeout) is not None:
+                continue  # its first task is queued (start_run, set_explorers sent it), or it is held
+            if not services.hand_over(run, duty, settings.RFTWEB_MAX_HANDOVERS):
+                break  # the run failed: its user resumes it
+            if beat["worker"] == services.HANDED_OVER:
+                continue  # sent on before and not claimed yet: that task is still queued
+            send(run.pk, duty)
+            resumed.append((run.pk, duty))
     return resumed

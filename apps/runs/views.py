@@ -23,7 +23,7 @@ from workers.rft.config import ConfigError
 
 from . import queries, services, supervision
 from .api import token_for, token_or_session
-from .checkpoints import checkpoint_dir, tar_stream
+from .checkpoints import run_checkpoint_dir, tar_stream
 from .controls import control_run, control_statuses, may_control
 from .forms import LaunchForm, RolloutFilterForm, RunFilterForm, dump_config_yaml
 from .models import Checkpoint, Run
@@ -233,10 +233,10 @@ def run_explorers(request, pk):
 @token_or_session  # scripts download with their API token
 @role_required(RESEARCHER)
 def checkpoint_download(request, pk, version):
-    """The checkpoint's directory as a tar, streamed (403 for a path outside the data directory)."""
+    """The checkpoint's directory as a tar, streamed (403 for a path outside the run's own checkpoints)."""
     checkpoint = get_object_or_404(Checkpoint.objects.select_related("run"), run_id=pk, version=version)
     name = f"{slugify(checkpoint.run.name) or 'run'}-{pk}-v{version}"
-    chunks, size = tar_stream(checkpoint_dir(checkpoint.path), name)
+    chunks, size = tar_stream(run_checkpoint_dir(checkpoint, supervision.run_dir(checkpoint.run)), name)
     response = StreamingHttpResponse(chunks, content_type="application/x-tar")
     response["Content-Length"] = str(size)
     response["Content-Disposition"] = content_disposition_header(as_attachment=True, filename=f"{name}.tar")

@@ -1,9 +1,9 @@
-from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
+from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
 
 from apps.accounts.roles import RESEARCHER, role_required
-from apps.core.jobs import label
+from apps.core.jobs import label, visible_job
 
 from . import services
 from .forms import TasksetUploadForm
@@ -47,7 +47,8 @@ def taskset_upload(request):
 @role_required(RESEARCHER)
 def taskset_import(request, pk):
     """An import job's page, with its progress (apps.core's progress widget) until it has finished."""
-    job = get_object_or_404(TasksetImport.objects.select_related("taskset"), pk=pk)
-    if not job.may_view(request.user):
-        raise PermissionDenied("this import belongs to another user")
+    # Another user's import answers as a missing one (404, not 403): job ids cannot be probed.
+    job = visible_job("tasksets.tasksetimport", pk, request.user)
+    if job is None:
+        raise Http404("no such import")
     return render(request, "tasksets/import.html", {"job": job, "job_label": label(job)})

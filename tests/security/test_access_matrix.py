@@ -6,6 +6,7 @@ the matrix fails `test_every_url_has_a_matrix_entry`. Expected outcomes:
   A  allowed: the view answers (2xx, a redirect elsewhere, or 400/409 on the empty form it got)
   L  sent to the login page          U  401 JSON (API)          D  403 (admin: its own login page)
   R  refused by the view with a message, and nothing changed (a redirect back)
+  N  404, as if it did not exist: someone else's thing whose ids must not be probed
 """
 import shutil
 from dataclasses import dataclass, field
@@ -25,6 +26,7 @@ from apps.buffer.models import Experience
 from apps.feedback.models import RunAnnotators
 from apps.runs.api import token_for
 from apps.runs.models import Checkpoint, Run
+from apps.runs.supervision import run_dir
 from apps.tasksets.models import Task, Taskset, TasksetImport
 from rftweb.routing import websocket_urlpatterns
 from tests.support import websocket_connects
@@ -65,9 +67,9 @@ MATRIX = {
     # tasksets: researchers; an import job is its uploader's (and curators')
     "taskset-list": Entry("LDAAA"),
     "taskset-upload": Entry("LDAAA"),
-    "taskset-import": Entry("LDADA", kwargs=lambda o: {"pk": o.job.pk}),
+    "taskset-import": Entry("LDANA", kwargs=lambda o: {"pk": o.job.pk}),
     # a job's progress (an import here): whoever may see the job
-    "job-progress": Entry("LDADA", kwargs=lambda o: {"label": JOB_LABEL, "pk": o.job.pk}),
+    "job-progress": Entry("LNANA", kwargs=lambda o: {"label": JOB_LABEL, "pk": o.job.pk}),
     "taskset-detail": Entry("LDAAA", kwargs=lambda o: {"name": o.taskset.name}),
     # annotation: annotators and up; a run's feedback stats and who annotates it: researchers
     "annotate-start": Entry("LAAAA"),
@@ -176,7 +178,7 @@ def world(db, settings):
         run=o.run, task=task, explorer_step=0, rollout_index=0, group_id="g0", prompt_text="1+1?", response_text="2",
         prompt_ids=[1], response_ids=[2], action_mask=[1], logprobs=[-0.1], reward=1.0, model_version=0,
     )
-    directory = settings.DATA_DIR / "access-matrix-checkpoint"
+    directory = run_dir(o.run) / "checkpoints" / "v1"
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "weights.bin").write_bytes(b"w")
     Checkpoint.objects.create(run=o.run, version=1, step=1, path=str(directory))
@@ -196,6 +198,8 @@ def outcome(response) -> str:
         return "D"
     if response.status_code == 302 and location.startswith(reverse("login")):
         return "L"
+    if response.status_code == 404:
+        return "N"
     if response.status_code in (200, 201, 204, 301, 302, 400, 409):
         return "A"
     return f"unexpected {response.status_code}"
@@ -246,7 +250,10 @@ def test_a_run_restricted_to_no_annotators_refuses_every_item_route_to_an_annota
 # ---- the admin: curators only, and never the user accounts ---------------------------------------
 
 # Experiences come from runs and imports, jobs from their forms: the admin adds none of them by hand.
-NOT_ADDED_BY_HAND = {("buffer", "experience"), ("buffer", "bufferjob"), ("tasksets", "tasksetimport")}
+NOT_ADDED_BY_HAND = {
+    ("buffer", "experience"), ("buffer", "bufferjob"), ("tasksets", "tasksetimport"),
+    ("runs", "run"), ("runs", "checkpoint"),  # workers make them; an admin could plant a config or a path
+}
 ADMIN_PAGES = sorted(
     (model._meta.app_label, model._meta.model_name, page)
     for model in admin.site._registry

@@ -10,6 +10,7 @@ from django.urls import reverse
 
 from apps.runs.api import token_for
 from apps.runs.models import Checkpoint, Run
+from apps.runs.supervision import run_dir
 
 
 def api_get(token: str):
@@ -52,10 +53,11 @@ def test_the_token_page_is_never_cached(researcher_client):
 @pytest.fixture
 def checkpoint(researcher, settings, tmp_path):
     settings.DATA_DIR = tmp_path / "data"
-    (settings.DATA_DIR / "ckpt").mkdir(parents=True)
-    (settings.DATA_DIR / "ckpt" / "model.safetensors").write_bytes(b"weights")
     run = Run.objects.create(name="r", owner=researcher, config={})
-    return Checkpoint.objects.create(run=run, version=1, step=1, path="ckpt")
+    directory = run_dir(run) / "checkpoints" / "v1"
+    directory.mkdir(parents=True)
+    (directory / "model.safetensors").write_bytes(b"weights")
+    return Checkpoint.objects.create(run=run, version=1, step=1, path=str(directory))
 
 
 def test_a_script_downloads_a_checkpoint_with_its_token(researcher, checkpoint):

@@ -60,7 +60,7 @@ API_CASES = {
     "delete-run": ("delete", lambda run: reverse("api-run", args=[run.pk]), b"", 405, "use GET"),
     "unknown-run": ("get", lambda run: reverse("api-run", args=[run.pk + 1000]), None, 404, "No Run matches"),
     "bad-status-filter": ("get", runs_url, {"status": "bogus"}, 400, "invalid filters"),
-    "nul-in-search": ("get", runs_url, {"q": "a\x00"}, 400, "invalid filters"),
+    "nul-in-search": ("get", runs_url, {"q": "a\x00"}, 400, "query parameter 'q' holds a NUL"),
     "since-not-a-number": ("get", lambda run: reverse("api-run-metrics", args=[run.pk]), {"since": "-1"}, 400, "since"),
     "bad-min-reward": (
         "get", lambda run: reverse("api-run-experiences", args=[run.pk]), {"min_reward": "lots"}, 400, "invalid filters"

@@ -5,11 +5,14 @@ under its dotted key (`algorithm.kl.coef: must be >= 0, got -1`). Field rules si
 fields; rules that span several keys are in `_combination_issues`.
 """
 import difflib
+import functools
+import inspect
+import json
 import math
 import operator
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields, is_dataclass
+from dataclasses import asdict, dataclass, field, fields, is_dataclass, make_dataclass
 from pathlib import Path
 from types import NoneType, UnionType
 from typing import get_args
@@ -26,7 +29,7 @@ from workers.rft.algorithms import (
     resolve,
 )
 from workers.rft.json_values import json_value_problem
-from workers.rft.rewards import REWARD_FNS, build_reward
+from workers.rft.rewards import CAUSAL_LM, REWARD_FNS
 from workers.rft.synchronizer import SPLIT_SYNC_METHODS, SYNC_METHODS
 from workers.rft.workflows import WORKFLOWS, workflow_args_problems
 
@@ -37,6 +40,7 @@ MAX_TEXT_CHARS = 100_000
 # a small request cannot make a big tree (YAML aliases are refused for the same reason).
 MAX_CONFIG_CHARS = 256 * 1024
 MAX_CONFIG_DEPTH = 64  # mappings and lists inside each other
+REQUIRED = object()  # the default of a reward fn parameter without one: the spec must give it
 
 
 @dataclass
@@ -59,26 +63,21 @@ class ConfigError(ValueError):
 
 
 def _f(default=None, *, factory=None, choices=None, names=None, ge=None, gt=None, le=None, lt=None, most=None,
-       check=None):
+       check=None, model=None):
     """A config field: its default and the rules its value follows (check(value) -> problem or None).
     `choices`: the values it takes; `names`: the registry whose names a value is made of, where
     the value is more than a choice (a reward fn spec). `most` is a sanity limit rather than a
-    range: what one run may ask of shared workers (10^9 new tokens would tie up a GPU for good)."""
+    range: what one run may ask of shared workers (10^9 new tokens would tie up a GPU for good).
+    `model`: the value is a model path, and these are the architectures (class-name suffixes) its
+    directory may hold; a server confines it to its model directories (apps/runs/config_checks).
+    A reward fn declares its parameters' rules in the same words (rewards.base.reward_fn)."""
     rules = {
         "choices": choices, "names": names, "ge": ge, "gt": gt, "le": le, "lt": lt,
-        "most": most, "check": check,
+        "most": most, "check": check, "model": model,
     }
     if factory is not None:
         return field(default_factory=factory, metadata=rules)
     return field(default=default, metadata=rules)
-
-
-def _check_reward_fn(spec) -> str | None:
-    try:
-        build_reward(spec)
-    except (KeyError, TypeError, ValueError) as err:
-        return str(err.args[0])
-    return None
 
 
 def _too_long(text: str, limit: int) -> str | None:
@@ -107,7 +106,9 @@ def _check_target_modules(value: str | list) -> str | None:
 @dataclass
 class LoraConfig:
     """Low-rank adapters on the policy (peft): only they train; see docs/scale.md."""
-    r: int = _f(16, ge=1, most=4096)
+    # Also at most the model's hidden size where the server can read it (apps/runs/config_checks):
+    # a larger rank adds memory, not expressiveness.
+    r: int = _f(16, ge=1, most=1024)
     alpha: float = _f(32.0, gt=0, most=1e6)  # the update is scaled by alpha / r
     dropout: float = _f(0.0, ge=0, lt=1)
     # Module names (suffixes, as peft matches them: 'q_proj'), or 'all-linear': every linear layer
@@ -117,9 +118,9 @@ class LoraConfig:
 
 @dataclass
 class ModelConfig:
-    path: str = "tiny"  # a local HF dir or a built-in name (resolved by models.py)
-    ref_path: str | None = None  # default: path
-    critic_path: str | None = None  # default: path
+    path: str = _f("tiny", model=CAUSAL_LM)  # a local HF dir or a built-in name (resolved by models.py)
+    ref_path: str | None = _f(None, model=CAUSAL_LM)  # default: path
+    critic_path: str | None = _f(None, model=CAUSAL_LM)  # default: path
     max_prompt_tokens: int = _f(256, ge=1, most=131_072)
     dtype: str = _f("auto", choices=("auto", "float32", "bfloat16", "float16"))
     device: str = _f("auto", choices=("auto", "cpu", "cuda"))
@@ -181,8 +182,9 @@ class AlgorithmConfig:
 class ExplorerConfig:
     engine: str = _f("auto", choices=("auto", "vllm", "transformers"))
     # Explorers serving the run, each a worker with its own engine, sharing every step group by
-    # group (explorer.py); more than one needs synchronizer.method 'checkpoint'.
-    engine_num: int = _f(1, ge=1, most=256)
+    # group (explorer.py); more than one needs synchronizer.method 'checkpoint'. Each is a duty the
+    # watchdog keeps sending until a worker takes it: 256 grew the explore queue without end.
+    engine_num: int = _f(1, ge=1, most=32)
     batch_size: int = _f(16, ge=1, most=4096)  # tasks per explorer step
     temperature: float = _f(1.0, ge=0, most=10.0)
     top_p: float = _f(1.0, gt=0, le=1)
@@ -191,8 +193,9 @@ class ExplorerConfig:
     # Settings of the workflow named above (multi-turn: environment, turn limit, tools...); each
     # workflow checks its own (workflows.workflow_args_problems).
     workflow_args: dict = _f(factory=dict)
-    # a name, or {name: weight | {weight, <params>}}
-    reward_fn: str | dict = _f("exact_match", names=REWARD_FNS, check=_check_reward_fn)
+    # a name, or {name: weight | {weight, <params>}}; each fn's params are checked against what it
+    # declares (reward_fn_issues)
+    reward_fn: str | dict = _f("exact_match", names=REWARD_FNS)
     system_prompt: str | None = _f(None, check=lambda text: _too_long(text, MAX_TEXT_CHARS))
     use_chat_template: bool = True
     pipeline: list = _f(factory=list, check=_check_operators)
@@ -226,7 +229,7 @@ class TrainerConfig:
     # not the run. The newest keep_checkpoints are kept.
     save_interval: int = _f(0, ge=0, most=10_000_000)
     save_interval_s: float = _f(300.0, ge=0, most=1e7)
-    keep_checkpoints: int = _f(3, ge=1, most=1000)
+    keep_checkpoints: int = _f(3, ge=1, most=50)  # each is a whole model with its optimizer state
     grad_clip: float = _f(1.0, gt=0, most=1e6)
     weight_decay: float = _f(0.0, ge=0)
     warmup_steps: int = _f(0, ge=0, most=10_000_000)
@@ -237,8 +240,11 @@ class TrainerConfig:
     # `ddp` replicates the models on every rank; `fsdp` shards them (knobs: trainer.fsdp). See
     # distributed.py.
     strategy: str = _f("single", choices=("single", "ddp", "fsdp"))
-    num_processes: int = _f(1, ge=1, most=64)  # ranks per node
-    num_nodes: int = _f(1, ge=1, most=1024)
+    # Ranks per node: one per GPU, and a machine has at most 16 (on CPU each rank holds a replica:
+    # 64 of SmolLM2 asked for ~30 GB).
+    num_processes: int = _f(1, ge=1, most=16)
+    # Machines, each a duty that waits for a free train worker of its own.
+    num_nodes: int = _f(1, ge=1, most=32)
     # A collective waiting longer than this fails the step, naming the ranks that did not answer.
     collective_timeout_s: float = _f(300.0, gt=0, most=86_400.0)
     fsdp: FsdpConfig | None = None  # None: FSDP's defaults, with strategy 'fsdp'
@@ -315,10 +321,7 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, data: Mapping) -> "RunConfig":
-        bad_value = json_value_problem(data, max_depth=MAX_CONFIG_DEPTH, max_chars=MAX_CONFIG_CHARS)
-        if bad_value:
-            key, message = bad_value
-            raise ConfigError([ConfigIssue(key or "<config>", message)])
+        check_config_value(data)
         issues, bad = [], set()
         config = _build(cls, data, "", issues, bad)
         issues += _combination_issues(config, bad)
@@ -379,12 +382,15 @@ _Loader.add_implicit_resolver(
 
 
 def parse_config_text(text: str) -> dict:
-    """YAML or JSON text to a config mapping (not yet validated); syntax errors, text longer than
+    """YAML or JSON text to a config mapping, the one reader of config text wherever it comes from
+    (a file, the API, the launch form's YAML box, its hidden `base` field and reward_fn field, a
+    buffer rescore): not yet validated against the schema, but a bounded JSON value
+    (check_config_value), so safe to render, dump or store. Syntax errors, text longer than
     MAX_CONFIG_CHARS, nesting deeper than MAX_CONFIG_DEPTH and YAML aliases are ConfigErrors."""
     if len(text) > MAX_CONFIG_CHARS:
         raise ConfigError([ConfigIssue("<config>", f"is {len(text)} characters long; at most {MAX_CONFIG_CHARS}")])
     try:
-        data = yaml.load(text, Loader=_Loader)
+        data = _read(text)
     except ConfigError:
         raise
     except (yaml.YAMLError, ValueError) as err:  # ValueError: a date like 2024-02-30, an int of 5,000 digits
@@ -395,7 +401,37 @@ def parse_config_text(text: str) -> dict:
         return {}
     if not isinstance(data, Mapping):
         raise ConfigError([ConfigIssue("<config>", f"expected a mapping, got {_type_name(data)}")])
+    check_config_value(data)
     return dict(data)
+
+
+def _read(text: str):
+    """A JSON object (the launch form's own field, most scripts) is read as JSON: PyYAML's pure-Python
+    reader took 2.4 s for 190 KB of it. Anything else, or JSON that json refuses, as YAML."""
+    if text.lstrip().startswith("{"):
+        try:
+            return json.loads(text)  # deep nesting: a RecursionError, like the YAML reader's backstop
+        except json.JSONDecodeError:
+            pass
+    return yaml.load(text, Loader=_Loader)
+
+
+def check_config_value(data) -> None:
+    """Raises a ConfigError naming the first part of data that is no bounded JSON value (too deep,
+    too long, a date, NaN, a NUL or a lone surrogate: json_values), the check every config passes
+    before anything walks, renders or stores it."""
+    bad_value = json_value_problem(data, max_depth=MAX_CONFIG_DEPTH, max_chars=MAX_CONFIG_CHARS)
+    if bad_value:
+        key, message = bad_value
+        raise ConfigError([ConfigIssue(key or "<config>", message)])
+
+
+def parse_reward_fn_text(text: str) -> str | dict:
+    """A reward fn spec written by a person (the launch form's field, a buffer rescore): a name, or
+    a mapping such as {exact_match: 1, format: 0.2}, read by parse_config_text. Checked by
+    reward_fn_issues."""
+    text = text.strip()
+    return parse_config_text(text) if text.startswith("{") else text
 
 
 def load_config(source: str | Path) -> RunConfig:
@@ -426,6 +462,8 @@ def _build(cls, data, prefix: str, issues: list, bad: set):
     values = {}
     for f in fields(cls):
         if f.name not in data:
+            if f.default is REQUIRED:
+                _report(issues, bad, _join(prefix, f.name), "required")
             continue
         key = _join(prefix, f.name)
         section = _section(f.type)
@@ -453,10 +491,10 @@ def _check_value(value, f) -> tuple[object, str | None]:
     types = [t for t in allowed if t is not NoneType]
     if not any(_is(value, t) for t in types):
         return None, f"expected {' or '.join(TYPE_NAMES[t] for t in types)}, got {_type_name(value)}"
-    if isinstance(value, float) and not math.isfinite(value):
-        return None, "must be a finite number"
     if float in types:
-        value = float(value)
+        value = _finite(value)
+        if value is None:
+            return None, "must be a finite number"
     if isinstance(value, str) and not value.strip():
         return None, "must not be empty"
     rules = f.metadata
@@ -471,6 +509,15 @@ def _check_value(value, f) -> tuple[object, str | None]:
         return None, f"must be <= {rules['most']}, got {value}"
     check = rules.get("check")
     return value, check(value) if check else None
+
+
+def _finite(number) -> float | None:
+    """number as a float; None for NaN, infinities and integers past a float's range (10**400)."""
+    try:
+        value = float(number)
+    except OverflowError:
+        return None
+    return value if math.isfinite(value) else None
 
 
 def _is(value, type_) -> bool:
@@ -497,6 +544,64 @@ def _join(prefix: str, key) -> str:
 def _report(issues: list, bad: set, key: str, message: str):
     issues.append(ConfigIssue(key, message))
     bad.add(key)
+
+
+# ---- reward fns and model paths ----------------------------------------------------------------
+
+
+def reward_fn_issues(spec, key: str = "explorer.reward_fn") -> list[ConfigIssue]:
+    """Each problem of a reward fn spec (a name, or {name: weight | {weight: w, <params>}}) under
+    its dotted key: unknown fns, and each fn's weight and params held to what the fn declares
+    (rewards.base.reward_fn), as config fields are: types, bounds, required and unknown ones. The
+    spec is a bounded JSON value already (check_config_value)."""
+    if isinstance(spec, str):
+        spec = {spec: 1.0}
+    if not isinstance(spec, Mapping) or not spec:
+        return [ConfigIssue(key, "expected a reward fn name or a non-empty mapping {name: weight}")]
+    issues = []
+    for name, value in spec.items():
+        at = _join(key, name)
+        if name not in REWARD_FNS:
+            known = REWARD_FNS.names()
+            issues.append(ConfigIssue(at, "unknown reward fn" + (_hint(name, known) or f"; known: {', '.join(known)}")))
+            continue
+        params = dict(value) if isinstance(value, Mapping) else {"weight": value}
+        _build(_params_of(REWARD_FNS.get(name)), params, at, issues, set())
+    return issues
+
+
+@functools.cache
+def _params_of(fn) -> type:
+    """What a spec may give reward fn `fn` as a dataclass _build checks: its weight in the total
+    (negative: a penalty), then each param after (response, task), typed by its annotation,
+    defaulting to its default (else REQUIRED), with the rules fn declares."""
+    params = list(inspect.signature(fn, eval_str=True).parameters.values())[2:]
+    return make_dataclass(f"{fn.__name__}_params", [("weight", float, field(default=1.0)), *(
+        (p.name, p.annotation, field(default=REQUIRED if p.default is p.empty else p.default,
+                                     metadata=fn.rules.get(p.name, {})))
+        for p in params
+    )])
+
+
+def model_paths(config: RunConfig) -> dict[str, tuple[str, tuple[str, ...]]]:
+    """{dotted key: (path, architectures its directory may hold)} for every model a run loads:
+    the policy, reference and critic, and the reward fns' models."""
+    paths = {
+        f"model.{f.name}": (getattr(config.model, f.name), f.metadata["model"])
+        for f in fields(ModelConfig) if f.metadata.get("model") and getattr(config.model, f.name) is not None
+    }
+    return paths | reward_model_paths(config.explorer.reward_fn)
+
+
+def reward_model_paths(spec, key: str = "explorer.reward_fn") -> dict[str, tuple[str, tuple[str, ...]]]:
+    """model_paths of a reward fn spec that reward_fn_issues passed."""
+    if not isinstance(spec, Mapping):
+        return {}  # a bare name: every param at its default, and no model param has one
+    return {
+        f"{key}.{name}.{param}": (value[param], rules["model"])
+        for name, value in spec.items() if isinstance(value, Mapping)
+        for param, rules in REWARD_FNS.get(name).rules.items() if "model" in rules and param in value
+    }
 
 
 # ---- rules across keys --------------------------------------------------------------------------
@@ -618,6 +723,9 @@ def _combination_issues(c: RunConfig, bad: set) -> list[ConfigIssue]:
             (f"explorer.workflow_args.{key}", True, message, ())
             for key, message in workflow_args_problems(c.explorer.workflow, c.explorer.workflow_args)
         ]
+    rules += [
+        (issue.key, True, issue.message, ("explorer.reward_fn",)) for issue in reward_fn_issues(c.explorer.reward_fn)
+    ]
     return [
         ConfigIssue(key, message)
         for key, broken, message, reads in rules

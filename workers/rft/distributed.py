@@ -35,12 +35,25 @@ trainer.collective_timeout_s; a collective that fails names the ranks that did n
 Followers wait for the leader's next command on a group of their own with a day's timeout, since
 the leader may explore for hours between two trainer steps; a leader that dies is caught sooner by
 `launch`, which ends the other ranks when one fails.
+
+Trust. Nothing a rank receives is unpickled: commands, their arguments (a step's batch as its
+experiences' fields) and metric sums travel as JSON in byte tensors. And no rank trusts a group
+before its peers have proven they know the group's secret (`handshake`: the run's own secret,
+from the database, never from a field a web user edits; RFTWEB_GROUP_SECRET for a process the
+leader starts): a process that merely reaches the store (its address is on the run) learns
+nothing and sends nothing that is acted on. The store listens on the address it is given
+(RFTWEB_NODE_ADDRESS for a run's trainer), not on every interface.
 """
+import hashlib
+import hmac
+import json
 import os
+import secrets
 import socket
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
 
@@ -48,21 +61,37 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from .experience import Experience, PreferencePair
+from .sampling import TrainBatch
+
 IDLE_TIMEOUT = timedelta(days=1)  # a follower waiting for the leader's next command
+SECRET_ENV = "RFTWEB_GROUP_SECRET"  # how a follower process started by its leader gets the group's secret
+POLL_S = 0.1  # how often the leader looks for ranks still to join (and whether to stop waiting)
 
 
 class RankFailure(RuntimeError):
     """A collective failed or timed out: a rank died or hung."""
 
 
+class GroupRefused(Exception):
+    """A peer did not prove it knows the group's secret: this rank refuses the group."""
+
+
+class JoinCancelled(Exception):
+    """The leader stopped waiting for its ranks to join (its run is no longer to be served)."""
+
+
 class Ranks:
     """This process's place among the trainer's ranks, and the collectives the trainer uses."""
 
-    def __init__(self, rank: int, world_size: int, timeout_s: float, store: dist.Store):
+    def __init__(self, rank: int, world_size: int, timeout_s: float, store: dist.Store, device: torch.device,
+                 listener: socket.socket | None = None):
         self.rank = rank
         self.world_size = world_size
         self.timeout_s = timeout_s
         self.store = store  # the process group's rendezvous: it outlives a broken connection
+        self.device = device  # where the default group's collectives take their tensors
+        self.listener = listener  # the store's listening socket (rank 0): open as long as the store serves
         self.failed = False  # a collective failed: the group is broken, send no more commands
         self.commands = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
 
@@ -79,13 +108,22 @@ class Ranks:
     def send(self, command: str, *args) -> None:
         """Leader: have every follower run `command` (Trainer.follow). Guarded as the collectives
         are: a follower that died between two commands breaks this broadcast first."""
-        self._guard(lambda: dist.broadcast_object_list([(command, args)], src=0, group=self.commands))
+        payload = _to_bytes({"command": command, "args": [encode_argument(arg) for arg in args]})
+        self._guard(lambda: self._broadcast_bytes(payload))
 
     def receive(self) -> tuple[str, tuple]:
         """Follower: the leader's next command and its arguments."""
-        box = [None]
-        dist.broadcast_object_list(box, src=0, group=self.commands)
-        return box[0]
+        message = json.loads(self._broadcast_bytes(None))
+        return message["command"], tuple(decode_argument(arg) for arg in message["args"])
+
+    def _broadcast_bytes(self, payload: bytes | None) -> bytes:
+        """The leader's bytes on every rank, over the command group: their length, then them."""
+        length = torch.tensor([len(payload) if self.is_leader else 0], dtype=torch.int64)
+        dist.broadcast(length, src=0, group=self.commands)
+        data = (torch.frombuffer(bytearray(payload), dtype=torch.uint8) if self.is_leader
+                else torch.empty(int(length.item()), dtype=torch.uint8))
+        dist.broadcast(data, src=0, group=self.commands)
+        return payload if self.is_leader else data.numpy().tobytes()
 
     # -- collectives -----------------------------------------------------------------------------
 
@@ -99,12 +137,19 @@ class Ranks:
             offset += t.numel()
 
     def sum_values(self, values: dict[str, float]) -> dict[str, float]:
-        """Each key's sum over the ranks (a rank without the key adds 0)."""
-        gathered = [None] * self.world_size
-        self._guard(lambda: dist.all_gather_object(gathered, values))
+        """Each key's sum over the ranks (a rank without the key adds 0). Each rank's values go as
+        JSON bytes: their lengths gathered first, then the bytes padded to the longest."""
+        mine = torch.frombuffer(bytearray(_to_bytes(values)), dtype=torch.uint8).to(self.device)
+        lengths = [torch.zeros(1, dtype=torch.int64, device=self.device) for _ in range(self.world_size)]
+        self._guard(lambda: dist.all_gather(lengths, torch.tensor([mine.numel()], device=self.device)))
+        longest = max(int(n.item()) for n in lengths)
+        padded = torch.zeros(longest, dtype=torch.uint8, device=self.device)
+        padded[: mine.numel()] = mine
+        gathered = [torch.empty(longest, dtype=torch.uint8, device=self.device) for _ in range(self.world_size)]
+        self._guard(lambda: dist.all_gather(gathered, padded))
         total = {}
-        for part in gathered:
-            for key, value in part.items():
+        for part, n in zip(gathered, lengths):
+            for key, value in json.loads(part[: int(n.item())].cpu().numpy().tobytes()).items():
                 total[key] = total.get(key, 0.0) + value
         return total
 
@@ -148,21 +193,23 @@ def launch(fn: Callable, world_size: int, *args, timeout_s: float = 300.0, devic
     that exited without one). A rank that fails ends the others and re-raises here. Processes are
     spawned, not forked: torch's thread pools and CUDA do not survive a fork. (Not `accelerate
     launch`: it starts a script from a shell; here a run is a function call of the CLI or a
-    worker, which is what accelerate's notebook_launcher does with the same torch.multiprocessing.)"""
+    worker, which is what accelerate's notebook_launcher does with the same torch.multiprocessing.)
+    Results come back as tensors and plain values (torch.load with weights_only)."""
     if device_type == "cuda" and torch.cuda.device_count() < world_size:
         raise ValueError(f"{world_size} ranks need {world_size} GPUs; this machine has {torch.cuda.device_count()}")
+    secret = new_secret()  # the group's: only these processes know it
     with tempfile.TemporaryDirectory(prefix="rft-ranks-") as tmp:
         mp.start_processes(
-            _run_rank, args=(fn, args, world_size, free_port(), timeout_s, device_type, tmp), nprocs=world_size,
-            join=True, start_method="spawn",
+            _run_rank, args=(fn, args, world_size, free_port(), timeout_s, device_type, tmp, secret),
+            nprocs=world_size, join=True, start_method="spawn",
         )
         results = [Path(tmp) / f"{rank}.pt" for rank in range(world_size)]
-        return [torch.load(path, weights_only=False) if path.exists() else None for path in results]
+        return [torch.load(path, weights_only=True) if path.exists() else None for path in results]
 
 
 def _run_rank(rank: int, fn: Callable, args: tuple, world_size: int, port: int, timeout_s: float, device_type: str,
-              out: str) -> None:
-    ranks = join(rank, world_size, rank, ("127.0.0.1", port, rank == 0), timeout_s, device_type)
+              out: str, secret: str) -> None:
+    ranks = join(rank, world_size, rank, ("127.0.0.1", port, rank == 0), timeout_s, device_type, secret=secret)
     try:
         torch.save(fn(ranks, *args), Path(out) / f"{rank}.pt")
     finally:
@@ -171,7 +218,8 @@ def _run_rank(rank: int, fn: Callable, args: tuple, world_size: int, port: int, 
 
 def join_from_env(timeout_s: float, device_type: str) -> Ranks:
     """This process as one rank of a torchrun launch (its RANK, WORLD_SIZE, LOCAL_RANK,
-    LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT): how the ranks of several machines start."""
+    LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT, and RFTWEB_GROUP_SECRET: the same on every
+    machine): how the ranks of several machines start."""
     env = os.environ
     # torchrun's agent already serves a store at MASTER_ADDR:MASTER_PORT; without it, rank 0 does.
     hosts_store = env["RANK"] == "0" and env.get("TORCHELASTIC_USE_AGENT_STORE") != "True"
@@ -181,25 +229,131 @@ def join_from_env(timeout_s: float, device_type: str) -> Ranks:
 
 
 def join(rank: int, world_size: int, local_rank: int, store: tuple[str, int, bool], timeout_s: float,
-         device_type: str, local_world_size: int | None = None) -> Ranks:
-    """Join the process group as `rank`; `store`: (host, port, whether this process serves it)."""
+         device_type: str, local_world_size: int | None = None, secret: str | None = None,
+         should_stop: Callable[[], bool] | None = None) -> Ranks:
+    """Join the process group as `rank`; `store`: (host, port, whether this process serves it, on
+    that address alone). `secret`: the group's (default: $RFTWEB_GROUP_SECRET); every rank proves
+    it knows it before any joins (`handshake`). `should_stop`: the leader gives up waiting for
+    ranks to join once it says so (JoinCancelled)."""
+    secret = secret or os.environ.get(SECRET_ENV)
+    if not secret:
+        raise GroupRefused(f"no secret for the trainer's rank group: set {SECRET_ENV} to the same random value for "
+                           "every rank (a leader started by a worker passes its run's own)")
     if device_type == "cuda":
         torch.cuda.set_device(local_rank)  # what a model's .to("cuda") and NCCL take as this rank's GPU
     # Each rank its share of the cores: more threads than cores make OpenMP's workers wait on each other.
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // (local_world_size or world_size)))
     timeout = timedelta(seconds=timeout_s)
     host, port, is_master = store
-    rendezvous = dist.TCPStore(host, port, world_size, is_master=is_master, timeout=timeout)
+    listener = listen(host, port) if is_master else None
+    # No wait_for_workers: the handshake waits for the ranks, naming those that never come.
+    rendezvous = dist.TCPStore(host, port, world_size, is_master=is_master, timeout=timeout, wait_for_workers=False,
+                               master_listen_fd=listener.fileno() if listener else None)
+    try:
+        handshake(rendezvous, rank, world_size, secret, f"{host}:{port}", timeout_s, should_stop)
+    except BaseException:
+        # Stop serving at once: the exception's frames would keep the store (and its port) alive.
+        del rendezvous
+        if listener is not None:
+            listener.close()
+        raise
     backend = "nccl" if device_type == "cuda" else "gloo"
     dist.init_process_group(backend, store=rendezvous, rank=rank, world_size=world_size, timeout=timeout)
-    return Ranks(rank, world_size, timeout_s, rendezvous)
+    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+    return Ranks(rank, world_size, timeout_s, rendezvous, device, listener)
 
 
-def free_port() -> int:
-    """A port free on this machine now, for rank 0 to serve the group's store on."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+def new_secret() -> str:
+    return secrets.token_hex(32)
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """A socket listening on host:port alone, for a TCPStore to serve on (torch's own binds to
+    every interface). The caller keeps it open as long as the store serves."""
+    family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
+    return socket.create_server((host, port), family=family, backlog=1024)
+
+
+def handshake(store: dist.Store, rank: int, world_size: int, secret: str, address: str, timeout_s: float,
+              should_stop: Callable[[], bool] | None = None) -> None:
+    """Rank 0 and each other rank prove to each other that they know `secret`, through the store
+    at `address`, before either trusts anything of the other (GroupRefused otherwise). Rank 0
+    writes a fresh nonce; rank r answers with its own nonce and an HMAC of rank 0's; rank 0 checks
+    it and answers with an HMAC of rank r's. Fresh nonces on both sides: a proof seen once is no
+    use again. The address is in every HMAC: a proof made for one store is no use at another (a
+    fake leader cannot relay a follower's exchange with the real one)."""
+    def proof(role: str, peer: int, nonce: bytes) -> bytes:
+        message = f"{role}|{peer}|{address}|".encode() + nonce
+        return hmac.new(secret.encode(), message, hashlib.sha256).hexdigest().encode()
+
+    if rank != 0:
+        mine = secrets.token_hex(16)
+        try:
+            store.wait(["auth/leader"], timedelta(seconds=timeout_s))
+            store.set(f"auth/{rank}/nonce", mine)
+            store.set(f"auth/{rank}/proof", proof("follower", rank, store.get("auth/leader")))
+            store.wait([f"auth/{rank}/answer"], timedelta(seconds=timeout_s))
+        except (RuntimeError, dist.DistError) as err:
+            raise GroupRefused(f"rank {rank}: the leader at {address} did not answer within {timeout_s:g} s "
+                               "whether it knows the group's secret; refusing to join its group") from err
+        if not hmac.compare_digest(store.get(f"auth/{rank}/answer"), proof("leader", rank, mine.encode())):
+            raise GroupRefused(f"rank {rank}: the leader at {address} did not prove it knows the group's secret: "
+                               "refusing to join its group (nothing it sent was read)")
+        return
+    ours = secrets.token_hex(16)
+    store.set("auth/leader", ours)
+    waiting, deadline = set(range(1, world_size)), time.monotonic() + timeout_s
+    while waiting:
+        for peer in sorted(waiting):
+            if not store.check([f"auth/{peer}/proof"]):
+                continue
+            if not hmac.compare_digest(store.get(f"auth/{peer}/proof"), proof("follower", peer, ours.encode())):
+                raise GroupRefused(f"rank {peer} at {address} did not prove it knows the group's secret: the group "
+                                   "is refused (something other than the run's own ranks reached its store)")
+            store.set(f"auth/{peer}/answer", proof("leader", peer, store.get(f"auth/{peer}/nonce")))
+            waiting.discard(peer)
+        if not waiting:
+            return
+        if should_stop is not None and should_stop():
+            raise JoinCancelled(f"rank 0 stopped waiting for {len(waiting)} rank(s) to join")
+        if time.monotonic() > deadline:
+            shown = ", ".join(map(str, sorted(waiting)[:10])) + (" ..." if len(waiting) > 10 else "")
+            raise RankFailure(f"rank {shown} of {world_size} did not join within {timeout_s:g} s")
+        time.sleep(POLL_S)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port free on `host` now, for rank 0 to serve the group's store on."""
+    with socket.socket(socket.getaddrinfo(host, 0, type=socket.SOCK_STREAM)[0][0]) as sock:
+        sock.bind((host, 0))
         return sock.getsockname()[1]
+
+
+# -- what ranks send each other: JSON, never a pickle ----------------------------------------------
+
+
+BATCH_PARTS = ("usual", "expert", "pairs")
+
+
+def _to_bytes(value) -> bytes:
+    return json.dumps(value, separators=(",", ":")).encode()
+
+
+def encode_argument(value):
+    """A command's argument as JSON: a TrainBatch as its records' fields, anything else as is
+    (a path, a step, a flag)."""
+    if isinstance(value, TrainBatch):
+        return {"batch": {part: [asdict(item) for item in getattr(value, part)] for part in BATCH_PARTS}}
+    return {"value": value}
+
+
+def decode_argument(value):
+    if "batch" in value:
+        parts = value["batch"]
+        return TrainBatch(usual=[Experience(**e) for e in parts["usual"]],
+                          expert=[Experience(**e) for e in parts["expert"]],
+                          pairs=[PreferencePair(**p) for p in parts["pairs"]])
+    return value["value"]
 
 
 # -- fsdp ----------------------------------------------------------------------------------------

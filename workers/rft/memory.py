@@ -13,6 +13,7 @@ The explorer and trainer threads of an overlapped loop (loop.py) share these sto
 guards whatever both may read and change.
 """
 import json
+import secrets
 import threading
 import zlib
 from collections.abc import Sequence
@@ -233,6 +234,7 @@ class InMemoryWeightGroup:
     def __init__(self, explorers: int, host: str = "127.0.0.1"):
         self.explorers, self.host = explorers, host
         self.generation, self.address = 0, None
+        self.secret = secrets.token_hex(32)
         self._lock = threading.Lock()
 
     def side(self, rank: int) -> "_WeightGroupSide":
@@ -241,7 +243,7 @@ class InMemoryWeightGroup:
 
 class _WeightGroupSide:
     def __init__(self, record: InMemoryWeightGroup, rank: int):
-        self.record, self.rank = record, rank
+        self.record, self.rank, self.secret = record, rank, record.secret
 
     def open(self, port: int) -> tuple[int, str, int, int]:
         record = self.record

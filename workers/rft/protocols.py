@@ -101,6 +101,7 @@ class WeightGroup(Protocol):
     opened last. Bound to one side: `rank` 0 is the trainer, explorers are 1..explorers."""
 
     rank: int
+    secret: str  # the run's, which every side proves it knows before it trusts another (distributed.handshake)
 
     def open(self, port: int) -> tuple[int, str, int, int]:
         """Trainer: announce a new group at this machine's address and `port`, for the run's

@@ -179,6 +179,7 @@ class _Sending:
         from .distributed import free_port
 
         self.group, self.sent, self._closing = group, False, False
+        self.secret = group.secret
         self.generation, self.host, self.port, explorers = group.open(free_port())
         self.sender = None
         self.error: Exception | None = None
@@ -192,7 +193,7 @@ class _Sending:
 
         try:
             self.sender = Sender(self.host, self.port, explorers, timeout_s=timeout_s, device=device,
-                                 verify_every=verify_every, join_timeout_s=JOIN_TIMEOUT_S)
+                                 verify_every=verify_every, join_timeout_s=JOIN_TIMEOUT_S, secret=self.secret)
         except Exception as err:  # noqa: BLE001 - raised in the trainer's thread by send/check
             self.error = err
 
@@ -302,7 +303,7 @@ class _Receiving:
             receiver = None
             try:
                 receiver = Receiver(host, port, self.group.rank, explorers + 1, self.timeout_s, self.device,
-                                    join_timeout_s=JOIN_TIMEOUT_S)
+                                    join_timeout_s=JOIN_TIMEOUT_S, secret=self.group.secret)
                 with self._changed:
                     self._pending, self._latest = None, -1  # the new group starts from the trainer's current
                 while not self._closed:

@@ -57,6 +57,9 @@ ARITHMETIC = {
 }
 MAX_EXPRESSION_CHARS = 200
 MAX_EXPONENT = 100  # 10**100 is fine; 10**10**10 would hang
+# Every integer along the way, not just the exponent: (((9**99)**99)**99)**99 raises each result to
+# a small power and ran past 60 s. 4096 bits (1,233 digits) is far beyond any arithmetic a task asks.
+MAX_INT_BITS = 4096
 
 
 @TOOLS.register("calculator")
@@ -68,9 +71,15 @@ def calculator(expression: str) -> str:
     def walk(node):
         if isinstance(node, ast.BinOp) and type(node.op) in ARITHMETIC:
             left, right = walk(node.left), walk(node.right)
-            if isinstance(node.op, ast.Pow) and abs(right) > MAX_EXPONENT:
-                raise ToolError(f"exponent {right} is too large")
-            return ARITHMETIC[type(node.op)](left, right)
+            if isinstance(node.op, ast.Pow):
+                if abs(right) > MAX_EXPONENT:
+                    raise ToolError(f"exponent {right} is too large")
+                if isinstance(left, int) and isinstance(right, int) and abs(left).bit_length() * right > MAX_INT_BITS:
+                    raise ToolError(f"the result would have more than {MAX_INT_BITS} bits")  # said before computing it
+            value = ARITHMETIC[type(node.op)](left, right)
+            if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
+                raise ToolError(f"an intermediate result has more than {MAX_INT_BITS} bits")
+            return value
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
             value = walk(node.operand)
             return -value if isinstance(node.op, ast.USub) else value

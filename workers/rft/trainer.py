@@ -6,10 +6,9 @@ A batch has up to three parts: usual rollouts, expert data, preference pairs; ev
 holds rows of one part, and the loss is told which.
 
 Sequences are laid out prompt-left-padded, response-right-padded, so every response starts at the
-same column and per-token tensors are [B, T] over response tokens (as algorithms/ expects).
-Rollouts of one task share their prompt: the forward runs each distinct prompt once and the rows
-that repeat it continue from its key/value cache (gradients flow back through the cache), which
-saves (n - 1) / n of the prompt tokens' compute at group size n.
+same column and per-token tensors are [B, T] over response tokens (as algorithms/ expects). Their
+log-probs come from logprobs.py: each distinct prompt once, and without the [B, T, V] logits unless
+a loss reads them.
 Micro-batch losses are weighted by their share of their part's tokens (token-mean) or sequences
 (seq-mean modes; pairs for DPO), so accumulating them gives exactly the loss of the whole part at
 once; the parts' losses add up (MIX weights them inside its loss).
@@ -34,9 +33,20 @@ from pathlib import Path
 import torch
 
 from . import distributed
-from .algorithms import EXPERT, PAIRS, POLICY_LOSSES, USUAL, LossInputs, compute_gae, resolve, value_loss
+from .algorithms import (
+    EXPERT,
+    PAIRS,
+    POLICY_LOSSES,
+    USUAL,
+    LossInputs,
+    aggregate,
+    compute_gae,
+    resolve,
+    value_loss,
+)
 from .config import FsdpConfig
 from .experience import Experience
+from .logprobs import at_least_fp32, chunked_logprobs, response_hidden, response_logits, token_logprobs
 from .models import (
     copy_weights,
     is_lora,
@@ -127,29 +137,6 @@ def collate(experiences: list[Experience], pad_id: int, device: torch.device) ->
     )
 
 
-def response_logits(model, mb: MicroBatch) -> torch.Tensor:
-    """[B, T, V]: the logits at the position before each response token. With shared prompts:
-    one forward over the distinct prompts, its cache gathered to the rows, then the responses."""
-    width_t = mb.response_ids.shape[1]
-    # Gradient checkpointing drops the cache in training (transformers' GradientCheckpointingLayer).
-    if mb.prompt_rows is None or (model.training and getattr(model, "is_gradient_checkpointing", False)):
-        out = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask, position_ids=mb.position_ids,
-                    logits_to_keep=width_t + 1)
-        return out.logits[:, :-1]
-    width_p = mb.input_ids.shape[1] - width_t
-    rows = mb.prompt_rows
-    head = model(input_ids=mb.input_ids[rows, :width_p], attention_mask=mb.attention_mask[rows, :width_p],
-                 position_ids=mb.position_ids[rows, :width_p], use_cache=True, logits_to_keep=1)
-    first = head.logits[mb.row_prompt]  # [B, 1, V]: predicts the first response token
-    if width_t == 1:
-        return first
-    cache = head.past_key_values
-    cache.batch_select_indices(mb.row_prompt)
-    tail = model(input_ids=mb.input_ids[:, width_p:-1], attention_mask=mb.attention_mask[:, :-1],
-                 position_ids=mb.position_ids[:, width_p:-1], past_key_values=cache, use_cache=True)
-    return torch.cat([first, tail.logits], dim=1)
-
-
 def chunks(items: list, size: int) -> list[list]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
@@ -200,6 +187,11 @@ class Trainer:
         )
         # Rollout logprobs were taken under softmax(logits / temperature); ratios must compare like with like.
         self.temperature = config.explorer.temperature or 1.0
+        # Token log-probs from hidden states, the head applied chunk by chunk (logprobs.py): the
+        # [B, T, V] logits are never whole. Not under fsdp (the root module's forward gathers the
+        # head's shards) nor with an entropy bonus (losses.py differentiates the entropy of the
+        # logits it is given).
+        self.chunked = not self.sharded and self.algo.entropy_coef == 0
         self.batch_size = config.train_batch_size
         self.step = 0
         # For idle_share: the end of the last step, and checkpoint time since (busy, not idle).
@@ -226,7 +218,7 @@ class Trainer:
         scatter = None
         if len(batch) and self.ranks is not None:
             sent = time.perf_counter()
-            self.ranks.send("step", batch, self.step)  # the batch, pickled, to every follower
+            self.ranks.send("step", batch, self.step)  # the batch, as JSON and tensors, to every follower
             scatter = time.perf_counter() - sent
         metrics = self._update(batch) if len(batch) else {"skipped": 1}
         if scatter is not None:
@@ -386,8 +378,9 @@ class Trainer:
 
     def _loss(self, mb: MicroBatch, part: str) -> tuple[torch.Tensor, dict]:
         """The run's policy loss (POLICY_LOSSES[resolve(config).policy_loss]) on one micro-batch."""
-        logits = self._forward(self.policy, mb, self._temperature(part))
-        logprobs = self._token_logprobs(logits, mb.response_ids)
+        # The losses that log the entropy (losses.py's _entropy_bonus): on rollouts, and sft's.
+        logs_entropy = part == USUAL or self.spec.policy_loss == "sft"
+        logprobs, entropy, logits = self._logprobs(self.policy, mb, self._temperature(part), logs_entropy)
         if part == USUAL and mb.rollout_logprobs and mb.logprob_mismatch is None:
             # Before the first optimizer step the trainer holds the weights that generated these
             # rollouts (at staleness 0): any gap is the engines' numerics (vLLM kernels, bf16...).
@@ -397,23 +390,27 @@ class Trainer:
             mask=mb.mask, part=part, old_logprobs=mb.old_logprobs, advantages=mb.advantages,
             ref_logprobs=mb.ref_logprobs, logits=logits,
         )
-        return self.loss_fn(logprobs, inputs, self.algo)
+        loss, metrics = self.loss_fn(logprobs, inputs, self.algo)
+        if entropy is not None:  # chunked: no logits for the loss to take it from
+            metrics["entropy"] = aggregate(entropy.detach(), mb.mask, self.algo.loss_agg_mode).item()
+        return loss, metrics
 
     def _temperature(self, part: str) -> float:
         """Rollouts were sampled under softmax(logits / temperature): their log-probs compare like
         with like. Written responses (expert data, preference pairs) are scored as the model is."""
         return self.temperature if part == USUAL else 1.0
 
-    def _forward(self, model, mb: MicroBatch, temperature: float = 1.0) -> torch.Tensor:
-        """Logits [B, T, V] predicting each response token (float32)."""
+    def _logprobs(self, model, mb: MicroBatch, temperature: float = 1.0, entropy: bool = False):
+        """(log π of each response token [B, T] under softmax(logits / temperature), with `entropy`
+        that softmax's entropy [B, T] where the loss cannot take it from the logits, the logits
+        [B, T, V] in fp32 (or wider) where they are made whole: see self.chunked)."""
         with torch.autocast(self.device.type, self.autocast) if self.autocast else nullcontext():
-            logits = response_logits(model, mb).float()
-        return logits / temperature if temperature != 1.0 else logits
-
-    @staticmethod
-    def _token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        # logsumexp keeps no [B, T, V] output for backward, as log_softmax would.
-        return logits.gather(-1, tokens[..., None])[..., 0] - logits.logsumexp(-1)
+            if self.chunked:
+                hidden, head = response_hidden(model, mb)
+                return (*chunked_logprobs(hidden, head, mb.response_ids, temperature, entropy), None)
+            logits = at_least_fp32(response_logits(model, mb))
+        logits = logits / temperature if temperature != 1.0 else logits
+        return token_logprobs(logits, mb.response_ids), None, logits
 
     @torch.no_grad()
     def _prepare(self, parts: list[tuple[str, list[MicroBatch]]]) -> None:
@@ -427,8 +424,7 @@ class Trainer:
                     self._prepare_rollouts(mb)
                 if part == PAIRS or (part == USUAL and self.algo.kl.fn != "none"):
                     with self._reference() as reference:
-                        logits = self._forward(reference, mb, self._temperature(part))
-                    mb.ref_logprobs = self._token_logprobs(logits, mb.response_ids)
+                        mb.ref_logprobs = self._logprobs(reference, mb, self._temperature(part))[0]
 
     @contextmanager
     def _reference(self):
@@ -448,9 +444,9 @@ class Trainer:
         if mb.advantages is None and self.critic is None:
             raise ValueError("rollouts reached the trainer without advantages: the explorer's pipeline sets them")
         if mb.old_logprobs is None:
-            mb.old_logprobs = self._token_logprobs(self._forward(self.policy, mb, self.temperature), mb.response_ids)
+            mb.old_logprobs = self._logprobs(self.policy, mb, self.temperature)[0]
         elif mb.policy_pass:  # fsdp: another rank computes its logπ_old in this round (Trainer._share)
-            self._forward(self.policy, mb, self.temperature)
+            self._logprobs(self.policy, mb, self.temperature)
         if self.critic is not None:
             mb.old_values = self._values(mb)
             token_rewards = torch.zeros_like(mb.mask)
@@ -552,6 +548,7 @@ class Trainer:
             if self.critic is not None:
                 self.critic.save_pretrained(tmp / "critic", state_dict=state["critic"])
                 torch.save(state["critic_optimizer"], tmp / "critic_optimizer.pt")
+            # Tensors and plain tuples/ints only: load_checkpoint reads it with weights_only.
             rng = {"torch": torch.get_rng_state(), "python": random.getstate()}
             if torch.cuda.is_available():
                 rng["cuda"] = torch.cuda.get_rng_state_all()
@@ -578,12 +575,15 @@ class Trainer:
             load_adapter(self.policy, path / "adapter")
         else:
             self._load_weights(self.policy, read_weights(path))
-        self._load_optimizer(self.policy, self.optimizer, torch.load(path / "optimizer.pt", map_location=self.device))
+        # weights_only everywhere: a checkpoint is a file anyone with the data dir may have
+        # replaced, and a full unpickler runs whatever code it names (#30).
+        optimizer = torch.load(path / "optimizer.pt", map_location=self.device, weights_only=True)
+        self._load_optimizer(self.policy, self.optimizer, optimizer)
         if self.critic is not None:
             self._load_weights(self.critic, read_weights(path / "critic"))
-            state = torch.load(path / "critic_optimizer.pt", map_location=self.device)
+            state = torch.load(path / "critic_optimizer.pt", map_location=self.device, weights_only=True)
             self._load_optimizer(self.critic, self.critic_optimizer, state)
-        rng = torch.load(path / "rng.pt", weights_only=False)
+        rng = torch.load(path / "rng.pt", weights_only=True)
         torch.set_rng_state(rng["torch"])
         random.setstate(rng["python"])
         if "cuda" in rng and torch.cuda.is_available():

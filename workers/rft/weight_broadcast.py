@@ -11,8 +11,8 @@ one), and neither must see the other's.
 One version = four steps, whatever the model's size:
 0. a key in the store announcing it: explorers wait for the next version there, idle for as long
    as the trainer trains (a day at most), then receive under the group's short timeout;
-1. the manifest: one pickled object (names, shapes, dtypes, offsets, version, one checksum per
-   tensor), a length then its bytes;
+1. the manifest: JSON (names, shapes, dtypes, offsets, version, one checksum per tensor), a
+   length then its bytes (never a pickle: a receiver runs nothing a peer sends);
 2. one flat buffer per dtype (a fp32 model: ONE broadcast): a collective per tensor would be
    ~270 round trips for SmolLM2, and every call pays a synchronisation however small the tensor;
 3. an acknowledgement from each explorer, a key in the store, set once it has loaded the weights
@@ -20,6 +20,11 @@ One version = four steps, whatever the model's size:
    explorer holds the version; a key missing at the timeout names the explorer that did not
    answer (a dead or hung explorer never leaves the trainer waiting silently). Acks carry the
    explorer's digest of what it loaded: the trainer compares it with its own.
+
+Trust. The group is joined only after the sender and each explorer have proven to each other
+that they know the group's secret (distributed.handshake: the run's own, from the database), and
+the sender's store listens on the address it is given (RFTWEB_NODE_ADDRESS), not on every
+interface.
 
 Receiving. A transformers model's parameters become views into the receive buffers (once, at the
 first version: `ModelReceiver`), so each later version is broadcast straight into the weights,
@@ -41,7 +46,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import pickle
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -49,6 +53,8 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
+
+from .distributed import RankFailure, handshake, listen
 
 DEFAULT_TIMEOUT_S = 120.0  # one transfer, or one explorer's load: SmolLM2 takes ~1 s of it
 IDLE_TIMEOUT_S = 86400.0  # an explorer waiting for the next version (as distributed.IDLE_TIMEOUT)
@@ -86,6 +92,22 @@ class Manifest:
     tensors: list[TensorMeta]
     sizes: dict[str, int]  # dtype -> elements in its buffer, in broadcast order
     checksums: dict[str, int] = field(default_factory=dict)  # name -> checksum (empty: not verified)
+
+    def to_json(self) -> bytes:
+        tensors = [[m.name, list(m.shape), m.dtype, m.offset] for m in self.tensors]
+        return json.dumps({"seq": self.seq, "version": self.version, "tensors": tensors, "sizes": self.sizes,
+                           "checksums": self.checksums}).encode()
+
+    @classmethod
+    def from_json(cls, data: bytes) -> Manifest:
+        """A manifest as the sender wrote it; WeightSyncError for a dtype torch does not have."""
+        fields = json.loads(data)
+        dtypes = {m[2] for m in fields["tensors"]} | set(fields["sizes"])
+        unknown = sorted(d for d in dtypes if not isinstance(getattr(torch, d, None), torch.dtype))
+        if unknown:
+            raise WeightSyncError(f"the manifest names dtypes torch does not have: {unknown}")
+        tensors = [TensorMeta(name, tuple(shape), dtype, offset) for name, shape, dtype, offset in fields["tensors"]]
+        return cls(fields["seq"], fields["version"], tensors, fields["sizes"], fields["checksums"])
 
     def views(self, buffers: dict[str, torch.Tensor]) -> Iterator[tuple[str, torch.Tensor]]:
         """(name, tensor) for each tensor: views into the buffers, no copy."""
@@ -153,18 +175,21 @@ def model_fingerprint(model) -> str:
 
 class _Group:
     """A process group of its own between the sender (rank 0) and the explorers, over the store
-    the sender serves at host:port. Every operation is bounded by `timeout_s`."""
+    the sender serves at host:port (on that address alone), joined once each explorer and the
+    sender have proven they know `secret`. Every operation is bounded by `timeout_s`."""
 
     def __init__(self, host: str, port: int, rank: int, world_size: int, timeout_s: float, device, name: str,
-                 join_timeout_s: float | None = None):
+                 secret: str, join_timeout_s: float | None = None):
         self.rank, self.world_size, self.timeout_s = rank, world_size, timeout_s
         self.device = torch.device(device)
         self.timeout = timedelta(seconds=timeout_s)
         # Joining waits longer than a transfer: an explorer joins once its engine is up (vLLM: minutes).
         join_timeout_s = join_timeout_s or timeout_s
         # No wait_for_workers: the sender names the explorers that never come (`_wait_keys`).
+        self.listener = listen(host, port) if rank == 0 else None  # open as long as the store serves
         self.store = dist.TCPStore(host, port, is_master=rank == 0, timeout=timedelta(seconds=join_timeout_s),
-                                   wait_for_workers=False, use_libuv=True)
+                                   wait_for_workers=False, use_libuv=True,
+                                   master_listen_fd=self.listener.fileno() if self.listener else None)
         self.store.set(f"name/{rank}", name)
         if rank == 0:
             missing = self._wait_keys([f"name/{r}" for r in range(1, world_size)], time.monotonic() + join_timeout_s)
@@ -173,6 +198,10 @@ class _Group:
                     f"explorer rank(s) {', '.join(str(r) for r in missing)} did not join the weight group at "
                     f"{host}:{port} within {join_timeout_s:g} s"
                 )
+        try:  # every explorer is here: each proves it knows the secret, and the sender proves it to each
+            handshake(self.store, rank, world_size, secret, f"{host}:{port}", join_timeout_s)
+        except RankFailure as err:
+            raise WeightSyncError(str(err)) from err
         pg_store = dist.PrefixStore("pg", self.store)
         if self.device.type == "cuda":
             options = dist.ProcessGroupNCCL.Options()
@@ -187,19 +216,19 @@ class _Group:
         options.timeout = self.timeout
         self.pg.broadcast([tensor], options).wait(self.timeout)
 
-    def broadcast_object(self, obj=None):
-        """Rank 0's object on every rank: its length, then its bytes (two small broadcasts)."""
+    def broadcast_bytes(self, data: bytes | None = None) -> bytes:
+        """Rank 0's bytes on every rank: their length, then them (two small broadcasts)."""
         if self.rank == 0:
-            payload = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8).to(self.device)
+            payload = torch.frombuffer(bytearray(data), dtype=torch.uint8).to(self.device)
             length = torch.tensor([payload.numel()], dtype=torch.int64, device=self.device)
             self.broadcast(length)
             self.broadcast(payload)
-            return obj
+            return data
         length = torch.zeros(1, dtype=torch.int64, device=self.device)
         self.broadcast(length)
         payload = torch.empty(int(length.item()), dtype=torch.uint8, device=self.device)
         self.broadcast(payload)
-        return pickle.loads(payload.cpu().numpy().tobytes())
+        return payload.cpu().numpy().tobytes()
 
     def _wait_keys(self, keys: list[str], deadline: float) -> list[int]:
         """The ranks (the number after the last '/') whose key is still missing at the deadline."""
@@ -226,6 +255,8 @@ class _Group:
             except Exception:  # noqa: BLE001 - a broken group may refuse to shut down; it is dropped anyway
                 pass
         self.store = None  # rank 0's: its server closes, and the explorers waiting on it learn the group is over
+        if self.listener is not None:
+            self.listener.close()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -237,9 +268,9 @@ class Sender:
     Construction waits (up to timeout_s) for every explorer to join."""
 
     def __init__(self, host: str, port: int, explorers: int, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 device="cpu", verify_every: int = 1, join_timeout_s: float | None = None):
+                 device="cpu", verify_every: int = 1, join_timeout_s: float | None = None, *, secret: str):
         self.group = _Group(host, port, 0, explorers + 1, timeout_s, device, name=f"trainer (pid {os.getpid()})",
-                            join_timeout_s=join_timeout_s)
+                            secret=secret, join_timeout_s=join_timeout_s)
         # Checksums cost ~0.1-0.3 s a side for SmolLM2's 0.5 GB on a loaded 2-core machine
         # (bench/weight_sync.py): every `verify_every`-th send carries them (0: never).
         self.verify_every = verify_every
@@ -280,7 +311,7 @@ class Sender:
         started = time.perf_counter()
         try:
             group.store.set(f"send/{manifest.seq}", str(manifest.version))  # explorers waiting idle: it comes
-            group.broadcast_object(manifest)
+            group.broadcast_bytes(manifest.to_json())
             for dtype in manifest.sizes:
                 group.broadcast(self._buffers[dtype])
         except (RuntimeError, dist.DistError) as err:
@@ -365,10 +396,11 @@ class Receiver:
 
     def __init__(self, host: str, port: int, rank: int, world_size: int, timeout_s: float = DEFAULT_TIMEOUT_S,
                  device="cpu", name: str | None = None, idle_timeout_s: float = IDLE_TIMEOUT_S,
-                 join_timeout_s: float | None = None):
+                 join_timeout_s: float | None = None, *, secret: str):
         name = name or f"explorer rank {rank} (pid {os.getpid()})"
         self.idle_timeout_s = idle_timeout_s
-        self.group = _Group(host, port, rank, world_size, timeout_s, device, name, join_timeout_s=join_timeout_s)
+        self.group = _Group(host, port, rank, world_size, timeout_s, device, name, secret,
+                            join_timeout_s=join_timeout_s)
         self._buffers: dict[str, torch.Tensor] = {}
         self._seq = 0
 
@@ -400,7 +432,7 @@ class Receiver:
         except (RuntimeError, dist.DistError) as err:
             raise WeightSyncError(f"no new version from the trainer within {self.idle_timeout_s:g} s") from err
         try:
-            manifest = self.group.broadcast_object()
+            manifest = Manifest.from_json(self.group.broadcast_bytes())
             if into is not None:
                 buffers = into(manifest)
             buffers = buffers if buffers is not None and self._fits(buffers, manifest) else self._own_buffers(manifest)

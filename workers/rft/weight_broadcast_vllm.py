@@ -21,7 +21,7 @@ acknowledgement the trainer waits for is sent only then.
 
 Explorer side, with `llm` a vllm.LLM built with
     worker_extension_cls=WORKER_EXTENSION, weight_transfer_config={"backend": BACKEND}:
-    join(llm, host, port, rank, world_size)     # once, while the trainer's Sender is constructed
+    join(llm, host, port, rank, world_size, secret)  # once, while the trainer's Sender is constructed
     receive(llm)                                 # per version, while the trainer sends it
 """
 from __future__ import annotations
@@ -50,6 +50,7 @@ class BroadcastInitInfo(WeightTransferInitInfo):
     port: int
     rank: int
     world_size: int
+    secret: str  # the group's, which both sides prove they know (distributed.handshake)
     timeout_s: float = DEFAULT_TIMEOUT_S
     name: str | None = None
     idle_timeout_s: float = IDLE_TIMEOUT_S
@@ -82,7 +83,7 @@ class BroadcastWeightTransferEngine(WeightTransferEngine[BroadcastInitInfo, Broa
         # The group on the worker's device: NCCL on CUDA, gloo on CPU (weight_broadcast._Group).
         self.receiver = Receiver(init_info.host, init_info.port, init_info.rank, init_info.world_size,
                                  init_info.timeout_s, device=self.device, name=init_info.name,
-                                 idle_timeout_s=init_info.idle_timeout_s)
+                                 idle_timeout_s=init_info.idle_timeout_s, secret=init_info.secret)
 
     def start_weight_update(self) -> None:
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
@@ -192,11 +193,11 @@ def engine_options() -> dict:
     return {"worker_extension_cls": WORKER_EXTENSION, "weight_transfer_config": {"backend": BACKEND}}
 
 
-def join(llm, host: str, port: int, rank: int, world_size: int, timeout_s: float = DEFAULT_TIMEOUT_S,
+def join(llm, host: str, port: int, rank: int, world_size: int, secret: str, timeout_s: float = DEFAULT_TIMEOUT_S,
          name: str | None = None) -> None:
     """Have the worker join the trainer's weight group (blocks until the group is complete)."""
-    info = {"host": host, "port": port, "rank": rank, "world_size": world_size, "timeout_s": timeout_s,
-            "name": name}
+    info = {"host": host, "port": port, "rank": rank, "world_size": world_size, "secret": secret,
+            "timeout_s": timeout_s, "name": name}
     llm.collective_rpc("init_weight_transfer_engine", args=(info,))
 
 

@@ -69,14 +69,14 @@ def test_a_finished_job_links_its_result(client, researcher, taskset_import):
 
 @pytest.mark.parametrize(
     ("who", "expected"),
-    [("researcher", 200), ("other_researcher", 403), ("curator", 200), ("annotator", 403)],
+    [("researcher", 200), ("other_researcher", 404), ("curator", 200), ("annotator", 404)],
 )
 def test_an_import_is_seen_by_its_uploader_and_curators(client, request, taskset_import, who, expected):
     client.force_login(request.getfixturevalue(who))
     assert client.get(progress_url(taskset_import)).status_code == expected
 
 
-@pytest.mark.parametrize(("who", "expected"), [("curator", 200), ("researcher", 403), ("annotator", 403)])
+@pytest.mark.parametrize(("who", "expected"), [("curator", 200), ("researcher", 404), ("annotator", 404)])
 def test_a_buffer_job_is_seen_by_who_sees_it_in_the_admin(client, request, buffer_job, who, expected):
     client.force_login(request.getfixturevalue(who))
     response = client.get(progress_url(buffer_job))

@@ -12,6 +12,7 @@ from django.urls import reverse
 from apps.buffer.models import Experience
 from apps.runs import services
 from apps.runs.models import Checkpoint, MetricPoint, Run
+from apps.runs.supervision import run_dir
 from apps.runs.views import PLOTLY_VERSION
 
 Status = Run.Status
@@ -279,15 +280,15 @@ def data_dir(settings, tmp_path):
 
 
 def test_checkpoint_download_streams_a_tar_of_the_directory(researcher_client, make_run, data_dir, tmp_path):
-    directory = data_dir / "runs" / "1" / "v2"
+    run = make_run("my run")
+    directory = run_dir(run) / "checkpoints" / "v2"
     (directory / "tokenizer").mkdir(parents=True)
     weights = bytes(range(256)) * 5000  # not a multiple of the tar block size
     (directory / "model.safetensors").write_bytes(weights)
     (directory / "tokenizer" / "vocab.json").write_text('{"a": 1}')
     (tmp_path / "secret").write_text("not yours")
     (directory / "link").symlink_to(tmp_path / "secret")  # symlinks are never followed
-    run = make_run("my run")
-    Checkpoint.objects.create(run=run, version=2, step=20, path="runs/1/v2")
+    Checkpoint.objects.create(run=run, version=2, step=20, path=str(directory.relative_to(data_dir)))
 
     response = researcher_client.get(reverse("checkpoint-download", args=[run.pk, 2]))
     assert response.status_code == 200 and response.streaming
@@ -321,7 +322,8 @@ def test_checkpoint_download_refuses_paths_outside_the_data_dir(researcher_clien
 
 def test_checkpoint_download_of_a_missing_directory_is_404(researcher_client, make_run, data_dir):
     run = make_run()
-    Checkpoint.objects.create(run=run, version=1, step=1, path="runs/gone")
+    gone = run_dir(run).relative_to(data_dir) / "checkpoints" / "gone"
+    Checkpoint.objects.create(run=run, version=1, step=1, path=str(gone))
     assert researcher_client.get(reverse("checkpoint-download", args=[run.pk, 1])).status_code == 404
     assert researcher_client.get(reverse("checkpoint-download", args=[run.pk, 9])).status_code == 404
 

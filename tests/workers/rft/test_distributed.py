@@ -221,10 +221,10 @@ def test_the_headless_cli_with_two_ranks_learns_as_one_process(tmp_path, data_di
     assert all(b == pytest.approx(a, rel=0.05) for a, b in zip(one, two)), (one, two)
 
 
-def cli(*args, data_dir) -> subprocess.CompletedProcess:
+def cli(*args, data_dir, **env) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, *args], capture_output=True, text=True, timeout=600,
-        env={**os.environ, "RFTWEB_DATA_DIR": str(data_dir)},
+        env={**os.environ, "RFTWEB_DATA_DIR": str(data_dir), **env},
     )
 
 
@@ -234,7 +234,7 @@ def test_torchrun_starts_the_ranks_of_a_headless_run(tmp_path, data_dir):
     (tmp_path / "ddp.yaml").write_text(LEARNING.replace("total_steps: 20", "total_steps: 2"))
     done = cli("-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
                "-m", "workers.rft", "run", str(tmp_path / "ddp.yaml"), "--work-dir", str(tmp_path / "run"),
-               data_dir=data_dir)
+               data_dir=data_dir, RFTWEB_GROUP_SECRET="the same on every machine")
     assert done.returncode == 0, done.stderr[-3000:]
     assert len(re.findall(r"^trainer +step", done.stdout, re.M)) == 2  # rank 0 alone reports
     assert done.stdout.rstrip().endswith(f"completed: {tmp_path / 'run'}")

@@ -127,3 +127,32 @@ def test_build_reward_rejects_bad_specs():
         build_reward({"format": True})
     with pytest.raises(ValueError, match="non-empty"):
         build_reward({})
+
+
+@pytest.mark.parametrize("name", REWARD_FNS.names())
+def test_every_reward_fn_declares_what_its_params_may_be(name):
+    """A param is a request to a shared worker, checked at launch (config.reward_fn_issues): typed,
+    counts bounded above, text held to a check, choices or a model directory."""
+    import inspect
+
+    fn = REWARD_FNS.get(name)
+    params = list(inspect.signature(fn, eval_str=True).parameters.values())[2:]
+    assert set(fn.rules) <= {p.name for p in params}  # no rule for a param the fn does not take
+    for param in params:
+        rules = fn.rules.get(param.name, {})
+        assert param.annotation in (bool, int, float, str), (name, param.name)
+        if param.annotation is int:
+            assert rules.get("most") is not None or rules.get("le") is not None, (name, param.name)
+        if param.annotation is str:
+            assert {"check", "choices", "model"} & set(rules), (name, param.name)
+
+
+def test_a_judge_rubric_takes_only_plain_placeholders():
+    from workers.rft.rewards.models import DEFAULT_RUBRIC, rubric_problem
+
+    assert rubric_problem(DEFAULT_RUBRIC) is None
+    assert rubric_problem("{{literal}} {response} out of {max_score}, {max_score} best") is None
+    assert "takes no format spec" in rubric_problem("{response!r}")
+    assert "is not a placeholder" in rubric_problem("{0} {response}")
+    assert "is not a template" in rubric_problem("{response")
+    assert "at most 20000 characters" in rubric_problem("{response}" + "x" * 20_000)

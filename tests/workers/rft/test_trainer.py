@@ -3,9 +3,10 @@ import torch
 
 from workers.rft.algorithms import POLICY_LOSSES
 from workers.rft.experience import Experience, PreferencePair
+from workers.rft.logprobs import response_logits, token_logprobs
 from workers.rft.memory import InMemoryBuffer, InMemoryMetrics
 from workers.rft.models import load_critic, load_policy, load_reference
-from workers.rft.trainer import Trainer, collate, response_logits
+from workers.rft.trainer import Trainer, collate
 
 from .conftest import make_config
 
@@ -81,7 +82,7 @@ def test_shared_prompts_give_the_logits_and_gradients_of_the_plain_forward(tiny_
     def logits_and_grads(shared: bool):
         mb.prompt_rows = mb.prompt_rows if shared else None
         logits = response_logits(model, mb)
-        logprobs = Trainer._token_logprobs(logits, mb.response_ids)
+        logprobs = token_logprobs(logits, mb.response_ids)
         return logits.detach(), torch.autograd.grad((logprobs * mb.mask).sum(), params)
 
     shared_logits, shared_grads = logits_and_grads(True)
@@ -276,3 +277,32 @@ def test_checkpoint_restores_weights_optimizer_and_step(tiny_path, tokenizer, tm
     resumed.buffer.mark_used(resumed.buffer.sample(8, sources=["rollout"]), consumed=True)  # what step 1 took
     assert resumed.load_checkpoint(path) == {"explorer_step": 5} and resumed.step == 1
     assert [resumed.train_step()["loss"] for _ in range(2)] == expected
+
+
+class Payload:
+    """Unpickling this runs `touch <marker>` (what a crafted checkpoint would do)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        import os
+
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_checkpoint_resumes_the_rng_stream_and_refuses_pickled_code(tiny_path, tokenizer, tmp_path):
+    import random
+
+    trainer = make_trainer(tiny_path, tokenizer, rollouts(tokenizer))
+    saved = trainer.save_checkpoint(tmp_path / "ckpt")
+    expected = (torch.rand(3), random.random())
+    trainer.load_checkpoint(saved)
+    assert torch.equal(torch.rand(3), expected[0]) and random.random() == expected[1]
+
+    marker = tmp_path / "pwned"
+    rng = torch.load(saved / "rng.pt", weights_only=True)
+    torch.save({**rng, "python": Payload(marker)}, saved / "rng.pt")
+    with pytest.raises(Exception, match="Weights only load failed"):
+        trainer.load_checkpoint(saved)
+    assert not marker.exists()

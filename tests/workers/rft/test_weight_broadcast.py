@@ -30,6 +30,7 @@ from workers.rft.weight_broadcast import (
 
 CPU = torch.device("cpu")
 HOST = "127.0.0.1"
+SECRET = "the group's secret, as a run's would be"  # every side proves it knows it (distributed.handshake)
 PROMPTS = ["What is 7 + 5?", "The quick brown fox", "12+30=42\n4*5=", "Hello! How can I help"]
 GREEDY = SamplingParams(n=1, temperature=0, max_new_tokens=8)
 
@@ -70,7 +71,7 @@ def run(roles: list, tmp_path: Path) -> list:
 def trainer(path, port, explorers, versions, timeout_s=60.0):
     tokenizer = load_tokenizer(path)
     model = load_policy(path, CPU)
-    sender = Sender(HOST, port, explorers, timeout_s=timeout_s)
+    sender = Sender(HOST, port, explorers, timeout_s=timeout_s, secret=SECRET)
     results = {"digests": {}, "greedy": {}, "errors": {}}
     try:
         for version in versions:
@@ -92,7 +93,8 @@ def trainer(path, port, explorers, versions, timeout_s=60.0):
 def explorer(path, port, rank, world_size, versions, how="ok", timeout_s=60.0):
     tokenizer = load_tokenizer(path)
     engine = TransformersEngine(load_policy(path, CPU), tokenizer)
-    receiver = ModelReceiver(engine, HOST, port, rank, world_size, timeout_s=timeout_s, name=f"explorer-{rank}")
+    receiver = ModelReceiver(engine, HOST, port, rank, world_size, timeout_s=timeout_s, name=f"explorer-{rank}",
+                             secret=SECRET)
     results = {"greedy": {}, "digest": {}}
     for i, version in enumerate(versions):
         if how != "ok" and i == 1:  # the second version never arrives here
@@ -212,7 +214,7 @@ def test_an_explorer_gone_fails_the_send_naming_it(tiny_path, tmp_path, how):
 def vllm_trainer(path, port, versions, timeout_s=300.0):
     """The trainer of the vLLM test: sends each version when the explorer asks (a store key)."""
     model = load_policy(path, CPU)
-    sender = Sender(HOST, port, 1, timeout_s=timeout_s)
+    sender = Sender(HOST, port, 1, timeout_s=timeout_s, secret=SECRET)
     digests = {}
     try:
         for version in versions:
@@ -253,7 +255,7 @@ def test_vllm_takes_broadcast_weights(tiny_path, tokenizer, tmp_path, data_dir):
         process = context.Process(target=_process, args=(0, [(vllm_trainer, (tiny_path, port, versions))],
                                                          str(tmp_path)))
         process.start()
-        wb.join(engine._llm, HOST, port, 1, 2, timeout_s=300, name="vllm-explorer")
+        wb.join(engine._llm, HOST, port, 1, 2, SECRET, timeout_s=300, name="vllm-explorer")
         for version in versions:
             started = time.perf_counter()
             report = wb.receive(engine._llm)

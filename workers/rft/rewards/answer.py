@@ -3,7 +3,7 @@ import math
 import re
 from fractions import Fraction
 
-from workers.rft.rewards.base import REWARD_FNS, task_field
+from workers.rft.rewards.base import reward_fn, task_field
 
 ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL)
 NUMBER = re.compile(r"-?\d{1,3}(?:,\d{3})+(?:\.\d+)?|-?\d+(?:\.\d+)?")
@@ -47,7 +47,7 @@ def _truth(task) -> str:
     return truth.strip() if tagged is None else tagged
 
 
-@REWARD_FNS.register("exact_match")
+@reward_fn("exact_match")
 def exact_match(response: str, task) -> float:
     """1.0 when the final answer equals the task's: numerically when both are numbers, else as normalised text."""
     predicted, truth = extract_answer(response), _truth(task)
@@ -57,7 +57,7 @@ def exact_match(response: str, task) -> float:
     return float(normalise(predicted) == normalise(truth))
 
 
-@REWARD_FNS.register("numeric")
+@reward_fn("numeric", tolerance={"ge": 0})
 def numeric(response: str, task, tolerance: float = 1e-6) -> float:
     """1.0 when the final answer is a number within `tolerance` of the task's answer."""
     a, b = parse_number(extract_answer(response)), parse_number(_truth(task))
@@ -70,7 +70,7 @@ THINK_THEN_ANSWER = re.compile(r"\s*<think>.+?</think>\s*<answer>.+?</answer>\s*
 ANSWER_ONLY = re.compile(r"\s*(?:<think>.+?</think>\s*)?<answer>.+?</answer>\s*", re.DOTALL)
 
 
-@REWARD_FNS.register("format")
+@reward_fn("format")
 def format_reward(response: str, task, think: bool = False) -> float:
     """1.0 when the response is a non-empty <answer>...</answer>, optionally after a <think>...</think>
     block; with think=True the <think> block is required. Nothing else may surround them."""

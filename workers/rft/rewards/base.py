@@ -4,6 +4,9 @@ A reward fn is fn(response: str, task, **params) -> float, where task is a mappi
 (e.g. experience.Task) with 'answer' and 'metadata'. A model-based fn also has a `batch` attribute,
 batch(responses, tasks, **params) -> [float | None], which scores a whole step in one call; None
 means it could not score that response (counted in the component '<name>_failed').
+
+Its params are what a config may set, so each is declared (`reward_fn`): typed and defaulted by
+the signature, bounded by rules, and checked at launch with the rest of the config.
 """
 import inspect
 from collections.abc import Mapping
@@ -11,6 +14,23 @@ from collections.abc import Mapping
 from workers.rft.registry import Registry
 
 REWARD_FNS = Registry("reward fn")
+# The architectures (class-name suffixes, as transformers names them) of a generative model: what
+# a policy or a judge directory must hold (the server checks its config.json).
+CAUSAL_LM = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
+
+
+def reward_fn(name: str, **rules: dict):
+    """Registers fn(response, task, **params) as reward fn `name`. Each param after (response,
+    task) needs an annotation (bool, int, float or str), is required where it has no default, and
+    follows rules[param]: a config field's rules (config._f: choices, ge, gt, le, lt, most, check,
+    model), e.g. max_new_tokens={"ge": 1, "most": 1024}. Counts need an upper bound and text a
+    check, choices or `model`: a param is a request to a shared worker (test_rewards.py checks)."""
+
+    def add(fn):
+        fn.rules = rules
+        return REWARD_FNS.register(name)(fn)
+
+    return add
 
 
 def task_field(task, name: str, default=None):

@@ -5,7 +5,7 @@ from collections import Counter
 from fractions import Fraction
 
 from workers.rft.rewards.answer import tagged_answer
-from workers.rft.rewards.base import REWARD_FNS, task_field
+from workers.rft.rewards.base import reward_fn, task_field
 
 OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
 MAX_EXPRESSION_CHARS = 200  # a real answer is short; this also bounds ast's recursion
@@ -40,7 +40,7 @@ def response_expression(response: str) -> str:
     return text.split("=")[0]
 
 
-@REWARD_FNS.register("countdown")
+@reward_fn("countdown")
 def countdown(response: str, task, use_all: bool = False) -> float:
     """1.0 when the expression equals the target using only the given numbers, each at most once
     (exactly once with use_all=True)."""

@@ -14,20 +14,50 @@ scores 0 and the reward component `llm_judge_failed` is 1 for it, so the explore
 the failure rate.
 """
 import re
+import string
 from functools import lru_cache
 
 import torch
 
 from ..engines import SamplingParams
-from .base import REWARD_FNS, task_field
+from .base import CAUSAL_LM, reward_fn, task_field
 
 DEFAULT_RUBRIC = (
     "Rate the response to the question below from 0 (wrong or unhelpful) to {max_score} "
     "(correct, clear and complete).\n\nQuestion: {prompt}\n\nReference answer: {answer}\n\n"
     "Response: {response}\n\nReply with 'Score: <number>' and nothing else."
 )
+RUBRIC_PLACEHOLDERS = ("prompt", "answer", "response", "max_score")
+MAX_RUBRIC_CHARS = 20_000
 SCORE = re.compile(r"score\s*[:=]\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+def rubric_problem(rubric: str) -> str | None:
+    """A rubric is filled in with str.format for every response, so it may hold only the plain
+    placeholders, the long ones once: a format spec pads a value to any width ({response:>50000000}
+    took a worker to 3.6 GB), an attribute or index ({response.__class__}) reads Python objects,
+    and each copy of {response} is the whole response again."""
+    if len(rubric) > MAX_RUBRIC_CHARS:
+        return f"must be at most {MAX_RUBRIC_CHARS} characters, got {len(rubric)}"
+    allowed = ", ".join(f"{{{name}}}" for name in RUBRIC_PLACEHOLDERS)
+    try:
+        fields = [(name, spec, conversion) for _, name, spec, conversion in string.Formatter().parse(rubric)]
+    except ValueError as err:
+        return f"is not a template: {err} (write a literal brace as {{{{ or }}}})"
+    names = [name for name, _, _ in fields if name is not None]
+    for name, spec, conversion in fields:
+        if name is None:
+            continue
+        if name not in RUBRIC_PLACEHOLDERS:
+            return f"{{{name[:40]}}} is not a placeholder; use {allowed}"
+        if spec or conversion:
+            return f"{{{name}}} takes no format spec or conversion ({{{name}!r}}, {{{name}:>9}}); write it plain"
+        if name != "max_score" and names.count(name) > 1:
+            return f"{{{name}}} may appear once: each copy is the whole text again"
+    if "response" not in names:
+        return "must contain {response}: the judge would not see what it scores"
+    return None
 
 
 def prompt_text(task) -> str:
@@ -95,7 +125,14 @@ def _llm_judge_batch(responses, tasks, model: str, rubric: str = DEFAULT_RUBRIC,
     return judge.scores(list(responses), list(tasks), rubric, max_score)[0]
 
 
-@REWARD_FNS.register("llm_judge")
+DEVICES = ("auto", "cpu", "cuda")
+BATCH_SIZE = {"ge": 1, "most": 256}  # sequences per forward
+
+
+@reward_fn(
+    "llm_judge", model={"model": CAUSAL_LM}, rubric={"check": rubric_problem}, max_score={"gt": 0, "most": 1000},
+    max_new_tokens={"ge": 1, "most": 1024}, device={"choices": DEVICES}, batch_size=BATCH_SIZE,
+)
 def llm_judge(response: str, task, model: str, rubric: str = DEFAULT_RUBRIC, max_score: float = 10,
               max_new_tokens: int = 16, device: str = "auto", batch_size: int = 16) -> float | None:
     """A second local model's score from the rubric (placeholders {prompt} {answer} {response}
@@ -154,7 +191,9 @@ def _reward_model_batch(responses, tasks, model: str, device: str = "auto", batc
     return _reward_model(str(model), device, batch_size).scores(list(responses), list(tasks))
 
 
-@REWARD_FNS.register("reward_model")
+# A one-label classifier, or a causal LM that gets a fresh score head.
+@reward_fn("reward_model", model={"model": (*CAUSAL_LM, "ForSequenceClassification")},
+           device={"choices": DEVICES}, batch_size=BATCH_SIZE)
 def reward_model(response: str, task, model: str, device: str = "auto", batch_size: int = 16) -> float:
     """The logit of a one-label sequence-classification model from a local directory."""
     return _reward_model_batch([response], [task], model, device, batch_size)[0]

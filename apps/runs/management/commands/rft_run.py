@@ -7,6 +7,7 @@ from django.core.management.base import BaseCommand, CommandError
 from apps.runs import services
 from apps.runs.models import Run
 from workers.rft.config import ConfigError, parse_config_text
+from workers.rft.json_values import text_problem
 
 
 class Command(BaseCommand):
@@ -25,8 +26,11 @@ class Command(BaseCommand):
             raise CommandError(f"no user {owner!r}; pass --owner or create one with create_admin") from None
         if not config.is_file():
             raise CommandError(f"{config}: no such file")
+        name = name or config.stem
+        if problem := text_problem(name):  # bytes that are not UTF-8 in argv arrive as lone surrogates
+            raise CommandError(f"the run name {problem}")
         try:
-            run = services.launch_run(user, name or config.stem, parse_config_text(config.read_text()))
+            run = services.launch_run(user, name, parse_config_text(config.read_text()))
         except ConfigError as err:
             raise CommandError(f"{config}: invalid config\n{err}") from None
         self.stdout.write(f"launched run {run.pk} ({run.name})")

@@ -1,0 +1,77 @@
+"""Error responses: JSON under /api/ (an API client parses JSON, never an HTML page), pages elsewhere.
+
+`RejectNulMiddleware` answers 400 for a NUL character anywhere in the address, a query parameter
+or a form field: Postgres text cannot hold one, so it would otherwise reach the database as a 500.
+The handlers (rftweb.urls: handler400/403/404/500) give Django's own pages outside /api/ and
+`{"error": ...}` under it, an unhandled exception included (with DEBUG on Django shows its
+debug page instead, as it does for every other page).
+"""
+
+from django.http import HttpResponseBadRequest, JsonResponse
+from django.views import defaults
+
+API_PREFIX = "/api/"
+
+
+def is_api(request) -> bool:
+    return request.path_info.startswith(API_PREFIX)
+
+
+def bad_request_response(request, message: str):
+    if is_api(request):
+        return _api_error(400, message)
+    # Plain text: the message names the parameter as sent, and text/plain (with nosniff) renders no markup.
+    return HttpResponseBadRequest(f"Bad request: {message}", content_type="text/plain; charset=utf-8")
+
+
+class RejectNulMiddleware:
+    """Before anything reads the request (sessions, CSRF, the view): a NUL in the path or in any
+    query or form parameter, name or value, is a 400 naming where it was."""
+
+    def __init__(self, get_response):
+        self.get_response = get_response
+
+    def __call__(self, request):
+        if problem := self.nul_in(request):
+            return bad_request_response(request, f"{problem} holds a NUL character (\\x00), which is never valid")
+        return self.get_response(request)
+
+    @staticmethod
+    def nul_in(request) -> str | None:
+        if "\x00" in request.path:
+            return "the address"
+        checked = [("query parameter", request.GET)]
+        # The API reads JSON bodies (and refuses NULs in them itself): parsing one as a form here
+        # would leave the view no body to read.
+        if not is_api(request):
+            checked.append(("form field", request.POST))
+        for where, params in checked:
+            for name, values in params.lists():
+                if "\x00" in name or any("\x00" in value for value in values):
+                    return f"the {where} {name.replace(chr(0), '?')!r}"
+        return None
+
+
+def _api_error(status: int, message: str) -> JsonResponse:
+    return JsonResponse({"error": message}, status=status)
+
+
+def bad_request(request, exception):
+    return _api_error(400, "bad request") if is_api(request) else defaults.bad_request(request, exception)
+
+
+def permission_denied(request, exception):
+    if is_api(request):
+        return _api_error(403, str(exception) or "forbidden")
+    return defaults.permission_denied(request, exception)
+
+
+def page_not_found(request, exception):
+    if is_api(request):
+        return _api_error(404, f"not found: {request.path}")
+    return defaults.page_not_found(request, exception)
+
+
+def server_error(request):
+    """The exception is logged by Django before this is called; the client learns nothing of it."""
+    return _api_error(500, "internal server error") if is_api(request) else defaults.server_error(request)

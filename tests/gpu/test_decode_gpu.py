@@ -1,0 +1,85 @@
+"""On CUDA: the graph-captured static-cache decode (transformers_engine.py) against the eager loop
+it replaced, before and after a weight update; and a chunked-logprob trainer step against the
+whole-logits one. One GPU; only torch, transformers, pytest (make test-gpu)."""
+import importlib.util
+from pathlib import Path
+
+import pytest
+import torch
+
+from workers.rft.engines import SamplingParams, TransformersEngine
+from workers.rft.memory import InMemoryBuffer
+from workers.rft.models import build_tiny_model, load_policy, load_tokenizer
+from workers.rft.trainer import Trainer
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+CUDA = torch.device("cuda")
+# The CPU tests' reference loop and helpers, by path (tests/ is no package).
+_spec = importlib.util.spec_from_file_location(
+    "static_decode", Path(__file__).parents[1] / "workers" / "rft" / "test_static_decode.py")
+static_decode = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(static_decode)
+
+
+@pytest.fixture(scope="module")
+def tiny_path(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny")
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_graph_decode_equals_the_eager_loop_across_a_weight_update(tiny_path, temperature):
+    tokenizer = load_tokenizer(tiny_path)
+    model = load_policy(tiny_path, CUDA)
+    engine = TransformersEngine(model, tokenizer)
+    prompts = static_decode.mixed_prompts(tokenizer)
+    params = SamplingParams(n=4, temperature=temperature, max_new_tokens=40, seed=3)
+    static_decode.assert_same(engine, model, prompts, params, tolerance=1e-4)
+    [decoder] = engine._decoders.values()
+    assert decoder.graph is not None
+    scaled = {name: 1.3 * p for name, p in model.state_dict().items()}
+    engine.load_state_dict(scaled, version=1)  # in place: the same graph replays the new weights
+    got = static_decode.assert_same(engine, model, prompts, params, tolerance=1e-4)
+    assert list(engine._decoders.values()) == [decoder]
+    assert len(got) == 12
+
+
+def test_a_chunked_trainer_step_equals_the_whole_logits_step(tiny_path):
+    from workers.rft.config import RunConfig
+
+    tokenizer = load_tokenizer(tiny_path)
+    rollouts = [e for i in range(4) for e in static_decode_rollouts(tokenizer, i)]
+    results = []
+    for chunked in (False, True):
+        config = RunConfig.from_dict({
+            "model": {"path": str(tiny_path), "dtype": "float32", "device": "cuda"},
+            "algorithm": {"name": "grpo", "repeat_times": 2},
+            "trainer": {"lr": 1e-3, "batch_size": 8, "micro_batch_size": 8},
+        })
+        buffer = InMemoryBuffer()
+        buffer.write(rollouts)
+        torch.manual_seed(0)
+        trainer = Trainer(config, load_policy(tiny_path, CUDA), tokenizer, buffer)
+        trainer.chunked = chunked
+        results.append((trainer.train_step(), [p.grad for p in trainer.policy.parameters()]))
+    (whole, grads_whole), (chunk, grads_chunk) = results
+    for key in ("loss", "entropy", "grad_norm"):
+        assert chunk[key] == pytest.approx(whole[key], rel=1e-5, abs=1e-6), key
+    for a, b in zip(grads_whole, grads_chunk):
+        torch.testing.assert_close(b, a, atol=1e-6, rtol=1e-4)
+
+
+def static_decode_rollouts(tokenizer, i):
+    """A group of two: the right sum (advantage +1) and a wrong one (-1)."""
+    from workers.rft.experience import Experience
+
+    a, b = i, 2 * i + 1
+    prompt = tokenizer(f"What is {a} + {b}?")["input_ids"]
+    out = []
+    for index, (answer, advantage) in enumerate([(a + b, 1.0), (a + b + 11, -1.0)]):
+        response = tokenizer(str(answer))["input_ids"] + [tokenizer.eos_token_id]
+        out.append(Experience(
+            task_id=i, group_id=str(i), rollout_index=index, prompt_ids=prompt, response_ids=response,
+            action_mask=[1] * len(response), source="rollout", reward=advantage, advantage=advantage,
+            explorer_step=0, model_version=0,
+        ))
+    return out

@@ -1,0 +1,96 @@
+"""The static-cache decode loop (transformers_engine.py) against the eager loop it replaced: a
+growing dynamic cache and a 2D mask, one forward per token, kept here as the reference."""
+import pytest
+import torch
+
+from workers.rft.engines import SamplingParams, TransformersEngine
+from workers.rft.engines.transformers_engine import LENGTH_BUCKET, sample_token
+
+
+@torch.no_grad()
+def eager_loop(model, prompts, params, pad_id, stop_ids):
+    """The engine's loop before the static cache (git 90c6fd9), tokens and logprobs per row up to
+    and including the first stop token. tests/gpu/test_decode_gpu.py runs it on CUDA too."""
+    n, device = params.n, next(model.parameters()).device
+    generator = torch.Generator(device).manual_seed(params.seed) if params.seed is not None else None
+    width = max(len(p) for p in prompts)
+    input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+    for i, prompt in enumerate(prompts):
+        input_ids[i, width - len(prompt) :] = torch.tensor(prompt)
+        attention_mask[i, width - len(prompt) :] = 1
+    input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+    position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+    out = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                use_cache=True, logits_to_keep=1)
+    cache, next_logits = out.past_key_values, out.logits[:, -1].float().repeat_interleave(n, dim=0)
+    cache.batch_repeat_interleave(n)
+    attention_mask = attention_mask.repeat_interleave(n, dim=0)
+    positions = position_ids[:, -1].repeat_interleave(n, dim=0)
+    finished = torch.zeros(len(prompts) * n, dtype=torch.bool, device=device)
+    tokens, logprobs = [], []
+    for _ in range(params.max_new_tokens):
+        token, logprob = sample_token(next_logits, params.temperature, params.top_p, generator)
+        token = torch.where(finished, pad_id, token)
+        tokens.append(token)
+        logprobs.append(logprob)
+        alive = ~finished
+        finished |= alive & torch.isin(token, torch.tensor(stop_ids, device=device))
+        if finished.all():
+            break
+        attention_mask = torch.cat([attention_mask, alive.long()[:, None]], dim=1)
+        positions = positions + 1
+        out = model(input_ids=token[:, None], attention_mask=attention_mask, position_ids=positions[:, None],
+                    past_key_values=cache, use_cache=True)
+        cache, next_logits = out.past_key_values, out.logits[:, -1].float()
+    rows = []
+    for ids, lps in zip(torch.stack(tokens, 1).tolist(), torch.stack(logprobs, 1).tolist()):
+        end = next((i + 1 for i, t in enumerate(ids) if t in stop_ids), len(ids))
+        rows.append((ids[:end], lps[:end]))
+    return rows
+
+
+def mixed_prompts(tokenizer):
+    texts = ["1+2?", "What is 11 + 22?", "Using the numbers [3, 5, 7], create an equation that equals 15."]
+    return [tokenizer(t)["input_ids"] for t in texts]
+
+
+def assert_same(engine, model, prompts, params, tolerance=1e-5):
+    got = [(c.token_ids, c.logprobs) for group in engine.generate(prompts, params) for c in group]
+    expected = eager_loop(model, prompts, params, engine.pad_id, engine.stop_ids)
+    assert [ids for ids, _ in got] == [ids for ids, _ in expected]
+    for (_, lps), (_, ref) in zip(got, expected):
+        torch.testing.assert_close(torch.tensor(lps), torch.tensor(ref), atol=tolerance, rtol=tolerance)
+    return got
+
+
+@pytest.mark.parametrize(("temperature", "top_p"), [(0.0, 1.0), (1.0, 1.0), (0.7, 0.9)])
+def test_static_cache_equals_the_eager_loop(tiny_model, tokenizer, temperature, top_p):
+    engine = TransformersEngine(tiny_model, tokenizer)
+    params = SamplingParams(n=3, temperature=temperature, top_p=top_p, max_new_tokens=12, seed=5)
+    got = assert_same(engine, tiny_model, mixed_prompts(tokenizer), params)
+    assert all(len(ids) == 12 for ids, _ in got)  # random weights: no row stops, the limit holds
+
+
+def test_stop_tokens_end_rows_at_different_steps(tiny_model, tokenizer):
+    # eos made likely, not certain: rows stop at different steps and the rest keep going.
+    with torch.no_grad():
+        tiny_model.lm_head.weight[tokenizer.eos_token_id] += 1.5 * tiny_model.model.norm.weight.sign()
+    engine = TransformersEngine(tiny_model, tokenizer)
+    params = SamplingParams(n=4, temperature=1.0, max_new_tokens=20, seed=0)
+    got = assert_same(engine, tiny_model, mixed_prompts(tokenizer), params)
+    lengths = {len(ids) for ids, _ in got}
+    stopped = [ids for ids, _ in got if ids[-1] == tokenizer.eos_token_id]
+    assert len(lengths) > 2 and stopped and len(stopped) < len(got), lengths
+    assert all(tokenizer.eos_token_id not in ids[:-1] for ids, _ in got)
+
+
+def test_max_length_fills_the_cache_to_its_last_slot(tiny_model, tokenizer):
+    # On CPU the cache holds exactly prompt + new tokens (on CUDA it rounds up to LENGTH_BUCKET):
+    # a long run fills it and stops at the limit.
+    engine = TransformersEngine(tiny_model, tokenizer)
+    prompts = mixed_prompts(tokenizer)
+    steps = LENGTH_BUCKET + 5 - max(len(p) for p in prompts)
+    params = SamplingParams(n=1, temperature=1.0, max_new_tokens=steps, seed=2)
+    got = assert_same(engine, tiny_model, prompts, params)
+    assert [len(ids) for ids, _ in got] == [steps] * 3
