@@ -100,7 +100,11 @@ if REDIS_URL:
             "BACKEND": "channels_redis.core.RedisChannelLayer",
             # redis-py 8 reads with a 5 s timeout by default, which breaks the layer's blocking
             # receive and drops every quiet websocket (django/channels_redis#422).
-            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": None}], "capacity": 1000, "expiry": 30},
+            # max_connections: redis-py's pool refuses (MaxConnectionsError) past 100 by default, and
+            # every socket's handshake joins two groups (its run's and its user's, for revocation):
+            # 100 pages opening at once got 500s.
+            "CONFIG": {"hosts": [{"address": REDIS_URL, "socket_timeout": None, "max_connections": 2000}],
+                       "capacity": 1000, "expiry": 30},
         }
     }
 else:
