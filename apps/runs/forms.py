@@ -38,8 +38,10 @@ SECTIONS = (
         "Algorithm",
         (
             "algorithm.name",
+            "algorithm.policy_loss",
             "algorithm.repeat_times",
             "algorithm.clip_range",
+            "algorithm.clip_ratio_c",
             "algorithm.loss_agg_mode",
             "algorithm.entropy_coef",
             "algorithm.drop_zero_std_groups",
@@ -50,6 +52,7 @@ SECTIONS = (
             "algorithm.dpo.beta",
             "algorithm.gae.gamma",
             "algorithm.gae.lam",
+            "algorithm.rollout_correction.mode",
         ),
     ),
     (
@@ -89,7 +92,12 @@ HELP = {
     "buffer.eval_taskset": "held-out tasks for explorer.eval_interval and mode bench",
     "buffer.max_staleness": "oldest model version a trainer batch may use, in versions behind; empty: unbounded",
     "algorithm.repeat_times": "group size: rollouts per task",
+    "algorithm.policy_loss": "empty: the algorithm's own; gspo, cispo, opmd on rollouts, sft_is, sft_phi on expert "
+                             "data (docs/algorithms.md)",
     "algorithm.clip_range": "PPO ratio clip ε",
+    "algorithm.clip_ratio_c": "dual clip: a token with a negative advantage costs at most this × |A|; empty: off",
+    "algorithm.rollout_correction.mode": "weight tokens by π_trainer / π_rollout (truncated or masked at clip_max 3), "
+                                         "for engines whose log-probs differ from the trainer's (vLLM, bf16)",
     "algorithm.drop_zero_std_groups": "drop groups whose rewards are all equal (they carry no signal)",
     "algorithm.mix.mu": "weight of the SFT loss on expert data",
     "algorithm.mix.expert_data_ratio": "share of expert experiences in each trainer batch",
@@ -111,12 +119,18 @@ HELP = {
 }
 
 # Knobs that matter for some algorithms only; the page hides them for the others.
+RL = ("grpo", "ppo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opmd", "mix", "mix_chord")
+CLIPPED = tuple(name for name in RL if name != "opmd")  # the presets whose loss clips the ratio
 ALGORITHM_ONLY = {
-    "algorithm.mix.": ("mix",),
+    "algorithm.mix.mu": ("mix",),
+    "algorithm.mix.": ("mix", "mix_chord"),
     "algorithm.dpo.": ("dpo",),
+    "algorithm.gae.gamma": ("ppo", "reinforce_plus_plus"),
     "algorithm.gae.": ("ppo",),
-    "algorithm.clip_range": ("grpo", "ppo", "rloo", "reinforce_plus_plus", "mix"),
-    "algorithm.repeat_times": ("grpo", "ppo", "rloo", "reinforce_plus_plus", "mix"),
+    "algorithm.clip_range": CLIPPED,
+    "algorithm.clip_ratio_c": CLIPPED,
+    "algorithm.repeat_times": RL,
+    "algorithm.rollout_correction.": RL,
 }
 
 TASKSET_KEYS = ("buffer.taskset", "buffer.expert_taskset", "buffer.eval_taskset")

@@ -23,9 +23,13 @@ from workers.rft.algorithms import (
     ADVANTAGE_FNS,
     AGG_MODES,
     ALGORITHMS,
-    GROUP_ADVANTAGE_FNS,
+    CORRECTION_MODES,
+    EXPERT,
     KL_FNS,
+    LOSS_PARTS,
+    PAIRS,
     POLICY_LOSSES,
+    USUAL,
     resolve,
 )
 from workers.rft.json_values import json_value_problem
@@ -135,13 +139,40 @@ class KLConfig:
 
 @dataclass
 class GAEConfig:
-    gamma: float = _f(1.0, ge=0, le=1)
+    gamma: float = _f(1.0, ge=0, le=1)  # the discount of GAE and of REINFORCE++'s returns
     lam: float = _f(0.95, ge=0, le=1)
 
 
 @dataclass
 class DPOConfig:
     beta: float = _f(0.1, gt=0, most=100.0)
+    label_smoothing: float = _f(0.0, ge=0, lt=0.5)  # conservative DPO: the share of pairs taken as mislabelled
+
+
+@dataclass
+class OPMDConfig:
+    tau: float = _f(1.0, gt=0, most=1e6)  # the regularisation towards the current policy; logavgexp's temperature
+    baseline: str = _f("mean", choices=("mean", "logavgexp"))
+
+
+@dataclass
+class ChordConfig:
+    """mix_chord's SFT weight mu by trainer step: warmup to mu_peak, cosine decay to mu_valley."""
+
+    mu_warmup_steps: int = _f(0, ge=0, most=10_000_000)
+    mu_decay_steps: int = _f(0, ge=0, most=10_000_000)
+    mu_peak: float = _f(0.1, ge=0, le=1)
+    mu_valley: float = _f(0.1, ge=0, le=1)
+    enable_phi_function: bool = True  # weight expert tokens by p(1-p) (sft_phi); false: plain NLL
+
+
+@dataclass
+class RolloutCorrectionConfig:
+    """Importance weights between the rollout engine's log-probs and the trainer's (correction.py)."""
+
+    mode: str = _f("none", choices=CORRECTION_MODES)
+    clip_max: float = _f(3.0, gt=1, most=1e6)
+    clip_min: float | None = _f(None, ge=0, lt=1)
 
 
 @dataclass
@@ -157,17 +188,27 @@ class AlgorithmConfig:
     advantage_fn: str | None = _f(None, choices=ADVANTAGE_FNS)
     policy_loss: str | None = _f(None, choices=POLICY_LOSSES)
     clip_range: float = _f(0.2, gt=0, lt=1)
-    clip_range_low: float | None = _f(None, gt=0, lt=1)
+    clip_range_low: float | None = _f(None, gt=0, le=1)  # 1: no lower bound (CISPO's paper)
     clip_range_high: float | None = _f(None, gt=0, most=100.0)
+    # Dual clip (verl, Trinity): a token with a negative advantage costs at most -A * clip_ratio_c,
+    # however far its ratio ran; None: no bound (rftweb before 2026-11).
+    clip_ratio_c: float | None = _f(3.0, gt=1, most=1e6)
     loss_agg_mode: str = _f("token-mean", choices=AGG_MODES)
+    # seq-mean-token-sum-norm's constant divisor; None: explorer.max_new_tokens (Dr. GRPO's budget).
+    loss_scale_factor: int | None = _f(None, ge=1, most=10_000_000)
     entropy_coef: float = _f(0.0, ge=0, most=100.0)
     drop_zero_std_groups: bool = False
     epsilon: float = _f(1e-6, gt=0)
+    std_normalize: bool = True  # grpo: divide by the group's std (false: Dr. GRPO)
+    std_unbiased: bool = True  # grpo: the sample std (n - 1), as verl, Trinity and TRL; false: the population std
     kl: KLConfig = field(default_factory=KLConfig)
     gae: GAEConfig = field(default_factory=GAEConfig)
     value_clip: float = _f(0.2, gt=0)
     dpo: DPOConfig = field(default_factory=DPOConfig)
     mix: MixConfig = field(default_factory=MixConfig)
+    opmd: OPMDConfig = field(default_factory=OPMDConfig)
+    chord: ChordConfig = field(default_factory=ChordConfig)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
     @property
     def clip_low(self) -> float:
@@ -327,6 +368,9 @@ class RunConfig:
         issues += _combination_issues(config, bad)
         if issues:
             raise ConfigError(issues)
+        algo = config.algorithm
+        if algo.loss_agg_mode == "seq-mean-token-sum-norm" and algo.loss_scale_factor is None:
+            algo.loss_scale_factor = config.explorer.max_new_tokens
         return config
 
     def to_dict(self) -> dict:
@@ -609,27 +653,67 @@ def reward_model_paths(spec, key: str = "explorer.reward_fn") -> dict[str, tuple
 
 def _loss_fits(loss: str, algorithm: str) -> bool:
     """Whether algorithm.policy_loss `loss` may replace the preset's loss of `algorithm`: it must
-    train on the data the algorithm samples. On an RL algorithm (its loss 'ppo') only 'mix' may,
-    adding expert data to the rollouts. 'sft' reads no reward: on rollouts it would imitate the
-    model's own answers whatever they scored (RL that ignores its rewards), so it is refused rather
-    than given that meaning; SFT on expert data is algorithm 'sft'. 'dpo' needs preference pairs
-    (algorithm 'dpo'); 'ppo' on 'mix' would sample expert data it cannot train on (that is 'grpo')."""
-    preset = ALGORITHMS[algorithm].policy_loss
-    return loss == preset or (preset == "ppo" and loss == "mix")
+    train on the data the algorithm samples (LOSS_PARTS), or on an RL algorithm add expert data to
+    the rollouts (mix, mix_chord). The sft losses read no reward: on rollouts they would imitate
+    the model's own answers whatever they scored (RL that ignores its rewards), so they are refused
+    rather than given that meaning; SFT on expert data is algorithm 'sft'."""
+    preset = LOSS_PARTS[ALGORITHMS[algorithm].policy_loss]
+    return LOSS_PARTS[loss] == preset or (preset == (USUAL,) and LOSS_PARTS[loss] == (USUAL, EXPERT))
 
 
 def _loss_misfit(loss: str | None, algorithm: str) -> str:
     preset = ALGORITHMS[algorithm]
-    if loss == "sft":
+    parts = LOSS_PARTS.get(loss)
+    if parts == (EXPERT,) and preset.uses_rollouts:
         why = ("it reads no reward, so on rollouts it would imitate the model's own answers "
                "(use algorithm 'sft', or policy_loss 'mix' to add expert data to RL)")
-    elif loss == "dpo":
+    elif parts == (PAIRS,):
         why = "it trains on preference pairs (use algorithm 'dpo')"
     elif not preset.uses_rollouts:
         why = f"it trains on rollouts, and algorithm '{algorithm}' collects none"
     else:
         why = f"algorithm '{algorithm}' samples expert data, which '{loss}' cannot train on (use algorithm 'grpo')"
     return f"'{loss}' cannot replace the '{preset.policy_loss}' loss of algorithm '{algorithm}': {why}"
+
+
+def _algorithm_option_rules(algo: AlgorithmConfig, spec) -> list[tuple]:
+    """The algorithm's knobs that only some advantage fns or losses read (rules as _combination_issues')."""
+    by = ("algorithm.name", "algorithm.advantage_fn", "algorithm.policy_loss")
+    loss, adv = spec.policy_loss, spec.advantage_fn
+    tau_read = loss == "opmd" or (adv == "opmd" and algo.opmd.baseline == "logavgexp")
+    correction = algo.rollout_correction
+    return [
+        ("algorithm.clip_ratio_c", algo.clip_ratio_c != 3.0 and loss not in ("ppo", "mix", "mix_chord"),
+         f"has no effect with policy loss '{loss}': the dual clip bounds the ppo surrogate (ppo, mix, mix_chord)", by),
+        ("algorithm.std_normalize", not algo.std_normalize and adv != "grpo",
+         f"has no effect with advantage fn '{adv}': it is grpo's (Dr. GRPO)", by),
+        ("algorithm.std_unbiased", not algo.std_unbiased and (adv != "grpo" or not algo.std_normalize),
+         f"has no effect with advantage fn '{adv}'" + ("" if adv != "grpo" else " and std_normalize false")
+         + ": it picks the std grpo divides by", (*by, "algorithm.std_normalize")),
+        ("algorithm.loss_scale_factor",
+         algo.loss_scale_factor is not None and algo.loss_agg_mode != "seq-mean-token-sum-norm",
+         f"has no effect with loss_agg_mode '{algo.loss_agg_mode}': it divides 'seq-mean-token-sum-norm'",
+         ("algorithm.loss_agg_mode",)),
+        ("algorithm.opmd.baseline", algo.opmd.baseline != "mean" and adv != "opmd",
+         f"has no effect with advantage fn '{adv}': it is opmd's", by),
+        ("algorithm.opmd.tau", algo.opmd.tau != 1.0 and not tau_read,
+         "has no effect here: the opmd loss reads it, and the opmd advantage fn with baseline 'logavgexp'",
+         (*by, "algorithm.opmd.baseline")),
+        ("algorithm.chord", algo.chord != ChordConfig() and loss != "mix_chord",
+         f"has no effect with policy loss '{loss}': it schedules mix_chord's SFT weight", by),
+        ("algorithm.mix.mu", algo.mix.mu != 0.1 and loss != "mix",
+         f"has no effect with policy loss '{loss}'"
+         + (": mix_chord schedules its weight (algorithm.chord)" if loss == "mix_chord" else ": it is mix's weight"),
+         by),
+        ("algorithm.dpo.label_smoothing", algo.dpo.label_smoothing > 0 and loss != "dpo",
+         f"has no effect with policy loss '{loss}': it is dpo's", by),
+        ("algorithm.rollout_correction.mode", correction.mode != "none" and not spec.uses_rollouts,
+         f"'{correction.mode}' weights rollouts, and algorithm '{algo.name}' trains on none", by),
+        ("algorithm.rollout_correction.clip_max", correction.clip_max != 3.0 and correction.mode == "none",
+         "has no effect with rollout_correction.mode 'none'", ("algorithm.rollout_correction.mode",)),
+        ("algorithm.rollout_correction.clip_min", correction.clip_min is not None and correction.mode == "none",
+         "has no effect with rollout_correction.mode 'none'", ("algorithm.rollout_correction.mode",)),
+    ]
 
 
 def _combination_issues(c: RunConfig, bad: set) -> list[ConfigIssue]:
@@ -657,9 +741,6 @@ def _combination_issues(c: RunConfig, bad: set) -> list[ConfigIssue]:
         ("buffer.expert_taskset", spec.sample_strategy == "mix" and c.buffer.expert_taskset is None,
          f"required by {'algorithm' if algo.name == 'mix' else 'policy loss'} 'mix', which mixes expert data into "
          "every trainer batch", ("algorithm.name", "algorithm.policy_loss")),
-        ("algorithm.repeat_times", spec.advantage_fn in GROUP_ADVANTAGE_FNS and algo.repeat_times < 2,
-         f"must be >= 2 for advantage fn '{spec.advantage_fn}', which compares rollouts of the same task, "
-         f"got {algo.repeat_times}", ("algorithm.name", "algorithm.advantage_fn")),
         ("mode", not spec.uses_rollouts and c.mode == "explore",
          f"'explore' only collects rollouts, and algorithm '{algo.name}' does not train on rollouts",
          ("algorithm.name",)),
@@ -672,6 +753,7 @@ def _combination_issues(c: RunConfig, bad: set) -> list[ConfigIssue]:
          "trains on none", ("algorithm.name",)),
         ("algorithm.kl.coef", algo.kl.coef > 0 and algo.kl.fn == "none",
          "has no effect with algorithm.kl.fn 'none': name an estimator (k1, k2, k3, low_var_kl)", ("algorithm.kl.fn",)),
+        *_algorithm_option_rules(algo, spec),
         ("algorithm.entropy_coef", algo.entropy_coef > 0 and spec.policy_loss == "dpo",
          "the 'dpo' loss has no entropy bonus", ("algorithm.name", "algorithm.policy_loss")),
         ("feedback.reward_mode", c.feedback.reward_mode != "none" and not spec.uses_rollouts,

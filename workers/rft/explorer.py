@@ -14,7 +14,7 @@ import math
 import time
 import zlib
 
-from .algorithms import GROUP_ADVANTAGE_FNS, resolve
+from . import algorithms
 from .engines import SamplingParams
 from .experience import Task
 from .pipelines import (
@@ -51,10 +51,9 @@ class Explorer:
         self.ctx = PipelineContext(workflow=workflow, task_source=task_source, buffer=buffer, seed=config.seed)
         self.task_ops = build_operators(TASK_OPERATORS, config.buffer.task_pipeline)
         self.experience_ops = build_operators(EXPERIENCE_OPERATORS, config.explorer.pipeline)
-        spec, algo = resolve(config), config.algorithm
-        if spec.advantage_fn in GROUP_ADVANTAGE_FNS:
-            params = {} if spec.advantage_fn == "rloo" else {"epsilon": algo.epsilon}
-            params |= {"fn": spec.advantage_fn, "drop_zero_std": algo.drop_zero_std_groups}
+        if (advantage := algorithms.group_advantage(config)) is not None:
+            fn, params = advantage
+            params = {**params, "fn": fn, "drop_zero_std": config.algorithm.drop_zero_std_groups}
             # A multi-turn workflow storing one experience per step compares whole episodes.
             params["by_episode"] = getattr(workflow, "stepwise", False)
             self.experience_ops.append(("advantage", group_advantage, params))

@@ -11,7 +11,7 @@ samples, with the functions at the end of this module.
 """
 from dataclasses import dataclass, field
 
-from .algorithms import ADVANTAGE_FNS, GROUP_ADVANTAGE_FNS, resolve
+from .algorithms import ADVANTAGE_FNS, group_advantage
 from .experience import EXPERT_SOURCES, Experience, PreferencePair
 from .registry import Registry
 
@@ -82,15 +82,6 @@ def reward_with_feedback(experience: Experience, feedback, human: float | None =
     return (experience.reward or 0.0) + feedback.reward_weight * human
 
 
-def group_advantage_params(config) -> tuple[str, dict] | None:
-    """The run's group advantage fn and its parameters, as the explorer applies it; None when the
-    algorithm compares no groups (PPO's GAE reads the rewards in the trainer, SFT/DPO use none)."""
-    spec, algo = resolve(config), config.algorithm
-    if spec.advantage_fn not in GROUP_ADVANTAGE_FNS:
-        return None
-    return spec.advantage_fn, ({} if spec.advantage_fn == "rloo" else {"epsilon": algo.epsilon})
-
-
 def apply_human_feedback(batch: list[Experience], groups: dict[str, list[Experience]], config) -> None:
     """Give the batch's rollouts their rewards under `config.feedback` and, where the algorithm
     uses group advantages, recompute their advantages from the new rewards of their whole group.
@@ -107,7 +98,7 @@ def apply_human_feedback(batch: list[Experience], groups: dict[str, list[Experie
         group_rating[group_id] = sum(ratings) / len(ratings) if ratings else None
     rewards = [reward_with_feedback(e, feedback, group_rating.get(e.group_id)) for e in batch]
     advantages = {}
-    if (advantage := group_advantage_params(config)) is not None:
+    if (advantage := group_advantage(config)) is not None:
         fn, params = advantage
         for group_id, members in groups.items():
             group_rewards = [reward_with_feedback(m, feedback, group_rating[group_id]) or 0.0 for m in members]

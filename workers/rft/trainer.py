@@ -39,10 +39,15 @@ from .algorithms import (
     POLICY_LOSSES,
     USUAL,
     LossInputs,
-    aggregate,
     compute_gae,
+    discounted_returns,
+    entropy_from_logits,
+    last_token_rewards,
+    reads_entropy,
     resolve,
+    rollout_correction_weights,
     value_loss,
+    whiten,
 )
 from .config import FsdpConfig
 from .experience import Experience
@@ -78,6 +83,8 @@ class MicroBatch:
     row_prompt: torch.Tensor | None = None  # [B] each row's index into prompt_rows
     logprob_mismatch: float | None = None  # mean |logπ_trainer - logπ_rollout| before the update
     ref_logprobs: torch.Tensor | None = None  # [B, T] the reference model's, where a loss reads them
+    is_weights: torch.Tensor | None = None  # rollout-correction weights (algorithms/correction.py)
+    correction_metrics: dict | None = None
     # fsdp (Trainer._share): a stand-in that keeps this rank's passes in step with the others',
     # weighted 0; and whether a rollout micro-batch runs the policy's no-grad forward for logπ_old
     # although it has them, because another rank's micro-batch of the same round has none.
@@ -187,11 +194,10 @@ class Trainer:
         )
         # Rollout logprobs were taken under softmax(logits / temperature); ratios must compare like with like.
         self.temperature = config.explorer.temperature or 1.0
-        # Token log-probs from hidden states, the head applied chunk by chunk (logprobs.py): the
-        # [B, T, V] logits are never whole. Not under fsdp (the root module's forward gathers the
-        # head's shards) nor with an entropy bonus (losses.py differentiates the entropy of the
-        # logits it is given).
-        self.chunked = not self.sharded and self.algo.entropy_coef == 0
+        # Token log-probs (and entropies) from hidden states, the head applied chunk by chunk
+        # (logprobs.py): the [B, T, V] logits are never whole. Not under fsdp (the root module's
+        # forward gathers the head's shards).
+        self.chunked = not self.sharded
         self.batch_size = config.train_batch_size
         self.step = 0
         # For idle_share: the end of the last step, and checkpoint time since (busy, not idle).
@@ -378,9 +384,10 @@ class Trainer:
 
     def _loss(self, mb: MicroBatch, part: str) -> tuple[torch.Tensor, dict]:
         """The run's policy loss (POLICY_LOSSES[resolve(config).policy_loss]) on one micro-batch."""
-        # The losses that log the entropy (losses.py's _entropy_bonus): on rollouts, and sft's.
-        logs_entropy = part == USUAL or self.spec.policy_loss == "sft"
-        logprobs, entropy, logits = self._logprobs(self.policy, mb, self._temperature(part), logs_entropy)
+        entropy_read = reads_entropy(self.spec.policy_loss, part)
+        logprobs, entropy = self._logprobs(self.policy, mb, self._temperature(part), entropy_read)
+        if entropy is not None and not self.algo.entropy_coef:
+            entropy = entropy.detach()  # a metric only: no backward through it
         if part == USUAL and mb.rollout_logprobs and mb.logprob_mismatch is None:
             # Before the first optimizer step the trainer holds the weights that generated these
             # rollouts (at staleness 0): any gap is the engines' numerics (vLLM kernels, bf16...).
@@ -388,12 +395,10 @@ class Trainer:
             mb.logprob_mismatch = (gap.sum() / mb.mask.sum().clamp(min=1)).item()
         inputs = LossInputs(
             mask=mb.mask, part=part, old_logprobs=mb.old_logprobs, advantages=mb.advantages,
-            ref_logprobs=mb.ref_logprobs, logits=logits,
+            ref_logprobs=mb.ref_logprobs, entropy=entropy, is_weights=mb.is_weights, step=self.step,
         )
         loss, metrics = self.loss_fn(logprobs, inputs, self.algo)
-        if entropy is not None:  # chunked: no logits for the loss to take it from
-            metrics["entropy"] = aggregate(entropy.detach(), mb.mask, self.algo.loss_agg_mode).item()
-        return loss, metrics
+        return loss, metrics | (mb.correction_metrics or {})
 
     def _temperature(self, part: str) -> float:
         """Rollouts were sampled under softmax(logits / temperature): their log-probs compare like
@@ -402,15 +407,15 @@ class Trainer:
 
     def _logprobs(self, model, mb: MicroBatch, temperature: float = 1.0, entropy: bool = False):
         """(log π of each response token [B, T] under softmax(logits / temperature), with `entropy`
-        that softmax's entropy [B, T] where the loss cannot take it from the logits, the logits
-        [B, T, V] in fp32 (or wider) where they are made whole: see self.chunked)."""
+        that softmax's entropy [B, T], else None): chunk by chunk, or from the whole logits in fp32
+        (or wider) under fsdp (self.chunked)."""
         with torch.autocast(self.device.type, self.autocast) if self.autocast else nullcontext():
             if self.chunked:
                 hidden, head = response_hidden(model, mb)
-                return (*chunked_logprobs(hidden, head, mb.response_ids, temperature, entropy), None)
+                return chunked_logprobs(hidden, head, mb.response_ids, temperature, entropy)
             logits = at_least_fp32(response_logits(model, mb))
         logits = logits / temperature if temperature != 1.0 else logits
-        return token_logprobs(logits, mb.response_ids), None, logits
+        return token_logprobs(logits, mb.response_ids), entropy_from_logits(logits) if entropy else None
 
     @torch.no_grad()
     def _prepare(self, parts: list[tuple[str, list[MicroBatch]]]) -> None:
@@ -425,6 +430,28 @@ class Trainer:
                 if part == PAIRS or (part == USUAL and self.algo.kl.fn != "none"):
                     with self._reference() as reference:
                         mb.ref_logprobs = self._logprobs(reference, mb, self._temperature(part))[0]
+        if self.spec.whitens:
+            self._whiten(dict(parts).get(USUAL, []))
+
+    def _whiten(self, mbs: list[MicroBatch]) -> None:
+        """Advantages whitened over the whole batch's kept tokens, every rank's micro-batches
+        counted (verl whitens the batch; per micro-batch, 8 rows against two of 4 moved them by
+        up to 0.34). Stand-ins (fsdp padding) weigh 0 and are left out."""
+        real = [mb for mb in mbs if not mb.padding]
+        token = [mb.advantages if mb.advantages.dim() == 2 else mb.advantages.unsqueeze(-1) * mb.mask for mb in real]
+        white = whiten(token, [mb.mask for mb in real], self._sum_over_ranks, self.device)
+        for mb, advantages in zip(real, white):
+            mb.advantages = advantages
+        for mb in mbs:
+            if mb.padding:
+                mb.advantages = torch.zeros_like(mb.mask)
+
+    def _sum_over_ranks(self, t: torch.Tensor) -> torch.Tensor:
+        if self.ranks is None:
+            return t
+        t = t.clone()
+        self.ranks.sum_tensors([t])
+        return t
 
     @contextmanager
     def _reference(self):
@@ -441,20 +468,36 @@ class Trainer:
             self.policy.train()
 
     def _prepare_rollouts(self, mb: MicroBatch) -> None:
-        if mb.advantages is None and self.critic is None:
+        """logπ_old, the rollout correction, and the advantages the trainer computes (GAE with
+        the critic's values, REINFORCE++'s returns) from each rollout's reward on the last token
+        the model wrote (environment tokens of a multi-turn rollout are not the model's)."""
+        if mb.advantages is None and not self.spec.token_advantages:
             raise ValueError("rollouts reached the trainer without advantages: the explorer's pipeline sets them")
+        correction = self.algo.rollout_correction
         if mb.old_logprobs is None:
             mb.old_logprobs = self._logprobs(self.policy, mb, self.temperature)[0]
+        elif correction.mode != "none":
+            # The PPO ratio compares with the trainer's own logπ_old; the engine's log-probs only
+            # weight the tokens (their mismatch measured here, before any update).
+            rollout, mb.old_logprobs = mb.old_logprobs, self._logprobs(self.policy, mb, self.temperature)[0]
+            mb.logprob_mismatch = ((mb.old_logprobs - rollout).abs() * mb.mask).sum().item() / max(
+                mb.mask.sum().item(), 1
+            )
+            mb.is_weights, mb.correction_metrics = rollout_correction_weights(
+                mb.old_logprobs, rollout, mb.mask, correction.mode, correction.clip_min, correction.clip_max
+            )
         elif mb.policy_pass:  # fsdp: another rank computes its logπ_old in this round (Trainer._share)
             self._logprobs(self.policy, mb, self.temperature)
         if self.critic is not None:
             mb.old_values = self._values(mb)
-            token_rewards = torch.zeros_like(mb.mask)
-            last = (mb.mask.sum(-1) - 1).clamp(min=0).long()  # a sequence's reward lands on its last token
-            token_rewards[torch.arange(len(last)), last] = mb.rewards
-            mb.advantages, mb.returns = compute_gae(
-                token_rewards, mb.old_values, mb.mask, self.algo.gae.gamma, self.algo.gae.lam
-            )
+        if self.spec.token_advantages:
+            token_rewards = last_token_rewards(mb.rewards, mb.mask)
+            if self.spec.advantage_fn == "ppo":
+                mb.advantages, mb.returns = compute_gae(
+                    token_rewards, mb.old_values, mb.mask, self.algo.gae.gamma, self.algo.gae.lam
+                )
+            else:
+                mb.advantages = discounted_returns(token_rewards, mb.mask, self.algo.gae.gamma)
 
     def _values(self, mb: MicroBatch) -> torch.Tensor:
         width_t = mb.response_ids.shape[1]
@@ -469,7 +512,8 @@ class Trainer:
         for mb in mbs:
             share = 0.0 if mb.padding else mb.units(self.algo.loss_agg_mode) / max(total, 1)
             loss, mb_metrics = value_loss(
-                self._values(mb), mb.old_values, mb.returns, mb.mask, self.algo.value_clip, self.algo.loss_agg_mode
+                self._values(mb), mb.old_values, mb.returns, mb.mask, self.algo.value_clip,
+                self.algo.loss_agg_mode, self.algo.loss_scale_factor,
             )
             (share * loss).backward()
             for key, value in mb_metrics.items():

@@ -20,11 +20,12 @@ from workers.rft.algorithms import (
     grpo,
     mix,
     ppo,
-    reinforce_plus_plus,
+    reinforce_plus_plus_baseline,
     resolve,
     rloo,
     sft,
     value_loss,
+    whiten,
     zero_std_mask,
 )
 from workers.rft.config import AlgorithmConfig, RunConfig
@@ -50,28 +51,38 @@ def test_registry_rejects_duplicates_and_names_the_known_ones():
 
 
 def test_registries_hold_the_contract_names():
-    assert ADVANTAGE_FNS.names() == ["grpo", "ppo", "reinforce_plus_plus", "rloo"]
-    assert POLICY_LOSSES.names() == ["dpo", "mix", "ppo", "sft"]
+    assert ADVANTAGE_FNS.names() == [
+        "grpo", "opmd", "ppo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "rloo",
+    ]
+    assert POLICY_LOSSES.names() == [
+        "cispo", "dpo", "gspo", "mix", "mix_chord", "opmd", "ppo", "sft", "sft_is", "sft_phi",
+    ]
     assert KL_FNS.names() == ["k1", "k2", "k3", "low_var_kl", "none"]
     assert ADVANTAGE_FNS.get("ppo") is compute_gae
 
 
 # ---- group advantages ---------------------------------------------------------------------------
 
-def test_grpo_population_std():
-    # group [1,0,0,0]: mean 0.25, population var (0.75² + 3·0.25²)/4 = 0.1875, std 0.4330127
-    # -> 0.75/0.4330127 = √3 = 1.7320508 and -0.25/0.4330127 = -1/√3 = -0.5773503
+def test_grpo_unbiased_std():
+    # group [1,0,0,0]: mean 0.25, sample var (0.75² + 3·0.25²)/3 = 0.25, std 0.5
+    # -> 0.75/0.5 = 1.5 and -0.25/0.5 = -0.5
     adv, metrics = grpo(torch.tensor([1.0, 0.0, 0.0, 0.0]), [7, 7, 7, 7], epsilon=0.0)
-    assert close(adv, [1.7320508, -0.5773503, -0.5773503, -0.5773503])
+    assert close(adv, [1.5, -0.5, -0.5, -0.5])
     assert metrics == {"zero_std_groups": 0}
 
 
+def test_grpo_population_std_is_a_setting():
+    # population var 0.1875, std 0.4330127 -> 0.75/0.4330127 = √3 = 1.7320508, -1/√3 = -0.5773503
+    adv, _ = grpo(torch.tensor([1.0, 0.0, 0.0, 0.0]), [7, 7, 7, 7], epsilon=0.0, std_unbiased=False)
+    assert close(adv, [1.7320508, -0.5773503, -0.5773503, -0.5773503])
+
+
 def test_grpo_groups_are_independent_and_epsilon_applies():
-    # group a [1,0] (interleaved with b): mean .5, std .5 -> ±0.5/(0.5 + 0.1) = ±0.8333333
-    # group b [3,3]: std 0 -> 0; group c [5]: a group of one -> 0
+    # group a [1,0] (interleaved with b): mean .5, sample std √0.5 = .7071068 -> ±0.5/(0.7071068 + 0.1) = ±0.6194960
+    # group b [3,3]: std 0 -> 0; group c [5]: a group of one, mean 0 and std 1 -> 5/(1 + 0.1) = 4.5454545
     adv, metrics = grpo([1.0, 3.0, 0.0, 3.0, 5.0], ["a", "b", "a", "b", "c"], epsilon=0.1)
-    assert close(adv, [0.8333333, 0.0, -0.8333333, 0.0, 0.0])
-    assert metrics == {"zero_std_groups": 2}
+    assert close(adv, [0.6194960, 0.0, -0.6194960, 0.0, 4.5454545])
+    assert metrics == {"zero_std_groups": 1}  # a group of one is not a zero-std group: it keeps its reward
 
 
 def test_grpo_equal_rewards_give_exactly_zero():
@@ -79,7 +90,9 @@ def test_grpo_equal_rewards_give_exactly_zero():
     rewards = torch.full((7,), 0.1)
     adv, metrics = grpo(rewards, [0] * 7)
     assert torch.equal(adv, torch.zeros(7)) and metrics == {"zero_std_groups": 1}
-    assert zero_std_mask([0.1, 0.1, 1.0, 0.0], ["x", "x", "y", "y"]).tolist() == [True, True, False, False]
+    assert zero_std_mask([0.1, 0.1, 1.0, 0.0, 2.0], ["x", "x", "y", "y", "z"]).tolist() == [
+        True, True, False, False, False,
+    ]
 
 
 def test_grpo_without_std_normalize_is_mean_centred():
@@ -90,22 +103,22 @@ def test_grpo_without_std_normalize_is_mean_centred():
 
 def test_rloo_subtracts_the_mean_of_the_others():
     # [2,4,9]: 2-(4+9)/2 = -4.5, 4-(2+9)/2 = -1.5, 9-(2+4)/2 = 6; [1,0,0]: 1-0 = 1, 0-0.5 = -0.5 twice;
-    # [5] alone and [3,3] equal -> 0
+    # [5] alone keeps its reward; [3,3] equal -> 0
     adv, metrics = rloo(
         torch.tensor([2.0, 4.0, 9.0, 1.0, 0.0, 0.0, 5.0, 3.0, 3.0]), [0, 0, 0, 1, 1, 1, 2, 3, 3]
     )
-    assert close(adv, [-4.5, -1.5, 6.0, 1.0, -0.5, -0.5, 0.0, 0.0, 0.0])
-    assert metrics == {"zero_std_groups": 2}
-
-
-def test_reinforce_plus_plus_group_baseline_then_batch_whitening():
-    # group means .5 and 1 -> [.5, -.5, 0, 0]; batch mean 0, population std √(0.5/4) = 0.3535534
-    # -> ±0.5/0.3535534 = ±√2 = ±1.4142136
-    adv, metrics = reinforce_plus_plus(torch.tensor([1.0, 0.0, 1.0, 1.0]), [0, 0, 1, 1], epsilon=0.0)
-    assert close(adv, [1.4142136, -1.4142136, 0.0, 0.0])
+    assert close(adv, [-4.5, -1.5, 6.0, 1.0, -0.5, -0.5, 5.0, 0.0, 0.0])
     assert metrics == {"zero_std_groups": 1}
-    all_equal, _ = reinforce_plus_plus(torch.ones(4), [0, 0, 1, 1])
-    assert torch.equal(all_equal, torch.zeros(4))
+
+
+def test_reinforce_plus_plus_baseline_subtracts_the_group_mean_and_the_trainer_whitens():
+    # group means .5 and 1 -> [.5, -.5, 0, 0]; [2] alone keeps 2
+    adv, metrics = reinforce_plus_plus_baseline(torch.tensor([1.0, 0.0, 1.0, 1.0, 2.0]), [0, 0, 1, 1, 2])
+    assert close(adv, [0.5, -0.5, 0.0, 0.0, 2.0])
+    assert metrics == {"zero_std_groups": 1}
+    # whitened over tokens: one token each for [.5, -.5, 0, 0]: mean 0, sample var 0.5/3 -> ±0.5/0.4082483 = ±1.2247449
+    (white,) = whiten([adv[:4, None]], [torch.ones(4, 1)])
+    assert close(white.squeeze(-1), [1.2247449, -1.2247449, 0.0, 0.0])
 
 
 # ---- GAE --------------------------------------------------------------------------------------------
@@ -120,13 +133,13 @@ def test_gae_by_hand():
     # t=1: delta = .9·.7 - .6 = .03                A1 = .03 + .72·.3 = .246
     # t=0: delta = .9·.6 - .5 = .04                A0 = .04 + .72·.246 = .21712
     # returns = A + V = [.71712, .846, 1.0]
-    adv, ret = compute_gae(REWARDS, VALUES, torch.ones(1, 3), gamma=0.9, lam=0.8, whiten=False)
+    adv, ret = compute_gae(REWARDS, VALUES, torch.ones(1, 3), gamma=0.9, lam=0.8)
     assert close(adv, [[0.21712, 0.246, 0.3]]) and close(ret, [[0.71712, 0.846, 1.0]])
 
 
 def test_gae_gamma_lam_one_is_return_minus_value():
     # Monte Carlo: A_t = 1 - V_t
-    adv, _ = compute_gae(REWARDS, VALUES, torch.ones(1, 3), gamma=1.0, lam=1.0, whiten=False)
+    adv, _ = compute_gae(REWARDS, VALUES, torch.ones(1, 3), gamma=1.0, lam=1.0)
     assert close(adv, [[0.5, 0.4, 0.3]])
 
 
@@ -135,11 +148,12 @@ def test_gae_skips_masked_tokens():
     # delta = .9·.7 - .5 = .13, A0 = .13 + .72·.3 = .346; returns [.846, 0, 1.0]
     mask = torch.tensor([[1.0, 0.0, 1.0]])
     values = torch.tensor([[0.5, 9.0, 0.7]])
-    adv, ret = compute_gae(REWARDS, values, mask, gamma=0.9, lam=0.8, whiten=False)
-    assert close(adv, [[0.346, 0.0, 0.3]]) and close(ret, [[0.846, 0.0, 1.0]])
-    # whitened over kept tokens: mean .323, std .023 -> [+1, 0, -1]
     adv, ret = compute_gae(REWARDS, values, mask, gamma=0.9, lam=0.8)
-    assert close(adv, [[1.0, 0.0, -1.0]], tol=1e-4) and close(ret, [[0.846, 0.0, 1.0]])
+    assert close(adv, [[0.346, 0.0, 0.3]]) and close(ret, [[0.846, 0.0, 1.0]])
+    # whitened over kept tokens (the trainer does it over the whole batch): mean .323, sample std
+    # √(2·.023²/1) = .0325269 -> ±.023/.0325269 = ±0.7071068 (√½), the masked token 0
+    (white,) = whiten([adv], [mask])
+    assert close(white, [[0.7071068, 0.0, -0.7071068]], tol=1e-4)
 
 
 # ---- aggregation ------------------------------------------------------------------------------------
@@ -218,6 +232,19 @@ def test_ppo_negative_advantage_clips_the_other_side():
     assert metrics["clip_frac"] == pytest.approx(1 / 3)
 
 
+def test_ppo_dual_clip_bounds_what_a_negative_advantage_costs():
+    # A = -1, one token at ratio 5: max(5, 1.2) = 5, bounded by -A·clip_ratio_c = 3 (verl, Trinity).
+    # Its gradient is then 0: the bound is a constant.
+    logprobs = torch.tensor([[math.log(5.0)]], requires_grad=True)
+    inputs = rollouts(torch.tensor([-1.0]), old=torch.zeros(1, 1), mask=torch.ones(1, 1))
+    loss, metrics = ppo(logprobs, inputs, algo())
+    assert loss.item() == pytest.approx(3.0) and metrics["clip_frac_lower"] == 1.0
+    loss.backward()
+    assert logprobs.grad.item() == 0.0
+    loss, metrics = ppo(logprobs, inputs, algo(clip_ratio_c=None))  # off: as rftweb before
+    assert loss.item() == pytest.approx(5.0) and "clip_frac_lower" not in metrics
+
+
 def test_ppo_separate_low_and_high_clip():
     # A = 1, low .1, high .3: clip(r, .9, 1.3) = [1.3, .9, 1.1] -> max(-1.5,-1.3), max(-.5,-.9), -1.1
     # = [-1.3, -.5, -1.1] -> -0.9666667
@@ -230,7 +257,9 @@ def test_ppo_on_policy_has_no_clipping_and_zero_kl():
     loss, metrics = ppo(torch.zeros(2, 3), inputs, algo())
     # ratio 1 everywhere: loss = mean of -A over tokens = (-2·3 + 1·3)/6 = -0.5
     assert loss.item() == pytest.approx(-0.5)
-    assert metrics == {"policy_loss": -0.5, "clip_frac": 0.0, "approx_kl": 0.0, "ratio_mean": 1.0}
+    assert metrics == {
+        "policy_loss": -0.5, "clip_frac": 0.0, "clip_frac_lower": 0.0, "approx_kl": 0.0, "ratio_mean": 1.0,
+    }
 
 
 def test_ppo_adds_the_kl_penalty_and_the_entropy_bonus():
@@ -240,7 +269,7 @@ def test_ppo_adds_the_kl_penalty_and_the_entropy_bonus():
     # -1 + .0625 - .1386294 = -1.0761294
     logp = torch.tensor([[-1.0, -2.0]])
     inputs = rollouts(torch.tensor([1.0]), old=logp, mask=torch.ones(1, 2), ref_logprobs=torch.tensor([[-1.5, -1.0]]),
-                      logits=torch.zeros(1, 2, 4))
+                      entropy=entropy_from_logits(torch.zeros(1, 2, 4)))
     loss, metrics = ppo(logp, inputs, algo(kl={"fn": "k2", "coef": 0.2}, entropy_coef=0.1))
     assert loss.item() == pytest.approx(-1.0761294)
     assert metrics["policy_loss"] == pytest.approx(-1.0) and metrics["kl"] == pytest.approx(0.3125)

@@ -123,7 +123,7 @@ def test_unknown_keys_suggest_the_closest():
     ({"trainer": {"lr": float("nan")}}, "trainer.lr", "must be a finite number"),
     ({"trainer": {"lr": 0}}, "trainer.lr", "must be > 0, got 0.0"),
     ({"seed": -1}, "seed", "must be >= 0, got -1"),
-    ({"algorithm": {"clip_range_low": 1.5}}, "algorithm.clip_range_low", "must be > 0 and < 1, got 1.5"),
+    ({"algorithm": {"clip_range_low": 1.5}}, "algorithm.clip_range_low", "must be > 0 and <= 1, got 1.5"),
     ({"algorithm": {"gae": {"lam": 1.1}}}, "algorithm.gae.lam", "must be >= 0 and <= 1, got 1.1"),
     ({"explorer": {"top_p": 0}}, "explorer.top_p", "must be > 0 and <= 1, got 0.0"),
     ({"buffer": {"max_staleness": -1}}, "buffer.max_staleness", "must be >= 0, got -1"),
@@ -133,7 +133,8 @@ def test_unknown_keys_suggest_the_closest():
      "'singleturn' is not one of: multi_turn, single_turn, tool_calling; did you mean 'single_turn'?"),
     ({"algorithm": {"kl": {"fn": "k4"}}}, "algorithm.kl.fn", "'k4' is not one of: k1, k2, k3, low_var_kl, none"),
     ({"algorithm": {"loss_agg_mode": "token_mean"}}, "algorithm.loss_agg_mode",
-     "'token_mean' is not one of: token-mean, seq-mean-token-mean, seq-mean-token-sum; did you mean 'token-mean'?"),
+     "'token_mean' is not one of: token-mean, seq-mean-token-mean, seq-mean-token-sum, seq-mean-token-sum-norm; "
+     "did you mean 'token-mean'?"),
     ({"explorer": {"reward_fn": {"exact_match": 1, "nope": 2}}}, "explorer.reward_fn.nope",
      "unknown reward fn; known: countdown, exact_match, format, llm_judge, numeric, reward_model"),
     ({"explorer": {"reward_fn": "exact_mach"}}, "explorer.reward_fn.exact_mach",
@@ -161,8 +162,6 @@ def test_field_errors(data, key, message):
 @pytest.mark.parametrize("data, key, fragment", [
     ({"algorithm": {"name": "mix"}}, "buffer.expert_taskset", "required by algorithm 'mix'"),
     ({"algorithm": {"policy_loss": "mix"}}, "buffer.expert_taskset", "required by policy loss 'mix'"),
-    ({"algorithm": {"repeat_times": 1}}, "algorithm.repeat_times", "must be >= 2 for advantage fn 'grpo'"),
-    ({"algorithm": {"name": "rloo", "repeat_times": 1}}, "algorithm.repeat_times", "advantage fn 'rloo'"),
     ({"algorithm": {"name": "dpo"}, "mode": "explore", "synchronizer": {"method": "checkpoint"}}, "mode",
      "algorithm 'dpo' does not train on rollouts"),
     ({"algorithm": {"name": "sft", "advantage_fn": "grpo"}}, "algorithm.advantage_fn", "'sft' uses no advantages"),
@@ -195,8 +194,12 @@ def test_combination_errors(data, key, fragment):
 def test_combinations_that_are_fine():
     RunConfig.from_dict({"algorithm": {"name": "sft", "repeat_times": 1}})  # no groups: one rollout is fine
     RunConfig.from_dict({"algorithm": {"name": "ppo", "repeat_times": 1}})
+    # A group of one keeps its reward as its advantage (verl, Trinity): REINFORCE on the raw reward.
+    RunConfig.from_dict({"algorithm": {"name": "grpo", "repeat_times": 1}})
+    RunConfig.from_dict({"algorithm": {"name": "rloo", "repeat_times": 1}})
     RunConfig.from_dict({"algorithm": {"name": "mix"}, "buffer": {"expert_taskset": "gold"}})
-    for rl in ("grpo", "ppo", "rloo", "reinforce_plus_plus"):  # MIX's loss on any RL algorithm: + SFT on expert data
+    # MIX's loss on any RL algorithm: + SFT on expert data
+    for rl in ("grpo", "ppo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opmd"):
         RunConfig.from_dict({"algorithm": {"name": rl, "policy_loss": "mix"}, "buffer": {"expert_taskset": "gold"}})
     RunConfig.from_dict({"algorithm": {"name": "sft", "policy_loss": "sft"}})  # the preset's own loss, named
     RunConfig.from_dict({"algorithm": {"kl": {"fn": "k3"}}})  # coef 0: the KL is logged, not penalised

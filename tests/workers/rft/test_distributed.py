@@ -37,6 +37,10 @@ CASES = {
             "algorithm": {"name": "mix", "mix": {"mu": 0.5, "expert_data_ratio": 0.25}}},
     "dpo": {"trainer": {"batch_size": 5, "micro_batch_size": 4}, "algorithm": {"name": "dpo", "repeat_times": 1}},
     "ppo": {"trainer": {"batch_size": 8, "micro_batch_size": 3}, "algorithm": {"name": "ppo", "repeat_times": 1}},
+    # Advantages whitened over the whole batch, across ranks; one micro-batch: the follower has none
+    # and still takes part in the sums.
+    "reinforce_plus_plus": {"trainer": {"batch_size": 8, "micro_batch_size": 8},
+                            "algorithm": {"name": "reinforce_plus_plus", "repeat_times": 1}},
     # The rollout engine's logprobs on some experiences only: a micro-batch without them runs the
     # policy's forward for logπ_old, one with them does not (under fsdp every rank must anyway).
     "some_logprobs": {"trainer": {"batch_size": 8, "micro_batch_size": 3}},

@@ -3,10 +3,10 @@ recomputed from them, and the config keys that set it up."""
 import pytest
 import torch
 
-from workers.rft.algorithms import grpo, rloo
+from workers.rft.algorithms import group_advantage, grpo, rloo
 from workers.rft.config import ConfigError, RunConfig
 from workers.rft.experience import Experience
-from workers.rft.sampling import apply_human_feedback, group_advantage_params, reward_with_feedback
+from workers.rft.sampling import apply_human_feedback, reward_with_feedback
 
 
 def experience(id, reward, human=None, group="g"):
@@ -62,8 +62,8 @@ def test_rloo_takes_its_own_parameters_and_groups_without_feedback_keep_their_ad
 
 
 def test_algorithms_without_group_advantages_get_only_the_rewards():
-    assert group_advantage_params(config("grpo")) == ("grpo", {"epsilon": 1e-6})
-    assert group_advantage_params(config("ppo")) is None  # GAE reads the (new) rewards in the trainer
+    assert group_advantage(config("grpo")) == ("grpo", {"epsilon": 1e-6, "std_normalize": True, "std_unbiased": True})
+    assert group_advantage(config("ppo")) is None  # GAE reads the (new) rewards in the trainer
     batch = [experience(1, 0.0, human=0.75)]
     apply_human_feedback(batch, {"g": batch}, config("ppo", reward_mode="override"))
     assert (batch[0].reward, batch[0].advantage) == (0.75, 0.123)

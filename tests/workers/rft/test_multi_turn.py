@@ -157,8 +157,8 @@ def test_stepwise_advantages_on_a_hand_made_case():
     groups = ["A", "A", "A", "A", "B", "B", "B", "B"]
     episodes = [0, 0, 0, 1, 0, 0, 1, 1]
     advantages, metrics = stepwise("grpo", rewards, groups, episodes, epsilon=0.0)
-    # Per episode: A's mean is 0.5 and std 0.5 (not the per-step mean 0.75); B carries no signal.
-    assert advantages.tolist() == [1.0, 1.0, 1.0, -1.0, 0.0, 0.0, 0.0, 0.0]
+    # Per episode: A's mean is 0.5 and sample std √½ (not the per-step mean 0.75) -> ±√½; B carries no signal.
+    assert advantages.tolist() == pytest.approx([0.7071068, 0.7071068, 0.7071068, -0.7071068, 0, 0, 0, 0])
     assert metrics == {"zero_std_groups": 1}
     rloo, _ = stepwise("rloo", rewards, groups, episodes)
     assert rloo.tolist() == [1.0, 1.0, 1.0, -1.0, 0.0, 0.0, 0.0, 0.0]
@@ -184,7 +184,7 @@ def test_explorer_broadcasts_episode_advantages_to_steps(tokenizer):
     stored = buffer.all()
     assert len(stored) == 4 * (3 + 1) and metrics["written"] == 16
     for exp in stored:
-        expected = 1.0 if exp.metadata["rollout"] == 0 else -1.0
+        expected = 0.7071068 if exp.metadata["rollout"] == 0 else -0.7071068  # [1, 0]: ±0.5 / √½
         assert exp.advantage == pytest.approx(expected, abs=1e-4)
     # Metrics count episodes, not steps.
     assert metrics["episode/success"] == 0.5 and metrics["episode/turns"] == 2.0 and metrics["episode/return"] == 0.5

@@ -10,6 +10,10 @@ are refused at validation with a message naming the keys (test_nonsense_is_refus
 
 Rewards come from a reward model (the tiny model with a random one-logit head), so rollouts of one
 task score differently and the advantage fns have something to tell apart.
+
+Each run records what its policy loss read on every micro-batch (Outcome.seen: the inputs and the
+policy's log-probs), so a case can recompute the named loss or advantage from the very tensors the
+step used, and compare it with the metric the step logged.
 """
 import dataclasses
 import importlib.util
@@ -20,11 +24,21 @@ from collections.abc import Callable
 import pytest
 import torch
 
-from workers.rft.algorithms import ADVANTAGE_FNS, POLICY_LOSSES, resolve
+from workers.rft.algorithms import (
+    ADVANTAGE_FNS,
+    EXPERT,
+    POLICY_LOSSES,
+    USUAL,
+    LossInputs,
+    chord_mu,
+    group_advantage,
+    resolve,
+)
 from workers.rft.config import ConfigError, RunConfig
 from workers.rft.distributed import launch
 from workers.rft.engines import TransformersEngine, choose_engine
 from workers.rft.experience import Experience, PreferencePair
+from workers.rft.logprobs import response_logits, token_logprobs
 from workers.rft.loop import Loop, memory_stores, run_rank
 from workers.rft.memory import InMemoryBuffer, InMemoryWeightGroup
 from workers.rft.models import (
@@ -38,11 +52,12 @@ from workers.rft.models import (
 )
 from workers.rft.rewards import build_reward
 from workers.rft.sampling import SAMPLE_STRATEGIES
+from workers.rft.trainer import collate
 
 pytestmark = pytest.mark.usefixtures("data_dir")
 
 TASKS = "arithmetic:n=40,max_operand=9,ops=+"
-EXPERT = "arithmetic:n=8,max_operand=99,ops=+,seed=3"  # answers of 1 to 3 digits: responses of unequal length
+EXPERT_TASKSET = "arithmetic:n=8,max_operand=99,ops=+,seed=3"  # answers of 1 to 3 digits: responses of unequal length
 REWARD_MODEL = {"reward_model": {"model": "tiny"}}
 BASE = {
     "seed": 0,
@@ -52,8 +67,8 @@ BASE = {
     "trainer": {"lr": 1e-3, "total_steps": 1, "micro_batch_size": 8},
     "buffer": {"taskset": TASKS},
 }
-SFT = {"mode": "train", "algorithm": {"name": "sft"}, "buffer": {"expert_taskset": EXPERT}}
-MIX = {"buffer": {"expert_taskset": EXPERT}}
+SFT = {"mode": "train", "algorithm": {"name": "sft"}, "buffer": {"expert_taskset": EXPERT_TASKSET}}
+MIX = {"buffer": {"expert_taskset": EXPERT_TASKSET}}
 VLLM_MISSING = importlib.util.find_spec("vllm") is None
 
 
@@ -97,11 +112,42 @@ def merged(base: dict, patch: dict) -> dict:
 
 
 @dataclasses.dataclass
+class Seen:
+    """What the policy loss read on one micro-batch: the policy's log-probs and the other inputs (detached)."""
+
+    logprobs: torch.Tensor
+    inputs: LossInputs
+
+
+def recording(loss_fn: Callable, seen: list[Seen]) -> Callable:
+    """The trainer's policy loss, recording each call's inputs in `seen` (`.recorded`: the loss itself)."""
+    def record(logprobs, inputs: LossInputs, algo):
+        tensors = {
+            f.name: value.detach().clone() for f in dataclasses.fields(inputs)
+            if isinstance(value := getattr(inputs, f.name), torch.Tensor) and f.name != "entropy"
+        }
+        seen.append(Seen(logprobs.detach().clone(), dataclasses.replace(inputs, entropy=None, **tensors)))
+        return loss_fn(logprobs, inputs, algo)
+
+    record.recorded = loss_fn
+    return record
+
+
+@dataclasses.dataclass
 class Outcome:
     config: RunConfig
     loop: Loop
     stores: object
     work_dir: object
+    calls: list[Seen] = dataclasses.field(default_factory=list)
+
+    @property
+    def loss_fn(self) -> Callable:
+        return self.loop.trainer.loss_fn.recorded
+
+    def seen(self, part: str = USUAL) -> list[Seen]:
+        """The loss's calls on micro-batches of `part`, in order (every update epoch's)."""
+        return [s for s in self.calls if s.inputs.part == part]
 
     def metrics(self, role: str = "trainer", step: int = 1) -> dict:
         return self.stores.metrics.points[(role, step)]
@@ -135,8 +181,11 @@ class Runs:
                 prepare(stores.buffer, load_tokenizer(config.model.path))
             work_dir = self.tmp_path_factory.mktemp("run")
             loop = Loop(config, stores, work_dir)
+            outcome = Outcome(config, loop, stores, work_dir)
+            if loop.trainer is not None:
+                loop.trainer.loss_fn = recording(loop.trainer.loss_fn, outcome.calls)
             assert loop.run() == "completed"
-            self.done[key] = Outcome(config, loop, stores, work_dir)
+            self.done[key] = outcome
         return self.done[key]
 
 
@@ -161,24 +210,84 @@ def sharp_reference(tmp_path_factory, data_dir):
 # ---- what the cases check -------------------------------------------------------------------------
 
 
-def advantages_of(outcome: Outcome, fn: str) -> tuple[list[float], list[float]]:
-    """(stored advantages, what advantage fn `fn` gives the stored rewards) over the run's rollouts."""
+def advantages_of(outcome: Outcome, fn: str | None = None, **params) -> tuple[list[float], list[float]]:
+    """(stored advantages, what a group advantage fn gives the stored rewards) over the run's
+    rollouts: by default the run's fn with the run's parameters, as the explorer applies it
+    (group_advantage(config)); else `fn` with `params`."""
     rollouts = outcome.rollouts()
-    expected, _ = ADVANTAGE_FNS.get(fn)([e.reward for e in rollouts], [e.group_id for e in rollouts])
+    if fn is None:
+        fn, params = group_advantage(outcome.config)
+    expected, _ = ADVANTAGE_FNS.get(fn)([e.reward for e in rollouts], [e.group_id for e in rollouts], **params)
     return [e.advantage for e in rollouts], expected.tolist()
 
 
 def assert_advantages_from(outcome: Outcome, fn: str) -> None:
-    stored, expected = advantages_of(outcome, fn)
+    assert group_advantage(outcome.config)[0] == fn
+    stored, expected = advantages_of(outcome)
     assert len(set(e.reward for e in outcome.rollouts())) > 2, "rewards must differ for the fns to differ"
     assert stored == pytest.approx(expected, abs=1e-5)
     if fn != "grpo":  # the same rollouts and rewards under grpo advantages
         assert stored != pytest.approx(advantages_of(outcome, "grpo")[1], abs=1e-3)
 
 
+def token_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
+    return ((values * mask).sum() / mask.sum()).item()
+
+
+def seq_mean_token_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
+    return ((values * mask).sum(-1) / mask.sum(-1)).mean().item()
+
+
+def kept_rows(seen: list[Seen]) -> list[list[float]]:
+    """Each row's advantages on its kept tokens, as the loss read them (a group fn's one per row repeated)."""
+    rows = []
+    for s in seen:
+        advantages, mask = s.inputs.advantages, s.inputs.mask
+        advantages = advantages if advantages.dim() == 2 else advantages.unsqueeze(-1).expand_as(mask)
+        rows += [a[m > 0].tolist() for a, m in zip(advantages, mask)]
+    return rows
+
+
+def whitened(rows: list[list[float]]) -> list[list[float]]:
+    """verl's masked_whiten over every kept token of the batch: (v - mean) / sqrt(unbiased var + 1e-8)."""
+    flat = [v for row in rows for v in row]
+    mean = sum(flat) / len(flat)
+    var = sum((v - mean) ** 2 for v in flat) / (len(flat) - 1)
+    return [[(v - mean) / math.sqrt(var + 1e-8) for v in row] for row in rows]
+
+
+def assert_same_rows(found: list[list[float]], expected: list[list[float]]) -> None:
+    """The same rows, in any order (the trainer samples the rollouts in its own order)."""
+    assert len(found) == len(expected)
+    for a, b in zip(sorted(found), sorted(expected)):
+        assert a == pytest.approx(b, abs=1e-4)
+
+
+def assert_trainer_advantages(o: Outcome, gamma: float) -> None:
+    """REINFORCE++: no advantage stored; the trainer's are the discounted returns of each rollout's
+    reward (on its last model token), whitened over the batch's tokens."""
+    rollouts = o.rollouts()
+    assert group_advantage(o.config) is None and all(e.advantage is None for e in rollouts)
+    returns = []
+    for e in rollouts:
+        kept = sum(e.action_mask)
+        returns.append([e.reward * gamma ** (kept - 1 - t) for t in range(kept)])
+    assert_same_rows(kept_rows(o.seen()), whitened(returns))
+
+
 def assert_rl_step(m: dict) -> None:
     assert {"policy_loss", "clip_frac", "ratio_mean", "entropy"} <= m.keys() and "sft_loss" not in m
     assert math.isfinite(m["loss"]) and m["grad_norm"] > 0
+
+
+def ppo_loss(s: Seen, algo, agg: Callable = token_mean) -> float:
+    """The ppo surrogate (per-token ratio, clip, dual clip) on what a loss call read: what a named
+    loss must differ from."""
+    advantages = s.inputs.advantages.unsqueeze(-1)
+    ratio = (s.logprobs - s.inputs.old_logprobs).exp()
+    loss = torch.maximum(-advantages * ratio, -advantages * ratio.clamp(1 - algo.clip_low, 1 + algo.clip_high))
+    loss = torch.where(advantages < 0, torch.minimum(loss, -advantages * algo.clip_ratio_c), loss)
+    return agg(loss, s.inputs.mask)
 
 
 def same_weights(a, b) -> bool:
@@ -214,6 +323,61 @@ def add_rated_rollouts(buffer, tokenizer):
 
 
 FEEDBACK = {"mode": "train", "trainer": {"batch_size": 4}, "feedback": {"reward_weight": 2.0}}
+
+# Rollouts whose stored (rollout engine's) log-probs are the trainer's plus a known offset per token,
+# so the rollout correction has exact weights to find: w = π_trainer / π_rollout = exp(-offset).
+# (A real CPU run gives offsets of ~2.5e-7, rounding: every weight within 1 ± 1e-6, nothing to clip.)
+# (group, advantage, offsets of the 3 response tokens). With clip_min 0.5 and clip_max 2:
+#   token weights: a1's e and 1/e fall outside, 2 of 12 tokens; b0's 1.65 and b1's 0.78 are inside;
+#   sequence weights exp(-sum): a0 1, a1 1 (its offsets cancel), b0 e, b1 0.47: 2 of 4 outside.
+MISMATCH = [
+    ("a", 1.0, [0.0, 0.0, 0.0]), ("a", -1.0, [-1.0, 1.0, 0.0]),
+    ("b", 1.0, [-0.5, -0.5, 0.0]), ("b", -1.0, [0.25, 0.25, 0.25]),
+]
+MISMATCHED = {"mode": "train", "trainer": {"batch_size": 4}}
+CLIPS = {"clip_min": 0.5, "clip_max": 2.0}
+TRAINER_LOGPROBS: list[list[float]] = []
+
+
+def add_mismatched_rollouts(buffer, tokenizer):
+    prompt = {"a": tokenizer("What is 1 + 2?")["input_ids"], "b": tokenizer("What is 3 + 4?")["input_ids"]}
+    rollouts = []
+    for index, (group, advantage, _) in enumerate(MISMATCH):
+        response = tokenizer(f"so it is {index} {index} {index}")["input_ids"][-3:]
+        rollouts.append(Experience(
+            task_id=ord(group), group_id=group, rollout_index=index, prompt_ids=prompt[group], response_ids=response,
+            action_mask=[1] * 3, reward=advantage, advantage=advantage,
+        ))
+    if not TRAINER_LOGPROBS:  # the trainer's log-probs before its update: the tiny model's, as it loads it
+        model = load_policy(resolve_model_path("tiny"), torch.device("cpu"))
+        batch = collate(rollouts, tokenizer.pad_token_id, torch.device("cpu"))
+        with torch.no_grad():
+            TRAINER_LOGPROBS.extend(token_logprobs(response_logits(model, batch), batch.response_ids).tolist())
+    for e, row, (*_, offsets) in zip(rollouts, TRAINER_LOGPROBS, MISMATCH):
+        e.logprobs = [lp + offset for lp, offset in zip(row, offsets)]
+    buffer.write(rollouts)
+
+
+def correction_expected(mode: str) -> dict:
+    """The correction's metrics and the policy loss, from MISMATCH and CLIPS: ppo at ratio 1 (the
+    trainer's own logπ_old), each token's -A weighted, token-mean."""
+    low, high = CLIPS["clip_min"], CLIPS["clip_max"]
+    raw = [[math.exp(-d) for d in offsets] for *_, offsets in MISMATCH]
+    if mode.startswith("sequence"):
+        raw = [[math.exp(-sum(offsets))] for *_, offsets in MISMATCH]
+    outside = [[not low <= w <= high for w in row] for row in raw]
+    if mode.endswith("truncate"):
+        weights = [[min(max(w, low), high) for w in row] for row in raw]
+    else:
+        weights = [[0.0 if out else w for w, out in zip(row, outs)] for row, outs in zip(raw, outside)]
+    mean = lambda rows: sum(map(sum, rows)) / sum(map(len, rows))  # noqa: E731
+    tokens = sum(len(offsets) for *_, offsets in MISMATCH)
+    per_token = [row * 3 if len(row) == 1 else row for row in weights]
+    return {
+        "is_raw_weight_mean": mean(raw), "is_weight_mean": mean(weights), "is_corrected_frac": mean(outside),
+        "policy_loss": -sum(a * sum(row) for (_, a, _), row in zip(MISMATCH, per_token)) / tokens,
+        "logprob_mismatch": sum(abs(d) for *_, offsets in MISMATCH for d in offsets) / tokens,
+    }
 
 
 # ---- the cases: CASES[key][value](run, reference, value) asserts the value's effect ------------------
@@ -293,12 +457,71 @@ def model_device(run, reference, device):
 # algorithm
 
 
-@case("algorithm.name", "grpo", "rloo", "reinforce_plus_plus")
+@case("algorithm.name", "grpo", "rloo")
 def group_algorithm(run, reference, name):
     o = run({"algorithm": {"name": name}})
     assert_advantages_from(o, name)
+    (s,) = o.seen()  # the loss read the stored advantages, one per rollout, not whitened
+    assert s.inputs.advantages.dim() == 1
+    assert sorted(s.inputs.advantages.tolist()) == pytest.approx(sorted(e.advantage for e in o.rollouts()), abs=1e-6)
     assert_rl_step(o.trained)
     assert "vf_loss" not in o.trained and o.loop.trainer.critic is None
+
+
+@case("algorithm.name", "reinforce_plus_plus")
+def algorithm_reinforce_plus_plus(run, reference, value):
+    # verl's REINFORCE++: no group mean; discounted returns (gamma = algorithm.gae.gamma, 0.5 here so
+    # a rollout's tokens differ) whitened over the batch by the trainer; no critic.
+    o = run({"algorithm": {"name": "reinforce_plus_plus", "gae": {"gamma": 0.5}}})
+    assert_trainer_advantages(o, gamma=0.5)
+    assert_rl_step(o.trained)
+    assert "vf_loss" not in o.trained and o.loop.trainer.critic is None
+
+
+@case("algorithm.name", "reinforce_plus_plus_baseline")
+def algorithm_reinforce_plus_plus_baseline(run, reference, value):
+    # The explorer subtracts the group mean; the trainer whitens those over the whole batch's tokens.
+    o = run({"algorithm": {"name": "reinforce_plus_plus_baseline"}})
+    assert_advantages_from(o, "reinforce_plus_plus_baseline")
+    rollouts = o.rollouts()
+    means = {g: sum(e.reward for e in rollouts if e.group_id == g) / 4 for g in {e.group_id for e in rollouts}}
+    assert [e.advantage for e in rollouts] == pytest.approx([e.reward - means[e.group_id] for e in rollouts], abs=1e-6)
+    assert_same_rows(kept_rows(o.seen()), whitened([[e.advantage] * sum(e.action_mask) for e in rollouts]))
+    assert_rl_step(o.trained)
+
+
+@case("algorithm.name", "opmd")
+def algorithm_opmd(run, reference, value):
+    o = run({"algorithm": {"name": "opmd"}})
+    assert_advantages_from(o, "opmd")  # r - the group's mean (opmd.baseline 'mean')
+    assert o.loss_fn is POLICY_LOSSES.get("opmd")
+    (s,) = o.seen()
+    # -A·logπ / (1 + tau), token-mean: no ratio, so no logπ_old and none of ppo's ratio metrics.
+    expected = token_mean(-s.inputs.advantages.unsqueeze(-1) * s.logprobs, s.inputs.mask) / (1 + 1.0)
+    assert o.trained["policy_loss"] == pytest.approx(expected, rel=1e-4)
+    assert "ratio_mean" not in o.trained and "clip_frac" not in o.trained and o.trained["grad_norm"] > 0
+
+
+@case("algorithm.name", "mix_chord")
+def algorithm_mix_chord(run, reference, value):
+    # CHORD's schedule: no warmup, a cosine from mu_peak to mu_valley over 10 steps: 0.5 at step 0.
+    chord = {"mu_warmup_steps": 0, "mu_decay_steps": 10, "mu_peak": 0.5, "mu_valley": 0.05}
+    o = run({"algorithm": {"name": "mix_chord", "chord": chord}}, MIX)
+    m = o.trained
+    assert m["expert_experiences"] == 3 and m["experiences"] == 11  # expert data sampled, as mix
+    assert all(s.inputs.step == 0 for s in o.calls)  # the trainer's first step
+    mu = chord_mu(0, o.config.algorithm.chord)
+    assert mu == pytest.approx(0.5) and chord_mu(5, o.config.algorithm.chord) == pytest.approx(0.05 + 0.45 / 2)
+    (expert,) = o.seen(EXPERT)
+    p = expert.logprobs.exp()  # φ(p) = p(1 - p) weighs each expert token's NLL
+    assert m["sft_loss"] == pytest.approx(token_mean(-expert.logprobs * p * (1 - p), expert.inputs.mask), rel=1e-4)
+    assert m["loss"] == pytest.approx((1 - mu) * m["policy_loss"] + mu * m["sft_loss"], rel=1e-4, abs=1e-9)
+    assert_advantages_from(o, "grpo")
+    assert_mu_metric(m, mu)
+
+
+def assert_mu_metric(m: dict, mu: float) -> None:
+    assert m["mu"] == pytest.approx(mu)  # once: the trainer sums each part's metrics over its micro-batches
 
 
 @case("algorithm.name", "ppo")
@@ -313,7 +536,7 @@ def algorithm_ppo(run, reference, value):
 def algorithm_sft(run, reference, value):
     o = run(SFT)
     assert o.trained["sft_loss"] > 0 and "policy_loss" not in o.trained
-    assert o.loop.trainer.loss_fn is POLICY_LOSSES.get("sft")
+    assert o.loss_fn is POLICY_LOSSES.get("sft")
 
 
 @case("algorithm.name", "dpo")
@@ -335,10 +558,19 @@ def algorithm_mix(run, reference, value):
     assert_advantages_from(o, "grpo")
 
 
-@case("algorithm.advantage_fn", "grpo", "rloo", "reinforce_plus_plus")
+@case("algorithm.advantage_fn", "grpo", "rloo", "reinforce_plus_plus_baseline", "opmd")
 def advantage_fn_of_a_group(run, reference, fn):
     o = run({"algorithm": {"name": "mix", "advantage_fn": fn}}, MIX)  # an override of mix's grpo
     assert_advantages_from(o, fn)
+    whitens = fn == "reinforce_plus_plus_baseline"  # by the trainer, over the batch's rollout tokens
+    assert (o.seen()[0].inputs.advantages.dim() == 2) == whitens
+
+
+@case("algorithm.advantage_fn", "reinforce_plus_plus")
+def advantage_fn_reinforce_plus_plus(run, reference, value):
+    o = run({"algorithm": {"advantage_fn": "reinforce_plus_plus"}})  # grpo's loss, the trainer's returns
+    assert_trainer_advantages(o, gamma=1.0)  # gamma 1: each token its rollout's reward, whitened
+    assert o.loop.trainer.critic is None and "vf_loss" not in o.trained
 
 
 @case("algorithm.advantage_fn", "ppo")
@@ -351,15 +583,79 @@ def advantage_fn_ppo(run, reference, value):
 @case("algorithm.policy_loss", "ppo")
 def policy_loss_ppo(run, reference, value):
     o = run({"algorithm": {"policy_loss": "ppo"}})
-    assert o.loop.trainer.loss_fn is POLICY_LOSSES.get("ppo")
+    assert o.loss_fn is POLICY_LOSSES.get("ppo")
     assert_rl_step(o.trained)
+    assert "clip_frac_lower" in o.trained  # the dual clip (clip_ratio_c 3 by default)
     assert o.trained["loss"] == pytest.approx(run().trained["loss"])  # grpo's own loss, named
+
+
+# gspo and cispo differ from ppo off-policy: a second update epoch on the same rollouts has ratios
+# away from 1, which the first epoch's ratio of 1 (staleness 0) would not show.
+TWO_EPOCHS = {"trainer": {"update_epochs": 2}}
+
+
+@case("algorithm.policy_loss", "gspo")
+def policy_loss_gspo(run, reference, value):
+    # Its paper's (and verl's) settings: clip ranges 3e-4 / 4e-4, seq-mean-token-mean.
+    gspo = {"policy_loss": "gspo", "clip_range_low": 3e-4, "clip_range_high": 4e-4}
+    o = run({"algorithm": {**gspo, "loss_agg_mode": "seq-mean-token-mean"}}, TWO_EPOCHS)
+    assert o.loss_fn is POLICY_LOSSES.get("gspo")
+    s = o.seen()[-1]  # the second epoch
+    advantages, mask = s.inputs.advantages.unsqueeze(-1), s.inputs.mask
+    # One ratio per sequence: the geometric mean of its tokens' ratios.
+    ratio = (((s.logprobs - s.inputs.old_logprobs) * mask).sum(-1, keepdim=True) / mask.sum(-1, keepdim=True)).exp()
+    clipped = -advantages * ratio.clamp(1 - 3e-4, 1 + 4e-4)
+    expected = seq_mean_token_mean(torch.maximum(-advantages * ratio, clipped).expand_as(mask), mask)
+    assert o.trained["policy_loss"] == pytest.approx(expected, rel=1e-4)
+    assert o.trained["policy_loss"] != pytest.approx(ppo_loss(s, o.config.algorithm, seq_mean_token_mean), rel=1e-2)
+    assert o.trained["clip_frac"] > 0.25  # its clip range is ~1e3 times narrower than ppo's
+
+
+@case("algorithm.policy_loss", "cispo")
+def policy_loss_cispo(run, reference, value):
+    o = run({"algorithm": {"policy_loss": "cispo"}}, TWO_EPOCHS)
+    assert o.loss_fn is POLICY_LOSSES.get("cispo")
+    s = o.seen()[-1]
+    ratio = (s.logprobs - s.inputs.old_logprobs).exp()
+    weight = ratio.clamp(0.8, 1.2)  # clip_range 0.2 both ways; a weight, not a trust region
+    expected = token_mean(-weight * s.inputs.advantages.unsqueeze(-1) * s.logprobs, s.inputs.mask)
+    assert o.trained["policy_loss"] == pytest.approx(expected, rel=1e-4)
+    assert o.trained["clip_frac"] == pytest.approx(token_mean((ratio != weight).float(), s.inputs.mask))
+    assert o.trained["clip_frac"] > 0  # the second epoch moved some ratios past 1 ± 0.2
+    assert o.trained["policy_loss"] != pytest.approx(ppo_loss(s, o.config.algorithm), rel=1e-2)
+
+
+@case("algorithm.policy_loss", "opmd")
+def policy_loss_opmd(run, reference, value):
+    o = run({"algorithm": {"policy_loss": "opmd"}})  # grpo's advantages, the opmd loss
+    assert o.loss_fn is POLICY_LOSSES.get("opmd")
+    assert_advantages_from(o, "grpo")
+    (s,) = o.seen()
+    expected = token_mean(-s.inputs.advantages.unsqueeze(-1) * s.logprobs, s.inputs.mask) / 2  # 1 + tau
+    assert o.trained["policy_loss"] == pytest.approx(expected, rel=1e-4)
+    grpo = run()  # the same rollouts under the ppo loss
+    assert [e.reward for e in o.rollouts()] == [e.reward for e in grpo.rollouts()]
+    assert o.trained["loss"] != pytest.approx(grpo.trained["loss"], abs=1e-4)
+
+
+@case("algorithm.policy_loss", "mix_chord")
+def policy_loss_mix_chord(run, reference, value):
+    # RLOO plus CHORD's SFT, here without φ (plain NLL), its default mu 0.1 (no schedule).
+    o = run({"algorithm": {"name": "rloo", "policy_loss": "mix_chord", "chord": {"enable_phi_function": False}}}, MIX)
+    assert o.loss_fn is POLICY_LOSSES.get("mix_chord")
+    m = o.trained
+    assert m["expert_experiences"] == 3 and {"policy_loss", "sft_loss", "mu"} <= m.keys()
+    (expert,) = o.seen(EXPERT)
+    assert m["sft_loss"] == pytest.approx(token_mean(-expert.logprobs, expert.inputs.mask), rel=1e-5)
+    assert m["loss"] == pytest.approx(0.9 * m["policy_loss"] + 0.1 * m["sft_loss"], rel=1e-4)
+    assert_advantages_from(o, "rloo")
+    assert_mu_metric(m, 0.1)
 
 
 @case("algorithm.policy_loss", "mix")
 def policy_loss_mix(run, reference, value):
     o = run({"algorithm": {"name": "rloo", "policy_loss": "mix"}}, MIX)  # RLOO plus SFT on expert data
-    assert o.loop.trainer.loss_fn is POLICY_LOSSES.get("mix")
+    assert o.loss_fn is POLICY_LOSSES.get("mix")
     assert o.trained["expert_experiences"] == 3 and {"policy_loss", "sft_loss"} <= o.trained.keys()
     assert_advantages_from(o, "rloo")
 
@@ -367,24 +663,72 @@ def policy_loss_mix(run, reference, value):
 @case("algorithm.policy_loss", "sft")
 def policy_loss_sft(run, reference, value):
     o = run(SFT, {"algorithm": {"policy_loss": "sft"}})
-    assert o.loop.trainer.loss_fn is POLICY_LOSSES.get("sft") and o.trained["sft_loss"] == run(SFT).trained["sft_loss"]
+    assert o.loss_fn is POLICY_LOSSES.get("sft") and o.trained["sft_loss"] == run(SFT).trained["sft_loss"]
+
+
+@case("algorithm.policy_loss", "sft_is", "sft_phi")
+def policy_loss_weighted_sft(run, reference, loss):
+    plain = run(SFT)
+    o = run(SFT, {"algorithm": {"policy_loss": loss}})
+    assert o.loss_fn is POLICY_LOSSES.get(loss)
+    (s,) = o.seen(EXPERT)
+    (s_plain,) = plain.seen(EXPERT)
+    torch.testing.assert_close(s.logprobs, s_plain.logprobs)  # the same expert tokens, the same policy
+    logprobs, mask = s.logprobs, s.inputs.mask
+    p = logprobs.exp()
+    nll, nll_is, nll_phi = (token_mean(-logprobs * w, mask) for w in (1, p, p * (1 - p)))
+    assert plain.trained["sft_loss"] == pytest.approx(nll, rel=1e-5)
+    assert o.trained["sft_loss"] == pytest.approx(nll_is if loss == "sft_is" else nll_phi, rel=1e-5)
+    # Each token's NLL weighted by p <= 1 (sft_is), or by φ = p(1 - p) <= 1/4 and < p (sft_phi).
+    assert 0 < nll_phi < nll_is < nll and nll_phi <= nll / 4
 
 
 @case("algorithm.policy_loss", "dpo")
 def policy_loss_dpo(run, reference, value):
     o = run({"mode": "train", "algorithm": {"name": "dpo", "policy_loss": "dpo"}}, prepare=add_pairs)
-    assert o.loop.trainer.loss_fn is POLICY_LOSSES.get("dpo") and {"dpo_acc", "dpo_margin"} <= o.trained.keys()
+    assert o.loss_fn is POLICY_LOSSES.get("dpo") and {"dpo_acc", "dpo_margin"} <= o.trained.keys()
 
 
-@case("algorithm.loss_agg_mode", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum")
+@case("algorithm.loss_agg_mode", "token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm")
 def loss_agg_mode(run, reference, mode):
     # SFT on expert responses of unequal length: each mode weighs their tokens differently.
     loss = {
         m: run(SFT, {"algorithm": {"loss_agg_mode": m}}).trained["loss"] for m in CHOICES["algorithm.loss_agg_mode"]
     }
-    assert len(set(loss.values())) == 3, loss
+    assert len(set(loss.values())) == 4, loss
     assert loss["seq-mean-token-sum"] > max(loss["token-mean"], loss["seq-mean-token-mean"])  # sums > means
+    # Dr. GRPO's: the token sums divided by a constant, explorer.max_new_tokens unless loss_scale_factor says.
+    norm = {"loss_agg_mode": "seq-mean-token-sum-norm"}
+    assert run(SFT, {"algorithm": norm}).config.algorithm.loss_scale_factor == BASE["explorer"]["max_new_tokens"] == 4
+    assert loss["seq-mean-token-sum-norm"] == pytest.approx(loss["seq-mean-token-sum"] / 4)
+    if mode == "seq-mean-token-sum-norm":
+        scaled = run(SFT, {"algorithm": {**norm, "loss_scale_factor": 10}}).trained["loss"]
+        assert scaled == pytest.approx(loss["seq-mean-token-sum"] / 10)
     assert run(SFT, {"algorithm": {"loss_agg_mode": mode}}).trained["sft_loss"] == pytest.approx(loss[mode])
+
+
+@case("algorithm.opmd.baseline", "mean", "logavgexp")
+def opmd_baseline(run, reference, baseline):
+    # logavgexp's baseline tau·log(mean(exp(r / tau))) lies between the group's mean and its max
+    # (Jensen), nearer the max as tau shrinks: 0.05 here, against rewards ~0.05 apart.
+    mean = run({"algorithm": {"name": "opmd"}})
+    soft = run({"algorithm": {"name": "opmd", "opmd": {"baseline": "logavgexp", "tau": 0.05}}})
+    o = {"mean": mean, "logavgexp": soft}[baseline]
+    assert group_advantage(o.config) == ("opmd", {"baseline": baseline, "tau": o.config.algorithm.opmd.tau})
+    assert_advantages_from(o, "opmd")
+    rollouts = o.rollouts()
+    assert [e.reward for e in rollouts] == [e.reward for e in mean.rollouts()]  # the same rollouts
+    groups = {g: [e.reward for e in rollouts if e.group_id == g] for g in {e.group_id for e in rollouts}}
+    tau = o.config.algorithm.opmd.tau
+    base = {
+        g: sum(r) / len(r) if baseline == "mean" else tau * math.log(sum(math.exp(x / tau) for x in r) / len(r))
+        for g, r in groups.items()
+    }
+    assert [e.advantage for e in rollouts] == pytest.approx([e.reward - base[e.group_id] for e in rollouts], abs=1e-6)
+    if baseline == "logavgexp":
+        assert all(sum(r) / len(r) + 1e-4 < base[g] < max(r) for g, r in groups.items())
+        lower = [a - b for a, b in zip(advantages_of(soft)[0], advantages_of(mean)[0])]
+        assert all(d < -1e-4 for d in lower)  # a higher baseline: every advantage lower, by its group's gap
 
 
 @case("algorithm.kl.fn", "none")
@@ -405,6 +749,57 @@ def kl_estimator(run, reference, fn):
     o = kl_run(fn)
     assert o.loop.trainer.reference is not None
     assert o.trained["loss"] != pytest.approx(run().trained["loss"])  # the penalty is in the loss
+
+
+@case("algorithm.rollout_correction.mode", "none")
+def rollout_correction_none(run, reference, value):
+    assert not any(key.startswith("is_") for key in run().trained)  # real rollouts: no weights
+    o = run(MISMATCHED, prepare=add_mismatched_rollouts)
+    m, expected = o.trained, correction_expected("token_mask")
+    # The engine's log-probs are logπ_old: the ppo ratio carries the mismatch (and its clip bites).
+    assert not any(key.startswith("is_") for key in m) and o.seen()[0].inputs.is_weights is None
+    assert m["ratio_mean"] == pytest.approx(expected["is_raw_weight_mean"], abs=1e-5)
+    assert m["logprob_mismatch"] == pytest.approx(expected["logprob_mismatch"], abs=1e-5)
+    assert m["clip_frac"] == pytest.approx(6 / 12)  # b0's 1.65s (A > 0), a1's 1/e and b1's 0.78s (A < 0)
+
+
+@case("algorithm.rollout_correction.mode", "token_truncate", "token_mask", "sequence_truncate", "sequence_mask")
+def rollout_correction(run, reference, mode):
+    def corrected(mode):
+        return run(MISMATCHED, {"algorithm": {"rollout_correction": {"mode": mode, **CLIPS}}},
+                   prepare=add_mismatched_rollouts)
+
+    o = corrected(mode)
+    m, expected = o.trained, correction_expected(mode)
+    for key, value in expected.items():
+        assert m[key] == pytest.approx(value, abs=1e-5), key
+    # The trainer's own logπ_old: the ratio starts at 1, the mismatch is in the weights alone.
+    assert m["ratio_mean"] == pytest.approx(1.0, abs=1e-6) and m["clip_frac"] == 0
+    (s,) = o.seen()
+    assert s.inputs.is_weights.shape == ((4, 3) if mode.startswith("token") else (4, 1))
+    assert_weights_consistent(corrected, mode.split("_")[0])
+    # Real rollouts: the engine and the trainer differ by rounding alone (~2.5e-7 in logπ on CPU
+    # fp32), so at the default bounds (clip_max 3, no floor) nothing is corrected.
+    real = run({"algorithm": {"rollout_correction": {"mode": "token_mask"}}}).trained
+    assert real["is_corrected_frac"] == 0 and real["logprob_mismatch"] < 1e-5
+    assert real["is_weight_mean"] == pytest.approx(1.0, abs=1e-5) == real["is_raw_weight_mean"]
+    assert real["loss"] == pytest.approx(run().trained["loss"], abs=1e-5)  # the same rollouts, weights ~1
+
+
+def assert_weights_consistent(corrected, level: str) -> None:
+    """A level's truncate and mask modes: the same raw weights, the same ones outside [0.5, 2];
+    truncate keeps them at the bounds, mask zeroes them."""
+    truncate, mask = corrected(f"{level}_truncate").trained, corrected(f"{level}_mask").trained
+    for key in ("is_raw_weight_mean", "is_corrected_frac", "logprob_mismatch"):
+        assert truncate[key] == pytest.approx(mask[key])
+    assert truncate["is_corrected_frac"] == pytest.approx(2 / 12 if level == "token" else 2 / 4)
+    weights = {
+        name: corrected(f"{level}_{name}").seen()[0].inputs.is_weights for name in ("truncate", "mask")
+    }
+    assert weights["truncate"].min() >= CLIPS["clip_min"] and weights["truncate"].max() <= CLIPS["clip_max"]
+    inside = weights["mask"] > 0
+    torch.testing.assert_close(weights["mask"][inside], weights["truncate"][inside])
+    assert (~inside).sum() == 2  # a1's e and 1/e (tokens); b0's and b1's (sequences)
 
 
 # explorer
@@ -625,7 +1020,7 @@ MATRIX = [
 ]
 
 
-@pytest.mark.slow  # ~35 one-step runs: 1-4 s each on 2 busy cores, and a vLLM engine start
+@pytest.mark.slow  # ~55 one-step runs: 1-4 s each on 2 busy cores, and a vLLM engine start
 @pytest.mark.parametrize("key, value", MATRIX)
 def test_each_accepted_value_does_what_it_names(run, sharp_reference, key, value):
     check = CASES.get(key, {}).get(value)
@@ -652,6 +1047,24 @@ def test_each_accepted_value_does_what_it_names(run, sharp_reference, key, value
      "trainer.fsdp.cpu_offload", ["model.device 'cpu'"]),
     ({"model": {"lora": {}}, "trainer": {"strategy": "fsdp", "num_processes": 2}}, "model.lora",
      ["trainer.strategy 'fsdp'", "'ddp'"]),
+    # the algorithm's knobs where its advantage fn or loss reads none of them
+    ({"algorithm": {"policy_loss": "gspo", "clip_ratio_c": 5.0}}, "algorithm.clip_ratio_c", ["policy loss 'gspo'"]),
+    ({"algorithm": {"opmd": {"tau": 0.5}}}, "algorithm.opmd.tau", ["has no effect", "opmd loss"]),
+    ({"algorithm": {"opmd": {"baseline": "logavgexp"}}}, "algorithm.opmd.baseline", ["advantage fn 'grpo'"]),
+    ({"algorithm": {"name": "mix", "chord": {"mu_peak": 0.5}}, "buffer": {"expert_taskset": "x"}}, "algorithm.chord",
+     ["policy loss 'mix'", "mix_chord"]),
+    ({"algorithm": {"name": "mix_chord", "mix": {"mu": 0.5}}, "buffer": {"expert_taskset": "x"}}, "algorithm.mix.mu",
+     ["policy loss 'mix_chord'", "algorithm.chord"]),
+    ({"algorithm": {"dpo": {"label_smoothing": 0.1}}}, "algorithm.dpo.label_smoothing", ["policy loss 'ppo'", "dpo"]),
+    ({"algorithm": {"name": "rloo", "std_normalize": False}}, "algorithm.std_normalize", ["advantage fn 'rloo'"]),
+    ({"mode": "train", "algorithm": {"name": "sft", "rollout_correction": {"mode": "token_mask"}},
+      "buffer": {"expert_taskset": "x"}}, "algorithm.rollout_correction.mode", ["'token_mask'", "algorithm 'sft'"]),
+    ({"algorithm": {"rollout_correction": {"clip_max": 2.0}}}, "algorithm.rollout_correction.clip_max",
+     ["rollout_correction.mode 'none'"]),
+    ({"algorithm": {"loss_scale_factor": 8}}, "algorithm.loss_scale_factor", ["loss_agg_mode 'token-mean'"]),
+    ({"algorithm": {"policy_loss": "sft_phi"}}, "algorithm.policy_loss", ["algorithm 'grpo'", "reads no reward"]),
+    ({"algorithm": {"name": "mix", "policy_loss": "gspo"}, "buffer": {"expert_taskset": "x"}}, "algorithm.policy_loss",
+     ["algorithm 'mix'", "samples expert data"]),
 ])
 def test_nonsense_is_refused_naming_the_keys(data, key, named):
     with pytest.raises(ConfigError) as caught:

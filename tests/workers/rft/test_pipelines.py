@@ -62,7 +62,8 @@ def test_group_advantage_is_normalised_per_group_and_skips_expert_data():
     batch = [exp("a", 0, 1.0), exp("a", 1, 0.0), exp("b", 0, 0.0), exp("b", 1, 0.0), exp("e", 0, 1.0)]
     batch[-1].source = "expert"
     out, metrics = group_advantage(batch, PipelineContext(), fn="grpo", epsilon=1e-6)
-    assert [e.advantage for e in out[:4]] == pytest.approx([1.0, -1.0, 0.0, 0.0], abs=1e-5)
+    # group a [1, 0]: mean .5, sample std √½ -> ±√½
+    assert [e.advantage for e in out[:4]] == pytest.approx([0.7071068, -0.7071068, 0.0, 0.0], abs=1e-5)
     assert out[4].advantage is None and metrics["zero_std_groups"] == 1
     out, metrics = group_advantage(batch, PipelineContext(), fn="grpo", drop_zero_std=True)
     assert [e.group_id for e in out] == ["a", "a", "e"] and metrics["zero_std_dropped"] == 2

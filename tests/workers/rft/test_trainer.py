@@ -6,6 +6,7 @@ from workers.rft.experience import Experience, PreferencePair
 from workers.rft.logprobs import response_logits, token_logprobs
 from workers.rft.memory import InMemoryBuffer, InMemoryMetrics
 from workers.rft.models import load_critic, load_policy, load_reference
+from workers.rft.sampling import TrainBatch
 from workers.rft.trainer import Trainer, collate
 
 from .conftest import make_config
@@ -54,7 +55,7 @@ def response_logprob(model, tokenizer, exp):
     return (logp * mb.mask).sum().item()
 
 
-@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum"])
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean", "seq-mean-token-sum", "seq-mean-token-sum-norm"])
 def test_micro_batches_accumulate_to_the_full_batch_step(tiny_path, tokenizer, agg):
     batch = rollouts(tokenizer)
     algorithm = {"loss_agg_mode": agg}
@@ -233,6 +234,52 @@ def test_kl_to_the_reference_starts_at_zero(tiny_path, tokenizer):
                            algorithm={"kl": {"fn": "k3", "coef": 0.1}}, trainer={"batch_size": 4})
     assert trainer.train_step()["kl"] == pytest.approx(0.0, abs=1e-6)
     assert trainer.train_step()["kl"] > 0
+
+
+def kept_advantages(trainer) -> list[list[float]]:
+    """Each rollout's advantages on its kept tokens, after the trainer's preparation (GAE, whitening)."""
+    parts = trainer._micro_batches(TrainBatch(usual=trainer.buffer.all()))
+    trainer._prepare(parts)
+    rows = []
+    for mb in dict(parts)["usual"]:
+        advantages = mb.advantages if mb.advantages.dim() == 2 else mb.advantages.unsqueeze(-1).expand_as(mb.mask)
+        rows += [a[m > 0].tolist() for a, m in zip(advantages, mb.mask)]
+    return rows
+
+
+@pytest.mark.parametrize("name", ["ppo", "reinforce_plus_plus", "reinforce_plus_plus_baseline"])
+def test_whitened_advantages_do_not_depend_on_the_micro_batch_size(tiny_path, tokenizer, name):
+    # verl whitens over the whole batch; per micro-batch, one of 8 against two of 4 moved GAE's by up to 0.34.
+    batch = rollouts(tokenizer)
+    for e in batch:
+        e.advantage = None if name != "reinforce_plus_plus_baseline" else e.advantage
+    found = []
+    for micro in (8, 4, 2):
+        critic = load_critic(tiny_path, CPU) if name == "ppo" else None
+        trainer = make_trainer(tiny_path, tokenizer, batch, critic=critic, algorithm={"name": name, "repeat_times": 2},
+                               trainer={"batch_size": 8, "micro_batch_size": micro})
+        found.append(kept_advantages(trainer))
+    for rows in found[1:]:
+        for a, b in zip(found[0], rows):
+            assert a == pytest.approx(b, abs=1e-6)
+    flat = [a for row in found[0] for a in row]
+    assert abs(sum(flat) / len(flat)) < 1e-5  # whitened: mean 0 over the batch's tokens
+
+
+def test_the_reward_lands_on_the_last_token_the_model_wrote(tiny_path, tokenizer):
+    # A multi-turn rollout: the model's reply, an environment turn (mask 0), the model's last reply,
+    # then the environment's closing tokens. With gamma = lam = 1 every kept token's return is the
+    # reward; on the last row (the old index, action_mask.sum() - 1) it landed on an environment token.
+    exp = experience(tokenizer, 2, 3, advantage=None)
+    exp.response_ids = exp.response_ids[:2] * 4
+    exp.action_mask = [1, 1, 0, 0, 1, 1, 0, 0]
+    exp.reward = 1.0
+    trainer = make_trainer(tiny_path, tokenizer, [exp], critic=load_critic(tiny_path, CPU),
+                           algorithm={"name": "ppo", "repeat_times": 1, "gae": {"gamma": 1.0, "lam": 1.0}},
+                           trainer={"batch_size": 1, "micro_batch_size": 1})
+    (mb,) = dict(trainer._micro_batches(TrainBatch(usual=[exp])))["usual"]
+    trainer._prepare_rollouts(mb)
+    assert mb.returns[0].tolist() == pytest.approx([1, 1, 0, 0, 1, 1, 0, 0])
 
 
 def test_ppo_trains_policy_and_critic(tiny_path, tokenizer):

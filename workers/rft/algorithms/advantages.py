@@ -1,39 +1,54 @@
-"""Advantage fns. Group fns map one scalar reward per rollout to one advantage per rollout, comparing
-rollouts of the same task (same group id); `compute_gae` ('ppo') works per token with a critic.
+"""Advantage fns, as verl's core_algos.py and Trinity-RFT's advantage_fn/ compute them.
 
-Std is the population std (unbiased=False): it is defined for any group size, and a group whose
-rewards are all equal has std exactly 0. Such a group carries no signal: its advantages are exactly
-0 (tested by max == min, not by a float std that rounding may leave at 1e-9) and it is counted in
+Group fns (GROUP_ADVANTAGE_FNS: the explorer applies them) map one scalar reward per rollout to
+one advantage per rollout, comparing rollouts of the same task (same group id). A group of one is
+compared with nothing: its mean is 0 and its std 1, so it keeps its reward (verl, Trinity). A
+group of two or more whose rewards are all equal carries no signal: its advantages are exactly 0
+(tested by max == min, not by a float std that rounding may leave at 1e-17) and it is counted in
 the metric 'zero_std_groups'.
+
+Token fns (TOKEN_ADVANTAGE_FNS: the trainer applies them) read the rewards placed on each
+rollout's last model token (`last_token_rewards`): GAE with the critic ('ppo') and REINFORCE++'s
+discounted returns. The fns in WHITENED_ADVANTAGE_FNS are then whitened over the whole trainer
+batch, every kept token counted (`whiten`, verl's masked_whiten), not per micro-batch.
 """
 from collections import namedtuple
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from workers.rft.registry import Registry
 
 ADVANTAGE_FNS = Registry("advantage fn")
+GROUP_ADVANTAGE_FNS = ("grpo", "rloo", "reinforce_plus_plus_baseline", "opmd")
+TOKEN_ADVANTAGE_FNS = ("ppo", "reinforce_plus_plus")
+WHITENED_ADVANTAGE_FNS = ("ppo", "reinforce_plus_plus", "reinforce_plus_plus_baseline")
 
-Groups = namedtuple("Groups", "index size mean std flat")  # per-group tensors; `index` maps rollout -> group
+Groups = namedtuple("Groups", "index size mean flat rewards")  # per-group tensors; `index` maps rollout -> group
 
 
 def group_stats(rewards: torch.Tensor, group_ids: Sequence) -> Groups:
-    """Size, mean, population std and flatness (max == min) of each group of rollouts."""
+    """Size, mean (0 for a group of one) and flatness (max == min, two or more members) of each group."""
     ids = group_ids.tolist() if isinstance(group_ids, torch.Tensor) else list(group_ids)
     positions = {}
     index = torch.tensor([positions.setdefault(g, len(positions)) for g in ids], device=rewards.device)
     zeros = torch.zeros(len(positions), dtype=rewards.dtype, device=rewards.device)
     size = zeros.index_add(0, index, torch.ones_like(rewards))
-    mean = zeros.index_add(0, index, rewards) / size
-    std = (zeros.index_add(0, index, (rewards - mean[index]) ** 2) / size).sqrt()
+    mean = torch.where(size > 1, zeros.index_add(0, index, rewards) / size, 0.0)
     high = zeros.scatter_reduce(0, index, rewards, "amax", include_self=False)
     low = zeros.scatter_reduce(0, index, rewards, "amin", include_self=False)
-    return Groups(index, size, mean, std, high == low)
+    return Groups(index, size, mean, (high == low) & (size > 1), rewards)
+
+
+def group_std(g: Groups, unbiased: bool = True) -> torch.Tensor:
+    """Each group's std (torch.std's n - 1 when unbiased, else n); 1 for a group of one."""
+    squares = torch.zeros_like(g.mean).index_add(0, g.index, (g.rewards - g.mean[g.index]) ** 2)
+    n = g.size - 1 if unbiased else g.size
+    return torch.where(g.size > 1, (squares / n.clamp(min=1)).sqrt(), 1.0)
 
 
 def zero_std_mask(rewards, group_ids: Sequence) -> torch.Tensor:
-    """Bool [B]: rollouts whose group has identical rewards (what drop_zero_std_groups drops)."""
+    """Bool [B]: rollouts whose group (two or more) has identical rewards (what drop_zero_std_groups drops)."""
     groups = group_stats(_as_float(rewards), group_ids)
     return groups.flat[groups.index]
 
@@ -48,44 +63,76 @@ def _metrics(groups: Groups) -> dict:
 
 
 @ADVANTAGE_FNS.register("grpo")
-def grpo(rewards, group_ids: Sequence, epsilon: float = 1e-6, std_normalize: bool = True):
-    """(r - group mean) / (group std + epsilon); without std_normalize just r - group mean (Dr. GRPO)."""
+def grpo(rewards, group_ids: Sequence, epsilon: float = 1e-6, std_normalize: bool = True, std_unbiased: bool = True):
+    """(r - group mean) / (group std + epsilon), the std unbiased as torch.std (verl's
+    compute_grpo_outcome_advantage, Trinity's GRPOAdvantageFn); std_unbiased False: the population
+    std. Without std_normalize just r - group mean (Dr. GRPO)."""
     rewards = _as_float(rewards)
     g = group_stats(rewards, group_ids)
     adv = rewards - g.mean[g.index]
     if std_normalize:
-        adv = adv / (g.std[g.index] + epsilon)
+        adv = adv / (group_std(g, std_unbiased)[g.index] + epsilon)
     return adv.masked_fill(g.flat[g.index], 0.0), _metrics(g)
 
 
 @ADVANTAGE_FNS.register("rloo")
 def rloo(rewards, group_ids: Sequence):
-    """r_i - mean of the other rewards of its group, i.e. n/(n-1) * (r_i - group mean); 0 for a group of one."""
+    """r_i - mean of the other rewards of its group, i.e. n/(n-1) * (r_i - group mean) (verl's
+    compute_rloo_outcome_advantage); a group of one keeps its reward."""
     rewards = _as_float(rewards)
     g = group_stats(rewards, group_ids)
-    scale = g.size / (g.size - 1).clamp(min=1)
+    scale = torch.where(g.size > 1, g.size / (g.size - 1).clamp(min=1), 1.0)
     adv = scale[g.index] * (rewards - g.mean[g.index])
     return adv.masked_fill(g.flat[g.index], 0.0), _metrics(g)
 
 
-@ADVANTAGE_FNS.register("reinforce_plus_plus")
-def reinforce_plus_plus(rewards, group_ids: Sequence, epsilon: float = 1e-6):
-    """r - group mean, then whitened over the whole batch: (a - mean) / (std + epsilon)."""
+@ADVANTAGE_FNS.register("reinforce_plus_plus_baseline")
+def reinforce_plus_plus_baseline(rewards, group_ids: Sequence):
+    """r - group mean; the trainer then whitens over the whole batch's tokens (verl's
+    compute_reinforce_plus_plus_baseline_outcome_advantage is both steps at once)."""
     rewards = _as_float(rewards)
     g = group_stats(rewards, group_ids)
-    adv = (rewards - g.mean[g.index]).masked_fill(g.flat[g.index], 0.0)
-    adv = (adv - adv.mean()) / (adv.std(unbiased=False) + epsilon)
-    return adv, _metrics(g)
+    return (rewards - g.mean[g.index]).masked_fill(g.flat[g.index], 0.0), _metrics(g)
+
+
+@ADVANTAGE_FNS.register("opmd")
+def opmd(rewards, group_ids: Sequence, baseline: str = "mean", tau: float = 1.0):
+    """r - the group's baseline: its mean, or tau * log(mean(exp(r / tau))) ('logavgexp'); 0 for a
+    group of one (Trinity's OPMDAdvantageFn)."""
+    rewards = _as_float(rewards)
+    g = group_stats(rewards, group_ids)
+    if baseline == "logavgexp":
+        # logavgexp(x) = logsumexp(x) - log n, per group: shifted by the group max so exp stays finite.
+        high = torch.zeros_like(g.mean).scatter_reduce(0, g.index, rewards / tau, "amax", include_self=False)
+        sums = torch.zeros_like(g.mean).index_add(0, g.index, (rewards / tau - high[g.index]).exp())
+        base = torch.where(g.size > 1, tau * (high + sums.log() - g.size.log()), 0.0)
+    elif baseline == "mean":
+        base = g.mean
+    else:
+        raise ValueError(f"unknown opmd baseline '{baseline}'; known: mean, logavgexp")
+    return (rewards - base[g.index]).masked_fill(g.flat[g.index], 0.0), _metrics(g)
+
+
+def last_token_rewards(rewards: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """[B] -> [B, T]: each rollout's reward on the last token the model wrote (the last with mask 1;
+    environment tokens inside or after a multi-turn reply have mask 0). A row without one gets none."""
+    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+    last = torch.where(mask > 0, positions, -1).amax(dim=1)
+    out = torch.zeros_like(mask, dtype=rewards.dtype)
+    rows = torch.nonzero(last >= 0).squeeze(1)
+    out[rows, last[rows]] = rewards[rows]
+    return out
 
 
 @ADVANTAGE_FNS.register("ppo")
 @torch.no_grad()
-def compute_gae(token_rewards, values, mask, gamma: float, lam: float, whiten: bool = True):
-    """GAE(gamma, lam) per token -> (advantages [B,T], returns [B,T]), both 0 where mask is 0.
+def compute_gae(token_rewards, values, mask, gamma: float, lam: float):
+    """GAE(gamma, lam) per token -> (advantages [B,T], returns [B,T]), both 0 where mask is 0, the
+    advantages not yet whitened (verl's compute_gae_advantage_return before masked_whiten).
 
     Masked tokens (environment turns in a multi-turn rollout) are skipped: the recursion carries
     the next kept token's value and advantage across them. returns = advantages + values is the
-    critic's target, taken before the advantages are whitened (mean 0, std 1 over kept tokens).
+    critic's target.
     """
     next_value = torch.zeros_like(values[:, 0])
     next_adv = torch.zeros_like(values[:, 0])
@@ -96,13 +143,44 @@ def compute_gae(token_rewards, values, mask, gamma: float, lam: float, whiten: b
         advantages[:, t] = delta + gamma * lam * next_adv
         next_value = kept * values[:, t] + (1 - kept) * next_value
         next_adv = kept * advantages[:, t] + (1 - kept) * next_adv
-    returns = (advantages + values) * mask
-    if whiten:
-        n = mask.sum().clamp(min=1)
-        mean = (advantages * mask).sum() / n
-        var = (((advantages - mean) * mask) ** 2).sum() / n
-        advantages = (advantages - mean) * torch.rsqrt(var + 1e-8)
-    return advantages * mask, returns
+    return advantages * mask, (advantages + values) * mask
+
+
+@ADVANTAGE_FNS.register("reinforce_plus_plus")
+@torch.no_grad()
+def discounted_returns(token_rewards, mask, gamma: float):
+    """REINFORCE++ (verl's compute_reinforce_plus_plus_outcome_advantage, before masked_whiten):
+    the discounted sum of the rewards from each kept token on. Masked tokens are skipped, as GAE
+    skips them: verl resets the sum at every masked token (written for the padding after EOS,
+    where both agree), which with environment tokens inside a multi-turn reply would leave the
+    model's earlier turns no return at all."""
+    returns = torch.zeros_like(token_rewards)
+    running = torch.zeros_like(token_rewards[:, 0])
+    for t in reversed(range(token_rewards.shape[1])):
+        kept = mask[:, t]
+        running = kept * (token_rewards[:, t] + gamma * running) + (1 - kept) * running
+        returns[:, t] = running
+    return returns * mask
+
+
+@torch.no_grad()
+def whiten(values: list[torch.Tensor], masks: list[torch.Tensor], total: Callable | None = None,
+           device: torch.device | None = None) -> list[torch.Tensor]:
+    """verl_F.masked_whiten(values, mask) * mask over several micro-batches as over their
+    concatenation: (v - mean) / sqrt(var + 1e-8) with the mean and the unbiased variance of every
+    kept token. `total` sums a tensor over the trainer's ranks (the batch is spread over them; a
+    rank with no micro-batch still takes part, on `device`). With one kept token or none there is
+    no spread to whiten by: zeros."""
+    total = total or (lambda t: t)
+    zero = torch.zeros((), dtype=torch.float64, device=values[0].device if values else device)
+    count = total(sum((m.sum().double() for m in masks), zero))
+    # verl's masked_mean divides by mask.sum() + 1e-8: kept, so the figures are the same to 1e-12.
+    mean = total(sum(((v.double() * m).sum() for v, m in zip(values, masks)), zero)) / (count + 1e-8)
+    squares = total(sum(((((v.double() - mean) ** 2) * m).sum() for v, m in zip(values, masks)), zero))
+    if count.item() <= 1:
+        return [torch.zeros_like(v) for v in values]
+    var = squares / (count + 1e-8) * count / (count - 1)
+    return [((v.double() - mean) * torch.rsqrt(var + 1e-8)).to(v.dtype) * m for v, m in zip(values, masks)]
 
 
 def stepwise(fn: str, rewards, group_ids: Sequence, episode_ids: Sequence, **params):
