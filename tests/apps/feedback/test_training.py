@@ -85,8 +85,9 @@ def test_rated_only_trains_on_rated_rollouts_and_waits_a_bounded_time_for_rating
     sampled = {e.id: e for e in buffer.sample(4, sources=["rollout"])}
     assert set(sampled) == {group[0].pk, group[1].pk}
     # The group compares its rated members only: the unrated ones carry no reward under override.
-    assert sampled[group[0].pk].advantage == pytest.approx(1.0, abs=1e-4)
-    assert sampled[group[1].pk].advantage == pytest.approx(-1.0, abs=1e-4)
+    # Two ratings, mean in the middle, sample std √2 times the half-gap: ±1/√2 (GRPO's unbiased std).
+    assert sampled[group[0].pk].advantage == pytest.approx(0.7071068, abs=1e-4)
+    assert sampled[group[1].pk].advantage == pytest.approx(-0.7071068, abs=1e-4)
 
 
 def test_human_edits_are_expert_data_unless_the_run_says_otherwise(run, tasks, make_experience, annotator, researcher):
