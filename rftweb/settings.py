@@ -214,4 +214,7 @@ LOGGING = {
     "disable_existing_loggers": False,
     "handlers": {"console": {"class": "logging.StreamHandler"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
+    # Django's own config gives "django" a console handler too, and its records propagated to the
+    # root's: every request line of the dev server was printed twice. One handler, the root's.
+    "loggers": {"django": {"handlers": [], "level": "INFO", "propagate": True}},
 }

@@ -85,6 +85,7 @@ def celery_worker_factory(transactional_db, tmp_path):
             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
         proc.log_path = tmp_path / f"{name}.log"
+        proc.name = name  # its Celery hostname: what the Workers page and duty heartbeats call it
         started.append(proc)
         deadline = time.time() + 60
         while time.time() < deadline:

@@ -1,11 +1,13 @@
 """Celery entry points into run supervision (apps/runs/supervision.py: duties, heartbeats, the
 engine, failures, the watchdog). Their names are what beat schedules, routes
 (settings.CELERY_TASK_ROUTES) and queued messages hold. `serve_duty` serves one *duty* of a run
-("loop", "explorer" or "trainer").
+("loop", "explorer" or "trainer"). A worker registers itself when it is ready and beats while it
+lives (apps/runs/capacity.py: the Workers page).
 """
 from celery import shared_task
+from celery.signals import worker_ready, worker_shutdown
 
-from apps.runs import supervision
+from apps.runs import capacity, supervision
 
 
 @shared_task(name="workers.tasks.start_run")
@@ -22,3 +24,13 @@ def serve_duty(run_id: int, duty: str = "loop") -> str:
 @shared_task(name="workers.tasks.watchdog")
 def watchdog() -> list[tuple[int, str]]:
     return supervision.watchdog()
+
+
+@worker_ready.connect
+def _worker_ready(sender, **_):  # sender: the worker's consumer
+    capacity.worker_ready(sender.controller)
+
+
+@worker_shutdown.connect
+def _worker_shutdown(sender, **_):  # sender: the worker
+    capacity.worker_shutdown(sender)

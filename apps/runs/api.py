@@ -27,7 +27,7 @@ from apps.accounts.roles import RESEARCHER, has_role
 from workers.rft.config import ConfigError, ConfigIssue, parse_config_text
 from workers.rft.json_values import text_problem
 
-from . import queries, services
+from . import capacity, queries, services
 from .controls import control_run
 from .forms import RolloutFilterForm, RunFilterForm
 from .models import MetricPoint, Run
@@ -235,8 +235,23 @@ def index(request):
             f"runs/{run}/metrics/": "GET its metrics by role (role, since)",
             f"runs/{run}/experiences/": "GET its rollouts (filters as the rollout browser)",
             **{f"runs/{run}/{action}/": f"POST {action}" for action in ("pause", "resume", "stop")},
+            "workers/": "GET the live workers, what each holds, and those lost or stopped in the last day",
         },
     })
+
+
+def workers_json(overview: dict) -> dict:
+    return {
+        "embedded": settings.RFTWEB_EMBEDDED,
+        "heartbeat_timeout_s": settings.RFTWEB_HEARTBEAT_TIMEOUT,
+        **{section: [worker.as_json() for worker in workers] for section, workers in overview.items()},
+    }
+
+
+@api_view("GET")
+def workers(request):
+    """The workers as the Workers page shows them (apps/runs/capacity.py)."""
+    return JsonResponse(workers_json(capacity.overview()))
 
 
 @api_view("GET", "POST")

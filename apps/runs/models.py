@@ -136,3 +136,26 @@ class ExplorerGroup(models.Model):
     class Meta:
         ordering = ["id"]
         constraints = [models.UniqueConstraint(fields=["explorer_step", "task_id"], name="explorer_group_unique")]
+
+
+class Worker(models.Model):
+    """A Celery worker as it reports itself (apps/runs/capacity.py): registered when it is ready,
+    seen again every heartbeat, marked stopped on an orderly shutdown. A worker whose heartbeat
+    stopped without that is lost. Named by its Celery hostname (`runs@gpu-3`)."""
+
+    name = models.CharField(max_length=255, unique=True)
+    host = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    queues = models.JSONField(default=list)
+    slots = models.PositiveIntegerField(default=1, help_text="pool processes: duties it can hold at once")
+    gpus = models.JSONField(default=list, blank=True)  # [{"name", "memory_gb", "used_gb"}], from nvidia-smi
+    version = models.CharField(max_length=64, blank=True)  # the code it runs (git commit)
+    started_at = models.DateTimeField()
+    last_seen = models.DateTimeField()
+    stopped_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name

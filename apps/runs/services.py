@@ -209,10 +209,19 @@ def set_progress(run: Run, **progress: int) -> None:
 HANDED_OVER = "watchdog"  # the holder the watchdog writes when it sends a dead worker's duty on
 
 
-def _write_beat(run: Run, duty: str, worker: str) -> None:
+def _write_beat(run: Run, duty: str, worker: str, node: str | None = None) -> None:
+    """The duty's heartbeat: its worker process (`host:pid`), the Celery worker it belongs to
+    (`node`, for the Workers page) and since when it holds the duty, kept while the same process
+    beats."""
     previous = run.heartbeats.get(duty, {})
-    handovers = {key: previous[key] for key in ("handovers", "handed_over_at_step") if key in previous}
-    run.heartbeats = {**run.heartbeats, duty: {**handovers, "at": timezone.now().isoformat(), "worker": worker}}
+    now = timezone.now().isoformat()
+    kept = {key: previous[key] for key in ("handovers", "handed_over_at_step") if key in previous}
+    if previous.get("worker") == worker:
+        kept |= {key: previous[key] for key in ("node", "since") if key in previous}
+    kept.setdefault("since", now)
+    if node is not None:
+        kept["node"] = node
+    run.heartbeats = {**run.heartbeats, duty: {**kept, "at": now, "worker": worker}}
     run.save(update_fields=["heartbeats"])
 
 
@@ -263,7 +272,7 @@ def workers_holding(run: Run) -> dict[str, str]:
     return {duty: worker for duty, worker in held.items() if worker not in (None, HANDED_OVER)}
 
 
-def claim_duty(run: Run, duty: str, worker: str, timeout: float) -> bool:
+def claim_duty(run: Run, duty: str, worker: str, timeout: float, node: str | None = None) -> bool:
     """Take the duty of a run still to be served (Run.SERVED) unless another live worker holds it.
     A redelivered or duplicated task for a duty that is being served, or any task of a run that
     is stopping or finished (hundreds may be queued: a run of 1,000 nodes), then exits at once
@@ -272,7 +281,7 @@ def claim_duty(run: Run, duty: str, worker: str, timeout: float) -> bool:
         locked = Run.objects.select_for_update().get(pk=run.pk)
         if locked.status not in Run.SERVED or holder(locked, duty, timeout) not in (None, HANDED_OVER, worker):
             return False
-        _write_beat(locked, duty, worker)
+        _write_beat(locked, duty, worker, node)
     return True
 
 

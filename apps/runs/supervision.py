@@ -50,7 +50,7 @@ from django.db import InterfaceError, OperationalError, close_old_connections, c
 from rftweb.celery import enqueue
 from workers.rft.synchronizer import SPLIT_SYNC_METHODS
 
-from . import services
+from . import capacity, services
 from .checkpoints import run_checkpoint_dir
 from .live import publisher
 from .models import Run
@@ -213,7 +213,10 @@ def serve(run_id: int, duty: str) -> str:
     run = Run.objects.get(pk=run_id)
     me = worker_id()
     # A task of a run stopped or ended exits on this one read: a stop may leave 1,000 queued.
-    if run.status not in Run.SERVED or not services.claim_duty(run, duty, me, settings.RFTWEB_HEARTBEAT_TIMEOUT):
+    claimed = run.status in Run.SERVED and services.claim_duty(
+        run, duty, me, settings.RFTWEB_HEARTBEAT_TIMEOUT, node=capacity.this_node()
+    )
+    if not claimed:
         return "skipped"
     beat = Heartbeat(run, duty, me, settings.RFTWEB_HEARTBEAT_INTERVAL)
     beat.start()

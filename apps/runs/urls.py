@@ -17,6 +17,7 @@ urlpatterns = [
     path("runs/<int:pk>/explorers/", views.run_explorers, name="run-explorers"),
     path("runs/<int:pk>/rollouts/", views.run_rollouts, name="run-rollouts"),
     path("runs/<int:pk>/checkpoints/<int:version>/download/", views.checkpoint_download, name="checkpoint-download"),
+    path("workers/", views.worker_list, name="worker-list"),
     # The JSON API (docs/api.md). The token page is HTML, for a logged-in researcher.
     path("api/", api.index, name="api-index"),
     path("api/token/", views.api_token, name="api-token"),
@@ -27,4 +28,5 @@ urlpatterns = [
     path("api/runs/<int:pk>/pause/", api.run_action, {"action": "pause"}, name="api-run-pause"),
     path("api/runs/<int:pk>/resume/", api.run_action, {"action": "resume"}, name="api-run-resume"),
     path("api/runs/<int:pk>/stop/", api.run_action, {"action": "stop"}, name="api-run-stop"),
+    path("api/workers/", api.workers, name="api-workers"),
 ]

@@ -1,4 +1,4 @@
-"""The training dashboard: runs list, launch, the live run page, rollouts, compare, downloads."""
+"""The training dashboard: runs list, launch, the live run page, rollouts, compare, downloads, workers."""
 
 import functools
 import gzip
@@ -21,8 +21,8 @@ from apps.accounts.roles import RESEARCHER, has_role, role_required
 from apps.tasksets.models import Taskset
 from workers.rft.config import ConfigError
 
-from . import queries, services, supervision
-from .api import token_for, token_or_session
+from . import capacity, queries, services, supervision
+from .api import token_for, token_or_session, workers_json
 from .checkpoints import run_checkpoint_dir, tar_stream
 from .controls import control_run, control_statuses, may_control
 from .forms import LaunchForm, RolloutFilterForm, RunFilterForm, dump_config_yaml
@@ -290,6 +290,13 @@ def run_compare(request):
             "plotly_version": PLOTLY_VERSION,
         },
     )
+
+
+@role_required(RESEARCHER)
+def worker_list(request):
+    """Every worker, what each slot holds, and the workers lost (apps/runs/capacity.py); the page
+    polls /api/workers/ for the same JSON it starts from."""
+    return render(request, "runs/workers.html", {"workers_data": workers_json(capacity.overview())})
 
 
 @never_cache  # the token is a password: no cache, shared or the browser's, may keep the page

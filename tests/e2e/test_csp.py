@@ -65,6 +65,8 @@ def test_the_run_annotation_launch_and_admin_pages_load_with_no_csp_violation(pa
         "/admin/buffer/experience/": lambda: expect(page.locator("#result_list")).to_be_visible(),
         f"/admin/buffer/experience/{experience.pk}/change/": lambda: expect(page.locator("form")).not_to_have_count(0),
         "/accounts/password_change/": lambda: expect(page.get_by_label("Old password")).to_be_visible(),
+        # its script drew the tables from the JSON in the page (no worker here: the empty row)
+        "/workers/": lambda: expect(page.locator('[data-workers="workers"]')).to_contain_text("No live worker"),
     }
     for path, loaded in checks.items():
         page.goto(path)

@@ -139,6 +139,7 @@ def test_newcomer_watches_the_demo_run_learn(demo, tmp_path):
             wait_until(lambda: shown() >= accuracy[0] + 0.1
                        and round(shown(), 3) in {round(v, 3) for v in held_out_accuracy(page, run_url)}, 60)
 
+            see_the_worker_that_serves_it(page, run_url)
             annotate_while_it_trains(page, run_url, sql)
             upload_a_taskset_while_it_trains(page, tmp_path)
             stop_and_resume(page, run_url)
@@ -152,6 +153,20 @@ def test_newcomer_watches_the_demo_run_learn(demo, tmp_path):
 
 def run_state(page, run_url: str) -> dict:
     return page.request.get(f"{run_url}live.json").json()["run"]
+
+
+def see_the_worker_that_serves_it(page, run_url: str) -> None:
+    """The Workers page (top bar) names the worker whose slot holds the demo run's loop: the
+    `train` worker `make demo` starts, or embedded the server process itself."""
+    from playwright.sync_api import expect
+
+    run_id = re.search(r"/runs/(\d+)/", run_url)[1]
+    page.get_by_role("link", name="Workers", exact=True).click()
+    page.wait_for_url(re.compile(r"/workers/$"))
+    holder = page.locator("tr[data-worker]", has=page.get_by_role("link", name=re.compile(rf"^run {run_id} ")))
+    expect(holder).to_have_count(1)
+    expect(holder.locator("code")).to_have_text("loop")
+    assert re.match(r"(train|embedded)@", holder.get_attribute("data-worker")), holder.get_attribute("data-worker")
 
 
 def annotate_while_it_trains(page, run_url: str, sql) -> None:

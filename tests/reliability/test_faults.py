@@ -36,6 +36,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 TASKS, REPEATS = 4, 4
 PG_BIN = next(iter(sorted(Path("/usr/lib/postgresql").glob("*/bin"))), None)
+# Polled this often while waiting for the middle of a run: on a quiet machine a step of the tiny
+# model takes a fraction of a second, and a poll every 0.5 s first saw step 5 of 5 (the CI of
+# 2026-11-27: "assert 5 < 5", the run over before the fault).
+MID_RUN_POLL_S = 0.05
+
 
 
 def make_taskset(name="arith", n=40):
@@ -102,7 +107,7 @@ def test_a_killed_explorer_or_trainer_worker_is_replaced(celery_worker_factory, 
     }
     steps = 5
     run = services.launch_run(researcher, f"kill the {victim}", grpo_config(steps, method="checkpoint"))
-    wait_for(lambda: run_field(run, "trainer_step") >= 2, what="trainer step 2")
+    wait_for(lambda: run_field(run, "trainer_step") >= 2, what="trainer step 2", every=MID_RUN_POLL_S)
     kill(workers[victim])
     assert run_field(run, "trainer_step") < steps  # mid-run
     celery_worker_factory(queues="default,explore" if victim == "explorer" else "train")
@@ -242,7 +247,7 @@ def test_redis_restarted_mid_run(researcher, tmp_path, processes, private_redis)
     config = services.validate_config(grpo_config(steps)).to_dict()
     run = Run.objects.create(name="redis restart", owner=researcher, config=config)
     launch_through(env, run)
-    wait_for(lambda: run_field(run, "trainer_step") >= 2, what="trainer step 2")
+    wait_for(lambda: run_field(run, "trainer_step") >= 2, what="trainer step 2", every=MID_RUN_POLL_S)
     assert run_field(run, "trainer_step") < steps  # mid-run
     private_redis.kill()  # the broker and the channel layer, gone with everything they held
     time.sleep(3)
@@ -337,7 +342,7 @@ def test_postgres_restarted_mid_run(tmp_path, processes, private_postgres, priva
 
     worker = start_worker(env, tmp_path, processes)
     launch_through(env, Run(pk=run_id))
-    wait_for(lambda: run_row()["trainer_step"] >= 2, what="trainer step 2")
+    wait_for(lambda: run_row()["trainer_step"] >= 2, what="trainer step 2", every=MID_RUN_POLL_S)
     assert run_row()["trainer_step"] < steps  # mid-run
     private_postgres.ctl("restart", "-m", "fast")  # every connection of the worker is cut
     wait_for(lambda: run_row()["status"] in ("completed", "failed", "stopped"),

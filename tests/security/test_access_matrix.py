@@ -111,6 +111,9 @@ MATRIX = {
         "LDARA", method="post", data=lambda o: {"runs": [o.run.pk]}, changed=status_is(Status.STOPPING)
     ),
     "api-token": Entry("LDAAA"),
+    # capacity: every researcher sees every worker and what it holds (run names included)
+    "worker-list": Entry("LDAAA"),
+    "api-workers": Entry("UDAAA", api=True),
     # the JSON API, with each user's token
     "api-index": Entry("UDAAA", api=True),
     "api-runs": Entry("UDAAA", api=True),

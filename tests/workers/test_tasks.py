@@ -246,8 +246,8 @@ def test_explorer_and_trainer_on_separate_workers(celery_worker_factory, researc
     """Checkpoint sync: the duties run on an `explore` worker and a `train` worker, and still
     train synchronously: explorer step t used exactly version t (offset 0, interval 1)."""
     make_taskset()
-    celery_worker_factory(queues="default,explore")
-    celery_worker_factory(queues="train")
+    explore = celery_worker_factory(queues="default,explore")
+    train = celery_worker_factory(queues="train")
     steps = 4
     run = services.launch_run(researcher, "split", grpo_config(steps, method="checkpoint"))
     wait_for(lambda: finished(run), what="completion")
@@ -255,6 +255,8 @@ def test_explorer_and_trainer_on_separate_workers(celery_worker_factory, researc
     assert run.trainer_step == steps and run.model_version >= steps
     heartbeats = run.heartbeats
     assert heartbeats["explorer"]["worker"] != heartbeats["trainer"]["worker"]  # two processes
+    # ... of the two Celery workers, as the Workers page names them
+    assert (heartbeats["explorer"]["node"], heartbeats["trainer"]["node"]) == (explore.name, train.name)
     explored = dict(run.metrics.filter(role="explorer").values_list("step", "values"))
     used_versions = [explored[step]["model_version"] for step in sorted(explored)]
     assert used_versions[: steps] == list(range(steps))  # step t (1-based t+1) rolled out with version t

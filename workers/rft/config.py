@@ -701,10 +701,6 @@ def _algorithm_option_rules(algo: AlgorithmConfig, spec) -> list[tuple]:
          (*by, "algorithm.opmd.baseline")),
         ("algorithm.chord", algo.chord != ChordConfig() and loss != "mix_chord",
          f"has no effect with policy loss '{loss}': it schedules mix_chord's SFT weight", by),
-        ("algorithm.mix.mu", algo.mix.mu != 0.1 and loss != "mix",
-         f"has no effect with policy loss '{loss}'"
-         + (": mix_chord schedules its weight (algorithm.chord)" if loss == "mix_chord" else ": it is mix's weight"),
-         by),
         ("algorithm.dpo.label_smoothing", algo.dpo.label_smoothing > 0 and loss != "dpo",
          f"has no effect with policy loss '{loss}': it is dpo's", by),
         ("algorithm.rollout_correction.mode", correction.mode != "none" and not spec.uses_rollouts,

@@ -1053,8 +1053,6 @@ def test_each_accepted_value_does_what_it_names(run, sharp_reference, key, value
     ({"algorithm": {"opmd": {"baseline": "logavgexp"}}}, "algorithm.opmd.baseline", ["advantage fn 'grpo'"]),
     ({"algorithm": {"name": "mix", "chord": {"mu_peak": 0.5}}, "buffer": {"expert_taskset": "x"}}, "algorithm.chord",
      ["policy loss 'mix'", "mix_chord"]),
-    ({"algorithm": {"name": "mix_chord", "mix": {"mu": 0.5}}, "buffer": {"expert_taskset": "x"}}, "algorithm.mix.mu",
-     ["policy loss 'mix_chord'", "algorithm.chord"]),
     ({"algorithm": {"dpo": {"label_smoothing": 0.1}}}, "algorithm.dpo.label_smoothing", ["policy loss 'ppo'", "dpo"]),
     ({"algorithm": {"name": "rloo", "std_normalize": False}}, "algorithm.std_normalize", ["advantage fn 'rloo'"]),
     ({"mode": "train", "algorithm": {"name": "sft", "rollout_correction": {"mode": "token_mask"}},

@@ -723,7 +723,7 @@ def test_mix_chord_matches_trinity(chord, phi, seed, shape):
     ref_loss, ref_grad, _ = loss_and_grad(lambda x: mu * sft(x, mask), logprobs)
     close(loss, ref_loss)
     close(grad, ref_grad)
-    assert metrics["mu"] == pytest.approx(mu, abs=1e-12)
+    assert "mu" not in metrics  # logged with the rollouts' part alone: the trainer sums each part's metrics
 
 
 @pytest.mark.parametrize("seed, shape", CASES)

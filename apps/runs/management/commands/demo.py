@@ -63,10 +63,14 @@ class Command(BaseCommand):
     def start_workers(self) -> list[subprocess.Popen]:
         celery = [sys.executable, "-m", "celery", "-A", "rftweb"]
         commands = [
-            # A run's duties hold a worker process each for the run's whole life (two with checkpoint
-            # sync), so curation jobs and taskset imports get their own worker: with one process for
-            # everything, an import waited until the demo run's 1,000 steps were done.
-            celery + ["worker", "-n", "runs@%h", "-Q", "train,explore", "-c", "2", "-l", "info"],
+            # A run's duties hold a worker process each for the run's whole life, so each queue gets
+            # workers of its own: with one process for everything an import waited until the demo
+            # run's 1,000 steps were done, and with 2 processes for train and explore together a
+            # 2-explorer run beside the demo run (trainer + 2 explorers, the demo's loop holding
+            # one) waited for good. 2 train slots: the demo's loop and another run's trainer; 2
+            # explore slots: that run's explorers (the Workers page shows what each holds).
+            celery + ["worker", "-n", "train@%h", "-Q", "train", "-c", "2", "-l", "info"],
+            celery + ["worker", "-n", "explore@%h", "-Q", "explore", "-c", "2", "-l", "info"],
             celery + ["worker", "-n", "jobs@%h", "-Q", "default", "-c", "1", "-l", "info"],
             celery + ["beat", "-l", "info", "-s", str(settings.DATA_DIR / "celerybeat-schedule")],
         ]

@@ -1,0 +1,247 @@
+"""Capacity: the workers that serve runs and jobs, and what each one holds.
+
+A Celery worker registers when it is ready (rftweb/celery.py's signal handlers), beats every
+RFTWEB_HEARTBEAT_INTERVAL seconds on a thread of its main process, and is marked stopped on an
+orderly shutdown; one silent for RFTWEB_HEARTBEAT_TIMEOUT without that is lost. Its slots are its
+pool processes. What a slot holds is read off the active runs' duty heartbeats, which name the
+Celery worker serving each duty (`node`, services.claim_duty). Embedded (no Celery) the web
+process is the one worker: its threads serve every duty, without a slot limit.
+
+The Workers page and /api/workers/ show `overview()`, as Celery Flower and Ray's dashboard show
+theirs: who is there, what each holds since when, and who was lost.
+"""
+import logging
+import os
+import shutil
+import socket
+import subprocess
+import threading
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+from functools import cache
+
+from django.conf import settings
+from django.db import Error as DatabaseError
+from django.db import connection
+from django.utils import timezone
+
+from . import services
+from .models import Run, Worker
+
+log = logging.getLogger(__name__)
+
+LOST_SHOWN_FOR = timedelta(hours=24)  # lost workers stay on the page this long
+ALL_QUEUES = ["default", "train", "explore"]
+
+
+@dataclass
+class Holding:
+    """One duty a worker's slot serves."""
+
+    run_id: int
+    run_name: str
+    run_status: str
+    duty: str
+    since: datetime | None  # when this worker claimed it
+    last_beat: datetime
+
+
+@dataclass
+class WorkerState:
+    name: str
+    host: str
+    pid: int | None
+    queues: list[str]
+    slots: int | None  # None: embedded, no limit
+    gpus: list[dict]
+    version: str
+    started_at: datetime | None
+    last_seen: datetime | None
+    state: str  # live | lost | stopped
+    holds: list[Holding] = field(default_factory=list)
+
+    @property
+    def free(self) -> int | None:
+        return None if self.slots is None else max(0, self.slots - len(self.holds))
+
+    def as_json(self) -> dict:
+        data = asdict(self)
+        data["free"] = self.free
+        for key in ("started_at", "last_seen"):
+            data[key] = data[key] and data[key].isoformat()
+        for hold in data["holds"]:
+            hold["since"] = hold["since"] and hold["since"].isoformat()
+            hold["last_beat"] = hold["last_beat"].isoformat()
+            hold["run_url"] = f"/runs/{hold['run_id']}/"
+        return data
+
+
+def embedded_name() -> str:
+    return f"embedded@{socket.gethostname()}"
+
+
+def this_node() -> str:
+    """The Celery hostname of the worker serving the current task (what duty heartbeats name);
+    embedded, this web process."""
+    if settings.RFTWEB_EMBEDDED:
+        return embedded_name()
+    from celery import current_task
+
+    hostname = getattr(getattr(current_task, "request", None), "hostname", None)
+    return hostname or f"{socket.gethostname()}:{os.getpid()}"
+
+
+# ---- what workers report ----------------------------------------------------------------------
+
+
+@cache
+def code_version() -> str:
+    """The commit the worker runs (RFTWEB_VERSION where the image has no git checkout)."""
+    if version := os.environ.get("RFTWEB_VERSION"):
+        return version[:64]
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=settings.BASE_DIR, capture_output=True,
+                             text=True, timeout=5)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return out.stdout.strip()[:64] if out.returncode == 0 else ""
+
+
+def gpus() -> list[dict]:
+    """The GPUs this machine has, from nvidia-smi: the main process of a prefork worker must not
+    initialise CUDA (a pool process forked after that could not use it)."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total,memory.used", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return []
+    found = []
+    for line in out.stdout.splitlines() if out.returncode == 0 else []:
+        name, total, used = (part.strip() for part in line.rsplit(",", 2))
+        try:
+            found.append({"name": name, "memory_gb": round(float(total) / 1024, 1),
+                          "used_gb": round(float(used) / 1024, 1)})
+        except ValueError:
+            continue
+    return found
+
+
+def register(name: str, queues: list[str], slots: int) -> None:
+    """A worker is ready (again: a restarted worker of the same name starts afresh)."""
+    now = timezone.now()
+    Worker.objects.update_or_create(name=name, defaults={
+        "host": socket.gethostname(), "pid": os.getpid(), "queues": sorted(queues), "slots": slots,
+        "gpus": gpus(), "version": code_version(), "started_at": now, "last_seen": now, "stopped_at": None,
+    })
+
+
+def beat(name: str) -> None:
+    Worker.objects.filter(name=name).update(last_seen=timezone.now(), gpus=gpus(), stopped_at=None)
+
+
+def stopped(name: str) -> None:
+    Worker.objects.filter(name=name).update(stopped_at=timezone.now())
+
+
+class WorkerBeat(threading.Thread):
+    """The worker's own heartbeat, on a thread of its main process (its pool processes may all be
+    busy with steps that take minutes)."""
+
+    def __init__(self, name: str, interval: float):
+        super().__init__(daemon=True, name=f"worker-beat-{name}")
+        self.worker_name, self.interval = name, interval
+        self.stopping = threading.Event()
+
+    def run(self):
+        try:
+            while not self.stopping.wait(self.interval):
+                try:
+                    beat(self.worker_name)
+                except DatabaseError as err:  # beat again once the database is back
+                    log.warning("worker %s: heartbeat missed: %s", self.worker_name, err)
+                    connection.close()
+        finally:
+            connection.close()
+
+    def stop(self):
+        self.stopping.set()
+        self.join(timeout=5)
+
+
+_beats: dict[str, WorkerBeat] = {}
+
+
+def worker_ready(controller) -> None:
+    """Celery's worker_ready (rftweb/celery.py): register the worker and start its heartbeat."""
+    queues = controller.app.amqp.queues
+    names = list(queues.consume_from or queues)
+    try:
+        register(controller.hostname, names, int(controller.concurrency or 1))
+    except DatabaseError as err:
+        log.warning("worker %s: not registered (%s); its heartbeat will register it", controller.hostname, err)
+    finally:
+        connection.close()  # the heartbeat thread has its own
+    _beats[controller.hostname] = WorkerBeat(controller.hostname, settings.RFTWEB_HEARTBEAT_INTERVAL)
+    _beats[controller.hostname].start()
+
+
+def worker_shutdown(controller) -> None:
+    """Celery's worker_shutdown: an orderly stop, not a loss."""
+    if (thread := _beats.pop(controller.hostname, None)) is not None:
+        thread.stop()
+    try:
+        stopped(controller.hostname)
+    except DatabaseError as err:
+        log.warning("worker %s: not marked stopped (%s)", controller.hostname, err)
+    finally:
+        connection.close()
+
+
+# ---- what the page shows ----------------------------------------------------------------------
+
+
+def holdings() -> dict[str, list[Holding]]:
+    """{worker name: the duties it holds alive}, from the active runs' heartbeats."""
+    held: dict[str, list[Holding]] = {}
+    for run in Run.objects.filter(status__in=Run.ACTIVE).only("pk", "name", "status", "heartbeats"):
+        for duty, worker in services.workers_holding(run).items():
+            beat_ = run.heartbeats[duty]
+            since = beat_.get("since")
+            held.setdefault(beat_.get("node") or worker, []).append(Holding(
+                run.pk, run.name, run.status, duty, since and datetime.fromisoformat(since),
+                datetime.fromisoformat(beat_["at"]),
+            ))
+    for holds in held.values():
+        holds.sort(key=lambda h: (h.run_id, h.duty))
+    return held
+
+
+def overview(now: datetime | None = None) -> dict[str, list[WorkerState]]:
+    """{"workers": the live ones, "lost": those silent without stopping (the last day's),
+    "stopped": those that stopped in order (the last day's)}."""
+    now = now or timezone.now()
+    held = holdings()
+    if settings.RFTWEB_EMBEDDED:
+        me = WorkerState(embedded_name(), socket.gethostname(), os.getpid(), ALL_QUEUES, None, [], code_version(),
+                         None, now, "live", held.pop(embedded_name(), []))
+        return {"workers": [me], "lost": [], "stopped": []}
+    timeout = timedelta(seconds=settings.RFTWEB_HEARTBEAT_TIMEOUT)
+    out = {"workers": [], "lost": [], "stopped": []}
+    for worker in Worker.objects.filter(last_seen__gte=now - LOST_SHOWN_FOR - timeout):
+        if worker.stopped_at is not None:
+            state = "stopped"
+        else:
+            state = "live" if now - worker.last_seen <= timeout else "lost"
+        shown = WorkerState(
+            worker.name, worker.host, worker.pid, worker.queues, worker.slots, worker.gpus, worker.version,
+            worker.started_at, worker.last_seen, state, held.pop(worker.name, []) if state == "live" else [],
+        )
+        out["workers" if state == "live" else state].append(shown)
+    # Duties held by a worker that never registered (started before this version): still shown.
+    for name, holds in held.items():
+        out["workers"].append(WorkerState(name, "", None, [], None, [], "", None, None, "live", holds))
+    return out

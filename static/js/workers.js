@@ -1,0 +1,97 @@
+// The Workers page: the JSON of /api/workers/ (apps/runs/capacity.py) drawn as tables, first from
+// the copy in the page, then every few seconds from the API (a worker's heartbeat comes every
+// RFTWEB_HEARTBEAT_INTERVAL seconds, 10 by default).
+"use strict";
+
+(function () {
+  const script = document.currentScript;
+  const POLL_MS = 5000;
+
+  function el(tag, text, attrs) {
+    const node = document.createElement(tag);
+    if (text !== undefined && text !== null) node.textContent = text;
+    Object.entries(attrs || {}).forEach(([key, value]) => node.setAttribute(key, value));
+    return node;
+  }
+
+  function ago(iso) {
+    if (!iso) return "—";
+    const seconds = Math.max(0, Math.round((Date.now() - Date.parse(iso)) / 1000));
+    if (seconds < 90) return seconds + " s ago";
+    if (seconds < 5400) return Math.round(seconds / 60) + " min ago";
+    return Math.round(seconds / 3600) + " h ago";
+  }
+
+  function nameCell(worker) {
+    const cell = el("td");
+    cell.append(el("strong", worker.name));
+    if (worker.host) cell.append(el("div", worker.host + (worker.pid ? " · pid " + worker.pid : ""), {class: "muted small"}));
+    return cell;
+  }
+
+  function gpuText(worker) {
+    if (!worker.gpus.length) return "none";
+    return worker.gpus.map((g) => g.name + " (" + g.used_gb + " / " + g.memory_gb + " GB)").join(", ");
+  }
+
+  function holdsCell(worker) {
+    const cell = el("td");
+    if (!worker.holds.length) {
+      cell.append(el("span", "idle", {class: "muted"}));
+      return cell;
+    }
+    const list = el("ul", null, {class: "holds"});
+    worker.holds.forEach((hold) => {
+      const item = el("li");
+      const link = el("a", "run " + hold.run_id + " " + hold.run_name, {href: hold.run_url});
+      item.append(link, " · ", el("code", hold.duty), " · ");
+      item.append(el("span", "since " + ago(hold.since) + ", beat " + ago(hold.last_beat), {class: "muted small"}));
+      list.append(item);
+    });
+    cell.append(list);
+    return cell;
+  }
+
+  function row(worker, live) {
+    const tr = el("tr", null, {"data-worker": worker.name});
+    tr.append(nameCell(worker), el("td", worker.queues.join(", ")));
+    const slots = worker.slots === null ? "no limit" : (worker.slots - worker.free) + " / " + worker.slots + " busy";
+    tr.append(el("td", slots, {class: "num"}));
+    if (live) tr.append(holdsCell(worker));
+    tr.append(el("td", gpuText(worker)), el("td", worker.version || "—"), el("td", ago(worker.last_seen)));
+    return tr;
+  }
+
+  function draw(data) {
+    ["workers", "lost", "stopped"].forEach((section) => {
+      const body = document.querySelector('[data-workers="' + section + '"]');
+      const rows = data[section].map((worker) => row(worker, section === "workers"));
+      if (!rows.length) {
+        const empty = el("tr");
+        const text = section === "workers" ? "No live worker: runs wait until one starts (docs/scale.md)." : "None.";
+        empty.append(el("td", text, {colspan: section === "workers" ? 7 : 6, class: "muted"}));
+        rows.push(empty);
+      }
+      body.replaceChildren(...rows);
+    });
+    const slots = data.workers.reduce((sum, w) => sum + (w.slots || 0), 0);
+    const free = data.workers.reduce((sum, w) => sum + (w.free || 0), 0);
+    document.querySelector("[data-workers-summary]").textContent = data.embedded
+      ? "embedded"
+      : data.workers.length + " live · " + free + " of " + slots + " slots free · " + data.lost.length + " lost";
+    document.querySelector("[data-workers-embedded]").hidden = !data.embedded;
+    document.querySelector("[data-workers-history]").hidden = data.embedded; // one process: nothing lost
+    document.querySelector("[data-workers-updated]").textContent = "updated " + new Date().toLocaleTimeString();
+  }
+
+  function poll() {
+    fetch(script.dataset.url, {credentials: "same-origin", headers: {Accept: "application/json"}})
+      .then((response) => (response.ok ? response.json() : null))
+      .then((data) => data && draw(data))
+      .catch(() => {})
+      .finally(() => setTimeout(poll, POLL_MS));
+  }
+
+  draw(JSON.parse(document.getElementById("workers-data").textContent));
+  setTimeout(poll, POLL_MS);
+})();

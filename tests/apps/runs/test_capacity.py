@@ -1,0 +1,121 @@
+"""The Workers page and /api/workers/ (apps/runs/capacity.py): who is live, lost or stopped, and
+which run's duty each worker's slots hold. The workers here are rows as a worker writes them
+(tests/workers/test_capacity.py starts real ones)."""
+import json
+from datetime import timedelta
+
+import pytest
+from django.urls import reverse
+from django.utils import timezone
+
+from apps.runs import capacity, services
+from apps.runs.api import token_for
+from apps.runs.models import Run, Worker
+
+
+def worker(name, *, seen_ago=0.0, stopped=False, slots=2):
+    now = timezone.now()
+    return Worker.objects.create(
+        name=name, host="gpu-1", pid=4242, queues=["explore", "train"], slots=slots,
+        started_at=now - timedelta(hours=1), last_seen=now - timedelta(seconds=seen_ago),
+        stopped_at=now if stopped else None,
+    )
+
+
+def held_by(node: str, since_ago: float = 30.0, beat_ago: float = 0.0) -> dict:
+    now = timezone.now()
+    return {"at": (now - timedelta(seconds=beat_ago)).isoformat(), "worker": f"gpu-1:{hash(node) % 10000}",
+            "node": node, "since": (now - timedelta(seconds=since_ago)).isoformat()}
+
+
+@pytest.fixture
+def busy(make_run):
+    """runs@gpu-1 holds the loop of one run and the trainer of another; explore@gpu-2 an explorer;
+    a third run's duty beat last long ago (its worker is gone): it is nobody's."""
+    worker("runs@gpu-1")
+    worker("explore@gpu-2", slots=1)
+    worker("old@gpu-3", seen_ago=3600)  # lost an hour ago
+    worker("done@gpu-4", seen_ago=600, stopped=True)  # stopped in order
+    worker("ancient@gpu-5", seen_ago=3 * 86400)  # lost days ago: not shown
+    one = make_run("demo", status=Run.Status.RUNNING, heartbeats={"loop": held_by("runs@gpu-1")})
+    two = make_run("two explorers", status=Run.Status.RUNNING, heartbeats={
+        "trainer": held_by("runs@gpu-1", since_ago=5), "explorer": held_by("explore@gpu-2"),
+    })
+    make_run("orphan", status=Run.Status.RUNNING, heartbeats={"loop": held_by("old@gpu-3", beat_ago=3600)})
+    make_run("finished", status=Run.Status.COMPLETED, heartbeats={"loop": held_by("runs@gpu-1")})
+    return one, two
+
+
+def test_the_overview_sorts_workers_by_state_with_what_each_slot_holds(busy):
+    one, two = busy
+    shown = capacity.overview()
+    live = {w.name: w for w in shown["workers"]}
+    assert list(live) == ["explore@gpu-2", "runs@gpu-1"]
+    assert [w.name for w in shown["lost"]] == ["old@gpu-3"] and [w.name for w in shown["stopped"]] == ["done@gpu-4"]
+    runs = live["runs@gpu-1"]
+    assert [(h.run_id, h.duty) for h in runs.holds] == [(one.pk, "loop"), (two.pk, "trainer")]
+    assert runs.state == "live" and runs.slots == 2 and runs.free == 0
+    assert [(h.run_name, h.duty) for h in live["explore@gpu-2"].holds] == [("two explorers", "explorer")]
+    assert live["explore@gpu-2"].free == 0
+    # the orphan's duty is held by no live worker, and a lost worker holds nothing
+    assert shown["lost"][0].holds == []
+
+
+def test_a_duty_of_a_worker_that_never_registered_is_still_shown(make_run):
+    make_run("old worker", status=Run.Status.RUNNING, heartbeats={"loop": held_by("legacy@gpu-9")})
+    (shown,) = capacity.overview()["workers"]
+    assert shown.name == "legacy@gpu-9" and shown.slots is None and [h.duty for h in shown.holds] == ["loop"]
+
+
+def test_embedded_the_server_process_is_the_one_worker(make_run, settings):
+    settings.RFTWEB_EMBEDDED = True
+    make_run("demo", status=Run.Status.RUNNING, heartbeats={"loop": held_by(capacity.embedded_name())})
+    shown = capacity.overview()
+    (me,) = shown["workers"]
+    assert me.name == capacity.embedded_name() and me.slots is None and me.free is None
+    assert [h.run_name for h in me.holds] == ["demo"] and shown["lost"] == shown["stopped"] == []
+    assert capacity.this_node() == capacity.embedded_name()
+
+
+def test_a_duty_keeps_its_since_and_worker_while_the_same_process_beats(make_run):
+    run = make_run("r", status=Run.Status.STARTING, heartbeats={})
+    assert services.claim_duty(run, "loop", "gpu-1:11", timeout=60, node="runs@gpu-1")
+    first = Run.objects.get(pk=run.pk).heartbeats["loop"]
+    assert services.heartbeat(run, "loop", "gpu-1:11")
+    again = Run.objects.get(pk=run.pk).heartbeats["loop"]
+    assert (again["since"], again["node"]) == (first["since"], "runs@gpu-1") and again["at"] >= first["at"]
+    # handed to another process (the first is gone): it holds it since now
+    run.heartbeats = {"loop": {**again, "ended": True}}
+    run.save(update_fields=["heartbeats"])
+    assert services.claim_duty(run, "loop", "gpu-2:22", timeout=60, node="explore@gpu-2")
+    taken = Run.objects.get(pk=run.pk).heartbeats["loop"]
+    assert taken["node"] == "explore@gpu-2" and taken["since"] > first["since"]
+
+
+def test_the_page_and_the_api_show_the_same_workers(busy, researcher_client, researcher):
+    one, _ = busy
+    page = researcher_client.get(reverse("worker-list"))
+    assert page.status_code == 200
+    embedded_json = page.content.decode().split('id="workers-data" type="application/json">')[1]
+    data = json.loads(embedded_json.split("</script>")[0])
+    api = researcher_client.get(reverse("api-workers"), HTTP_AUTHORIZATION=f"Bearer {token_for(researcher)}").json()
+    strip = lambda d: {k: [w["name"] for w in v] for k, v in d.items() if k in ("workers", "lost", "stopped")}  # noqa: E731
+    assert strip(data) == strip(api) == {
+        "workers": ["explore@gpu-2", "runs@gpu-1"], "lost": ["old@gpu-3"], "stopped": ["done@gpu-4"],
+    }
+    runs = next(w for w in api["workers"] if w["name"] == "runs@gpu-1")
+    assert runs["free"] == 0 and runs["queues"] == ["explore", "train"]
+    assert runs["holds"][0] | {"since": None, "last_beat": None} == {
+        "run_id": one.pk, "run_name": "demo", "run_status": "running", "duty": "loop", "since": None,
+        "last_beat": None, "run_url": f"/runs/{one.pk}/",
+    }
+    assert api["embedded"] is False and "Workers</a>" in page.content.decode()  # in the top bar
+
+
+def test_the_worker_beat_reports_gpus_it_finds(monkeypatch, db):
+    worker("runs@gpu-1", seen_ago=30)
+    h100 = {"name": "NVIDIA H100 80GB HBM3", "memory_gb": 79.6, "used_gb": 3.1}
+    monkeypatch.setattr(capacity, "gpus", lambda: [h100])
+    capacity.beat("runs@gpu-1")
+    row = Worker.objects.get(name="runs@gpu-1")
+    assert row.gpus[0]["name"] == "NVIDIA H100 80GB HBM3" and timezone.now() - row.last_seen < timedelta(seconds=5)
