@@ -1,6 +1,6 @@
 """Capacity: the workers that serve runs and jobs, and what each one holds.
 
-A Celery worker registers when it is ready (rftweb/celery.py's signal handlers), beats every
+A Celery worker registers when it is ready (workers/tasks.py's signal handlers), beats every
 RFTWEB_HEARTBEAT_INTERVAL seconds on a thread of its main process, and is marked stopped on an
 orderly shutdown; one silent for RFTWEB_HEARTBEAT_TIMEOUT without that is lost. Its slots are its
 pool processes. What a slot holds is read off the active runs' duty heartbeats, which name the
@@ -80,15 +80,14 @@ def embedded_name() -> str:
     return f"embedded@{socket.gethostname()}"
 
 
-def this_node() -> str:
+def this_node() -> str | None:
     """The Celery hostname of the worker serving the current task (what duty heartbeats name);
-    embedded, this web process."""
+    embedded, this web process; None outside a task (holdings() then names the duty's process)."""
     if settings.RFTWEB_EMBEDDED:
         return embedded_name()
     from celery import current_task
 
-    hostname = getattr(getattr(current_task, "request", None), "hostname", None)
-    return hostname or f"{socket.gethostname()}:{os.getpid()}"
+    return getattr(getattr(current_task, "request", None), "hostname", None)
 
 
 # ---- what workers report ----------------------------------------------------------------------
@@ -176,7 +175,7 @@ _beats: dict[str, WorkerBeat] = {}
 
 
 def worker_ready(controller) -> None:
-    """Celery's worker_ready (rftweb/celery.py): register the worker and start its heartbeat."""
+    """Celery's worker_ready (workers/tasks.py): register the worker and start its heartbeat."""
     queues = controller.app.amqp.queues
     names = list(queues.consume_from or queues)
     try:

@@ -144,6 +144,11 @@ def collate(experiences: list[Experience], pad_id: int, device: torch.device) ->
     )
 
 
+def _mismatch(trainer_logprobs, rollout_logprobs, mask) -> float:
+    """Mean |logπ_trainer - logπ_rollout| over the kept tokens (the metric logprob_mismatch)."""
+    return ((trainer_logprobs - rollout_logprobs).abs() * mask).sum().item() / max(mask.sum().item(), 1)
+
+
 def chunks(items: list, size: int) -> list[list]:
     return [items[i : i + size] for i in range(0, len(items), size)]
 
@@ -391,8 +396,7 @@ class Trainer:
         if part == USUAL and mb.rollout_logprobs and mb.logprob_mismatch is None:
             # Before the first optimizer step the trainer holds the weights that generated these
             # rollouts (at staleness 0): any gap is the engines' numerics (vLLM kernels, bf16...).
-            gap = (logprobs.detach() - mb.old_logprobs).abs() * mb.mask
-            mb.logprob_mismatch = (gap.sum() / mb.mask.sum().clamp(min=1)).item()
+            mb.logprob_mismatch = _mismatch(logprobs.detach(), mb.old_logprobs, mb.mask)
         inputs = LossInputs(
             mask=mb.mask, part=part, old_logprobs=mb.old_logprobs, advantages=mb.advantages,
             ref_logprobs=mb.ref_logprobs, entropy=entropy, is_weights=mb.is_weights, step=self.step,
@@ -480,9 +484,7 @@ class Trainer:
             # The PPO ratio compares with the trainer's own logπ_old; the engine's log-probs only
             # weight the tokens (their mismatch measured here, before any update).
             rollout, mb.old_logprobs = mb.old_logprobs, self._logprobs(self.policy, mb, self.temperature)[0]
-            mb.logprob_mismatch = ((mb.old_logprobs - rollout).abs() * mb.mask).sum().item() / max(
-                mb.mask.sum().item(), 1
-            )
+            mb.logprob_mismatch = _mismatch(mb.old_logprobs, rollout, mb.mask)
             mb.is_weights, mb.correction_metrics = rollout_correction_weights(
                 mb.old_logprobs, rollout, mb.mask, correction.mode, correction.clip_min, correction.clip_max
             )

@@ -81,7 +81,7 @@ def rloo(rewards, group_ids: Sequence):
     compute_rloo_outcome_advantage); a group of one keeps its reward."""
     rewards = _as_float(rewards)
     g = group_stats(rewards, group_ids)
-    scale = torch.where(g.size > 1, g.size / (g.size - 1).clamp(min=1), 1.0)
+    scale = g.size / (g.size - 1).clamp(min=1)  # 1 for a group of one, whose mean is 0
     adv = scale[g.index] * (rewards - g.mean[g.index])
     return adv.masked_fill(g.flat[g.index], 0.0), _metrics(g)
 

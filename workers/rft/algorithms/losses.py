@@ -182,7 +182,7 @@ def sft(logprobs, inputs: LossInputs, algo):
     """Negative log-likelihood of the kept tokens of expert data, plus the entropy bonus. It reads
     no reward, so it has no meaning on rollouts (config.py refuses it on RL algorithms)."""
     _needs("sft", inputs)
-    loss = _agg(-logprobs, inputs, algo)
+    loss = _nll(logprobs, inputs, algo)
     return _entropy_bonus(loss, {"sft_loss": loss.item()}, inputs, algo)
 
 
@@ -203,6 +203,10 @@ def sft_phi(logprobs, inputs: LossInputs, algo):
     return _entropy_bonus(*_phi_nll(logprobs, inputs, algo), inputs, algo)
 
 
+def _nll(logprobs, inputs: LossInputs, algo) -> torch.Tensor:
+    return _agg(-logprobs, inputs, algo)
+
+
 def _phi_nll(logprobs, inputs: LossInputs, algo):
     p = logprobs.detach().exp()
     loss = _agg(-logprobs * p * (1 - p), inputs, algo)
@@ -217,7 +221,7 @@ def mix(logprobs, inputs: LossInputs, algo):
     _needs("mix", inputs)
     mu = algo.mix.mu
     if inputs.part == EXPERT:
-        loss = _agg(-logprobs, inputs, algo)
+        loss = _nll(logprobs, inputs, algo)
         return mu * loss, {"sft_loss": loss.item()}
     loss, metrics = ppo(logprobs, inputs, algo)
     return (1 - mu) * loss, metrics
@@ -246,7 +250,7 @@ def mix_chord(logprobs, inputs: LossInputs, algo):
         if algo.chord.enable_phi_function:
             loss, metrics = _phi_nll(logprobs, inputs, algo)
         else:
-            loss = _agg(-logprobs, inputs, algo)
+            loss = _nll(logprobs, inputs, algo)
             metrics = {"sft_loss": loss.item()}
         return mu * loss, metrics
     loss, metrics = ppo(logprobs, inputs, algo)
