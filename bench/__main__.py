@@ -1,7 +1,7 @@
 """python -m bench all | <name> [options]: run benchmarks, print their tables, write bench/results/<name>.json.
 
 Names: grpo_step, learning, rollout, stack_overhead, buffer, live_metrics, memory, weight_sync, explorers,
-gpu_step (one GPU; not in `all`).
+gpu_step and decode (one GPU; not in `all`).
 `--quick` uses fewer repetitions and steps (for a loaded machine); see bench/README.md for what each
 figure means.
 """
@@ -71,6 +71,12 @@ def run_explorers(args):
     return explorers(quick=args.quick)
 
 
+def run_decode(args):
+    from bench.decode import decode
+
+    return decode(quick=args.quick)
+
+
 def run_gpu_step(args):
     from bench.gpu_step import gpu_step, prepare
 
@@ -93,6 +99,7 @@ BENCHMARKS = {
     "weight_sync": run_weight_sync,
     "explorers": run_explorers,
     "gpu_step": run_gpu_step,
+    "decode": run_decode,
 }
 
 
@@ -111,7 +118,7 @@ def main() -> None:
                         help="gpu_step: copy SmolLM2's config and tokenizer files into .smollm2/ (to carry)")
     args = parser.parse_args()
     print(f"machine: {machine()}", flush=True)
-    names = [name for name in BENCHMARKS if name != "gpu_step"] if args.name == "all" else [args.name]
+    names = [name for name in BENCHMARKS if name not in ("gpu_step", "decode")] if args.name == "all" else [args.name]
     failed = []
     for name in names:
         print(f"\n== {name} (load {load()}) ==", flush=True)

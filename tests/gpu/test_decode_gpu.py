@@ -43,6 +43,17 @@ def test_graph_decode_equals_the_eager_loop_across_a_weight_update(tiny_path, te
     assert len(got) == 12
 
 
+def test_captured_decoders_are_capped(tiny_path):
+    from workers.rft.engines.transformers_engine import MAX_DECODERS
+
+    tokenizer = load_tokenizer(tiny_path)
+    engine = TransformersEngine(load_policy(tiny_path, CUDA), tokenizer)
+    prompts = static_decode.mixed_prompts(tokenizer)
+    for n in range(1, MAX_DECODERS + 3):  # a row count each: a decoder each
+        engine.generate(prompts, SamplingParams(n=n, max_new_tokens=4, seed=0))
+    assert [key[0] for key in engine._decoders] == [3 * n for n in range(3, MAX_DECODERS + 3)]
+
+
 def test_a_chunked_trainer_step_equals_the_whole_logits_step(tiny_path):
     from workers.rft.config import RunConfig
 

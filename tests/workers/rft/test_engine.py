@@ -64,10 +64,10 @@ def test_greedy_ignores_the_seed_and_matches_argmax(engine, tiny_model, tokenize
 
 def test_top_p_keeps_only_the_nucleus():
     logits = torch.tensor([[5.0, 4.0, -5.0, -6.0]])
-    generator = torch.Generator().manual_seed(0)
-    drawn = {sample_token(logits, 1.0, 0.5, generator)[0].item() for _ in range(50)}
+    uniforms = torch.rand((50, 1), generator=torch.Generator().manual_seed(0))
+    drawn = {sample_token(logits, 1.0, 0.5, u)[0].item() for u in uniforms}
     assert drawn == {0}  # token 0 alone holds > 50% of the mass
-    token, logprob = sample_token(logits, 1.0, 0.5, generator)
+    token, logprob = sample_token(logits, 1.0, 0.5, uniforms[0])
     assert logprob.item() == pytest.approx(torch.log_softmax(logits, -1)[0, 0].item())
 
 
@@ -75,8 +75,8 @@ def test_draw_follows_the_probabilities():
     """Frequencies over 40,000 draws match the distribution (5 sigma); zero-probability tokens,
     first and last included, never come up; rows need not be normalised."""
     probs = torch.tensor([[0.0, 0.5, 0.0, 0.3, 0.2, 0.0], [0.0, 0.0, 2.0, 0.0, 0.0, 2.0]])
-    generator = torch.Generator().manual_seed(0)
-    draws = torch.stack([draw(probs, generator) for _ in range(40_000)])
+    uniforms = torch.rand((40_000, 2), generator=torch.Generator().manual_seed(0))
+    draws = torch.stack([draw(probs, u) for u in uniforms])
     for row, expected in enumerate(probs / probs.sum(-1, keepdim=True)):
         frequency = torch.bincount(draws[:, row], minlength=6).float() / len(draws)
         sigma = (expected * (1 - expected) / len(draws)).sqrt()

@@ -10,9 +10,11 @@ from workers.rft.engines.transformers_engine import LENGTH_BUCKET, sample_token
 @torch.no_grad()
 def eager_loop(model, prompts, params, pad_id, stop_ids):
     """The engine's loop before the static cache (git 90c6fd9), tokens and logprobs per row up to
-    and including the first stop token. tests/gpu/test_decode_gpu.py runs it on CUDA too."""
+    and including the first stop token, with the engine's random numbers (one uniform per step and
+    row, drawn up front). tests/gpu/test_decode_gpu.py runs it on CUDA too."""
     n, device = params.n, next(model.parameters()).device
     generator = torch.Generator(device).manual_seed(params.seed) if params.seed is not None else None
+    uniforms = torch.rand((params.max_new_tokens, len(prompts) * n), generator=generator, device=device)
     width = max(len(p) for p in prompts)
     input_ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
     attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
@@ -29,8 +31,8 @@ def eager_loop(model, prompts, params, pad_id, stop_ids):
     positions = position_ids[:, -1].repeat_interleave(n, dim=0)
     finished = torch.zeros(len(prompts) * n, dtype=torch.bool, device=device)
     tokens, logprobs = [], []
-    for _ in range(params.max_new_tokens):
-        token, logprob = sample_token(next_logits, params.temperature, params.top_p, generator)
+    for step in range(params.max_new_tokens):
+        token, logprob = sample_token(next_logits, params.temperature, params.top_p, uniforms[step])
         token = torch.where(finished, pad_id, token)
         tokens.append(token)
         logprobs.append(logprob)
@@ -94,3 +96,27 @@ def test_max_length_fills_the_cache_to_its_last_slot(tiny_model, tokenizer):
     params = SamplingParams(n=1, temperature=1.0, max_new_tokens=steps, seed=2)
     got = assert_same(engine, tiny_model, prompts, params)
     assert [len(ids) for ids, _ in got] == [steps] * 3
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_the_engine_decodes_as_sdpa_does_with_grouped_query_attention(tiny_path, tokenizer, temperature):
+    """The engine moves its model to gqa_eager (on CUDA SDPA under a padding mask copies K/V out to
+    every query head); the tokens and logprobs are those of the same weights under SDPA."""
+    from transformers import AutoModelForCausalLM
+
+    from workers.rft.attention import NAME
+
+    def sdpa_model():
+        return AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32, attn_implementation="sdpa")
+
+    model = sdpa_model()
+    engine = TransformersEngine(model, tokenizer)
+    assert model.config._attn_implementation == NAME
+    params = SamplingParams(n=2, temperature=temperature, max_new_tokens=10, seed=4)
+    got = [(c.token_ids, c.logprobs) for group in engine.generate(mixed_prompts(tokenizer), params) for c in group]
+    reference = sdpa_model()
+    assert reference.config._attn_implementation == "sdpa"
+    expected = eager_loop(reference, mixed_prompts(tokenizer), params, engine.pad_id, engine.stop_ids)
+    assert [ids for ids, _ in got] == [ids for ids, _ in expected]
+    for (_, lps), (_, ref) in zip(got, expected):
+        torch.testing.assert_close(torch.tensor(lps), torch.tensor(ref), atol=1e-5, rtol=1e-5)
