@@ -5,7 +5,7 @@ engine, failures, the watchdog). Their names are what beat schedules, routes
 lives (apps/runs/capacity.py: the Workers page).
 """
 from celery import shared_task
-from celery.signals import worker_ready, worker_shutdown
+from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 
 from apps.runs import capacity, supervision
 
@@ -31,6 +31,11 @@ def _worker_ready(sender, **_):  # sender: the worker's consumer
     capacity.worker_ready(sender.controller)
 
 
+@worker_shutting_down.connect
+def _worker_shutting_down(sender, **_):  # sender: the worker's hostname; a SIGTERM or SIGINT
+    capacity.worker_stopping(sender)
+
+
 @worker_shutdown.connect
 def _worker_shutdown(sender, **_):  # sender: the worker
-    capacity.worker_shutdown(sender)
+    capacity.worker_stopping(sender.hostname)

@@ -170,6 +170,7 @@ def run_json(run: Run, *, detail: bool = False) -> dict:
         "name": run.name,
         "owner": run.owner.username,
         "status": run.status,
+        "shown_status": capacity.shown_status(run),
         "mode": run.mode,
         "explorer_step": run.explorer_step,
         "trainer_step": run.trainer_step,
@@ -184,6 +185,7 @@ def run_json(run: Run, *, detail: bool = False) -> dict:
         "url": reverse("run-detail", args=[run.pk]),
     }
     if detail:
+        data["duties"] = capacity.duties_json(run)["duties"]
         data["config"] = run.config
         data["resumes"] = run.resumes
         data["checkpoints"] = [
@@ -232,6 +234,7 @@ def index(request):
         "endpoints": {
             "runs": "GET list (filters: q, status, owner, page, page_size) · POST launch {name, config}",
             f"runs/{run}/": "GET one run",
+            f"runs/{run}/duties/": "GET its duties: which worker serves each, or what each waits for",
             f"runs/{run}/metrics/": "GET its metrics by role (role, since)",
             f"runs/{run}/experiences/": "GET its rollouts (filters as the rollout browser)",
             **{f"runs/{run}/{action}/": f"POST {action}" for action in ("pause", "resume", "stop")},
@@ -285,7 +288,9 @@ def _launch(request):
         run = services.launch_run(request.user, name[:200], config)
     except ConfigError as err:
         return _config_errors([(issue.key, issue.message) for issue in err.errors])
-    return JsonResponse(run_json(_run(run.pk), detail=True), status=201)
+    answer = run_json(_run(run.pk), detail=True)
+    answer["warnings"] = capacity.launch_warnings(run.config)  # what it will wait for (docs/api.md)
+    return JsonResponse(answer, status=201)
 
 
 def _config_errors(issues) -> JsonResponse:
@@ -295,6 +300,12 @@ def _config_errors(issues) -> JsonResponse:
 @api_view("GET")
 def run_detail(request, pk):
     return JsonResponse(run_json(_run(pk), detail=True))
+
+
+@api_view("GET")
+def run_duties(request, pk):
+    """Each duty of the run and where it stands (capacity.duty_states); the run page polls it."""
+    return JsonResponse(capacity.duties_json(get_object_or_404(Run, pk=pk)))
 
 
 @api_view("POST")

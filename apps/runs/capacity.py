@@ -139,11 +139,29 @@ def register(name: str, queues: list[str], slots: int) -> None:
 
 
 def beat(name: str) -> None:
-    Worker.objects.filter(name=name).update(last_seen=timezone.now(), gpus=gpus(), stopped_at=None)
+    Worker.objects.filter(name=name).update(last_seen=timezone.now(), gpus=gpus())
 
 
 def stopped(name: str) -> None:
     Worker.objects.filter(name=name).update(stopped_at=timezone.now())
+
+
+# Embedded: this server process is shutting down (the demo command's SIGTERM handler).
+_server_stopping = threading.Event()
+
+
+def stop_serving() -> None:
+    """Embedded: the server is shutting down; its duties hand their runs back at their next step."""
+    _server_stopping.set()
+
+
+def node_stopping(node: str | None) -> bool:
+    """Whether the worker serving a duty (`node`, this_node()) is shutting down in order: its
+    duties then hand their runs back at their next step (supervision.HandBack) instead of holding
+    the shutdown for the runs' whole life. Celery: the worker's row says stopped (worker_stopping)."""
+    if settings.RFTWEB_EMBEDDED:
+        return _server_stopping.is_set()
+    return node is not None and Worker.objects.filter(name=node, stopped_at__isnull=False).exists()
 
 
 class WorkerBeat(threading.Thread):
@@ -188,14 +206,16 @@ def worker_ready(controller) -> None:
     _beats[controller.hostname].start()
 
 
-def worker_shutdown(controller) -> None:
-    """Celery's worker_shutdown: an orderly stop, not a loss."""
-    if (thread := _beats.pop(controller.hostname, None)) is not None:
+def worker_stopping(name: str) -> None:
+    """Celery's worker_shutting_down (SIGTERM or SIGINT: a warm shutdown) and worker_shutdown: an
+    orderly stop, not a loss. Marked stopped at once: its pool processes' duties see it at their
+    next step, save, and let their runs go to another worker (Celery waits for them)."""
+    if (thread := _beats.pop(name, None)) is not None:
         thread.stop()
     try:
-        stopped(controller.hostname)
+        stopped(name)
     except DatabaseError as err:
-        log.warning("worker %s: not marked stopped (%s)", controller.hostname, err)
+        log.warning("worker %s: not marked stopped (%s)", name, err)
     finally:
         connection.close()
 
@@ -244,3 +264,167 @@ def overview(now: datetime | None = None) -> dict[str, list[WorkerState]]:
     for name, holds in held.items():
         out["workers"].append(WorkerState(name, "", None, [], None, [], "", None, None, "live", holds))
     return out
+
+
+# ---- what a run waits for -----------------------------------------------------------------------
+
+
+@dataclass
+class DutyState:
+    """Where one duty of a run stands, for a person (the run page, the runs list, the API)."""
+
+    duty: str
+    queue: str  # the Celery queue whose workers serve it
+    state: str  # waiting | starting | running | handed over | lost | ended
+    node: str | None  # the Celery worker holding it
+    since: str | None  # ISO time the state began, where known
+    detail: str
+
+    def as_json(self) -> dict:
+        return asdict(self)
+
+
+def duty_states(run: Run, live: list[WorkerState] | None = None) -> list[DutyState]:
+    """Each duty of the run: waiting for a worker of its queue (saying which slots are busy and
+    with what), starting (the worker loads the model), running, handed over (its worker was lost
+    and the watchdog sent it on), lost (its worker fell silent; the watchdog sends it on after
+    RFTWEB_HEARTBEAT_TIMEOUT) or ended. `live`: overview()["workers"], when the caller has it."""
+    live = overview()["workers"] if live is None else live
+    timeout = settings.RFTWEB_HEARTBEAT_TIMEOUT
+    stopped_nodes = set() if settings.RFTWEB_EMBEDDED else set(
+        Worker.objects.filter(stopped_at__isnull=False).values_list("name", flat=True))
+    states = []
+    for duty in services.duties_of_run(run):
+        queue = services.queue_of(duty)
+        beat = run.heartbeats.get(duty)
+        node = beat.get("node") if beat else None
+        if beat is None:
+            states.append(DutyState(duty, queue, "waiting", None, None, _waiting_for(run, queue, live)))
+        elif beat.get("ended") and run.status in Run.ACTIVE:  # let go, the run goes on: the watchdog sends it on
+            why = beat.get("handed_back") or beat.get("broke") or "its task ended"
+            states.append(DutyState(duty, queue, "handed over", None, beat["ended"],
+                                    f"{node or beat['worker']} let it go ({why}); " + _waiting_for(run, queue, live)))
+        elif beat.get("ended"):
+            states.append(DutyState(duty, queue, "ended", node, beat["ended"], f"{node or beat['worker']} let it go"))
+        elif beat["worker"] == services.HANDED_OVER:
+            why = beat.get("handed_back") or f"its worker was lost (hand-over {beat.get('handovers', 1)})"
+            states.append(DutyState(duty, queue, "handed over", None, beat["at"],
+                                    f"{why}; sent on, " + _waiting_for(run, queue, live)))
+        elif services.holder(run, duty, timeout) is None or node in stopped_nodes:
+            age = services.heartbeat_age(run, duty)
+            why = "stopped" if node in stopped_nodes else f"fell silent {age:.0f} s ago"
+            states.append(DutyState(duty, queue, "lost", node, beat["at"],
+                                    f"its worker {node or beat['worker']} {why}: the watchdog sends it on "
+                                    f"to another {queue} worker"))
+        elif not beat.get("started"):
+            states.append(DutyState(duty, queue, "starting", node, beat.get("since"),
+                                    f"{node or beat['worker']} is loading the model"))
+        else:
+            states.append(DutyState(duty, queue, "running", node, beat["started"], f"on {node or beat['worker']}"))
+    return states
+
+
+def _waiting_for(run: Run, queue: str, live: list[WorkerState]) -> str:
+    serving = [worker for worker in live if queue in worker.queues]
+    if not serving:
+        return (f"waiting for a `{queue}` worker: none is live. Start one on a machine that reaches this "
+                f"server's database and Redis: celery -A rftweb worker -Q {queue} (docs/scale.md)")
+    if any(worker.free is None or worker.free > 0 for worker in serving):
+        return f"waiting for a `{queue}` worker: one has a free slot and takes it next"
+    slots = sum(worker.slots or 0 for worker in serving)
+    holders = [f"run {hold.run_id} {hold.run_name} ({hold.duty})" for worker in serving for hold in worker.holds]
+    ahead = _waiting_ahead(run, queue)
+    line = f", {ahead} duties of earlier runs ahead of it" if ahead else ""
+    return (f"waiting for a `{queue}` worker — {'both' if slots == 2 else f'all {slots}'} slots busy: "
+            f"{', '.join(holders)}{line}")
+
+
+def _waiting_ahead(run: Run, queue: str) -> int:
+    """Duties of active runs launched before this one that wait on the same queue (Celery hands
+    tasks out in the order they were sent)."""
+    earlier = Run.objects.filter(status__in=Run.ACTIVE, created_at__lt=run.created_at).only("config", "heartbeats")
+    return sum(1 for other in earlier for duty in services.duties_of_run(other)
+               if services.queue_of(duty) == queue and duty not in other.heartbeats)
+
+
+def shown_status(run: Run) -> str:
+    """The status the runs list shows for a starting or running run (its database status says
+    running once one duty runs): 'queued' while a duty has never been taken by a worker, 'waiting'
+    while one was let go or lost and waits to be taken again (duty_states says why)."""
+    if run.status not in (Run.Status.STARTING, Run.Status.RUNNING):
+        return run.status
+    beats = [run.heartbeats.get(duty) for duty in services.duties_of_run(run)]
+    if any(beat is None for beat in beats):
+        return "queued"
+    if any(beat.get("ended") or beat.get("worker") == services.HANDED_OVER for beat in beats):
+        return "waiting"
+    return run.status
+
+
+def duties_json(run: Run, live: list[WorkerState] | None = None) -> dict:
+    """What the run page shows of the run's duties (and /api/runs/<id>/duties/ answers)."""
+    states = duty_states(run, live)
+    explorers = [state for state in states if services.is_explorer(state.duty)]
+    return {
+        "status": run.status,
+        "shown_status": shown_status(run),
+        "explorers": len(explorers),
+        "explorers_running": sum(state.state == "running" for state in explorers),
+        "poll_s": settings.RFTWEB_HEARTBEAT_INTERVAL,
+        "duties": [state.as_json() for state in states],
+    }
+
+
+def free_slots() -> dict | None:
+    """{queue: {free, slots, workers}} over the live workers, for the launch form; None when
+    embedded (no slot limit)."""
+    if settings.RFTWEB_EMBEDDED:
+        return None
+    live = overview()["workers"]
+    out = {}
+    for queue in ("train", "explore"):
+        serving = [worker for worker in live if queue in worker.queues]
+        out[queue] = {"free": sum(worker.free or 0 for worker in serving),
+                      "slots": sum(worker.slots or 0 for worker in serving), "workers": len(serving)}
+    return out
+
+
+def launch_warnings(config: dict) -> list[str]:
+    """What a run of this config will wait for, given the live workers' free slots (none when
+    embedded: its duties are threads of the server). A worker that takes both queues is counted
+    for each."""
+    if settings.RFTWEB_EMBEDDED:
+        return []
+    live = overview()["workers"]
+    method = config.get("synchronizer", {}).get("method", "memory")
+    needed: dict[str, int] = {}
+    for duty in services.duties_of(config):
+        needed[services.queue_of(duty)] = needed.get(services.queue_of(duty), 0) + 1
+    warnings = []
+    for queue, count in needed.items():
+        serving = [worker for worker in live if queue in worker.queues]
+        free = sum(worker.free for worker in serving if worker.free is not None)
+        if any(worker.free is None for worker in serving) or free >= count:
+            continue
+        add = (f"Add capacity: start `celery -A rftweb worker -Q {queue}` on a machine that reaches this "
+               "server's database and Redis (docs/scale.md).")
+        if not serving:
+            warnings.append(f"No live worker takes the `{queue}` queue: this run's {_duty_list(config, queue)} "
+                            f"wait{'s' if count == 1 else ''} until one starts. {add}")
+        elif queue == "explore" and method == "nccl":
+            warnings.append(f"synchronizer.method nccl sends the weights to all {count} explorers at once, and "
+                            f"{free} `explore` slot(s) are free: the trainer waits for the rest and fails after "
+                            f"synchronizer.timeout_s. Use checkpoint sync, fewer explorers, or add capacity. {add}")
+        elif queue == "explore":
+            warnings.append(f"{count} explorers and {free} free `explore` slot(s): the run starts with {free}, and "
+                            f"the others start as slots free up. {add}")
+        else:
+            busy = ", ".join(f"run {hold.run_id} {hold.run_name} ({hold.duty})"
+                             for worker in serving for hold in worker.holds)
+            warnings.append(f"This run needs {count} `{queue}` slot(s) and {free} are free (busy: {busy}): "
+                            f"its {_duty_list(config, queue)} wait{'s' if count - free == 1 else ''} for one. {add}")
+    return warnings
+
+
+def _duty_list(config: dict, queue: str) -> str:
+    return ", ".join(duty for duty in services.duties_of(config) if services.queue_of(duty) == queue)

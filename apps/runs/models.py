@@ -42,7 +42,7 @@ class Run(models.Model):
     error = models.TextField(blank=True)
     # {duty: {"at": iso time, "worker": id, "ended": iso time once the worker let go, "broke": why its
     # rank group broke}}: who serves each duty ("loop", or "explorer" and "trainer", and
-    # "trainer-node-K" per extra trainer machine: supervision.duties_of_run; services.holder); the
+    # "trainer-node-K" per extra trainer machine: services.duties_of_run, .holder); the
     # watchdog hands on a duty whose heartbeat expired or whose rank group broke.
     heartbeats = models.JSONField(default=dict, blank=True)
     # Each resume of a failed or stopped run: {"at", "after": the status it left, "error": the

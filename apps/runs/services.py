@@ -11,6 +11,7 @@ from django.utils import timezone
 from apps.tasksets.models import Taskset
 from rftweb.celery import enqueue
 from workers.rft.config import ConfigError, ConfigIssue, RunConfig
+from workers.rft.synchronizer import SPLIT_SYNC_METHODS
 
 from .config_checks import model_issues
 from .live import publisher
@@ -111,10 +112,18 @@ def launch_run(owner, name: str, config: dict) -> Run:
     return run
 
 
-def mark_running(run: Run) -> None:
-    """A worker has the run going: starting -> running, once (the run's other duty may be first)."""
+def mark_started(run: Run, duty: str, worker: str) -> None:
+    """`worker`'s duty has loaded its engine and begins its steps (a trainer machine's duty: its
+    ranks joined their group): its heartbeat says since when (`started`; the run page's duty
+    state goes from starting to running), and the run goes starting -> running, once (another of
+    its duties may be first)."""
     with transaction.atomic():
-        if Run.objects.select_for_update().get(pk=run.pk).status == Status.STARTING:
+        locked = Run.objects.select_for_update().get(pk=run.pk)
+        beat = locked.heartbeats.get(duty)
+        if beat is not None and beat.get("worker") == worker and not beat.get("ended"):
+            locked.heartbeats = {**locked.heartbeats, duty: {**beat, "started": timezone.now().isoformat()}}
+            locked.save(update_fields=["heartbeats"])
+        if locked.status == Status.STARTING and not duty.startswith(NODE_DUTY):
             set_status(run, Status.RUNNING)
 
 
@@ -203,6 +212,34 @@ def set_progress(run: Run, **progress: int) -> None:
         setattr(run, key, value)
 
 
+NODE_DUTY = "trainer-node-"  # + K: the trainer's ranks on machine K (1..trainer.num_nodes-1)
+
+
+def duties_of_run(run: Run) -> tuple[str, ...]:
+    """The duties a worker task each holds while the run is served (supervision.py's docstring)."""
+    return duties_of(run.config)
+
+
+def duties_of(config: dict) -> tuple[str, ...]:
+    """The duties a run of this (stored) config has."""
+    # .get with the schema's defaults: a run stored before a key existed does not have it.
+    mode, trainer = config.get("mode", "both"), config.get("trainer", {})
+    split = mode == "both" and config.get("synchronizer", {}).get("method", "memory") in SPLIT_SYNC_METHODS
+    several = trainer.get("strategy", "single") != "single" and mode != "explore"
+    nodes = trainer.get("num_nodes", 1) if several else 1
+    explorers = ("explorer", *(f"explorer-{k}" for k in range(1, config.get("explorer", {}).get("engine_num", 1))))
+    return ((*explorers, "trainer") if split else ("loop",)) + tuple(f"{NODE_DUTY}{k}" for k in range(1, nodes))
+
+
+def is_explorer(duty: str) -> bool:
+    """explorer, or explorer-K: one of the run's explorer.engine_num explorers."""
+    return duty == "explorer" or duty.startswith("explorer-")
+
+
+def queue_of(duty: str) -> str:
+    """The Celery queue whose workers serve the duty."""
+    return "explore" if is_explorer(duty) else "train"
+
 # A duty is held by the worker its heartbeat names, until that worker lets it go ("ended") or
 # falls silent for RFTWEB_HEARTBEAT_TIMEOUT seconds. Only claim_duty makes a worker the holder;
 # a worker that finds another holder stops (the watchdog or a resume gave the duty away).
@@ -211,13 +248,13 @@ HANDED_OVER = "watchdog"  # the holder the watchdog writes when it sends a dead 
 
 def _write_beat(run: Run, duty: str, worker: str, node: str | None = None) -> None:
     """The duty's heartbeat: its worker process (`host:pid`), the Celery worker it belongs to
-    (`node`, for the Workers page) and since when it holds the duty, kept while the same process
-    beats."""
+    (`node`, for the Workers page), since when it holds the duty and since when its steps run
+    (`started`, mark_started), kept while the same process beats."""
     previous = run.heartbeats.get(duty, {})
     now = timezone.now().isoformat()
     kept = {key: previous[key] for key in ("handovers", "handed_over_at_step") if key in previous}
     if previous.get("worker") == worker:
-        kept |= {key: previous[key] for key in ("node", "since") if key in previous}
+        kept |= {key: previous[key] for key in ("node", "since", "started") if key in previous}
     kept.setdefault("since", now)
     if node is not None:
         kept["node"] = node
@@ -260,11 +297,6 @@ def process_is_gone(worker: str) -> bool:
     return False
 
 
-def is_explorer(duty: str) -> bool:
-    """explorer, or explorer-K: one of the run's explorer.engine_num explorers."""
-    return duty == "explorer" or duty.startswith("explorer-")
-
-
 def workers_holding(run: Run) -> dict[str, str]:
     """{duty: worker} for the duties a live worker holds."""
     timeout = settings.RFTWEB_HEARTBEAT_TIMEOUT
@@ -303,8 +335,11 @@ def hand_over(run: Run, duty: str, limit: int) -> bool:
     with transaction.atomic():
         locked = Run.objects.select_for_update().get(pk=run.pk)
         beat = locked.heartbeats.get(duty, {})
+        # A duty its worker handed back in order (SIGTERM, after saving) waits for a worker as long
+        # as it takes: that is a restart or a deploy, not a worker dying at the same step again.
+        orderly = beat.get("handed_back")
         stuck = beat.get("handed_over_at_step") == locked.trainer_step
-        handovers = beat.get("handovers", 0) + 1 if stuck else 1
+        handovers = (beat.get("handovers", 0) if stuck else 0) + (0 if orderly else 1)
         if handovers > limit:
             if beat.get("broke"):
                 lost = f"its trainer's rank group broke ({beat['broke']})"
@@ -321,16 +356,19 @@ def hand_over(run: Run, duty: str, limit: int) -> bool:
         locked.heartbeats = {**locked.heartbeats, duty: {
             "at": timezone.now().isoformat(), "worker": HANDED_OVER,
             "handovers": handovers, "handed_over_at_step": locked.trainer_step,
+            **({"handed_back": orderly} if orderly else {}),
         }}
         locked.save(update_fields=["heartbeats"])
     return True
 
 
-def release_duty(run: Run, duty: str, worker: str, *, error: str | None = None, broke: str | None = None) -> bool:
+def release_duty(run: Run, duty: str, worker: str, *, error: str | None = None, broke: str | None = None,
+                 handed_back: str | None = None) -> bool:
     """`worker` lets the duty go (its task ends); with `error`, the run fails with it, in the same
     transaction, so that no one sees a failed run whose duty is still held. With `broke` (why the
     trainer's rank group broke) the run stays active and the watchdog hands the duty on, as for a
-    dead worker. The last duty of a stopping run to go stops it (a stop ends a run when its duties
+    dead worker; with `handed_back` (its worker shut down in order, after saving at a step
+    boundary) likewise, saying why. The last duty of a stopping run to go stops it (a stop ends a run when its duties
     have left, not at the watchdog's next tick). False, changing nothing, when the worker no
     longer held the duty."""
     with transaction.atomic():
@@ -340,6 +378,8 @@ def release_duty(run: Run, duty: str, worker: str, *, error: str | None = None, 
         beat = {**locked.heartbeats[duty], "ended": timezone.now().isoformat()}
         if broke is not None:
             beat["broke"] = broke
+        if handed_back is not None:
+            beat["handed_back"] = handed_back
         locked.heartbeats = {**locked.heartbeats, duty: beat}
         locked.save(update_fields=["heartbeats"])
         if error is not None and not locked.is_finished:

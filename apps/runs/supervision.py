@@ -48,17 +48,16 @@ from django.conf import settings
 from django.db import InterfaceError, OperationalError, close_old_connections, connection, transaction
 
 from rftweb.celery import enqueue
-from workers.rft.synchronizer import SPLIT_SYNC_METHODS
 
 from . import capacity, services
 from .checkpoints import run_checkpoint_dir
 from .live import publisher
 from .models import Run
+from .services import NODE_DUTY, duties_of_run
 
 log = logging.getLogger(__name__)
 Status = Run.Status
 SERVE_TASK = "workers.tasks.serve_duty"
-NODE_DUTY = "trainer-node-"  # + K: the trainer's ranks on machine K (1..trainer.num_nodes-1)
 WAIT_SECONDS = 0.5  # how often a duty waiting for the other one looks again
 DATABASE_LOST = (OperationalError, InterfaceError)
 DISK_FULL_MARKS = ("No space left on device", "StorageFull", "file write failed")
@@ -77,17 +76,6 @@ def run_dir(run: Run) -> Path:
     """The run's work dir (weights versions, checkpoints). Named by id *and* creation time: ids are
     reused after a database reset, and a new run must never resume from an old run's files."""
     return settings.DATA_DIR / "runs" / f"{run.pk}-{run.created_at:%Y%m%dT%H%M%S%f}"
-
-
-def duties_of_run(run: Run) -> tuple[str, ...]:
-    # .get with the schema's defaults: a run stored before a key existed does not have it.
-    config = run.config
-    mode, trainer = config.get("mode", "both"), config.get("trainer", {})
-    split = mode == "both" and config.get("synchronizer", {}).get("method", "memory") in SPLIT_SYNC_METHODS
-    several = trainer.get("strategy", "single") != "single" and mode != "explore"
-    nodes = trainer.get("num_nodes", 1) if several else 1
-    explorers = ("explorer", *(f"explorer-{k}" for k in range(1, config.get("explorer", {}).get("engine_num", 1))))
-    return ((*explorers, "trainer") if split else ("loop",)) + tuple(f"{NODE_DUTY}{k}" for k in range(1, nodes))
 
 
 def set_explorers(run: Run, count: int) -> Run:
@@ -120,7 +108,7 @@ def set_explorers(run: Run, count: int) -> Run:
 
 
 def send(run_id: int, duty: str) -> None:
-    enqueue(SERVE_TASK, run_id, duty, queue="explore" if services.is_explorer(duty) else "train")
+    enqueue(SERVE_TASK, run_id, duty, queue=services.queue_of(duty))
 
 
 def start_run(run_id: int) -> None:
@@ -183,6 +171,12 @@ class Stopped(Exception):
     """The run stopped (or ended) while the duty waited for the run's other duties."""
 
 
+class HandBack(Exception):
+    """The worker serving the duty is shutting down in order (SIGTERM): the duty saved what a
+    resume needs at a step boundary and lets the run go, still active, for another worker (the
+    watchdog sends the duty on; the run carries on from that checkpoint)."""
+
+
 def still_served(run: Run, duty: str, worker: str) -> bool:
     """Whether the run is still to be served (Run.SERVED) by this duty; DutyLost once `worker`
     no longer holds it. What a duty waiting for others looks at, so that a stop reaches it."""
@@ -192,9 +186,10 @@ def still_served(run: Run, duty: str, worker: str) -> bool:
     return run.status in Run.SERVED
 
 
-def wait_while_paused(run: Run, duty: str, worker: str, interval: float = 1.0) -> str:
-    """The run's status once it is not paused; DutyLost as soon as `worker` no longer holds `duty`,
-    or the duty is no longer the run's (an explorer beyond a lowered explorer.engine_num)."""
+def wait_while_paused(run: Run, duty: str, worker: str, interval: float = 1.0, leaving=lambda: False) -> str:
+    """The run's status once it is not paused (or, paused, once `leaving()`: its worker shuts
+    down); DutyLost as soon as `worker` no longer holds `duty`, or the duty is no longer the run's
+    (an explorer beyond a lowered explorer.engine_num)."""
     while True:
         run.refresh_from_db(fields=["status", "heartbeats", "config"])
         if services.holder(run, duty) != worker:
@@ -202,7 +197,7 @@ def wait_while_paused(run: Run, duty: str, worker: str, interval: float = 1.0) -
         if duty not in duties_of_run(run):
             raise DutyLost(f"run {run.pk}: {duty} is no longer one of its duties (explorers: "
                            f"{run.config['explorer']['engine_num']})")
-        if run.status != Status.PAUSED:
+        if run.status != Status.PAUSED or leaving():
             return run.status
         time.sleep(interval)
 
@@ -220,7 +215,9 @@ def serve(run_id: int, duty: str) -> str:
         return "skipped"
     beat = Heartbeat(run, duty, me, settings.RFTWEB_HEARTBEAT_INTERVAL)
     beat.start()
-    failure = broke = None
+    failure = broke = handed_back = None
+    with _serving:
+        _serving.count += 1
     try:
         while True:
             try:
@@ -239,6 +236,10 @@ def serve(run_id: int, duty: str) -> str:
     except Stopped as stopped:
         log.info("run %s (%s): %s", run_id, duty, stopped)
         return "stopped"
+    except HandBack as leaving:
+        log.info("run %s (%s): %s; the run carries on when a worker takes the duty again", run_id, duty, leaving)
+        handed_back = str(leaving)
+        return "handed back"
     except Exception as exc:
         close_old_connections()
         if is_rank_failure(exc):  # the watchdog restarts the group (see the module's docstring)
@@ -251,10 +252,25 @@ def serve(run_id: int, duty: str) -> str:
     finally:
         beat.stop()
         try:  # let the duty go (failing the run with the error, if any): it may be resumed at once
-            services.release_duty(run, duty, me, error=failure, broke=broke)
+            services.release_duty(run, duty, me, error=failure, broke=broke, handed_back=handed_back)
         except DATABASE_LOST:
             log.warning("run %s (%s): the database is gone; the duty's heartbeat expires instead", run_id, duty)
         publisher.flush()
+        with _serving:
+            _serving.count -= 1
+            _serving.notify_all()
+
+
+# The duties this process serves right now (an embedded server: several threads).
+_serving = threading.Condition()
+_serving.count = 0
+
+
+def wait_for_duties(timeout: float) -> bool:
+    """An embedded server shutting down (capacity.stop_serving): wait until its duties have
+    handed their runs back. False if some still run after `timeout` seconds."""
+    with _serving:
+        return _serving.wait_for(lambda: _serving.count == 0, timeout)
 
 
 def run_engine(run: Run, duty: str, worker: str) -> str:
@@ -268,7 +284,9 @@ def run_engine(run: Run, duty: str, worker: str) -> str:
     config = RunConfig.from_dict(run.config)
     stores = run_stores(run, config, duty, worker)
     components = (EXPLORER,) if services.is_explorer(duty) else {"trainer": (TRAINER,)}.get(duty)
-    status = lambda: wait_while_paused(run, duty, worker)  # noqa: E731
+    node = capacity.this_node()
+    leaving = lambda: capacity.node_stopping(node)  # noqa: E731 - its worker shuts down in order
+    status = lambda: wait_while_paused(run, duty, worker, leaving=leaving)  # noqa: E731
     # Closed when the duty ends: a worker process outlives its runs, vLLM's processes and the
     # follower ranks must not.
     with trainer_ranks(run, config, duty, worker) as ranks, Loop(config, stores, run_dir(run), components=components,
@@ -289,16 +307,21 @@ def run_engine(run: Run, duty: str, worker: str) -> str:
         if services.is_explorer(duty):
             loop.explorer.step = run.explorer_step  # steps already stored are not redone
         status()  # nobody took the duty over while the engine loaded
-        services.mark_running(run)
+        services.mark_started(run, duty, worker)
 
         if services.is_explorer(duty):
-            return loop.run_explorer(should_stop=lambda: status() != Status.RUNNING, wait=pause)
-        stopping = lambda: status() in (Status.STOPPING, *Run.FINISHED)  # noqa: E731
-        if duty == "trainer":
-            outcome = loop.run_trainer(stopping, explored_steps=lambda: explorer_steps(run), wait=pause)
+            outcome = loop.run_explorer(should_stop=lambda: status() != Status.RUNNING or leaving(), wait=pause)
         else:
-            outcome = loop.run(should_stop=stopping)
-    finish(run, status())
+            # A stop or a worker shutting down: the loop saves a checkpoint at this step first.
+            stopping = lambda: status() in (Status.STOPPING, *Run.FINISHED) or leaving()  # noqa: E731
+            if duty == "trainer":
+                outcome = loop.run_trainer(stopping, explored_steps=lambda: explorer_steps(run), wait=pause)
+            else:
+                outcome = loop.run(should_stop=stopping)
+    if outcome == "stopped" and leaving():
+        raise HandBack(f"its worker {node} is shutting down")
+    if not services.is_explorer(duty):
+        finish(run, status())
     return outcome
 
 
@@ -457,6 +480,7 @@ def serve_node(run: Run, duty: str, worker: str) -> str:
                              for i in range(local_size)]
                 log.info("run %s (%s): ranks %s..%s joining group %s at %s", run.pk, duty, node * local_size,
                          (node + 1) * local_size - 1, served, master)
+                services.mark_started(run, duty, worker)
             pause()
     finally:
         end_followers(followers, at_once=True)

@@ -23,6 +23,7 @@ urlpatterns = [
     path("api/token/", views.api_token, name="api-token"),
     path("api/runs/", api.runs, name="api-runs"),
     path("api/runs/<int:pk>/", api.run_detail, name="api-run"),
+    path("api/runs/<int:pk>/duties/", api.run_duties, name="api-run-duties"),
     path("api/runs/<int:pk>/metrics/", api.run_metrics, name="api-run-metrics"),
     path("api/runs/<int:pk>/experiences/", api.run_experiences, name="api-run-experiences"),
     path("api/runs/<int:pk>/pause/", api.run_action, {"action": "pause"}, name="api-run-pause"),

@@ -41,11 +41,12 @@ ACCEPTS_GZIP = re.compile(r"\bgzip\b")
 
 
 def _summarized(runs) -> list[Run]:
-    """Runs with .progress and .latest_reward for the tables."""
+    """Runs with .progress, .latest_reward and .shown_status for the tables."""
     runs = list(runs)
     for run in runs:
         run.progress = queries.run_progress(run)
         run.latest_reward = queries.latest_reward(run)
+        run.shown_status = capacity.shown_status(run)
     return runs
 
 
@@ -112,11 +113,14 @@ def run_launch(request):
                     form.add_config_errors(err)
                 else:
                     messages.success(request, f"Launched {run.name}.")
+                    for warning in capacity.launch_warnings(run.config):
+                        messages.warning(request, warning)
                     return redirect("run-detail", pk=run.pk)
     else:
         config, name, preset = _starting_point(request)
         form = LaunchForm.for_config(config, name=name)
-    return render(request, "runs/launch.html", {"form": form, "presets": PRESETS, "preset_name": preset})
+    return render(request, "runs/launch.html", {"form": form, "presets": PRESETS, "preset_name": preset,
+                                                "capacity": capacity.free_slots()})
 
 
 def _starting_point(request) -> tuple[dict, str, str | None]:
@@ -136,6 +140,7 @@ def run_detail(request, pk):
     run.progress = queries.run_progress(run)
     figures = queries.key_figures(run)
     progress_counter = "explorer_step" if run.mode == Run.Mode.EXPLORE else "trainer_step"  # as run_progress counts
+    duties = capacity.duties_json(run)
     return render(
         request,
         "runs/detail.html",
@@ -150,7 +155,7 @@ def run_detail(request, pk):
             "may_control": may_control(request.user, run),
             # Explorers of a run whose explorers are workers of their own may be added or removed
             # while it runs, with checkpoint sync (nccl's weight group has a fixed size).
-            "explorers": "trainer" in supervision.duties_of_run(run) and run.config["explorer"]["engine_num"],
+            "explorers": "trainer" in services.duties_of_run(run) and run.config["explorer"]["engine_num"],
             "sync_method": run.config.get("synchronizer", {}).get("method", "memory"),
             "explorers_editable": may_control(request.user, run) and run.status in (Run.Status.RUNNING,
                                                                                      Run.Status.PAUSED)
@@ -164,6 +169,8 @@ def run_detail(request, pk):
                 "finished_statuses": Run.FINISHED,
                 "figures": figures,
                 "overview": queries.overview_charts(),
+                "duties": duties,
+                "duties_url": reverse("api-run-duties", args=[run.pk]),
             },
         },
     )

@@ -13,6 +13,10 @@ by time (`trainer.save_interval_s`), as the default config does, only more often
     newest checkpoint.
 (c) A trainer on two machines (trainer.num_nodes 2: two train workers, one rank each) loses one:
     the group breaks, and the watchdog restarts both machines' ranks from the checkpoint.
+(d) The train worker is stopped in order (SIGTERM, as a service manager or `make demo` stops it):
+    its duty saves at the step boundary and lets the run go; the worker exits without a traceback;
+    the run waits for a worker, saying so, as long as it takes (the watchdog, on the jobs worker,
+    does not count that as a crash loop); a worker started later carries on from that very step.
 
 What the seconds lost are made of: restarting the worker, the watchdog's next tick
 (RFTWEB_WATCHDOG_INTERVAL: 2 s here, 30 s by default), loading the model and replaying the steps
@@ -23,6 +27,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections import Counter
 from datetime import datetime, timezone
@@ -32,7 +37,7 @@ import psutil
 import pytest
 
 from apps.buffer.models import Experience
-from apps.runs import services
+from apps.runs import capacity, services
 from apps.runs.models import MetricPoint, Run
 from apps.tasksets.models import Task, Taskset
 from tests.support import service_env, wait_for
@@ -70,6 +75,7 @@ class Stack:
 
     def __init__(self, tmp_path: Path, **env):
         self.tmp_path, self.env, self.procs = tmp_path, service_env(RFTWEB_WATCHDOG_INTERVAL="2", **env), []
+        self.logs: dict[int, Path] = {}  # pid -> its log
 
     def start(self, *args, ready: str) -> subprocess.Popen:
         log_path = self.tmp_path / f"{args[0]}-{uuid.uuid4().hex[:6]}.log"
@@ -77,13 +83,14 @@ class Stack:
             proc = subprocess.Popen([sys.executable, "-m", "celery", "-A", "rftweb", *args], cwd=ROOT, env=self.env,
                                     stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.procs.append(proc)
+        self.logs[proc.pid] = log_path
         wait_for(lambda: ready in log_path.read_text() or proc.poll() is not None, timeout=90, what=f"celery {args[0]}")
         assert proc.poll() is None, log_path.read_text()
         return proc
 
-    def worker(self) -> subprocess.Popen:
+    def worker(self, queues: str = "default,train,explore") -> subprocess.Popen:
         name = f"recovery-{uuid.uuid4().hex[:8]}@localhost"
-        return self.start("worker", "-Q", "default,train,explore", "-c", "1", "-n", name,
+        return self.start("worker", "-Q", queues, "-c", "1", "-n", name,
                           "--without-gossip", "--without-mingle", "-l", "info", ready="ready.")
 
     def beat(self) -> subprocess.Popen:
@@ -228,3 +235,42 @@ def test_a_trainer_on_two_machines_restarts_its_group_when_one_dies(researcher, 
     assert run.resumes == []  # restarted by the watchdog, not by anyone
     group = run.rendezvous["trainer"]
     assert group.keys() == {"generation"} and group["generation"] >= 2  # a second group met
+
+
+def test_a_worker_stopped_in_order_hands_its_run_back_and_a_new_one_carries_on(researcher, stack):
+    make_taskset()
+    processes = stack(RFTWEB_MAX_HANDOVERS="1")  # waiting for a worker must not count as a crash loop
+    processes.worker("default")  # jobs and the watchdog, as make demo's jobs@ worker
+    worker = processes.worker("train,explore")
+    processes.beat()
+    run = services.launch_run(researcher, "survives a restart", config())
+    wait_for(lambda: run_row(run).trainer_step >= 2, what="training", every=0.1)
+    worker.send_signal(signal.SIGTERM)  # the main process only, as systemd, docker stop and make demo do
+    worker.wait(timeout=60)
+    stopped_at = datetime.now(timezone.utc)
+    row = run_row(run)
+    trained = row.trainer_step
+    assert trained < STEPS, "the run finished before the stop: nothing was tested"
+    log = processes.logs[worker.pid].read_text()
+    assert "Traceback" not in log and "WorkerLostError" not in log, log[-3000:]
+    assert row.status == "running" and row.error == ""
+    beat = row.heartbeats["loop"]
+    assert "is shutting down" in beat.get("handed_back", ""), beat  # let go, or already sent on by the watchdog
+    assert row.checkpoints.filter(step=trained).exists(), "no checkpoint at the step it stopped at"
+    # Longer than RFTWEB_MAX_HANDOVERS x the heartbeat timeout with no worker: it still waits, and says so.
+    wait_for(lambda: run_row(run).heartbeats["loop"].get("handovers") == 0, what="the watchdog sending it on")
+    time.sleep(3 * float(processes.env["RFTWEB_HEARTBEAT_TIMEOUT"]))
+    row = run_row(run)
+    assert row.status == "running" and capacity.shown_status(row) == "waiting"
+    (state,) = capacity.duty_states(row)
+    assert state.state == "handed over" and "none is live" in state.detail, state
+
+    processes.worker("train,explore")  # the worker is back
+    first_again = wait_for(
+        lambda: MetricPoint.objects.filter(run=run, role="trainer", time__gt=stopped_at).order_by("time").first(),
+        timeout=180, what="training again after the restart",
+    )
+    assert first_again.step == trained + 1, "a step was trained again: it did not resume where it stopped"
+    wait_for(lambda: run_row(run).is_finished, what="completion after the restart")
+    assert_each_step_once(run)
+    assert run.resumes == []  # nobody had to resume it

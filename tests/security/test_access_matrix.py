@@ -118,6 +118,7 @@ MATRIX = {
     "api-index": Entry("UDAAA", api=True),
     "api-runs": Entry("UDAAA", api=True),
     "api-run": Entry("UDAAA", api=True, kwargs=run),
+    "api-run-duties": Entry("UDAAA", api=True, kwargs=run),
     "api-run-metrics": Entry("UDAAA", api=True, kwargs=run),
     "api-run-experiences": Entry("UDAAA", api=True, kwargs=run),
     "api-run-pause": Entry("UDADA", api=True, method="post", kwargs=run, changed=status_is(Status.PAUSED)),

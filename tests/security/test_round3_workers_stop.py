@@ -66,7 +66,7 @@ def test_stop_ends_a_trainer_waiting_for_its_machines_and_its_1000_queued_node_d
     for _ in range(2):
         celery_worker_factory("default,train")
     supervision.start_run(run.pk)  # the trainer's duty and trainer-node-1..31
-    send_duties(run, [f"{supervision.NODE_DUTY}{k}" for k in range(32, 1001)])
+    send_duties(run, [f"{services.NODE_DUTY}{k}" for k in range(32, 1001)])
     wait_for(lambda: {"loop", "trainer-node-1"} <= set(services.workers_holding(Run.objects.get(pk=run.pk))),
              timeout=120, what="rank 0 and a node duty to hold the two workers")
     assert queued("train") > 900

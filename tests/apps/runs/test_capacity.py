@@ -119,3 +119,107 @@ def test_the_worker_beat_reports_gpus_it_finds(monkeypatch, db):
     capacity.beat("runs@gpu-1")
     row = Worker.objects.get(name="runs@gpu-1")
     assert row.gpus[0]["name"] == "NVIDIA H100 80GB HBM3" and timezone.now() - row.last_seen < timedelta(seconds=5)
+
+
+SPLIT = {"trainer": {"total_steps": 100}, "synchronizer": {"method": "checkpoint"}, "explorer": {"engine_num": 2}}
+
+
+def started(beat: dict) -> dict:
+    return {**beat, "started": beat["since"]}
+
+
+def test_each_duty_says_where_it_stands_and_what_a_waiting_one_waits_for(busy, make_run):
+    """The issue's walk: both train slots busy, a 2-explorer run's trainer waits naming what holds
+    them; its first explorer runs, the second waits for an explore slot that none has free."""
+    one, two = busy
+    run = make_run("wide", status=Run.Status.RUNNING, config=SPLIT,
+                   heartbeats={"explorer": started(held_by("explore@gpu-2"))})
+    states = {s.duty: s for s in capacity.duty_states(run)}
+    assert [s.duty for s in states.values()] == ["explorer", "explorer-1", "trainer"]
+    assert (states["explorer"].state, states["explorer"].node) == ("running", "explore@gpu-2")
+    waiting = states["trainer"]
+    assert waiting.state == "waiting" and waiting.queue == "train"
+    assert "all 3 slots busy" in waiting.detail  # runs@gpu-1's 2 and explore@gpu-2's 1 (both take train)
+    assert f"run {one.pk} demo (loop)" in waiting.detail and f"run {two.pk} two explorers (trainer)" in waiting.detail
+    assert states["explorer-1"].state == "waiting" and "`explore` worker" in states["explorer-1"].detail
+    assert capacity.shown_status(run) == "queued"  # not "running" until every duty started
+    answer = capacity.duties_json(run)
+    assert (answer["explorers"], answer["explorers_running"], answer["shown_status"]) == (2, 1, "queued")
+
+
+def test_starting_lost_handed_over_and_ended_duties(make_run):
+    worker("train@gpu-1")
+    gone = worker("explore@gpu-2", stopped=True)
+    run = make_run("states", status=Run.Status.RUNNING, config={**SPLIT, "explorer": {"engine_num": 4}}, heartbeats={
+        "trainer": held_by("train@gpu-1"),  # claimed, not started: loading the model
+        "explorer": started(held_by("explore@gpu-2")),  # its worker stopped (SIGTERM): lost at once
+        "explorer-1": {**started(held_by("train@gpu-1", beat_ago=600))},  # silent for 10 minutes
+        "explorer-2": {"at": timezone.now().isoformat(), "worker": services.HANDED_OVER, "handovers": 2},
+        # let go by a worker that shut down in order (SIGTERM), the run still active: sent on
+        "explorer-3": {**started(held_by("train@gpu-1")), "ended": timezone.now().isoformat(),
+                       "handed_back": "its worker train@gpu-1 is shutting down"},
+    })
+    states = {s.duty: s for s in capacity.duty_states(run)}
+    assert {duty: s.state for duty, s in states.items()} == {
+        "trainer": "starting", "explorer": "lost", "explorer-1": "lost", "explorer-2": "handed over",
+        "explorer-3": "handed over",
+    }
+    assert f"its worker {gone.name} stopped" in states["explorer"].detail
+    assert "fell silent 600 s ago" in states["explorer-1"].detail
+    assert "hand-over 2" in states["explorer-2"].detail
+    assert "is shutting down" in states["explorer-3"].detail and "`explore` worker" in states["explorer-3"].detail
+    assert capacity.shown_status(run) == "waiting"  # every duty was taken once; some wait to be taken again
+    run.status = Run.Status.COMPLETED
+    ended = {s.duty: s.state for s in capacity.duty_states(run)}["explorer-3"]
+    assert ended == "ended" and capacity.shown_status(run) == "completed"
+
+
+def test_started_is_stamped_when_the_engine_runs_and_kept_while_the_worker_beats(make_run):
+    run = make_run("r", status=Run.Status.STARTING, heartbeats={})
+    assert services.claim_duty(run, "loop", "gpu-1:11", timeout=60, node="runs@gpu-1")
+    run.refresh_from_db()
+    assert [s.state for s in capacity.duty_states(run)] == ["starting"]
+    services.mark_started(run, "loop", "gpu-1:11")
+    run.refresh_from_db()
+    assert run.status == Run.Status.RUNNING and [s.state for s in capacity.duty_states(run)] == ["running"]
+    stamp = run.heartbeats["loop"]["started"]
+    assert services.heartbeat(run, "loop", "gpu-1:11")
+    assert Run.objects.get(pk=run.pk).heartbeats["loop"]["started"] == stamp
+    services.mark_started(run, "loop", "someone-else:1")  # not its holder: nothing changes
+    assert Run.objects.get(pk=run.pk).heartbeats["loop"]["started"] == stamp
+
+
+def test_a_duty_waiting_with_no_worker_on_its_queue_says_how_to_add_one(make_run):
+    run = make_run("r", status=Run.Status.STARTING, heartbeats={})
+    (state,) = capacity.duty_states(run)
+    assert state.state == "waiting" and "none is live" in state.detail
+    assert "celery -A rftweb worker -Q train" in state.detail
+
+
+def test_launch_warnings_follow_the_free_slots(busy, settings):
+    # runs@gpu-1 (2 slots, both busy) and explore@gpu-2 (1 slot, busy) take both queues
+    (train,) = capacity.launch_warnings({})  # a loop run: one train slot, none free
+    assert "needs 1 `train` slot(s) and 0 are free" in train and "celery -A rftweb worker -Q train" in train
+    worker("more@gpu-6", slots=4)  # 4 free slots on both queues
+    assert capacity.launch_warnings(SPLIT) == []
+    nccl = {**SPLIT, "synchronizer": {"method": "nccl"}, "explorer": {"engine_num": 6}}
+    (explore,) = capacity.launch_warnings(nccl)
+    assert "nccl sends the weights to all 6 explorers" in explore and "4 `explore` slot(s) are free" in explore
+    checkpoint = {**SPLIT, "explorer": {"engine_num": 6}}
+    (starts_with,) = capacity.launch_warnings(checkpoint)
+    assert "the run starts with 4" in starts_with
+    settings.RFTWEB_EMBEDDED = True
+    assert capacity.launch_warnings(nccl) == []  # embedded: threads of the server, no slots
+
+
+def test_the_run_page_and_the_api_show_the_duties(busy, make_run, researcher_client, researcher):
+    run = make_run("wide", status=Run.Status.RUNNING, config=SPLIT,
+                   heartbeats={"explorer": started(held_by("explore@gpu-2"))})
+    page = researcher_client.get(reverse("run-detail", args=[run.pk])).content.decode()
+    data = json.loads(page.split('id="run-page-data" type="application/json">')[1].split("</script>")[0])
+    assert [d["state"] for d in data["duties"]["duties"]] == ["running", "waiting", "waiting"]
+    api = researcher_client.get(reverse("api-run-duties", args=[run.pk]),
+                                HTTP_AUTHORIZATION=f"Bearer {token_for(researcher)}").json()
+    assert api["duties"] == data["duties"]["duties"] and api["shown_status"] == "queued"
+    listed = researcher_client.get(reverse("run-list")).content.decode()
+    assert '<span class="status queued"' in listed

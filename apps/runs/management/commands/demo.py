@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -15,12 +16,15 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand
 
 from apps.accounts.services import create_user
-from apps.runs import services, supervision
+from apps.runs import capacity, services, supervision
 from apps.runs.models import Run
 from apps.runs.presets import PRESETS
 from apps.tasksets.services import load_builtin_tasksets
 
 DEMO_USER, DEMO_PASSWORD = "demo", "demo"
+# How long a stop waits for the runs to reach a step boundary and save (a tiny-model step takes
+# well under a second; a SmolLM2 step on CPU, ~30 s).
+STOP_SECONDS = 60
 DEMO_RUN = "demo: tiny model learns addition (MIX)"
 
 
@@ -39,6 +43,9 @@ class Command(BaseCommand):
         if user is None:
             user = create_user(DEMO_USER, DEMO_PASSWORD, is_superuser=True)
         helpers = [] if settings.RFTWEB_EMBEDDED else self.start_workers()
+        # SIGTERM (a service manager, `kill`) stops as Ctrl-C does: runserver exits, then the runs
+        # are handed back at a step boundary (below), and nothing is left half done.
+        signal.signal(signal.SIGTERM, _interrupt)
         try:
             if not no_run:
                 self.start_demo_run(user)
@@ -48,8 +55,28 @@ class Command(BaseCommand):
             # --noreload keeps the server in this process, beside the embedded worker thread.
             call_command("runserver", addrport, use_reloader=False)
         finally:
-            for proc in helpers:
-                os.killpg(proc.pid, signal.SIGTERM)
+            self.stop(helpers)
+
+    def stop(self, helpers: list[subprocess.Popen]) -> None:
+        """Embedded: the run threads save at their next step and let their runs go (they resume
+        when the server is back). Full stack: each worker's main process gets SIGTERM, a warm
+        shutdown that waits for its duties to do the same (its pool processes must not get it
+        too: they would die mid-step, and Celery report them lost); what is left after
+        STOP_SECONDS is killed."""
+        if settings.RFTWEB_EMBEDDED:
+            capacity.stop_serving()
+            if not supervision.wait_for_duties(STOP_SECONDS):
+                self.stderr.write(f"runs still training after {STOP_SECONDS} s: stopping without them")
+            return
+        for proc in helpers:
+            proc.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + STOP_SECONDS
+        for proc in helpers:
+            try:
+                proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                self.stderr.write(f"{' '.join(proc.args[3:6])} still busy after {STOP_SECONDS} s: killed")
+            os.killpg(proc.pid, signal.SIGKILL)  # its pool processes too, whatever is left
 
     def start_demo_run(self, user) -> None:
         supervision.watchdog()  # a run left over from an earlier session continues
@@ -75,3 +102,7 @@ class Command(BaseCommand):
             celery + ["beat", "-l", "info", "-s", str(settings.DATA_DIR / "celerybeat-schedule")],
         ]
         return [subprocess.Popen(c, start_new_session=True) for c in commands]
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt  # runserver's own way out, as for Ctrl-C

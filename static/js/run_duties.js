@@ -1,0 +1,51 @@
+// The run page's duties: which worker serves each part of the run, or what it waits for
+// (apps/runs/capacity.duty_states), drawn from the copy in the page, then polled from
+// /api/runs/<id>/duties/ every heartbeat interval while the run is active.
+"use strict";
+
+(function () {
+  const page = JSON.parse(document.getElementById("run-page-data").textContent);
+  const box = document.getElementById("run-duties");
+  const rolling = document.querySelector("[data-explorers-running]");
+  if (!box) return;
+
+  function clock(iso) {
+    return iso ? new Date(iso).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit" }) : "";
+  }
+
+  function row(duty) {
+    const line = document.createElement("div");
+    line.className = "duty " + duty.state.replace(" ", "-");
+    line.dataset.duty = duty.duty;
+    const name = document.createElement("span");
+    name.className = "duty-name";
+    name.textContent = duty.duty;
+    const state = document.createElement("span");
+    state.className = "duty-state";
+    state.textContent = duty.state;
+    const detail = document.createElement("span");
+    detail.className = "duty-detail";
+    detail.textContent = duty.detail + (duty.since && duty.state !== "waiting" ? " · since " + clock(duty.since) : "");
+    line.append(name, state, detail);
+    return line;
+  }
+
+  function draw(data) {
+    const finished = page.finished_statuses.includes(data.status);
+    box.hidden = finished || !data.duties.length;
+    box.replaceChildren(...data.duties.map(row));
+    if (rolling) {
+      rolling.textContent = finished ? "" : `· ${data.explorers_running} of ${data.explorers} rolling out`;
+    }
+    return finished;
+  }
+
+  let pollMs = 1000 * (page.duties.poll_s || 10);
+  function poll() {
+    fetch(page.duties_url, { credentials: "same-origin", headers: { Accept: "application/json" } })
+      .then((response) => (response.ok ? response.json() : Promise.reject(response.status)))
+      .then((data) => { if (!draw(data)) setTimeout(poll, pollMs); })
+      .catch(() => setTimeout(poll, 2 * pollMs)); // the server restarting: try again, less often
+  }
+  if (!draw(page.duties)) setTimeout(poll, pollMs);
+})();
