@@ -1,7 +1,14 @@
 """What test modules share: the environment of the processes they start (Celery workers, daphne,
-beat) on the test database and Redis, and polling for a condition."""
+beat) on the test database and Redis, those processes (Stack), and polling for a condition."""
 import os
+import signal
+import subprocess
+import sys
 import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def service_env(**overrides) -> dict:
@@ -48,3 +55,50 @@ def websocket_connects(path: str, headers: list[tuple[bytes, bytes]]) -> bool:
         return connected
 
     return async_to_sync(scenario)()
+
+
+def make_taskset(name="arith", n=40):
+    """A taskset of `n` small arithmetic tasks (datasets.generate)."""
+    from apps.tasksets.models import Task, Taskset
+    from workers.rft import datasets
+
+    taskset = Taskset.objects.create(name=name, task_count=n)
+    Task.objects.bulk_create(
+        Task(taskset=taskset, index=i, prompt=row["prompt"], answer=row["answer"], metadata=row["metadata"])
+        for i, row in enumerate(datasets.generate("arithmetic", n, seed=0, max_operand=9))
+    )
+
+
+
+class Stack:
+    """The Celery worker and beat processes of one test, started as an operator starts them, on
+    the test database and Redis (the `stack` fixture of tests/journeys kills what is left)."""
+
+    def __init__(self, tmp_path: Path, **env):
+        self.tmp_path, self.env, self.procs = tmp_path, service_env(RFTWEB_WATCHDOG_INTERVAL="2", **env), []
+        self.logs: dict[int, Path] = {}  # pid -> its log
+
+    def start(self, *args, ready: str) -> subprocess.Popen:
+        log_path = self.tmp_path / f"{args[0]}-{uuid.uuid4().hex[:6]}.log"
+        with open(log_path, "w") as log:
+            proc = subprocess.Popen([sys.executable, "-m", "celery", "-A", "rftweb", *args], cwd=ROOT, env=self.env,
+                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        self.procs.append(proc)
+        self.logs[proc.pid] = log_path
+        wait_for(lambda: ready in log_path.read_text() or proc.poll() is not None, timeout=90, what=f"celery {args[0]}")
+        assert proc.poll() is None, log_path.read_text()
+        return proc
+
+    def worker(self, queues: str = "default,train,explore", slots: int = 1, name: str = "") -> subprocess.Popen:
+        name = name or f"{queues.split(',')[0]}-{uuid.uuid4().hex[:8]}@localhost"
+        return self.start("worker", "-Q", queues, "-c", str(slots), "-n", name,
+                          "--without-gossip", "--without-mingle", "-l", "info", ready="ready.")
+
+    def beat(self) -> subprocess.Popen:
+        return self.start("beat", "-s", str(self.tmp_path / "beat-schedule"), "-l", "info", ready="beat: Starting")
+
+    def stop(self):
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()

@@ -289,7 +289,7 @@ def _launch(request):
     except ConfigError as err:
         return _config_errors([(issue.key, issue.message) for issue in err.errors])
     answer = run_json(_run(run.pk), detail=True)
-    answer["warnings"] = capacity.launch_warnings(run.config)  # what it will wait for (docs/api.md)
+    answer["warnings"] = capacity.launch_warnings(run.config, run.pk)  # what it will wait for (docs/api.md)
     return JsonResponse(answer, status=201)
 
 

@@ -327,16 +327,20 @@ def duty_states(run: Run, live: list[WorkerState] | None = None) -> list[DutySta
 def _waiting_for(run: Run, queue: str, live: list[WorkerState]) -> str:
     serving = [worker for worker in live if queue in worker.queues]
     if not serving:
-        return (f"waiting for a `{queue}` worker: none is live. Start one on a machine that reaches this "
+        return (f"waiting for {_a(queue)} worker: none is live. Start one on a machine that reaches this "
                 f"server's database and Redis: celery -A rftweb worker -Q {queue} (docs/scale.md)")
     if any(worker.free is None or worker.free > 0 for worker in serving):
-        return f"waiting for a `{queue}` worker: one has a free slot and takes it next"
+        return f"waiting for {_a(queue)} worker: one has a free slot and takes it next"
     slots = sum(worker.slots or 0 for worker in serving)
     holders = [f"run {hold.run_id} {hold.run_name} ({hold.duty})" for worker in serving for hold in worker.holds]
     ahead = _waiting_ahead(run, queue)
     line = f", {ahead} duties of earlier runs ahead of it" if ahead else ""
-    return (f"waiting for a `{queue}` worker — {'both' if slots == 2 else f'all {slots}'} slots busy: "
+    return (f"waiting for {_a(queue)} worker — {'both' if slots == 2 else f'all {slots}'} slots busy: "
             f"{', '.join(holders)}{line}")
+
+
+def _a(queue: str) -> str:
+    return f"{'an' if queue[0] in 'aeiou' else 'a'} `{queue}`"
 
 
 def _waiting_ahead(run: Run, queue: str) -> int:
@@ -389,13 +393,15 @@ def free_slots() -> dict | None:
     return out
 
 
-def launch_warnings(config: dict) -> list[str]:
+def launch_warnings(config: dict, run_id: int | None = None) -> list[str]:
     """What a run of this config will wait for, given the live workers' free slots (none when
-    embedded: its duties are threads of the server). A worker that takes both queues is counted
-    for each."""
+    embedded: its duties are threads of the server); the slots run `run_id` (just launched) took
+    already count as free. A worker that takes both queues is counted for each."""
     if settings.RFTWEB_EMBEDDED:
         return []
     live = overview()["workers"]
+    for worker in live:
+        worker.holds = [hold for hold in worker.holds if hold.run_id != run_id]
     method = config.get("synchronizer", {}).get("method", "memory")
     needed: dict[str, int] = {}
     for duty in services.duties_of(config):

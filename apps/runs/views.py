@@ -113,7 +113,7 @@ def run_launch(request):
                     form.add_config_errors(err)
                 else:
                     messages.success(request, f"Launched {run.name}.")
-                    for warning in capacity.launch_warnings(run.config):
+                    for warning in capacity.launch_warnings(run.config, run.pk):
                         messages.warning(request, warning)
                     return redirect("run-detail", pk=run.pk)
     else:

@@ -28,7 +28,6 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
 from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
@@ -39,9 +38,7 @@ import pytest
 from apps.buffer.models import Experience
 from apps.runs import capacity, services
 from apps.runs.models import MetricPoint, Run
-from apps.tasksets.models import Task, Taskset
-from tests.support import service_env, wait_for
-from workers.rft import datasets
+from tests.support import make_taskset, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -49,14 +46,6 @@ ROOT = Path(__file__).resolve().parents[2]
 # 16 steps: with 8, a fast machine (a tiny-model step in ~0.3 s) could finish between the first
 # checkpoint (2 s in) and the kill, and then nothing was tested.
 TASKS, REPEATS, STEPS = 4, 4, 16
-
-
-def make_taskset(name="arith", n=40):
-    taskset = Taskset.objects.create(name=name, task_count=n)
-    Task.objects.bulk_create(
-        Task(taskset=taskset, index=i, prompt=row["prompt"], answer=row["answer"], metadata=row["metadata"])
-        for i, row in enumerate(datasets.generate("arithmetic", n, seed=0, max_operand=9))
-    )
 
 
 def config() -> dict:
@@ -68,55 +57,6 @@ def config() -> dict:
         "trainer": {"lr": 1e-3, "micro_batch_size": 16, "total_steps": STEPS, "save_interval": 0, "save_interval_s": 2},
         "buffer": {"taskset": "arith"},
     }
-
-
-class Stack:
-    """The worker and beat processes of one test; whatever is left is killed at the end."""
-
-    def __init__(self, tmp_path: Path, **env):
-        self.tmp_path, self.env, self.procs = tmp_path, service_env(RFTWEB_WATCHDOG_INTERVAL="2", **env), []
-        self.logs: dict[int, Path] = {}  # pid -> its log
-
-    def start(self, *args, ready: str) -> subprocess.Popen:
-        log_path = self.tmp_path / f"{args[0]}-{uuid.uuid4().hex[:6]}.log"
-        with open(log_path, "w") as log:
-            proc = subprocess.Popen([sys.executable, "-m", "celery", "-A", "rftweb", *args], cwd=ROOT, env=self.env,
-                                    stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        self.procs.append(proc)
-        self.logs[proc.pid] = log_path
-        wait_for(lambda: ready in log_path.read_text() or proc.poll() is not None, timeout=90, what=f"celery {args[0]}")
-        assert proc.poll() is None, log_path.read_text()
-        return proc
-
-    def worker(self, queues: str = "default,train,explore") -> subprocess.Popen:
-        name = f"recovery-{uuid.uuid4().hex[:8]}@localhost"
-        return self.start("worker", "-Q", queues, "-c", "1", "-n", name,
-                          "--without-gossip", "--without-mingle", "-l", "info", ready="ready.")
-
-    def beat(self) -> subprocess.Popen:
-        return self.start("beat", "-s", str(self.tmp_path / "beat-schedule"), "-l", "info", ready="beat: Starting")
-
-    def stop(self):
-        for proc in self.procs:
-            if proc.poll() is None:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-
-
-@pytest.fixture
-def stack(tmp_path):
-    from rftweb.celery import app
-
-    app.control.purge()
-    stacks = []
-
-    def make(**env):
-        stacks.append(Stack(tmp_path, **env))
-        return stacks[-1]
-
-    yield make
-    for made in stacks:
-        made.stop()
 
 
 def sigkill(proc: subprocess.Popen) -> datetime:

@@ -198,8 +198,10 @@ def test_a_duty_waiting_with_no_worker_on_its_queue_says_how_to_add_one(make_run
 
 def test_launch_warnings_follow_the_free_slots(busy, settings):
     # runs@gpu-1 (2 slots, both busy) and explore@gpu-2 (1 slot, busy) take both queues
+    one, two = busy
     (train,) = capacity.launch_warnings({})  # a loop run: one train slot, none free
     assert "needs 1 `train` slot(s) and 0 are free" in train and "celery -A rftweb worker -Q train" in train
+    assert capacity.launch_warnings({}, run_id=two.pk) == []  # what the run itself took counts as free
     worker("more@gpu-6", slots=4)  # 4 free slots on both queues
     assert capacity.launch_warnings(SPLIT) == []
     nccl = {**SPLIT, "synchronizer": {"method": "nccl"}, "explorer": {"engine_num": 6}}

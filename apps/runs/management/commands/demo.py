@@ -75,8 +75,11 @@ class Command(BaseCommand):
             try:
                 proc.wait(max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                self.stderr.write(f"{' '.join(proc.args[3:6])} still busy after {STOP_SECONDS} s: killed")
-            os.killpg(proc.pid, signal.SIGKILL)  # its pool processes too, whatever is left
+                self.stderr.write(f"celery {' '.join(proc.args[5:8])} still busy after {STOP_SECONDS} s: killed")
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)  # its pool processes too, whatever is left
+            except ProcessLookupError:
+                pass  # the whole group has exited
 
     def start_demo_run(self, user) -> None:
         supervision.watchdog()  # a run left over from an earlier session continues
@@ -88,6 +91,7 @@ class Command(BaseCommand):
         self.stdout.write(f"started demo run {run.pk}")
 
     def start_workers(self) -> list[subprocess.Popen]:
+        settings.DATA_DIR.mkdir(parents=True, exist_ok=True)  # beat's schedule file goes there: it died without
         celery = [sys.executable, "-m", "celery", "-A", "rftweb"]
         commands = [
             # A run's duties hold a worker process each for the run's whole life, so each queue gets
