@@ -41,46 +41,74 @@ def newcomer_env(data_dir: Path, **extra) -> dict:
     return env | {"DEBUG": "1", "RFTWEB_DATA_DIR": str(data_dir), "PYTHONUNBUFFERED": "1"} | extra
 
 
-@pytest.fixture(params=["embedded", "full-stack"])
-def demo(request, tmp_path):
-    """`manage.py demo` on a free port; yields (base URL, server log, sql(query) -> rows of its database)."""
-    env = newcomer_env(tmp_path / "data")
-    database = None
-    if request.param == "full-stack":
-        database = f"rftweb_journey_{uuid.uuid4().hex[:8]}"
-        with psycopg.connect(ADMIN_DB, autocommit=True) as admin:
-            admin.execute(f'CREATE DATABASE "{database}"')
-        redis.Redis.from_url(REDIS_DB).flushdb()
-        env |= {"DATABASE_URL": f"postgres://postgres@localhost:5432/{database}", "REDIS_URL": REDIS_DB}
+class Demo:
+    """`manage.py demo` as a person runs it: started, stopped (SIGTERM, as Ctrl-C or a service
+    manager stops it) and started again on the same data dir and database."""
 
-    def sql(query: str) -> list[tuple]:
-        if database is None:
-            with sqlite3.connect(tmp_path / "data" / "rftweb.sqlite3") as db:
+    def __init__(self, tmp_path: Path, mode: str):
+        self.tmp_path, self.env = tmp_path, newcomer_env(tmp_path / "data")
+        self.database, self.proc, self.starts = None, None, 0
+        if mode == "full-stack":
+            self.database = f"rftweb_journey_{uuid.uuid4().hex[:8]}"
+            with psycopg.connect(ADMIN_DB, autocommit=True) as admin:
+                admin.execute(f'CREATE DATABASE "{self.database}"')
+            redis.Redis.from_url(REDIS_DB).flushdb()
+            self.env |= {"DATABASE_URL": f"postgres://postgres@localhost:5432/{self.database}", "REDIS_URL": REDIS_DB}
+
+    def sql(self, query: str) -> list[tuple]:
+        if self.database is None:
+            with sqlite3.connect(self.tmp_path / "data" / "rftweb.sqlite3") as db:
                 return db.execute(query).fetchall()
-        with psycopg.connect(f"postgres://postgres@localhost:5432/{database}") as db:
+        with psycopg.connect(f"postgres://postgres@localhost:5432/{self.database}") as db:
             return db.execute(query).fetchall()
 
-    port = _free_port()
-    log_path = tmp_path / "demo.log"
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(
-            [sys.executable, "manage.py", "demo", f"127.0.0.1:{port}"],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-        )
-    try:
-        _wait_for_port(port, proc, log_path, timeout=180)
-        yield f"http://127.0.0.1:{port}", log_path, sql
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)  # the demo command stops its worker and beat with it
+    def start(self) -> tuple[str, Path]:
+        """(base URL, server log) once it listens."""
+        self.starts += 1
+        port = _free_port()
+        log_path = self.tmp_path / f"demo-{self.starts}.log"
+        with open(log_path, "w") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "manage.py", "demo", f"127.0.0.1:{port}"],
+                cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+            )
+        _wait_for_port(port, self.proc, log_path, timeout=180)
+        return f"http://127.0.0.1:{port}", log_path
+
+    def stop(self, timeout: float = 90) -> None:
+        """SIGTERM; the demo hands its runs back at a step boundary and stops its workers (up to
+        its STOP_SECONDS, 60) before it exits."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        os.killpg(self.proc.pid, signal.SIGTERM)
         try:
-            proc.wait(timeout=20)
+            self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        if database:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+    def drop(self) -> None:
+        self.stop()
+        if self.database:
             with psycopg.connect(ADMIN_DB, autocommit=True) as admin:
-                admin.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+                admin.execute(f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
             redis.Redis.from_url(REDIS_DB).flushdb()
+
+
+@pytest.fixture(params=["embedded", "full-stack"])
+def demo_server(request, tmp_path):
+    server = Demo(tmp_path, request.param)
+    try:
+        yield server
+    finally:
+        server.drop()
+
+
+@pytest.fixture
+def demo(demo_server):
+    """`manage.py demo` on a free port; yields (base URL, server log, sql(query) -> rows of its database)."""
+    base_url, log_path = demo_server.start()
+    yield base_url, log_path, demo_server.sql
 
 
 def held_out_accuracy(page, run_url: str) -> list[float]:
@@ -232,3 +260,27 @@ def stop_and_resume(page, run_url: str) -> None:
     assert state["status"] == "running" and not state["error"], state
     steps = [point["step"] for point in page.request.get(f"{run_url}live.json").json()["metrics"]["trainer"]]
     assert steps == list(range(1, len(steps) + 1)), "a trainer step is missing or repeated"
+
+
+@pytest.mark.slow
+def test_the_demo_stopped_in_order_carries_its_run_on_when_it_starts_again(demo_server):
+    """SIGTERM to `make demo` mid-run: it exits within its stop time, without a traceback (nor
+    "terminate called" from a thread killed mid-step); the demo run is still running, its duty
+    handed back with a checkpoint at the step it stopped at; started again, the run carries on
+    from that step."""
+    _, first_log = demo_server.start()
+    step = lambda: demo_server.sql(f"SELECT trainer_step FROM runs_run WHERE name = '{DEMO_RUN}'")[0][0]  # noqa: E731
+    wait_until(lambda: demo_server.sql("SELECT 1 FROM runs_run") and step() >= 3, timeout=300)
+    demo_server.stop()
+    assert demo_server.proc.returncode is not None
+    log = first_log.read_text()
+    for bad in ("Traceback", "terminate called", "WorkerLostError", "still busy"):
+        assert bad not in log, log[-4000:]
+    [(status, heartbeats, stopped_at)] = demo_server.sql(
+        f"SELECT status, heartbeats, trainer_step FROM runs_run WHERE name = '{DEMO_RUN}'")
+    assert status == "running" and "is shutting down" in str(heartbeats), heartbeats
+    assert demo_server.sql(f"SELECT 1 FROM runs_checkpoint WHERE step = {stopped_at}"), "no checkpoint at the stop"
+
+    _, second_log = demo_server.start()
+    wait_until(lambda: step() > stopped_at, timeout=300)
+    assert f"(trainer step {stopped_at})" in second_log.read_text()  # "from checkpoint vN (trainer step S)"

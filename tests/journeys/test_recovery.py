@@ -16,7 +16,8 @@ by time (`trainer.save_interval_s`), as the default config does, only more often
 (d) The train worker is stopped in order (SIGTERM, as a service manager or `make demo` stops it):
     its duty saves at the step boundary and lets the run go; the worker exits without a traceback;
     the run waits for a worker, saying so, as long as it takes (the watchdog, on the jobs worker,
-    does not count that as a crash loop); a worker started later carries on from that very step.
+    does not count that as a crash loop). Then the rest of the stack stops too, and all of it
+    starts again: the run carries on from the very step it stopped at.
 
 What the seconds lost are made of: restarting the worker, the watchdog's next tick
 (RFTWEB_WATCHDOG_INTERVAL: 2 s here, 30 s by default), loading the model and replaying the steps
@@ -103,6 +104,10 @@ def test_a_killed_worker_is_replaced_by_the_watchdog_and_the_run_completes(resea
     processes.beat()
     run = services.launch_run(researcher, "survives a kill", config())
     killed_at, trained = kill_mid_run(worker, run)
+    # What the run page polls every heartbeat interval says so within one (a worker of this machine
+    # whose process is gone is known lost at once; one elsewhere after RFTWEB_HEARTBEAT_TIMEOUT).
+    wait_for(lambda: [s for s in capacity.duty_states(run_row(run)) if s.state in ("lost", "handed over")],
+             timeout=float(processes.env["RFTWEB_HEARTBEAT_INTERVAL"]), what="the loss shown", every=0.1)
 
     processes.worker()  # the supervisor brings the worker back
     worker_back = (datetime.now(timezone.utc) - killed_at).total_seconds()
@@ -180,9 +185,9 @@ def test_a_trainer_on_two_machines_restarts_its_group_when_one_dies(researcher, 
 def test_a_worker_stopped_in_order_hands_its_run_back_and_a_new_one_carries_on(researcher, stack):
     make_taskset()
     processes = stack(RFTWEB_MAX_HANDOVERS="1")  # waiting for a worker must not count as a crash loop
-    processes.worker("default")  # jobs and the watchdog, as make demo's jobs@ worker
+    jobs = processes.worker("default")  # jobs and the watchdog, as make demo's jobs@ worker
     worker = processes.worker("train,explore")
-    processes.beat()
+    beat_process = processes.beat()
     run = services.launch_run(researcher, "survives a restart", config())
     wait_for(lambda: run_row(run).trainer_step >= 2, what="training", every=0.1)
     worker.send_signal(signal.SIGTERM)  # the main process only, as systemd, docker stop and make demo do
@@ -205,7 +210,13 @@ def test_a_worker_stopped_in_order_hands_its_run_back_and_a_new_one_carries_on(r
     (state,) = capacity.duty_states(row)
     assert state.state == "handed over" and "none is live" in state.detail, state
 
-    processes.worker("train,explore")  # the worker is back
+    for process in (jobs, beat_process):  # the rest of the stack goes down too, in order
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+        assert "Traceback" not in processes.logs[process.pid].read_text()
+    processes.worker("default")  # and the whole stack comes back
+    processes.worker("train,explore")
+    processes.beat()
     first_again = wait_for(
         lambda: MetricPoint.objects.filter(run=run, role="trainer", time__gt=stopped_at).order_by("time").first(),
         timeout=180, what="training again after the restart",
