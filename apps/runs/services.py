@@ -294,7 +294,13 @@ def process_is_gone(worker: str) -> bool:
         return True
     except PermissionError:  # alive, another user's
         return False
-    return False
+    # A killed pool process whose parent died too waits as a zombie until init reaps it (a
+    # container's PID 1 may never): it is gone all the same.
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rpartition(")")[2].split()[0] == "Z"
+    except (OSError, IndexError):
+        return False
 
 
 def workers_holding(run: Run) -> dict[str, str]:

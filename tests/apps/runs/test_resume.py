@@ -6,6 +6,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from contextlib import contextmanager
 from datetime import timedelta
 
@@ -185,6 +186,11 @@ def test_a_worker_of_this_machine_whose_process_is_gone_holds_nothing(make_run, 
     dead, alive = f"{socket.gethostname()}:{exited.pid}", f"{socket.gethostname()}:{os.getpid()}"
     assert services.process_is_gone(dead) and not services.process_is_gone(alive)
     assert not services.process_is_gone(f"elsewhere:{exited.pid}")  # another machine's: unknown
+    zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # exited, not reaped yet (as when its parent died)
+    while open(f"/proc/{zombie.pid}/stat").read().rpartition(")")[2].split()[0] != "Z":
+        time.sleep(0.01)
+    assert services.process_is_gone(f"{socket.gethostname()}:{zombie.pid}")
+    zombie.wait()
     run = make_run(status=Status.RUNNING, heartbeats={"loop": beat(dead)})
     assert services.holder(run, "loop") == dead  # by name it still is the holder...
     assert services.workers_holding(run) == {}  # ...but not a live one
