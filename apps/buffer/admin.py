@@ -9,7 +9,9 @@ a Celery job. Actions and pages change state through services, never directly.
 
 import json
 
+from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin import helpers
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
 from django.contrib.admin.views.main import PAGE_VAR, ChangeList
 from django.contrib.postgres.search import SearchQuery
@@ -26,7 +28,7 @@ from django.utils.html import format_html
 from apps.core.counts import EstimatedCountPaginator
 from apps.feedback.models import Feedback
 
-from . import services
+from . import exporters, services
 from .forms import ExpertDataUploadForm, ExportForm, PipelineForm, PriorityForm, RescoreForm
 from .models import BufferJob, Experience, SearchDocument
 
@@ -141,6 +143,16 @@ def with_previews(queryset):
 LIST_FIELDS = ("id", "run__name", "explorer_step", "source", "status", "reward", "model_version", "created_at")
 
 
+class ExportActionForm(helpers.ActionForm):
+    """The action bar, with the export format beside the action: Export is one step."""
+
+    # Checked by export_action (ExportForm), which names a bad value; as a ChoiceField here it would
+    # fail the whole action bar with Django's "No action selected."
+    export_format = forms.CharField(
+        label="Export as", required=False, widget=forms.Select(choices=ExportForm.base_fields["format"].choices)
+    )
+
+
 class ExperienceChangeList(ChangeList):
     def get_queryset(self, request, exclude_parameters=None):
         # Only the shown columns: the list never loads token arrays, texts or metadata.
@@ -189,6 +201,7 @@ class ExperienceAdmin(admin.ModelAdmin):
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER  # counts per filter choice: a count of the table each
     list_per_page = 100
+    action_form = ExportActionForm
     actions = (
         "mark_ready",
         "mark_rejected",
@@ -509,21 +522,15 @@ def confirm_action(model_admin, request, queryset, title, description, *, perfor
 
 
 def export_action(model_admin, request, queryset):
-    """The export bulk action, shared by the experience and feedback admins."""
-    return confirm_action(
-        model_admin,
-        request,
-        queryset,
-        "Export",
-        "Writes the selected rows to a file you can download from the job page; see docs/data-formats.md.",
-        form_class=ExportForm,
-        perform=lambda data: HttpResponseRedirect(
-            reverse(
-                "admin:buffer_bufferjob_change",
-                args=[services.start_export(queryset, fmt=data["format"], user=request.user).pk],
-            )
-        ),
-    )
+    """The export bulk action, shared by the experience and feedback admins: it starts the export
+    at once in the format chosen beside it, and the job page shows its progress, then downloads the
+    file (static/js/job_progress.js; ?download=1). Formats: docs/data-formats.md."""
+    form = ExportForm({"format": request.POST.get("export_format") or exporters.FORMATS[0]})
+    if not form.is_valid():
+        model_admin.message_user(request, f"Export: {form.errors['format'][0]}", messages.ERROR)
+        return None
+    job = services.start_export(queryset, fmt=form.cleaned_data["format"], user=request.user)
+    return HttpResponseRedirect(reverse("admin:buffer_bufferjob_change", args=[job.pk]) + "?download=1")
 
 
 # ---- jobs ----
@@ -567,8 +574,10 @@ class BufferJobAdmin(admin.ModelAdmin):
         services.delete_jobs(BufferJob.objects.filter(pk=obj.pk))
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
-        # The job page follows a running job with the progress widget (static/js/job_progress.js).
+        # The job page follows a running job with the progress widget (static/js/job_progress.js);
+        # opened by the export action, it downloads the file once written.
         extra_context = {**(extra_context or {}), "job_label": BufferJob._meta.label_lower}
+        extra_context["download_requested"] = bool(request.GET.get("download"))
         return super().change_view(request, object_id, form_url, extra_context)
 
     @admin.display(description="progress")

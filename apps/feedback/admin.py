@@ -4,7 +4,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.text import Truncator
 
-from apps.buffer.admin import export_action
+from apps.buffer.admin import ExportActionForm, export_action
 from apps.core.counts import EstimatedCountPaginator
 
 from .models import Feedback
@@ -51,6 +51,7 @@ class FeedbackAdmin(admin.ModelAdmin):
     paginator = EstimatedCountPaginator
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
+    action_form = ExportActionForm
     actions = ("export_selection",)
 
     # Experiences are shown as links by id: their rows (texts, token arrays) are never loaded.

@@ -14,6 +14,8 @@ from apps.core import jobs
 from apps.core.files import FileImportError, ReadProgress, detect_format
 from workers.rft import datasets
 from workers.rft.memory import held_out_split
+from workers.rft.rewards import REWARD_FNS
+from workers.rft.workflows import WORKFLOWS
 
 from .importers import DEFAULT_MAX_LINE_BYTES, FieldMapping, TaskFields, read_tasks
 from .models import Task, Taskset, TasksetImport
@@ -60,6 +62,7 @@ def import_taskset(
     if max_line_bytes is None:
         max_line_bytes = getattr(settings, "TASKSET_IMPORT_MAX_LINE_BYTES", DEFAULT_MAX_LINE_BYTES)
     check_new_taskset_name(name, source)
+    check_defaults(default_workflow, default_reward_fn, source)
     rows = read_tasks(path, fmt, mapping, display_name=source, max_line_bytes=max_line_bytes)
     with transaction.atomic():
         taskset = _create_taskset(
@@ -85,6 +88,16 @@ def check_new_taskset_name(name: str, source: str = "") -> None:
         ) from None
     if Taskset.objects.filter(name=name).exists():
         raise FileImportError(source, None, f"a taskset named {name!r} already exists")
+
+
+def check_defaults(workflow: str, reward_fn: str, source: str = "") -> None:
+    """Raise FileImportError unless the workflow and reward fn are registered: a taskset naming an
+    unknown one would import, then fail every run launched on it."""
+    for registry, name in ((WORKFLOWS, workflow), (REWARD_FNS, reward_fn)):
+        if name not in registry:
+            raise FileImportError(
+                source, None, f"unknown {registry.kind} {name!r}; known: {', '.join(registry.names())}"
+            )
 
 
 def _create_taskset(**fields) -> Taskset:

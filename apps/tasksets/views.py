@@ -5,7 +5,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from apps.accounts.roles import RESEARCHER, role_required
 from apps.core.jobs import label, visible_job
 
-from . import services
+from . import services, staging
 from .forms import TasksetUploadForm
 from .models import Taskset, TasksetImport
 
@@ -27,11 +27,11 @@ def taskset_detail(request, name):
 
 @role_required(RESEARCHER)
 def taskset_upload(request):
-    form = TasksetUploadForm(request.POST or None, request.FILES or None)
+    form = TasksetUploadForm(request.POST or None, request.FILES or None, user=request.user)
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
         job = services.start_taskset_import(
-            upload=data["file"],
+            upload=form.upload,
             name=data["name"],
             fmt=data["format"],
             mapping=form.mapping,
@@ -40,8 +40,16 @@ def taskset_upload(request):
             default_reward_fn=data["default_reward_fn"],
             user=request.user,
         )
+        if form.kept:
+            form.kept.discard()  # the job has its own copy
         return redirect("taskset-import", pk=job.pk)
-    return render(request, "tasksets/upload.html", {"form": form})
+    kept = form.kept
+    if form.is_bound and form.cleaned_data.get("file"):  # a good file, with an error elsewhere: keep it
+        replaced = staging.find(request.POST.get("staged", ""), request.user)
+        if replaced:
+            replaced.discard()
+        kept = staging.keep(form.cleaned_data["file"], request.user)
+    return render(request, "tasksets/upload.html", {"form": form, "kept": kept})
 
 
 @role_required(RESEARCHER)

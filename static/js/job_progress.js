@@ -6,10 +6,25 @@
 // data-reload-when-finished to show the finished job as the server renders it), and the elements
 // the widget fills: [data-job-bar] (a <progress> or a div whose width grows), [data-job-percent],
 // [data-job-status], [data-job-rows] ("done of total"), [data-job-counts] (rows and bytes),
-// [data-job-result] (its value: the link's text) and [data-job-error].
+// [data-job-result] (its value: the link's text) and [data-job-error]. With
+// data-download-when-finished (an export started to be downloaded), the file downloads once written;
+// a page opened after that marks [data-job-download] and downloads it at once.
 "use strict";
 
 (function () {
+  // Once: the URL loses its ?download=1, so a reload or going back does not download again.
+  function download(url) {
+    const link = document.createElement("a");
+    link.href = url;
+    link.download = "";
+    document.body.append(link);
+    link.click();
+    link.remove();
+    history.replaceState(null, "", location.pathname);
+  }
+
+  const ready = document.querySelector("[data-job-download]");
+  if (ready) download(ready.dataset.jobDownload);
   const root = document.querySelector("[data-job-progress]");
   if (!root) return;
   const POLL_MS = 500; // without a socket
@@ -75,7 +90,10 @@
     if (job.finished && !finished) {
       finished = true;
       clearTimeout(timer);
-      if ("reloadWhenFinished" in root.dataset) location.reload();
+      const downloading = root.dataset.downloadWhenFinished && job.status === "succeeded";
+      if (downloading) download(root.dataset.downloadWhenFinished);
+      // A reload at once could cancel the download before its response arrives.
+      if ("reloadWhenFinished" in root.dataset) setTimeout(() => location.reload(), downloading ? 1000 : 0);
     }
   }
 

@@ -119,23 +119,40 @@ def test_parquet_export_has_typed_columns(varied, tmp_path):
     assert json.loads(table.column("metadata").to_pylist()[0])["nested"] == {"list": [1, "two", None]}
 
 
-def test_export_action_and_download(curator_client, varied):
+def test_export_is_one_action_whose_job_page_downloads_the_file(curator_client, varied):
+    """The format is chosen beside the action; the action starts the job at once (no confirmation
+    page) and its job page downloads the file when written."""
     selected = [varied[0].pk, varied[2].pk]
-    data = {"action": "export_selection", "_selected_action": selected, "select_across": 0}
-    page = curator_client.post(CHANGELIST, data | {"index": 0})
-    assert page.status_code == 200 and page.context["count"] == 2
-    response = curator_client.post(CHANGELIST, data | {"confirm": "yes", "format": "jsonl"})
-    job_id = int(response["Location"].rstrip("/").split("/")[-2])
+    data = {"action": "export_selection", "_selected_action": selected, "select_across": 0, "index": 0}
+    assert 'name="export_format"' in curator_client.get(CHANGELIST).content.decode()
+
+    response = curator_client.post(CHANGELIST, data | {"export_format": "jsonl"})
+
+    job_url, _, query = response["Location"].partition("?")
+    assert response.status_code == 302 and query == "download=1"
+    job_id = int(job_url.rstrip("/").split("/")[-2])
+    download_url = reverse("admin:buffer_bufferjob_download", args=[job_id])
+    queued = curator_client.get(response["Location"]).content.decode()
+    assert f'data-download-when-finished="{download_url}"' in queued and "job_progress.js" in queued
     job = run_job("buffer.bufferjob", job_id)
     assert job.result["exported"] == 2 and job.rows_total == 2
 
-    assert services.export_filename(job) in curator_client.get(response["Location"]).content.decode()
-    download = curator_client.get(reverse("admin:buffer_bufferjob_download", args=[job_id]))
+    finished = curator_client.get(response["Location"]).content.decode()
+    assert f'data-job-download="{download_url}"' in finished and services.export_filename(job) in finished
+    assert "data-job-download" not in curator_client.get(job_url).content.decode(), "only when asked"
+    download = curator_client.get(download_url)
     assert download["Content-Disposition"] == f'attachment; filename="experiences-{job_id}.jsonl"'
     assert [json.loads(line)["id"] for line in b"".join(download.streaming_content).splitlines()] == selected
 
     curator_client.post(reverse("admin:buffer_bufferjob_delete", args=[job_id]), {"post": "yes"})
     assert not Path(job.output.path).exists() and not BufferJob.objects.exists()
+
+
+def test_an_unknown_export_format_starts_nothing(curator_client, varied):
+    data = {"action": "export_selection", "_selected_action": [varied[0].pk], "select_across": 0, "index": 0}
+    response = curator_client.post(CHANGELIST, data | {"export_format": "xlsx"}, follow=True)
+    assert "Export: Select a valid choice. xlsx is not one of the available choices." in response.content.decode()
+    assert not BufferJob.objects.exists()
 
 
 def test_a_failed_export_leaves_no_file(varied, monkeypatch, media_root):

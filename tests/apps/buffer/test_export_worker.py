@@ -73,11 +73,10 @@ def test_a_celery_worker_on_the_default_queue_runs_the_export(
             "action": "export_selection",
             "_selected_action": [row.pk for row in rows],
             "select_across": 0,
-            "confirm": "yes",
-            "format": "parquet",
+            "export_format": "parquet",
         },
     )
-    job_id = int(response["Location"].rstrip("/").split("/")[-2])
+    job_id = int(response["Location"].partition("?")[0].rstrip("/").split("/")[-2])
 
     deadline = time.time() + 60
     job = BufferJob.objects.get(pk=job_id)

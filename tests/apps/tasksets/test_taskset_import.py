@@ -303,3 +303,17 @@ def test_100k_row_file_imports_in_bounded_memory(files, mapping):
     assert updates[-1].rows_done == rows and updates[-1].bytes_done == size
     # One batch of 2,000 tasks is a few MB however long the file is (here ~17 MB).
     assert peak < size / 4, f"peak {peak:,} bytes for a {size:,}-byte file"
+
+
+@pytest.mark.parametrize(
+    "defaults, error",
+    [
+        ({"default_workflow": "no_such_flow"}, "unknown workflow 'no_such_flow'; known: multi_turn, single_turn"),
+        ({"default_reward_fn": "vibes"}, "unknown reward fn 'vibes'; known: countdown, exact_match"),
+    ],
+)
+def test_unknown_default_workflow_or_reward_fn_is_refused_before_reading(files, mapping, defaults, error):
+    """A taskset naming an unregistered one would import, then fail every run launched on it."""
+    with pytest.raises(FileImportError, match=error):
+        import_taskset(files.jsonl([good(0)]), name="defaults", mapping=mapping, **defaults)
+    assert not Taskset.objects.filter(name="defaults").exists()

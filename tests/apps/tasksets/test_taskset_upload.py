@@ -1,6 +1,7 @@
 """The upload page, the import job it starts, and the job's status endpoint."""
 
 import json
+import re
 from contextlib import contextmanager
 
 import pytest
@@ -239,3 +240,75 @@ def test_a_finished_job_is_not_run_again(researcher):
     )
     assert jobs.run_job("tasksets.tasksetimport", job.pk).status == "succeeded"
     assert not Taskset.objects.exists()
+
+
+# ---- a form error keeps the file ----
+
+
+def kept_token(page: str) -> str:
+    match = re.search(r'name="staged" value="([^"]+)"', page)
+    assert match, "the page names the kept file"
+    return match.group(1)
+
+
+def test_after_a_form_error_the_file_is_kept_and_the_next_submit_imports_it(
+    researcher_client, eager_celery, media_root, django_capture_on_commit_callbacks
+):
+    Taskset.objects.create(name="taken")
+
+    first = researcher_client.post(UPLOAD_URL, form_data(jsonl_upload(ROWS), name="taken"))
+
+    page = first.content.decode()
+    assert first.status_code == 200 and "Keeping <strong>questions.jsonl</strong>" in page
+    assert not TasksetImport.objects.exists()
+    with django_capture_on_commit_callbacks(execute=True):
+        second = researcher_client.post(UPLOAD_URL, form_data("", name="fresh", staged=kept_token(page)))
+
+    job = TasksetImport.objects.get()
+    assert second.status_code == 302 and (job.status, job.rows_done, job.original_filename) == (
+        "succeeded", 30, "questions.jsonl"
+    )
+    assert Taskset.objects.get(name="fresh").task_count == 30
+    assert not any(p.is_file() for p in media_root.rglob("*")), "the kept file and the upload are deleted"
+
+
+def test_a_new_file_replaces_the_kept_one(researcher_client, media_root):
+    Taskset.objects.create(name="taken")
+    token = kept_token(researcher_client.post(UPLOAD_URL, form_data(jsonl_upload(ROWS), name="taken")).content.decode())
+
+    again = researcher_client.post(
+        UPLOAD_URL, form_data(jsonl_upload(ROWS[:2], name="other.jsonl"), name="taken", staged=token)
+    )
+
+    assert "Keeping <strong>other.jsonl</strong>" in again.content.decode()
+    assert len([p for p in (media_root / "staged").iterdir()]) == 1, "the first kept file is gone"
+
+
+@pytest.mark.parametrize("whose", ["another researcher's", "tampered"])
+def test_a_kept_file_is_used_only_by_its_uploader(researcher_client, client, django_user_model, whose):
+    Taskset.objects.create(name="taken")
+    token = kept_token(researcher_client.post(UPLOAD_URL, form_data(jsonl_upload(ROWS), name="taken")).content.decode())
+    if whose == "tampered":
+        token = token[:-2] + ("AA" if not token.endswith("AA") else "BB")
+    else:
+        other = django_user_model.objects.create_user("other", password="pw")
+        other.groups.add(*researcher_client.get(UPLOAD_URL).wsgi_request.user.groups.all())
+        researcher_client.force_login(other)
+
+    response = researcher_client.post(UPLOAD_URL, form_data("", name="fresh", staged=token))
+
+    assert response.status_code == 200 and not TasksetImport.objects.exists()
+    assert response.context["form"].errors["file"] == ["The file chosen earlier is no longer kept; choose it again."]
+
+
+def test_no_file_and_nothing_kept_asks_for_a_file(researcher_client):
+    response = researcher_client.post(UPLOAD_URL, form_data(""))
+    assert response.context["form"].errors["file"] == ["Choose a file to upload."]
+
+
+def test_workflow_and_reward_fn_are_choices_from_the_registries(researcher_client):
+    page = researcher_client.get(UPLOAD_URL).content.decode()
+    assert '<option value="multi_turn">' in page and '<option value="llm_judge">' in page
+    response = researcher_client.post(UPLOAD_URL, form_data(jsonl_upload(ROWS), default_reward_fn="vibes"))
+    assert "Select a valid choice" in response.context["form"].errors["default_reward_fn"][0]
+    assert not TasksetImport.objects.exists()
