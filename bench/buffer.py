@@ -1,14 +1,19 @@
 """The Postgres buffer (apps/buffer/store.py, through Django): write rate and sample latency.
 
-    python -m bench buffer [--quick]
+    python -m bench buffer [--quick | --full]         10^6 rows (2 x 10^5 with --quick, 10^7 with --full)
+    python -m bench.buffer [--full | --rows N] [--writers 1 2 8]
 
 1. Write rate: experiences per second through `DjangoExperienceBuffer.write`, in batches of 128
    (one explorer step of 16 tasks x 8 samples), each with 512-token arrays (64 prompt ids, 512
    response ids, mask and logprobs), one writer; median of the batches.
-2. Sample latency: `DjangoExperienceBuffer.sample(256)` (claims its rows, SKIP LOCKED) with
-   `--rows` ready rows of the run in the table (10^6 by default; built fast: 1,000 distinct rows
-   COPYed into a staging table, then INSERT ... SELECT over generate_series), while 2 writer
-   processes keep writing 128-row batches; p50 / p95 over the samples, and the writers' rate.
+2. Sample latency: `DjangoExperienceBuffer.sample(256)` (claims its rows, SKIP LOCKED) then
+   `mark_used(consumed=True)`, as a trainer step does, with `--rows` ready rollouts of the run in
+   the table (10^6 by default, 10^7 with --full: ~50 GB of disk) and 1,000 expert rows (built
+   outside the timed part: 1,000 distinct rows COPYed into a staging table, then INSERT ... SELECT
+   over generate_series), while 1, 2 and 8 writer processes keep writing 128-row batches; p50 /
+   p95 of each, and the writers' rate meanwhile.
+3. The plans (EXPLAIN ANALYZE, rolled back) of the statements one sample of rollouts and one of
+   expert data send, printed and saved in bench/results/buffer_plans.txt.
 Runs in its own database (rftweb_d_buffer), dropped at the end. Figures, not pass/fail.
 """
 import multiprocessing
@@ -116,19 +121,31 @@ def fill(run_id: int, rows: int) -> float:
             """,
             [run_id, rows],
         )
+        cursor.execute(  # the expert data a mix or SFT step samples beside the rollouts
+            """
+            INSERT INTO buffer_experience (
+                run_id, explorer_step, group_id, rollout_index, source, status, prompt_text, response_text,
+                prompt_ids, response_ids, action_mask, reward_components, advantage, model_version, priority,
+                use_count, metadata, created_at)
+            SELECT %s, 0, 'expert-' || t.n, 0, 'expert', 'ready', 'What is 12 + 30?', repeat('x', 800),
+                   t.prompt_ids, t.response_ids, t.action_mask, '{}'::jsonb, 0, 0, 0, 0, '{}'::jsonb, now()
+            FROM bench_template t
+            """,
+            [run_id],
+        )
         cursor.execute("DROP TABLE bench_template")
         cursor.execute("ANALYZE buffer_experience")
     return time.perf_counter() - started
 
 
-def buffer(rows: int = 1_000_000, samples: int = 30, writers: int = 2) -> dict:
+def buffer(rows: int = 1_000_000, samples: int = 30, writer_counts=(1, 2, 8)) -> dict:
     admin_sql(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)", f"CREATE DATABASE {DB_NAME}")
     try:
         django_env()
         from django.core.management import call_command
 
         call_command("migrate", verbosity=0)
-        return _measure(rows, samples, writers)
+        return _measure(rows, samples, writer_counts)
     finally:
         from django.db import connections
 
@@ -136,12 +153,12 @@ def buffer(rows: int = 1_000_000, samples: int = 30, writers: int = 2) -> dict:
         admin_sql(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
 
 
-def _measure(rows: int, samples: int, writers: int) -> dict:
+def _measure(rows: int, samples: int, writer_counts) -> dict:
     from apps.accounts.services import create_user
     from apps.buffer.store import DjangoExperienceBuffer
     from apps.runs.models import Run
 
-    results = {"machine": machine(), "rows": rows, "tokens": TOKENS}
+    results = {"machine": machine(), "rows": rows, "tokens": TOKENS, "samples": samples}
     user = create_user("bench", "bench-password-1", roles=["researcher"])
     run = Run.objects.create(name="buffer", owner=user, config={})
     buffer = DjangoExperienceBuffer(run.pk)
@@ -160,68 +177,107 @@ def _measure(rows: int, samples: int, writers: int) -> dict:
           f"load {load()}", flush=True)
 
     results["fill_s"] = fill(run.pk, rows)
-    print(f"filled {rows} rows in {results['fill_s']:.0f} s", flush=True)
+    print(f"filled {rows:,} rows in {results['fill_s']:.0f} s", flush=True)
+    plans = sample_plans(buffer)
+    print(plans, flush=True)
+    (ROOT / "bench" / "results").mkdir(parents=True, exist_ok=True)
+    (ROOT / "bench" / "results" / "buffer_plans.txt").write_text(plans + "\n")
+    results["sample_plans"] = plans
 
-    manager = multiprocessing.Manager()
-    counts = manager.list()
-    stop_at = time.time() + 3600
-    ctx = multiprocessing.get_context("spawn")
-    procs = [ctx.Process(target=writer, args=(run.pk, 10_000 * (k + 1), stop_at, counts)) for k in range(writers)]
+    table_rows = [[f"write {BATCH} x {TOKENS}-token exps", f"{results['write_per_s']:.0f} /s", "one writer"]]
+    for count in writer_counts:
+        figures = with_writers(buffer, run.pk, count, samples)
+        results[f"writers_{count}"] = figures
+        table_rows += [
+            [f"sample 256 of {rows:,} rows, p50 / p95",
+             f"{figures['sample_p50_ms']:.0f} / {figures['sample_p95_ms']:.0f} ms",
+             f"{count} writers: {figures['write_per_s']:.0f} exps/s"],
+            ["mark_used 256 consumed, p50 / p95",
+             f"{figures['mark_used_p50_ms']:.0f} / {figures['mark_used_p95_ms']:.0f} ms", f"{count} writers"],
+        ]
+    results["load_end"] = load()
+    save("buffer", results)
+    print(table(table_rows, ["figure", "value", "with"]))
+    return results
+
+
+def with_writers(buffer, run_id: int, count: int, samples: int) -> dict:
+    """sample(256) then mark_used, `samples` times, while `count` writer processes write."""
     from django.db import connections
 
+    manager = multiprocessing.Manager()
+    written = manager.list()
+    stop_at = time.time() + 3600
+    ctx = multiprocessing.get_context("spawn")
+    procs = [
+        ctx.Process(target=writer, args=(run_id, 100_000 * count + 10_000 * (k + 1), stop_at, written))
+        for k in range(count)
+    ]
     connections.close_all()
     for p in procs:
         p.start()
     deadline = time.time() + 300
-    while len(counts) < 2 * writers and time.time() < deadline:  # the writers are writing
+    while len(written) < 2 * count and time.time() < deadline:  # every writer is writing
         time.sleep(0.5)
-    if not counts:
+    if not written:
         raise RuntimeError("the concurrent writers wrote nothing")
-    latencies = []
-    count_before, started_all = len(counts), time.time()
+    sample_s, mark_s = [], []
+    written_before, started_all = len(written), time.time()
     for _ in range(samples):
         started = time.perf_counter()
         got = buffer.sample(256, sources=["rollout"])
-        latencies.append(time.perf_counter() - started)
+        sampled = time.perf_counter()
+        buffer.mark_used(got, consumed=True)
+        sample_s.append(sampled - started)
+        mark_s.append(time.perf_counter() - sampled)
         assert len(got) == 256
-    # where one sample's time goes (functions by own time), while the writers still write
-    import cProfile
-    import io
-    import pstats
-
-    profiler = cProfile.Profile()
-    profiler.enable()
-    buffer.sample(256, sources=["rollout"])
-    profiler.disable()
-    stream = io.StringIO()
-    pstats.Stats(profiler, stream=stream).sort_stats("tottime").print_stats(20)
-    (ROOT / "bench" / "results").mkdir(parents=True, exist_ok=True)
-    from django.db import connection
-
-    with connection.cursor() as cursor:  # the plan of the sampling query (the same filter and order)
-        cursor.execute(
-            "EXPLAIN (ANALYZE, BUFFERS) SELECT id FROM buffer_experience WHERE run_id = %s AND status = 'ready' "
-            "AND source IN ('rollout') AND claimed_at IS NULL ORDER BY use_count, explorer_step, id LIMIT 256 "
-            "FOR UPDATE SKIP LOCKED", [run.pk])
-        plan = "\n".join(row[0] for row in cursor.fetchall())
-    results["sample_plan"] = plan
-    (ROOT / "bench" / "results" / "buffer_sample_profile.txt").write_text(stream.getvalue() + "\n" + plan + "\n")
-    concurrent_rate = (sum(counts[count_before:]) if len(counts) > count_before else 0) / (time.time() - started_all)
+    rate = sum(written[written_before:]) / (time.time() - started_all)
     for p in procs:
         p.terminate()
         p.join(10)
-    results.update(
-        sample_p50_ms=1000 * percentile(latencies, 0.5), sample_p95_ms=1000 * percentile(latencies, 0.95),
-        samples=samples, writers=writers, concurrent_write_per_s=concurrent_rate, load_end=load(),
-    )
-    save("buffer", results)
-    print(table([[f"write {BATCH} x {TOKENS}-token exps", f"{results['write_per_s']:.0f} /s", "one writer"],
-                 [f"sample 256 of {rows:,} rows, p50", f"{results['sample_p50_ms']:.0f} ms", f"{writers} writers"],
-                 [f"sample 256 of {rows:,} rows, p95", f"{results['sample_p95_ms']:.0f} ms",
-                  f"writers: {concurrent_rate:.0f} exps/s"]],
-                ["figure", "value", "with"]))
-    return results
+    manager.shutdown()
+    print(f"{count} writers: sample p50 {1000 * percentile(sample_s, 0.5):.0f} ms, load {load()}", flush=True)
+    return {
+        "sample_p50_ms": 1000 * percentile(sample_s, 0.5), "sample_p95_ms": 1000 * percentile(sample_s, 0.95),
+        "mark_used_p50_ms": 1000 * percentile(mark_s, 0.5), "mark_used_p95_ms": 1000 * percentile(mark_s, 0.95),
+        "write_per_s": rate,
+    }
+
+
+def sample_plans(buffer) -> str:
+    """EXPLAIN ANALYZE of what one sample of rollouts and one of expert data send (caught as the
+    store sends them, so the plan is of the real statement), each in a transaction rolled back."""
+    from django.db import connection, transaction
+
+    from workers.rft.experience import EXPERT_SOURCES
+
+    plans = []
+    for sources in (["rollout"], list(EXPERT_SOURCES)):
+        sent = []
+
+        def catch(execute, sql, params, many, context, sent=sent):
+            sent.append((sql, params))
+            return execute(sql, params, many, context)
+
+        with connection.execute_wrapper(catch):
+            buffer.sample(256, sources=sources)
+        for sql, params in sent:
+            if "buffer_experience" not in sql or not sql.lstrip().startswith(("SELECT", "WITH", "UPDATE")):
+                continue
+            with transaction.atomic(), connection.cursor() as cursor:
+                cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params)
+                plan = "\n".join(row[0] for row in cursor.fetchall())
+                transaction.set_rollback(True)
+            plans.append(f"-- sample(256, sources={sources}):\n{sql}\n-- params {params}\n{plan}")
+    return "\n\n".join(plans)
 
 
 if __name__ == "__main__":
-    buffer(rows=int(sys.argv[1]) if len(sys.argv) > 1 else 1_000_000)
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m bench.buffer")
+    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument("--full", action="store_true", help="10^7 rows (~50 GB of disk)")
+    parser.add_argument("--writers", type=int, nargs="+", default=[1, 2, 8])
+    args = parser.parse_args()
+    buffer(rows=10_000_000 if args.full else args.rows, writer_counts=args.writers)

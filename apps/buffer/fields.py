@@ -1,4 +1,7 @@
 """Token arrays stored as packed little-endian bytes: a 1,000-token response is 4 KB, not a JSON list."""
+from collections.abc import Sequence
+from itertools import chain
+
 import numpy as np
 from django.db import models
 
@@ -35,13 +38,36 @@ class PackedArrayField(models.BinaryField):
             return b""
         if array.ndim != 1:
             raise ValueError(f"{self.name}: expected a 1-D array, got shape {array.shape}")
+        return self._checked(array).tobytes()
+
+    def pack_many(self, values: Sequence) -> list[bytes | None]:
+        """`pack` of a whole column: one numpy conversion and one check for the batch. Row by row,
+        512 small arrays took a third of a 128-experience write's Python time."""
+        lists = [v for v in values if v is not None and not isinstance(v, (bytes, memoryview))]
+        flat = np.asarray(list(chain.from_iterable(lists)))
+        if flat.ndim != 1:
+            raise ValueError(f"{self.name}: expected 1-D arrays, got rows of shape {flat.shape[1:]}")
+        data = self._checked(flat).tobytes()
+        packed, offset = [], 0
+        for value in values:
+            if value is None or isinstance(value, (bytes, memoryview)):
+                packed.append(None if value is None else bytes(value))
+                continue
+            end = offset + len(value) * self.dtype.itemsize
+            packed.append(data[offset:end])
+            offset = end
+        return packed
+
+    def _checked(self, array: np.ndarray) -> np.ndarray:
+        if array.size == 0:
+            return array.astype(self.dtype)
         if self.dtype.kind in "iu":
             if not np.issubdtype(array.dtype, np.integer):
                 raise ValueError(f"{self.name}: expected integers, got {array.dtype}")
             bounds = np.iinfo(self.dtype)
             if array.min() < bounds.min or array.max() > bounds.max:
                 raise ValueError(f"{self.name}: values outside [{bounds.min}, {bounds.max}]")
-        return array.astype(self.dtype).tobytes()
+        return array.astype(self.dtype)
 
     def from_db_value(self, value, expression, connection):
         return self.unpack(value)

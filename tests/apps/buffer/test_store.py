@@ -54,14 +54,14 @@ def test_a_concurrent_replay_of_the_same_step_wins_harmlessly(run, task_ids, mon
     # Another worker replaying step 0 stores one of its rollouts after this write looked for them.
     buffer = DjangoExperienceBuffer(run.pk)
     step = [rollout(t) for t in task_ids]
-    real_to_row = store.to_row
+    real_insert = store.insert
 
-    def to_row_after_the_other_writer(exp, run_id):
+    def insert_after_the_other_writer(experiences, run_id):
         if not ExperienceRow.objects.filter(run=run).exists():
-            ExperienceRow.objects.bulk_create([real_to_row(step[0], run_id)])
-        return real_to_row(exp, run_id)
+            ExperienceRow.objects.bulk_create([store.to_row(step[0], run_id)])
+        return real_insert(experiences, run_id)
 
-    monkeypatch.setattr(store, "to_row", to_row_after_the_other_writer)
+    monkeypatch.setattr(store, "insert", insert_after_the_other_writer)
     buffer.write(step)
     assert sorted(ExperienceRow.objects.filter(run=run).values_list("task_id", flat=True)) == sorted(task_ids)
 
