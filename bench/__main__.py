@@ -44,7 +44,7 @@ def run_stack_overhead(args):
 def run_buffer(args):
     from bench.buffer import buffer
 
-    return buffer(rows=200_000 if args.quick else 1_000_000)
+    return buffer(rows=10_000_000 if args.full else 200_000 if args.quick else 1_000_000)
 
 
 def run_live_metrics(args):
@@ -100,6 +100,7 @@ BENCHMARKS = {
     "explorers": run_explorers,
     "gpu_step": run_gpu_step,
     "decode": run_decode,
+    "annotate": lambda args: __import__("bench.annotate", fromlist=["run"]).run(args),
 }
 
 
@@ -107,6 +108,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument("name", choices=["all", *BENCHMARKS])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions and steps")
+    parser.add_argument("--full", action="store_true", help="buffer: 10^7 rows (~50 GB of disk)")
     parser.add_argument("--cases", nargs="+", choices=["tiny", "smollm2"], help="grpo_step: which models")
     parser.add_argument("--dtypes", nargs="+", choices=["fp32", "bf16"], help="grpo_step: which dtypes")
     parser.add_argument("--out", help="gpu_step: the folder for gpu_step.json")

@@ -39,6 +39,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    "ninja",  # its Swagger UI template and static files, for /api/docs/ (no CDN)
     "apps.core",
     "apps.accounts",
     "apps.tasksets",

@@ -19,13 +19,14 @@ from django.core.exceptions import PermissionDenied
 from django.db import connections
 from django.db.models import Count, Exists, IntegerField, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce, Length, Substr
-from django.http import FileResponse, Http404, HttpResponseRedirect
+from django.http import Http404, HttpResponseRedirect
 from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
 from apps.core.counts import EstimatedCountPaginator
+from apps.core.streaming import file_response
 from apps.feedback.models import Feedback
 
 from . import exporters, services
@@ -634,4 +635,4 @@ class BufferJobAdmin(admin.ModelAdmin):
             raise PermissionDenied
         if not job.output:
             raise Http404("this job has no file")
-        return FileResponse(job.output.open("rb"), as_attachment=True, filename=services.export_filename(job))
+        return file_response(job.output.open("rb"), as_attachment=True, filename=services.export_filename(job))

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import views
+from . import api, views
 
 urlpatterns = [
     path("", views.start, name="annotate-start"),
@@ -12,6 +12,12 @@ urlpatterns = [
     path("experience/<int:pk>/", views.experience, name="annotate-experience"),
     path("experience/<int:pk>/skip/", views.set_aside, {"postpone": False}, name="annotate-skip"),
     path("experience/<int:pk>/postpone/", views.set_aside, {"postpone": True}, name="annotate-postpone"),
+    # The annotation page's JSON (api.py): items in place, judgements, undo, history.
+    path("api/next/", api.next_item, name="annotate-api-next"),
+    path("api/experience/<int:pk>/", api.item, name="annotate-api-item"),
+    path("api/experience/<int:pk>/<str:action>/", api.judge, name="annotate-api-judge"),
+    path("api/undo/", api.undo, name="annotate-api-undo"),
+    path("api/progress/", api.progress, name="annotate-api-progress"),
     *(
         path(f"experience/<int:pk>/{action}/", views.judge, {"action": action}, name=f"annotate-{action}")
         for action in views.JUDGEMENTS

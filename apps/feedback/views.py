@@ -2,20 +2,24 @@
 import time
 
 from django.contrib import messages
-from django.http import JsonResponse, StreamingHttpResponse
+from django.http import JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from apps.accounts.roles import ANNOTATOR, RESEARCHER, role_required
 from apps.buffer.models import Experience
+from apps.core.streaming import streaming
 from apps.runs.models import Run
 
-from . import services, stats
+from . import queue, services, stats
+from .history import describe
 from .models import RunAnnotators
-from .services import FeedbackError, NotAnnotator
+from .services import FeedbackError, NeedsConfirmation, NotAnnotator
 
 RUN_CHOICES = 50
 SESSION_RUN, SESSION_STRATEGY = "annotate_run", "annotate_strategy"
+SESSION_SINCE = "annotate_since"  # when this login session's count of judgements began (api.py)
 
 
 @role_required(ANNOTATOR)
@@ -23,8 +27,8 @@ def start(request):
     """Choose the run and the strategy; the queue remembers them for the session."""
     if "run" in request.GET:
         run = get_object_or_404(Run, pk=request.GET["run"]) if request.GET["run"].isdigit() else None
-        strategy = request.GET.get("strategy", services.NEWEST)
-        if run is None or strategy not in services.STRATEGIES:
+        strategy = request.GET.get("strategy", queue.NEWEST)
+        if run is None or strategy not in queue.STRATEGIES:
             messages.error(request, "Choose a run and one of the strategies.")
         elif not services.may_annotate(run, request.user):
             messages.error(request, f"You are not an annotator of run {run.name}: its owner assigns who annotates it.")
@@ -34,13 +38,13 @@ def start(request):
     runs = services.annotatable_runs(Run.objects.filter(experiences__isnull=False), request.user)
     choices = []  # (run, items left to the user, how many that reads as)
     for run in runs.distinct().order_by("-created_at")[:RUN_CHOICES]:
-        left = services.items_left(run, request.user)
-        choices.append((run, left, services.items_left_label(left)))
+        left = queue.items_left(run, request.user)
+        choices.append((run, left, queue.items_left_label(left)))
     return render(
         request, "feedback/start.html",
-        {"runs": choices, "strategies": services.STRATEGIES,
+        {"runs": choices, "strategies": queue.STRATEGIES,
          "chosen_run": request.session.get(SESSION_RUN),
-         "chosen_strategy": request.session.get(SESSION_STRATEGY, services.NEWEST)},
+         "chosen_strategy": request.session.get(SESSION_STRATEGY, queue.NEWEST)},
     )
 
 
@@ -50,14 +54,14 @@ def next_item(request):
     if run is None:
         return redirect("annotate-start")
     try:
-        item = services.next_item(run, request.user, request.session.get(SESSION_STRATEGY, services.NEWEST))
+        item = queue.next_item(run, request.user, request.session.get(SESSION_STRATEGY, queue.NEWEST))
     except FeedbackError as exc:
         messages.error(request, str(exc))
         return redirect("annotate-start")
     if item is None:
         # While the run goes on, the page waits on its channel and comes back here when new
         # experiences arrive; a finished run writes none, and the page says so.
-        return render(request, "feedback/empty.html", {"run": run, "reasons": services.why_empty(run, request.user)})
+        return render(request, "feedback/empty.html", {"run": run, "reasons": queue.why_empty(run, request.user)})
     return redirect("annotate-experience", pk=item.pk)
 
 
@@ -70,12 +74,13 @@ def _refused(request, exc: NotAnnotator):
 def experience(request, pk):
     item = get_object_or_404(Experience.objects.select_related("run", "task"), pk=pk)
     try:
-        services.take(item.pk, request.user)
+        queue.take(item.pk, request.user)
         error = None
     except NotAnnotator as exc:
         return _refused(request, exc)
     except FeedbackError as exc:  # this item is not open to them now: the page shows it, read only
         error = str(exc)
+    request.session.setdefault(SESSION_SINCE, timezone.now().isoformat())  # the session count starts here
     if item.run_id:
         request.session[SESSION_RUN] = item.run_id  # after this item the queue goes on with its run
         if error is None:
@@ -83,31 +88,39 @@ def experience(request, pk):
     return _item_page(request, item, error=error)
 
 
-def _item_page(request, item, *, error=None, status=200):
+def _item_page(request, item, *, error=None, confirm=None, status=200):
     # Checked here too, as the last word before any text of the item is shown: a form refused
     # before its service ran (no other response named, say) must not show an outsider the item.
     try:
         services.check_may_annotate(item.run, request.user)
     except NotAnnotator as exc:
         return _refused(request, exc)
+    context = item_context(
+        request, item, error=error, confirm=confirm, edited_text=request.POST.get("text") if error else None
+    )
+    return render(request, "feedback/experience.html", context, status=status)
+
+
+def item_context(request, item, *, error=None, confirm=None, edited_text=None) -> dict:
+    """What templates/feedback/_item.html draws an item from: the page and its JSON fragments
+    (api.py) alike. The caller has checked that the user may annotate the item's run."""
     refusal = services.refusal(item, request.user)
     prompt_turns, response_turns = _split_conversation(item.messages)
-    return render(
-        request, "feedback/experience.html",
-        {
-            "item": item, "error": error if error != refusal else None, "refusal": refusal, "shown_at": time.time(),
-            "other": services.choose_comparison(item) if refusal is None else None,
-            "prompt_turns": prompt_turns, "response_turns": response_turns,
-            "answer": item.task.answer if item.task_id else "", "rubric": services.feedback_settings(item.run).rubric,
-            "scale": services.scale_labels(item.run), "verdicts": services.VERDICTS,
-            "flag_reasons": services.FLAG_REASONS, "holders": services.holders(item, request.user),
-            "items_left": (
-                services.items_left_label(services.items_left(item.run, request.user)) if item.run_id else None
-            ),
-            "max_edit_chars": services.MAX_EDIT_CHARS, "edited_text": request.POST.get("text") if error else None,
-        },
-        status=status,
-    )
+    mine = list(item.feedback.filter(user=request.user).order_by("-updated_at")) if item.pk else []
+    return {
+        "item": item, "error": error if error != refusal else None, "refusal": refusal, "shown_at": time.time(),
+        "confirm": confirm,  # an edit to confirm (it contradicts the reference answer): the question
+        "other": queue.choose_comparison(item) if refusal is None else None,
+        "prompt_turns": prompt_turns, "response_turns": response_turns,
+        "answer": item.task.answer if item.task_id else "", "rubric": services.feedback_settings(item.run).rubric,
+        "scale": services.scale_labels(item.run), "verdicts": services.VERDICTS,
+        "flag_reasons": services.FLAG_REASONS, "holders": queue.holders(item, request.user),
+        "items_left": (
+            queue.items_left_label(queue.items_left(item.run, request.user)) if item.run_id else None
+        ),
+        "mine": [describe(f) for f in mine],  # what the user already said of it (a reopened item)
+        "max_edit_chars": services.MAX_EDIT_CHARS, "edited_text": edited_text,
+    }
 
 
 def _split_conversation(messages) -> tuple[list, list]:
@@ -128,14 +141,16 @@ def _seconds_spent(request) -> float:
         return 0.0
 
 
-# Each judgement: what the form sends, and the service that records it.
+# Each judgement: what the form (or the page's JSON, api.py) sends, and the service that records it.
 JUDGEMENTS = {
-    "rate": lambda request, pk, **kw: services.rate(pk, request.user, request.POST.get("point", ""), **kw),
-    "edit": lambda request, pk, **kw: services.edit(pk, request.user, request.POST.get("text", ""), **kw),
-    "compare": lambda request, pk, **kw: services.compare(
-        pk, _int(request.POST.get("other")), request.user, request.POST.get("verdict", ""), **kw
+    "rate": lambda data, user, pk, **kw: services.rate(pk, user, data.get("point", ""), **kw),
+    "edit": lambda data, user, pk, **kw: services.edit(
+        pk, user, data.get("text", ""), confirmed=bool(data.get("confirm")), **kw
     ),
-    "flag": lambda request, pk, **kw: services.flag(pk, request.user, request.POST.get("reason", ""), **kw),
+    "compare": lambda data, user, pk, **kw: services.compare(
+        pk, _int(data.get("other")), user, data.get("verdict", ""), **kw
+    ),
+    "flag": lambda data, user, pk, **kw: services.flag(pk, user, data.get("reason", ""), **kw),
 }
 
 
@@ -155,10 +170,13 @@ def judge(request, pk, action):
     item = get_object_or_404(Experience.objects.select_related("run", "task"), pk=pk)
     try:
         JUDGEMENTS[action](
-            request, item.pk, seconds_spent=_seconds_spent(request), comment=request.POST.get("comment", "")
+            request.POST, request.user, item.pk,
+            seconds_spent=_seconds_spent(request), comment=request.POST.get("comment", ""),
         )
     except NotAnnotator as exc:
         return _refused(request, exc)
+    except NeedsConfirmation as exc:  # asked once: the form comes back with the question and `confirm` set
+        return _item_page(request, item, confirm=str(exc), error=str(exc), status=400)
     except FeedbackError as exc:
         item.refresh_from_db()
         return _item_page(request, item, error=str(exc), status=400)
@@ -171,7 +189,7 @@ def judge(request, pk, action):
 def set_aside(request, pk, postpone):
     item = get_object_or_404(Experience, pk=pk)
     try:
-        services.set_aside(item.pk, request.user, postpone=postpone)
+        queue.set_aside(item.pk, request.user, postpone=postpone)
     except NotAnnotator as exc:
         return _refused(request, exc)
     return redirect("annotate-next")
@@ -216,6 +234,6 @@ def run_summary(request, run_id):
 @role_required(RESEARCHER)
 def export(request, run_id):
     run = get_object_or_404(Run, pk=run_id)
-    response = StreamingHttpResponse(stats.export_jsonl(run), content_type="application/jsonl")
+    response = streaming(stats.export_jsonl(run), content_type="application/jsonl")
     response["Content-Disposition"] = f'attachment; filename="feedback-run-{run.pk}.jsonl"'
     return response

@@ -25,6 +25,7 @@ from apps.buffer.models import Experience
 from apps.tasksets.models import Taskset
 from workers.rft.config import ConfigError, check_config_value, parse_config_text, parse_reward_fn_text
 
+from . import notes
 from .models import Run
 
 FORM, YAML = "form", "yaml"
@@ -322,6 +323,8 @@ class RunFilterForm(forms.Form):
     owner = forms.ModelChoiceField(
         required=False, queryset=get_user_model().objects.none(), to_field_name="username", empty_label="anyone"
     )
+    tag = forms.CharField(required=False, max_length=notes.MAX_TAG_LENGTH,
+                          widget=forms.TextInput(attrs={"placeholder": "tag", "size": 12, "aria-label": "tag"}))
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -338,7 +341,15 @@ class RunFilterForm(forms.Form):
             runs = runs.filter(status=data["status"])
         if data.get("owner"):
             runs = runs.filter(owner=data["owner"])
+        if data.get("tag"):
+            runs = notes.with_tag(runs, data["tag"])
         return runs
+
+    def clean_tag(self):
+        tag = self.cleaned_data["tag"].strip().lower()
+        if tag and not notes.TAG.fullmatch(tag):
+            raise forms.ValidationError(f"{tag!r} is not a tag: a tag has {notes.TAG_RULE}")
+        return tag
 
 
 class RolloutFilterForm(forms.Form):

@@ -58,6 +58,10 @@ class Run(models.Model):
     # alone: it is in no form, page or API answer (editable=False keeps it out of the admin's).
     secret = models.CharField(max_length=64, default=new_secret, editable=False)
     live_seq = models.PositiveBigIntegerField(default=0, help_text="number of the last live message sent")
+    # What the owner (or a curator) wrote about the run, and its tags: lowercase words the runs
+    # list filters by (apps/runs/notes.py checks and saves both).
+    notes = models.TextField(blank=True)
+    tags = models.JSONField(default=list, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
@@ -87,7 +91,7 @@ class MetricPoint(models.Model):
     role = models.CharField(max_length=10, choices=Role.choices)
     step = models.PositiveIntegerField()
     values = models.JSONField()
-    time = models.DateTimeField(auto_now_add=True)
+    time = models.DateTimeField(auto_now_add=True)  # when it was recorded: the charts' wall-time axis
 
     class Meta:
         ordering = ["run", "role", "step"]

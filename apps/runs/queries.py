@@ -108,16 +108,23 @@ def checkpoint_schedule(run: Run) -> str:
 
 
 def metrics_by_role(run: Run, *, role: str | None = None, since: int | None = None) -> dict:
-    """{role: [{step, values}]} in step order; `since` keeps the steps after it."""
+    """{role: [{step, time, values}]} in step order, time in Unix seconds (when the point was
+    recorded: the charts' time axes); `since` keeps the steps after it."""
     points = run.metrics.all()
     if role:
         points = points.filter(role=role)
     if since is not None:
         points = points.filter(step__gt=since)
     metrics = {}
-    for point_role, step, values in points.order_by("role", "step").values_list("role", "step", "values"):
-        metrics.setdefault(point_role, []).append({"step": step, "values": values})
+    rows = points.order_by("role", "step").values_list("role", "step", "time", "values")
+    for point_role, step, time, values in rows:
+        metrics.setdefault(point_role, []).append({"step": step, "time": unix_time(time), "values": values})
     return dict(sorted(metrics.items(), key=lambda item: _role_rank(item[0])))
+
+
+def unix_time(time) -> float:
+    """A point's time as the live path carries it: Unix seconds, to the millisecond."""
+    return round(time.timestamp(), 3)
 
 
 def _role_rank(role: str) -> int:

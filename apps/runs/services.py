@@ -16,6 +16,7 @@ from workers.rft.synchronizer import SPLIT_SYNC_METHODS
 from .config_checks import model_issues
 from .live import publisher
 from .models import MetricPoint, Run
+from .queries import unix_time
 
 Status = Run.Status
 
@@ -73,7 +74,8 @@ def record_metrics(run: Run, role: str, step: int, values: dict) -> MetricPoint:
     point, _ = MetricPoint.objects.update_or_create(
         run=run, role=role, step=step, defaults={"values": values, "time": timezone.now()}
     )
-    broadcast(run.pk, {"type": "metrics", "role": role, "step": step, "values": values})
+    broadcast(run.pk, {"type": "metrics", "role": role, "step": step, "time": unix_time(point.time),
+                       "values": values})
     return point
 
 

@@ -52,6 +52,7 @@ from rftweb.celery import enqueue
 from . import capacity, services
 from .checkpoints import run_checkpoint_dir
 from .live import publisher
+from .logs import DutyLog
 from .models import Run
 from .services import NODE_DUTY, duties_of_run
 
@@ -213,6 +214,14 @@ def serve(run_id: int, duty: str) -> str:
     )
     if not claimed:
         return "skipped"
+    # What this duty's threads log while it serves goes to the run page's Logs panel (logs.py).
+    with DutyLog(run_dir(run), run_id, duty, secrets=[run.secret], clean=without_server_paths):
+        return serve_claimed(run, duty, me)
+
+
+def serve_claimed(run: Run, duty: str, me: str) -> str:
+    """serve, once `me` holds the duty."""
+    run_id = run.pk
     beat = Heartbeat(run, duty, me, settings.RFTWEB_HEARTBEAT_INTERVAL)
     beat.start()
     failure = broke = handed_back = None

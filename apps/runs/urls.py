@@ -1,13 +1,12 @@
-from django.urls import path
+from django.urls import include, path
 
-from . import api, views
+from . import api, views, views_compare, views_logs
 
 urlpatterns = [
     path("", views.home, name="home"),
     path("runs/", views.run_list, name="run-list"),
     path("runs/new/", views.run_launch, name="run-launch"),
     path("runs/stop/", views.run_bulk_stop, name="run-bulk-stop"),
-    path("runs/compare/", views.run_compare, name="run-compare"),
     path("runs/plotly.min.js", views.plotly_js, name="plotly-js"),
     path("runs/<int:pk>/", views.run_detail, name="run-detail"),
     path("runs/<int:pk>/live.json", views.run_live, name="run-live"),
@@ -18,16 +17,17 @@ urlpatterns = [
     path("runs/<int:pk>/rollouts/", views.run_rollouts, name="run-rollouts"),
     path("runs/<int:pk>/checkpoints/<int:version>/download/", views.checkpoint_download, name="checkpoint-download"),
     path("workers/", views.worker_list, name="worker-list"),
+    # [runs-compare helper: compare, downloads, tags]
+    path("runs/compare/", views_compare.run_compare, name="run-compare"),
+    path("runs/compare/metrics.csv", views_compare.compare_metrics_csv, name="compare-metrics-csv"),
+    path("runs/compare/metrics.json", views_compare.compare_metrics_json, name="compare-metrics-json"),
+    path("runs/<int:pk>/metrics.csv", views_compare.run_metrics_csv, name="run-metrics-csv"),
+    path("runs/<int:pk>/metrics.json", views_compare.run_metrics_json, name="run-metrics-json"),
+    path("runs/<int:pk>/notes/", views_compare.run_notes, name="run-notes"),
+    # [run-page helper: logs]
+    path("runs/<int:pk>/logs.json", views_logs.run_logs, name="run-logs"),
     # The JSON API (docs/api.md). The token page is HTML, for a logged-in researcher.
-    path("api/", api.index, name="api-index"),
+    path("api/", include(api.urlpatterns)),  # ninja's routes (apps/runs/api/), each with its api-... name
     path("api/token/", views.api_token, name="api-token"),
-    path("api/runs/", api.runs, name="api-runs"),
-    path("api/runs/<int:pk>/", api.run_detail, name="api-run"),
-    path("api/runs/<int:pk>/duties/", api.run_duties, name="api-run-duties"),
-    path("api/runs/<int:pk>/metrics/", api.run_metrics, name="api-run-metrics"),
-    path("api/runs/<int:pk>/experiences/", api.run_experiences, name="api-run-experiences"),
-    path("api/runs/<int:pk>/pause/", api.run_action, {"action": "pause"}, name="api-run-pause"),
-    path("api/runs/<int:pk>/resume/", api.run_action, {"action": "resume"}, name="api-run-resume"),
-    path("api/runs/<int:pk>/stop/", api.run_action, {"action": "stop"}, name="api-run-stop"),
-    path("api/workers/", api.workers, name="api-workers"),
+    path("api/docs/", api.docs_page, name="api-docs"),
 ]

@@ -8,7 +8,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.http import FileResponse, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import FileResponse, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.cache import patch_vary_headers
@@ -18,7 +18,8 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
 from apps.accounts.roles import RESEARCHER, has_role, role_required
-from apps.tasksets.models import Taskset
+from apps.core.streaming import streaming
+from apps.tasksets.models import Task, Taskset
 from workers.rft.config import ConfigError
 
 from . import capacity, queries, services, supervision
@@ -31,7 +32,6 @@ from .presets import DEFAULT_PRESET, PRESETS, preset_config
 
 RUNS_PER_PAGE = 50
 GROUPS_PER_PAGE = 10
-COMPARE_PICKER_RUNS = 50
 # plotly.js's "basic" bundle (scatter, bar, pie: the pages draw only scatter lines), a quarter of
 # the full one: `npm pack plotly.js-basic-dist-min@<version>`, then its plotly-basic.min.js.
 PLOTLY_JS = settings.BASE_DIR / "static" / "vendor" / "plotly-basic.min.js"
@@ -244,7 +244,7 @@ def checkpoint_download(request, pk, version):
     checkpoint = get_object_or_404(Checkpoint.objects.select_related("run"), run_id=pk, version=version)
     name = f"{slugify(checkpoint.run.name) or 'run'}-{pk}-v{version}"
     chunks, size = tar_stream(run_checkpoint_dir(checkpoint, supervision.run_dir(checkpoint.run)), name)
-    response = StreamingHttpResponse(chunks, content_type="application/x-tar")
+    response = streaming(chunks, content_type="application/x-tar")
     response["Content-Length"] = str(size)
     response["Content-Disposition"] = content_disposition_header(as_attachment=True, filename=f"{name}.tar")
     return response
@@ -256,46 +256,16 @@ def run_rollouts(request, pk):
     filters = RolloutFilterForm(request.GET)
     matching = filters.filter(run.experiences.all())
     page = Paginator(queries.group_keys(matching), GROUPS_PER_PAGE).get_page(request.GET.get("page"))
+    groups = queries.rollout_groups(run, page.object_list, matching)
+    # Each group answers one task: its reference answer goes beside the responses.
+    task_ids = {group.experiences[0].task_id for group in groups if group.experiences}
+    tasks = Task.objects.select_related("taskset").in_bulk(task_ids - {None})
+    for group in groups:
+        group.task = tasks.get(group.experiences[0].task_id) if group.experiences else None
     return render(
         request,
         "runs/rollouts.html",
-        {
-            "run": run,
-            "filters": filters,
-            "page": page,
-            "groups": queries.rollout_groups(run, page.object_list, matching),
-            "matching_count": matching.count(),
-        },
-    )
-
-
-@role_required(RESEARCHER)
-def run_compare(request):
-    """Overlay the metrics of the runs picked (?runs=1&runs=2): one chart per metric, a trace per run."""
-    picked_ids = [int(pk) for pk in request.GET.getlist("runs") if pk.isdigit()]
-    picked = Run.objects.select_related("owner").in_bulk(picked_ids)
-    picked_runs = [picked[pk] for pk in dict.fromkeys(picked_ids) if pk in picked]
-    choices = list(Run.objects.select_related("owner")[:COMPARE_PICKER_RUNS])
-    choices += [run for run in picked_runs if run not in choices]
-    series = [
-        {
-            "id": run.pk,
-            "name": run.name,
-            "metrics_url": reverse("api-run-metrics", args=[run.pk]),
-            "url": reverse("run-detail", args=[run.pk]),
-        }
-        for run in picked_runs
-    ]
-    return render(
-        request,
-        "runs/compare.html",
-        {
-            "choices": choices,
-            "picked": {run.pk for run in picked_runs},
-            "series": series,
-            "overview": queries.overview_charts(),
-            "plotly_version": PLOTLY_VERSION,
-        },
+        {"run": run, "filters": filters, "page": page, "groups": groups, "matching_count": matching.count()},
     )
 
 

@@ -1,9 +1,15 @@
-// The annotation page: keyboard shortcuts, and the run's annotation channel (who takes what, new
-// experiences). The messages are hints; the server checks every judgement, so nothing here is trusted.
+// The annotation page as a single page: items are swapped in place (the server renders each as an
+// HTML fragment, apps/feedback/api.py), the next item is fetched while this one is judged, and keys
+// pressed while a judgement is saved or the next item loads are queued and applied to that next
+// item once it is shown: never lost, never applied to the item before. `u` undoes, `h` shows the
+// history. The run's annotation channel says who takes what. Messages and the page are hints: the
+// server checks every judgement, so nothing here is trusted.
 "use strict";
 
 const ANNOTATE_FORBIDDEN = 4403; // the consumer's close code for "not allowed": retrying will not help
 const ANNOTATE_RETRY_MS = [1000, 30000];
+const RUN_FINISHED = ["stopped", "completed", "failed"];
+const MODIFIERS = ["Control", "Shift", "Alt", "Meta", "CapsLock"];
 
 function annotateSocket(path, onMessage) {
   const dot = document.getElementById("live");
@@ -23,8 +29,6 @@ function annotateSocket(path, onMessage) {
   connect();
 }
 
-const RUN_FINISHED = ["stopped", "completed", "failed"];
-
 // An empty queue waits for the explorer's next step, then asks for an item again; when the run
 // finishes, the page comes back saying so.
 function watchEmptyQueue(root) {
@@ -34,110 +38,355 @@ function watchEmptyQueue(root) {
   });
 }
 
-function annotateItem(root) {
-  const experience = Number(root.dataset.experience);
-  const me = root.dataset.me;
-  const panels = [...root.querySelectorAll(".panel")];
-  const editForm = document.getElementById("edit-form");
-  const editor = document.getElementById("edit-text");
-  const response = document.getElementById("response");
-  const responseShown = !("turns" in response.dataset); // a multi-turn item shows its turns instead
-  let panel = 0; // index of the active panel
-  let choice = -1; // index of the selected button in it
-
-  const buttons = () => [...panels[panel].querySelectorAll(".choice")];
-  const show = () => {
-    panels.forEach((p, i) => p.classList.toggle("active", i === panel));
-    root.querySelectorAll(".choice").forEach((b) => b.classList.remove("selected"));
-    if (choice >= 0) buttons()[choice].classList.add("selected");
-    // B and the "A:" label belong to the comparison: while rating or flagging, one response is shown.
-    const comparing = panels[panel] && panels[panel].dataset.panel === "compare";
-    root.querySelectorAll(".compare-only").forEach((el) => { el.hidden = !comparing; });
-  };
-  const activate = (name) => { panel = panels.findIndex((p) => p.dataset.panel === name); if (panel < 0) panel = 0; choice = -1; show(); };
-  const submitChoice = () => { if (choice >= 0) buttons()[choice].click(); };
-  // Editing happens in place: the response turns into the editor, so it is never shown twice.
-  const startEditing = () => {
-    panels.forEach((p) => p.classList.remove("active")); // keys go to the editor now, not to a panel
-    editForm.hidden = false;
-    response.hidden = true;
-    editor.focus();
-    editor.setSelectionRange(editor.value.length, editor.value.length);
-  };
-  const stopEditing = () => {
-    editForm.hidden = true;
-    response.hidden = !responseShown;
-    editor.blur();
-    show();
-  };
-
-  document.addEventListener("keydown", (event) => {
-    if (editor && event.target === editor) {
-      if (event.key === "Enter" && (event.ctrlKey || event.metaKey)) { event.preventDefault(); editForm.requestSubmit(); }
-      if (event.key === "Escape") stopEditing();
-      return;
-    }
-    if (event.ctrlKey || event.metaKey || event.altKey) return;
-    if (!panels.length) { // nothing to judge here: Enter goes on to the next item
-      if (event.key === "Enter" && document.getElementById("next")) document.getElementById("next").click();
-      return;
-    }
-    const count = buttons().length;
-    const keyed = buttons().findIndex((b) => b.dataset.key === event.key);
-    if (/^[0-9]$/.test(event.key) && keyed >= 0) { choice = keyed; show(); }
-    else if (event.key === "ArrowRight") { choice = Math.min(choice + 1, count - 1); show(); }
-    else if (event.key === "ArrowLeft") { choice = Math.max(choice - 1, 0); show(); }
-    else if (event.key === "ArrowDown") { panel = (panel + 1) % panels.length; choice = -1; show(); }
-    else if (event.key === "ArrowUp") { panel = (panel + panels.length - 1) % panels.length; choice = -1; show(); }
-    else if (event.key === "Enter") submitChoice();
-    else if (event.key === "r") activate("rate");
-    else if (event.key === "c") activate("compare");
-    else if (event.key === "f") activate("flag");
-    else if (event.key === "e") startEditing();
-    else if (event.key === "s") document.getElementById("skip").click();
-    else if (event.key === "p") document.getElementById("postpone").click();
-    else return;
-    event.preventDefault();
-  });
-  if (editForm) {
-    document.getElementById("edit").addEventListener("click", startEditing);
-    document.getElementById("edit-cancel").addEventListener("click", stopEditing);
-    if (!editForm.hidden) editor.focus(); // the server refused an edit: carry on editing it
+class AnnotationPage {
+  constructor(page) {
+    this.page = page;
+    this.container = document.getElementById("annotate-item");
+    this.me = page.dataset.me;
+    this.busy = false; // a judgement, undo or item load is under way: keys wait in the queue
+    this.queue = []; // keys pressed meanwhile, for the next item shown
+    this.runNote = null; // "the run has failed ..." once heard: every item shown keeps saying it
+    this.prefetch = null; // a Promise of the next item ({id, html, judgeable} or null)
+    this.bindItem();
+    document.addEventListener("keydown", (event) => this.onKey(event));
+    this.container.addEventListener("submit", (event) => this.onSubmit(event));
+    this.container.addEventListener("click", (event) => this.onClick(event));
+    document.getElementById("undo").addEventListener("click", () => this.undo());
+    document.getElementById("history-toggle").addEventListener("click", () => this.toggleHistory());
+    document.getElementById("history-list").addEventListener("click", (event) => this.onHistoryClick(event));
+    for (const id of ["undo", "history-toggle"]) document.getElementById(id).hidden = false;
+    this.request("GET", page.dataset.progressUrl).then(({ ok, data }) => { if (ok) this.showProgress(data); });
+    this.prefetchNext();
+    if (page.dataset.socket) annotateSocket(page.dataset.socket, (message) => this.onMessage(message));
   }
-  show();
 
-  if (!root.dataset.socket) return; // imported data: no run, no channel
-  const holders = new Set(document.getElementById("holders").textContent.split(", ").filter(Boolean));
-  const showHolders = () => {
-    document.getElementById("holders").textContent = [...holders].join(", ");
-    document.getElementById("taken-notice").hidden = holders.size === 0;
-  };
-  // New experiences are a quiet count beside the queue's size, not a notice: the item at hand matters more.
-  const openedAtStep = Number(root.dataset.step);
-  annotateSocket(root.dataset.socket, (message) => {
+  // -- the item on screen --------------------------------------------------------------------------
+
+  bindItem() {
+    const root = document.getElementById("annotate");
+    this.itemId = Number(root.dataset.experience);
+    this.panels = [...root.querySelectorAll(".panel")];
+    this.editForm = document.getElementById("edit-form");
+    this.editor = document.getElementById("edit-text");
+    this.response = document.getElementById("response");
+    this.responseShown = !("turns" in this.response.dataset); // a multi-turn item shows its turns instead
+    this.confirmBox = document.getElementById("confirm");
+    this.panel = 0; // index of the active panel
+    this.choice = -1; // index of the selected button in it
+    this.editing = Boolean(this.editForm && !this.editForm.hidden); // the server refused an edit: carry on
+    this.holders = new Set((document.getElementById("holders")?.textContent || "").split(", ").filter(Boolean));
+    this.shownAt = performance.now();
+    if (this.runNote) this.setText("queue-note", this.runNote);
+    if (this.editing) this.editor.focus();
+    // A changed edit is a new question: the reference check asks again when it is saved.
+    this.editor?.addEventListener("input", () => { this.confirmBox.hidden = true; });
+    this.show();
+  }
+
+  render(item) {
+    this.container.innerHTML = item.html;
+    history.replaceState(null, "", this.page.dataset.pageUrl.replace("/0/", `/${item.id}/`));
+    document.title = `Experience ${item.id}`;
+    window.scrollTo(0, 0);
+    this.bindItem();
+  }
+
+  setText(id, text) {
+    const element = document.getElementById(id);
+    if (element) element.textContent = text;
+  }
+
+  buttons() { return this.panels.length ? [...this.panels[this.panel].querySelectorAll(".choice")] : []; }
+
+  show() {
+    this.panels.forEach((p, i) => p.classList.toggle("active", i === this.panel && !this.editing));
+    this.container.querySelectorAll(".choice").forEach((b) => b.classList.remove("selected"));
+    if (this.choice >= 0) this.buttons()[this.choice].classList.add("selected");
+    // B and the "A:" label belong to the comparison: while rating or flagging, one response is shown.
+    const comparing = !this.editing && this.panels[this.panel]?.dataset.panel === "compare";
+    this.container.querySelectorAll(".compare-only").forEach((el) => { el.hidden = !comparing; });
+  }
+
+  activate(name) {
+    this.panel = Math.max(this.panels.findIndex((p) => p.dataset.panel === name), 0);
+    this.choice = -1;
+    this.show();
+  }
+
+  // Editing happens in place: the response turns into the editor, so it is never shown twice.
+  startEditing() {
+    if (!this.editForm) return;
+    this.editing = true;
+    this.editForm.hidden = false;
+    this.response.hidden = true;
+    this.editor.focus();
+    this.editor.setSelectionRange(this.editor.value.length, this.editor.value.length);
+    this.show();
+  }
+
+  stopEditing() {
+    this.editing = false;
+    this.editForm.hidden = true;
+    this.confirmBox.hidden = true;
+    this.response.hidden = !this.responseShown;
+    this.editor.blur();
+    this.show();
+  }
+
+  // -- keys ----------------------------------------------------------------------------------------
+
+  onKey(event) {
+    if (MODIFIERS.includes(event.key) || event.isComposing) return;
+    const key = { key: event.key, ctrl: event.ctrlKey || event.metaKey, alt: event.altKey, inEditor: event.target === this.editor };
+    if (this.busy) { // for the next item: kept, in order, until it is shown
+      if (key.alt) return;
+      this.queue.push(key);
+      event.preventDefault();
+      return;
+    }
+    if (this.handle(key, false)) event.preventDefault();
+  }
+
+  // One key, live or replayed from the queue; true when the page used it.
+  handle(key, replayed) {
+    if (this.editing && (key.inEditor || replayed)) return this.editorKey(key, replayed);
+    if (key.ctrl || key.alt) return false;
+    if (this.confirming()) {
+      if (key.key === "Enter") this.editForm.requestSubmit();
+      else if (key.key === "Escape") { this.confirmBox.hidden = true; this.editor.focus(); }
+      else return false;
+      return true;
+    }
+    if (key.key === "u") { this.undo(); return true; }
+    if (key.key === "h") { this.toggleHistory(); return true; }
+    if (!this.panels.length) { // nothing to judge here: Enter goes on to the next item
+      if (key.key === "Enter" && document.getElementById("next")) { this.showNext(); return true; }
+      return false;
+    }
+    const count = this.buttons().length;
+    const keyed = this.buttons().findIndex((b) => b.dataset.key === key.key);
+    if (/^[0-9]$/.test(key.key) && keyed >= 0) this.choice = keyed;
+    else if (key.key === "ArrowRight") this.choice = Math.min(this.choice + 1, count - 1);
+    else if (key.key === "ArrowLeft") this.choice = Math.max(this.choice - 1, 0);
+    else if (key.key === "ArrowDown") { this.panel = (this.panel + 1) % this.panels.length; this.choice = -1; }
+    else if (key.key === "ArrowUp") { this.panel = (this.panel + this.panels.length - 1) % this.panels.length; this.choice = -1; }
+    else if (key.key === "Enter") { if (this.choice >= 0) this.buttons()[this.choice].click(); return true; }
+    else if (key.key === "r") this.activate("rate");
+    else if (key.key === "c") this.activate("compare");
+    else if (key.key === "f") this.activate("flag");
+    else if (key.key === "e") { this.startEditing(); return true; }
+    else if (key.key === "s") { document.getElementById("skip").click(); return true; }
+    else if (key.key === "p") { document.getElementById("postpone").click(); return true; }
+    else return false;
+    this.show();
+    return true;
+  }
+
+  // A key for the editor. Live, the browser types it; replayed (typed while the item loaded), the
+  // page types it, as the browser would have.
+  editorKey(key, replayed) {
+    const editor = this.editor;
+    if (key.key === "Enter" && key.ctrl) { this.editForm.requestSubmit(); return true; }
+    if (key.key === "Escape") { this.stopEditing(); return true; }
+    if (!replayed) return false;
+    const [start, end] = [editor.selectionStart, editor.selectionEnd];
+    if (key.ctrl && key.key === "a") editor.select();
+    else if (key.key === "Backspace") editor.setRangeText("", start === end ? Math.max(start - 1, 0) : start, end, "end");
+    else if (key.key === "Enter") editor.setRangeText("\n", start, end, "end");
+    else if (key.key.length === 1 && !key.ctrl) editor.setRangeText(key.key, start, end, "end");
+    return true;
+  }
+
+  confirming() { return Boolean(this.confirmBox && !this.confirmBox.hidden); }
+
+  // The queue's keys, in order, until one starts a judgement (the rest wait for the item after).
+  release() {
+    this.busy = false;
+    while (!this.busy && this.queue.length) this.handle(this.queue.shift(), true);
+  }
+
+  dropQueue(why) {
+    if (this.queue.length) this.notify(`${this.queue.length} key(s) typed meanwhile were not applied: ${why}`, "error");
+    this.queue = [];
+  }
+
+  // -- talking to the server -----------------------------------------------------------------------
+
+  async request(method, url, body) {
+    try {
+      const response = await fetch(url, {
+        method, credentials: "same-origin",
+        headers: { "Content-Type": "application/json", "X-CSRFToken": this.page.dataset.csrf, Accept: "application/json" },
+        body: body === undefined ? undefined : JSON.stringify(body),
+      });
+      if (!(response.headers.get("Content-Type") || "").includes("json")) {
+        if (response.redirected) location.reload(); // signed out: the login page, then back here
+        return { ok: false, status: response.status, data: { error: `the server answered ${response.status}` } };
+      }
+      return { ok: response.ok, status: response.status, data: await response.json() };
+    } catch (error) {
+      return { ok: false, status: 0, data: { error: `the server could not be reached (${error.message}): try again` } };
+    }
+  }
+
+  itemUrl(id) { return this.page.dataset.itemUrl.replace("/0/", `/${id}/`); }
+
+  prefetchNext() {
+    const url = `${this.page.dataset.nextUrl}?exclude=${this.itemId}`;
+    this.prefetch = this.request("GET", url).then(({ ok, data }) => (ok ? data.item : null));
+  }
+
+  onSubmit(event) {
+    event.preventDefault(); // every form of the item goes as JSON, keyboard or mouse alike
+    if (this.busy) return;
+    const form = event.target;
+    const action = new URL(form.action).pathname.split("/").filter(Boolean).pop();
+    const fields = Object.fromEntries(new FormData(form, event.submitter));
+    delete fields.csrfmiddlewaretoken;
+    delete fields.shown_at;
+    delete fields.confirm;
+    if (action === "edit" && this.confirming()) fields.confirm = true;
+    this.judge(action, fields);
+  }
+
+  async judge(action, fields) {
+    this.busy = true;
+    const seconds = ((performance.now() - this.shownAt) / 1000).toFixed(3);
+    const { ok, status, data } = await this.request("POST", `${this.itemUrl(this.itemId)}${action}/`, { ...fields, seconds });
+    if (ok) {
+      this.showProgress(data);
+      // A comparison judges B too: B fetched ahead as the next item is judged already.
+      await this.showNext(action === "compare" ? Number(fields.other) : null);
+      return;
+    }
+    if (status === 409 && data.confirm) { // asked once: Enter again saves
+      this.dropQueue("the edit needs confirming");
+      this.setText("confirm-question", data.confirm);
+      this.confirmBox.hidden = false;
+      document.getElementById("confirm-save").focus();
+    } else {
+      this.dropQueue("the judgement was refused");
+      if (data.item) this.render(data.item);
+      this.notify(data.error, "error");
+    }
+    this.release();
+  }
+
+  async showNext(judged = null) {
+    this.busy = true;
+    let next = await this.prefetch;
+    if (!next || next.id === judged) {
+      next = (await this.request("GET", `${this.page.dataset.nextUrl}?exclude=${this.itemId},${judged || ""}`)).data.item;
+    }
+    if (!next) { location.assign(this.page.dataset.queueUrl); return; } // the queue's page says why it is empty
+    this.render(next);
+    this.prefetchNext();
+    this.release();
+  }
+
+  async open(id) {
+    this.busy = true;
+    const { ok, data } = await this.request("GET", this.itemUrl(id));
+    if (ok) { this.render(data.item); this.prefetchNext(); } else this.notify(data.error, "error");
+    this.release();
+  }
+
+  async undo(feedbackId) {
+    this.busy = true;
+    const body = feedbackId === undefined ? {} : { feedback: feedbackId };
+    const { ok, data } = await this.request("POST", this.page.dataset.undoUrl, body);
+    if (ok) {
+      this.notify(data.message, data.trained_on_step === null ? "done" : "warning");
+      this.showProgress(data);
+      this.render(data.item);
+      this.prefetchNext();
+    } else {
+      this.notify(data.error, "error");
+    }
+    this.release();
+  }
+
+  // -- the bar: session count, notices, history ------------------------------------------------------
+
+  notify(text, kind) {
+    const notice = document.getElementById("notice");
+    notice.textContent = text;
+    notice.className = `notice ${kind}`;
+    notice.hidden = false;
+  }
+
+  showProgress(data) {
+    if (!("session_count" in data)) return;
+    const count = document.getElementById("session-count");
+    count.textContent = `${data.session_count} judged this session`;
+    count.hidden = false;
+    const list = document.getElementById("history-list");
+    list.replaceChildren(...data.history.map((entry) => {
+      const li = document.createElement("li");
+      const open = document.createElement("button");
+      open.type = "button";
+      open.className = "history-open";
+      open.dataset.item = entry.item;
+      const when = new Date(entry.at).toLocaleTimeString();
+      const trained = entry.trained_on_step === null ? "" : ` · trained on at step ${entry.trained_on_step}`;
+      open.textContent = `#${entry.item} ${entry.summary} · ${when}${trained}`;
+      const undo = document.createElement("button");
+      undo.type = "button";
+      undo.className = "btn secondary small history-undo";
+      undo.dataset.feedback = entry.id;
+      undo.textContent = "Undo";
+      li.append(open, undo);
+      return li;
+    }));
+    if (!data.history.length) list.replaceChildren(Object.assign(document.createElement("li"), { className: "muted", textContent: "nothing judged yet" }));
+  }
+
+  toggleHistory() {
+    const panel = document.getElementById("history");
+    panel.hidden = !panel.hidden;
+    document.getElementById("history-toggle").setAttribute("aria-expanded", String(!panel.hidden));
+  }
+
+  onHistoryClick(event) {
+    const button = event.target.closest("button");
+    if (!button || this.busy) return;
+    if (button.dataset.feedback) this.undo(Number(button.dataset.feedback));
+    else if (button.dataset.item) this.open(Number(button.dataset.item));
+  }
+
+  onClick(event) {
+    if (event.target.closest("#edit")) this.startEditing();
+    else if (event.target.closest("#edit-cancel")) this.stopEditing();
+    else if (event.target.closest("#next")) { event.preventDefault(); if (!this.busy) this.showNext(); }
+  }
+
+  // -- the run's channel ------------------------------------------------------------------------------
+
+  onMessage(message) {
     if (message.type === "run_status" && RUN_FINISHED.includes(message.status)) {
       // Not a reload: the annotator may be halfway through an edit. The server says at submit
       // whether this item can still be judged.
-      const note = document.getElementById("queue-note");
-      if (note) note.textContent = `the run has ${message.status}: no new items will come`;
+      this.runNote = `the run has ${message.status}: no new items will come`;
+      this.setText("queue-note", this.runNote);
       return;
     }
     if (message.type === "new_experiences") {
-      const steps = message.explorer_step - openedAtStep;
-      const note = document.getElementById("new-steps");
-      if (note && steps > 0) note.textContent = ` · +${steps} explorer step${steps === 1 ? "" : "s"} since`;
+      // New experiences are a quiet count beside the queue's size, not a notice: the item at hand matters more.
+      const steps = message.explorer_step - Number(this.page.dataset.step);
+      if (steps > 0) this.setText("new-steps", ` · +${steps} explorer step${steps === 1 ? "" : "s"} since`);
       return;
     }
-    if (message.experience !== experience || message.user === me || !panels.length) return;
-    if (message.type === "taken") holders.add(message.user);
-    if (message.type === "released" || message.type === "judged") holders.delete(message.user);
-    showHolders();
-  });
+    if (message.experience !== this.itemId || message.user === this.me || !this.panels.length) return;
+    if (message.type === "taken") this.holders.add(message.user);
+    if (message.type === "released" || message.type === "judged") this.holders.delete(message.user);
+    this.setText("holders", [...this.holders].join(", "));
+    document.getElementById("taken-notice").hidden = this.holders.size === 0;
+  }
 }
 
 document.addEventListener("DOMContentLoaded", () => {
-  const item = document.getElementById("annotate");
-  if (item) annotateItem(item);
+  const page = document.getElementById("annotate-page");
+  if (page) window.rftAnnotation = new AnnotationPage(page);
   const empty = document.getElementById("annotate-empty");
   if (empty && empty.dataset.socket) watchEmptyQueue(empty); // a finished run writes nothing more: no need to wait
 });

@@ -3,7 +3,8 @@
 // the charts a page pins first. Noisy series are drawn faintly under an exponential moving
 // average; eval series, counters, settings and short series are drawn as they are. Live points
 // are appended with Plotly.extendTraces; a chart is redrawn only when it is new, a step was
-// rewritten or its look changes (smoothed or not, a flat series, a short step range).
+// rewritten or its look changes (smoothed or not, a flat series, a short step range). The x axis
+// (step, wall time or relative time) is chart_axes.js's, which the pages load first.
 "use strict";
 
 const CHART_PALETTE = ["#3b5bdb", "#e8590c", "#2b8a3e", "#c2255c", "#1098ad", "#7048e8", "#f08c00", "#495057"];
@@ -20,7 +21,6 @@ const MIN_SMOOTHED_POINTS = 20;
 // counters too, whatever their name.)
 const EXACT_KEY = /(^|\/)(lr|learning_rate|model_version|step|staleness\w*)$/;
 const MARKER_POINTS = 60; // an unsmoothed series shorter than this shows each point as a dot
-const X_TITLES = { eval: "explorer step", explorer: "explorer step", trainer: "trainer step", system: "time" };
 const Y_UNITS = [
   [/(^|\/)staleness_share\//, "share of the batch"], [/(^|\/)idle_share$/, "share of the time"],
   [/tokens_per_s$/, "tokens/s"], [/(^|\/)seconds$/, "seconds"], [/_gb$/, "GiB"], [/_percent$/, "%"],
@@ -90,11 +90,6 @@ function flatRange(value, log) {
   return value === 0 ? [-0.05, 1] : [value - Math.abs(value) / 2, value + Math.abs(value) / 2];
 }
 
-// System metrics (CPU, memory) are numbered by Unix time, not by step: their charts get a time axis.
-function chartX(chart, steps) {
-  return chart.time ? steps.map((seconds) => new Date(seconds * 1000)) : steps.slice();
-}
-
 // Debiased EMA (as TensorBoard's): the first points are not pulled towards zero.
 class Ema {
   constructor(alpha) { this.alpha = alpha; this.last = 0; this.weight = 0; }
@@ -115,6 +110,7 @@ class ChartBoard {
     this.pinned = [...pinned, ...OVERVIEW_CHARTS];
     this.filter = "";
     this.charts = new Map(); // chart id -> {id, role, title, home, section, element, series: Map, drawn, look}
+    this.xAxis = new ChartXAxis(this.charts); // the toolbar sets the user's choice (bindChartControls)
     this.sections = new Map(); // section title -> {element, grid, count, rank, charts}
     this.colors = new Map(); // series name -> colour, the same in every chart
     this.redrawQueue = new Set();
@@ -137,31 +133,36 @@ class ChartBoard {
     return this.charts.get(chartId)?.series.get(seriesName);
   }
 
-  // Replace a series' points (a snapshot, or one run's metrics on the compare page).
-  setSeries(chartId, section, title, seriesName, steps, values) {
+  // Replace a series' points (a snapshot, or one run's metrics on the compare page). `times`:
+  // when each point was recorded, in Unix seconds (null where unknown).
+  setSeries(chartId, section, title, seriesName, steps, values, times = []) {
     const series = this._series(chartId, section, title, seriesName);
     series.steps = steps.slice();
     series.values = values.slice();
+    series.times = steps.map((_, i) => times[i] ?? null);
     this._resmooth(series);
     this._redraw(this.charts.get(chartId));
   }
 
   // Add points after the series' last step; a step at or before it rewrites the series instead
   // (a replayed step), which is rare enough to redraw for.
-  appendPoints(chartId, section, title, seriesName, steps, values) {
+  appendPoints(chartId, section, title, seriesName, steps, values, times = []) {
     const series = this._series(chartId, section, title, seriesName);
     const chart = this.charts.get(chartId);
     const last = series.steps.length ? series.steps[series.steps.length - 1] : -Infinity;
     if (!steps.every((step, i) => step > (i ? steps[i - 1] : last))) {
-      const byStep = new Map(series.steps.map((step, i) => [step, series.values[i]]));
-      steps.forEach((step, i) => byStep.set(step, values[i]));
+      const byStep = new Map(series.steps.map((step, i) => [step, [series.values[i], series.times[i]]]));
+      steps.forEach((step, i) => byStep.set(step, [values[i], times[i] ?? null]));
       const points = [...byStep.entries()].sort((a, b) => a[0] - b[0]);
-      this.setSeries(chartId, section, title, seriesName, points.map((p) => p[0]), points.map((p) => p[1]));
+      this.setSeries(chartId, section, title, seriesName, points.map((p) => p[0]), points.map((p) => p[1][0]),
+        points.map((p) => p[1][1]));
       return;
     }
     const smoothed = values.map((value) => series.ema.next(value));
+    const start = series.steps.length;
     series.steps.push(...steps);
     series.values.push(...values);
+    series.times.push(...steps.map((_, i) => times[i] ?? null));
     series.smoothed.push(...smoothed);
     const drawnLook = chart.look;
     if (!chart.drawn || !chart.visible || this.redrawQueue.has(chart) || JSON.stringify(this._look(chart)) !== drawnLook) {
@@ -169,8 +170,19 @@ class ChartBoard {
       return;
     }
     const index = 2 * [...chart.series.keys()].indexOf(seriesName);
-    const x = chartX(chart, steps);
-    Plotly.extendTraces(chart.element, { x: [x, x], y: [values, smoothed] }, [index, index + 1]);
+    const x = this.xAxis.x(chart, series, JSON.parse(drawnLook).x, start);
+    Plotly.extendTraces(chart.element, { x: [x, x], y: [values, smoothed], customdata: [steps, steps] }, [index, index + 1]);
+  }
+
+  // Step, wall time or relative time: every chart is drawn again on the new axis.
+  setXMode(mode) {
+    this.xAxis.setMode(mode);
+    this.charts.forEach((chart) => this._redraw(chart));
+  }
+
+  // Where the relative time of a series counts from (ChartXAxis.setOrigin).
+  setOrigin(seriesName, seconds) {
+    this.xAxis.setOrigin(seriesName, seconds);
   }
 
   setSmoothing(alpha) {
@@ -247,7 +259,7 @@ class ChartBoard {
     let series = chart.series.get(seriesName);
     if (!series) {
       if (!this.colors.has(seriesName)) this.colors.set(seriesName, CHART_PALETTE[this.colors.size % CHART_PALETTE.length]);
-      series = { name: seriesName, steps: [], values: [], smoothed: [], ema: new Ema(this.smoothing) };
+      series = { name: seriesName, steps: [], values: [], times: [], smoothed: [], ema: new Ema(this.smoothing) };
       chart.series.set(seriesName, series);
     }
     return series;
@@ -372,11 +384,13 @@ class ChartBoard {
     const smooth = this.smoothing > 0 && chart.role !== "eval" && points >= MIN_SMOOTHED_POINTS && !integers
       && !EXACT_KEY.test(chart.title);
     const flat = points > 0 && max - min <= 1e-9 * Math.max(Math.abs(min), Math.abs(max));
+    const x = this.xAxis.look(chart);
     return {
       smooth,
       range: flat ? flatRange(min, this.logScale) : null,
+      x,
       // A few steps: a tick at each, half a step of room either side (so the points clear the axes).
-      steps: !chart.time && last - first < 6 ? [first - 0.5, last + 0.5] : null,
+      steps: x.mode === "step" && last - first < 6 ? [first - 0.5, last + 0.5] : null,
       markers: !smooth && points < MARKER_POINTS,
       log: this.logScale,
     };
@@ -386,21 +400,24 @@ class ChartBoard {
   // values stay in the hover either way.
   _traces(chart, look) {
     const traces = [];
+    // On a time axis the hover still says which step a point is (each trace's customdata).
+    const hovertemplate = look.x.mode !== "step" && !chart.time ? "%{y:.4~g} · step %{customdata}" : undefined;
     for (const series of chart.series.values()) {
       const color = this.colors.get(series.name);
-      const x = chartX(chart, series.steps);
+      const x = this.xAxis.x(chart, series, look.x);
       const name = plotlyText(series.name);
       const mode = series.steps.length < 2 ? "markers" : look.markers ? "lines+markers" : "lines";
-      traces.push({ x, y: series.values.slice(), name, mode, showlegend: chart.series.size > 1, marker: { color, size: 5 }, cliponaxis: false,
-        line: { color, width: look.smooth ? 1 : 2 }, opacity: look.smooth ? 0.3 : 1 });
-      traces.push({ x, y: series.smoothed.slice(), name: name + " (smoothed)", mode: "lines", showlegend: false,
-        line: { color, width: 2 }, visible: look.smooth });
+      const customdata = series.steps.slice();
+      traces.push({ x, y: series.values.slice(), customdata, hovertemplate, name, mode, showlegend: chart.series.size > 1,
+        marker: { color, size: 5 }, cliponaxis: false, line: { color, width: look.smooth ? 1 : 2 }, opacity: look.smooth ? 0.3 : 1 });
+      traces.push({ x, y: series.smoothed.slice(), customdata, hovertemplate, name: name + " (smoothed)", mode: "lines",
+        showlegend: false, line: { color, width: 2 }, visible: look.smooth });
     }
     return traces;
   }
 
   _layout(chart, look) {
-    const steps = look.steps ? { tickmode: "linear", tick0: 0, dtick: 1, range: look.steps, autorange: false } : {};
+    const xAxis = this.xAxis.layout(chart, look);
     return {
       title: { text: plotlyText(chart.section === OVERVIEW ? chart.role + " · " + chart.title : chart.title), x: 0.02, xanchor: "left", font: { size: 13 } },
       margin: { l: 62, r: 14, t: 32, b: 40 },
@@ -413,16 +430,15 @@ class ChartBoard {
       plot_bgcolor: "rgba(0,0,0,0)",
       font: { family: "system-ui, -apple-system, Segoe UI, sans-serif", size: 11, color: "#1d2330" },
       xaxis: {
-        title: { text: X_TITLES[chart.role] || "step", standoff: 4, font: { size: 10, color: "#6b7385" } },
-        gridcolor: "#eef0f4", zeroline: false,
-        ...(chart.time ? { type: "date" } : { tickformat: "d", hoverformat: "d", rangemode: "nonnegative", ...steps }),
+        gridcolor: "#eef0f4", zeroline: false, ...xAxis,
+        title: { text: xAxis.title, standoff: 4, font: { size: 10, color: "#6b7385" } },
       },
       yaxis: {
         title: { text: plotlyText(yTitle(chart.title)), standoff: 4, font: { size: 10, color: "#6b7385" } },
         gridcolor: "#eef0f4", zeroline: false, tickformat: "~g", hoverformat: ".4~g",
         type: look.log ? "log" : "linear", ...(look.range ? { range: look.range, autorange: false } : { autorange: true }),
       },
-      uirevision: chart.id + (look.range ? " flat" : ""), // keep the user's zoom across redraws
+      uirevision: chart.id + (look.range ? " flat" : "") + look.x.mode, // keep the user's zoom across redraws
     };
   }
 }
@@ -432,6 +448,7 @@ function bindChartControls(board, toolbar) {
   const filter = toolbar.querySelector("[data-chart-filter]");
   const smoothing = toolbar.querySelector("[data-chart-smoothing]");
   const log = toolbar.querySelector("[data-chart-log]");
+  bindXAxisControl(board, toolbar.querySelector("[data-chart-x]"));
   const output = smoothing.parentElement.querySelector("output");
   filter.addEventListener("input", () => board.setFilter(filter.value));
   smoothing.addEventListener("input", () => { output.textContent = Number(smoothing.value).toFixed(2); });

@@ -1,4 +1,5 @@
-// The compare page: the metrics of each picked run (JSON API), one chart per metric, a line per run.
+// The compare page: the metrics of each picked run (its metrics.json download), one chart per
+// metric, a line per run; relative time counts from each run's own first point.
 "use strict";
 (async function () {
   const runs = JSON.parse(document.getElementById("compare-data").textContent);
@@ -18,22 +19,30 @@
     legend.appendChild(item);
   });
 
-  await Promise.all(runs.map(async (run) => {
+  // Fetched together, drawn in the order picked: each chart's lines (and their hover) in that order.
+  const fetched = await Promise.all(runs.map(async (run) => {
     const response = await fetch(run.metrics_url, { headers: { Accept: "application/json" } });
-    if (!response.ok) return;
-    const { metrics } = await response.json();
-    for (const [role, points] of Object.entries(metrics)) {
-      const series = new Map();
-      for (const { step, values } of points) {
+    return response.ok ? (await response.json()).metrics : {};
+  }));
+  runs.forEach((run, i) => {
+    const series = new Map(); // "role/key" -> {role, key, steps, values, times}
+    let origin = Infinity; // the run's first point: where its relative time counts from
+    for (const [role, points] of Object.entries(fetched[i])) {
+      for (const { step, time, values } of points) {
+        const seconds = Date.parse(time) / 1000; // ISO 8601
+        if (seconds < origin) origin = seconds;
         for (const [key, value] of Object.entries(flattenMetrics(values))) {
-          if (!series.has(key)) series.set(key, { steps: [], values: [] });
-          series.get(key).steps.push(step);
-          series.get(key).values.push(value);
+          const id = role + "/" + key;
+          if (!series.has(id)) series.set(id, { role, key, steps: [], values: [], times: [] });
+          series.get(id).steps.push(step);
+          series.get(id).values.push(value);
+          series.get(id).times.push(seconds);
         }
       }
-      for (const [key, s] of series) board.setSeries(role + "/" + key, chartSection(role, key), key, label(run), s.steps, s.values);
     }
-  }));
+    board.setOrigin(label(run), origin);
+    for (const [id, s] of series) board.setSeries(id, chartSection(s.role, s.key), s.key, label(run), s.steps, s.values, s.times);
+  });
   const empty = document.querySelector("#charts .charts-empty");
   if (empty) empty.textContent = "These runs have no metrics yet.";
 })();

@@ -17,6 +17,18 @@
   const PER_EXPLORER = /^(tokens_per_s|idle_share|sync_seconds)\/(explorer(?:-\d+)?)$/;
   const TRAINER_BESIDE = ["idle_share", "sync_seconds"];
   const EXPLORERS_SECTION = "system · explorers";
+  // The share of groups whose rewards were all equal (workers/rft/algorithms/advantages.py): over
+  // ZERO_VARIANCE_SHARE on average in the last ZERO_VARIANCE_STEPS explorer steps, the page says
+  // that most of the batch trains nothing.
+  const ZERO_VARIANCE = "explorer/advantage/zero_variance_groups";
+  const ZERO_VARIANCE_STEPS = 5;
+  const ZERO_VARIANCE_MIN_STEPS = 3;
+  const ZERO_VARIANCE_SHARE = 0.8;
+  const zeroVarianceHint = document.getElementById("zero-variance-hint");
+  const runName = document.querySelector(".page-head h1").textContent;
+  // The flash a control left ("Stopping <run>.", from its form's post) says what the run was
+  // becoming: once its status moves on, the flash says where it is now.
+  const CONTROL_FLASHES = { stopping: `Stopping ${runName}.`, paused: `Paused ${runName}.` };
 
   const counters = {}; // step counters and model version only move forward (a replayed step must not move them back)
   let status = badge.textContent;
@@ -85,7 +97,27 @@
       : { connecting: "connecting", live: "live", offline: "reconnecting…", forbidden: "not allowed to watch" }[connection];
   }
 
+  function showZeroVarianceHint() {
+    const series = board.series(ZERO_VARIANCE, SERIES);
+    const recent = series ? series.values.slice(-ZERO_VARIANCE_STEPS) : [];
+    const share = recent.reduce((sum, value) => sum + value, 0) / (recent.length || 1);
+    zeroVarianceHint.hidden = recent.length < ZERO_VARIANCE_MIN_STEPS || share < ZERO_VARIANCE_SHARE;
+    if (zeroVarianceHint.hidden) return;
+    zeroVarianceHint.textContent = `${Math.round(100 * share)}% of groups had equal rewards in the last `
+      + `${recent.length} explorer steps: they carry no learning signal (GRPO advantages are 0). Make tasks harder `
+      + "or easier, raise repeat_times or temperature, or use a graded reward.";
+  }
+
+  function updateControlFlashes() {
+    const finished = page.finished_statuses.includes(status);
+    document.querySelectorAll(".flash.success").forEach((flash) => {
+      const becoming = Object.keys(CONTROL_FLASHES).find((state) => flash.textContent === CONTROL_FLASHES[state]);
+      if (becoming && becoming !== status) flash.textContent = finished ? `${runName} ${status}.` : `${runName} is ${status}.`;
+    });
+  }
+
   function showStatus(newStatus, error) {
+    const changed = newStatus !== status;
     status = newStatus;
     badge.textContent = status;
     badge.className = "status " + status;
@@ -97,6 +129,9 @@
       errorBox.querySelector("pre").textContent = error || "";
     }
     showDot();
+    updateControlFlashes();
+    // The workers' last lines (a stop's checkpoint, a failure's traceback) come with the end.
+    if (changed && page.finished_statuses.includes(status)) window.rftRunLogs?.load();
   }
 
   function showProgress(values) {
@@ -108,13 +143,17 @@
   // as lines of one chart per figure, with the trainer's idle share and sync seconds beside them,
   // in the "system · explorers" section.
   function chartPoints(role, points, into = new Map()) {
+    let time; // the point's, in Unix seconds: the charts' time axes
     const add = (id, line, section, title, step, value) => {
       const entry = id + "\n" + line;
-      if (!into.has(entry)) into.set(entry, { id, line, section, title, steps: [], values: [] });
+      if (!into.has(entry)) into.set(entry, { id, line, section, title, steps: [], values: [], times: [] });
       into.get(entry).steps.push(step);
       into.get(entry).values.push(value);
+      into.get(entry).times.push(time ?? null);
     };
-    for (const { step, values } of points) {
+    for (const point of points) {
+      const { step, values } = point;
+      time = point.time;
       const flat = flattenMetrics(values);
       for (const [key, value] of Object.entries(flat)) {
         const each = role === "explorer" && PER_EXPLORER.exec(key);
@@ -136,10 +175,11 @@
     const roles = Object.entries(snapshot.metrics).sort(([a], [b]) => (b === "explorer") - (a === "explorer"));
     for (const [role, points] of roles) {
       for (const chart of chartPoints(role, points).values()) {
-        board.setSeries(chart.id, chart.section, chart.title, chart.line, chart.steps, chart.values);
+        board.setSeries(chart.id, chart.section, chart.title, chart.line, chart.steps, chart.values, chart.times);
       }
     }
     showFigures();
+    showZeroVarianceHint();
     showProgress(snapshot.run);
     showStatus(snapshot.run.status, snapshot.run.error);
   }
@@ -151,8 +191,13 @@
       else if (update.type === "progress") showProgress(update);
       else if (update.type === "metrics") chartPoints(update.role, [update], charts);
     }
-    for (const chart of charts.values()) board.appendPoints(chart.id, chart.section, chart.title, chart.line, chart.steps, chart.values);
-    if (charts.size) showFigures();
+    for (const chart of charts.values()) {
+      board.appendPoints(chart.id, chart.section, chart.title, chart.line, chart.steps, chart.values, chart.times);
+    }
+    if (charts.size) {
+      showFigures();
+      showZeroVarianceHint();
+    }
   }
 
   function onConnection(state) {

@@ -130,11 +130,11 @@ def test_an_annotator_rates_edits_compares_and_flags_with_the_keyboard_while_ano
             elapsed = time.perf_counter() - started
             before_enter()  # checks and screenshots: not the annotator's time
             started = time.perf_counter() - elapsed
-        with page.expect_navigation():
-            page.keyboard.press("Control+Enter" if kind == "edit" else "Enter")
-        page.wait_for_url(experience_url(following))
-        expect(page.locator("#response")).to_be_attached()
+        page.keyboard.press("Control+Enter" if kind == "edit" else "Enter")
+        # The next item is swapped in place (no reload), and the address follows it.
+        expect(page.locator(f'#annotate[data-experience="{following.pk}"]')).to_be_attached()
         seconds.setdefault(kind, []).append(time.perf_counter() - started)
+        page.wait_for_url(experience_url(following))
 
     # Rate three items: a digit picks the rating, Enter submits, the next item opens.
     for experience, point, following in zip(to_rate, "425", [*to_rate[1:], to_edit]):
@@ -152,7 +152,8 @@ def test_an_annotator_rates_edits_compares_and_flags_with_the_keyboard_while_ano
         expect(page.locator("#response")).to_be_hidden()
         shot(page, "edit")
 
-    judge("edit", ["e", "Control+a", *"The sun is hot."], pair_a, before_enter=editing)
+    # The edit agrees with the reference answer (3): saved at once, with no question.
+    judge("edit", ["e", "Control+a", *"3: the sun is hot."], pair_a, before_enter=editing)
 
     # Compare: c shows B (the answer of the nearest model version), 1 is "A is better".
     expect(page.locator("#other")).to_be_hidden()
@@ -175,8 +176,7 @@ def test_an_annotator_rates_edits_compares_and_flags_with_the_keyboard_while_ano
     run_services.set_status(run, Run.Status.FAILED, error="a worker died")
     expect(page.locator("#queue-note")).to_have_text("the run has failed: no new items will come")
     page.keyboard.press("3")
-    with page.expect_navigation():
-        page.keyboard.press("Enter")
+    page.keyboard.press("Enter")
     expect(page.locator("#refusal")).to_contain_text("already trained on and its run is failed")
     expect(page.locator('[data-panel="rate"]')).to_have_count(0)
     shot(page, "refused")
@@ -192,9 +192,9 @@ def test_an_annotator_rates_edits_compares_and_flags_with_the_keyboard_while_ano
 
     ratings = {f.experience_id: (f.label, f.value) for f in Feedback.objects.filter(user=first, kind="rating")}
     assert ratings == {to_rate[0].pk: ("4", 0.75), to_rate[1].pk: ("2", 0.25), to_rate[2].pk: ("5", 1.0)}
-    assert Feedback.objects.get(user=first, kind="edit").edited_text == "The sun is hot."
+    assert Feedback.objects.get(user=first, kind="edit").edited_text == "3: the sun is hot."
     edited = Experience.objects.get(parent=to_edit)
-    assert (edited.source, edited.response_text) == ("human_edit", "The sun is hot.")
+    assert (edited.source, edited.response_text) == ("human_edit", "3: the sun is hot.")
     preference = Feedback.objects.get(user=first, kind="preference")
     assert (preference.experience_id, preference.other_id, preference.value, preference.label) == (
         pair_a.pk, pair_b.pk, 1.0, "a_better"

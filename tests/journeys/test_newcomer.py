@@ -250,6 +250,7 @@ def stop_and_resume(page, run_url: str) -> None:
 
     page.goto(run_url)
     page.get_by_role("button", name="Stop").click()
+    page.get_by_role("button", name="Stop run").click()  # it asks first
     wait_until(lambda: run_state(page, run_url)["status"] == "stopped", 120)
     stopped_at = run_state(page, run_url)["trainer_step"]
     page.goto(run_url)

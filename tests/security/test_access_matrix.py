@@ -111,11 +111,32 @@ MATRIX = {
         "LDARA", method="post", data=lambda o: {"runs": [o.run.pk]}, changed=status_is(Status.STOPPING)
     ),
     "api-token": Entry("LDAAA"),
+    # [runs-compare helper entries]
+    # every researcher reads every run's metrics; only its owner and curators edit its notes and tags
+    "run-metrics-csv": Entry("LDAAA", kwargs=run),
+    "run-metrics-json": Entry("LDAAA", kwargs=run),
+    "compare-metrics-csv": Entry("LDAAA", data=lambda o: {"runs": [o.run.pk]}),
+    "compare-metrics-json": Entry("LDAAA", data=lambda o: {"runs": [o.run.pk]}),
+    "run-notes": Entry(
+        "LDADA", method="post", kwargs=run, data=lambda o: {"notes": "lr too high", "tags": "baseline"},
+        changed=lambda o: Run.objects.get(pk=o.run.pk).tags == ["baseline"],
+    ),
+    # [run-page helper entries]
+    "run-logs": Entry("LDAAA", kwargs=run),  # every researcher watches every run, its log too
+    # [annotation helper entries]
+    # the annotation page's JSON: annotators and up (an empty or form body is a 400 naming the problem)
+    "annotate-api-next": Entry("LAAAA"),
+    "annotate-api-item": Entry("LAAAA", kwargs=item),
+    "annotate-api-judge": Entry("LAAAA", method="post", kwargs=lambda o: {"pk": o.experience.pk, "action": "flag"}),
+    "annotate-api-undo": Entry("LAAAA", method="post"),
+    "annotate-api-progress": Entry("LAAAA"),
     # capacity: every researcher sees every worker and what it holds (run names included)
     "worker-list": Entry("LDAAA"),
     "api-workers": Entry("UDAAA", api=True),
     # the JSON API, with each user's token
     "api-index": Entry("UDAAA", api=True),
+    "api-schema": Entry("UDAAA", api=True),  # the OpenAPI document, as the API it describes
+    "api-docs": Entry("LDAAA"),  # Swagger UI over it: a page, for a logged-in researcher
     "api-runs": Entry("UDAAA", api=True),
     "api-run": Entry("UDAAA", api=True, kwargs=run),
     "api-run-duties": Entry("UDAAA", api=True, kwargs=run),

@@ -65,7 +65,7 @@ def test_a_script_downloads_a_checkpoint_with_its_token(researcher, checkpoint):
     url = script.get(reverse("api-run", args=[checkpoint.run.pk])).json()["checkpoints"][0]["download_url"]
     response = Client().get(url, HTTP_AUTHORIZATION=f"Bearer {token_for(researcher)}")
     assert response.status_code == 200, response.content[:300]
-    with tarfile.open(fileobj=io.BytesIO(b"".join(response.streaming_content))) as tar:
+    with tarfile.open(fileobj=io.BytesIO(b"".join(response))) as tar:
         assert any(name.endswith("model.safetensors") for name in tar.getnames())
 
 

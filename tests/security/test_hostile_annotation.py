@@ -26,7 +26,7 @@ from apps.accounts.roles import ANNOTATOR, RESEARCHER
 from apps.accounts.services import create_user
 from apps.buffer.models import Experience
 from apps.core.consumers import CLOSE_MESSAGE_TOO_BIG, MAX_CLIENT_MESSAGE_CHARS
-from apps.feedback import services
+from apps.feedback import queue, services
 from apps.feedback.models import AnnotationLock, Feedback, SetAside
 from apps.runs.models import Run
 from apps.tasksets.models import Task, Taskset
@@ -109,14 +109,14 @@ def test_an_outsider_cannot_skip_postpone_or_judge(world, route):
 def test_every_service_refuses_an_outsider_before_anything_else(world):
     o, outsider = world, world.outsider
     calls = {
-        "take": lambda: services.take(o.item.pk, outsider),
-        "skip": lambda: services.set_aside(o.item.pk, outsider, postpone=False),
-        "postpone": lambda: services.set_aside(o.item.pk, outsider, postpone=True),
+        "take": lambda: queue.take(o.item.pk, outsider),
+        "skip": lambda: queue.set_aside(o.item.pk, outsider, postpone=False),
+        "postpone": lambda: queue.set_aside(o.item.pk, outsider, postpone=True),
         "rate": lambda: services.rate(o.item.pk, outsider, "not on the scale"),
         "edit": lambda: services.edit(o.item.pk, outsider, RESPONSE),
         "compare": lambda: services.compare(o.item.pk, o.other.pk, outsider, "tie"),
         "flag": lambda: services.flag(o.item.pk, outsider, "wrong"),
-        "next": lambda: services.next_item(o.run, outsider),
+        "next": lambda: queue.next_item(o.run, outsider),
     }
     for call in calls.values():
         with pytest.raises(services.NotAnnotator, match="not an annotator of run 'r'"):

@@ -42,7 +42,7 @@ def test_a_runs_own_checkpoint_still_downloads(researcher_client, researcher, da
     (directory / "model.safetensors").write_bytes(b"weights")
     Checkpoint.objects.create(run=run, version=1, step=1, path=str(directory))
     response = researcher_client.get(reverse("checkpoint-download", args=[run.pk, 1]))
-    assert response.status_code == 200 and b"weights" in b"".join(response.streaming_content)
+    assert response.status_code == 200 and b"weights" in b"".join(response)
 
 
 class Payload:

@@ -187,6 +187,7 @@ def merge_parts(parts: list[dict]) -> dict:
     for part in parts:
         for key, value in part["counts"].items():
             merged[key] = merged.get(key, 0) + value
+    merged = algorithms.zero_variance_share(merged, prefix="advantage/")  # a share of the sums, not a sum
     seconds, tokens, synced, idle = {}, {}, {}, {}
     for part in parts:
         name = part.get("explorer", part.get("worker"))

@@ -5,7 +5,7 @@ from asgiref.sync import async_to_sync
 from django.test import Client
 from django.urls import reverse
 
-from apps.feedback import services
+from apps.feedback import queue, services
 from apps.feedback.models import Feedback
 from apps.feedback.services import FeedbackError
 
@@ -27,11 +27,11 @@ def test_a_run_open_to_all_takes_every_annotator_and_a_restricted_one_only_those
     assert services.may_annotate(run, chosen) and services.may_annotate(run, run.owner)
     assert not services.may_annotate(run, other)
     with pytest.raises(FeedbackError, match="not an annotator of run 'r'"):
-        services.next_item(run, other)
+        queue.next_item(run, other)
     with pytest.raises(FeedbackError, match="not an annotator of run 'r'"):
         services.rate(experience.pk, other, "3")
     assert not Feedback.objects.exists()
-    assert services.next_item(run, chosen) == experience
+    assert queue.next_item(run, chosen) == experience
 
 
 @pytest.mark.django_db

@@ -7,7 +7,7 @@ import pytest
 from django.db import connection
 
 from apps.buffer.models import Experience
-from apps.feedback import services
+from apps.feedback import queue, services
 from apps.feedback.models import Feedback
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -26,7 +26,7 @@ def test_fifty_annotators_never_judge_an_item_beyond_the_overlap(
         make_experience()
     annotators = [make_annotator(f"a{i}") for i in range(ANNOTATORS)]
     saved, errors = Counter(), []
-    strategies = list(services.STRATEGIES)
+    strategies = list(queue.STRATEGIES)
     deadline = time.monotonic() + SECONDS
     go = threading.Barrier(ANNOTATORS)
 
@@ -34,7 +34,7 @@ def test_fifty_annotators_never_judge_an_item_beyond_the_overlap(
         try:
             go.wait()
             while time.monotonic() < deadline:
-                item = services.next_item(run, user, strategy)
+                item = queue.next_item(run, user, strategy)
                 if item is None:
                     break
                 services.rate(item.pk, user, "4")

@@ -5,7 +5,7 @@ from channels.db import database_sync_to_async
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
 
-from apps.feedback import services
+from apps.feedback import queue, services
 from apps.runs import services as run_services
 from rftweb.asgi import application
 
@@ -34,7 +34,7 @@ def test_annotators_hear_items_taken_judged_new_experiences_and_the_run_finishin
         assert (await ws.connect())[0]
         await ws.send_json_to({"type": "ping"})
         heard = [await ws.receive_json_from(timeout=5)]
-        await database_sync_to_async(services.next_item)(run, worker)
+        await database_sync_to_async(queue.next_item)(run, worker)
         heard.append(await ws.receive_json_from(timeout=5))
         await database_sync_to_async(services.rate)(experience.pk, worker, "3")
         heard.append(await ws.receive_json_from(timeout=5))

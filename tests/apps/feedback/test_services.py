@@ -5,7 +5,7 @@ import pytest
 from django.utils import timezone
 
 from apps.buffer.models import Experience
-from apps.feedback import services
+from apps.feedback import queue, services
 from apps.feedback.models import AnnotationLock, Feedback, SetAside
 from apps.feedback.services import FeedbackError
 from apps.runs.models import Run
@@ -60,27 +60,27 @@ def test_an_edit_becomes_a_ready_expert_experience_tokenized_for_the_run(make_ex
     run.config = {"model": {"path": "tiny"}}
     run.save()
     original = make_experience()
-    services.edit(original.pk, annotator, "The answer is 4.", seconds_spent=12)
+    services.edit(original.pk, annotator, "The answer is 0.", seconds_spent=12)
     child = Experience.objects.get(parent=original)
     tokenizer = services._tokenizer("tiny")
     assert (child.source, child.status, child.run_id, child.task_id) == (
         "human_edit", "ready", run.pk, original.task_id
     )
-    assert child.response_text == "The answer is 4."
-    expected_ids = tokenizer("The answer is 4.", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+    assert child.response_text == "The answer is 0."
+    expected_ids = tokenizer("The answer is 0.", add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
     assert child.response_ids == expected_ids
     assert child.action_mask == [1] * len(child.response_ids)
     assert (child.prompt_text, child.prompt_ids) == (original.prompt_text, original.prompt_ids)
-    assert Feedback.objects.get(kind="edit").edited_text == "The answer is 4."
+    assert Feedback.objects.get(kind="edit").edited_text == "The answer is 0."
     # Editing again replaces the unused edit instead of piling up copies.
-    services.edit(original.pk, annotator, "The answer is 2.")
+    services.edit(original.pk, annotator, "0 + 0 = 0")
     edits = Experience.objects.filter(parent=original).values_list("response_text", flat=True)
-    assert list(edits) == ["The answer is 2."]
+    assert list(edits) == ["0 + 0 = 0"]
 
 
 def test_an_edit_without_a_model_waits_raw_for_tokenizing(make_experience, annotator):
     original = make_experience()
-    services.edit(original.pk, annotator, "fixed")
+    services.edit(original.pk, annotator, "fixed", confirmed=True)  # no number: not the reference answer
     child = Experience.objects.get(parent=original)
     assert (child.status, child.response_ids, child.metadata["needs_tokenizing"]) == ("raw", [], True)
 
@@ -149,17 +149,17 @@ def test_a_consumed_item_of_a_stopped_run_cannot_be_judged(make_experience, anno
         with pytest.raises(FeedbackError, match="already trained on and its run is stopped"):
             judge()
     assert not Feedback.objects.exists() and Experience.objects.count() == 2
-    assert services.next_item(run, annotator) is None
+    assert queue.next_item(run, annotator) is None
 
 
 def test_an_item_locked_by_someone_else_cannot_be_judged(make_experience, make_annotator):
     first, second = make_annotator("first"), make_annotator("second")
     experience = make_experience()
-    assert services.next_item(experience.run, first) == experience
+    assert queue.next_item(experience.run, first) == experience
     with pytest.raises(FeedbackError, match="taken by first"):
         services.rate(experience.pk, second, "4")
     with pytest.raises(FeedbackError, match="taken by first"):
-        services.take(experience.pk, second)
+        queue.take(experience.pk, second)
     assert not Feedback.objects.exists()
     services.rate(experience.pk, first, "4")
     assert not AnnotationLock.objects.exists()  # judged: the lock goes
@@ -170,9 +170,9 @@ def test_an_item_locked_by_someone_else_cannot_be_judged(make_experience, make_a
 def test_an_expired_lock_frees_the_item(make_experience, make_annotator):
     first, second = make_annotator("first"), make_annotator("second")
     experience = make_experience()
-    services.next_item(experience.run, first)
+    queue.next_item(experience.run, first)
     AnnotationLock.objects.update(expires_at=timezone.now() - timedelta(seconds=1))
-    assert services.next_item(experience.run, second) == experience
+    assert queue.next_item(experience.run, second) == experience
     services.rate(experience.pk, second, "1")
 
 
@@ -182,13 +182,13 @@ def test_the_queue_hands_each_item_to_as_many_annotators_as_judgements_wanted(
     settings.RFTWEB_JUDGEMENTS_PER_ITEM = 2
     experience = make_experience()
     a, b, c = (make_annotator(name) for name in "abc")
-    assert services.next_item(run, a) == experience
-    assert services.next_item(run, b) == experience
-    assert services.next_item(run, c) is None
-    assert services.next_item(run, a) == experience  # a reload gives the held item back
+    assert queue.next_item(run, a) == experience
+    assert queue.next_item(run, b) == experience
+    assert queue.next_item(run, c) is None
+    assert queue.next_item(run, a) == experience  # a reload gives the held item back
     services.rate(experience.pk, a, "5")
     services.rate(experience.pk, b, "4")
-    assert services.next_item(run, a) is None  # judged it already
+    assert queue.next_item(run, a) is None  # judged it already
     with pytest.raises(FeedbackError):
         services.rate(experience.pk, c, "3")
 
@@ -203,9 +203,9 @@ def test_strategies_order_the_queue(make_experience, annotator, run, tasks):
 
     def order(strategy):
         taken = []
-        while (item := services.next_item(run, annotator, strategy)) is not None:
+        while (item := queue.next_item(run, annotator, strategy)) is not None:
             taken.append(item)
-            services.set_aside(item.pk, annotator, postpone=False)
+            queue.set_aside(item.pk, annotator, postpone=False)
         SetAside.objects.all().delete()
         return taken
 
@@ -215,24 +215,24 @@ def test_strategies_order_the_queue(make_experience, annotator, run, tasks):
     every_item = (old_unsure, old_sure, new_no_answer, unscored)
     assert sorted(e.pk for e in order("random")) == sorted(e.pk for e in every_item)
     with pytest.raises(FeedbackError, match="unknown strategy"):
-        services.next_item(run, annotator, "best")
+        queue.next_item(run, annotator, "best")
 
 
 def test_skipped_items_never_come_back_and_postponed_ones_come_last(make_experience, annotator, run):
     older, newer = make_experience(explorer_step=0), make_experience(explorer_step=1)
-    assert services.next_item(run, annotator) == newer
-    services.set_aside(newer.pk, annotator, postpone=True)
-    assert services.next_item(run, annotator) == older
-    services.set_aside(older.pk, annotator, postpone=False)
-    assert services.next_item(run, annotator) == newer
+    assert queue.next_item(run, annotator) == newer
+    queue.set_aside(newer.pk, annotator, postpone=True)
+    assert queue.next_item(run, annotator) == older
+    queue.set_aside(older.pk, annotator, postpone=False)
+    assert queue.next_item(run, annotator) == newer
     services.rate(newer.pk, annotator, "3")
-    assert services.next_item(run, annotator) is None
+    assert queue.next_item(run, annotator) is None
 
 
 def test_rejected_items_and_human_edits_are_not_queued(make_experience, annotator, run):
     make_experience(status="rejected")
     make_experience(source="human_edit")
-    assert services.next_item(run, annotator) is None
+    assert queue.next_item(run, annotator) is None
 
 
 def test_a_judgement_stands_when_the_live_hint_cannot_be_sent(
@@ -252,50 +252,50 @@ def test_a_judgement_stands_when_the_live_hint_cannot_be_sent(
 def test_the_queue_offers_what_the_trainer_has_not_taken_yet_first(make_experience, annotator, run):
     trained_on = make_experience(explorer_step=5, status="consumed")
     waiting = make_experience(explorer_step=1)
-    assert services.next_item(run, annotator) == waiting  # a rating on it can still shape this run's training
+    assert queue.next_item(run, annotator) == waiting  # a rating on it can still shape this run's training
     services.rate(waiting.pk, annotator, "3")
     # A running run's consumed items still count (agreement, pairs).
-    assert services.next_item(run, annotator) == trained_on
+    assert queue.next_item(run, annotator) == trained_on
 
 
 def test_a_held_item_the_run_trained_on_is_not_handed_back_once_the_run_has_failed(make_experience, annotator, run):
     held = make_experience(explorer_step=5)
     waiting = make_experience(explorer_step=1)
-    assert services.next_item(run, annotator) == held
+    assert queue.next_item(run, annotator) == held
     Experience.objects.filter(pk=held.pk).update(status="consumed")  # the trainer took it meanwhile
-    assert services.next_item(run, annotator) == held  # the run goes on: still open to judge
+    assert queue.next_item(run, annotator) == held  # the run goes on: still open to judge
     run.status = Run.Status.FAILED
     run.save()
     # The lock is still live, but a judgement would be refused: the queue moves on.
-    assert services.next_item(run, annotator) == waiting
+    assert queue.next_item(run, annotator) == waiting
     services.rate(waiting.pk, annotator, "4")
-    assert services.next_item(run, annotator) is None
-    assert services.items_left(run, annotator) == 0
+    assert queue.next_item(run, annotator) is None
+    assert queue.items_left(run, annotator) == 0
 
 
 def test_items_others_judged_do_not_hide_the_rest_of_the_queue(make_experience, annotator, make_annotator, run):
     # More items than the queue looks at in one go are judged by someone else (one judge an item).
     other = make_annotator("other")
-    judged = [make_experience(explorer_step=10) for _ in range(3 * services.CANDIDATES + 1)]
+    judged = [make_experience(explorer_step=10) for _ in range(3 * queue.CANDIDATES + 1)]
     Feedback.objects.bulk_create([Feedback(experience=e, user=other, kind="rating", value=1.0) for e in judged])
     left = make_experience(explorer_step=0)
-    assert services.items_left(run, annotator) == 1
-    assert services.next_item(run, annotator) == left
+    assert queue.items_left(run, annotator) == 1
+    assert queue.next_item(run, annotator) == left
 
 
 def test_an_empty_queue_says_why(make_experience, annotator, make_annotator, run):
     judged, skipped, flagged, trained, by_other = (make_experience() for _ in range(5))
     services.rate(judged.pk, annotator, "3")
-    services.set_aside(skipped.pk, annotator, postpone=False)
+    queue.set_aside(skipped.pk, annotator, postpone=False)
     services.flag(flagged.pk, make_annotator("flagger"), "wrong")
     Experience.objects.filter(pk=trained.pk).update(status="consumed")
     services.rate(by_other.pk, make_annotator("other"), "3")
-    assert services.next_item(run, annotator) == trained  # the run goes on: a trained-on item is still open
+    assert queue.next_item(run, annotator) == trained  # the run goes on: a trained-on item is still open
     AnnotationLock.objects.all().delete()
     run.status = Run.Status.COMPLETED
     run.save()
-    assert services.next_item(run, annotator) is None
-    assert services.why_empty(run, annotator) == [
+    assert queue.next_item(run, annotator) is None
+    assert queue.why_empty(run, annotator) == [
         (1, "judged by you"), (1, "skipped by you"), (1, "flagged, so out of training"),
         (1, "trained on before the run completed: no longer open to judge"),
         (1, "judged by or held by other annotators"),
@@ -311,13 +311,13 @@ def test_the_comparison_is_another_response_of_the_same_model_version_where_ther
     answer(9, 4, "4")  # the same answer: nothing to choose between
     answer(9, 4, "5", status="rejected")  # flagged: trains nothing
     near = answer(7, 3, "a nearer answer")
-    assert services.choose_comparison(item) == near  # no other answer of version 4: the nearest version
+    assert queue.choose_comparison(item) == near  # no other answer of version 4: the nearest version
     same_version = answer(8, 4, "8")
-    assert services.choose_comparison(item) == same_version
+    assert queue.choose_comparison(item) == same_version
     same_step = answer(9, 4, "9")
-    assert services.choose_comparison(item) == same_step
+    assert queue.choose_comparison(item) == same_step
     make_experience(task=tasks[1], explorer_step=9, model_version=4)  # another prompt never compares
-    assert services.choose_comparison(answer(1, 0, "alone", task=tasks[2])) is None
+    assert queue.choose_comparison(answer(1, 0, "alone", task=tasks[2])) is None
 
 
 def test_the_scale_labels_its_anchor_points(run):
@@ -329,8 +329,8 @@ def test_the_scale_labels_its_anchor_points(run):
 
 
 def test_a_big_queue_is_counted_up_to_a_bound(make_experience, annotator, run, monkeypatch):
-    monkeypatch.setattr(services, "ITEMS_LEFT_COUNTED", 3)
+    monkeypatch.setattr(queue, "ITEMS_LEFT_COUNTED", 3)
     for _ in range(5):
         make_experience()
-    assert services.items_left(run, annotator) == 4
-    assert (services.items_left_label(4), services.items_left_label(3)) == ("3+", "3")
+    assert queue.items_left(run, annotator) == 4
+    assert (queue.items_left_label(4), queue.items_left_label(3)) == ("3+", "3")

@@ -39,7 +39,7 @@ def test_feedback_exports_as_jsonl(researcher_client, run, make_experience, anno
     experience = make_experience()
     services.flag(experience.pk, annotator, "wrong", comment="2 + 2 is not 5")
     response = researcher_client.get(reverse("annotate-export", args=[run.pk]))
-    lines = b"".join(response.streaming_content).decode().splitlines()
+    lines = b"".join(response).decode().splitlines()
     record = json.loads(lines[0])
     assert len(lines) == 1
     assert {k: record[k] for k in ("experience", "annotator", "kind", "label", "comment")} == {

@@ -66,10 +66,10 @@ def test_bad_input_shows_a_clear_error_and_saves_nothing(annotator_client, make_
 
 
 def test_an_item_taken_by_another_annotator_is_refused(annotator_client, make_experience, make_annotator):
-    from apps.feedback import services
+    from apps.feedback import queue
 
     experience = make_experience()
-    services.next_item(experience.run, make_annotator("other"))
+    queue.next_item(experience.run, make_annotator("other"))
     page = annotator_client.get(reverse("annotate-experience", args=[experience.pk]))
     assert "taken by other" in page.content.decode()
     response = annotator_client.post(reverse("annotate-rate", args=[experience.pk]), {"point": "5"})
@@ -82,7 +82,13 @@ def test_edit_compare_skip_from_the_page(annotator_client, make_experience, run)
     page = annotator_client.get(reverse("annotate-experience", args=[a.pk]))
     assert f'name="other" value="{b.pk}"' in page.content.decode()
     annotator_client.post(reverse("annotate-compare", args=[a.pk]), {"other": b.pk, "verdict": "a_better"})
-    annotator_client.post(reverse("annotate-edit", args=[a.pk]), {"text": "a better answer"})
+    # The edit has no answer the reference (0) would accept: the form asks once, then saves.
+    asked = annotator_client.post(reverse("annotate-edit", args=[a.pk]), {"text": "a better answer"})
+    assert asked.status_code == 400 and not Experience.objects.filter(parent=a).exists()
+    html = asked.content.decode()
+    assert "The reference answer is 0; your edit&#x27;s answer differs. Save anyway?" in html
+    assert '<input type="hidden" name="confirm" value="1">' in html and "a better answer</textarea>" in html
+    annotator_client.post(reverse("annotate-edit", args=[a.pk]), {"text": "a better answer", "confirm": "1"})
     assert Feedback.objects.get(kind="preference").other_id == b.pk
     assert Experience.objects.get(parent=a).response_text == "a better answer"
     annotator_client.get(reverse("annotate-experience", args=[b.pk]))
@@ -166,7 +172,7 @@ def test_showing_an_item_starts_loading_the_runs_tokenizer_for_the_first_edit(an
     annotator_client.get(reverse("annotate-experience", args=[experience.pk]))
     assert services._tokenizers_asked == {"tiny"}  # loading on a thread of its own
     # An edit at once waits for the load under way (two threads importing transformers at once fail).
-    response = annotator_client.post(reverse("annotate-edit", args=[experience.pk]), {"text": "The answer is 4."})
+    response = annotator_client.post(reverse("annotate-edit", args=[experience.pk]), {"text": "The answer is 0."})
     assert response.status_code == 302
     assert services._loaded_tokenizer.cache_info().currsize == 1
     assert Experience.objects.get(parent=experience).response_ids[-1] == services._tokenizer("tiny").eos_token_id

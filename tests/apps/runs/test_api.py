@@ -102,6 +102,20 @@ def test_runs_filters(api, make_run, curator):
     assert api("get", reverse("api-runs"), {"status": "bogus"}).status_code == 400
 
 
+def test_runs_carry_their_tags_and_notes_and_filter_by_tag(api, make_run):
+    tagged = make_run("alpha")
+    tagged.tags, tagged.notes = ["baseline", "lr-1e-6"], "the reference run"
+    tagged.save(update_fields=["tags", "notes"])
+    make_run("beta")
+
+    body = api("get", reverse("api-runs"), {"tag": "baseline"}).json()
+
+    assert [(r["name"], r["tags"], r["notes"]) for r in body["results"]] == [
+        ("alpha", ["baseline", "lr-1e-6"], "the reference run")
+    ]
+    assert api("get", reverse("api-run", args=[tagged.pk])).json()["tags"] == ["baseline", "lr-1e-6"]
+
+
 def test_run_detail(api, make_run):
     run = make_run("alpha", config=preset_config("sft"))
     Checkpoint.objects.create(run=run, version=1, step=50, path="runs/1/v1")
@@ -126,9 +140,10 @@ def test_metrics_by_role_and_since(api, make_run):
     MetricPoint.objects.create(run=run, role="explorer", step=1, values={"reward_mean": 0.1})
     url = reverse("api-run-metrics", args=[run.pk])
     assert list(api("get", url).json()["metrics"]) == ["explorer", "trainer"]
-    assert api("get", url, {"role": "trainer", "since": 1}).json()["metrics"] == {
-        "trainer": [{"step": 2, "values": {"loss": 0.5}}, {"step": 3, "values": {"loss": 1 / 3}}]
-    }
+    trainer = api("get", url, {"role": "trainer", "since": 1}).json()["metrics"]["trainer"]
+    assert [(p["step"], p["values"]) for p in trainer] == [(2, {"loss": 0.5}), (3, {"loss": 1 / 3})]
+    recorded = MetricPoint.objects.get(run=run, role="trainer", step=2).time.timestamp()
+    assert abs(trainer[0]["time"] - recorded) < 0.001, "each point says when it was recorded"
     assert api("get", url, {"since": "yesterday"}).status_code == 400
 
 

@@ -8,7 +8,7 @@ from django.conf import settings
 from django.db import transaction
 
 from apps.runs import services
-from apps.runs.models import Run
+from apps.runs.models import MetricPoint, Run
 from rftweb.asgi import application
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -43,10 +43,12 @@ def test_researcher_receives_updates_sent_after_commit(client, researcher):
         return message
 
     message = async_to_sync(scenario)()
+    recorded = MetricPoint.objects.get(run=run).time.timestamp()
     assert message == {
         "type": "updates",
         "seq": 1,
-        "updates": [{"type": "metrics", "role": "trainer", "step": 1, "values": {"loss": 0.5}}],
+        "updates": [{"type": "metrics", "role": "trainer", "step": 1, "values": {"loss": 0.5},
+                     "time": round(recorded, 3)}],  # when it was recorded: the charts' time axes
     }
 
 

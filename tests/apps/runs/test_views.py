@@ -255,18 +255,30 @@ def test_controls_need_post_and_the_role(researcher_client, annotator_client, ma
 def test_live_snapshot(researcher_client, make_run, django_capture_on_commit_callbacks):
     run = make_run(status=Status.RUNNING)
     with django_capture_on_commit_callbacks():  # nothing is published in this test
-        services.record_metrics(run, "trainer", 2, {"loss": 0.5})
-        services.record_metrics(run, "trainer", 1, {"loss": 0.9})
+        second = services.record_metrics(run, "trainer", 2, {"loss": 0.5})
+        first = services.record_metrics(run, "trainer", 1, {"loss": 0.9})
         services.record_metrics(run, "explorer", 1, {"reward_mean": 0.25})
     Run.objects.filter(pk=run.pk).update(live_seq=7, trainer_step=2)
     snapshot = researcher_client.get(reverse("run-live", args=[run.pk])).json()
     assert snapshot["seq"] == 7
     assert snapshot["run"]["status"] == "running" and snapshot["run"]["trainer_step"] == 2
     assert list(snapshot["metrics"]) == ["explorer", "trainer"]
+    # Each point says when it was recorded (Unix seconds): the charts' time axes.
     assert snapshot["metrics"]["trainer"] == [
-        {"step": 1, "values": {"loss": 0.9}},
-        {"step": 2, "values": {"loss": 0.5}},
+        {"step": 1, "time": round(first.time.timestamp(), 3), "values": {"loss": 0.9}},
+        {"step": 2, "time": round(second.time.timestamp(), 3), "values": {"loss": 0.5}},
     ]
+
+
+def test_a_live_metrics_update_says_when_its_point_was_recorded(make_run, monkeypatch,
+                                                                 django_capture_on_commit_callbacks):
+    sent = []
+    monkeypatch.setattr(services.publisher, "publish", lambda run_id, update: sent.append(update))
+    run = make_run(status=Status.RUNNING)
+    with django_capture_on_commit_callbacks(execute=True):
+        point = services.record_metrics(run, "trainer", 3, {"loss": 0.5})
+    assert sent == [{"type": "metrics", "role": "trainer", "step": 3, "time": round(point.time.timestamp(), 3),
+                     "values": {"loss": 0.5}}]
 
 
 # ---- checkpoint download ------------------------------------------------------------------------
@@ -294,7 +306,7 @@ def test_checkpoint_download_streams_a_tar_of_the_directory(researcher_client, m
     assert response.status_code == 200 and response.streaming
     assert response["Content-Type"] == "application/x-tar"
     assert f"my-run-{run.pk}-v2.tar" in response["Content-Disposition"]
-    body = b"".join(response.streaming_content)
+    body = b"".join(response)
     assert int(response["Content-Length"]) == len(body)
     with tarfile.open(fileobj=io.BytesIO(body)) as tar:
         root = f"my-run-{run.pk}-v2"
@@ -422,7 +434,7 @@ def test_compare_lists_the_picked_runs_for_the_charts(researcher_client, make_ru
     response = researcher_client.get(reverse("run-compare"), {"runs": [b.pk, a.pk, "999", "x"]})
     series = response.context["series"]
     assert [s["name"] for s in series] == ["b", "a"]
-    assert series[0]["metrics_url"] == reverse("api-run-metrics", args=[b.pk])
+    assert series[0]["metrics_url"] == reverse("run-metrics-json", args=[b.pk])
     html = response.content.decode()
     assert 'id="compare-data"' in html and 'id="charts"' in html and html.count('name="runs"') == 3
 

@@ -68,7 +68,7 @@ def test_grpo_unbiased_std():
     # -> 0.75/0.5 = 1.5 and -0.25/0.5 = -0.5
     adv, metrics = grpo(torch.tensor([1.0, 0.0, 0.0, 0.0]), [7, 7, 7, 7], epsilon=0.0)
     assert close(adv, [1.5, -0.5, -0.5, -0.5])
-    assert metrics == {"zero_std_groups": 0}
+    assert metrics == {"zero_std_groups": 0, "compared_groups": 1, "zero_variance_groups": 0.0}
 
 
 def test_grpo_population_std_is_a_setting():
@@ -82,14 +82,16 @@ def test_grpo_groups_are_independent_and_epsilon_applies():
     # group b [3,3]: std 0 -> 0; group c [5]: a group of one, mean 0 and std 1 -> 5/(1 + 0.1) = 4.5454545
     adv, metrics = grpo([1.0, 3.0, 0.0, 3.0, 5.0], ["a", "b", "a", "b", "c"], epsilon=0.1)
     assert close(adv, [0.6194960, 0.0, -0.6194960, 0.0, 4.5454545])
-    assert metrics == {"zero_std_groups": 1}  # a group of one is not a zero-std group: it keeps its reward
+    # a group of one is neither a zero-std group nor compared: it keeps its reward
+    assert metrics == {"zero_std_groups": 1, "compared_groups": 2, "zero_variance_groups": 0.5}
 
 
 def test_grpo_equal_rewards_give_exactly_zero():
     # 0.1 is not exact in binary: a float mean/std could leave ±1e-9 residue; the result must be 0.0
     rewards = torch.full((7,), 0.1)
     adv, metrics = grpo(rewards, [0] * 7)
-    assert torch.equal(adv, torch.zeros(7)) and metrics == {"zero_std_groups": 1}
+    assert torch.equal(adv, torch.zeros(7))
+    assert metrics == {"zero_std_groups": 1, "compared_groups": 1, "zero_variance_groups": 1.0}
     assert zero_std_mask([0.1, 0.1, 1.0, 0.0, 2.0], ["x", "x", "y", "y", "z"]).tolist() == [
         True, True, False, False, False,
     ]
@@ -108,14 +110,14 @@ def test_rloo_subtracts_the_mean_of_the_others():
         torch.tensor([2.0, 4.0, 9.0, 1.0, 0.0, 0.0, 5.0, 3.0, 3.0]), [0, 0, 0, 1, 1, 1, 2, 3, 3]
     )
     assert close(adv, [-4.5, -1.5, 6.0, 1.0, -0.5, -0.5, 5.0, 0.0, 0.0])
-    assert metrics == {"zero_std_groups": 1}
+    assert metrics == {"zero_std_groups": 1, "compared_groups": 3, "zero_variance_groups": 1 / 3}
 
 
 def test_reinforce_plus_plus_baseline_subtracts_the_group_mean_and_the_trainer_whitens():
     # group means .5 and 1 -> [.5, -.5, 0, 0]; [2] alone keeps 2
     adv, metrics = reinforce_plus_plus_baseline(torch.tensor([1.0, 0.0, 1.0, 1.0, 2.0]), [0, 0, 1, 1, 2])
     assert close(adv, [0.5, -0.5, 0.0, 0.0, 2.0])
-    assert metrics == {"zero_std_groups": 1}
+    assert metrics == {"zero_std_groups": 1, "compared_groups": 2, "zero_variance_groups": 0.5}
     # whitened over tokens: one token each for [.5, -.5, 0, 0]: mean 0, sample var 0.5/3 -> ±0.5/0.4082483 = ±1.2247449
     (white,) = whiten([adv[:4, None]], [torch.ones(4, 1)])
     assert close(white.squeeze(-1), [1.2247449, -1.2247449, 0.0, 0.0])

@@ -159,7 +159,7 @@ def test_stepwise_advantages_on_a_hand_made_case():
     advantages, metrics = stepwise("grpo", rewards, groups, episodes, epsilon=0.0)
     # Per episode: A's mean is 0.5 and sample std √½ (not the per-step mean 0.75) -> ±√½; B carries no signal.
     assert advantages.tolist() == pytest.approx([0.7071068, 0.7071068, 0.7071068, -0.7071068, 0, 0, 0, 0])
-    assert metrics == {"zero_std_groups": 1}
+    assert metrics == {"zero_std_groups": 1, "compared_groups": 2, "zero_variance_groups": 0.5}
     rloo, _ = stepwise("rloo", rewards, groups, episodes)
     assert rloo.tolist() == [1.0, 1.0, 1.0, -1.0, 0.0, 0.0, 0.0, 0.0]
     with pytest.raises(ValueError, match="different rewards"):

@@ -13,6 +13,7 @@ from workers.rft.algorithms.advantages import (
     rloo,
     whiten,
     zero_std_mask,
+    zero_variance_share,
 )
 from workers.rft.algorithms.aggregation import AGG_MODES, aggregate, masked_mean
 from workers.rft.algorithms.correction import CORRECTION_MODES, rollout_correction_weights
@@ -41,5 +42,5 @@ __all__ = [
     "AlgorithmSpec", "LossInputs", "aggregate", "chord_mu", "compute_gae", "discounted_returns", "dpo",
     "entropy_from_logits", "grpo", "group_advantage", "last_token_rewards", "masked_mean", "mix", "opmd", "ppo",
     "reads_entropy", "reinforce_plus_plus_baseline", "resolve", "rloo", "rollout_correction_weights", "sft",
-    "value_loss", "whiten", "zero_std_mask",
+    "value_loss", "whiten", "zero_std_mask", "zero_variance_share",
 ]

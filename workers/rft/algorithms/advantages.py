@@ -5,7 +5,8 @@ one advantage per rollout, comparing rollouts of the same task (same group id). 
 compared with nothing: its mean is 0 and its std 1, so it keeps its reward (verl, Trinity). A
 group of two or more whose rewards are all equal carries no signal: its advantages are exactly 0
 (tested by max == min, not by a float std that rounding may leave at 1e-17) and it is counted in
-the metric 'zero_std_groups'.
+the metric 'zero_std_groups'; 'zero_variance_groups' is their share of the groups compared
+('compared_groups', those of two or more): near 1, the step trains on almost nothing.
 
 Token fns (TOKEN_ADVANTAGE_FNS: the trainer applies them) read the rewards placed on each
 rollout's last model token (`last_token_rewards`): GAE with the critic ('ppo') and REINFORCE++'s
@@ -59,7 +60,20 @@ def _as_float(rewards) -> torch.Tensor:
 
 
 def _metrics(groups: Groups) -> dict:
-    return {"zero_std_groups": int(groups.flat.sum())}
+    counts = {"zero_std_groups": int(groups.flat.sum()), "compared_groups": int((groups.size > 1).sum())}
+    return zero_variance_share(counts)
+
+
+def zero_variance_share(counts: dict, prefix: str = "") -> dict:
+    """The counts with `zero_variance_groups`, the share of compared groups whose rewards were all
+    equal (0 with none compared), from `zero_std_groups` and `compared_groups` under `prefix`: the
+    explorer sums its explorers' counts (explorer.merge_parts), then takes the share of the sums.
+    Counts without `compared_groups` come back as they are."""
+    if prefix + "compared_groups" not in counts:
+        return counts  # no group advantage this step (ppo, sft, dpo...): no share to report
+    compared = counts[prefix + "compared_groups"]
+    share = counts.get(prefix + "zero_std_groups", 0) / compared if compared else 0.0
+    return {**counts, prefix + "zero_variance_groups": share}
 
 
 @ADVANTAGE_FNS.register("grpo")

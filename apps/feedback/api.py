@@ -1,0 +1,207 @@
+"""The annotation page's JSON endpoints (session auth, CSRF): the page judges, fetches the next item
+ahead, undoes and lists its history without reloading. Items come as the same HTML fragment the
+page itself is rendered from (templates/feedback/_item.html), so one template draws an item.
+
+Errors answer {"error": why} with the status that says what kind: 400 a bad request (and nothing
+changed), 403 not an annotator of the run, 404 no such item or judgement, 409 a judgement to
+confirm ({"confirm": the question}: send it again with "confirm": true).
+"""
+import time
+
+from django.http import JsonResponse
+from django.template.loader import render_to_string
+from django.utils import timezone
+from django.utils.dateparse import parse_datetime
+from django.views.decorators.http import require_GET, require_POST
+
+from apps.accounts.roles import ANNOTATOR, role_required
+from apps.buffer.models import Experience
+from apps.core.files import parse_json
+from apps.runs.models import Run
+
+from . import history, queue, views
+from .services import FeedbackError, NeedsConfirmation, NotAnnotator
+
+MAX_BODY_CHARS = 64_000  # an edit (20,000 characters) and a comment, with room for JSON escapes
+ACTIONS = {**views.JUDGEMENTS, **{name: None for name in ("skip", "postpone")}}
+
+
+class BadRequest(Exception):
+    pass
+
+
+def _error(message: str, status: int = 400, **extra) -> JsonResponse:
+    return JsonResponse({"error": message, **extra}, status=status)
+
+
+def _body(request) -> dict:
+    """The request's JSON object, its values strings (numbers read as their text) or booleans."""
+    if request.content_type != "application/json":  # a form's body is read (and gone) before any view
+        raise BadRequest(f"send the body as JSON (Content-Type: application/json), not {request.content_type}")
+    if len(request.body) > MAX_BODY_CHARS:
+        raise BadRequest(f"the request body is {len(request.body)} bytes; at most {MAX_BODY_CHARS} are read")
+    try:
+        body = parse_json(request.body.decode("utf-8") or "{}")
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise BadRequest(f"the request body is not JSON: {exc}") from None
+    if not isinstance(body, dict):
+        raise BadRequest(f"the request body must be a JSON object, not {type(body).__name__}")
+    fields = {}
+    for name, value in body.items():
+        if isinstance(value, bool) or isinstance(value, str):
+            fields[name] = value
+        elif isinstance(value, (int, float)):
+            fields[name] = str(value)
+        else:
+            raise BadRequest(f"the field {name!r} must be a string, a number or true/false, not {type(value).__name__}")
+    return fields
+
+
+def _run(request) -> Run | None:
+    return Run.objects.filter(pk=request.session.get(views.SESSION_RUN)).first()
+
+
+def _since(request):
+    """The start of this session's count: the first item page (views.experience) or judgement of the session."""
+    since = parse_datetime(request.session.get(views.SESSION_SINCE, "") or "")
+    if since is None:
+        since = timezone.now()
+        request.session[views.SESSION_SINCE] = since.isoformat()
+    return since
+
+
+def _item(request, item: Experience, *, error=None, confirm=None, text=None) -> dict:
+    context = views.item_context(request, item, error=error, confirm=confirm, edited_text=text)
+    return {"id": item.pk, "judgeable": context["refusal"] is None,
+            "html": render_to_string("feedback/_item.html", context, request=request)}
+
+
+def _progress(request) -> dict:
+    """The session count and the history panel, as every answer that changes them carries."""
+    run = _run(request)
+    if run is None:
+        return {"session_count": 0, "history": []}
+    return {"session_count": history.session_count(run, request.user, _since(request)),
+            "history": history.history(run, request.user)}
+
+
+def _experience(pk) -> Experience | None:
+    return Experience.objects.select_related("run", "task").filter(pk=pk).first()
+
+
+@require_GET
+@role_required(ANNOTATOR)
+def item(request, pk):
+    """One item, taken for the user where it is open to them (a history entry reopened)."""
+    experience = _experience(pk)
+    if experience is None:
+        return _error(f"experience {pk} does not exist", 404)
+    error = None
+    try:
+        queue.take(experience.pk, request.user)
+    except NotAnnotator as exc:
+        return _error(str(exc), 403)
+    except FeedbackError as exc:
+        error = str(exc)
+    if experience.run_id:
+        request.session[views.SESSION_RUN] = experience.run_id
+    return JsonResponse({"item": _item(request, experience, error=error)})
+
+
+@require_GET
+@role_required(ANNOTATOR)
+def next_item(request):
+    """The next item of the session's run, taken for the user, leaving out those the page has
+    (`exclude`: comma-separated ids); null when the queue has nothing more (the page then shows the
+    queue's empty page, which says why)."""
+    run = _run(request)
+    if run is None:
+        return _error("no run chosen: choose one on the annotation page", 400)
+    try:
+        exclude = [int(pk) for pk in request.GET.get("exclude", "").split(",") if pk.strip()]
+    except ValueError:
+        return _error("exclude must be experience ids separated by commas", 400)
+    try:
+        experience = queue.next_item(
+            run, request.user, request.session.get(views.SESSION_STRATEGY, queue.NEWEST), exclude=exclude
+        )
+    except NotAnnotator as exc:
+        return _error(str(exc), 403)
+    except FeedbackError as exc:
+        return _error(str(exc), 400)
+    return JsonResponse({"item": _item(request, _experience(experience.pk)) if experience else None})
+
+
+def _seconds(fields) -> float:
+    try:
+        return float(fields.get("seconds", "0"))
+    except ValueError:
+        raise BadRequest(f"seconds must be a number, not {fields['seconds']!r}") from None
+
+
+@require_POST
+@role_required(ANNOTATOR)
+def judge(request, pk, action):
+    """Rate, edit, compare, flag, skip or postpone the item; answers the new count and history."""
+    if action not in ACTIONS:
+        return _error(f"unknown action {action!r}: one of {', '.join(ACTIONS)}", 404)
+    experience = _experience(pk)
+    if experience is None:
+        return _error(f"experience {pk} does not exist", 404)
+    _since(request)  # a session's count starts at the page, or at the latest with its first judgement
+    try:
+        fields = _body(request)
+        if ACTIONS[action] is None:
+            queue.set_aside(experience.pk, request.user, postpone=action == "postpone")
+        else:
+            ACTIONS[action](
+                fields, request.user, experience.pk, seconds_spent=_seconds(fields), comment=fields.get("comment", "")
+            )
+    except BadRequest as exc:
+        return _error(str(exc))
+    except NotAnnotator as exc:
+        return _error(str(exc), 403)
+    except NeedsConfirmation as exc:
+        return _error(str(exc), 409, confirm=str(exc))
+    except FeedbackError as exc:
+        # The item as it is now (say, the run finished meanwhile): the page shows why, and what is left to do.
+        experience.refresh_from_db()
+        return _error(str(exc), item=_item(request, experience, error=str(exc), text=fields.get("text")))
+    return JsonResponse({"saved": {"item": experience.pk, "action": action}, "at": time.time(), **_progress(request)})
+
+
+@require_POST
+@role_required(ANNOTATOR)
+def undo(request):
+    """Undo a judgement of the user's ({"feedback": id}; none: their newest on the session's run).
+    Answers what was undone, whether training had used it, and the item reopened."""
+    try:
+        fields = _body(request)
+        if "feedback" in fields:
+            if not str(fields["feedback"]).isdigit():
+                raise BadRequest(f"feedback must be the id of a judgement, not {fields['feedback']!r}")
+            undone = history.undo(int(fields["feedback"]), request.user)
+        else:
+            run = _run(request)
+            if run is None:
+                raise BadRequest("no run chosen: choose one on the annotation page")
+            undone = history.undo_last(run, request.user)
+    except BadRequest as exc:
+        return _error(str(exc))
+    except NotAnnotator as exc:
+        return _error(str(exc), 403)
+    except history.TooLateToUndo as exc:
+        return _error(str(exc), 409)
+    except history.NothingToUndo as exc:
+        return _error(str(exc), 404)
+    return JsonResponse({
+        "message": undone.message, "trained_on_step": undone.trained_on_step,
+        "item": _item(request, _experience(undone.experience.pk)), **_progress(request),
+    })
+
+
+@require_GET
+@role_required(ANNOTATOR)
+def progress(request):
+    """This session's count and the user's newest judgements on the session's run."""
+    return JsonResponse(_progress(request))

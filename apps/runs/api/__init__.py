@@ -1,0 +1,44 @@
+"""The JSON API under /api/ (docs/api.md), on django-ninja: its OpenAPI document at
+/api/openapi.json, Swagger UI at /api/docs/.
+
+Pages call it with their session; scripts with `Authorization: Bearer <token>` (tokens.py). API
+clients get every refusal as JSON (auth.py), never the login page.
+"""
+
+from functools import wraps
+
+from django.contrib.auth.decorators import login_not_required
+from django.http import JsonResponse
+from django.urls import URLPattern
+
+from .routes import api, docs_page
+from .schemas import workers_json
+from .tokens import token_for, token_or_session, user_for_token
+
+__all__ = ["docs_page", "token_for", "token_or_session", "urlpatterns", "user_for_token", "workers_json"]
+
+
+def _api_view(view):
+    """Ninja's view for one path, answering for itself: no login page for anonymous callers (the
+    API's 401 instead), and a wrong method as JSON naming the right ones (ninja's is plain text)."""
+
+    @login_not_required
+    @wraps(view)  # keeps ninja's csrf_exempt: its session auth does the CSRF check (auth.py)
+    def wrapped(request, *args, **kwargs):
+        response = view(request, *args, **kwargs)
+        if response.status_code == 405:
+            allowed = response["Allow"]
+            message = f"use {' or '.join(sorted(allowed.split(', ')))}"
+            return JsonResponse({"error": message}, status=405, headers={"Allow": allowed})
+        return response
+
+    return wrapped
+
+
+# Without ninja's URL namespace, so the routes keep their names (`reverse("api-runs")`); less
+# ninja's placeholder for its root, which `api-index` answers.
+urlpatterns = [
+    URLPattern(pattern.pattern, _api_view(pattern.callback), pattern.default_args, pattern.name)
+    for pattern in api.urls[0]
+    if pattern.name != "api-root"
+]

@@ -1,0 +1,265 @@
+"""The routes of the JSON API (docs/api.md), on django-ninja: runs, their duties, metrics and
+experiences; launch and control; the workers. Each is a thin call into the services and queries
+of apps/runs; `schemas.py` says what each answers, `auth.py` who may call it."""
+
+import json
+from functools import cache
+
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+from django.core.paginator import Paginator
+from django.shortcuts import get_object_or_404
+from django.urls import reverse
+from ninja import NinjaAPI, Query, Status, Swagger
+
+from apps.accounts.roles import RESEARCHER, role_required
+from workers.rft.config import ConfigError, ConfigIssue, parse_config_text
+from workers.rft.json_values import text_problem
+
+from .. import capacity, queries, services
+from ..controls import control_run
+from ..forms import RolloutFilterForm, RunFilterForm
+from ..models import MetricPoint, Run
+from .auth import ApiError, BearerToken, Session, add_error_handlers
+from .schemas import (
+    DutiesOut,
+    ErrorOut,
+    ExperienceFilters,
+    ExperiencePage,
+    IndexOut,
+    LaunchedOut,
+    LaunchIn,
+    MetricFilters,
+    MetricsOut,
+    ResumedOut,
+    RunDetailOut,
+    RunFilters,
+    RunOut,
+    RunPage,
+    WorkersOut,
+    experience_json,
+    run_json,
+    workers_json,
+)
+
+PAGE_SIZE, MAX_PAGE_SIZE = 50, 500
+
+
+class RftwebAPI(NinjaAPI):
+    """Ninja mounted without a URL namespace (apps/runs/api/__init__.py), so that `reverse("api-runs")`
+    works as for every other URL of the site."""
+
+    def get_root_path(self, path_params) -> str:
+        return reverse("api-index")
+
+    def get_content_type(self) -> str:
+        return "application/json"  # as Django's JsonResponse says it, and the error answers do
+
+
+class SchemaSwagger(Swagger):
+    def get_openapi_url(self, api, path_params) -> str:
+        return reverse("api-schema")
+
+
+api = RftwebAPI(
+    title="rftweb",
+    version="1",
+    description="Runs, their metrics and experiences; launch and control. See docs/api.md.",
+    auth=[BearerToken(), Session()],  # in this order (auth.py)
+    urls_namespace="api",
+    # Served by the routes below, behind the API's own login and role checks.
+    openapi_url=None,
+    docs_url=None,
+    docs=SchemaSwagger(),
+)
+add_error_handlers(api)
+
+REFUSED = {401: ErrorOut, 403: ErrorOut}  # no token or session; not a researcher, or no CSRF token
+RUN_REFUSED = {**REFUSED, 404: ErrorOut}  # no such run
+CONTROL_REFUSED = {**RUN_REFUSED, 409: ErrorOut}  # not offered in the run's status
+
+
+def _run(pk) -> Run:
+    return get_object_or_404(queries.with_latest_explorer_metrics(Run.objects.select_related("owner")), pk=pk)
+
+
+def _page(items, page, page_size) -> dict:
+    """`{count, page, pages}` and the page's items; a page size that is not a number is the default."""
+    try:
+        size = min(max(int(page_size or PAGE_SIZE), 1), MAX_PAGE_SIZE)
+    except ValueError:
+        size = PAGE_SIZE
+    found = Paginator(items, size).get_page(page)
+    return {"count": found.paginator.count, "page": found.number, "pages": found.paginator.num_pages,
+            "results": found.object_list}
+
+
+def _valid(form):
+    if not form.is_valid():
+        raise ApiError(400, "invalid filters", errors=form.errors)
+    return form
+
+
+@cache
+def openapi_schema() -> dict:
+    """The same for every request (no per-user parts), so built once per process."""
+    return api.get_openapi_schema()
+
+
+@role_required(RESEARCHER)
+def docs_page(request):
+    """Swagger UI over /api/openapi.json, from ninja's own static files (no CDN; the CSP allows
+    scripts of this site only). Its requests carry the session and the CSRF token."""
+    return api.docs.render_page(request, api)
+
+
+@api.get("/", response={200: IndexOut, **REFUSED}, url_name="api-index", by_alias=True, summary="This index")
+def index(request):
+    """What a script finds at /api/: the live docs, the schema, where to get a token, and each path."""
+    endpoints = {
+        path: " · ".join(
+            f"{method.upper()} {operation['summary']}" for method, operation in operations.items()
+        )
+        for path, operations in openapi_schema()["paths"].items()
+    }
+    return {
+        "docs": request.build_absolute_uri(reverse("api-docs")),
+        "schema": request.build_absolute_uri(reverse("api-schema")),
+        "token": request.build_absolute_uri(reverse("api-token")),
+        "endpoints": endpoints,
+    }
+
+
+@api.get("/openapi.json", include_in_schema=False, url_name="api-schema")
+def schema(request):
+    return openapi_schema()
+
+
+@api.get("/runs/", response={200: RunPage, 400: ErrorOut, **REFUSED}, url_name="api-runs", summary="List runs")
+def list_runs(request, filters: Query[RunFilters]):
+    """Newest first."""
+    form = _valid(RunFilterForm(filters.dict(exclude={"page", "page_size"}, exclude_none=True)))
+    listed = form.filter(queries.with_latest_explorer_metrics(Run.objects.select_related("owner")))
+    page = _page(listed, filters.page, filters.page_size)
+    return {**page, "results": [run_json(run) for run in page["results"]]}
+
+
+@api.post(
+    "/runs/", response={201: LaunchedOut, 400: ErrorOut, **REFUSED}, url_name="api-runs", summary="Launch a run",
+    openapi_extra={"requestBody": {
+        "required": True, "content": {"application/json": {"schema": LaunchIn.model_json_schema()}}
+    }},
+)
+def launch_run(request):
+    """201 with the run and `warnings`: what it will wait for given the workers' free slots."""
+    body = _json_body(request)
+    name = body.get("name") or "api run"
+    problem = "must be a string" if not isinstance(name, str) else text_problem(name)
+    if problem:  # JSON can carry "\u0000" or "\ud800", which Postgres cannot store
+        raise ApiError(400, f"name {problem}", errors=[{"key": "name", "message": problem}])
+    config = body.get("config") or {}
+    try:
+        if isinstance(config, str):
+            config = parse_config_text(config)
+        if not isinstance(config, dict):
+            raise ConfigError([ConfigIssue("<config>", "expected a mapping or YAML text")])
+        run = services.launch_run(request.user, name[:200], config)
+    except ConfigError as err:
+        raise ApiError(
+            400, "invalid config", errors=[{"key": issue.key, "message": issue.message} for issue in err.errors]
+        ) from None
+    answer = run_json(_run(run.pk), detail=True)
+    answer["warnings"] = capacity.launch_warnings(run.config, run.pk)
+    return Status(201, answer)
+
+
+def _json_body(request) -> dict:
+    try:
+        body = json.loads(request.body or b"{}")
+    except RequestDataTooBig:
+        raise ApiError(400, f"the body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes") from None
+    except (ValueError, RecursionError):  # ValueError: not JSON, not UTF-8, an int of 5,000 digits
+        raise ApiError(400, "the body must be JSON") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the body must be a JSON object")
+    return body
+
+
+@api.get("/runs/{pk}/", response={200: RunDetailOut, **RUN_REFUSED}, url_name="api-run", summary="One run")
+def run_detail(request, pk: int):
+    """With its config, duties, checkpoints and resumes."""
+    return run_json(_run(pk), detail=True)
+
+
+@api.get("/runs/{pk}/duties/", response={200: DutiesOut, **RUN_REFUSED}, url_name="api-run-duties",
+         summary="A run's duties")
+def run_duties(request, pk: int):
+    """Which worker serves each duty, or what each waits for (the run page polls it)."""
+    return capacity.duties_json(get_object_or_404(Run, pk=pk))
+
+
+@api.get("/runs/{pk}/metrics/", response={200: MetricsOut, 400: ErrorOut, **RUN_REFUSED},
+         url_name="api-run-metrics", summary="A run's metrics")
+def run_metrics(request, pk: int, filters: Query[MetricFilters]):
+    """By role, in step order."""
+    run = get_object_or_404(Run, pk=pk)
+    since, role = filters.since, filters.role or None
+    if since is not None and not (since.isascii() and since.isdigit()):  # isdigit() alone takes "²"
+        raise ApiError(400, "since must be a step number")
+    if role is not None and role not in MetricPoint.Role.values:
+        raise ApiError(400, f"role must be one of: {', '.join(MetricPoint.Role.values)}")
+    metrics = queries.metrics_by_role(run, role=role, since=None if since is None else int(since))
+    return {"run": run.pk, "name": run.name, "metrics": metrics}
+
+
+@api.get("/runs/{pk}/experiences/", response={200: ExperiencePage, 400: ErrorOut, **RUN_REFUSED},
+         url_name="api-run-experiences", summary="A run's rollouts")
+def run_experiences(request, pk: int, filters: Query[ExperienceFilters]):
+    """The rollout browser's data and filters, newest step first."""
+    run = get_object_or_404(Run, pk=pk)
+    form = _valid(RolloutFilterForm(filters.dict(exclude={"page", "page_size"}, exclude_none=True)))
+    experiences = queries.experiences_for_browsing(form.filter(run.experiences.all())).order_by(
+        "-explorer_step", "group_id", "rollout_index", "pk"
+    )
+    page = _page(experiences, filters.page, filters.page_size)
+    return {**page, "results": [experience_json(e) for e in page["results"]]}
+
+
+def _control(request, pk: int, action: str) -> tuple[Run, str]:
+    """Apply the control; the run and the status it had. 409 (with the status) when not offered."""
+    run = get_object_or_404(Run, pk=pk)
+    was = run.status
+    try:
+        control_run(run, action, request.user)
+    except services.InvalidTransition as err:
+        raise ApiError(409, str(err), status=run.status) from None
+    return run, was
+
+
+@api.post("/runs/{pk}/pause/", response={200: RunOut, **CONTROL_REFUSED}, url_name="api-run-pause",
+          summary="Pause a run")
+def pause_run(request, pk: int):
+    _control(request, pk, "pause")
+    return run_json(_run(pk))
+
+
+@api.post("/runs/{pk}/resume/", response={200: ResumedOut, **CONTROL_REFUSED}, url_name="api-run-resume",
+          summary="Resume a run")
+def resume_run(request, pk: int):
+    """A paused run carries on in place; a failed or stopped one is queued again and continues from
+    its newest checkpoint. `message` says where from."""
+    run, was = _control(request, pk, "resume")
+    return {**run_json(_run(pk), detail=True), "message": services.describe_resume(run, was)}
+
+
+@api.post("/runs/{pk}/stop/", response={200: RunOut, **CONTROL_REFUSED}, url_name="api-run-stop",
+          summary="Stop a run")
+def stop_run(request, pk: int):
+    _control(request, pk, "stop")
+    return run_json(_run(pk))
+
+
+@api.get("/workers/", response={200: WorkersOut, **REFUSED}, url_name="api-workers", summary="The workers")
+def workers(request):
+    """The live workers, what each holds, and those lost or stopped in the last day (the Workers page's data)."""
+    return workers_json(capacity.overview())

@@ -1,0 +1,291 @@
+"""What the API answers and takes, as ninja Schemas (so /api/openapi.json documents real bodies),
+and the functions that build those answers from the models.
+
+Ninja checks each answer against its schema, so a key added to a builder and not here is dropped:
+add it to both. Times the workers report (`WorkerOut`, `DutyOut`) are ISO strings as stored."""
+
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.urls import reverse
+from ninja import Field, Schema
+
+from .. import capacity, queries
+from ..models import Run
+
+# ---- errors ------------------------------------------------------------------------------------
+
+
+class ConfigProblem(Schema):
+    key: str = Field(description="dotted config path, `<config>` for the document itself, or `name`")
+    message: str
+
+
+class ErrorOut(Schema):
+    error: str = Field(description="what went wrong, for a person")
+    errors: list[ConfigProblem] | dict[str, list[str]] | None = Field(
+        None, description="an invalid config: one entry per problem; invalid filters: messages by filter"
+    )
+    status: str | None = Field(None, description="a refused control (409): the run's status")
+
+
+# ---- what the API takes ------------------------------------------------------------------------
+# Query parameters are text the views check themselves (the same forms as the pages), so that a
+# bad one is a 400 naming it, as everywhere else in the API.
+
+PAGE = Field(None, description="page number, from 1 (an out-of-range page gives the last)")
+PAGE_SIZE = Field(None, description="rows per page, 1 to 500 (default 50)")
+
+
+class RunFilters(Schema):
+    q: str | None = Field(None, description="the name contains this (any case)")
+    status: str | None = Field(None, description=f"one of: {', '.join(Run.Status.values)}")
+    owner: str | None = Field(None, description="the owner's username")
+    tag: str | None = Field(None, description="runs carrying this tag")
+    page: str | None = PAGE
+    page_size: str | None = PAGE_SIZE
+
+
+class ExperienceFilters(Schema):
+    step: str | None = Field(None, description="explorer step")
+    min_reward: str | None = Field(None, description="reward at least")
+    max_reward: str | None = Field(None, description="reward at most")
+    source: str | None = Field(None, description="rollout, expert, human_edit or synthetic")
+    q: str | None = Field(None, description="the prompt or the response contains this")
+    page: str | None = PAGE
+    page_size: str | None = PAGE_SIZE
+
+
+class MetricFilters(Schema):
+    role: str | None = Field(None, description="keep one role: explorer, trainer, eval...")
+    since: str | None = Field(None, description="the steps after this one (for polling)")
+
+
+class LaunchIn(Schema):
+    """Documents the launch body; the view reads it itself, so that every problem (not JSON, too
+    big, a NUL in the name, an invalid config) gets its own message rather than pydantic's."""
+
+    name: str = Field("api run", description="at most 200 characters are kept")
+    config: dict[str, Any] | str = Field(
+        description="the run config (docs/config.md) as a mapping, or as YAML text", default_factory=dict
+    )
+
+
+# ---- runs --------------------------------------------------------------------------------------
+
+
+class RunOut(Schema):
+    id: int
+    name: str
+    owner: str = Field(description="the owner's username")
+    status: str = Field(description=f"one of: {', '.join(Run.Status.values)}")
+    shown_status: str = Field(description="queued or waiting while a duty waits for a worker, else status")
+    mode: str
+    explorer_step: int
+    trainer_step: int
+    model_version: int
+    total_steps: int
+    progress: float | None = Field(description="0 to 1, null without total_steps")
+    latest_reward: float | None
+    error: str
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    tags: list[str] = Field(description="lowercase words, set on the run's page by its owner or a curator")
+    notes: str
+    url: str = Field(description="the run's page")
+
+
+class CheckpointOut(Schema):
+    version: int
+    step: int
+    created_at: datetime
+    download_url: str = Field(description="a tar stream; takes the same token")
+
+
+class DutyOut(Schema):
+    duty: str
+    queue: str
+    state: str = Field(description="waiting, starting, running, handed over, lost or ended")
+    node: str | None = Field(description="the worker holding it")
+    since: str | None
+    detail: str
+
+
+class RunDetailOut(RunOut):
+    duties: list[DutyOut]
+    config: dict[str, Any]
+    resumes: list[dict[str, Any]] = Field(description='each {"at", "after", "error", "checkpoint"}')
+    checkpoints: list[CheckpointOut]
+
+
+class LaunchedOut(RunDetailOut):
+    warnings: list[str] = Field(description="what the run will wait for, given the workers' free slots")
+
+
+class ResumedOut(RunDetailOut):
+    message: str = Field(description="where the run continues from")
+
+
+class RunPage(Schema):
+    count: int
+    page: int
+    pages: int
+    results: list[RunOut]
+
+
+class DutiesOut(Schema):
+    status: str
+    shown_status: str
+    explorers: int
+    explorers_running: int
+    poll_s: float = Field(description="how often a page should ask again")
+    duties: list[DutyOut]
+
+
+class MetricPointOut(Schema):
+    step: int
+    time: float | None = Field(description="when it was recorded, Unix seconds")
+    values: dict[str, Any]
+
+
+class MetricsOut(Schema):
+    run: int
+    name: str
+    metrics: dict[str, list[MetricPointOut]] = Field(description="by role, each in step order")
+
+
+class ExperienceOut(Schema):
+    id: int
+    explorer_step: int
+    group_id: str
+    rollout_index: int
+    source: str
+    status: str
+    prompt: str
+    response: str
+    reward: float | None
+    reward_components: dict[str, Any]
+    advantage: float | None
+    model_version: int
+    response_tokens: int | None
+    task_id: int | None
+    annotate_url: str
+
+
+class ExperiencePage(Schema):
+    count: int
+    page: int
+    pages: int
+    results: list[ExperienceOut]
+
+
+def run_json(run: Run, *, detail: bool = False) -> dict:
+    progress = queries.run_progress(run)
+    data = {
+        "id": run.pk,
+        "name": run.name,
+        "owner": run.owner.username,
+        "status": run.status,
+        "shown_status": capacity.shown_status(run),
+        "mode": run.mode,
+        "explorer_step": run.explorer_step,
+        "trainer_step": run.trainer_step,
+        "model_version": run.model_version,
+        "total_steps": progress.total,
+        "progress": progress.fraction,
+        "latest_reward": queries.latest_reward(run),
+        "error": run.error,
+        "created_at": run.created_at,
+        "started_at": run.started_at,
+        "finished_at": run.finished_at,
+        "tags": run.tags,
+        "notes": run.notes,
+        "url": reverse("run-detail", args=[run.pk]),
+    }
+    if detail:
+        data["duties"] = capacity.duties_json(run)["duties"]
+        data["config"] = run.config
+        data["resumes"] = run.resumes
+        data["checkpoints"] = [
+            {
+                "version": checkpoint.version,
+                "step": checkpoint.step,
+                "created_at": checkpoint.created_at,
+                "download_url": reverse("checkpoint-download", args=[run.pk, checkpoint.version]),
+            }
+            for checkpoint in run.checkpoints.order_by("version")
+        ]
+    return data
+
+
+def experience_json(experience) -> dict:
+    return {
+        "id": experience.pk,
+        "explorer_step": experience.explorer_step,
+        "group_id": experience.group_id,
+        "rollout_index": experience.rollout_index,
+        "source": experience.source,
+        "status": experience.status,
+        "prompt": experience.prompt_text,
+        "response": experience.response_text,
+        "reward": experience.reward,
+        "reward_components": experience.reward_components,
+        "advantage": experience.advantage,
+        "model_version": experience.model_version,
+        "response_tokens": queries.response_tokens(experience),
+        "task_id": experience.task_id,
+        "annotate_url": f"/annotate/experience/{experience.pk}/",
+    }
+
+
+# ---- workers -----------------------------------------------------------------------------------
+
+
+class HoldOut(Schema):
+    run_id: int
+    run_name: str
+    run_status: str
+    duty: str
+    since: str | None
+    last_beat: str
+    run_url: str
+
+
+class WorkerOut(Schema):
+    name: str = Field(description="its Celery hostname")
+    host: str
+    pid: int | None
+    queues: list[str]
+    slots: int | None = Field(description="null when embedded: no limit")
+    free: int | None
+    gpus: list[dict[str, Any]] = Field(description='each {"name", "memory_gb", "used_gb"}')
+    version: str = Field(description="the git commit it runs")
+    started_at: str | None
+    last_seen: str | None
+    state: str = Field(description="live, lost or stopped")
+    holds: list[HoldOut]
+
+
+class WorkersOut(Schema):
+    embedded: bool
+    heartbeat_timeout_s: float
+    workers: list[WorkerOut]
+    lost: list[WorkerOut] = Field(description="lost in the last day")
+    stopped: list[WorkerOut] = Field(description="stopped in the last day")
+
+
+def workers_json(overview: dict) -> dict:
+    return {
+        "embedded": settings.RFTWEB_EMBEDDED,
+        "heartbeat_timeout_s": settings.RFTWEB_HEARTBEAT_TIMEOUT,
+        **{section: [worker.as_json() for worker in workers] for section, workers in overview.items()},
+    }
+
+
+class IndexOut(Schema):
+    docs: str = Field(description="the live documentation")
+    schema_url: str = Field(alias="schema", description="this API's OpenAPI document")
+    token: str = Field(description="where a logged-in researcher finds their token")
+    endpoints: dict[str, str] = Field(description="each path, with what each method does")

@@ -1,0 +1,187 @@
+"""Compare runs (charts, config diff, summary), download their metrics (CSV, JSON), and edit a
+run's notes and tags. Every researcher reads; notes and tags are their run owner's (and curators')."""
+
+import csv
+import io
+import json
+
+from django.contrib import messages
+from django.core.exceptions import ValidationError
+from django.http import StreamingHttpResponse
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils.http import content_disposition_header
+from django.utils.text import slugify
+from django.views.decorators.http import require_POST
+
+from apps.accounts.roles import RESEARCHER, role_required
+from apps.core.streaming import streaming
+
+from . import comparison, queries
+from .models import Run
+from .notes import set_notes_and_tags
+from .views import PLOTLY_VERSION
+
+COMPARE_PICKER_RUNS = 50
+CSV_HEADER = ("run", "name", "step", "key", "value", "time")
+CHUNK_CHARS = 64 * 1024  # one network write: a row at a time would be millions of tiny writes
+# A spreadsheet runs a cell that starts with one of these as a formula (a run named "=HYPERLINK(…)").
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+
+
+@role_required(RESEARCHER)
+def run_compare(request):
+    """The runs picked (?runs=1&runs=2): their config differences, a summary of each, and one chart
+    per metric with a line per run."""
+    picked = comparison.runs_in_order(comparison.picked_ids(request.GET))
+    choices = list(Run.objects.select_related("owner")[:COMPARE_PICKER_RUNS])
+    choices += [run for run in picked if run not in choices]
+    series = [
+        {
+            "id": run.pk,
+            "name": run.name,
+            "metrics_url": reverse("run-metrics-json", args=[run.pk]),
+            "url": reverse("run-detail", args=[run.pk]),
+        }
+        for run in picked
+    ]
+    query = "?" + "&".join(f"runs={run.pk}" for run in picked)
+    return render(
+        request,
+        "runs/compare.html",
+        {
+            "choices": choices,
+            "picked": {run.pk for run in picked},
+            "picked_runs": picked,
+            "config_diff": comparison.config_diff(picked),
+            "summary": comparison.summary_rows([comparison.run_summary(run) for run in picked]),
+            "download_query": query,
+            "series": series,
+            "overview": queries.overview_charts(),
+            "plotly_version": PLOTLY_VERSION,
+        },
+    )
+
+
+# ---- downloads ---------------------------------------------------------------------------------
+
+
+def _download_name(runs: list[Run]) -> str:
+    if len(runs) == 1:
+        return f"{slugify(runs[0].name) or 'run'}-{runs[0].pk}-metrics"
+    return "runs-" + "-".join(str(run.pk) for run in runs) + "-metrics"
+
+
+def _safe_cell(value):
+    """Text a spreadsheet would run as a formula, quoted to stay text."""
+    return "'" + value if isinstance(value, str) and value.startswith(FORMULA_START) else value
+
+
+def _csv_chunks(runs: list[Run]):
+    """Long format, a row per value: run, name, step, key ("role/key", as the charts name it),
+    value (empty for a diverged one, stored as null), time (ISO 8601, UTC)."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(CSV_HEADER)
+    for run in runs:
+        name = _safe_cell(run.name)
+        for role, step, time, values in comparison.metric_points(run):
+            stamp = time.isoformat()
+            for key, value in comparison.flat_values(values):
+                if isinstance(value, bool):
+                    value = int(value)
+                elif isinstance(value, list):
+                    value = json.dumps(value)
+                writer.writerow((run.pk, name, step, _safe_cell(f"{role}/{key}"), _safe_cell(value), stamp))
+            if buffer.tell() >= CHUNK_CHARS:
+                yield buffer.getvalue()
+                buffer.seek(0)
+                buffer.truncate()
+    yield buffer.getvalue()
+
+
+def _json_run_chunks(run: Run):
+    """{"run", "name", "metrics": {role: [{step, time, values}]}}, as the run's live snapshot has
+    them but with ISO times."""
+    yield json.dumps({"run": run.pk, "name": run.name})[:-1] + ', "metrics": {'
+    role, parts, size = None, [], 0
+    for point_role, step, time, values in comparison.metric_points(run):
+        if point_role != role:
+            parts.append(("]" if role else "") + ("," if role else "") + json.dumps(point_role) + ": [")
+            role, first = point_role, True
+        point = json.dumps({"step": step, "time": time.isoformat(), "values": values})
+        parts.append(point if first else "," + point)
+        first, size = False, size + len(point)
+        if size >= CHUNK_CHARS:
+            yield "".join(parts)
+            parts, size = [], 0
+    yield "".join(parts) + ("]" if role else "") + "}}"
+
+
+def _json_chunks(runs: list[Run], *, many: bool):
+    if not many:
+        yield from _json_run_chunks(runs[0])
+        return
+    yield '{"runs": ['
+    for index, run in enumerate(runs):
+        if index:
+            yield ","
+        yield from _json_run_chunks(run)
+    yield "]}"
+
+
+def _download(chunks, runs: list[Run], extension: str, content_type: str) -> StreamingHttpResponse:
+    response = streaming(chunks, content_type=content_type)  # a long run's points never sit in memory
+    filename = f"{_download_name(runs)}.{extension}"
+    response["Content-Disposition"] = content_disposition_header(as_attachment=True, filename=filename)
+    return response
+
+
+@role_required(RESEARCHER)
+def run_metrics_csv(request, pk):
+    runs = [get_object_or_404(Run, pk=pk)]
+    return _download(_csv_chunks(runs), runs, "csv", "text/csv; charset=utf-8")
+
+
+@role_required(RESEARCHER)
+def run_metrics_json(request, pk):
+    runs = [get_object_or_404(Run, pk=pk)]
+    return _download(_json_chunks(runs, many=False), runs, "json", "application/json")
+
+
+@role_required(RESEARCHER)
+def compare_metrics_csv(request):
+    runs = comparison.runs_in_order(comparison.picked_ids(request.GET))
+    if not runs:
+        return _no_runs(request)
+    return _download(_csv_chunks(runs), runs, "csv", "text/csv; charset=utf-8")
+
+
+@role_required(RESEARCHER)
+def compare_metrics_json(request):
+    runs = comparison.runs_in_order(comparison.picked_ids(request.GET))
+    if not runs:
+        return _no_runs(request)
+    return _download(_json_chunks(runs, many=True), runs, "json", "application/json")
+
+
+def _no_runs(request):
+    messages.error(request, "Pick the runs to download: no run was given (?runs=<id>&runs=<id>).")
+    return redirect("run-compare")
+
+
+# ---- notes and tags ----------------------------------------------------------------------------
+
+
+@require_POST
+@role_required(RESEARCHER)
+def run_notes(request, pk):
+    """Save the notes and tags of the run page's form (PermissionDenied: 403 for another's run)."""
+    run = get_object_or_404(Run, pk=pk)
+    try:
+        set_notes_and_tags(run, request.user, notes=request.POST.get("notes", ""), tags=request.POST.get("tags", ""))
+    except ValidationError as err:
+        messages.error(request, "Notes and tags not saved: " + "; ".join(err.messages) + ".")
+    else:
+        messages.success(request, f"Saved the notes and tags of {run.name}.")
+    return redirect("run-detail", pk=pk)

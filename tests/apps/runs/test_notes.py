@@ -1,0 +1,105 @@
+"""A run's notes and tags: checked and saved by their owner or a curator; shown on the run page
+and the runs list, which filters by tag."""
+
+import pytest
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.urls import reverse
+
+from apps.accounts.services import create_user
+from apps.runs.models import Run
+from apps.runs.notes import parse_tags, set_notes_and_tags
+
+from .test_views import messages_of
+
+
+def test_tags_are_split_on_commas_and_spaces_lowercased_and_deduplicated():
+    assert parse_tags(" Baseline, lr-3e-4  v1.2 baseline,,grpo:kl ") == ["baseline", "lr-3e-4", "v1.2", "grpo:kl"]
+    assert parse_tags("") == []
+
+
+@pytest.mark.parametrize("text, says", [
+    ("ok bad!tag", "'bad!tag': a tag has letters, digits and . _ : -"),
+    ("-leading", "'-leading'"),
+    ("x" * 33, "at most 32 characters"),
+    ('quo"te', "'quo\"te'"),
+    (" ".join(f"t{i}" for i in range(11)), "11 tags: a run has at most 10"),
+])
+def test_bad_tags_are_refused_naming_the_problem(text, says):
+    with pytest.raises(ValidationError) as raised:
+        parse_tags(text)
+    assert says in raised.value.messages[0]
+
+
+def test_the_owner_saves_notes_and_tags(make_run, researcher):
+    run = make_run("r")
+    set_notes_and_tags(run, researcher, notes="  lr too high?\n", tags="baseline, sweep")
+    run.refresh_from_db()
+    assert (run.notes, run.tags) == ("lr too high?", ["baseline", "sweep"])
+
+
+def test_a_bad_tag_or_long_notes_change_nothing(make_run, researcher):
+    run = make_run("r", notes="kept", tags=["kept"])
+    for notes, tags in (("new", "ok b@d"), ("x" * 10_001, "ok")):
+        with pytest.raises(ValidationError):
+            set_notes_and_tags(run, researcher, notes=notes, tags=tags)
+    run.refresh_from_db()
+    assert (run.notes, run.tags) == ("kept", ["kept"])
+
+
+def test_another_researcher_may_not_edit_but_a_curator_may(make_run, curator):
+    other = create_user("other", "pw-for-tests-123", roles=["researcher"])
+    run = make_run("r")
+    with pytest.raises(PermissionDenied):
+        set_notes_and_tags(run, other, notes="mine now", tags="")
+    set_notes_and_tags(run, curator, notes="curated", tags="keep")
+    run.refresh_from_db()
+    assert (run.notes, run.tags) == ("curated", ["keep"])
+
+
+def test_the_run_page_form_saves_and_shows_them(researcher_client, make_run):
+    run = make_run("r")
+    response = researcher_client.post(reverse("run-notes", args=[run.pk]), {"notes": "try kl 0.1", "tags": "Sweep"})
+    assert response.status_code == 302 and response["Location"] == reverse("run-detail", args=[run.pk])
+    html = researcher_client.get(reverse("run-detail", args=[run.pk])).content.decode()
+    assert "try kl 0.1" in html and f'href="{reverse("run-list")}?tag=sweep"' in html
+    assert 'name="tags" value="sweep"' in html  # its owner gets the form
+    assert "{#" not in html  # no template comment shows
+
+
+def test_the_form_says_why_it_saved_nothing(researcher_client, make_run):
+    run = make_run("r", notes="before")
+    response = researcher_client.post(reverse("run-notes", args=[run.pk]), {"notes": "after", "tags": "a,b;c"})
+    assert any("Notes and tags not saved: tag 'b;c'" in note for note in messages_of(response))
+    assert Run.objects.get(pk=run.pk).notes == "before"
+
+
+def test_others_read_the_notes_without_the_form(client, make_run, django_user_model):
+    client.force_login(create_user("other", "pw-for-tests-123", roles=["researcher"]))
+    run = make_run("r", notes="by its owner", tags=["a"])
+    html = client.get(reverse("run-detail", args=[run.pk])).content.decode()
+    assert "by its owner" in html and 'name="tags"' not in html
+    assert f'href="{reverse("run-metrics-csv", args=[run.pk])}" download' in html  # its metrics, for anyone
+    assert client.post(reverse("run-notes", args=[run.pk]), {"notes": "", "tags": ""}).status_code == 403
+    assert Run.objects.get(pk=run.pk).notes == "by its owner"
+
+
+@pytest.mark.parametrize("tag, expected", [
+    ("sweep", {"a", "b"}),
+    ("Sweep", {"a", "b"}),
+    ("sweep-2", {"c"}),
+    ("swee", set()),  # a whole tag, not a part of one
+    ("", {"a", "b", "c", "d"}),
+])
+def test_the_runs_list_filters_by_tag(researcher_client, make_run, tag, expected):
+    make_run("a", tags=["sweep"]), make_run("b", tags=["base", "sweep"]), make_run("c", tags=["sweep-2"])
+    make_run("d")
+    response = researcher_client.get(reverse("run-list"), {"tag": tag})
+    assert {run.name for run in response.context["runs"]} == expected
+
+
+def test_the_runs_list_shows_tags_as_links_and_refuses_a_bad_one(researcher_client, make_run):
+    make_run("a", tags=["sweep"])
+    html = researcher_client.get(reverse("run-list")).content.decode()
+    assert f'<a class="chip tag" href="{reverse("run-list")}?tag=sweep"' in html
+    response = researcher_client.get(reverse("run-list"), {"tag": "no way"})
+    assert "is not a tag" in response.content.decode() and len(response.context["runs"]) == 1  # not applied

@@ -1,0 +1,168 @@
+"""The API's OpenAPI document (/api/openapi.json) and docs page (/api/docs/): the document is valid
+OpenAPI 3, lists exactly the API's routes, and every operation it lists answers a real call with a
+status it documents and a body that matches the documented schema."""
+
+import json
+import re
+from datetime import timedelta
+
+import pytest
+from django.test import Client
+from django.urls import URLPattern, URLResolver, get_resolver, resolve, reverse
+from django.utils import timezone
+from openapi_schema_validator import OAS31Validator
+from openapi_spec_validator import validate
+
+from apps.buffer.models import Experience
+from apps.runs.api import token_for
+from apps.runs.models import Checkpoint, MetricPoint, Run, Worker
+from apps.runs.presets import preset_config
+
+Status = Run.Status
+# Under /api/ but not JSON operations: the token and docs pages (HTML) and the document itself.
+NOT_OPERATIONS = {"api-token", "api-docs", "api-schema"}
+METHODS = ("get", "post", "put", "patch", "delete")
+
+
+@pytest.fixture
+def script(researcher):
+    return Client(enforce_csrf_checks=True, HTTP_AUTHORIZATION=f"Bearer {token_for(researcher)}")
+
+
+@pytest.fixture
+def spec(script) -> dict:
+    response = script.get(reverse("api-schema"))
+    assert response.status_code == 200 and response["Content-Type"] == "application/json"
+    return response.json()
+
+
+@pytest.fixture
+def busy_run(make_run, researcher):
+    """A running run with something in every list: a live worker holding its duty, a checkpoint,
+    metrics and a rollout."""
+    now = timezone.now()
+    Worker.objects.create(name="runs@gpu-1", host="gpu-1", pid=4242, queues=["train"], slots=1,
+                          started_at=now - timedelta(hours=1), last_seen=now)
+    beat = {"at": now.isoformat(), "worker": "gpu-1:4242", "node": "runs@gpu-1", "since": now.isoformat(),
+            "started": now.isoformat()}
+    run = make_run("busy", status=Status.RUNNING, config=preset_config("quick-demo"), heartbeats={"loop": beat})
+    Checkpoint.objects.create(run=run, version=1, step=5, path="runs/1/v1")
+    MetricPoint.objects.create(run=run, role="explorer", step=5, values={"reward_mean": 0.5})
+    Experience.objects.create(run=run, explorer_step=5, group_id="g", prompt_text="1+1?", response_text="2",
+                              prompt_ids=[1], response_ids=[2], action_mask=[1], reward=1.0, model_version=1)
+    return run
+
+
+def operations(spec):
+    for path, item in spec["paths"].items():
+        for method in METHODS:
+            if method in item:
+                yield path, method, item[method]
+
+
+def api_routes() -> dict[str, str]:
+    """{OpenAPI-style path: URL name} of every URL under /api/ that the resolver knows."""
+    routes = {}
+
+    def walk(patterns, prefix):
+        for pattern in patterns:
+            route = prefix + str(pattern.pattern)
+            if isinstance(pattern, URLResolver):
+                walk(pattern.url_patterns, route)
+            elif isinstance(pattern, URLPattern) and route.startswith("api/"):
+                routes["/" + re.sub(r"<(?:\w+:)?(\w+)>", r"{\1}", route)] = pattern.name
+
+    walk(get_resolver().url_patterns, "")
+    return routes
+
+
+def test_the_document_is_valid_openapi_3(spec):
+    validate(spec)  # raises, naming the problem, when it is not
+    assert spec["openapi"].startswith("3.")
+    schemes = spec["components"]["securitySchemes"]
+    assert {scheme["type"] for scheme in schemes.values()} == {"http", "apiKey"}  # bearer token, session
+
+
+def test_every_api_route_is_documented_and_every_documented_path_resolves(spec):
+    documented = {path: name for path, name in api_routes().items() if name not in NOT_OPERATIONS}
+    assert set(spec["paths"]) == set(documented)
+    for path in spec["paths"]:
+        assert resolve(path.replace("{pk}", "1")).url_name == documented[path]
+
+
+def test_every_operation_documents_its_answers_and_its_auth(spec):
+    for path, method, operation in operations(spec):
+        answers = operation["responses"]
+        assert {"401", "403"} <= set(answers), (method, path)
+        assert any(status.startswith("2") for status in answers), (method, path)
+        assert "$ref" in json.dumps(answers), (method, path)  # real bodies, not {}
+        assert operation["summary"] and operation["security"], (method, path)
+
+
+def request_body(path, method, operation, run) -> dict | None:
+    """A valid body for each operation that takes one (a new one must be added here)."""
+    bodies = {("post", "/api/runs/"): {"name": "documented", "config": preset_config("quick-demo")}}
+    if "requestBody" in operation:
+        return bodies[(method, path)]
+    return None
+
+
+# What each control needs the run to be in to be offered.
+STATUS_BEFORE = {"pause": Status.RUNNING, "resume": Status.PAUSED, "stop": Status.RUNNING}
+
+
+def test_each_documented_operation_answers_a_token_as_documented(spec, script, busy_run, tasksets, worker_queue):
+    called = 0
+    for path, method, operation in operations(spec):
+        action = path.rstrip("/").rsplit("/", 1)[-1]
+        if action in STATUS_BEFORE:
+            Run.objects.filter(pk=busy_run.pk).update(status=STATUS_BEFORE[action])
+        url = path.replace("{pk}", str(busy_run.pk))
+        body = request_body(path, method, operation, busy_run)
+        response = getattr(script, method)(url, json.dumps(body) if body else None, content_type="application/json")
+        status = str(response.status_code)
+        assert status.startswith("2") and status in operation["responses"], (method, path, response.content[:300])
+        documented = operation["responses"][status]["content"]["application/json"]["schema"]
+        errors = list(OAS31Validator({**documented, "components": spec["components"]}).iter_errors(response.json()))
+        assert errors == [], (method, path, [error.message for error in errors])
+        called += 1
+    assert called == len(list(operations(spec))) >= 11
+    assert Run.objects.filter(name="documented").exists()
+
+
+def test_each_documented_operation_refuses_no_token_with_its_documented_401(spec):
+    for path, method, operation in operations(spec):
+        response = getattr(Client(), method)(path.replace("{pk}", "1"))
+        assert response.status_code == 401 and "401" in operation["responses"], (method, path)
+        assert response.json()["error"] == "log in, or send Authorization: Bearer <token>"
+
+
+def test_the_index_links_the_live_docs_the_schema_and_every_path(script, spec):
+    index = script.get(reverse("api-index")).json()
+    assert index["docs"].endswith(reverse("api-docs")) and index["schema"].endswith(reverse("api-schema"))
+    assert set(index["endpoints"]) == set(spec["paths"])
+    assert index["endpoints"]["/api/runs/"] == "GET List runs · POST Launch a run"
+
+
+def test_the_docs_page_is_swagger_ui_from_this_site(researcher_client):
+    page = researcher_client.get(reverse("api-docs"))
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert "/static/ninja/swagger-ui-bundle.js" in html and reverse("api-schema") in html
+    assert not re.search(r"(src|href)=\"(https?:)?//", html), "the page must load nothing from another site"
+
+
+def test_a_session_post_with_the_csrf_token_passes(researcher, make_run):
+    """The docs page's "Try it out" and the pages send the session and the X-CSRFToken header."""
+    run = make_run(status=Status.RUNNING)
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(researcher)
+    client.get(reverse("api-docs"))  # sets the CSRF cookie, as any page does
+    response = client.post(reverse("api-run-pause", args=[run.pk]), HTTP_X_CSRFTOKEN=client.cookies["csrftoken"].value)
+    assert response.status_code == 200 and response.json()["status"] == Status.PAUSED
+
+
+def test_a_wrong_method_is_json_naming_the_right_ones(script, make_run):
+    response = script.delete(reverse("api-runs"))
+    assert response.status_code == 405 and response.json() == {"error": "use GET or POST"}
+    assert sorted(response["Allow"].split(", ")) == ["GET", "POST"]

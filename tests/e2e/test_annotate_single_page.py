@@ -1,0 +1,116 @@
+"""Annotation as a single page, in Chromium against the real server (issue #28): keys typed while
+the next item loads are applied to it (three ratings typed with no waiting: 3 of 3 saved, each on
+its own item); `u` undoes the last judgement and puts its item back; the history panel lists what
+this person judged and reopens an item; a judgement already trained on says so when undone; an
+edit that contradicts the reference answer asks once, and Enter saves it.
+RFTWEB_SHOTS=<dir> keeps screenshots at 1366x768."""
+import os
+from pathlib import Path
+
+import pytest
+from django.utils import timezone
+from playwright.sync_api import expect
+
+from apps.accounts.roles import ANNOTATOR
+from apps.accounts.services import create_user
+from apps.buffer.models import Experience
+from apps.feedback.models import Feedback
+from apps.runs.models import MetricPoint, Run
+from apps.tasksets.models import Task, Taskset
+from tests.support import wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+
+def shot(page, name):
+    if os.environ.get("RFTWEB_SHOTS"):
+        page.screenshot(path=Path(os.environ["RFTWEB_SHOTS"]) / f"{name}.png")
+
+
+def shown(page, item):
+    expect(page.locator(f'#annotate[data-experience="{item.pk}"]')).to_be_attached()
+
+
+def test_keys_typed_ahead_are_applied_to_the_next_items_and_undo_and_history_work(
+    page, login, researcher, page_errors
+):
+    run = Run.objects.create(name="single page", owner=researcher, status=Run.Status.RUNNING, config={})
+    taskset = Taskset.objects.create(name="sums")
+    tasks = [Task.objects.create(taskset=taskset, index=i, prompt=f"What is {i} + 9?", answer=str(i + 9))
+             for i in range(5)]
+    # Newest first: items[0] is shown first.
+    items = [
+        Experience.objects.create(
+            run=run, task=task, explorer_step=10 - i, rollout_index=0, group_id=f"g{i}", prompt_text=task.prompt,
+            response_text=f"{i} + 9 = {i + 8}", prompt_ids=[1], response_ids=[2], action_mask=[1], reward=0.0,
+            model_version=1,
+        )
+        for i, task in enumerate(tasks)
+    ]
+    annotator = create_user("fast", "pw-for-tests-123", roles=(ANNOTATOR,))
+    page.set_viewport_size({"width": 1366, "height": 768})
+    login(annotator, f"/annotate/?run={run.pk}&strategy=newest")
+    shown(page, items[0])
+    expect(page.locator("#live")).to_have_text("live")
+    expect(page.locator("#session-count")).to_have_text("0 judged this session")
+    shot(page, "single-page-rate")
+
+    # Three ratings typed with no wait: each digit lands on the item shown after the previous Enter.
+    for point in "425":
+        page.keyboard.press(point)
+        page.keyboard.press("Enter")
+    shown(page, items[3])
+    wait_for(lambda: Feedback.objects.filter(user=annotator).count() == 3, 10, "three ratings")
+    ratings = dict(Feedback.objects.filter(user=annotator).values_list("experience_id", "label"))
+    assert ratings == {items[0].pk: "4", items[1].pk: "2", items[2].pk: "5"}
+    expect(page.locator("#session-count")).to_have_text("3 judged this session")
+
+    # u undoes the last rating: its item comes back, the count goes down.
+    page.keyboard.press("u")
+    shown(page, items[2])
+    expect(page.locator("#notice")).to_have_text(f"Undid your rated 5 of experience {items[2].pk}.")
+    expect(page.locator("#session-count")).to_have_text("2 judged this session")
+    assert not Feedback.objects.filter(experience=items[2]).exists()
+    assert page.url.endswith(f"/annotate/experience/{items[2].pk}/")
+
+    # The history panel: newest first, and an entry reopens its item, saying what was said of it.
+    page.keyboard.press("h")
+    entries = page.locator("#history-list .history-open")
+    expect(entries).to_have_count(2)
+    expect(entries.first).to_contain_text(f"#{items[1].pk} rated 2")
+    shot(page, "single-page-history")
+    entries.first.click()
+    shown(page, items[1])
+    expect(page.locator("#mine")).to_contain_text("You rated 2 this item")
+    page.keyboard.press("h")  # closes the panel
+    expect(page.locator("#history")).to_be_hidden()
+    page.keyboard.press("3")  # judging again replaces the rating
+    page.keyboard.press("Enter")
+    wait_for(lambda: Feedback.objects.get(experience=items[1]).label == "3", 10, "the changed rating")
+
+    # A rating a trainer step already used: undo says it removes it from future training only.
+    Experience.objects.filter(pk=items[1].pk).update(status="consumed", consumed_at=timezone.now(), use_count=1)
+    MetricPoint.objects.create(run=run, role="trainer", step=3, values={"loss": 0.5})
+    page.keyboard.press("u")
+    expect(page.locator("#notice")).to_have_text(
+        f"Undid your rated 3 of experience {items[1].pk}. "
+        "It was already trained on at step 3: undo removes it from future training only."
+    )
+    shown(page, items[1])
+
+    # An edit that contradicts the reference answer asks once; Enter saves it anyway.
+    page.keyboard.press("e")
+    page.keyboard.press("Control+a")
+    page.keyboard.type("7")
+    page.keyboard.press("Control+Enter")
+    expect(page.locator("#confirm")).to_be_visible()
+    expect(page.locator("#confirm-question")).to_have_text(
+        "The reference answer is 10; your edit's answer differs. Save anyway?"
+    )
+    shot(page, "single-page-confirm")
+    assert not Feedback.objects.filter(kind="edit").exists()
+    page.keyboard.press("Enter")
+    wait_for(lambda: Feedback.objects.filter(kind="edit").exists(), 10, "the confirmed edit")
+    assert Experience.objects.get(parent=items[1]).response_text == "7"
+    expect(page.locator("#annotate")).not_to_have_attribute("data-experience", str(items[1].pk))
+    assert page_errors == []

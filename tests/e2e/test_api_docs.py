@@ -1,0 +1,43 @@
+"""The API's docs page (/api/docs/): Swagger UI from this site's static files renders every
+operation of /api/openapi.json under the CSP, with no console error, and "Try it out" calls the API
+with the page's session."""
+import os
+import re
+
+import pytest
+from playwright.sync_api import expect
+
+from apps.runs.models import Run
+
+from .test_csp import LISTEN, violations
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+SHOTS = os.environ.get("RFTWEB_SHOTS")  # a folder: the test leaves a screenshot of the page there
+
+
+def test_the_docs_page_renders_every_operation_and_tries_one_out(page, login, researcher, page_errors):
+    Run.objects.create(name="documented", owner=researcher, config={})
+    console = []
+    page.on("console", lambda message: console.append(f"{message.type}: {message.text}"))
+    page.add_init_script(LISTEN)
+    page.set_viewport_size({"width": 1366, "height": 768})
+    login(researcher, "/api/docs/")
+
+    expect(page.locator(".swagger-ui .info .title")).to_contain_text("rftweb")
+    spec = page.request.get("/api/openapi.json").json()
+    documented = sum(method in item for item in spec["paths"].values() for method in ("get", "post"))
+    expect(page.locator(".opblock")).to_have_count(documented)
+    if SHOTS:
+        page.screenshot(path=os.path.join(SHOTS, "api-docs.png"))
+
+    # "Try it out" on the runs list: the request goes with the session, the answer lists the run.
+    listing = page.locator(".opblock-get").filter(has_text=re.compile(r"/api/runs/\s*List runs"))
+    listing.locator(".opblock-summary").click()
+    listing.get_by_role("button", name="Try it out").click()
+    listing.get_by_role("button", name="Execute").click()
+    expect(listing.locator(".live-responses-table tbody .response-col_status")).to_have_text("200")
+    expect(listing.locator(".live-responses-table")).to_contain_text("documented")
+
+    page.wait_for_load_state("networkidle")
+    errors = [line for line in console if line.startswith("error")]
+    assert errors == [] and violations(page, console) == [] and page_errors == [], (errors, violations(page, console))

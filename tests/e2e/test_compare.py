@@ -1,0 +1,155 @@
+"""Compare, metric downloads, tags and the charts' x axis in Chromium, against the real server:
+two runs' config differences and summary, a run's metrics CSV as the browser downloads it, the
+x axis a user picks (kept for the next page), and the runs list filtered by a tag a run's owner
+set on its page.
+
+Screenshots go to $RFTWEB_SCREENSHOTS (default test-artifacts/)."""
+
+import copy
+import csv
+import io
+import os
+import re
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+from django.db.models import DateTimeField, ExpressionWrapper, F, Value
+from playwright.sync_api import expect
+
+from apps.runs.models import MetricPoint, Run
+
+from .test_dashboard import DEMO_CONFIG, seed_history
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+SHOTS = Path(os.environ.get("RFTWEB_SCREENSHOTS", Path(__file__).resolve().parents[2] / "test-artifacts"))
+SCREEN = {"width": 1366, "height": 768}
+STEPS = 40
+START = datetime(2026, 3, 1, 9, 0, tzinfo=UTC)
+# The x axis of a chart as Plotly drew it, and its traces' first x (the page is compare or run).
+X_AXIS = """(id) => { const el = document.querySelector(`[data-chart="${id}"]`);
+  const first = (x) => (x instanceof Date ? x.toISOString() : x);
+  return el && el.data ? {title: el.layout.xaxis.title.text, first: el.data.map((t) => first(t.x[0]))} : null; }"""
+
+
+def seeded_run(name, owner, *, lr, seconds_a_step, **fields) -> Run:
+    config = copy.deepcopy(DEMO_CONFIG)
+    config["trainer"] = {**config.get("trainer", {}), "lr": lr, "total_steps": 200}
+    run = Run.objects.create(name=name, owner=owner, config=config, status=Run.Status.COMPLETED,
+                             trainer_step=STEPS, explorer_step=STEPS, **fields)
+    seed_history(run, steps=STEPS)
+    # No system points: they are numbered by times of their own. The others were recorded a step
+    # every `seconds_a_step` from START.
+    run.metrics.filter(role="system").delete()
+    run.metrics.update(time=ExpressionWrapper(
+        Value(START) + F("step") * Value(timedelta(seconds=seconds_a_step)), output_field=DateTimeField()))
+    return run
+
+
+def x_axis(page, chart_id, title_prefix):
+    page.locator(f'[data-chart="{chart_id}"]').scroll_into_view_if_needed()
+    page.wait_for_function(f"(id) => ({X_AXIS})(id)?.title.startsWith({title_prefix!r})", arg=chart_id)
+    return page.evaluate(X_AXIS, chart_id)
+
+
+def test_compare_shows_the_config_diff_and_summary_and_downloads_a_runs_metrics_csv(
+    page, login, researcher, page_errors
+):
+    fast = seeded_run("lr high", researcher, lr=0.001, seconds_a_step=30)
+    slow = seeded_run("lr low", researcher, lr=0.0003, seconds_a_step=60)
+    console = []
+    page.on("console", lambda message: console.append(message.text))
+    page.set_viewport_size(SCREEN)
+    login(researcher, f"/runs/compare/?runs={fast.pk}&runs={slow.pk}")
+
+    # The config diff: the one key that differs, a column per run.
+    diff = page.locator("#compare-config tbody tr")
+    expect(diff).to_have_count(1)
+    expect(diff.locator("th")).to_have_text("trainer.lr")
+    expect(diff.locator("td")).to_have_text(["0.001", "0.0003"])
+    # The summary: steps, and final and best of the key metrics, each per its direction.
+    summary = page.locator("#compare-summary")
+    expect(summary.locator("thead th")).to_have_text(["", re.compile("lr high"), re.compile("lr low")])
+    expect(summary.locator("tr", has_text="Steps").locator("td")).to_have_text(["40 / 200", "40 / 200"])
+    loss = MetricPoint.objects.get(run=fast, role="trainer", step=STEPS).values["loss"]
+    expect(summary.locator("tr", has_text="Train loss, final").locator("td").first).to_have_text(f"{loss:.4g}")
+    expect(summary.locator("tr", has_text="Train loss, best (lowest)")).to_be_visible()
+    expect(summary.locator("tr", has_text="Held-out, best (highest)")).to_be_visible()
+    expect(summary.locator("tr", has_text="Tokens").locator("td").first).to_have_text(re.compile(r"^\d{1,3}(,\d{3})+$"))
+    x_axis(page, "eval/exact_match", "explorer step")  # drawn (charts are drawn as they come into view)
+    page.screenshot(path=SHOTS / "compare-charts.png")
+    page.evaluate("window.scrollTo(0, 0)")
+    page.screenshot(path=SHOTS / "compare.png")
+
+    # The x axis: relative time counts from each run's own first point; the choice is kept.
+    assert x_axis(page, "trainer/loss", "trainer step")["first"] == [1, 1, 1, 1]
+    page.locator("[data-chart-x]").select_option("relative")
+    # The runs' first points are their step-0 evaluations: trainer step 1 came 30 s (0.5 min) and
+    # 60 s after (a line and its moving average each).
+    assert x_axis(page, "trainer/loss", "time since start (min)")["first"] == [0.5, 0.5, 1, 1]
+    page.goto(f"/runs/{fast.pk}/")
+    expect(page.locator("[data-chart-x]")).to_have_value("relative")
+    assert x_axis(page, "trainer/loss", "time since start (min)")["first"] == [0.5, 0.5]
+    page.locator("[data-chart-x]").select_option("wall")
+    assert x_axis(page, "trainer/loss", "time")["first"][0] == "2026-03-01T09:00:30.000Z"
+
+    # A run's metrics as CSV, downloaded from the compare page: a row per value, long format.
+    page.goto(f"/runs/compare/?runs={fast.pk}&runs={slow.pk}")
+    with page.expect_download() as download:
+        page.locator("#compare-summary thead th").nth(1).get_by_role("link", name="CSV").click()
+    assert download.value.suggested_filename == f"lr-high-{fast.pk}-metrics.csv"
+    rows = list(csv.DictReader(io.StringIO(Path(download.value.path()).read_text())))
+    assert {row["run"] for row in rows} == {str(fast.pk)} and {row["name"] for row in rows} == {"lr high"}
+    last_loss = next(row for row in rows if row["key"] == "trainer/loss" and row["step"] == str(STEPS))
+    assert float(last_loss["value"]) == loss
+    assert last_loss["time"] == (START + timedelta(seconds=30 * STEPS)).isoformat()
+    assert len([row for row in rows if row["key"] == "eval/exact_match"]) == MetricPoint.objects.filter(
+        run=fast, role="eval").count()
+    assert page_errors == [] and not [line for line in console if "Content Security Policy" in line], console
+
+
+def test_a_runs_owner_tags_it_and_the_runs_list_filters_by_tag(page, login, researcher, curator, page_errors):
+    sweep = Run.objects.create(name="sweep a", owner=curator, config=DEMO_CONFIG, tags=["sweep"])
+    both = Run.objects.create(name="sweep b", owner=curator, config=DEMO_CONFIG, tags=["baseline", "sweep"],
+                              notes="the reference run")
+    mine = Run.objects.create(name="mine", owner=researcher, config=DEMO_CONFIG)
+    page.set_viewport_size(SCREEN)
+    login(researcher, f"/runs/{mine.pk}/")
+
+    # The owner adds tags and notes on the run page.
+    page.get_by_text("Add notes and tags").click()
+    page.get_by_label("Tags").fill("Sweep, mine")
+    page.get_by_label("Notes").fill("kl 0.05: does it still learn?")
+    page.get_by_role("button", name="Save").click()
+    expect(page.locator(".flash")).to_contain_text("Saved the notes and tags of mine")
+    expect(page.locator("#run-notes .chip")).to_have_text(["sweep", "mine"])
+    expect(page.locator("#run-notes")).to_contain_text("kl 0.05: does it still learn?")
+    page.screenshot(path=SHOTS / "run-page-notes.png")
+    # A bad tag is refused, naming it, and nothing changes.
+    page.get_by_text("Edit notes and tags").click()
+    page.get_by_label("Tags").fill("sweep no!")
+    page.get_by_role("button", name="Save").click()
+    expect(page.locator(".flash.error")).to_contain_text("tag 'no!'")
+    expect(page.locator("#run-notes .chip")).to_have_text(["sweep", "mine"])
+
+    # Another's run: notes and tags to read, no form.
+    page.goto(f"/runs/{both.pk}/")
+    expect(page.locator("#run-notes")).to_contain_text("the reference run")
+    expect(page.get_by_label("Tags")).to_have_count(0)
+
+    # A tag chip on the run page leads to the runs list filtered by it.
+    page.goto(f"/runs/{mine.pk}/")
+    page.locator("#run-notes .chip", has_text="sweep").click()
+    expect(page).to_have_url(re.compile(r"/runs/\?tag=sweep$"))
+    names = page.locator("table.runs tbody td:nth-child(2) > a")
+    expect(names).to_have_text(["mine", "sweep b", "sweep a"])
+    page.screenshot(path=SHOTS / "runs-list-tag.png")
+    # A chip in the list filters by its tag; the filter box shows it and takes another.
+    page.locator("table.runs .chip", has_text="baseline").click()
+    expect(names).to_have_text(["sweep b"])
+    expect(page.get_by_label("tag", exact=True)).to_have_value("baseline")
+    page.get_by_label("tag", exact=True).fill("MINE")
+    page.get_by_role("button", name="Filter").click()
+    expect(names).to_have_text(["mine"])
+    assert sweep.pk and page_errors == []

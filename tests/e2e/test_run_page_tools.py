@@ -1,0 +1,182 @@
+"""The run page's daily tools in Chromium: Stop asks first (and the "Stopping" flash follows the run
+to stopped), the Logs panel (errors first, tracebacks folded, a level filter), the zero-variance
+hint, and the rollout browser (each response full width, the reference answer beside it).
+Screenshots at 1366x768 go to $RFTWEB_SCREENSHOTS (default test-artifacts/)."""
+import logging
+
+import pytest
+from django.utils import timezone
+from playwright.sync_api import expect
+
+from apps.buffer.models import Experience
+from apps.runs import services, supervision
+from apps.runs.logs import DutyLog
+from apps.runs.models import MetricPoint, Run
+from apps.tasksets.models import Task, Taskset
+
+from .test_dashboard import DEMO_CONFIG, SCREEN, SHOTS
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+log = logging.getLogger("workers.rft.loop")
+
+
+def running_run(owner, name="tools", **fields) -> Run:
+    heartbeats = {"loop": {"at": timezone.now().isoformat(), "worker": "test-worker"}}
+    return Run.objects.create(name=name, owner=owner, status=Run.Status.RUNNING, config=DEMO_CONFIG,
+                              heartbeats=heartbeats, explorer_step=6, trainer_step=5, model_version=5, **fields)
+
+
+def shares(run, values):
+    MetricPoint.objects.bulk_create(
+        MetricPoint(run=run, role="explorer", step=step, values={
+            "reward_mean": 1.0, "advantage/zero_std_groups": round(8 * share), "advantage/compared_groups": 8,
+            "advantage/zero_variance_groups": share})
+        for step, share in enumerate(values, 1)
+    )
+
+
+def test_stop_asks_first_and_the_stopping_flash_follows_the_run_to_stopped(page, login, researcher, page_errors):
+    run = running_run(researcher)
+    login(researcher, f"/runs/{run.pk}/")
+    expect(page.locator("#live-dot")).to_have_text("live")
+    page.set_viewport_size(SCREEN)
+
+    page.get_by_role("button", name="Stop").click()
+    pop = page.locator(".confirm-pop")
+    expect(pop).to_contain_text(f"Stop {run.name}? The trainer saves a checkpoint")
+    expect(page.get_by_role("button", name="Stop run")).to_be_focused()
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=SHOTS / "run-page-stop-confirm.png")
+    page.get_by_role("button", name="Cancel").click()
+    expect(pop).to_have_count(0)
+    page.get_by_role("button", name="Stop").click()
+    page.keyboard.press("Escape")
+    expect(pop).to_have_count(0)
+    run.refresh_from_db()
+    assert run.status == "running"  # asking changed nothing
+
+    page.get_by_role("button", name="Stop").click()
+    with page.expect_navigation():
+        page.get_by_role("button", name="Stop run").click()
+    expect(page.locator(".flash.success")).to_have_text(f"Stopping {run.name}.")
+    expect(page.locator("#run-status")).to_have_text("stopping")
+    run.refresh_from_db()
+    assert run.status == "stopping"
+
+    # The worker's last step: the run stops, and the page says so without a reload.
+    page.evaluate("window.e2eSamePage = true")
+    services.set_status(run, Run.Status.STOPPED)
+    expect(page.locator("#run-status")).to_have_text("stopped", timeout=20_000)
+    expect(page.locator(".flash.success")).to_have_text(f"{run.name} stopped.")
+    expect(page.get_by_role("button", name="Resume")).to_be_visible()
+    assert page.evaluate("window.e2eSamePage") is True
+    assert page_errors == []
+
+
+def test_stop_selected_on_the_runs_list_asks_first_naming_how_many(page, login, researcher, page_errors):
+    runs = [running_run(researcher, name=f"bulk {i}") for i in range(3)]
+    login(researcher, "/runs/")
+
+    for run in runs[:2]:
+        page.locator(f'input[name="runs"][value="{run.pk}"]').check()
+    page.get_by_role("button", name="Stop selected").click()
+    expect(page.locator(".confirm-pop")).to_contain_text("Stop 2 selected runs? Each saves a checkpoint first")
+    page.get_by_role("button", name="Cancel").click()
+    assert {r.status for r in Run.objects.filter(pk__in=[r.pk for r in runs])} == {"running"}, "asking changed nothing"
+
+    page.get_by_role("button", name="Stop selected").click()
+    with page.expect_navigation():
+        page.get_by_role("button", name="Stop runs").click()
+    assert [Run.objects.get(pk=r.pk).status for r in runs] == ["stopping", "stopping", "running"]
+    assert page_errors == []
+
+
+def test_the_logs_panel_shows_errors_first_folds_tracebacks_and_filters_by_level(page, login, researcher,
+                                                                                   page_errors):
+    run = running_run(researcher, name="logged")
+    with DutyLog(supervision.run_dir(run), run.pk, "loop", secrets=[run.secret]):
+        log.info("run %s (loop): from checkpoint v4 (trainer step 4)", run.pk)
+        log.warning("heartbeat of run %s (loop) missed: connection reset", run.pk)
+        try:
+            raise RuntimeError(f"reward server refused {run.secret}")
+        except RuntimeError:
+            log.exception("explorer step 6: the reward fn raised")
+        log.info("trainer step 5 saved")
+    login(researcher, f"/runs/{run.pk}/")
+    page.set_viewport_size(SCREEN)
+    panel = page.locator("#run-logs")
+    lines = panel.locator(".log-line")
+    expect(lines).to_have_count(4)
+    expect(lines.nth(0)).to_contain_text("explorer step 6: the reward fn raised")
+    expect(lines.nth(0).locator(".log-level")).to_have_text("ERROR")
+    expect(lines.nth(1)).to_contain_text("heartbeat of run")
+    expect(lines.nth(2)).to_contain_text("trainer step 5 saved")  # then the newest first
+    expect(panel.locator("[data-log-summary]")).to_contain_text("1 error · 1 warning · loop")
+    traceback = lines.nth(0).locator("details.log-traceback")
+    expect(traceback.locator("pre")).to_be_hidden()  # folded
+    traceback.locator("summary").click()
+    expect(traceback.locator("pre")).to_contain_text("RuntimeError: reward server refused [redacted]")
+    assert run.secret not in panel.inner_text()
+    panel.scroll_into_view_if_needed()
+    page.screenshot(path=SHOTS / "run-page-logs.png")
+
+    panel.locator("[data-log-level]").select_option("error")
+    expect(lines).to_have_count(1)
+    panel.locator("[data-log-level]").select_option("info")
+    expect(lines).to_have_count(4)
+    # Active: the panel refreshes on its own.
+    with DutyLog(supervision.run_dir(run), run.pk, "loop"):
+        log.error("trainer step 6: loss is NaN")
+    expect(lines.nth(0)).to_contain_text("loss is NaN", timeout=15_000)
+    assert page_errors == []
+
+
+def test_the_zero_variance_hint_shows_when_most_recent_groups_had_equal_rewards(page, login, researcher,
+                                                                                 page_errors):
+    flat = running_run(researcher, name="flat")
+    shares(flat, [0.25, 0.5, 0.875, 0.875, 1.0, 0.875, 1.0])  # the last 5: 0.925, shown as 93%
+    mixed = running_run(researcher, name="mixed")
+    shares(mixed, [1.0, 1.0, 0.5, 0.25, 0.5])
+    login(researcher, f"/runs/{flat.pk}/")
+    page.set_viewport_size(SCREEN)
+    hint = page.locator("#zero-variance-hint")
+    expect(hint).to_have_text(
+        "93% of groups had equal rewards in the last 5 explorer steps: they carry no learning signal (GRPO "
+        "advantages are 0). Make tasks harder or easier, raise repeat_times or temperature, or use a graded reward.")
+    page.screenshot(path=SHOTS / "run-page-zero-variance.png")
+    page.goto(f"/runs/{mixed.pk}/")
+    page.wait_for_function("() => window.rftRunPage?.board.series('explorer/advantage/zero_variance_groups', 'value')")
+    expect(hint).to_be_hidden()
+    assert page_errors == []
+
+
+def test_the_rollout_browser_shows_each_response_full_width_with_the_reference_beside_it(page, login, researcher,
+                                                                                         page_errors):
+    run = running_run(researcher, name="rollouts")
+    taskset = Taskset.objects.create(name="word-problems")
+    task = Task.objects.create(taskset=taskset, index=3, prompt="Ann has 3 apples and buys 4 more. How many?",
+                               answer="7")
+    responses = ["Ann starts with 3 apples.\nShe buys 4 more: 3 + 4 = 7.\nThe answer is 7.",
+                 "3 + 4 = 8, so Ann has 8 apples.", "Seven."]
+    for i, (text, reward) in enumerate(zip(responses, (1.0, 0.0, 1.0))):
+        Experience.objects.create(run=run, task=task, explorer_step=5, rollout_index=i, group_id="5-3",
+                                  prompt_text=task.prompt, response_text=text, prompt_ids=[1], response_ids=[2] * 9,
+                                  action_mask=[1] * 9, reward=reward, advantage=reward - 2 / 3, model_version=5,
+                                  reward_components={"exact_match": reward})
+    login(researcher, f"/runs/{run.pk}/rollouts/")
+    page.set_viewport_size(SCREEN)
+    articles = page.locator("article.response")
+    expect(articles).to_have_count(3)
+    first = articles.first
+    # The response first, then its chips; the reference answer beside the responses.
+    assert first.evaluate("a => a.firstElementChild.className") == "text"
+    expect(first.locator(".text")).to_have_text(responses[0])
+    reference = page.locator("aside.reference")
+    expect(reference).to_contain_text("Reference answer · word-problems#3")
+    expect(reference.locator(".text")).to_have_text("7")
+    text_box, reference_box = first.locator(".text").bounding_box(), reference.bounding_box()
+    assert reference_box["x"] >= text_box["x"] + text_box["width"]  # beside, not below
+    assert text_box["width"] > 0.6 * SCREEN["width"]  # full width of the page, less the reference
+    assert float(first.locator(".text").evaluate("e => getComputedStyle(e).fontSize")[:-2]) >= 14
+    page.screenshot(path=SHOTS / "rollouts.png")
+    assert page_errors == []
