@@ -168,6 +168,7 @@ def test_newcomer_watches_the_demo_run_learn(demo, tmp_path):
                        and round(shown(), 3) in {round(v, 3) for v in held_out_accuracy(page, run_url)}, 60)
 
             see_the_worker_that_serves_it(page, run_url)
+            read_its_logs(page, run_url)
             annotate_while_it_trains(page, run_url, sql)
             upload_a_taskset_while_it_trains(page, tmp_path)
             stop_and_resume(page, run_url)
@@ -197,6 +198,15 @@ def see_the_worker_that_serves_it(page, run_url: str) -> None:
     assert re.match(r"(train|embedded)@", holder.get_attribute("data-worker")), holder.get_attribute("data-worker")
 
 
+def read_its_logs(page, run_url: str) -> None:
+    """The run page's Logs panel shows what the worker serving the run logged for it: the rollout
+    engine it chose when the run started (the Celery worker's process, or embedded the server's)."""
+    from playwright.sync_api import expect
+
+    page.goto(run_url)
+    expect(page.locator("#run-logs")).to_contain_text("rollout engine:", timeout=30_000)
+
+
 def annotate_while_it_trains(page, run_url: str, sql) -> None:
     """Rate one answer, then correct another to its reference answer, by keyboard; the run goes
     on training, and on the correction."""
@@ -205,15 +215,18 @@ def annotate_while_it_trains(page, run_url: str, sql) -> None:
     run_id = int(re.search(r"/runs/(\d+)/", run_url)[1])
     page.goto(f"/annotate/?run={run_id}")
     page.wait_for_url(re.compile(r"/annotate/experience/\d+/"))
+    rated = page.locator("#annotate").get_attribute("data-experience")
     page.keyboard.press("4")
     page.keyboard.press("Enter")
-    expect(page.locator("body")).to_contain_text("Saved your rating")
+    # The next item comes in place (no reload) and the session count says one judged.
+    expect(page.locator("#annotate")).not_to_have_attribute("data-experience", rated)
+    expect(page.locator("#session-count")).to_have_text("1 judged this session")
     reference = page.locator("#answer").text_content().strip()
     page.keyboard.press("e")
     page.keyboard.press("Control+a")
     page.keyboard.type(reference + " ")  # differs from the model's answer even where that was right
     page.keyboard.press("Control+Enter")
-    expect(page.locator("body")).to_contain_text("Saved your edit")
+    expect(page.locator("#session-count")).to_have_text("2 judged this session")
     summary = page.request.get(f"/annotate/runs/{run_id}/summary.json").json()
     assert summary["judgements"]["rating"] == 1 and summary["judgements"]["edit"] == 1, summary
 
