@@ -43,6 +43,12 @@ CREDENTIAL = re.compile(
     r"""\s*[=:]\s*(?:(?:bearer|basic|token)\s+)?|\bbearer\s+)(["']?)[^\s"',;]+"""
 )
 URL_PASSWORD = re.compile(r"(\b[a-z][a-z0-9+.-]*://[^/\s:@]*:)[^@\s/]+@", re.IGNORECASE)
+# What a Celery worker's code prints arrives on this logger at WARNING (worker_redirect_stdouts_level),
+# whatever it says: a print is no warning. And a progress bar's frames ("Writing model shards: 40%|")
+# came twice a trainer step with checkpoint sync: 30 "warnings" of a walk's first minute, crowding out
+# the run's real lines and its 256 KB file.
+REDIRECTED = "celery.redirected"
+PROGRESS_BAR = re.compile(r"\d+%\|.*\|")
 MIN_SECRET_CHARS = 6  # shorter "secrets" (a test's "x") would blank ordinary words
 
 
@@ -109,7 +115,11 @@ class DutyLog(logging.Handler):
         return False
 
     def filter(self, record):
-        return serving_duty() == self.tag and super().filter(record)
+        if serving_duty() != self.tag:
+            return False
+        if record.name == REDIRECTED and PROGRESS_BAR.search(record.getMessage()):
+            return False
+        return super().filter(record)
 
     def emit(self, record):
         try:
@@ -128,7 +138,7 @@ class DutyLog(logging.Handler):
         message = self.scrub(record.getMessage())
         entry = {
             "time": record.created,
-            "level": record.levelname,
+            "level": "INFO" if record.name == REDIRECTED else record.levelname,
             "logger": record.name,
             "duty": self.duty,
             "thread": threading.current_thread().name,

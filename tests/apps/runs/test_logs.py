@@ -75,6 +75,21 @@ def test_duties_of_one_run_each_write_their_file_and_a_read_merges_them(tmp_path
     assert {"explorer says hi", "trainer says hi"} <= set(messages(tmp_path))
 
 
+def test_what_a_celery_worker_prints_is_info_and_its_progress_bars_are_left_out(tmp_path):
+    """Celery logs a worker's stdout and stderr at WARNING on `celery.redirected`; the full-stack walk
+    found 30 "warnings" in a minute, all frames of transformers' "Writing model shards" bar."""
+    printed = logging.getLogger(logs.REDIRECTED)
+    with DutyLog(tmp_path, 7, "trainer"):
+        printed.warning("Writing model shards:  40%|####      | 2/5 [00:00<00:00, 72.95it/s]")
+        printed.warning("step 3: loss 0.5")
+        logging.getLogger("workers.rft.loop").warning("a real warning")
+
+    found = logs.read(tmp_path)
+    assert [(line["level"], line["message"]) for line in found["lines"]] == [
+        ("WARNING", "a real warning"), ("INFO", "step 3: loss 0.5")
+    ]
+
+
 def test_a_duty_log_stays_bounded_and_keeps_its_newest_lines(tmp_path, monkeypatch):
     monkeypatch.setattr(logs, "MAX_FILE_BYTES", 4000)
     with DutyLog(tmp_path, 1, "loop"):
