@@ -10,11 +10,13 @@ debug page instead, as it does for every other page).
 from django.http import HttpResponseBadRequest, JsonResponse
 from django.views import defaults
 
-API_PREFIX = "/api/"
+# The JSON API, and the annotation page's own JSON endpoints (apps/feedback/api.py), whose script
+# reads every answer as JSON.
+API_PREFIXES = ("/api/", "/annotate/api/")
 
 
 def is_api(request) -> bool:
-    return request.path_info.startswith(API_PREFIX)
+    return request.path_info.startswith(API_PREFIXES)
 
 
 def bad_request_response(request, message: str):

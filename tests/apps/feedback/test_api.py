@@ -123,3 +123,10 @@ def test_the_json_routes_need_the_csrf_token(client, annotator, page):
     strict.force_login(annotator)
     assert post(strict, judge_url(page[2].pk, "rate"), {"point": "4"}).status_code == 403
     assert not Feedback.objects.exists()
+
+
+def test_a_missing_route_under_the_annotation_api_answers_json(annotator_client):
+    """Django's own 404 there is JSON too: the page's script reads every answer as JSON."""
+    response = annotator_client.get("/annotate/api/no-such-thing/")
+    assert response.status_code == 404 and response["Content-Type"] == "application/json"
+    assert "error" in response.json()
