@@ -110,13 +110,20 @@ def _chart_keys(run: Run) -> dict[str, list[str]]:
     return keys
 
 
-def _paths(values: dict, prefix=()):
+def _paths(values: dict):
     """("a/b", ["a", "b"]) for each number in nested values; a flat "a/b" key is ["a/b"]."""
+    for path, value in _leaves(values):
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            yield "/".join(path), path
+
+
+def _leaves(values: dict, prefix=()):
+    """(path as a list of keys, value) of each value of a point that is not a mapping."""
     for key, value in values.items():
         if isinstance(value, dict):
-            yield from _paths(value, (*prefix, key))
-        elif isinstance(value, (int, float)) and not isinstance(value, bool):
-            yield "/".join((*prefix, key)), [*prefix, key]
+            yield from _leaves(value, (*prefix, key))
+        else:
+            yield [*prefix, key], value
 
 
 def _numbers(run: Run, role: str, path: list[str]):
@@ -226,15 +233,11 @@ def metric_points(run: Run):
     )
 
 
-def flat_values(values: dict, prefix: str = ""):
+def flat_values(values: dict):
     """("key", value) of each value of a point, nested mappings joined with "/" as the charts
     name them."""
-    for key, value in values.items():
-        name = f"{prefix}/{key}" if prefix else key
-        if isinstance(value, dict):
-            yield from flat_values(value, name)
-        else:
-            yield name, value
+    for path, value in _leaves(values):
+        yield "/".join(path), value
 
 
 def runs_in_order(ids: list[int]) -> list[Run]:
