@@ -18,9 +18,9 @@ class SearchDocument(Expression):
     """The experience's `search_document` column: the tsvector of its prompt and response that the
     admin's full-text search matches, indexed by the GIN index `experience_text_search`.
 
-    Postgres computes and stores it (a generated column, migration 0003), so matching a row costs
-    no text parsing; Django does not know the column, so no query ever reads it by accident (the
-    engine loads whole rows). SQLite, the embedded default, has neither the column nor full-text
+    Postgres computes and stores it (a trigger on insert and on an update of either text, migration
+    0006), so matching a row costs no text parsing; Django does not know the column, so no query
+    ever reads it by accident (the engine loads whole rows). SQLite, the embedded default, has neither the column nor full-text
     search: the admin falls back to a substring search there."""
 
     output_field = SearchVectorField()
@@ -91,10 +91,11 @@ class Experience(models.Model):
             models.Index(fields=["run", "status", "source", "model_version"], name="experience_sampling"),
             models.Index(fields=["run", "explorer_step"], name="experience_step"),
             # The trainer's sample order (store.sample): a run's ready, unclaimed rows, least used
-            # first. Without it, sampling 256 rows at 10^6 scans and sorts them all (~20 s).
+            # first. Without it, sampling 256 rows at 10^6 scans and sorts them all (~20 s). Not
+            # claimed_at in the condition: a claim then changes no indexed value (migration 0006).
             models.Index(
                 fields=["run", "use_count", "explorer_step", "id"],
-                condition=Q(status="ready", claimed_at__isnull=True),
+                condition=Q(status="ready"),
                 name="experience_sample_order",
             ),
         ]

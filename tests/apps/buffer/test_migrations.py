@@ -34,3 +34,41 @@ def test_arrays_are_aligned_for_the_engine(researcher):
     finally:
         leaf = max(name for app, name in MigrationExecutor(connection).loader.graph.leaf_nodes() if app == "buffer")
         migrate(("buffer", leaf))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_search_document_keeps_its_values_and_follows_edits_both_ways(researcher):
+    """0006 turns the generated column into one a trigger fills; back, it is generated again."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the search document is Postgres's")
+    run = Run.objects.create(name="r", owner=researcher, config={}, mode="both")
+
+    def matches(word):
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM buffer_experience WHERE search_document @@ to_tsquery('simple', %s)", [word]
+            )
+            return cursor.fetchone()[0]
+
+    def edit(pk, text):
+        with connection.cursor() as cursor:
+            cursor.execute("UPDATE buffer_experience SET response_text = %s WHERE id = %s", [text, pk])
+
+    generated = ("buffer", "0005_experience_arrays_aligned")
+    Experience = migrate(generated).get_model("buffer", "Experience")
+    old = Experience.objects.create(run_id=run.pk, response_text="apples")
+    try:
+        Experience = migrate(("buffer", "0006_experience_claims_stay_hot")).get_model("buffer", "Experience")
+        assert matches("apples") == 1  # the stored value stayed
+        new = Experience.objects.create(run_id=run.pk, rollout_index=1, prompt_text="pears")
+        edit(old.pk, "plums")
+        assert (matches("pears"), matches("apples"), matches("plums")) == (1, 0, 1)
+        Experience.objects.filter(pk=new.pk).update(claimed_at="2026-01-01T00:00:00Z")  # no text: no change
+        assert matches("pears") == 1
+        migrate(generated)
+        assert (matches("pears"), matches("plums")) == (1, 1)
+        edit(old.pk, "figs")
+        assert (matches("plums"), matches("figs")) == (0, 1)
+    finally:
+        leaf = max(name for app, name in MigrationExecutor(connection).loader.graph.leaf_nodes() if app == "buffer")
+        migrate(("buffer", leaf))
