@@ -43,6 +43,11 @@ def assert_same_steps(alone: dict, sharded: dict, models=("policy",)) -> None:
     for one, two in zip(alone["metrics"], sharded["metrics"], strict=True):
         assert one.keys() == two.keys() - {"scatter_seconds"} and two["scatter_seconds"] >= 0  # the leader's send
         for key in one.keys() - TIMED:
+            if key == "dpo_acc" and abs(one["dpo_margin"]) < 1e-6:
+                # The share of pairs with a margin above 0: on the first step the policy is the
+                # reference, every margin is 0 up to rounding, and rounding decides (seen 0.2
+                # against 0.0 on an AVX-512 CPU, margins of -1.9e-8).
+                continue
             assert two[key] == pytest.approx(one[key], rel=1e-5, abs=1e-7), key
     for model in models:
         for name, value in alone[model].items():
@@ -54,11 +59,10 @@ def assert_same_steps(alone: dict, sharded: dict, models=("policy",)) -> None:
                                        msg=lambda m, model=model, name=name: f"{model} {name}: {m}")
 
 
-QUICK = ("grpo", "mix", "dpo")
-
-
-# Each case starts 2 ranks (~15 s on 2 cores): GRPO, MIX and DPO in the quick suite, the rest slow.
-@pytest.mark.parametrize("case", [c if c in QUICK else pytest.param(c, marks=pytest.mark.slow) for c in CASES])
+# Each case starts 2 ranks (~6 s on 2 cores): all slow (test_distributed.py's GRPO case is the
+# quick run's two-rank check).
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES)
 def test_two_sharded_ranks_take_the_step_one_process_takes(case, tiny_path):
     alone = train(None, case, tiny_path)
     leader, follower = launch(train_sharded, 2, case, tiny_path)
@@ -118,10 +122,8 @@ def checkpointing_memory(ranks, tiny_path) -> tuple[int, int]:
     return tuple(measured)
 
 
-@pytest.mark.parametrize("saved_on, resumed_on", [
-    ("fsdp", "single"), pytest.param("single", "fsdp", marks=pytest.mark.slow),
-    pytest.param("fsdp", "fsdp", marks=pytest.mark.slow),
-])
+@pytest.mark.slow
+@pytest.mark.parametrize("saved_on, resumed_on", [("fsdp", "single"), ("single", "fsdp"), ("fsdp", "fsdp")])
 def test_a_sharded_checkpoint_resumes_exactly(tiny_path, tmp_path, saved_on, resumed_on):
     """Full weights and optimizer state: the next steps' loss and grad norm as without the stop,
     on 2 fsdp ranks or 1 process."""
@@ -161,7 +163,8 @@ def explorer_after_sync(ranks, data: dict, work_dir) -> dict | None:
         }
 
 
-@pytest.mark.parametrize("method", ["memory", pytest.param("checkpoint", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["memory", "checkpoint"])
 def test_the_explorer_gets_the_full_trained_weights(tmp_path, data_dir, method):
     data = {**LOOP, "synchronizer": {"method": method, "interval": 1}}
     got, _ = launch(explorer_after_sync, 2, data, tmp_path / "run")
