@@ -57,6 +57,7 @@ def test_one_cell_over_the_limit_among_small_ones_is_refused_naming_its_row_and_
     assert f"t.parquet, row 37: column {column!r} is {LIMIT + 1:,} bytes" in message, message
 
 
+@pytest.mark.slow
 def test_a_value_over_the_limit_repeated_in_many_cells_is_refused_at_its_first_row(tmp_path):
     """Stored once in the dictionary page, so the row group looks small (the first check passes);
     read as a dictionary, it is measured once per cell without being copied into each."""

@@ -106,8 +106,8 @@ def grads(model) -> dict:
 TIMED = {"seconds", "tokens_per_s", "idle_share", "sync_seconds"}
 
 
-# Each case starts 2 ranks (~10 s on 2 cores): GRPO, MIX and DPO in the quick suite, the rest slow.
-QUICK = ("grpo", "mix", "dpo")
+# Each case starts 2 ranks (~5-10 s on 2 cores): GRPO in the quick run, the rest slow.
+QUICK = ("grpo",)
 
 
 @pytest.mark.parametrize("case", [c if c in QUICK else pytest.param(c, marks=pytest.mark.slow) for c in CASES])
@@ -158,7 +158,8 @@ def on_ranks(world_size: int, fn, *args):
     return fn(None, *args) if world_size == 1 else launch(fn, world_size, *args)[0]
 
 
-@pytest.mark.parametrize("saved_on, resumed_on", [(2, 1), pytest.param(1, 2, marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("saved_on, resumed_on", [(2, 1), (1, 2)])
 def test_a_checkpoint_resumes_on_another_number_of_ranks(tiny_path, tmp_path, saved_on, resumed_on):
     path = tmp_path / "ckpt"
     expected = on_ranks(saved_on, around_a_checkpoint, tiny_path, path, True)
@@ -184,7 +185,8 @@ def dying_follower(ranks, tiny_path, how: str):
     os._exit(0)  # a rank gone without a word: no result, no error of its own
 
 
-@pytest.mark.parametrize("how", ["exit", pytest.param("hang", marks=pytest.mark.slow)])
+@pytest.mark.slow
+@pytest.mark.parametrize("how", ["exit", "hang"])
 def test_a_dead_or_hung_rank_fails_the_step_naming_it(tiny_path, how):
     (message, seconds), gone = launch(dying_follower, 2, tiny_path, how, timeout_s=3)
     assert gone is None
@@ -245,6 +247,7 @@ def test_torchrun_starts_the_ranks_of_a_headless_run(tmp_path, data_dir):
     assert (tmp_path / "run" / "checkpoints" / "step_2" / "model.safetensors").exists()
 
 
+@pytest.mark.slow
 def test_several_nodes_without_torchrun_say_how_to_start_them(tmp_path, data_dir):
     (tmp_path / "nodes.yaml").write_text(LEARNING.replace("num_processes: 2", "num_processes: 2, num_nodes: 2"))
     done = cli("-m", "workers.rft", "run", str(tmp_path / "nodes.yaml"), data_dir=data_dir)

@@ -85,6 +85,7 @@ def test_every_explorer_holds_the_trainers_versions_and_one_behind_holds_nobody_
             side.close()
 
 
+@pytest.mark.slow
 def test_a_dead_explorer_is_named_and_a_new_group_is_joined(tiny_path, explorer_engine):
     rendezvous = InMemoryWeightGroup(explorers=2)
     trainer = load_policy(tiny_path, CPU)

@@ -107,6 +107,7 @@ def assert_same_greedy(vllm_out, hf_engine, prompts, max_new_tokens):
 # -- the tiny model ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow  # the module's vLLM engine (tiny_vllm) starts in ~16 s: not in the quick run
 def test_greedy_tokens_and_logprobs_match_transformers(tiny_vllm, tiny_hf, tokenizer):
     prompts = plain_prompts(tokenizer) + chat_prompts(tokenizer, ["What is 3 + 4?", "Which number is larger, 7 or 9?"])
     out = tiny_vllm.generate(prompts, SamplingParams(n=1, temperature=0, max_new_tokens=16))
@@ -116,6 +117,7 @@ def test_greedy_tokens_and_logprobs_match_transformers(tiny_vllm, tiny_hf, token
     assert [len(g) for g in out] == [3, 3] and all(len({tuple(c.token_ids) for c in g}) == 1 for g in out)
 
 
+@pytest.mark.slow  # the module's vLLM engine (tiny_vllm) starts in ~16 s: not in the quick run
 def test_sampling_n_seed_temperature_and_logprobs(tiny_vllm, tiny_hf, tokenizer):
     prompts = plain_prompts(tokenizer)
     params = SamplingParams(n=4, temperature=0.7, max_new_tokens=8, seed=3)
@@ -149,6 +151,7 @@ def test_sampling_n_seed_temperature_and_logprobs(tiny_vllm, tiny_hf, tokenizer)
     assert c.logprobs is None and len(c.token_ids) >= 1
 
 
+@pytest.mark.slow  # the module's vLLM engine (tiny_vllm) starts in ~16 s: not in the quick run
 def test_stop_token_ends_rollouts_and_memory_sync(tiny_vllm, tiny_path, tokenizer):
     # Make eos the likeliest next token everywhere (through the tied head): every row stops at once.
     model = load_policy(tiny_path, CPU)
@@ -165,6 +168,7 @@ def test_stop_token_ends_rollouts_and_memory_sync(tiny_vllm, tiny_path, tokenize
     tiny_vllm.load_checkpoint(tiny_path, version=0)  # back to the starting weights for the next tests
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", ["memory", "checkpoint"])
 def test_weight_sync_serves_the_new_weights(method, tiny_vllm, tiny_path, tokenizer, tmp_path):
     prompts = plain_prompts(tokenizer)
@@ -184,6 +188,7 @@ def test_weight_sync_serves_the_new_weights(method, tiny_vllm, tiny_path, tokeni
     assert ids(tiny_vllm.generate(prompts, params)) == ids(before)  # prefix cache dropped too
 
 
+@pytest.mark.slow  # the module's vLLM engine (tiny_vllm) starts in ~16 s: not in the quick run
 def test_guard_refuses_stale_weights(tiny_vllm, tiny_path, tmp_path):
     from workers.rft.engines.vllm_engine import StaleWeightsError, _fingerprint_files, _fingerprint_tensors
 
