@@ -20,8 +20,8 @@ class SearchDocument(Expression):
 
     Postgres computes and stores it (a trigger on insert and on an update of either text, migration
     0006), so matching a row costs no text parsing; Django does not know the column, so no query
-    ever reads it by accident (the engine loads whole rows). SQLite, the embedded default, has neither the column nor full-text
-    search: the admin falls back to a substring search there."""
+    ever reads it by accident (the engine loads whole rows). SQLite, the embedded default, has
+    neither the column nor full-text search: the admin falls back to a substring search there."""
 
     output_field = SearchVectorField()
 

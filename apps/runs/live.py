@@ -5,12 +5,15 @@ next `seq`; a client that sees a gap fetches the snapshot (`views.run_live`) aga
 reads `Run.live_seq` before the data it returns, so any message numbered at or below it describes
 something already in the snapshot.
 
-Each process coalesces its updates per run: the first update starts a short timer, and everything
-published until it fires goes out as one message. That keeps a run to a few messages a second
-however fast its steps are.
+Each process coalesces its updates: an update that comes after a quiet spell (nothing sent for
+COALESCE_SECONDS) goes out at once, on a timer of 0; one that comes sooner starts the window's
+timer, and everything published until it fires goes out as one message. That keeps a run to a few
+messages a second however fast its steps are, and a step a second (the live bench: p95 560 ms from
+commit to 50 clients, 0.25 s of it the window) reaches pages without waiting for the window.
 """
 import logging
 import threading
+import time
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
@@ -38,12 +41,14 @@ class LivePublisher:
         self._lock = threading.Lock()
         self._send_lock = threading.Lock()  # numbers go out in the order they were taken
         self._timer: threading.Timer | None = None
+        self._last_sent = float("-inf")  # time.monotonic() of the last flush
 
     def publish(self, run_id: int, update: dict) -> None:
         with self._lock:
             self._pending.setdefault(run_id, []).append(update)
             if self._timer is None:
-                self._timer = threading.Timer(self.coalesce_seconds, self._flush_on_timer)
+                quiet = time.monotonic() - self._last_sent >= self.coalesce_seconds
+                self._timer = threading.Timer(0 if quiet else self.coalesce_seconds, self._flush_on_timer)
                 self._timer.daemon = True
                 self._timer.start()
 
@@ -62,6 +67,7 @@ class LivePublisher:
         with self._send_lock:
             with self._lock:
                 pending, self._pending = self._pending, {}
+                self._last_sent = time.monotonic()
                 if self._timer is not None:
                     self._timer.cancel()
                     self._timer = None

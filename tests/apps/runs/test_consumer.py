@@ -136,3 +136,33 @@ def test_unknown_messages_get_an_error(client, researcher):
         return first
 
     assert async_to_sync(scenario)()["type"] == "error"
+
+
+def test_an_update_after_a_quiet_spell_goes_out_at_once_and_the_next_ones_wait_for_the_window(researcher):
+    """apps/runs/live.py: a window of 2 s here, so "at once" and "after the window" are far apart."""
+    import time
+
+    from apps.runs.consumers import run_group
+    from apps.runs.live import LivePublisher
+
+    run = Run.objects.create(name="r", owner=researcher, config={})
+    publisher = LivePublisher(coalesce_seconds=2.0)
+    layer = get_channel_layer()
+
+    async def scenario():
+        channel = await layer.new_channel()
+        await layer.group_add(run_group(run.pk), channel)
+        started = time.monotonic()
+        publisher.publish(run.pk, {"step": 1})
+        first = await layer.receive(channel)
+        first_at = time.monotonic() - started
+        publisher.publish(run.pk, {"step": 2})
+        publisher.publish(run.pk, {"step": 3})
+        second = await layer.receive(channel)
+        second_at = time.monotonic() - started
+        return first["payload"], first_at, second["payload"], second_at
+
+    first, first_at, second, second_at = async_to_sync(scenario)()
+    assert first["updates"] == [{"step": 1}] and first_at < 1.0
+    assert second["updates"] == [{"step": 2}, {"step": 3}] and second_at >= 2.0
+    assert second["seq"] == first["seq"] + 1
