@@ -6,10 +6,10 @@ A real daphne server (rftweb.asgi, the Redis channel layer on REDIS_URL db 10) s
 `/ws/runs/<id>/`; 50 clients (one asyncio process, logged in as a researcher through a session
 cookie) watch the run. This process logs trainer steps the way the trainer does
 (`apps.runs.store.DjangoMetricSink.log`: MetricPoint + run progress in one transaction, published
-after commit through `apps.runs.live` with its 0.25 s coalescing), one step per second, and notes
-the time each transaction committed. Latency = a client's receive time - that commit time, over
-every (client, step); p50 / p95 / max. The coalescing window is part of the design, so it is part
-of the figure. Own database (rftweb_d_live), dropped at the end.
+after commit through `apps.runs.live`, whose 0.25 s coalescing holds only what follows a send
+within the window), one step per second, and notes the time each transaction committed.
+Latency = a client's receive time - that commit time, over every (client, step); p50 / p95 / max.
+The coalescing is part of the design, so it is part of the figure. Own database (rftweb_d_live), dropped at the end.
 """
 import asyncio
 import json
