@@ -72,7 +72,11 @@ class LivePublisher:
                     self._timer.cancel()
                     self._timer = None
             for run_id, updates in pending.items():
-                message = {"type": "updates", "seq": next_seq(run_id), "updates": updates}
+                try:
+                    seq = next_seq(run_id)
+                except Run.DoesNotExist:  # deleted since: nobody to tell, and the other runs' updates still go
+                    continue
+                message = {"type": "updates", "seq": seq, "updates": updates}
                 try:
                     async_to_sync(layer.group_send)(run_group(run_id), {"type": "run.update", "payload": message})
                 except Exception as err:  # noqa: BLE001 - Redis down: the pages see the gap in seq and refetch

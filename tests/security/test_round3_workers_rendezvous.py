@@ -106,7 +106,10 @@ def test_a_node_duty_refuses_a_leader_that_does_not_know_the_secret_and_unpickle
             logged.append(capfd.readouterr().err)
             return marker.exists() or "did not prove it knows the group's secret" in "".join(logged)
 
-        wait_for(refused_or_loaded, timeout=300, what="the follower to refuse or to load the payload")
+        try:
+            wait_for(refused_or_loaded, timeout=300, what="the follower to refuse or to load the payload")
+        except AssertionError as timed_out:  # what the follower said instead (readouterr took it from the report)
+            raise AssertionError(f"{timed_out}; the follower's output:\n{''.join(logged)[-4000:]}") from None
         time.sleep(3)  # a follower that went on would receive the broadcast now
         assert not marker.exists(), "the follower unpickled what the fake leader sent"
         Run.objects.filter(pk=run.pk).update(status=Run.Status.STOPPED)

@@ -166,3 +166,24 @@ def test_an_update_after_a_quiet_spell_goes_out_at_once_and_the_next_ones_wait_f
     assert first["updates"] == [{"step": 1}] and first_at < 1.0
     assert second["updates"] == [{"step": 2}, {"step": 3}] and second_at >= 2.0
     assert second["seq"] == first["seq"] + 1
+
+
+def test_a_deleted_runs_updates_are_dropped_and_the_others_still_go(researcher):
+    from apps.runs.consumers import run_group
+    from apps.runs.live import LivePublisher
+
+    kept, deleted = (Run.objects.create(name=name, owner=researcher, config={}) for name in "ab")
+    publisher = LivePublisher(coalesce_seconds=60)
+    publisher.flush()  # a send just now: the next updates wait for the window, here flushed by hand
+    publisher.publish(deleted.pk, {"step": 1})
+    publisher.publish(kept.pk, {"step": 2})
+    Run.objects.filter(pk=deleted.pk).delete()
+    layer = get_channel_layer()
+
+    async def scenario():
+        channel = await layer.new_channel()
+        await layer.group_add(run_group(kept.pk), channel)
+        await database_sync_to_async(publisher.flush)()
+        return await layer.receive(channel)
+
+    assert async_to_sync(scenario)()["payload"]["updates"] == [{"step": 2}]
