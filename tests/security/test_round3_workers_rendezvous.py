@@ -40,8 +40,11 @@ store = dist.TCPStore("127.0.0.1", port, 2, is_master=True, timeout=timedelta(se
 store.set("auth/leader", "0" * 32)
 
 def guess():
-    store.wait(["auth/1/proof"], timedelta(seconds=240))
-    store.set("auth/1/answer", "0" * 64)
+    # Its own connection: the main thread's init_process_group blocks on the store's, and a wait
+    # behind it never returned (2 of 2 full test runs on one machine; alone it always passed).
+    own = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=240))
+    own.wait(["auth/1/proof"], timedelta(seconds=240))
+    own.set("auth/1/answer", "0" * 64)
 
 threading.Thread(target=guess, daemon=True).start()
 dist.init_process_group("gloo", store=store, rank=0, world_size=2, timeout=timedelta(seconds=240))
