@@ -121,14 +121,21 @@ def claim(query, n: int) -> list[Experience]:
             [*params, timezone.now()],
         )
         rows = cursor.fetchall()
-    converters = [getattr(f, "from_db_value", None) for f in fields]  # JSON and packed arrays
-    experiences = [
-        Experience(id=row[0], task_id=row[1], **{
-            f.name: value if convert is None else convert(value, None, connection)
-            for f, convert, value in zip(fields, converters, row[2:], strict=True)
-        })
-        for row in rows
-    ]
+    if not rows:
+        return []
+    # Column by column: the token arrays as numpy views of one buffer each (fields.unpack_many),
+    # JSON through the field's converter.
+    columns = list(zip(*rows))
+    values = {"id": columns[0], "task_id": columns[1]}
+    for f, column in zip(fields, columns[2:], strict=True):
+        if f.name in ARRAY_FIELDS:
+            values[f.name] = f.unpack_many(column)
+        elif hasattr(f, "from_db_value"):
+            values[f.name] = [f.from_db_value(value, None, connection) for value in column]
+        else:
+            values[f.name] = column
+    names = list(values)
+    experiences = [Experience(**dict(zip(names, row, strict=True))) for row in zip(*values.values())]
     order = query.query.order_by
     return sorted(experiences, key=lambda e: tuple(  # RETURNING keeps no order: back to the query's
         -getattr(e, field[1:]) if field.startswith("-") else getattr(e, field) for field in order

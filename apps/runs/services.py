@@ -67,12 +67,14 @@ def finite_or_none(value):
     return value if not isinstance(value, float) or math.isfinite(value) else None
 
 
-@transaction.atomic
 def record_metrics(run: Run, role: str, step: int, values: dict) -> MetricPoint:
+    """One statement: an INSERT whose conflict on (run, role, step) replaces the row, so a
+    replayed step (after a resume) replaces its point, and its time says when it was recorded.
+    update_or_create took a savepoint, a SELECT FOR UPDATE and a write."""
     values = {key: finite_or_none(value) for key, value in values.items()}
-    # A replayed step (after a resume) replaces its row, and its time says when it was recorded.
-    point, _ = MetricPoint.objects.update_or_create(
-        run=run, role=role, step=step, defaults={"values": values, "time": timezone.now()}
+    point = MetricPoint(run=run, role=role, step=step, values=values, time=timezone.now())
+    MetricPoint.objects.bulk_create(
+        [point], update_conflicts=True, unique_fields=["run", "role", "step"], update_fields=["values", "time"]
     )
     broadcast(run.pk, {"type": "metrics", "role": role, "step": step, "time": unix_time(point.time),
                        "values": values})
@@ -199,16 +201,17 @@ PROGRESS_FIELDS = ("explorer_step", "trainer_step", "model_version")
 
 def set_progress(run: Run, **progress: int) -> None:
     """Move the run's step counters and model version forward (never back: a replayed step
-    after a restart must not make the dashboard jump)."""
+    after a restart must not make the dashboard jump). One conditional UPDATE a field: the row
+    lock and Postgres's recheck of the WHERE under it keep concurrent callers in order, without
+    the savepoint and SELECT FOR UPDATE of a read-then-write."""
     unknown = set(progress) - set(PROGRESS_FIELDS)
     if unknown:
         raise ValueError(f"unknown progress field(s) {sorted(unknown)}")
-    with transaction.atomic():
-        locked = Run.objects.select_for_update().get(pk=run.pk)
-        changed = {k: v for k, v in progress.items() if v > getattr(locked, k)}
-        if not changed:
-            return
-        Run.objects.filter(pk=run.pk).update(**changed)
+    changed = {
+        field: value for field, value in progress.items()
+        if Run.objects.filter(pk=run.pk, **{f"{field}__lt": value}).update(**{field: value})
+    }
+    if changed:
         broadcast(run.pk, {"type": "progress", **changed})
     for key, value in changed.items():
         setattr(run, key, value)

@@ -57,6 +57,7 @@ from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -336,7 +337,14 @@ BATCH_PARTS = ("usual", "expert", "pairs")
 
 
 def _to_bytes(value) -> bytes:
-    return json.dumps(value, separators=(",", ":")).encode()
+    return json.dumps(value, separators=(",", ":"), default=_array_as_list).encode()
+
+
+def _array_as_list(value):
+    """A store's token arrays (numpy) travel as JSON lists."""
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    raise TypeError(f"{type(value).__name__} is not JSON serializable")
 
 
 def encode_argument(value):

@@ -1,9 +1,13 @@
 """The records the engine passes around: tasks in, experiences and preference pairs out.
 
 Field names follow the Postgres data model (apps/tasksets, apps/buffer) so the Django stores map
-them one to one. Token arrays are plain lists here; the stores pack them.
+them one to one. Token arrays are lists, or 1-D numpy arrays where a store reads many at once
+(the Postgres buffer's sample: building Python lists of 256 rows of 512-token arrays took longer
+than the statement); the stores pack them.
 """
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
+
+import numpy as np
 
 SOURCES = ("rollout", "expert", "human_edit", "synthetic")
 # Sources that carry a reference answer to imitate (the SFT half of MIX), not a reward to climb.
@@ -23,7 +27,7 @@ class Task:
     times_sampled: int = 0
 
 
-@dataclass
+@dataclass(eq=False)
 class Experience:
     """One response to one task with everything the trainer needs.
 
@@ -62,10 +66,22 @@ class Experience:
         if self.logprobs is not None and len(self.logprobs) != tokens:
             raise ValueError(_misaligned("logprobs", self.logprobs, tokens))
 
+    def __eq__(self, other):
+        """Field by field, a token array equal to a list of the same values."""
+        if other.__class__ is not self.__class__:
+            return NotImplemented
+        return all(_same(getattr(self, f.name), getattr(other, f.name)) for f in fields(self))
+
     @property
     def key(self) -> tuple:
         """The natural key a replayed explorer step must not duplicate (the run is the store's)."""
         return (self.explorer_step, self.task_id, self.rollout_index)
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        return a is not None and b is not None and len(a) == len(b) and bool(np.array_equal(a, b))
+    return a == b
 
 
 def _misaligned(name: str, values: list | None, tokens: int) -> str:

@@ -30,6 +30,7 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+import numpy as np
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -115,18 +116,19 @@ def collate(experiences: list[Experience], pad_id: int, device: torch.device) ->
     old_logprobs = torch.zeros((n, width_t))
     for i, e in enumerate(experiences):
         p, t = len(e.prompt_ids), len(e.response_ids)
-        input_ids[i, width_p - p : width_p] = torch.tensor(e.prompt_ids)
-        input_ids[i, width_p : width_p + t] = torch.tensor(e.response_ids, dtype=torch.long)
+        # as_tensor: a store's numpy arrays are copied once, into the batch (lists are converted).
+        input_ids[i, width_p - p : width_p] = torch.as_tensor(e.prompt_ids)
+        input_ids[i, width_p : width_p + t] = torch.as_tensor(e.response_ids)
         attention_mask[i, width_p - p : width_p + t] = 1
-        response_ids[i, :t] = torch.tensor(e.response_ids, dtype=torch.long)
-        mask[i, :t] = torch.tensor(e.action_mask, dtype=torch.float)
+        response_ids[i, :t] = torch.as_tensor(e.response_ids)
+        mask[i, :t] = torch.as_tensor(e.action_mask)
         if e.logprobs is not None:
-            old_logprobs[i, :t] = torch.tensor(e.logprobs)
+            old_logprobs[i, :t] = torch.as_tensor(e.logprobs)
     has_logprobs = all(e.logprobs is not None for e in experiences)
     has_advantages = all(e.advantage is not None for e in experiences)
     first_rows, row_prompt, index = [], [], {}  # index: prompt -> its position in first_rows
     for i, e in enumerate(experiences):
-        key = tuple(e.prompt_ids)
+        key = tuple(e.prompt_ids.tolist() if isinstance(e.prompt_ids, np.ndarray) else e.prompt_ids)
         if key not in index:
             index[key] = len(first_rows)
             first_rows.append(i)

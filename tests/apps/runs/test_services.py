@@ -1,4 +1,8 @@
+import random
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
+from django.db import connection
 
 from apps.runs import services
 from apps.runs.models import Run
@@ -29,3 +33,38 @@ def test_record_metrics_updates_the_step_row(run):
     services.record_metrics(run, "trainer", 1, {"loss": 1.0})
     services.record_metrics(run, "trainer", 1, {"loss": 0.5})
     assert list(run.metrics.values_list("values", flat=True)) == [{"loss": 0.5}]
+
+
+def test_progress_only_moves_forward_and_the_page_hears_what_moved(run, monkeypatch,
+                                                                    django_capture_on_commit_callbacks):
+    heard = []
+    monkeypatch.setattr(services.publisher, "publish", lambda run_id, update: heard.append(update))
+    with django_capture_on_commit_callbacks(execute=True):
+        services.set_progress(run, explorer_step=5, model_version=2)
+        services.set_progress(run, explorer_step=3, model_version=4)  # a replayed step: its counter stays
+        services.set_progress(run, trainer_step=0)  # not past the stored 0: nothing to say
+    with pytest.raises(ValueError, match=r"unknown progress field\(s\) \['status'\]"):
+        services.set_progress(run, status=1)
+    run.refresh_from_db()
+    assert (run.explorer_step, run.model_version, run.trainer_step) == (5, 4, 0)
+    assert heard == [
+        {"type": "progress", "explorer_step": 5, "model_version": 2}, {"type": "progress", "model_version": 4}
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_progress_from_eight_threads_at_once_ends_at_the_largest(run):
+    """No read-then-write: each field is one conditional UPDATE, and the row lock orders them."""
+    steps = list(range(1, 41))
+    random.Random(0).shuffle(steps)
+
+    def move(step):
+        try:
+            services.set_progress(Run.objects.get(pk=run.pk), trainer_step=step)
+        finally:
+            connection.close()
+
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(move, steps))
+    run.refresh_from_db()
+    assert run.trainer_step == 40

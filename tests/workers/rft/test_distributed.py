@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 import torch
 
@@ -61,6 +62,10 @@ def build_trainer(case: str, tiny_path, ranks=None, strategy: dict = DDP) -> Tra
         batch = rollouts(tokenizer, 24)  # 3 steps of 8
         if case == "mix":
             batch += [experience(tokenizer, a, 1, source="expert") for a in range(10)]
+        if case == "grpo":  # numpy token arrays, as the Postgres buffer's sample returns them
+            for e in batch:
+                e.prompt_ids, e.response_ids = np.asarray(e.prompt_ids, "<i4"), np.asarray(e.response_ids, "<i4")
+                e.action_mask = np.asarray(e.action_mask, "u1")  # (these rollouts have no logprobs)
         if case == "some_logprobs":  # each step's first micro-batch (3 of its 8 rows) has them, the others not
             for i, e in enumerate(batch):
                 e.logprobs = [-2.0] * len(e.response_ids) if i % 8 < 3 else None
