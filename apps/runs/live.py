@@ -17,7 +17,7 @@ import time
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
-from django.db import connection, transaction
+from django.db import DatabaseError, connection, transaction
 
 from .consumers import run_group
 from .models import Run
@@ -76,11 +76,25 @@ class LivePublisher:
                     seq = next_seq(run_id)
                 except Run.DoesNotExist:  # deleted since: nobody to tell, and the other runs' updates still go
                     continue
+                except DatabaseError as err:  # Postgres unreachable for now: they go with the next flush
+                    log.warning("live updates of run %s wait for the database: %r", run_id, err)
+                    self._requeue(run_id, updates)
+                    continue
                 message = {"type": "updates", "seq": seq, "updates": updates}
                 try:
                     async_to_sync(layer.group_send)(run_group(run_id), {"type": "run.update", "payload": message})
                 except Exception as err:  # noqa: BLE001 - Redis down: the pages see the gap in seq and refetch
                     log.warning("live update %s of run %s not sent: %r", message["seq"], run_id, err)
+
+    def _requeue(self, run_id: int, updates: list[dict]) -> None:
+        """Put a batch that could not be numbered back in front of what came since, and try again
+        after a window (not sooner: the database just refused)."""
+        with self._lock:
+            self._pending[run_id] = updates + self._pending.get(run_id, [])
+            if self._timer is None:
+                self._timer = threading.Timer(self.coalesce_seconds, self._flush_on_timer)
+                self._timer.daemon = True
+                self._timer.start()
 
 
 publisher = LivePublisher()

@@ -68,11 +68,14 @@ def p95(values: list[float]) -> float:
     return ordered[max(0, round(0.95 * len(ordered)) - 1)]
 
 
+SERVER_TROUBLE = ("Error", "FATAL", "WARNING", "Timing out", "took too long")
+
+
 def server_errors(log_path, since: int) -> str:
     """The distinct error lines the server logged during the test, for a failure message."""
     with open(log_path, errors="replace") as log:
         log.seek(since)
-        lines = {line.strip() for line in log if "Error" in line or "FATAL" in line}
+        lines = {line.strip() for line in log if any(word in line for word in SERVER_TROUBLE)}
     return "\n".join(sorted(lines)[:20])
 
 
@@ -89,9 +92,13 @@ def test_two_hundred_feedback_posts_at_once_all_get_an_answer_and_none_is_lost(
     async def post(cookie, experience, latencies, statuses):
         async with httpx.AsyncClient(base_url=asgi_server, cookies=cookie, timeout=TIMEOUT_S) as http:
             started = time.perf_counter()
-            response = await http.post(
-                f"/annotate/experience/{experience.pk}/rate/", data={"point": "4", "csrfmiddlewaretoken": CSRF}
-            )
+            try:
+                response = await http.post(
+                    f"/annotate/experience/{experience.pk}/rate/", data={"point": "4", "csrfmiddlewaretoken": CSRF}
+                )
+            except httpx.TransportError as error:  # no answer at all: kept, to say when and how below
+                dropped.append(f"{type(error).__name__} {error} after {time.perf_counter() - started:.1f} s")
+                return
             latencies.append(time.perf_counter() - started)
             statuses.append((experience.pk, response.status_code))
 
@@ -101,7 +108,12 @@ def test_two_hundred_feedback_posts_at_once_all_get_an_answer_and_none_is_lost(
         return latencies, statuses
 
     log_start = asgi_server_log.stat().st_size
+    dropped = []
     latencies, statuses = asyncio.run(burst())
+    # One CI run saw a connection closed without an answer (httpx.ReadError), once in many runs:
+    # say how many, when, and what the server logged meanwhile.
+    assert not dropped, f"{len(dropped)} of 200 got no answer: {sorted(set(dropped))[:5]}; " \
+                        f"the server logged:\n{server_errors(asgi_server_log, log_start)}"
     codes = Counter(code for _, code in statuses)
     errors = sum(n for code, n in codes.items() if code >= 500)
     print(f"\n200 concurrent feedback POSTs: p95 {p95(latencies) * 1000:.0f} ms, max {max(latencies) * 1000:.0f} ms, "

@@ -5,7 +5,7 @@ from channels.db import database_sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.conf import settings
-from django.db import transaction
+from django.db import OperationalError, transaction
 
 from apps.runs import services
 from apps.runs.models import MetricPoint, Run
@@ -187,3 +187,35 @@ def test_a_deleted_runs_updates_are_dropped_and_the_others_still_go(researcher):
         return await layer.receive(channel)
 
     assert async_to_sync(scenario)()["payload"]["updates"] == [{"step": 2}]
+
+
+def test_updates_the_database_refused_to_number_go_with_the_next_flush(researcher, monkeypatch):
+    from apps.runs import live
+    from apps.runs.consumers import run_group
+
+    run = Run.objects.create(name="a", owner=researcher, config={})
+    publisher = live.LivePublisher(coalesce_seconds=60)
+    publisher.flush()  # a send just now: the updates wait for the window, here flushed by hand
+    numbered = live.next_seq
+    outage = iter([OperationalError("connection timeout expired")])
+
+    def next_seq(run_id):
+        error = next(outage, None)
+        if error is not None:
+            raise error
+        return numbered(run_id)
+
+    monkeypatch.setattr(live, "next_seq", next_seq)
+    publisher.publish(run.pk, {"step": 1})
+    layer = get_channel_layer()
+
+    async def scenario():
+        channel = await layer.new_channel()
+        await layer.group_add(run_group(run.pk), channel)
+        await database_sync_to_async(publisher.flush)()  # refused: kept
+        publisher.publish(run.pk, {"step": 2})
+        await database_sync_to_async(publisher.flush)()
+        return await layer.receive(channel)
+
+    message = async_to_sync(scenario)()["payload"]
+    assert message["updates"] == [{"step": 1}, {"step": 2}]  # in order, nothing lost
