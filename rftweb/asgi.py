@@ -17,7 +17,6 @@ from django.core.signals import request_finished  # noqa: E402
 from django.db import connections  # noqa: E402
 from django.http.request import is_same_domain, split_domain_port, validate_host  # noqa: E402
 
-from apps.feedback.services import import_tokenizers_in_background  # noqa: E402
 from rftweb.routing import websocket_urlpatterns  # noqa: E402
 
 
@@ -138,8 +137,6 @@ def close_oversized_messages_with_4009():
 
 
 close_oversized_messages_with_4009()
-
-import_tokenizers_in_background()
 
 MAX_CONCURRENT_REQUESTS = int(os.environ.get("RFTWEB_MAX_CONCURRENT_REQUESTS", "16"))
 

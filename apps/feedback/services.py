@@ -340,21 +340,6 @@ def _loaded_tokenizer(path: str):
 _tokenizers_asked: set[str] = set()
 
 
-def import_tokenizers_in_background() -> None:
-    """The web server imports transformers' tokenizers on a thread as it starts: Django itself
-    starts without them (5.7 s against 11.7 s a process), and the import (5-8 s on a 2-core
-    machine under a training run) would otherwise fall on an annotator's first edit, past what
-    prepare_edits can hide while the item is read."""
-
-    def load():
-        from workers.rft.models import LOADING  # transformers' lazy imports, one thread at a time
-
-        with _tokenizer_lock, LOADING:
-            from transformers import AutoTokenizer  # noqa: F401
-
-    threading.Thread(target=load, name="import tokenizers", daemon=True).start()
-
-
 def prepare_edits(run) -> None:
     """Load the run's tokenizer on a background thread when an item of the run is shown, once per
     process: importing transformers takes seconds, which the annotator's first edit would wait."""

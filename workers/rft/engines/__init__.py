@@ -3,21 +3,11 @@ import multiprocessing
 from pathlib import Path
 
 from .base import Completion, RolloutEngine, SamplingParams
+from .transformers_engine import TransformersEngine
 
 __all__ = ["Completion", "RolloutEngine", "SamplingParams", "TransformersEngine", "build_engine", "choose_engine"]
 
 log = logging.getLogger(__name__)
-
-
-def __getattr__(name: str):
-    """TransformersEngine is imported on first use: it imports transformers, which the web
-    server, every manage.py command and every Celery worker that validate a config would otherwise
-    import at start (django.setup() took 11.7 s with it on a 2-core EPYC, most of it here)."""
-    if name == "TransformersEngine":
-        from .transformers_engine import TransformersEngine
-
-        return TransformersEngine
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 # auto on CPU: the transformers engine. It was the faster one in every measurement on a machine
@@ -79,8 +69,6 @@ def build_engine(name: str, model, tokenizer, **options) -> RolloutEngine:
             model_path, tokenizer, dtype=param.dtype, device=param.device, generation_config=model, **options
         )
     else:
-        from .transformers_engine import TransformersEngine
-
         engine = TransformersEngine(model, tokenizer)
     engine.selection = f"{choice} ({reason})"
     return engine

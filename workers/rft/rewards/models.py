@@ -19,7 +19,7 @@ from functools import lru_cache
 
 import torch
 
-from ..engines.base import SamplingParams
+from ..engines import SamplingParams
 from .base import CAUSAL_LM, reward_fn, task_field
 
 DEFAULT_RUBRIC = (
