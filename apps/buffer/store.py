@@ -134,8 +134,7 @@ def claim(query, n: int) -> list[Experience]:
             values[f.name] = [f.from_db_value(value, None, connection) for value in column]
         else:
             values[f.name] = column
-    names = list(values)
-    experiences = [Experience(**dict(zip(names, row, strict=True))) for row in zip(*values.values())]
+    experiences = [Experience(**dict(zip(values, row, strict=True))) for row in zip(*values.values())]
     order = query.query.order_by
     return sorted(experiences, key=lambda e: tuple(  # RETURNING keeps no order: back to the query's
         -getattr(e, field[1:]) if field.startswith("-") else getattr(e, field) for field in order

@@ -48,9 +48,13 @@ class LivePublisher:
             self._pending.setdefault(run_id, []).append(update)
             if self._timer is None:
                 quiet = time.monotonic() - self._last_sent >= self.coalesce_seconds
-                self._timer = threading.Timer(0 if quiet else self.coalesce_seconds, self._flush_on_timer)
-                self._timer.daemon = True
-                self._timer.start()
+                self._arm_timer(0 if quiet else self.coalesce_seconds)
+
+    def _arm_timer(self, seconds: float) -> None:
+        """Flush in `seconds` (the caller holds self._lock and saw no timer armed)."""
+        self._timer = threading.Timer(seconds, self._flush_on_timer)
+        self._timer.daemon = True
+        self._timer.start()
 
     def _flush_on_timer(self) -> None:
         try:
@@ -92,9 +96,7 @@ class LivePublisher:
         with self._lock:
             self._pending[run_id] = updates + self._pending.get(run_id, [])
             if self._timer is None:
-                self._timer = threading.Timer(self.coalesce_seconds, self._flush_on_timer)
-                self._timer.daemon = True
-                self._timer.start()
+                self._arm_timer(self.coalesce_seconds)
 
 
 publisher = LivePublisher()
