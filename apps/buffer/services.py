@@ -63,22 +63,22 @@ def delete_experiences(queryset) -> int:
 
     Done set by set: Django's delete() would first load every selected row into memory (the
     parent link is SET_NULL). The ids are fixed first, since deleting the feedback can change what
-    a filter such as "has feedback" matches."""
-    ids = _ids(queryset)
-    deleted = 0
+    a filter such as "has feedback" matches. All or nothing (retention commits chunk by chunk)."""
     with transaction.atomic():
-        for chunk in _chunks(ids, DELETE_CHUNK_ROWS):
-            chunk = chunk.tolist()
-            for relation in Experience._meta.related_objects:
-                pointing = relation.related_model._base_manager.filter(**{f"{relation.field.name}__in": chunk})
-                if relation.on_delete is models.CASCADE:
-                    pointing.delete()
-                elif relation.on_delete is models.SET_NULL:
-                    pointing.update(**{relation.field.name: None})
-                else:
-                    raise NotImplementedError(f"deleting experiences that {relation} points at ({relation.on_delete})")
-            deleted += Experience.objects.filter(pk__in=chunk)._raw_delete(DEFAULT_DB_ALIAS)
-    return deleted
+        return sum(delete_rows(chunk.tolist()) for chunk in _chunks(_ids(queryset), DELETE_CHUNK_ROWS))
+
+
+def delete_rows(ids: list[int]) -> int:
+    """Delete the experiences `ids` and what depends on them, in the caller's transaction."""
+    for relation in Experience._meta.related_objects:
+        pointing = relation.related_model._base_manager.filter(**{f"{relation.field.name}__in": ids})
+        if relation.on_delete is models.CASCADE:
+            pointing.delete()
+        elif relation.on_delete is models.SET_NULL:
+            pointing.update(**{relation.field.name: None})
+        else:
+            raise NotImplementedError(f"deleting experiences that {relation} points at ({relation.on_delete})")
+    return Experience.objects.filter(pk__in=ids)._raw_delete(DEFAULT_DB_ALIAS)
 
 
 # ---- import and export ----
