@@ -3,6 +3,7 @@
 With no DATABASE_URL / REDIS_URL the project runs embedded: SQLite in the data dir, an in-memory
 channel layer and Celery tasks executed in-process. Production and the tests set both.
 """
+import math
 import os
 import socket
 from pathlib import Path
@@ -15,6 +16,28 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 def env_bool(name: str, default: bool) -> bool:
     value = os.environ.get(name)
     return default if value is None else value.strip().lower() in {"1", "true", "yes", "on"}
+
+
+def env_number(name: str, default: float, *, positive: bool = False) -> float:
+    """A number of at least 0 (more than 0 with `positive`). A bad value stops the process as it
+    starts, naming the variable: a typo must not quietly turn a deleting job off, or on."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise RuntimeError(f"{name} must be a number {'above' if positive else 'of at least'} 0, not {raw!r}")
+    return value
+
+
+def env_choice(name: str, default: str, choices: tuple[str, ...]) -> str:
+    value = os.environ.get(name, "").strip().lower() or default
+    if value not in choices:
+        raise RuntimeError(f"{name} must be one of {', '.join(choices)}, not {value!r}")
+    return value
 
 
 DEBUG = env_bool("DEBUG", False)
@@ -132,8 +155,18 @@ CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": int(os.environ.get("CEL
 CELERY_TASK_DEFAULT_QUEUE = "default"
 # Everything else, jobs included (apps.core.tasks.run_job), goes to "default".
 CELERY_TASK_ROUTES = {"workers.tasks.serve_duty": {"queue": "train"}}  # the explorer duty is sent to "explore"
+# Buffer retention (apps/buffer/retention.py): every RETENTION_INTERVAL seconds (a day), one job
+# archives (or drops) the experiences of the runs that ended more than RETENTION_DAYS days ago,
+# keeping human edits and rows with feedback. 0 days, the default, is off: it deletes rows, so a
+# server never starts doing it unasked. Archive by default: a Parquet file of what went, which the
+# job's page downloads; drop keeps no copy.
+RFTWEB_BUFFER_RETENTION_DAYS = env_number("RFTWEB_BUFFER_RETENTION_DAYS", 0)
+RFTWEB_BUFFER_RETENTION_ACTION = env_choice("RFTWEB_BUFFER_RETENTION_ACTION", "archive", ("archive", "drop"))
+RFTWEB_BUFFER_RETENTION_INTERVAL = env_number("RFTWEB_BUFFER_RETENTION_INTERVAL", 24 * 3600, positive=True)
 CELERY_BEAT_SCHEDULE = {
-    "watchdog": {"task": "workers.tasks.watchdog", "schedule": float(os.environ.get("RFTWEB_WATCHDOG_INTERVAL", 30))}
+    "watchdog": {"task": "workers.tasks.watchdog", "schedule": float(os.environ.get("RFTWEB_WATCHDOG_INTERVAL", 30))},
+    # Always scheduled, a no-op while retention is off.
+    "buffer-retention": {"task": "workers.tasks.buffer_retention", "schedule": RFTWEB_BUFFER_RETENTION_INTERVAL},
 }
 # A run's worker beats every INTERVAL seconds; one silent for TIMEOUT seconds is presumed dead.
 RFTWEB_HEARTBEAT_INTERVAL = float(os.environ.get("RFTWEB_HEARTBEAT_INTERVAL", 10))

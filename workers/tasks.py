@@ -1,12 +1,13 @@
 """Celery entry points into run supervision (apps/runs/supervision.py: duties, heartbeats, the
-engine, failures, the watchdog). Their names are what beat schedules, routes
-(settings.CELERY_TASK_ROUTES) and queued messages hold. `serve_duty` serves one *duty* of a run
-("loop", "explorer" or "trainer"). A worker registers itself when it is ready and beats while it
-lives (apps/runs/capacity.py: the Workers page).
+engine, failures, the watchdog) and into buffer retention's daily sweep (apps/buffer/retention.py).
+Their names are what beat schedules, routes (settings.CELERY_TASK_ROUTES) and queued messages
+hold. `serve_duty` serves one *duty* of a run ("loop", "explorer" or "trainer"). A worker registers
+itself when it is ready and beats while it lives (apps/runs/capacity.py: the Workers page).
 """
 from celery import shared_task
 from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
 
+from apps.buffer import retention
 from apps.runs import capacity, supervision
 
 
@@ -24,6 +25,11 @@ def serve_duty(run_id: int, duty: str = "loop") -> str:
 @shared_task(name="workers.tasks.watchdog")
 def watchdog() -> list[tuple[int, str]]:
     return supervision.watchdog()
+
+
+@shared_task(name="workers.tasks.buffer_retention")
+def buffer_retention() -> int | None:  # the id of the job it queued
+    return getattr(retention.sweep(), "pk", None)
 
 
 @worker_ready.connect

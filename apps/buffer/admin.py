@@ -606,6 +606,9 @@ class BufferJobAdmin(admin.ModelAdmin):
                 return f"with {json.dumps(params['reward_fn'])}"
             case BufferJob.Kind.PIPELINE:
                 return f"{params['operator']} {json.dumps(params['params'])}"
+            case BufferJob.Kind.RETENTION:  # an archived row counts twice: written, then deleted
+                runs = ", ".join(f"#{run}" for run in params["runs"])
+                return f"{params['action']} the buffer of run{'s' * (len(params['runs']) > 1)} {runs}"
         return ""
 
     @admin.display(description="result")

@@ -110,8 +110,8 @@ def _job_file_path(job, filename):
 
 
 class BufferJob(Job):
-    """A curation job too long for a request (import, export, re-score, promote, pipeline op),
-    run by a Celery worker on the `default` queue; the admin shows its progress and result."""
+    """A curation job too long for a request (import, export, re-score, promote, pipeline op,
+    retention), run by a Celery worker on the `default` queue; the admin shows its progress and result."""
 
     class Kind(models.TextChoices):
         IMPORT = "import"  # expert data from `upload`
@@ -119,6 +119,7 @@ class BufferJob(Job):
         RESCORE = "rescore"  # the selected experiences with a reward fn
         PROMOTE = "promote"  # expert copies of the selected experiences
         PIPELINE = "pipeline"  # an experience pipeline operator over the selected experiences
+        RETENTION = "retention"  # ended runs' experiences archived into `output` and deleted, or dropped
 
     kind = models.CharField(max_length=10, choices=Kind.choices)
     params = models.JSONField(default=dict, blank=True, help_text="what the job does: format, reward fn, operator")
@@ -126,7 +127,7 @@ class BufferJob(Job):
     selection = PackedArrayField(dtype="<i8", help_text="ids of the selected rows, in the order they are processed")
     upload = models.FileField(upload_to=_job_file_path, blank=True, help_text="deleted once the import has finished")
     original_filename = models.CharField(max_length=255, blank=True)
-    output = models.FileField(upload_to=_job_file_path, blank=True, help_text="the export file")
+    output = models.FileField(upload_to=_job_file_path, blank=True, help_text="the export or archive file")
     result = models.JSONField(default=dict, blank=True, help_text="what the job did: rows changed, added, rejected")
 
     heavy_fields = ("selection",)  # read as packed bytes (services._selection), not as a list
@@ -148,5 +149,7 @@ class BufferJob(Job):
     def clean_up(self, failed: bool) -> None:
         if self.upload:
             self.upload.delete(save=False)
-        if failed:
-            self.output.name = ""  # a failed export's partial file is already deleted
+        # A failed export's partial file is already deleted; a retention job's complete archive
+        # stays: rows it holds may have been deleted since.
+        if failed and not (self.kind == self.Kind.RETENTION and "archived" in self.result):
+            self.output.name = ""

@@ -1,10 +1,19 @@
-from django.contrib import admin
+from django.contrib import admin, messages
+from django.http import HttpResponseRedirect
 from django.urls import reverse
 from django.utils.html import format_html
 
+from apps.buffer.admin import confirm_action
+from apps.buffer.retention import RetentionRefused, start_retention
 from apps.core.counts import EstimatedCountPaginator
 
+from . import services
 from .models import Checkpoint, MetricPoint, Run
+
+RETENTION_KEEPS = (
+    "Human edits (other runs train on them) and rows with feedback (ratings, preferences, flags) stay. "
+    "The runs can no longer be resumed: Launch again starts a new run from a run's config. Runs as a job."
+)
 
 
 @admin.register(Run)
@@ -28,6 +37,7 @@ class RunAdmin(admin.ModelAdmin):
     list_filter = ("status", "mode")
     search_fields = ("name",)
     list_select_related = ("owner",)
+    actions = ("archive_buffer", "drop_buffer")
     readonly_fields = (
         "config",
         "mode",
@@ -42,10 +52,60 @@ class RunAdmin(admin.ModelAdmin):
         "created_at",
         "started_at",
         "finished_at",
+        "buffer_retired",
     )
+    exclude = ("buffer_retired_at", "buffer_retirement")  # shown as buffer_retired, with its job
 
     def has_add_permission(self, request):
         return False
+
+    # -- buffer retention (apps/buffer/retention.py) --
+
+    def has_retire_permission(self, request):
+        """Retiring a buffer deletes experiences: whoever may delete them (curators, staff)."""
+        return request.user.has_perm("buffer.delete_experience")
+
+    @admin.action(description="Archive the buffer of the selected ended runs", permissions=["retire"])
+    def archive_buffer(self, request, queryset):
+        return self._retire(request, queryset, "archive", "Their rollouts, synthetic and expert rows are written "
+                            "to a Parquet file (the job's File, an experience export), then deleted. ")
+
+    @admin.action(description="Drop the buffer of the selected ended runs", permissions=["retire"])
+    def drop_buffer(self, request, queryset):
+        return self._retire(request, queryset, "drop", "Their rollouts, synthetic and expert rows are deleted, "
+                            "with no copy kept. This cannot be undone. ")
+
+    def _retire(self, request, queryset, action: str, what: str):
+        not_ended = queryset.exclude(status__in=Run.FINISHED).values_list("name", "pk", "status")
+        if not_ended:
+            names = ", ".join(f"{name} (#{pk}, {status})" for name, pk, status in not_ended)
+            self.message_user(request, f"Only ended runs (stopped, completed, failed) give up their buffer; "
+                              f"not: {names}. Nothing was started.", messages.ERROR)
+            return None
+
+        def perform(_):
+            try:
+                job = start_retention(queryset, action=action, user=request.user)
+            except RetentionRefused as err:
+                self.message_user(request, f"{str(err)[0].upper()}{str(err)[1:]}. Nothing was started.",
+                                  messages.ERROR)
+                return None
+            return HttpResponseRedirect(reverse("admin:buffer_bufferjob_change", args=[job.pk]))
+
+        title = f"{action.capitalize()} the buffer"
+        return confirm_action(self, request, queryset, title, what + RETENTION_KEEPS, perform=perform)
+
+    @admin.display(description="buffer")
+    def buffer_retired(self, run):
+        if run.buffer_retired_at is None:
+            return "in the buffer"
+        how = services.RETIRED.get(run.buffer_retirement.get("action"), "retired")
+        when = f"{how} {run.buffer_retired_at:%Y-%m-%d %H:%M}"
+        job = run.buffer_retirement.get("job")
+        if not job:
+            return when
+        link = reverse("admin:buffer_bufferjob_change", args=[job])
+        return format_html('{} by <a href="{}">retention job {}</a>', when, link, job)
 
     @admin.display(description="experiences")
     def experiences(self, run):

@@ -62,6 +62,11 @@ class Run(models.Model):
     # list filters by (apps/runs/notes.py checks and saves both).
     notes = models.TextField(blank=True)
     tags = models.JSONField(default=list, blank=True)
+    # Set once buffer retention (apps/buffer/retention.py) takes the ended run's buffer away:
+    # {"action": "archive" or "drop", "job": the BufferJob's id}. Such a run is never resumed again
+    # (services.resume_run): its trainer would rewind and replay a buffer that is gone.
+    buffer_retired_at = models.DateTimeField(null=True, blank=True)
+    buffer_retirement = models.JSONField(default=dict, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)

@@ -140,7 +140,8 @@ def resume_run(run: Run) -> Run:
     again: its duties restart from its newest checkpoint (from step 0 when it has none) on the same
     run, metrics and buffer (replayed steps replace their metrics; the buffer gives back what the
     lost steps consumed). Its error moves to `resumes`, so the run no longer shows it as current.
-    Refused while a worker still holds one of its duties (it lets go within a step)."""
+    Refused while a worker still holds one of its duties (it lets go within a step), and for good
+    once buffer retention archived or dropped its buffer (buffer_retired)."""
     with transaction.atomic():
         locked = Run.objects.select_for_update().get(pk=run.pk)
         if locked.status == Status.PAUSED:
@@ -149,6 +150,8 @@ def resume_run(run: Run) -> Run:
             raise InvalidTransition(
                 f"run {locked.pk} is {locked.status}: only a paused, failed or stopped run can be resumed"
             )
+        if locked.buffer_retired_at is not None:
+            raise InvalidTransition(f"run {locked.pk} cannot be resumed: {buffer_retired(locked)}")
         busy = workers_holding(locked)
         if busy:
             duty, worker = next(iter(busy.items()))
@@ -169,6 +172,18 @@ def resume_run(run: Run) -> Run:
         transaction.on_commit(lambda: enqueue("workers.tasks.start_run", locked.pk))
     run.refresh_from_db()
     return run
+
+
+RETIRED = {"archive": "archived", "drop": "dropped"}
+
+
+def buffer_retired(run: Run) -> str:
+    """Why a run whose buffer retention took away (apps/buffer/retention.py) cannot go on: a
+    resumed trainer would rewind and replay rollouts that are gone."""
+    how = RETIRED.get(run.buffer_retirement.get("action"), "retired")
+    job = run.buffer_retirement.get("job")
+    return (f"its buffer was {how} on {run.buffer_retired_at:%Y-%m-%d} by buffer retention"
+            f"{f' (buffer job {job})' if job else ''}; launch a new run from its config (Launch again)")
 
 
 def describe_resume(run: Run, was: str) -> str:

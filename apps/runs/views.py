@@ -141,6 +141,10 @@ def run_detail(request, pk):
     figures = queries.key_figures(run)
     progress_counter = "explorer_step" if run.mode == Run.Mode.EXPLORE else "trainer_step"  # as run_progress counts
     duties = capacity.duties_json(run)
+    controls = control_statuses()
+    retired_job = run.buffer_retired_at and run.buffer_retirement.get("job")
+    if run.buffer_retired_at:
+        controls.pop("resume")  # refused for good: its buffer is gone (services.buffer_retired)
     return render(
         request,
         "runs/detail.html",
@@ -151,8 +155,13 @@ def run_detail(request, pk):
             "checkpoint_schedule": queries.checkpoint_schedule(run),
             "figures": figures,
             "progress_counter": progress_counter,
-            "controls": control_statuses(),
+            "controls": controls,
             "may_control": may_control(request.user, run),
+            "buffer_retired": run.buffer_retired_at and services.buffer_retired(run),
+            # The retention job (its archive file) for those who may open it in the admin.
+            "retirement_job_url": retired_job and request.user.is_staff
+            and request.user.has_perm("buffer.view_bufferjob")
+            and reverse("admin:buffer_bufferjob_change", args=[retired_job]),
             # Explorers of a run whose explorers are workers of their own may be added or removed
             # while it runs, with checkpoint sync (nccl's weight group has a fixed size).
             "explorers": "trainer" in services.duties_of_run(run) and run.config["explorer"]["engine_num"],

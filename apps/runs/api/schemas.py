@@ -118,6 +118,10 @@ class RunDetailOut(RunOut):
     config: dict[str, Any]
     resumes: list[dict[str, Any]] = Field(description='each {"at", "after", "error", "checkpoint"}')
     checkpoints: list[CheckpointOut]
+    buffer_retired: dict[str, Any] | None = Field(
+        description='{"at", "action": archive or drop, "job": its buffer job} once buffer retention took the '
+                    "ended run's buffer: it cannot be resumed"
+    )
 
 
 class LaunchedOut(RunDetailOut):
@@ -208,6 +212,8 @@ def run_json(run: Run, *, detail: bool = False) -> dict:
         data["duties"] = capacity.duties_json(run)["duties"]
         data["config"] = run.config
         data["resumes"] = run.resumes
+        data["buffer_retired"] = run.buffer_retired_at and {"at": run.buffer_retired_at.isoformat(),
+                                                            **run.buffer_retirement}
         data["checkpoints"] = [
             {
                 "version": checkpoint.version,

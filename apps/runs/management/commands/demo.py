@@ -1,21 +1,26 @@
 """`make demo`: set up, start a demo run, and serve the dashboard with its workers.
 
 Embedded (no REDIS_URL): the run trains on a thread of this process, which also serves the pages,
-so live updates travel through the in-memory channel layer. With REDIS_URL, a Celery worker and
-beat are started beside the server and stopped with it.
+so live updates travel through the in-memory channel layer, and a thread does beat's buffer
+retention sweep (apps/buffer/retention.py) when RFTWEB_BUFFER_RETENTION_DAYS turns it on. With
+REDIS_URL, a Celery worker and beat are started beside the server and stopped with it.
 """
+import logging
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.core.management import call_command
 from django.core.management.base import BaseCommand
+from django.db import connection
 
 from apps.accounts.services import create_user
+from apps.buffer import retention
 from apps.runs import capacity, services, supervision
 from apps.runs.models import Run
 from apps.runs.presets import PRESETS
@@ -26,6 +31,7 @@ DEMO_USER, DEMO_PASSWORD = "demo", "demo"
 # well under a second; a SmolLM2 step on CPU, ~30 s).
 STOP_SECONDS = 60
 DEMO_RUN = "demo: tiny model learns addition (MIX)"
+logger = logging.getLogger(__name__)
 
 
 class Command(BaseCommand):
@@ -43,6 +49,8 @@ class Command(BaseCommand):
         if user is None:
             user = create_user(DEMO_USER, DEMO_PASSWORD, is_superuser=True)
         helpers = [] if settings.RFTWEB_EMBEDDED else self.start_workers()
+        if settings.RFTWEB_EMBEDDED and settings.RFTWEB_BUFFER_RETENTION_DAYS:
+            threading.Thread(target=sweep_retention, daemon=True, name="buffer-retention").start()
         # SIGTERM (a service manager, `kill`) stops as Ctrl-C does: runserver exits, then the runs
         # are handed back at a step boundary (below), and nothing is left half done.
         signal.signal(signal.SIGTERM, _interrupt)
@@ -106,6 +114,19 @@ class Command(BaseCommand):
             celery + ["beat", "-l", "info", "-s", str(settings.DATA_DIR / "celerybeat-schedule")],
         ]
         return [subprocess.Popen(c, start_new_session=True) for c in commands]
+
+
+def sweep_retention() -> None:
+    """Embedded, beat's buffer-retention entry: a sweep now and every RFTWEB_BUFFER_RETENTION_INTERVAL
+    seconds while the server runs (a daemon thread: it ends with the process)."""
+    while True:
+        try:
+            retention.sweep()
+        except Exception:  # noqa: BLE001 - logged; the next sweep tries again, the server goes on
+            logger.exception("buffer retention sweep failed")
+        finally:
+            connection.close()  # this thread's own: it would otherwise stay open between sweeps
+        time.sleep(settings.RFTWEB_BUFFER_RETENTION_INTERVAL)
 
 
 def _interrupt(signum, frame):
