@@ -4,24 +4,154 @@ from apps.accounts.roles import ANNOTATOR, CURATOR, RESEARCHER
 
 
 def _flush_test_redis():
-    """Empty the tests' own Redis database (test_settings: /14). Celery tasks acks late, so a task
-    held by a worker that a test killed stays "unacked" and Redis hands it out again after the
-    visibility timeout (6 h): a serve_duty of an earlier session's run 3 would then serve this
-    session's run 3, whose ids start again from 1. Queued tasks of a test that ended before a worker
-    took them are dropped the same way."""
+    """Empty the tests' own Redis database (test_settings: /14; under xdist, this worker's own).
+    Celery tasks acks late, so a task held by a worker that a test killed stays "unacked" and Redis
+    hands it out again after the visibility timeout (6 h): a serve_duty of an earlier session's run
+    3 would then serve this session's run 3, whose ids start again from 1. Queued tasks of a test
+    that ended before a worker took them are dropped the same way."""
     import redis
     from django.conf import settings
 
     redis.Redis.from_url(settings.REDIS_URL).flushdb()
 
 
+def _xdist_controller(config) -> bool:
+    """Whether this process hands the tests out to xdist workers (and runs none itself)."""
+    return config.pluginmanager.has_plugin("dsession")
+
+
+@pytest.hookimpl(trylast=True)  # after xdist's, which makes this process the controller
+def pytest_configure(config):
+    if _xdist_controller(config):
+        import os
+
+        from django.conf import settings
+
+        for name in getattr(settings, "TEST_WORKER_ENV", []):  # each worker sets its own
+            os.environ.pop(name, None)
+
+
 def pytest_sessionstart(session):
     import redis
 
+    if _xdist_controller(session.config):
+        return  # each worker empties its own database (the controller's settings name gw0's)
     try:
         _flush_test_redis()
     except redis.exceptions.ConnectionError:
         pass  # the tests that need Redis say so themselves
+
+
+# -- pytest-xdist (`make test`: -n 2; --dist loadgroup in pytest.ini) -----------------------------
+# xdist hands a worker one unit at a time: a whole file where it has slow tests or module-scoped
+# fixtures (built once, on one worker, its tests in order), any other test alone. Each worker runs
+# its units in pytest-django's order (database tests, then transactional ones, then the rest), the
+# longest units of each kind first and the short single tests last, so that both workers finish at
+# about the same time. Without xdist (no -n) none of this applies: the order is pytest-django's.
+
+# Files whose rank processes meet through a store within seconds (join timeouts of 3-10 s): one
+# after the other on one worker, never two groups of ranks starting at once. Two lanes, as each
+# unit keeps to one of pytest-django's kinds: the engine's ranks (no database), and the ranks of
+# runs on Celery workers (transactional).
+TORCH_DISTRIBUTED, RUN_RANKS = "torch-distributed", "run-ranks"
+LANES = {
+    **dict.fromkeys([
+        "tests/workers/rft/test_distributed.py",
+        "tests/workers/rft/test_fsdp.py",
+        "tests/workers/rft/test_weight_broadcast.py",
+        "tests/workers/rft/test_sync_nccl.py",
+    ], TORCH_DISTRIBUTED),
+    **dict.fromkeys([
+        "tests/workers/test_ddp_worker.py",
+        "tests/security/test_round3_workers_rendezvous.py",
+    ], RUN_RANKS),
+}
+# The longest units (minutes each on 2 cores), longest first; then the others by their slow tests.
+# `make test`'s --durations list shows the slowest tests when this needs updating.
+LONGEST_FIRST = [
+    "tests/workers/rft/test_frozenlake.py",
+    "tests/apps/feedback/test_human_learning.py",
+    "tests/journeys/test_annotator.py",
+    "tests/journeys/test_newcomer.py",
+    TORCH_DISTRIBUTED,
+    RUN_RANKS,
+    "tests/workers/rft/test_option_matrix.py",
+    "tests/journeys/test_recovery.py",
+    "tests/workers/test_explorers.py",
+    "tests/reliability/test_faults.py",
+]
+
+
+def _file_of(item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
+def _has_module_fixture(item) -> bool:
+    """Whether the test uses a module- or class-scoped fixture of this project (not a plugin's)."""
+    infos = getattr(item, "_fixtureinfo", None)
+    return infos is not None and any(
+        defs and defs[-1].scope in ("module", "class") and defs[-1].baseid
+        for defs in infos.name2fixturedefs.values()
+    )
+
+
+def _db_order(item) -> int:
+    """pytest-django's order of a test: 0 database, 1 transactional database, 2 neither."""
+    marker, names = item.get_closest_marker("django_db"), getattr(item, "fixturenames", ())
+    if marker is not None and (marker.args[:1] == (True,) or marker.kwargs.get("transaction")
+                               or marker.kwargs.get("reset_sequences")):
+        return 1
+    if "transactional_db" in names or "live_server" in names:
+        return 1
+    return 0 if marker is not None or "db" in names else 2
+
+
+def _units(items) -> tuple[dict[tuple, list], dict[str, int]]:
+    """{(unit, pytest-django's order): its items} (a single test's unit is its node id; a file's
+    tests of each order are a unit: pytest-django runs them apart too), and each file's number of
+    slow tests. The items of a file's or a lane's unit get its xdist_group."""
+    slow: dict[str, int] = {}
+    whole = set()
+    for item in items:
+        path = _file_of(item)
+        slow[path] = slow.get(path, 0) + (item.get_closest_marker("slow") is not None)
+        if slow[path] or _has_module_fixture(item):
+            whole.add(path)
+    units: dict[tuple, list] = {}
+    for item in items:
+        path = _file_of(item)
+        unit = LANES.get(path) or (path if path in whole else item.nodeid)
+        units.setdefault((unit, _db_order(item)), []).append(item)
+    for (unit, order), unit_items in units.items():
+        if unit != unit_items[0].nodeid:
+            name = unit.removeprefix("tests/").removesuffix(".py")
+            if any(other == unit and other_order != order for other, other_order in units):
+                name += ("-db", "-transactional", "-nodb")[order]
+            for item in unit_items:
+                item.add_marker(pytest.mark.xdist_group(name))
+    return units, slow
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(config, items):
+    if not getattr(config.option, "loadgroup", False):  # set on xdist's workers alone, with --dist loadgroup
+        return (yield)
+    grouped, slow = _units(items)  # before xdist's own hook, which reads the groups
+    unit_of = {id(item): key for key, unit_items in grouped.items() for item in unit_items}
+    singles = {key for key, unit_items in grouped.items() if key[0] == unit_items[0].nodeid}
+    result = yield  # -m and -k deselect, pytest-django sorts, xdist names the groups
+    units: dict[tuple, list] = {}
+    for item in items:  # in pytest-django's order
+        units.setdefault(unit_of.get(id(item), (item.nodeid, _db_order(item))), []).append(item)
+
+    def rank(key: tuple) -> tuple:  # by pytest-django's order, the longest units first, single tests last
+        unit, order = key
+        first = LONGEST_FIRST.index(unit) if unit in LONGEST_FIRST else len(LONGEST_FIRST)
+        return order, first, -slow.get(unit, 0), key in singles or key not in grouped
+
+    # The same order on every worker (xdist checks); pytest-django's order breaks the ties (stable sort).
+    items[:] = [item for key in sorted(units, key=rank) for item in units[key]]
+    return result
 
 
 def _make_user(django_user_model, username, *roles, **extra):

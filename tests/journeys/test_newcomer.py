@@ -23,6 +23,7 @@ from pathlib import Path
 import psycopg
 import pytest
 import redis
+from django.conf import settings
 
 from tests.e2e.conftest import CHROMIUM, CHROMIUM_ARGS, _free_port, _wait_for_port
 
@@ -30,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DEMO_RUN = "demo: tiny model learns addition (MIX)"
 LEARNING_TIMEOUT_S = 900  # held-out accuracy rises within ~40 steps: 2-4 minutes on 2 busy cores
 ADMIN_DB = "postgres://postgres@localhost:5432/postgres"
-REDIS_DB = "redis://localhost:6379/12"  # the tests' own server uses /14
+REDIS_DB = settings.TEST_DEMO_REDIS_URL  # /12; the tests' own server uses /14 (under xdist: each worker's own)
 
 
 def newcomer_env(data_dir: Path, **extra) -> dict:
