@@ -35,9 +35,12 @@ services:
 chromium:
 	@test -x "$${RFTWEB_CHROMIUM:-/usr/bin/chromium}" || { apt-get update -q && apt-get install -y -q chromium; }
 
-# The tests use real Postgres and Redis (rftweb/test_settings.py), slow tests included.
+# The tests use real Postgres and Redis (rftweb/test_settings.py), slow tests included, in
+# TEST_WORKERS pytest-xdist processes side by side (each with its own test database, Redis database
+# and data dir; tests/conftest.py says how they share the tests out). TEST_WORKERS=0: one process.
+TEST_WORKERS ?= 2
 test: install services chromium lint
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n $(TEST_WORKERS)
 	$(MAKE) test-contract-sqlite
 
 # The buffer contract suite again on SQLite, the embedded demo's database (the rest runs on Postgres).
@@ -51,7 +54,7 @@ lint: install
 
 # The same without the slow tests, for a quick check while working.
 test-quick: install services
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow"
 	$(MAKE) test-contract-sqlite
 
 # The GPU tests (tests/gpu: bf16, NCCL). They need only torch, transformers and pytest, not Django:
