@@ -68,6 +68,7 @@ def generate_buffer(rows: int, user, *, full_arrays: bool = False) -> list:
     `full_arrays` they have an action mask and logprobs too. Returns the runs."""
     from django.db import connection
 
+    from apps.buffer import search
     from apps.runs.models import Run
 
     runs = [Run.objects.create(name=f"bench-{i}", owner=user, config={}) for i in range(RUN_COUNT)]
@@ -84,10 +85,13 @@ def generate_buffer(rows: int, user, *, full_arrays: bool = False) -> list:
             },
         )
         cursor.execute(FEEDBACK_SQL, {"user": user.pk})
+    search.catch_up(seconds=3600)  # the search documents, as the indexer's rounds would have made them
+    with connection.cursor() as cursor:
         # As autovacuum would leave a live table: statistics for the planner, and the visibility
         # map that lets counts read the indexes alone. (VACUUM cannot run in a transaction.)
         cursor.execute("VACUUM ANALYZE buffer_experience")
         cursor.execute("VACUUM ANALYZE feedback_feedback")
+        cursor.execute("VACUUM ANALYZE buffer_experiencesearch")
     return runs
 
 

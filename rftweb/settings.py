@@ -163,10 +163,18 @@ CELERY_TASK_ROUTES = {"workers.tasks.serve_duty": {"queue": "train"}}  # the exp
 RFTWEB_BUFFER_RETENTION_DAYS = env_number("RFTWEB_BUFFER_RETENTION_DAYS", 0)
 RFTWEB_BUFFER_RETENTION_ACTION = env_choice("RFTWEB_BUFFER_RETENTION_ACTION", "archive", ("archive", "drop"))
 RFTWEB_BUFFER_RETENTION_INTERVAL = env_number("RFTWEB_BUFFER_RETENTION_INTERVAL", 24 * 3600, positive=True)
+# The buffer's full-text search documents are made after the write (apps/buffer/search.py): every
+# INTERVAL seconds a worker makes those of the rows written since, for up to INTERVAL seconds
+# (an admin search makes what is left, for up to 2 s, before it searches).
+RFTWEB_SEARCH_INDEX_INTERVAL = env_number("RFTWEB_SEARCH_INDEX_INTERVAL", 10, positive=True)
 CELERY_BEAT_SCHEDULE = {
     "watchdog": {"task": "workers.tasks.watchdog", "schedule": float(os.environ.get("RFTWEB_WATCHDOG_INTERVAL", 30))},
     # Always scheduled, a no-op while retention is off.
     "buffer-retention": {"task": "workers.tasks.buffer_retention", "schedule": RFTWEB_BUFFER_RETENTION_INTERVAL},
+    "search-index": {  # a round that a busy worker could not start in time is dropped, not queued up
+        "task": "workers.tasks.index_search", "schedule": RFTWEB_SEARCH_INDEX_INTERVAL,
+        "options": {"expires": RFTWEB_SEARCH_INDEX_INTERVAL},
+    },
 }
 # A run's worker beats every INTERVAL seconds; one silent for TIMEOUT seconds is presumed dead.
 RFTWEB_HEARTBEAT_INTERVAL = float(os.environ.get("RFTWEB_HEARTBEAT_INTERVAL", 10))

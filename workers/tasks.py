@@ -1,13 +1,15 @@
 """Celery entry points into run supervision (apps/runs/supervision.py: duties, heartbeats, the
-engine, failures, the watchdog) and into buffer retention's daily sweep (apps/buffer/retention.py).
+engine, failures, the watchdog), into buffer retention's daily sweep (apps/buffer/retention.py)
+and into the buffer's search indexer (apps/buffer/search.py).
 Their names are what beat schedules, routes (settings.CELERY_TASK_ROUTES) and queued messages
 hold. `serve_duty` serves one *duty* of a run ("loop", "explorer" or "trainer"). A worker registers
 itself when it is ready and beats while it lives (apps/runs/capacity.py: the Workers page).
 """
 from celery import shared_task
 from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
+from django.conf import settings
 
-from apps.buffer import retention
+from apps.buffer import retention, search
 from apps.runs import capacity, supervision
 
 
@@ -30,6 +32,11 @@ def watchdog() -> list[tuple[int, str]]:
 @shared_task(name="workers.tasks.buffer_retention")
 def buffer_retention() -> int | None:  # the id of the job it queued
     return getattr(retention.sweep(), "pk", None)
+
+
+@shared_task(name="workers.tasks.index_search")
+def index_search() -> int:  # the backlog left: rows written that no search finds yet
+    return search.catch_up(seconds=settings.RFTWEB_SEARCH_INDEX_INTERVAL)
 
 
 @worker_ready.connect

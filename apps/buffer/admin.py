@@ -3,8 +3,8 @@ a readable detail page, expert data import) and the jobs that import, export and
 
 Built for a million experiences: the list reads only the columns it shows (token arrays stay in
 the database, previews are cut there), counts are capped (EstimatedCountPaginator), the
-search matches the indexed models.SearchDocument column, and every bulk action is one statement or
-a Celery job. Actions and pages change state through services, never directly.
+search matches the indexed documents of models.ExperienceSearch (search.py), and every bulk action
+is one statement or a Celery job. Actions and pages change state through services, never directly.
 """
 
 import json
@@ -29,9 +29,9 @@ from apps.core.counts import EstimatedCountPaginator
 from apps.core.streaming import file_response
 from apps.feedback.models import Feedback
 
-from . import exporters, services
+from . import exporters, search, services
 from .forms import ExpertDataUploadForm, ExportForm, PipelineForm, PriorityForm, RescoreForm
-from .models import BufferJob, Experience, SearchDocument
+from .models import BufferJob, Experience
 
 PREVIEW_CHARS = 80
 CONFIRM_SAMPLE_ROWS = 10
@@ -267,8 +267,14 @@ class ExperienceAdmin(admin.ModelAdmin):
             return queryset, False
         if connections[queryset.db].vendor != "postgresql":  # embedded SQLite: no full-text search
             return super().get_search_results(request, queryset, search_term)
+        left = search.catch_up()  # documents for what was written since the last indexer round
+        if left:
+            self.message_user(
+                request, f"About {left:,} experiences written in the last moments are not searchable yet: "
+                "their search index is being built. Search again in a minute to include them.", messages.WARNING,
+            )
         query = SearchQuery(search_term, config="simple", search_type="websearch")
-        return queryset.alias(document=SearchDocument()).filter(document=query), False
+        return queryset.filter(search__document=query), False
 
     @admin.display(description="run", ordering="run")  # its id: names are long; the filter names it
     def run_name(self, experience):

@@ -1,33 +1,14 @@
 import uuid
 from pathlib import Path
 
+from django.contrib.postgres.indexes import GinIndex
 from django.contrib.postgres.search import SearchVectorField
 from django.db import models
-from django.db.models import Expression, Q
+from django.db.models import Q
 
 from apps.core.models import Job
 
 from .fields import PackedArrayField
-
-# Full-text search reads this many characters of the prompt and of the response: a tsvector is
-# capped at 1 MB, and an uncapped column would make the insert of one huge text fail.
-SEARCH_CHARS = 100_000
-
-
-class SearchDocument(Expression):
-    """The experience's `search_document` column: the tsvector of its prompt and response that the
-    admin's full-text search matches, indexed by the GIN index `experience_text_search`.
-
-    Postgres computes and stores it (a trigger on insert and on an update of either text, migration
-    0006), so matching a row costs no text parsing; Django does not know the column, so no query
-    ever reads it by accident (the engine loads whole rows). SQLite, the embedded default, has
-    neither the column nor full-text search: the admin falls back to a substring search there."""
-
-    output_field = SearchVectorField()
-
-    def as_sql(self, compiler, connection):
-        table = compiler.quote_name_unless_alias(compiler.query.get_initial_alias())
-        return f"{table}.search_document", []
 
 
 class Experience(models.Model):
@@ -45,12 +26,16 @@ class Experience(models.Model):
         CONSUMED = "consumed"  # trained on
         REJECTED = "rejected"  # filtered out by a pipeline, a curator or a flag
 
-    run = models.ForeignKey("runs.Run", null=True, blank=True, related_name="experiences", on_delete=models.CASCADE)
+    # No index of its own: experience_sampling and experience_step lead with the run (one index
+    # fewer to write, migration 0008).
+    run = models.ForeignKey(
+        "runs.Run", null=True, blank=True, related_name="experiences", on_delete=models.CASCADE, db_index=False
+    )
     task = models.ForeignKey(
         "tasksets.Task", null=True, blank=True, related_name="experiences", on_delete=models.SET_NULL
     )
     explorer_step = models.PositiveIntegerField(default=0)
-    group_id = models.CharField(max_length=100, blank=True, db_index=True)
+    group_id = models.CharField(max_length=100, blank=True)  # indexed by experience_group
     rollout_index = models.PositiveIntegerField(default=0)
     source = models.CharField(max_length=12, choices=Source.choices, default=Source.ROLLOUT)
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.READY)
@@ -90,6 +75,8 @@ class Experience(models.Model):
         indexes = [
             models.Index(fields=["run", "status", "source", "model_version"], name="experience_sampling"),
             models.Index(fields=["run", "explorer_step"], name="experience_step"),
+            # Exact matches only: the LIKE index Django adds beside a db_index CharField served no query.
+            models.Index(fields=["group_id"], name="experience_group"),
             # The trainer's sample order (store.sample): a run's ready, unclaimed rows, least used
             # first. Without it, sampling 256 rows at 10^6 scans and sorts them all (~20 s). Not
             # claimed_at in the condition: a claim then changes no indexed value (migration 0006).
@@ -102,6 +89,27 @@ class Experience(models.Model):
 
     def __str__(self):
         return f"experience {self.pk} ({self.source}, reward {self.reward})"
+
+
+class ExperienceSearch(models.Model):
+    """The full-text search document of an experience (Postgres only): the tsvector of its prompt
+    and response that the admin's search matches (apps/buffer/search.py).
+
+    Kept out of the experience's own row and out of its write: computed in the write's trigger,
+    the tsvector of an 800-character response was 14.5 of a 128-row COPY's 22.9 ms (bench/README,
+    issue #29). An insert now notes the range of ids it wrote (a statement trigger, migration
+    0008) and `search.index_pending` makes the documents later, on a worker (beat) and before each
+    admin search; an edit of either text rewrites its document at once (a row trigger). SQLite,
+    the embedded default, leaves the table empty: the admin searches substrings there."""
+
+    experience = models.OneToOneField(
+        Experience, primary_key=True, related_name="search", on_delete=models.CASCADE,
+        db_constraint=False,  # the indexer may race a delete; an orphan document matches no experience
+    )
+    document = SearchVectorField()
+
+    class Meta:
+        indexes = [GinIndex(fields=["document"], name="experience_search_document")]
 
 
 def _job_file_path(job, filename):

@@ -144,34 +144,56 @@ def test_search_is_full_text_over_prompt_and_response(curator_client, make_exper
 def test_search_uses_the_gin_index(make_experience):
     from django.contrib.postgres.search import SearchQuery
 
-    from apps.buffer.models import SearchDocument
-
     make_experience()
-    query = Experience.objects.alias(document=SearchDocument()).filter(
-        document=SearchQuery("apple", config="simple", search_type="websearch")
-    )
+    query = Experience.objects.filter(search__document=SearchQuery("apple", config="simple", search_type="websearch"))
     with connection.cursor() as cursor:
         cursor.execute("SET LOCAL enable_seqscan = off")  # a tiny table: make the planner show its options
         plan = query.explain()
-    assert "experience_text_search" in plan
+    assert "experience_search_document" in plan
+
+
+def _matches(word):
+    from django.contrib.postgres.search import SearchQuery
+
+    return Experience.objects.filter(search__document=SearchQuery(word, config="simple")).count()
 
 
 def test_search_document_follows_updates(make_experience):
-    from django.contrib.postgres.search import SearchQuery
+    """An edit rewrites the document at once, whether or not the indexer had made it yet."""
+    from apps.buffer import search
 
-    from apps.buffer.models import SearchDocument
+    indexed, pending = make_experience(response_text="before"), make_experience(response_text="early")
+    search.catch_up()
+    later = make_experience(response_text="late")
+    Experience.objects.filter(pk__in=[indexed.pk, later.pk]).update(response_text="after")
+    assert (_matches("before"), _matches("after"), _matches("late")) == (0, 2, 0)
+    assert search.catch_up() == 0  # the pending range of `later`: its edited document stays
+    assert (_matches("after"), _matches("late"), _matches("early")) == (2, 0, 1)
+    Experience.objects.filter(pk=pending.pk).update(claimed_at="2026-01-01T00:00:00Z")  # no text: no change
+    assert _matches("early") == 1
 
-    experience = make_experience(response_text="before")
-    Experience.objects.filter(pk=experience.pk).update(response_text="after")
 
-    def matches(word):
-        return (
-            Experience.objects.alias(document=SearchDocument())
-            .filter(document=SearchQuery(word, config="simple"))
-            .count()
-        )
+def test_a_write_is_searchable_after_the_indexer_and_only_then(make_experience):
+    from apps.buffer import search
 
-    assert (matches("before"), matches("after")) == (0, 1)
+    make_experience(response_text="quince")
+    assert _matches("quince") == 0  # the write computed no document
+    assert search.backlog() >= 1
+    assert search.catch_up() == 0
+    assert _matches("quince") == 1
+    assert search.backlog() == 0
+
+
+def test_a_search_catches_up_first_and_says_when_it_could_not(curator_client, make_experience, monkeypatch):
+    from apps.buffer import search
+
+    first = make_experience(response_text="medlar")
+    assert listed(curator_client.get(CHANGELIST, {"q": "medlar"})) == [first.pk]
+    make_experience(response_text="medlar again")
+    monkeypatch.setattr(search, "CATCH_UP_SECONDS", 0.0)  # a backlog longer than the budget
+    response = curator_client.get(CHANGELIST, {"q": "medlar"})
+    assert listed(response) == [first.pk]
+    assert "not searchable yet" in response.content.decode()
 
 
 def test_list_queries_do_not_grow_with_the_rows(curator_client, make_experience, annotator):

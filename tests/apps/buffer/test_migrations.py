@@ -72,3 +72,43 @@ def test_the_search_document_keeps_its_values_and_follows_edits_both_ways(resear
     finally:
         leaf = max(name for app, name in MigrationExecutor(connection).loader.graph.leaf_nodes() if app == "buffer")
         migrate(("buffer", leaf))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_search_documents_move_to_their_table_and_back(researcher):
+    """0008 moves the documents out of the row and makes them after the write; back, every row
+    has its column again, those the indexer had not reached included."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the search document is Postgres's")
+    from apps.buffer import search
+
+    run = Run.objects.create(name="r", owner=researcher, config={}, mode="both")
+
+    def matches(word, where):
+        table = "buffer_experience" if where == "row" else "buffer_experiencesearch"
+        column = "search_document" if where == "row" else "document"
+        with connection.cursor() as cursor:
+            cursor.execute(f"SELECT count(*) FROM {table} WHERE {column} @@ to_tsquery('simple', %s)", [word])
+            return cursor.fetchone()[0]
+
+    before = ("buffer", "0007_bufferjob_retention")
+    Experience = migrate(before).get_model("buffer", "Experience")
+    old = Experience.objects.create(run_id=run.pk, response_text="apples")
+    try:
+        Experience = migrate(("buffer", "0008_experience_search_after_the_write")).get_model("buffer", "Experience")
+        assert matches("apples", "table") == 1  # the stored document moved
+        Experience.objects.bulk_create([
+            Experience(run_id=run.pk, rollout_index=i, prompt_text=f"pear{i}") for i in range(1, 4)
+        ])
+        assert matches("pear1", "table") == 0
+        assert search.catch_up() == 0
+        assert [matches(f"pear{i}", "table") for i in range(1, 4)] == [1, 1, 1]
+        Experience.objects.create(run_id=run.pk, rollout_index=9, prompt_text="plums")  # not indexed yet
+        migrate(before)
+        assert (matches("apples", "row"), matches("pear2", "row"), matches("plums", "row")) == (1, 1, 1)
+        with connection.cursor() as cursor:
+            cursor.execute("UPDATE buffer_experience SET response_text = 'figs' WHERE id = %s", [old.pk])
+        assert (matches("apples", "row"), matches("figs", "row")) == (0, 1)  # 0006's trigger is back
+    finally:
+        leaf = max(name for app, name in MigrationExecutor(connection).loader.graph.leaf_nodes() if app == "buffer")
+        migrate(("buffer", leaf))

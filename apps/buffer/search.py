@@ -1,0 +1,82 @@
+"""Full-text search of the buffer (Postgres): documents made after the write, found by the admin.
+
+An insert into the buffer notes the range of ids each statement wrote (buffer_search_pending,
+migration 0008) instead of computing tsvectors inside the explorer's COPY; `index_pending` turns
+pending ranges into documents (models.ExperienceSearch). It runs on a worker every
+RFTWEB_SEARCH_INDEX_INTERVAL seconds (beat), and the admin calls `catch_up` before it searches,
+so a search finds every committed row unless a backlog outlasts the catch-up's budget (a million-
+row import), which the admin then says. A range is noted when its statement commits, never
+before: a range covers ids that other transactions wrote in between, but each of those notes its
+own, so no committed row is missed however the transactions interleave; documents already made
+are left as they are (an edit rewrote it at once: its trigger).
+"""
+import time
+
+from django.db import connection
+
+from .models import Experience, ExperienceSearch
+
+RANGES_PER_ROUND = 64  # 64 explorer batches of 128 rows: ~0.5 s of tsvectors a round here
+CATCH_UP_SECONDS = 2.0  # what an admin search waits at most for the documents of recent writes
+EXPERIENCES, DOCUMENTS = Experience._meta.db_table, ExperienceSearch._meta.db_table
+
+# Concurrent writers interleave their ids, so ranges overlap: the ids are made distinct, and those
+# with a document already (an earlier range's, an edit's) are skipped, before any text is parsed.
+_INDEX = f"""
+WITH taken AS (
+    DELETE FROM buffer_search_pending WHERE id IN (
+        SELECT id FROM buffer_search_pending ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED
+    ) RETURNING first_id, last_id
+), ids AS (
+    SELECT DISTINCT e.id FROM taken JOIN {EXPERIENCES} e ON e.id BETWEEN taken.first_id AND taken.last_id
+    WHERE NOT EXISTS (SELECT 1 FROM {DOCUMENTS} s WHERE s.experience_id = e.id)
+), made AS (
+    INSERT INTO {DOCUMENTS} (experience_id, document)
+        SELECT e.id, buffer_search_document(e.prompt_text, e.response_text) FROM ids JOIN {EXPERIENCES} e USING (id)
+        ON CONFLICT (experience_id) DO NOTHING RETURNING 1
+)
+SELECT (SELECT count(*) FROM taken), (SELECT count(*) FROM made),
+       -- the statement's snapshot still sees the ranges it took: more than those, and some are left
+       (SELECT count(*) FROM (SELECT 1 FROM buffer_search_pending LIMIT %s + 1) AS p) > (SELECT count(*) FROM taken)
+"""
+
+
+def enabled() -> bool:
+    return connection.vendor == "postgresql"
+
+
+def index_pending(ranges: int = RANGES_PER_ROUND) -> tuple[int, bool]:
+    """Make the documents of up to `ranges` pending ranges; returns how many were made and whether
+    ranges are left (more, or held by another indexer: SKIP LOCKED, so concurrent callers take
+    different ranges)."""
+    if not enabled():
+        return 0, False
+    with connection.cursor() as cursor:
+        cursor.execute(_INDEX, [ranges, ranges])
+        _, made, left = cursor.fetchone()
+        return made, left
+
+
+def backlog() -> int:
+    """About how many written rows have no document yet (the ids the pending ranges span)."""
+    if not enabled():
+        return 0
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT coalesce(sum(last_id - first_id + 1), 0) FROM buffer_search_pending")
+        return int(cursor.fetchone()[0])
+
+
+def catch_up(seconds: float | None = None) -> int:
+    """Index pending ranges until none is left or `seconds` have passed (the beat task's round,
+    and the admin's wait before a search); returns the backlog left (0: every committed row is
+    searchable)."""
+    if not enabled():
+        return 0
+    deadline = time.monotonic() + (CATCH_UP_SECONDS if seconds is None else seconds)
+    while time.monotonic() < deadline:
+        made, left = index_pending()
+        if not left:
+            return 0
+        if not made:
+            time.sleep(0.05)  # what is left is another indexer's, or held no new rows
+    return backlog()
