@@ -28,6 +28,15 @@ DB_NAME = "rftweb_d_buffer"
 TOKENS = 512
 PROMPT = 64
 BATCH = 128
+# A response's text: ~800 characters of varied words, as a model writes them. A single repeated
+# character (what this bench wrote before) is one word to full-text search and hid its cost:
+# 13 against 67 us a row for the tsvector here (bench/README, #29's fourth slice).
+WORDS = ("the model adds twelve and thirty then checks each digit carry so the answer is forty two "
+         "first we write both numbers in columns and sum them from the right").split()
+
+
+def response_text(rng: random.Random) -> str:
+    return " ".join(f"{rng.choice(WORDS)}{rng.randrange(100)}" for _ in range(120))[:800]
 
 
 def django_env():
@@ -60,7 +69,7 @@ def experiences(step: int, rng: random.Random):
             prompt_ids=[rng.randrange(49152) for _ in range(PROMPT)],
             response_ids=[rng.randrange(49152) for _ in range(TOKENS)], action_mask=[1] * TOKENS,
             logprobs=[-rng.random() * 5 for _ in range(TOKENS)], prompt_text="What is 12 + 30?",
-            response_text="x" * 800, reward=float(rng.random() < 0.5), advantage=rng.gauss(0, 1),
+            response_text=response_text(rng), reward=float(rng.random() < 0.5), advantage=rng.gauss(0, 1),
             reward_components={"exact_match": 1.0}, model_version=step, metadata={"finish_reason": "length"},
         ))
     return out
@@ -85,15 +94,23 @@ def writer(run_id: int, first_step: int, stop_at: float, counts) -> None:
 
 
 def fill(run_id: int, rows: int) -> float:
-    """`rows` ready rollouts of the run: COPY 1,000 distinct ones, multiply them server-side."""
+    """`rows` ready rollouts of the run: COPY 1,000 distinct ones, multiply them server-side. The
+    secondary indexes are dropped for the fill and built again after it (10^7 rows row by row
+    into 9 indexes would take most of an hour here); the fill's pending search range is dropped
+    too: its documents stand for an indexer that kept up, and are not what is measured."""
+    import numpy as np
     from django.db import connection
 
-    from apps.buffer.fields import PackedArrayField  # noqa: F401
     started = time.perf_counter()
     rng = random.Random(0)
-    import numpy as np
-
     with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT indexname, indexdef FROM pg_indexes WHERE tablename = 'buffer_experience' "
+            "AND indexname <> 'buffer_experience_pkey'"
+        )
+        indexes = cursor.fetchall()
+        for name, _ in indexes:
+            cursor.execute(f"DROP INDEX {name}")
         cursor.execute(
             "CREATE UNLOGGED TABLE bench_template (n int, prompt_ids bytea, response_ids bytea, "
             "action_mask bytea, logprobs bytea)"
@@ -134,6 +151,10 @@ def fill(run_id: int, rows: int) -> float:
             [run_id],
         )
         cursor.execute("DROP TABLE bench_template")
+        cursor.execute("DELETE FROM buffer_search_pending")
+        cursor.execute("SET maintenance_work_mem = '1GB'")
+        for _, definition in indexes:
+            cursor.execute(definition)
         cursor.execute("ANALYZE buffer_experience")
     return time.perf_counter() - started
 
@@ -155,6 +176,7 @@ def buffer(rows: int = 1_000_000, samples: int = 30, writer_counts=(1, 2, 8)) ->
 
 def _measure(rows: int, samples: int, writer_counts) -> dict:
     from apps.accounts.services import create_user
+    from apps.buffer import search
     from apps.buffer.store import DjangoExperienceBuffer
     from apps.runs.models import Run
 
@@ -175,6 +197,10 @@ def _measure(rows: int, samples: int, writer_counts) -> dict:
     results["write_per_s"] = median(rates)
     print(f"write: {results['write_per_s']:.0f} experiences/s ({TOKENS}-token arrays, batches of {BATCH}), "
           f"load {load()}", flush=True)
+    started = time.perf_counter()  # the search documents of those writes, made after them (apps/buffer/search.py)
+    search.catch_up(seconds=600)
+    results["index_per_s"] = 12 * BATCH / (time.perf_counter() - started)
+    print(f"search index: {results['index_per_s']:.0f} documents/s", flush=True)
 
     results["fill_s"] = fill(run.pk, rows)
     print(f"filled {rows:,} rows in {results['fill_s']:.0f} s", flush=True)
@@ -184,7 +210,10 @@ def _measure(rows: int, samples: int, writer_counts) -> dict:
     (ROOT / "bench" / "results" / "buffer_plans.txt").write_text(plans + "\n")
     results["sample_plans"] = plans
 
-    table_rows = [[f"write {BATCH} x {TOKENS}-token exps", f"{results['write_per_s']:.0f} /s", "one writer"]]
+    table_rows = [
+        [f"write {BATCH} x {TOKENS}-token exps", f"{results['write_per_s']:.0f} /s", "one writer"],
+        ["their search documents, after", f"{results['index_per_s']:.0f} /s", "one indexer"],
+    ]
     for count in writer_counts:
         figures = with_writers(buffer, run.pk, count, samples)
         results[f"writers_{count}"] = figures
@@ -194,6 +223,8 @@ def _measure(rows: int, samples: int, writer_counts) -> dict:
              f"{count} writers: {figures['write_per_s']:.0f} exps/s"],
             ["mark_used 256 consumed, p50 / p95",
              f"{figures['mark_used_p50_ms']:.0f} / {figures['mark_used_p95_ms']:.0f} ms", f"{count} writers"],
+            ["search documents made meanwhile", f"{figures['index_per_s']:.0f} /s",
+             f"backlog at the end: {figures['search_backlog']:,} rows"],
         ]
     results["load_end"] = load()
     save("buffer", results)
@@ -201,18 +232,38 @@ def _measure(rows: int, samples: int, writer_counts) -> dict:
     return results
 
 
+def indexer(stop_at: float, made) -> None:
+    """What beat's apps.buffer.tasks.index_search does, every second instead of every 10 s."""
+    sys.path.insert(0, str(ROOT))
+    django_env()
+    from apps.buffer import search
+
+    while time.time() < stop_at:
+        started = time.time()
+        while time.time() - started < 1:
+            count, left = search.index_pending()
+            made.append((time.time(), count))
+            if not left:
+                break
+        time.sleep(max(0.0, 1 - (time.time() - started)))
+
+
 def with_writers(buffer, run_id: int, count: int, samples: int) -> dict:
-    """sample(256) then mark_used, `samples` times, while `count` writer processes write."""
+    """sample(256) then mark_used, `samples` times, while `count` writer processes write and an
+    indexer makes their search documents."""
     from django.db import connections
+
+    from apps.buffer import search
 
     manager = multiprocessing.Manager()
     written = manager.list()
     stop_at = time.time() + 3600
     ctx = multiprocessing.get_context("spawn")
+    made = manager.list()
     procs = [
         ctx.Process(target=writer, args=(run_id, 100_000 * count + 10_000 * (k + 1), stop_at, written))
         for k in range(count)
-    ]
+    ] + [ctx.Process(target=indexer, args=(stop_at, made))]
     connections.close_all()
     for p in procs:
         p.start()
@@ -231,7 +282,9 @@ def with_writers(buffer, run_id: int, count: int, samples: int) -> dict:
         sample_s.append(sampled - started)
         mark_s.append(time.perf_counter() - sampled)
         assert len(got) == 256
-    rate = sum(written[written_before:]) / (time.time() - started_all)
+    ended = time.time()
+    rate = sum(written[written_before:]) / (ended - started_all)
+    index_rate = sum(n for at, n in list(made) if started_all <= at <= ended) / (ended - started_all)
     for p in procs:
         p.terminate()
         p.join(10)
@@ -240,18 +293,21 @@ def with_writers(buffer, run_id: int, count: int, samples: int) -> dict:
     return {
         "sample_p50_ms": 1000 * percentile(sample_s, 0.5), "sample_p95_ms": 1000 * percentile(sample_s, 0.95),
         "mark_used_p50_ms": 1000 * percentile(mark_s, 0.5), "mark_used_p95_ms": 1000 * percentile(mark_s, 0.95),
-        "write_per_s": rate,
+        "write_per_s": rate, "index_per_s": index_rate, "search_backlog": search.backlog(),
     }
 
 
 def sample_plans(buffer) -> str:
     """EXPLAIN ANALYZE of what one sample of rollouts and one of expert data send (caught as the
-    store sends them, so the plan is of the real statement), each in a transaction rolled back."""
+    store sends them, so the plan is of the real statement: Django's statements by an execute
+    wrapper, the claim, which goes on a cursor of its own, from store.claim_statement), each in a
+    transaction rolled back."""
     from django.db import connection, transaction
 
+    from apps.buffer import store
     from workers.rft.experience import EXPERT_SOURCES
 
-    plans = []
+    plans, compile_claim = [], store.claim_statement
     for sources in (["rollout"], list(EXPERT_SOURCES)):
         sent = []
 
@@ -259,8 +315,17 @@ def sample_plans(buffer) -> str:
             sent.append((sql, params))
             return execute(sql, params, many, context)
 
-        with connection.execute_wrapper(catch):
-            buffer.sample(256, sources=sources)
+        def claim_statement(query, n, sent=sent):
+            statement = compile_claim(query, n)
+            sent.append(statement)
+            return statement
+
+        store.claim_statement = claim_statement
+        try:
+            with connection.execute_wrapper(catch):
+                buffer.sample(256, sources=sources)
+        finally:
+            store.claim_statement = compile_claim
         for sql, params in sent:
             if "buffer_experience" not in sql or not sql.lstrip().startswith(("SELECT", "WITH", "UPDATE")):
                 continue
