@@ -66,8 +66,9 @@ LANES = {
         "tests/security/test_round3_workers_rendezvous.py",
     ], RUN_RANKS),
 }
-# The longest units (minutes each on 2 cores), longest first; then the others by their slow tests.
-# `make test`'s --durations list shows the slowest tests when this needs updating.
+# The longest units (minutes each on 2 cores), longest first (pytest-django's order comes first:
+# these are three lists in one); then the others by their slow tests. `make test`'s --durations
+# list shows the slowest tests when this needs updating.
 LONGEST_FIRST = [
     "tests/workers/rft/test_frozenlake.py",
     "tests/apps/feedback/test_human_learning.py",
@@ -76,6 +77,9 @@ LONGEST_FIRST = [
     TORCH_DISTRIBUTED,
     RUN_RANKS,
     "tests/workers/rft/test_option_matrix.py",
+    "tests/workers/rft/test_learning.py",
+    "tests/workers/rft/test_lora.py",
+    "tests/workers/rft/test_vllm.py",
     "tests/journeys/test_recovery.py",
     "tests/workers/test_explorers.py",
     "tests/reliability/test_faults.py",
