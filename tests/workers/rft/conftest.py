@@ -14,7 +14,9 @@ def data_dir(tmp_path_factory):
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
-    path = tmp_path_factory.mktemp("rftweb-data")
+    # A short name: vLLM's IPC sockets live under it (<dir>/vllm/ipc/<8>/<uuid4>, at most 107 bytes),
+    # and xdist's basetemp is deeper (.../pytest-N/popen-gw1/).
+    path = tmp_path_factory.mktemp("data")
     previous = os.environ.get("RFTWEB_DATA_DIR")
     os.environ["RFTWEB_DATA_DIR"] = str(path)
     resolve_model_path("tiny")
