@@ -12,7 +12,8 @@ from .models import Checkpoint, MetricPoint, Run
 
 RETENTION_KEEPS = (
     "Human edits (other runs train on them) and rows with feedback (ratings, preferences, flags) stay. "
-    "The runs can no longer be resumed: Launch again starts a new run from a run's config. Runs as a job."
+    "The selected runs can no longer be resumed: Launch again starts a new run from a run's config. A job does "
+    "it in the background, and its page shows the progress."
 )
 
 
@@ -67,13 +68,13 @@ class RunAdmin(admin.ModelAdmin):
 
     @admin.action(description="Archive the buffer of the selected ended runs", permissions=["retire"])
     def archive_buffer(self, request, queryset):
-        return self._retire(request, queryset, "archive", "Their rollouts, synthetic and expert rows are written "
-                            "to a Parquet file (the job's File, an experience export), then deleted. ")
+        return self._retire(request, queryset, "archive", "The rollouts, synthetic and expert rows of the selected "
+                            "runs are written to a Parquet file (the job's File, an experience export), then deleted. ")
 
     @admin.action(description="Drop the buffer of the selected ended runs", permissions=["retire"])
     def drop_buffer(self, request, queryset):
-        return self._retire(request, queryset, "drop", "Their rollouts, synthetic and expert rows are deleted, "
-                            "with no copy kept. This cannot be undone. ")
+        return self._retire(request, queryset, "drop", "The rollouts, synthetic and expert rows of the selected "
+                            "runs are deleted, with no copy kept. This cannot be undone. ")
 
     def _retire(self, request, queryset, action: str, what: str):
         not_ended = queryset.exclude(status__in=Run.FINISHED).values_list("name", "pk", "status")

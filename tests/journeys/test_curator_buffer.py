@@ -261,6 +261,8 @@ def test_a_curator_archives_the_buffer_of_a_stopped_run_and_it_can_no_longer_be_
     expect(notice).to_contain_text("downloads the archive")
     expect(admin.get_by_role("button", name="Resume")).to_have_count(0)
     expect(admin.get_by_role("link", name="Launch again")).to_be_visible()
+    # An ended run has no duties to show (no "waiting for a train worker: start one" on it).
+    expect(admin.locator("#run-duties")).to_be_hidden()
     shot(admin, "retention-4-run-page-retired")
 
     # Resume from the page opened before is refused with the reason; the run stays stopped.
