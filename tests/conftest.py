@@ -158,6 +158,24 @@ def pytest_collection_modifyitems(config, items):
     return result
 
 
+_FILE_SECONDS: dict[str, float] = {}
+
+
+def pytest_runtest_logreport(report):
+    if report.duration:
+        path = report.nodeid.split("::", 1)[0]
+        _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    """Under xdist, the files that took longest (setup, call and teardown of their tests added up):
+    what LONGEST_FIRST should start with."""
+    if _xdist_controller(config) and _FILE_SECONDS:
+        terminalreporter.write_sep("=", "slowest 15 files (what tests/conftest.py's LONGEST_FIRST starts with)")
+        for path, seconds in sorted(_FILE_SECONDS.items(), key=lambda kv: -kv[1])[:15]:
+            terminalreporter.write_line(f"{seconds:8.1f}s {path}")
+
+
 def _make_user(django_user_model, username, *roles, **extra):
     from apps.accounts.services import create_user
 
