@@ -8,8 +8,9 @@ import os
 XDIST_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "")
 _worker = int(XDIST_WORKER.removeprefix("gw") or 0)
 # Per worker: (the tests' own Redis database, the newcomer journey's demo's), on the server
-# RFTWEB_TEST_REDIS names (another one lets two test sessions share a machine). /0 is a
-# deployment's default; bench/ uses /9 to /12.
+# RFTWEB_TEST_REDIS names (another one lets two test sessions share a machine; a REDIS_URL set
+# by hand would be every worker's, and each flushes it). /0 is a deployment's default; bench/
+# uses /9 to /12.
 _REDIS_DBS = [(14, 12), (13, 15), (8, 7), (6, 5), (4, 3), (2, 1)]
 if _worker >= len(_REDIS_DBS):
     raise RuntimeError(f"the tests have Redis databases for {len(_REDIS_DBS)} xdist workers, not {_worker + 1}")
