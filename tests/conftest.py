@@ -126,10 +126,13 @@ def _units(items) -> tuple[dict[tuple, list], dict[str, int]]:
         path = _file_of(item)
         unit = LANES.get(path) or (path if path in whole else item.nodeid)
         units.setdefault((unit, _db_order(item)), []).append(item)
+    orders: dict[str, int] = {}
+    for unit, _ in units:
+        orders[unit] = orders.get(unit, 0) + 1
     for (unit, order), unit_items in units.items():
         if unit != unit_items[0].nodeid:
             name = unit.removeprefix("tests/").removesuffix(".py")
-            if any(other == unit and other_order != order for other, other_order in units):
+            if orders[unit] > 1:  # the file has tests of more than one order
                 name += ("-db", "-transactional", "-nodb")[order]
             for item in unit_items:
                 item.add_marker(pytest.mark.xdist_group(name))
