@@ -268,7 +268,7 @@ def with_writers(buffer, run_id: int, count: int, samples: int) -> dict:
     for p in procs:
         p.start()
     deadline = time.time() + 300
-    while len(written) < 2 * count and time.time() < deadline:  # every writer is writing
+    while (len(written) < 2 * count or not made) and time.time() < deadline:  # all writing, the indexer too
         time.sleep(0.5)
     if not written:
         raise RuntimeError("the concurrent writers wrote nothing")
