@@ -323,3 +323,19 @@ def test_smollm2_matches_transformers_before_and_after_a_trainer_step(tmp_path):
             weights_path=str(path), refresh_tied=False,
         )
     engine.close()
+
+
+@pytest.mark.parametrize("short_by", [20, 3, -30])
+def test_an_engine_ipc_dir_always_leaves_vllm_room_for_its_socket_names(monkeypatch, short_by):
+    """vLLM appends "/<uuid4>" to the IPC dir and a socket path holds 107 bytes: the dir with its
+    own name must fit MAX_IPC_DIR (the root alone was checked, so a root 3 short let 9 through;
+    xdist's deeper temp dirs hit it: zmq refused the paths)."""
+    from workers.rft.engines import vllm_engine
+
+    root_length = vllm_engine.MAX_IPC_DIR - short_by
+    data_dir = "/" + "d" * (root_length - len("//vllm/ipc"))
+    monkeypatch.setenv("RFTWEB_DATA_DIR", data_dir)
+    assert len(str(vllm_engine.vllm_home() / "ipc")) == root_length
+    ipc_dir = vllm_engine.new_ipc_dir()
+    assert len(str(ipc_dir)) <= vllm_engine.MAX_IPC_DIR
+    assert str(ipc_dir).startswith(data_dir) == (short_by >= 9)  # a short enough data dir keeps them

@@ -121,11 +121,11 @@ def vllm_home() -> Path:
 
 def new_ipc_dir() -> Path:
     """A directory of its own for one engine's IPC sockets, removed when the engine closes."""
-    root = vllm_home() / "ipc"
-    if len(str(root)) > MAX_IPC_DIR:  # a deep data dir: keep socket paths short, still ours alone
+    root, name = vllm_home() / "ipc", uuid.uuid4().hex[:8]
+    if len(str(root / name)) > MAX_IPC_DIR:  # a deep data dir: keep socket paths short, still ours alone
         digest = hashlib.sha1(str(root).encode()).hexdigest()[:12]
         root = Path(tempfile.gettempdir()) / f"rftweb-vllm-{digest}"
-    return root / uuid.uuid4().hex[:8]
+    return root / name
 
 
 # What the user set before we ran is theirs; the rest we set for every engine (the data dir may differ).
