@@ -29,6 +29,20 @@ def service_env(**overrides) -> dict:
     }
 
 
+def read_elsewhere(sql: str, params) -> tuple:
+    """One row, read through a database connection of its own: what another process (a trainer,
+    a job's page) would see of the test's commits."""
+    from django.db import DEFAULT_DB_ALIAS, connections
+
+    other = connections.create_connection(DEFAULT_DB_ALIAS)
+    try:
+        with other.cursor() as cursor:
+            cursor.execute(sql, params)
+            return cursor.fetchone()
+    finally:
+        other.close()
+
+
 def wait_for(predicate, timeout=300, what="condition", every=0.5):
     """The predicate's first truthy value, polled every `every` seconds; fails after `timeout` seconds."""
     deadline = time.time() + timeout

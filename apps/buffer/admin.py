@@ -619,7 +619,8 @@ class BufferJobAdmin(admin.ModelAdmin):
 
     @admin.display(description="result")
     def result_summary(self, job):
-        return ", ".join(f"{key.replace('_', ' ')}: {value:,}" for key, value in job.result.items())
+        # In a fixed order: Postgres's jsonb keeps keys by length, SQLite as written.
+        return ", ".join(f"{key.replace('_', ' ')}: {value:,}" for key, value in sorted(job.result.items()))
 
     @admin.display(description="file")
     def download(self, job):

@@ -6,22 +6,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from django.db import DEFAULT_DB_ALIAS, connections
 
 from apps.buffer import services
 from apps.buffer.models import BufferJob, Experience
 from apps.core import jobs
-
-
-def read_elsewhere(sql: str, params) -> tuple:
-    """One row, read through a connection of its own: what another process would see."""
-    other = connections.create_connection(DEFAULT_DB_ALIAS)
-    try:
-        with other.cursor() as cursor:
-            cursor.execute(sql, params)
-            return cursor.fetchone()
-    finally:
-        other.close()
+from tests.support import read_elsewhere
 
 
 @pytest.mark.django_db(transaction=True)

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
-from django.db import DEFAULT_DB_ALIAS, connections
 from django.urls import reverse
 
 from apps.buffer import exporters, retention, services
@@ -18,6 +17,7 @@ from apps.core.jobs import run_job
 from apps.feedback.models import AnnotationLock, Feedback
 from apps.runs.models import Run
 from tests.apps.buffer.retention.support import ids, remaining, retire
+from tests.support import read_elsewhere
 
 Status = Run.Status
 
@@ -228,17 +228,6 @@ def test_a_rerun_whose_archive_is_gone_deletes_nothing_more(ended, buffer, monke
 
 
 # ---- outside a test transaction: a commit a chunk ----
-
-
-def read_elsewhere(sql: str, params) -> tuple:
-    """One row, read through a connection of its own: what a trainer or the job page would see."""
-    other = connections.create_connection(DEFAULT_DB_ALIAS)
-    try:
-        with other.cursor() as cursor:
-            cursor.execute(sql, params)
-            return cursor.fetchone()
-    finally:
-        other.close()
 
 
 @pytest.mark.django_db(transaction=True)
