@@ -20,24 +20,27 @@ RANGES_PER_ROUND = 64  # 64 explorer batches of 128 rows: ~0.5 s of tsvectors a 
 CATCH_UP_SECONDS = 2.0  # what an admin search waits at most for the documents of recent writes
 EXPERIENCES, DOCUMENTS = Experience._meta.db_table, ExperienceSearch._meta.db_table
 
-# Concurrent writers interleave their ids, so ranges overlap: the ids are made distinct, and those
-# with a document already (an earlier range's, an edit's) are skipped, before any text is parsed.
+# The ids of the ranges taken go to the primary key as an array (id = ANY): joined on BETWEEN, the
+# planner did not know how few ranges it took and read every id of the table (a merge anti join
+# over the primary key: 1 s at 2 x 10^5 rows, linear in the table), where the array is probed id
+# by id (3,840 documents in 0.46 s at 2 x 10^5, bench/README). Concurrent writers interleave their
+# ids, so ranges overlap (the array's duplicates are probed once), and rows with a document
+# already (an earlier range's, an edit's) are skipped before any text is parsed.
 _INDEX = f"""
 WITH taken AS (
     DELETE FROM buffer_search_pending WHERE id IN (
         SELECT id FROM buffer_search_pending ORDER BY id LIMIT %s FOR UPDATE SKIP LOCKED
     ) RETURNING first_id, last_id
-), ids AS (
-    SELECT DISTINCT e.id FROM taken JOIN {EXPERIENCES} e ON e.id BETWEEN taken.first_id AND taken.last_id
-    WHERE NOT EXISTS (SELECT 1 FROM {DOCUMENTS} s WHERE s.experience_id = e.id)
 ), made AS (
     INSERT INTO {DOCUMENTS} (experience_id, document)
-        SELECT e.id, buffer_search_document(e.prompt_text, e.response_text) FROM ids JOIN {EXPERIENCES} e USING (id)
-        ON CONFLICT (experience_id) DO NOTHING RETURNING 1
+    SELECT e.id, buffer_search_document(e.prompt_text, e.response_text) FROM {EXPERIENCES} e
+    WHERE e.id = ANY(ARRAY(SELECT generate_series(first_id, last_id) FROM taken))
+      AND NOT EXISTS (SELECT 1 FROM {DOCUMENTS} s WHERE s.experience_id = e.id)
+    ON CONFLICT (experience_id) DO NOTHING RETURNING 1
 )
 SELECT (SELECT count(*) FROM taken), (SELECT count(*) FROM made),
        -- the statement's snapshot still sees the ranges it took: more than those, and some are left
-       (SELECT count(*) FROM (SELECT 1 FROM buffer_search_pending LIMIT %s + 1) AS p) > (SELECT count(*) FROM taken)
+       (SELECT count(*) FROM (SELECT 1 FROM buffer_search_pending LIMIT %s + 1) AS p)
 """
 
 
@@ -53,8 +56,8 @@ def index_pending(ranges: int = RANGES_PER_ROUND) -> tuple[int, bool]:
         return 0, False
     with connection.cursor() as cursor:
         cursor.execute(_INDEX, [ranges, ranges])
-        _, made, left = cursor.fetchone()
-        return made, left
+        taken, made, seen = cursor.fetchone()
+        return made, seen > taken
 
 
 def backlog() -> int:
