@@ -43,6 +43,30 @@ def read_elsewhere(sql: str, params) -> tuple:
         other.close()
 
 
+def watch_progress(monkeypatch, look) -> list:
+    """Every progress write of the jobs run from now on (jobs.progress_writer, each write shown at
+    once) followed by look(job): the list of what look returned, one item a write."""
+    from contextlib import contextmanager
+
+    from apps.core import jobs
+
+    seen, real_writer = [], jobs.progress_writer
+
+    @contextmanager
+    def observed(job):
+        with real_writer(job) as write:
+
+            def write_and_look(rows_done, bytes_done=None):
+                write(rows_done, bytes_done)
+                seen.append(look(job))
+
+            yield write_and_look
+
+    monkeypatch.setattr(jobs, "PROGRESS_INTERVAL_SECONDS", 0)
+    monkeypatch.setattr(jobs, "progress_writer", observed)
+    return seen
+
+
 def wait_for(predicate, timeout=300, what="condition", every=0.5):
     """The predicate's first truthy value, polled every `every` seconds; fails after `timeout` seconds."""
     deadline = time.time() + timeout

@@ -2,7 +2,6 @@
 open, and a real Celery worker on the `default` queue runs an export to the end."""
 
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -10,34 +9,16 @@ import pytest
 from apps.buffer import services
 from apps.buffer.models import BufferJob, Experience
 from apps.core import jobs
-from tests.support import read_elsewhere
+from tests.support import read_elsewhere, watch_progress
 
 
 @pytest.mark.django_db(transaction=True)
 def test_progress_is_visible_while_the_job_is_still_running(make_experience, monkeypatch):
     rows = [make_experience() for _ in range(5)]
     monkeypatch.setattr(services, "CHUNK_ROWS", 2)
-    monkeypatch.setattr(jobs, "PROGRESS_INTERVAL_SECONDS", 0)  # every chunk's progress
-    seen = []
-    real_writer = jobs.progress_writer
-
-    @contextmanager
-    def observed(job):
-        with real_writer(job) as write:
-
-            def write_and_look(rows_done, bytes_done=None):
-                write(rows_done, bytes_done)
-                seen.append(
-                    read_elsewhere(
-                        "SELECT j.rows_done, (SELECT count(*) FROM buffer_experience WHERE source = 'expert') "
-                        "FROM buffer_bufferjob j WHERE j.id = %s",
-                        [job.pk],
-                    )
-                )
-
-            yield write_and_look
-
-    monkeypatch.setattr(jobs, "progress_writer", observed)
+    seen = watch_progress(monkeypatch, lambda job: read_elsewhere(  # every chunk's progress
+        "SELECT j.rows_done, (SELECT count(*) FROM buffer_experience WHERE source = 'expert') "
+        "FROM buffer_bufferjob j WHERE j.id = %s", [job.pk]))
     job = services.start_promotion(Experience.objects.filter(pk__in=[row.pk for row in rows]))
 
     job = jobs.run_job("buffer.bufferjob", job.pk)

@@ -3,7 +3,6 @@ progress, runs that have not ended, and a rerun of an interrupted job (a commit 
 
 How jobs are started (the sweep, the admin) and what a retired run refuses: test_controls.py."""
 
-from contextlib import contextmanager
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -17,7 +16,7 @@ from apps.core.jobs import run_job
 from apps.feedback.models import AnnotationLock, Feedback
 from apps.runs.models import Run
 from tests.apps.buffer.retention.support import ids, remaining, retire
-from tests.support import read_elsewhere
+from tests.support import read_elsewhere, watch_progress
 
 Status = Run.Status
 
@@ -233,23 +232,10 @@ def test_a_rerun_whose_archive_is_gone_deletes_nothing_more(ended, buffer, monke
 @pytest.mark.django_db(transaction=True)
 def test_each_chunk_is_committed_and_its_progress_shown_as_it_goes(ended, buffer, monkeypatch):
     monkeypatch.setattr(retention, "CHUNK_ROWS", 2)
-    monkeypatch.setattr(jobs, "PROGRESS_INTERVAL_SECONDS", 0)
-    doomed, seen = [row.pk for row in buffer["doomed"]], []
-    real_writer = jobs.progress_writer
-
-    @contextmanager
-    def observed(job):
-        with real_writer(job) as write:
-
-            def write_and_look(rows_done, bytes_done=None):
-                write(rows_done, bytes_done)
-                seen.append(read_elsewhere(
-                    "SELECT j.rows_done, (SELECT count(*) FROM buffer_experience WHERE id = ANY(%s)) "
-                    "FROM buffer_bufferjob j WHERE j.id = %s", [doomed, job.pk]))
-
-            yield write_and_look
-
-    monkeypatch.setattr(jobs, "progress_writer", observed)
+    doomed = [row.pk for row in buffer["doomed"]]
+    seen = watch_progress(monkeypatch, lambda job: read_elsewhere(
+        "SELECT j.rows_done, (SELECT count(*) FROM buffer_experience WHERE id = ANY(%s)) "
+        "FROM buffer_bufferjob j WHERE j.id = %s", [doomed, job.pk]))
     job = retention.start_retention(Run.objects.filter(pk=ended.pk), action="drop")
 
     job = run_job("buffer.bufferjob", job.pk)
