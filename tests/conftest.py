@@ -20,8 +20,27 @@ def _xdist_controller(config) -> bool:
     return config.pluginmanager.has_plugin("dsession")
 
 
+def _share_the_cores():
+    """On an xdist worker, this process's share of the cores for torch and OpenMP, inherited by the
+    processes its tests start. Each torch process takes every core by default: two workers at 2
+    threads each on 2 cores made OpenMP's barriers wait on a descheduled thread, and the MIX learning
+    test took 901 s beside the LoRA one (CI timed it out at 900) where it takes ~250 s alone."""
+    import os
+
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:
+        share = str(max(1, (os.cpu_count() or 1) // workers))
+        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ.setdefault(name, share)
+        import torch
+
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+
 @pytest.hookimpl(trylast=True)  # after xdist's, which makes this process the controller
 def pytest_configure(config):
+    if not _xdist_controller(config):
+        _share_the_cores()
     if _xdist_controller(config):
         import os
 
