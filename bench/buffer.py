@@ -59,13 +59,15 @@ def admin_sql(*statements):
             conn.execute(statement)
 
 
-def experiences(step: int, rng: random.Random):
+def experiences(step: int, rng: random.Random, task_ids: list[int]):
+    """One explorer step's batch: 16 tasks x 8 rollouts. With their tasks, as a run's rollouts
+    are: a write then leaves replays to the natural key's constraint (store.write)."""
     from workers.rft.experience import Experience
 
     out = []
     for i in range(BATCH):
         out.append(Experience(
-            task_id=None, group_id=f"{step}-{i // 8}", rollout_index=i, explorer_step=step,
+            task_id=task_ids[i // 8], group_id=f"{step}-{i // 8}", rollout_index=i, explorer_step=step,
             prompt_ids=[rng.randrange(49152) for _ in range(PROMPT)],
             response_ids=[rng.randrange(49152) for _ in range(TOKENS)], action_mask=[1] * TOKENS,
             logprobs=[-rng.random() * 5 for _ in range(TOKENS)], prompt_text="What is 12 + 30?",
@@ -75,7 +77,7 @@ def experiences(step: int, rng: random.Random):
     return out
 
 
-def writer(run_id: int, first_step: int, stop_at: float, counts) -> None:
+def writer(run_id: int, task_ids: list[int], first_step: int, stop_at: float, counts) -> None:
     sys.path.insert(0, str(ROOT))
     django_env()
     from apps.buffer.store import DjangoExperienceBuffer
@@ -83,7 +85,7 @@ def writer(run_id: int, first_step: int, stop_at: float, counts) -> None:
     buffer = DjangoExperienceBuffer(run_id)
     rng = random.Random(first_step)
     step = first_step
-    batches = [experiences(first_step + k, rng) for k in range(4)]  # generated once: time the writes
+    batches = [experiences(first_step + k, rng, task_ids) for k in range(4)]  # generated once: time the writes
     while time.time() < stop_at:
         exps = batches[step % 4]
         for e in exps:
@@ -93,7 +95,7 @@ def writer(run_id: int, first_step: int, stop_at: float, counts) -> None:
         step += 1
 
 
-def fill(run_id: int, rows: int) -> float:
+def fill(run_id: int, task_ids: list[int], rows: int) -> float:
     """`rows` ready rollouts of the run: COPY 1,000 distinct ones, multiply them server-side. The
     secondary indexes are dropped for the fill and built again after it (10^7 rows row by row
     into 9 indexes would take most of an hour here); the fill's pending search range is dropped
@@ -127,16 +129,17 @@ def fill(run_id: int, rows: int) -> float:
         cursor.execute(
             """
             INSERT INTO buffer_experience (
-                run_id, explorer_step, group_id, rollout_index, source, status, prompt_text, response_text,
-                prompt_ids, response_ids, action_mask, logprobs, reward, reward_components, advantage,
-                model_version, priority, use_count, metadata, created_at)
-            SELECT %s, 1000000 + g / 128, 'g' || (g / 8), g %% 128, 'rollout', 'ready', 'What is 12 + 30?',
+                run_id, task_id, explorer_step, group_id, rollout_index, source, status, prompt_text,
+                response_text, prompt_ids, response_ids, action_mask, logprobs, reward, reward_components,
+                advantage, model_version, priority, use_count, metadata, created_at)
+            SELECT %s, (%s::int[])[1 + (g / 8) %% 16], 1000000 + g / 128, 'g' || (g / 8), g %% 128, 'rollout',
+                   'ready', 'What is 12 + 30?',
                    repeat('x', 800), t.prompt_ids, t.response_ids, t.action_mask, t.logprobs,
                    (g %% 2)::float, '{"exact_match": 1.0}'::jsonb, 0.5, g / 128, 0, 0,
                    '{"finish_reason": "length"}'::jsonb, now()
             FROM generate_series(0, %s - 1) AS g JOIN bench_template t ON t.n = g %% 1000
             """,
-            [run_id, rows],
+            [run_id, task_ids, rows],
         )
         cursor.execute(  # the expert data a mix or SFT step samples beside the rollouts
             """
@@ -179,13 +182,17 @@ def _measure(rows: int, samples: int, writer_counts) -> dict:
     from apps.buffer import search
     from apps.buffer.store import DjangoExperienceBuffer
     from apps.runs.models import Run
+    from apps.tasksets.models import Task, Taskset
 
     results = {"machine": machine(), "rows": rows, "tokens": TOKENS, "samples": samples}
     user = create_user("bench", "bench-password-1", roles=["researcher"])
     run = Run.objects.create(name="buffer", owner=user, config={})
+    taskset = Taskset.objects.create(name="bench", task_count=16)
+    task_ids = [t.pk for t in Task.objects.bulk_create(
+        Task(taskset=taskset, index=i, prompt=f"What is {i} + 30?", answer=str(i + 30)) for i in range(16))]
     buffer = DjangoExperienceBuffer(run.pk)
     rng = random.Random(1)
-    batches = [experiences(step, rng) for step in range(4)]
+    batches = [experiences(step, rng, task_ids) for step in range(4)]
     rates = []
     for step in range(12):
         exps = batches[step % 4]
@@ -202,7 +209,7 @@ def _measure(rows: int, samples: int, writer_counts) -> dict:
     results["index_per_s"] = 12 * BATCH / (time.perf_counter() - started)
     print(f"search index: {results['index_per_s']:.0f} documents/s", flush=True)
 
-    results["fill_s"] = fill(run.pk, rows)
+    results["fill_s"] = fill(run.pk, task_ids, rows)
     print(f"filled {rows:,} rows in {results['fill_s']:.0f} s", flush=True)
     plans = sample_plans(buffer)
     print(plans, flush=True)
@@ -215,7 +222,7 @@ def _measure(rows: int, samples: int, writer_counts) -> dict:
         ["their search documents, after", f"{results['index_per_s']:.0f} /s", "one indexer"],
     ]
     for count in writer_counts:
-        figures = with_writers(buffer, run.pk, count, samples)
+        figures = with_writers(buffer, run.pk, task_ids, count, samples)
         results[f"writers_{count}"] = figures
         table_rows += [
             [f"sample 256 of {rows:,} rows, p50 / p95",
@@ -248,7 +255,7 @@ def indexer(stop_at: float, made) -> None:
         time.sleep(max(0.0, 1 - (time.time() - started)))
 
 
-def with_writers(buffer, run_id: int, count: int, samples: int) -> dict:
+def with_writers(buffer, run_id: int, task_ids: list[int], count: int, samples: int) -> dict:
     """sample(256) then mark_used, `samples` times, while `count` writer processes write and an
     indexer makes their search documents."""
     from django.db import connections
@@ -261,7 +268,7 @@ def with_writers(buffer, run_id: int, count: int, samples: int) -> dict:
     ctx = multiprocessing.get_context("spawn")
     made = manager.list()
     procs = [
-        ctx.Process(target=writer, args=(run_id, 100_000 * count + 10_000 * (k + 1), stop_at, written))
+        ctx.Process(target=writer, args=(run_id, task_ids, 100_000 * count + 10_000 * (k + 1), stop_at, written))
         for k in range(count)
     ] + [ctx.Process(target=indexer, args=(stop_at, made))]
     connections.close_all()

@@ -55,7 +55,7 @@ def to_row(exp: Experience, run_id: int | None) -> ExperienceRow:
 
 def insert(experiences: Sequence[Experience], run_id: int | None) -> None:
     """Insert with a binary COPY on Postgres, each column prepared once for the batch (the arrays
-    packed in one numpy call per column). The text COPY it replaced prepared every field of every
+    packed by PackedArrayField.pack). The text COPY it replaced prepared every field of every
     row through Django (get_db_prep_save: 2,816 calls for 128 rows) and hex-escaped the arrays:
     1,434 against 4,097 experiences/s (bench/README, issue #29). The other database the settings
     allow, embedded SQLite, has no COPY and takes bulk_create. A natural-key conflict raises
@@ -67,7 +67,8 @@ def insert(experiences: Sequence[Experience], run_id: int | None) -> None:
     for name in TEXT_FIELDS:
         columns[name] = [storable(value) for value in columns[name]]
     for name in ARRAY_FIELDS:
-        columns[name] = ExperienceRow._meta.get_field(name).pack_many(columns[name])
+        field = ExperienceRow._meta.get_field(name)
+        columns[name] = [field.pack(value) for value in columns[name]]
     count = len(experiences)
     columns |= {
         "run_id": [run_id] * count, "task_id": [e.task_id for e in experiences],
@@ -81,6 +82,18 @@ def insert(experiences: Sequence[Experience], run_id: int | None) -> None:
         copy.set_types(types)
         for row in zip(*columns.values(), strict=True):
             copy.write_row(row)
+
+
+def _first_of_each_key(experiences: Sequence[Experience], stored: set) -> list[Experience]:
+    """All but the rollouts whose natural key is in `stored` or comes earlier in the batch."""
+    seen, first = set(stored), []
+    for e in experiences:
+        if e.source == "rollout":
+            if e.key in seen:
+                continue
+            seen.add(e.key)
+        first.append(e)
+    return first
 
 
 @cache
@@ -168,11 +181,27 @@ class DjangoExperienceBuffer:
         return ExperienceRow.objects.filter(run_id=self.run_id)
 
     def write(self, experiences: Sequence[Experience]) -> int:
+        """Store the experiences, but not the rollouts whose natural key (explorer step, task,
+        rollout index) is stored already or comes earlier in the batch; returns how many were new.
+
+        Where every rollout names its task, the table's unique constraint finds the stored ones: the
+        COPY goes first, and only a step written before (a replay, which the constraint refuses)
+        asks the table which rollouts are new. That question was one round trip of every write:
+        1.9 of a 128-row write's 15 ms (bench/README, issue #29). Rollouts without a task (NULL
+        never conflicts) are always asked about."""
         unknown = {e.source for e in experiences} - set(SOURCES)
         if unknown:
             raise ValueError(f"unknown experience source(s) {sorted(unknown)}")
+        new = _first_of_each_key(experiences, stored=set())
+        if all(e.task_id is not None for e in new if e.source == "rollout"):
+            try:
+                with transaction.atomic():
+                    insert(new, self.run_id)
+                return len(new)
+            except IntegrityError:
+                pass  # the step was written before, in part or whole
         with transaction.atomic():
-            new = self._new(experiences)
+            new = self._new(new)
             try:
                 with transaction.atomic():  # a savepoint: a failed COPY leaves nothing behind
                     insert(new, self.run_id)
@@ -188,18 +217,11 @@ class DjangoExperienceBuffer:
         """The experiences to store: all but the rollouts whose natural key is stored already or
         comes earlier in the same batch."""
         steps = {e.explorer_step for e in experiences if e.source == "rollout"}
-        seen = set(
+        stored = set(
             self._rows().filter(source="rollout", explorer_step__in=steps)
             .values_list("explorer_step", "task_id", "rollout_index")
         ) if steps else set()
-        new = []
-        for e in experiences:
-            if e.source == "rollout":
-                if e.key in seen:
-                    continue
-                seen.add(e.key)
-            new.append(e)
-        return new
+        return _first_of_each_key(experiences, stored)
 
     def count(self, *, sources: Sequence[str]) -> int:
         return self._rows().filter(source__in=sources).count()

@@ -112,3 +112,37 @@ def test_search_documents_move_to_their_table_and_back(researcher):
     finally:
         leaf = max(name for app, name in MigrationExecutor(connection).loader.graph.leaf_nodes() if app == "buffer")
         migrate(("buffer", leaf))
+
+
+@pytest.mark.django_db(transaction=True)
+def test_token_arrays_are_stored_without_a_compression_attempt_and_back(researcher):
+    """0009: ids and logprobs go out of line uncompressed (EXTERNAL); the mask and texts may still
+    compress. Back, all are EXTENDED again."""
+    if connection.vendor != "postgresql":
+        pytest.skip("TOAST storage is Postgres's")
+
+    def storage():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT attname, attstorage FROM pg_attribute WHERE attrelid = 'buffer_experience'::regclass "
+                "AND attname IN ('prompt_ids', 'response_ids', 'action_mask', 'logprobs', 'response_text')"
+            )
+            return dict(cursor.fetchall())
+
+    expected = {"prompt_ids": "e", "response_ids": "e", "logprobs": "e", "action_mask": "x", "response_text": "x"}
+    assert storage() == expected
+    run = Run.objects.create(name="r", owner=researcher, config={}, mode="both")
+    from apps.buffer.models import Experience
+
+    row = Experience.objects.create(run=run, response_ids=list(range(4000)), action_mask=[1] * 4000,
+                                    logprobs=[-0.5] * 4000)  # logprobs this regular would compress
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_column_compression(response_ids), pg_column_compression(logprobs), "
+                       "pg_column_compression(action_mask) FROM buffer_experience WHERE id = %s", [row.pk])
+        assert cursor.fetchone() == (None, None, "pglz")
+    try:
+        migrate(("buffer", "0008_experience_search_after_the_write"))
+        assert storage() == dict.fromkeys(expected, "x")
+    finally:
+        migrate(("buffer", "0009_experience_token_arrays_uncompressed"))
+    assert storage() == expected
