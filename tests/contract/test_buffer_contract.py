@@ -41,6 +41,15 @@ def test_a_replayed_explorer_step_writes_nothing_twice(harness):
     assert buffer.count(sources=["rollout"]) == 9
 
 
+def test_a_replayed_step_of_rollouts_without_a_task_writes_nothing_twice(buffer):
+    # Postgres's unique constraint never matches a NULL task: the store asks the table instead.
+    step = [rollout(None, step=4, index=i) for i in range(3)]
+    assert buffer.write(step) == 3
+    assert buffer.write(step) == 0
+    assert buffer.write([*step, rollout(None, step=4, index=3)]) == 1
+    assert buffer.count(sources=["rollout"]) == 4
+
+
 def test_a_batch_repeating_a_natural_key_stores_and_counts_it_once(buffer, harness):
     again = rollout(harness.task_ids[0], step=1)
     assert buffer.write([again, replace(again, response_ids=[5], action_mask=[1], logprobs=None)]) == 1
