@@ -42,9 +42,10 @@ def run_stack_overhead(args):
 
 
 def run_buffer(args):
-    from bench.buffer import buffer
+    from bench.buffer import FULL_FILL_TOKENS, TOKENS, buffer
 
-    return buffer(rows=10_000_000 if args.full else 200_000 if args.quick else 1_000_000)
+    return buffer(rows=10_000_000 if args.full else 200_000 if args.quick else 1_000_000,
+                  fill_tokens=FULL_FILL_TOKENS if args.full else TOKENS)
 
 
 def run_live_metrics(args):
@@ -108,7 +109,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="python -m bench")
     parser.add_argument("name", choices=["all", *BENCHMARKS])
     parser.add_argument("--quick", action="store_true", help="fewer repetitions and steps")
-    parser.add_argument("--full", action="store_true", help="buffer: 10^7 rows (~50 GB of disk)")
+    parser.add_argument("--full", action="store_true", help="buffer: 10^7 rows (~30 GB of disk)")
     parser.add_argument("--cases", nargs="+", choices=["tiny", "smollm2"], help="grpo_step: which models")
     parser.add_argument("--dtypes", nargs="+", choices=["fp32", "bf16"], help="grpo_step: which dtypes")
     parser.add_argument("--out", help="gpu_step: the folder for gpu_step.json")

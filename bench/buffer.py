@@ -8,12 +8,12 @@
    response ids, mask and logprobs), one writer; median of the batches.
 2. Sample latency: `DjangoExperienceBuffer.sample(256)` (claims its rows, SKIP LOCKED) then
    `mark_used(consumed=True)`, as a trainer step does, with `--rows` ready rollouts of the run in
-   the table (10^6 by default, 10^7 with --full: ~50 GB of disk) and 1,000 expert rows (built
+   the table (10^6 by default, 10^7 with --full: ~30 GB of disk, FULL_FILL_TOKENS) and 1,000 expert rows (built
    outside the timed part: 1,000 distinct rows COPYed into a staging table, then INSERT ... SELECT
    over generate_series), while 1, 2 and 8 writer processes keep writing 128-row batches; p50 /
    p95 of each, and the writers' rate meanwhile.
-3. The plans (EXPLAIN ANALYZE, rolled back) of the statements one sample of rollouts and one of
-   expert data send, printed and saved in bench/results/buffer_plans.txt.
+3. The plans (EXPLAIN ANALYZE, rolled back) of the statements a sample of rollouts, one of expert
+   data and a MIX step's sample_mix send, printed and saved in bench/results/buffer_plans.txt.
 Runs in its own database (rftweb_d_buffer), dropped at the end. Figures, not pass/fail.
 """
 import multiprocessing
@@ -26,6 +26,10 @@ from bench.common import BENCH_ENV, ROOT, load, machine, median, percentile, sav
 
 DB_NAME = "rftweb_d_buffer"
 TOKENS = 512
+# 10^7 rows of 512-token responses take ~80 GB (8 KB a row: heap, and each 2 KB array in two TOAST
+# chunks of at most 1,996 bytes); --full fills its rows with 128-token responses (~30 GB). The
+# writers' rows, which the samples take first (oldest step first), keep 512.
+FULL_FILL_TOKENS = 128
 PROMPT = 64
 BATCH = 128
 # A response's text: ~800 characters of varied words, as a model writes them. A single repeated
@@ -95,7 +99,7 @@ def writer(run_id: int, task_ids: list[int], first_step: int, stop_at: float, co
         step += 1
 
 
-def fill(run_id: int, task_ids: list[int], rows: int) -> float:
+def fill(run_id: int, task_ids: list[int], rows: int, tokens: int = TOKENS) -> float:
     """`rows` ready rollouts of the run: COPY 1,000 distinct ones, multiply them server-side. The
     secondary indexes are dropped for the fill and built again after it (10^7 rows row by row
     into 9 indexes would take most of an hour here); the fill's pending search range is dropped
@@ -122,9 +126,9 @@ def fill(run_id: int, task_ids: list[int], rows: int) -> float:
             for n in range(1000):
                 copy.write_row((
                     n, np.array([rng.randrange(49152) for _ in range(PROMPT)], "<i4").tobytes(),
-                    np.array([rng.randrange(49152) for _ in range(TOKENS)], "<i4").tobytes(),
-                    np.ones(TOKENS, "u1").tobytes(),
-                    np.array([-rng.random() * 5 for _ in range(TOKENS)], "<f4").tobytes(),
+                    np.array([rng.randrange(49152) for _ in range(tokens)], "<i4").tobytes(),
+                    np.ones(tokens, "u1").tobytes(),
+                    np.array([-rng.random() * 5 for _ in range(tokens)], "<f4").tobytes(),
                 ))
         cursor.execute(
             """
@@ -162,14 +166,14 @@ def fill(run_id: int, task_ids: list[int], rows: int) -> float:
     return time.perf_counter() - started
 
 
-def buffer(rows: int = 1_000_000, samples: int = 30, writer_counts=(1, 2, 8)) -> dict:
+def buffer(rows: int = 1_000_000, samples: int = 30, writer_counts=(1, 2, 8), fill_tokens: int = TOKENS) -> dict:
     admin_sql(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)", f"CREATE DATABASE {DB_NAME}")
     try:
         django_env()
         from django.core.management import call_command
 
         call_command("migrate", verbosity=0)
-        return _measure(rows, samples, writer_counts)
+        return _measure(rows, samples, writer_counts, fill_tokens)
     finally:
         from django.db import connections
 
@@ -177,14 +181,14 @@ def buffer(rows: int = 1_000_000, samples: int = 30, writer_counts=(1, 2, 8)) ->
         admin_sql(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)")
 
 
-def _measure(rows: int, samples: int, writer_counts) -> dict:
+def _measure(rows: int, samples: int, writer_counts, fill_tokens: int) -> dict:
     from apps.accounts.services import create_user
     from apps.buffer import search
     from apps.buffer.store import DjangoExperienceBuffer
     from apps.runs.models import Run
     from apps.tasksets.models import Task, Taskset
 
-    results = {"machine": machine(), "rows": rows, "tokens": TOKENS, "samples": samples}
+    results = {"machine": machine(), "rows": rows, "tokens": TOKENS, "fill_tokens": fill_tokens, "samples": samples}
     user = create_user("bench", "bench-password-1", roles=["researcher"])
     run = Run.objects.create(name="buffer", owner=user, config={})
     taskset = Taskset.objects.create(name="bench", task_count=16)
@@ -209,7 +213,7 @@ def _measure(rows: int, samples: int, writer_counts) -> dict:
     results["index_per_s"] = 12 * BATCH / (time.perf_counter() - started)
     print(f"search index: {results['index_per_s']:.0f} documents/s", flush=True)
 
-    results["fill_s"] = fill(run.pk, task_ids, rows)
+    results["fill_s"] = fill(run.pk, task_ids, rows, fill_tokens)
     print(f"filled {rows:,} rows in {results['fill_s']:.0f} s", flush=True)
     plans = sample_plans(buffer)
     print(plans, flush=True)
@@ -316,22 +320,27 @@ def sample_plans(buffer) -> str:
     from workers.rft.experience import EXPERT_SOURCES
 
     plans, compile_claim = [], store.claim_statement
-    for sources in (["rollout"], list(EXPERT_SOURCES)):
+    samples = {
+        "sample(256, sources=['rollout'])": lambda: buffer.sample(256, sources=["rollout"]),
+        f"sample(256, sources={list(EXPERT_SOURCES)})": lambda: buffer.sample(256, sources=EXPERT_SOURCES),
+        "sample_mix(256, 64) (MIX, expert_data_ratio 0.2)": lambda: buffer.sample_mix(256, 64),
+    }
+    for name, take in samples.items():
         sent = []
 
         def catch(execute, sql, params, many, context, sent=sent):
             sent.append((sql, params))
             return execute(sql, params, many, context)
 
-        def claim_statement(query, n, sent=sent):
-            statement = compile_claim(query, n)
+        def claim_statement(picks, sent=sent):
+            statement = compile_claim(picks)
             sent.append(statement)
             return statement
 
         store.claim_statement = claim_statement
         try:
             with connection.execute_wrapper(catch):
-                buffer.sample(256, sources=sources)
+                take()
         finally:
             store.claim_statement = compile_claim
         for sql, params in sent:
@@ -341,7 +350,7 @@ def sample_plans(buffer) -> str:
                 cursor.execute("EXPLAIN (ANALYZE, BUFFERS) " + sql, params)
                 plan = "\n".join(row[0] for row in cursor.fetchall())
                 transaction.set_rollback(True)
-            plans.append(f"-- sample(256, sources={sources}):\n{sql}\n-- params {params}\n{plan}")
+            plans.append(f"-- {name}:\n{sql}\n-- params {params}\n{plan}")
     return "\n\n".join(plans)
 
 
@@ -350,7 +359,10 @@ if __name__ == "__main__":
 
     parser = argparse.ArgumentParser(prog="python -m bench.buffer")
     parser.add_argument("--rows", type=int, default=1_000_000)
-    parser.add_argument("--full", action="store_true", help="10^7 rows (~50 GB of disk)")
+    parser.add_argument("--full", action="store_true", help=f"10^7 rows of {FULL_FILL_TOKENS}-token responses")
     parser.add_argument("--writers", type=int, nargs="+", default=[1, 2, 8])
+    parser.add_argument("--fill-tokens", type=int, help=f"the filled rows' response tokens (default {TOKENS}; "
+                        f"{FULL_FILL_TOKENS} with --full)")
     args = parser.parse_args()
-    buffer(rows=10_000_000 if args.full else args.rows, writer_counts=args.writers)
+    buffer(rows=10_000_000 if args.full else args.rows, writer_counts=args.writers,
+           fill_tokens=args.fill_tokens or (FULL_FILL_TOKENS if args.full else TOKENS))

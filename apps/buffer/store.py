@@ -18,7 +18,7 @@ from django.utils import timezone
 from apps.feedback.models import Feedback
 from workers.rft.config import RunConfig
 from workers.rft.experience import EXPERT_SOURCES, SOURCES, Experience, PreferencePair
-from workers.rft.sampling import HUMAN_REWARD, apply_human_feedback
+from workers.rft.sampling import HUMAN_REWARD, USUAL_SOURCES, apply_human_feedback
 
 from .models import Experience as ExperienceRow
 
@@ -113,56 +113,70 @@ def to_experience(row: ExperienceRow) -> Experience:
     return Experience(task_id=row.task_id, id=row.pk, **{name: getattr(row, name) for name in COPIED_FIELDS})
 
 
-def claim_statement(query, n: int) -> tuple[str, list] | None:
-    """The SQL and parameters that claim the first n rows of `query` (None: it can match nothing).
-    Compiled from the queryset, so the store and the rule it follows cannot drift; inside a
-    transaction (FOR UPDATE compiles only there)."""
+def claim_statement(picks: Sequence[tuple]) -> tuple[str, list] | None:
+    """The SQL and parameters that claim the first n rows of each (query, n) in `picks`, and name
+    the pick each row came from (None: none can match anything). Compiled from the querysets, so
+    the store and the rule it follows cannot drift; inside a transaction (FOR UPDATE compiles
+    only there)."""
     table = ExperienceRow._meta.db_table
     columns = ["id", "task_id", *(ExperienceRow._meta.get_field(name).column for name in COPIED_FIELDS)]
-    try:
-        locked = query.values("id").select_for_update(skip_locked=True, of=("self",))
-        picked, params = locked[:n].query.sql_with_params()
-    except EmptyResultSet:  # no sources asked for, or n = 0
+    ctes, parts, params = [], [], []
+    for part, (query, n) in enumerate(picks):
+        try:
+            locked = query.values("id").select_for_update(skip_locked=True, of=("self",))
+            sql, pick_params = locked[:n].query.sql_with_params()
+        except EmptyResultSet:  # no sources asked for, or n = 0
+            continue
+        ctes.append(f"pick{part} AS MATERIALIZED ({sql})")
+        parts.append(f"SELECT id, {part} AS part FROM pick{part}")
+        params += pick_params
+    if not ctes:
         return None
     return (
-        f"WITH picked AS MATERIALIZED ({picked}) UPDATE {table} SET claimed_at = %s FROM picked "
-        f"WHERE {table}.id = picked.id RETURNING {', '.join(f'{table}.{column}' for column in columns)}",
+        f"WITH {', '.join(ctes)}, picked AS ({' UNION ALL '.join(parts)}) "
+        f"UPDATE {table} SET claimed_at = %s FROM picked WHERE {table}.id = picked.id "
+        f"RETURNING picked.part, {', '.join(f'{table}.{column}' for column in columns)}",
         [*params, timezone.now()],
     )
 
 
-def claim(query, n: int) -> list[Experience]:
-    """The first n rows of the ordered `query` that no other transaction holds, claimed and read in
-    one statement: the queryset's own SQL picks them (FOR UPDATE SKIP LOCKED, so two trainers never
-    share a row), the UPDATE sets claimed_at and returns what an Experience needs, read into
-    Experiences without model instances (Django's rows and converters were half the Python time
-    of a 256-row sample). It replaced a SELECT of whole rows then an UPDATE by id.
+def claim(picks: Sequence[tuple]) -> list[list[Experience]]:
+    """For each (ordered query, n) in `picks`, its first n rows that no other transaction holds,
+    all claimed and read in one statement: each queryset's own SQL picks them (FOR UPDATE SKIP
+    LOCKED, so two trainers never share a row), the UPDATE sets claimed_at and returns what an
+    Experience needs, read into Experiences without model instances (Django's rows and converters
+    were half the Python time of a 256-row sample). A MIX step's rollouts and expert data are one
+    round trip. The picks' rows must not overlap (a row two picks name is claimed and returned once).
 
     The rows come back in binary, on a cursor of its own: Django's cursors bind on the client and
     read text, where each token array crosses as hex, twice its size, encoded by the server and
     decoded here (256 rows of 512-token arrays: 17 ms as text, 12.5 in binary; bench/README).
     JSON then arrives decoded, by psycopg instead of Django's converter."""
     fields = [ExperienceRow._meta.get_field(name) for name in COPIED_FIELDS]
+    claimed = [[] for _ in picks]
     with transaction.atomic():  # FOR UPDATE compiles only in a transaction
-        statement = claim_statement(query, n)
+        statement = claim_statement(picks)
         if statement is None:
-            return []
+            return claimed
         connection.ensure_connection()
         with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cursor:
             cursor.execute(*statement, binary=True)
             rows = cursor.fetchall()
     if not rows:
-        return []
+        return claimed
     # Column by column: the token arrays as numpy views of one buffer each (fields.unpack_many).
     columns = list(zip(*rows))
-    values = {"id": columns[0], "task_id": columns[1]}
-    for f, column in zip(fields, columns[2:], strict=True):
+    values = {"id": columns[1], "task_id": columns[2]}
+    for f, column in zip(fields, columns[3:], strict=True):
         values[f.name] = f.unpack_many(column) if f.name in ARRAY_FIELDS else column
-    experiences = [Experience(**dict(zip(values, row, strict=True))) for row in zip(*values.values())]
-    order = query.query.order_by
-    return sorted(experiences, key=lambda e: tuple(  # RETURNING keeps no order: back to the query's
-        -getattr(e, field[1:]) if field.startswith("-") else getattr(e, field) for field in order
-    ))
+    for part, row in zip(columns[0], zip(*values.values())):
+        claimed[part].append(Experience(**dict(zip(values, row, strict=True))))
+    for experiences, (query, _) in zip(claimed, picks):  # RETURNING keeps no order: back to each query's
+        order = query.query.order_by
+        experiences.sort(key=lambda e, order=order: tuple(
+            -getattr(e, field[1:]) if field.startswith("-") else getattr(e, field) for field in order
+        ))
+    return claimed
 
 
 class DjangoExperienceBuffer:
@@ -247,23 +261,37 @@ class DjangoExperienceBuffer:
 
     def sample(self, n: int, *, sources: Sequence[str], min_model_version: int | None = None) -> list[Experience]:
         """Claims the rows it returns (SKIP LOCKED), so concurrent trainers never share one."""
-        query = self._sampleable(sources, min_model_version)
-        if self.config.feedback.rated_only and set(sources) & set(STALE_SOURCES):
-            self._wait_for_ratings(query, n, min_model_version)
-        # Least used first; then rollouts oldest first (they go stale), expert data newest first: a
-        # human edit (stored at its rollout's step) trains within a step or two instead of waiting
-        # for a pass over the seeded expert rows (800 of them in the demo: 12 steps).
-        step_order = "-explorer_step" if set(sources) <= set(EXPERT_SOURCES) else "explorer_step"
-        query = query.order_by("use_count", step_order, "id")
+        return self._claim([(n, sources, min_model_version)])[0]
+
+    def sample_mix(self, n: int, n_expert: int, *, min_model_version: int | None = None):
+        """sample(n) of the usual sources and sample(n_expert) of expert data, in one claim."""
+        usual, expert = self._claim([(n, USUAL_SOURCES, min_model_version), (n_expert, EXPERT_SOURCES, None)])
+        return usual, expert
+
+    def _claim(self, parts: Sequence[tuple]) -> list[list[Experience]]:
+        """Each (n, sources, min_model_version) of `parts` as `sample` takes it, claimed together."""
+        picks = []
+        for n, sources, min_model_version in parts:
+            query = self._sampleable(sources, min_model_version)
+            if self.config.feedback.rated_only and set(sources) & set(STALE_SOURCES):
+                self._wait_for_ratings(query, n, min_model_version)
+            # Least used first; then rollouts oldest first (they go stale), expert data newest first: a
+            # human edit (stored at its rollout's step) trains within a step or two instead of waiting
+            # for a pass over the seeded expert rows (800 of them in the demo: 12 steps).
+            step_order = "-explorer_step" if set(sources) <= set(EXPERT_SOURCES) else "explorer_step"
+            picks.append((query.order_by("use_count", step_order, "id"), n))
         if connection.vendor == "postgresql":
-            experiences = claim(query, n)
+            claimed = claim(picks)
         else:  # embedded SQLite: one writer at a time, no row locks to skip
             with transaction.atomic():
-                rows = list(query[:n])
-                ExperienceRow.objects.filter(pk__in=[r.pk for r in rows]).update(claimed_at=timezone.now())
-            experiences = [to_experience(row) for row in rows]
-        self._apply_feedback([e for e in experiences if e.source in STALE_SOURCES])
-        return experiences
+                rows = [list(query[:n]) for query, n in picks]
+                ExperienceRow.objects.filter(pk__in=[r.pk for part in rows for r in part]).update(
+                    claimed_at=timezone.now()
+                )
+            claimed = [[to_experience(row) for row in part] for part in rows]
+        for experiences in claimed:
+            self._apply_feedback([e for e in experiences if e.source in STALE_SOURCES])
+        return claimed
 
     def _wait_for_ratings(self, rated, n: int, min_model_version: int | None) -> None:
         """Up to feedback.rating_wait_s, while fewer than n rated rollouts are ready and unrated

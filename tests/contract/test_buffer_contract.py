@@ -14,7 +14,7 @@ from django.db import connection
 
 from workers.rft.config import RunConfig
 from workers.rft.experience import EXPERT_SOURCES, SOURCES, Task
-from workers.rft.sampling import apply_human_feedback
+from workers.rft.sampling import USUAL_SOURCES, apply_human_feedback
 
 from .conftest import ENGINE, rollout
 
@@ -184,6 +184,31 @@ def test_stale_rollouts_and_synthetic_data_are_skipped_never_expert_or_human_dat
     ]
     buffer.mark_used(fresh, consumed=False)
     assert len(buffer.sample(10, sources=ALL)) == 6  # stale ones are skipped, not dropped
+
+
+def test_a_mix_sample_takes_what_its_two_samples_take(make_buffer):
+    """sample_mix(n, n_expert) is sample(n) of the usual sources and sample(n_expert) of expert
+    data, in their orders, stale rollouts skipped: the same rows as the two samples on a twin."""
+
+    def fill(harness):
+        t = harness.task_ids
+        harness.buffer.write(
+            [rollout(t[i % 4], step=i // 4, index=i, version=i // 4) for i in range(8)]
+            + [rollout(t[0], step=5, source="synthetic", version=5)]
+            + [rollout(t[i], source="expert") for i in range(3)]
+            + [replace(rollout(t[1], step=6, source="human_edit"), logprobs=None)]
+        )
+        return harness.buffer
+
+    def keys(experiences):
+        return [(e.source, e.explorer_step, e.rollout_index) for e in experiences]
+
+    mixed, twin = fill(make_buffer()), fill(make_buffer())
+    usual, expert = mixed.sample_mix(4, 2, min_model_version=1)
+    assert keys(usual) == keys(twin.sample(4, sources=USUAL_SOURCES, min_model_version=1))
+    assert keys(expert) == keys(twin.sample(2, sources=EXPERT_SOURCES))
+    assert keys(expert)[0] == ("human_edit", 6, 0) and {e.model_version for e in usual} >= {1}
+    assert mixed.sample_mix(0, 0) == ([], [])
 
 
 # -- mark_used ----------------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from . import datasets
 from .experience import EXPERT_SOURCES, SOURCES, Experience, PreferencePair, Task
-from .sampling import HUMAN_REWARD, apply_human_feedback
+from .sampling import HUMAN_REWARD, USUAL_SOURCES, apply_human_feedback
 
 EVAL_FRACTION = 5  # one prompt in five is held out
 
@@ -154,6 +154,10 @@ class InMemoryBuffer:
             if self.config is not None and self.config.feedback.reward_mode != "none":
                 self._apply_feedback([exp for exp in batch if exp.source in self.STALE_SOURCES])
             return batch
+
+    def sample_mix(self, n: int, n_expert: int, *, min_model_version: int | None = None):
+        return (self.sample(n, sources=USUAL_SOURCES, min_model_version=min_model_version),
+                self.sample(n_expert, sources=EXPERT_SOURCES))
 
     def _apply_feedback(self, rollouts: list[Experience]) -> None:
         rated = {exp.group_id for exp in rollouts if HUMAN_REWARD in exp.reward_components}

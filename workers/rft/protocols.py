@@ -51,6 +51,12 @@ class ExperienceBuffer(Protocol):
         returns until then, so no two trainers take the same row. tests/contract holds every
         implementation to this."""
 
+    def sample_mix(
+        self, n: int, n_expert: int, *, min_model_version: int | None = None
+    ) -> tuple[list[Experience], list[Experience]]:
+        """sample(n, sources=USUAL_SOURCES, min_model_version=...) and sample(n_expert,
+        sources=EXPERT_SOURCES), as one sample: a MIX step's batch (one round trip on Postgres)."""
+
     def mark_used(self, experiences: Sequence[Experience], *, consumed: bool) -> None:
         """use_count += 1; with consumed=True they also leave the ready pool (status 'consumed'):
         rollouts are trained on once, expert data is reused (consumed=False)."""

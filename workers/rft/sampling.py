@@ -52,9 +52,11 @@ def mix(
     """batch_size usual experiences, plus as many expert ones as make `expert_data_ratio` of the whole."""
     if expert_data_ratio >= 1:
         return default(buffer, batch_size, current_version, uses_rollouts=False)
-    usual = default(buffer, batch_size, current_version, max_staleness=max_staleness).usual
     n_expert = round(batch_size * expert_data_ratio / (1 - expert_data_ratio))
-    return TrainBatch(usual=usual, expert=buffer.sample(n_expert, sources=EXPERT_SOURCES))
+    usual, expert = buffer.sample_mix(
+        batch_size, n_expert, min_model_version=min_model_version(current_version, max_staleness)
+    )
+    return TrainBatch(usual=usual, expert=expert)
 
 
 @SAMPLE_STRATEGIES.register("pairs")

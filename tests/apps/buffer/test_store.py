@@ -2,6 +2,8 @@
 from dataclasses import replace
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from apps.buffer import store
 from apps.buffer.models import Experience as ExperienceRow
@@ -81,6 +83,25 @@ def test_sample_claims_rows_so_two_trainers_never_share_one(run, task_ids):
     second = DjangoExperienceBuffer(run.pk).sample(5, sources=["rollout"])
     assert len(first) == 5 and len(second) == 3
     assert not {e.id for e in first} & {e.id for e in second}
+
+
+def test_a_mix_sample_claims_both_parts_in_one_statement(run, task_ids, monkeypatch):
+    buffer = DjangoExperienceBuffer(run.pk)
+    buffer.write([rollout(t, index=i) for t in task_ids for i in range(2)])
+    buffer.write([rollout(t, source="expert") for t in task_ids])
+    buffer.config  # noqa: B018 (read once, not counted below)
+    statements, compile_claim = [], store.claim_statement
+    monkeypatch.setattr(store, "claim_statement", lambda picks: statements.append(picks) or compile_claim(picks))
+    # One claim (on its own cursor, which Django does not count) and its transaction: no other query.
+    with CaptureQueriesContext(connection) as queries:
+        usual, expert = buffer.sample_mix(3, 2)
+    assert all("SAVEPOINT" in q["sql"] for q in queries.captured_queries), queries.captured_queries
+    assert [len(picks) for picks in statements] == [2]
+    assert len(usual) == 3 and len(expert) == 2
+    assert ExperienceRow.objects.filter(run=run, claimed_at__isnull=False).count() == 5
+    other_usual, other_expert = DjangoExperienceBuffer(run.pk).sample_mix(10, 10)
+    assert len(other_usual) == 2 * len(task_ids) - 3 and len(other_expert) == len(task_ids) - 2
+    assert not {e.id for e in usual + expert} & {e.id for e in other_usual + other_expert}
 
 
 def test_staleness_and_consumption(run, task_ids):
