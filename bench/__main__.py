@@ -38,7 +38,7 @@ def run_rollout(args):
 def run_stack_overhead(args):
     from bench.stack_overhead import stack_overhead
 
-    return stack_overhead(steps=3 if args.quick else 6, reps=1 if args.quick else 2)
+    return stack_overhead(steps=3 if args.quick else 6, reps=1 if args.quick else 3)
 
 
 def run_buffer(args):

@@ -1,17 +1,18 @@
 """The Postgres buffer (apps/buffer/store.py, through Django): write rate and sample latency.
 
     python -m bench buffer [--quick | --full]         10^6 rows (2 x 10^5 with --quick, 10^7 with --full)
-    python -m bench.buffer [--full | --rows N] [--writers 1 2 8]
+    python -m bench.buffer [--full | --rows N] [--writers 0 1 2 8]
 
 1. Write rate: experiences per second through `DjangoExperienceBuffer.write`, in batches of 128
    (one explorer step of 16 tasks x 8 samples), each with 512-token arrays (64 prompt ids, 512
-   response ids, mask and logprobs), one writer; median of the batches.
+   response ids, mask and logprobs), one writer; median of the batches. Beside it, the baseline:
+   the same COPY into a bare copy of the table (no index, constraint or trigger).
 2. Sample latency: `DjangoExperienceBuffer.sample(256)` (claims its rows, SKIP LOCKED) then
-   `mark_used(consumed=True)`, as a trainer step does, with `--rows` ready rollouts of the run in
+   `mark_used(consumed=...)`, as a trainer step does, with `--rows` ready rollouts of the run in
    the table (10^6 by default, 10^7 with --full: ~30 GB of disk, FULL_FILL_TOKENS) and 1,000 expert rows (built
    outside the timed part: 1,000 distinct rows COPYed into a staging table, then INSERT ... SELECT
-   over generate_series), while 1, 2 and 8 writer processes keep writing 128-row batches; p50 /
-   p95 of each, and the writers' rate meanwhile.
+   over generate_series), alone (the baseline) and while 1, 2 and 8 writer processes keep writing
+   128-row batches; p50 / p95 of each, and the writers' rate meanwhile.
 3. The plans (EXPLAIN ANALYZE, rolled back) of the statements a sample of rollouts, one of expert
    data and a MIX step's sample_mix send, printed and saved in bench/results/buffer_plans.txt.
 Runs in its own database (rftweb_d_buffer), dropped at the end. Figures, not pass/fail.
@@ -32,6 +33,7 @@ TOKENS = 512
 FULL_FILL_TOKENS = 128
 PROMPT = 64
 BATCH = 128
+WRITES = 24  # batches timed for the write rate (12 gave medians 10 % apart run to run here)
 # A response's text: ~800 characters of varied words, as a model writes them. A single repeated
 # character (what this bench wrote before) is one word to full-text search and hid its cost:
 # 13 against 67 us a row for the tsvector here (bench/README, #29's fourth slice).
@@ -166,7 +168,7 @@ def fill(run_id: int, task_ids: list[int], rows: int, tokens: int = TOKENS) -> f
     return time.perf_counter() - started
 
 
-def buffer(rows: int = 1_000_000, samples: int = 30, writer_counts=(1, 2, 8), fill_tokens: int = TOKENS) -> dict:
+def buffer(rows: int = 1_000_000, samples: int = 30, writer_counts=(0, 1, 2, 8), fill_tokens: int = TOKENS) -> dict:
     admin_sql(f"DROP DATABASE IF EXISTS {DB_NAME} WITH (FORCE)", f"CREATE DATABASE {DB_NAME}")
     try:
         django_env()
@@ -197,20 +199,13 @@ def _measure(rows: int, samples: int, writer_counts, fill_tokens: int) -> dict:
     buffer = DjangoExperienceBuffer(run.pk)
     rng = random.Random(1)
     batches = [experiences(step, rng, task_ids) for step in range(4)]
-    rates = []
-    for step in range(12):
-        exps = batches[step % 4]
-        for e in exps:
-            e.explorer_step = step
-        started = time.perf_counter()
-        buffer.write(exps)
-        rates.append(len(exps) / (time.perf_counter() - started))
-    results["write_per_s"] = median(rates)
-    print(f"write: {results['write_per_s']:.0f} experiences/s ({TOKENS}-token arrays, batches of {BATCH}), "
-          f"load {load()}", flush=True)
+    results["write_per_s"] = write_rate(buffer.write, batches)
+    results["write_floor_per_s"] = write_floor(batches, run.pk)
+    print(f"write: {results['write_per_s']:.0f} experiences/s ({TOKENS}-token arrays, batches of {BATCH}); "
+          f"the same COPY into a bare table: {results['write_floor_per_s']:.0f}/s; load {load()}", flush=True)
     started = time.perf_counter()  # the search documents of those writes, made after them (apps/buffer/search.py)
     search.catch_up(seconds=600)
-    results["index_per_s"] = 12 * BATCH / (time.perf_counter() - started)
+    results["index_per_s"] = WRITES * BATCH / (time.perf_counter() - started)
     print(f"search index: {results['index_per_s']:.0f} documents/s", flush=True)
 
     results["fill_s"] = fill(run.pk, task_ids, rows, fill_tokens)
@@ -223,6 +218,8 @@ def _measure(rows: int, samples: int, writer_counts, fill_tokens: int) -> dict:
 
     table_rows = [
         [f"write {BATCH} x {TOKENS}-token exps", f"{results['write_per_s']:.0f} /s", "one writer"],
+        ["the same COPY into a bare table", f"{results['write_floor_per_s']:.0f} /s",
+         "baseline: no index, constraint or trigger"],
         ["their search documents, after", f"{results['index_per_s']:.0f} /s", "one indexer"],
     ]
     for count in writer_counts:
@@ -231,7 +228,7 @@ def _measure(rows: int, samples: int, writer_counts, fill_tokens: int) -> dict:
         table_rows += [
             [f"sample 256 of {rows:,} rows, p50 / p95",
              f"{figures['sample_p50_ms']:.0f} / {figures['sample_p95_ms']:.0f} ms",
-             f"{count} writers: {figures['write_per_s']:.0f} exps/s"],
+             f"{count} writers: {figures['write_per_s']:.0f} exps/s" if count else "alone: the baseline"],
             ["mark_used 256 consumed, p50 / p95",
              f"{figures['mark_used_p50_ms']:.0f} / {figures['mark_used_p95_ms']:.0f} ms", f"{count} writers"],
             ["search documents made meanwhile", f"{figures['index_per_s']:.0f} /s",
@@ -241,6 +238,45 @@ def _measure(rows: int, samples: int, writer_counts, fill_tokens: int) -> dict:
     save("buffer", results)
     print(table(table_rows, ["figure", "value", "with"]))
     return results
+
+
+def write_rate(write, batches, count: int = WRITES) -> float:
+    """The median experiences/s of `count` writes of the batches in turn, each a new step."""
+    rates = []
+    for step in range(count):
+        exps = batches[step % len(batches)]
+        for e in exps:
+            e.explorer_step = step
+        started = time.perf_counter()
+        write(exps)
+        rates.append(len(exps) / (time.perf_counter() - started))
+    return median(rates)
+
+
+def write_floor(batches, run_id: int) -> float:
+    """The baseline of the write rate: store.insert's COPY of the same batches, one transaction
+    each, into a bare copy of the table (its columns, none of its indexes, constraints or
+    triggers), swapped in under the table's name and out again. What Postgres and the client
+    take for the rows themselves on this machine, which no change to the buffer's indexes or
+    statements can go below."""
+    from django.db import connection, transaction
+
+    from apps.buffer.store import insert
+
+    def write(exps):
+        with transaction.atomic():
+            insert(exps, run_id)
+
+    with connection.cursor() as cursor:
+        cursor.execute("CREATE TABLE bench_bare (LIKE buffer_experience INCLUDING DEFAULTS INCLUDING IDENTITY)")
+        cursor.execute("ALTER TABLE buffer_experience RENAME TO bench_real")
+        cursor.execute("ALTER TABLE bench_bare RENAME TO buffer_experience")
+    try:
+        return write_rate(write, batches)
+    finally:
+        with connection.cursor() as cursor:
+            cursor.execute("DROP TABLE buffer_experience")
+            cursor.execute("ALTER TABLE bench_real RENAME TO buffer_experience")
 
 
 def indexer(stop_at: float, made) -> None:
@@ -261,7 +297,7 @@ def indexer(stop_at: float, made) -> None:
 
 def with_writers(buffer, run_id: int, task_ids: list[int], count: int, samples: int) -> dict:
     """sample(256) then mark_used, `samples` times, while `count` writer processes write and an
-    indexer makes their search documents."""
+    indexer makes their search documents. With 0 writers, the baseline: the statements alone."""
     from django.db import connections
 
     from apps.buffer import search
@@ -281,7 +317,7 @@ def with_writers(buffer, run_id: int, task_ids: list[int], count: int, samples: 
     deadline = time.time() + 300
     while (len(written) < 2 * count or not made) and time.time() < deadline:  # all writing, the indexer too
         time.sleep(0.5)
-    if not written:
+    if count and not written:
         raise RuntimeError("the concurrent writers wrote nothing")
     sample_s, mark_s = [], []
     written_before, started_all = len(written), time.time()
@@ -289,7 +325,7 @@ def with_writers(buffer, run_id: int, task_ids: list[int], count: int, samples: 
         started = time.perf_counter()
         got = buffer.sample(256, sources=["rollout"])
         sampled = time.perf_counter()
-        buffer.mark_used(got, consumed=True)
+        buffer.mark_used(consumed=got)
         sample_s.append(sampled - started)
         mark_s.append(time.perf_counter() - sampled)
         assert len(got) == 256
@@ -360,7 +396,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="python -m bench.buffer")
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--full", action="store_true", help=f"10^7 rows of {FULL_FILL_TOKENS}-token responses")
-    parser.add_argument("--writers", type=int, nargs="+", default=[1, 2, 8])
+    parser.add_argument("--writers", type=int, nargs="+", default=[0, 1, 2, 8])
     parser.add_argument("--fill-tokens", type=int, help=f"the filled rows' response tokens (default {TOKENS}; "
                         f"{FULL_FILL_TOKENS} with --full)")
     args = parser.parse_args()

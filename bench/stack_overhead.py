@@ -59,13 +59,16 @@ def headless(steps: int) -> dict:
     config = RunConfig.from_dict(config_dict(steps, TASKSET_SPEC))
     times = []
     with tempfile.TemporaryDirectory() as work_dir:
-        loop = Loop(config, memory_stores(config), work_dir)
+        stores = memory_stores(config)
+        loop = Loop(config, stores, work_dir)
         for _ in range(steps):
             started = time.perf_counter()
             loop.explore()
             loop.train()
             times.append(time.perf_counter() - started)
-    return {"step_s": times[1:]}
+    points = stores.metrics.points
+    return {"step_s": times[1:], **{f"{role}_s": [points[(role, step)]["seconds"] for step in range(2, steps + 1)]
+                                    for role in ("explorer", "trainer")}}
 
 
 # ---- the stack ----------------------------------------------------------------------------------
@@ -125,6 +128,12 @@ def trainer_step_seconds(run) -> list[float]:
     return [(b - a).total_seconds() for a, b in zip(times, times[1:])]
 
 
+def role_seconds(run, role: str) -> list[float]:
+    """The `seconds` each step of `role` logged (its own work, storage included), the first step left out."""
+    points = run.metrics.filter(role=role, step__gte=2).order_by("step").values_list("values", flat=True)
+    return [values["seconds"] for values in points]
+
+
 def full_stack(user, steps: int, index: int) -> dict:
     from apps.runs import services
 
@@ -140,7 +149,10 @@ def full_stack(user, steps: int, index: int) -> dict:
             time.sleep(1)
             run.refresh_from_db()
         assert run.status == "completed", (run.status, run.error)
-        return {"step_s": trainer_step_seconds(run), "total_s": (run.finished_at - run.started_at).total_seconds()}
+        return {
+            "step_s": trainer_step_seconds(run), "explorer_s": role_seconds(run, "explorer"),
+            "trainer_s": role_seconds(run, "trainer"), "total_s": (run.finished_at - run.started_at).total_seconds(),
+        }
     finally:
         worker.terminate()
         try:
@@ -226,7 +238,7 @@ def stack_main(argv) -> None:
         emit(profile_stack(user, args.steps))
 
 
-def stack_overhead(steps: int = 6, reps: int = 2) -> dict:
+def stack_overhead(steps: int = 6, reps: int = 3) -> dict:
     results = {"machine": machine(), "steps": steps, "reps": reps, "runs": []}
     env = {**DJANGO_ENV}
     # the parent prepares the database, the children use it
@@ -257,11 +269,21 @@ def stack_overhead(steps: int = 6, reps: int = 2) -> dict:
     finally:
         flush_redis()
         drop_database()
-    h, s = median(alone), median(stack)
-    results["summary"] = {"headless_s": h, "stack_s": s, "overhead": s / h - 1, "load_end": load()}
+    # Each stack rep against the mean of the headless reps on either side of it: this machine's
+    # speed drifts within a sitting (headless 1.31, 1.44, 1.56 s/step in one run), and the two
+    # sides' medians compare reps taken at different points of the drift.
+    paired = [stack[i] / ((alone[i] + alone[i + 1]) / 2) - 1 for i in range(len(stack))]
+    h, s, overhead = median(alone), median(stack), median(paired)
+    sides = {side: [run for run in results["runs"] if run["side"] == side] for side in ("headless", "stack")}
+    parts = {side: {role: median([x for run in runs for x in run[f"{role}_s"]]) for role in ("explorer", "trainer")}
+             for side, runs in sides.items()}
+    results["summary"] = {"headless_s": h, "stack_s": s, "overhead": overhead, "overhead_per_rep": paired,
+                          "parts_s": parts, "load_end": load()}
     save("stack_overhead", results)
-    print(table([["headless engine", h, ""], ["full stack", s, f"{(s / h - 1) * 100:+.1f}%"]],
-                ["side", "s/step", "overhead"]))
+    print(table([["headless engine", h, parts["headless"]["explorer"], parts["headless"]["trainer"], ""],
+                 ["full stack", s, parts["stack"]["explorer"], parts["stack"]["trainer"],
+                  f"{overhead * 100:+.1f}% (per rep {', '.join(f'{p * 100:+.1f}%' for p in paired)})"]],
+                ["side", "s/step", "explorer s", "trainer s", "overhead, paired"]))
     print("where the stack spends its time (in-process serve_duty, ms/step):")
     for name, ms in list(profile["ms_per_step"].items())[:12]:
         print(f"  {ms:9.1f} ms  {name}")

@@ -88,20 +88,22 @@ LANES = {
 # The longest units (minutes each on 2 cores), longest first (pytest-django's order comes first:
 # these are three lists in one); then the others by their slow tests. `make test`'s --durations
 # list shows the slowest tests when this needs updating.
-LONGEST_FIRST = [
-    "tests/workers/rft/test_frozenlake.py",
-    "tests/apps/feedback/test_human_learning.py",
+LONGEST_FIRST = [  # seconds a file (a lane: its files) in CI's run of 2026-12-02 (2 workers, 28:51)
+    TORCH_DISTRIBUTED,  # 575
+    "tests/workers/test_explorers.py",  # 229
+    "tests/journeys/test_recovery.py",  # 220
+    "tests/workers/rft/test_option_matrix.py",  # 184
+    "tests/journeys/test_newcomer.py",  # 168
+    "tests/workers/rft/test_vllm.py",  # 163
+    RUN_RANKS,  # 162+
+    "tests/reliability/test_faults.py",  # 157
+    "tests/workers/test_tasks.py",  # 153
+    "tests/workers/rft/test_lora.py",  # 119
+    "tests/apps/feedback/test_human_learning.py",  # 115
+    "tests/workers/rft/test_learning.py",  # 105
+    "tests/security/test_round3_workers_stop.py",  # 95
     "tests/journeys/test_annotator.py",
-    "tests/journeys/test_newcomer.py",
-    TORCH_DISTRIBUTED,
-    RUN_RANKS,
-    "tests/workers/rft/test_option_matrix.py",
-    "tests/workers/rft/test_learning.py",
-    "tests/workers/rft/test_lora.py",
-    "tests/workers/rft/test_vllm.py",
-    "tests/journeys/test_recovery.py",
-    "tests/workers/test_explorers.py",
-    "tests/reliability/test_faults.py",
+    "tests/workers/rft/test_frozenlake.py",
 ]
 
 

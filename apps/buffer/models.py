@@ -151,6 +151,17 @@ class BufferJob(Job):
         """Whoever may look at the job in the admin."""
         return user.is_active and user.is_staff and user.has_perm("buffer.view_bufferjob")
 
+    @property
+    def rows_text(self) -> str:
+        # An archiving retention job goes through its rows twice (rows_total counts both passes):
+        # written to the archive, then deleted. Counted as one pass, its 14 rows read "28 of 28".
+        if self.kind != self.Kind.RETENTION or self.params.get("action") != "archive" or not self.rows_total:
+            return super().rows_text
+        selected = self.rows_total // 2
+        if self.rows_done < selected:
+            return f"{self.rows_done:,} of {selected:,} archived"
+        return f"{selected:,} archived, {self.rows_done - selected:,} of {selected:,} deleted"
+
     def keep_result(self, result: dict) -> None:
         self.result = result
 

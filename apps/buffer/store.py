@@ -324,18 +324,21 @@ class DjangoExperienceBuffer:
             )
         apply_human_feedback(rollouts, groups, self.config)
 
-    def mark_used(self, experiences: Sequence[Experience], *, consumed: bool) -> None:
-        """A flag that came while the step held the row keeps it rejected: never sampled again."""
+    def mark_used(self, *, consumed: Sequence[Experience] = (), reused: Sequence[Experience] = ()) -> None:
+        """One UPDATE for the step's rows. A flag that came while the step held a row keeps it
+        rejected: never sampled again."""
+        consumed_ids, reused_ids = [e.id for e in consumed], [e.id for e in reused]
         changes = {"use_count": F("use_count") + 1, "claimed_at": None}
-        if consumed:
-            rejected = ExperienceRow.Status.REJECTED
+        if consumed_ids:
+            now, consuming = timezone.now(), ~Q(status=ExperienceRow.Status.REJECTED)
+            if reused_ids:  # a MIX step: only its rollouts are consumed
+                consuming &= Q(pk__in=consumed_ids)
+                now = Case(When(pk__in=consumed_ids, then=Value(now)), default=F("consumed_at"))
             changes |= {
-                "status": Case(
-                    When(status=rejected, then=Value(rejected)), default=Value(ExperienceRow.Status.CONSUMED)
-                ),
-                "consumed_at": timezone.now(),
+                "status": Case(When(consuming, then=Value(ExperienceRow.Status.CONSUMED)), default=F("status")),
+                "consumed_at": now,
             }
-        ExperienceRow.objects.filter(pk__in=[e.id for e in experiences]).update(**changes)
+        ExperienceRow.objects.filter(pk__in=consumed_ids + reused_ids).update(**changes)
 
     def rewind(self, checkpoint_time) -> int:
         """Resuming from a checkpoint taken at `checkpoint_time` (None: from the start): rows the

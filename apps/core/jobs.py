@@ -170,6 +170,7 @@ def snapshot(job: Job) -> dict:
         "finished": job.is_finished,
         "rows_done": job.rows_done,
         "rows_total": job.rows_total,
+        "rows_text": job.rows_text,
         "bytes_done": job.bytes_done,
         "bytes_total": job.bytes_total,
         "percent": job.percent,

@@ -49,6 +49,11 @@ class Job(models.Model):
         return min(99, 100 * done // total) if total else 0
 
     @property
+    def rows_text(self) -> str:
+        """How far it is through its rows, in words ("1,200 of 5,000"): what its page shows."""
+        return f"{self.rows_done:,} of {self.rows_total:,}" if self.rows_total else f"{self.rows_done:,}"
+
+    @property
     def job_type(self) -> str:
         """The name of the registered type that runs this job (apps.core.jobs.register)."""
         raise NotImplementedError

@@ -1,10 +1,12 @@
 from django.contrib import admin, messages
 from django.http import HttpResponseRedirect
 from django.urls import reverse
+from django.utils.functional import lazy
 from django.utils.html import format_html
 
 from apps.buffer.admin import confirm_action
-from apps.buffer.retention import RetentionRefused, start_retention
+from apps.buffer.models import Experience
+from apps.buffer.retention import RetentionRefused, droppable, start_retention
 from apps.core.counts import EstimatedCountPaginator
 
 from . import services
@@ -93,8 +95,15 @@ class RunAdmin(admin.ModelAdmin):
                 return None
             return HttpResponseRedirect(reverse("admin:buffer_bufferjob_change", args=[job.pk]))
 
+        def description():  # counted when the page is shown, not again on confirmation
+            rows = Experience.objects.filter(run__in=queryset)
+            going, held = droppable(rows).count(), rows.count()
+            counts = (f"{going:,} of the {held:,} experience{'s' * (held != 1)} in their buffer "
+                      f"{'goes' if going == 1 else 'go'}. ")
+            return what + counts + RETENTION_KEEPS
+
         title = f"{action.capitalize()} the buffer"
-        return confirm_action(self, request, queryset, title, what + RETENTION_KEEPS, perform=perform)
+        return confirm_action(self, request, queryset, title, lazy(description, str)(), perform=perform)
 
     @admin.display(description="buffer")
     def buffer_retired(self, run):

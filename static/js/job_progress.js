@@ -5,7 +5,7 @@
 // The page marks one element [data-job-progress] with data-snapshot-url and data-socket-path (and
 // data-reload-when-finished to show the finished job as the server renders it), and the elements
 // the widget fills: [data-job-bar] (a <progress> or a div whose width grows), [data-job-percent],
-// [data-job-status], [data-job-rows] ("done of total"), [data-job-counts] (rows and bytes),
+// [data-job-status], [data-job-rows] (Job.rows_text: "done of total"), [data-job-counts] (rows and bytes),
 // [data-job-result] (its value: the link's text) and [data-job-error]. With
 // data-download-when-finished (an export started to be downloaded), the file downloads once written;
 // a page opened after that marks [data-job-download] and downloads it at once.
@@ -53,13 +53,9 @@
     return size.toFixed(1) + " " + units[unit];
   }
 
-  function rows(job) {
-    return job.rows_done.toLocaleString() + (job.rows_total ? " of " + job.rows_total.toLocaleString() : "");
-  }
-
   function counts(job) {
     const bytes = job.bytes_total ? " · " + fileSize(job.bytes_done) + " of " + fileSize(job.bytes_total) : "";
-    return rows(job) + " rows" + bytes;
+    return job.rows_text + " rows" + bytes;
   }
 
   function show(job) {
@@ -73,7 +69,7 @@
       el.textContent = job.status;
       el.className = "status " + job.status;
     });
-    all("rows").forEach((el) => (el.textContent = rows(job)));
+    all("rows").forEach((el) => (el.textContent = job.rows_text));
     all("counts").forEach((el) => (el.textContent = counts(job)));
     all("error").forEach((el) => {
       el.textContent = job.error;

@@ -76,7 +76,7 @@ def test_count_is_by_source_and_of_any_status(buffer, harness):
     assert buffer.count(sources=["rollout"]) == 2
     assert buffer.count(sources=["rollout", "synthetic"]) == 3
     assert buffer.count(sources=["human_edit"]) == 0
-    buffer.mark_used(buffer.sample(10, sources=ALL), consumed=True)
+    buffer.mark_used(consumed=buffer.sample(10, sources=ALL))
     assert buffer.count(sources=ALL) == 4  # consumed ones still count
 
 
@@ -86,7 +86,7 @@ def test_has_explorer_step_means_the_step_s_rollouts_are_stored(buffer, harness)
     assert buffer.has_explorer_step(3)
     assert not buffer.has_explorer_step(4)
     assert not buffer.has_explorer_step(5)  # expert data at step 5 is not the explorer's step 5
-    buffer.mark_used(buffer.sample(10, sources=ALL), consumed=True)
+    buffer.mark_used(consumed=buffer.sample(10, sources=ALL))
     assert buffer.has_explorer_step(3)  # still stored once trained on
 
 
@@ -127,9 +127,9 @@ def test_sample_is_least_used_first_then_oldest_step_then_id(buffer, harness):
     first = buffer.sample(4, sources=["rollout"])
     assert [(e.explorer_step, e.task_id) for e in first] == [(0, t[1]), (0, t[3]), (1, t[2]), (2, t[0])]
     assert first[0].id < first[1].id
-    buffer.mark_used(first, consumed=False)
+    buffer.mark_used(reused=first)
     oldest = buffer.sample(2, sources=["rollout"])
-    buffer.mark_used(oldest, consumed=False)
+    buffer.mark_used(reused=oldest)
     again = buffer.sample(4, sources=["rollout"])
     assert [(e.explorer_step, e.use_count) for e in again] == [(1, 1), (2, 1), (0, 2), (0, 2)]
 
@@ -143,7 +143,7 @@ def test_expert_data_is_sampled_newest_first(buffer, harness):
     got = buffer.sample(4, sources=EXPERT_SOURCES)
     assert [e.source for e in got] == ["human_edit", "expert", "expert", "expert"]
     assert [e.id for e in got[1:]] == sorted(e.id for e in got[1:])
-    buffer.mark_used(got, consumed=False)
+    buffer.mark_used(reused=got)
     # Mixed with rollouts, the order is the rollouts' one: oldest first.
     buffer.write([rollout(t[1], step=3)])
     assert [e.explorer_step for e in buffer.sample(5, sources=["rollout", "human_edit"])] == [3, 7]
@@ -155,7 +155,7 @@ def test_sample_takes_only_the_sources_asked_for_and_at_most_n(buffer, harness):
     buffer.write([rollout(t[0], source="expert"), rollout(t[0], source="synthetic")])
     five = buffer.sample(5, sources=["rollout"])
     assert len(five) == 5 and {e.source for e in five} == {"rollout"}
-    buffer.mark_used(five, consumed=True)
+    buffer.mark_used(consumed=five)
     assert len(buffer.sample(20, sources=["rollout"])) == 3
     assert sorted(e.source for e in buffer.sample(20, sources=["expert", "synthetic"])) == ["expert", "synthetic"]
     assert buffer.sample(0, sources=ALL) == [] and buffer.sample(5, sources=[]) == []
@@ -166,7 +166,7 @@ def test_sampling_changes_nothing(buffer, harness):
     buffer.write([rollout(t[0]), rollout(t[1], source="expert")])
     taken = buffer.sample(10, sources=ALL)
     assert buffer.count(sources=ALL) == 2
-    buffer.mark_used(taken, consumed=False)
+    buffer.mark_used(reused=taken)
     # The use mark_used counts is the only one: sampling itself counted none.
     assert sorted(e.use_count for e in buffer.sample(10, sources=ALL)) == [1, 1]
 
@@ -182,7 +182,7 @@ def test_stale_rollouts_and_synthetic_data_are_skipped_never_expert_or_human_dat
     assert sorted((e.source, e.model_version) for e in fresh) == [
         ("expert", 1), ("human_edit", 1), ("rollout", 2), ("synthetic", 3)
     ]
-    buffer.mark_used(fresh, consumed=False)
+    buffer.mark_used(reused=fresh)
     assert len(buffer.sample(10, sources=ALL)) == 6  # stale ones are skipped, not dropped
 
 
@@ -219,13 +219,23 @@ def test_consumed_experiences_leave_the_pool_and_reused_ones_stay(buffer, harnes
     buffer.write([rollout(t[0]), rollout(t[1]), rollout(t[2], source="expert")])
     [rollout_a, rollout_b] = buffer.sample(2, sources=["rollout"])
     [expert] = buffer.sample(1, sources=["expert"])
-    buffer.mark_used([rollout_a], consumed=True)
-    buffer.mark_used([rollout_b, expert], consumed=False)
+    buffer.mark_used(consumed=[rollout_a])
+    buffer.mark_used(reused=[rollout_b, expert])
     assert [(e.id, e.use_count) for e in buffer.sample(10, sources=["rollout"])] == [(rollout_b.id, 1)]
     [expert_again] = buffer.sample(10, sources=["expert"])
     assert (expert_again.id, expert_again.use_count) == (expert.id, 1)
-    buffer.mark_used([expert_again], consumed=False)
+    buffer.mark_used(reused=[expert_again])
     assert buffer.sample(10, sources=["expert"])[0].use_count == 2
+
+
+def test_one_call_marks_a_mix_steps_rollouts_consumed_and_its_expert_rows_reused(buffer, harness):
+    t = harness.task_ids
+    buffer.write([rollout(t[0]), rollout(t[1]), rollout(t[2], source="expert")])
+    usual, expert = buffer.sample_mix(2, 1)
+    buffer.mark_used(consumed=usual, reused=expert)
+    assert buffer.sample(10, sources=["rollout"]) == []
+    [again] = buffer.sample(10, sources=["expert"])
+    assert (again.id, again.use_count) == (expert[0].id, 1)
 
 
 # -- sample_pairs -------------------------------------------------------------------------------------
@@ -264,7 +274,7 @@ def test_a_rating_sets_the_reward_and_the_group_advantages_are_recomputed_over_t
     ]
     buffer.write(group)
     members = buffer.sample(4, sources=["rollout"])
-    buffer.mark_used(members, consumed=False)
+    buffer.mark_used(reused=members)
     for m in members:  # as stored: sample gave its copies their feedback rewards, not the store
         m.reward, m.advantage = 0.0, 0.25
     batch = buffer.sample(2, sources=["rollout"])
@@ -319,7 +329,7 @@ def test_an_explorer_and_a_trainer_thread_at_once_lose_nothing(harness):
         while True:
             done = explorers_done.is_set()
             batch = buffer.sample(5, sources=["rollout"])
-            buffer.mark_used(batch, consumed=True)
+            buffer.mark_used(consumed=batch)
             trained.extend(e.id for e in batch)
             if done and not batch:
                 return

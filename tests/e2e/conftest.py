@@ -4,6 +4,10 @@ database and Redis, with real Celery workers (`celery_worker_factory`) where a r
 Chromium is Debian's (`apt-get install chromium`); set RFTWEB_CHROMIUM to use another binary.
 On failure a test leaves a screenshot, a Playwright trace (`playwright show-trace <file>`), the
 page's console and the server's and workers' logs in test-artifacts/<test name>/.
+
+`page.wait_for_function` takes a function ("() => ...", "(arg) => ..."), never a bare expression:
+Playwright evals a bare expression again on every poll inside the page, which the app's CSP
+(script-src 'self') refuses, so such a wait fails whenever its first check is false (CI, af7acd7).
 """
 
 import os

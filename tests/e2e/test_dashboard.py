@@ -116,7 +116,7 @@ def test_launch_the_quick_demo_watch_it_live_read_rollouts_and_stop_it(
     expect(page.locator("#charts .chart .main-svg").first).to_be_visible()
     # System metrics are numbered by Unix time: a time axis, not 1.7e9 "steps".
     cpu = "window.rftRunPage.board.charts.get('system/cpu_percent')"
-    page.wait_for_function(f"{cpu}?.drawn")
+    page.wait_for_function(f"() => {cpu}?.drawn")
     assert page.evaluate(f"{cpu}.element.layout.xaxis.type") == "date"
     # All on one websocket.
     assert [socket.url.split("/", 3)[-1] for socket in sockets] == [f"ws/runs/{run.pk}/"]
@@ -333,7 +333,7 @@ def test_a_finished_run_shows_held_out_accuracy_first_unsmoothed_with_titled_axe
     run = completed_run
     page.set_viewport_size(SCREEN)
     login(researcher, f"/runs/{run.pk}/")
-    page.wait_for_function("document.querySelector('[data-figure=heldout] .value').textContent !== '—'")
+    page.wait_for_function("() => document.querySelector('[data-figure=heldout] .value').textContent !== '—'")
 
     # Held-out accuracy is the first figure, in the first screen, with the last eval's value.
     heldout = page.locator('[data-figure="heldout"]')
@@ -355,7 +355,7 @@ def test_a_finished_run_shows_held_out_accuracy_first_unsmoothed_with_titled_axe
     overview = page.evaluate("window.rftRunPage.board.sections.get('overview').charts.map((chart) => chart.id)")
     assert overview == ["eval/exact_match", "explorer/reward_mean", "trainer/loss", "trainer/approx_kl",
                         "trainer/entropy", "explorer/response_length"]
-    page.wait_for_function("window.rftRunPage.board.sections.get('overview').charts.every((chart) => chart.drawn)")
+    page.wait_for_function("() => window.rftRunPage.board.sections.get('overview').charts.every((c) => c.drawn)")
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=SHOTS / "run-page-completed.png")
     eval_chart = chart_state(page, "eval/exact_match")
@@ -449,7 +449,7 @@ def test_cold_load_of_a_run_page_with_200_steps(page, login, browser, asgi_serve
             context.add_init_script(COLD_LOAD_PROBE)
             cold = context.new_page()
             cold.goto(f"/runs/{completed_run.pk}/")
-            cold.wait_for_function("'figures' in coldLoad && 'charts' in coldLoad", timeout=30_000)
+            cold.wait_for_function("() => 'figures' in coldLoad && 'charts' in coldLoad", timeout=30_000)
             loads.append(cold.evaluate("coldLoad"))
         finally:
             context.close()

@@ -222,6 +222,9 @@ def test_a_curator_archives_the_buffer_of_a_stopped_run_and_it_can_no_longer_be_
     # It asks first, saying what goes and what stays.
     expect(admin.locator("#content")).to_contain_text("Archive the buffer: 1 run")
     expect(admin.locator("#content")).to_contain_text("Human edits (other runs train on them)")
+    deleted = len(rollouts_written - kept)
+    expect(admin.locator("#content")).to_contain_text(
+        f"{deleted} of the {len(rollouts_written | kept)} experiences in their buffer go.")
     expect(admin.get_by_role("link", name=re.compile("retired run"))).to_be_visible()
     shot(admin, "retention-2-confirmation")
     admin.get_by_role("button", name="Yes, archive the buffer").click()
@@ -232,7 +235,8 @@ def test_a_curator_archives_the_buffer_of_a_stopped_run_and_it_can_no_longer_be_
     expect(admin.locator(".field-what .readonly")).to_have_text(f"archive the buffer of run #{run}")
     expect(admin.locator(".field-status .readonly")).to_have_text("Succeeded", timeout=120_000)
     expect(admin.locator("[data-job-percent]")).to_have_text("100")
-    deleted = len(rollouts_written - kept)
+    # Each row counted once, though the job went through them twice (written, then deleted).
+    expect(admin.locator("[data-job-rows]")).to_have_text(f"{deleted} archived, {deleted} of {deleted} deleted")
     result = admin.locator(".field-result_summary .readonly")
     for said in (f"archived: {deleted}", f"deleted: {deleted}", "kept human edits: 1", "kept with feedback: 2"):
         expect(result).to_contain_text(said)

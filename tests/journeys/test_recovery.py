@@ -54,8 +54,10 @@ def config() -> dict:
         "model": {"path": "tiny"},
         "algorithm": {"name": "grpo", "repeat_times": REPEATS},
         "explorer": {"batch_size": TASKS, "max_new_tokens": 8},
-        # A checkpoint at the first step 2 s after the last one; the default is 300 s.
-        "trainer": {"lr": 1e-3, "micro_batch_size": 16, "total_steps": STEPS, "save_interval": 0, "save_interval_s": 2},
+        # A checkpoint every 3 steps, so the run trains past one whatever its speed. By time (2 s),
+        # a loaded CI machine's steps took longer than 2 s: every step saved, and the run was never
+        # seen past its newest checkpoint (both journeys timed out).
+        "trainer": {"lr": 1e-3, "micro_batch_size": 16, "total_steps": STEPS, "save_interval": 3, "save_interval_s": 0},
         "buffer": {"taskset": "arith"},
     }
 

@@ -167,12 +167,12 @@ class InMemoryBuffer:
                 groups[exp.group_id].append(replace(exp))
         apply_human_feedback(rollouts, groups, self.config)
 
-    def mark_used(self, experiences: Sequence[Experience], *, consumed: bool) -> None:
+    def mark_used(self, *, consumed: Sequence[Experience] = (), reused: Sequence[Experience] = ()) -> None:
         with self._lock:
-            for exp in experiences:
+            for exp in [*consumed, *reused]:
                 self._experiences[exp.id].use_count += 1
-                if consumed:
-                    self._status[exp.id] = "consumed"
+            for exp in consumed:
+                self._status[exp.id] = "consumed"
 
     def add_pairs(self, pairs: Sequence[PreferencePair]) -> None:
         with self._lock:

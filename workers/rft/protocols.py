@@ -57,9 +57,10 @@ class ExperienceBuffer(Protocol):
         """sample(n, sources=USUAL_SOURCES, min_model_version=...) and sample(n_expert,
         sources=EXPERT_SOURCES), as one sample: a MIX step's batch (one round trip on Postgres)."""
 
-    def mark_used(self, experiences: Sequence[Experience], *, consumed: bool) -> None:
-        """use_count += 1; with consumed=True they also leave the ready pool (status 'consumed'):
-        rollouts are trained on once, expert data is reused (consumed=False)."""
+    def mark_used(self, *, consumed: Sequence[Experience] = (), reused: Sequence[Experience] = ()) -> None:
+        """A step is done with what it sampled: use_count += 1 on all of them, and the `consumed`
+        leave the ready pool (status 'consumed'): rollouts are trained on once, expert data is
+        `reused`. One call a step (one statement on Postgres, a MIX step's two kinds together)."""
 
     def sample_pairs(self, n: int) -> list[PreferencePair]:
         """Up to n preference pairs for DPO, least used first; counts as a use."""

@@ -239,8 +239,7 @@ class Trainer:
         metrics = self._update(batch) if len(batch) else {"skipped": 1}
         if scatter is not None:
             metrics["scatter_seconds"] = scatter  # what leading the ranks costs a step
-        self.buffer.mark_used(batch.usual, consumed=True)
-        self.buffer.mark_used(batch.expert, consumed=False)
+        self.buffer.mark_used(consumed=batch.usual, reused=batch.expert)
         self.step += 1
         if publish is not None:
             published = time.perf_counter()

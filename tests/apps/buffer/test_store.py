@@ -109,7 +109,7 @@ def test_staleness_and_consumption(run, task_ids):
     buffer.write([rollout(task_ids[0], step=0, version=0), rollout(task_ids[1], step=1, version=3)])
     fresh = buffer.sample(10, sources=["rollout"], min_model_version=2)
     assert [e.model_version for e in fresh] == [3]
-    buffer.mark_used(fresh, consumed=True)
+    buffer.mark_used(consumed=fresh)
     assert [e.model_version for e in buffer.sample(10, sources=["rollout"])] == [0]  # the consumed one is gone
 
 
@@ -119,10 +119,10 @@ def test_rewind_gives_back_what_lost_steps_consumed(run, task_ids):
     buffer = DjangoExperienceBuffer(run.pk)
     buffer.write([rollout(t) for t in task_ids])
     early = buffer.sample(2, sources=["rollout"])
-    buffer.mark_used(early, consumed=True)
+    buffer.mark_used(consumed=early)
     checkpoint_time = timezone.now()
     late = buffer.sample(2, sources=["rollout"])
-    buffer.mark_used(late, consumed=True)
+    buffer.mark_used(consumed=late)
     assert buffer.rewind(checkpoint_time) == 2
     back = buffer.sample(10, sources=["rollout"])
     assert {e.id for e in back} == {e.id for e in late}
@@ -134,11 +134,29 @@ def test_a_flag_made_while_a_step_holds_the_row_keeps_it_out_of_training(run, ta
     buffer.write([rollout(t) for t in task_ids])
     taken = buffer.sample(2, sources=["rollout"])
     ExperienceRow.objects.filter(pk=taken[0].id).update(status=ExperienceRow.Status.REJECTED)  # the annotator's flag
-    buffer.mark_used(taken, consumed=True)
+    buffer.mark_used(consumed=taken)
     statuses = dict(ExperienceRow.objects.filter(pk__in=[e.id for e in taken]).values_list("pk", "status"))
     assert statuses == {taken[0].id: "rejected", taken[1].id: "consumed"}
     assert buffer.rewind(None) == 1  # a resumed run gives back the consumed row only
     assert taken[0].id not in {e.id for e in buffer.sample(10, sources=["rollout"])}
+
+
+def test_a_mix_steps_rows_are_marked_in_one_statement(run, task_ids):
+    """Its rollouts consumed (a flagged one stays rejected), its expert rows reused: one UPDATE."""
+    buffer = DjangoExperienceBuffer(run.pk)
+    buffer.write([rollout(t) for t in task_ids] + [replace(rollout(t, index=1), source="expert") for t in task_ids])
+    usual, expert = buffer.sample_mix(2, 2)
+    ExperienceRow.objects.filter(pk=usual[0].id).update(status=ExperienceRow.Status.REJECTED)
+    with CaptureQueriesContext(connection) as queries:
+        buffer.mark_used(consumed=usual, reused=expert)
+    assert [q["sql"].split()[0] for q in queries.captured_queries] == ["UPDATE"]
+    marked = ExperienceRow.objects.filter(pk__in=[e.id for e in usual + expert])
+    rows = {pk: (status, uses, consumed_at is not None, claimed_at) for pk, status, uses, consumed_at, claimed_at
+            in marked.values_list("pk", "status", "use_count", "consumed_at", "claimed_at")}
+    assert rows == {
+        usual[0].id: ("rejected", 1, True, None), usual[1].id: ("consumed", 1, True, None),
+        expert[0].id: ("ready", 1, False, None), expert[1].id: ("ready", 1, False, None),
+    }
 
 
 def test_a_fresh_human_edit_is_sampled_before_the_seeded_expert_rows(run, task_ids):

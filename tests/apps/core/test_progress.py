@@ -46,6 +46,7 @@ def test_the_snapshot_is_what_the_widget_shows(client, researcher, taskset_impor
         "finished": False,
         "rows_done": 40,
         "rows_total": 0,
+        "rows_text": "40",
         "bytes_done": 250,
         "bytes_total": 1_000,
         "percent": 25,  # an import goes by the bytes of its file

@@ -89,6 +89,7 @@ def test_researcher_uploads_jsonl_and_the_import_job_creates_the_taskset(
         "finished": True,
         "rows_done": 30,
         "rows_total": 30,
+        "rows_text": "30 of 30",
         "bytes_done": job.bytes_total,
         "bytes_total": job.bytes_total,
         "percent": 100,

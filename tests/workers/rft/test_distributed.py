@@ -151,7 +151,7 @@ def around_a_checkpoint(ranks, tiny_path, path, save: bool, strategy: dict = DDP
         trainer.train_step()
         trainer.save_checkpoint(path)
     else:
-        trainer.buffer.mark_used(trainer.buffer.sample(8, sources=["rollout"]), consumed=True)  # what step 1 took
+        trainer.buffer.mark_used(consumed=trainer.buffer.sample(8, sources=["rollout"]))  # what step 1 took
         trainer.load_checkpoint(path)
     after = [trainer.train_step() for _ in range(2)]
     trainer.release_ranks()

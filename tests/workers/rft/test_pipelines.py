@@ -118,10 +118,10 @@ def test_memory_buffer_is_idempotent_and_samples_least_used_oldest_first():
     assert [e.rollout_index for e in buffer.sample(2, sources=["rollout"])] == [0, 1]
     assert [e.rollout_index for e in buffer.sample(5, sources=["rollout"], min_model_version=1)] == [1, 2]
     taken = buffer.sample(2, sources=["rollout"])
-    buffer.mark_used(taken, consumed=True)
+    buffer.mark_used(consumed=taken)
     assert [e.rollout_index for e in buffer.sample(5, sources=["rollout"])] == [2]
     [e] = buffer.sample(1, sources=["expert"], min_model_version=100)  # expert data never goes stale
-    buffer.mark_used([e], consumed=False)
+    buffer.mark_used(reused=[e])
     assert buffer.sample(1, sources=["expert"])[0].use_count == 1
 
 

@@ -323,7 +323,7 @@ def test_checkpoint_restores_weights_optimizer_and_step(tiny_path, tokenizer, tm
     expected = [trainer.train_step()["loss"] for _ in range(2)]
 
     resumed = make_trainer(tiny_path, tokenizer, three_steps_of_rollouts(), trainer={"batch_size": 8})
-    resumed.buffer.mark_used(resumed.buffer.sample(8, sources=["rollout"]), consumed=True)  # what step 1 took
+    resumed.buffer.mark_used(consumed=resumed.buffer.sample(8, sources=["rollout"]))  # what step 1 took
     assert resumed.load_checkpoint(path) == {"explorer_step": 5} and resumed.step == 1
     assert [resumed.train_step()["loss"] for _ in range(2)] == expected
 

@@ -141,6 +141,8 @@ def test_the_archive_action_asks_first_then_starts_the_job(curator_client, ended
     page = post_action(curator_client, "archive_buffer", [ended])
     assert page.status_code == 200 and "Yes, archive the buffer" in page.content.decode()
     assert "Human edits" in page.content.decode() and not BufferJob.objects.exists()
+    held = Experience.objects.filter(run=ended).count()
+    assert f"{len(buffer['doomed'])} of the {held} experiences in their buffer go." in page.content.decode()
 
     started = post_action(curator_client, "archive_buffer", [ended], confirm=True)
 

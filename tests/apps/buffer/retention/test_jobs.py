@@ -88,6 +88,21 @@ def test_progress_goes_up_to_rows_total(ended, buffer, monkeypatch, action, fact
     assert remaining() == ids(buffer["kept"])
 
 
+def test_an_archiving_jobs_rows_are_counted_once_in_words(ended, buffer):
+    """rows_total counts both passes of an archive (write, then delete); what the page says counts rows."""
+    job = retention.start_retention(Run.objects.filter(pk=ended.pk), action="archive")
+    n = len(buffer["doomed"])
+    words = []
+    for done in (0, 1, n, n + 1, 2 * n):
+        job.rows_done = done
+        words.append(job.rows_text)
+    assert words == [
+        f"0 of {n} archived", f"1 of {n} archived", f"{n} archived, 0 of {n} deleted",
+        f"{n} archived, 1 of {n} deleted", f"{n} archived, {n} of {n} deleted",
+    ]
+    assert jobs.snapshot(job)["rows_text"] == words[-1]
+
+
 # ---- runs that have not ended ----
 
 

@@ -1,127 +1,31 @@
-"""The curators' admin for the buffer: experiences (list, filters, full-text search, bulk actions,
-a readable detail page, expert data import) and the jobs that import, export and transform them.
-
-Built for a million experiences: the list reads only the columns it shows (token arrays stay in
-the database, previews are cut there), counts are capped (EstimatedCountPaginator), the
-search matches the indexed documents of models.ExperienceSearch (search.py), and every bulk action
-is one statement or a Celery job. Actions and pages change state through services, never directly.
-"""
+"""The experiences: list, filters, full-text search, bulk actions, a readable detail page, expert data import."""
 
 import json
 
-from django import forms
 from django.contrib import admin, messages
-from django.contrib.admin import helpers
-from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
-from django.contrib.admin.views.main import PAGE_VAR, ChangeList
+from django.contrib.admin.views.main import ChangeList
 from django.contrib.postgres.search import SearchQuery
 from django.core.exceptions import PermissionDenied
 from django.db import connections
-from django.db.models import Count, Exists, IntegerField, OuterRef, Q, Subquery
+from django.db.models import Count, IntegerField, OuterRef, Q, Subquery
 from django.db.models.functions import Coalesce, Length, Substr
-from django.http import Http404, HttpResponseRedirect
-from django.shortcuts import get_object_or_404
+from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
 from apps.core.counts import EstimatedCountPaginator
-from apps.core.streaming import file_response
 from apps.feedback.models import Feedback
 
-from . import exporters, search, services
-from .forms import ExpertDataUploadForm, ExportForm, PipelineForm, PriorityForm, RescoreForm
-from .models import BufferJob, Experience
+from .. import search, services
+from ..forms import ExpertDataUploadForm, PipelineForm, PriorityForm, RescoreForm
+from ..models import Experience
+from .actions import ExportActionForm, confirm_action, export_action
+from .filters import FlaggedFilter, HasFeedbackFilter, RewardRangeFilter, RunFilter
 
 PREVIEW_CHARS = 80
-CONFIRM_SAMPLE_ROWS = 10
 RELATED_ROWS = 50  # siblings, children and feedback shown on the detail page
 TOKEN_ARRAYS = ("prompt_ids", "response_ids", "action_mask", "logprobs")
-
-
-# ---- filters ----
-
-
-class RewardRangeFilter(admin.FieldListFilter):
-    """reward between a minimum and a maximum, typed into a small form (both optional)."""
-
-    template = "admin/buffer/range_filter.html"
-
-    def __init__(self, field, request, params, model, model_admin, field_path):
-        self.lookup_min, self.lookup_max = f"{field_path}__gte", f"{field_path}__lte"
-        super().__init__(field, request, params, model, model_admin, field_path)
-
-    def expected_parameters(self):
-        return [self.lookup_min, self.lookup_max]
-
-    def queryset(self, request, queryset):
-        bounds = {}
-        for lookup, values in self.used_parameters.items():
-            try:
-                bounds[lookup] = float(values[-1])
-            except ValueError:
-                raise admin.options.IncorrectLookupParameters(f"{lookup} must be a number") from None
-        return queryset.filter(**bounds)
-
-    def choices(self, changelist):
-        # One "choice": the form, with the other parameters of the page as hidden fields.
-        current = {name: values[-1] for name, values in self.used_parameters.items()}
-        yield {
-            "lookup_min": self.lookup_min,
-            "lookup_max": self.lookup_max,
-            "min": current.get(self.lookup_min, ""),
-            "max": current.get(self.lookup_max, ""),
-            "hidden": [
-                (name, value)
-                for name, value in changelist.params.items()
-                if name not in (PAGE_VAR, *self.expected_parameters())
-            ],
-            "clear_url": changelist.get_query_string(remove=self.expected_parameters()),
-        }
-
-
-class YesNoFilter(admin.SimpleListFilter):
-    def lookups(self, request, model_admin):
-        return [("yes", "Yes"), ("no", "No")]
-
-    def queryset(self, request, queryset):
-        if self.value() == "yes":
-            return queryset.filter(self.condition())
-        if self.value() == "no":
-            return queryset.exclude(self.condition())
-        return queryset
-
-
-class HasFeedbackFilter(YesNoFilter):
-    title = "has feedback"
-    parameter_name = "has_feedback"
-
-    def condition(self):
-        return Exists(Feedback.objects.filter(experience=OuterRef("pk")))
-
-
-class FlaggedFilter(YesNoFilter):
-    title = "flagged"
-    parameter_name = "flagged"
-
-    def condition(self):
-        return Exists(Feedback.objects.filter(experience=OuterRef("pk"), kind=Feedback.Kind.FLAG))
-
-
-class RunFilter(admin.RelatedFieldListFilter):
-    def field_choices(self, field, request, model_admin):
-        # Names only: a run's str() needs its status, and its row a config of kilobytes.
-        runs = field.related_model.objects.order_by("-pk").values_list("pk", "name")
-        return [(pk, f"{name} (#{pk})") for pk, name in runs]
-
-    def choices(self, changelist):
-        for choice in super().choices(changelist):
-            if choice["display"] == self.empty_value_display:
-                choice["display"] = "imported (no run)"
-            yield choice
-
-
-# ---- experiences ----
 
 
 def feedback_count():
@@ -142,16 +46,6 @@ def with_previews(queryset):
 
 
 LIST_FIELDS = ("id", "run__name", "explorer_step", "source", "status", "reward", "model_version", "created_at")
-
-
-class ExportActionForm(helpers.ActionForm):
-    """The action bar, with the export format beside the action: Export is one step."""
-
-    # Checked by export_action (ExportForm), which names a bad value; as a ChoiceField here it would
-    # fail the whole action bar with Django's "No action selected."
-    export_format = forms.CharField(
-        label="Export as", required=False, widget=forms.Select(choices=ExportForm.base_fields["format"].choices)
-    )
 
 
 class ExperienceChangeList(ChangeList):
@@ -500,149 +394,3 @@ class ExperienceAdmin(admin.ModelAdmin):
             "form": form,
         }
         return TemplateResponse(request, "admin/buffer/experience/import.html", context)
-
-
-def confirm_action(model_admin, request, queryset, title, description, *, perform, form_class=None):
-    """The confirmation page of a bulk action, with its options; on confirmation, `perform(options)`.
-
-    The page posts back to the changelist URL it came from (so the same filters select the same
-    rows) with the action, its selection and `confirm`; `perform` returns None (back to the
-    list) or a response."""
-    confirmed = request.POST.get("confirm") == "yes"
-    form = form_class(request.POST if confirmed else None) if form_class else None
-    if confirmed and (form is None or form.is_valid()):
-        return perform(form.cleaned_data if form else {})
-    context = {
-        **model_admin.admin_site.each_context(request),
-        "title": title,
-        "description": description,
-        "opts": model_admin.opts,
-        "form": form,
-        "count": queryset.count(),
-        "sample": queryset[:CONFIRM_SAMPLE_ROWS],
-        "action": request.POST["action"],
-        "select_across": request.POST.get("select_across", "0"),
-        "selected": request.POST.getlist(ACTION_CHECKBOX_NAME),
-        "action_checkbox_name": ACTION_CHECKBOX_NAME,
-    }
-    return TemplateResponse(request, "admin/buffer/confirm_action.html", context)
-
-
-def export_action(model_admin, request, queryset):
-    """The export bulk action, shared by the experience and feedback admins: it starts the export
-    at once in the format chosen beside it, and the job page shows its progress, then downloads the
-    file (static/js/job_progress.js; ?download=1). Formats: docs/data-formats.md."""
-    form = ExportForm({"format": request.POST.get("export_format") or exporters.FORMATS[0]})
-    if not form.is_valid():
-        model_admin.message_user(request, f"Export: {form.errors['format'][0]}", messages.ERROR)
-        return None
-    job = services.start_export(queryset, fmt=form.cleaned_data["format"], user=request.user)
-    return HttpResponseRedirect(reverse("admin:buffer_bufferjob_change", args=[job.pk]) + "?download=1")
-
-
-# ---- jobs ----
-
-
-@admin.register(BufferJob)
-class BufferJobAdmin(admin.ModelAdmin):
-    list_display = ("id", "kind", "status", "progress", "rows", "what", "created_by", "created_at", "finished_at")
-    list_filter = ("kind", "status")
-    list_select_related = ("created_by",)
-    fields = (
-        "kind",
-        "status",
-        "progress",
-        "what",
-        "rows",
-        "result_summary",
-        "error",
-        "download",
-        "created_by",
-        "created_at",
-        "started_at",
-        "finished_at",
-    )
-    readonly_fields = fields
-    change_form_template = "admin/buffer/bufferjob/change_form.html"
-
-    def get_queryset(self, request):
-        return super().get_queryset(request).defer("selection")  # up to 8 bytes a selected row
-
-    def has_add_permission(self, request):
-        return False  # jobs are started by the experience actions and the import page
-
-    def has_change_permission(self, request, obj=None):
-        return False  # a job is a record: it is looked at, or deleted
-
-    def delete_queryset(self, request, queryset):
-        services.delete_jobs(queryset)
-
-    def delete_model(self, request, obj):
-        services.delete_jobs(BufferJob.objects.filter(pk=obj.pk))
-
-    def change_view(self, request, object_id, form_url="", extra_context=None):
-        # The job page follows a running job with the progress widget (static/js/job_progress.js);
-        # opened by the export action, it downloads the file once written.
-        extra_context = {**(extra_context or {}), "job_label": BufferJob._meta.label_lower}
-        extra_context["download_requested"] = bool(request.GET.get("download"))
-        return super().change_view(request, object_id, form_url, extra_context)
-
-    @admin.display(description="progress")
-    def progress(self, job):
-        return format_html(
-            '<progress data-job-bar max="100" value="{}"></progress> <span data-job-percent>{}</span>%',
-            job.percent,
-            job.percent,
-        )
-
-    @admin.display(description="rows")
-    def rows(self, job):
-        text = f"{job.rows_done:,} of {job.rows_total:,}" if job.rows_total else f"{job.rows_done:,}"
-        return format_html("<span data-job-rows>{}</span>", text)
-
-    @admin.display(description="what")
-    def what(self, job):
-        params = job.params
-        match job.kind:
-            case BufferJob.Kind.IMPORT:
-                return f"{job.original_filename} ({params['layout']} layout, {params['format']})"
-            case BufferJob.Kind.EXPORT:
-                return f"{params['what']} as {params['format']}"
-            case BufferJob.Kind.RESCORE:
-                return f"with {json.dumps(params['reward_fn'])}"
-            case BufferJob.Kind.PIPELINE:
-                return f"{params['operator']} {json.dumps(params['params'])}"
-            case BufferJob.Kind.RETENTION:  # an archived row counts twice: written, then deleted
-                runs = ", ".join(f"#{run}" for run in params["runs"])
-                return f"{params['action']} the buffer of run{'s' * (len(params['runs']) > 1)} {runs}"
-        return ""
-
-    @admin.display(description="result")
-    def result_summary(self, job):
-        # In a fixed order: Postgres's jsonb keeps keys by length, SQLite as written.
-        return ", ".join(f"{key.replace('_', ' ')}: {value:,}" for key, value in sorted(job.result.items()))
-
-    @admin.display(description="file")
-    def download(self, job):
-        if not job.output:
-            return ""
-        url = reverse("admin:buffer_bufferjob_download", args=[job.pk])
-        return format_html('<a href="{}">{}</a>', url, services.export_filename(job))
-
-    def get_urls(self):
-        return [
-            path(
-                "<int:job_id>/download/",
-                self.admin_site.admin_view(self.download_view),
-                name="buffer_bufferjob_download",
-            ),
-            *super().get_urls(),
-        ]
-
-    def download_view(self, request, job_id):
-        job = get_object_or_404(BufferJob.objects.defer("selection"), pk=job_id)
-        if not self.has_view_permission(request, job):
-            raise PermissionDenied
-        if not job.output:
-            raise Http404("this job has no file")
-        return file_response(job.output.open("rb"), as_attachment=True, filename=services.export_filename(job))

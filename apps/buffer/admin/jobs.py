@@ -1,0 +1,119 @@
+"""The jobs that import, export and transform experiences: their progress, result and file."""
+
+import json
+
+from django.contrib import admin
+from django.core.exceptions import PermissionDenied
+from django.http import Http404
+from django.shortcuts import get_object_or_404
+from django.urls import path, reverse
+from django.utils.html import format_html
+
+from apps.core.streaming import file_response
+
+from .. import services
+from ..models import BufferJob
+
+
+@admin.register(BufferJob)
+class BufferJobAdmin(admin.ModelAdmin):
+    list_display = ("id", "kind", "status", "progress", "rows", "what", "created_by", "created_at", "finished_at")
+    list_filter = ("kind", "status")
+    list_select_related = ("created_by",)
+    fields = (
+        "kind",
+        "status",
+        "progress",
+        "what",
+        "rows",
+        "result_summary",
+        "error",
+        "download",
+        "created_by",
+        "created_at",
+        "started_at",
+        "finished_at",
+    )
+    readonly_fields = fields
+    change_form_template = "admin/buffer/bufferjob/change_form.html"
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).defer("selection")  # up to 8 bytes a selected row
+
+    def has_add_permission(self, request):
+        return False  # jobs are started by the experience actions and the import page
+
+    def has_change_permission(self, request, obj=None):
+        return False  # a job is a record: it is looked at, or deleted
+
+    def delete_queryset(self, request, queryset):
+        services.delete_jobs(queryset)
+
+    def delete_model(self, request, obj):
+        services.delete_jobs(BufferJob.objects.filter(pk=obj.pk))
+
+    def change_view(self, request, object_id, form_url="", extra_context=None):
+        # The job page follows a running job with the progress widget (static/js/job_progress.js);
+        # opened by the export action, it downloads the file once written.
+        extra_context = {**(extra_context or {}), "job_label": BufferJob._meta.label_lower}
+        extra_context["download_requested"] = bool(request.GET.get("download"))
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    @admin.display(description="progress")
+    def progress(self, job):
+        return format_html(
+            '<progress data-job-bar max="100" value="{}"></progress> <span data-job-percent>{}</span>%',
+            job.percent,
+            job.percent,
+        )
+
+    @admin.display(description="rows")
+    def rows(self, job):
+        return format_html("<span data-job-rows>{}</span>", job.rows_text)
+
+    @admin.display(description="what")
+    def what(self, job):
+        params = job.params
+        match job.kind:
+            case BufferJob.Kind.IMPORT:
+                return f"{job.original_filename} ({params['layout']} layout, {params['format']})"
+            case BufferJob.Kind.EXPORT:
+                return f"{params['what']} as {params['format']}"
+            case BufferJob.Kind.RESCORE:
+                return f"with {json.dumps(params['reward_fn'])}"
+            case BufferJob.Kind.PIPELINE:
+                return f"{params['operator']} {json.dumps(params['params'])}"
+            case BufferJob.Kind.RETENTION:
+                runs = ", ".join(f"#{run}" for run in params["runs"])
+                return f"{params['action']} the buffer of run{'s' * (len(params['runs']) > 1)} {runs}"
+        return ""
+
+    @admin.display(description="result")
+    def result_summary(self, job):
+        # In a fixed order: Postgres's jsonb keeps keys by length, SQLite as written.
+        return ", ".join(f"{key.replace('_', ' ')}: {value:,}" for key, value in sorted(job.result.items()))
+
+    @admin.display(description="file")
+    def download(self, job):
+        if not job.output:
+            return ""
+        url = reverse("admin:buffer_bufferjob_download", args=[job.pk])
+        return format_html('<a href="{}">{}</a>', url, services.export_filename(job))
+
+    def get_urls(self):
+        return [
+            path(
+                "<int:job_id>/download/",
+                self.admin_site.admin_view(self.download_view),
+                name="buffer_bufferjob_download",
+            ),
+            *super().get_urls(),
+        ]
+
+    def download_view(self, request, job_id):
+        job = get_object_or_404(BufferJob.objects.defer("selection"), pk=job_id)
+        if not self.has_view_permission(request, job):
+            raise PermissionDenied
+        if not job.output:
+            raise Http404("this job has no file")
+        return file_response(job.output.open("rb"), as_attachment=True, filename=services.export_filename(job))
