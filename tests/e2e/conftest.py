@@ -166,7 +166,9 @@ def page(request, browser, asgi_server, asgi_server_log, page_errors, tmp_path):
     context.set_default_timeout(15_000)
     tracing = os.environ.get("RFTWEB_E2E_TRACE", "1") != "0"
     if tracing:
-        context.tracing.start(screenshots=True, snapshots=True)
+        # DOM snapshots, no screencast: the frames of a tall live page (1280x4000, charts redrawn
+        # each step) made a trace whose writing hung a failed test's teardown past pytest-timeout.
+        context.tracing.start(screenshots=False, snapshots=True)
     page = context.new_page()
     console = []
     page.on("console", lambda message: console.append(f"{message.type}: {message.text}"))
@@ -178,12 +180,7 @@ def page(request, browser, asgi_server, asgi_server_log, page_errors, tmp_path):
         from playwright.sync_api import Error as PlaywrightError
 
         out = _artifact_dir(request)
-        try:
-            page.screenshot(path=out / "page.png", full_page=True)
-        except PlaywrightError as err:  # a crashed page has no screenshot; keep the rest
-            (out / "screenshot-error.txt").write_text(str(err))
-        if tracing:
-            context.tracing.stop(path=out / "trace.zip")
+        # The logs first (files only: nothing here can hang), then what the browser must make.
         (out / "console.txt").write_text(
             "\n".join([f"url: {page.url}", *console, *(f"pageerror: {error}" for error in page_errors)]) + "\n"
         )
@@ -192,6 +189,12 @@ def page(request, browser, asgi_server, asgi_server_log, page_errors, tmp_path):
             (out / "daphne.log").write_bytes(log.read())
         for worker_log in tmp_path.glob("*.log"):  # celery_worker_factory's logs
             shutil.copy(worker_log, out / worker_log.name)
+        try:
+            page.screenshot(path=out / "page.png", timeout=10_000, animations="disabled")
+        except PlaywrightError as err:  # a crashed or stuck page has no screenshot; keep the rest
+            (out / "screenshot-error.txt").write_text(str(err))
+        if tracing:
+            context.tracing.stop(path=out / "trace.zip")
     elif tracing:
         context.tracing.stop()
     context.close()

@@ -52,6 +52,7 @@ import secrets
 import socket
 import tempfile
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import asdict
 from datetime import timedelta
@@ -85,14 +86,12 @@ class JoinCancelled(Exception):
 class Ranks:
     """This process's place among the trainer's ranks, and the collectives the trainer uses."""
 
-    def __init__(self, rank: int, world_size: int, timeout_s: float, store: dist.Store, device: torch.device,
-                 listener: socket.socket | None = None):
+    def __init__(self, rank: int, world_size: int, timeout_s: float, store: dist.Store, device: torch.device):
         self.rank = rank
         self.world_size = world_size
         self.timeout_s = timeout_s
         self.store = store  # the process group's rendezvous: it outlives a broken connection
         self.device = device  # where the default group's collectives take their tensors
-        self.listener = listener  # the store's listening socket (rank 0): open as long as the store serves
         self.failed = False  # a collective failed: the group is broken, send no more commands
         self.commands = dist.new_group(backend="gloo", timeout=IDLE_TIMEOUT)
 
@@ -246,33 +245,35 @@ def join(rank: int, world_size: int, local_rank: int, store: tuple[str, int, boo
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // (local_world_size or world_size)))
     timeout = timedelta(seconds=timeout_s)
     host, port, is_master = store
-    listener = listen(host, port) if is_master else None
-    # No wait_for_workers: the handshake waits for the ranks, naming those that never come.
-    rendezvous = dist.TCPStore(host, port, world_size, is_master=is_master, timeout=timeout, wait_for_workers=False,
-                               master_listen_fd=listener.fileno() if listener else None)
+    rendezvous = (serve_store(host, port, timeout, world_size=world_size) if is_master else
+                  dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout))
     try:
         handshake(rendezvous, rank, world_size, secret, f"{host}:{port}", timeout_s, should_stop)
-    except BaseException:
-        # Stop serving at once: the exception's frames would keep the store (and its port) alive.
+    except BaseException as err:
+        # Stop serving at once: handshake's frame in the traceback holds the store (and its port).
+        traceback.clear_frames(err.__traceback__)
         del rendezvous
-        if listener is not None:
-            listener.close()
         raise
     backend = "nccl" if device_type == "cuda" else "gloo"
     dist.init_process_group(backend, store=rendezvous, rank=rank, world_size=world_size, timeout=timeout)
     device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
-    return Ranks(rank, world_size, timeout_s, rendezvous, device, listener)
+    return Ranks(rank, world_size, timeout_s, rendezvous, device)
 
 
 def new_secret() -> str:
     return secrets.token_hex(32)
 
 
-def listen(host: str, port: int) -> socket.socket:
-    """A socket listening on host:port alone, for a TCPStore to serve on (torch's own binds to
-    every interface). The caller keeps it open as long as the store serves."""
+def serve_store(host: str, port: int, timeout: timedelta, **options) -> dist.TCPStore:
+    """A TCPStore served on host:port alone (torch's own server binds to every interface), from a
+    socket made here and handed over: the store owns it from then on and closes it when it goes
+    (both of torch's servers do). No Python socket may keep it too: closing it again closed
+    whichever file had since taken its number (a resumed ddp run failed on EBADF in CI, 2026-12-02).
+    It waits for no clients: the callers wait for theirs, naming those that never come."""
     family = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0][0]
-    return socket.create_server((host, port), family=family, backlog=1024)
+    fd = socket.create_server((host, port), family=family, backlog=1024).detach()
+    return dist.TCPStore(host, port, is_master=True, timeout=timeout, wait_for_workers=False,
+                         master_listen_fd=fd, **options)
 
 
 def handshake(store: dist.Store, rank: int, world_size: int, secret: str, address: str, timeout_s: float,

@@ -54,7 +54,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from .distributed import RankFailure, handshake, listen
+from .distributed import RankFailure, handshake, serve_store
 
 DEFAULT_TIMEOUT_S = 120.0  # one transfer, or one explorer's load: SmolLM2 takes ~1 s of it
 IDLE_TIMEOUT_S = 86400.0  # an explorer waiting for the next version (as distributed.IDLE_TIMEOUT)
@@ -185,11 +185,9 @@ class _Group:
         self.timeout = timedelta(seconds=timeout_s)
         # Joining waits longer than a transfer: an explorer joins once its engine is up (vLLM: minutes).
         join_timeout_s = join_timeout_s or timeout_s
-        # No wait_for_workers: the sender names the explorers that never come (`_wait_keys`).
-        self.listener = listen(host, port) if rank == 0 else None  # open as long as the store serves
-        self.store = dist.TCPStore(host, port, is_master=rank == 0, timeout=timedelta(seconds=join_timeout_s),
-                                   wait_for_workers=False, use_libuv=True,
-                                   master_listen_fd=self.listener.fileno() if self.listener else None)
+        join_timeout = timedelta(seconds=join_timeout_s)
+        self.store = (serve_store(host, port, join_timeout, use_libuv=True) if rank == 0
+                      else dist.TCPStore(host, port, is_master=False, timeout=join_timeout, use_libuv=True))
         self.store.set(f"name/{rank}", name)
         if rank == 0:
             missing = self._wait_keys([f"name/{r}" for r in range(1, world_size)], time.monotonic() + join_timeout_s)
@@ -255,8 +253,6 @@ class _Group:
             except Exception:  # noqa: BLE001 - a broken group may refuse to shut down; it is dropped anyway
                 pass
         self.store = None  # rank 0's: its server closes, and the explorers waiting on it learn the group is over
-        if self.listener is not None:
-            self.listener.close()
 
 
 # ---------------------------------------------------------------------------------------------

@@ -2,18 +2,22 @@
 
 The rank functions live at module level: `launch` spawns fresh interpreters, which import them
 from here by name."""
+import gc
 import os
 import re
+import socket
 import subprocess
 import sys
 import time
+from datetime import timedelta
 
 import numpy as np
 import pytest
 import torch
+import torch.distributed as dist
 
 from workers.rft.config import load_config
-from workers.rft.distributed import RankFailure, launch
+from workers.rft.distributed import RankFailure, free_port, launch, serve_store
 from workers.rft.experience import PreferencePair
 from workers.rft.loop import Loop, memory_stores
 from workers.rft.memory import InMemoryBuffer
@@ -113,6 +117,37 @@ TIMED = {"seconds", "tokens_per_s", "idle_share", "sync_seconds"}
 
 # Each case starts 2 ranks (~5-10 s on 2 cores): GRPO in the quick run, the rest slow.
 QUICK = ("grpo",)
+
+
+def test_a_served_store_owns_its_socket_and_closes_it_once():
+    """The store alone holds its listening socket, and closes it once, when it goes. (A Python
+    socket kept beside it closed the number when it was collected, while the store still served;
+    the store closed it again when its process group went, by then another file's: the EBADF a
+    resumed ddp run failed on in CI.)"""
+    def open_files() -> set[int]:  # less the one listdir opened to list them
+        return {int(fd) for fd in os.listdir("/proc/self/fd") if os.path.exists(f"/proc/self/fd/{fd}")}
+
+    timeout = timedelta(seconds=5)
+    serve_store("127.0.0.1", free_port(), timeout)  # torch opens files of its own the first time, for good
+    gc.collect()
+    open_before = open_files()
+    port = free_port()
+    store = serve_store("127.0.0.1", port, timeout)
+    gc.collect()  # whatever else held the socket is gone now
+    later, other = os.pipe()  # would take its number, had anything closed it
+    try:
+        client = dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timeout)
+        client.set("key", "value")
+        assert store.get("key") == b"value"  # it still serves
+        del client, store
+        gc.collect()
+        os.fstat(later)  # the file opened meanwhile is still open
+        assert open_files() == open_before | {later, other}  # and nothing leaked
+        with socket.create_server(("127.0.0.1", port)):  # the port is free again
+            pass
+    finally:
+        os.close(later)
+        os.close(other)
 
 
 @pytest.mark.parametrize("case", [c if c in QUICK else pytest.param(c, marks=pytest.mark.slow) for c in CASES])
