@@ -53,7 +53,7 @@ from . import capacity, services
 from .checkpoints import run_checkpoint_dir
 from .live import publisher
 from .logs import DutyLog
-from .models import Run
+from .models import MetricPoint, Run
 from .services import NODE_DUTY, duties_of_run
 
 log = logging.getLogger(__name__)
@@ -296,6 +296,7 @@ def run_engine(run: Run, duty: str, worker: str) -> str:
     node = capacity.this_node()
     leaving = lambda: capacity.node_stopping(node)  # noqa: E731 - its worker shuts down in order
     status = lambda: wait_while_paused(run, duty, worker, leaving=leaving)  # noqa: E731
+    final_eval = None  # the trainer of a split run: the version its first explorer evaluates last
     # Closed when the duty ends: a worker process outlives its runs, vLLM's processes and the
     # follower ranks must not.
     with trainer_ranks(run, config, duty, worker) as ranks, Loop(config, stores, run_dir(run), components=components,
@@ -318,15 +319,21 @@ def run_engine(run: Run, duty: str, worker: str) -> str:
         status()  # nobody took the duty over while the engine loaded
         services.mark_started(run, duty, worker)
 
+        # A stop or a worker shutting down: the loop saves a checkpoint at this step first.
+        stopping = lambda: status() in (Status.STOPPING, *Run.FINISHED) or leaving()  # noqa: E731
         if services.is_explorer(duty):
-            outcome = loop.run_explorer(should_stop=lambda: status() != Status.RUNNING or leaving(), wait=pause)
+            outcome = loop.run_explorer(should_stop=lambda: status() != Status.RUNNING or leaving(), wait=pause,
+                                        trained=lambda: trainer_steps(run) >= config.trainer.total_steps,
+                                        evaluates_ends=duty == "explorer")
+        elif duty == "trainer":
+            outcome = loop.run_trainer(stopping, explored_steps=lambda: explorer_steps(run), wait=pause)
+            if outcome == "completed" and config.explorer.eval_interval:
+                final_eval = loop.final_version()
         else:
-            # A stop or a worker shutting down: the loop saves a checkpoint at this step first.
-            stopping = lambda: status() in (Status.STOPPING, *Run.FINISHED) or leaving()  # noqa: E731
-            if duty == "trainer":
-                outcome = loop.run_trainer(stopping, explored_steps=lambda: explorer_steps(run), wait=pause)
-            else:
-                outcome = loop.run(should_stop=stopping)
+            outcome = loop.run(should_stop=stopping)
+    if final_eval is not None:
+        del loop  # its model freed while the explorer evaluates (its ranks are released)
+        outcome = wait_for_final_eval(run, final_eval, stopping)
     if outcome == "stopped" and leaving():
         raise HandBack(f"its worker {node} is shutting down")
     if not services.is_explorer(duty):
@@ -498,6 +505,22 @@ def serve_node(run: Run, duty: str, worker: str) -> str:
 def explorer_steps(run: Run) -> int:
     run.refresh_from_db(fields=["explorer_step"])
     return run.explorer_step
+
+
+def trainer_steps(run: Run) -> int:
+    run.refresh_from_db(fields=["trainer_step"])
+    return run.trainer_step
+
+
+def wait_for_final_eval(run: Run, version: int, stopping) -> str:
+    """A split run's trainer is done: its first explorer evaluates the final version
+    (Loop.run_explorer), and the run completes once that is stored, as a single loop's does, so a
+    completed run's held-out figure is its final model's. 'stopped' on a stop meanwhile."""
+    while not run.metrics.filter(role=MetricPoint.Role.EVAL, values__model_version=version).exists():
+        if stopping():
+            return "stopped"
+        pause()
+    return "completed"
 
 
 def finish(run: Run, status: str) -> None:

@@ -51,7 +51,10 @@ def test_two_explorers_share_each_step_and_store_what_one_explorer_would(celery_
     # The two-explorer run first, on two cold workers that load torch side by side. After the
     # one-explorer run, one worker would be warm and roll out all 4 steps alone while the other
     # still imported torch (seen on a busy machine): correct, but nothing shared.
-    two = services.launch_run(researcher, "two explorers", shared_config(steps, 2, "arith", method))
+    config = shared_config(steps, 2, "arith", method)
+    config["explorer"]["eval_interval"] = 10  # only the ends: the first explorer's, with versions sent by nccl too
+    config["buffer"]["eval_taskset"] = "arith"
+    two = services.launch_run(researcher, "two explorers", config)
     wait_for(lambda: finished(two), what="the two-explorer run")
     taskset.tasks.update(times_sampled=0)  # the second run picks its batches from the same start
     one = services.launch_run(researcher, "one explorer", shared_config(steps, 1, "arith"))
@@ -73,6 +76,8 @@ def test_two_explorers_share_each_step_and_store_what_one_explorer_would(celery_
     named = {key.partition("/")[2] for m in metrics for key in m.values
              if key.startswith(("sync_seconds/", "idle_share/"))}
     assert named == {"explorer", "explorer-1"}
+    evals = dict(two.metrics.filter(role="eval").values_list("step", "values"))
+    assert {step: values["model_version"] for step, values in evals.items()} == {0: 0, steps: steps}
 
 
 def test_a_killed_explorers_groups_are_rolled_out_by_the_other(celery_worker_factory, researcher):
@@ -140,9 +145,15 @@ def test_embedded_two_explorers_and_a_trainer_share_this_process(researcher, set
     settings.RFTWEB_EMBEDDED = True
     make_taskset("arith")
     steps = 3
-    run = services.launch_run(researcher, "embedded explorers", shared_config(steps, 2, "arith"))
+    config = shared_config(steps, 2, "arith")
+    config["explorer"]["eval_interval"] = 2
+    config["buffer"]["eval_taskset"] = "arith"
+    run = services.launch_run(researcher, "embedded explorers", config)
     wait_for(lambda: finished(run), what="the embedded run")
     assert run.status == "completed", run.error
+    # Held out: the starting weights, step 2 (with the version step 1 used) and the final version.
+    evals = dict(run.metrics.filter(role="eval").values_list("step", "values"))
+    assert {step: values["model_version"] for step, values in evals.items()} == {0: 0, 2: 1, steps: steps}
     # Each thread lets its duty go (before the test's database goes away under it).
     wait_for(lambda: all(beat.get("ended") for beat in Run.objects.get(pk=run.pk).heartbeats.values()),
              what="the threads to let their duties go")

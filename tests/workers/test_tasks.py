@@ -245,14 +245,23 @@ def test_synchronisation_modes_on_a_worker(celery_worker_factory, researcher, sy
 
 def test_explorer_and_trainer_on_separate_workers(celery_worker_factory, researcher):
     """Checkpoint sync: the duties run on an `explore` worker and a `train` worker, and still
-    train synchronously: explorer step t used exactly version t (offset 0, interval 1)."""
+    train synchronously: explorer step t used exactly version t (offset 0, interval 1). The held-out
+    figure has both ends, as a single loop's: the starting weights and, before the run completes,
+    the final version."""
     make_taskset()
+    make_taskset("arith-eval", n=8)
     explore = celery_worker_factory(queues="default,explore")
     train = celery_worker_factory(queues="train")
     steps = 4
-    run = services.launch_run(researcher, "split", grpo_config(steps, method="checkpoint"))
+    config = grpo_config(steps, method="checkpoint")
+    config["explorer"]["eval_interval"] = 10  # past the last step: only the ends
+    config["buffer"]["eval_taskset"] = "arith-eval"
+    run = services.launch_run(researcher, "split", config)
     wait_for(lambda: finished(run), what="completion")
     assert run.status == "completed", run.error
+    evals = dict(run.metrics.filter(role="eval").values_list("step", "values"))
+    assert {step: values["model_version"] for step, values in evals.items()} == {0: 0, steps: steps}
+    assert all(values["tasks"] == 8 for values in evals.values())
     assert run.trainer_step == steps and run.model_version >= steps
     heartbeats = run.heartbeats
     assert heartbeats["explorer"]["worker"] != heartbeats["trainer"]["worker"]  # two processes

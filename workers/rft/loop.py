@@ -289,14 +289,31 @@ class Loop:
         n = torch.get_num_threads()
         return max(1, n // 2), max(1, n - n // 2)
 
-    def run_explorer(self, should_stop, wait) -> str:
+    def run_explorer(self, should_stop, wait, trained=lambda: False, evaluates_ends: bool = False) -> str:
         """The explorer alone, its trainer in another process: each step waits until the version
         it needs is published. Runs until should_stop() (the trainer has finished, or a stop);
         past the last step the trainer trains on it only waits (an nccl explorer still takes the
-        versions the trainer sends)."""
+        versions the trainer sends). The run's first explorer (`evaluates_ends`) also evaluates,
+        with explorer.eval_interval, what `run` evaluates at the ends: the starting weights before
+        step 0 and, once `trained()` says the trainer took its last step, the final version (the
+        trainer waits for it: supervision.wait_for_final_eval)."""
         total = self.config.trainer.total_steps
+        ends = evaluates_ends and self.config.explorer.eval_interval > 0
+        if ends and self.explorer.step == 0:
+            while self.sync.latest_version() < 0:  # nccl: the trainer's weights, sent once all explorers joined
+                if should_stop():
+                    return "stopped"
+                wait()
+            self.sync.pull(self.explorer.engine, 0)
+            self.explorer.evaluate()
+        final = self.final_version() if ends else None
         while not should_stop():
             if self.explorer.step >= total:  # trainer step s + 1 trains on explorer step s
+                if final is not None and trained() and self.sync.latest_version() >= final:
+                    self.sync.pull(self.explorer.engine, final)
+                    self.explorer.evaluate()
+                    final = None
+                    continue
                 wait()
                 continue
             if self.sync.latest_version() < self.sync.required_version(self.explorer.step):
@@ -305,6 +322,10 @@ class Loop:
             if self.explore() is None:  # other explorers still roll out this step's last groups
                 wait()
         return "stopped"
+
+    def final_version(self) -> int:
+        """The last version the trainer publishes: that of its last step a multiple of the sync interval."""
+        return self.config.trainer.total_steps // self.sync.interval
 
     def run_trainer(self, should_stop, explored_steps, wait) -> str:
         """The trainer alone, its explorer in another process: trainer step s + 1 waits until

@@ -140,3 +140,40 @@ def test_each_step_says_what_its_sync_cost_and_how_long_each_side_waited(tmp_pat
     assert explorer[0]["sync_seconds"] < 0.001 < min(point["sync_seconds"] for point in explorer[1:])
     assert "idle_share" not in trainer[0] and "idle_share" not in explorer[0]
     assert all(0 < point["idle_share"] < 1 for point in trainer[1:] + explorer[1:])
+
+
+@pytest.mark.parametrize("evaluates_ends", [True, False])
+def test_a_split_runs_first_explorer_evaluates_the_start_and_the_final_version(evaluates_ends, tmp_path):
+    """Trainer and explorer in loops of their own (checkpoint sync, as two workers hold them): the
+    first explorer evaluates what a single loop's `run` does at the ends, the starting weights
+    before step 0 and, once the trainer is done, its last version; the others only at the interval."""
+    import threading
+    import time
+
+    total = 3
+    config = small_config(synchronizer={"method": "checkpoint"}, trainer={"total_steps": total},
+                          explorer={"eval_interval": 10},
+                          buffer={"eval_taskset": "arithmetic:n=20,max_operand=9,ops=+,split=eval"})
+    stores = memory_stores(config)
+    trainer = Loop(config, stores, tmp_path, components=("trainer",))
+    explorer = Loop(config, stores, tmp_path, components=("explorer",))
+    finished = threading.Event()
+    threads = [
+        threading.Thread(target=lambda: trainer.run_trainer(
+            lambda: False, explored_steps=lambda: explorer.explorer.step, wait=lambda: time.sleep(0.02))),
+        threading.Thread(target=lambda: explorer.run_explorer(
+            finished.is_set, wait=lambda: time.sleep(0.02), trained=lambda: trainer.trainer.step >= total,
+            evaluates_ends=evaluates_ends)),
+    ]
+    for thread in threads:
+        thread.start()
+    threads[0].join(timeout=300)
+    deadline = time.monotonic() + (120 if evaluates_ends else 1)  # the final eval, after the trainer's last step
+    while ("eval", total) not in stores.metrics.points and time.monotonic() < deadline:
+        time.sleep(0.05)
+    finished.set()
+    threads[1].join(timeout=60)
+    evals = {step: point["model_version"] for (role, step), point in stores.metrics.points.items() if role == "eval"}
+    assert evals == ({0: 0, total: trainer.final_version()} if evaluates_ends else {})
+    assert trainer.final_version() == total and explorer.explorer.engine.model_version == (total if evaluates_ends
+                                                                                           else total - 1)
