@@ -157,7 +157,7 @@ def stop_serving() -> None:
 
 def node_stopping(node: str | None) -> bool:
     """Whether the worker serving a duty (`node`, this_node()) is shutting down in order: its
-    duties then hand their runs back at their next step (supervision.HandBack) instead of holding
+    duties then hand their runs back at their next step (holding.HandBack) instead of holding
     the shutdown for the runs' whole life. Celery: the worker's row says stopped (worker_stopping)."""
     if settings.RFTWEB_EMBEDDED:
         return _server_stopping.is_set()

@@ -418,7 +418,7 @@ def release_duty(run: Run, duty: str, worker: str, *, error: str | None = None, 
 
 def open_rendezvous(run: Run, group: str, host: str, port: int, world_size: int) -> int:
     """Rank 0 opens a group at host:port, as Run.rendezvous[group]: "trainer", the trainer's ranks
-    on several machines (the other machines' node duties start theirs in it: supervision.serve_node);
+    on several machines (the other machines' node duties start theirs in it: ranks.serve_node);
     "weights", the trainer's weight group for synchronizer.method nccl (world_size: its explorers).
     Returns its generation."""
     with transaction.atomic():

@@ -20,10 +20,10 @@ changing nothing.
 
 With trainer.strategy 'ddp' the process holding the trainer (duty `loop` or `trainer`) is the
 trainer's rank 0: it alone talks to the database; it starts the other ranks of its machine as
-`python -m workers.rft follow` processes for as long as the duty runs (trainer_ranks). With
+`python -m workers.rft follow` processes for as long as the duty runs (ranks.trainer_ranks). With
 trainer.num_nodes > 1 each further machine is a duty of its own, `trainer-node-K` (queue `train`):
 the worker holding it starts that machine's ranks in each group rank 0 opens, meeting it at the
-address rank 0 writes on the run (Run.rendezvous["trainer"]; serve_node). A rank that dies or hangs breaks
+address rank 0 writes on the run (Run.rendezvous["trainer"]; ranks.serve_node). A rank that dies or hangs breaks
 the group: rank 0's next collective fails naming it, and its duty ends as if its worker had died,
 so the watchdog restarts the whole group from the last checkpoint (up to RFTWEB_MAX_HANDOVERS
 times in a row without progress; then the run fails naming the rank, for its user to resume).
@@ -31,17 +31,11 @@ times in a row without progress; then the run fails naming the rank, for its use
 The Celery tasks (workers/tasks.py) are entry points into start_run, serve and watchdog here.
 Tasks are sent by name (rftweb.celery.enqueue), so this module does not import them.
 """
-import errno
-import json
 import logging
 import os
-import shutil
 import socket
-import subprocess
-import sys
 import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 from django.conf import settings
@@ -51,22 +45,18 @@ from rftweb.celery import enqueue
 
 from . import capacity, services
 from .checkpoints import run_checkpoint_dir
+from .failures import MAX_CAUSE_CHARS, describe_failure, is_rank_failure, without_server_paths
+from .holding import DutyLost, HandBack, Stopped, pause, wait_while_paused
 from .live import publisher
 from .logs import DutyLog
 from .models import MetricPoint, Run
+from .ranks import serve_node, trainer_ranks
 from .services import NODE_DUTY, duties_of_run
 
 log = logging.getLogger(__name__)
 Status = Run.Status
 SERVE_TASK = "workers.tasks.serve_duty"
-WAIT_SECONDS = 0.5  # how often a duty waiting for the other one looks again
 DATABASE_LOST = (OperationalError, InterfaceError)
-DISK_FULL_MARKS = ("No space left on device", "StorageFull", "file write failed")
-MAX_CAUSE_CHARS = 1000  # an exception can quote a whole input back
-FOLLOWERS_EXIT_SECONDS = 10  # for released follower ranks to exit before they are killed
-# torch holds one process group per process: one data-parallel trainer at a time in a worker
-# process (an embedded server, or a threads pool, may serve several runs at once).
-TRAINER_GROUP = threading.Lock()
 
 
 def worker_id() -> str:
@@ -162,45 +152,6 @@ def system_metrics() -> dict:
     if torch.cuda.is_available():
         values["gpu_memory_gb"] = torch.cuda.memory_allocated() / 2**30
     return values
-
-
-class DutyLost(Exception):
-    """Another worker holds this duty now (the watchdog handed it on, or the run was resumed)."""
-
-
-class Stopped(Exception):
-    """The run stopped (or ended) while the duty waited for the run's other duties."""
-
-
-class HandBack(Exception):
-    """The worker serving the duty is shutting down in order (SIGTERM): the duty saved what a
-    resume needs at a step boundary and lets the run go, still active, for another worker (the
-    watchdog sends the duty on; the run carries on from that checkpoint)."""
-
-
-def still_served(run: Run, duty: str, worker: str) -> bool:
-    """Whether the run is still to be served (Run.SERVED) by this duty; DutyLost once `worker`
-    no longer holds it. What a duty waiting for others looks at, so that a stop reaches it."""
-    run.refresh_from_db(fields=["status", "heartbeats"])
-    if services.holder(run, duty) != worker:
-        raise DutyLost(f"run {run.pk}: worker {worker} no longer holds the {duty} duty")
-    return run.status in Run.SERVED
-
-
-def wait_while_paused(run: Run, duty: str, worker: str, interval: float = 1.0, leaving=lambda: False) -> str:
-    """The run's status once it is not paused (or, paused, once `leaving()`: its worker shuts
-    down); DutyLost as soon as `worker` no longer holds `duty`, or the duty is no longer the run's
-    (an explorer beyond a lowered explorer.engine_num)."""
-    while True:
-        run.refresh_from_db(fields=["status", "heartbeats", "config"])
-        if services.holder(run, duty) != worker:
-            raise DutyLost(f"run {run.pk}: worker {worker} no longer holds the {duty} duty")
-        if duty not in duties_of_run(run):
-            raise DutyLost(f"run {run.pk}: {duty} is no longer one of its duties (explorers: "
-                           f"{run.config['explorer']['engine_num']})")
-        if run.status != Status.PAUSED or leaving():
-            return run.status
-        time.sleep(interval)
 
 
 def serve(run_id: int, duty: str) -> str:
@@ -341,167 +292,6 @@ def run_engine(run: Run, duty: str, worker: str) -> str:
     return outcome
 
 
-def pause() -> None:
-    time.sleep(WAIT_SECONDS)
-
-
-def is_rank_failure(exc: BaseException) -> bool:
-    """A rank of the trainer died or hung (distributed.RankFailure), here or on another machine,
-    or an explorer of its weight group did (weight_broadcast.WeightSyncError)."""
-    failures = []
-    if "workers.rft.distributed" in sys.modules:  # else torch was not even loaded: no group ran here
-        from workers.rft.distributed import RankFailure
-
-        failures.append(RankFailure)
-    if "workers.rft.weight_broadcast" in sys.modules:
-        from workers.rft.weight_broadcast import WeightSyncError
-
-        failures.append(WeightSyncError)
-    return isinstance(exc, tuple(failures))
-
-
-@contextmanager
-def trainer_ranks(run: Run, config, duty: str, worker: str):
-    """The trainer's ranks (distributed.Ranks) while the duty runs, with this process as rank 0
-    and the others started here; None unless the duty holds a trainer of several ranks. On the way out
-    (Loop.close has sent its followers stop, unless the group broke) the followers get
-    FOLLOWERS_EXIT_SECONDS to exit, then are killed, and the group goes.
-
-    The group's store listens on 127.0.0.1 when every rank is on this machine, else on
-    RFTWEB_NODE_ADDRESS alone; its ranks prove they know the run's secret (Run.secret) before
-    they join. Waiting for ranks that do not come ends as soon as the run is no longer served
-    (Stopped): a stop reaches a leader waiting for 999 machines."""
-    trainer = config.trainer
-    if trainer.strategy == "single" or services.is_explorer(duty):
-        yield None
-        return
-    import torch
-    import torch.distributed as dist
-
-    from workers.rft.distributed import JoinCancelled, RankFailure, free_port, join
-    from workers.rft.models import pick_device
-
-    device = pick_device(config.model.device).type
-    local_size, world_size = trainer.num_processes, trainer.num_processes * trainer.num_nodes
-    if device == "cuda" and torch.cuda.device_count() < local_size:
-        raise ValueError(f"trainer.num_processes is {local_size}: {local_size} ranks need as many GPUs; "
-                         f"this worker's machine has {torch.cuda.device_count()}")
-    if not TRAINER_GROUP.acquire(blocking=False):
-        raise RuntimeError("this worker process already trains a data-parallel run (one per process): resume this "
-                           "run once that one has ended, or serve runs from Celery workers (a process each)")
-    threads = torch.get_num_threads()  # join shares the cores out between the ranks
-    host = settings.RFTWEB_NODE_ADDRESS if trainer.num_nodes > 1 else "127.0.0.1"
-    port = free_port(host)
-    followers, ranks, generation = [], None, None
-    try:
-        for rank in range(1, local_size):
-            followers.append(start_follower(config, rank, world_size, f"{host}:{port}", device, run.secret))
-        log.info("run %s (%s): trainer rank 0 is process %s, ranks 1..%s are processes %s", run.pk, duty,
-                 os.getpid(), local_size - 1, [proc.pid for proc in followers])
-        if trainer.num_nodes > 1:
-            generation = services.open_rendezvous(run, "trainer", host, port, world_size)
-        try:
-            ranks = join(0, world_size, 0, (host, port, True), trainer.collective_timeout_s, device,
-                         local_world_size=local_size, secret=run.secret,
-                         should_stop=lambda: not still_served(run, duty, worker))
-        except JoinCancelled as err:
-            raise Stopped(f"{err}: the run is {run.status}") from err
-        except (RuntimeError, dist.DistError) as err:
-            exited = [f"rank {rank} exited with {proc.poll()}" for rank, proc in enumerate(followers, 1)
-                      if proc.poll() is not None]
-            if exited:
-                raise RankFailure(f"{', '.join(exited)} before joining (the worker's log has its error)") from err
-            if trainer.num_nodes > 1:
-                raise RankFailure(
-                    f"not every machine's ranks joined within {trainer.collective_timeout_s:g} s "
-                    f"(trainer.collective_timeout_s): each of the trainer.num_nodes ({trainer.num_nodes}) needs a "
-                    f"train worker free to serve it, reaching {host}:{port} "
-                    "(RFTWEB_NODE_ADDRESS)") from err
-            raise
-        yield ranks
-    finally:
-        if generation is not None:
-            services.close_rendezvous(run, "trainer", generation)
-        end_followers(followers, at_once=ranks is None or ranks.failed)
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        torch.set_num_threads(threads)
-        TRAINER_GROUP.release()
-
-
-def start_follower(config, rank: int, world_size: int, master: str, device: str, secret: str,
-                   local_rank: int | None = None, local_size: int | None = None) -> subprocess.Popen:
-    """A follower rank as a process of its own (not multiprocessing: a Celery pool process is
-    daemonic, and may start no children that way); its output goes to the worker's log. On the
-    leader's machine its local rank (its GPU) is its rank. The run's secret goes in its
-    environment (not its command line, which every user of the machine can read)."""
-    from workers.rft.distributed import SECRET_ENV
-
-    local = [] if local_rank is None else ["--local-rank", str(local_rank), "--local-world-size", str(local_size)]
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "workers.rft", "follow", "-", "--rank", str(rank), "--world-size", str(world_size),
-         "--master", master, "--device", device, *local],
-        stdin=subprocess.PIPE, cwd=settings.BASE_DIR, text=True, env={**os.environ, SECRET_ENV: secret},
-    )
-    with proc.stdin:
-        proc.stdin.write(json.dumps(config.to_dict()))
-    return proc
-
-
-def end_followers(followers: list[subprocess.Popen], at_once: bool) -> None:
-    """Wait for released followers to exit; kill the rest (at once: the group broke, a live
-    follower may be stuck in a collective)."""
-    deadline = time.monotonic() + (0 if at_once else FOLLOWERS_EXIT_SECONDS)
-    for proc in followers:
-        try:
-            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            if not at_once:
-                log.warning("follower rank process %s did not exit when released; killing it", proc.pid)
-            proc.kill()
-            proc.wait()
-
-
-def serve_node(run: Run, duty: str, worker: str) -> str:
-    """Machine K of a trainer on several (duty trainer-node-K): start its ranks (K*P .. K*P+P-1,
-    P = trainer.num_processes) in each group rank 0 opens, once per group, until the run is no
-    longer served: on a stop it leaves within FOLLOWERS_EXIT_SECONDS (its followers' time to take
-    rank 0's stop), whether or not a group ever formed. A group that rank 0 closed or replaced
-    takes its ranks with it."""
-    from workers.rft.config import RunConfig
-    from workers.rft.models import pick_device
-
-    config = RunConfig.from_dict(run.config)
-    node, local_size = int(duty.removeprefix(NODE_DUTY)), config.trainer.num_processes
-    device = pick_device(config.model.device).type
-    served, followers = None, []
-    try:
-        while True:
-            if not still_served(run, duty, worker):
-                # Rank 0 sends its followers stop once its last step and checkpoint are done:
-                # they get FOLLOWERS_EXIT_SECONDS for that, not the run's whole life.
-                end_followers(followers, at_once=False)
-                followers = []
-                return run.status
-            run.refresh_from_db(fields=["rendezvous"])
-            group = run.rendezvous.get("trainer", {})
-            if followers and (group.get("generation") != served or "host" not in group):
-                end_followers(followers, at_once=False)  # released by a stop, or left in a broken group
-                followers = []
-            if not followers and "host" in group and group["generation"] != served:
-                served = group["generation"]
-                master = f"{group['host']}:{group['port']}"
-                followers = [start_follower(config, node * local_size + i, group["world_size"], master, device,
-                                            run.secret, local_rank=i, local_size=local_size)
-                             for i in range(local_size)]
-                log.info("run %s (%s): ranks %s..%s joining group %s at %s", run.pk, duty, node * local_size,
-                         (node + 1) * local_size - 1, served, master)
-                services.mark_started(run, duty, worker)
-            pause()
-    finally:
-        end_followers(followers, at_once=True)
-
-
 def explorer_steps(run: Run) -> int:
     run.refresh_from_db(fields=["explorer_step"])
     return run.explorer_step
@@ -541,51 +331,6 @@ def wait_for_database(timeout: float) -> bool:
             if time.monotonic() > deadline:
                 return False
             time.sleep(1)
-
-
-# ---- a failure, as its user reads it --------------------------------------------------------------
-
-
-def describe_failure(duty: str, exc: BaseException, work_dir: Path) -> str:
-    """The run's error, as every researcher watching the run reads it: the cause and what to do.
-    The traceback is not part of it (it names the server's files and code): serve logs it in the
-    worker's log. A full disk surfaces as OSError, torch's RuntimeError or safetensors' own error:
-    look at the error's text and at the disk itself."""
-    disk_full = getattr(exc, "errno", None) == errno.ENOSPC or any(mark in str(exc) for mark in DISK_FULL_MARKS)
-    if disk_full or free_bytes(work_dir) < 1024 * 1024:
-        return (
-            f"{duty} failed: the disk holding the run's directory ({without_server_paths(work_dir)} in the data "
-            "directory) is full (no space left on device). Free space there, then resume the run: it continues "
-            "from its last checkpoint."
-        )
-    cause = without_server_paths(f"{type(exc).__name__}: {exc}")
-    if len(cause) > MAX_CAUSE_CHARS:
-        cause = cause[:MAX_CAUSE_CHARS] + " [...]"
-    return (
-        f"{duty} failed: {cause}\n\nThe traceback is in the worker's log, for the server's administrators. "
-        "Fix the cause, then resume the run: it continues from its last checkpoint."
-    )
-
-
-def without_server_paths(text) -> str:
-    """Paths in the data directory as the user knows them (relative to it); the server's own
-    directories (the code, Python's install) not at all."""
-    text = str(text)
-    for directory, shown_as in (
-        (settings.DATA_DIR, ""),
-        (settings.BASE_DIR, "<rftweb>/"),
-        (Path(sys.prefix), "<python>/"),
-        (Path(sys.base_prefix), "<python>/"),
-    ):
-        text = text.replace(f"{directory}{os.sep}", shown_as).replace(str(directory), shown_as or ".")
-    return text
-
-
-def free_bytes(path: Path) -> float:
-    for candidate in (path, *path.parents):
-        if candidate.exists():
-            return shutil.disk_usage(candidate).free
-    return float("inf")
 
 
 # ---- the watchdog ---------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from apps.runs import supervision
+from apps.runs import holding, ranks
 from apps.runs.models import Checkpoint, Run
 from tests.support import wait_for
 from workers.rft.config import RunConfig
@@ -101,7 +101,7 @@ def test_a_node_duty_refuses_a_leader_that_does_not_know_the_secret_and_unpickle
         run = Run.objects.create(name="attacked", owner=researcher, config=ddp_config(collective_timeout_s=240),
                                  status=Run.Status.RUNNING, rendezvous={"trainer": group},
                                  heartbeats={"trainer-node-1": beat("node")})
-        thread, out = in_thread(supervision.serve_node, run, "trainer-node-1", "node")
+        thread, out = in_thread(ranks.serve_node, run, "trainer-node-1", "node")
         # The follower refuses (its error in the worker's log), or, unguarded, runs the payload.
         logged = []
 
@@ -139,7 +139,7 @@ def test_the_trainers_store_listens_on_the_node_address_alone_and_a_stop_ends_it
     config = RunConfig.from_dict(run.config)
 
     def open_group():
-        with supervision.trainer_ranks(run, config, "loop", "me"):
+        with ranks.trainer_ranks(run, config, "loop", "me"):
             pass
 
     thread, out = in_thread(open_group)
@@ -148,7 +148,7 @@ def test_the_trainers_store_listens_on_the_node_address_alone_and_a_stop_ends_it
     assert wait_for(lambda: listening_on(group["port"]), what="the store") == {"127.0.0.2"}
     Run.objects.filter(pk=run.pk).update(status=Run.Status.STOPPING)
     thread.join(timeout=10)
-    assert isinstance(out.get("error"), supervision.Stopped), out
+    assert isinstance(out.get("error"), holding.Stopped), out
     assert listening_on(group["port"]) == set()
 
 

@@ -1,5 +1,5 @@
 """trainer.strategy 'ddp' for runs launched here, over real Postgres: the process serving the
-trainer is rank 0 and starts the others (supervision.trainer_ranks), on a real Celery worker
+trainer is rank 0 and starts the others (apps.runs.ranks.trainer_ranks), on a real Celery worker
 (prefork: its pool process is daemonic) or embedded (threads of this process). The followers end
 with the duty; a follower that dies breaks the group, which the watchdog restarts from the last
 checkpoint (or, where it may not, the run fails naming the rank, and resumes)."""

@@ -9,7 +9,7 @@ from channels.testing import WebsocketCommunicator
 from django.conf import settings
 
 from apps.buffer.models import Experience
-from apps.runs import services, supervision
+from apps.runs import failures, services, supervision
 from apps.runs.models import Run
 from apps.tasksets.models import Task, Taskset
 from rftweb.asgi import application
@@ -283,7 +283,7 @@ def failure_of(duty: str, exc: Exception, work_dir) -> str:
     try:
         raise exc
     except type(exc) as raised:
-        return supervision.describe_failure(duty, raised, work_dir)
+        return failures.describe_failure(duty, raised, work_dir)
 
 
 def test_a_failure_tells_its_user_the_cause_and_what_to_do_without_a_traceback_or_server_paths(tmp_path):

@@ -9,7 +9,7 @@ from django.db import connection
 from django.urls import reverse
 from django.utils import timezone
 
-from apps.runs import services, supervision
+from apps.runs import holding, services, supervision
 from apps.runs.models import ExplorerGroup, ExplorerStep, Run
 from apps.runs.presets import preset_config
 from apps.runs.store import DjangoStepClaims
@@ -158,8 +158,8 @@ def test_explorers_are_added_and_removed_from_the_run_page(researcher_client, ma
     run.refresh_from_db()
     assert run.config["explorer"]["engine_num"] == 3 and len(sent) == 2
     # explorer-3's worker finds at its next check that it is no longer one of the run's, and stops.
-    with pytest.raises(supervision.DutyLost, match="explorer-3 is no longer one of its duties"):
-        supervision.wait_while_paused(run, "explorer-3", "w3")
+    with pytest.raises(holding.DutyLost, match="explorer-3 is no longer one of its duties"):
+        holding.wait_while_paused(run, "explorer-3", "w3")
 
 
 @pytest.mark.parametrize("sync, status, says", [

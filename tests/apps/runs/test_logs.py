@@ -9,7 +9,7 @@ import pytest
 from django.conf import settings
 from django.urls import reverse
 
-from apps.runs import logs, supervision
+from apps.runs import failures, logs, supervision
 from apps.runs.logs import DutyLog
 from apps.runs.models import Run
 
@@ -163,7 +163,7 @@ def test_no_secret_reaches_a_line(tmp_path, settings):
 
 
 def test_server_paths_are_cut_as_in_the_run_error(tmp_path):
-    with DutyLog(tmp_path, 1, "loop", clean=supervision.without_server_paths):
+    with DutyLog(tmp_path, 1, "loop", clean=failures.without_server_paths):
         log.warning("could not read %s", settings.BASE_DIR / "workers" / "rft" / "loop.py")
     assert messages(tmp_path) == ["could not read <rftweb>/workers/rft/loop.py"]
 

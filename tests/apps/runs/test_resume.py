@@ -17,7 +17,7 @@ from django.core.management.base import CommandError
 from django.urls import reverse
 from django.utils import timezone
 
-from apps.runs import services, supervision
+from apps.runs import holding, services, supervision
 from apps.runs.api import token_for
 from apps.runs.controls import control_run, control_statuses
 from apps.runs.live import publisher
@@ -210,10 +210,10 @@ def test_a_worker_whose_duty_was_taken_stops_beating(make_run, settings):
 
 def test_a_worker_checks_it_still_holds_its_duty_at_every_step(make_run):
     run = make_run(status=Status.RUNNING, heartbeats={"loop": beat("me")})
-    assert supervision.wait_while_paused(run, "loop", "me") == Status.RUNNING
+    assert holding.wait_while_paused(run, "loop", "me") == Status.RUNNING
     services.hand_over(run, "loop", limit=3)  # the watchdog took me for dead
-    with pytest.raises(supervision.DutyLost, match="worker me no longer holds the loop duty"):
-        supervision.wait_while_paused(run, "loop", "me")
+    with pytest.raises(holding.DutyLost, match="worker me no longer holds the loop duty"):
+        holding.wait_while_paused(run, "loop", "me")
 
 
 def test_a_failing_worker_lets_go_and_fails_the_run_at_once(make_run):
