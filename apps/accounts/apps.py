@@ -29,8 +29,10 @@ class AccountsConfig(AppConfig):
 
         from . import revocation
         from .forms import AdminLoginForm
+        from .views import admin_password_change
 
         admin.site.login_form = AdminLoginForm  # throttled as the login page is
+        admin.site.password_change = admin_password_change  # the site's page, throttled
         # The admin's app sidebar took 300 of 1366 px and cut the experience list's last columns;
         # the breadcrumbs and the dashboard's nav reach the same pages.
         admin.site.enable_nav_sidebar = False

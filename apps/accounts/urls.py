@@ -2,10 +2,12 @@ from django.contrib.auth import views as auth_views
 from django.urls import path
 
 from .forms import LoginForm
+from .views import ThrottledPasswordChangeView
 
 # The password change views require a login (LoginRequiredMiddleware, and the views themselves).
 # A new password also revokes the user's API token (the token is a MAC over the password hash) and
-# closes the user's open websockets (apps.accounts.revocation). Logins are throttled (.throttle).
+# closes the user's open websockets (apps.accounts.revocation). Logins and the old password of a
+# password change are throttled (.throttle).
 urlpatterns = [
     path(
         "login/",
@@ -15,7 +17,7 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path(
         "password_change/",
-        auth_views.PasswordChangeView.as_view(template_name="accounts/password_change.html"),
+        ThrottledPasswordChangeView.as_view(),
         name="password_change",
     ),
     path(
