@@ -108,3 +108,13 @@ def test_create_admin_command(db):
     with pytest.raises(CommandError, match="already exists"):
         call_command("create_admin", "--username", "boss", "--password", "x")
     call_command("create_admin", "--username", "boss", "--password", "x", "--if-missing")
+
+
+def test_a_refused_page_says_why_and_keeps_the_nav(annotator_client, annotator):
+    """Issue #42, finding 9: annotators got a bare "403 Forbidden" page on researcher pages."""
+    response = annotator_client.get(reverse("run-list"))
+    assert response.status_code == 403
+    html = response.content.decode()
+    assert "This page needs the researcher role." in html
+    assert f"logged in as <strong>{annotator.username}</strong>" in html and "with the role annotator" in html
+    assert f'href="{reverse("annotate-start")}"' in html and 'class="topbar"' in html
