@@ -16,7 +16,9 @@ from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 from django.core.signals import request_finished  # noqa: E402
 from django.db import connections  # noqa: E402
 from django.http.request import is_same_domain, split_domain_port, validate_host  # noqa: E402
+from django.urls import re_path  # noqa: E402
 
+from apps.core.consumers import UnknownPathConsumer  # noqa: E402
 from rftweb.routing import websocket_urlpatterns  # noqa: E402
 
 
@@ -143,6 +145,9 @@ MAX_CONCURRENT_REQUESTS = int(os.environ.get("RFTWEB_MAX_CONCURRENT_REQUESTS", "
 application = ProtocolTypeRouter(
     {
         "http": HttpConcurrencyLimit(django_asgi_app, MAX_CONCURRENT_REQUESTS),
-        "websocket": SameOriginWebsockets(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        # Last, any other path: URLRouter raises ValueError for a path it cannot route (a 500).
+        "websocket": SameOriginWebsockets(AuthMiddlewareStack(URLRouter(
+            [*websocket_urlpatterns, re_path(r"", UnknownPathConsumer.as_asgi())]
+        ))),
     }
 )

@@ -1,9 +1,11 @@
-"""The websocket base of every channel (PingConsumer), and a job's live channel (JobConsumer)."""
+"""The websocket base of every channel (PingConsumer), a job's live channel (JobConsumer), and
+the answer to a path no channel serves (UnknownPathConsumer)."""
 import json
+import logging
 
 from channels.db import database_sync_to_async
 from channels.exceptions import StopConsumer
-from channels.generic.websocket import AsyncJsonWebsocketConsumer
+from channels.generic.websocket import AsyncJsonWebsocketConsumer, AsyncWebsocketConsumer
 
 from apps.accounts.revocation import session_user, user_group
 
@@ -20,6 +22,10 @@ CLOSE_FORBIDDEN = 4403  # not allowed to watch: the page does not retry
 # after any close but 4403, and its handshake decides: a browser whose session still holds (the
 # one that changed the password) watches on; a user who lost access is refused with 4403.
 CLOSE_ACCESS_CHANGED = 4401
+CLOSE_NOT_FOUND = 4404  # no channel at the socket's path
+SHOWN_PATH_CHARS = 200  # of an unknown path, in the log: the client chose it
+
+logger = logging.getLogger(__name__)
 
 
 class PingConsumer(AsyncJsonWebsocketConsumer):
@@ -109,3 +115,15 @@ class JobConsumer(PingConsumer):
 
     async def job_update(self, event):
         await self.send_json({"type": "job", "job": event["payload"]})
+
+
+class UnknownPathConsumer(AsyncWebsocketConsumer):
+    """A socket to a path no channel serves (routed last, rftweb.asgi). channels' URLRouter
+    raised ValueError for it: daphne answered the handshake with a 500 and logged a traceback.
+    Here it is accepted and closed with CLOSE_NOT_FOUND, and the log has one line."""
+
+    async def connect(self):
+        path = self.scope.get("path", "")
+        logger.info("websocket to unknown path %r closed with %d", path[:SHOWN_PATH_CHARS], CLOSE_NOT_FOUND)
+        await self.accept()
+        await self.close(code=CLOSE_NOT_FOUND)

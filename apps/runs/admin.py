@@ -1,3 +1,6 @@
+import json
+
+from django import forms
 from django.contrib import admin, messages
 from django.http import HttpResponseRedirect
 from django.urls import reverse
@@ -9,7 +12,7 @@ from apps.buffer.models import Experience
 from apps.buffer.retention import RetentionRefused, droppable, start_retention
 from apps.core.counts import EstimatedCountPaginator
 
-from . import services
+from . import notes, services
 from .models import Checkpoint, MetricPoint, Run
 
 RETENTION_KEEPS = (
@@ -19,6 +22,32 @@ RETENTION_KEEPS = (
 )
 
 
+class TypedTags(str):
+    """Tags text as the admin typed it, shown back as it is after an error."""
+
+
+class TagsField(forms.CharField):
+    """A run's tags as a JSON list of words, by the rule of the run page's own tag editing
+    (notes.tags_from_json). The model's JSON field took any JSON: "baseline", 5 or {"a": 1} broke
+    every runs page, and null or a 5,000-deep list was a 500 on save."""
+
+    def bound_data(self, data, initial):
+        return initial if self.disabled else TypedTags(data or "")
+
+    def prepare_value(self, value):
+        # A stored value as it is, even one no page shows (notes.shown_tags), so it can be fixed here.
+        return value if isinstance(value, TypedTags) else json.dumps(value)
+
+    def to_python(self, value):
+        return notes.tags_from_json(super().to_python(value))
+
+
+class RunAdminForm(forms.ModelForm):
+    tags = TagsField(required=False, help_text=(
+        f'A JSON list of at most {notes.MAX_TAGS} tags, e.g. ["baseline", "lr-sweep"]; each has {notes.TAG_RULE}.'
+    ))
+
+
 @admin.register(Run)
 class RunAdmin(admin.ModelAdmin):
     """Runs are launched through the launch checks (services.launch_run), never added here, and
@@ -26,6 +55,7 @@ class RunAdmin(admin.ModelAdmin):
     edit must not reach a worker unchecked (a rendezvous address made followers join a stranger's
     group; a config edit skipped the model-path confinement). Run.secret is not shown at all."""
 
+    form = RunAdminForm
     list_display = (
         "name",
         "owner",

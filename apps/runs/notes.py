@@ -6,6 +6,8 @@ import re
 
 from django.core.exceptions import PermissionDenied, ValidationError
 
+from apps.core.files import parse_json
+
 from .controls import may_control
 from .models import Run
 
@@ -13,21 +15,61 @@ MAX_NOTES = 10_000
 MAX_TAGS = 10
 MAX_TAG_LENGTH = 32
 # Lowercase, so "Baseline" and "baseline" are one tag; no spaces, commas or quotes (they separate
-# tags when typed, and matching_tag relies on a tag never holding a quote).
+# tags when typed, and with_tag relies on a tag never holding a quote).
 TAG = re.compile(r"[a-z0-9][a-z0-9._:-]*")
 TAG_RULE = f"letters, digits and . _ : - (starting with a letter or digit), at most {MAX_TAG_LENGTH} characters"
+# The admin writes the tags as a JSON list: ten tags of 32 characters, quoted and separated, are
+# 362 characters, so text over this is refused before it is parsed (a 5,000-deep list was a 500).
+MAX_TAGS_JSON_CHARS = 1000
+SHOWN_BAD_TAG_CHARS = 40  # a refused tag is quoted back this far: it may be a whole paste
 
 
 def parse_tags(text: str) -> list[str]:
     """Tags typed as "a, b c": separated by commas or spaces, lowercased, repeats dropped, in the
     order typed. ValidationError naming each bad tag, or the count."""
-    tags = list(dict.fromkeys(word.lower() for word in re.split(r"[,\s]+", text) if word))
-    bad = [tag for tag in tags if not TAG.fullmatch(tag) or len(tag) > MAX_TAG_LENGTH]
+    return checked_tags(word for word in re.split(r"[,\s]+", text) if word)
+
+
+def tags_from_json(text: str) -> list[str]:
+    """Tags written as a JSON list of strings (the admin's field), by the rule parse_tags applies.
+    ValidationError naming the problem for anything else: not JSON, null, a number, a mapping, a
+    list of other things, or text too long to be ten tags."""
+    text = text.strip()
+    if len(text) > MAX_TAGS_JSON_CHARS:
+        raise ValidationError(f"tags of {len(text):,} characters: a list of at most {MAX_TAGS} tags is far shorter")
+    try:
+        value = parse_json(text or "[]")
+    except ValueError:  # not JSON, or nested too deep
+        value = None
+    if not isinstance(value, list) or not all(isinstance(tag, str) for tag in value):
+        raise ValidationError(f'tags are a JSON list of words, e.g. ["baseline", "lr-sweep"]; each has {TAG_RULE}')
+    return checked_tags(value)
+
+
+def checked_tags(words) -> list[str]:
+    """`words` lowercased, repeats dropped, in order; ValidationError naming each bad tag, or the count."""
+    tags = list(dict.fromkeys(word.lower() for word in words))
+    bad = [tag for tag in tags if not is_tag(tag)]
     if bad:
-        raise ValidationError(f"tag{'s' * (len(bad) > 1)} {', '.join(map(repr, bad))}: a tag has {TAG_RULE}")
+        quoted = ", ".join(repr(tag[:SHOWN_BAD_TAG_CHARS] + ("..." if len(tag) > SHOWN_BAD_TAG_CHARS else ""))
+                           for tag in bad[:MAX_TAGS])
+        raise ValidationError(f"tag{'s' * (len(bad) > 1)} {quoted}: a tag has {TAG_RULE}")
     if len(tags) > MAX_TAGS:
         raise ValidationError(f"{len(tags)} tags: a run has at most {MAX_TAGS}")
     return tags
+
+
+def is_tag(tag) -> bool:
+    return isinstance(tag, str) and len(tag) <= MAX_TAG_LENGTH and TAG.fullmatch(tag) is not None
+
+
+def shown_tags(value) -> list[str]:
+    """A run's tags as every reader shows them (pages, the API): the stored value when it is a
+    list of at most MAX_TAGS tags, else none. The forms store only that, but the column is JSON and
+    a value written some other way ("baseline", [1, 2], 5, null) made every runs page a 500."""
+    if isinstance(value, list) and len(value) <= MAX_TAGS and all(is_tag(tag) for tag in value):
+        return value
+    return []
 
 
 def set_notes_and_tags(run: Run, user, *, notes: str, tags: str) -> Run:
@@ -50,5 +92,5 @@ def set_notes_and_tags(run: Run, user, *, notes: str, tags: str) -> Run:
 def with_tag(runs, tag: str):
     """The runs tagged `tag`. The tags are a JSON list and a tag holds no quote, so its quoted form
     appears in the list's text only as a whole element; unlike a JSON `contains` this also works
-    on the embedded SQLite."""
-    return runs.filter(tags__icontains=json.dumps(tag))
+    on the embedded SQLite. A value that is no list of words (shown_tags: none) does not match."""
+    return runs.filter(tags__startswith='["', tags__icontains=json.dumps(tag))

@@ -28,6 +28,7 @@ from .checkpoints import run_checkpoint_dir, tar_stream
 from .controls import control_run, control_statuses, may_control
 from .forms import LaunchForm, RolloutFilterForm, RunFilterForm, dump_config_yaml
 from .models import Checkpoint, Run
+from .notes import shown_tags
 from .presets import DEFAULT_PRESET, PRESETS, preset_config
 
 RUNS_PER_PAGE = 50
@@ -41,12 +42,13 @@ ACCEPTS_GZIP = re.compile(r"\bgzip\b")
 
 
 def _summarized(runs) -> list[Run]:
-    """Runs with .progress, .latest_reward and .shown_status for the tables."""
+    """Runs with .progress, .latest_reward, .shown_status and .shown_tags for the tables."""
     runs = list(runs)
     for run in runs:
         run.progress = queries.run_progress(run)
         run.latest_reward = queries.latest_reward(run)
         run.shown_status = capacity.shown_status(run)
+        run.shown_tags = shown_tags(run.tags)
     return runs
 
 
@@ -138,6 +140,7 @@ def _starting_point(request) -> tuple[dict, str, str | None]:
 def run_detail(request, pk):
     run = get_object_or_404(_runs(), pk=pk)
     run.progress = queries.run_progress(run)
+    run.shown_tags = shown_tags(run.tags)
     figures = queries.key_figures(run)
     progress_counter = "explorer_step" if run.mode == Run.Mode.EXPLORE else "trainer_step"  # as run_progress counts
     duties = capacity.duties_json(run)

@@ -45,10 +45,10 @@ def taskset_upload(request):
         return redirect("taskset-import", pk=job.pk)
     kept = form.kept
     if form.is_bound and form.cleaned_data.get("file"):  # a good file, with an error elsewhere: keep it
-        replaced = staging.find(request.POST.get("staged", ""), request.user)
-        if replaced:
-            replaced.discard()
-        kept = staging.keep(form.cleaned_data["file"], request.user)
+        try:
+            kept = staging.keep(form.cleaned_data["file"], request.user, replacing=request.POST.get("staged", ""))
+        except staging.NotKept as refused:
+            form.add_error("file", str(refused))
     return render(request, "tasksets/upload.html", {"form": form, "kept": kept})
 
 

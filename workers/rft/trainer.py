@@ -21,7 +21,9 @@ forwards and backwards (stand-in micro-batches weighted 0), since FSDP's collect
 """
 import json
 import os
+import pickle
 import random
+import re
 import shutil
 import time
 import uuid
@@ -637,15 +639,13 @@ class Trainer:
             load_adapter(self.policy, path / "adapter")
         else:
             self._load_weights(self.policy, read_weights(path))
-        # weights_only everywhere: a checkpoint is a file anyone with the data dir may have
-        # replaced, and a full unpickler runs whatever code it names (#30).
-        optimizer = torch.load(path / "optimizer.pt", map_location=self.device, weights_only=True)
+        optimizer = load_tensors(path / "optimizer.pt", map_location=self.device)
         self._load_optimizer(self.policy, self.optimizer, optimizer)
         if self.critic is not None:
             self._load_weights(self.critic, read_weights(path / "critic"))
-            state = torch.load(path / "critic_optimizer.pt", map_location=self.device, weights_only=True)
+            state = load_tensors(path / "critic_optimizer.pt", map_location=self.device)
             self._load_optimizer(self.critic, self.critic_optimizer, state)
-        rng = torch.load(path / "rng.pt", weights_only=True)
+        rng = load_tensors(path / "rng.pt")
         torch.set_rng_state(rng["torch"])
         random.setstate(rng["python"])
         if "cuda" in rng and torch.cuda.is_available():
@@ -666,6 +666,26 @@ class Trainer:
             distributed.load_full_optimizer_state(model, optimizer, state)
         else:
             optimizer.load_state_dict(state)
+
+
+class UnsafeCheckpoint(ValueError):
+    """A checkpoint file holds more than tensors and plain values: it is not loaded."""
+
+
+def load_tensors(path: Path, **kwargs):
+    """torch.load with weights_only: a checkpoint is a file anyone with the data dir may have
+    replaced, and a full unpickler runs whatever code it names (#30). A file holding anything else
+    is refused in our words: torch's own advises loading it again with weights_only=False or
+    allowlisting what it names, and that reached the run's error for every researcher (#41)."""
+    try:
+        return torch.load(path, weights_only=True, **kwargs)
+    except pickle.UnpicklingError as exc:
+        named = re.search(r"\bGLOBAL ([\w.]{1,100})", str(exc))
+        raise UnsafeCheckpoint(
+            f"{path.name} of checkpoint {path.parent} was refused as unsafe and not loaded: it holds more than "
+            f"tensors and plain values{f' (it names {named[1]})' if named else ''}, and a checkpoint the trainer "
+            "writes never does, so the file was changed since. Delete this checkpoint to resume from an earlier one."
+        ) from None
 
 
 def load_adapter(model, path: Path) -> None:

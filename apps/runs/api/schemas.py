@@ -11,7 +11,7 @@ from django.conf import settings
 from django.urls import reverse
 from ninja import Field, Schema
 
-from .. import capacity, queries
+from .. import capacity, notes, queries
 from ..models import Run
 
 # ---- errors ------------------------------------------------------------------------------------
@@ -204,7 +204,7 @@ def run_json(run: Run, *, detail: bool = False) -> dict:
         "created_at": run.created_at,
         "started_at": run.started_at,
         "finished_at": run.finished_at,
-        "tags": run.tags,
+        "tags": notes.shown_tags(run.tags),
         "notes": run.notes,
         "url": reverse("run-detail", args=[run.pk]),
     }

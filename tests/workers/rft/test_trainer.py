@@ -7,7 +7,7 @@ from workers.rft.logprobs import response_logits, token_logprobs
 from workers.rft.memory import InMemoryBuffer, InMemoryMetrics
 from workers.rft.models import load_critic, load_policy, load_reference
 from workers.rft.sampling import TrainBatch
-from workers.rft.trainer import Trainer, collate
+from workers.rft.trainer import Trainer, UnsafeCheckpoint, collate
 
 from .conftest import make_config
 
@@ -352,6 +352,7 @@ def test_a_checkpoint_resumes_the_rng_stream_and_refuses_pickled_code(tiny_path,
     marker = tmp_path / "pwned"
     rng = torch.load(saved / "rng.pt", weights_only=True)
     torch.save({**rng, "python": Payload(marker)}, saved / "rng.pt")
-    with pytest.raises(Exception, match="Weights only load failed"):
+    with pytest.raises(UnsafeCheckpoint, match="rng.pt of checkpoint .* was refused as unsafe") as refused:
         trainer.load_checkpoint(saved)
+    assert "weights_only=False" not in str(refused.value)  # never the advice to load it unsafely
     assert not marker.exists()
