@@ -8,8 +8,9 @@ from functools import cache
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 from django.core.paginator import Paginator
-from django.shortcuts import get_object_or_404
+from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
+from django.views.decorators.cache import never_cache
 from ninja import NinjaAPI, Query, Status, Swagger
 
 from apps.accounts.roles import RESEARCHER, role_required
@@ -41,6 +42,7 @@ from .schemas import (
     run_json,
     workers_json,
 )
+from .tokens import token_for
 
 PAGE_SIZE, MAX_PAGE_SIZE = 50, 500
 
@@ -106,11 +108,15 @@ def openapi_schema() -> dict:
     return api.get_openapi_schema()
 
 
+@never_cache  # the page holds the user's token, as /api/token/ does
 @role_required(RESEARCHER)
 def docs_page(request):
-    """Swagger UI over /api/openapi.json, from ninja's own static files (no CDN; the CSP allows
-    scripts of this site only). Its requests carry the session and the CSRF token."""
-    return api.docs.render_page(request, api)
+    """Swagger UI over /api/openapi.json under the site's own header, from ninja's static files (no
+    CDN; the CSP allows scripts of this site only). "Try it out" sends the user's bearer token
+    (static/js/api_docs.js), so the curl lines it shows run as they are in a terminal: through the
+    session they carried an X-CSRFToken header that a script has no use for."""
+    swagger = {**api.docs.settings, "url": reverse("api-schema")}
+    return render(request, "runs/api_docs.html", {"swagger_settings": swagger, "token": token_for(request.user)})
 
 
 @api.get("/", response={200: IndexOut, **REFUSED}, url_name="api-index", by_alias=True, summary="This index")
