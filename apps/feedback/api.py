@@ -2,9 +2,11 @@
 ahead, undoes and lists its history without reloading. Items come as the same HTML fragment the
 page itself is rendered from (templates/feedback/_item.html), so one template draws an item.
 
-Errors answer {"error": why} with the status that says what kind: 400 a bad request (and nothing
-changed), 403 not an annotator of the run, 404 no such item or judgement, 409 a judgement to
-confirm ({"confirm": the question}: send it again with "confirm": true).
+A judgement answers the session count and history, and a "message" when it replaced an earlier
+one of the user's (null otherwise). Errors answer {"error": why} with the status that says what
+kind: 400 a bad request (and nothing changed), 403 not an annotator of the run, 404 no such item
+or judgement, 409 a judgement to confirm ({"confirm": the question}: send it again with
+"confirm": true).
 """
 import time
 
@@ -149,14 +151,15 @@ def judge(request, pk, action):
     if experience is None:
         return _error(f"experience {pk} does not exist", 404)
     _since(request)  # a session's count starts at the page, or at the latest with its first judgement
+    replaced = None
     try:
         fields = _body(request)
         if ACTIONS[action] is None:
             queue.set_aside(experience.pk, request.user, postpone=action == "postpone")
         else:
-            ACTIONS[action](
+            replaced = ACTIONS[action](
                 fields, request.user, experience.pk, seconds_spent=_seconds(fields), comment=fields.get("comment", "")
-            )
+            ).replaced
     except BadRequest as exc:
         return _error(str(exc))
     except NotAnnotator as exc:
@@ -167,7 +170,12 @@ def judge(request, pk, action):
         # The item as it is now (say, the run finished meanwhile): the page shows why, and what is left to do.
         experience.refresh_from_db()
         return _error(str(exc), item=_item(request, experience, error=str(exc), text=fields.get("text")))
-    return JsonResponse({"saved": {"item": experience.pk, "action": action}, "at": time.time(), **_progress(request)})
+    return JsonResponse({
+        "saved": {"item": experience.pk, "action": action}, "at": time.time(),
+        # The page says when a judgement replaced one (comparing a pair again): no change goes unsaid.
+        "message": views.saved_message(action, experience.pk, replaced) if replaced else None,
+        **_progress(request),
+    })
 
 
 @require_POST

@@ -1,9 +1,12 @@
 from django.conf import settings
 from django.db import models
+from django.db.models.functions import Greatest, Least
 
 
 class Feedback(models.Model):
-    """A human judgement of an experience; one per (experience, user, kind), updated in place."""
+    """A human judgement of an experience, updated in place when judged again: one per (experience,
+    user, kind), but a comparison one per (pair, user), the pair either way round, so comparing A
+    with B and then A with C keeps both pairs."""
 
     class Kind(models.TextChoices):
         RATING = "rating"  # value: the rating mapped to [0, 1]; label: the point of the scale chosen
@@ -23,14 +26,30 @@ class Feedback(models.Model):
         "buffer.Experience", null=True, blank=True, related_name="preferred_over_by", on_delete=models.CASCADE
     )
     comment = models.TextField(blank=True)
+    # What undo restores: the experience's status before this judgement changed it (a flag rejects
+    # it); empty when the judgement changed none (the row was rejected already, by a curator or
+    # another flag). Flags saved before this field existed have it empty too: undoing one leaves
+    # the row as it is, the safe way round (a curator's rejection is never lifted by a guess).
+    status_before = models.CharField(max_length=10, blank=True)
     seconds_spent = models.FloatField(default=0.0)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
+    # Not stored: what saving this judgement replaced ("your earlier rating 3 of experience 7"), set
+    # by apps/feedback/services.py for the page to say so; None when it replaced nothing.
+    replaced: str | None = None
+
     class Meta:
         ordering = ["-updated_at"]
         constraints = [
-            models.UniqueConstraint(fields=["experience", "user", "kind"], name="feedback_one_per_kind"),
+            models.UniqueConstraint(
+                fields=["experience", "user", "kind"], condition=~models.Q(kind="preference"),
+                name="feedback_one_per_kind",
+            ),
+            models.UniqueConstraint(
+                Least("experience", "other"), Greatest("experience", "other"), "user",
+                condition=models.Q(kind="preference"), name="feedback_one_per_pair",
+            ),
             models.CheckConstraint(
                 condition=~models.Q(kind="preference") | models.Q(other__isnull=False),
                 name="feedback_preference_has_other",

@@ -215,14 +215,42 @@ def _checked_comment(comment: str) -> str:
     return comment
 
 
-def _save_feedback(experience, user, kind, seconds_spent, **fields) -> Feedback:
+def _save_feedback(experience, user, kind, seconds_spent, *, other=None, **fields) -> Feedback:
+    """Save the user's judgement. Their earlier one of this kind on the item (a comparison: on the
+    same pair, either way round) is replaced in place, and `replaced` says what it was; a
+    comparison of another pair is a judgement of its own."""
     seconds = float(seconds_spent or 0.0)
     # The time comes from the page's `shown_at`: one that is not a finite number is unknown (0).
     seconds = min(max(seconds, 0.0), MAX_SECONDS_SPENT) if math.isfinite(seconds) else 0.0
-    feedback, _ = Feedback.objects.update_or_create(
-        experience=experience, user=user, kind=kind, defaults={"seconds_spent": seconds, **fields}
-    )
+    fields = {"experience": experience, "other": other, "seconds_spent": seconds, **fields}
+    earlier = Feedback.objects.filter(user=user, kind=kind)
+    if kind == Feedback.Kind.PREFERENCE:
+        earlier = earlier.filter(Q(experience=experience, other=other) | Q(experience=other, other=experience))
+    else:
+        earlier = earlier.filter(experience=experience)
+    feedback = earlier.first()
+    if feedback is None:
+        return Feedback.objects.create(user=user, kind=kind, **fields)
+    replaced = _what_it_was(feedback)
+    for name, value in fields.items():
+        setattr(feedback, name, value)
+    feedback.save()
+    feedback.replaced = replaced
     return feedback
+
+
+def _what_it_was(feedback: Feedback) -> str:
+    """An earlier judgement, as the page says it was replaced."""
+    of = f"of experience {feedback.experience_id}"
+    if feedback.kind == Feedback.Kind.RATING:
+        return f"your earlier rating {feedback.label} {of}"
+    if feedback.kind == Feedback.Kind.EDIT:
+        return f"your earlier edit {of}"
+    if feedback.kind == Feedback.Kind.FLAG:
+        return f"your earlier flag ({FLAG_REASONS.get(feedback.label, feedback.label).lower()}) {of}"
+    first, second = sorted((feedback.experience_id, feedback.other_id))
+    verdict = {1.0: f"{feedback.experience_id} was better", 0.5: "a tie", 0.0: "both bad"}.get(feedback.value, "")
+    return f"your earlier comparison of experiences {first} and {second}" + (f" ({verdict})" if verdict else "")
 
 
 # -- judgements -------------------------------------------------------------------------------------
@@ -375,9 +403,6 @@ def compare(
     _check_may_judge(experience, user)
     chosen, rejected = (other, experience) if verdict == "b_better" else (experience, other)
     # One verdict per annotator and pair: a changed mind replaces the earlier one, either way round.
-    Feedback.objects.filter(kind=Feedback.Kind.PREFERENCE, user=user).filter(
-        Q(experience=experience, other=other) | Q(experience=other, other=experience)
-    ).delete()
     feedback = _save_feedback(
         chosen, user, Feedback.Kind.PREFERENCE, seconds_spent,
         other=rejected, value=VERDICT_VALUES[verdict], label=verdict, comment=comment,
@@ -395,8 +420,14 @@ def flag(experience_id: int, user, reason: str, *, seconds_spent: float = 0.0, c
     comment = _checked_comment(comment)
     experience = _locked_row(experience_id, user)
     _check_may_judge(experience, user)
-    feedback = _save_feedback(experience, user, Feedback.Kind.FLAG, seconds_spent, label=reason, comment=comment)
-    if feedback_settings(experience.run).exclude_flagged:
+    rejects = feedback_settings(experience.run).exclude_flagged and experience.status != Status.REJECTED
+    # The status the flag found is kept for undo (apps/feedback/history.py): only a flag that
+    # rejected the row may put it back; flagging again keeps what the first flag found.
+    before = {"status_before": experience.status} if rejects else {}
+    feedback = _save_feedback(
+        experience, user, Feedback.Kind.FLAG, seconds_spent, label=reason, comment=comment, **before
+    )
+    if rejects:
         experience.status = Status.REJECTED
         experience.save(update_fields=["status"])
     _judgement_done(experience, user)

@@ -169,7 +169,7 @@ def _int(value) -> int:
 def judge(request, pk, action):
     item = get_object_or_404(Experience.objects.select_related("run", "task"), pk=pk)
     try:
-        JUDGEMENTS[action](
+        feedback = JUDGEMENTS[action](
             request.POST, request.user, item.pk,
             seconds_spent=_seconds_spent(request), comment=request.POST.get("comment", ""),
         )
@@ -180,8 +180,14 @@ def judge(request, pk, action):
     except FeedbackError as exc:
         item.refresh_from_db()
         return _item_page(request, item, error=str(exc), status=400)
-    messages.success(request, f"Saved your {JUDGEMENT_NAMES[action]} of experience {item.pk}.")
+    messages.success(request, saved_message(action, item.pk, feedback.replaced))
     return redirect("annotate-next")
+
+
+def saved_message(action: str, pk: int, replaced: str | None) -> str:
+    """What the page says of a saved judgement: also what it replaced, if it replaced one."""
+    message = f"Saved your {JUDGEMENT_NAMES[action]} of experience {pk}."
+    return f"{message} It replaces {replaced}." if replaced else message
 
 
 @require_POST

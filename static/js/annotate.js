@@ -255,6 +255,7 @@ class AnnotationPage {
     const { ok, status, data } = await this.request("POST", `${this.itemUrl(this.itemId)}${action}/`, { ...fields, seconds });
     if (ok) {
       this.showProgress(data);
+      if (data.message) this.notify(data.message, "warning"); // it replaced an earlier judgement
       // A comparison judges B too: B fetched ahead as the next item is judged already.
       await this.showNext(action === "compare" ? Number(fields.other) : null);
       return;
@@ -267,9 +268,19 @@ class AnnotationPage {
     } else {
       this.dropQueue("the judgement was refused");
       if (data.item) this.render(data.item);
+      else if (!this.editing) this.startOver(); // an edit keeps its text, to save again
       this.notify(data.error, "error");
     }
     this.release();
+  }
+
+  // The panels as a new item shows them: rating, nothing chosen. After an error with no item (a
+  // 500, the network), the panel used must not stay open: the digits and Enter typed next saved
+  // flags where the annotator meant ratings (issue #42).
+  startOver() {
+    this.panel = 0;
+    this.choice = -1;
+    this.show();
   }
 
   async showNext(judged = null) {
