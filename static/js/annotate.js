@@ -255,7 +255,9 @@ class AnnotationPage {
     const { ok, status, data } = await this.request("POST", `${this.itemUrl(this.itemId)}${action}/`, { ...fields, seconds });
     if (ok) {
       this.showProgress(data);
-      if (data.message) this.notify(data.message, "warning"); // it replaced an earlier judgement
+      // A notice is about the last action: it goes with the next judgement saved (an undo's
+      // stayed up for 17 items, issue #42), unless this one has its own (it replaced an earlier one).
+      if (data.message) this.notify(data.message, "warning"); else this.clearNotice();
       // A comparison judges B too: B fetched ahead as the next item is judged already.
       await this.showNext(action === "compare" ? Number(fields.other) : null);
       return;
@@ -326,6 +328,10 @@ class AnnotationPage {
     notice.hidden = false;
   }
 
+  clearNotice() {
+    document.getElementById("notice").hidden = true;
+  }
+
   showProgress(data) {
     if (!("session_count" in data)) return;
     const count = document.getElementById("session-count");
@@ -355,6 +361,8 @@ class AnnotationPage {
   toggleHistory() {
     const panel = document.getElementById("history");
     panel.hidden = !panel.hidden;
+    // Open, the drawer takes its own column: over the page it hid the Rate/Compare/Flag panels.
+    document.body.classList.toggle("history-shown", !panel.hidden);
     document.getElementById("history-toggle").setAttribute("aria-expanded", String(!panel.hidden));
   }
 

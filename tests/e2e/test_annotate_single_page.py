@@ -2,7 +2,8 @@
 the next item loads are applied to it (three ratings typed with no waiting: 3 of 3 saved, each on
 its own item); `u` undoes the last judgement and puts its item back; the history panel lists what
 this person judged and reopens an item; a judgement already trained on says so when undone; an
-edit that contradicts the reference answer asks once, and Enter saves it.
+edit that contradicts the reference answer asks once, and Enter saves it. The history drawer
+takes a column of its own, and a notice goes with the next judgement saved.
 RFTWEB_SHOTS=<dir> keeps screenshots at 1366x768."""
 import os
 from pathlib import Path
@@ -79,6 +80,9 @@ def test_keys_typed_ahead_are_applied_to_the_next_items_and_undo_and_history_wor
     expect(entries).to_have_count(2)
     expect(entries.first).to_contain_text(f"#{items[1].pk} rated 2")
     shot(page, "single-page-history")
+    # The open drawer has its own column: it covered the Rate/Compare/Flag panels (issue #42, 12).
+    drawer, controls = page.locator("#history").bounding_box(), page.locator(".controls").bounding_box()
+    assert controls["x"] + controls["width"] <= drawer["x"], (controls, drawer)
     entries.first.click()
     shown(page, items[1])
     expect(page.locator("#mine")).to_contain_text("You rated 2 this item")
@@ -113,4 +117,6 @@ def test_keys_typed_ahead_are_applied_to_the_next_items_and_undo_and_history_wor
     wait_for(lambda: Feedback.objects.filter(kind="edit").exists(), 10, "the confirmed edit")
     assert Experience.objects.get(parent=items[1]).response_text == "7"
     expect(page.locator("#annotate")).not_to_have_attribute("data-experience", str(items[1].pk))
+    # The undo's notice went with the next judgement saved (it stayed up for 17 items, issue #42, 12).
+    expect(page.locator("#notice")).to_be_hidden()
     assert page_errors == []
