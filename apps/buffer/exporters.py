@@ -5,9 +5,12 @@ a chunk, so an export of any size runs in flat memory. An experience export is a
 import file (`prompt`, `response`, token arrays, rewards), so exported data imports back as is.
 """
 
+import hashlib
 import json
+import os
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -159,6 +162,32 @@ def open_writer(path: Path, fmt: str, schema: pa.Schema):
     if fmt == "parquet":
         return ParquetWriter(path, schema)
     raise ValueError(f"unknown export format {fmt!r} (known: {', '.join(FORMATS)})")
+
+
+def seal(path: Path) -> str:
+    """Flush a closed file to the disk (its data, then its directory entry) and return its SHA-256:
+    what a retention archive is checked against before any row it holds is deleted."""
+    with open(path, "rb") as file:
+        os.fsync(file.fileno())
+    directory = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(directory)
+    finally:
+        os.close(directory)
+    return sha256(path)
+
+
+def sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while block := file.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def read_ids(path: Path) -> np.ndarray:
+    """The `id` column of a Parquet experience export, read back from the file."""
+    return pq.read_table(path, columns=["id"]).column("id").to_numpy()
 
 
 def _isoformat(value):

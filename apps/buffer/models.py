@@ -151,6 +151,10 @@ class BufferJob(Job):
         """Whoever may look at the job in the admin."""
         return user.is_active and user.is_staff and user.has_perm("buffer.view_bufferjob")
 
+    def may_cancel(self, user) -> bool:
+        """Whoever may delete jobs in the admin: a pending or running job is cancelled instead."""
+        return user.is_active and user.is_staff and user.has_perm("buffer.delete_bufferjob")
+
     @property
     def rows_text(self) -> str:
         # An archiving retention job goes through its rows twice (rows_total counts both passes):
@@ -165,10 +169,15 @@ class BufferJob(Job):
     def keep_result(self, result: dict) -> None:
         self.result = result
 
+    @property
+    def archive_holds_deleted_rows(self) -> bool:
+        """A retention job's archive of rows it has deleted: their only copy, kept when the job is."""
+        return self.kind == self.Kind.RETENTION and bool(self.output) and self.result.get("deleted", 0) > 0
+
     def clean_up(self, failed: bool) -> None:
         if self.upload:
             self.upload.delete(save=False)
-        # A failed export's partial file is already deleted; a retention job's complete archive
-        # stays: rows it holds may have been deleted since.
+        # A failed or cancelled export's partial file is already deleted; a retention job's
+        # complete, checked archive stays: rows it holds may have been deleted since.
         if failed and not (self.kind == self.Kind.RETENTION and "archived" in self.result):
             self.output.name = ""

@@ -5,7 +5,8 @@ set-based changes (status, priority, delete) run in the request. Anything that r
 in Python (import, export, re-score, promote, a pipeline operator) is a `BufferJob`, each kind a
 job type that apps.core.jobs runs on a Celery worker of the `default` queue: the job fixes the
 selected ids when the curator confirms, reports its progress as it goes, and changes the buffer
-all or nothing.
+all or nothing. Each kind stops when cancelled between two chunks of rows (jobs.stop_if_cancelled
+in `_selected_rows` and between the import's batches), rolling back what it had done.
 """
 
 import copy
@@ -23,6 +24,7 @@ from django.db.models.functions import MD5
 from apps.core import jobs
 from apps.core.files import FileImportError
 from apps.core.jobs import JobError
+from apps.feedback import history as feedback_history
 from apps.feedback.models import Feedback
 from apps.runs.config_checks import checked_reward_fn
 from apps.tasksets.store import to_task
@@ -48,7 +50,10 @@ def selected(queryset):
 def set_status(queryset, status: str) -> int:
     if status not in Experience.Status.values:
         raise ValueError(f"unknown status {status!r}")
-    return selected(queryset).update(status=status)
+    rows = selected(queryset)
+    with transaction.atomic():
+        feedback_history.status_decided(rows)  # a curator's decision is what undoing a flag keeps
+        return rows.update(status=status)
 
 
 def set_priority(queryset, priority: float) -> int:
@@ -95,13 +100,15 @@ def import_expert_data(
     source: str | None = None,
     progress: Callable | None = None,
     batch_size: int = IMPORT_BATCH_ROWS,
+    stop_if_cancelled: Callable[[], None] | None = None,
 ) -> int:
     """Import a JSONL or Parquet file of expert data as experiences of source `expert` with no run,
     all or nothing: rows are streamed and inserted `batch_size` at a time inside one transaction,
     so a bad row anywhere leaves nothing behind. A DPO row becomes two experiences (chosen: ready;
     rejected: status rejected, so it is never imitated) and `user`'s preference between them.
-    `progress(rows, bytes_done, bytes_total)` is called after every batch. Returns the number of
-    experiences created. Raises FileImportError."""
+    `progress(rows, bytes_done, bytes_total)` is called after every batch, and
+    `stop_if_cancelled()` too, inside the transaction: what it raises rolls the import back.
+    Returns the number of experiences created. Raises FileImportError."""
     path = Path(path)
     source = source or path.name
     fmt = fmt or importers.detect_expert_format(path.name)
@@ -122,6 +129,8 @@ def import_expert_data(
                 created += _insert_imported(batch, layout, user, source)
                 if progress:
                     progress(created, read.bytes_read, read.bytes_total)
+                if stop_if_cancelled:
+                    stop_if_cancelled()
         created += _insert_imported(batch, layout, user, source)
     if progress:
         progress(created, read.bytes_total, read.bytes_total)
@@ -231,7 +240,7 @@ def export_rows(
     return written
 
 
-@jobs.register(f"buffer.{BufferJob.Kind.EXPORT}")
+@jobs.register(f"buffer.{BufferJob.Kind.EXPORT}", cancellable=True)
 def _run_export(job: BufferJob, progress) -> dict:
     what, fmt = job.params["what"], job.params["format"]
     job.output.name = f"buffer-jobs/{uuid.uuid4().hex}.{fmt}"
@@ -260,7 +269,7 @@ def start_rescore(queryset, *, reward_fn, user=None) -> BufferJob:
     return _start_selection_job(BufferJob.Kind.RESCORE, queryset, {"reward_fn": spec}, user)
 
 
-@jobs.register(f"buffer.{BufferJob.Kind.RESCORE}")
+@jobs.register(f"buffer.{BufferJob.Kind.RESCORE}", cancellable=True)
 def _rescore(job: BufferJob, progress) -> dict:
     """reward and reward_components from the reward fn, on the response and the row's task; the
     previous reward is kept in metadata['rescored']. Rows without a task (imported data) have no
@@ -291,7 +300,7 @@ def start_promotion(queryset, *, user=None) -> BufferJob:
     return _start_selection_job(BufferJob.Kind.PROMOTE, queryset, {}, user)
 
 
-@jobs.register(f"buffer.{BufferJob.Kind.PROMOTE}")
+@jobs.register(f"buffer.{BufferJob.Kind.PROMOTE}", cancellable=True)
 def _promote(job: BufferJob, progress) -> dict:
     """An expert copy of each selected experience (MIX and SFT imitate expert data), ready, in
     the same run, with the original as its parent. Expert rows, and rows promoted before, are skipped."""
@@ -353,7 +362,7 @@ def start_pipeline(queryset, *, operator: str, params: dict, user=None) -> Buffe
     )
 
 
-@jobs.register(f"buffer.{BufferJob.Kind.PIPELINE}")
+@jobs.register(f"buffer.{BufferJob.Kind.PIPELINE}", cancellable=True)
 def _run_pipeline(job: BufferJob, progress) -> dict:
     """Run the operator as the explorer would, over the selection one whole task at a time, and
     store the outcome: rows it drops become `rejected` (metadata['rejected_by'] names it), changed
@@ -429,6 +438,7 @@ def _store_outcome(rows: list[Experience], outcome: list, operator: str) -> Coun
     if changed:
         Experience.objects.bulk_update(changed, sorted(changed_fields))
     Experience.objects.bulk_update(rejected, ["status", "metadata"])
+    feedback_history.status_decided([row.pk for row in rejected])
     Experience.objects.bulk_create(added)
     return Counter(kept=len(kept), changed=len(changed), rejected=len(rejected), added=len(added))
 
@@ -485,9 +495,12 @@ def _selection(job: BufferJob) -> np.ndarray:
 
 def _selected_rows(job: BufferJob, rows) -> Iterator[tuple[int, list]]:
     """(rows read so far, the next chunk of the job's selected rows, in selection order): one
-    chunk in memory at a time, so a job's memory stays flat however many rows it goes through."""
+    chunk in memory at a time, so a job's memory stays flat however many rows it goes through.
+    Before each chunk, a cancelled job stops (jobs.JobCancelled): every caller rolls back or
+    deletes what it did with the chunks before."""
     done = 0
     for chunk in _chunks(_selection(job), CHUNK_ROWS):
+        jobs.stop_if_cancelled(job)
         ids = chunk.tolist()
         found = rows.in_bulk(ids)  # a row deleted since the job was queued is simply missing
         done += len(ids)
@@ -495,7 +508,7 @@ def _selected_rows(job: BufferJob, rows) -> Iterator[tuple[int, list]]:
         connection.queries_log.clear()
 
 
-@jobs.register(f"buffer.{BufferJob.Kind.IMPORT}")
+@jobs.register(f"buffer.{BufferJob.Kind.IMPORT}", cancellable=True)
 def _run_import(job: BufferJob, progress) -> dict:
     created = import_expert_data(
         job.upload.path,
@@ -504,16 +517,26 @@ def _run_import(job: BufferJob, progress) -> dict:
         user=job.created_by,
         source=job.original_filename,
         progress=lambda rows, bytes_done, bytes_total: progress(rows, bytes_done),
+        stop_if_cancelled=lambda: jobs.stop_if_cancelled(job),
     )
     job.rows_total = created
     return {"imported": created}
 
 
 def delete_jobs(queryset) -> int:
-    """Delete jobs with their files (uploads not yet imported, export files)."""
+    """Delete finished jobs with their files (uploads not yet imported, export files), but never
+    a retention archive that holds rows the job deleted: it is their only copy (the run's
+    buffer_retirement names it; kept_archives lists them). Raises JobError, deleting nothing, if
+    one is pending or running (jobs.refuse_unfinished)."""
     doomed = list(queryset)
+    jobs.refuse_unfinished(doomed)
     for job in doomed:
-        for file in (job.upload, job.output):
+        for file in (job.upload, None if job.archive_holds_deleted_rows else job.output):
             if file:
                 file.delete(save=False)
     return BufferJob.objects.filter(pk__in=[job.pk for job in doomed]).delete()[0]
+
+
+def kept_archives(queryset) -> list[str]:
+    """The archives delete_jobs would keep of these jobs (paths under the data dir)."""
+    return [job.output.name for job in queryset if job.archive_holds_deleted_rows]

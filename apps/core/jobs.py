@@ -8,20 +8,26 @@ it to the `default` queue once the transaction that created it commits; the one 
 succeeded with what the type returned, or failed with the error to show its user. A type raises
 `JobError` for a job that cannot do what was asked; anything else is a bug, logged and re-raised.
 
+Cancel (`cancel_job`; #41: deleting a running job was the only way to stop one, and lost data): a
+pending job is cancelled at once; a running one is flagged, and stops where its type calls
+`stop_if_cancelled` (a type registered `cancellable` does, at points where stopping leaves nothing
+half done). A type whose job can leave something behind when it fails or is cancelled registers an
+`on_stop` hook, which puts back what it can and says what it cannot.
+
 Progress reaches the job's page over the websocket group `job_group(job)` (apps.core.consumers),
 and from the row, which its page polls (apps.core.views.job_progress) when it has no socket.
 """
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from time import monotonic
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.apps import apps
-from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, OperationalError, connection, connections, transaction
 from django.utils import timezone
 
 from rftweb.celery import enqueue
@@ -36,20 +42,45 @@ PROGRESS_INTERVAL_SECONDS = 0.25
 
 Progress = Callable[..., None]  # progress(rows_done, bytes_done=None)
 JOB_TYPES: dict[str, Callable[[Job, Progress], object]] = {}
+CANCELLABLE: set[str] = set()  # types whose running jobs stop when cancelled (stop_if_cancelled)
+STOP_HOOKS: dict[str, Callable[[Job], None]] = {}
 
 
 class JobError(Exception):
     """A job that cannot do what it was asked; the message is shown to its user."""
 
 
-def register(name: str):
-    """Register the decorated function `run(job, progress) -> result` as job type `name`."""
+class JobCancelled(Exception):
+    """Raised by stop_if_cancelled in a job whose cancel was requested: the runner ends it cancelled."""
+
+
+def register(name: str, *, cancellable: bool = False):
+    """Register the decorated function `run(job, progress) -> result` as job type `name`.
+
+    cancellable: `run` calls stop_if_cancelled(job) at its safe points (between chunks of a
+    transaction it rolls back, or after a chunk it has committed and recorded), so a running job
+    may be cancelled; a pending job of any type may be."""
 
     def decorate(run):
         if name in JOB_TYPES:
             raise ValueError(f"job type {name!r} is registered twice")
         JOB_TYPES[name] = run
+        if cancellable:
+            CANCELLABLE.add(name)
         return run
+
+    return decorate
+
+
+def on_stop(name: str):
+    """Register the decorated function `stopped(job)` of job type `name`: called when one of its
+    jobs ends without succeeding (failed, or cancelled, running or pending), before the job is
+    saved. It puts back what the job changed that can be put back, and adds to job.error what it
+    could not (its status and error are already set)."""
+
+    def decorate(stopped):
+        STOP_HOOKS[name] = stopped
+        return stopped
 
     return decorate
 
@@ -87,22 +118,88 @@ def enqueue_job(job: Job) -> None:
     transaction.on_commit(lambda: enqueue("apps.core.tasks.run_job", job_label, job_id, queue="default"))
 
 
-def run_job(job_label: str, job_id: int) -> Job:
-    """Run a queued job to the end: it succeeded and holds its result, or failed and holds the error.
+def cancellable(job: Job) -> bool:
+    """Whether a cancel of the job would be honoured: it is pending, or running a cancellable type."""
+    return job.status == Job.Status.PENDING or (job.status == Job.Status.RUNNING and job.job_type in CANCELLABLE)
 
-    A finished job is left alone (a redelivered Celery task); one left `running` by a killed worker
-    starts again, its transaction having been rolled back with the worker's connection."""
+
+def cancel_job(job: Job) -> Job:
+    """Cancel a job: a pending one is cancelled now (its worker, when the task arrives, leaves it),
+    a running one is asked to stop at its next safe point (job.cancel_requested_at). Returns the
+    job as it now is. Raises JobError, changing nothing, for a finished job or a running job whose
+    type cannot stop safely. Under the job's row lock: the worker's claim (run_job) waits for it."""
+    model = type(job)
+    name = f"{model._meta.verbose_name} {job.pk}"
+    try:
+        with transaction.atomic():
+            locked = model.objects.select_for_update().defer(*model.heavy_fields).get(pk=job.pk)
+            if locked.is_finished:
+                raise JobError(f"{name} has already finished ({locked.status}): there is nothing to cancel")
+            if not cancellable(locked):
+                raise JobError(f"{name} is running and cannot be stopped safely before it ends; it finishes on its own")
+            if locked.cancel_requested_at is None:
+                locked.cancel_requested_at = timezone.now()
+                locked.save(update_fields=["cancel_requested_at"])
+                if locked.status == Job.Status.PENDING:
+                    _finish(locked, Job.Status.CANCELLED, error="cancelled before it started")
+                else:
+                    broadcast(locked)
+    except OperationalError as exc:
+        # Embedded SQLite has one writer at a time: a job writing in one transaction (an import,
+        # a re-score) holds it until it ends, and the request gave up waiting.
+        raise JobError(f"{name} could not be cancelled now, the database is busy with its writes ({exc}); "
+                       "try again in a moment") from exc
+    return locked
+
+
+def refuse_unfinished(doomed: Iterable[Job]) -> None:
+    """Raise JobError naming the jobs about to be deleted that are pending or running: a job is
+    deleted only once it has finished (and a finished job never runs again). A running job's worker
+    would go on without its row and its files (#41: a retention job deleted mid-run lost its
+    archive, then went on deleting rows)."""
+    unfinished = sorted((job for job in doomed if not job.is_finished), key=lambda job: job.pk)
+    if not unfinished:
+        return
+    opts = unfinished[0]._meta
+    listed = ", ".join(f"{job.pk} ({job.status})" for job in unfinished[:10]) + ", ..." * (len(unfinished) > 10)
+    which = f"{opts.verbose_name} {listed} has" if len(unfinished) == 1 else f"{opts.verbose_name_plural} {listed} have"
+    raise JobError(f"{which} not finished: a job is deleted once it has finished. Cancel it first (it stops "
+                   "at its next safe point), then delete it. Nothing was deleted.")
+
+
+def stop_if_cancelled(job: Job) -> None:
+    """Raise JobCancelled if the job's cancel was requested: what a cancellable type calls at each
+    point where it may stop. One primary-key read (a type calls it once a chunk of rows)."""
+    requested = type(job)._base_manager.filter(pk=job.pk).values_list("cancel_requested_at", flat=True).first()
+    if requested is not None:
+        job.cancel_requested_at = requested
+        raise JobCancelled
+
+
+def run_job(job_label: str, job_id: int) -> Job:
+    """Run a queued job to the end: it succeeded and holds its result, failed and holds the error,
+    or was cancelled.
+
+    A finished job is left alone (a redelivered Celery task, a job cancelled while queued); one left
+    `running` by a killed worker starts again, its transaction having been rolled back with the
+    worker's connection."""
     model = apps.get_model(job_label)
+    # One conditional UPDATE claims it: a cancel of the pending job (under its row lock) is either
+    # before it (nothing claimed) or after it (a running job, asked to stop).
+    claimed = model.objects.filter(pk=job_id, status__in=Job.ACTIVE).update(
+        status=Job.Status.RUNNING, started_at=timezone.now(), rows_done=0, bytes_done=0
+    )
     job = model.objects.select_related("created_by").defer(*model.heavy_fields).get(pk=job_id)
-    if job.is_finished:
+    if not claimed:
         return job
-    job.status, job.started_at, job.rows_done, job.bytes_done = Job.Status.RUNNING, timezone.now(), 0, 0
-    job.save(update_fields=["status", "started_at", "rows_done", "bytes_done"])
     broadcast(job)
     run = JOB_TYPES[job.job_type]
     try:
         with progress_writer(job) as progress:
+            stop_if_cancelled(job)  # cancelled while a killed worker's task waited to be redelivered
             result = run(job, progress)
+    except JobCancelled:
+        _finish(job, Job.Status.CANCELLED, error=f"cancelled on request, after {job.rows_text} rows")
     except JobError as exc:
         _finish(job, Job.Status.FAILED, error=str(exc))
     except Exception as exc:
@@ -115,13 +212,26 @@ def run_job(job_label: str, job_id: int) -> Job:
 
 
 def _finish(job: Job, status: str, *, error: str = "", result=None) -> None:
-    job.clean_up(failed=status == Job.Status.FAILED)
+    job.status, job.error, job.finished_at = status, error, timezone.now()
     if status == Job.Status.SUCCEEDED:
         job.keep_result(result)
         job.rows_done = job.rows_total or job.rows_done
         job.bytes_done = job.bytes_total
-    job.status, job.error, job.finished_at = status, error, timezone.now()
-    job.save()
+    elif job.job_type in STOP_HOOKS:
+        try:
+            STOP_HOOKS[job.job_type](job)
+        except Exception as exc:  # the job still ends, saying what was not put back
+            logger.exception("stop hook of job %s %s failed", label(job), job.pk)
+            job.error += f"; what it changed could not be put back ({exc!r})"
+    job.clean_up(failed=status != Job.Status.SUCCEEDED)
+    if not type(job)._base_manager.filter(pk=job.pk).exists():  # deleted by other means than its admin
+        logger.warning("job %s %s was deleted while it ran; it ended %s: %s", label(job), job.pk, status, job.error)
+        return
+    # Every loaded field but the cancel request, which a curator may set meanwhile (a job loaded
+    # without its heavy fields leaves them out).
+    deferred = job.get_deferred_fields()
+    job.save(update_fields=[field.name for field in job._meta.concrete_fields if not field.primary_key
+                            and field.attname not in deferred and field.name != "cancel_requested_at"])
     broadcast(job)
 
 
@@ -138,7 +248,9 @@ def progress_writer(job: Job):
     a time) the row cannot show progress before the end: it is only broadcast."""
     writes = connection.vendor == "postgresql" and not connection.in_atomic_block
     progress_connection = connections.create_connection(DEFAULT_DB_ALIAS) if writes else None
-    sql = f"UPDATE {job._meta.db_table} SET rows_done = %s, bytes_done = %s WHERE id = %s"
+    # Returning the cancel request: each live message shows whether one is waiting.
+    sql = (f"UPDATE {job._meta.db_table} SET rows_done = %s, bytes_done = %s WHERE id = %s "
+           "RETURNING cancel_requested_at")
     last_write = -math.inf
 
     def progress(rows_done: int, bytes_done: int | None = None) -> None:
@@ -153,6 +265,8 @@ def progress_writer(job: Job):
         if progress_connection is not None:
             with progress_connection.cursor() as cursor:
                 cursor.execute(sql, [job.rows_done, job.bytes_done, job.pk])
+                row = cursor.fetchone()
+            job.cancel_requested_at = row and row[0]
         _send(job_group(label(job), job.pk), snapshot(job))
 
     try:
@@ -167,7 +281,10 @@ def snapshot(job: Job) -> dict:
     return {
         "id": job.pk,
         "status": job.status,
+        "status_text": job.status_text,
         "finished": job.is_finished,
+        "cancel_requested": job.cancel_requested_at is not None,
+        "cancellable": cancellable(job),
         "rows_done": job.rows_done,
         "rows_total": job.rows_total,
         "rows_text": job.rows_text,

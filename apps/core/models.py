@@ -7,15 +7,22 @@ class Job(models.Model):
     its state and progress, which its page shows as they change (static/js/job_progress.js).
 
     Abstract: each kind of job keeps its own table, with the fields of what it does. A subclass
-    names the registered job type that runs it (`job_type`), who may watch it (`may_view`), what
-    to keep of what the type returned (`keep_result`) and which files to drop once it has finished
-    (`clean_up`)."""
+    names the registered job type that runs it (`job_type`), who may watch it (`may_view`) and
+    cancel it (`may_cancel`), what to keep of what the type returned (`keep_result`) and which
+    files to drop once it has finished (`clean_up`).
+
+    A pending or running job is never deleted (its worker would go on without its row and its
+    files: #41); it is cancelled instead (apps.core.jobs.cancel_job): a pending one at once, a
+    running one at its type's next safe point, where it sees `cancel_requested_at`."""
 
     class Status(models.TextChoices):
         PENDING = "pending"
         RUNNING = "running"
         SUCCEEDED = "succeeded"
         FAILED = "failed"
+        CANCELLED = "cancelled"
+
+    ACTIVE = (Status.PENDING, Status.RUNNING)  # not finished: may not be deleted, may be cancelled
 
     status = models.CharField(max_length=10, choices=Status.choices, default=Status.PENDING)
     rows_done = models.PositiveBigIntegerField(default=0)
@@ -27,6 +34,8 @@ class Job(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    # Set by cancel_job on a running job; the job stops when its type next checks it.
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
 
     # Fields the runner and the progress endpoint leave unloaded (a BufferJob's selection: 8 bytes
     # a selected row).
@@ -38,7 +47,14 @@ class Job(models.Model):
 
     @property
     def is_finished(self) -> bool:
-        return self.status in (self.Status.SUCCEEDED, self.Status.FAILED)
+        return self.status not in self.ACTIVE
+
+    @property
+    def status_text(self) -> str:
+        """The status in words, as its page shows it: a cancel not yet honoured says so."""
+        if self.cancel_requested_at and not self.is_finished:
+            return f"{self.status}, cancelling (stops at its next safe point)"
+        return self.status
 
     @property
     def percent(self) -> int:
@@ -62,11 +78,16 @@ class Job(models.Model):
         """Whether `user` may watch this job's progress."""
         raise NotImplementedError
 
+    def may_cancel(self, user) -> bool:
+        """Whether `user` may cancel this job (nobody, unless its model says who)."""
+        return False
+
     def keep_result(self, result) -> None:
         """Record what the job type's run returned (not saved yet)."""
 
     def clean_up(self, failed: bool) -> None:
-        """Drop the files the finished job no longer needs (not saved yet)."""
+        """Drop the files the finished job no longer needs (not saved yet); `failed`: it did not
+        succeed (failed or was cancelled)."""
 
     def result_url(self) -> str | None:
         """Where to see what a succeeded job made, if anywhere."""

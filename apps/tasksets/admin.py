@@ -3,6 +3,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from apps.core.counts import EstimatedCountPaginator
+from apps.core.job_admin import JobAdminMixin
 
 from .models import Task, Taskset, TasksetImport
 
@@ -47,7 +48,7 @@ class TaskAdmin(admin.ModelAdmin):
 
 
 @admin.register(TasksetImport)
-class TasksetImportAdmin(admin.ModelAdmin):
+class TasksetImportAdmin(JobAdminMixin, admin.ModelAdmin):  # Cancel, never Delete, while it runs
     list_display = ("id", "original_filename", "name", "status", "rows_done", "taskset", "created_by", "created_at")
     list_filter = ("status",)
     list_select_related = ("taskset", "created_by")

@@ -83,6 +83,11 @@ class TasksetImport(Job):
         """The researcher who uploaded the file, and curators."""
         return has_role(user, RESEARCHER) and (self.created_by_id == user.pk or has_role(user, CURATOR))
 
+    def may_cancel(self, user) -> bool:
+        """Whoever may delete imports in the admin: a pending or running one is cancelled instead
+        (services.run_import rolls it back at its next batch)."""
+        return user.is_active and user.is_staff and user.has_perm("tasksets.delete_tasksetimport")
+
     def keep_result(self, taskset) -> None:
         self.taskset = taskset
 

@@ -177,8 +177,13 @@ def start_taskset_import(
     return job
 
 
-@jobs.register(TasksetImport.job_type)
+@jobs.register(TasksetImport.job_type, cancellable=True)
 def run_import(job: TasksetImport, progress: jobs.Progress) -> Taskset:
+    def reported(update: ImportProgress) -> None:
+        # After each batch, inside the import's one transaction: a cancel rolls the whole import back.
+        jobs.stop_if_cancelled(job)
+        progress(update.rows_done, update.bytes_done)
+
     taskset = import_taskset(
         job.upload.path,
         name=job.name,
@@ -189,7 +194,7 @@ def run_import(job: TasksetImport, progress: jobs.Progress) -> Taskset:
         default_reward_fn=job.default_reward_fn,
         user=job.created_by,
         source=job.original_filename,
-        progress=lambda update: progress(update.rows_done, update.bytes_done),
+        progress=reported,
     )
     job.rows_total = taskset.task_count
     return taskset

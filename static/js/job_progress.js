@@ -5,8 +5,10 @@
 // The page marks one element [data-job-progress] with data-snapshot-url and data-socket-path (and
 // data-reload-when-finished to show the finished job as the server renders it), and the elements
 // the widget fills: [data-job-bar] (a <progress> or a div whose width grows), [data-job-percent],
-// [data-job-status], [data-job-rows] (Job.rows_text: "done of total"), [data-job-counts] (rows and bytes),
-// [data-job-result] (its value: the link's text) and [data-job-error]. With
+// [data-job-status] (Job.status_text: "running, cancelling ..."), [data-job-rows] (Job.rows_text:
+// "done of total"), [data-job-counts] (rows and bytes), [data-job-result] (its value: the link's
+// text), [data-job-error] and [data-job-cancel] (the Cancel form: hidden once a cancel would not be
+// honoured, its button disabled once one is requested). With
 // data-download-when-finished (an export started to be downloaded), the file downloads once written;
 // a page opened after that marks [data-job-download] and downloads it at once.
 "use strict";
@@ -66,8 +68,16 @@
     });
     all("percent").forEach((el) => (el.textContent = job.percent));
     all("status").forEach((el) => {
-      el.textContent = job.status;
+      el.textContent = job.status_text;
       el.className = "status " + job.status;
+    });
+    all("cancel").forEach((form) => {
+      form.hidden = job.finished || !job.cancellable;
+      form.querySelectorAll("button").forEach((button) => {
+        if (!job.cancel_requested) return;
+        button.disabled = true;
+        button.textContent = "Cancelling…";
+      });
     });
     all("rows").forEach((el) => (el.textContent = job.rows_text));
     all("counts").forEach((el) => (el.textContent = counts(job)));

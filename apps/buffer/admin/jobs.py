@@ -1,14 +1,16 @@
-"""The jobs that import, export and transform experiences: their progress, result and file."""
+"""The jobs that import, export and transform experiences: their progress, result and file. A
+pending or running job is cancelled, not deleted (apps.core.job_admin)."""
 
 import json
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
 from django.http import Http404
 from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
 from django.utils.html import format_html
 
+from apps.core.job_admin import JobAdminMixin
 from apps.core.streaming import file_response
 
 from .. import services
@@ -16,7 +18,7 @@ from ..models import BufferJob
 
 
 @admin.register(BufferJob)
-class BufferJobAdmin(admin.ModelAdmin):
+class BufferJobAdmin(JobAdminMixin, admin.ModelAdmin):
     list_display = ("id", "kind", "status", "progress", "rows", "what", "created_by", "created_at", "finished_at")
     list_filter = ("kind", "status")
     list_select_related = ("created_by",)
@@ -44,13 +46,17 @@ class BufferJobAdmin(admin.ModelAdmin):
         return False  # jobs are started by the experience actions and the import page
 
     def has_change_permission(self, request, obj=None):
-        return False  # a job is a record: it is looked at, or deleted
+        return False  # a job is a record: it is looked at, cancelled while it runs, or deleted once finished
 
     def delete_queryset(self, request, queryset):
+        kept = services.kept_archives(queryset)
         services.delete_jobs(queryset)
+        for name in kept:
+            self.message_user(request, f"Kept the retention archive {name} (under the data dir): it is the only "
+                                       "copy of the rows its job deleted.", messages.WARNING)
 
     def delete_model(self, request, obj):
-        services.delete_jobs(BufferJob.objects.filter(pk=obj.pk))
+        self.delete_queryset(request, BufferJob.objects.filter(pk=obj.pk))
 
     def change_view(self, request, object_id, form_url="", extra_context=None):
         # The job page follows a running job with the progress widget (static/js/job_progress.js);
@@ -91,7 +97,7 @@ class BufferJobAdmin(admin.ModelAdmin):
     @admin.display(description="result")
     def result_summary(self, job):
         # In a fixed order: Postgres's jsonb keeps keys by length, SQLite as written.
-        return ", ".join(f"{key.replace('_', ' ')}: {value:,}" for key, value in sorted(job.result.items()))
+        return ", ".join(f"{key.replace('_', ' ')}: {_value(value)}" for key, value in sorted(job.result.items()))
 
     @admin.display(description="file")
     def download(self, job):
@@ -117,3 +123,11 @@ class BufferJobAdmin(admin.ModelAdmin):
         if not job.output:
             raise Http404("this job has no file")
         return file_response(job.output.open("rb"), as_attachment=True, filename=services.export_filename(job))
+
+
+def _value(value) -> str:
+    """A value of a job's result in words: counts with thousands separators, a retention job's
+    counts by run ({"12": 10000}) as "#12 10,000"."""
+    if isinstance(value, dict):
+        return "; ".join(f"#{key} {_value(count)}" for key, count in value.items()) or "none"
+    return f"{value:,}" if isinstance(value, int) else str(value)

@@ -546,9 +546,9 @@ def test_other_admin_lists_render_with_few_queries(curator_client, make_experien
 
 
 def test_feedback_list_filters_dpo_pairs(curator_client, make_experience, annotator):
-    a, b = make_experience(), make_experience()
+    a, b, c = make_experience(), make_experience(), make_experience()
     pair = Feedback.objects.create(experience=a, user=annotator, kind="preference", other=b, value=1.0)
-    Feedback.objects.create(experience=b, user=annotator, kind="preference", other=a, value=0.5)  # a tie
+    Feedback.objects.create(experience=b, user=annotator, kind="preference", other=c, value=0.5)  # a tie
     Feedback.objects.create(experience=a, user=annotator, kind="rating", value=1.0)
     response = curator_client.get("/admin/feedback/feedback/?dpo_pair=yes")
     assert [feedback.pk for feedback in response.context["cl"].result_list] == [pair.pk]

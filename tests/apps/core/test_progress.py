@@ -43,6 +43,9 @@ def test_the_snapshot_is_what_the_widget_shows(client, researcher, taskset_impor
     assert client.get(progress_url(taskset_import)).json() == {
         "id": taskset_import.pk,
         "status": "running",
+        "status_text": "running",
+        "cancel_requested": False,
+        "cancellable": True,  # an import rolls back at its next batch
         "finished": False,
         "rows_done": 40,
         "rows_total": 0,

@@ -86,6 +86,9 @@ def test_researcher_uploads_jsonl_and_the_import_job_creates_the_taskset(
     assert status == {
         "id": job.pk,
         "status": "succeeded",
+        "status_text": "succeeded",
+        "cancel_requested": False,
+        "cancellable": False,
         "finished": True,
         "rows_done": 30,
         "rows_total": 30,
