@@ -1,7 +1,7 @@
 """python -m bench all | <name> [options]: run benchmarks, print their tables, write bench/results/<name>.json.
 
 Names: grpo_step, learning, rollout, stack_overhead, buffer, live_metrics, memory, weight_sync, explorers,
-gpu_step and decode (one GPU; not in `all`).
+config_cost, gpu_step and decode (one GPU; not in `all`).
 `--quick` uses fewer repetitions and steps (for a loaded machine); see bench/README.md for what each
 figure means.
 """
@@ -72,6 +72,12 @@ def run_explorers(args):
     return explorers(quick=args.quick)
 
 
+def run_config_cost(args):
+    from bench.config_cost import config_cost
+
+    return config_cost(quick=args.quick)
+
+
 def run_decode(args):
     from bench.decode import decode
 
@@ -99,6 +105,7 @@ BENCHMARKS = {
     "memory": run_memory,
     "weight_sync": run_weight_sync,
     "explorers": run_explorers,
+    "config_cost": run_config_cost,
     "gpu_step": run_gpu_step,
     "decode": run_decode,
     "annotate": lambda args: __import__("bench.annotate", fromlist=["run"]).run(args),

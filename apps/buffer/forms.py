@@ -70,8 +70,8 @@ class PipelineForm(forms.Form):
         if "operator" in cleaned and "params" in cleaned:
             try:
                 services.check_operator(cleaned["operator"], cleaned["params"])
-            except (KeyError, TypeError) as exc:
-                self.add_error("params", str(exc).strip("\"'"))
+            except ConfigError as exc:
+                self.add_error("params", _messages(exc))
         return cleaned
 
 

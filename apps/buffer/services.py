@@ -336,23 +336,21 @@ def _expert_copy(row: Experience) -> Experience:
 
 
 def check_operator(name: str, params: dict):
-    """The experience pipeline operator `name` (workers.rft.pipelines) if it takes `params`;
-    raises KeyError or TypeError otherwise."""
-    import inspect
-
+    """The experience pipeline operator `name` (workers.rft.pipelines) if `params` are what it
+    declares, checked as a run config's pipeline is (config.operator_issues: names, types, bounds);
+    raises ConfigError naming each bad one otherwise."""
+    from workers.rft.config import ConfigError, operator_issues
     from workers.rft.pipelines import EXPERIENCE_OPERATORS  # imports torch: only where an operator is asked for
 
-    operator = EXPERIENCE_OPERATORS.get(name)
-    try:
-        inspect.signature(operator).bind([], None, **params)
-    except TypeError as exc:
-        raise TypeError(f"operator {name!r}: {exc}") from None
-    return operator
+    issues = operator_issues([{"name": name, **params}], EXPERIENCE_OPERATORS, "operator")
+    if issues:
+        raise ConfigError(issues)
+    return EXPERIENCE_OPERATORS.get(name)
 
 
 def start_pipeline(queryset, *, operator: str, params: dict, user=None) -> BufferJob:
-    """Queue running an experience pipeline operator over the selection; raises KeyError or
-    TypeError for an unknown operator or parameters it does not take."""
+    """Queue running an experience pipeline operator over the selection; raises ConfigError for an
+    unknown operator or parameters it does not declare."""
     check_operator(operator, params)
     # Operators compare experiences within a task (dedupe) or a group (group_std_filter): the
     # rows are processed in task and group order, never splitting a task between chunks.

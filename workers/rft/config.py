@@ -4,8 +4,10 @@
 under its dotted key (`algorithm.kl.coef: must be >= 0, got -1`). Field rules sit next to the
 fields; rules that span several keys are in `_combination_issues`.
 """
+import contextlib
 import difflib
 import functools
+import gc
 import inspect
 import json
 import math
@@ -33,6 +35,7 @@ from workers.rft.algorithms import (
     resolve,
 )
 from workers.rft.json_values import json_value_problem
+from workers.rft.pipelines import EXPERIENCE_OPERATORS, TASK_OPERATORS
 from workers.rft.rewards import CAUSAL_LM, REWARD_FNS
 from workers.rft.synchronizer import SPLIT_SYNC_METHODS, SYNC_METHODS
 from workers.rft.workflows import WORKFLOWS, workflow_args_problems
@@ -44,6 +47,13 @@ MAX_TEXT_CHARS = 100_000
 # a small request cannot make a big tree (YAML aliases are refused for the same reason).
 MAX_CONFIG_CHARS = 256 * 1024
 MAX_CONFIG_DEPTH = 64  # mappings and lists inside each other
+# Nodes (mappings, lists, keys and scalars) in a config: a full one has ~110 (RunConfig().to_dict()).
+# Reading costs by the node, not the byte: 256 KiB of `[[...]]` are 260,000 nodes, which PyYAML's
+# pure-Python reader took 6.5-10 s to read (libyaml with PyYAML's constructor: 1.3 s). YAML's are
+# counted in its events before anything is built, JSON's before anything walks them: the most a
+# config costs to read and check is this many nodes (~60 ms).
+MAX_CONFIG_NODES = 10_000
+MAX_PIPELINE_OPERATORS = 32  # each runs on every explorer step; a real pipeline has a few
 REQUIRED = object()  # the default of a reward fn parameter without one: the spec must give it
 
 
@@ -89,6 +99,9 @@ def _too_long(text: str, limit: int) -> str | None:
 
 
 def _check_operators(ops: list) -> str | None:
+    """The shape of a pipeline; operator_issues checks each operator's name and params."""
+    if len(ops) > MAX_PIPELINE_OPERATORS:
+        return f"at most {MAX_PIPELINE_OPERATORS} operators, got {len(ops)}"
     for i, op in enumerate(ops):
         name = op.get("name") if isinstance(op, Mapping) else op
         if not isinstance(name, str) or not name:
@@ -382,47 +395,56 @@ class RunConfig:
         return self.trainer.batch_size or self.explorer.batch_size * self.algorithm.repeat_times
 
 
-class _Loader(yaml.SafeLoader):
-    """YAML 1.1 reads `1e-5` (no dot) as a string; every config author means a float.
-
-    Anchors and aliases (`&a`, `*a`) are refused: ten aliases of ten aliases of ... make a few
-    hundred bytes into megabytes, and a config never needs them. Nesting deeper than
-    MAX_CONFIG_DEPTH is refused as it is read: PyYAML composes nodes recursively, and its scanner
-    takes time quadratic in the depth of `[` and `{` (0.3 s for a thousand)."""
-
-    depth = 0
-
-    def fetch_flow_collection_start(self, token_class):
-        if self.flow_level >= MAX_CONFIG_DEPTH:
-            raise _too_deep(self.get_mark().line + 1)
-        super().fetch_flow_collection_start(token_class)
-
-    def compose_node(self, parent, index):
-        event = self.peek_event()
-        line = event.start_mark.line + 1
-        if event.anchor is not None:
-            raise ConfigError([ConfigIssue(
-                "<config>",
-                f"line {line}: YAML anchors and aliases (&{event.anchor}, *{event.anchor}) are not accepted; "
-                "write the value out in full (a config never needs them)",
-            )])
-        nests = isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent))
-        if nests and self.depth >= MAX_CONFIG_DEPTH:
-            raise _too_deep(line)
-        self.depth += nests
-        try:
-            return super().compose_node(parent, index)
-        finally:
-            self.depth -= nests
+# libyaml (C) where PyYAML was built with it: its scanner and parser, and PyYAML's own constructor.
+_YAML_READER = yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader
 
 
-def _too_deep(line: int) -> ConfigError:
-    return ConfigError([ConfigIssue("<config>", f"line {line}: nested more than {MAX_CONFIG_DEPTH} levels deep")])
+class _Loader(_YAML_READER):
+    """YAML 1.1 reads `1e-5` (no dot) as a string; every config author means a float."""
 
 
 _Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+$"), list("-+0123456789.")
 )
+_OPENS = (yaml.MappingStartEvent, yaml.SequenceStartEvent)
+_CLOSES = (yaml.MappingEndEvent, yaml.SequenceEndEvent)
+_NODES = (*_OPENS, yaml.ScalarEvent, yaml.AliasEvent)
+
+
+def _check_yaml_events(text: str) -> None:
+    """Reads text's YAML events, building nothing, and stops at the first anchor or alias, at
+    nesting deeper than MAX_CONFIG_DEPTH and past MAX_CONFIG_NODES nodes: only text that passes is
+    composed (PyYAML recurses, and builds each node in Python). Anchors and aliases (`&a`, `*a`)
+    are refused: ten aliases of ten aliases of ... make a few hundred bytes into megabytes, and a
+    config never needs them. The pass costs ~1 us a node with libyaml; the pure-Python reader
+    (the fallback) stops looking ahead after 1,024 characters, so 50,000 `[` cost it 0.2 s."""
+    reader = _Loader(text)
+    depth = nodes = 0
+    try:
+        while reader.check_event():
+            event = reader.get_event()
+            line = event.start_mark.line + 1
+            if getattr(event, "anchor", None) is not None:
+                raise _config_error(
+                    f"line {line}: YAML anchors and aliases (&{event.anchor}, *{event.anchor}) are not accepted; "
+                    "write the value out in full (a config never needs them)")
+            depth += isinstance(event, _OPENS) - isinstance(event, _CLOSES)
+            if depth > MAX_CONFIG_DEPTH:
+                raise _config_error(f"line {line}: nested more than {MAX_CONFIG_DEPTH} levels deep")
+            nodes += isinstance(event, _NODES)
+            if nodes > MAX_CONFIG_NODES:
+                raise _too_many_nodes(f"line {line}: ")
+    finally:
+        reader.dispose()
+
+
+def _config_error(message: str) -> ConfigError:
+    return ConfigError([ConfigIssue("<config>", message)])
+
+
+def _too_many_nodes(where: str = "") -> ConfigError:
+    return _config_error(f"{where}more than {MAX_CONFIG_NODES} nodes (mappings, lists, keys and scalars); "
+                         "a full config has about 110")
 
 
 def parse_config_text(text: str) -> dict:
@@ -430,11 +452,13 @@ def parse_config_text(text: str) -> dict:
     (a file, the API, the launch form's YAML box, its hidden `base` field and reward_fn field, a
     buffer rescore): not yet validated against the schema, but a bounded JSON value
     (check_config_value), so safe to render, dump or store. Syntax errors, text longer than
-    MAX_CONFIG_CHARS, nesting deeper than MAX_CONFIG_DEPTH and YAML aliases are ConfigErrors."""
+    MAX_CONFIG_CHARS, nesting deeper than MAX_CONFIG_DEPTH, more than MAX_CONFIG_NODES nodes and
+    YAML aliases are ConfigErrors."""
     if len(text) > MAX_CONFIG_CHARS:
         raise ConfigError([ConfigIssue("<config>", f"is {len(text)} characters long; at most {MAX_CONFIG_CHARS}")])
     try:
-        data = _read(text)
+        with _no_cyclic_gc():
+            data = _read(text)
     except ConfigError:
         raise
     except (yaml.YAMLError, ValueError) as err:  # ValueError: a date like 2024-02-30, an int of 5,000 digits
@@ -450,24 +474,61 @@ def parse_config_text(text: str) -> dict:
 
 
 def _read(text: str):
-    """A JSON object (the launch form's own field, most scripts) is read as JSON: PyYAML's pure-Python
-    reader took 2.4 s for 190 KB of it. Anything else, or JSON that json refuses, as YAML."""
+    """A JSON object (the launch form's own field, most scripts) is read as JSON (its C reader builds
+    256 KiB of nodes in ~20 ms; check_config_value then counts them). Anything else, or JSON that
+    json refuses, as YAML, once its events passed _check_yaml_events."""
     if text.lstrip().startswith("{"):
         try:
             return json.loads(text)  # deep nesting: a RecursionError, like the YAML reader's backstop
         except json.JSONDecodeError:
             pass
+    _check_yaml_events(text)
     return yaml.load(text, Loader=_Loader)
 
 
+@contextlib.contextmanager
+def _no_cyclic_gc():
+    """Python's cyclic collector paused while config text is read. In a web worker's heap (470,000
+    objects) it scanned the half-built value again and again: 0.25 s of the 0.26 s json took for
+    87,000 `[]`; and what it found alive mid-read it promoted to the oldest generation, whose full
+    collection (0.25 s) then came every fourth read of 10,000 YAML nodes. What a read builds holds
+    no cycle; the pause lasts the read (at most ~60 ms); a thread that finds the collector paused
+    leaves it to the thread that paused it."""
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if paused:
+            gc.enable()
+
+
 def check_config_value(data) -> None:
-    """Raises a ConfigError naming the first part of data that is no bounded JSON value (too deep,
-    too long, a date, NaN, a NUL or a lone surrogate: json_values), the check every config passes
-    before anything walks, renders or stores it."""
+    """Raises a ConfigError naming the first part of data that is no bounded JSON value (more than
+    MAX_CONFIG_NODES nodes; too deep, too long, a date, NaN, a NUL or a lone surrogate:
+    json_values), the check every config passes before anything walks, renders or stores it."""
+    if _more_nodes_than(data, MAX_CONFIG_NODES):
+        raise _too_many_nodes()
     bad_value = json_value_problem(data, max_depth=MAX_CONFIG_DEPTH, max_chars=MAX_CONFIG_CHARS)
     if bad_value:
         key, message = bad_value
         raise ConfigError([ConfigIssue(key or "<config>", message)])
+
+
+def _more_nodes_than(data, limit: int) -> bool:
+    """Whether data holds more than limit nodes (mappings, lists, keys and scalars), counted as
+    _check_yaml_events counts them; the count stops at the limit."""
+    count, stack = 0, [data]
+    while stack:
+        item = stack.pop()
+        count += 1 + (len(item) if isinstance(item, Mapping) else 0)  # and its keys
+        if count > limit:
+            return True
+        if isinstance(item, Mapping):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
 
 
 def parse_reward_fn_text(text: str) -> str | dict:
@@ -501,8 +562,7 @@ def _build(cls, data, prefix: str, issues: list, bad: set):
     known = [f.name for f in fields(cls)]
     for key in data:
         if key not in known:
-            hint = _hint(str(key), known) or f"; known keys: {', '.join(known)}"
-            _report(issues, bad, _join(prefix, key), "unknown key" + hint)
+            _report(issues, bad, _join(prefix, key), "unknown key" + _unknown_hint(str(key), known, issues))
     values = {}
     for f in fields(cls):
         if f.name not in data:
@@ -581,6 +641,14 @@ def _hint(word: str, options: list[str]) -> str:
     return f"; did you mean '{close[0]}'?" if close else ""
 
 
+def _unknown_hint(word: str, options: list[str], issues: list, listing: str = "known keys") -> str:
+    """The closest of options, else the list of them, for an issue ConfigError will show: past
+    MAX_REPORTED_ISSUES none is (10,000 unknown keys cost 0.13 s of difflib, to be dropped)."""
+    if len(issues) >= MAX_REPORTED_ISSUES:
+        return ""
+    return _hint(word, options) or f"; {listing}: {', '.join(options) or 'none'}"
+
+
 def _join(prefix: str, key) -> str:
     return f"{prefix}.{key}" if prefix else str(key)
 
@@ -606,21 +674,42 @@ def reward_fn_issues(spec, key: str = "explorer.reward_fn") -> list[ConfigIssue]
     for name, value in spec.items():
         at = _join(key, name)
         if name not in REWARD_FNS:
-            known = REWARD_FNS.names()
-            issues.append(ConfigIssue(at, "unknown reward fn" + (_hint(name, known) or f"; known: {', '.join(known)}")))
+            hint = _unknown_hint(name, REWARD_FNS.names(), issues, "known")
+            issues.append(ConfigIssue(at, "unknown reward fn" + hint))
             continue
         params = dict(value) if isinstance(value, Mapping) else {"weight": value}
-        _build(_params_of(REWARD_FNS.get(name)), params, at, issues, set())
+        _build(_params_of(REWARD_FNS.get(name), weighted=True), params, at, issues, set())
+    return issues
+
+
+def operator_issues(ops: list, registry, key: str) -> list[ConfigIssue]:
+    """Each problem of a pipeline (explorer.pipeline: EXPERIENCE_OPERATORS; buffer.task_pipeline:
+    TASK_OPERATORS) that _check_operators found well formed: unknown operators, at `key[i]` (or
+    `key[i].name`), and params held to what the operator declares (pipelines.pipeline_operator)
+    at `key[i].<param>`, as reward_fn_issues holds a reward fn's."""
+    issues = []
+    for i, spec in enumerate(ops):
+        params = dict(spec) if isinstance(spec, Mapping) else {"name": spec}
+        name = params.pop("name")
+        at = f"{key}[{i}]"
+        if name not in registry:
+            where = f"{at}.name" if isinstance(spec, Mapping) else at
+            hint = _unknown_hint(name, registry.names(), issues, "known")
+            issues.append(ConfigIssue(where, f"unknown {registry.kind} '{name}'{hint}"))
+            continue
+        _build(_params_of(registry.get(name)), params, at, issues, set())
     return issues
 
 
 @functools.cache
-def _params_of(fn) -> type:
-    """What a spec may give reward fn `fn` as a dataclass _build checks: its weight in the total
-    (negative: a penalty), then each param after (response, task), typed by its annotation,
-    defaulting to its default (else REQUIRED), with the rules fn declares."""
+def _params_of(fn, weighted: bool = False) -> type:
+    """What a spec may give reward fn or pipeline operator `fn` as a dataclass _build checks: a
+    reward fn's weight in the total (weighted; negative: a penalty), then each param after the
+    first two ((response, task), (items, ctx)), typed by its annotation, defaulting to its default
+    (else REQUIRED), with the rules fn declares."""
     params = list(inspect.signature(fn, eval_str=True).parameters.values())[2:]
-    return make_dataclass(f"{fn.__name__}_params", [("weight", float, field(default=1.0)), *(
+    weight = [("weight", float, field(default=1.0))] if weighted else []
+    return make_dataclass(f"{fn.__name__}_params", [*weight, *(
         (p.name, p.annotation, field(default=REQUIRED if p.default is p.empty else p.default,
                                      metadata=fn.rules.get(p.name, {})))
         for p in params
@@ -803,6 +892,12 @@ def _combination_issues(c: RunConfig, bad: set) -> list[ConfigIssue]:
         ]
     rules += [
         (issue.key, True, issue.message, ("explorer.reward_fn",)) for issue in reward_fn_issues(c.explorer.reward_fn)
+    ]
+    rules += [
+        (issue.key, True, issue.message, (key,))
+        for key, ops, registry in (("explorer.pipeline", c.explorer.pipeline, EXPERIENCE_OPERATORS),
+                                   ("buffer.task_pipeline", c.buffer.task_pipeline, TASK_OPERATORS))
+        for issue in operator_issues(ops, registry, key)
     ]
     return [
         ConfigIssue(key, message)

@@ -26,6 +26,7 @@ from .pipelines import (
     run_experience_operators,
     run_task_operators,
 )
+from .stopping import stoppable
 
 EVAL_CHUNK = 64  # eval prompts per engine call
 
@@ -42,6 +43,8 @@ class Explorer:
         self.eval_source = eval_source
         self.step = step
         self.seed = config.seed
+        # The run's should_stop, asked inside a step by its long loops (stopping.py); the loop sets it.
+        self.stopping = None
         # Where this explorer's time goes, for idle_share and sync_seconds: the loop adds the time
         # it spends loading weights for a step (Loop.explore), evaluate() its own; the end of the
         # last step or part.
@@ -77,7 +80,12 @@ class Explorer:
         """One step: its metrics, and self.step moves on. Shared with other explorers, one call
         does one part of it: rolls out a share of its groups ({"groups": n}), or finishes the
         step (its metrics; {} when another explorer finished it), or finds only other
-        explorers' groups left running (None: call again in a moment)."""
+        explorers' groups left running (None: call again in a moment). StopRequested when the
+        run stops meanwhile: nothing of the step (or part) is stored, and self.step stays."""
+        with stoppable(self.stopping):
+            return self._explore_step()
+
+    def _explore_step(self) -> dict | None:
         if self.claims is not None:
             return self._explore_shared_step()
         if self.buffer.has_explorer_step(self.step):
@@ -157,7 +165,12 @@ class Explorer:
         return {"rollouts": rollouts, "means": means, "counts": counts, "tokens": tokens, "generate_seconds": generated}
 
     def evaluate(self, tasks: list[Task] | None = None) -> dict:
-        """Greedy answers to every eval task; logged under role 'eval' at the current step."""
+        """Greedy answers to every eval task; logged under role 'eval' at the current step
+        (StopRequested, logging nothing, when the run stops meanwhile)."""
+        with stoppable(self.stopping):
+            return self._evaluate(tasks)
+
+    def _evaluate(self, tasks: list[Task] | None) -> dict:
         started = time.perf_counter()
         tasks = self.eval_source.tasks() if tasks is None else tasks
         params = SamplingParams(n=1, temperature=0.0, max_new_tokens=self.config.explorer.max_new_tokens)

@@ -12,10 +12,13 @@ rather than their sum; on CPU each thread gets its own share of torch's intra-op
 trainer trains on the same batches as the sequential loop whenever one explorer step fills a
 trainer batch (filters that drop rollouts can make a batch reach into the next explorer step,
 which the sequential loop always has ready and the overlapped one may not yet).
+
+should_stop() is asked between steps and, every few seconds, inside an explorer step by its long
+loops (stopping.py): a stop there abandons the step unstored and ends the run as a stop between
+steps does, with a checkpoint to resume from; the resumed run replays that step.
 """
 import re
 import shutil
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,10 +29,12 @@ import torch
 from .algorithms import resolve
 from .engines import TransformersEngine, build_engine
 from .explorer import Explorer
+from .explorer_thread import ExplorerThread
 from .memory import InMemoryBuffer, InMemoryCheckpoints, InMemoryMetrics, InMemoryTaskSource
 from .models import add_lora, load_critic, load_policy, load_reference, load_tokenizer, pick_device, pick_dtype
 from .protocols import CheckpointStore, ExperienceBuffer, MetricSink, StepClaims, TaskSource, WeightGroup
-from .rewards import build_reward
+from .rewards import ReadLimits, build_reward
+from .stopping import StopRequested
 from .synchronizer import Synchronizer
 from .trainer import Trainer
 from .workflows import WORKFLOWS
@@ -145,9 +150,11 @@ class Loop:
         if EXPLORER in components:
             rollout_model = load_policy(model.path, device, pick_dtype(device, model.dtype))
             engine = build_engine(config.explorer.engine, rollout_model, tokenizer, seed=config.seed)
+        # A judge or reward model reads of a task what the policy does, of a response what it may write.
+        limits = ReadLimits(prompt_tokens=model.max_prompt_tokens, response_tokens=config.explorer.max_new_tokens)
         self.workflow = WORKFLOWS.get(config.explorer.workflow)(
             engine,
-            build_reward(config.explorer.reward_fn),
+            build_reward(config.explorer.reward_fn, limits),
             tokenizer=tokenizer,
             system_prompt=config.explorer.system_prompt,
             use_chat_template=config.explorer.use_chat_template,
@@ -196,9 +203,32 @@ class Loop:
 
     def run(self, should_stop=None, overlap: bool = True) -> str:
         """Run to trainer.total_steps; returns 'completed', or 'stopped' when should_stop() said so
-        (checked after every trainer step; a checkpoint is saved either way). `overlap=False`
-        keeps the explorer in this thread at any offset (tests compare the two loops)."""
+        (checked after every trainer step and inside explorer steps; a checkpoint is saved either
+        way). `overlap=False` keeps the explorer in this thread at any offset (tests compare the
+        two loops)."""
         should_stop = should_stop or (lambda: False)
+        self._stop_inside_steps(should_stop)
+        try:
+            return self._run(should_stop, overlap)
+        except StopRequested:  # inside an explorer step (an overlapped explorer's thread has ended)
+            self._save_on_stop()
+            return "stopped"
+
+    def _save_on_stop(self) -> None:
+        """As a stop between steps: a checkpoint at this step to resume from, unless there is one
+        already (or the trainer has not stepped yet); past the last step, the trained model."""
+        if self.trainer is None or self._saved[0] == self.trainer.step:
+            return
+        if self.trainer.step < self.config.trainer.total_steps:
+            self.save_for_resume()
+        else:
+            self.save_final()
+
+    def _stop_inside_steps(self, should_stop) -> None:
+        if self.explorer is not None:
+            self.explorer.stopping = should_stop
+
+    def _run(self, should_stop, overlap: bool) -> str:
         if self.config.mode == "bench":
             self.bench()
             return "completed"
@@ -297,6 +327,13 @@ class Loop:
         with explorer.eval_interval, what `run` evaluates at the ends: the starting weights before
         step 0 and, once `trained()` says the trainer took its last step, the final version (the
         trainer waits for it: supervision.wait_for_final_eval)."""
+        self._stop_inside_steps(should_stop)
+        try:
+            return self._run_explorer(should_stop, wait, trained, evaluates_ends)
+        except StopRequested:
+            return "stopped"  # the explorer keeps nothing to save: its stored steps are where it resumes
+
+    def _run_explorer(self, should_stop, wait, trained, evaluates_ends: bool) -> str:
         total = self.config.trainer.total_steps
         ends = evaluates_ends and self.config.explorer.eval_interval > 0
         if ends and self.explorer.step == 0:
@@ -475,75 +512,3 @@ class Loop:
             if not self.sync.is_publish_step(self.trainer.step):
                 raise ValueError("memory sync resumes only from a checkpoint taken at a sync step")
             self.sync.publish(self.trainer.policy, self.trainer.step, self.trainer.full_state()["policy"])
-
-
-class ExplorerThread(threading.Thread):
-    """The loop's explorer beside its trainer: explorer step t starts once the trainer has allowed
-    version required_version(t). The thread ends after the last step needing at most
-    `last_version`, on stop(), or on an error, which the trainer's thread re-raises. Every change
-    either side waits for is notified on `changed`."""
-
-    def __init__(self, loop: Loop, last_version: int, torch_threads: int | None):
-        super().__init__(name="rft-explorer", daemon=True)
-        self.loop = loop
-        self.last_version = last_version
-        self.torch_threads = torch_threads
-        self.changed = threading.Condition()
-        self.allowed_version = loop.sync.latest_version()
-        self.stopped = False  # no explorer step starts any more
-        self.error: BaseException | None = None
-
-    def run(self) -> None:
-        try:
-            if self.torch_threads:
-                torch.set_num_threads(self.torch_threads)  # this thread's own OpenMP pool
-            while self.wait_for_next_step():
-                self.loop.explore()
-                with self.changed:
-                    self.changed.notify_all()
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the trainer's thread
-            self.error = exc
-        finally:
-            with self.changed:
-                self.stopped = True
-                self.changed.notify_all()
-            if self.loop.stores.thread_finished is not None:
-                self.loop.stores.thread_finished()
-
-    def wait_for_next_step(self) -> bool:
-        """True once the next explorer step may start, False when the thread is to end."""
-        sync, explorer = self.loop.sync, self.loop.explorer
-        with self.changed:
-            self.changed.wait_for(
-                lambda: self.stopped
-                or not self.allowed_version < sync.required_version(explorer.step) <= self.last_version
-            )
-            return not self.stopped and sync.required_version(explorer.step) <= self.last_version
-
-    def allow(self, version: int) -> None:
-        with self.changed:
-            self.allowed_version = version
-            self.changed.notify_all()
-
-    def wait_until(self, ready: Callable[[], bool]) -> None:
-        """Wait in the trainer's thread until ready() or the explorer ended; raise its error."""
-        with self.changed:
-            self.changed.wait_for(lambda: self.stopped or ready())
-        if self.error is not None:
-            raise self.error
-
-    def finish(self) -> None:
-        """Run the explorer steps already allowed, then end; raise the explorer's error."""
-        with self.changed:
-            self.last_version = min(self.last_version, self.allowed_version)
-            self.changed.notify_all()
-        self.join()
-        if self.error is not None:
-            raise self.error
-
-    def stop(self) -> None:
-        """Start no more explorer steps; return once the one running (if any) is done."""
-        with self.changed:
-            self.stopped = True
-            self.changed.notify_all()
-        self.join()

@@ -37,7 +37,7 @@ explorer:
   reward_fn: {exact_match: 1.0, format: {weight: 0.1, think: true}}
   system_prompt: Think step by step.
   use_chat_template: false
-  pipeline: [dedupe, {name: reward_filter, min_std: 0.01}]
+  pipeline: [dedupe, {name: reward_filter, min: 0.01}]
   eval_interval: 5
 trainer:
   lr: 3e-6
@@ -55,7 +55,7 @@ buffer:
   expert_taskset: null
   eval_taskset: arithmetic
   max_staleness: 2
-  task_pipeline: [curriculum]
+  task_pipeline: [priority]
 synchronizer: {method: memory, interval: 2, offset: 1}
 """
 

@@ -20,6 +20,7 @@ from transformers import StaticCache
 
 from ..attention import NAME as GQA_ATTENTION
 from ..models import copy_weights, read_weights, stop_token_ids
+from ..stopping import check as check_stop
 from .base import Completion, RolloutEngine, SamplingParams
 
 # Cache lengths round up to this: a run's prompt widths vary a little from step to step, and each
@@ -86,6 +87,7 @@ class TransformersEngine(RolloutEngine):
         del out
         check = CUDA_STOP_CHECK if device.type == "cuda" else 1
         for t in range(steps):
+            check_stop()  # a Stop ends the step within seconds, not after max_new_tokens tokens
             decoder.step(feed=t < steps - 1)
             if t == steps - 1 or ((t + 1) % check == 0 and decoder.finished.all()):
                 break

@@ -3,6 +3,8 @@
 A config lists operators as names or mappings: `["drop_truncated", {name: reward_filter, min: 0.5}]`.
 Experience operators: op(experiences, ctx, **params) -> (experiences, metrics).
 Task operators: op(tasks, ctx, **params) -> tasks (filtered, re-prioritised or extended).
+Their params are what a config may set, so each is declared (`pipeline_operator`) and checked at
+launch with the rest of the config (config.operator_issues), as reward fns' are.
 """
 from dataclasses import dataclass, field
 
@@ -10,6 +12,19 @@ from ..registry import Registry
 
 EXPERIENCE_OPERATORS = Registry("experience operator")
 TASK_OPERATORS = Registry("task operator")
+
+
+def pipeline_operator(registry: Registry, name: str, **rules: dict):
+    """Registers op(items, ctx, **params) as operator `name` of registry. Each param after (items,
+    ctx) needs an annotation (bool, int, float, str, or one of them | None) and a default, and
+    follows rules[param]: a config field's rules (config._f: choices, ge, gt, le, lt, most, check),
+    e.g. max_new={"ge": 1, "most": 1024}."""
+
+    def add(op):
+        op.rules = rules
+        return registry.register(name)(op)
+
+    return add
 
 
 @dataclass

@@ -6,7 +6,7 @@ import torch
 
 from ..algorithms import ADVANTAGE_FNS, zero_std_mask
 from ..algorithms.advantages import stepwise
-from .base import EXPERIENCE_OPERATORS
+from .base import EXPERIENCE_OPERATORS, pipeline_operator
 
 
 def _split(experiences, keep):
@@ -14,26 +14,26 @@ def _split(experiences, keep):
     return kept, {"dropped": len(experiences) - len(kept)}
 
 
-@EXPERIENCE_OPERATORS.register("drop_empty")
+@pipeline_operator(EXPERIENCE_OPERATORS, "drop_empty")
 def drop_empty(experiences, ctx):
     """Responses with no text (just a stop token, or whitespace) teach nothing but to stop."""
     return _split(experiences, lambda exp: exp.response_text.strip())
 
 
-@EXPERIENCE_OPERATORS.register("drop_truncated")
+@pipeline_operator(EXPERIENCE_OPERATORS, "drop_truncated")
 def drop_truncated(experiences, ctx):
     """Responses cut off at max_new_tokens: their reward judges an unfinished answer."""
     return _split(experiences, lambda exp: exp.metadata.get("finish_reason") != "length")
 
 
-@EXPERIENCE_OPERATORS.register("reward_filter")
+@pipeline_operator(EXPERIENCE_OPERATORS, "reward_filter")
 def reward_filter(experiences, ctx, min: float | None = None, max: float | None = None):
     lo = float("-inf") if min is None else min
     hi = float("inf") if max is None else max
     return _split(experiences, lambda exp: exp.reward is not None and lo <= exp.reward <= hi)
 
 
-@EXPERIENCE_OPERATORS.register("group_std_filter")
+@pipeline_operator(EXPERIENCE_OPERATORS, "group_std_filter")
 def group_std_filter(experiences, ctx):
     """Drop rollout groups whose rewards are all equal: their group advantages are all zero."""
     rollouts = [exp for exp in experiences if exp.source == "rollout"]
@@ -44,7 +44,7 @@ def group_std_filter(experiences, ctx):
     return _split(experiences, lambda exp: id(exp) not in dropped)
 
 
-@EXPERIENCE_OPERATORS.register("dedupe")
+@pipeline_operator(EXPERIENCE_OPERATORS, "dedupe")
 def dedupe(experiences, ctx):
     """Exact duplicates (same task, same response tokens): keep the first."""
     seen = set()
@@ -59,8 +59,9 @@ def dedupe(experiences, ctx):
     return _split(experiences, first)
 
 
-@EXPERIENCE_OPERATORS.register("reward_shaping")
-def reward_shaping(experiences, ctx, scale=1.0, offset=0.0, length_penalty=0.0, truncation_penalty=0.0):
+@pipeline_operator(EXPERIENCE_OPERATORS, "reward_shaping", length_penalty={"ge": 0}, truncation_penalty={"ge": 0})
+def reward_shaping(experiences, ctx, scale: float = 1.0, offset: float = 0.0, length_penalty: float = 0.0,
+                   truncation_penalty: float = 0.0):
     """reward = scale * reward + offset - length_penalty * response tokens - truncation_penalty if cut off.
     The unshaped reward stays in reward_components['unshaped']."""
     shaped = []
@@ -72,7 +73,7 @@ def reward_shaping(experiences, ctx, scale=1.0, offset=0.0, length_penalty=0.0, 
     return shaped, {}
 
 
-@EXPERIENCE_OPERATORS.register("promote_to_expert")
+@pipeline_operator(EXPERIENCE_OPERATORS, "promote_to_expert")
 def promote_to_expert(experiences, ctx, min_reward: float = 1.0):
     """Copy rollouts scoring at least min_reward into expert data (MIX then imitates them).
     The rollouts themselves stay; the copies cite them in metadata['promoted_from']."""

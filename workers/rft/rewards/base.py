@@ -2,14 +2,17 @@
 
 A reward fn is fn(response: str, task, **params) -> float, where task is a mapping or an object
 (e.g. experience.Task) with 'answer' and 'metadata'. A model-based fn also has a `batch` attribute,
-batch(responses, tasks, **params) -> [float | None], which scores a whole step in one call; None
-means it could not score that response (counted in the component '<name>_failed').
+batch(responses, tasks, limits, **params) -> [float | None], which scores a whole step in one call;
+None means it could not score that response (counted in the component '<name>_failed'). `limits`
+(ReadLimits) is how much of each text the run lets a model read: a model's cost grows with the
+square of what it reads, and a taskset cell may be 1 MiB.
 
 Its params are what a config may set, so each is declared (`reward_fn`): typed and defaulted by
 the signature, bounded by rules, and checked at launch with the rest of the config.
 """
 import inspect
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from workers.rft.registry import Registry
 
@@ -33,6 +36,17 @@ def reward_fn(name: str, **rules: dict):
     return add
 
 
+@dataclass(frozen=True)
+class ReadLimits:
+    """The most tokens of each text a reward model reads (None: only its own context bounds it):
+    of the task's prompt, its end, as the policy reads it (a run's model.max_prompt_tokens); of a
+    response or a reference answer, its start, as long as a response may be (explorer.max_new_tokens).
+    A judge or reward model cuts them further to fit its context (rewards.models.fit_texts)."""
+
+    prompt_tokens: int | None = None
+    response_tokens: int | None = None
+
+
 def task_field(task, name: str, default=None):
     """task[name] for a mapping, task.name for an object such as experience.Task."""
     if isinstance(task, Mapping):
@@ -40,13 +54,15 @@ def task_field(task, name: str, default=None):
     return getattr(task, name, default)
 
 
-def build_reward(spec):
+def build_reward(spec, limits: ReadLimits | None = None):
     """spec: a name, or a mapping {name: weight} where a weight may also be {weight: w, <params>}.
+    limits: what a model-based fn reads of each text (a run's; default: its model's context).
 
     Returns reward(response, task) -> (total, components): components holds each fn's own score,
     total the weighted sum. Unknown names raise KeyError; bad params or weights raise TypeError or
     ValueError here, not at the first rollout.
     """
+    limits = limits or ReadLimits()
     if isinstance(spec, str):
         spec = {spec: 1.0}
     if not isinstance(spec, Mapping) or not spec:
@@ -69,7 +85,7 @@ def build_reward(spec):
         components = [{} for _ in responses]
         for name, fn, _, params in terms:
             if hasattr(fn, "batch"):
-                scores = fn.batch(responses, tasks, **params)
+                scores = fn.batch(responses, tasks, limits, **params)
                 for parts, score in zip(components, scores):
                     parts[name] = 0.0 if score is None else float(score)
                     parts[f"{name}_failed"] = float(score is None)

@@ -12,6 +12,12 @@ directory (or a built-in name, see models.py) on first use, once per process, on
 A judge reply with no score in it (or one outside 0..max_score) is a parse failure: the response
 scores 0 and the reward component `llm_judge_failed` is 1 for it, so the explorer's metrics show
 the failure rate.
+
+What a model reads is bounded (`fit_texts`): the prompt, reference answer and response are cut to
+the run's ReadLimits, then to fit the model's context beside the rubric (or chat template) and
+the judge's reply. The whole prompt went in before: a 20,000-character prompt made an explorer
+step 13 s with the tiny judge against 0.2 s without, two of 120,000 characters held a worker for
+1,725 s (attention's cost grows with the square of the length).
 """
 import re
 import string
@@ -20,7 +26,9 @@ from functools import lru_cache
 import torch
 
 from ..engines import SamplingParams
-from .base import CAUSAL_LM, reward_fn, task_field
+from ..stopping import check as check_stop
+from ..tokens import FALLBACK_CONTEXT, context_tokens, encode_end, encode_start
+from .base import CAUSAL_LM, ReadLimits, reward_fn, task_field
 
 DEFAULT_RUBRIC = (
     "Rate the response to the question below from 0 (wrong or unhelpful) to {max_score} "
@@ -31,6 +39,7 @@ RUBRIC_PLACEHOLDERS = ("prompt", "answer", "response", "max_score")
 MAX_RUBRIC_CHARS = 20_000
 SCORE = re.compile(r"score\s*[:=]\s*(-?\d+(?:\.\d+)?)", re.IGNORECASE)
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+CONTEXT_ONLY = ReadLimits()  # outside a run (a buffer's re-score): the model's context alone bounds it
 
 
 def rubric_problem(rubric: str) -> str | None:
@@ -78,17 +87,45 @@ def parse_score(text: str, max_score: float) -> float | None:
     return value / max_score if 0 <= value <= max_score else None
 
 
+def texts_of(response: str, task) -> dict[str, str]:
+    """What a judge or reward model may read: the prompt, the reference answer, the response."""
+    return {"prompt": prompt_text(task), "answer": str(task_field(task, "answer", "")), "response": response}
+
+
+def fit_texts(tokenizer, texts: dict[str, str], limits: ReadLimits, room: int) -> dict[str, str]:
+    """The texts cut to what a model reads: 'prompt' to its last limits.prompt_tokens tokens (the
+    end, as the policy reads it), the others to their first limits.response_tokens; then, where
+    together they take more than `room` tokens, each to an equal share of it, a text shorter than
+    its share keeping all of it and leaving the rest to the others. A text that fits stays as it
+    is; a cut one is its kept tokens decoded. Only the part that can be kept is tokenized."""
+    kept = {}
+    for name, text in texts.items():
+        limit = limits.prompt_tokens if name == "prompt" else limits.response_tokens
+        cap = room if limit is None else min(limit, room)
+        encode = encode_end if name == "prompt" else encode_start
+        kept[name] = (cap, encode(tokenizer, text, cap + 1))  # one more: whether it was cut
+    left, fitted = room, {}
+    for i, name in enumerate(sorted(kept, key=lambda name: min(len(kept[name][1]), kept[name][0]))):
+        cap, ids = kept[name]
+        share = min(cap, left // (len(kept) - i))
+        if len(ids) <= share:
+            fitted[name], left = texts[name], left - len(ids)
+            continue
+        ids = ids[-share:] if name == "prompt" and share else ids[:share]
+        fitted[name], left = tokenizer.decode(ids, skip_special_tokens=False), left - share
+    return fitted
+
+
 class LLMJudge:
     """Scores responses by asking a generative model, greedily, with a rubric prompt."""
 
-    def __init__(self, engine, tokenizer, max_new_tokens: int = 16, batch_size: int = 16):
+    def __init__(self, engine, tokenizer, max_new_tokens: int = 16, batch_size: int = 16,
+                 context: int = FALLBACK_CONTEXT):
         self.engine, self.tokenizer = engine, tokenizer
         self.max_new_tokens, self.batch_size = max_new_tokens, batch_size
+        self.context = context  # the judge model's positions (tokens.context_tokens)
 
-    def judge_prompt(self, rubric: str, response: str, task, max_score: float) -> list[int]:
-        content = rubric.format(
-            prompt=prompt_text(task), answer=task_field(task, "answer", ""), response=response, max_score=max_score
-        )
+    def _encode(self, content: str) -> list[int]:
         if self.tokenizer.chat_template:
             text = self.tokenizer.apply_chat_template(
                 [{"role": "user", "content": content}], add_generation_prompt=True, tokenize=False
@@ -97,15 +134,38 @@ class LLMJudge:
             text = content + "\n"
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
+    def room(self, rubric: str, max_score: float) -> int:
+        """Tokens left for the texts in the judge's context beside the rubric, its template and its
+        reply (less one a text: where a text meets the rubric a token may merge differently)."""
+        rubric_ids = self._encode(rubric.format(prompt="", answer="", response="", max_score=max_score))
+        room = self.context - self.max_new_tokens - len(rubric_ids) - len(RUBRIC_PLACEHOLDERS)
+        if room <= 0:
+            raise ValueError(
+                f"llm_judge: the rubric ({len(rubric_ids)} tokens) and max_new_tokens ({self.max_new_tokens}) "
+                f"leave no room for the texts in the judge model's context ({self.context} tokens); "
+                "shorten the rubric or lower max_new_tokens"
+            )
+        return room
+
+    def judge_prompt(self, rubric: str, response: str, task, max_score: float, limits: ReadLimits,
+                     room: int) -> list[int]:
+        texts = texts_of(response, task)
+        read = {name: text for name, text in texts.items() if f"{{{name}}}" in rubric}
+        content = rubric.format(**(texts | fit_texts(self.tokenizer, read, limits, room)), max_score=max_score)
+        return self._encode(content)[-(self.context - self.max_new_tokens):]
+
     def scores(
-        self, responses: list[str], tasks: list, rubric: str, max_score: float
+        self, responses: list[str], tasks: list, rubric: str, max_score: float, limits: ReadLimits = CONTEXT_ONLY
     ) -> tuple[list[float | None], list[str]]:
         """Each response's score in [0, 1] (None: the judge's reply had none) and the replies."""
-        prompts = [self.judge_prompt(rubric, r, t, max_score) for r, t in zip(responses, tasks)]
+        room = self.room(rubric, max_score)
         params = SamplingParams(n=1, temperature=0.0, max_new_tokens=self.max_new_tokens)
         replies = []
-        for i in range(0, len(prompts), self.batch_size):
-            replies += [c[0].text for c in self.engine.generate(prompts[i : i + self.batch_size], params)]
+        for i in range(0, len(responses), self.batch_size):
+            check_stop()
+            batch = zip(responses[i : i + self.batch_size], tasks[i : i + self.batch_size])
+            prompts = [self.judge_prompt(rubric, response, task, max_score, limits, room) for response, task in batch]
+            replies += [c[0].text for c in self.engine.generate(prompts, params)]
         return [parse_score(reply, max_score) for reply in replies], replies
 
 
@@ -115,14 +175,15 @@ def _judge(model: str, device: str, max_new_tokens: int, batch_size: int) -> LLM
     from ..models import load_policy, load_tokenizer, pick_device
 
     tokenizer = load_tokenizer(model)
-    engine = TransformersEngine(load_policy(model, pick_device(device)), tokenizer)
-    return LLMJudge(engine, tokenizer, max_new_tokens, batch_size)
+    network = load_policy(model, pick_device(device))
+    return LLMJudge(TransformersEngine(network, tokenizer), tokenizer, max_new_tokens, batch_size,
+                    context_tokens(network.config))
 
 
-def _llm_judge_batch(responses, tasks, model: str, rubric: str = DEFAULT_RUBRIC, max_score: float = 10,
-                     max_new_tokens: int = 16, device: str = "auto", batch_size: int = 16):
+def _llm_judge_batch(responses, tasks, limits: ReadLimits, model: str, rubric: str = DEFAULT_RUBRIC,
+                     max_score: float = 10, max_new_tokens: int = 16, device: str = "auto", batch_size: int = 16):
     judge = _judge(str(model), device, max_new_tokens, batch_size)
-    return judge.scores(list(responses), list(tasks), rubric, max_score)[0]
+    return judge.scores(list(responses), list(tasks), rubric, max_score, limits)[0]
 
 
 DEVICES = ("auto", "cpu", "cuda")
@@ -137,7 +198,8 @@ def llm_judge(response: str, task, model: str, rubric: str = DEFAULT_RUBRIC, max
               max_new_tokens: int = 16, device: str = "auto", batch_size: int = 16) -> float | None:
     """A second local model's score from the rubric (placeholders {prompt} {answer} {response}
     {max_score}), in [0, 1]; None when its reply holds no valid score."""
-    return _llm_judge_batch([response], [task], model, rubric, max_score, max_new_tokens, device, batch_size)[0]
+    return _llm_judge_batch([response], [task], CONTEXT_ONLY, model, rubric, max_score, max_new_tokens, device,
+                            batch_size)[0]
 
 
 llm_judge.batch = _llm_judge_batch
@@ -148,22 +210,33 @@ class RewardModel:
 
     def __init__(self, model, tokenizer, batch_size: int = 16):
         self.model, self.tokenizer, self.batch_size = model.eval(), tokenizer, batch_size
+        self.context = context_tokens(model.config)
+        # Tokens left for the two texts beside the chat around them (less one a text, as LLMJudge.room).
+        self.room = self.context - len(self.tokenizer(self._join("", ""), add_special_tokens=False)["input_ids"]) - 2
+        if self.room <= 0:
+            raise ValueError(f"reward_model: its chat template alone fills its context ({self.context} tokens)")
 
-    def text(self, response: str, task) -> str:
-        messages = [{"role": "user", "content": prompt_text(task)}, {"role": "assistant", "content": response}]
+    def _join(self, prompt: str, response: str) -> str:
+        messages = [{"role": "user", "content": prompt}, {"role": "assistant", "content": response}]
         if self.tokenizer.chat_template:
             return self.tokenizer.apply_chat_template(messages, tokenize=False)
-        return f"{messages[0]['content']}\n\n{response}"
+        return f"{prompt}\n\n{response}"
+
+    def text(self, response: str, task, limits: ReadLimits = CONTEXT_ONLY) -> str:
+        texts = texts_of(response, task)
+        read = fit_texts(self.tokenizer, {"prompt": texts["prompt"], "response": response}, limits, self.room)
+        return self._join(read["prompt"], read["response"])
 
     @torch.no_grad()
-    def scores(self, responses: list[str], tasks: list) -> list[float]:
+    def scores(self, responses: list[str], tasks: list, limits: ReadLimits = CONTEXT_ONLY) -> list[float]:
         device = next(self.model.parameters()).device
-        texts = [self.text(r, t) for r, t in zip(responses, tasks)]
         out = []
-        for i in range(0, len(texts), self.batch_size):
-            batch = self.tokenizer(
-                texts[i : i + self.batch_size], return_tensors="pt", padding=True, add_special_tokens=False
-            )
+        for i in range(0, len(responses), self.batch_size):
+            check_stop()
+            texts = [self.text(r, t, limits) for r, t in zip(responses[i : i + self.batch_size],
+                                                             tasks[i : i + self.batch_size])]
+            batch = self.tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False,
+                                   truncation=True, max_length=self.context)
             logits = self.model(**batch.to(device)).logits
             out += logits[:, 0].float().tolist()
         return out
@@ -187,8 +260,9 @@ def _reward_model(model: str, device: str, batch_size: int) -> RewardModel:
     return RewardModel(network.to(pick_device(device)), tokenizer, batch_size)
 
 
-def _reward_model_batch(responses, tasks, model: str, device: str = "auto", batch_size: int = 16):
-    return _reward_model(str(model), device, batch_size).scores(list(responses), list(tasks))
+def _reward_model_batch(responses, tasks, limits: ReadLimits, model: str, device: str = "auto",
+                        batch_size: int = 16):
+    return _reward_model(str(model), device, batch_size).scores(list(responses), list(tasks), limits)
 
 
 # A one-label classifier, or a causal LM that gets a fresh score head.
@@ -196,7 +270,7 @@ def _reward_model_batch(responses, tasks, model: str, device: str = "auto", batc
            device={"choices": DEVICES}, batch_size=BATCH_SIZE)
 def reward_model(response: str, task, model: str, device: str = "auto", batch_size: int = 16) -> float:
     """The logit of a one-label sequence-classification model from a local directory."""
-    return _reward_model_batch([response], [task], model, device, batch_size)[0]
+    return _reward_model_batch([response], [task], CONTEXT_ONLY, model, device, batch_size)[0]
 
 
 reward_model.batch = _reward_model_batch

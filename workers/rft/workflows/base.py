@@ -12,6 +12,8 @@ from ..engines import RolloutEngine, SamplingParams
 from ..experience import Experience, Task
 from ..json_values import json_value_problem
 from ..registry import Registry
+from ..stopping import check as check_stop
+from ..tokens import encode_end
 
 WORKFLOWS = Registry("workflow")
 REQUIRED = object()  # an Arg default: the setting must be given
@@ -119,13 +121,15 @@ class Workflow:
 
     def encode_prompt(self, messages: list[dict]) -> tuple[str, list[int]]:
         """Prompt text and token ids, ending where the assistant's reply begins. Without a chat
-        template the contents are joined by blank lines. An overlong prompt keeps its end."""
+        template the contents are joined by blank lines. An overlong prompt keeps its last
+        max_prompt_tokens tokens, and only its end is tokenized (tokens.py). Every prompt of a step
+        and of a task pipeline's pass over the taskset comes here: a Stop is checked here too."""
+        check_stop()
         if self.use_chat_template:
             text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         else:
             text = "\n\n".join(m["content"] for m in messages)
-        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
-        return text, ids[-self.max_prompt_tokens :]
+        return text, encode_end(self.tokenizer, text, self.max_prompt_tokens)
 
     def encode_response(self, text: str) -> list[int]:
         """A written (expert or human) response as the model would have produced it: ending with eos."""
