@@ -1,24 +1,31 @@
-"""The Celery app, and `enqueue`: the one way the project sends work to a worker.
+"""The Celery app, `enqueue`: the one way the project sends work to a worker, and `withdraw`: the
+one way it takes back work no worker has taken yet.
 
 Services enqueue by task *name*, so no services module imports a tasks module (which imports the
 services back): the import graph has no circles.
 """
+import json
+import logging
 import os
 import threading
 from importlib import import_module
+from uuid import uuid4
 
 from celery import Celery
+from kombu.exceptions import OperationalError
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rftweb.settings")
 
+log = logging.getLogger(__name__)
 app = Celery("rftweb")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()  # apps/*/tasks.py
 app.autodiscover_tasks(["workers"])  # workers/tasks.py
 
 
-def enqueue(name: str, *args, queue: str = "default") -> None:
-    """Send task `name` (its dotted path, e.g. "workers.tasks.start_run") to `queue`. Embedded (no
+def enqueue(name: str, *args, queue: str = "default", task_id: str | None = None) -> str:
+    """Send task `name` (its dotted path, e.g. "workers.tasks.start_run") to `queue`; returns its
+    task id (`task_id`, else a new one), which the task reads as its request's id. Embedded (no
     REDIS_URL) it runs on a thread of this process, which is then the worker: its live updates
     reach this process's in-memory channel layer."""
     from django.conf import settings
@@ -26,14 +33,56 @@ def enqueue(name: str, *args, queue: str = "default") -> None:
 
     module, _, attr = name.rpartition(".")
     task = getattr(import_module(module), attr)  # at call time: the tasks module imports the services
+    task_id = task_id or str(uuid4())
     if not settings.RFTWEB_EMBEDDED:
-        task.apply_async(args, queue=queue)
-        return
+        task.apply_async(args, queue=queue, task_id=task_id)
+        return task_id
 
     def work():
         try:
-            task(*args)
+            task.apply(args, task_id=task_id, throw=True)  # apply, not a call: the task knows its id
         finally:
             connection.close()
 
     threading.Thread(target=work, daemon=True, name=f"{name}{args}").start()
+    return task_id
+
+
+def withdraw(queue: str, task_ids) -> set[str]:
+    """Take the tasks with these ids out of `queue` before a worker gets them. Returns the ids of
+    those that will never run: taken out now, or in no queue and with no worker (lost, or already
+    run). One a worker has reserved or runs is left to run.
+
+    Celery itself cannot: `revoke` only has each live worker drop the task when it comes to it (a
+    worker started later runs it), and the message stays queued, ahead of other runs' work, until
+    then. Kombu's Redis transport keeps a queue as a Redis list of that name (tasks sent without
+    a priority, as all of this project's are), each item a JSON message whose headers name its task
+    id, and a message a worker has taken, until it is acknowledged, in the hash `unacked_key`.
+    Embedded, a task runs on its thread as soon as it is sent: none waits anywhere."""
+    from django.conf import settings
+
+    wanted = set(task_ids)
+    if settings.RFTWEB_EMBEDDED or not wanted:
+        return wanted
+    gone = set(wanted)
+    conn = app.connection_for_write()
+    try:
+        with conn:
+            channel = conn.default_channel
+            client = channel.client
+            # The queue before the unacked hash: a message moves from the one to the other.
+            for raw in client.lrange(queue, 0, -1):
+                task_id = _task_id(json.loads(raw))
+                if task_id in wanted and not client.lrem(queue, 1, raw):
+                    gone.discard(task_id)  # a worker took it meanwhile
+            for raw in client.hvals(channel.unacked_key):
+                gone.discard(_task_id(json.loads(raw)[0]))  # [message, exchange, routing key]
+    except (OperationalError, *conn.connection_errors, *conn.channel_errors) as err:
+        # Nothing withdrawn: each task exits on its first read when it comes (a stop still stops).
+        log.warning("could not withdraw %d task(s) from %s: %s", len(wanted), queue, err)
+        return set()
+    return gone
+
+
+def _task_id(message: dict) -> str | None:
+    return message.get("headers", {}).get("id")

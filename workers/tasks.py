@@ -5,8 +5,9 @@ Their names are what beat schedules, routes (settings.CELERY_TASK_ROUTES) and qu
 hold. `serve_duty` serves one *duty* of a run ("loop", "explorer" or "trainer"). A worker registers
 itself when it is ready and beats while it lives (apps/runs/capacity.py: the Workers page).
 """
+from billiard.exceptions import WorkerLostError
 from celery import shared_task
-from celery.signals import worker_ready, worker_shutdown, worker_shutting_down
+from celery.signals import task_failure, worker_ready, worker_shutdown, worker_shutting_down
 from django.conf import settings
 
 from apps.buffer import retention, search
@@ -19,9 +20,18 @@ def start_run(run_id: int) -> None:
 
 
 # No result stored: nobody reads it, and a stopped run's queued tasks (hundreds) exit faster.
-@shared_task(name="workers.tasks.serve_duty", acks_late=True, ignore_result=True)
-def serve_duty(run_id: int, duty: str = "loop") -> str:
-    return supervision.serve(run_id, duty)
+# Not rejected (requeued) when its pool process dies: Celery handed an out-of-memory launch's task
+# to the next pool process 7 times in 58 s. _serve_duty_lost decides instead (once, then the run fails).
+@shared_task(name="workers.tasks.serve_duty", bind=True, acks_late=True, reject_on_worker_lost=False,
+             ignore_result=True)
+def serve_duty(self, run_id: int, duty: str = "loop") -> str:
+    return supervision.serve(run_id, duty, task=self.request.id)
+
+
+@task_failure.connect
+def _serve_duty_lost(sender, task_id, exception, args, kwargs, **_):  # in the worker's main process
+    if getattr(sender, "name", None) == serve_duty.name and isinstance(exception, WorkerLostError):
+        supervision.worker_lost(task_id, *args, cause=str(exception), **kwargs)
 
 
 @shared_task(name="workers.tasks.watchdog")

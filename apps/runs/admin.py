@@ -81,6 +81,7 @@ class RunAdmin(admin.ModelAdmin):
         "trainer_step",
         "model_version",
         "heartbeats",
+        "queued_tasks",
         "resumes",
         "created_at",
         "started_at",
@@ -139,8 +140,14 @@ class RunAdmin(admin.ModelAdmin):
     def buffer_retired(self, run):
         if run.buffer_retired_at is None:
             return "in the buffer"
-        how = services.RETIRED.get(run.buffer_retirement.get("action"), "retired")
+        record = run.buffer_retirement
+        how = services.RETIRED.get(record.get("action"), "retired")
         when = f"{how} {run.buffer_retired_at:%Y-%m-%d %H:%M}"
+        if record.get("state") == "in progress":
+            when = f"being {how} since {run.buffer_retired_at:%Y-%m-%d %H:%M}"
+        elif record.get("state") == "partial":
+            when = (f"{record['deleted']:,} rows deleted before the job {record.get('stopped', 'stopped')} "
+                    f"(archive: {record.get('archive') or 'none'})")
         job = run.buffer_retirement.get("job")
         if not job:
             return when

@@ -1,6 +1,7 @@
 """Capacity: the workers that serve runs and jobs, and what each one holds.
 
-A Celery worker registers when it is ready (workers/tasks.py's signal handlers), beats every
+A Celery worker registers when it is ready (workers/tasks.py's signal handlers), with what its
+machine has (hosts.py: memory, cores, GPUs: a launch checks a run against them), beats every
 RFTWEB_HEARTBEAT_INTERVAL seconds on a thread of its main process, and is marked stopped on an
 orderly shutdown; one silent for RFTWEB_HEARTBEAT_TIMEOUT without that is lost. Its slots are its
 pool processes. What a slot holds is read off the active runs' duty heartbeats, which name the
@@ -12,7 +13,6 @@ theirs: who is there, what each holds since when, and who was lost.
 """
 import logging
 import os
-import shutil
 import socket
 import subprocess
 import threading
@@ -25,7 +25,10 @@ from django.db import Error as DatabaseError
 from django.db import connection
 from django.utils import timezone
 
-from . import services
+from workers.rft.config import ConfigError, RunConfig
+
+from . import config_checks, services
+from .hosts import GB, cpu_count, gpus, memory_bytes
 from .models import Run, Worker
 
 log = logging.getLogger(__name__)
@@ -59,6 +62,8 @@ class WorkerState:
     last_seen: datetime | None
     state: str  # live | lost | stopped
     holds: list[Holding] = field(default_factory=list)
+    memory_gb: float | None = None  # what its processes may use (hosts.memory_bytes), for the launch's check
+    cpus: int | None = None
 
     @property
     def free(self) -> int | None:
@@ -106,35 +111,13 @@ def code_version() -> str:
     return out.stdout.strip()[:64] if out.returncode == 0 else ""
 
 
-def gpus() -> list[dict]:
-    """The GPUs this machine has, from nvidia-smi: the main process of a prefork worker must not
-    initialise CUDA (a pool process forked after that could not use it)."""
-    if shutil.which("nvidia-smi") is None:
-        return []
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=name,memory.total,memory.used", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=10,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return []
-    found = []
-    for line in out.stdout.splitlines() if out.returncode == 0 else []:
-        name, total, used = (part.strip() for part in line.rsplit(",", 2))
-        try:
-            found.append({"name": name, "memory_gb": round(float(total) / 1024, 1),
-                          "used_gb": round(float(used) / 1024, 1)})
-        except ValueError:
-            continue
-    return found
-
-
 def register(name: str, queues: list[str], slots: int) -> None:
     """A worker is ready (again: a restarted worker of the same name starts afresh)."""
     now = timezone.now()
     Worker.objects.update_or_create(name=name, defaults={
         "host": socket.gethostname(), "pid": os.getpid(), "queues": sorted(queues), "slots": slots,
-        "gpus": gpus(), "version": code_version(), "started_at": now, "last_seen": now, "stopped_at": None,
+        "gpus": gpus(), "memory_gb": round(memory_bytes() / GB, 1), "cpus": cpu_count(), "version": code_version(),
+        "started_at": now, "last_seen": now, "stopped_at": None,
     })
 
 
@@ -246,7 +229,8 @@ def overview(now: datetime | None = None) -> dict[str, list[WorkerState]]:
     held = holdings()
     if settings.RFTWEB_EMBEDDED:
         me = WorkerState(embedded_name(), socket.gethostname(), os.getpid(), ALL_QUEUES, None, [], code_version(),
-                         None, now, "live", held.pop(embedded_name(), []))
+                         None, now, "live", held.pop(embedded_name(), []),
+                         round(memory_bytes() / GB, 1), cpu_count())
         return {"workers": [me], "lost": [], "stopped": []}
     timeout = timedelta(seconds=settings.RFTWEB_HEARTBEAT_TIMEOUT)
     out = {"workers": [], "lost": [], "stopped": []}
@@ -258,6 +242,7 @@ def overview(now: datetime | None = None) -> dict[str, list[WorkerState]]:
         shown = WorkerState(
             worker.name, worker.host, worker.pid, worker.queues, worker.slots, worker.gpus, worker.version,
             worker.started_at, worker.last_seen, state, held.pop(worker.name, []) if state == "live" else [],
+            worker.memory_gb, worker.cpus,
         )
         out["workers" if state == "live" else state].append(shown)
     # Duties held by a worker that never registered (started before this version): still shown.
@@ -394,11 +379,16 @@ def free_slots() -> dict | None:
 
 
 def launch_warnings(config: dict, run_id: int | None = None) -> list[str]:
-    """What a run of this config will wait for, given the live workers' free slots (none when
-    embedded: its duties are threads of the server); the slots run `run_id` (just launched) took
-    already count as free. A worker that takes both queues is counted for each."""
+    """What a run of this (stored) config may not fit (config_checks.fit_warnings: memory, cores,
+    GPUs), and what it will wait for, given the live workers' free slots (none when embedded: its
+    duties are threads of the server); the slots run `run_id` (just launched) took already count
+    as free. A worker that takes both queues is counted for each."""
+    try:
+        warnings = config_checks.fit_warnings(RunConfig.from_dict(config))
+    except ConfigError:  # a run stored under an older schema: nothing to estimate
+        warnings = []
     if settings.RFTWEB_EMBEDDED:
-        return []
+        return warnings
     live = overview()["workers"]
     for worker in live:
         worker.holds = [hold for hold in worker.holds if hold.run_id != run_id]
@@ -406,7 +396,6 @@ def launch_warnings(config: dict, run_id: int | None = None) -> list[str]:
     needed: dict[str, int] = {}
     for duty in services.duties_of(config):
         needed[services.queue_of(duty)] = needed.get(services.queue_of(duty), 0) + 1
-    warnings = []
     for queue, count in needed.items():
         serving = [worker for worker in live if queue in worker.queues]
         free = sum(worker.free for worker in serving if worker.free is not None)

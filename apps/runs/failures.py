@@ -2,6 +2,7 @@
 traceback, no server paths), and which failures are a broken rank group rather than the run's."""
 import errno
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -30,6 +31,30 @@ def describe_failure(duty: str, exc: BaseException, work_dir: Path) -> str:
     return (
         f"{duty} failed: {cause}\n\nThe traceback is in the worker's log, for the server's administrators. "
         "Fix the cause, then resume the run: it continues from its last checkpoint."
+    )
+
+
+def describe_lost_worker(duty: str, cause: str, times: int, step: int) -> str:
+    """The run's error once the worker process serving `duty` died under it `times` times in a row
+    at trainer step `step`; `cause` is Celery's WorkerLostError ("Worker exited prematurely: signal
+    9 (SIGKILL) Job: 3."). Signal 9 comes from outside the process: most often the kernel's
+    out-of-memory killer, which says so in the machine's kernel log."""
+    signal = re.search(r"signal (\d+)(?: \((\w+)\))?", cause)
+    code = re.search(r"exitcode (-?\d+)", cause)
+    times_ = "twice" if times == 2 else f"{times} times"
+    if signal and signal[1] == "9":
+        how = f"killed {times_} (signal 9: out of memory?)"
+        advice = ("The kernel kills a process with signal 9 when its machine runs out of memory (`dmesg` on the "
+                  "worker's machine names the out-of-memory killer): serve the run on workers with more memory, or "
+                  "make it smaller (the model, explorer.batch_size, trainer.micro_batch_size), then resume it")
+    else:
+        what = (f"signal {signal[1]}{f', {signal[2]}' if signal[2] else ''}" if signal
+                else f"exit code {code[1]}" if code else "cause unknown")
+        how = f"{'killed' if signal else 'lost'} {times_} ({what})"
+        advice = "The worker's log says what happened; fix the cause, then resume the run"
+    return (
+        f"{duty} failed: the worker serving {duty} was {how}, at trainer step {step} each time, so it is not "
+        f"handed to another worker again. {advice}: it continues from its last checkpoint."
     )
 
 

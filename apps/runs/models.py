@@ -1,3 +1,4 @@
+import json
 import secrets
 
 from django.conf import settings
@@ -6,6 +7,18 @@ from django.db import models
 
 def new_secret() -> str:
     return secrets.token_hex(32)
+
+
+class ShallowJSONDecoder(json.JSONDecoder):
+    """Reads a stored value nested too deep for Python's decoder (a RecursionError: a 5,000-deep
+    list written to the database by hand) as None, which readers show as nothing (notes.shown_tags),
+    rather than a 500 on every page that loads the run."""
+
+    def decode(self, s, *args, **kwargs):
+        try:
+            return super().decode(s, *args, **kwargs)
+        except RecursionError:
+            return None
 
 
 class Run(models.Model):
@@ -45,6 +58,10 @@ class Run(models.Model):
     # "trainer-node-K" per extra trainer machine: services.duties_of_run, .holder); the
     # watchdog hands on a duty whose heartbeat expired or whose rank group broke.
     heartbeats = models.JSONField(default=dict, blank=True)
+    # {duty: {"task": Celery task id, "queue", "at": iso time sent}}: the serve_duty task sent for a
+    # duty that no worker has taken yet (supervision.send). A duty is sent again only once its
+    # task came or was withdrawn: toggling 32 explorers had queued 620 tasks, 10 stop/resume 352.
+    queued_tasks = models.JSONField(default=dict, blank=True, editable=False)  # workers' bookkeeping
     # Each resume of a failed or stopped run: {"at", "after": the status it left, "error": the
     # error it had (no longer shown as current), "checkpoint": {"version", "step"} or null}.
     resumes = models.JSONField(default=list, blank=True)
@@ -61,7 +78,7 @@ class Run(models.Model):
     # What the owner (or a curator) wrote about the run, and its tags: lowercase words the runs
     # list filters by (apps/runs/notes.py checks and saves both).
     notes = models.TextField(blank=True)
-    tags = models.JSONField(default=list, blank=True)
+    tags = models.JSONField(default=list, blank=True, decoder=ShallowJSONDecoder)
     # Set once buffer retention (apps/buffer/retention.py) takes the ended run's buffer away:
     # {"action": "archive" or "drop", "job": the BufferJob's id}. Such a run is never resumed again
     # (services.resume_run): its trainer would rewind and replay a buffer that is gone.
@@ -158,6 +175,8 @@ class Worker(models.Model):
     queues = models.JSONField(default=list)
     slots = models.PositiveIntegerField(default=1, help_text="pool processes: duties it can hold at once")
     gpus = models.JSONField(default=list, blank=True)  # [{"name", "memory_gb", "used_gb"}], from nvidia-smi
+    memory_gb = models.FloatField(null=True, blank=True, help_text="the memory its processes may use")
+    cpus = models.PositiveIntegerField(null=True, blank=True, help_text="the cores its processes may use")
     version = models.CharField(max_length=64, blank=True)  # the code it runs (git commit)
     started_at = models.DateTimeField()
     last_seen = models.DateTimeField()

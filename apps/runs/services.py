@@ -9,11 +9,12 @@ from django.db import transaction
 from django.utils import timezone
 
 from apps.tasksets.models import Taskset
-from rftweb.celery import enqueue
+from rftweb.celery import enqueue, withdraw
 from workers.rft.config import ConfigError, ConfigIssue, RunConfig
 from workers.rft.synchronizer import SPLIT_SYNC_METHODS
 
-from .config_checks import model_issues
+from .config_checks import fit_issues, model_issues
+from .failures import describe_lost_worker
 from .live import publisher
 from .models import MetricPoint, Run
 from .queries import unix_time
@@ -57,6 +58,8 @@ def set_status(run: Run, new_status: str, *, error: str | None = None) -> Run:
     if error is not None:
         locked.error = error
     locked.save(update_fields=["status", "started_at", "finished_at", "error", "updated_at"])
+    if new_status in Run.FINISHED and locked.queued_tasks:
+        transaction.on_commit(lambda: drop_queued(locked.pk))  # its duties' queued tasks go
     broadcast(locked.pk, {"type": "status", "status": locked.status, "error": locked.error})
     run.refresh_from_db()
     return locked
@@ -83,8 +86,8 @@ def record_metrics(run: Run, role: str, step: int, values: dict) -> MetricPoint:
 
 def validate_config(config: dict) -> RunConfig:
     """The engine's schema, plus what a shared server adds: model directories confined to the
-    allowed roots (stored resolved), and tasksets and feedback source runs that exist.
-    Raises ConfigError naming each bad key."""
+    allowed roots (stored resolved), tasksets and feedback source runs that exist, and a run the
+    live workers can hold (config_checks.fit_issues). Raises ConfigError naming each bad key."""
     parsed = RunConfig.from_dict(config)
     buffer = parsed.buffer
     named = {"taskset": buffer.taskset, "expert_taskset": buffer.expert_taskset, "eval_taskset": buffer.eval_taskset}
@@ -104,6 +107,9 @@ def validate_config(config: dict) -> RunConfig:
         raise ConfigError(issues)
     for key, directory in resolved_models.items():
         setattr(parsed.model, key.removeprefix("model."), directory)
+    too_big = fit_issues(parsed)  # what the live workers cannot hold: memory, cores, GPUs
+    if too_big:
+        raise ConfigError(too_big)
     return parsed
 
 
@@ -180,8 +186,15 @@ RETIRED = {"archive": "archived", "drop": "dropped"}
 def buffer_retired(run: Run) -> str:
     """Why a run whose buffer retention took away (apps/buffer/retention.py) cannot go on: a
     resumed trainer would rewind and replay rollouts that are gone."""
-    how = RETIRED.get(run.buffer_retirement.get("action"), "retired")
-    job = run.buffer_retirement.get("job")
+    record = run.buffer_retirement
+    how, job = RETIRED.get(record.get("action"), "retired"), record.get("job")
+    if record.get("state") == "in progress":
+        return (f"its buffer is being {how} by buffer retention (buffer job {job}); cancel that job to resume "
+                "it, or launch a new run from its config (Launch again)")
+    if record.get("state") == "partial":
+        kept = f"; their archive is {record['archive']}" if record.get("archive") else ", with no archive"
+        return (f"buffer job {job} was {record.get('stopped', 'stopped')} after deleting {record['deleted']:,} of "
+                f"its rows{kept}; launch a new run from its config (Launch again)")
     return (f"its buffer was {how} on {run.buffer_retired_at:%Y-%m-%d} by buffer retention"
             f"{f' (buffer job {job})' if job else ''}; launch a new run from its config (Launch again)")
 
@@ -198,8 +211,9 @@ def describe_resume(run: Run, was: str) -> str:
 
 
 def stop_run(run: Run) -> Run:
-    """Ask the workers to stop; they check the status every step. A run no worker holds (not
-    started yet, or its workers died) stops at once."""
+    """Ask the workers to stop; they check the status every step and every 2 s inside one
+    (workers/rft/stopping.py). A run no worker holds (not started yet, or its workers died) stops
+    at once."""
     with transaction.atomic():
         locked = Run.objects.select_for_update().get(pk=run.pk)
         if locked.is_finished:
@@ -207,7 +221,7 @@ def stop_run(run: Run) -> Run:
         if not workers_holding(locked):
             return set_status(run, Status.STOPPED)
         if locked.status == Status.STOPPING:
-            raise InvalidTransition(f"run {locked.pk} is already stopping: its workers stop within a step")
+            raise InvalidTransition(f"run {locked.pk} is already stopping: its workers stop within seconds")
         return set_status(run, Status.STOPPING)
 
 
@@ -260,26 +274,43 @@ def queue_of(duty: str) -> str:
     """The Celery queue whose workers serve the duty."""
     return "explore" if is_explorer(duty) else "train"
 
+
+def drop_queued(run_id: int) -> None:
+    """Withdraw from the broker the queued tasks of duties the run no longer has (all, once it is
+    finished; those beyond a lowered explorer.engine_num) and forget them: a resumed run sends
+    afresh. One a worker already has stays noted until it comes (claim_duty) and exits."""
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().get(pk=run_id)
+        needed = () if locked.is_finished else duties_of_run(locked)
+        unneeded = [sent for duty, sent in locked.queued_tasks.items() if duty not in needed]
+        gone = set()
+        for queue in {sent["queue"] for sent in unneeded}:
+            gone |= withdraw(queue, [sent["task"] for sent in unneeded if sent["queue"] == queue])
+        if gone:
+            locked.queued_tasks = {duty: sent for duty, sent in locked.queued_tasks.items() if sent["task"] not in gone}
+            locked.save(update_fields=["queued_tasks"])
+
 # A duty is held by the worker its heartbeat names, until that worker lets it go ("ended") or
 # falls silent for RFTWEB_HEARTBEAT_TIMEOUT seconds. Only claim_duty makes a worker the holder;
 # a worker that finds another holder stops (the watchdog or a resume gave the duty away).
 HANDED_OVER = "watchdog"  # the holder the watchdog writes when it sends a dead worker's duty on
+# A duty's pool process killed twice at the same trainer step is out of memory (or worse), not
+# unlucky: Celery handed an out-of-memory launch's task on 7 times in 58 s (workers/tasks.py).
+KILLS_BEFORE_FAILING = 2
 
 
-def _write_beat(run: Run, duty: str, worker: str, node: str | None = None) -> None:
-    """The duty's heartbeat: its worker process (`host:pid`), the Celery worker it belongs to
-    (`node`, for the Workers page), since when it holds the duty and since when its steps run
-    (`started`, mark_started), kept while the same process beats."""
+def _write_beat(run: Run, duty: str, worker: str, node: str | None = None, task: str | None = None) -> None:
+    """The duty's heartbeat on `run` (the caller saves it): its worker process (`host:pid`), the
+    Celery worker (`node`, for the Workers page) and task (`task`), since when it holds the duty and
+    since when its steps run (`started`, mark_started), kept while the same process beats."""
     previous = run.heartbeats.get(duty, {})
     now = timezone.now().isoformat()
-    kept = {key: previous[key] for key in ("handovers", "handed_over_at_step") if key in previous}
+    kept = {key: previous[key] for key in ("handovers", "handed_over_at_step", "kills", "lost") if key in previous}
     if previous.get("worker") == worker:
-        kept |= {key: previous[key] for key in ("node", "since", "started") if key in previous}
+        kept |= {key: previous[key] for key in ("node", "task", "since", "started") if key in previous}
     kept.setdefault("since", now)
-    if node is not None:
-        kept["node"] = node
+    kept |= {key: value for key, value in (("node", node), ("task", task)) if value is not None}
     run.heartbeats = {**run.heartbeats, duty: {**kept, "at": now, "worker": worker}}
-    run.save(update_fields=["heartbeats"])
 
 
 def heartbeat_age(run: Run, duty: str) -> float | None:
@@ -330,17 +361,24 @@ def workers_holding(run: Run) -> dict[str, str]:
     return {duty: worker for duty, worker in held.items() if worker not in (None, HANDED_OVER)}
 
 
-def claim_duty(run: Run, duty: str, worker: str, timeout: float, node: str | None = None) -> bool:
-    """Take the duty of a run still to be served (Run.SERVED) unless another live worker holds it.
-    A redelivered or duplicated task for a duty that is being served, or any task of a run that
-    is stopping or finished (hundreds may be queued: a run of 1,000 nodes), then exits at once
-    without touching the run."""
+def claim_duty(run: Run, duty: str, worker: str, timeout: float, node: str | None = None,
+               task: str | None = None) -> bool:
+    """Take a duty the run still has (explorer.engine_num may have been lowered) while it is to be
+    served (Run.SERVED), unless another live worker holds it. A redelivered or duplicated task,
+    or any task of a run stopping or finished (hundreds may be queued), then exits at once. The
+    claiming Celery `task` goes on the heartbeat, and out of Run.queued_tasks, claimed or not."""
     with transaction.atomic():
         locked = Run.objects.select_for_update().get(pk=run.pk)
-        if locked.status not in Run.SERVED or holder(locked, duty, timeout) not in (None, HANDED_OVER, worker):
-            return False
-        _write_beat(locked, duty, worker, node)
-    return True
+        came = task is not None and locked.queued_tasks.get(duty, {}).get("task") == task
+        if came:
+            locked.queued_tasks = {key: sent for key, sent in locked.queued_tasks.items() if key != duty}
+        claimed = (locked.status in Run.SERVED and duty in duties_of_run(locked)
+                   and holder(locked, duty, timeout) in (None, HANDED_OVER, worker))
+        if claimed:
+            _write_beat(locked, duty, worker, node, task)
+        if claimed or came:
+            locked.save(update_fields=["heartbeats", "queued_tasks"])
+    return claimed
 
 
 def heartbeat(run: Run, duty: str, worker: str) -> bool:
@@ -351,6 +389,7 @@ def heartbeat(run: Run, duty: str, worker: str) -> bool:
         if holder(locked, duty) != worker:
             return False
         _write_beat(locked, duty, worker)
+        locked.save(update_fields=["heartbeats"])
     return True
 
 
@@ -359,32 +398,62 @@ def hand_over(run: Run, duty: str, limit: int) -> bool:
     holds it. After `limit` hand-overs in a row with no trainer step between (a worker killed at
     the same step each time), the run fails instead, for its user to resume: returns False."""
     with transaction.atomic():
+        return _hand_over(Run.objects.select_for_update().get(pk=run.pk), duty, limit)
+
+
+def worker_lost(run: Run, duty: str, task: str, cause: str) -> bool:
+    """The pool process running Celery task `task` for the duty died (WorkerLostError, `cause`:
+    "Worker exited prematurely: signal 9 (SIGKILL) Job: 3."): True, the duty is to be sent on; the
+    KILLS_BEFORE_FAILING-th time in a row with no trainer step between, the run fails saying so.
+    False, changing nothing, for a task that held nothing or a run no longer served."""
+    with transaction.atomic():
         locked = Run.objects.select_for_update().get(pk=run.pk)
         beat = locked.heartbeats.get(duty, {})
-        # A duty its worker handed back in order (SIGTERM, after saving) waits for a worker as long
-        # as it takes: that is a restart or a deploy, not a worker dying at the same step again.
-        orderly = beat.get("handed_back")
-        stuck = beat.get("handed_over_at_step") == locked.trainer_step
-        handovers = (beat.get("handovers", 0) if stuck else 0) + (0 if orderly else 1)
-        if handovers > limit:
-            if beat.get("broke"):
-                lost = f"its trainer's rank group broke ({beat['broke']})"
-            elif beat.get("worker") == HANDED_OVER:
-                lost = "no worker took it over"
-            else:
-                lost = f"its worker {beat.get('worker')} stopped beating (killed? out of memory?)"
-            set_status(locked, Status.FAILED, error=(
-                f"{duty} failed: {lost} at trainer step {locked.trainer_step}, and the watchdog hands a "
-                f"duty on at most {limit} time(s) in a row without progress. "
-                "Resume the run to continue from its last checkpoint."
-            ))
+        queued = locked.queued_tasks.get(duty, {}).get("task") == task  # killed before it claimed
+        if locked.status not in Run.SERVED or not (queued or beat.get("task") == task and not beat.get("ended")):
             return False
-        locked.heartbeats = {**locked.heartbeats, duty: {
-            "at": timezone.now().isoformat(), "worker": HANDED_OVER,
-            "handovers": handovers, "handed_over_at_step": locked.trainer_step,
-            **({"handed_back": orderly} if orderly else {}),
-        }}
-        locked.save(update_fields=["heartbeats"])
+        if queued:
+            locked.queued_tasks = {key: sent for key, sent in locked.queued_tasks.items() if key != duty}
+            locked.save(update_fields=["queued_tasks"])
+        return _hand_over(locked, duty, settings.RFTWEB_MAX_HANDOVERS, lost=cause)
+
+
+def _hand_over(locked: Run, duty: str, limit: int, lost: str | None = None) -> bool:
+    """hand_over, or worker_lost with `lost`, on the run's locked row."""
+    beat = locked.heartbeats.get(duty, {})
+    step = locked.trainer_step
+    stuck = beat.get("handed_over_at_step") == step
+    kills = (beat.get("kills", 0) if stuck else 0) + (lost is not None)
+    if kills >= KILLS_BEFORE_FAILING:
+        set_status(locked, Status.FAILED, error=describe_lost_worker(duty, lost, kills, step))
+        return False
+    # A duty its worker handed back in order (SIGTERM, after saving) waits for a worker as long
+    # as it takes: that is a restart or a deploy, not a worker dying at the same step again.
+    orderly = beat.get("handed_back")
+    if lost is not None and beat.get("worker") == HANDED_OVER:
+        handovers = beat.get("handovers", 1)  # the watchdog was first to send on this very loss
+    else:
+        handovers = (beat.get("handovers", 0) if stuck else 0) + (0 if orderly else 1)
+    if handovers > limit:
+        if beat.get("broke"):
+            why = f"its trainer's rank group broke ({beat['broke']})"
+        elif beat.get("worker") == HANDED_OVER:
+            why = "no worker took it over"
+        else:
+            why = f"its worker {beat.get('worker')} stopped beating (killed? out of memory?)"
+        set_status(locked, Status.FAILED, error=(
+            f"{duty} failed: {why} at trainer step {step}, and the watchdog hands a "
+            f"duty on at most {limit} time(s) in a row without progress. "
+            "Resume the run to continue from its last checkpoint."
+        ))
+        return False
+    locked.heartbeats = {**locked.heartbeats, duty: {
+        "at": timezone.now().isoformat(), "worker": HANDED_OVER, "handovers": handovers, "handed_over_at_step": step,
+        **({"task": beat["task"]} if "task" in beat else {}),  # the task that lost it (worker_lost)
+        **({"handed_back": orderly} if orderly else {}),
+        **({"kills": kills, "lost": lost or beat.get("lost")} if kills else {}),
+    }}
+    locked.save(update_fields=["heartbeats"])
     return True
 
 

@@ -29,9 +29,15 @@
     return cell;
   }
 
-  function gpuText(worker) {
-    if (!worker.gpus.length) return "none";
-    return worker.gpus.map((g) => g.name + " (" + g.used_gb + " / " + g.memory_gb + " GB)").join(", ");
+  // What a launch checks a run against (apps/runs/config_checks.fit_issues): cores, memory, GPUs.
+  function machineText(worker) {
+    const parts = [];
+    if (worker.cpus) parts.push(worker.cpus + " core" + (worker.cpus === 1 ? "" : "s"));
+    if (worker.memory_gb) parts.push(worker.memory_gb + " GB");
+    parts.push(worker.gpus.length
+      ? worker.gpus.map((g) => g.name + " (" + g.used_gb + " / " + g.memory_gb + " GB)").join(", ")
+      : "no GPU");
+    return parts.join(" · ");
   }
 
   function holdsCell(worker) {
@@ -58,7 +64,7 @@
     const slots = worker.slots === null ? "no limit" : (worker.slots - worker.free) + " / " + worker.slots + " busy";
     tr.append(el("td", slots, {class: "num"}));
     if (live) tr.append(holdsCell(worker));
-    tr.append(el("td", gpuText(worker)), el("td", worker.version || "—"), el("td", ago(worker.last_seen)));
+    tr.append(el("td", machineText(worker)), el("td", worker.version || "—"), el("td", ago(worker.last_seen)));
     return tr;
   }
 

@@ -64,6 +64,21 @@ def test_tags_that_are_no_list_of_tags_show_as_none_and_break_no_page(researcher
 
 
 @pytest.mark.django_db
+def test_tags_nested_too_deep_to_read_show_as_none(researcher_client, researcher, run):
+    """A 5,000-deep list written by hand: Python's JSON decoder raises RecursionError reading it."""
+    from django.db import connection
+
+    if connection.vendor == "sqlite":
+        pytest.skip("SQLite's JSON_VALID check refuses nesting past 1,000: the database cannot hold it")
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE runs_run SET tags = %s::jsonb WHERE id = %s", ["[" * 5000 + "]" * 5000, run.pk])
+    assert Run.objects.get(pk=run.pk).tags is None
+    for url in ("/", reverse("run-list"), reverse("run-detail", args=[run.pk])):
+        assert researcher_client.get(url).status_code == 200, url
+    assert api_get(researcher, reverse("api-run", args=[run.pk])).json()["tags"] == []
+
+
+@pytest.mark.django_db
 def test_the_tag_filter_matches_only_a_list_of_tags(researcher_client, researcher, run):
     other = Run.objects.create(name="string", owner=researcher, config={})
     Run.objects.filter(pk=other.pk).update(tags=Value("kept", output_field=JSONField()))

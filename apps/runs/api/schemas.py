@@ -119,8 +119,10 @@ class RunDetailOut(RunOut):
     resumes: list[dict[str, Any]] = Field(description='each {"at", "after", "error", "checkpoint"}')
     checkpoints: list[CheckpointOut]
     buffer_retired: dict[str, Any] | None = Field(
-        description='{"at", "action": archive or drop, "job": its buffer job} once buffer retention took the '
-                    "ended run's buffer: it cannot be resumed"
+        description='{"at", "action": archive or drop, "job": its buffer job, "state"} once buffer retention '
+                    'takes the ended run\'s buffer: it cannot be resumed. state: "in progress" while the job runs '
+                    '(cancelling it puts the run back), "partial" when the job stopped after deleting some rows '
+                    '(with "deleted" and "archive"), else done'
     )
 
 
@@ -267,6 +269,8 @@ class WorkerOut(Schema):
     slots: int | None = Field(description="null when embedded: no limit")
     free: int | None
     gpus: list[dict[str, Any]] = Field(description='each {"name", "memory_gb", "used_gb"}')
+    memory_gb: float | None = Field(description="the memory its processes may use (GiB); null if not reported")
+    cpus: int | None = Field(description="the cores its processes may use; null if not reported")
     version: str = Field(description="the git commit it runs")
     started_at: str | None
     last_seen: str | None

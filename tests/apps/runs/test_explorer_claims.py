@@ -129,7 +129,7 @@ def test_a_failed_finish_leaves_the_step_to_finish_again(run):
 def sent(monkeypatch):
     """The duties supervision hands to workers (the workers themselves: tests/workers/test_explorers.py)."""
     duties = []
-    monkeypatch.setattr(supervision, "enqueue", lambda name, run_id, duty, queue: duties.append((duty, queue)))
+    monkeypatch.setattr(supervision, "enqueue", lambda name, run_id, duty, queue, **_: duties.append((duty, queue)))
     return duties
 
 

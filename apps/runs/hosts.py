@@ -1,0 +1,108 @@
+"""The machines a run's processes would run on, and what each has: memory, cores, GPUs.
+
+A Celery worker reports its machine's when it registers (capacity.register); a launch checks a
+run's estimated footprint and trainer ranks against the live workers of the queues its duties go
+to (config_checks.fit_issues). Embedded (no Celery), this process's machine serves every duty.
+
+Memory and cores are what this process may use: a container's cgroup limit where it is below the
+machine's (a worker in a 4 GB container on a 64 GB host is killed at 4 GB).
+"""
+import math
+import os
+import shutil
+import socket
+import subprocess
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+
+import psutil
+from django.conf import settings
+from django.utils import timezone
+
+from .models import Worker
+
+GB = 2**30
+CGROUP = Path("/sys/fs/cgroup")
+THIS_MACHINE = f"this machine ({socket.gethostname()})"
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str  # the worker's Celery name, or THIS_MACHINE
+    memory: int | None  # bytes; None: not reported (a worker started before workers reported it)
+    cpus: int | None
+    gpus: tuple[int, ...] = field(default=())  # each GPU's memory, bytes
+
+
+def memory_bytes() -> int:
+    """This process's memory: the machine's, or its cgroup's limit where lower (v2, then v1)."""
+    total = psutil.virtual_memory().total
+    for limit in (CGROUP / "memory.max", CGROUP / "memory" / "memory.limit_in_bytes"):
+        value = _read(limit)
+        if value is not None and value.isdigit():
+            total = min(total, int(value))
+    return total
+
+
+def cpu_count() -> int:
+    """The cores this process may run on (its affinity), or its cgroup's CPU quota where lower."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    quota = _read(CGROUP / "cpu.max")  # v2: "<quota> <period>" or "max <period>"
+    parts = quota.split() if quota else [_read(CGROUP / "cpu" / "cpu.cfs_quota_us"),
+                                        _read(CGROUP / "cpu" / "cpu.cfs_period_us")]
+    if len(parts) == 2 and all(part and part.isdigit() for part in parts) and int(parts[1]) > 0:
+        cores = min(cores, max(1, math.ceil(int(parts[0]) / int(parts[1]))))
+    return cores
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def gpus() -> list[dict]:
+    """The GPUs this machine has, from nvidia-smi: the main process of a prefork worker must not
+    initialise CUDA (a pool process forked after that could not use it)."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-gpu=name,memory.total,memory.used", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=10,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return []
+    found = []
+    for line in out.stdout.splitlines() if out.returncode == 0 else []:
+        name, total, used = (part.strip() for part in line.rsplit(",", 2))
+        try:
+            found.append({"name": name, "memory_gb": round(float(total) / 1024, 1),
+                          "used_gb": round(float(used) / 1024, 1)})
+        except ValueError:
+            continue
+    return found
+
+
+def this_machine() -> Host:
+    return Host(THIS_MACHINE, memory_bytes(), cpu_count(), _gpu_bytes(gpus()))
+
+
+def serving(queue: str) -> list[Host]:
+    """The live workers that take `queue` (embedded: this machine takes every queue). Live: not
+    stopped, and seen within RFTWEB_HEARTBEAT_TIMEOUT, as the Workers page counts them."""
+    if settings.RFTWEB_EMBEDDED:
+        return [this_machine()]
+    seen = timezone.now() - timedelta(seconds=settings.RFTWEB_HEARTBEAT_TIMEOUT)
+    live = Worker.objects.filter(stopped_at__isnull=True, last_seen__gte=seen).order_by("name")
+    return [
+        Host(worker.name, worker.memory_gb and int(worker.memory_gb * GB), worker.cpus, _gpu_bytes(worker.gpus))
+        for worker in live if queue in worker.queues
+    ]
+
+
+def _gpu_bytes(found: list) -> tuple[int, ...]:
+    return tuple(int(gpu["memory_gb"] * GB) for gpu in found if isinstance(gpu, dict)
+                 and isinstance(gpu.get("memory_gb"), (int, float)))
