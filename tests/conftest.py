@@ -3,6 +3,37 @@ import pytest
 from apps.accounts.roles import ANNOTATOR, CURATOR, RESEARCHER
 
 
+def _engine() -> str:
+    from django.conf import settings
+
+    return settings.DATABASES["default"]["ENGINE"].rsplit(".", 1)[-1]  # 'postgresql' | 'sqlite3'
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
+    """On SQLite (`make test-sqlite`: the embedded demo's database), a test database in a file, as
+    `make demo`'s: Django's default in-memory one shares one cache between connections, whose
+    table locks fail a second thread's write at once ('database table is locked') instead of
+    waiting out the settings' 30 s busy timeout."""
+    import os
+    from pathlib import Path
+
+    from django.conf import settings
+
+    if _engine() == "sqlite3":
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # each xdist worker its own file
+        test = settings.DATABASES["default"].setdefault("TEST", {})
+        test["NAME"] = str(Path(settings.DATABASES["default"]["NAME"]).with_name(f"test_rftweb{worker}.sqlite3"))
+
+
+def pytest_runtest_setup(item):
+    """A `postgres` test checks what only the full stack's database has (full-text search, query
+    plans, COPY, a second connection reading while another writes): skipped on SQLite, saying why."""
+    marker = item.get_closest_marker("postgres")
+    if marker is not None and _engine() == "sqlite3":
+        pytest.skip(f"Postgres only: {marker.args[0] if marker.args else 'a feature SQLite lacks'}")
+
+
 def _flush_test_redis():
     """Empty the tests' own Redis database (test_settings: /14; under xdist, this worker's own).
     Celery tasks acks late, so a task held by a worker that a test killed stays "unacked" and Redis

@@ -140,3 +140,14 @@ class Stack:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+def migrate_to_newest() -> None:
+    """Every app at its newest migration, as the tests after a migration test expect: migrating one
+    app backwards also unapplies the migrations of other apps that depend on it (the buffer's taking
+    feedback's 0004 with it), which migrating that one app forwards again does not reapply."""
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    executor = MigrationExecutor(connection)
+    executor.migrate(executor.loader.graph.leaf_nodes())

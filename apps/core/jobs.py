@@ -244,8 +244,9 @@ def progress_writer(job: Job):
     there would stay invisible until the end (and be rolled back on failure). Each update goes
     through a second connection, in autocommit mode, instead: safe because the job's transaction
     never touches the job row (the job is finished after it ends), so the two connections never
-    wait on each other's locks. Inside an outer transaction (the tests) or on SQLite (one writer at
-    a time) the row cannot show progress before the end: it is only broadcast."""
+    wait on each other's locks. SQLite has one writer at a time, the job's own connection: there
+    progress is written by it between the job's transactions (retention's chunks, each committed),
+    and only broadcast within one. Inside an outer transaction (the tests) it is only broadcast."""
     writes = connection.vendor == "postgresql" and not connection.in_atomic_block
     progress_connection = connections.create_connection(DEFAULT_DB_ALIAS) if writes else None
     # Returning the cancel request: each live message shows whether one is waiting.
@@ -262,8 +263,11 @@ def progress_writer(job: Job):
         if now - last_write < PROGRESS_INTERVAL_SECONDS:
             return
         last_write = now
-        if progress_connection is not None:
-            with progress_connection.cursor() as cursor:
+        writer = progress_connection
+        if writer is None and connection.vendor == "sqlite" and not connection.in_atomic_block:
+            writer = connection  # autocommit, between the job's own commits
+        if writer is not None:
+            with writer.cursor() as cursor:
                 cursor.execute(sql, [job.rows_done, job.bytes_done, job.pk])
                 row = cursor.fetchone()
             job.cancel_requested_at = row and row[0]

@@ -4,7 +4,6 @@ database DATABASE_URL names. `make test` runs this directory twice, on Postgres 
 embedded `make demo`): the Django tests' ids and the report header name the engine."""
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import pytest
 from django.conf import settings
@@ -28,16 +27,6 @@ IMPLEMENTATIONS = ["memory", f"django-{ENGINE}"]
 
 def pytest_report_header(config):
     return f"contract: the Django stores run on {ENGINE} ({settings.DATABASES['default']['NAME']})"
-
-
-@pytest.fixture(scope="session")
-def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
-    """On SQLite, a test database in a file, as `make demo`'s: Django's default in-memory one
-    shares one cache between connections, whose table locks fail a second thread's write at once
-    ('database table is locked') instead of waiting out the settings' 30 s busy timeout."""
-    if ENGINE == "sqlite3":
-        test = settings.DATABASES["default"].setdefault("TEST", {})
-        test["NAME"] = str(Path(settings.DATABASES["default"]["NAME"]).with_name("test_contract.sqlite3"))
 
 
 @dataclass

@@ -1,7 +1,7 @@
 """Every annotation path (apps/feedback: compare, flag, skip, postpone, rate, edit, undo, progress)
 through the page's JSON API on the database DATABASE_URL names: `make test` runs this directory on
 Postgres and again on SQLite, the embedded mode's database that the README's first command gives
-every new user (`make test-contract-sqlite`).
+every new user (`make test-sqlite`).
 
 Issue #42: on SQLite one comparison made every later call on its run answer 500 (a JSONField
 `__contains` in apps/feedback/history.py). Issue #41: a second comparison with the same response
@@ -23,6 +23,7 @@ from apps.buffer.store import DjangoExperienceBuffer
 from apps.feedback.models import Feedback, SetAside
 from apps.runs.models import MetricPoint, Run
 from apps.tasksets.models import Task, Taskset
+from tests.support import migrate_to_newest
 
 from .conftest import ENGINE
 
@@ -281,6 +282,4 @@ def test_existing_comparisons_migrate_to_one_per_pair_and_back(researcher):
         Old = migrate(BEFORE)
         assert set(Old.objects.values_list("pk", flat=True)) == {second.pk, rating.pk}
     finally:
-        leaf = max(name for app, name in MigrationExecutor(transaction.get_connection()).loader.graph.leaf_nodes()
-                   if app == "feedback")
-        migrate(("feedback", leaf))
+        migrate_to_newest()

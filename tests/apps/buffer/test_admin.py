@@ -124,6 +124,7 @@ def test_range_filter_keeps_the_other_parameters(curator_client, make_experience
     assert 'name="reward__gte" value="0.5"' in form and form.count("reward__gte") == 1
 
 
+@pytest.mark.postgres("full-text search (a tsvector a row, its GIN index); SQLite searches by substring")
 def test_search_is_full_text_over_prompt_and_response(curator_client, make_experience):
     pie = make_experience(prompt_text="Bake something", response_text="An apple pie, then a cherry pie.")
     tart = make_experience(prompt_text="Bake an apple tart", response_text="Done.")
@@ -141,6 +142,7 @@ def test_search_is_full_text_over_prompt_and_response(curator_client, make_exper
     assert search("ppl") == []
 
 
+@pytest.mark.postgres("full-text search (a tsvector a row, its GIN index); SQLite searches by substring")
 def test_search_uses_the_gin_index(make_experience):
     from django.contrib.postgres.search import SearchQuery
 
@@ -158,6 +160,7 @@ def _matches(word):
     return Experience.objects.filter(search__document=SearchQuery(word, config="simple")).count()
 
 
+@pytest.mark.postgres("full-text search (a tsvector a row, its GIN index); SQLite searches by substring")
 def test_search_document_follows_updates(make_experience):
     """An edit rewrites the document at once, whether or not the indexer had made it yet."""
     from apps.buffer import search
@@ -173,6 +176,7 @@ def test_search_document_follows_updates(make_experience):
     assert _matches("early") == 1
 
 
+@pytest.mark.postgres("full-text search (a tsvector a row, its GIN index); SQLite searches by substring")
 def test_a_write_is_searchable_after_the_indexer_and_only_then(make_experience):
     from apps.buffer import search
 
@@ -184,6 +188,7 @@ def test_a_write_is_searchable_after_the_indexer_and_only_then(make_experience):
     assert search.backlog() == 0
 
 
+@pytest.mark.postgres("full-text search (a tsvector a row, its GIN index); SQLite searches by substring")
 def test_a_search_catches_up_first_and_says_when_it_could_not(curator_client, make_experience, monkeypatch):
     from apps.buffer import search
 
@@ -213,6 +218,7 @@ def test_list_queries_do_not_grow_with_the_rows(curator_client, make_experience,
     assert queries(CHANGELIST) <= 8
 
 
+@pytest.mark.postgres("the planner's row estimate; SQLite counts exactly")
 def test_a_big_result_is_counted_by_estimate(curator_client, make_experience, monkeypatch):
     monkeypatch.setattr(counts, "EXACT_COUNT_LIMIT", 5)
     for _ in range(8):

@@ -12,6 +12,7 @@ from apps.core import jobs
 from tests.support import read_elsewhere, watch_progress
 
 
+@pytest.mark.postgres("progress written on a second connection: on SQLite the job holds the write lock")
 @pytest.mark.django_db(transaction=True)
 def test_progress_is_visible_while_the_job_is_still_running(make_experience, monkeypatch):
     rows = [make_experience() for _ in range(5)]

@@ -4,6 +4,7 @@ from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
 from apps.runs.models import Run
+from tests.support import migrate_to_newest
 
 BEFORE, AFTER = ("buffer", "0004_experience_sample_order"), ("buffer", "0005_experience_arrays_aligned")
 
@@ -32,8 +33,7 @@ def test_arrays_are_aligned_for_the_engine(researcher):
         assert rows[imported.pk].action_mask == [1, 1, 1]
         assert (rows[rollout.pk].action_mask, rows[rollout.pk].logprobs) == ([1, 0, 1], [-1.0, -2.0, -3.0])
     finally:
-        leaf = max(name for app, name in MigrationExecutor(connection).loader.graph.leaf_nodes() if app == "buffer")
-        migrate(("buffer", leaf))
+        migrate_to_newest()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -70,8 +70,7 @@ def test_the_search_document_keeps_its_values_and_follows_edits_both_ways(resear
         edit(old.pk, "figs")
         assert (matches("plums"), matches("figs")) == (0, 1)
     finally:
-        leaf = max(name for app, name in MigrationExecutor(connection).loader.graph.leaf_nodes() if app == "buffer")
-        migrate(("buffer", leaf))
+        migrate_to_newest()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -110,8 +109,7 @@ def test_search_documents_move_to_their_table_and_back(researcher):
             cursor.execute("UPDATE buffer_experience SET response_text = 'figs' WHERE id = %s", [old.pk])
         assert (matches("apples", "row"), matches("figs", "row")) == (0, 1)  # 0006's trigger is back
     finally:
-        leaf = max(name for app, name in MigrationExecutor(connection).loader.graph.leaf_nodes() if app == "buffer")
-        migrate(("buffer", leaf))
+        migrate_to_newest()
 
 
 @pytest.mark.django_db(transaction=True)
@@ -143,6 +141,6 @@ def test_token_arrays_are_stored_without_a_compression_attempt_and_back(research
     try:
         migrate(("buffer", "0008_experience_search_after_the_write"))
         assert storage() == dict.fromkeys(expected, "x")
-    finally:
-        migrate(("buffer", "0009_experience_token_arrays_uncompressed"))
+    finally:  # back to the newest, as every test after this one expects
+        migrate_to_newest()
     assert storage() == expected

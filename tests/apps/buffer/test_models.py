@@ -56,12 +56,13 @@ def test_token_arrays_round_trip_exactly(run, task):
     assert stored.response_ids == response_ids
     assert stored.action_mask == mask
     assert stored.logprobs == logprobs  # float32 values come back bit for bit
-    # 4 bytes a token, not a JSON list.
+    # 4 bytes a token, not a JSON list (SQLite's length() of a blob, Postgres's octet_length of bytea).
     with transaction.atomic():
         from django.db import connection
 
+        size = "length" if connection.vendor == "sqlite" else "octet_length"
         with connection.cursor() as cursor:
-            cursor.execute("select octet_length(response_ids) from buffer_experience where id = %s", [exp.pk])
+            cursor.execute(f"select {size}(response_ids) from buffer_experience where id = %s", [exp.pk])
             assert cursor.fetchone()[0] == 4000
 
 

@@ -85,6 +85,7 @@ def test_sample_claims_rows_so_two_trainers_never_share_one(run, task_ids):
     assert not {e.id for e in first} & {e.id for e in second}
 
 
+@pytest.mark.postgres("one claiming statement (FOR UPDATE SKIP LOCKED); SQLite claims under its one write lock")
 def test_a_mix_sample_claims_both_parts_in_one_statement(run, task_ids, monkeypatch):
     buffer = DjangoExperienceBuffer(run.pk)
     buffer.write([rollout(t, index=i) for t in task_ids for i in range(2)])

@@ -2,6 +2,8 @@
 first byte goes out (a 2 GB checkpoint tar would), so the views hand it an async one."""
 import asyncio
 
+import pytest
+
 from apps.core.streaming import file_response, streaming
 
 
@@ -26,6 +28,7 @@ def test_a_download_makes_its_chunks_one_at_a_time():
     assert first_chunk_then_made(response, made) == (b"0,", [0]), "the rest is not made yet"
 
 
+@pytest.mark.django_db  # response.close() sends request_finished, which closes this thread's old connections
 def test_a_file_download_reads_block_by_block_and_keeps_its_headers(tmp_path):
     path = tmp_path / "export.jsonl"
     path.write_bytes(b"x" * (3 * 65536))

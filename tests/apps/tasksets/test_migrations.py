@@ -3,6 +3,8 @@ import pytest
 from django.db import connection
 from django.db.migrations.executor import MigrationExecutor
 
+from tests.support import migrate_to_newest
+
 BEFORE, AFTER = ("tasksets", "0002_taskset_import"), ("tasksets", "0003_tasksetimport_rows_total")
 
 
@@ -26,5 +28,4 @@ def test_import_jobs_keep_their_table_and_rows_as_core_jobs():
         assert (kept.status, kept.rows_done, kept.rows_total, kept.bytes_total) == ("succeeded", 7, 0, 70)
         assert new._meta.db_table == "tasksets_tasksetimport"
     finally:
-        leaf = max(name for app, name in MigrationExecutor(connection).loader.graph.leaf_nodes() if app == "tasksets")
-        migrate(("tasksets", leaf))
+        migrate_to_newest()

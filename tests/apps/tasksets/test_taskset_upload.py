@@ -190,6 +190,7 @@ def test_upload_page_and_list_render_for_a_researcher(researcher_client):
     assert UPLOAD_URL.encode() in researcher_client.get(reverse("taskset-list")).content
 
 
+@pytest.mark.postgres("progress written on a second connection: on SQLite the job holds the write lock")
 @pytest.mark.django_db(transaction=True)
 def test_progress_is_visible_to_other_connections_while_the_import_runs(researcher, files, monkeypatch):
     """The tasks are invisible until the import commits, but each batch's progress is not."""

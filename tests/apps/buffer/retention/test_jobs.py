@@ -248,9 +248,10 @@ def test_a_rerun_whose_archive_is_gone_deletes_nothing_more(ended, buffer, monke
 def test_each_chunk_is_committed_and_its_progress_shown_as_it_goes(ended, buffer, monkeypatch):
     monkeypatch.setattr(retention, "CHUNK_ROWS", 2)
     doomed = [row.pk for row in buffer["doomed"]]
+    listed = ", ".join(["%s"] * len(doomed))  # not = ANY(%s): one form for Postgres and SQLite
     seen = watch_progress(monkeypatch, lambda job: read_elsewhere(
-        "SELECT j.rows_done, (SELECT count(*) FROM buffer_experience WHERE id = ANY(%s)) "
-        "FROM buffer_bufferjob j WHERE j.id = %s", [doomed, job.pk]))
+        f"SELECT j.rows_done, (SELECT count(*) FROM buffer_experience WHERE id IN ({listed})) "
+        "FROM buffer_bufferjob j WHERE j.id = %s", [*doomed, job.pk]))
     job = retention.start_retention(Run.objects.filter(pk=ended.pk), action="drop")
 
     job = run_job("buffer.bufferjob", job.pk)
