@@ -273,7 +273,8 @@ def duty_states(run: Run, live: list[WorkerState] | None = None) -> list[DutySta
     """Each duty of the run: waiting for a worker of its queue (saying which slots are busy and
     with what), starting (the worker loads the model), running, handed over (its worker was lost
     and the watchdog sent it on), lost (its worker fell silent; the watchdog sends it on after
-    RFTWEB_HEARTBEAT_TIMEOUT) or ended. `live`: overview()["workers"], when the caller has it."""
+    RFTWEB_HEARTBEAT_TIMEOUT), stopping (its worker leaves at its next step) or ended (let go for
+    good, or its run has stopped or ended). `live`: overview()["workers"], when the caller has it."""
     live = overview()["workers"] if live is None else live
     timeout = settings.RFTWEB_HEARTBEAT_TIMEOUT
     stopped_nodes = set() if settings.RFTWEB_EMBEDDED else set(
@@ -283,7 +284,16 @@ def duty_states(run: Run, live: list[WorkerState] | None = None) -> list[DutySta
         queue = services.queue_of(duty)
         beat = run.heartbeats.get(duty)
         node = beat.get("node") if beat else None
-        if beat is None:
+        if run.status in Run.FINISHED or (run.status == Run.Status.STOPPING and not _holds(beat)):
+            # Nothing waits for a worker any more: for ~2 minutes after a Stop, a stopped run's
+            # explorer said "handed over ... one has a free slot and takes it next" (#42, finding 4).
+            how = "is stopping" if run.status == Run.Status.STOPPING else run.status
+            states.append(DutyState(duty, queue, "ended", None, beat and beat.get("ended"), f"the run {how}"))
+        elif run.status == Run.Status.STOPPING:
+            states.append(DutyState(duty, queue, "stopping", node, beat.get("started") or beat.get("since"),
+                                    f"{node or beat['worker']} ends its step, saves what a resume needs and "
+                                    "lets it go"))
+        elif beat is None:
             states.append(DutyState(duty, queue, "waiting", None, None, _waiting_for(run, queue, live)))
         elif beat.get("ended") and run.status in Run.ACTIVE:  # let go, the run goes on: the watchdog sends it on
             why = beat.get("handed_back") or beat.get("broke") or "its task ended"
@@ -307,6 +317,11 @@ def duty_states(run: Run, live: list[WorkerState] | None = None) -> list[DutySta
         else:
             states.append(DutyState(duty, queue, "running", node, beat["started"], f"on {node or beat['worker']}"))
     return states
+
+
+def _holds(beat: dict | None) -> bool:
+    """Whether a worker still holds the duty that beat (not let go, nor sent on)."""
+    return bool(beat) and not beat.get("ended") and beat.get("worker") != services.HANDED_OVER
 
 
 def _waiting_for(run: Run, queue: str, live: list[WorkerState]) -> str:

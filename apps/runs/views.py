@@ -144,6 +144,7 @@ def run_detail(request, pk):
     figures = queries.key_figures(run)
     progress_counter = "explorer_step" if run.mode == Run.Mode.EXPLORE else "trainer_step"  # as run_progress counts
     duties = capacity.duties_json(run)
+    run.shown_status = duties["shown_status"]  # as the runs list says it: queued until a worker takes it
     controls = control_statuses()
     retired_job = run.buffer_retired_at and run.buffer_retirement.get("job")
     if run.buffer_retired_at:

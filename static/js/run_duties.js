@@ -30,8 +30,16 @@
     return line;
   }
 
+  // The header's status as the runs list says it (capacity.shown_status): "queued" while no worker
+  // has taken a duty yet, where the run's own status says "starting".
+  const badge = document.getElementById("run-status");
+
   function draw(data) {
     const finished = page.finished_statuses.includes(data.status);
+    if (badge && badge.textContent !== data.shown_status && data.status === badge.dataset.status) {
+      badge.textContent = data.shown_status;
+      badge.className = "status " + data.shown_status;
+    }
     box.hidden = finished || !data.duties.length;
     box.replaceChildren(...data.duties.map(row));
     if (rolling) {

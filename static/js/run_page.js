@@ -31,7 +31,7 @@
   const CONTROL_FLASHES = { stopping: `Stopping ${runName}.`, paused: `Paused ${runName}.` };
 
   const counters = {}; // step counters and model version only move forward (a replayed step must not move them back)
-  let status = badge.textContent;
+  let status = badge.dataset.status; // the run's own; the badge may say it as the runs list does (run_duties.js)
   let connection = "connecting";
 
   function showCounter(name, value) {
@@ -119,6 +119,7 @@
   function showStatus(newStatus, error) {
     const changed = newStatus !== status;
     status = newStatus;
+    badge.dataset.status = status;
     badge.textContent = status;
     badge.className = "status " + status;
     document.querySelectorAll("form[data-statuses]").forEach((form) => {

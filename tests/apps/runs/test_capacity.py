@@ -225,3 +225,31 @@ def test_the_run_page_and_the_api_show_the_duties(busy, make_run, researcher_cli
     assert api["duties"] == data["duties"]["duties"] and api["shown_status"] == "queued"
     listed = researcher_client.get(reverse("run-list")).content.decode()
     assert '<span class="status queued"' in listed
+
+
+def test_a_stopping_or_stopped_run_waits_for_no_worker(make_run):
+    """Issue #42, finding 4: right after Stop, a stopped run's explorer line said "handed over ...
+    waiting for an `explore` worker: one has a free slot and takes it next", and its trainer
+    "running", for about two minutes."""
+    worker("train@gpu-1")
+    beats = {
+        "trainer": started(held_by("train@gpu-1")),
+        "explorer": {**started(held_by("train@gpu-1")), "ended": timezone.now().isoformat(),
+                     "handed_back": "its worker train@gpu-1 is shutting down"},
+    }
+    run = make_run("stopping", status=Run.Status.STOPPING, config=SPLIT, heartbeats=beats)
+    states = {s.duty: s for s in capacity.duty_states(run)}
+    assert {duty: s.state for duty, s in states.items()} == {  # explorer-1 was never taken: nor will it be
+        "trainer": "stopping", "explorer": "ended", "explorer-1": "ended"}
+    assert "saves what a resume needs" in states["trainer"].detail
+    assert states["explorer"].detail == states["explorer-1"].detail == "the run is stopping"
+    run.status = Run.Status.STOPPED
+    assert {s.duty: (s.state, s.detail) for s in capacity.duty_states(run)} == dict.fromkeys(
+        ["trainer", "explorer", "explorer-1"], ("ended", "the run stopped"))
+
+
+def test_the_run_page_says_queued_as_the_list_does_until_a_worker_takes_it(researcher_client, make_run):
+    """Issue #42, finding 8: the run page said "starting" where the runs list said "queued"."""
+    run = make_run("waits", status=Run.Status.STARTING, heartbeats={})
+    html = researcher_client.get(reverse("run-detail", args=[run.pk])).content.decode()
+    assert 'id="run-status" data-status="starting">queued</span>' in html
