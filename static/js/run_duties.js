@@ -13,6 +13,12 @@
     return iso ? new Date(iso).toLocaleTimeString([], { hour: "2-digit", minute: "2-digit", second: "2-digit" }) : "";
   }
 
+  // `backquoted` words (a queue, a command) as <code>, as the page's messages show them (templatetags/text.py).
+  function withTicks(element, text) {
+    element.replaceChildren(...text.split("`").map((part, i) =>
+      i % 2 ? Object.assign(document.createElement("code"), { textContent: part }) : document.createTextNode(part)));
+  }
+
   function row(duty) {
     const line = document.createElement("div");
     line.className = "duty " + duty.state.replace(" ", "-");
@@ -25,7 +31,7 @@
     state.textContent = duty.state;
     const detail = document.createElement("span");
     detail.className = "duty-detail";
-    detail.textContent = duty.detail + (duty.since && duty.state !== "waiting" ? " · since " + clock(duty.since) : "");
+    withTicks(detail, duty.detail + (duty.since && duty.state !== "waiting" ? " · since " + clock(duty.since) : ""));
     line.append(name, state, detail);
     return line;
   }

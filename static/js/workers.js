@@ -68,6 +68,19 @@
     return tr;
   }
 
+  // Free slots per queue: a run waiting for a `train` slot is not helped by a free `default` one,
+  // which "1 of 5 slots free" counted in (issue #42, finding 8). A worker on two queues counts in both.
+  function slotsByQueue(workers) {
+    const byQueue = {};
+    workers.forEach((w) => w.queues.forEach((queue) => {
+      const q = byQueue[queue] || (byQueue[queue] = {free: 0, slots: 0});
+      q.free += w.free || 0;
+      q.slots += w.slots || 0;
+    }));
+    return Object.keys(byQueue).sort().map((queue) =>
+      queue + " " + byQueue[queue].free + " of " + byQueue[queue].slots + " free").join(" · ") || "no slots";
+  }
+
   function draw(data) {
     ["workers", "lost", "stopped"].forEach((section) => {
       const body = document.querySelector('[data-workers="' + section + '"]');
@@ -80,11 +93,9 @@
       }
       body.replaceChildren(...rows);
     });
-    const slots = data.workers.reduce((sum, w) => sum + (w.slots || 0), 0);
-    const free = data.workers.reduce((sum, w) => sum + (w.free || 0), 0);
     document.querySelector("[data-workers-summary]").textContent = data.embedded
       ? "embedded"
-      : data.workers.length + " live · " + free + " of " + slots + " slots free · " + data.lost.length + " lost";
+      : data.workers.length + " live · " + slotsByQueue(data.workers) + " · " + data.lost.length + " lost";
     document.querySelector("[data-workers-embedded]").hidden = !data.embedded;
     document.querySelector("[data-workers-history]").hidden = data.embedded; // one process: nothing lost
     document.querySelector("[data-workers-updated]").textContent = "updated " + new Date().toLocaleTimeString();

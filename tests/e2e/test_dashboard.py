@@ -82,8 +82,11 @@ def test_launch_the_quick_demo_watch_it_live_read_rollouts_and_stop_it(
     assert run.config["trainer"]["total_steps"] == 100 and run.config["algorithm"]["name"] == "mix"
     expect(page.locator(".flash.success")).to_have_text("Launched e2e demo.")
     # No worker yet: the launch says what the run will wait for, and so does its page.
-    expect(page.locator(".flash.warning")).to_contain_text("No live worker takes the `train` queue")
-    expect(page.locator('[data-duty="loop"]')).to_contain_text("waiting for a `train` worker: none is live")
+    # Backquoted names show as code, not with their backquotes (issue #42, finding 8).
+    expect(page.locator(".flash.warning")).to_contain_text("No live worker takes the train queue")
+    expect(page.locator(".flash.warning code").first).to_have_text("train")
+    expect(page.locator('[data-duty="loop"]')).to_contain_text("waiting for a train worker: none is live")
+    expect(page.locator('[data-duty="loop"] code').first).to_have_text("train")
     expect(page.locator("#run-status")).to_have_text("queued")
     expect(page.locator("#live-dot")).to_have_text("live")
     page.evaluate("window.e2eSamePage = true")  # a reload would lose it

@@ -48,7 +48,7 @@ def test_a_run_waiting_for_a_worker_names_what_holds_it_and_trains_once_one_come
 
     login(researcher, f"/runs/{wide}/")
     trainer = page.locator('[data-duty="trainer"]')
-    expect(trainer).to_contain_text("waiting for a `train` worker")
+    expect(trainer).to_contain_text("waiting for a train worker")  # `train` shown as code
     expect(trainer).to_contain_text(f"run {busy.pk} busy (loop)")
     for explorer in ("explorer", "explorer-1"):
         expect(page.locator(f'[data-duty="{explorer}"] .duty-state')).to_have_text("running", timeout=90_000)
@@ -66,5 +66,10 @@ def test_a_run_waiting_for_a_worker_names_what_holds_it_and_trains_once_one_come
     for name, holds in (("train-a@localhost", "busy"), ("train-b@localhost", "wide"),
                         ("explore@localhost", "wide")):
         expect(page.locator(f'[data-worker="{name}"]')).to_contain_text(holds)
+    # Free slots by queue (a free `default` slot does not help a run that waits for `train`), and
+    # each machine's cores and memory, which a launch is checked against (issue #41, finding 3).
+    expect(page.locator("[data-workers-summary]")).to_contain_text("train 0 of 2 free")
+    expect(page.locator("[data-workers-summary]")).to_contain_text("explore 0 of 2 free")
+    expect(page.locator('[data-worker="train-a@localhost"]')).to_contain_text(" GB · no GPU")
     for run in (busy.pk, wide):
         services.stop_run(Run.objects.get(pk=run))

@@ -1,0 +1,15 @@
+"""`ticks`: text whose `backquoted` words are names to type (a queue, a key, a command), shown as
+<code> rather than with the backquotes (messages said "a `train` worker" literally)."""
+import re
+
+from django import template
+from django.utils.html import escape
+from django.utils.safestring import mark_safe
+
+register = template.Library()
+TICKED = re.compile(r"`([^`\n]+)`")
+
+
+@register.filter
+def ticks(text) -> str:
+    return mark_safe(TICKED.sub(r"<code>\1</code>", escape(str(text))))  # escaped first: only <code> is ours
