@@ -16,11 +16,13 @@ import os
 import socket
 import subprocess
 import threading
+import time
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
 from functools import cache
 
 from django.conf import settings
+from django.core.cache import cache as shared_cache
 from django.db import Error as DatabaseError
 from django.db import connection
 from django.utils import timezone
@@ -109,6 +111,21 @@ def code_version() -> str:
     except (OSError, subprocess.SubprocessError):
         return ""
     return out.stdout.strip()[:64] if out.returncode == 0 else ""
+
+
+# Workers a command has just started (manage.py demo), by queue, until they register: a run's page
+# said "none is live. Start one ..." in the stack's first minute while its own workers started.
+STARTING_KEY, STARTING_FOR_S = "workers-starting", 180
+
+
+def workers_starting(names_by_queue: dict[str, list[str]]) -> None:
+    """Note that these workers are starting here (in the cache every web process shares)."""
+    shared_cache.set(STARTING_KEY, {"at": time.time(), "queues": names_by_queue}, timeout=STARTING_FOR_S)
+
+
+def _starting(queue: str) -> list[str]:
+    noted = shared_cache.get(STARTING_KEY)
+    return (noted or {}).get("queues", {}).get(queue, [])
 
 
 def register(name: str, queues: list[str], slots: int) -> None:
@@ -326,6 +343,8 @@ def _holds(beat: dict | None) -> bool:
 
 def _waiting_for(run: Run, queue: str, live: list[WorkerState]) -> str:
     serving = [worker for worker in live if queue in worker.queues]
+    if not serving and (starting := _starting(queue)):
+        return f"waiting for {_a(queue)} worker: {', '.join(starting)} is starting on this machine"
     if not serving:
         return (f"waiting for {_a(queue)} worker: none is live. Start one on a machine that reaches this "
                 f"server's database and Redis: celery -A rftweb worker -Q {queue} (docs/scale.md)")

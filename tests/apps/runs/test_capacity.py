@@ -253,3 +253,17 @@ def test_the_run_page_says_queued_as_the_list_does_until_a_worker_takes_it(resea
     run = make_run("waits", status=Run.Status.STARTING, heartbeats={})
     html = researcher_client.get(reverse("run-detail", args=[run.pk])).content.decode()
     assert 'id="run-status" data-status="starting">queued</span>' in html
+
+
+def test_a_duty_waiting_for_workers_the_demo_is_starting_says_so(make_run):
+    """Issue #42, finding 5: in the full stack's first minute the page said "none is live. Start
+    one ..." while `make demo` was still starting its own workers."""
+    run = make_run("early", status=Run.Status.STARTING, heartbeats={})
+    capacity.workers_starting({"train": ["train@here"]})
+    try:
+        (state,) = capacity.duty_states(run)
+        assert state.detail == "waiting for a `train` worker: train@here is starting on this machine"
+    finally:
+        capacity.shared_cache.delete(capacity.STARTING_KEY)
+    (state,) = capacity.duty_states(run)
+    assert "none is live" in state.detail

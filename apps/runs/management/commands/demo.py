@@ -8,6 +8,7 @@ REDIS_URL, a Celery worker and beat are started beside the server and stopped wi
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -113,6 +114,9 @@ class Command(BaseCommand):
             celery + ["worker", "-n", "jobs@%h", "-Q", "default", "-c", "1", "-l", "info"],
             celery + ["beat", "-l", "info", "-s", str(settings.DATA_DIR / "celerybeat-schedule")],
         ]
+        host = socket.gethostname()  # what %h becomes
+        capacity.workers_starting({"train": [f"train@{host}"], "explore": [f"explore@{host}"],
+                                   "default": [f"jobs@{host}"]})
         return [subprocess.Popen(c, start_new_session=True) for c in commands]
 
 
