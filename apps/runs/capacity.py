@@ -332,7 +332,10 @@ def duty_states(run: Run, live: list[WorkerState] | None = None) -> list[DutySta
             states.append(DutyState(duty, queue, "starting", node, beat.get("since"),
                                     f"{node or beat['worker']} is loading the model"))
         else:
-            states.append(DutyState(duty, queue, "running", node, beat["started"], f"on {node or beat['worker']}"))
+            went_on = beat.get("from_checkpoint")  # a restart said so only on the worker's console (#42, 6)
+            since = f", from checkpoint v{went_on['version']} (trainer step {went_on['step']})" if went_on else ""
+            states.append(DutyState(duty, queue, "running", node, beat["started"],
+                                    f"on {node or beat['worker']}{since}"))
     return states
 
 

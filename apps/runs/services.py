@@ -122,16 +122,18 @@ def launch_run(owner, name: str, config: dict) -> Run:
     return run
 
 
-def mark_started(run: Run, duty: str, worker: str) -> None:
+def mark_started(run: Run, duty: str, worker: str, from_checkpoint: dict | None = None) -> None:
     """`worker`'s duty has loaded its engine and begins its steps (a trainer machine's duty: its
     ranks joined their group): its heartbeat says since when (`started`; the run page's duty
-    state goes from starting to running), and the run goes starting -> running, once (another of
-    its duties may be first)."""
+    state goes from starting to running) and which checkpoint it went on from ({version, step}),
+    and the run goes starting -> running, once (another of its duties may be first)."""
     with transaction.atomic():
         locked = Run.objects.select_for_update().get(pk=run.pk)
         beat = locked.heartbeats.get(duty)
         if beat is not None and beat.get("worker") == worker and not beat.get("ended"):
-            locked.heartbeats = {**locked.heartbeats, duty: {**beat, "started": timezone.now().isoformat()}}
+            started = {"started": timezone.now().isoformat(), **({"from_checkpoint": from_checkpoint}
+                                                                  if from_checkpoint else {})}
+            locked.heartbeats = {**locked.heartbeats, duty: {**beat, **started}}
             locked.save(update_fields=["heartbeats"])
         if locked.status == Status.STARTING and not duty.startswith(NODE_DUTY):
             set_status(run, Status.RUNNING)
@@ -307,7 +309,8 @@ def _write_beat(run: Run, duty: str, worker: str, node: str | None = None, task:
     now = timezone.now().isoformat()
     kept = {key: previous[key] for key in ("handovers", "handed_over_at_step", "kills", "lost") if key in previous}
     if previous.get("worker") == worker:
-        kept |= {key: previous[key] for key in ("node", "task", "since", "started") if key in previous}
+        held = ("node", "task", "since", "started", "from_checkpoint")
+        kept |= {key: previous[key] for key in held if key in previous}
     kept.setdefault("since", now)
     kept |= {key: value for key, value in (("node", node), ("task", task)) if value is not None}
     run.heartbeats = {**run.heartbeats, duty: {**kept, "at": now, "worker": worker}}

@@ -280,9 +280,11 @@ def run_engine(run: Run, duty: str, worker: str) -> str:
     # follower ranks must not.
     with trainer_ranks(run, config, duty, worker) as ranks, Loop(config, stores, run_dir(run), components=components,
                                                                  ranks=ranks) as loop:
+        resumed = None  # the checkpoint it goes on from, for the run page's duty line
         if loop.trainer is not None:
             checkpoint = stores.checkpoints.latest()
             if checkpoint is not None:
+                resumed = {"version": checkpoint.version, "step": checkpoint.step}
                 log.info("run %s (%s): from checkpoint v%s (trainer step %s)",
                          run.pk, duty, checkpoint.version, checkpoint.step)
                 # Only from the run's own directory: the path is a row a worker trusts, not a place
@@ -296,7 +298,7 @@ def run_engine(run: Run, duty: str, worker: str) -> str:
         if services.is_explorer(duty):
             loop.explorer.step = run.explorer_step  # steps already stored are not redone
         status()  # nobody took the duty over while the engine loaded
-        services.mark_started(run, duty, worker)
+        services.mark_started(run, duty, worker, from_checkpoint=resumed)
 
         # A stop or a worker shutting down: the loop saves a checkpoint at this step first.
         stopping = lambda: status() in (Status.STOPPING, *Run.FINISHED) or leaving()  # noqa: E731

@@ -225,6 +225,9 @@ def test_a_worker_stopped_in_order_hands_its_run_back_and_a_new_one_carries_on(r
         timeout=180, what="training again after the restart",
     )
     assert first_again.step == trained + 1, "a step was trained again: it did not resume where it stopped"
+    # Its page says where it went on from (issue #42, finding 6: only the worker's console did).
+    went_on = run_row(run).heartbeats["loop"].get("from_checkpoint")  # kept once the duty ends, too
+    assert went_on and went_on["step"] == trained, run_row(run).heartbeats
     wait_for(lambda: run_row(run).is_finished, what="completion after the restart")
     assert_each_step_once(run)
     assert run.resumes == []  # nobody had to resume it

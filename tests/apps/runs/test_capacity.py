@@ -267,3 +267,12 @@ def test_a_duty_waiting_for_workers_the_demo_is_starting_says_so(make_run):
         capacity.shared_cache.delete(capacity.STARTING_KEY)
     (state,) = capacity.duty_states(run)
     assert "none is live" in state.detail
+
+
+def test_a_duty_that_went_on_from_a_checkpoint_says_so(make_run):
+    """Issue #42, finding 6: a run restarted from a checkpoint said so only on the worker's console."""
+    worker("train@gpu-1")
+    run = make_run("restarted", status=Run.Status.RUNNING, heartbeats={
+        "loop": {**started(held_by("train@gpu-1")), "from_checkpoint": {"version": 285, "step": 285}}})
+    (state,) = capacity.duty_states(run)
+    assert state.state == "running" and state.detail == "on train@gpu-1, from checkpoint v285 (trainer step 285)"
