@@ -184,6 +184,7 @@ def run_detail(request, pk):
                 "overview": queries.overview_charts(),
                 "duties": duties,
                 "duties_url": reverse("api-run-duties", args=[run.pk]),
+                "algorithm": run.config.get("algorithm", {}).get("name"),
             },
         },
     )

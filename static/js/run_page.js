@@ -104,8 +104,14 @@
     zeroVarianceHint.hidden = recent.length < ZERO_VARIANCE_MIN_STEPS || share < ZERO_VARIANCE_SHARE;
     if (zeroVarianceHint.hidden) return;
     zeroVarianceHint.textContent = `${Math.round(100 * share)}% of groups had equal rewards in the last `
-      + `${recent.length} explorer steps: they carry no learning signal (GRPO advantages are 0). Make tasks harder `
-      + "or easier, raise repeat_times or temperature, or use a graded reward.";
+      + `${recent.length} explorer steps: they carry no learning signal (GRPO advantages are 0). `
+      + (page.algorithm === "mix"
+        // The demo's own preset trips this in its first minute: a random model's 8 answers all
+        // score 0 until the expert half has taught it the format (#42, finding 7).
+        ? "Expected early in a MIX run: the expert half (SFT) teaches until the model's own answers start "
+          + "to differ, and this falls as held-out accuracy climbs. If it stays, make tasks easier or raise "
+          + "repeat_times or temperature."
+        : "Make tasks harder or easier, raise repeat_times or temperature, or use a graded reward.");
   }
 
   function updateControlFlashes() {

@@ -140,10 +140,20 @@ def test_the_zero_variance_hint_shows_when_most_recent_groups_had_equal_rewards(
     login(researcher, f"/runs/{flat.pk}/")
     page.set_viewport_size(SCREEN)
     hint = page.locator("#zero-variance-hint")
+    # The demo's preset is MIX: there the hint says why it is expected early (issue #42, finding 7).
     expect(hint).to_have_text(
         "93% of groups had equal rewards in the last 5 explorer steps: they carry no learning signal (GRPO "
-        "advantages are 0). Make tasks harder or easier, raise repeat_times or temperature, or use a graded reward.")
+        "advantages are 0). Expected early in a MIX run: the expert half (SFT) teaches until the model's own "
+        "answers start to differ, and this falls as held-out accuracy climbs. If it stays, make tasks easier or "
+        "raise repeat_times or temperature.")
     page.screenshot(path=SHOTS / "run-page-zero-variance.png")
+    grpo = running_run(researcher, name="grpo")
+    Run.objects.filter(pk=grpo.pk).update(config={**grpo.config, "algorithm": {**grpo.config["algorithm"],
+                                                                                "name": "grpo"}})
+    shares(grpo, [0.875] * 5)
+    page.goto(f"/runs/{grpo.pk}/")
+    expect(hint).to_contain_text("advantages are 0). Make tasks harder or easier, raise repeat_times or "
+                                 "temperature, or use a graded reward.")
     page.goto(f"/runs/{mixed.pk}/")
     page.wait_for_function("() => window.rftRunPage?.board.series('explorer/advantage/zero_variance_groups', 'value')")
     expect(hint).to_be_hidden()
