@@ -91,6 +91,8 @@ def trained_on(feedback: Feedback, pair_readers: list[int] | None = None) -> int
         return None
     saved = feedback.updated_at
     if feedback.kind == Feedback.Kind.RATING:
+        if not ratings_train(run):
+            return None  # the row may be trained on, the rating changed nothing of it (#42, finding 8)
         if experience.consumed_at is not None and experience.consumed_at >= saved:
             return _step_at([run.pk], experience.consumed_at) or run.trainer_step
         if experience.claimed_at is not None and experience.claimed_at >= saved:
@@ -108,6 +110,14 @@ def trained_on(feedback: Feedback, pair_readers: list[int] | None = None) -> int
             run__in=pair_readers or _pair_readers(run), role="trainer", time__gte=saved, values__pairs__gt=0
         ).order_by("time").values_list("step", flat=True).first()
     )
+
+
+def ratings_train(run: Run) -> bool:
+    """Whether the run's training reads ratings: as rewards (feedback.reward_mode weight or
+    override) or as what it may sample (feedback.rated_only); with neither, a rating is a record
+    (agreement, export) and changes nothing the trainer does (apps/buffer/store._apply_feedback)."""
+    feedback = run.config.get("feedback") or {}
+    return feedback.get("reward_mode", "none") != "none" or bool(feedback.get("rated_only"))
 
 
 def _pair_readers(run: Run) -> list[int]:

@@ -50,7 +50,8 @@ def ok(response) -> dict:
 
 @pytest.fixture
 def run(researcher):
-    return Run.objects.create(name=f"feedback on {ENGINE}", owner=researcher, config={}, status=Run.Status.RUNNING)
+    return Run.objects.create(name=f"feedback on {ENGINE}", owner=researcher,
+                              config={"feedback": {"reward_mode": "weight"}}, status=Run.Status.RUNNING)
 
 
 @pytest.fixture

@@ -35,7 +35,8 @@ def shown(page, item):
 def test_keys_typed_ahead_are_applied_to_the_next_items_and_undo_and_history_work(
     page, login, researcher, page_errors
 ):
-    run = Run.objects.create(name="single page", owner=researcher, status=Run.Status.RUNNING, config={})
+    run = Run.objects.create(name="single page", owner=researcher, status=Run.Status.RUNNING,
+                             config={"feedback": {"reward_mode": "weight"}})  # ratings are rewards
     taskset = Taskset.objects.create(name="sums")
     tasks = [Task.objects.create(taskset=taskset, index=i, prompt=f"What is {i} + 9?", answer=str(i + 9))
              for i in range(5)]

@@ -5,10 +5,13 @@ from apps.buffer.models import Experience
 from apps.runs.models import Run
 from apps.tasksets.models import Task, Taskset
 
+# Ratings reach the trainer as rewards (feedback.reward_mode), so a rating can have been trained on.
+TRAINS_ON_RATINGS = {"feedback": {"reward_mode": "weight"}}
+
 
 @pytest.fixture
 def run(researcher):
-    return Run.objects.create(name="r", owner=researcher, config={}, status=Run.Status.RUNNING)
+    return Run.objects.create(name="r", owner=researcher, config=TRAINS_ON_RATINGS, status=Run.Status.RUNNING)
 
 
 @pytest.fixture

@@ -181,3 +181,17 @@ def test_a_contradicting_edit_is_saved_only_once_confirmed(make_experience, anno
     assert not Feedback.objects.exists() and not Experience.objects.filter(parent=item).exists()
     services.edit(item.pk, annotator, "It is 7.", confirmed=True)
     assert Experience.objects.get(parent=item).response_text == "It is 7."
+
+
+def test_a_rating_in_a_run_that_does_not_train_on_ratings_is_never_trained_on(make_experience, annotator, run):
+    """Issue #42, finding 8: every rating's history said "trained on at step 20" in a run whose
+    feedback.reward_mode is none (and not rated_only): the row was trained on, the rating changed
+    nothing of it."""
+    Run.objects.filter(pk=run.pk).update(config={"feedback": {"reward_mode": "none"}})
+    experience = make_experience()
+    rating = Feedback.objects.create(experience=experience, user=annotator, kind="rating", value=1.0)
+    Experience.objects.filter(pk=experience.pk).update(status="consumed", consumed_at=timezone.now(), use_count=1)
+    MetricPoint.objects.create(run=run, role="trainer", step=20, values={"loss": 0.5})
+    assert history.trained_on(Feedback.objects.select_related("experience__run").get(pk=rating.pk)) is None
+    Run.objects.filter(pk=run.pk).update(config={"feedback": {"rated_only": True}})
+    assert history.trained_on(Feedback.objects.select_related("experience__run").get(pk=rating.pk)) == 20
