@@ -151,3 +151,31 @@ def migrate_to_newest() -> None:
 
     executor = MigrationExecutor(connection)
     executor.migrate(executor.loader.graph.leaf_nodes())
+
+
+def api_launcher(user, default_name: str = "launched"):
+    """post(config, name=default_name): a launch through the API as a script sends it (the user's
+    bearer token, CSRF checks on), answering the response."""
+    import json
+
+    from django.test import Client
+    from django.urls import reverse
+
+    from apps.runs.api import token_for
+
+    client = Client(enforce_csrf_checks=True, HTTP_AUTHORIZATION=f"Bearer {token_for(user)}")
+
+    def post(config, name=default_name):
+        return client.post(reverse("api-runs"), json.dumps({"name": name, "config": config}),
+                           content_type="application/json")
+
+    return post
+
+
+def browser_client(user):
+    """A logged-in client as a browser posts, answering 500s instead of raising them."""
+    from django.test import Client
+
+    client = Client(raise_request_exception=False)
+    client.force_login(user)
+    return client

@@ -26,6 +26,7 @@ from apps.runs.models import Run
 from apps.tasksets.models import Taskset
 from tests.security.test_bad_configs import GOOD, merged, model_dir
 from tests.security.test_hostile_configs import nested
+from tests.support import api_launcher, browser_client
 from workers.rft.config import MAX_CONFIG_CHARS, MAX_CONFIG_DEPTH, ConfigError
 
 LAUNCH = reverse("run-launch")
@@ -38,21 +39,13 @@ def arith(db):
 
 @pytest.fixture
 def api(researcher, arith):
-    client = Client(enforce_csrf_checks=True, HTTP_AUTHORIZATION=f"Bearer {token_for(researcher)}")
-
-    def post(config, name="hostile"):
-        body = json.dumps({"name": name, "config": config})
-        return client.post(reverse("api-runs"), body, content_type="application/json")
-
-    return post
+    return api_launcher(researcher, "hostile")
 
 
 @pytest.fixture
 def page(researcher, arith):
     """The launch page as a browser posts it, answering 500s instead of raising them."""
-    client = Client(raise_request_exception=False)
-    client.force_login(researcher)
-    return client
+    return browser_client(researcher)
 
 
 def refusal(response) -> dict[str, str]:

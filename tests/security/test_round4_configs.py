@@ -27,6 +27,7 @@ from apps.tasksets.models import Taskset
 from bench.config_cost import SIZE, worst_texts
 from tests.security.test_bad_configs import GOOD, merged
 from tests.security.test_round3_config import LAUNCH, form_errors, form_fields, refusal
+from tests.support import api_launcher, browser_client
 from workers.rft import config as config_module
 from workers.rft.config import (
     MAX_CONFIG_CHARS,
@@ -175,20 +176,12 @@ def arith(db):
 
 @pytest.fixture
 def api(researcher, arith):
-    client = Client(enforce_csrf_checks=True, HTTP_AUTHORIZATION=f"Bearer {token_for(researcher)}")
-
-    def post(config, name="round4"):
-        return client.post(reverse("api-runs"), json.dumps({"name": name, "config": config}),
-                           content_type="application/json")
-
-    return post
+    return api_launcher(researcher, "round4")
 
 
 @pytest.fixture
 def page(researcher, arith):
-    client = Client(raise_request_exception=False)
-    client.force_login(researcher)
-    return client
+    return browser_client(researcher)
 
 
 @pytest.mark.parametrize("shape", ["yaml deep lists", "json empty lists"])

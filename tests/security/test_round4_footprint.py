@@ -11,21 +11,19 @@ memory, when only some of the workers could host it, and, with none live, agains
 The workers here register as a real one does (capacity.register), then take the figures of the
 finding's machine: 2 cores, 24 GiB, no GPU.
 """
-import json
 from pathlib import Path
 
 import pytest
 from django.contrib.messages import get_messages
-from django.test import Client
 from django.urls import reverse
 
 from apps.runs import capacity, hosts
-from apps.runs.api import token_for
 from apps.runs.config_checks import fit_issues, fit_warnings
 from apps.runs.forms import LaunchForm
 from apps.runs.models import Run, Worker
 from apps.runs.presets import PRESETS, preset_config
 from apps.tasksets.models import Taskset
+from tests.support import api_launcher, browser_client
 from tests.workers.rft.test_option_matrix import BASE, MIX, SFT, merged
 from workers.rft.config import RunConfig, load_config, parse_config_text
 from workers.rft.footprint import BUILTIN_SHAPES, GB, run_footprint
@@ -65,20 +63,12 @@ def tasksets(db):
 
 @pytest.fixture
 def api(researcher, tasksets):
-    client = Client(enforce_csrf_checks=True, HTTP_AUTHORIZATION=f"Bearer {token_for(researcher)}")
-
-    def post(config, name="big"):
-        return client.post(reverse("api-runs"), json.dumps({"name": name, "config": config}),
-                           content_type="application/json")
-
-    return post
+    return api_launcher(researcher, "big")
 
 
 @pytest.fixture
 def page(researcher, tasksets):
-    client = Client(raise_request_exception=False)
-    client.force_login(researcher)
-    return client
+    return browser_client(researcher)
 
 
 def refusal(response) -> dict[str, str]:
