@@ -7,5 +7,5 @@ class BufferConfig(AppConfig):
 
     def ready(self):
         # Job types register where they are defined (apps.core.jobs.register); CoreConfig imports
-        # every app's services module, and retention's job type lives in a module of its own.
-        from . import retention  # noqa: F401
+        # every app's services module; retention's and curation's job types live in modules of their own.
+        from . import curation, retention  # noqa: F401

@@ -8,7 +8,7 @@ from apps.core.files import FileImportError
 from apps.runs.config_checks import checked_reward_fn
 from workers.rft.config import ConfigError, parse_config_text, parse_reward_fn_text
 
-from . import exporters, importers, services
+from . import curation, exporters, importers
 
 
 class PriorityForm(forms.Form):
@@ -69,7 +69,7 @@ class PipelineForm(forms.Form):
         cleaned = super().clean()
         if "operator" in cleaned and "params" in cleaned:
             try:
-                services.check_operator(cleaned["operator"], cleaned["params"])
+                curation.check_operator(cleaned["operator"], cleaned["params"])
             except ConfigError as exc:
                 self.add_error("params", _messages(exc))
         return cleaned

@@ -204,7 +204,7 @@ def _archive(job: BufferJob, runs: list[int], progress) -> np.ndarray:
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = droppable(Experience.objects.filter(run__in=runs))
     try:
-        archived = services.export_rows(services._selected_rows(job, rows), path, what="experiences",
+        archived = services.export_rows(services.selected_rows(job, rows), path, what="experiences",
                                         fmt=ARCHIVE_FORMAT, progress=progress)
         checksum = exporters.seal(path)
         ids = _read_back(job, path, archived)

@@ -2,37 +2,28 @@
 
 Curation acts on a selection (a queryset of experiences, typically the admin changelist's). Quick
 set-based changes (status, priority, delete) run in the request. Anything that reads every row
-in Python (import, export, re-score, promote, a pipeline operator) is a `BufferJob`, each kind a
-job type that apps.core.jobs runs on a Celery worker of the `default` queue: the job fixes the
-selected ids when the curator confirms, reports its progress as it goes, and changes the buffer
-all or nothing. Each kind stops when cancelled between two chunks of rows (jobs.stop_if_cancelled
-in `_selected_rows` and between the import's batches), rolling back what it had done.
+in Python (import and export here; re-score, promote, a pipeline operator in `curation.py`) is a
+`BufferJob`, each kind a job type that apps.core.jobs runs on a Celery worker of the `default`
+queue: the job fixes the selected ids when the curator confirms, reports its progress as it goes,
+and changes the buffer all or nothing. Each kind stops when cancelled between two chunks of rows (jobs.stop_if_cancelled
+in `selected_rows` and between the import's batches), rolling back what it had done.
 """
 
-import copy
 import uuid
-from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 from django.db import DEFAULT_DB_ALIAS, connection, models, transaction
 from django.db.models import BinaryField, ExpressionWrapper, F
-from django.db.models.functions import MD5
 
 from apps.core import jobs
 from apps.core.files import FileImportError
-from apps.core.jobs import JobError
 from apps.feedback import history as feedback_history
 from apps.feedback.models import Feedback
-from apps.runs.config_checks import checked_reward_fn
-from apps.tasksets.store import to_task
-from workers.rft.rewards import build_reward
 
 from . import exporters, importers
 from .models import BufferJob, Experience
-from .store import COPIED_FIELDS, to_experience, to_row
 
 CHUNK_ROWS = 2_000  # rows a job holds in memory at once
 DELETE_CHUNK_ROWS = 10_000
@@ -219,13 +210,13 @@ def start_export(queryset, *, fmt: str, user=None) -> BufferJob:
     what = {Experience: "experiences", Feedback: "feedback"}[queryset.model]
     if fmt not in exporters.FORMATS:
         raise ValueError(f"unknown export format {fmt!r}")
-    return _start_selection_job(BufferJob.Kind.EXPORT, queryset, {"what": what, "format": fmt}, user)
+    return start_selection_job(BufferJob.Kind.EXPORT, queryset, {"what": what, "format": fmt}, user)
 
 
 def export_rows(
     rows: Iterable[tuple[int, list]], path: Path, *, what: str, fmt: str, progress: Callable | None = None
 ) -> int:
-    """Write chunks of rows, as `_selected_rows` yields them, to `path`; returns rows written."""
+    """Write chunks of rows, as `selected_rows` yields them, to `path`; returns rows written."""
     _, schema, record = EXPORTS[what]
     writer = exporters.open_writer(path, fmt, schema)
     written = 0
@@ -247,7 +238,7 @@ def _run_export(job: BufferJob, progress) -> dict:
     path = Path(job.output.path)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
-        rows = export_rows(_selected_rows(job, EXPORTS[what][0]()), path, what=what, fmt=fmt, progress=progress)
+        rows = export_rows(selected_rows(job, EXPORTS[what][0]()), path, what=what, fmt=fmt, progress=progress)
     except BaseException:
         path.unlink(missing_ok=True)
         raise
@@ -258,213 +249,10 @@ def export_filename(job: BufferJob) -> str:
     return f"{job.params['what']}-{job.pk}.{job.params['format']}"
 
 
-# ---- jobs over a selection: re-score, promote, pipeline operator ----
-
-
-def start_rescore(queryset, *, reward_fn, user=None) -> BufferJob:
-    """Queue re-scoring the selection with a reward fn spec (a name, or {name: weight}), checked as
-    a launch checks explorer.reward_fn (its models confined and stored resolved); raises
-    ConfigError naming each bad key."""
-    spec = checked_reward_fn(reward_fn)
-    return _start_selection_job(BufferJob.Kind.RESCORE, queryset, {"reward_fn": spec}, user)
-
-
-@jobs.register(f"buffer.{BufferJob.Kind.RESCORE}", cancellable=True)
-def _rescore(job: BufferJob, progress) -> dict:
-    """reward and reward_components from the reward fn, on the response and the row's task; the
-    previous reward is kept in metadata['rescored']. Rows without a task (imported data) have no
-    answer to check and are skipped. Advantages are left as they were."""
-    spec = job.params["reward_fn"]
-    reward = build_reward(spec)
-    counts = Counter(rescored=0, skipped_without_task=0)
-    rows = Experience.objects.select_related("task").only(
-        "response_text", "reward", "reward_components", "metadata", "task"
-    )
-    with transaction.atomic():
-        for done, chunk in _selected_rows(job, rows):
-            scored = [row for row in chunk if row.task is not None]
-            for row in scored:
-                try:
-                    total, components = reward(row.response_text, to_task(row.task))
-                except Exception as exc:
-                    raise JobError(f"the reward fn failed on experience {row.pk}: {exc!r}") from exc
-                row.metadata = {**row.metadata, "rescored": {"reward_fn": spec, "previous_reward": row.reward}}
-                row.reward, row.reward_components = total, components
-            Experience.objects.bulk_update(scored, ["reward", "reward_components", "metadata"])
-            counts.update(rescored=len(scored), skipped_without_task=len(chunk) - len(scored))
-            progress(done)
-    return dict(counts)
-
-
-def start_promotion(queryset, *, user=None) -> BufferJob:
-    return _start_selection_job(BufferJob.Kind.PROMOTE, queryset, {}, user)
-
-
-@jobs.register(f"buffer.{BufferJob.Kind.PROMOTE}", cancellable=True)
-def _promote(job: BufferJob, progress) -> dict:
-    """An expert copy of each selected experience (MIX and SFT imitate expert data), ready, in
-    the same run, with the original as its parent. Expert rows, and rows promoted before, are skipped."""
-    counts = Counter(promoted=0, skipped=0)
-    with transaction.atomic():
-        for done, chunk in _selected_rows(job, Experience.objects.all()):
-            promoted_before = set(
-                Experience.objects.filter(
-                    parent_id__in=[row.pk for row in chunk], source=Experience.Source.EXPERT
-                ).values_list("parent_id", flat=True)
-            )
-            copies = [
-                _expert_copy(row)
-                for row in chunk
-                if row.source != Experience.Source.EXPERT and row.pk not in promoted_before
-            ]
-            Experience.objects.bulk_create(copies)
-            counts.update(promoted=len(copies), skipped=len(chunk) - len(copies))
-            progress(done)
-    return dict(counts)
-
-
-def _expert_copy(row: Experience) -> Experience:
-    fields = {name: getattr(row, name) for name in COPIED_FIELDS if name != "use_count"}
-    fields |= {
-        "source": Experience.Source.EXPERT,
-        "group_id": f"promoted-{row.group_id}"[:100],
-        "advantage": None,  # expert data is imitated, not weighted
-    }
-    return Experience(
-        **fields, run_id=row.run_id, task_id=row.task_id, status=Experience.Status.READY, parent_id=row.pk
-    )
-
-
-def check_operator(name: str, params: dict):
-    """The experience pipeline operator `name` (workers.rft.pipelines) if `params` are what it
-    declares, checked as a run config's pipeline is (config.operator_issues: names, types, bounds);
-    raises ConfigError naming each bad one otherwise."""
-    from workers.rft.config import ConfigError, operator_issues
-    from workers.rft.pipelines import EXPERIENCE_OPERATORS  # imports torch: only where an operator is asked for
-
-    issues = operator_issues([{"name": name, **params}], EXPERIENCE_OPERATORS, "operator")
-    if issues:
-        raise ConfigError(issues)
-    return EXPERIENCE_OPERATORS.get(name)
-
-
-def start_pipeline(queryset, *, operator: str, params: dict, user=None) -> BufferJob:
-    """Queue running an experience pipeline operator over the selection; raises ConfigError for an
-    unknown operator or parameters it does not declare."""
-    check_operator(operator, params)
-    # Operators compare experiences within a task (dedupe) or a group (group_std_filter): the
-    # rows are processed in task and group order, never splitting a task between chunks.
-    order = (F("task_id").asc(nulls_last=True), MD5("prompt_text"), "group_id", "pk")
-    return _start_selection_job(
-        BufferJob.Kind.PIPELINE, queryset, {"operator": operator, "params": params}, user, order=order
-    )
-
-
-@jobs.register(f"buffer.{BufferJob.Kind.PIPELINE}", cancellable=True)
-def _run_pipeline(job: BufferJob, progress) -> dict:
-    """Run the operator as the explorer would, over the selection one whole task at a time, and
-    store the outcome: rows it drops become `rejected` (metadata['rejected_by'] names it), changed
-    fields are saved, experiences it adds (promote_to_expert's copies) are inserted with the row
-    they came from as parent. Rows without token ids (text-only imported data) are skipped: the
-    operators measure and compare responses by their tokens."""
-    from workers.rft.pipelines import EXPERIENCE_OPERATORS, PipelineContext, build_operators, run_experience_operators
-
-    name = job.params["operator"]
-    ops = build_operators(EXPERIENCE_OPERATORS, [{"name": name, **job.params["params"]}])
-    context = PipelineContext()
-    counts = Counter(kept=0, changed=0, rejected=0, added=0, skipped_without_tokens=0)
-    with transaction.atomic():
-        for done, rows in _whole_tasks(_selected_rows(job, Experience.objects.all())):
-            usable = [row for row in rows if row.response_ids is not None]
-            counts["skipped_without_tokens"] += len(rows) - len(usable)
-            try:
-                outcome, metrics = run_experience_operators(ops, [_engine_experience(row) for row in usable], context)
-            except Exception as exc:
-                raise JobError(
-                    f"operator {name!r} failed on experiences {usable[0].pk}…{usable[-1].pk}: {exc!r}"
-                ) from exc
-            counts.update(_store_outcome(usable, outcome, name))
-            counts.update({key: value for key, value in metrics.items() if isinstance(value, int)})
-            progress(done)
-    return dict(counts)
-
-
-def _task_key(row: Experience):
-    """What the operators take for the row's task: the task, or for a row without one, its prompt."""
-    return row.task_id if row.task_id is not None else ("prompt", row.prompt_text)
-
-
-def _engine_experience(row: Experience):
-    """The row as the engine's Experience, with copies of everything an operator might change in place."""
-    experience = to_experience(row)
-    return replace(
-        experience,
-        task_id=_task_key(row),
-        prompt_ids=list(row.prompt_ids or []),
-        response_ids=list(row.response_ids),
-        action_mask=list(row.action_mask or []),
-        messages=copy.deepcopy(row.messages),
-        reward_components=copy.deepcopy(row.reward_components),
-        metadata=copy.deepcopy(row.metadata),
-    )
-
-
-def _store_outcome(rows: list[Experience], outcome: list, operator: str) -> Counter:
-    by_id = {row.pk: row for row in rows}
-    kept, changed, changed_fields, added = set(), [], set(), []
-    for experience in outcome:
-        row = by_id.get(experience.id)
-        if row is None:
-            raise JobError(
-                f"operator {operator!r} made an experience from none of the selected ones; the admin cannot place it"
-            )
-        if experience.id in kept:  # a second experience from the same row: a new one
-            new = to_row(experience, row.run_id)
-            new.task_id, new.parent_id = row.task_id, row.pk  # the operator saw a stand-in task key
-            added.append(new)
-            continue
-        kept.add(experience.id)
-        fields = [name for name in COPIED_FIELDS if not _same(getattr(row, name), getattr(experience, name))]
-        for name in fields:
-            setattr(row, name, getattr(experience, name))
-        if fields:
-            changed.append(row)
-            changed_fields.update(fields)
-    rejected = [row for row in rows if row.pk not in kept]
-    for row in rejected:
-        row.status, row.metadata = Experience.Status.REJECTED, {**row.metadata, "rejected_by": operator}
-    if changed:
-        Experience.objects.bulk_update(changed, sorted(changed_fields))
-    Experience.objects.bulk_update(rejected, ["status", "metadata"])
-    feedback_history.status_decided([row.pk for row in rejected])
-    Experience.objects.bulk_create(added)
-    return Counter(kept=len(kept), changed=len(changed), rejected=len(rejected), added=len(added))
-
-
-def _same(stored, produced) -> bool:
-    # A missing token array reaches the operators as an empty list.
-    return stored == produced or (stored is None and produced == [])
-
-
-def _whole_tasks(chunks: Iterator[tuple[int, list]]) -> Iterator[tuple[int, list]]:
-    """Re-cut (rows read, rows) chunks so that no task's experiences are split between two."""
-    pending, done = [], 0
-    for done, rows in chunks:
-        rows = pending + rows
-        cut = len(rows)
-        while cut and _task_key(rows[cut - 1]) == _task_key(rows[-1]):
-            cut -= 1
-        pending = rows[cut:]
-        if cut:
-            yield done, rows[:cut]
-    if pending:
-        yield done, pending
-
-
 # ---- running jobs ----
 
 
-def _start_selection_job(kind: str, queryset, params: dict, user, order=("pk",)) -> BufferJob:
+def start_selection_job(kind: str, queryset, params: dict, user, order=("pk",)) -> BufferJob:
     ids = _ids(queryset.order_by(*order))
     job = BufferJob.objects.create(kind=kind, params=params, selection=ids, rows_total=len(ids), created_by=user)
     jobs.enqueue_job(job)
@@ -491,7 +279,7 @@ def _selection(job: BufferJob) -> np.ndarray:
     return np.frombuffer(packed or b"", dtype="<i8")
 
 
-def _selected_rows(job: BufferJob, rows) -> Iterator[tuple[int, list]]:
+def selected_rows(job: BufferJob, rows) -> Iterator[tuple[int, list]]:
     """(rows read so far, the next chunk of the job's selected rows, in selection order): one
     chunk in memory at a time, so a job's memory stays flat however many rows it goes through.
     Before each chunk, a cancelled job stops (jobs.JobCancelled): every caller rolls back or

@@ -25,7 +25,7 @@ from django.db import connection, connections
 from django.urls import reverse
 from django.utils import timezone
 
-from apps.buffer import exporters, retention, services
+from apps.buffer import curation, exporters, retention, services
 from apps.buffer.models import BufferJob, Experience
 from apps.core import jobs
 from apps.core.jobs import run_job
@@ -350,11 +350,11 @@ KINDS = {
     # kind: (start it on the run's rows, what the buffer looks like: unchanged once it is cancelled)
     "export": (lambda run, user: services.start_export(rows_of(run), fmt="jsonl", user=user),
                lambda run: sorted(path.name for path in Path(run.media).glob("buffer-jobs/*"))),
-    "rescore": (lambda run, user: services.start_rescore(rows_of(run), reward_fn="exact_match", user=user),
+    "rescore": (lambda run, user: curation.start_rescore(rows_of(run), reward_fn="exact_match", user=user),
                 lambda run: list(rows_of(run).values_list("reward", "metadata"))),
-    "promote": (lambda run, user: services.start_promotion(rows_of(run), user=user),
+    "promote": (lambda run, user: curation.start_promotion(rows_of(run), user=user),
                 lambda run: Experience.objects.count()),
-    "pipeline": (lambda run, user: services.start_pipeline(rows_of(run), operator="dedupe", params={}, user=user),
+    "pipeline": (lambda run, user: curation.start_pipeline(rows_of(run), operator="dedupe", params={}, user=user),
                  lambda run: list(rows_of(run).values_list("status", flat=True))),
     "import": (lambda run, user: services.start_import(  # two batches: the job reads the batch size once
         upload=SimpleUploadedFile("expert.jsonl", "".join(json.dumps({"prompt": f"p{i}", "response": f"r{i}"}) + "\n"

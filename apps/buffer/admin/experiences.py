@@ -17,7 +17,7 @@ from django.utils.html import format_html
 from apps.core.counts import EstimatedCountPaginator
 from apps.feedback.models import Feedback
 
-from .. import search, services
+from .. import curation, search, services
 from ..forms import ExpertDataUploadForm, PipelineForm, PriorityForm, RescoreForm
 from ..models import Experience
 from .actions import ExportActionForm, confirm_action, export_action
@@ -245,7 +245,7 @@ class ExperienceAdmin(admin.ModelAdmin):
             "Promote to expert data",
             "Each becomes an expert copy (ready, same run, the original as its parent) that SFT and MIX imitate. "
             "Expert rows and rows promoted before are skipped. Runs as a job.",
-            perform=lambda data: self._job_started(services.start_promotion(queryset, user=request.user)),
+            perform=lambda data: self._job_started(curation.start_promotion(queryset, user=request.user)),
         )
 
     @admin.action(description="Re-score selected experiences with a reward fn", permissions=["change"])
@@ -258,7 +258,7 @@ class ExperienceAdmin(admin.ModelAdmin):
             "are skipped); the previous reward is kept in metadata. Advantages are not recomputed. Runs as a job.",
             form_class=RescoreForm,
             perform=lambda data: self._job_started(
-                services.start_rescore(queryset, reward_fn=data["reward_fn"], user=request.user)
+                curation.start_rescore(queryset, reward_fn=data["reward_fn"], user=request.user)
             ),
         )
 
@@ -272,7 +272,7 @@ class ExperienceAdmin(admin.ModelAdmin):
             "become rejected, changes it makes are saved, experiences it adds are inserted. Runs as a job.",
             form_class=PipelineForm,
             perform=lambda data: self._job_started(
-                services.start_pipeline(queryset, operator=data["operator"], params=data["params"], user=request.user)
+                curation.start_pipeline(queryset, operator=data["operator"], params=data["params"], user=request.user)
             ),
         )
 

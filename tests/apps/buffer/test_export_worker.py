@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from apps.buffer import services
+from apps.buffer import curation, services
 from apps.buffer.models import BufferJob, Experience
 from apps.core import jobs
 from tests.support import read_elsewhere, watch_progress
@@ -20,7 +20,7 @@ def test_progress_is_visible_while_the_job_is_still_running(make_experience, mon
     seen = watch_progress(monkeypatch, lambda job: read_elsewhere(  # every chunk's progress
         "SELECT j.rows_done, (SELECT count(*) FROM buffer_experience WHERE source = 'expert') "
         "FROM buffer_bufferjob j WHERE j.id = %s", [job.pk]))
-    job = services.start_promotion(Experience.objects.filter(pk__in=[row.pk for row in rows]))
+    job = curation.start_promotion(Experience.objects.filter(pk__in=[row.pk for row in rows]))
 
     job = jobs.run_job("buffer.bufferjob", job.pk)
 

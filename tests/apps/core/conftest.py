@@ -3,7 +3,7 @@ import json
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
-from apps.buffer import services as buffer_services
+from apps.buffer import curation
 from apps.buffer.models import Experience
 from apps.runs.models import Run
 from apps.tasksets import services as taskset_services
@@ -41,6 +41,6 @@ def start_promotion(researcher, curator):
     def start(n=3):
         run = Run.objects.create(name="r", owner=researcher, config={})
         rows = [Experience.objects.create(run=run, rollout_index=i, response_text=f"r{i}") for i in range(n)]
-        return buffer_services.start_promotion(Experience.objects.filter(pk__in=[r.pk for r in rows]), user=curator)
+        return curation.start_promotion(Experience.objects.filter(pk__in=[r.pk for r in rows]), user=curator)
 
     return start

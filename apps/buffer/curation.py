@@ -1,0 +1,224 @@
+"""Curation jobs over a selection of the buffer that read every row in Python and change it:
+re-score with a reward fn, promote to expert data, run an experience pipeline operator. Each is a
+BufferJob kind (services says how such a job fixes its selection, reports progress, stops when
+cancelled between two chunks and changes the buffer all or nothing)."""
+
+import copy
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import replace
+
+from django.db import transaction
+from django.db.models import F
+from django.db.models.functions import MD5
+
+from apps.core import jobs
+from apps.core.jobs import JobError
+from apps.feedback import history as feedback_history
+from apps.runs.config_checks import checked_reward_fn
+from apps.tasksets.store import to_task
+from workers.rft.rewards import build_reward
+
+from .models import BufferJob, Experience
+from .services import selected_rows, start_selection_job
+from .store import COPIED_FIELDS, to_experience, to_row
+
+
+def start_rescore(queryset, *, reward_fn, user=None) -> BufferJob:
+    """Queue re-scoring the selection with a reward fn spec (a name, or {name: weight}), checked as
+    a launch checks explorer.reward_fn (its models confined and stored resolved); raises
+    ConfigError naming each bad key."""
+    spec = checked_reward_fn(reward_fn)
+    return start_selection_job(BufferJob.Kind.RESCORE, queryset, {"reward_fn": spec}, user)
+
+
+@jobs.register(f"buffer.{BufferJob.Kind.RESCORE}", cancellable=True)
+def _rescore(job: BufferJob, progress) -> dict:
+    """reward and reward_components from the reward fn, on the response and the row's task; the
+    previous reward is kept in metadata['rescored']. Rows without a task (imported data) have no
+    answer to check and are skipped. Advantages are left as they were."""
+    spec = job.params["reward_fn"]
+    reward = build_reward(spec)
+    counts = Counter(rescored=0, skipped_without_task=0)
+    rows = Experience.objects.select_related("task").only(
+        "response_text", "reward", "reward_components", "metadata", "task"
+    )
+    with transaction.atomic():
+        for done, chunk in selected_rows(job, rows):
+            scored = [row for row in chunk if row.task is not None]
+            for row in scored:
+                try:
+                    total, components = reward(row.response_text, to_task(row.task))
+                except Exception as exc:
+                    raise JobError(f"the reward fn failed on experience {row.pk}: {exc!r}") from exc
+                row.metadata = {**row.metadata, "rescored": {"reward_fn": spec, "previous_reward": row.reward}}
+                row.reward, row.reward_components = total, components
+            Experience.objects.bulk_update(scored, ["reward", "reward_components", "metadata"])
+            counts.update(rescored=len(scored), skipped_without_task=len(chunk) - len(scored))
+            progress(done)
+    return dict(counts)
+
+
+def start_promotion(queryset, *, user=None) -> BufferJob:
+    return start_selection_job(BufferJob.Kind.PROMOTE, queryset, {}, user)
+
+
+@jobs.register(f"buffer.{BufferJob.Kind.PROMOTE}", cancellable=True)
+def _promote(job: BufferJob, progress) -> dict:
+    """An expert copy of each selected experience (MIX and SFT imitate expert data), ready, in
+    the same run, with the original as its parent. Expert rows, and rows promoted before, are skipped."""
+    counts = Counter(promoted=0, skipped=0)
+    with transaction.atomic():
+        for done, chunk in selected_rows(job, Experience.objects.all()):
+            promoted_before = set(
+                Experience.objects.filter(
+                    parent_id__in=[row.pk for row in chunk], source=Experience.Source.EXPERT
+                ).values_list("parent_id", flat=True)
+            )
+            copies = [
+                _expert_copy(row)
+                for row in chunk
+                if row.source != Experience.Source.EXPERT and row.pk not in promoted_before
+            ]
+            Experience.objects.bulk_create(copies)
+            counts.update(promoted=len(copies), skipped=len(chunk) - len(copies))
+            progress(done)
+    return dict(counts)
+
+
+def _expert_copy(row: Experience) -> Experience:
+    fields = {name: getattr(row, name) for name in COPIED_FIELDS if name != "use_count"}
+    fields |= {
+        "source": Experience.Source.EXPERT,
+        "group_id": f"promoted-{row.group_id}"[:100],
+        "advantage": None,  # expert data is imitated, not weighted
+    }
+    return Experience(
+        **fields, run_id=row.run_id, task_id=row.task_id, status=Experience.Status.READY, parent_id=row.pk
+    )
+
+
+def check_operator(name: str, params: dict):
+    """The experience pipeline operator `name` (workers.rft.pipelines) if `params` are what it
+    declares, checked as a run config's pipeline is (config.operator_issues: names, types, bounds);
+    raises ConfigError naming each bad one otherwise."""
+    from workers.rft.config import ConfigError, operator_issues
+    from workers.rft.pipelines import EXPERIENCE_OPERATORS  # imports torch: only where an operator is asked for
+
+    issues = operator_issues([{"name": name, **params}], EXPERIENCE_OPERATORS, "operator")
+    if issues:
+        raise ConfigError(issues)
+    return EXPERIENCE_OPERATORS.get(name)
+
+
+def start_pipeline(queryset, *, operator: str, params: dict, user=None) -> BufferJob:
+    """Queue running an experience pipeline operator over the selection; raises ConfigError for an
+    unknown operator or parameters it does not declare."""
+    check_operator(operator, params)
+    # Operators compare experiences within a task (dedupe) or a group (group_std_filter): the
+    # rows are processed in task and group order, never splitting a task between chunks.
+    order = (F("task_id").asc(nulls_last=True), MD5("prompt_text"), "group_id", "pk")
+    return start_selection_job(
+        BufferJob.Kind.PIPELINE, queryset, {"operator": operator, "params": params}, user, order=order
+    )
+
+
+@jobs.register(f"buffer.{BufferJob.Kind.PIPELINE}", cancellable=True)
+def _run_pipeline(job: BufferJob, progress) -> dict:
+    """Run the operator as the explorer would, over the selection one whole task at a time, and
+    store the outcome: rows it drops become `rejected` (metadata['rejected_by'] names it), changed
+    fields are saved, experiences it adds (promote_to_expert's copies) are inserted with the row
+    they came from as parent. Rows without token ids (text-only imported data) are skipped: the
+    operators measure and compare responses by their tokens."""
+    from workers.rft.pipelines import EXPERIENCE_OPERATORS, PipelineContext, build_operators, run_experience_operators
+
+    name = job.params["operator"]
+    ops = build_operators(EXPERIENCE_OPERATORS, [{"name": name, **job.params["params"]}])
+    context = PipelineContext()
+    counts = Counter(kept=0, changed=0, rejected=0, added=0, skipped_without_tokens=0)
+    with transaction.atomic():
+        for done, rows in _whole_tasks(selected_rows(job, Experience.objects.all())):
+            usable = [row for row in rows if row.response_ids is not None]
+            counts["skipped_without_tokens"] += len(rows) - len(usable)
+            try:
+                outcome, metrics = run_experience_operators(ops, [_engine_experience(row) for row in usable], context)
+            except Exception as exc:
+                raise JobError(
+                    f"operator {name!r} failed on experiences {usable[0].pk}…{usable[-1].pk}: {exc!r}"
+                ) from exc
+            counts.update(_store_outcome(usable, outcome, name))
+            counts.update({key: value for key, value in metrics.items() if isinstance(value, int)})
+            progress(done)
+    return dict(counts)
+
+
+def _task_key(row: Experience):
+    """What the operators take for the row's task: the task, or for a row without one, its prompt."""
+    return row.task_id if row.task_id is not None else ("prompt", row.prompt_text)
+
+
+def _engine_experience(row: Experience):
+    """The row as the engine's Experience, with copies of everything an operator might change in place."""
+    experience = to_experience(row)
+    return replace(
+        experience,
+        task_id=_task_key(row),
+        prompt_ids=list(row.prompt_ids or []),
+        response_ids=list(row.response_ids),
+        action_mask=list(row.action_mask or []),
+        messages=copy.deepcopy(row.messages),
+        reward_components=copy.deepcopy(row.reward_components),
+        metadata=copy.deepcopy(row.metadata),
+    )
+
+
+def _store_outcome(rows: list[Experience], outcome: list, operator: str) -> Counter:
+    by_id = {row.pk: row for row in rows}
+    kept, changed, changed_fields, added = set(), [], set(), []
+    for experience in outcome:
+        row = by_id.get(experience.id)
+        if row is None:
+            raise JobError(
+                f"operator {operator!r} made an experience from none of the selected ones; the admin cannot place it"
+            )
+        if experience.id in kept:  # a second experience from the same row: a new one
+            new = to_row(experience, row.run_id)
+            new.task_id, new.parent_id = row.task_id, row.pk  # the operator saw a stand-in task key
+            added.append(new)
+            continue
+        kept.add(experience.id)
+        fields = [name for name in COPIED_FIELDS if not _same(getattr(row, name), getattr(experience, name))]
+        for name in fields:
+            setattr(row, name, getattr(experience, name))
+        if fields:
+            changed.append(row)
+            changed_fields.update(fields)
+    rejected = [row for row in rows if row.pk not in kept]
+    for row in rejected:
+        row.status, row.metadata = Experience.Status.REJECTED, {**row.metadata, "rejected_by": operator}
+    if changed:
+        Experience.objects.bulk_update(changed, sorted(changed_fields))
+    Experience.objects.bulk_update(rejected, ["status", "metadata"])
+    feedback_history.status_decided([row.pk for row in rejected])
+    Experience.objects.bulk_create(added)
+    return Counter(kept=len(kept), changed=len(changed), rejected=len(rejected), added=len(added))
+
+
+def _same(stored, produced) -> bool:
+    # A missing token array reaches the operators as an empty list.
+    return stored == produced or (stored is None and produced == [])
+
+
+def _whole_tasks(chunks: Iterator[tuple[int, list]]) -> Iterator[tuple[int, list]]:
+    """Re-cut (rows read, rows) chunks so that no task's experiences are split between two."""
+    pending, done = [], 0
+    for done, rows in chunks:
+        rows = pending + rows
+        cut = len(rows)
+        while cut and _task_key(rows[cut - 1]) == _task_key(rows[-1]):
+            cut -= 1
+        pending = rows[cut:]
+        if cut:
+            yield done, rows[:cut]
+    if pending:
+        yield done, pending
