@@ -322,6 +322,12 @@ def duty_states(run: Run, live: list[WorkerState] | None = None) -> list[DutySta
             why = beat.get("handed_back") or f"its worker was lost (hand-over {beat.get('handovers', 1)})"
             states.append(DutyState(duty, queue, "handed over", None, beat["at"],
                                     f"{why}; sent on, " + _waiting_for(run, queue, live)))
+        elif node in stopped_nodes and services.holder(run, duty, timeout) is not None:
+            # Shutting down in order, still beating: it saves at its step and lets the run go; it
+            # said "lost" for the ~20 s that takes (#42, finding 8).
+            states.append(DutyState(duty, queue, "handing back", node, beat["at"],
+                                    f"its worker {node} is shutting down in order: the duty saves at its next "
+                                    "step and is sent on to another worker"))
         elif services.holder(run, duty, timeout) is None or node in stopped_nodes:
             age = services.heartbeat_age(run, duty)
             why = "stopped" if node in stopped_nodes else f"fell silent {age:.0f} s ago"

@@ -161,10 +161,11 @@ def test_starting_lost_handed_over_and_ended_duties(make_run):
     })
     states = {s.duty: s for s in capacity.duty_states(run)}
     assert {duty: s.state for duty, s in states.items()} == {
-        "trainer": "starting", "explorer": "lost", "explorer-1": "lost", "explorer-2": "handed over",
+        "trainer": "starting", "explorer": "handing back", "explorer-1": "lost", "explorer-2": "handed over",
         "explorer-3": "handed over",
     }
-    assert f"its worker {gone.name} stopped" in states["explorer"].detail
+    # Its worker stopped in order and the duty still beats: it hands the run back (it said "lost").
+    assert f"its worker {gone.name} is shutting down in order" in states["explorer"].detail
     assert "fell silent 600 s ago" in states["explorer-1"].detail
     assert "hand-over 2" in states["explorer-2"].detail
     assert "is shutting down" in states["explorer-3"].detail and "`explore` worker" in states["explorer-3"].detail
