@@ -179,3 +179,20 @@ def browser_client(user):
     client = Client(raise_request_exception=False)
     client.force_login(user)
     return client
+
+
+def forget_login_failures() -> None:
+    """Clear the login throttle's counts (apps.accounts.throttle) in the tests' cache: a wrong
+    password typed by an earlier test from the test client's 127.0.0.1 counts for 15 minutes, and
+    every attempt counts before its password is checked, so a test with small limits started locked."""
+    from django.core.cache import cache
+
+    from apps.accounts.throttle import PREFIX
+
+    client = getattr(cache, "_cache", None)
+    if client is None or not hasattr(client, "get_client"):
+        cache.clear()  # the in-process cache: its own, nothing else in it matters
+        return
+    redis_client = client.get_client(write=True)
+    for key in redis_client.scan_iter(match=f"*{PREFIX}:*"):
+        redis_client.delete(key)

@@ -30,7 +30,7 @@ class Feedback(models.Model):
     # it); empty when the judgement changed none (the row was rejected already, by a curator or
     # another flag). Flags saved before this field existed have it empty too: undoing one leaves
     # the row as it is, the safe way round (a curator's rejection is never lifted by a guess).
-    status_before = models.CharField(max_length=10, blank=True)
+    status_before = models.CharField(max_length=10, blank=True, db_default="")  # raw inserts (bench/) too
     seconds_spent = models.FloatField(default=0.0)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -18,7 +18,7 @@ from django.test import Client
 from apps.accounts.roles import RESEARCHER
 from apps.accounts.services import create_user
 from apps.runs.models import Run
-from tests.support import service_env
+from tests.support import forget_login_failures, service_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -30,6 +30,7 @@ DAPHNE_MAX_MESSAGE_BYTES = 1024 * 1024  # daphne's default --websocket-max-messa
 @pytest.fixture
 def server(tmp_path):
     """daphne serving rftweb.asgi on a free port, with small login limits; yields its base URL."""
+    forget_login_failures()  # counts an earlier test left would count against these small limits
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]

@@ -350,7 +350,10 @@ def test_stop_ends_an_embedded_run_inside_a_long_step_and_it_resumes(researcher,
     try:
         seconds = stop_resume_stop(run)
     finally:
-        assert supervision.wait_for_duties(STOP_WITHIN_S)
+        # This run's threads are gone (rftweb.celery.enqueue names each after its task and args); not
+        # supervision.wait_for_duties, which counts every run's duties of this process, other tests' too.
+        wait_for(lambda: not [t for t in threading.enumerate() if f"({run.pk}, " in t.name or f"({run.pk},)" in t.name],
+                 timeout=STOP_WITHIN_S, what="the run's duty threads to end")
     print(f"embedded: stopped {seconds[0]:.1f} s after Stop; resumed, stopped again in {seconds[1]:.1f} s")
 
 

@@ -7,11 +7,11 @@ import time
 
 import pytest
 from django.contrib.auth.hashers import MD5PasswordHasher
-from django.core.cache import cache
 from django.test import Client
 from django.urls import reverse
 
 from apps.accounts.roles import RESEARCHER
+from tests.support import forget_login_failures
 
 PASSWORD = "pw-for-tests-123"  # the password tests/conftest.py gives its users
 DIDNT_MATCH = "Your username and password didn't match"
@@ -24,9 +24,9 @@ def clean_counts(settings):
     settings.RFTWEB_LOGIN_FAILURES_PER_ACCOUNT = ACCOUNT_LIMIT
     settings.RFTWEB_LOGIN_FAILURES_PER_ADDRESS = 50
     settings.RFTWEB_LOGIN_LOCKOUT_SECONDS = 60
-    cache.clear()
+    forget_login_failures()
     yield
-    cache.clear()
+    forget_login_failures()
 
 
 @pytest.fixture

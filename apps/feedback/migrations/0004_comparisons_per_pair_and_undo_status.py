@@ -50,7 +50,7 @@ class Migration(migrations.Migration):
         migrations.AddField(
             model_name='feedback',
             name='status_before',
-            field=models.CharField(blank=True, max_length=10),
+            field=models.CharField(blank=True, db_default='', max_length=10),
         ),
         migrations.AddConstraint(
             model_name='feedback',

@@ -50,7 +50,7 @@ from workers.rft.models import (
     read_weights,
     resolve_model_path,
 )
-from workers.rft.rewards import build_reward
+from workers.rft.rewards import ReadLimits, build_reward
 from workers.rft.sampling import SAMPLE_STRATEGIES
 from workers.rft.trainer import collate
 
@@ -865,7 +865,8 @@ def reward_fn(run, reference, name):
     o = run({"explorer": {"reward_fn": spec}, "buffer": {"taskset": taskset}})
     assert name in o.metrics("explorer", 1)  # the fn's mean score, as a metric
     tasks = {task.id: task for task in o.stores.task_source.tasks()}
-    reward = build_reward(spec)
+    config = o.loop.config  # a model reads what the run bounds (max_prompt_tokens, max_new_tokens)
+    reward = build_reward(spec, ReadLimits(config.model.max_prompt_tokens, config.explorer.max_new_tokens))
     for e in o.rollouts():  # every stored reward is what that fn gives the response
         assert name in e.reward_components
         assert reward(e.response_text, tasks[e.task_id])[0] == pytest.approx(e.reward, abs=1e-4)
