@@ -17,9 +17,9 @@ from django.core.management.base import CommandError
 from django.test import Client
 from django.urls import reverse
 
+from apps.buffer.curation import start_rescore
 from apps.buffer.forms import RescoreForm
 from apps.buffer.models import Experience
-from apps.buffer.services import start_rescore
 from apps.runs.api import token_for
 from apps.runs.forms import LaunchForm
 from apps.runs.models import Run

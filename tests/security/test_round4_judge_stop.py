@@ -338,8 +338,19 @@ def stop_resume_stop(run: Run) -> tuple[float, float]:
     stops inside it again."""
     supervision.start_run(run.pk)
     first = stop_inside_the_first_step(run)
-    services.resume_run(Run.objects.get(pk=run.pk))
+    wait_for(lambda: resumed(run), timeout=STOP_WITHIN_S, what="the stopped run to be resumable")
     return first, stop_inside_the_first_step(run)
+
+
+def resumed(run: Run) -> bool:
+    """Resume as the page does; False while the worker that stopped it still lets go of its duty
+    ("try again in a moment": the last duty marks the run stopped, then lets go)."""
+    try:
+        services.resume_run(Run.objects.get(pk=run.pk))
+    except services.InvalidTransition as refused:
+        assert "try again in a moment" in str(refused), refused
+        return False
+    return True
 
 
 @pytest.mark.slow
