@@ -109,8 +109,8 @@
         // The demo's own preset trips this in its first minute: a random model's 8 answers all
         // score 0 until the expert half has taught it the format (#42, finding 7).
         ? "Expected early in a MIX run: the expert half (SFT) teaches until the model's own answers start "
-          + "to differ, and this falls as held-out accuracy climbs. If it stays, make tasks easier or raise "
-          + "repeat_times or temperature."
+          + "to differ. Later it means the tasks are all solved (or all failed) by the model: make them harder "
+          + "(or easier), or raise repeat_times or temperature."
         : "Make tasks harder or easier, raise repeat_times or temperature, or use a graded reward.");
   }
 

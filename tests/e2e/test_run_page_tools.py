@@ -144,8 +144,8 @@ def test_the_zero_variance_hint_shows_when_most_recent_groups_had_equal_rewards(
     expect(hint).to_have_text(
         "93% of groups had equal rewards in the last 5 explorer steps: they carry no learning signal (GRPO "
         "advantages are 0). Expected early in a MIX run: the expert half (SFT) teaches until the model's own "
-        "answers start to differ, and this falls as held-out accuracy climbs. If it stays, make tasks easier or "
-        "raise repeat_times or temperature.")
+        "answers start to differ. Later it means the tasks are all solved (or all failed) by the model: make them "
+        "harder (or easier), or raise repeat_times or temperature.")
     page.screenshot(path=SHOTS / "run-page-zero-variance.png")
     grpo = running_run(researcher, name="grpo")
     Run.objects.filter(pk=grpo.pk).update(config={**grpo.config, "algorithm": {**grpo.config["algorithm"],

@@ -154,7 +154,7 @@ def listen(job):
     return async_to_sync(receive)
 
 
-@pytest.mark.postgres("progress is written on a second connection; embedded (SQLite) it is broadcast only")
+@pytest.mark.postgres("progress written on a second connection inside the job's transaction: SQLite has one writer")
 @pytest.mark.django_db(transaction=True)
 def test_progress_is_written_at_once_and_broadcast_at_most_every_interval(researcher, monkeypatch):
     job = TasksetImport.objects.create(original_filename="x.jsonl", name="x", format="jsonl", bytes_total=1_000)
