@@ -388,7 +388,7 @@ def shown_status(run: Run) -> str:
     beats = [run.heartbeats.get(duty) for duty in services.duties_of_run(run)]
     if any(beat is None for beat in beats):
         return "queued"
-    if any(beat.get("ended") or beat.get("worker") == services.HANDED_OVER for beat in beats):
+    if not all(_holds(beat) for beat in beats):  # one was let go or sent on: it waits to be taken again
         return "waiting"
     return run.status
 
