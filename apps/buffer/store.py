@@ -182,8 +182,11 @@ def claim(picks: Sequence[tuple]) -> list[list[Experience]]:
 class DjangoExperienceBuffer:
     """The experiences of one run (its rollouts, and the expert data the run seeded from its expert taskset)."""
 
-    def __init__(self, run_id: int):
+    def __init__(self, run_id: int, explorer: str | None = None):
         self.run_id = run_id
+        # The explorer duty writing (one of several: "explorer-1"): its rollouts say so in their
+        # metadata, for the rollouts page (#42, finding 11).
+        self.explorer = explorer
 
     @cached_property
     def config(self) -> RunConfig:
@@ -206,6 +209,10 @@ class DjangoExperienceBuffer:
         unknown = {e.source for e in experiences} - set(SOURCES)
         if unknown:
             raise ValueError(f"unknown experience source(s) {sorted(unknown)}")
+        if self.explorer is not None:
+            for e in experiences:
+                if e.source == "rollout":
+                    e.metadata = {**e.metadata, "explorer": self.explorer}
         new = _first_of_each_key(experiences, stored=set())
         if all(e.task_id is not None for e in new if e.source == "rollout"):
             try:

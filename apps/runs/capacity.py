@@ -29,13 +29,14 @@ from django.utils import timezone
 
 from workers.rft.config import ConfigError, RunConfig
 
-from . import config_checks, services
+from . import config_checks, services, turns
 from .hosts import GB, cpu_count, gpus, memory_bytes
 from .models import Run, Worker
 
 log = logging.getLogger(__name__)
 
-LOST_SHOWN_FOR = timedelta(hours=24)  # lost workers stay on the page this long
+LOST_SHOWN_FOR = timedelta(hours=24)  # lost and stopped workers stay on the page this long
+EARLIER_LIVES_KEPT = 10  # of a worker restarted under the same name, within that day
 ALL_QUEUES = ["default", "train", "explore"]
 
 
@@ -66,6 +67,8 @@ class WorkerState:
     holds: list[Holding] = field(default_factory=list)
     memory_gb: float | None = None  # what its processes may use (hosts.memory_bytes), for the launch's check
     cpus: int | None = None
+    stopped_at: datetime | None = None
+    restarted_at: datetime | None = None  # an earlier life: when the same name started again
 
     @property
     def free(self) -> int | None:
@@ -74,7 +77,7 @@ class WorkerState:
     def as_json(self) -> dict:
         data = asdict(self)
         data["free"] = self.free
-        for key in ("started_at", "last_seen"):
+        for key in ("started_at", "last_seen", "stopped_at", "restarted_at"):
             data[key] = data[key] and data[key].isoformat()
         for hold in data["holds"]:
             hold["since"] = hold["since"] and hold["since"].isoformat()
@@ -129,9 +132,21 @@ def _starting(queue: str) -> list[str]:
 
 
 def register(name: str, queues: list[str], slots: int) -> None:
-    """A worker is ready (again: a restarted worker of the same name starts afresh)."""
+    """A worker is ready (again: a restarted worker of the same name starts afresh, its last life
+    kept for the page's Stopped or Lost list)."""
     now = timezone.now()
+    earlier = []
+    if (before := Worker.objects.filter(name=name).first()) is not None:
+        life = {"host": before.host, "pid": before.pid, "version": before.version, "memory_gb": before.memory_gb,
+                "cpus": before.cpus,
+                **{key: value and value.isoformat() for key, value in (
+                    ("started_at", before.started_at), ("last_seen", before.last_seen),
+                    ("stopped_at", before.stopped_at))}}
+        shown_since = now - LOST_SHOWN_FOR
+        earlier = [old for old in [*before.earlier, life]
+                   if datetime.fromisoformat(old["last_seen"]) >= shown_since][-EARLIER_LIVES_KEPT:]
     Worker.objects.update_or_create(name=name, defaults={
+        "earlier": earlier,
         "host": socket.gethostname(), "pid": os.getpid(), "queues": sorted(queues), "slots": slots,
         "gpus": gpus(), "memory_gb": round(memory_bytes() / GB, 1), "cpus": cpu_count(), "version": code_version(),
         "started_at": now, "last_seen": now, "stopped_at": None,
@@ -259,9 +274,21 @@ def overview(now: datetime | None = None) -> dict[str, list[WorkerState]]:
         shown = WorkerState(
             worker.name, worker.host, worker.pid, worker.queues, worker.slots, worker.gpus, worker.version,
             worker.started_at, worker.last_seen, state, held.pop(worker.name, []) if state == "live" else [],
-            worker.memory_gb, worker.cpus,
+            worker.memory_gb, worker.cpus, worker.stopped_at,
         )
         out["workers" if state == "live" else state].append(shown)
+        restarted = worker.started_at
+        for life in reversed(worker.earlier):  # newest first: each was ended by the next one's start
+            last_seen = datetime.fromisoformat(life["last_seen"])
+            if now - last_seen <= LOST_SHOWN_FOR:
+                ended = life["stopped_at"] and datetime.fromisoformat(life["stopped_at"])
+                out["stopped" if ended else "lost"].append(WorkerState(
+                    worker.name, life["host"], life["pid"], worker.queues, worker.slots, [], life["version"],
+                    datetime.fromisoformat(life["started_at"]), last_seen, "stopped" if ended else "lost",
+                    memory_gb=life.get("memory_gb"), cpus=life.get("cpus"), stopped_at=ended, restarted_at=restarted))
+            restarted = datetime.fromisoformat(life["started_at"])
+    for section in ("lost", "stopped"):  # the latest first
+        out[section].sort(key=lambda shown: shown.stopped_at or shown.last_seen, reverse=True)
     # Duties held by a worker that never registered (started before this version): still shown.
     for name, holds in held.items():
         out["workers"].append(WorkerState(name, "", None, [], None, [], "", None, None, "live", holds))
@@ -296,9 +323,11 @@ def duty_states(run: Run, live: list[WorkerState] | None = None) -> list[DutySta
     timeout = settings.RFTWEB_HEARTBEAT_TIMEOUT
     stopped_nodes = set() if settings.RFTWEB_EMBEDDED else set(
         Worker.objects.filter(stopped_at__isnull=False).values_list("name", flat=True))
+    waiting = {} if settings.RFTWEB_EMBEDDED else turns.queues()
     states = []
     for duty in services.duties_of_run(run):
         queue = services.queue_of(duty)
+        wait = lambda duty=duty, queue=queue: _waiting_for(run, duty, queue, live, waiting)  # noqa: E731
         beat = run.heartbeats.get(duty)
         node = beat.get("node") if beat else None
         if run.status in Run.FINISHED or (run.status == Run.Status.STOPPING and not _holds(beat)):
@@ -311,17 +340,17 @@ def duty_states(run: Run, live: list[WorkerState] | None = None) -> list[DutySta
                                     f"{node or beat['worker']} ends its step, saves what a resume needs and "
                                     "lets it go"))
         elif beat is None:
-            states.append(DutyState(duty, queue, "waiting", None, None, _waiting_for(run, queue, live)))
+            states.append(DutyState(duty, queue, "waiting", None, None, wait()))
         elif beat.get("ended") and run.status in Run.ACTIVE:  # let go, the run goes on: the watchdog sends it on
             why = beat.get("handed_back") or beat.get("broke") or "its task ended"
             states.append(DutyState(duty, queue, "handed over", None, beat["ended"],
-                                    f"{node or beat['worker']} let it go ({why}); " + _waiting_for(run, queue, live)))
+                                    f"{node or beat['worker']} let it go ({why}); " + wait()))
         elif beat.get("ended"):
             states.append(DutyState(duty, queue, "ended", node, beat["ended"], f"{node or beat['worker']} let it go"))
         elif beat["worker"] == services.HANDED_OVER:
             why = beat.get("handed_back") or f"its worker was lost (hand-over {beat.get('handovers', 1)})"
             states.append(DutyState(duty, queue, "handed over", None, beat["at"],
-                                    f"{why}; sent on, " + _waiting_for(run, queue, live)))
+                                    f"{why}; sent on, " + wait()))
         elif node in stopped_nodes and services.holder(run, duty, timeout) is not None:
             # Shutting down in order, still beating: it saves at its step and lets the run go; it
             # said "lost" for the ~20 s that takes (#42, finding 8).
@@ -335,14 +364,31 @@ def duty_states(run: Run, live: list[WorkerState] | None = None) -> list[DutySta
                                     f"its worker {node or beat['worker']} {why}: the watchdog sends it on "
                                     f"to another {queue} worker"))
         elif not beat.get("started"):
+            loaded = beat.get("doing")  # its engine is built; a paused run's steps wait for Resume
+            then = "its steps start once the run is resumed" if run.status == Run.Status.PAUSED else "its steps start"
             states.append(DutyState(duty, queue, "starting", node, beat.get("since"),
-                                    f"{node or beat['worker']} is loading the model"))
+                                    f"{node or beat['worker']} " + (f"loaded the model; {then}" if loaded
+                                                                    else "is loading the model")))
         else:
             went_on = beat.get("from_checkpoint")  # a restart said so only on the worker's console (#42, 6)
             since = f", from checkpoint v{went_on['version']} (trainer step {went_on['step']})" if went_on else ""
+            doing = _doing(beat)
             states.append(DutyState(duty, queue, "running", node, beat["started"],
-                                    f"on {node or beat['worker']}{since}"))
+                                    f"{doing + ' · ' if doing else ''}on {node or beat['worker']}{since}"))
     return states
+
+
+def _doing(beat: dict) -> str:
+    """What the duty's engine did at its last beat (workers.rft.activity), with how long for
+    once that is long enough to matter: "rolling out step 12 · saving a checkpoint at step 11 (40 s)"."""
+    now, parts = time.time(), []
+    for part in beat.get("doing") or ():
+        took = now - part["since"]
+        parts.append(part["what"] + (f" ({took:.0f} s)" if took >= DOING_LONG_S else ""))
+    return " · ".join(parts)
+
+
+DOING_LONG_S = 30  # a phase longer than this says how long (a step of the demo takes about a second)
 
 
 def _holds(beat: dict | None) -> bool:
@@ -350,7 +396,7 @@ def _holds(beat: dict | None) -> bool:
     return bool(beat) and not beat.get("ended") and beat.get("worker") != services.HANDED_OVER
 
 
-def _waiting_for(run: Run, queue: str, live: list[WorkerState]) -> str:
+def _waiting_for(run: Run, duty: str, queue: str, live: list[WorkerState], waiting: dict) -> str:
     serving = [worker for worker in live if queue in worker.queues]
     if not serving and (starting := _starting(queue)):
         return f"waiting for {_a(queue)} worker: {', '.join(starting)} is starting on this machine"
@@ -361,22 +407,21 @@ def _waiting_for(run: Run, queue: str, live: list[WorkerState]) -> str:
         return f"waiting for {_a(queue)} worker: one has a free slot and takes it next"
     slots = sum(worker.slots or 0 for worker in serving)
     holders = [f"run {hold.run_id} {hold.run_name} ({hold.duty})" for worker in serving for hold in worker.holds]
-    ahead = _waiting_ahead(run, queue)
-    line = f", {ahead} duties of earlier runs ahead of it" if ahead else ""
-    return (f"waiting for {_a(queue)} worker — {'both' if slots == 2 else f'all {slots}'} slots busy: "
-            f"{', '.join(holders)}{line}")
+    ahead = _ahead(run, duty, queue, waiting)
+    line = f"; {ahead} dut{'y' if ahead == 1 else 'ies'} asked before it and go{'es' if ahead == 1 else ''} first" \
+        if ahead else "; it is next"
+    busy = {1: "its one slot is busy", 2: "both slots busy"}.get(slots, f"all {slots} slots busy")
+    return f"waiting for {_a(queue)} worker — {busy}: {', '.join(holders)}{line}"
 
 
 def _a(queue: str) -> str:
     return f"{'an' if queue[0] in 'aeiou' else 'a'} `{queue}`"
 
 
-def _waiting_ahead(run: Run, queue: str) -> int:
-    """Duties of active runs launched before this one that wait on the same queue (Celery hands
-    tasks out in the order they were sent)."""
-    earlier = Run.objects.filter(status__in=Run.ACTIVE, created_at__lt=run.created_at).only("config", "heartbeats")
-    return sum(1 for other in earlier for duty in services.duties_of_run(other)
-               if services.queue_of(duty) == queue and duty not in other.heartbeats)
+def _ahead(run: Run, duty: str, queue: str, waiting: dict) -> int:
+    """Duties of its queue that get a free slot before this one (turns.py: who asked first)."""
+    order = [(w.run_id, w.duty) for w in waiting.get(queue, [])]
+    return order.index((run.pk, duty)) if (run.pk, duty) in order else len(order)
 
 
 def shown_status(run: Run) -> str:

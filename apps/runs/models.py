@@ -181,6 +181,10 @@ class Worker(models.Model):
     started_at = models.DateTimeField()
     last_seen = models.DateTimeField()
     stopped_at = models.DateTimeField(null=True, blank=True)
+    # Its earlier lives under this name, newest last (capacity.register: a restart reuses the
+    # row): {"host", "pid", "version", "started_at", "last_seen", "stopped_at": null if lost}. The
+    # Workers page's Stopped and Lost lists had lost every worker restarted since (#42, finding 8).
+    earlier = models.JSONField(default=list, blank=True)
 
     class Meta:
         ordering = ["name"]

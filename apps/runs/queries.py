@@ -157,6 +157,11 @@ class RolloutGroup:
         return self.experiences[0].prompt_text if self.experiences else ""
 
     @property
+    def explorer(self) -> str:
+        """The explorer duty that rolled the group out, where the run has several ("explorer-1")."""
+        return self.experiences[0].metadata.get("explorer", "") if self.experiences else ""
+
+    @property
     def rewards(self) -> list[float]:
         return [e.reward for e in self.experiences if e.reward is not None]
 

@@ -307,9 +307,10 @@ def _write_beat(run: Run, duty: str, worker: str, node: str | None = None, task:
     since when its steps run (`started`, mark_started), kept while the same process beats."""
     previous = run.heartbeats.get(duty, {})
     now = timezone.now().isoformat()
-    kept = {key: previous[key] for key in ("handovers", "handed_over_at_step", "kills", "lost") if key in previous}
+    kept = {key: previous[key] for key in ("handovers", "handed_over_at_step", "kills", "lost", "asked")
+            if key in previous}
     if previous.get("worker") == worker:
-        held = ("node", "task", "since", "started", "from_checkpoint")
+        held = ("node", "task", "since", "started", "from_checkpoint", "doing")
         kept |= {key: previous[key] for key in held if key in previous}
     kept.setdefault("since", now)
     kept |= {key: value for key, value in (("node", node), ("task", task)) if value is not None}
@@ -372,26 +373,32 @@ def claim_duty(run: Run, duty: str, worker: str, timeout: float, node: str | Non
     claiming Celery `task` goes on the heartbeat, and out of Run.queued_tasks, claimed or not."""
     with transaction.atomic():
         locked = Run.objects.select_for_update().get(pk=run.pk)
-        came = task is not None and locked.queued_tasks.get(duty, {}).get("task") == task
+        sent = locked.queued_tasks.get(duty, {})
+        came = task is not None and sent.get("task") == task
         if came:
             locked.queued_tasks = {key: sent for key, sent in locked.queued_tasks.items() if key != duty}
         claimed = (locked.status in Run.SERVED and duty in duties_of_run(locked)
                    and holder(locked, duty, timeout) in (None, HANDED_OVER, worker))
         if claimed:
             _write_beat(locked, duty, worker, node, task)
+            if came and "asked" in sent:  # its place in the queue, kept for a hand-over (turns.py)
+                locked.heartbeats[duty]["asked"] = sent["asked"]
         if claimed or came:
             locked.save(update_fields=["heartbeats", "queued_tasks"])
     return claimed
 
 
-def heartbeat(run: Run, duty: str, worker: str) -> bool:
-    """`worker` is alive and still holds `duty`. False, writing nothing, once it does not: the
-    duty was handed to another worker or the run was resumed since."""
+def heartbeat(run: Run, duty: str, worker: str, doing: list | None = None) -> bool:
+    """`worker` is alive and still holds `duty`, doing `doing` (workers.rft.activity: what its
+    engine does now, for the duty line). False, writing nothing, once it does not: the duty was
+    handed to another worker or the run was resumed since."""
     with transaction.atomic():
         locked = Run.objects.select_for_update().only("heartbeats").get(pk=run.pk)
         if holder(locked, duty) != worker:
             return False
         _write_beat(locked, duty, worker)
+        if doing is not None:
+            locked.heartbeats[duty]["doing"] = doing
         locked.save(update_fields=["heartbeats"])
     return True
 
@@ -454,6 +461,7 @@ def _hand_over(locked: Run, duty: str, limit: int, lost: str | None = None) -> b
         "at": timezone.now().isoformat(), "worker": HANDED_OVER, "handovers": handovers, "handed_over_at_step": step,
         **({"task": beat["task"]} if "task" in beat else {}),  # the task that lost it (worker_lost)
         **({"handed_back": orderly} if orderly else {}),
+        **({"asked": beat["asked"]} if "asked" in beat else {}),  # its place in the queue (turns.py)
         **({"kills": kills, "lost": lost or beat.get("lost")} if kills else {}),
     }}
     locked.save(update_fields=["heartbeats"])

@@ -151,7 +151,7 @@ def run_stores(run: Run, config, duty: str = "loop", worker: str = "") -> Stores
     expert = Taskset.objects.filter(name=buffer.expert_taskset).first() if buffer.expert_taskset else None
     return Stores(
         task_source=taskset_source(buffer.taskset),
-        buffer=DjangoExperienceBuffer(run.pk),
+        buffer=DjangoExperienceBuffer(run.pk, explorer=duty if services.is_explorer(duty) else None),
         metrics=DjangoMetricSink(run),
         eval_source=taskset_source(buffer.eval_taskset),
         expert_source=DjangoTaskSource(expert) if expert else None,

@@ -52,7 +52,7 @@ from django.utils import timezone
 
 from rftweb.celery import enqueue
 
-from . import capacity, services
+from . import capacity, services, turns
 from .checkpoints import run_checkpoint_dir
 from .failures import MAX_CAUSE_CHARS, describe_failure, is_rank_failure, without_server_paths
 from .holding import DutyLost, HandBack, Stopped, pause, wait_while_paused
@@ -111,11 +111,14 @@ def set_explorers(run: Run, count: int) -> Run:
 def send(run: Run, duties) -> list[str]:
     """Send a task for each of `duties` that has none queued (Run.queued_tasks) and no live
     worker, once the caller's transaction commits; returns the duties sent. Toggling explorers
-    32 <-> 1 forty times had queued 620 tasks, ahead of other runs' work; ten stop/resumes 352."""
+    32 <-> 1 forty times had queued 620 tasks, ahead of other runs' work; ten stop/resumes 352.
+    Which task a worker takes does not decide which duty it serves: the one of its queue that
+    asked first does (turns.py)."""
     with transaction.atomic():
         locked = Run.objects.select_for_update().get(pk=run.pk)
         timeout, now = settings.RFTWEB_HEARTBEAT_TIMEOUT, timezone.now().isoformat()
-        new = {duty: {"task": str(uuid4()), "queue": services.queue_of(duty), "at": now} for duty in duties
+        new = {duty: {"task": str(uuid4()), "queue": services.queue_of(duty), "at": now,
+                      "asked": turns.asked_at(locked, duty)} for duty in duties
                if duty not in locked.queued_tasks and services.holder(locked, duty, timeout) in (None, HANDED_OVER)}
         if new:
             locked.queued_tasks = {**locked.queued_tasks, **new}
@@ -153,7 +156,9 @@ class Heartbeat(threading.Thread):
         try:
             while not self.stopped.wait(self.interval):
                 try:
-                    if not services.heartbeat(self.target_run, self.duty, self.worker):
+                    activity = _activities.get((self.target_run.pk, self.duty))
+                    doing = activity.now() if activity is not None else None
+                    if not services.heartbeat(self.target_run, self.duty, self.worker, doing):
                         return  # the duty was taken over: the duty's next status check stops it
                     if self.duty in ("loop", "trainer"):  # one series per run
                         services.record_metrics(self.target_run, "system", int(time.time()), system_metrics())
@@ -166,6 +171,11 @@ class Heartbeat(threading.Thread):
     def stop(self):
         self.stopped.set()
         self.join(timeout=5)
+
+
+# What the engine of each duty this process serves does now ({(run id, duty): its loop's
+# workers.rft.activity.Activity}), for the heartbeat to write on the duty's beat.
+_activities: dict = {}
 
 
 def system_metrics() -> dict:
@@ -182,7 +192,10 @@ def system_metrics() -> dict:
 def serve(run_id: int, duty: str, task: str | None = None) -> str:
     """Hold `duty` of the run until it ends: claim it, beat, run the engine (again, in place, after
     a database outage), and let it go, failing the run with the error if there was one. `task`:
-    the Celery task serving it (what its queued entry and its heartbeat name)."""
+    the Celery task serving it (what its queued entry and its heartbeat name): it serves the
+    waiting duty of its queue that asked first (turns.turn), which may be another run's."""
+    if task is not None and not settings.RFTWEB_EMBEDDED:  # embedded: every duty has a thread of its own
+        run_id, duty = turns.turn(run_id, duty, task)
     run = Run.objects.get(pk=run_id)
     me = worker_id()
     # A task of a run stopped or ended exits on this one read (a stop may leave 1,000 queued),
@@ -239,8 +252,11 @@ def serve_claimed(run: Run, duty: str, me: str) -> str:
         return "failed"
     finally:
         beat.stop()
+        _activities.pop((run_id, duty), None)
         try:  # let the duty go (failing the run with the error, if any): it may be resumed at once
             services.release_duty(run, duty, me, error=failure, broke=broke, handed_back=handed_back)
+            if handed_back and run.status in Run.SERVED:  # queued now, keeping its place (turns.py)
+                send(run, [duty])
         except DATABASE_LOST:
             log.warning("run %s (%s): the database is gone; the duty's heartbeat expires instead", run_id, duty)
         publisher.flush()
@@ -295,6 +311,8 @@ def run_engine(run: Run, duty: str, worker: str) -> str:
             # Steps after the checkpoint are replayed: give them back the rows the lost steps took.
             stores.buffer.rewind(checkpoint.created_at if checkpoint else None)
         run.refresh_from_db()
+        _activities[(run.pk, duty)] = loop.activity
+        loop.activity.doing(EXPLORER if services.is_explorer(duty) else TRAINER, "loaded the model")
         if services.is_explorer(duty):
             loop.explorer.step = run.explorer_step  # steps already stored are not redone
         status()  # nobody took the duty over while the engine loaded
@@ -400,6 +418,7 @@ def worker_lost(task: str, run_id: int, duty: str = "loop", *, cause: str) -> No
     (workers/tasks.py): the duty is sent on once; the second time in a row the run fails,
     saying so (services.worker_lost)."""
     try:
+        run_id, duty = turns.owner_of(task, run_id, duty)  # a turn may have given it another duty
         log.warning("run %s (%s): the process serving task %s is gone: %s", run_id, duty, task, cause)
         run = Run.objects.filter(pk=run_id).first()
         if run is not None and services.worker_lost(run, duty, task, cause):

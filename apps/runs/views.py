@@ -22,7 +22,7 @@ from apps.core.streaming import streaming
 from apps.tasksets.models import Task, Taskset
 from workers.rft.config import ConfigError
 
-from . import capacity, queries, services, supervision
+from . import capacity, queries, services, supervision, turns
 from .api import token_for, token_or_session, workers_json
 from .checkpoints import run_checkpoint_dir, tar_stream
 from .controls import control_run, control_statuses, may_control
@@ -287,7 +287,7 @@ def run_rollouts(request, pk):
 def worker_list(request):
     """Every worker, what each slot holds, and the workers lost (apps/runs/capacity.py); the page
     polls /api/workers/ for the same JSON it starts from."""
-    return render(request, "runs/workers.html", {"workers_data": workers_json(capacity.overview())})
+    return render(request, "runs/workers.html", {"workers_data": workers_json(capacity.overview(), turns.queues())})
 
 
 @never_cache  # the token is a password: no cache, shared or the browser's, may keep the page

@@ -126,8 +126,10 @@
     const changed = newStatus !== status;
     status = newStatus;
     badge.dataset.status = status;
-    badge.textContent = status;
-    badge.className = "status " + status;
+    if (changed) { // unchanged, the badge keeps what the runs list says ("queued": run_duties.js)
+      badge.textContent = status;
+      badge.className = "status " + status;
+    }
     document.querySelectorAll("form[data-statuses]").forEach((form) => {
       form.hidden = !form.dataset.statuses.split(" ").includes(status);
     });

@@ -26,6 +26,8 @@
     const cell = el("td");
     cell.append(el("strong", worker.name));
     if (worker.host) cell.append(el("div", worker.host + (worker.pid ? " · pid " + worker.pid : ""), {class: "muted small"}));
+    // An earlier life of a worker restarted under the same name (capacity.register keeps it).
+    if (worker.restarted_at) cell.append(el("div", "started again " + ago(worker.restarted_at), {class: "muted small"}));
     return cell;
   }
 
@@ -61,11 +63,37 @@
   function row(worker, live) {
     const tr = el("tr", null, {"data-worker": worker.name});
     tr.append(nameCell(worker), el("td", worker.queues.join(", ")));
-    const slots = worker.slots === null ? "no limit" : (worker.slots - worker.free) + " / " + worker.slots + " busy";
+    const slots = worker.slots === null ? "no limit"
+      : live ? (worker.slots - worker.free) + " / " + worker.slots + " busy" : String(worker.slots);
     tr.append(el("td", slots, {class: "num"}));
     if (live) tr.append(holdsCell(worker));
-    tr.append(el("td", machineText(worker)), el("td", worker.version || "—"), el("td", ago(worker.last_seen)));
+    const when = worker.state === "stopped" ? worker.stopped_at : worker.last_seen;
+    tr.append(el("td", machineText(worker)), el("td", worker.version || "—"), el("td", ago(when)));
     return tr;
+  }
+
+  // Per queue, who gets the next free slot (apps/runs/turns.py: the duty that asked first).
+  function drawWaiting(waiting) {
+    const card = document.querySelector("[data-workers-waiting]");
+    const queues = Object.keys(waiting).filter((queue) => waiting[queue].length);
+    if (!queues.length) {
+      card.replaceChildren(el("p", "Nothing waits: every duty sent to a queue has a slot.", {class: "muted"}));
+      return;
+    }
+    card.replaceChildren(...queues.map((queue) => {
+      const block = el("div", null, {"data-waiting-queue": queue});
+      block.append(el("h3", null));
+      block.firstChild.append(el("code", queue), " · " + waiting[queue].length + " waiting");
+      const list = el("ol", null, {class: "holds"});
+      waiting[queue].forEach((one) => {
+        const item = el("li");
+        item.append(el("a", "run " + one.run_id + " " + one.run_name, {href: one.run_url}), " · ", el("code", one.duty));
+        item.append(" · ", el("span", one.why + ", asked " + ago(one.asked), {class: "muted small"}));
+        list.append(item);
+      });
+      block.append(list);
+      return block;
+    }));
   }
 
   // Free slots per queue: a run waiting for a `train` slot is not helped by a free `default` one,
@@ -93,6 +121,7 @@
       }
       body.replaceChildren(...rows);
     });
+    drawWaiting(data.waiting);
     document.querySelector("[data-workers-summary]").textContent = data.embedded
       ? "embedded"
       : data.workers.length + " live · " + slotsByQueue(data.workers) + " · " + data.lost.length + " lost";

@@ -18,6 +18,9 @@ by time (`trainer.save_interval_s`), as the default config does, only more often
     the run waits for a worker, saying so, as long as it takes (the watchdog, on the jobs worker,
     does not count that as a crash loop). Then the rest of the stack stops too, and all of it
     starts again: the run carries on from the very step it stopped at.
+(e) The same stop with a later run waiting for the one train slot: the run handed back keeps its
+    place (apps/runs/turns.py) and gets the slot when the worker is back, though the later run's
+    task was sent first; the later run is served once the first has finished.
 
 What the seconds lost are made of: restarting the worker, the watchdog's next tick
 (RFTWEB_WATCHDOG_INTERVAL: 2 s here, 30 s by default), loading the model and replaying the steps
@@ -231,3 +234,33 @@ def test_a_worker_stopped_in_order_hands_its_run_back_and_a_new_one_carries_on(r
     wait_for(lambda: run_row(run).is_finished, what="completion after the restart")
     assert_each_step_once(run)
     assert run.resumes == []  # nobody had to resume it
+
+
+def test_a_run_handed_back_by_a_restart_keeps_its_slot_ahead_of_a_run_launched_after_it(researcher, stack):
+    """Issue #42, finding 3: after a full-stack stop and start, the demo run lost its train slot to
+    runs launched after it and waited, its header saying "running · live"."""
+    make_taskset()
+    processes = stack()
+    processes.worker("default")  # start_run and the watchdog
+    processes.beat()
+    name = "train@restarted"
+    worker = processes.worker("train,explore", name=name)  # one slot
+    first = services.launch_run(researcher, "first", config())
+    wait_for(lambda: run_row(first).trainer_step >= 2, what="training", every=0.1)
+    later = services.launch_run(researcher, "launched later", config())
+    wait_for(lambda: run_row(later).queued_tasks, what="the later run's task sent")
+    worker.send_signal(signal.SIGTERM)
+    worker.wait(timeout=60)
+    stopped_at = datetime.now(timezone.utc)
+    assert run_row(first).trainer_step < STEPS, "the run finished before the stop: nothing was tested"
+    assert "loop" in run_row(first).queued_tasks  # sent again as it let go, keeping when it first asked
+
+    processes.worker("train,explore", name=name)  # the broker hands it the later run's task first
+    wait_for(lambda: MetricPoint.objects.filter(run=first, role="trainer", time__gt=stopped_at).exists(),
+             timeout=180, what="the first run training again")
+    row = run_row(later)
+    assert "loop" not in row.heartbeats, "the run launched later took the slot"
+    (state,) = capacity.duty_states(row)
+    assert state.state == "waiting" and "it is next" in state.detail, state
+    wait_for(lambda: run_row(first).is_finished, what="the first run completing")
+    wait_for(lambda: run_row(later).trainer_step >= 1, timeout=180, what="the later run served next")

@@ -9,7 +9,7 @@ import pytest
 from django.urls import reverse
 
 from apps.buffer.models import Experience
-from apps.runs import services
+from apps.runs import capacity, services
 from apps.runs.models import ExplorerGroup, ExplorerStep, Run
 from apps.runs.supervision import run_dir
 from tests.support import wait_for
@@ -55,6 +55,14 @@ def test_two_explorers_share_each_step_and_store_what_one_explorer_would(celery_
     config["explorer"]["eval_interval"] = 10  # only the ends: the first explorer's, with versions sent by nccl too
     config["buffer"]["eval_taskset"] = "arith"
     two = services.launch_run(researcher, "two explorers", config)
+    # Paused as it starts, until both explorers have loaded the model (their duty lines say so):
+    # a worker that imported torch first had rolled out all 4 steps alone (seen once in three CI runs).
+    wait_for(lambda: Run.objects.get(pk=two.pk).status == "running", what="the run starting", every=0.05)
+    services.pause_run(two)
+    wait_for(lambda: all("loaded the model" in state.detail or state.state == "running"
+                         for state in capacity.duty_states(Run.objects.get(pk=two.pk)) if state.duty != "trainer"),
+             what="both explorers loaded")
+    services.resume_run(two)
     wait_for(lambda: finished(two), what="the two-explorer run")
     taskset.tasks.update(times_sampled=0)  # the second run picks its batches from the same start
     one = services.launch_run(researcher, "one explorer", shared_config(steps, 1, "arith"))
@@ -76,6 +84,8 @@ def test_two_explorers_share_each_step_and_store_what_one_explorer_would(celery_
     named = {key.partition("/")[2] for m in metrics for key in m.values
              if key.startswith(("sync_seconds/", "idle_share/"))}
     assert named == {"explorer", "explorer-1"}
+    # Each rollout names the explorer that wrote it (the rollouts page's chip: #42, finding 11).
+    assert set(two.experiences.filter(source="rollout").values_list("metadata__explorer", flat=True)) == named
     evals = dict(two.metrics.filter(role="eval").values_list("step", "values"))
     assert {step: values["model_version"] for step, values in evals.items()} == {0: 0, steps: steps}
 

@@ -44,6 +44,10 @@ class ExplorerThread(threading.Thread):
         """True once the next explorer step may start, False when the thread is to end."""
         sync, explorer = self.loop.sync, self.loop.explorer
         with self.changed:
+            needed = sync.required_version(explorer.step)
+            if self.allowed_version < needed <= self.last_version:
+                self.loop.activity.doing("explorer", f"waiting for the trainer's v{needed} "
+                                                     f"(explorer step {explorer.step + 1})")
             self.changed.wait_for(
                 lambda: self.stopped
                 or not self.allowed_version < sync.required_version(explorer.step) <= self.last_version

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from .activity import Activity
 from .algorithms import resolve
 from .engines import TransformersEngine, build_engine
 from .explorer import Explorer
@@ -168,6 +169,7 @@ class Loop:
                 claims=stores.claims,
             )
 
+        self.activity = Activity()  # what each part does now, for the run page
         self._explorer_thread = None  # while run() overlaps the explorer with the trainer
         self.trainer = None
         if TRAINER in components:
@@ -236,7 +238,7 @@ class Loop:
             return self._explore_only(should_stop)
         evaluating = self.explorer is not None and self.config.explorer.eval_interval > 0
         if evaluating and self.explorer.step == 0:
-            self.explorer.evaluate()
+            self.evaluate()
         if overlap and self.explorer is not None and self.sync.offset >= 1:
             outcome = self._run_overlapped(should_stop)
         else:
@@ -245,7 +247,7 @@ class Loop:
             return outcome
         if evaluating:  # the final weights, which no explorer step has pulled yet
             self.sync.pull(self.explorer.engine, self.sync.latest_version())
-            self.explorer.evaluate()
+            self.evaluate()
         self.save_final()
         return "completed"
 
@@ -342,18 +344,20 @@ class Loop:
                     return "stopped"
                 wait()
             self.sync.pull(self.explorer.engine, 0)
-            self.explorer.evaluate()
+            self.evaluate()
         final = self.final_version() if ends else None
         while not should_stop():
             if self.explorer.step >= total:  # trainer step s + 1 trains on explorer step s
                 if final is not None and trained() and self.sync.latest_version() >= final:
                     self.sync.pull(self.explorer.engine, final)
-                    self.explorer.evaluate()
+                    self.evaluate()
                     final = None
                     continue
                 wait()
                 continue
-            if self.sync.latest_version() < self.sync.required_version(self.explorer.step):
+            if self.sync.latest_version() < (needed := self.sync.required_version(self.explorer.step)):
+                step = self.explorer.step + 1
+                self.activity.doing(EXPLORER, f"waiting for the trainer's v{needed} (explorer step {step})")
                 wait()
                 continue
             if self.explore() is None:  # other explorers still roll out this step's last groups
@@ -376,6 +380,7 @@ class Loop:
             self.sync.publish(self.trainer.policy, self.trainer.step, self.trainer.full_state()["policy"])
         while self.trainer.step < total:
             if self.spec.uses_rollouts and explored_steps() <= self.trainer.step:
+                self.activity.doing(TRAINER, f"waiting for explorer step {self.trainer.step + 1}")
                 self.sync.check()  # an explorer that died meanwhile breaks the weight group: say so now
                 if should_stop():
                     self.save_for_resume()
@@ -396,17 +401,23 @@ class Loop:
         started = time.perf_counter()
         self.sync.pull(self.explorer.engine, self.sync.required_version(step))
         self.explorer.sync_seconds += time.perf_counter() - started  # in the step's metrics
+        self.activity.doing(EXPLORER, f"rolling out step {step + 1} with v{self.sync.required_version(step)}")
         metrics = self.explorer.explore_step()
         interval = self.config.explorer.eval_interval
         if interval and metrics and self.explorer.step != step and self.explorer.step % interval == 0:
-            self.explorer.evaluate()
+            self.evaluate()
         return metrics
+
+    def evaluate(self) -> dict:
+        self.activity.doing(EXPLORER, f"evaluating after explorer step {self.explorer.step}")
+        return self.explorer.evaluate()
 
     def train(self) -> dict:
         def publish():  # after the update, inside the step (its sync_seconds)
             if self.sync.is_publish_step(self.trainer.step):
                 self.sync.publish(self.trainer.policy, self.trainer.step, self.trainer.full_state()["policy"])
 
+        self.activity.doing(TRAINER, f"training step {self.trainer.step + 1}")
         metrics = self.trainer.train_step(current_version=self.sync.latest_version(), publish=publish)
         if self.checkpoint_due():
             self.save()
@@ -466,6 +477,7 @@ class Loop:
         # stored. A step still running beside us is written after the checkpoint; a resumed run
         # replays it (the buffer has its rollouts: has_explorer_step).
         extra = {"explorer_step": self.explorer.step if self.explorer else 0}
+        self.activity.doing(TRAINER, f"saving a checkpoint at step {self.trainer.step}")
         path = self.trainer.save_checkpoint(self.checkpoint_dir(self.trainer.step), extra)
         if self.stores.checkpoints is not None:
             self.stores.checkpoints.record(self.trainer.step // self.sync.interval, self.trainer.step, str(path))

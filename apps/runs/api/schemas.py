@@ -276,6 +276,18 @@ class WorkerOut(Schema):
     last_seen: str | None
     state: str = Field(description="live, lost or stopped")
     holds: list[HoldOut]
+    stopped_at: str | None = Field(description="when it stopped in order (stopped only)")
+    restarted_at: str | None = Field(description="an earlier life of a worker of this name: when it started again")
+
+
+class WaitingOut(Schema):
+    run_id: int
+    run_name: str
+    duty: str
+    queue: str
+    asked: str = Field(description="when the duty first asked for a slot (a hand-over keeps it)")
+    why: str = Field(description="new, handed back (its worker stopped in order) or sent on (its worker was lost)")
+    run_url: str
 
 
 class WorkersOut(Schema):
@@ -284,13 +296,17 @@ class WorkersOut(Schema):
     workers: list[WorkerOut]
     lost: list[WorkerOut] = Field(description="lost in the last day")
     stopped: list[WorkerOut] = Field(description="stopped in the last day")
+    waiting: dict[str, list[WaitingOut]] = Field(
+        description="per queue, the duties waiting for a slot, the next to get one first (who asked first)")
 
 
-def workers_json(overview: dict) -> dict:
+def workers_json(overview: dict, waiting: dict) -> dict:
+    """`overview`: capacity.overview(); `waiting`: turns.queues()."""
     return {
         "embedded": settings.RFTWEB_EMBEDDED,
         "heartbeat_timeout_s": settings.RFTWEB_HEARTBEAT_TIMEOUT,
         **{section: [worker.as_json() for worker in workers] for section, workers in overview.items()},
+        "waiting": {queue: [one.as_json() for one in duties] for queue, duties in waiting.items()},
     }
 
 

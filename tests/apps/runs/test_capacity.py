@@ -277,3 +277,22 @@ def test_a_duty_that_went_on_from_a_checkpoint_says_so(make_run):
         "loop": {**started(held_by("train@gpu-1")), "from_checkpoint": {"version": 285, "step": 285}}})
     (state,) = capacity.duty_states(run)
     assert state.state == "running" and state.detail == "on train@gpu-1, from checkpoint v285 (trainer step 285)"
+
+
+def test_a_running_duty_says_what_its_engine_does_and_how_long_a_long_phase_has_taken(make_run):
+    """#42, finding 11: the duty line said only "running on X". The heartbeat writes what the
+    engine does now (workers/rft/activity.py); a phase past DOING_LONG_S says how long."""
+    import time
+
+    worker("runs@gpu-1")
+    run = make_run("r", status=Run.Status.STARTING, heartbeats={})
+    assert services.claim_duty(run, "loop", "gpu-1:11", timeout=60, node="runs@gpu-1")
+    services.mark_started(run, "loop", "gpu-1:11")
+    doing = [{"role": "explorer", "what": "rolling out step 13 with v12", "since": time.time() - 2},
+             {"role": "trainer", "what": "saving a checkpoint at step 12", "since": time.time() - 45}]
+    assert services.heartbeat(run, "loop", "gpu-1:11", doing)
+    (state,) = capacity.duty_states(Run.objects.get(pk=run.pk))
+    assert state.state == "running"
+    assert state.detail == "rolling out step 13 with v12 · saving a checkpoint at step 12 (45 s) · on runs@gpu-1"
+    assert services.heartbeat(run, "loop", "gpu-1:11")  # a beat with nothing new keeps what it said
+    assert Run.objects.get(pk=run.pk).heartbeats["loop"]["doing"] == doing

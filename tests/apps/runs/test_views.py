@@ -487,3 +487,22 @@ def test_resuming_a_failed_run_from_the_page_says_where_it_continues(researcher_
     run.refresh_from_db()
     assert run.status == Status.QUEUED and run.error == ""
     assert messages_of(response) == [f"Run {run.pk} resumes from checkpoint v2 (trainer step 10)."]
+
+
+def test_a_group_says_which_of_several_explorers_rolled_it_out(researcher_client, make_run):
+    """#42, finding 11: the rollouts page did not say which explorer wrote a group."""
+    from apps.buffer.store import DjangoExperienceBuffer
+    from workers.rft.experience import Experience
+
+    run = make_run("two explorers", status=Run.Status.COMPLETED)
+    for step, (explorer, group) in enumerate((("explorer", "g-0"), ("explorer-1", "g-1"))):
+        DjangoExperienceBuffer(run.pk, explorer=explorer).write([
+            Experience(task_id=None, group_id=group, rollout_index=i, prompt_ids=[1], response_ids=[2],
+                       explorer_step=step, action_mask=[1], response_text=f"{explorer} {i}",
+                       metadata={"finish_reason": "stop"})
+            for i in range(2)])
+    stored = {e.group_id: e.metadata for e in run.experiences.all()}
+    assert stored == {"g-0": {"finish_reason": "stop", "explorer": "explorer"},
+                      "g-1": {"finish_reason": "stop", "explorer": "explorer-1"}}
+    page = researcher_client.get(reverse("run-rollouts", args=[run.pk])).content.decode()
+    assert page.count("data-explorer") == 2 and ">explorer-1</span>" in page

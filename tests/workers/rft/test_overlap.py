@@ -149,3 +149,22 @@ def test_a_stopped_overlapped_run_resumes_as_if_uninterrupted(method, tmp_path, 
     losses = [v for _, v in stores.metrics.series("trainer", "loss")]
     assert losses == [v for _, v in straight_stores.metrics.series("trainer", "loss")]
     assert [e.response_ids for e in stores.buffer.all()] == [e.response_ids for e in straight_stores.buffer.all()]
+
+
+def test_the_loop_says_what_each_part_does_as_it_starts(tmp_path):
+    """What the run page's duty line shows (workers/rft/activity.py): each phase as it starts,
+    explorer and trainer side by side; `now()` is the latest of each."""
+    loop, _ = build(offset_one_config(), tmp_path)
+    said = []
+    plain = loop.activity.doing
+    loop.activity.doing = lambda role, what: (said.append((role, what)), plain(role, what))
+    assert loop.run() == "completed"
+    trainer = [what for role, what in said if role == "trainer"]
+    explorer = [what for role, what in said if role == "explorer"]
+    assert [what for what in trainer if what.startswith("training")] == [f"training step {s}" for s in (1, 2, 3, 4)]
+    assert trainer[-1] == f"saving a checkpoint at step {STEPS}"
+    assert explorer[0] == "rolling out step 1 with v0"
+    assert "rolling out step 3 with v1" in explorer  # offset 1: step 3 waits for the trainer's v1
+    now = loop.activity.now()
+    assert [part["role"] for part in now] == ["explorer", "trainer"]
+    assert now[1]["what"] == f"saving a checkpoint at step {STEPS}" and now[1]["since"] <= time.time()
