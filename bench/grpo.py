@@ -209,7 +209,8 @@ def check_loss(case_name: str, seed: int = 0) -> dict:
     from workers.rft.algorithms.advantages import grpo as rftweb_advantages
     from workers.rft.experience import Experience
     from workers.rft.memory import InMemoryBuffer
-    from workers.rft.trainer import Trainer, collate
+    from workers.rft.micro_batches import collate
+    from workers.rft.trainer import Trainer
 
     case = CASES[case_name]
     config = rftweb_config(case, "fp32", 1, seed, STEP_LR, "exact_match")

@@ -368,10 +368,10 @@ def decode_argument(value):
 # -- fsdp ----------------------------------------------------------------------------------------
 
 
-def shard(model: torch.nn.Module, ranks: Ranks, settings, device: torch.device, train: bool = True) -> None:
+def shard(model: torch.nn.Module, ranks: Ranks, settings, device: torch.device) -> None:
     """Shard `model` over the ranks in place (FSDP2): each decoder layer (transformers'
     `_no_split_modules`, what accelerate wraps too), then the root (embeddings, final norm, head).
-    `settings`: config.FsdpConfig; `train`: the model is trained (activation checkpointing applies).
+    `settings`: config.FsdpConfig.
 
     The forward keeps torch.autocast in the compute dtype over fp32 weights, as one process does,
     rather than FSDP's MixedPrecisionPolicy (bf16 all-gathers: half the bytes, but numerics of
@@ -379,9 +379,6 @@ def shard(model: torch.nn.Module, ranks: Ranks, settings, device: torch.device, 
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import CPUOffloadPolicy, OffloadPolicy, fully_shard
 
-    if train and settings.activation_checkpointing:
-        # Non-reentrant: recomputes each layer inside backward, FSDP's hooks gathering its weights again.
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     mesh = init_device_mesh(device.type, (ranks.world_size,))
     offload = CPUOffloadPolicy(pin_memory=device.type == "cuda") if settings.cpu_offload else OffloadPolicy()
     options = {"mesh": mesh, "reshard_after_forward": settings.reshard_after_forward, "offload_policy": offload}

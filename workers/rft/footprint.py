@@ -18,7 +18,8 @@ Explorer, the transformers engine: one call generates R rows of T = prompt + new
   R = explorer.batch_size x algorithm.repeat_times, at least EVAL_CHUNK with eval;
   prompt = model.max_prompt_tokens, new = explorer.max_new_tokens.
 
-Trainer, one rank; a micro-batch is M = trainer.micro_batch_size rows of T tokens.
+Trainer, one rank; a micro-batch is M = trainer.micro_batch_size rows of T tokens (with
+trainer.micro_batch_tokens, M = min(micro_batch_size, micro_batch_tokens // T): the longest rows).
   weights     4 P                        fp32 master weights (fsdp: / ranks, as the three below)
   gradients   4 P'                       P' trained: all of P, or the LoRA adapters
   optimizer   8 P'                       AdamW's two moments
@@ -238,13 +239,16 @@ def run_footprint(config, shape: ModelShape, on_gpu: bool) -> RunFootprint:
         fsdp = trainer_config.fsdp
         lora = model.lora
         trained = shape.lora_params(lora.r, lora.target_modules) if lora is not None else shape.params
+        rows = trainer_config.micro_batch_size
+        if trainer_config.micro_batch_tokens:  # the longest rows fill a micro-batch's tokens with fewest rows
+            rows = max(1, min(rows, trainer_config.micro_batch_tokens // tokens))
         trainer = trainer_footprint(
-            shape, rows=trainer_config.micro_batch_size, tokens=tokens, batch_rows=config.train_batch_size,
+            shape, rows=rows, tokens=tokens, batch_rows=config.train_batch_size,
             trained=trained, activation_bytes=min(4, compute_bytes(model.dtype, on_gpu)),
             shards=ranks * trainer_config.num_nodes if sharded else 1,
             reference=spec.needs_reference and (lora is None or model.ref_path is not None),
             critic=spec.needs_critic, chunked=not sharded,
-            checkpointed=bool(sharded and fsdp is not None and fsdp.activation_checkpointing),
+            checkpointed=trainer_config.activation_checkpointing,
         )
         if sharded and fsdp is not None and fsdp.cpu_offload and on_gpu:  # the states live in CPU memory
             for part in ("trainer weights", "gradients", "optimizer", "reference", "critic"):

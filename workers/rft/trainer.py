@@ -29,10 +29,9 @@ import time
 import uuid
 from collections.abc import Callable
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
-import numpy as np
 import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -54,8 +53,8 @@ from .algorithms import (
     whiten,
 )
 from .config import FsdpConfig
-from .experience import Experience
 from .logprobs import at_least_fp32, chunked_logprobs, response_hidden, response_logits, token_logprobs
+from .micro_batches import MicroBatch, chunks, collate, pack
 from .models import (
     copy_weights,
     is_lora,
@@ -70,94 +69,9 @@ from .sampling import SAMPLE_STRATEGIES, TrainBatch
 # The SDPA kernels the trainer's forward may use on CUDA (Trainer._forward_context).
 TRAINING_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
-@dataclass
-class MicroBatch:
-    """Collated experiences, on the trainer's device."""
-
-    input_ids: torch.Tensor  # [B, P + T]
-    attention_mask: torch.Tensor
-    position_ids: torch.Tensor
-    response_ids: torch.Tensor  # [B, T]
-    mask: torch.Tensor  # [B, T] float: the action mask, 0 on padding
-    old_logprobs: torch.Tensor | None  # [B, T] the behaviour policy's, None when some are missing
-    advantages: torch.Tensor | None  # [B] from the explorer's group advantage, or [B, T] from GAE
-    rewards: torch.Tensor  # [B]
-    returns: torch.Tensor | None = None  # [B, T] critic targets (PPO)
-    old_values: torch.Tensor | None = None  # [B, T]
-    rollout_logprobs: bool = False  # old_logprobs came from the rollout engine
-    prompt_rows: torch.Tensor | None = None  # [U] the first row of each distinct prompt; None: all distinct
-    row_prompt: torch.Tensor | None = None  # [B] each row's index into prompt_rows
-    logprob_mismatch: float | None = None  # mean |logπ_trainer - logπ_rollout| before the update
-    ref_logprobs: torch.Tensor | None = None  # [B, T] the reference model's, where a loss reads them
-    is_weights: torch.Tensor | None = None  # rollout-correction weights (algorithms/correction.py)
-    correction_metrics: dict | None = None
-    # fsdp (Trainer._share): a stand-in that keeps this rank's passes in step with the others',
-    # weighted 0; and whether a rollout micro-batch runs the policy's no-grad forward for logπ_old
-    # although it has them, because another rank's micro-batch of the same round has none.
-    padding: bool = False
-    policy_pass: bool = False
-
-    def units(self, agg_mode: str, part: str = USUAL) -> float:
-        """How much this micro-batch weighs in its part's loss: tokens (token-mean) or sequences
-        (seq-mean modes); pairs for DPO, whose loss is a mean over pairs."""
-        if part == PAIRS:
-            return self.mask.shape[0] / 2
-        if agg_mode == "token-mean":
-            return self.mask.sum().item()
-        return (self.mask.sum(-1) > 0).sum().item()
-
-
-def collate(experiences: list[Experience], pad_id: int, device: torch.device) -> MicroBatch:
-    width_p = max(len(e.prompt_ids) for e in experiences)
-    width_t = max(max(len(e.response_ids) for e in experiences), 1)
-    n = len(experiences)
-    input_ids = torch.full((n, width_p + width_t), pad_id, dtype=torch.long)
-    attention_mask = torch.zeros((n, width_p + width_t), dtype=torch.long)
-    response_ids = torch.full((n, width_t), pad_id, dtype=torch.long)
-    mask = torch.zeros((n, width_t))
-    old_logprobs = torch.zeros((n, width_t))
-    for i, e in enumerate(experiences):
-        p, t = len(e.prompt_ids), len(e.response_ids)
-        # as_tensor: a store's numpy arrays are copied once, into the batch (lists are converted).
-        input_ids[i, width_p - p : width_p] = torch.as_tensor(e.prompt_ids)
-        input_ids[i, width_p : width_p + t] = torch.as_tensor(e.response_ids)
-        attention_mask[i, width_p - p : width_p + t] = 1
-        response_ids[i, :t] = torch.as_tensor(e.response_ids)
-        mask[i, :t] = torch.as_tensor(e.action_mask)
-        if e.logprobs is not None:
-            old_logprobs[i, :t] = torch.as_tensor(e.logprobs)
-    has_logprobs = all(e.logprobs is not None for e in experiences)
-    has_advantages = all(e.advantage is not None for e in experiences)
-    first_rows, row_prompt, index = [], [], {}  # index: prompt -> its position in first_rows
-    for i, e in enumerate(experiences):
-        key = tuple(e.prompt_ids.tolist() if isinstance(e.prompt_ids, np.ndarray) else e.prompt_ids)
-        if key not in index:
-            index[key] = len(first_rows)
-            first_rows.append(i)
-        row_prompt.append(index[key])
-    shared = len(first_rows) < n
-    return MicroBatch(
-        input_ids=input_ids.to(device),
-        attention_mask=attention_mask.to(device),
-        position_ids=(attention_mask.cumsum(-1) - 1).clamp(min=0).to(device),
-        response_ids=response_ids.to(device),
-        mask=mask.to(device),
-        old_logprobs=old_logprobs.to(device) if has_logprobs else None,
-        advantages=torch.tensor([e.advantage for e in experiences], device=device) if has_advantages else None,
-        rewards=torch.tensor([e.reward or 0.0 for e in experiences], device=device),
-        rollout_logprobs=has_logprobs,
-        prompt_rows=torch.tensor(first_rows, device=device) if shared else None,
-        row_prompt=torch.tensor(row_prompt, device=device) if shared else None,
-    )
-
-
 def _mismatch(trainer_logprobs, rollout_logprobs, mask) -> float:
     """Mean |logπ_trainer - logπ_rollout| over the kept tokens (the metric logprob_mismatch)."""
     return ((trainer_logprobs - rollout_logprobs).abs() * mask).sum().item() / max(mask.sum().item(), 1)
-
-
-def chunks(items: list, size: int) -> list[list]:
-    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 class Trainer:
@@ -179,6 +93,12 @@ class Trainer:
         self.autocast = compute_dtype if compute_dtype != torch.float32 else None
         trainer = config.trainer
         self.trainable, self.params = trainable_params(policy)
+        if trainer.activation_checkpointing:
+            # Non-reentrant: each layer recomputed inside backward (under fsdp its weights gathered
+            # again by FSDP's hooks), with no input that must require grad (LoRA's frozen embeddings).
+            for model in (policy, critic):
+                if model is not None:
+                    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         self.ranks = ranks  # distributed.Ranks with strategy 'ddp' or 'fsdp'; None: this process alone
         self.sharded = ranks is not None and trainer.strategy == "fsdp"
         if ranks is not None:
@@ -193,7 +113,7 @@ class Trainer:
             # Sharded too (it runs in the same lockstep): a replica would cost every rank the whole
             # model's memory, which is what fsdp is chosen to save.
             if reference is not None:
-                distributed.shard(reference, ranks, settings, self.device, train=False)
+                distributed.shard(reference, ranks, settings, self.device)
         # With LoRA only the adapters: the optimizer holds no state for the frozen base. Built on
         # the sharded parameters under fsdp: each rank steps its shard.
         trained = [p for p in policy.parameters() if p.requires_grad]
@@ -371,17 +291,19 @@ class Trainer:
             p.grad = grad if computed else None
 
     def _micro_batches(self, batch: TrainBatch) -> list[tuple[str, list[MicroBatch]]]:
-        """(part, its micro-batches) for each part the batch has. A DPO micro-batch holds its
-        pairs' chosen rows, then their rejected rows (the layout the dpo loss reads): micro_batch_size
+        """(part, its micro-batches) for each part the batch has (micro_batches.pack: by rows, and
+        by padded tokens with trainer.micro_batch_tokens). A DPO micro-batch holds its pairs'
+        chosen rows, then their rejected rows (the layout the dpo loss reads): micro_batch_size
         rows, so half as many pairs."""
         micro, pad_id = self.config.trainer.micro_batch_size, self.tokenizer.pad_token_id
+        tokens = self.config.trainer.micro_batch_tokens
         pair_rows = []
         for part in chunks(batch.pairs, max(1, micro // 2)):
             chosen, rejected = zip(*(pair.as_experiences() for pair in part))
             pair_rows.append([*chosen, *rejected])
         parts = [
-            (USUAL, chunks(batch.usual, micro)),
-            (EXPERT, chunks(batch.expert, micro)),
+            (USUAL, pack(batch.usual, micro, tokens)),
+            (EXPERT, pack(batch.expert, micro, tokens)),
             (PAIRS, pair_rows),
         ]
         out = [(part, [collate(rows, pad_id, self.device) for rows in groups]) for part, groups in parts if groups]

@@ -5,8 +5,8 @@ import torch
 
 from workers.rft.algorithms import entropy_from_logits
 from workers.rft.logprobs import chunked_logprobs, response_hidden, response_logits, token_logprobs
+from workers.rft.micro_batches import collate
 from workers.rft.models import load_policy
-from workers.rft.trainer import collate
 
 from .test_trainer import experience, make_trainer, rollouts
 

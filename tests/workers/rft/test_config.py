@@ -249,7 +249,7 @@ def test_documents_that_are_not_configs():
      "'fsdp' with one rank is 'single': set trainer.num_processes (ranks per node) above 1"),
     ({"fsdp": {}}, "both", "trainer.fsdp",
      "has no effect with trainer.strategy 'single': its settings are FSDP's (trainer.strategy 'fsdp')"),
-    ({"strategy": "ddp", "num_processes": 2, "fsdp": {"activation_checkpointing": True}}, "both", "trainer.fsdp",
+    ({"strategy": "ddp", "num_processes": 2, "fsdp": {"cpu_offload": True}}, "both", "trainer.fsdp",
      "has no effect with trainer.strategy 'ddp': its settings are FSDP's (trainer.strategy 'fsdp')"),
     ({"strategy": "fsdp", "num_processes": 2, "fsdp": {"cpu_offload": "yes"}}, "both", "trainer.fsdp.cpu_offload",
      "expected a boolean, got a string"),
@@ -270,7 +270,17 @@ def test_fsdp_takes_its_settings_and_defaults_without_them():
     config = RunConfig.from_dict({"trainer": {"strategy": "fsdp", "num_processes": 2}})
     assert (config.trainer.strategy, config.trainer.fsdp) == ("fsdp", None)
     config = RunConfig.from_dict({"trainer": {"strategy": "fsdp", "num_processes": 2, "fsdp": {
-        "reshard_after_forward": False, "activation_checkpointing": True}}})
+        "reshard_after_forward": False}}})
     fsdp = config.trainer.fsdp
-    assert (fsdp.reshard_after_forward, fsdp.cpu_offload, fsdp.activation_checkpointing) == (False, False, True)
+    assert (fsdp.reshard_after_forward, fsdp.cpu_offload) == (False, False)
     assert RunConfig.from_dict(config.to_dict()) == config
+
+
+def test_activation_checkpointing_is_the_trainers_and_a_stored_config_with_it_under_fsdp_reads_the_same():
+    """It moved from trainer.fsdp to trainer (every strategy, issue #43); a run stored before resumes."""
+    assert RunConfig.from_dict({"trainer": {"activation_checkpointing": True}}).trainer.activation_checkpointing
+    stored = {"trainer": {"strategy": "fsdp", "num_processes": 2, "fsdp": {"activation_checkpointing": True,
+                                                                          "cpu_offload": True}}}
+    config = RunConfig.from_dict(stored)
+    assert config.trainer.activation_checkpointing and config.trainer.fsdp.cpu_offload
+    assert "activation_checkpointing" not in config.to_dict()["trainer"]["fsdp"]

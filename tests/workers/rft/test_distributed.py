@@ -52,13 +52,13 @@ CASES = {
 }
 
 
-def build_trainer(case: str, tiny_path, ranks=None, strategy: dict = DDP) -> Trainer:
-    """The case's trainer; a leader's (or a lone one's) buffer holds its data. `strategy`: the
-    trainer keys of the ranks' strategy."""
+def build_trainer(case: str, tiny_path, ranks=None, strategy: dict | None = None) -> Trainer:
+    """The case's trainer; a leader's (or a lone one's) buffer holds its data. `strategy`: trainer
+    keys added to the case's (default: the ranks' ddp; none for a lone trainer)."""
     tokenizer = load_tokenizer(tiny_path)
     sections = CASES[case]
-    if ranks is not None:
-        sections = {**sections, "trainer": {**sections["trainer"], **strategy}}
+    strategy = strategy if strategy is not None else DDP if ranks is not None else {}
+    sections = {**sections, "trainer": {**sections["trainer"], **strategy}}
     config = make_config(**sections, seed=0)
     buffer = None
     if ranks is None or ranks.is_leader:
@@ -88,10 +88,10 @@ def build_trainer(case: str, tiny_path, ranks=None, strategy: dict = DDP) -> Tra
     )
 
 
-def train(ranks, case: str, tiny_path, steps: int = 2) -> dict:
+def train(ranks, case: str, tiny_path, steps: int = 2, trainer_keys: dict | None = None) -> dict:
     """Rank function (and the lone trainer, ranks None): `steps` trainer steps; their metrics,
     the first one's gradients, the weights at the end (a follower: only those)."""
-    trainer = build_trainer(case, tiny_path, ranks)
+    trainer = build_trainer(case, tiny_path, ranks, trainer_keys)
     if ranks is not None and not ranks.is_leader:
         trainer.follow()
     else:

@@ -14,8 +14,9 @@ from workers.rft.algorithms import USUAL
 from workers.rft.config import RunConfig
 from workers.rft.distributed import launch
 from workers.rft.loop import Loop, follow, memory_stores
+from workers.rft.micro_batches import collate
 from workers.rft.models import load_policy, load_tokenizer, read_weights
-from workers.rft.trainer import Trainer, collate
+from workers.rft.trainer import Trainer
 
 from .conftest import make_config
 from .test_distributed import CASES, LEARNING, TIMED, around_a_checkpoint, build_trainer, cli, on_ranks, train
@@ -114,7 +115,7 @@ def checkpointing_memory(ranks, tiny_path) -> tuple[int, int]:
     experiences = rollouts(tokenizer, 8)
     measured = []
     for checkpointing in (False, True):
-        trainer = {"lr": LR, **FSDP, "fsdp": {"activation_checkpointing": checkpointing}}
+        trainer = {"lr": LR, **FSDP, "activation_checkpointing": checkpointing}
         torch.manual_seed(0)
         model = Trainer(make_config(trainer=trainer, seed=0), load_policy(tiny_path, torch.device("cpu")), tokenizer,
                         None, ranks=ranks)

@@ -41,6 +41,7 @@ from workers.rft.experience import Experience, PreferencePair
 from workers.rft.logprobs import response_logits, token_logprobs
 from workers.rft.loop import Loop, memory_stores, run_rank
 from workers.rft.memory import InMemoryBuffer, InMemoryWeightGroup
+from workers.rft.micro_batches import collate
 from workers.rft.models import (
     load_policy,
     load_tokenizer,
@@ -52,7 +53,6 @@ from workers.rft.models import (
 )
 from workers.rft.rewards import ReadLimits, build_reward
 from workers.rft.sampling import SAMPLE_STRATEGIES
-from workers.rft.trainer import collate
 
 pytestmark = pytest.mark.usefixtures("data_dir")
 
@@ -89,7 +89,7 @@ def schema_choices(cls=RunConfig, prefix: str = "") -> dict[str, list]:
 # of switches: its defaults, and each switched from its default.
 FSDP_SETTINGS = {
     "defaults": {}, "reshard_after_forward: false": {"reshard_after_forward": False},
-    "cpu_offload: true": {"cpu_offload": True}, "activation_checkpointing: true": {"activation_checkpointing": True},
+    "cpu_offload: true": {"cpu_offload": True},
 }
 CHOICES = schema_choices() | {
     "sample strategy": list(SAMPLE_STRATEGIES), "model.lora": ["none", "all-linear", "listed modules"],

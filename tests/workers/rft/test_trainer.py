@@ -5,9 +5,10 @@ from workers.rft.algorithms import POLICY_LOSSES
 from workers.rft.experience import Experience, PreferencePair
 from workers.rft.logprobs import response_logits, token_logprobs
 from workers.rft.memory import InMemoryBuffer, InMemoryMetrics
+from workers.rft.micro_batches import collate
 from workers.rft.models import load_critic, load_policy, load_reference
 from workers.rft.sampling import TrainBatch
-from workers.rft.trainer import Trainer, UnsafeCheckpoint, collate
+from workers.rft.trainer import Trainer, UnsafeCheckpoint
 
 from .conftest import make_config
 
