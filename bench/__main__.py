@@ -81,7 +81,7 @@ def run_config_cost(args):
 def run_decode(args):
     from bench.decode import decode
 
-    return decode(quick=args.quick)
+    return decode(args)
 
 
 def run_gpu_step(args):
@@ -91,8 +91,7 @@ def run_gpu_step(args):
         return prepare()
     if args.out is None:
         sys.exit("gpu_step needs --out DIR")
-    return gpu_step(Path(args.out), steps=2 if args.quick else args.steps, reps=args.reps, quick=args.quick,
-                    sides=args.sides)
+    return gpu_step(Path(args.out), args, steps=2 if args.quick else args.steps, reps=args.reps or 1, sides=args.sides)
 
 
 BENCHMARKS = {
@@ -121,11 +120,16 @@ def main() -> None:
     parser.add_argument("--dtypes", nargs="+", choices=["fp32", "bf16"], help="grpo_step: which dtypes")
     parser.add_argument("--out", help="gpu_step: the folder for gpu_step.json")
     parser.add_argument("--steps", type=int, default=4, help="gpu_step: steps per child, the first dropped")
-    parser.add_argument("--reps", type=int, default=1, help="gpu_step: children per side")
+    parser.add_argument("--reps", type=int, help="gpu_step: children per side (1); decode: generate calls (3)")
+    parser.add_argument("--attentions", nargs="+", choices=["gqa_eager", "sdpa"],
+                        help="decode: the attentions to time (default both)")
     parser.add_argument("--sides", nargs="+", choices=["rftweb", "rftweb_offset1", "trl", "trl_paged"],
                         help="gpu_step: which sides (default all; a ratio column needs its TRL row)")
     parser.add_argument("--prepare", action="store_true",
-                        help="gpu_step: copy SmolLM2's config and tokenizer files into .smollm2/ (to carry)")
+                        help="gpu_step: copy SmolLM2's tokenizer files into .smollm2/ (to carry)")
+    from bench.gpu_step import add_case_flags
+
+    add_case_flags(parser)
     args = parser.parse_args()
     print(f"machine: {machine()}", flush=True)
     names = [name for name in BENCHMARKS if name not in ("gpu_step", "decode")] if args.name == "all" else [args.name]

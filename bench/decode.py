@@ -1,12 +1,20 @@
-"""The transformers engine alone on gpu_step's shape (issue #25): generated tokens/s of
+"""The transformers engine alone on gpu_step's shape (issues #25, #43): generated tokens/s of
 `engine.generate` with the decode step captured (CUDA) for each attention the engine could decode
-with, and where an eager step's device time goes (the same kernels the graph replays):
+with, the decode step's distance to the card's memory bandwidth, and where an eager step's device
+time goes (the same kernels the graph replays):
 
-    python -m bench decode [--quick]
+    python -m bench decode [--model M] [--tasks N --samples N --tokens N] [--attentions ...] [--reps N] [--quick]
 
-SmolLM2-135M's architecture with random weights in bf16 (built from .smollm2/, `gpu_step
---prepare`), 16 chat prompts x 8 samples x 256 new tokens, temperature 1, seed 0. On CPU it runs
-the same code in fp32 on the quick shape: a smoke run, not a figure to report.
+A real architecture with random weights in bf16 (gpu_step's models, SmolLM2's tokenizer from
+.smollm2/: `gpu_step --prepare`), 16 chat prompts x 8 samples x 1,024 new tokens by default,
+temperature 1, seed 0. On CPU it runs the same code in fp32 on the quick shape: a smoke run, not a
+figure to report.
+
+The bandwidth figure: a decode step must read every weight and, for each row, the key/value cache
+of the tokens before it (prompt and generated so far). Those bytes over the measured time a step
+(generation time / new tokens, the prefill included) are what the step reads a second, printed as
+a share of what a device-to-device copy of 1 GiB moves a second (read and write) in the same call:
+at 1.5-1.7B a step should be bound by that bandwidth, and the share says how close it gets.
 """
 import statistics
 import tempfile
@@ -14,25 +22,29 @@ import time
 from pathlib import Path
 
 from bench.common import quiet_hf, table
-from bench.gpu_step import CASE, QUICK, random_smollm2
+from bench.gpu_step import case_of, random_model
 
 ATTENTIONS = ("gqa_eager", "sdpa")
 PROFILED_STEPS = 16
 
 
-def decode(quick: bool = False, reps: int = 3) -> dict:
+def decode(args) -> dict:
     import torch
 
     from workers.rft.engines import SamplingParams, TransformersEngine
+    from workers.rft.footprint import ModelShape
     from workers.rft.models import load_policy, load_tokenizer, pick_device, pick_dtype
 
     quiet_hf()
     device = pick_device("auto")
-    case = QUICK if quick or device.type == "cpu" else CASE
+    if device.type == "cpu":
+        args.quick = True
+    case, reps = case_of(args), args.reps or 3
     with tempfile.TemporaryDirectory() as tmp:
-        path = random_smollm2(Path(tmp) / "smollm2-random")
+        path = random_model(args.model, Path(tmp) / args.model)
         tokenizer = load_tokenizer(path)
         model = load_policy(path, device, pick_dtype(device, "auto"))
+        shape = ModelShape.from_config(model.config.to_dict())
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": f"What is {i} + {2 * i + 1}?"}],
                                              add_generation_prompt=True, tokenize=True, return_dict=False)
                for i in range(case["tasks"])]
@@ -47,24 +59,54 @@ def decode(quick: bool = False, reps: int = 3) -> dict:
         tokens = sum(len(c.token_ids) for group in out for c in group)
         return time.perf_counter() - started, tokens
 
+    # What a decode step must read: the weights (the tied head once) and each row's cache of the
+    # prompt and of half the new tokens on average.
+    dtype_bytes = next(model.parameters()).element_size()
+    weight_bytes = shape.params * dtype_bytes
+    prompt = statistics.mean(len(p) for p in prompts)
+    rows_n = case["tasks"] * case["samples"]
+    step_bytes = weight_bytes + rows_n * shape.kv_bytes(dtype_bytes) * (prompt + case["tokens"] / 2)
+    copy_bytes_per_s = copy_bandwidth(device)
     rows, results = [], {}
-    for attention in ATTENTIONS:
+    for attention in args.attentions or ATTENTIONS:
         model.set_attn_implementation(attention)
         engine._decoders.clear()
         first_s, _ = timed_generate()  # captures the graph
         runs = [timed_generate() for _ in range(reps)]
         seconds = statistics.median(s for s, _ in runs)
         tokens = runs[0][1]
+        step_s = seconds / case["tokens"]
+        share = step_bytes / step_s / copy_bytes_per_s
         results[attention] = {"first_s": first_s, "s": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds,
-                              "ms_per_step": 1000 * seconds / case["tokens"]}
-        rows.append([attention, first_s, seconds, tokens, tokens / seconds, 1000 * seconds / case["tokens"]])
-    print(f"{device} {next(model.parameters()).dtype}, {case['tasks']} prompts x {case['samples']} x "
-          f"{case['tokens']} tokens, median of {reps}")
-    print(table(rows, ["attention", "first s (capture)", "s", "tokens", "tokens/s", "ms/step"]))
+                              "ms_per_step": 1000 * step_s, "bandwidth_share": share}
+        rows.append([attention, first_s, seconds, tokens, tokens / seconds, 1000 * step_s, f"{100 * share:.0f} %"])
+    print(f"{device} {next(model.parameters()).dtype}, {args.model}, {case['tasks']} prompts x {case['samples']} x "
+          f"{case['tokens']} tokens, median of {reps}; a step must read {step_bytes / 1e6:,.0f} MB "
+          f"(weights {weight_bytes / 1e6:,.0f} MB, KV cache {(step_bytes - weight_bytes) / 1e6:,.0f} MB on average); "
+          f"a device copy moves {copy_bytes_per_s / 1e9:,.0f} GB/s")
+    print(table(rows, ["attention", "first s (capture)", "s", "tokens", "tokens/s", "ms/step", "of bandwidth"]))
+    results.update(model=args.model, case=case, step_bytes=step_bytes, copy_gb_per_s=copy_bytes_per_s / 1e9)
     model.set_attn_implementation(ATTENTIONS[0])
     if device.type == "cuda":
         results["profile"] = profile_eager_steps(engine, prompts, params)
     return results
+
+
+def copy_bandwidth(device, gib: float = 1.0, reps: int = 10) -> float:
+    """Bytes a second a device-to-device copy moves (each byte read once and written once)."""
+    import torch
+
+    source = torch.empty(int(gib * 2**30), dtype=torch.uint8, device=device)
+    target = torch.empty_like(source)
+    target.copy_(source)  # warm-up
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    started = time.perf_counter()
+    for _ in range(reps):
+        target.copy_(source)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    return 2 * source.numel() * reps / (time.perf_counter() - started)
 
 
 def profile_eager_steps(engine, prompts, params) -> dict:

@@ -1,22 +1,28 @@
-"""A GRPO step on one GPU, TRL against rftweb (issue #25):
+"""A GRPO step on one GPU, TRL against rftweb (issues #25, #43):
 
-    python -m bench gpu_step --prepare          # here: SmolLM2's config + tokenizer files into .smollm2/
-    python -m bench gpu_step --out DIR [--quick] [--steps N] [--reps N]
+    python -m bench gpu_step --prepare          # here: SmolLM2's tokenizer files into .smollm2/
+    python -m bench gpu_step --out DIR [--model M] [--tasks N --samples N --tokens N] [--micro N]
+                             [--checkpointing] [--quick] [--steps N] [--reps N]
 
-SmolLM2-135M's architecture with random weights (seed 0; built in each child from .smollm2/, so no
-weights travel) and SmolLM2's real tokenizer and chat template; 16 prompts x 8 samples x 256 new
-tokens (random weights run every completion to the limit on both sides: equal work), bf16 autocast
-over fp32 weights, lr 1e-6, reward bench_digits, the whole batch one micro-batch, the first step
-dropped. Sides, each a child process, in rotated order every rep:
+A real architecture with random weights (workers/rft/architectures.py: smollm2-135m, smollm2-1.7b,
+qwen2.5-1.5b; seed 0, built in each child, so no weights travel) and SmolLM2's real tokenizer and
+chat template; by default 16 prompts x 8 samples x 1,024 new tokens (random weights run every
+completion to the limit on both sides: equal work), bf16 autocast over fp32 weights, lr 1e-6,
+reward bench_digits, the first step dropped. The batch is split into micro-batches of --micro rows
+on both sides (default: one micro-batch), and --checkpointing recomputes each layer in the
+backward on both sides (TRL's GRPOConfig has gradient_checkpointing on by default; rftweb's
+trainer.activation_checkpointing is off by default). Sides, each a child process, in rotated order
+every rep:
 
-- trl: TRL's GRPOTrainer, HF generate (`use_vllm=False`), gradient checkpointing off;
+- trl: TRL's GRPOTrainer, HF generate (`use_vllm=False`), micro-batches as gradient accumulation;
 - trl_paged: the same with `use_transformers_continuous_batching=True` (TRL's faster non-vLLM path);
 - rftweb / rftweb_offset1: `Loop.run()` headless with `explorer.engine: transformers`
   (bench/grpo.py's run_rftweb), offset 0 and 1.
 
 Each reports s/step, generation s (TRL: its `_generate`; rftweb: the explorer step), generated
-tokens/s and peak GPU memory (torch.cuda.max_memory_allocated); the parent prints them with the
-ratio to each TRL row and writes gpu_step.json into --out.
+tokens/s and peak GPU memory (torch.cuda.max_memory_allocated), and rftweb's rows the launch's
+memory estimate of its process (workers/rft/footprint.py) beside that peak; the parent prints them
+with the ratio to each TRL row and writes gpu_step.json into --out.
 """
 import argparse
 import shutil
@@ -27,11 +33,11 @@ from pathlib import Path
 
 from bench.common import ROOT, child, emit, median, quiet_hf, table
 
-SHAPE = ROOT / ".smollm2"  # ignored (.git/info/exclude): carried to the GPU machine, 3.5 MB
-SHAPE_FILES = ("config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
-               "chat_template.jinja")
-CASE = {"tasks": 16, "samples": 8, "tokens": 256}
+SHAPE = ROOT / ".smollm2"  # ignored (.gitignore): carried to the GPU machine, 3.5 MB
+SHAPE_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
+CASE = {"tasks": 16, "samples": 8, "tokens": 1024}
 QUICK = {"tasks": 4, "samples": 4, "tokens": 32}
+MODEL = "smollm2-135m"
 LR = 1e-6
 SIDES = {  # rftweb first: a run cut short by its time limit has kept their rows (children.jsonl)
     "rftweb": ["--side", "rftweb"],
@@ -52,16 +58,23 @@ def prepare() -> None:
     print(f"{SHAPE}: {', '.join(SHAPE_FILES)}")
 
 
-def random_smollm2(out: Path) -> Path:
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
+def random_model(name: str, out: Path) -> Path:
+    """Architecture `name` with random weights and SmolLM2's tokenizer (SHAPE)."""
+    from workers.rft.architectures import build_random
 
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(SHAPE), dtype=torch.float32)
-    model.save_pretrained(out)
-    for name in SHAPE_FILES[1:]:
-        shutil.copy(SHAPE / name, out / name)
-    return out
+    return build_random(name, SHAPE, out)
+
+
+def estimated_gb(case: dict) -> float:
+    """The launch's estimate of the rftweb process's GPU memory (explorer and trainer), GB."""
+    import json
+
+    from bench.grpo import rftweb_config
+    from workers.rft.footprint import ModelShape, run_footprint
+
+    config = rftweb_config(case, "bf16", 2, 0, LR, "bench_digits")
+    shape = ModelShape.from_config(json.loads((Path(case["model"]) / "config.json").read_text()))
+    return run_footprint(config, shape, on_gpu=True).process(True, True, on_gpu=True).total / 1e9
 
 
 def run_trl(case: dict, steps: int, paged: bool) -> dict:
@@ -102,7 +115,8 @@ def run_rftweb(case: dict, steps: int, offset: int) -> dict:
     from bench.grpo import run_rftweb as run
 
     out = run(case, "bf16", steps, 0, LR, "bench_digits", None, offset)
-    return {"step_s": out["step_s"], "generate_s": out["explore_s"], "lengths": out["lengths"]}
+    return {"step_s": out["step_s"], "generate_s": out["explore_s"], "lengths": out["lengths"],
+            "estimated_gb": estimated_gb(case)}
 
 
 def child_main(argv) -> None:
@@ -112,12 +126,13 @@ def child_main(argv) -> None:
     parser.add_argument("--offset", type=int, default=0)
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--quick", action="store_true")
+    add_case_flags(parser)
     args = parser.parse_args(argv)
     quiet_hf()
     import torch
 
     with tempfile.TemporaryDirectory() as tmp:
-        case = {**(QUICK if args.quick else CASE), "model": str(random_smollm2(Path(tmp) / "smollm2-random"))}
+        case = {**case_of(args), "model": str(random_model(args.model, Path(tmp) / args.model))}
         if args.side == "trl":
             result = run_trl(case, args.steps, args.paged)
         else:
@@ -129,15 +144,50 @@ def child_main(argv) -> None:
     emit(result)
 
 
-def gpu_step(out: Path, steps: int = 4, reps: int = 1, quick: bool = False, sides: list[str] | None = None) -> dict:
+def add_case_flags(parser) -> None:
+    """The model and shape flags, the same in the parent (bench/__main__.py) and each child."""
+    from workers.rft.architectures import ARCHITECTURES
+
+    parser.add_argument("--model", choices=list(ARCHITECTURES), default=MODEL,
+                        help="gpu_step, decode: the architecture")
+    for key in ("tasks", "samples", "tokens"):
+        parser.add_argument(f"--{key}", type=int,
+                            help=f"gpu_step, decode: {key} (default {CASE[key]}; --quick {QUICK[key]})")
+    parser.add_argument("--micro", type=int, help="gpu_step: rows per micro-batch, both sides (default: all rows)")
+    parser.add_argument("--checkpointing", action="store_true",
+                        help="gpu_step: recompute each layer in the backward, both sides")
+
+
+def case_of(args) -> dict:
+    """The shape the flags ask for: CASE (QUICK with --quick), each size overridden by its flag."""
+    case = dict(QUICK if args.quick else CASE)
+    case.update({key: getattr(args, key) for key in ("tasks", "samples", "tokens") if getattr(args, key)})
+    case["micro"] = getattr(args, "micro", None) or case["tasks"] * case["samples"]
+    case["checkpointing"] = bool(getattr(args, "checkpointing", False))
+    if (case["tasks"] * case["samples"]) % case["micro"]:
+        sys.exit(f"--micro {case['micro']} does not divide the batch of {case['tasks'] * case['samples']} rows")
+    return case
+
+
+def case_flags(args) -> list:
+    flags = ["--model", args.model, *(["--quick"] if args.quick else []),
+             *(["--checkpointing"] if args.checkpointing else [])]
+    for key in ("tasks", "samples", "tokens", "micro"):
+        if getattr(args, key):
+            flags += [f"--{key}", getattr(args, key)]
+    return flags
+
+
+def gpu_step(out: Path, args, steps: int = 4, reps: int = 1, sides: list[str] | None = None) -> dict:
     import json
 
     out.mkdir(parents=True, exist_ok=True)
+    case = case_of(args)
     per_side = {side: [] for side in SIDES if side in (sides or SIDES)}
     for rep in range(reps):
         names = list(per_side)
         for side in names[rep % len(names):] + names[: rep % len(names)]:
-            flags = [*SIDES[side], "--steps", steps, *(["--quick"] if quick else [])]
+            flags = [*SIDES[side], "--steps", steps, *case_flags(args)]
             result = child("bench.gpu_step", "child", *flags, timeout=900)
             per_side[side].append(result)
             with open(out / "children.jsonl", "a") as f:
@@ -150,17 +200,19 @@ def gpu_step(out: Path, steps: int = 4, reps: int = 1, quick: bool = False, side
         generate_s = median([median(g) for _, g, _ in timed])
         tokens = median([median(o["lengths"][1:]) * o["rows"] for _, _, o in timed])
         rows[side] = {"step_s": step_s, "generate_s": generate_s, "tokens_per_s": tokens / generate_s,
-                      "peak_gpu_mb": max(o["peak_gpu_mb"] for o in outs), "runs": outs}
+                      "peak_gpu_mb": max(o["peak_gpu_mb"] for o in outs), "runs": outs,
+                      "estimated_mb": outs[0].get("estimated_gb", 0.0) * 1e9 / 2**20 or None}
     for row in rows.values():
         for base in ("trl", "trl_paged"):  # None where that TRL row was not run (--sides)
             row[f"vs_{base}"] = row["step_s"] / rows[base]["step_s"] if base in rows else None
             row[f"memory_vs_{base}"] = row["peak_gpu_mb"] / rows[base]["peak_gpu_mb"] if base in rows else None
     device = next(iter(per_side.values()))[0]["device"]
-    print(f"\n{device}, {'quick' if quick else CASE}, {steps} steps per child (first dropped), {reps} rep(s)")
+    print(f"\n{device}, {args.model}, {case}, {steps} steps per child (first dropped), {reps} rep(s)")
     print(table([[side, r["step_s"], r["vs_trl"], r["vs_trl_paged"], r["generate_s"], r["tokens_per_s"],
-                  r["peak_gpu_mb"], r["memory_vs_trl"]] for side, r in rows.items()],
-                ["side", "s/step", "x TRL", "x TRL paged", "generation s", "tokens/s", "peak GPU MB", "memory x TRL"]))
-    results = {"device": device, "case": QUICK if quick else CASE, "steps": steps, "reps": reps, "rows": rows}
+                  r["peak_gpu_mb"], r["memory_vs_trl"], r["estimated_mb"]] for side, r in rows.items()],
+                ["side", "s/step", "x TRL", "x TRL paged", "generation s", "tokens/s", "peak GPU MB", "memory x TRL",
+                 "estimated MB"]))
+    results = {"device": device, "model": args.model, "case": case, "steps": steps, "reps": reps, "rows": rows}
     (out / "gpu_step.json").write_text(json.dumps(results, indent=1))
     return results
 

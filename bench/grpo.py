@@ -61,7 +61,8 @@ def rftweb_config(case: dict, dtype: str, steps: int, seed: int, lr: float, rewa
         "algorithm": {"name": "grpo", "repeat_times": case["samples"], "loss_agg_mode": "token-mean"},
         "explorer": {"engine": "transformers", "batch_size": case["tasks"], "max_new_tokens": case["tokens"],
                      "temperature": 1.0, "reward_fn": reward},
-        "trainer": {"lr": lr, "micro_batch_size": case["tasks"] * case["samples"], "total_steps": steps,
+        "trainer": {"lr": lr, "micro_batch_size": case.get("micro") or case["tasks"] * case["samples"],
+                    "activation_checkpointing": case.get("checkpointing", False), "total_steps": steps,
                     "grad_clip": 1.0, "weight_decay": 0.0},
         "buffer": {"taskset": TASKSET},
         "synchronizer": {"offset": offset},
@@ -145,13 +146,16 @@ def trl_trainer(case: dict, dtype: str, steps: int, seed: int, lr: float, reward
     path = resolve_model_path(case["model"])
     tokenizer = load_tokenizer(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    micro = case.get("micro") or case["tasks"] * case["samples"]
     args = GRPOConfig(
         output_dir=out_dir, use_cpu=use_cpu, use_vllm=False, bf16=dtype == "bf16", fp16=False,
-        per_device_train_batch_size=case["tasks"] * case["samples"], gradient_accumulation_steps=1,
+        # One generation of the whole batch a step, trained in micro-batches of case["micro"] rows.
+        per_device_train_batch_size=micro, gradient_accumulation_steps=case["tasks"] * case["samples"] // micro,
         num_generations=case["samples"], max_completion_length=case["tokens"], temperature=1.0,
         learning_rate=lr, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0, max_grad_norm=1.0,
         loss_type="dapo", beta=0.0, num_iterations=1, max_steps=steps, logging_steps=1, report_to="none",
-        gradient_checkpointing=False,  # TRL's default is True; rftweb does not checkpoint, so neither side recomputes
+        # TRL's default is True; here as rftweb's side has it (trainer.activation_checkpointing)
+        gradient_checkpointing=case.get("checkpointing", False),
         save_strategy="no", seed=seed, data_seed=seed, dataloader_num_workers=0, disable_tqdm=True, **options,
     )
     return GRPOTrainer(model=model, reward_funcs=reward_fn, args=args, train_dataset=dataset,
