@@ -3,7 +3,11 @@
 with, the decode step's distance to the card's memory bandwidth, and where an eager step's device
 time goes (the same kernels the graph replays):
 
-    python -m bench decode [--model M] [--tasks N --samples N --tokens N] [--attentions ...] [--reps N] [--quick]
+    python -m bench decode [--model M] [--tasks N --samples N --tokens N] [--attentions ...] [--reps N]
+                           [--varied] [--quick]
+
+--varied adds answers that end at varied lengths, decoded over every row every step and over the
+rows still running only (the engine narrows the batch as rows stop): the same tokens both ways.
 
 A real architecture with random weights in bf16 (gpu_step's models, SmolLM2's tokenizer from
 .smollm2/: `gpu_step --prepare`), 16 chat prompts x 8 samples x 1,024 new tokens by default,
@@ -87,9 +91,51 @@ def decode(args) -> dict:
     print(table(rows, ["attention", "first s (capture)", "s", "tokens", "tokens/s", "ms/step", "of bandwidth"]))
     results.update(model=args.model, case=case, step_bytes=step_bytes, copy_gb_per_s=copy_bytes_per_s / 1e9)
     model.set_attn_implementation(ATTENTIONS[0])
+    if args.varied:
+        results["varied"] = varied_lengths(engine, timed_generate, tokenizer, case, reps)
     if device.type == "cuda":
         results["profile"] = profile_eager_steps(engine, prompts, params)
     return results
+
+
+def varied_lengths(engine, timed_generate, tokenizer, case: dict, reps: int) -> dict:
+    """Answers that end at varied lengths, with and without narrowing the batch to the rows still
+    running (transformers_engine.COMPACT_BELOW). Fair by construction: the same model, prompts,
+    seed and uniforms on both sides, and a bias on the end-of-text logit (a forward hook on the
+    output head) that makes random weights stop at a rate of ~4 / max_new_tokens a step; narrowing
+    keeps each row's uniforms, so both sides sample the very same tokens (checked)."""
+    import math
+
+    from workers.rft.engines import transformers_engine
+
+    vocab = engine.model.get_output_embeddings().weight.shape[0]
+    bias = math.log(4 * vocab / case["tokens"])
+    stop = tokenizer.eos_token_id
+
+    def add(module, inputs, output):
+        output[..., stop] += bias
+        return output
+
+    hook = engine.model.get_output_embeddings().register_forward_hook(add)
+    plain, rows, out = transformers_engine.COMPACT_BELOW, [], {}
+    try:
+        for name, below in (("every row every step", 0.0), ("running rows only", plain)):
+            transformers_engine.COMPACT_BELOW = below
+            engine._decoders.clear()
+            first_s, tokens = timed_generate()
+            runs = [timed_generate() for _ in range(reps)]
+            seconds = statistics.median(s for s, _ in runs)
+            assert all(t == tokens for _, t in runs), "the same tokens every call"
+            out[name] = {"s": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds}
+            rows.append([name, first_s, seconds, tokens, tokens / seconds])
+    finally:
+        transformers_engine.COMPACT_BELOW = plain
+        hook.remove()
+    assert len({o["tokens"] for o in out.values()}) == 1, "both sides generated as many tokens"
+    print(f"\nanswers of varied length (end-of-text bias {bias:.2f}: a mean of ~{case['tokens'] // 4} tokens, "
+          f"up to {case['tokens']}):")
+    print(table(rows, ["decode steps over", "first s", "s", "tokens", "tokens/s"]))
+    return out
 
 
 def copy_bandwidth(device, gib: float = 1.0, reps: int = 10) -> float:

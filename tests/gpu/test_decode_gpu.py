@@ -43,6 +43,23 @@ def test_graph_decode_equals_the_eager_loop_across_a_weight_update(tiny_path, te
     assert len(got) == 12
 
 
+def test_narrowed_graphs_sample_what_the_whole_batch_would_twice_over(tiny_path):
+    """Rows ending at varied steps (a bias on the end-of-text logit): the batch narrows to the
+    running rows (power-of-two row counts, a graph each, captured mid-batch and kept), and the
+    tokens are the eager loop's; a second batch reuses the narrowed graphs."""
+    tokenizer = load_tokenizer(tiny_path)
+    stop = tokenizer.eos_token_id
+    model = static_decode.ends_early(load_policy(tiny_path, CUDA), stop, 4.0)
+    engine = TransformersEngine(model, tokenizer)
+    prompts = static_decode.mixed_prompts(tokenizer)
+    params = SamplingParams(n=16, temperature=1.0, max_new_tokens=96, seed=3)
+    for _ in range(2):
+        static_decode.assert_same(engine, model, prompts, params, tolerance=1e-4)
+    [decoder] = engine._decoders.values()
+    assert decoder._narrowed and all(view.graph is not None for view in decoder._narrowed.values())
+    assert all(rows & (rows - 1) == 0 for rows in decoder._narrowed)
+
+
 def test_captured_decoders_are_capped(tiny_path):
     from workers.rft.engines.transformers_engine import MAX_DECODERS
 

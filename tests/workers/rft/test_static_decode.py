@@ -120,3 +120,44 @@ def test_the_engine_decodes_as_sdpa_does_with_grouped_query_attention(tiny_path,
     assert [ids for ids, _ in got] == [ids for ids, _ in expected]
     for (_, lps), (_, ref) in zip(got, expected):
         torch.testing.assert_close(torch.tensor(lps), torch.tensor(ref), atol=1e-5, rtol=1e-5)
+
+
+def ends_early(model, stop_id: int, bias: float):
+    """The model with `bias` added to one stop token's logit: sampled rows end at varied steps."""
+    def add(module, inputs, output):
+        output[..., stop_id] += bias
+        return output
+
+    model.get_output_embeddings().register_forward_hook(add)
+    return model
+
+
+def test_rows_that_stopped_stop_costing_and_every_row_samples_what_it_would_have(tiny_path, tokenizer, monkeypatch):
+    """Issue #43: once at most half the rows run, the running ones move to the front and the
+    steps go on over them only (StaticDecoder.narrow), again and again as rows stop. Each row keeps
+    its uniforms: the tokens and log-probs are the eager loop's over the whole batch."""
+    from transformers import AutoModelForCausalLM
+
+    from workers.rft.engines import transformers_engine
+
+    def load():
+        return AutoModelForCausalLM.from_pretrained(tiny_path, dtype=torch.float32, attn_implementation="sdpa")
+
+    stop = tokenizer.eos_token_id
+    engine = TransformersEngine(ends_early(load(), stop, 4.0), tokenizer)
+    narrowed = []
+    plain_narrow = transformers_engine.StaticDecoder.narrow
+    monkeypatch.setattr(transformers_engine.StaticDecoder, "narrow",
+                        lambda self, running, rows: narrowed.append((self.rows, len(running), rows))
+                        or plain_narrow(self, running, rows))
+    params = SamplingParams(n=8, temperature=1.0, max_new_tokens=48, seed=3)
+    got = [(c.token_ids, c.logprobs) for group in engine.generate(mixed_prompts(tokenizer), params) for c in group]
+    expected = eager_loop(ends_early(load(), stop, 4.0), mixed_prompts(tokenizer), params, engine.pad_id,
+                          engine.stop_ids)
+    assert [ids for ids, _ in got] == [ids for ids, _ in expected]
+    for (_, lps), (_, ref) in zip(got, expected):
+        torch.testing.assert_close(torch.tensor(lps), torch.tensor(ref), atol=1e-5, rtol=1e-5)
+    lengths = sorted(len(ids) for ids, _ in got)
+    assert lengths[0] < lengths[len(lengths) // 2] < lengths[-1], lengths  # ended at varied steps
+    assert len(narrowed) >= 2 and narrowed[0][0] == 24, narrowed  # from all 24 rows, then narrower
+    assert all(running <= rows < before for before, running, rows in narrowed)

@@ -11,6 +11,9 @@ bound by launches and Python, issue #25; 8.8 ms with only the forward captured; 
 sampling captured too and grouped-query attention). The random numbers are drawn up front, one
 per row and step, so a seeded run samples the same tokens captured or eager. Stop tokens are
 checked on the host only every few steps. Weights are updated in place, so a graph survives them.
+Rows that stopped stop costing: once at most half the rows still run, those move to the front and
+the steps go on over them alone (StaticDecoder.narrow; 1.24x on CPU with answers of varied length,
+bench/README.md).
 """
 from collections import OrderedDict
 from pathlib import Path
@@ -32,6 +35,12 @@ MAX_DECODERS = 4
 # How often the CUDA loop asks the host whether every row has stopped (each ask waits for the GPU);
 # at most this many steps run after the last row stopped. On CPU every step: asking is free there.
 CUDA_STOP_CHECK = 16
+# Rows that stopped stop costing: once at most this share of a batch's rows still runs, the running
+# rows move to the front of the batch's tensors and the steps go on over those rows only
+# (StaticDecoder.narrow: views of the same storage, no second cache). On CUDA the narrowed row count
+# rounds up to a power of two, so a batch has at most log2(rows) narrowed graphs; 0 turns it off.
+COMPACT_BELOW = 0.5
+MIN_COMPACT_ROWS = 4  # fewer rows than this are not worth a narrowed step (and its graph)
 
 
 class TransformersEngine(RolloutEngine):
@@ -85,19 +94,29 @@ class TransformersEngine(RolloutEngine):
         decoder = self._decoder(rows, width + steps, params.temperature, params.top_p)
         decoder.start(out.past_key_values, out.logits[:, -1], attention_mask, position_ids[:, -1], n, uniforms)
         del out
+        results = Results(rows, steps, self.pad_id, device)
+        origin = torch.arange(rows, device=device)  # the batch row each decoder row is
         check = CUDA_STOP_CHECK if device.type == "cuda" else 1
         for t in range(steps):
             check_stop()  # a Stop ends the step within seconds, not after max_new_tokens tokens
             decoder.step(feed=t < steps - 1)
-            if t == steps - 1 or ((t + 1) % check == 0 and decoder.finished.all()):
+            if t == steps - 1 or (t + 1) % check:
+                continue
+            running = (~decoder.finished[: len(origin)]).nonzero()[:, 0]
+            if not len(running):
                 break
-
-        tokens, logprobs = decoder.tokens[:, : t + 1].tolist(), decoder.logprobs[:, : t + 1].tolist()
+            narrowed = _narrowed_rows(len(running), decoder.rows, device)
+            if narrowed is not None:
+                results.take(decoder, origin)  # the rows that stopped are done
+                origin = origin[running]
+                decoder = decoder.narrow(running, narrowed)
+        results.take(decoder, origin)
+        tokens, logprobs = results.tokens[:, : t + 1].tolist(), results.logprobs[:, : t + 1].tolist()
         lengths = _response_lengths(tokens, self.stop_ids, self.pad_id)
         return (
             [row[:n] for row, n in zip(tokens, lengths)],
             [row[:n] for row, n in zip(logprobs, lengths)],
-            decoder.stopped.tolist(),
+            results.stopped.tolist(),
         )
 
     def _decoder(self, rows: int, length: int, temperature: float, top_p: float) -> "StaticDecoder":
@@ -123,16 +142,47 @@ class TransformersEngine(RolloutEngine):
         self.load_state_dict(read_weights(path), version)
 
 
+def _narrowed_rows(running: int, rows: int, device: torch.device) -> int | None:
+    """The rows a decoder of `rows` narrows to with `running` rows left, or None to go on as it is."""
+    if rows < MIN_COMPACT_ROWS or running > COMPACT_BELOW * rows:
+        return None
+    narrowed = 1 << (running - 1).bit_length() if device.type == "cuda" else running
+    return narrowed if narrowed < rows else None
+
+
+class Results:
+    """Each batch row's tokens, log-probs and stop, gathered from the decoders that ran it."""
+
+    def __init__(self, rows: int, steps: int, pad_id: int, device: torch.device):
+        self.tokens = torch.full((rows, steps), pad_id, dtype=torch.long, device=device)
+        self.logprobs = torch.zeros((rows, steps), device=device)
+        self.stopped = torch.zeros(rows, dtype=torch.bool, device=device)
+
+    def take(self, decoder: "StaticDecoder", origin: torch.Tensor) -> None:
+        """What the decoder's first len(origin) rows hold so far, into batch rows `origin`."""
+        count, steps = len(origin), self.tokens.shape[1]
+        self.tokens[origin] = decoder.tokens[:count, :steps]
+        self.logprobs[origin] = decoder.logprobs[:count, :steps]
+        self.stopped[origin] = decoder.stopped[:count]
+
+
+# A decoder's tensors with a row per batch row (dim 0), and those with one per step and row (dim 1).
+ROW_TENSORS = ("logits", "tokens", "logprobs", "finished", "stopped", "token", "position", "mask")
+STEP_ROW_TENSORS = ("uniforms",)
+
+
 class StaticDecoder:
     """The decode state of one batch in preallocated tensors, and one step over it: sample each
     row's next token from `logits`, record it, feed it through the model into `logits` again. Run
-    eagerly, or as a replayed CUDA graph that reads and writes these same tensors."""
+    eagerly, or as a replayed CUDA graph that reads and writes these same tensors. `narrow` gives
+    a decoder over the first rows of the same tensors, once most rows have stopped."""
 
     def __init__(self, model, rows: int, length: int, sampling: tuple[float, float], stop_ids: list[int],
                  pad_id: int, graph: bool):
         config = model.config.get_text_config()
         param = next(model.parameters())
         device = param.device
+        self.rows, self._narrowed = rows, {}  # the narrowed decoders (CUDA: kept with their graphs)
         self.model, self.pad_id = model, pad_id
         self.temperature, self.top_p = sampling
         self.cache = StaticCache(config=config, max_cache_len=length)
@@ -205,6 +255,52 @@ class StaticDecoder:
         out = self.model(input_ids=self.token, attention_mask=self.mask, position_ids=self.position,
                          past_key_values=self.cache, use_cache=True)
         self.logits.copy_(out.logits[:, -1])
+
+    def narrow(self, running: torch.Tensor, rows: int) -> "StaticDecoder":
+        """A decoder over this one's first `rows` rows, the `running` rows moved there (in their
+        order; the rows past them copies of the first, stopped: they write pad tokens and are not
+        read back), sharing every tensor's storage: no second cache. Its step is this one's over
+        fewer rows; each row keeps its uniforms, so it samples the tokens it would have."""
+        index = torch.cat([running, running[:1].expand(rows - len(running))])
+        for layer in self.cache.layers:
+            layer.keys[:rows] = layer.keys.index_select(0, index)  # a layer at a time: a small copy
+            layer.values[:rows] = layer.values.index_select(0, index)
+        for name in ROW_TENSORS:
+            tensor = getattr(self, name)
+            tensor[:rows] = tensor.index_select(0, index)
+        self.uniforms[:, :rows] = self.uniforms.index_select(1, index)
+        self.finished[len(running) : rows] = True
+        narrowed = self._narrowed.get(rows)
+        if narrowed is None:
+            narrowed = self._narrowed[rows] = self._view(rows)
+        return narrowed
+
+    def _view(self, rows: int) -> "StaticDecoder":
+        view = object.__new__(StaticDecoder)
+        view.__dict__.update(self.__dict__, rows=rows, _narrowed={}, graph=None)
+        for name in ROW_TENSORS:
+            setattr(view, name, getattr(self, name)[:rows])
+        view.uniforms = self.uniforms[:, :rows]
+        view.cache = StaticCache(config=self.model.config.get_text_config(),
+                                 max_cache_len=self.cache.layers[0].max_cache_len)
+        for layer, full in zip(view.cache.layers, self.cache.layers):
+            layer.__dict__.update(full.__dict__, keys=full.keys[:rows], values=full.values[:rows], batch_size=rows)
+        if self.graph is not None:
+            view.graph = view._capture_in_place()
+        return view
+
+    def _capture_in_place(self) -> torch.cuda.CUDAGraph:
+        """_capture in the middle of a batch: what its warm-up and capture steps change, put back
+        (the cache slots they wrote are past every row's mask, and overwritten before it reaches
+        them)."""
+        kept = {name: getattr(self, name).clone() for name in (*ROW_TENSORS, "step_index", "slot")}
+        lengths = [layer.cumulative_length.clone() for layer in self.cache.layers]
+        graph = self._capture()
+        for name, value in kept.items():
+            getattr(self, name).copy_(value)
+        for layer, length in zip(self.cache.layers, lengths):
+            layer.cumulative_length.copy_(length)
+        return graph
 
     def _capture(self) -> torch.cuda.CUDAGraph:
         """Record the step once. Warm-up runs on a side stream first (as torch.cuda.graphs asks);
