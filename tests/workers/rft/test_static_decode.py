@@ -161,3 +161,30 @@ def test_rows_that_stopped_stop_costing_and_every_row_samples_what_it_would_have
     assert lengths[0] < lengths[len(lengths) // 2] < lengths[-1], lengths  # ended at varied steps
     assert len(narrowed) >= 2 and narrowed[0][0] == 24, narrowed  # from all 24 rows, then narrower
     assert all(running <= rows < before for before, running, rows in narrowed)
+
+
+def test_a_batch_whose_cache_does_not_fit_is_decoded_in_rounds_that_sample_what_it_would(
+        tiny_model, tokenizer, monkeypatch):
+    """Issue #43: the static cache is sized against the free memory; a batch too large for it runs
+    in rounds of as many prompts as fit, with the whole batch's uniforms, so a seeded batch samples
+    the same tokens; one prompt's rows that cannot fit are refused saying what to lower."""
+    from workers.rft.engines import transformers_engine
+
+    engine = TransformersEngine(tiny_model, tokenizer)
+    prompts = mixed_prompts(tokenizer)
+    params = SamplingParams(n=3, temperature=1.0, max_new_tokens=12, seed=5)
+    whole = [(c.token_ids, c.logprobs) for group in engine.generate(prompts, params) for c in group]
+    assert engine._rounds(prompts, params) == [(0, 3)]
+    config = tiny_model.config
+    head_dim = config.hidden_size // config.num_attention_heads
+    row_bytes = (2 * config.num_hidden_layers * config.num_key_value_heads * head_dim
+                 * (max(map(len, prompts)) + 12) * 4 + 4 * config.vocab_size)  # fp32 keys and values, logits
+    monkeypatch.setattr(transformers_engine, "free_bytes", lambda device: int(3 * row_bytes / 0.8) + 1)
+    assert engine._rounds(prompts, params) == [(0, 1), (1, 2), (2, 3)]  # 3 rows (one prompt's) a round
+    rounds = [(c.token_ids, c.logprobs) for group in engine.generate(prompts, params) for c in group]
+    assert [ids for ids, _ in rounds] == [ids for ids, _ in whole]
+    for (_, lps), (_, ref) in zip(rounds, whole):
+        torch.testing.assert_close(torch.tensor(lps), torch.tensor(ref), atol=1e-5, rtol=1e-5)
+    monkeypatch.setattr(transformers_engine, "free_bytes", lambda device: row_bytes)
+    with pytest.raises(ValueError, match=r"3 rows of \d+ tokens .* lower explorer.max_new_tokens"):
+        engine.generate(prompts, params)

@@ -13,7 +13,8 @@ per row and step, so a seeded run samples the same tokens captured or eager. Sto
 checked on the host only every few steps. Weights are updated in place, so a graph survives them.
 Rows that stopped stop costing: once at most half the rows still run, those move to the front and
 the steps go on over them alone (StaticDecoder.narrow; 1.24x on CPU with answers of varied length,
-bench/README.md).
+bench/README.md). A batch whose cache would not fit the free memory runs in rounds of as many
+prompts as fit (`_rounds`), with the whole batch's random numbers: the same tokens.
 """
 from collections import OrderedDict
 from pathlib import Path
@@ -41,6 +42,20 @@ CUDA_STOP_CHECK = 16
 # rounds up to a power of two, so a batch has at most log2(rows) narrowed graphs; 0 turns it off.
 COMPACT_BELOW = 0.5
 MIN_COMPACT_ROWS = 4  # fewer rows than this are not worth a narrowed step (and its graph)
+# A batch whose static cache (and logits) would take more than this share of the free memory is
+# decoded in rounds of as many prompts as fit: the rest holds the model's activations.
+KV_MEMORY_SHARE = 0.8
+
+
+def free_bytes(device: torch.device) -> int:
+    """Memory a new cache may take: on CUDA what the card has free plus what torch's allocator
+    holds unused; on CPU what the machine has available."""
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    import psutil
+
+    return psutil.virtual_memory().available
 
 
 class TransformersEngine(RolloutEngine):
@@ -64,15 +79,49 @@ class TransformersEngine(RolloutEngine):
 
     @torch.no_grad()
     def generate(self, prompts: list[list[int]], params: SamplingParams) -> list[list[Completion]]:
-        tokens, logprobs, finished_by_stop = self._sample(prompts, params)
+        rows, steps, device = len(prompts) * params.n, params.max_new_tokens, self.device
+        uniforms = None  # drawn for the whole batch up front: rounds sample what one batch would
+        if params.temperature > 0:
+            generator = None if params.seed is None else torch.Generator(device).manual_seed(params.seed)
+            uniforms = torch.rand((steps, rows), generator=generator, device=device)
+        tokens, logprobs, finished_by_stop = [], [], []
+        for start, end in self._rounds(prompts, params):
+            part = None if uniforms is None else uniforms[:, start * params.n : end * params.n]
+            for out, got in zip((tokens, logprobs, finished_by_stop), self._sample(prompts[start:end], params, part)):
+                out += got
         completions = []
         for ids, lps, stopped in zip(tokens, logprobs, finished_by_stop):
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
             completions.append(Completion(ids, text, lps, "stop" if stopped else "length"))
         return [completions[i * params.n : (i + 1) * params.n] for i in range(len(prompts))]
 
-    def _sample(self, prompts: list[list[int]], params: SamplingParams):
-        """Rows are the prompts, each repeated params.n times in a row."""
+    def _rounds(self, prompts: list[list[int]], params: SamplingParams) -> list[tuple[int, int]]:
+        """The prompts in rounds ([start, end) ranges) whose static cache fits the memory free
+        (KV_MEMORY_SHARE of it): one round when the batch fits. A ValueError saying what to lower
+        when not even one prompt's rows fit."""
+        config = self.model.config.get_text_config()
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        width = max(len(prompt) for prompt in prompts)
+        length = width + params.max_new_tokens
+        if self.device.type == "cuda":
+            length = -(-length // LENGTH_BUCKET) * LENGTH_BUCKET
+        row_bytes = (2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * length
+                     * next(self.model.parameters()).element_size() + 4 * config.vocab_size)
+        free = free_bytes(self.device)
+        if len(prompts) * params.n * row_bytes > KV_MEMORY_SHARE * free and self._decoders:
+            self._decoders.clear()  # the kept decoders' caches go first
+            free = free_bytes(self.device)
+        per_round = int(KV_MEMORY_SHARE * free // (params.n * row_bytes))
+        if per_round < 1:
+            raise ValueError(
+                f"the rollout engine's cache for {params.n} rows of {length} tokens (one prompt's samples) needs "
+                f"{params.n * row_bytes / 1e9:.1f} GB, and {free / 1e9:.1f} GB of {self.device.type} memory is free: "
+                "lower explorer.max_new_tokens, model.max_prompt_tokens or algorithm.repeat_times")
+        return [(start, min(start + per_round, len(prompts))) for start in range(0, len(prompts), per_round)]
+
+    def _sample(self, prompts: list[list[int]], params: SamplingParams, uniforms: torch.Tensor | None):
+        """Rows are the prompts, each repeated params.n times in a row; `uniforms` [steps, rows]
+        (None when greedy)."""
         device, n = self.device, params.n
         width = max(len(prompt) for prompt in prompts)
         input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
@@ -84,11 +133,6 @@ class TransformersEngine(RolloutEngine):
         # Left padding shifts every row; positions count real tokens only.
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         rows, steps = len(prompts) * n, params.max_new_tokens
-        uniforms = None
-        if params.temperature > 0:
-            generator = None if params.seed is None else torch.Generator(device).manual_seed(params.seed)
-            uniforms = torch.rand((steps, rows), generator=generator, device=device)
-
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          use_cache=True, logits_to_keep=1)
         decoder = self._decoder(rows, width + steps, params.temperature, params.top_p)
