@@ -400,6 +400,11 @@ def watchdog() -> list[tuple[int, str]]:
             if not services.workers_holding(run):
                 services.set_status(run, Status.STOPPED)
             continue
+        with transaction.atomic():  # a duty a worker turned to and never claimed: sent again below
+            lapsed = turns.untaken(Run.objects.select_for_update().get(pk=run.pk), timeout)
+        if lapsed:
+            run.refresh_from_db()
+            resumed += [(run.pk, sent) for sent in send(run, lapsed)]
         for duty in duties_of_run(run):
             beat = run.heartbeats.get(duty)
             if beat is None or services.holder(run, duty, timeout) is not None:

@@ -12,7 +12,9 @@ serves whichever waiting duty of its queue asked first (`turn`), and the task th
 with, still in the broker, now stands for the duty it went ahead of: the two swap task ids, so each
 waiting duty keeps exactly one task, and a task withdrawn later (drop_queued) is the one its duty
 counts. Ties (one launch's duties) go by run, then by the order of the run's duties. A duty a
-task has turned to is `taken` until its claim (claim_duty) drops the entry.
+task has turned to is `taken` (since when) until its claim (claim_duty) drops the entry; one
+taken longer than the heartbeat timeout and never claimed (its machine died in between) is sent
+again by the watchdog (`untaken`).
 """
 from dataclasses import dataclass
 from datetime import datetime
@@ -94,7 +96,8 @@ def turn(run_id: int, duty: str, task: str) -> tuple[int, str]:
         # Taken: no other task turns to it while this one claims it (claim_duty then drops the
         # entry). Two workers turning at once had both served the first duty, and the second's
         # swap gave the other duty a task already taken: it never got a worker.
-        changes = {first: {"task": task, "taken": True}} | ({mine: {"task": first.task}} if first != mine else {})
+        taken = {"task": task, "taken": timezone.now().isoformat()}
+        changes = {first: taken} | ({mine: {"task": first.task}} if first != mine else {})
         for one, change in changes.items():
             run = runs[one.run_id]
             run.queued_tasks = {**run.queued_tasks, one.duty: {**run.queued_tasks[one.duty], **change}}
@@ -118,3 +121,16 @@ def owner_of(task: str, run_id: int, duty: str) -> tuple[int, str]:
 
 def _names(run: Run, duty: str, task: str) -> bool:
     return task in (run.heartbeats.get(duty, {}).get("task"), run.queued_tasks.get(duty, {}).get("task"))
+
+
+def untaken(run: Run, timeout: float) -> list[str]:
+    """The duties of the run a task turned to more than `timeout` seconds ago that no worker
+    claimed since (its machine died between the turn and the claim): their entries dropped, for
+    the watchdog to send them again. On the locked row."""
+    now = timezone.now()
+    stale = [duty for duty, sent in run.queued_tasks.items() if sent.get("taken")
+             and (now - datetime.fromisoformat(sent["taken"])).total_seconds() > timeout]
+    if stale:
+        run.queued_tasks = {duty: sent for duty, sent in run.queued_tasks.items() if duty not in stale}
+        run.save(update_fields=["queued_tasks"])
+    return stale

@@ -142,3 +142,21 @@ def test_a_duty_a_task_turned_to_is_taken_until_claimed_and_the_next_task_serves
     for duty, task in (("explorer", second_task), ("explorer-1", first_task)):
         assert services.claim_duty(run, duty, f"gpu-1:{task[:4]}", timeout=60, task=task)
     assert set(Run.objects.get(pk=run.pk).queued_tasks) == {"trainer"}
+
+
+def test_a_duty_turned_to_but_never_claimed_is_sent_again_by_the_watchdog(two_waiting, settings):
+    """The machine of the worker that took the task died between the turn and the claim: after the
+    heartbeat timeout the watchdog sends the duty again (it had waited for Celery's visibility
+    timeout, six hours)."""
+    demo, later = two_waiting
+    task = task_of(later)
+    assert turns.turn(later.pk, "loop", task) == (demo.pk, "loop")
+    entry_ = Run.objects.get(pk=demo.pk).queued_tasks["loop"]
+    assert entry_["task"] == task and entry_["taken"]
+    supervision.watchdog()
+    assert Run.objects.get(pk=demo.pk).queued_tasks["loop"] == entry_  # within the timeout: left alone
+    old = (timezone.now() - timedelta(seconds=settings.RFTWEB_HEARTBEAT_TIMEOUT + 1)).isoformat()
+    Run.objects.filter(pk=demo.pk).update(queued_tasks={"loop": {**entry_, "taken": old}})
+    assert (demo.pk, "loop") in supervision.watchdog()
+    again = Run.objects.get(pk=demo.pk).queued_tasks["loop"]
+    assert again["task"] != task and "taken" not in again and again["asked"] == entry_["asked"]  # its place kept
