@@ -84,5 +84,22 @@ def withdraw(queue: str, task_ids) -> set[str]:
     return gone
 
 
+def queue_lengths(queues) -> dict[str, int] | None:
+    """{queue: tasks waiting in the broker} (kombu's Redis transport: a list per queue); None
+    embedded (no broker) or when the broker does not answer."""
+    from django.conf import settings
+
+    if settings.RFTWEB_EMBEDDED:
+        return None
+    conn = app.connection_for_write()
+    try:
+        with conn:
+            client = conn.default_channel.client
+            return {queue: int(client.llen(queue)) for queue in queues}
+    except (OperationalError, *conn.connection_errors, *conn.channel_errors) as err:
+        log.warning("could not read the queue lengths: %s", err)
+        return None
+
+
 def _task_id(message: dict) -> str | None:
     return message.get("headers", {}).get("id")

@@ -351,6 +351,10 @@ def duty_states(run: Run, live: list[WorkerState] | None = None) -> list[DutySta
             why = beat.get("handed_back") or f"its worker was lost (hand-over {beat.get('handovers', 1)})"
             states.append(DutyState(duty, queue, "handed over", None, beat["at"],
                                     f"{why}; sent on, " + wait()))
+        elif beat.get("hand_back") and services.holder(run, duty, timeout) is not None:
+            states.append(DutyState(duty, queue, "handing back", node, beat["hand_back"]["at"],
+                                    f"{beat['hand_back']['by']} handed it back: it saves at its next step and goes "
+                                    "back to its queue, keeping its place"))
         elif node in stopped_nodes and services.holder(run, duty, timeout) is not None:
             # Shutting down in order, still beating: it saves at its step and lets the run go; it
             # said "lost" for the ~20 s that takes (#42, finding 8).

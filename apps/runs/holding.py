@@ -3,9 +3,12 @@ it; ranks waits on it too). The exceptions end the duty's serving, each in its o
 (supervision.serve_claimed)."""
 import time
 
+from django.db import transaction
+from django.utils import timezone
+
 from . import services
 from .models import Run
-from .services import duties_of_run
+from .services import NODE_DUTY, duties_of_run
 
 Status = Run.Status
 WAIT_SECONDS = 0.5  # how often a duty waiting for the other one looks again
@@ -20,9 +23,28 @@ class Stopped(Exception):
 
 
 class HandBack(Exception):
-    """The worker serving the duty is shutting down in order (SIGTERM): the duty saved what a
-    resume needs at a step boundary and lets the run go, still active, for another worker (the
-    watchdog sends the duty on; the run carries on from that checkpoint)."""
+    """The worker serving the duty is shutting down in order (SIGTERM), or a curator handed the
+    duty back (`hand_back`): the duty saved what a resume needs at a step boundary and lets the run
+    go, still active, for another worker (it is queued again at once, keeping its place: turns.py;
+    the run carries on from that checkpoint)."""
+
+
+def hand_back(run: Run, duty: str, by: str) -> None:
+    """Ask the worker holding the run's `duty` to hand it back to its queue (the Workers page, for
+    a curator): it saves at its next step and lets go, as on an orderly shutdown. InvalidTransition
+    for a run not served, a duty no live worker holds, or a trainer machine's duty (it leaves with
+    the trainer's group: hand back the trainer)."""
+    with transaction.atomic():
+        locked = Run.objects.select_for_update().get(pk=run.pk)
+        if locked.status not in Run.SERVED:
+            raise services.InvalidTransition(f"run {locked.name!r} is {locked.status}: no duty of it to hand back")
+        if duty.startswith(NODE_DUTY):
+            raise services.InvalidTransition(f"{duty} leaves with its trainer's group: hand back the trainer")
+        if duty not in services.workers_holding(locked):
+            raise services.InvalidTransition(f"no live worker holds the {duty} duty of run {locked.name!r}")
+        asked = {"by": by, "at": timezone.now().isoformat()}
+        locked.heartbeats = {**locked.heartbeats, duty: {**locked.heartbeats[duty], "hand_back": asked}}
+        locked.save(update_fields=["heartbeats"])
 
 
 def still_served(run: Run, duty: str, worker: str) -> bool:

@@ -304,13 +304,14 @@ KILLS_BEFORE_FAILING = 2
 def _write_beat(run: Run, duty: str, worker: str, node: str | None = None, task: str | None = None) -> None:
     """The duty's heartbeat on `run` (the caller saves it): its worker process (`host:pid`), the
     Celery worker (`node`, for the Workers page) and task (`task`), since when it holds the duty and
-    since when its steps run (`started`, mark_started), kept while the same process beats."""
+    since when its steps run (`started`, mark_started), kept while the same process beats (not
+    across a claim of a duty it had let go: a hand-back asked of the last holding is not this one's)."""
     previous = run.heartbeats.get(duty, {})
     now = timezone.now().isoformat()
     kept = {key: previous[key] for key in ("handovers", "handed_over_at_step", "kills", "lost", "asked")
             if key in previous}
-    if previous.get("worker") == worker:
-        held = ("node", "task", "since", "started", "from_checkpoint", "doing")
+    if previous.get("worker") == worker and not previous.get("ended"):
+        held = ("node", "task", "since", "started", "from_checkpoint", "doing", "hand_back")
         kept |= {key: previous[key] for key in held if key in previous}
     kept.setdefault("since", now)
     kept |= {key: value for key, value in (("node", node), ("task", task)) if value is not None}

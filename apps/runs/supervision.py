@@ -289,7 +289,16 @@ def run_engine(run: Run, duty: str, worker: str) -> str:
     stores = run_stores(run, config, duty, worker)
     components = (EXPLORER,) if services.is_explorer(duty) else {"trainer": (TRAINER,)}.get(duty)
     node = capacity.this_node()
-    leaving = lambda: capacity.node_stopping(node)  # noqa: E731 - its worker shuts down in order
+
+    def leaving_why() -> str | None:
+        """Why the duty lets the run go for another worker: its worker shuts down in order, or a
+        curator handed it back (holding.hand_back; the heartbeats status() read)."""
+        if capacity.node_stopping(node):
+            return f"its worker {node} is shutting down"
+        asked = run.heartbeats.get(duty, {}).get("hand_back")
+        return f"{asked['by']} handed it back to its queue" if asked else None
+
+    leaving = lambda: leaving_why() is not None  # noqa: E731
     status = lambda: wait_while_paused(run, duty, worker, leaving=leaving)  # noqa: E731
     final_eval = None  # the trainer of a split run: the version its first explorer evaluates last
     # Closed when the duty ends: a worker process outlives its runs, vLLM's processes and the
@@ -333,8 +342,8 @@ def run_engine(run: Run, duty: str, worker: str) -> str:
     if final_eval is not None:
         del loop  # its model freed while the explorer evaluates (its ranks are released)
         outcome = wait_for_final_eval(run, final_eval, stopping)
-    if outcome == "stopped" and leaving():
-        raise HandBack(f"its worker {node} is shutting down")
+    if outcome == "stopped" and (why := leaving_why()):
+        raise HandBack(why)
     if not services.is_explorer(duty):
         finish(run, status())
     return outcome

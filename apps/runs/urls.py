@@ -17,6 +17,7 @@ urlpatterns = [
     path("runs/<int:pk>/rollouts/", views.run_rollouts, name="run-rollouts"),
     path("runs/<int:pk>/checkpoints/<int:version>/download/", views.checkpoint_download, name="checkpoint-download"),
     path("workers/", views.worker_list, name="worker-list"),
+    path("workers/runs/<int:pk>/<str:duty>/<str:action>/", views.worker_duty, name="worker-duty"),
     # [runs-compare helper: compare, downloads, tags]
     path("runs/compare/", views_compare.run_compare, name="run-compare"),
     path("runs/compare/metrics.csv", views_compare.compare_metrics_csv, name="compare-metrics-csv"),

@@ -8,7 +8,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.http import FileResponse, HttpResponse, JsonResponse
+from django.http import FileResponse, Http404, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.cache import patch_vary_headers
@@ -17,7 +17,7 @@ from django.utils.text import slugify
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
-from apps.accounts.roles import RESEARCHER, has_role, role_required
+from apps.accounts.roles import CURATOR, RESEARCHER, has_role, role_required
 from apps.core.streaming import streaming
 from apps.tasksets.models import Task, Taskset
 from workers.rft.config import ConfigError
@@ -27,6 +27,7 @@ from .api import token_for, token_or_session, workers_json
 from .checkpoints import run_checkpoint_dir, tar_stream
 from .controls import control_run, control_statuses, may_control
 from .forms import LaunchForm, RolloutFilterForm, RunFilterForm, dump_config_yaml
+from .holding import hand_back
 from .models import Checkpoint, Run
 from .notes import shown_tags
 from .presets import DEFAULT_PRESET, PRESETS, preset_config
@@ -286,8 +287,35 @@ def run_rollouts(request, pk):
 @role_required(RESEARCHER)
 def worker_list(request):
     """Every worker, what each slot holds, and the workers lost (apps/runs/capacity.py); the page
-    polls /api/workers/ for the same JSON it starts from."""
-    return render(request, "runs/workers.html", {"workers_data": workers_json(capacity.overview(), turns.queues())})
+    polls /api/workers/ for the same JSON it starts from. A curator may hand a duty back to its
+    queue or stop its run from here (worker_duty)."""
+    return render(request, "runs/workers.html", {"workers_data": workers_json(capacity.overview(), turns.queues()),
+                                                 "may_act": has_role(request.user, CURATOR)})
+
+
+DUTY_ACTIONS = ("hand-back", "stop")
+
+
+@require_POST
+@role_required(CURATOR)
+def worker_duty(request, pk, duty, action):
+    """A curator acts on a duty a worker holds: hands it back to its queue (holding.hand_back: it
+    saves at its next step and another slot takes it, keeping its place) or stops its run (as the
+    run page's Stop)."""
+    run = get_object_or_404(Run, pk=pk)
+    if action not in DUTY_ACTIONS or duty not in services.duties_of_run(run):
+        raise Http404(f"run {run.pk} has no duty {duty!r} to {action}")
+    try:
+        if action == "hand-back":
+            hand_back(run, duty, by=request.user.get_username())
+            messages.success(request, f"Handing back {duty} of {run.name}: it saves at its next step and goes back "
+                                      "to its queue, keeping its place.")
+        else:
+            control_run(run, "stop", request.user)
+            messages.success(request, f"Stopping {run.name}.")
+    except services.InvalidTransition as err:
+        messages.error(request, str(err))
+    return redirect("worker-list")
 
 
 @never_cache  # the token is a password: no cache, shared or the browser's, may keep the page

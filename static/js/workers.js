@@ -42,6 +42,23 @@
     return parts.join(" · ");
   }
 
+  // A curator's actions on a held duty (views.worker_duty): hand it back to its queue, or stop its run.
+  function dutyActions(hold) {
+    const actions = el("span", null, {class: "duty-actions"});
+    [["hand-back", "Hand back", "Hand " + hold.duty + " of " + hold.run_name + " back to its queue? It saves at its " +
+      "next step; a free slot takes it, keeping its place.", "Hand back"],
+     ["stop", "Stop run", "Stop " + hold.run_name + "? The trainer saves a checkpoint at its current step and the " +
+      "run ends; Resume carries it on from there.", "Stop run"]].forEach(([action, label, question, confirm]) => {
+      const form = el("form", null, {method: "post", action: script.dataset.act + hold.run_id + "/" +
+        encodeURIComponent(hold.duty) + "/" + action + "/", "data-confirm": question, "data-confirm-button": confirm,
+        "data-duty-action": action});
+      form.append(el("input", null, {type: "hidden", name: "csrfmiddlewaretoken", value: script.dataset.csrf}));
+      form.append(el("button", label, {type: "submit", class: "btn small " + (action === "stop" ? "danger" : "secondary")}));
+      actions.append(form);
+    });
+    return actions;
+  }
+
   function holdsCell(worker) {
     const cell = el("td");
     if (!worker.holds.length) {
@@ -54,6 +71,7 @@
       const link = el("a", "run " + hold.run_id + " " + hold.run_name, {href: hold.run_url});
       item.append(link, " · ", el("code", hold.duty), " · ");
       item.append(el("span", "since " + ago(hold.since) + ", beat " + ago(hold.last_beat), {class: "muted small"}));
+      if (script.dataset.act) item.append(dutyActions(hold));
       list.append(item);
     });
     cell.append(list);
@@ -110,6 +128,7 @@
   }
 
   function draw(data) {
+    if (document.querySelector(".confirm-pop")) return; // a curator is answering a question: keep it
     ["workers", "lost", "stopped"].forEach((section) => {
       const body = document.querySelector('[data-workers="' + section + '"]');
       const rows = data[section].map((worker) => row(worker, section === "workers"));
@@ -124,7 +143,9 @@
     drawWaiting(data.waiting);
     document.querySelector("[data-workers-summary]").textContent = data.embedded
       ? "embedded"
-      : data.workers.length + " live · " + slotsByQueue(data.workers) + " · " + data.lost.length + " lost";
+      : data.workers.length + " live · " + slotsByQueue(data.workers) + " · " + data.lost.length + " lost" +
+        (data.queued ? " · in the broker: " + Object.keys(data.queued).sort().map((q) => q + " " + data.queued[q]).join(", ")
+          : "");
     document.querySelector("[data-workers-embedded]").hidden = !data.embedded;
     document.querySelector("[data-workers-history]").hidden = data.embedded; // one process: nothing lost
     document.querySelector("[data-workers-updated]").textContent = "updated " + new Date().toLocaleTimeString();

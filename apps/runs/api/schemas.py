@@ -11,7 +11,10 @@ from django.conf import settings
 from django.urls import reverse
 from ninja import Field, Schema
 
+from rftweb.celery import queue_lengths
+
 from .. import capacity, notes, queries
+from ..capacity import ALL_QUEUES
 from ..models import Run
 
 # ---- errors ------------------------------------------------------------------------------------
@@ -298,6 +301,9 @@ class WorkersOut(Schema):
     stopped: list[WorkerOut] = Field(description="stopped in the last day")
     waiting: dict[str, list[WaitingOut]] = Field(
         description="per queue, the duties waiting for a slot, the next to get one first (who asked first)")
+    queued: dict[str, int] | None = Field(
+        description="per queue, the tasks waiting in the broker (Celery's queue length); null embedded or when "
+                    "the broker does not answer")
 
 
 def workers_json(overview: dict, waiting: dict) -> dict:
@@ -307,6 +313,7 @@ def workers_json(overview: dict, waiting: dict) -> dict:
         "heartbeat_timeout_s": settings.RFTWEB_HEARTBEAT_TIMEOUT,
         **{section: [worker.as_json() for worker in workers] for section, workers in overview.items()},
         "waiting": {queue: [one.as_json() for one in duties] for queue, duties in waiting.items()},
+        "queued": queue_lengths(ALL_QUEUES),
     }
 
 

@@ -296,3 +296,32 @@ def test_a_running_duty_says_what_its_engine_does_and_how_long_a_long_phase_has_
     assert state.detail == "rolling out step 13 with v12 · saving a checkpoint at step 12 (45 s) · on runs@gpu-1"
     assert services.heartbeat(run, "loop", "gpu-1:11")  # a beat with nothing new keeps what it said
     assert Run.objects.get(pk=run.pk).heartbeats["loop"]["doing"] == doing
+
+
+def test_a_curator_hands_a_held_duty_back_and_others_may_not(make_run, client, curator, researcher):
+    """The Workers page's duty actions (views.worker_duty; the journey: tests/journeys/
+    test_workers_actions.py): a hand-back asked is on the duty's beat, its line says so, and a
+    heartbeat of the same holder keeps it; a new holding does not inherit it."""
+    worker("runs@gpu-1")
+    run = make_run("r", status=Run.Status.STARTING, heartbeats={})
+    assert services.claim_duty(run, "loop", "gpu-1:11", timeout=60, node="runs@gpu-1")
+    services.mark_started(run, "loop", "gpu-1:11")
+    url = lambda action, duty="loop": reverse("worker-duty", args=[run.pk, duty, action])  # noqa: E731
+    client.force_login(researcher)
+    assert client.post(url("hand-back")).status_code == 403
+    assert "data-act" not in client.get(reverse("worker-list")).content.decode()
+    client.force_login(curator)
+    assert 'data-act="/workers/runs/"' in client.get(reverse("worker-list")).content.decode()
+    assert client.post(url("fly")).status_code == 404 and client.post(url("hand-back", "trainer")).status_code == 404
+    assert client.post(url("hand-back")).status_code == 302
+    beat = Run.objects.get(pk=run.pk).heartbeats["loop"]
+    assert beat["hand_back"]["by"] == "cur"
+    (state,) = capacity.duty_states(Run.objects.get(pk=run.pk))
+    assert state.state == "handing back" and "cur handed it back" in state.detail
+    assert services.heartbeat(run, "loop", "gpu-1:11")
+    assert "hand_back" in Run.objects.get(pk=run.pk).heartbeats["loop"]
+    services.release_duty(run, "loop", "gpu-1:11", handed_back="cur handed it back to its queue")
+    messages = [m.message for m in client.post(url("hand-back"), follow=True).context["messages"]]
+    assert messages[-1] == f"no live worker holds the loop duty of run {run.name!r}"
+    assert services.claim_duty(run, "loop", "gpu-1:11", timeout=60)  # the same process takes it again
+    assert "hand_back" not in Run.objects.get(pk=run.pk).heartbeats["loop"]
