@@ -7,11 +7,11 @@ itself when it is ready and beats while it lives (apps/runs/capacity.py: the Wor
 """
 from billiard.exceptions import WorkerLostError
 from celery import shared_task
-from celery.signals import task_failure, worker_ready, worker_shutdown, worker_shutting_down
+from celery.signals import task_failure, task_postrun, task_prerun, worker_ready, worker_shutdown, worker_shutting_down
 from django.conf import settings
 
 from apps.buffer import retention, search
-from apps.runs import capacity, supervision
+from apps.runs import capacity, supervision, task_log
 
 
 @shared_task(name="workers.tasks.start_run")
@@ -30,8 +30,20 @@ def serve_duty(self, run_id: int, duty: str = "loop") -> str:
 
 @task_failure.connect
 def _serve_duty_lost(sender, task_id, exception, args, kwargs, **_):  # in the worker's main process
-    if getattr(sender, "name", None) == serve_duty.name and isinstance(exception, WorkerLostError):
-        supervision.worker_lost(task_id, *args, cause=str(exception), **kwargs)
+    if isinstance(exception, WorkerLostError):
+        task_log.ended(task_id, "lost", exception)
+        if getattr(sender, "name", None) == serve_duty.name:
+            supervision.worker_lost(task_id, *args, cause=str(exception), **kwargs)
+
+
+@task_prerun.connect
+def _task_started(sender, task_id, args, **_):  # in the process that runs it (the Workers page's task list)
+    task_log.started(task_id, getattr(sender, "name", "?"), args)
+
+
+@task_postrun.connect
+def _task_ended(sender, task_id, retval, state, **_):
+    task_log.ended(task_id, state or "done", retval)
 
 
 @shared_task(name="workers.tasks.watchdog")

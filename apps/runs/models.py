@@ -191,3 +191,21 @@ class Worker(models.Model):
 
     def __str__(self):
         return self.name
+
+
+class TaskRun(models.Model):
+    """A Celery task a worker ran, as the Workers page lists them (Celery Flower's task list):
+    written by the worker at the task's start and end (apps/runs/task_log.py), kept for a day and
+    at most task_log.KEPT rows."""
+
+    task_id = models.CharField(max_length=64, unique=True)
+    name = models.CharField(max_length=100)  # workers.tasks.serve_duty ...
+    args = models.CharField(max_length=200, blank=True)  # repr, cut
+    worker = models.CharField(max_length=255, blank=True)  # its Celery hostname
+    started_at = models.DateTimeField(db_index=True)
+    runtime_s = models.FloatField(null=True, blank=True)  # None while it runs
+    outcome = models.CharField(max_length=16, default="running")  # running | success | failure | lost ...
+    result = models.CharField(max_length=500, blank=True)  # its return value or error, cut
+
+    class Meta:
+        ordering = ["-started_at"]

@@ -90,6 +90,25 @@
     return tr;
   }
 
+  function seconds(s) {
+    if (s === null || s === undefined) return "running";
+    return s < 90 ? s.toFixed(s < 10 ? 2 : 0) + " s" : s < 5400 ? Math.round(s / 60) + " min" : (s / 3600).toFixed(1) + " h";
+  }
+
+  // The newest tasks the workers ran (apps/runs/task_log.py), as Celery Flower lists them.
+  function drawTasks(tasks) {
+    const rows = tasks.map((task) => {
+      const tr = el("tr", null, {"data-task": task.task_id});
+      tr.append(el("td", task.name), el("td", task.args, {class: "small"}), el("td", task.worker || "—"),
+        el("td", ago(task.started_at)), el("td", seconds(task.runtime_s), {class: "num"}),
+        el("td", task.outcome, {class: "outcome " + task.outcome}), el("td", task.result, {class: "muted small"}));
+      return tr;
+    });
+    if (!rows.length) rows.push(el("tr"));
+    if (!tasks.length) rows[0].append(el("td", "None yet.", {colspan: 7, class: "muted"}));
+    document.querySelector("[data-workers-tasks]").replaceChildren(...rows);
+  }
+
   // Per queue, who gets the next free slot (apps/runs/turns.py: the duty that asked first).
   function drawWaiting(waiting) {
     const card = document.querySelector("[data-workers-waiting]");
@@ -141,6 +160,7 @@
       body.replaceChildren(...rows);
     });
     drawWaiting(data.waiting);
+    drawTasks(data.tasks);
     document.querySelector("[data-workers-summary]").textContent = data.embedded
       ? "embedded"
       : data.workers.length + " live · " + slotsByQueue(data.workers) + " · " + data.lost.length + " lost" +

@@ -66,6 +66,9 @@ def test_a_curator_hands_a_duty_back_and_stops_its_run_from_the_workers_page(cur
     page.locator(".confirm-pop").get_by_role("button", name="Hand back").click()
     expect(page.locator(".flash.success")).to_contain_text("Handing back loop of handed back")
     handed_back_and_carried_on(run)
+    page.goto("/workers/")  # the task that served the duty ended: its row says how
+    expect(page.locator("[data-workers-tasks] tr", has_text="serve_duty").filter(has_text="handed back")
+           ).to_contain_text("success")
 
     page.goto("/workers/")
     hold = page.locator("[data-worker='one@localhost'] li", has_text="handed back")
@@ -88,6 +91,8 @@ def test_embedded_a_curator_hands_the_duty_back_to_the_servers_threads(curator, 
         client.force_login(curator)
         assert client.post(url).status_code == 302
         handed_back_and_carried_on(run)
+        tasks = client.get(reverse("api-workers")).json()["tasks"]  # the server's threads log their tasks too
+        assert any(t["name"] == "serve_duty" and t["result"] == "handed back" for t in tasks), tasks
         assert client.post(reverse("worker-duty", args=[run.pk, "loop", "stop"])).status_code == 302
         wait_for(lambda: row(run).status == "stopped", timeout=120, what="the run stopped")
     finally:

@@ -13,7 +13,7 @@ from ninja import Field, Schema
 
 from rftweb.celery import queue_lengths
 
-from .. import capacity, notes, queries
+from .. import capacity, notes, queries, task_log
 from ..capacity import ALL_QUEUES
 from ..models import Run
 
@@ -301,6 +301,9 @@ class WorkersOut(Schema):
     stopped: list[WorkerOut] = Field(description="stopped in the last day")
     waiting: dict[str, list[WaitingOut]] = Field(
         description="per queue, the duties waiting for a slot, the next to get one first (who asked first)")
+    tasks: list[dict[str, Any]] = Field(
+        description="the newest tasks the workers ran (the last day's): task_id, name, args, worker, started_at, "
+                    "runtime_s (null while it runs), outcome (running, success, failure, lost...), result")
     queued: dict[str, int] | None = Field(
         description="per queue, the tasks waiting in the broker (Celery's queue length); null embedded or when "
                     "the broker does not answer")
@@ -314,6 +317,7 @@ def workers_json(overview: dict, waiting: dict) -> dict:
         **{section: [worker.as_json() for worker in workers] for section, workers in overview.items()},
         "waiting": {queue: [one.as_json() for one in duties] for queue, duties in waiting.items()},
         "queued": queue_lengths(ALL_QUEUES),
+        "tasks": task_log.recent(),
     }
 
 
