@@ -132,7 +132,15 @@ MATRIX = {
     "annotate-api-progress": Entry("LAAAA"),
     # capacity: every researcher sees every worker and what it holds (run names included)
     "worker-list": Entry("LDAAA"),
+    # a curator hands a held duty back or stops its run from the Workers page (none is held here: a
+    # message says so, and the page comes back)
+    "worker-duty": Entry("LDDDA", method="post", kwargs=lambda o: {"pk": o.run.pk, "duty": "loop",
+                                                                   "action": "hand-back"}),
     "api-workers": Entry("UDAAA", api=True),
+    # tasksets through the API: researchers; an import is its uploader's (and curators'), as on the pages
+    "api-tasksets": Entry("UDAAA", api=True),
+    "api-taskset": Entry("UDAAA", api=True, kwargs=lambda o: {"name": o.taskset.name}),
+    "api-taskset-import": Entry("UDANA", api=True, kwargs=lambda o: {"pk": o.job.pk}),
     # the JSON API, with each user's token
     "api-index": Entry("UDAAA", api=True),
     "api-schema": Entry("UDAAA", api=True),  # the OpenAPI document, as the API it describes

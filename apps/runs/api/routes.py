@@ -7,13 +7,14 @@ from functools import cache
 
 from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
-from django.core.paginator import Paginator
+from django.db.models import Prefetch
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.views.decorators.cache import never_cache
 from ninja import NinjaAPI, Query, Status, Swagger
 
 from apps.accounts.roles import RESEARCHER, role_required
+from apps.feedback.models import Feedback
 from workers.rft.config import ConfigError, ConfigIssue, parse_config_text
 from workers.rft.json_values import text_problem
 
@@ -22,6 +23,7 @@ from ..controls import control_run
 from ..forms import RolloutFilterForm, RunFilterForm
 from ..models import MetricPoint, Run
 from .auth import ApiError, BearerToken, Session, add_error_handlers
+from .paging import page_of
 from .schemas import (
     DutiesOut,
     ErrorOut,
@@ -42,9 +44,8 @@ from .schemas import (
     run_json,
     workers_json,
 )
+from .tasksets import router as tasksets_router
 from .tokens import token_for
-
-PAGE_SIZE, MAX_PAGE_SIZE = 50, 500
 
 
 class RftwebAPI(NinjaAPI):
@@ -75,6 +76,7 @@ api = RftwebAPI(
     docs=SchemaSwagger(),
 )
 add_error_handlers(api)
+api.add_router("/tasksets/", tasksets_router)
 
 REFUSED = {401: ErrorOut, 403: ErrorOut}  # no token or session; not a researcher, or no CSRF token
 RUN_REFUSED = {**REFUSED, 404: ErrorOut}  # no such run
@@ -83,17 +85,6 @@ CONTROL_REFUSED = {**RUN_REFUSED, 409: ErrorOut}  # not offered in the run's sta
 
 def _run(pk) -> Run:
     return get_object_or_404(queries.with_latest_explorer_metrics(Run.objects.select_related("owner")), pk=pk)
-
-
-def _page(items, page, page_size) -> dict:
-    """`{count, page, pages}` and the page's items; a page size that is not a number is the default."""
-    try:
-        size = min(max(int(page_size or PAGE_SIZE), 1), MAX_PAGE_SIZE)
-    except ValueError:
-        size = PAGE_SIZE
-    found = Paginator(items, size).get_page(page)
-    return {"count": found.paginator.count, "page": found.number, "pages": found.paginator.num_pages,
-            "results": found.object_list}
 
 
 def _valid(form):
@@ -146,7 +137,7 @@ def list_runs(request, filters: Query[RunFilters]):
     """Newest first."""
     form = _valid(RunFilterForm(filters.dict(exclude={"page", "page_size"}, exclude_none=True)))
     listed = form.filter(queries.with_latest_explorer_metrics(Run.objects.select_related("owner")))
-    page = _page(listed, filters.page, filters.page_size)
+    page = page_of(listed, filters.page, filters.page_size)
     return {**page, "results": [run_json(run) for run in page["results"]]}
 
 
@@ -226,8 +217,8 @@ def run_experiences(request, pk: int, filters: Query[ExperienceFilters]):
     form = _valid(RolloutFilterForm(filters.dict(exclude={"page", "page_size"}, exclude_none=True)))
     experiences = queries.experiences_for_browsing(form.filter(run.experiences.all())).order_by(
         "-explorer_step", "group_id", "rollout_index", "pk"
-    )
-    page = _page(experiences, filters.page, filters.page_size)
+    ).prefetch_related(Prefetch("feedback", Feedback.objects.select_related("user").order_by("created_at", "pk")))
+    page = page_of(experiences, filters.page, filters.page_size)
     return {**page, "results": [experience_json(e) for e in page["results"]]}
 
 

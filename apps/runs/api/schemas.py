@@ -165,6 +165,17 @@ class MetricsOut(Schema):
     metrics: dict[str, list[MetricPointOut]] = Field(description="by role, each in step order")
 
 
+class FeedbackOut(Schema):
+    kind: str = Field(description="rating, edit, comparison or flag")
+    value: float | None = Field(description="a rating normalised to [0, 1]; 1 for the preferred side of a comparison")
+    label: str = Field(description="the scale point, the comparison's verdict or the flag's reason")
+    edited_text: str
+    other: int | None = Field(description="a comparison's other experience")
+    comment: str
+    annotator: str
+    created_at: datetime
+
+
 class ExperienceOut(Schema):
     id: int
     explorer_step: int
@@ -181,6 +192,7 @@ class ExperienceOut(Schema):
     response_tokens: int | None
     task_id: int | None
     annotate_url: str
+    feedback: list[FeedbackOut] = Field(description="the human judgements of it, oldest first")
 
 
 class ExperiencePage(Schema):
@@ -248,6 +260,9 @@ def experience_json(experience) -> dict:
         "response_tokens": queries.response_tokens(experience),
         "task_id": experience.task_id,
         "annotate_url": f"/annotate/experience/{experience.pk}/",
+        "feedback": [{"kind": f.kind, "value": f.value, "label": f.label, "edited_text": f.edited_text,
+                      "other": f.other_id, "comment": f.comment, "annotator": f.user.get_username(),
+                      "created_at": f.created_at} for f in experience.feedback.all()],
     }
 
 

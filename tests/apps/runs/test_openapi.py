@@ -7,6 +7,7 @@ import re
 from datetime import timedelta
 
 import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver, resolve, reverse
 from django.utils import timezone
@@ -101,7 +102,8 @@ def test_every_operation_documents_its_answers_and_its_auth(spec):
 
 def request_body(path, method, operation, run) -> dict | None:
     """A valid body for each operation that takes one (a new one must be added here)."""
-    bodies = {("post", "/api/runs/"): {"name": "documented", "config": preset_config("quick-demo")}}
+    bodies = {("post", "/api/runs/"): {"name": "documented", "config": preset_config("quick-demo")},
+              ("post", "/api/tasksets/"): None}  # multipart, sent by the test below
     if "requestBody" in operation:
         return bodies[(method, path)]
     return None
@@ -111,15 +113,29 @@ def request_body(path, method, operation, run) -> dict | None:
 STATUS_BEFORE = {"pause": Status.RUNNING, "resume": Status.PAUSED, "stop": Status.RUNNING}
 
 
-def test_each_documented_operation_answers_a_token_as_documented(spec, script, busy_run, tasksets, worker_queue):
+def test_each_documented_operation_answers_a_token_as_documented(spec, script, busy_run, tasksets, worker_queue,
+                                                                 researcher, monkeypatch):
+    from apps.core import jobs
+    from apps.tasksets.models import TasksetImport
+
+    monkeypatch.setattr(jobs, "enqueue_job", lambda job: None)  # the upload's import is not run here
+    job = TasksetImport.objects.create(original_filename="a.jsonl", name="uploaded", format="jsonl",
+                                       default_workflow="single_turn", default_reward_fn="exact_match",
+                                       created_by=researcher)
+    ids = {"/api/tasksets/imports/{pk}/": job.pk}
     called = 0
     for path, method, operation in operations(spec):
         action = path.rstrip("/").rsplit("/", 1)[-1]
         if action in STATUS_BEFORE:
             Run.objects.filter(pk=busy_run.pk).update(status=STATUS_BEFORE[action])
-        url = path.replace("{pk}", str(busy_run.pk))
-        body = request_body(path, method, operation, busy_run)
-        response = getattr(script, method)(url, json.dumps(body) if body else None, content_type="application/json")
+        url = path.replace("{pk}", str(ids.get(path, busy_run.pk))).replace("{name}", tasksets[0].name)
+        if (method, path) == ("post", "/api/tasksets/"):  # multipart: a file and its form fields
+            upload = SimpleUploadedFile("sums.jsonl", b'{"prompt": "1+1?", "answer": "2"}\n')
+            response = script.post(url, {"file": upload, "name": "documented-upload"})
+        else:
+            body = request_body(path, method, operation, busy_run)
+            response = getattr(script, method)(url, json.dumps(body) if body else None,
+                                               content_type="application/json")
         status = str(response.status_code)
         assert status.startswith("2") and status in operation["responses"], (method, path, response.content[:300])
         documented = operation["responses"][status]["content"]["application/json"]["schema"]
