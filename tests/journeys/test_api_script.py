@@ -82,3 +82,7 @@ def test_a_script_uploads_a_taskset_launches_a_run_and_downloads_what_it_wrote_w
     assert (judgement["kind"], judgement["label"], judgement["comment"], judgement["annotator"]) == (
         "rating", "4", "close", annotator.username)
     assert all(e["feedback"] == [] for i, e in by_id.items() if i != rated.pk)
+    progress = client.get(f"{run_url}annotation/").json()  # how far the annotators got
+    assert progress["judgements"]["rating"] == 1 and progress["rated_experiences"] == 1
+    assert progress["per_annotator"] == [{"annotator": annotator.username, "kind": "rating", "count": 1,
+                                          "mean_seconds": 0.0}]

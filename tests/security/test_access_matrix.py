@@ -150,6 +150,7 @@ MATRIX = {
     "api-run-duties": Entry("UDAAA", api=True, kwargs=run),
     "api-run-metrics": Entry("UDAAA", api=True, kwargs=run),
     "api-run-experiences": Entry("UDAAA", api=True, kwargs=run),
+    "api-run-annotation": Entry("UDAAA", api=True, kwargs=run),
     "api-run-pause": Entry("UDADA", api=True, method="post", kwargs=run, changed=status_is(Status.PAUSED)),
     "api-run-resume": Entry(
         "UDADA", api=True, method="post", kwargs=run, run_status=Status.PAUSED, changed=status_is(Status.RUNNING)

@@ -14,6 +14,7 @@ from django.views.decorators.cache import never_cache
 from ninja import NinjaAPI, Query, Status, Swagger
 
 from apps.accounts.roles import RESEARCHER, role_required
+from apps.feedback import stats
 from apps.feedback.models import Feedback
 from workers.rft.config import ConfigError, ConfigIssue, parse_config_text
 from workers.rft.json_values import text_problem
@@ -25,6 +26,7 @@ from ..models import MetricPoint, Run
 from .auth import ApiError, BearerToken, Session, add_error_handlers
 from .paging import page_of
 from .schemas import (
+    AnnotationOut,
     DutiesOut,
     ErrorOut,
     ExperienceFilters,
@@ -207,6 +209,16 @@ def run_metrics(request, pk: int, filters: Query[MetricFilters]):
         raise ApiError(400, f"role must be one of: {', '.join(MetricPoint.Role.values)}")
     metrics = queries.metrics_by_role(run, role=role, since=None if since is None else int(since))
     return {"run": run.pk, "name": run.name, "metrics": metrics}
+
+
+@api.get("/runs/{pk}/annotation/", response={200: AnnotationOut, **RUN_REFUSED}, url_name="api-run-annotation",
+         summary="A run's annotation progress")
+def run_annotation(request, pk: int):
+    """What the annotators did: judgements by kind and by annotator, and how far they agree."""
+    run = get_object_or_404(Run, pk=pk)
+    done = stats.summary(run)
+    done.pop("human_reward_by_step")
+    return {"run": run.pk, **done, "per_annotator": stats.per_annotator(run), "agreement": stats.agreement(run)}
 
 
 @api.get("/runs/{pk}/experiences/", response={200: ExperiencePage, 400: ErrorOut, **RUN_REFUSED},

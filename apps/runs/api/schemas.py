@@ -165,6 +165,27 @@ class MetricsOut(Schema):
     metrics: dict[str, list[MetricPointOut]] = Field(description="by role, each in step order")
 
 
+class AnnotatorWorkOut(Schema):
+    annotator: str
+    kind: str
+    count: int
+    mean_seconds: float | None = Field(description="mean seconds spent on an item")
+
+
+class AnnotationOut(Schema):
+    run: int
+    judgements: dict[str, int] = Field(description="by kind: rating, edit, comparison, flag")
+    rated_experiences: int
+    flagged_experiences: int
+    human_edits: int
+    dpo_pairs: int
+    human_reward: float | None = Field(description="the mean normalised rating of the rated experiences")
+    per_annotator: list[AnnotatorWorkOut] = Field(description="judgements and mean seconds, per annotator and kind")
+    agreement: dict[str, float | int | None] = Field(
+        description="over the items rated more than once: their count, percent agreement and Krippendorff's "
+                    "alpha (interval metric; apps/feedback/stats.py)")
+
+
 class FeedbackOut(Schema):
     kind: str = Field(description="rating, edit, comparison or flag")
     value: float | None = Field(description="a rating normalised to [0, 1]; 1 for the preferred side of a comparison")
