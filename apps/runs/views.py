@@ -22,7 +22,7 @@ from apps.core.streaming import streaming
 from apps.tasksets.models import Task, Taskset
 from workers.rft.config import ConfigError
 
-from . import capacity, queries, services, supervision, turns
+from . import capacity, queries, services, supervision, turns, waits
 from .api import token_for, token_or_session, workers_json
 from .checkpoints import run_checkpoint_dir, tar_stream
 from .controls import control_run, control_statuses, may_control
@@ -48,7 +48,7 @@ def _summarized(runs) -> list[Run]:
     for run in runs:
         run.progress = queries.run_progress(run)
         run.latest_reward = queries.latest_reward(run)
-        run.shown_status = capacity.shown_status(run)
+        run.shown_status = waits.shown_status(run)
         run.shown_tags = shown_tags(run.tags)
     return runs
 
@@ -116,14 +116,14 @@ def run_launch(request):
                     form.add_config_errors(err)
                 else:
                     messages.success(request, f"Launched {run.name}.")
-                    for warning in capacity.launch_warnings(run.config, run.pk):
+                    for warning in waits.launch_warnings(run.config, run.pk):
                         messages.warning(request, warning)
                     return redirect("run-detail", pk=run.pk)
     else:
         config, name, preset = _starting_point(request)
         form = LaunchForm.for_config(config, name=name)
     return render(request, "runs/launch.html", {"form": form, "presets": PRESETS, "preset_name": preset,
-                                                "capacity": capacity.free_slots()})
+                                                "capacity": waits.free_slots()})
 
 
 def _starting_point(request) -> tuple[dict, str, str | None]:
@@ -144,7 +144,7 @@ def run_detail(request, pk):
     run.shown_tags = shown_tags(run.tags)
     figures = queries.key_figures(run)
     progress_counter = "explorer_step" if run.mode == Run.Mode.EXPLORE else "trainer_step"  # as run_progress counts
-    duties = capacity.duties_json(run)
+    duties = waits.duties_json(run)
     run.shown_status = duties["shown_status"]  # as the runs list says it: queued until a worker takes it
     controls = control_statuses()
     retired_job = run.buffer_retired_at and run.buffer_retirement.get("job")

@@ -1,5 +1,5 @@
 // The run page's duties: which worker serves each part of the run, or what it waits for
-// (apps/runs/capacity.duty_states), drawn from the copy in the page, then polled from
+// (apps/runs/waits.duty_states), drawn from the copy in the page, then polled from
 // /api/runs/<id>/duties/ every heartbeat interval while the run is active.
 "use strict";
 
@@ -36,7 +36,7 @@
     return line;
   }
 
-  // The header's status as the runs list says it (capacity.shown_status): "queued" while no worker
+  // The header's status as the runs list says it (waits.shown_status): "queued" while no worker
   // has taken a duty yet, where the run's own status says "starting".
   const badge = document.getElementById("run-status");
 

@@ -40,7 +40,7 @@ import psutil
 import pytest
 
 from apps.buffer.models import Experience
-from apps.runs import capacity, services
+from apps.runs import services, waits
 from apps.runs.models import MetricPoint, Run
 from tests.support import make_taskset, wait_for
 
@@ -112,7 +112,7 @@ def test_a_killed_worker_is_replaced_by_the_watchdog_and_the_run_completes(resea
     # What the run page polls every heartbeat interval says so as soon as the killed process is
     # gone (reaped): a worker of this machine is known lost at once, well before the
     # RFTWEB_HEARTBEAT_TIMEOUT (6 s here) after which one on another machine would be.
-    wait_for(lambda: [s for s in capacity.duty_states(run_row(run)) if s.state in ("lost", "handed over")],
+    wait_for(lambda: [s for s in waits.duty_states(run_row(run)) if s.state in ("lost", "handed over")],
              timeout=0.75 * float(processes.env["RFTWEB_HEARTBEAT_TIMEOUT"]), what="the loss shown", every=0.1)
 
     processes.worker()  # the supervisor brings the worker back
@@ -212,8 +212,8 @@ def test_a_worker_stopped_in_order_hands_its_run_back_and_a_new_one_carries_on(r
     wait_for(lambda: run_row(run).heartbeats["loop"].get("handovers") == 0, what="the watchdog sending it on")
     time.sleep(3 * float(processes.env["RFTWEB_HEARTBEAT_TIMEOUT"]))
     row = run_row(run)
-    assert row.status == "running" and capacity.shown_status(row) == "waiting"
-    (state,) = capacity.duty_states(row)
+    assert row.status == "running" and waits.shown_status(row) == "waiting"
+    (state,) = waits.duty_states(row)
     assert state.state == "handed over" and "none is live" in state.detail, state
 
     for process in (jobs, beat_process):  # the rest of the stack goes down too, in order
@@ -260,7 +260,7 @@ def test_a_run_handed_back_by_a_restart_keeps_its_slot_ahead_of_a_run_launched_a
              timeout=180, what="the first run training again")
     row = run_row(later)
     assert "loop" not in row.heartbeats, "the run launched later took the slot"
-    (state,) = capacity.duty_states(row)
+    (state,) = waits.duty_states(row)
     assert state.state == "waiting" and "it is next" in state.detail, state
     wait_for(lambda: run_row(first).is_finished, what="the first run completing")
     wait_for(lambda: run_row(later).trainer_step >= 1, timeout=180, what="the later run served next")

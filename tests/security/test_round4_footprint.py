@@ -5,7 +5,7 @@ process passed 3 GB within seconds and was killed, 7 kills in 58 s. Finding 15: 
 on a 2-core machine without a GPU were accepted. A launch now estimates what the run's processes
 hold (workers/rft/footprint.py) and checks it, and the ranks a machine runs, against the live
 workers that would serve it (apps/runs/config_checks.fit_issues, in services.validate_config):
-refused naming the keys with the figure; warned (capacity.launch_warnings) past 70 % of a worker's
+refused naming the keys with the figure; warned (waits.launch_warnings) past 70 % of a worker's
 memory, when only some of the workers could host it, and, with none live, against this machine.
 
 The workers here register as a real one does (capacity.register), then take the figures of the

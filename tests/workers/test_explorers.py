@@ -9,7 +9,7 @@ import pytest
 from django.urls import reverse
 
 from apps.buffer.models import Experience
-from apps.runs import capacity, services
+from apps.runs import services, waits
 from apps.runs.models import ExplorerGroup, ExplorerStep, Run
 from apps.runs.supervision import run_dir
 from tests.support import wait_for
@@ -60,7 +60,7 @@ def test_two_explorers_share_each_step_and_store_what_one_explorer_would(celery_
     wait_for(lambda: Run.objects.get(pk=two.pk).status == "running", what="the run starting", every=0.05)
     services.pause_run(two)
     wait_for(lambda: all("loaded the model" in state.detail or state.state == "running"
-                         for state in capacity.duty_states(Run.objects.get(pk=two.pk)) if state.duty != "trainer"),
+                         for state in waits.duty_states(Run.objects.get(pk=two.pk)) if state.duty != "trainer"),
              what="both explorers loaded")
     services.resume_run(two)
     wait_for(lambda: finished(two), what="the two-explorer run")

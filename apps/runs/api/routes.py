@@ -19,7 +19,7 @@ from apps.feedback.models import Feedback
 from workers.rft.config import ConfigError, ConfigIssue, parse_config_text
 from workers.rft.json_values import text_problem
 
-from .. import capacity, queries, services, turns
+from .. import capacity, queries, services, turns, waits
 from ..controls import control_run
 from ..forms import RolloutFilterForm, RunFilterForm
 from ..models import MetricPoint, Run
@@ -168,7 +168,7 @@ def launch_run(request):
             400, "invalid config", errors=[{"key": issue.key, "message": issue.message} for issue in err.errors]
         ) from None
     answer = run_json(_run(run.pk), detail=True)
-    answer["warnings"] = capacity.launch_warnings(run.config, run.pk)
+    answer["warnings"] = waits.launch_warnings(run.config, run.pk)
     return Status(201, answer)
 
 
@@ -194,7 +194,7 @@ def run_detail(request, pk: int):
          summary="A run's duties")
 def run_duties(request, pk: int):
     """Which worker serves each duty, or what each waits for (the run page polls it)."""
-    return capacity.duties_json(get_object_or_404(Run, pk=pk))
+    return waits.duties_json(get_object_or_404(Run, pk=pk))
 
 
 @api.get("/runs/{pk}/metrics/", response={200: MetricsOut, 400: ErrorOut, **RUN_REFUSED},

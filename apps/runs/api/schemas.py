@@ -13,7 +13,7 @@ from ninja import Field, Schema
 
 from rftweb.celery import queue_lengths
 
-from .. import capacity, notes, queries, task_log
+from .. import notes, queries, task_log, waits
 from ..capacity import ALL_QUEUES
 from ..models import Run
 
@@ -230,7 +230,7 @@ def run_json(run: Run, *, detail: bool = False) -> dict:
         "name": run.name,
         "owner": run.owner.username,
         "status": run.status,
-        "shown_status": capacity.shown_status(run),
+        "shown_status": waits.shown_status(run),
         "mode": run.mode,
         "explorer_step": run.explorer_step,
         "trainer_step": run.trainer_step,
@@ -247,7 +247,7 @@ def run_json(run: Run, *, detail: bool = False) -> dict:
         "url": reverse("run-detail", args=[run.pk]),
     }
     if detail:
-        data["duties"] = capacity.duties_json(run)["duties"]
+        data["duties"] = waits.duties_json(run)["duties"]
         data["config"] = run.config
         data["resumes"] = run.resumes
         data["buffer_retired"] = run.buffer_retired_at and {"at": run.buffer_retired_at.isoformat(),

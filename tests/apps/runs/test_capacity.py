@@ -8,7 +8,7 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from apps.runs import capacity, services
+from apps.runs import capacity, services, waits
 from apps.runs.api import token_for
 from apps.runs.models import Run, Worker
 
@@ -134,7 +134,7 @@ def test_each_duty_says_where_it_stands_and_what_a_waiting_one_waits_for(busy, m
     one, two = busy
     run = make_run("wide", status=Run.Status.RUNNING, config=SPLIT,
                    heartbeats={"explorer": started(held_by("explore@gpu-2"))})
-    states = {s.duty: s for s in capacity.duty_states(run)}
+    states = {s.duty: s for s in waits.duty_states(run)}
     assert [s.duty for s in states.values()] == ["explorer", "explorer-1", "trainer"]
     assert (states["explorer"].state, states["explorer"].node) == ("running", "explore@gpu-2")
     waiting = states["trainer"]
@@ -142,8 +142,8 @@ def test_each_duty_says_where_it_stands_and_what_a_waiting_one_waits_for(busy, m
     assert "all 3 slots busy" in waiting.detail  # runs@gpu-1's 2 and explore@gpu-2's 1 (both take train)
     assert f"run {one.pk} demo (loop)" in waiting.detail and f"run {two.pk} two explorers (trainer)" in waiting.detail
     assert states["explorer-1"].state == "waiting" and "`explore` worker" in states["explorer-1"].detail
-    assert capacity.shown_status(run) == "queued"  # not "running" until every duty started
-    answer = capacity.duties_json(run)
+    assert waits.shown_status(run) == "queued"  # not "running" until every duty started
+    answer = waits.duties_json(run)
     assert (answer["explorers"], answer["explorers_running"], answer["shown_status"]) == (2, 1, "queued")
 
 
@@ -159,7 +159,7 @@ def test_starting_lost_handed_over_and_ended_duties(make_run):
         "explorer-3": {**started(held_by("train@gpu-1")), "ended": timezone.now().isoformat(),
                        "handed_back": "its worker train@gpu-1 is shutting down"},
     })
-    states = {s.duty: s for s in capacity.duty_states(run)}
+    states = {s.duty: s for s in waits.duty_states(run)}
     assert {duty: s.state for duty, s in states.items()} == {
         "trainer": "starting", "explorer": "handing back", "explorer-1": "lost", "explorer-2": "handed over",
         "explorer-3": "handed over",
@@ -169,20 +169,20 @@ def test_starting_lost_handed_over_and_ended_duties(make_run):
     assert "fell silent 600 s ago" in states["explorer-1"].detail
     assert "hand-over 2" in states["explorer-2"].detail
     assert "is shutting down" in states["explorer-3"].detail and "`explore` worker" in states["explorer-3"].detail
-    assert capacity.shown_status(run) == "waiting"  # every duty was taken once; some wait to be taken again
+    assert waits.shown_status(run) == "waiting"  # every duty was taken once; some wait to be taken again
     run.status = Run.Status.COMPLETED
-    ended = {s.duty: s.state for s in capacity.duty_states(run)}["explorer-3"]
-    assert ended == "ended" and capacity.shown_status(run) == "completed"
+    ended = {s.duty: s.state for s in waits.duty_states(run)}["explorer-3"]
+    assert ended == "ended" and waits.shown_status(run) == "completed"
 
 
 def test_started_is_stamped_when_the_engine_runs_and_kept_while_the_worker_beats(make_run):
     run = make_run("r", status=Run.Status.STARTING, heartbeats={})
     assert services.claim_duty(run, "loop", "gpu-1:11", timeout=60, node="runs@gpu-1")
     run.refresh_from_db()
-    assert [s.state for s in capacity.duty_states(run)] == ["starting"]
+    assert [s.state for s in waits.duty_states(run)] == ["starting"]
     services.mark_started(run, "loop", "gpu-1:11")
     run.refresh_from_db()
-    assert run.status == Run.Status.RUNNING and [s.state for s in capacity.duty_states(run)] == ["running"]
+    assert run.status == Run.Status.RUNNING and [s.state for s in waits.duty_states(run)] == ["running"]
     stamp = run.heartbeats["loop"]["started"]
     assert services.heartbeat(run, "loop", "gpu-1:11")
     assert Run.objects.get(pk=run.pk).heartbeats["loop"]["started"] == stamp
@@ -192,7 +192,7 @@ def test_started_is_stamped_when_the_engine_runs_and_kept_while_the_worker_beats
 
 def test_a_duty_waiting_with_no_worker_on_its_queue_says_how_to_add_one(make_run):
     run = make_run("r", status=Run.Status.STARTING, heartbeats={})
-    (state,) = capacity.duty_states(run)
+    (state,) = waits.duty_states(run)
     assert state.state == "waiting" and "none is live" in state.detail
     assert "celery -A rftweb worker -Q train" in state.detail
 
@@ -200,19 +200,19 @@ def test_a_duty_waiting_with_no_worker_on_its_queue_says_how_to_add_one(make_run
 def test_launch_warnings_follow_the_free_slots(busy, settings):
     # runs@gpu-1 (2 slots, both busy) and explore@gpu-2 (1 slot, busy) take both queues
     one, two = busy
-    (train,) = capacity.launch_warnings({})  # a loop run: one train slot, none free
+    (train,) = waits.launch_warnings({})  # a loop run: one train slot, none free
     assert "needs 1 `train` slot(s) and 0 are free" in train and "celery -A rftweb worker -Q train" in train
-    assert capacity.launch_warnings({}, run_id=two.pk) == []  # what the run itself took counts as free
+    assert waits.launch_warnings({}, run_id=two.pk) == []  # what the run itself took counts as free
     worker("more@gpu-6", slots=4)  # 4 free slots on both queues
-    assert capacity.launch_warnings(SPLIT) == []
+    assert waits.launch_warnings(SPLIT) == []
     nccl = {**SPLIT, "synchronizer": {"method": "nccl"}, "explorer": {"engine_num": 6}}
-    (explore,) = capacity.launch_warnings(nccl)
+    (explore,) = waits.launch_warnings(nccl)
     assert "nccl sends the weights to all 6 explorers" in explore and "4 `explore` slot(s) are free" in explore
     checkpoint = {**SPLIT, "explorer": {"engine_num": 6}}
-    (starts_with,) = capacity.launch_warnings(checkpoint)
+    (starts_with,) = waits.launch_warnings(checkpoint)
     assert "the run starts with 4" in starts_with
     settings.RFTWEB_EMBEDDED = True
-    assert capacity.launch_warnings(nccl) == []  # embedded: threads of the server, no slots
+    assert waits.launch_warnings(nccl) == []  # embedded: threads of the server, no slots
 
 
 def test_the_run_page_and_the_api_show_the_duties(busy, make_run, researcher_client, researcher):
@@ -239,13 +239,13 @@ def test_a_stopping_or_stopped_run_waits_for_no_worker(make_run):
                      "handed_back": "its worker train@gpu-1 is shutting down"},
     }
     run = make_run("stopping", status=Run.Status.STOPPING, config=SPLIT, heartbeats=beats)
-    states = {s.duty: s for s in capacity.duty_states(run)}
+    states = {s.duty: s for s in waits.duty_states(run)}
     assert {duty: s.state for duty, s in states.items()} == {  # explorer-1 was never taken: nor will it be
         "trainer": "stopping", "explorer": "ended", "explorer-1": "ended"}
     assert "saves what a resume needs" in states["trainer"].detail
     assert states["explorer"].detail == states["explorer-1"].detail == "the run is stopping"
     run.status = Run.Status.STOPPED
-    assert {s.duty: (s.state, s.detail) for s in capacity.duty_states(run)} == dict.fromkeys(
+    assert {s.duty: (s.state, s.detail) for s in waits.duty_states(run)} == dict.fromkeys(
         ["trainer", "explorer", "explorer-1"], ("ended", "the run stopped"))
 
 
@@ -262,11 +262,11 @@ def test_a_duty_waiting_for_workers_the_demo_is_starting_says_so(make_run):
     run = make_run("early", status=Run.Status.STARTING, heartbeats={})
     capacity.workers_starting({"train": ["train@here"]})
     try:
-        (state,) = capacity.duty_states(run)
+        (state,) = waits.duty_states(run)
         assert state.detail == "waiting for a `train` worker: train@here is starting on this machine"
     finally:
         capacity.shared_cache.delete(capacity.STARTING_KEY)
-    (state,) = capacity.duty_states(run)
+    (state,) = waits.duty_states(run)
     assert "none is live" in state.detail
 
 
@@ -275,7 +275,7 @@ def test_a_duty_that_went_on_from_a_checkpoint_says_so(make_run):
     worker("train@gpu-1")
     run = make_run("restarted", status=Run.Status.RUNNING, heartbeats={
         "loop": {**started(held_by("train@gpu-1")), "from_checkpoint": {"version": 285, "step": 285}}})
-    (state,) = capacity.duty_states(run)
+    (state,) = waits.duty_states(run)
     assert state.state == "running" and state.detail == "on train@gpu-1, from checkpoint v285 (trainer step 285)"
 
 
@@ -291,7 +291,7 @@ def test_a_running_duty_says_what_its_engine_does_and_how_long_a_long_phase_has_
     doing = [{"role": "explorer", "what": "rolling out step 13 with v12", "since": time.time() - 2},
              {"role": "trainer", "what": "saving a checkpoint at step 12", "since": time.time() - 45}]
     assert services.heartbeat(run, "loop", "gpu-1:11", doing)
-    (state,) = capacity.duty_states(Run.objects.get(pk=run.pk))
+    (state,) = waits.duty_states(Run.objects.get(pk=run.pk))
     assert state.state == "running"
     assert state.detail == "rolling out step 13 with v12 · saving a checkpoint at step 12 (45 s) · on runs@gpu-1"
     assert services.heartbeat(run, "loop", "gpu-1:11")  # a beat with nothing new keeps what it said
@@ -316,7 +316,7 @@ def test_a_curator_hands_a_held_duty_back_and_others_may_not(make_run, client, c
     assert client.post(url("hand-back")).status_code == 302
     beat = Run.objects.get(pk=run.pk).heartbeats["loop"]
     assert beat["hand_back"]["by"] == "cur"
-    (state,) = capacity.duty_states(Run.objects.get(pk=run.pk))
+    (state,) = waits.duty_states(Run.objects.get(pk=run.pk))
     assert state.state == "handing back" and "cur handed it back" in state.detail
     assert services.heartbeat(run, "loop", "gpu-1:11")
     assert "hand_back" in Run.objects.get(pk=run.pk).heartbeats["loop"]

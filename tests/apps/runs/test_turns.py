@@ -10,7 +10,7 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from apps.runs import capacity, services, supervision, turns
+from apps.runs import capacity, services, supervision, turns, waits
 from apps.runs.models import Run, Worker
 
 RUNNING = Run.Status.RUNNING
@@ -94,9 +94,9 @@ def test_a_waiting_duty_says_how_many_go_before_it_and_the_workers_page_shows_ea
                           last_seen=now)
     make_run("holder", status=RUNNING, heartbeats={"loop": {
         "at": now.isoformat(), "worker": "gpu-1:3", "node": "train@gpu-1", "since": now.isoformat()}})
-    (state,) = capacity.duty_states(Run.objects.get(pk=later.pk))
+    (state,) = waits.duty_states(Run.objects.get(pk=later.pk))
     assert state.state == "waiting" and "1 duty asked before it and goes first" in state.detail, state.detail
-    (state,) = capacity.duty_states(Run.objects.get(pk=demo.pk))
+    (state,) = waits.duty_states(Run.objects.get(pk=demo.pk))
     assert state.state == "handed over" and "it is next" in state.detail, state.detail
 
     data = researcher_client.get(reverse("api-workers")).json()
