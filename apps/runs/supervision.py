@@ -255,7 +255,10 @@ def serve_claimed(run: Run, duty: str, me: str) -> str:
         _activities.pop((run_id, duty), None)
         try:  # let the duty go (failing the run with the error, if any): it may be resumed at once
             services.release_duty(run, duty, me, error=failure, broke=broke, handed_back=handed_back)
-            if handed_back and run.status in Run.SERVED:  # queued now, keeping its place (turns.py)
+            # Queued now, keeping its place (turns.py); but not by an embedded server shutting down,
+            # whose new thread would take it back at once: the next start's watchdog sends it on.
+            if handed_back and run.status in Run.SERVED and not (
+                    settings.RFTWEB_EMBEDDED and capacity.node_stopping(None)):
                 send(run, [duty])
         except DATABASE_LOST:
             log.warning("run %s (%s): the database is gone; the duty's heartbeat expires instead", run_id, duty)
