@@ -374,16 +374,16 @@ def claim_duty(run: Run, duty: str, worker: str, timeout: float, node: str | Non
     claiming Celery `task` goes on the heartbeat, and out of Run.queued_tasks, claimed or not."""
     with transaction.atomic():
         locked = Run.objects.select_for_update().get(pk=run.pk)
-        sent = locked.queued_tasks.get(duty, {})
-        came = task is not None and sent.get("task") == task
+        entry = locked.queued_tasks.get(duty, {})
+        came = task is not None and entry.get("task") == task
         if came:
             locked.queued_tasks = {key: sent for key, sent in locked.queued_tasks.items() if key != duty}
         claimed = (locked.status in Run.SERVED and duty in duties_of_run(locked)
                    and holder(locked, duty, timeout) in (None, HANDED_OVER, worker))
         if claimed:
             _write_beat(locked, duty, worker, node, task)
-            if came and "asked" in sent:  # its place in the queue, kept for a hand-over (turns.py)
-                locked.heartbeats[duty]["asked"] = sent["asked"]
+            if came and "asked" in entry:  # its place in the queue, kept for a hand-over (turns.py)
+                locked.heartbeats[duty]["asked"] = entry["asked"]
         if claimed or came:
             locked.save(update_fields=["heartbeats", "queued_tasks"])
     return claimed

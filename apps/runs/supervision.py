@@ -412,8 +412,10 @@ def watchdog() -> list[tuple[int, str]]:
             if not services.workers_holding(run):
                 services.set_status(run, Status.STOPPED)
             continue
-        with transaction.atomic():  # a duty a worker turned to and never claimed: sent again below
-            lapsed = turns.untaken(Run.objects.select_for_update().get(pk=run.pk), timeout)
+        lapsed = []
+        if any(sent.get("taken") for sent in run.queued_tasks.values()):  # turned to, and never claimed?
+            with transaction.atomic():
+                lapsed = turns.untaken(Run.objects.select_for_update().get(pk=run.pk), timeout)
         if lapsed:
             run.refresh_from_db()
             resumed += [(run.pk, sent) for sent in send(run, lapsed)]

@@ -22,7 +22,7 @@ from apps.core.streaming import streaming
 from apps.tasksets.models import Task, Taskset
 from workers.rft.config import ConfigError
 
-from . import capacity, queries, services, supervision, turns, waits
+from . import queries, services, supervision, waits
 from .api import token_for, token_or_session, workers_json
 from .checkpoints import run_checkpoint_dir, tar_stream
 from .controls import control_run, control_statuses, may_control
@@ -289,7 +289,7 @@ def worker_list(request):
     """Every worker, what each slot holds, and the workers lost (apps/runs/capacity.py); the page
     polls /api/workers/ for the same JSON it starts from. A curator may hand a duty back to its
     queue or stop its run from here (worker_duty)."""
-    return render(request, "runs/workers.html", {"workers_data": workers_json(capacity.overview(), turns.queues()),
+    return render(request, "runs/workers.html", {"workers_data": workers_json(),
                                                  "may_act": has_role(request.user, CURATOR)})
 
 

@@ -19,7 +19,7 @@ from apps.feedback.models import Feedback
 from workers.rft.config import ConfigError, ConfigIssue, parse_config_text
 from workers.rft.json_values import text_problem
 
-from .. import capacity, queries, services, turns, waits
+from .. import queries, services, waits
 from ..controls import control_run
 from ..forms import RolloutFilterForm, RunFilterForm
 from ..models import MetricPoint, Run
@@ -271,4 +271,4 @@ def stop_run(request, pk: int):
 @api.get("/workers/", response={200: WorkersOut, **REFUSED}, url_name="api-workers", summary="The workers")
 def workers(request):
     """The live workers, what each holds, and those lost or stopped in the last day (the Workers page's data)."""
-    return workers_json(capacity.overview(), turns.queues())
+    return workers_json()

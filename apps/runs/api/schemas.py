@@ -13,7 +13,7 @@ from ninja import Field, Schema
 
 from rftweb.celery import queue_lengths
 
-from .. import notes, queries, task_log, waits
+from .. import capacity, notes, queries, task_log, turns, waits
 from ..capacity import ALL_QUEUES
 from ..models import Run
 
@@ -345,13 +345,14 @@ class WorkersOut(Schema):
                     "the broker does not answer")
 
 
-def workers_json(overview: dict, waiting: dict) -> dict:
-    """`overview`: capacity.overview(); `waiting`: turns.queues()."""
+def workers_json() -> dict:
+    """What the Workers page shows and /api/workers/ answers: capacity.overview(), turns.queues(),
+    the broker's queue lengths and the newest tasks."""
     return {
         "embedded": settings.RFTWEB_EMBEDDED,
         "heartbeat_timeout_s": settings.RFTWEB_HEARTBEAT_TIMEOUT,
-        **{section: [worker.as_json() for worker in workers] for section, workers in overview.items()},
-        "waiting": {queue: [one.as_json() for one in duties] for queue, duties in waiting.items()},
+        **{section: [worker.as_json() for worker in workers] for section, workers in capacity.overview().items()},
+        "waiting": {queue: [one.as_json() for one in duties] for queue, duties in turns.queues().items()},
         "queued": queue_lengths(ALL_QUEUES),
         "tasks": task_log.recent(),
     }

@@ -100,12 +100,11 @@ class TransformersEngine(RolloutEngine):
         (KV_MEMORY_SHARE of it): one round when the batch fits. A ValueError saying what to lower
         when not even one prompt's rows fit."""
         config = self.model.config.get_text_config()
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
         width = max(len(prompt) for prompt in prompts)
         length = width + params.max_new_tokens
         if self.device.type == "cuda":
             length = -(-length // LENGTH_BUCKET) * LENGTH_BUCKET
-        row_bytes = (2 * config.num_hidden_layers * config.num_key_value_heads * head_dim * length
+        row_bytes = (2 * config.num_hidden_layers * config.num_key_value_heads * _head_dim(config) * length
                      * next(self.model.parameters()).element_size() + 4 * config.vocab_size)
         free = free_bytes(self.device)
         if len(prompts) * params.n * row_bytes > KV_MEMORY_SHARE * free and self._decoders:
@@ -186,6 +185,10 @@ class TransformersEngine(RolloutEngine):
         self.load_state_dict(read_weights(path), version)
 
 
+def _head_dim(config) -> int:
+    return getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+
+
 def _narrowed_rows(running: int, rows: int, device: torch.device) -> int | None:
     """The rows a decoder of `rows` narrows to with `running` rows left, or None to go on as it is."""
     if rows < MIN_COMPACT_ROWS or running > COMPACT_BELOW * rows:
@@ -210,9 +213,8 @@ class Results:
         self.stopped[origin] = decoder.stopped[:count]
 
 
-# A decoder's tensors with a row per batch row (dim 0), and those with one per step and row (dim 1).
+# A decoder's tensors with a row per batch row (dim 0); `uniforms` has one per step and row (dim 1).
 ROW_TENSORS = ("logits", "tokens", "logprobs", "finished", "stopped", "token", "position", "mask")
-STEP_ROW_TENSORS = ("uniforms",)
 
 
 class StaticDecoder:
@@ -230,8 +232,7 @@ class StaticDecoder:
         self.model, self.pad_id = model, pad_id
         self.temperature, self.top_p = sampling
         self.cache = StaticCache(config=config, max_cache_len=length)
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-        self.cache.early_initialization(rows, config.num_key_value_heads, head_dim, param.dtype, device)
+        self.cache.early_initialization(rows, config.num_key_value_heads, _head_dim(config), param.dtype, device)
         self.stop_ids = torch.tensor(stop_ids, device=device)
         self.logits = torch.zeros((rows, config.vocab_size), device=device)  # float: what sampling reads
         self.uniforms = torch.zeros((length, rows), device=device)  # one per step and row
