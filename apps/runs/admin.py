@@ -13,7 +13,7 @@ from apps.buffer.retention import RetentionRefused, droppable, start_retention
 from apps.core.counts import EstimatedCountPaginator
 
 from . import notes, services
-from .models import Checkpoint, MetricPoint, Run
+from .models import Checkpoint, MetricPoint, Run, Sweep
 
 RETENTION_KEEPS = (
     "Human edits (other runs train on them) and rows with feedback (ratings, preferences, flags) stay. "
@@ -87,6 +87,8 @@ class RunAdmin(admin.ModelAdmin):
         "started_at",
         "finished_at",
         "buffer_retired",
+        "sweep",
+        "swept",
     )
     exclude = ("buffer_retired_at", "buffer_retirement")  # shown as buffer_retired, with its job
 
@@ -180,6 +182,20 @@ class CheckpointAdmin(admin.ModelAdmin):
     list_filter = ("run",)
     list_select_related = ("run",)
     readonly_fields = ("run", "version", "step", "path", "created_at")
+
+    def has_add_permission(self, request):
+        return False
+
+
+@admin.register(Sweep)
+class SweepAdmin(admin.ModelAdmin):
+    """A sweep's record of how its runs were made: only its name changes here. Deleting it keeps
+    its runs (they lose the link to it)."""
+
+    list_display = ("name", "owner", "method", "count", "created_at", "ended_at")
+    list_select_related = ("owner",)
+    search_fields = ("name",)
+    readonly_fields = ("owner", "method", "space", "count", "seed", "base_config", "created_at", "ended_at")
 
     def has_add_permission(self, request):
         return False

@@ -25,8 +25,9 @@ from apps.buffer.models import Experience
 from apps.tasksets.models import Taskset
 from workers.rft.config import ConfigError, check_config_value, parse_config_text, parse_reward_fn_text
 
-from . import notes
-from .models import Run
+from . import notes, sweeps
+from .config_keys import get_key, set_key
+from .models import Run, Sweep
 
 FORM, YAML = "form", "yaml"
 
@@ -158,23 +159,6 @@ def default_config() -> dict:
     return RunConfig().to_dict()
 
 
-def get_key(config: Mapping, key: str, default=None):
-    for part in key.split("."):
-        if not isinstance(config, Mapping) or part not in config:
-            return default
-        config = config[part]
-    return config
-
-
-def set_key(config: dict, key: str, value) -> None:
-    *sections, name = key.split(".")
-    for part in sections:
-        if not isinstance(config.get(part), dict):
-            config[part] = {}
-        config = config[part]
-    config[name] = value
-
-
 class RewardFnField(forms.CharField):
     """explorer.reward_fn: a name, or a flow mapping of names to weights."""
 
@@ -246,6 +230,20 @@ class LaunchForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 32, "spellcheck": "false", "class": "yaml"}), required=False, label="YAML"
     )
 
+    # A sweep (apps/runs/sweeps.py): the config above as its base, these keys swept.
+    sweep = forms.CharField(
+        required=False, max_length=sweeps.MAX_TEXT, label="Sweep over",
+        widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false", "class": "sweep-space",
+                                     "placeholder": "trainer.lr: 1e-5, 3e-5, 1e-4\nalgorithm.kl.coef: 0, 0.01"}),
+        help_text="a key a line: listed values (key: a, b, c), or for a random search a range (key: 1e-6 .. 1e-4 log)",
+    )
+    sweep_method = forms.ChoiceField(choices=Sweep.Method.choices, initial=Sweep.Method.GRID, label="Search",
+                                     help_text="grid: every combination · random: count draws")
+    sweep_count = forms.IntegerField(min_value=1, max_value=sweeps.MAX_RUNS, initial=6, required=False,
+                                     label="Runs", help_text=f"random search only; at most {sweeps.MAX_RUNS}")
+    sweep_seed = forms.IntegerField(min_value=0, max_value=2**31 - 1, initial=0, required=False, label="Seed",
+                                    help_text="random search only: the same seed draws the same runs")
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.current_editor = (self.data.get("editor") if self.is_bound else self.initial.get("editor")) or FORM
@@ -289,6 +287,22 @@ class LaunchForm(forms.Form):
         check_config_value(config)  # each part is bounded; together they must be too
         return config
 
+    def sweep_space(self) -> list:
+        """The sweep's axes as the API takes them (SweepError names what is wrong)."""
+        return [axis.to_json() for axis in sweeps.parse_space(self.cleaned_data.get("sweep", ""))]
+
+    def add_sweep_errors(self, error) -> None:
+        """A sweep's problems: its own next to its box, a config key's as a launch's are."""
+        own = [issue for issue in error.errors if issue.key == "sweep" or not self._has_field(issue.key)]
+        for issue in own:
+            self.add_error("sweep", issue.message if issue.key == "sweep" else f"{issue.key}: {issue.message}")
+        rest = [issue for issue in error.errors if issue not in own]
+        if rest:
+            self.add_config_errors(ConfigError(rest))
+
+    def _has_field(self, key: str) -> bool:
+        return self.current_editor == YAML or any(key == name or key.startswith(f"{name}.") for name in self.fields)
+
     def run_name(self) -> str:
         config = self.cleaned_data["config"]
         return (
@@ -316,7 +330,12 @@ class LaunchForm(forms.Form):
     def switched(self) -> "LaunchForm":
         """The same config and name in the other editor (call on a valid form)."""
         other = YAML if self.current_editor == FORM else FORM
-        return LaunchForm.for_config(self.cleaned_data["config"], name=self.cleaned_data.get("name", ""), editor=other)
+        switched = LaunchForm.for_config(self.cleaned_data["config"], name=self.cleaned_data.get("name", ""),
+                                         editor=other)
+        for key in ("sweep", "sweep_method", "sweep_count", "sweep_seed"):
+            if self.cleaned_data.get(key) not in (None, ""):
+                switched.initial[key] = self.cleaned_data[key]
+        return switched
 
 
 class RunFilterForm(forms.Form):

@@ -21,6 +21,32 @@ class ShallowJSONDecoder(json.JSONDecoder):
             return None
 
 
+class Sweep(models.Model):
+    """Runs launched as one group over a search of config keys (apps/runs/sweeps.py): the base
+    config, the space ([{"key", "values"} or {"key", "low", "high", "scale"}]) and how it was
+    searched. Each of its runs keeps the values it was given (Run.swept)."""
+
+    class Method(models.TextChoices):
+        GRID = "grid"
+        RANDOM = "random"
+
+    name = models.CharField(max_length=200)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, related_name="sweeps", on_delete=models.PROTECT)
+    method = models.CharField(max_length=10, choices=Method.choices)
+    space = models.JSONField()
+    count = models.PositiveIntegerField(help_text="its runs")
+    seed = models.BigIntegerField(default=0)
+    base_config = models.JSONField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    ended_at = models.DateTimeField(null=True, blank=True, help_text="when its last run finished")
+
+    class Meta:
+        ordering = ["-created_at"]
+
+    def __str__(self):
+        return self.name
+
+
 class Run(models.Model):
     class Status(models.TextChoices):
         QUEUED = "queued"
@@ -79,6 +105,9 @@ class Run(models.Model):
     # list filters by (apps/runs/notes.py checks and saves both).
     notes = models.TextField(blank=True)
     tags = models.JSONField(default=list, blank=True, decoder=ShallowJSONDecoder)
+    # The sweep that launched it, and the values it swept ({key: value}). Deleting a sweep keeps its runs.
+    sweep = models.ForeignKey(Sweep, related_name="runs", null=True, blank=True, on_delete=models.SET_NULL)
+    swept = models.JSONField(default=dict, blank=True)
     # Set once buffer retention (apps/buffer/retention.py) takes the ended run's buffer away:
     # {"action": "archive" or "drop", "job": the BufferJob's id}. Such a run is never resumed again
     # (services.resume_run): its trainer would rewind and replay a buffer that is gone.

@@ -1,6 +1,6 @@
 from django.urls import include, path
 
-from . import api, views, views_compare, views_logs
+from . import api, views, views_compare, views_logs, views_sweeps
 
 urlpatterns = [
     path("", views.home, name="home"),
@@ -18,6 +18,8 @@ urlpatterns = [
     path("runs/<int:pk>/checkpoints/<int:version>/download/", views.checkpoint_download, name="checkpoint-download"),
     path("workers/", views.worker_list, name="worker-list"),
     path("workers/runs/<int:pk>/<str:duty>/<str:action>/", views.worker_duty, name="worker-duty"),
+    path("sweeps/", views_sweeps.sweep_list, name="sweep-list"),
+    path("sweeps/<int:pk>/", views_sweeps.sweep_detail, name="sweep-detail"),
     # [runs-compare helper: compare, downloads, tags]
     path("runs/compare/", views_compare.run_compare, name="run-compare"),
     path("runs/compare/metrics.csv", views_compare.compare_metrics_csv, name="compare-metrics-csv"),

@@ -22,7 +22,7 @@ from apps.core.streaming import streaming
 from apps.tasksets.models import Task, Taskset
 from workers.rft.config import ConfigError
 
-from . import queries, services, supervision, waits
+from . import queries, services, supervision, sweeps, waits
 from .api import token_for, token_or_session, workers_json
 from .checkpoints import run_checkpoint_dir, tar_stream
 from .controls import control_run, control_statuses, may_control
@@ -109,6 +109,22 @@ def run_launch(request):
         if form.is_valid():
             if "switch" in request.POST:
                 form = form.switched()
+            elif "launch_sweep" in request.POST:
+                try:
+                    sweep = sweeps.launch_sweep(
+                        request.user, form.run_name(), form.cleaned_data["config"], form.sweep_space(),
+                        form.cleaned_data["sweep_method"], form.cleaned_data.get("sweep_count"),
+                        form.cleaned_data.get("sweep_seed") or 0,
+                    )
+                except sweeps.SweepError as err:
+                    form.add_sweep_errors(err)
+                else:
+                    messages.success(request, f"Launched sweep {sweep.name}: {sweep.count} runs, which take "
+                                              "their slots in the order shown.")
+                    first = sweep.runs.order_by("pk").first()
+                    for warning in waits.launch_warnings(first.config, first.pk):
+                        messages.warning(request, warning)
+                    return redirect("sweep-detail", pk=sweep.pk)
             else:
                 try:
                     run = services.launch_run(request.user, form.run_name(), form.cleaned_data["config"])

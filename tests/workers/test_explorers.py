@@ -53,7 +53,10 @@ def test_two_explorers_share_each_step_and_store_what_one_explorer_would(celery_
     # still imported torch (seen on a busy machine): correct, but nothing shared.
     config = shared_config(steps, 2, "arith", method)
     config["explorer"]["eval_interval"] = 10  # only the ends: the first explorer's, with versions sent by nccl too
-    config["buffer"]["eval_taskset"] = "arith"
+    # 4 held-out tasks: while the first explorer evaluated all 40 of arith at step 0, the other had
+    # rolled out all 4 steps on a loaded machine (CI, nccl: nothing shared).
+    make_taskset("arith-eval", n=4)
+    config["buffer"]["eval_taskset"] = "arith-eval"
     two = services.launch_run(researcher, "two explorers", config)
     # Paused as it starts, until both explorers have loaded the model (their duty lines say so):
     # a worker that imported torch first had rolled out all 4 steps alone (seen once in three CI runs).

@@ -2,11 +2,8 @@
 experiences; launch and control; the workers. Each is a thin call into the services and queries
 of apps/runs; `schemas.py` says what each answers, `auth.py` who may call it."""
 
-import json
 from functools import cache
 
-from django.conf import settings
-from django.core.exceptions import RequestDataTooBig
 from django.db.models import Prefetch
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
@@ -16,14 +13,14 @@ from ninja import NinjaAPI, Query, Status, Swagger
 from apps.accounts.roles import RESEARCHER, role_required
 from apps.feedback import stats
 from apps.feedback.models import Feedback
-from workers.rft.config import ConfigError, ConfigIssue, parse_config_text
-from workers.rft.json_values import text_problem
+from workers.rft.config import ConfigError
 
 from .. import queries, services, waits
 from ..controls import control_run
 from ..forms import RolloutFilterForm, RunFilterForm
 from ..models import MetricPoint, Run
 from .auth import ApiError, BearerToken, Session, add_error_handlers
+from .bodies import config_of, invalid, json_body, name_of
 from .paging import page_of
 from .schemas import (
     AnnotationOut,
@@ -46,6 +43,7 @@ from .schemas import (
     run_json,
     workers_json,
 )
+from .sweeps import router as sweeps_router
 from .tasksets import router as tasksets_router
 from .tokens import token_for
 
@@ -79,6 +77,7 @@ api = RftwebAPI(
 )
 add_error_handlers(api)
 api.add_router("/tasksets/", tasksets_router)
+api.add_router("/sweeps/", sweeps_router)
 
 REFUSED = {401: ErrorOut, 403: ErrorOut}  # no token or session; not a researcher, or no CSRF token
 RUN_REFUSED = {**REFUSED, 404: ErrorOut}  # no such run
@@ -151,37 +150,15 @@ def list_runs(request, filters: Query[RunFilters]):
 )
 def launch_run(request):
     """201 with the run and `warnings`: what it will wait for given the workers' free slots."""
-    body = _json_body(request)
-    name = body.get("name") or "api run"
-    problem = "must be a string" if not isinstance(name, str) else text_problem(name)
-    if problem:  # JSON can carry "\u0000" or "\ud800", which Postgres cannot store
-        raise ApiError(400, f"name {problem}", errors=[{"key": "name", "message": problem}])
-    config = body.get("config") or {}
+    body = json_body(request)
+    name = name_of(body, "api run")
     try:
-        if isinstance(config, str):
-            config = parse_config_text(config)
-        if not isinstance(config, dict):
-            raise ConfigError([ConfigIssue("<config>", "expected a mapping or YAML text")])
-        run = services.launch_run(request.user, name[:200], config)
+        run = services.launch_run(request.user, name, config_of(body))
     except ConfigError as err:
-        raise ApiError(
-            400, "invalid config", errors=[{"key": issue.key, "message": issue.message} for issue in err.errors]
-        ) from None
+        raise invalid(err) from None
     answer = run_json(_run(run.pk), detail=True)
     answer["warnings"] = waits.launch_warnings(run.config, run.pk)
     return Status(201, answer)
-
-
-def _json_body(request) -> dict:
-    try:
-        body = json.loads(request.body or b"{}")
-    except RequestDataTooBig:
-        raise ApiError(400, f"the body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes") from None
-    except (ValueError, RecursionError):  # ValueError: not JSON, not UTF-8, an int of 5,000 digits
-        raise ApiError(400, "the body must be JSON") from None
-    if not isinstance(body, dict):
-        raise ApiError(400, "the body must be a JSON object")
-    return body
 
 
 @api.get("/runs/{pk}/", response={200: RunDetailOut, **RUN_REFUSED}, url_name="api-run", summary="One run")

@@ -1,0 +1,48 @@
+"""What the API's POST routes read from a JSON body themselves, so that every problem (not JSON, too
+big, a NUL in a name, an invalid config) gets its own message rather than pydantic's."""
+
+import json
+
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
+
+from workers.rft.config import ConfigError, ConfigIssue, parse_config_text
+from workers.rft.json_values import text_problem
+
+from .auth import ApiError
+
+
+def json_body(request) -> dict:
+    try:
+        body = json.loads(request.body or b"{}")
+    except RequestDataTooBig:
+        raise ApiError(400, f"the body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE} bytes") from None
+    except (ValueError, RecursionError):  # ValueError: not JSON, not UTF-8, an int of 5,000 digits
+        raise ApiError(400, "the body must be JSON") from None
+    if not isinstance(body, dict):
+        raise ApiError(400, "the body must be a JSON object")
+    return body
+
+
+def name_of(body: dict, default: str) -> str:
+    """`name`, at most 200 characters of it; JSON can carry "\\u0000" or "\\ud800", which Postgres cannot store."""
+    name = body.get("name") or default
+    problem = "must be a string" if not isinstance(name, str) else text_problem(name)
+    if problem:
+        raise ApiError(400, f"name {problem}", errors=[{"key": "name", "message": problem}])
+    return name[:200]
+
+
+def config_of(body: dict) -> dict:
+    """`config`: a mapping, or YAML text (ConfigError when it is neither)."""
+    config = body.get("config") or {}
+    if isinstance(config, str):
+        config = parse_config_text(config)
+    if not isinstance(config, dict):
+        raise ConfigError([ConfigIssue("<config>", "expected a mapping or YAML text")])
+    return config
+
+
+def invalid(err, what: str = "invalid config") -> ApiError:
+    """A 400 listing each issue of a ConfigError (or a SweepError) by its key."""
+    return ApiError(400, what, errors=[{"key": issue.key, "message": issue.message} for issue in err.errors])

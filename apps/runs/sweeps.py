@@ -1,0 +1,260 @@
+"""Sweeps (W&B's sweeps, MLflow's parent runs): a base config and a search over named keys, launched
+as one group of runs. A grid takes every combination of the listed values; a random search draws
+`count` combinations, a listed key by choice and a range `low .. high` uniformly (or log-uniformly).
+Every run's config is validated as a launch is before any run is made, so a sweep is launched
+whole or not at all; its runs then queue through the same capacity rules as any run."""
+
+import copy
+import itertools
+import json
+import math
+import random
+import re
+from dataclasses import dataclass
+
+from django.db import transaction
+
+from workers.rft.config import ConfigError, ConfigIssue
+
+from . import comparison, queries, services
+from .config_keys import set_key
+from .models import Run, Sweep
+
+MAX_RUNS = 32  # what one sweep may ask of shared workers at once
+MAX_KEYS = 8
+MAX_VALUES = 32  # listed values per key
+MAX_TEXT = 4000  # the launch form's sweep box, in characters
+RANGE = re.compile(r"^\s*(\S+)\s*\.\.\s*(\S+)\s*(log|linear)?\s*$")
+
+
+class SweepError(ValueError):
+    """What is wrong with a sweep's space (`key` is "sweep" or the swept key), or with the configs it
+    makes (ConfigIssues of the launch's own keys)."""
+
+    def __init__(self, issues: list[ConfigIssue]):
+        self.errors = issues
+        super().__init__("\n".join(f"{issue.key}: {issue.message}" for issue in issues))
+
+
+# ---- the space -----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One swept key: listed `values`, or (random only) a range low .. high on a linear or log scale."""
+
+    key: str
+    values: tuple = ()
+    low: float | None = None
+    high: float | None = None
+    scale: str = "linear"
+
+    def to_json(self) -> dict:
+        if self.values:
+            return {"key": self.key, "values": list(self.values)}
+        return {"key": self.key, "low": self.low, "high": self.high, "scale": self.scale}
+
+    def text(self) -> str:
+        if self.values:
+            return f"{self.key}: {', '.join(_shown(value) for value in self.values)}"
+        return f"{self.key}: {_shown(self.low)} .. {_shown(self.high)} {self.scale}"
+
+
+def _scalar(text: str):
+    """A listed value as typed: a JSON number, true/false/null or quoted string, else the text."""
+    text = text.strip()
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return text
+    return value if isinstance(value, (int, float, str, bool)) or value is None else text
+
+
+def _shown(value) -> str:
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def parse_space(text: str) -> list[Axis]:
+    """The launch form's box, a key a line: `trainer.lr: 1e-5, 3e-5, 1e-4` or
+    `algorithm.kl.coef: 0.001 .. 0.1 log`. Blank lines and lines starting with # are skipped."""
+    if len(text) > MAX_TEXT:
+        raise SweepError([ConfigIssue("sweep", f"at most {MAX_TEXT} characters")])
+    axes, issues = [], []
+    for number, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        key, colon, rest = line.partition(":")
+        if not colon or not rest.strip():
+            issues.append(ConfigIssue("sweep", f"line {number}: write `key: value, value` or `key: low .. high`"))
+            continue
+        found = RANGE.match(rest)
+        if found:
+            axes.append({"key": key.strip(), "low": _scalar(found[1]), "high": _scalar(found[2]),
+                         "scale": found[3] or "linear"})
+        else:
+            axes.append({"key": key.strip(), "values": [_scalar(value) for value in rest.split(",")]})
+    if issues:
+        raise SweepError(issues)
+    return axes_of(axes)
+
+
+def axes_of(space) -> list[Axis]:
+    """The space as the API takes it ([{"key", "values"} or {"key", "low", "high", "scale"}]),
+    checked: known shape, bounded sizes, one axis per key, ranges of numbers with low < high."""
+    if not isinstance(space, list) or not space:
+        raise SweepError([ConfigIssue("sweep", "name at least one key to sweep")])
+    if len(space) > MAX_KEYS:
+        raise SweepError([ConfigIssue("sweep", f"at most {MAX_KEYS} keys")])
+    axes, issues = [], []
+    for item in space:
+        key = item.get("key") if isinstance(item, dict) else None
+        if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*", key or "") \
+                or len(key) > 200:
+            issues.append(ConfigIssue("sweep", f"{str(key)[:60]!r} is not a config key (dotted, as trainer.lr)"))
+            continue
+        if any(axis.key == key for axis in axes):
+            issues.append(ConfigIssue(key, "swept twice"))
+            continue
+        if "values" in item:
+            values = item["values"]
+            if not isinstance(values, list) or not values or len(values) > MAX_VALUES:
+                issues.append(ConfigIssue(key, f"list 1 to {MAX_VALUES} values"))
+            elif any(isinstance(value, (dict, list)) for value in values):
+                issues.append(ConfigIssue(key, "sweep plain values (numbers, words, true/false)"))
+            elif len({json.dumps(value) for value in values}) < len(values):
+                issues.append(ConfigIssue(key, "a value is listed twice"))
+            else:
+                axes.append(Axis(key, tuple(values)))
+            continue
+        low, high, scale = item.get("low"), item.get("high"), item.get("scale", "linear")
+        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in (low, high))
+        if not numbers or not low < high:
+            issues.append(ConfigIssue(key, "a range needs two numbers, low < high: `0.001 .. 0.1`"))
+        elif scale not in ("linear", "log"):
+            issues.append(ConfigIssue(key, "a range's scale is linear or log"))
+        elif scale == "log" and low <= 0:
+            issues.append(ConfigIssue(key, "a log range needs low > 0"))
+        else:
+            axes.append(Axis(key, low=low, high=high, scale=scale))
+    if issues:
+        raise SweepError(issues)
+    return axes
+
+
+def combinations(axes: list[Axis], method: str, count: int | None, seed: int) -> list[dict]:
+    """The swept values of each run, in launch order: {key: value}."""
+    if method == Sweep.Method.GRID:
+        ranged = [axis.key for axis in axes if not axis.values]
+        if ranged:
+            raise SweepError([ConfigIssue(key, "a grid takes listed values; a range needs method random")
+                              for key in ranged])
+        total = math.prod(len(axis.values) for axis in axes)
+        if total > MAX_RUNS:
+            raise SweepError([ConfigIssue("sweep", f"the grid makes {total} runs; at most {MAX_RUNS}")])
+        return [dict(zip((axis.key for axis in axes), values)) for values in
+                itertools.product(*(axis.values for axis in axes))]
+    if method != Sweep.Method.RANDOM:
+        raise SweepError([ConfigIssue("sweep", "method is grid or random")])
+    if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_RUNS:
+        raise SweepError([ConfigIssue("sweep", f"a random search's count is 1 to {MAX_RUNS} runs")])
+    rng = random.Random(seed)
+    return [{axis.key: _draw(axis, rng) for axis in axes} for _ in range(count)]
+
+
+def _draw(axis: Axis, rng: random.Random):
+    if axis.values:
+        return rng.choice(axis.values)
+    if all(isinstance(v, int) for v in (axis.low, axis.high)) and axis.scale == "linear":
+        return rng.randint(axis.low, axis.high)
+    if axis.scale == "log":
+        value = math.exp(rng.uniform(math.log(axis.low), math.log(axis.high)))
+    else:
+        value = rng.uniform(axis.low, axis.high)
+    return float(f"{value:.3g}")  # 3 figures: what a person writes and reads in a run's name
+
+
+# ---- launching -----------------------------------------------------------------------------------
+
+
+def run_name(name: str, swept: dict) -> str:
+    """"lr sweep · lr=1e-05 · kl.coef=0.01": each key by its last part, or by more where two share it."""
+    parts = []
+    for key, value in swept.items():
+        short = key.rsplit(".", 1)[-1]
+        if sum(other.rsplit(".", 1)[-1] == short for other in swept) > 1:
+            short = key
+        parts.append(f"{short}={_shown(value)}")
+    return f"{name} · {' · '.join(parts)}"[:200]
+
+
+def launch_sweep(owner, name: str, base: dict, space, method: str, count: int | None = None,
+                 seed: int = 0) -> Sweep:
+    """Validate every run's config, then make the sweep and its runs in one transaction (each run
+    handed to the workers once it commits). SweepError names what is wrong: the space, or each
+    config problem once with the first values that made it."""
+    axes = axes_of(space)
+    swept = combinations(axes, method, count, seed)
+    configs, issues = [], {}
+    for values in swept:
+        config = copy.deepcopy(base)
+        for key, value in values.items():
+            set_key(config, key, value)
+        try:
+            services.validate_config(config)
+        except ConfigError as err:
+            made_by = ", ".join(f"{key}={_shown(value)}" for key, value in values.items())
+            for issue in err.errors:
+                issues.setdefault((issue.key, issue.message),
+                                  ConfigIssue(issue.key, f"{issue.message} (with {made_by})"))
+        configs.append(config)
+    if issues:
+        raise SweepError(list(issues.values())[:50])
+    with transaction.atomic():
+        sweep = Sweep.objects.create(name=name, owner=owner, method=method, space=[a.to_json() for a in axes],
+                                     count=len(swept), seed=seed, base_config=base)
+        for values, config in zip(swept, configs):
+            run = services.launch_run(owner, run_name(name, values), config)
+            Run.objects.filter(pk=run.pk).update(sweep=sweep, swept=values)
+    return sweep
+
+
+def space_text(sweep: Sweep) -> str:
+    """The sweep's space as the launch form's box writes it."""
+    return "\n".join(Axis(**{**axis, "values": tuple(axis.get("values", ()))}).text() for axis in sweep.space)
+
+
+# ---- reading -------------------------------------------------------------------------------------
+
+
+RESULT = "Held-out"  # the figure a sweep ranks its runs by: comparison.SUMMARY_METRICS' first
+
+
+def table(sweep: Sweep) -> dict:
+    """The sweep page's table and chart: its keys, and a row per run with the swept values, status,
+    steps and its best held-out figure (else its final train reward), best first."""
+    runs = list(queries.with_latest_explorer_metrics(sweep.runs.select_related("owner")).order_by("pk"))
+    rows = []
+    for run in runs:
+        summary = comparison.run_summary(run)
+        held_out, reward = summary.metrics.get(RESULT), summary.metrics.get("Train reward")
+        rows.append({
+            "run": run, "values": [run.swept.get(axis["key"]) for axis in sweep.space],
+            "progress": summary.progress, "held_out": held_out, "reward": reward,
+            "result": held_out.best if held_out else None,
+        })
+    rows.sort(key=lambda row: (row["result"] is None, -(row["result"] or 0), row["run"].pk))
+    return {"keys": [axis["key"] for axis in sweep.space], "rows": rows,
+            "result_label": next((row["held_out"].label for row in rows if row["held_out"]), "Held-out, best")}
+
+
+def chart_data(sweep: Sweep, shown: dict) -> dict:
+    """The parallel-coordinates chart's data (static/js/sweep_page.js): an axis per key and the result."""
+    return {
+        "axes": [*shown["keys"], shown["result_label"]],
+        "runs": [{"name": row["run"].name, "url": f"/runs/{row['run'].pk}/", "values": [*row["values"], row["result"]]}
+                 for row in shown["rows"]],
+    }
+
+
+def finished(sweep: Sweep) -> bool:
+    return not sweep.runs.exclude(status__in=Run.FINISHED).exists()

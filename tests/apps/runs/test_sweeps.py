@@ -1,0 +1,194 @@
+"""Sweeps (apps/runs/sweeps.py; issue #44, item 1): the space as typed and as the API takes it, a
+grid and a seeded random search, every run's config validated before any run is made, the launch
+form's Sweep box, the sweep page's table and chart, and the API. On Postgres and SQLite."""
+import json
+
+import pytest
+from django.urls import reverse
+
+from apps.runs import sweeps
+from apps.runs.forms import LaunchForm
+from apps.runs.models import MetricPoint, Run, Sweep
+from apps.runs.presets import preset_config
+from apps.runs.api import token_for
+
+from .test_launch import posted
+
+SPACE = [{"key": "trainer.lr", "values": [1e-5, 3e-5, 1e-4]}, {"key": "algorithm.kl.coef", "values": [0, 0.01]}]
+
+
+def base() -> dict:
+    config = preset_config("quick-demo")
+    config["algorithm"]["kl"] = {"fn": "k3", "coef": 0.001}  # a coefficient needs an estimator
+    return config
+
+
+# ---- the space -----------------------------------------------------------------------------------
+
+
+def test_the_box_reads_listed_values_and_ranges():
+    axes = sweeps.parse_space("trainer.lr: 1e-5, 3e-5\n# a comment\n\nalgorithm.kl.fn: k1, k3\n"
+                              "algorithm.kl.coef: 0.001 .. 0.1 log\nexplorer.temperature: 0.5..1.0")
+    assert [axis.to_json() for axis in axes] == [
+        {"key": "trainer.lr", "values": [1e-5, 3e-5]}, {"key": "algorithm.kl.fn", "values": ["k1", "k3"]},
+        {"key": "algorithm.kl.coef", "low": 0.001, "high": 0.1, "scale": "log"},
+        {"key": "explorer.temperature", "low": 0.5, "high": 1.0, "scale": "linear"},
+    ]
+    assert sweeps.parse_space('mode: "both", true, null')[0].values == ("both", True, None)
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("trainer.lr 1e-5", "line 1: write `key: value, value`"),
+    ("trainer.lr: 1e-5\ntrainer.lr: 1e-4", "swept twice"),
+    ("trainer.lr: 1e-5, 1e-5", "listed twice"),
+    ("trainer.lr: 0.1 .. 0.01", "low < high"),
+    ("trainer.lr: 0 .. 0.01 log", "log range needs low > 0"),
+    ("trainer.lr: a .. b", "two numbers"),
+    ("trainer..lr: 1", "is not a config key"),
+    ("", "name at least one key"),
+    ("\n".join(f"k{i}: 1" for i in range(9)), "at most 8 keys"),
+    ("trainer.lr: " + ", ".join(str(i) for i in range(33)), "1 to 32 values"),
+    ("x" * 4001, "at most 4000 characters"),
+])
+def test_a_bad_space_names_what_is_wrong(text, message):
+    with pytest.raises(sweeps.SweepError) as err:
+        sweeps.parse_space(text)
+    assert message in str(err.value)
+
+
+def test_a_grid_takes_every_combination_in_order():
+    made = sweeps.combinations(sweeps.axes_of(SPACE), "grid", None, 0)
+    assert made == [{"trainer.lr": lr, "algorithm.kl.coef": coef} for lr in (1e-5, 3e-5, 1e-4) for coef in (0, 0.01)]
+
+
+def test_a_grid_refuses_ranges_and_more_than_32_runs():
+    with pytest.raises(sweeps.SweepError, match="a range needs method random"):
+        sweeps.combinations(sweeps.parse_space("trainer.lr: 1e-5 .. 1e-3"), "grid", None, 0)
+    with pytest.raises(sweeps.SweepError, match="makes 36 runs; at most 32"):
+        sweeps.combinations(sweeps.parse_space("a.b: 1,2,3,4,5,6\na.c: 1,2,3,4,5,6"), "grid", None, 0)
+
+
+def test_a_random_search_draws_within_its_ranges_the_same_for_the_same_seed():
+    axes = sweeps.parse_space("trainer.lr: 1e-6 .. 1e-3 log\ntrainer.warmup_steps: 0 .. 10\nalgorithm.kl.fn: k1, k3")
+    drawn = sweeps.combinations(axes, "random", 20, seed=7)
+    assert drawn == sweeps.combinations(axes, "random", 20, seed=7) != sweeps.combinations(axes, "random", 20, seed=8)
+    assert all(1e-6 <= run["trainer.lr"] <= 1e-3 for run in drawn)
+    assert all(isinstance(run["trainer.warmup_steps"], int) and 0 <= run["trainer.warmup_steps"] <= 10 for run in drawn)
+    assert {run["algorithm.kl.fn"] for run in drawn} == {"k1", "k3"}
+    # Log-uniform: about as many draws below 3e-5 (the geometric middle) as above it.
+    below = sum(run["trainer.lr"] < 10 ** -4.5 for run in sweeps.combinations(axes, "random", 32, seed=1))
+    assert 8 <= below <= 24
+    for count in (0, 33, None, True):
+        with pytest.raises(sweeps.SweepError, match="count is 1 to 32"):
+            sweeps.combinations(axes, "random", count, 0)
+
+
+def test_run_names_say_what_each_run_swept():
+    assert sweeps.run_name("lr sweep", {"trainer.lr": 1e-05, "algorithm.kl.coef": 0.01}) == \
+        "lr sweep · lr=1e-05 · coef=0.01"
+    assert sweeps.run_name("s", {"trainer.batch_size": 8, "explorer.batch_size": 4}) == \
+        "s · trainer.batch_size=8 · explorer.batch_size=4"
+
+
+# ---- launching -----------------------------------------------------------------------------------
+
+
+def test_a_sweep_launches_each_run_with_its_values(researcher, tasksets, worker_queue,
+                                                   django_capture_on_commit_callbacks):
+    with django_capture_on_commit_callbacks(execute=True):
+        sweep = sweeps.launch_sweep(researcher, "lr x kl", base(), SPACE, "grid")
+    runs = list(sweep.runs.order_by("pk"))
+    assert sweep.count == len(runs) == 6 and worker_queue == [run.pk for run in runs]
+    for run, values in zip(runs, sweeps.combinations(sweeps.axes_of(SPACE), "grid", None, 0)):
+        assert run.swept == values and run.status == Run.Status.QUEUED
+        assert (run.config["trainer"]["lr"], run.config["algorithm"]["kl"]["coef"]) == tuple(values.values())
+        assert run.config["algorithm"]["name"] == "mix"  # the rest is the base's
+    assert runs[0].name == "lr x kl · lr=1e-05 · coef=0"
+
+
+def test_a_sweep_with_one_bad_run_makes_no_run(researcher, tasksets, worker_queue):
+    space = [{"key": "trainer.lr", "values": [1e-5, -1.0]}, {"key": "trainer.total_stepz", "values": [3]}]
+    with pytest.raises(sweeps.SweepError) as err:
+        sweeps.launch_sweep(researcher, "bad", base(), space, "grid")
+    messages = {issue.key: issue.message for issue in err.value.errors}
+    assert "trainer.lr" in messages and "with trainer.lr=-1.0" in messages["trainer.lr"]
+    assert "total_steps" in messages["trainer.total_stepz"]  # the closest valid name
+    assert not Run.objects.exists() and not Sweep.objects.exists() and worker_queue == []
+
+
+# ---- the launch form and the sweep page ----------------------------------------------------------
+
+
+def test_the_launch_form_launches_a_sweep_and_its_page_tables_the_results(
+        researcher_client, tasksets, worker_queue, django_capture_on_commit_callbacks):
+    form = LaunchForm.for_config(base(), name="lr x kl")
+    data = posted(form, sweep="trainer.lr: 1e-5, 3e-5, 1e-4\nalgorithm.kl.coef: 0, 0.01", sweep_method="grid",
+                  launch_sweep="")
+    with django_capture_on_commit_callbacks(execute=True):
+        response = researcher_client.post(reverse("run-launch"), data)
+    sweep = Sweep.objects.get()
+    assert response.status_code == 302 and response.url == reverse("sweep-detail", args=[sweep.pk])
+    runs = list(sweep.runs.order_by("pk"))
+    assert len(runs) == 6 and len(worker_queue) == 6
+    # Two runs evaluated: the better held-out figure is first, and the chart carries it.
+    for run, accuracy in ((runs[2], 0.25), (runs[4], 0.75)):
+        for step, value in ((0, 0.1), (2, accuracy), (4, accuracy - 0.05)):
+            MetricPoint.objects.create(run=run, role="eval", step=step, values={"reward_mean": value})
+    page = researcher_client.get(response.url)
+    rows = page.context["table"]["rows"]
+    assert [row["run"] for row in rows[:2]] == [runs[4], runs[2]] and rows[0]["result"] == 0.75
+    assert [row["values"] for row in rows[:2]] == [[1e-4, 0], [3e-5, 0]]
+    chart = json.loads(page.context["chart"] and json.dumps(page.context["chart"]))
+    assert chart["axes"] == ["trainer.lr", "algorithm.kl.coef", page.context["table"]["result_label"]]
+    assert chart["runs"][0]["values"] == [1e-4, 0, 0.75] and chart["runs"][-1]["values"][-1] is None
+    text = page.content.decode()
+    assert "Stop the sweep" in text and f"runs={runs[0].pk}&amp;runs={runs[1].pk}" in text
+    listed = researcher_client.get(reverse("sweep-list")).content.decode()
+    assert "lr x kl" in listed and "grid over" in listed
+    detail = researcher_client.get(reverse("run-detail", args=[runs[0].pk])).content.decode()
+    assert "in sweep" in detail and "trainer.lr=1e-05" in detail
+
+
+def test_the_launch_form_shows_a_sweeps_problems_where_they_are(researcher_client, tasksets, worker_queue):
+    form = LaunchForm.for_config(base(), name="s")
+    response = researcher_client.post(reverse("run-launch"), posted(
+        form, sweep="trainer.lr: 1e-5, -1\nexplorer.nope: 1", sweep_method="grid", launch_sweep=""))
+    assert response.status_code == 200 and not Run.objects.exists()
+    form = response.context["form"]
+    assert "with trainer.lr=-1" in str(form.errors["trainer.lr"])  # next to its field
+    assert "explorer.nope" in str(form.errors["sweep"])  # no field: by the sweep box
+    random_without_count = researcher_client.post(reverse("run-launch"), posted(
+        LaunchForm.for_config(base()), sweep="trainer.lr: 1e-5 .. 1e-3 log", sweep_method="random", sweep_count="",
+        launch_sweep=""))
+    assert "count is 1 to 32" in str(random_without_count.context["form"].errors["sweep"])
+
+
+def test_an_annotator_sees_no_sweep(annotator_client, researcher, tasksets, worker_queue):
+    sweep = sweeps.launch_sweep(researcher, "s", base(), SPACE[:1], "grid")
+    assert annotator_client.get(reverse("sweep-list")).status_code == 403
+    assert annotator_client.get(reverse("sweep-detail", args=[sweep.pk])).status_code == 403
+
+
+# ---- the API -------------------------------------------------------------------------------------
+
+
+def test_a_script_launches_a_sweep_and_reads_it(client, researcher, tasksets, worker_queue,
+                                                 django_capture_on_commit_callbacks):
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {token_for(researcher)}"}
+    body = {"name": "api sweep", "config": base(), "method": "random", "count": 4, "seed": 3,
+            "space": [{"key": "trainer.lr", "low": 1e-5, "high": 1e-3, "scale": "log"}]}
+    with django_capture_on_commit_callbacks(execute=True):
+        made = client.post("/api/sweeps/", json.dumps(body), content_type="application/json", **auth)
+    assert made.status_code == 201, made.content
+    sweep = made.json()
+    assert (sweep["method"], sweep["count"], len(sweep["runs"]), len(worker_queue)) == ("random", 4, 4, 4)
+    assert all(1e-5 <= run["swept"]["trainer.lr"] <= 1e-3 for run in sweep["runs"])
+    assert client.get(f"/api/sweeps/{sweep['id']}/", **auth).json()["runs"] == sweep["runs"]
+    assert client.get("/api/sweeps/", **auth).json()["results"][0]["id"] == sweep["id"]
+    bad = client.post("/api/sweeps/", json.dumps({**body, "count": 40}), content_type="application/json", **auth)
+    assert bad.status_code == 400 and bad.json()["errors"] == [{"key": "sweep", "message":
+                                                                  "a random search's count is 1 to 32 runs"}]
+    seed = client.post("/api/sweeps/", json.dumps({**body, "seed": "x"}), content_type="application/json", **auth)
+    assert seed.status_code == 400 and seed.json()["errors"][0]["key"] == "seed"
+    assert Sweep.objects.count() == 1
+    assert client.get("/api/sweeps/999/", **auth).status_code == 404
