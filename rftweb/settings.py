@@ -69,6 +69,7 @@ INSTALLED_APPS = [
     "apps.runs",
     "apps.buffer",
     "apps.feedback",
+    "apps.alerts",
 ]
 
 MIDDLEWARE = [
@@ -167,7 +168,26 @@ RFTWEB_BUFFER_RETENTION_INTERVAL = env_number("RFTWEB_BUFFER_RETENTION_INTERVAL"
 # INTERVAL seconds a worker makes those of the rows written since, for up to INTERVAL seconds
 # (an admin search makes what is left, for up to 2 s, before it searches).
 RFTWEB_SEARCH_INDEX_INTERVAL = env_number("RFTWEB_SEARCH_INDEX_INTERVAL", 10, positive=True)
+# Alerts (apps/alerts): links in them start with BASE_URL (where users reach this server); email
+# goes through Django's mail backend (the console unless EMAIL_BACKEND names another: SMTP with
+# EMAIL_HOST, EMAIL_PORT, EMAIL_HOST_USER, EMAIL_HOST_PASSWORD, EMAIL_USE_TLS); webhooks to
+# loopback and private addresses are refused unless WEBHOOK_PRIVATE. Beat checks for stalled runs
+# and retries failed sends every ALERT_INTERVAL seconds.
+RFTWEB_BASE_URL = os.environ.get("RFTWEB_BASE_URL", "http://localhost:8000")
+RFTWEB_WEBHOOK_PRIVATE = env_bool("RFTWEB_WEBHOOK_PRIVATE", False)
+RFTWEB_ALERT_INTERVAL = env_number("RFTWEB_ALERT_INTERVAL", 60, positive=True)
+EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+EMAIL_FILE_PATH = os.environ.get("EMAIL_FILE_PATH", str(DATA_DIR / "mail"))  # for the file backend
+EMAIL_HOST = os.environ.get("EMAIL_HOST", "localhost")
+EMAIL_PORT = int(env_number("EMAIL_PORT", 25))
+EMAIL_HOST_USER = os.environ.get("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = os.environ.get("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+EMAIL_TIMEOUT = 10
+DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "rftweb@localhost")
 CELERY_BEAT_SCHEDULE = {
+    "alerts": {"task": "workers.tasks.alerts", "schedule": RFTWEB_ALERT_INTERVAL,
+               "options": {"expires": RFTWEB_ALERT_INTERVAL}},
     "watchdog": {"task": "workers.tasks.watchdog", "schedule": float(os.environ.get("RFTWEB_WATCHDOG_INTERVAL", 30))},
     # Always scheduled, a no-op while retention is off.
     "buffer-retention": {"task": "workers.tasks.buffer_retention", "schedule": RFTWEB_BUFFER_RETENTION_INTERVAL},

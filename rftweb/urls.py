@@ -17,6 +17,7 @@ urlpatterns = [
     path("tasksets/", include("apps.tasksets.urls")),
     path("jobs/", include("apps.core.urls")),
     path("annotate/", include("apps.feedback.urls")),
+    path("alerts/", include("apps.alerts.urls")),
     path("", include("apps.runs.urls")),
 ]
 

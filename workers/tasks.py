@@ -1,6 +1,6 @@
 """Celery entry points into run supervision (apps/runs/supervision.py: duties, heartbeats, the
-engine, failures, the watchdog), into buffer retention's daily sweep (apps/buffer/retention.py)
-and into the buffer's search indexer (apps/buffer/search.py).
+engine, failures, the watchdog), into buffer retention's daily sweep (apps/buffer/retention.py),
+the buffer's search indexer (apps/buffer/search.py) and alerts (apps/alerts/services.py).
 Their names are what beat schedules, routes (settings.CELERY_TASK_ROUTES) and queued messages
 hold. `serve_duty` serves one *duty* of a run ("loop", "explorer" or "trainer"). A worker registers
 itself when it is ready and beats while it lives (apps/runs/capacity.py: the Workers page).
@@ -10,6 +10,7 @@ from celery import shared_task
 from celery.signals import task_failure, task_postrun, task_prerun, worker_ready, worker_shutdown, worker_shutting_down
 from django.conf import settings
 
+from apps.alerts import services as alerts
 from apps.buffer import retention, search
 from apps.runs import capacity, supervision, task_log
 
@@ -59,6 +60,16 @@ def buffer_retention() -> int | None:  # the id of the job it queued
 @shared_task(name="workers.tasks.index_search")
 def index_search() -> int:  # the backlog left: rows written that no search finds yet
     return search.catch_up(seconds=settings.RFTWEB_SEARCH_INDEX_INTERVAL)
+
+
+@shared_task(name="workers.tasks.deliver_alert")
+def deliver_alert(alert_id: int) -> str:
+    return alerts.deliver(alert_id)
+
+
+@shared_task(name="workers.tasks.alerts")
+def alerts_beat() -> None:  # stalled runs, and the alerts whose send is due again
+    alerts.beat()
 
 
 @worker_ready.connect

@@ -4,7 +4,7 @@ from django.db.models.signals import m2m_changed, post_delete, post_migrate, pos
 from .roles import CURATOR, ROLES
 
 # The curator group may change everything in these apps through the admin.
-CURATED_APPS = ("tasksets", "runs", "buffer", "feedback")
+CURATED_APPS = ("tasksets", "runs", "buffer", "feedback", "alerts")
 
 
 def create_role_groups(sender, **kwargs):

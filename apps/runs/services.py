@@ -1,4 +1,5 @@
 """State changes of runs. Views, commands and workers call these, never the models directly."""
+import logging
 import math
 import os
 import socket
@@ -8,6 +9,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from apps.alerts import services as alerts
 from apps.tasksets.models import Taskset
 from rftweb.celery import enqueue, withdraw
 from workers.rft.config import ConfigError, ConfigIssue, RunConfig
@@ -20,6 +22,7 @@ from .models import MetricPoint, Run
 from .queries import unix_time
 
 Status = Run.Status
+logger = logging.getLogger(__name__)
 
 # Which status may follow which. Anything else is refused with InvalidTransition. A run stops at
 # once (-> stopped) when no worker holds it; a failed or stopped run is resumed by queueing it again.
@@ -61,8 +64,17 @@ def set_status(run: Run, new_status: str, *, error: str | None = None) -> Run:
     if new_status in Run.FINISHED and locked.queued_tasks:
         transaction.on_commit(lambda: drop_queued(locked.pk))  # its duties' queued tasks go
     broadcast(locked.pk, {"type": "status", "status": locked.status, "error": locked.error})
+    transaction.on_commit(lambda: _alert(locked.pk))
     run.refresh_from_db()
     return locked
+
+
+def _alert(run_id: int) -> None:
+    """Its owner's alerts and its sweep's end (apps/alerts): never in the way of the run itself."""
+    try:
+        alerts.run_changed(run_id)
+    except Exception:  # noqa: BLE001 - logged; the run's status change has committed
+        logger.exception("alerts for run %s failed", run_id)
 
 
 def finite_or_none(value):

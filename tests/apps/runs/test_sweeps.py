@@ -7,10 +7,10 @@ import pytest
 from django.urls import reverse
 
 from apps.runs import sweeps
+from apps.runs.api import token_for
 from apps.runs.forms import LaunchForm
 from apps.runs.models import MetricPoint, Run, Sweep
 from apps.runs.presets import preset_config
-from apps.runs.api import token_for
 
 from .test_launch import posted
 

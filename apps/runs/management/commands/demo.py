@@ -21,6 +21,7 @@ from django.core.management.base import BaseCommand
 from django.db import connection
 
 from apps.accounts.services import create_user
+from apps.alerts import services as alerts
 from apps.buffer import retention
 from apps.runs import capacity, services, supervision
 from apps.runs.models import Run
@@ -49,9 +50,13 @@ class Command(BaseCommand):
         user = get_user_model().objects.filter(username=DEMO_USER).first()
         if user is None:
             user = create_user(DEMO_USER, DEMO_PASSWORD, is_superuser=True)
+        if "RFTWEB_BASE_URL" not in os.environ:  # alerts link to this server (its workers read it too)
+            os.environ["RFTWEB_BASE_URL"] = settings.RFTWEB_BASE_URL = f"http://{addrport}"
         helpers = [] if settings.RFTWEB_EMBEDDED else self.start_workers()
-        if settings.RFTWEB_EMBEDDED and settings.RFTWEB_BUFFER_RETENTION_DAYS:
-            threading.Thread(target=sweep_retention, daemon=True, name="buffer-retention").start()
+        if settings.RFTWEB_EMBEDDED:  # what beat does on the full stack
+            if settings.RFTWEB_BUFFER_RETENTION_DAYS:
+                every(settings.RFTWEB_BUFFER_RETENTION_INTERVAL, retention.sweep, "buffer retention")
+            every(settings.RFTWEB_ALERT_INTERVAL, alerts.beat, "alerts")
         # SIGTERM (a service manager, `kill`) stops as Ctrl-C does: runserver exits, then the runs
         # are handed back at a step boundary (below), and nothing is left half done.
         signal.signal(signal.SIGTERM, _interrupt)
@@ -120,17 +125,21 @@ class Command(BaseCommand):
         return [subprocess.Popen(c, start_new_session=True) for c in commands]
 
 
-def sweep_retention() -> None:
-    """Embedded, beat's buffer-retention entry: a sweep now and every RFTWEB_BUFFER_RETENTION_INTERVAL
-    seconds while the server runs (a daemon thread: it ends with the process)."""
+def every(seconds: float, work, what: str) -> None:
+    """Embedded, a beat entry: `work` now and every `seconds` while the server runs, on a daemon
+    thread (it ends with the process)."""
+    threading.Thread(target=repeat, args=(seconds, work, what), daemon=True, name=what).start()
+
+
+def repeat(seconds: float, work, what: str) -> None:
     while True:
         try:
-            retention.sweep()
-        except Exception:  # noqa: BLE001 - logged; the next sweep tries again, the server goes on
-            logger.exception("buffer retention sweep failed")
+            work()
+        except Exception:  # noqa: BLE001 - logged; the next round tries again, the server goes on
+            logger.exception("%s failed", what)
         finally:
-            connection.close()  # this thread's own: it would otherwise stay open between sweeps
-        time.sleep(settings.RFTWEB_BUFFER_RETENTION_INTERVAL)
+            connection.close()  # this thread's own: it would otherwise stay open between rounds
+        time.sleep(seconds)
 
 
 def _interrupt(signum, frame):

@@ -98,7 +98,7 @@ def test_embedded_a_thread_of_the_demo_sweeps_every_interval(settings, monkeypat
     monkeypatch.setattr(demo.time, "sleep", sleep)
     monkeypatch.setattr(demo, "connection", type("Connection", (), {"close": lambda self: events.append("closed")})())
     with pytest.raises(Stop):
-        demo.sweep_retention()
+        demo.repeat(settings.RFTWEB_BUFFER_RETENTION_INTERVAL, demo.retention.sweep, "buffer retention")
     assert events == ["sweep", "closed", 123.0, "sweep", "closed", 123.0]
 
 
