@@ -238,6 +238,7 @@ class LaunchForm(forms.Form):
         help_text="a key a line: listed values (key: a, b, c), or for a random search a range (key: 1e-6 .. 1e-4 log)",
     )
     sweep_method = forms.ChoiceField(choices=Sweep.Method.choices, initial=Sweep.Method.GRID, label="Search",
+                                     required=False,
                                      help_text="grid: every combination · random: count draws")
     sweep_count = forms.IntegerField(min_value=1, max_value=sweeps.MAX_RUNS, initial=6, required=False,
                                      label="Runs", help_text=f"random search only; at most {sweeps.MAX_RUNS}")

@@ -28,7 +28,7 @@ from .checkpoints import run_checkpoint_dir, tar_stream
 from .controls import control_run, control_statuses, may_control
 from .forms import LaunchForm, RolloutFilterForm, RunFilterForm, dump_config_yaml
 from .holding import hand_back
-from .models import Checkpoint, Run
+from .models import Checkpoint, Run, Sweep
 from .notes import shown_tags
 from .presets import DEFAULT_PRESET, PRESETS, preset_config
 
@@ -113,7 +113,7 @@ def run_launch(request):
                 try:
                     sweep = sweeps.launch_sweep(
                         request.user, form.run_name(), form.cleaned_data["config"], form.sweep_space(),
-                        form.cleaned_data["sweep_method"], form.cleaned_data.get("sweep_count"),
+                        form.cleaned_data["sweep_method"] or Sweep.Method.GRID, form.cleaned_data.get("sweep_count"),
                         form.cleaned_data.get("sweep_seed") or 0,
                     )
                 except sweeps.SweepError as err:

@@ -25,7 +25,7 @@ from apps.accounts.services import create_user
 from apps.buffer.models import Experience
 from apps.feedback.models import RunAnnotators
 from apps.runs.api import token_for
-from apps.runs.models import Checkpoint, Run
+from apps.runs.models import Checkpoint, Run, Sweep
 from apps.runs.supervision import run_dir
 from apps.tasksets.models import Task, Taskset, TasksetImport
 from rftweb.routing import websocket_urlpatterns
@@ -111,6 +111,15 @@ MATRIX = {
         "LDARA", method="post", data=lambda o: {"runs": [o.run.pk]}, changed=status_is(Status.STOPPING)
     ),
     "api-token": Entry("LDAAA"),
+    # sweeps: every researcher sees every sweep (launching one is the launch form's)
+    "sweep-list": Entry("LDAAA"),
+    "sweep-detail": Entry("LDAAA", kwargs=lambda o: {"pk": o.sweep.pk}),
+    "api-sweeps": Entry("UDAAA", api=True),
+    "api-sweep": Entry("UDAAA", api=True, kwargs=lambda o: {"pk": o.sweep.pk}),
+    # alerts: each researcher's own settings, test send and webhook secret
+    "alert-settings": Entry("LDAAA"),
+    "alert-test": Entry("LDAAA", method="post"),
+    "alert-secret": Entry("LDAAA", method="post"),
     # [runs-compare helper entries]
     # every researcher reads every run's metrics; only its owner and curators edit its notes and tags
     "run-metrics-csv": Entry("LDAAA", kwargs=run),
@@ -207,7 +216,8 @@ def world(db, settings):
     task = Task.objects.create(taskset=o.taskset, index=0, prompt="1+1?", answer="2")
     # Held by a live worker, so that a stop asks it to stop (a run no worker holds stops at once).
     beat = {"at": timezone.now().isoformat(), "worker": "test-worker"}
-    o.run = Run.objects.create(name="r", owner=o.users["owner"], config={}, heartbeats={"loop": beat})
+    o.sweep = Sweep.objects.create(name="s", owner=o.users["owner"], method="grid", space=[], count=1, base_config={})
+    o.run = Run.objects.create(name="r", owner=o.users["owner"], config={}, heartbeats={"loop": beat}, sweep=o.sweep)
     o.experience = Experience.objects.create(
         run=o.run, task=task, explorer_step=0, rollout_index=0, group_id="g0", prompt_text="1+1?", response_text="2",
         prompt_ids=[1], response_ids=[2], action_mask=[1], logprobs=[-0.1], reward=1.0, model_version=0,
@@ -287,6 +297,7 @@ def test_a_run_restricted_to_no_annotators_refuses_every_item_route_to_an_annota
 NOT_ADDED_BY_HAND = {
     ("buffer", "experience"), ("buffer", "bufferjob"), ("tasksets", "tasksetimport"),
     ("runs", "run"), ("runs", "checkpoint"),  # workers make them; an admin could plant a config or a path
+    ("runs", "sweep"), ("alerts", "alert"),  # the launch form makes sweeps, events make alerts
 }
 ADMIN_PAGES = sorted(
     (model._meta.app_label, model._meta.model_name, page)

@@ -16,7 +16,7 @@ from openapi_spec_validator import validate
 
 from apps.buffer.models import Experience
 from apps.runs.api import token_for
-from apps.runs.models import Checkpoint, MetricPoint, Run, Worker
+from apps.runs.models import Checkpoint, MetricPoint, Run, Sweep, Worker
 from apps.runs.presets import preset_config
 
 Status = Run.Status
@@ -103,7 +103,9 @@ def test_every_operation_documents_its_answers_and_its_auth(spec):
 def request_body(path, method, operation, run) -> dict | None:
     """A valid body for each operation that takes one (a new one must be added here)."""
     bodies = {("post", "/api/runs/"): {"name": "documented", "config": preset_config("quick-demo")},
-              ("post", "/api/tasksets/"): None}  # multipart, sent by the test below
+              ("post", "/api/tasksets/"): None,  # multipart, sent by the test below
+              ("post", "/api/sweeps/"): {"name": "documented sweep", "config": preset_config("quick-demo"),
+                                         "space": [{"key": "trainer.lr", "values": [1e-4, 1e-3]}]}}
     if "requestBody" in operation:
         return bodies[(method, path)]
     return None
@@ -122,7 +124,8 @@ def test_each_documented_operation_answers_a_token_as_documented(spec, script, b
     job = TasksetImport.objects.create(original_filename="a.jsonl", name="uploaded", format="jsonl",
                                        default_workflow="single_turn", default_reward_fn="exact_match",
                                        created_by=researcher)
-    ids = {"/api/tasksets/imports/{pk}/": job.pk}
+    sweep = Sweep.objects.create(name="s", owner=researcher, method="grid", space=[], count=0, base_config={})
+    ids = {"/api/tasksets/imports/{pk}/": job.pk, "/api/sweeps/{pk}/": sweep.pk}
     called = 0
     for path, method, operation in operations(spec):
         action = path.rstrip("/").rsplit("/", 1)[-1]
