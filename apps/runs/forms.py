@@ -27,7 +27,7 @@ from workers.rft.config import ConfigError, check_config_value, parse_config_tex
 
 from . import notes, sweeps
 from .config_keys import get_key, set_key
-from .models import Run, Sweep
+from .models import Report, Run, Sweep
 
 FORM, YAML = "form", "yaml"
 
@@ -398,3 +398,39 @@ class RolloutFilterForm(forms.Form):
         if data.get("source"):
             experiences = experiences.filter(source=data["source"])
         return experiences
+
+
+class ReportForm(forms.ModelForm):
+    """A comparison saved as a report (views_reports): the compare page's runs, charts' filter and
+    samples, with a name and a note."""
+
+    MAX_RUNS = 20
+    runs = forms.CharField(widget=forms.HiddenInput, max_length=400)
+
+    class Meta:
+        model = Report
+        fields = ("name", "note", "chart_filter", "sample_task", "sample_step")
+        widgets = {"note": forms.Textarea(attrs={"rows": 3, "maxlength": 10_000,
+                                                 "placeholder": "what these runs show, for whoever opens the link"}),
+                   "chart_filter": forms.HiddenInput, "sample_task": forms.HiddenInput,
+                   "sample_step": forms.HiddenInput}
+
+    def clean_note(self):
+        note = self.cleaned_data["note"]
+        if len(note) > 10_000:
+            raise forms.ValidationError("at most 10,000 characters")
+        return note
+
+    def clean_runs(self):
+        ids = [int(part) for part in self.cleaned_data["runs"].split(",") if part.strip().isdigit()]
+        ids = list(dict.fromkeys(ids))
+        if not 1 <= len(ids) <= self.MAX_RUNS:
+            raise forms.ValidationError(f"a report compares 1 to {self.MAX_RUNS} runs")
+        missing = set(ids) - set(Run.objects.filter(pk__in=ids).values_list("pk", flat=True))
+        if missing:
+            raise forms.ValidationError(f"no run with id {', '.join(map(str, sorted(missing)))}")
+        return ids
+
+    def save(self, commit=True):
+        self.instance.run_ids = self.cleaned_data["runs"]
+        return super().save(commit)

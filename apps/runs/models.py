@@ -129,6 +129,28 @@ class Run(models.Model):
         return self.status in self.FINISHED
 
 
+class Report(models.Model):
+    """A comparison saved with a name and a note (apps/runs/reports.py): its runs in their order,
+    the charts' filter, and the samples panel's task and step. Every researcher opens it by its
+    link, as every researcher reads every run."""
+
+    name = models.CharField(max_length=200)
+    note = models.TextField(blank=True)
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, related_name="reports", on_delete=models.PROTECT)
+    run_ids = models.JSONField(help_text="the compared runs, in order")
+    chart_filter = models.CharField(max_length=200, blank=True, help_text="the charts shown: those matching this")
+    sample_task = models.BigIntegerField(null=True, blank=True, help_text="the samples panel's task id")
+    sample_step = models.PositiveIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-updated_at"]
+
+    def __str__(self):
+        return self.name
+
+
 class MetricPoint(models.Model):
     """All scalars of one role at one step, in one row."""
 

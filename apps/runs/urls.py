@@ -1,6 +1,6 @@
 from django.urls import include, path
 
-from . import api, views, views_compare, views_logs, views_sweeps
+from . import api, views, views_compare, views_logs, views_reports, views_sweeps
 
 urlpatterns = [
     path("", views.home, name="home"),
@@ -27,6 +27,10 @@ urlpatterns = [
     path("runs/<int:pk>/metrics.csv", views_compare.run_metrics_csv, name="run-metrics-csv"),
     path("runs/<int:pk>/metrics.json", views_compare.run_metrics_json, name="run-metrics-json"),
     path("runs/<int:pk>/notes/", views_compare.run_notes, name="run-notes"),
+    path("reports/", views_reports.report_list, name="report-list"),
+    path("reports/new/", views_reports.report_save, name="report-save"),
+    path("reports/<int:pk>/", views_reports.report_detail, name="report-detail"),
+    path("reports/<int:pk>/edit/", views_reports.report_edit, name="report-edit"),
     # [run-page helper: logs]
     path("runs/<int:pk>/logs.json", views_logs.run_logs, name="run-logs"),
     # The JSON API (docs/api.md). The token page is HTML, for a logged-in researcher.

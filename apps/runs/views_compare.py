@@ -17,7 +17,8 @@ from django.views.decorators.http import require_POST
 from apps.accounts.roles import RESEARCHER, role_required
 from apps.core.streaming import streaming
 
-from . import comparison, queries
+from . import comparison, queries, samples
+from .forms import ReportForm
 from .models import Run
 from .notes import set_notes_and_tags
 from .views import PLOTLY_VERSION
@@ -31,9 +32,22 @@ FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 @role_required(RESEARCHER)
 def run_compare(request):
-    """The runs picked (?runs=1&runs=2): their config differences, a summary of each, and one chart
-    per metric with a line per run."""
+    """The runs picked (?runs=1&runs=2): their config differences, a summary of each, one chart per
+    metric with a line per run (?filter= shows those matching it), and the samples panel (?step=,
+    ?task=)."""
     picked = comparison.runs_in_order(comparison.picked_ids(request.GET))
+    context = compare_context(picked, chart_filter=request.GET.get("filter", "")[:200],
+                              task=_number(request.GET.get("task")), step=_number(request.GET.get("step")))
+    return render(request, "runs/compare.html", context)
+
+
+def _number(text) -> int | None:
+    return int(text) if text and text.isdigit() and len(text) < 12 else None
+
+
+def compare_context(picked: list[Run], *, chart_filter: str = "", task: int | None = None,
+                    step: int | None = None) -> dict:
+    """What runs/compare.html shows of these runs (the compare page's, and a report's)."""
     choices = list(Run.objects.select_related("owner")[:COMPARE_PICKER_RUNS])
     choices += [run for run in picked if run not in choices]
     series = [
@@ -45,22 +59,26 @@ def run_compare(request):
         }
         for run in picked
     ]
-    query = "?" + "&".join(f"runs={run.pk}" for run in picked)
-    return render(
-        request,
-        "runs/compare.html",
-        {
-            "choices": choices,
-            "picked": {run.pk for run in picked},
-            "picked_runs": picked,
-            "config_diff": comparison.config_diff(picked),
-            "summary": comparison.summary_rows([comparison.run_summary(run) for run in picked]),
-            "download_query": query,
-            "series": series,
-            "overview": queries.overview_charts(),
-            "plotly_version": PLOTLY_VERSION,
-        },
-    )
+    step = samples.default_step(picked) if step is None and picked else step
+    tasks = samples.task_choices(picked, step) if picked else []
+    return {
+        "choices": choices,
+        "picked": {run.pk for run in picked},
+        "picked_runs": picked,
+        "config_diff": comparison.config_diff(picked),
+        "summary": comparison.summary_rows([comparison.run_summary(run) for run in picked]),
+        "download_query": "?" + "&".join(f"runs={run.pk}" for run in picked),
+        "series": series,
+        "overview": queries.overview_charts(),
+        "plotly_version": PLOTLY_VERSION,
+        "chart_filter": chart_filter,
+        "sample_step": step, "sample_task": task, "sample_tasks": tasks,
+        "sample_columns": samples.columns(picked, task, step) if task is not None and picked else [],
+        "report_form": ReportForm(initial={
+            "runs": ",".join(str(run.pk) for run in picked), "chart_filter": chart_filter,
+            "sample_task": task, "sample_step": step if task is not None else None,
+        }),
+    }
 
 
 # ---- downloads ---------------------------------------------------------------------------------

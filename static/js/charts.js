@@ -456,4 +456,5 @@ function bindChartControls(board, toolbar) {
   log.addEventListener("change", () => board.setLogScale(log.checked));
   board.smoothing = Number(smoothing.value);
   board.logScale = log.checked;
+  if (filter.value) board.setFilter(filter.value); // a saved report's, or ?filter=
 }

@@ -1,7 +1,8 @@
 """A researcher sweeps trainer.lr x algorithm.kl.coef over 6 runs (issue #44, "done when"): asks for
 an email on the Alerts page, fills the launch form's Sweep box, lands on the sweep's page, and
-watches its table fill with each run's best held-out figure and its chart draw a line per run;
-when the last run ends, one email says the sweep ended, linking its page. Full stack in Chromium
+watches its table fill with each run's best held-out figure and its chart draw a line per run,
+compares the runs' samples for one task and saves that as a report; when the last run ends, one
+email says the sweep ended, linking its page. Full stack in Chromium
 (Celery workers, two train slots, mail through Django's file backend on the worker), and embedded
 through the same views (the runs on threads of this process, mail in Django's outbox)."""
 import json
@@ -77,6 +78,19 @@ def test_a_researcher_sweeps_lr_and_kl_from_the_browser_and_is_emailed_when_it_e
     page.screenshot(path=str(tmp_path / "sweep.png"))
     page.get_by_role("link", name="Compare these runs").click()
     expect(page.locator("#compare-config")).to_contain_text("trainer.lr")
+    # What each run wrote for one task at the last step, side by side; then saved as a report.
+    page.locator("[data-chart-filter]").fill("reward")
+    page.locator("#compare-samples select[name=task]").select_option(index=1)
+    page.locator("#compare-samples").get_by_role("button", name="Show").click()
+    expect(page.locator(".sample-column")).to_have_count(6)
+    page.locator("#save-report").get_by_label("Name").fill("lr x kl: what it showed")
+    page.locator("#save-report").get_by_label("Note").fill("the highest lr wins on held-out")
+    page.get_by_role("button", name="Save report").click()
+    page.wait_for_url(re.compile(r"/reports/\d+/$"))
+    expect(page.locator("h1")).to_have_text("lr x kl: what it showed")
+    expect(page.locator(".report-note")).to_contain_text("the highest lr wins")
+    expect(page.locator(".sample-column")).to_have_count(6)
+    page.screenshot(path=str(tmp_path / "report.png"), full_page=True)
 
     (message,) = wait_for(lambda: list(outbox.glob("*.log")), timeout=120, what="the email")
     text = message.read_text()
@@ -114,5 +128,12 @@ def test_embedded_the_same_sweep_through_the_same_pages(researcher, settings):
     chart = page.context["chart"]
     assert len(chart["runs"]) == 6 and all(len(run["values"]) == 3 for run in chart["runs"])
     assert json.dumps(chart)  # what the page's script draws
+    compare = client.get(reverse("run-compare"), {"runs": [row["run"].pk for row in rows], "step": 3})
+    task = compare.context["sample_tasks"][0][0]
+    saved = client.post(reverse("report-save"), {"runs": ",".join(str(row["run"].pk) for row in rows),
+                                                 "name": "lr x kl", "note": "n", "sample_task": task, "sample_step": 3})
+    report = client.get(saved.url)
+    assert report.status_code == 200 and len(report.context["sample_columns"]) == 6
+    assert all(column.rollouts for column in report.context["sample_columns"])
     wait_for(lambda: len(mail.outbox) == 1, timeout=60, what="the email")
     assert mail.outbox[0].subject == "[rftweb] sweep 'lr x kl' ended: 6 completed"

@@ -25,7 +25,7 @@ from apps.accounts.services import create_user
 from apps.buffer.models import Experience
 from apps.feedback.models import RunAnnotators
 from apps.runs.api import token_for
-from apps.runs.models import Checkpoint, Run, Sweep
+from apps.runs.models import Checkpoint, Report, Run, Sweep
 from apps.runs.supervision import run_dir
 from apps.tasksets.models import Task, Taskset, TasksetImport
 from rftweb.routing import websocket_urlpatterns
@@ -116,6 +116,14 @@ MATRIX = {
     "sweep-detail": Entry("LDAAA", kwargs=lambda o: {"pk": o.sweep.pk}),
     "api-sweeps": Entry("UDAAA", api=True),
     "api-sweep": Entry("UDAAA", api=True, kwargs=lambda o: {"pk": o.sweep.pk}),
+    # reports: every researcher opens and saves them; only a report's owner and curators change it
+    "report-list": Entry("LDAAA"),
+    "report-save": Entry("LDAAA", method="post", data=lambda o: {"runs": str(o.run.pk), "name": "saved"}),
+    "report-detail": Entry("LDAAA", kwargs=lambda o: {"pk": o.report.pk}),
+    "report-edit": Entry(
+        "LDADA", method="post", kwargs=lambda o: {"pk": o.report.pk}, data=lambda o: {"name": "renamed"},
+        changed=lambda o: Report.objects.get(pk=o.report.pk).name == "renamed",
+    ),
     # alerts: each researcher's own settings, test send and webhook secret
     "alert-settings": Entry("LDAAA"),
     "alert-test": Entry("LDAAA", method="post"),
@@ -218,6 +226,7 @@ def world(db, settings):
     beat = {"at": timezone.now().isoformat(), "worker": "test-worker"}
     o.sweep = Sweep.objects.create(name="s", owner=o.users["owner"], method="grid", space=[], count=1, base_config={})
     o.run = Run.objects.create(name="r", owner=o.users["owner"], config={}, heartbeats={"loop": beat}, sweep=o.sweep)
+    o.report = Report.objects.create(name="report", owner=o.users["owner"], run_ids=[o.run.pk])
     o.experience = Experience.objects.create(
         run=o.run, task=task, explorer_step=0, rollout_index=0, group_id="g0", prompt_text="1+1?", response_text="2",
         prompt_ids=[1], response_ids=[2], action_mask=[1], logprobs=[-0.1], reward=1.0, model_version=0,

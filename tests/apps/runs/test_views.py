@@ -436,7 +436,7 @@ def test_compare_lists_the_picked_runs_for_the_charts(researcher_client, make_ru
     assert [s["name"] for s in series] == ["b", "a"]
     assert series[0]["metrics_url"] == reverse("run-metrics-json", args=[b.pk])
     html = response.content.decode()
-    assert 'id="compare-data"' in html and 'id="charts"' in html and html.count('name="runs"') == 3
+    assert 'id="compare-data"' in html and 'id="charts"' in html and html.count('type="checkbox" name="runs"') == 3
 
 
 def test_compare_without_runs_invites_a_pick(researcher_client, make_run):

@@ -1,0 +1,77 @@
+"""Reports (issue #44, item 3): a comparison saved with a name and a note, opened by its link by
+every researcher (as every researcher reads every run); its owner and curators rename, re-note or
+delete it. Its page is the compare page's, as it was saved."""
+
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.core.paginator import Paginator
+from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
+from django.utils.http import urlencode
+from django.views.decorators.http import require_POST
+
+from apps.accounts.roles import CURATOR, RESEARCHER, has_role, role_required
+
+from . import comparison
+from .forms import ReportForm
+from .models import Report
+from .views_compare import compare_context
+
+REPORTS_PER_PAGE = 50
+
+
+def may_edit(user, report: Report) -> bool:
+    return report.owner_id == user.pk or has_role(user, CURATOR)
+
+
+@role_required(RESEARCHER)
+def report_list(request):
+    page = Paginator(Report.objects.select_related("owner"), REPORTS_PER_PAGE).get_page(request.GET.get("page"))
+    return render(request, "runs/reports.html", {"page": page})
+
+
+@require_POST
+@role_required(RESEARCHER)
+def report_save(request):
+    form = ReportForm(request.POST, instance=Report(owner=request.user))
+    if not form.is_valid():
+        problems = "; ".join(f"{name}: {' '.join(errors)}" for name, errors in form.errors.items())
+        messages.error(request, f"Report not saved: {problems}.")
+        ids = [part for part in request.POST.get("runs", "").split(",") if part.strip().isdigit()][:20]
+        return redirect(reverse("run-compare") + "?" + urlencode([("runs", pk) for pk in ids]))
+    report = form.save()
+    messages.success(request, f"Saved report {report.name}: anyone who may read its runs opens it by this page's link.")
+    return redirect("report-detail", pk=report.pk)
+
+
+@role_required(RESEARCHER)
+def report_detail(request, pk):
+    report = get_object_or_404(Report.objects.select_related("owner"), pk=pk)
+    runs = comparison.runs_in_order(report.run_ids)
+    context = compare_context(runs, chart_filter=report.chart_filter, task=report.sample_task,
+                              step=report.sample_step)
+    gone = [pk for pk in report.run_ids if pk not in {run.pk for run in runs}]
+    edit = ReportForm(instance=report, initial={"runs": ",".join(map(str, report.run_ids))})
+    return render(request, "runs/compare.html", {**context, "report": report, "gone": gone,
+                                                 "may_edit": may_edit(request.user, report), "edit_form": edit})
+
+
+@require_POST
+@role_required(RESEARCHER)
+def report_edit(request, pk):
+    report = get_object_or_404(Report, pk=pk)
+    if not may_edit(request.user, report):
+        raise PermissionDenied(f"only its owner ({report.owner}) or a curator may change report {report.name!r}")
+    if request.POST.get("delete"):
+        report.delete()
+        messages.success(request, f"Deleted report {report.name} (its runs stay).")
+        return redirect("report-list")
+    data = {**request.POST.dict(), "runs": ",".join(map(str, report.run_ids)), "chart_filter": report.chart_filter,
+            "sample_task": report.sample_task or "", "sample_step": report.sample_step or ""}
+    form = ReportForm(data, instance=report)
+    if form.is_valid():
+        form.save()
+        messages.success(request, f"Saved report {report.name}.")
+    else:
+        messages.error(request, "Report not saved: " + "; ".join(" ".join(e) for e in form.errors.values()))
+    return redirect("report-detail", pk=report.pk)

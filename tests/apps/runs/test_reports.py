@@ -1,0 +1,116 @@
+"""Reports and the compare page's samples panel (issue #44, item 3): what each run wrote for one
+task at one step, side by side (the nearest step where a run did not roll it out then); a comparison
+saved with a name and a note, opened by its link by every researcher, changed only by its owner or a
+curator. On Postgres and SQLite."""
+import pytest
+from django.test import Client
+from django.urls import reverse
+
+from apps.accounts.roles import RESEARCHER
+from apps.accounts.services import create_user
+from apps.buffer.models import Experience
+from apps.runs import samples
+from apps.runs.models import Report, Run
+from apps.tasksets.models import Task, Taskset
+
+
+@pytest.fixture
+def tasks(db):
+    taskset = Taskset.objects.create(name="sums", task_count=3)
+    return [Task.objects.create(taskset=taskset, index=i, prompt=f"{i} + 1?", answer=str(i + 1)) for i in range(3)]
+
+
+def rolled_out(run, task, step, *responses):
+    for index, text in enumerate(responses):
+        Experience.objects.create(run=run, task=task, explorer_step=step, rollout_index=index, group_id=f"{step}",
+                                  prompt_text=task.prompt, response_text=text, reward=float(text == task.answer),
+                                  model_version=step)
+
+
+@pytest.fixture
+def compared(make_run, tasks):
+    a, b, c = make_run("lr 1e-3"), make_run("lr 1e-2"), make_run("never")
+    rolled_out(a, tasks[0], 4, "1", "2")
+    rolled_out(a, tasks[1], 4, "9")
+    rolled_out(b, tasks[0], 2, "3")
+    rolled_out(b, tasks[0], 6, "1")  # 2 and 6 are as near to 4: the earlier is shown
+    rolled_out(b, tasks[1], 7, "2")
+    rolled_out(c, tasks[2], 4, "3")
+    return a, b, c
+
+
+def test_each_run_shows_what_it_wrote_at_the_step_or_the_nearest(compared, tasks):
+    a, b, c = compared
+    shown = samples.columns([a, b, c], tasks[0].pk, 4)
+    assert [(col.run, col.step) for col in shown] == [(a, 4), (b, 2), (c, None)]
+    assert [r["response_text"] for r in shown[0].rollouts] == ["1", "2"] and shown[0].rollouts[0]["reward"] == 1.0
+    assert samples.default_step([a, b]) == 4  # the last step both reached
+    assert samples.task_choices([a, b], 4) == [(tasks[0].pk, "0 + 1?"), (tasks[1].pk, "1 + 1?")]
+    far = samples.columns([b], tasks[1].pk, 1000)  # beyond every window: still found
+    assert far[0].step == 7
+
+
+def test_the_compare_page_shows_the_samples_side_by_side(researcher_client, compared, tasks):
+    a, b, _ = compared
+    page = researcher_client.get(reverse("run-compare"), {"runs": [a.pk, b.pk], "task": tasks[0].pk, "step": 4})
+    text = page.content.decode()
+    assert [col.step for col in page.context["sample_columns"]] == [4, 2]
+    assert "step 2 (the nearest with this task)" in text and "<pre>3</pre>" in text
+    assert page.context["report_form"]["sample_task"].value() == tasks[0].pk
+
+
+def test_a_report_saves_the_comparison_and_every_researcher_opens_it(researcher_client, researcher, compared, tasks,
+                                                                     annotator):
+    a, b, _ = compared
+    saved = researcher_client.post(reverse("report-save"), {
+        "runs": f"{b.pk},{a.pk}", "name": "lr: 1e-2 learns faster", "note": "see the samples at step 4",
+        "chart_filter": "reward", "sample_task": tasks[0].pk, "sample_step": 4})
+    report = Report.objects.get()
+    assert saved.status_code == 302 and saved.url == reverse("report-detail", args=[report.pk])
+    assert (report.run_ids, report.owner, report.chart_filter, report.sample_step) == ([b.pk, a.pk], researcher,
+                                                                                     "reward", 4)
+    client, annotator_client = Client(), Client()  # the `client` fixture is researcher_client's
+    client.force_login(create_user("other", "pw-for-tests-123", roles=(RESEARCHER,)))
+    annotator_client.force_login(annotator)
+    page = client.get(saved.url)
+    text = page.content.decode()
+    assert [run.pk for run in page.context["picked_runs"]] == [b.pk, a.pk]
+    assert 'data-chart-filter value="reward"' in text and "see the samples at step 4" in text
+    assert [col.step for col in page.context["sample_columns"]] == [2, 4]
+    assert "Rename, re-note or delete" not in text  # not theirs
+    assert client.post(reverse("report-edit", args=[report.pk]), {"name": "mine"}).status_code == 403
+    assert annotator_client.get(saved.url).status_code == 403
+    listed = client.get(reverse("report-list")).content.decode()
+    assert "lr: 1e-2 learns faster" in listed
+
+
+def test_its_owner_renames_it_and_a_curator_deletes_it_keeping_its_runs(researcher_client, curator, compared):
+    a, b, _ = compared
+    report = Report.objects.create(name="r", owner=Run.objects.get(pk=a.pk).owner, run_ids=[a.pk, b.pk])
+    researcher_client.post(reverse("report-edit", args=[report.pk]), {"name": "renamed", "note": "n"})
+    report.refresh_from_db()
+    assert (report.name, report.note, report.run_ids) == ("renamed", "n", [a.pk, b.pk])
+    too_long = researcher_client.post(reverse("report-edit", args=[report.pk]), {"name": "x", "note": "y" * 10_001})
+    report.refresh_from_db()
+    assert too_long.status_code == 302 and report.note == "n"
+    client = Client()
+    client.force_login(curator)
+    client.post(reverse("report-edit", args=[report.pk]), {"delete": "1"})
+    assert not Report.objects.exists() and Run.objects.filter(pk__in=[a.pk, b.pk]).count() == 2
+
+
+@pytest.mark.parametrize(("runs", "problem"), [("", "runs"), ("999", "no run with id 999"),
+                                                (",".join(str(i) for i in range(1, 30)), "1 to 20 runs")])
+def test_a_report_of_no_runs_or_unknown_ones_is_refused(researcher_client, compared, runs, problem):
+    response = researcher_client.post(reverse("report-save"), {"runs": runs, "name": "r"}, follow=True)
+    assert not Report.objects.exists() and problem in response.content.decode()
+
+
+def test_a_report_whose_run_is_gone_says_so(researcher_client, researcher, compared):
+    a, b, _ = compared
+    report = Report.objects.create(name="r", owner=researcher, run_ids=[a.pk, b.pk])
+    Experience.objects.filter(run=b).delete()
+    b.delete()
+    page = researcher_client.get(reverse("report-detail", args=[report.pk]))
+    assert [run.pk for run in page.context["picked_runs"]] == [a.pk] and page.context["gone"] == [report.run_ids[1]]
+    assert "no longer exist" in page.content.decode()
