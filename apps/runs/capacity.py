@@ -28,7 +28,7 @@ from django.db import Error as DatabaseError
 from django.db import connection
 from django.utils import timezone
 
-from . import services
+from . import duties
 from .hosts import GB, cpu_count, gpus, memory_bytes
 from .models import Run, Worker
 
@@ -236,7 +236,7 @@ def holdings() -> dict[str, list[Holding]]:
     """{worker name: the duties it holds alive}, from the active runs' heartbeats."""
     held: dict[str, list[Holding]] = {}
     for run in Run.objects.filter(status__in=Run.ACTIVE).only("pk", "name", "status", "heartbeats"):
-        for duty, worker in services.workers_holding(run).items():
+        for duty, worker in duties.workers_holding(run).items():
             beat_ = run.heartbeats[duty]
             since = beat_.get("since")
             held.setdefault(beat_.get("node") or worker, []).append(Holding(

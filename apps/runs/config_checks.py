@@ -188,7 +188,7 @@ WEIGHT_PARTS = ("explorer weights", "trainer weights", "gradients", "optimizer",
 
 @dataclass(frozen=True)
 class _Process:
-    """A kind of process the run's duties are (services.duties_of): `loop` runs what the mode
+    """A kind of process the run's duties are (duties.duties_of): `loop` runs what the mode
     needs in one train worker's process; with checkpoint or nccl sync the explorers and the
     trainer run apart. A trainer's further machines (node duties) hold no more than `trainer`.
     Each is checked alone: two that land in the slots of one worker share its memory, as the runs

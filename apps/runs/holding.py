@@ -6,9 +6,9 @@ import time
 from django.db import transaction
 from django.utils import timezone
 
-from . import services
+from . import duties, services
+from .duties import NODE_DUTY, duties_of_run
 from .models import Run
-from .services import NODE_DUTY, duties_of_run
 
 Status = Run.Status
 WAIT_SECONDS = 0.5  # how often a duty waiting for the other one looks again
@@ -40,7 +40,7 @@ def hand_back(run: Run, duty: str, by: str) -> None:
             raise services.InvalidTransition(f"run {locked.name!r} is {locked.status}: no duty of it to hand back")
         if duty.startswith(NODE_DUTY):
             raise services.InvalidTransition(f"{duty} leaves with its trainer's group: hand back the trainer")
-        if duty not in services.workers_holding(locked):
+        if duty not in duties.workers_holding(locked):
             raise services.InvalidTransition(f"no live worker holds the {duty} duty of run {locked.name!r}")
         asked = {"by": by, "at": timezone.now().isoformat()}
         locked.heartbeats = {**locked.heartbeats, duty: {**locked.heartbeats[duty], "hand_back": asked}}
@@ -51,7 +51,7 @@ def still_served(run: Run, duty: str, worker: str) -> bool:
     """Whether the run is still to be served (Run.SERVED) by this duty; DutyLost once `worker`
     no longer holds it. What a duty waiting for others looks at, so that a stop reaches it."""
     run.refresh_from_db(fields=["status", "heartbeats"])
-    if services.holder(run, duty) != worker:
+    if duties.holder(run, duty) != worker:
         raise DutyLost(f"run {run.pk}: worker {worker} no longer holds the {duty} duty")
     return run.status in Run.SERVED
 
@@ -62,7 +62,7 @@ def wait_while_paused(run: Run, duty: str, worker: str, interval: float = 1.0, l
     (an explorer beyond a lowered explorer.engine_num)."""
     while True:
         run.refresh_from_db(fields=["status", "heartbeats", "config"])
-        if services.holder(run, duty) != worker:
+        if duties.holder(run, duty) != worker:
             raise DutyLost(f"run {run.pk}: worker {worker} no longer holds the {duty} duty")
         if duty not in duties_of_run(run):
             raise DutyLost(f"run {run.pk}: {duty} is no longer one of its duties (explorers: "

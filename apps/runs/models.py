@@ -81,7 +81,7 @@ class Run(models.Model):
     error = models.TextField(blank=True)
     # {duty: {"at": iso time, "worker": id, "ended": iso time once the worker let go, "broke": why its
     # rank group broke}}: who serves each duty ("loop", or "explorer" and "trainer", and
-    # "trainer-node-K" per extra trainer machine: services.duties_of_run, .holder); the
+    # "trainer-node-K" per extra trainer machine: duties.duties_of_run, .holder); the
     # watchdog hands on a duty whose heartbeat expired or whose rank group broke.
     heartbeats = models.JSONField(default=dict, blank=True)
     # {duty: {"task": Celery task id, "queue", "at": iso time sent}}: the serve_duty task sent for a

@@ -14,10 +14,10 @@ from contextlib import contextmanager
 
 from django.conf import settings
 
-from . import services
+from . import duties, services
+from .duties import NODE_DUTY
 from .holding import Stopped, pause, still_served
 from .models import Run
-from .services import NODE_DUTY
 
 log = logging.getLogger(__name__)
 FOLLOWERS_EXIT_SECONDS = 10  # for released follower ranks to exit before they are killed
@@ -38,7 +38,7 @@ def trainer_ranks(run: Run, config, duty: str, worker: str):
     they join. Waiting for ranks that do not come ends as soon as the run is no longer served
     (Stopped): a stop reaches a leader waiting for 999 machines."""
     trainer = config.trainer
-    if trainer.strategy == "single" or services.is_explorer(duty):
+    if trainer.strategy == "single" or duties.is_explorer(duty):
         yield None
         return
     import torch

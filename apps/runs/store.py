@@ -11,7 +11,7 @@ from apps.tasksets.models import Taskset
 from apps.tasksets.store import DjangoTaskSource
 from workers.rft.loop import Stores
 
-from . import services
+from . import duties, services
 from .models import Checkpoint, ExplorerGroup, ExplorerStep, Run
 
 PROGRESS_OF_ROLE = {"explorer": "explorer_step", "trainer": "trainer_step"}
@@ -57,7 +57,7 @@ class DjangoStepClaims:
     holds. A claim's owner is "<duty>@<worker>": embedded, every explorer is a thread of one worker
     process (one worker id), and owned by the worker alone, each took the other's claims for its
     own and rolled out every group. Who is alive is who holds an explorer duty
-    (services.workers_holding): a dead explorer's claims are free again as soon as the watchdog
+    (duties.workers_holding): a dead explorer's claims are free again as soon as the watchdog
     would hand its duty on."""
 
     def __init__(self, run: Run, worker: str, name: str = "explorer"):
@@ -77,8 +77,8 @@ class DjangoStepClaims:
 
     def claim(self, step):
         run = Run.objects.only("heartbeats").get(pk=self.run.pk)
-        alive = {f"{duty}@{worker}" for duty, worker in services.workers_holding(run).items()
-                 if services.is_explorer(duty)}
+        alive = {f"{duty}@{worker}" for duty, worker in duties.workers_holding(run).items()
+                 if duties.is_explorer(duty)}
         groups = ExplorerGroup.objects.filter(explorer_step__run=self.run, explorer_step__step=step)
         # The explorers serving the run now, not when this one started: one that joined takes its share.
         share = math.ceil(groups.count() / len(alive | {self.owner}))
@@ -151,12 +151,12 @@ def run_stores(run: Run, config, duty: str = "loop", worker: str = "") -> Stores
     expert = Taskset.objects.filter(name=buffer.expert_taskset).first() if buffer.expert_taskset else None
     return Stores(
         task_source=taskset_source(buffer.taskset),
-        buffer=DjangoExperienceBuffer(run.pk, explorer=duty if services.is_explorer(duty) else None),
+        buffer=DjangoExperienceBuffer(run.pk, explorer=duty if duties.is_explorer(duty) else None),
         metrics=DjangoMetricSink(run),
         eval_source=taskset_source(buffer.eval_taskset),
         expert_source=DjangoTaskSource(expert) if expert else None,
         checkpoints=DjangoCheckpointStore(run),
-        claims=DjangoStepClaims(run, worker, duty) if services.is_explorer(duty) else None,
+        claims=DjangoStepClaims(run, worker, duty) if duties.is_explorer(duty) else None,
         weight_group=DjangoWeightGroup(run, duty) if config.synchronizer.method == "nccl" and duty != "loop" else None,
         thread_finished=connections.close_all,  # the connections Django opened for that thread
     )

@@ -52,15 +52,15 @@ from django.utils import timezone
 
 from rftweb.celery import enqueue
 
-from . import capacity, services, turns
+from . import capacity, duties, services, turns
 from .checkpoints import run_checkpoint_dir
+from .duties import HANDED_OVER, NODE_DUTY, duties_of_run
 from .failures import MAX_CAUSE_CHARS, describe_failure, is_rank_failure, without_server_paths
 from .holding import DutyLost, HandBack, Stopped, pause, wait_while_paused
 from .live import publisher
 from .logs import DutyLog
 from .models import MetricPoint, Run
 from .ranks import serve_node, trainer_ranks
-from .services import HANDED_OVER, NODE_DUTY, duties_of_run
 
 log = logging.getLogger(__name__)
 Status = Run.Status
@@ -108,8 +108,8 @@ def set_explorers(run: Run, count: int) -> Run:
     return run
 
 
-def send(run: Run, duties) -> list[str]:
-    """Send a task for each of `duties` that has none queued (Run.queued_tasks) and no live
+def send(run: Run, wanted) -> list[str]:
+    """Send a task for each of the `wanted` duties that has none queued (Run.queued_tasks) and no live
     worker, once the caller's transaction commits; returns the duties sent. Toggling explorers
     32 <-> 1 forty times had queued 620 tasks, ahead of other runs' work; ten stop/resumes 352.
     Which task a worker takes does not decide which duty it serves: the one of its queue that
@@ -117,9 +117,9 @@ def send(run: Run, duties) -> list[str]:
     with transaction.atomic():
         locked = Run.objects.select_for_update().get(pk=run.pk)
         timeout, now = settings.RFTWEB_HEARTBEAT_TIMEOUT, timezone.now().isoformat()
-        new = {duty: {"task": str(uuid4()), "queue": services.queue_of(duty), "at": now,
-                      "asked": turns.asked_at(locked, duty)} for duty in duties
-               if duty not in locked.queued_tasks and services.holder(locked, duty, timeout) in (None, HANDED_OVER)}
+        new = {duty: {"task": str(uuid4()), "queue": duties.queue_of(duty), "at": now,
+                      "asked": turns.asked_at(locked, duty)} for duty in wanted
+               if duty not in locked.queued_tasks and duties.holder(locked, duty, timeout) in (None, HANDED_OVER)}
         if new:
             locked.queued_tasks = {**locked.queued_tasks, **new}
             locked.save(update_fields=["queued_tasks"])
@@ -290,7 +290,7 @@ def run_engine(run: Run, duty: str, worker: str) -> str:
 
     config = RunConfig.from_dict(run.config)
     stores = run_stores(run, config, duty, worker)
-    components = (EXPLORER,) if services.is_explorer(duty) else {"trainer": (TRAINER,)}.get(duty)
+    components = (EXPLORER,) if duties.is_explorer(duty) else {"trainer": (TRAINER,)}.get(duty)
     node = capacity.this_node()
 
     def leaving_why() -> str | None:
@@ -324,15 +324,15 @@ def run_engine(run: Run, duty: str, worker: str) -> str:
             stores.buffer.rewind(checkpoint.created_at if checkpoint else None)
         run.refresh_from_db()
         _activities[(run.pk, duty)] = loop.activity
-        loop.activity.doing(EXPLORER if services.is_explorer(duty) else TRAINER, "loaded the model")
-        if services.is_explorer(duty):
+        loop.activity.doing(EXPLORER if duties.is_explorer(duty) else TRAINER, "loaded the model")
+        if duties.is_explorer(duty):
             loop.explorer.step = run.explorer_step  # steps already stored are not redone
         status()  # nobody took the duty over while the engine loaded
         services.mark_started(run, duty, worker, from_checkpoint=resumed)
 
         # A stop or a worker shutting down: the loop saves a checkpoint at this step first.
         stopping = lambda: status() in (Status.STOPPING, *Run.FINISHED) or leaving()  # noqa: E731
-        if services.is_explorer(duty):
+        if duties.is_explorer(duty):
             outcome = loop.run_explorer(should_stop=lambda: status() != Status.RUNNING or leaving(), wait=pause,
                                         trained=lambda: trainer_steps(run) >= config.trainer.total_steps,
                                         evaluates_ends=duty == "explorer")
@@ -347,7 +347,7 @@ def run_engine(run: Run, duty: str, worker: str) -> str:
         outcome = wait_for_final_eval(run, final_eval, stopping)
     if outcome == "stopped" and (why := leaving_why()):
         raise HandBack(why)
-    if not services.is_explorer(duty):
+    if not duties.is_explorer(duty):
         finish(run, status())
     return outcome
 
@@ -409,7 +409,7 @@ def watchdog() -> list[tuple[int, str]]:
     resumed = []
     for run in Run.objects.filter(status__in=Run.ACTIVE):
         if run.status == Status.STOPPING:
-            if not services.workers_holding(run):
+            if not duties.workers_holding(run):
                 services.set_status(run, Status.STOPPED)
             continue
         lapsed = []
@@ -421,11 +421,11 @@ def watchdog() -> list[tuple[int, str]]:
             resumed += [(run.pk, sent) for sent in send(run, lapsed)]
         for duty in duties_of_run(run):
             beat = run.heartbeats.get(duty)
-            if beat is None or services.holder(run, duty, timeout) is not None:
+            if beat is None or duties.holder(run, duty, timeout) is not None:
                 continue  # its first task is queued (start_run, set_explorers sent it), or it is held
             if not services.hand_over(run, duty, settings.RFTWEB_MAX_HANDOVERS):
                 break  # the run failed: its user resumes it
-            if beat["worker"] == services.HANDED_OVER:
+            if beat["worker"] == duties.HANDED_OVER:
                 continue  # sent on before and not claimed yet: that task is still queued
             resumed += [(run.pk, sent) for sent in send(run, [duty])]
     return resumed

@@ -22,7 +22,7 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
-from . import services
+from . import duties
 from .models import Run
 
 
@@ -50,7 +50,7 @@ def asked_at(run: Run, duty: str) -> str:
 
 
 def _waiting_of(run: Run) -> list[Waiting]:
-    order = {duty: index for index, duty in enumerate(services.duties_of_run(run))}
+    order = {duty: index for index, duty in enumerate(duties.duties_of_run(run))}
     out = []
     for duty, sent in run.queued_tasks.items():
         if duty not in order or sent.get("taken"):
@@ -62,7 +62,7 @@ def _waiting_of(run: Run) -> list[Waiting]:
 
 
 def _key(waiting: Waiting, runs: dict[int, Run]) -> tuple:
-    order = services.duties_of_run(runs[waiting.run_id])
+    order = duties.duties_of_run(runs[waiting.run_id])
     return datetime.fromisoformat(waiting.asked), waiting.run_id, order.index(waiting.duty)
 
 

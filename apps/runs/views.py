@@ -22,7 +22,7 @@ from apps.core.streaming import streaming
 from apps.tasksets.models import Task, Taskset
 from workers.rft.config import ConfigError
 
-from . import queries, services, supervision, sweeps, waits
+from . import duties, queries, services, supervision, sweeps, waits
 from .api import token_for, token_or_session, workers_json
 from .checkpoints import run_checkpoint_dir, tar_stream
 from .controls import control_run, control_statuses, may_control
@@ -160,8 +160,8 @@ def run_detail(request, pk):
     run.shown_tags = shown_tags(run.tags)
     figures = queries.key_figures(run)
     progress_counter = "explorer_step" if run.mode == Run.Mode.EXPLORE else "trainer_step"  # as run_progress counts
-    duties = waits.duties_json(run)
-    run.shown_status = duties["shown_status"]  # as the runs list says it: queued until a worker takes it
+    shown = waits.duties_json(run)
+    run.shown_status = shown["shown_status"]  # as the runs list says it: queued until a worker takes it
     controls = control_statuses()
     retired_job = run.buffer_retired_at and run.buffer_retirement.get("job")
     if run.buffer_retired_at:
@@ -185,7 +185,7 @@ def run_detail(request, pk):
             and reverse("admin:buffer_bufferjob_change", args=[retired_job]),
             # Explorers of a run whose explorers are workers of their own may be added or removed
             # while it runs, with checkpoint sync (nccl's weight group has a fixed size).
-            "explorers": "trainer" in services.duties_of_run(run) and run.config["explorer"]["engine_num"],
+            "explorers": "trainer" in duties.duties_of_run(run) and run.config["explorer"]["engine_num"],
             "sync_method": run.config.get("synchronizer", {}).get("method", "memory"),
             "explorers_editable": may_control(request.user, run) and run.status in (Run.Status.RUNNING,
                                                                                      Run.Status.PAUSED)
@@ -199,7 +199,7 @@ def run_detail(request, pk):
                 "finished_statuses": Run.FINISHED,
                 "figures": figures,
                 "overview": queries.overview_charts(),
-                "duties": duties,
+                "duties": shown,
                 "duties_url": reverse("api-run-duties", args=[run.pk]),
                 "algorithm": run.config.get("algorithm", {}).get("name"),
             },
@@ -319,7 +319,7 @@ def worker_duty(request, pk, duty, action):
     saves at its next step and another slot takes it, keeping its place) or stops its run (as the
     run page's Stop)."""
     run = get_object_or_404(Run, pk=pk)
-    if action not in DUTY_ACTIONS or duty not in services.duties_of_run(run):
+    if action not in DUTY_ACTIONS or duty not in duties.duties_of_run(run):
         raise Http404(f"run {run.pk} has no duty {duty!r} to {action}")
     try:
         if action == "hand-back":

@@ -9,7 +9,7 @@ from django.core.cache import cache as shared_cache
 
 from workers.rft.config import ConfigError, RunConfig
 
-from . import config_checks, services, turns
+from . import config_checks, duties, turns
 from .capacity import STARTING_KEY, WorkerState, overview
 from .models import Run, Worker
 
@@ -47,8 +47,8 @@ def duty_states(run: Run, live: list[WorkerState] | None = None) -> list[DutySta
         Worker.objects.filter(stopped_at__isnull=False).values_list("name", flat=True))
     waiting = {} if settings.RFTWEB_EMBEDDED else turns.queues()
     states = []
-    for duty in services.duties_of_run(run):
-        queue = services.queue_of(duty)
+    for duty in duties.duties_of_run(run):
+        queue = duties.queue_of(duty)
         wait = lambda duty=duty, queue=queue: _waiting_for(run, duty, queue, live, waiting)  # noqa: E731
         beat = run.heartbeats.get(duty)
         node = beat.get("node") if beat else None
@@ -69,22 +69,22 @@ def duty_states(run: Run, live: list[WorkerState] | None = None) -> list[DutySta
                                     f"{node or beat['worker']} let it go ({why}); " + wait()))
         elif beat.get("ended"):
             states.append(DutyState(duty, queue, "ended", node, beat["ended"], f"{node or beat['worker']} let it go"))
-        elif beat["worker"] == services.HANDED_OVER:
+        elif beat["worker"] == duties.HANDED_OVER:
             why = beat.get("handed_back") or f"its worker was lost (hand-over {beat.get('handovers', 1)})"
             states.append(DutyState(duty, queue, "handed over", None, beat["at"],
                                     f"{why}; sent on, " + wait()))
-        elif beat.get("hand_back") and services.holder(run, duty, timeout) is not None:
+        elif beat.get("hand_back") and duties.holder(run, duty, timeout) is not None:
             states.append(DutyState(duty, queue, "handing back", node, beat["hand_back"]["at"],
                                     f"{beat['hand_back']['by']} handed it back: it saves at its next step and goes "
                                     "back to its queue, keeping its place"))
-        elif node in stopped_nodes and services.holder(run, duty, timeout) is not None:
+        elif node in stopped_nodes and duties.holder(run, duty, timeout) is not None:
             # Shutting down in order, still beating: it saves at its step and lets the run go; it
             # said "lost" for the ~20 s that takes (#42, finding 8).
             states.append(DutyState(duty, queue, "handing back", node, beat["at"],
                                     f"its worker {node} is shutting down in order: the duty saves at its next "
                                     "step and is sent on to another worker"))
-        elif services.holder(run, duty, timeout) is None or node in stopped_nodes:
-            age = services.heartbeat_age(run, duty)
+        elif duties.holder(run, duty, timeout) is None or node in stopped_nodes:
+            age = duties.heartbeat_age(run, duty)
             why = "stopped" if node in stopped_nodes else f"fell silent {age:.0f} s ago"
             states.append(DutyState(duty, queue, "lost", node, beat["at"],
                                     f"its worker {node or beat['worker']} {why}: the watchdog sends it on "
@@ -119,7 +119,7 @@ DOING_LONG_S = 30  # a phase longer than this says how long (a step of the demo 
 
 def _holds(beat: dict | None) -> bool:
     """Whether a worker still holds the duty that beat (not let go, nor sent on)."""
-    return bool(beat) and not beat.get("ended") and beat.get("worker") != services.HANDED_OVER
+    return bool(beat) and not beat.get("ended") and beat.get("worker") != duties.HANDED_OVER
 
 
 def _waiting_for(run: Run, duty: str, queue: str, live: list[WorkerState], waiting: dict) -> str:
@@ -156,7 +156,7 @@ def shown_status(run: Run) -> str:
     while one was let go or lost and waits to be taken again (duty_states says why)."""
     if run.status not in (Run.Status.STARTING, Run.Status.RUNNING):
         return run.status
-    beats = [run.heartbeats.get(duty) for duty in services.duties_of_run(run)]
+    beats = [run.heartbeats.get(duty) for duty in duties.duties_of_run(run)]
     if any(beat is None for beat in beats):
         return "queued"
     if not all(_holds(beat) for beat in beats):  # one was let go or sent on: it waits to be taken again
@@ -167,7 +167,7 @@ def shown_status(run: Run) -> str:
 def duties_json(run: Run, live: list[WorkerState] | None = None) -> dict:
     """What the run page shows of the run's duties (and /api/runs/<id>/duties/ answers)."""
     states = duty_states(run, live)
-    explorers = [state for state in states if services.is_explorer(state.duty)]
+    explorers = [state for state in states if duties.is_explorer(state.duty)]
     return {
         "status": run.status,
         "shown_status": shown_status(run),
@@ -208,8 +208,8 @@ def launch_warnings(config: dict, run_id: int | None = None) -> list[str]:
         worker.holds = [hold for hold in worker.holds if hold.run_id != run_id]
     method = config.get("synchronizer", {}).get("method", "memory")
     needed: dict[str, int] = {}
-    for duty in services.duties_of(config):
-        needed[services.queue_of(duty)] = needed.get(services.queue_of(duty), 0) + 1
+    for duty in duties.duties_of(config):
+        needed[duties.queue_of(duty)] = needed.get(duties.queue_of(duty), 0) + 1
     for queue, count in needed.items():
         serving = [worker for worker in live if queue in worker.queues]
         free = sum(worker.free for worker in serving if worker.free is not None)
@@ -236,4 +236,4 @@ def launch_warnings(config: dict, run_id: int | None = None) -> list[str]:
 
 
 def _duty_list(config: dict, queue: str) -> str:
-    return ", ".join(duty for duty in services.duties_of(config) if services.queue_of(duty) == queue)
+    return ", ".join(duty for duty in duties.duties_of(config) if duties.queue_of(duty) == queue)

@@ -25,7 +25,7 @@ import pytest
 from django.conf import settings
 
 from apps.buffer.models import Experience
-from apps.runs import services, supervision
+from apps.runs import duties, services, supervision
 from apps.runs.models import Run
 from apps.tasksets.models import Task, Taskset
 from rftweb.celery import enqueue
@@ -183,7 +183,7 @@ def test_a_killed_beat_and_worker_come_back_and_the_new_beat_resumes_the_run(res
     wait_for(lambda: Run.objects.get(pk=run.pk).is_finished, what="completion after the new beat's watchdog")
     run.refresh_from_db()
     assert run.status == "completed", run.error
-    assert run.heartbeats["loop"]["worker"] != services.HANDED_OVER
+    assert run.heartbeats["loop"]["worker"] != duties.HANDED_OVER
     assert_buffer_intact(rows_of(run), trainer_steps_of(run), steps)
 
 

@@ -14,7 +14,7 @@ import redis
 from django.conf import settings
 from django.utils import timezone
 
-from apps.runs import services, supervision
+from apps.runs import duties, services, supervision
 from apps.runs.models import Run
 from rftweb.celery import enqueue
 from tests.support import wait_for
@@ -33,9 +33,9 @@ def queued(queue: str) -> int:
     return redis.Redis.from_url(settings.REDIS_URL).llen(queue)
 
 
-def send_duties(run: Run, duties) -> None:
-    for duty in duties:
-        enqueue(supervision.SERVE_TASK, run.pk, duty, queue="explore" if services.is_explorer(duty) else "train")
+def send_duties(run: Run, wanted) -> None:
+    for duty in wanted:
+        enqueue(supervision.SERVE_TASK, run.pk, duty, queue="explore" if duties.is_explorer(duty) else "train")
 
 
 def status_of(run: Run) -> str:
@@ -66,8 +66,8 @@ def test_stop_ends_a_trainer_waiting_for_its_machines_and_its_1000_queued_node_d
     for _ in range(2):
         celery_worker_factory("default,train")
     supervision.start_run(run.pk)  # the trainer's duty and trainer-node-1..31
-    send_duties(run, [f"{services.NODE_DUTY}{k}" for k in range(32, 1001)])
-    wait_for(lambda: {"loop", "trainer-node-1"} <= set(services.workers_holding(Run.objects.get(pk=run.pk))),
+    send_duties(run, [f"{duties.NODE_DUTY}{k}" for k in range(32, 1001)])
+    wait_for(lambda: {"loop", "trainer-node-1"} <= set(duties.workers_holding(Run.objects.get(pk=run.pk))),
              timeout=120, what="rank 0 and a node duty to hold the two workers")
     assert queued("train") > 900
     seconds = stop_and_time(run)
@@ -120,7 +120,7 @@ def test_the_watchdog_counts_but_never_resends_a_duty_nobody_claimed(researcher,
     run = Run.objects.create(name="r", owner=researcher, config=config, status=Status.RUNNING,
                              heartbeats={"explorer": beat("e"), "trainer": beat("t")})
     assert supervision.watchdog() == []  # 254 explorers never claimed: their tasks are queued
-    stale = {**beat(services.HANDED_OVER, seconds_ago=settings.RFTWEB_HEARTBEAT_TIMEOUT + 1),
+    stale = {**beat(duties.HANDED_OVER, seconds_ago=settings.RFTWEB_HEARTBEAT_TIMEOUT + 1),
              "handovers": 1, "handed_over_at_step": 0}
     Run.objects.filter(pk=run.pk).update(heartbeats={**run.heartbeats, "explorer-7": stale})
     assert supervision.watchdog() == []

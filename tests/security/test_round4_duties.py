@@ -19,7 +19,7 @@ import redis
 from django.conf import settings
 from django.utils import timezone
 
-from apps.runs import services, supervision
+from apps.runs import duties, services, supervision
 from apps.runs.models import Run
 from rftweb.celery import app
 from tests.support import wait_for
@@ -136,7 +136,7 @@ def test_a_duty_killed_twice_at_the_same_step_fails_its_run_saying_so(researcher
     run.refresh_from_db()
     assert run.status == Status.RUNNING
     assert run.heartbeats["loop"] | {"at": None} == {
-        "at": None, "worker": services.HANDED_OVER, "handovers": 1, "handed_over_at_step": 0, "task": "t1",
+        "at": None, "worker": duties.HANDED_OVER, "handovers": 1, "handed_over_at_step": 0, "task": "t1",
         "kills": 1, "lost": OOM}
     assert services.claim_duty(run, "loop", "gpu-1:12", settings.RFTWEB_HEARTBEAT_TIMEOUT, task="t2")
     assert not services.worker_lost(run, "loop", "t2", OOM)
@@ -177,7 +177,7 @@ def test_a_signal_other_than_9_or_an_exit_is_named_as_it_is():
 
 def serving_process(run: Run, duty: str, other_than: int | None = None) -> int | None:
     """The pid of the worker process holding the duty (alive, not `other_than`), else None."""
-    held = services.workers_holding(Run.objects.get(pk=run.pk)).get(duty)
+    held = duties.workers_holding(Run.objects.get(pk=run.pk)).get(duty)
     pid = held and int(held.rpartition(":")[2])
     return pid if pid and pid != other_than else None
 

@@ -10,7 +10,7 @@ import psutil
 import pytest
 import torch
 
-from apps.runs import services, supervision
+from apps.runs import duties, services, supervision
 from apps.runs.models import Run
 from tests.support import wait_for
 
@@ -64,7 +64,7 @@ def kill_a_follower_mid_run(worker, run) -> str:
     broke = wait_for(lambda: Run.objects.get(pk=run.pk).heartbeats["loop"].get("broke"), what="the group to break")
     run.refresh_from_db()
     assert run.status == "running" and run.error == "" and followers(worker.pid) == []
-    assert services.workers_holding(run) == {}
+    assert duties.workers_holding(run) == {}
     return broke
 
 

@@ -9,7 +9,7 @@ from channels.testing import WebsocketCommunicator
 from django.conf import settings
 
 from apps.buffer.models import Experience
-from apps.runs import failures, services, supervision
+from apps.runs import duties, failures, services, supervision
 from apps.runs.models import Run
 from apps.tasksets.models import Task, Taskset
 from rftweb.asgi import application
@@ -179,7 +179,7 @@ def test_a_failed_run_resumes_from_its_newest_checkpoint(celery_worker_factory, 
     wait_for(lambda: finished(run), what="the failure")
     assert run.status == "failed" and run.error.startswith("loop failed: NotADirectoryError"), run.error
     assert run.trainer_step == 3 and list(run.checkpoints.values_list("step", flat=True)) == [1, 2]
-    assert services.workers_holding(run) == {}  # the failed worker let go: resumable at once
+    assert duties.workers_holding(run) == {}  # the failed worker let go: resumable at once
 
     blocker.unlink()
     services.resume_run(run)

@@ -8,7 +8,7 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from apps.runs import capacity, services, waits
+from apps.runs import capacity, duties, services, waits
 from apps.runs.api import token_for
 from apps.runs.models import Run, Worker
 
@@ -154,7 +154,7 @@ def test_starting_lost_handed_over_and_ended_duties(make_run):
         "trainer": held_by("train@gpu-1"),  # claimed, not started: loading the model
         "explorer": started(held_by("explore@gpu-2")),  # its worker stopped (SIGTERM): lost at once
         "explorer-1": {**started(held_by("train@gpu-1", beat_ago=600))},  # silent for 10 minutes
-        "explorer-2": {"at": timezone.now().isoformat(), "worker": services.HANDED_OVER, "handovers": 2},
+        "explorer-2": {"at": timezone.now().isoformat(), "worker": duties.HANDED_OVER, "handovers": 2},
         # let go by a worker that shut down in order (SIGTERM), the run still active: sent on
         "explorer-3": {**started(held_by("train@gpu-1")), "ended": timezone.now().isoformat(),
                        "handed_back": "its worker train@gpu-1 is shutting down"},

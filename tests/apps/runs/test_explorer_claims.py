@@ -9,7 +9,7 @@ from django.db import connection
 from django.urls import reverse
 from django.utils import timezone
 
-from apps.runs import holding, services, supervision
+from apps.runs import duties, holding, supervision
 from apps.runs.models import ExplorerGroup, ExplorerStep, Run
 from apps.runs.presets import preset_config
 from apps.runs.store import DjangoStepClaims
@@ -150,7 +150,7 @@ def test_explorers_are_added_and_removed_from_the_run_page(researcher_client, ma
     run.refresh_from_db()
     assert run.config["explorer"]["engine_num"] == 4
     assert sent == [("explorer-2", "explore"), ("explorer-3", "explore")]  # the new ones, not the two serving it
-    assert services.duties_of_run(run) == ("explorer", "explorer-1", "explorer-2", "explorer-3", "trainer")
+    assert duties.duties_of_run(run) == ("explorer", "explorer-1", "explorer-2", "explorer-3", "trainer")
 
     run.heartbeats = {**run.heartbeats, "explorer-3": {"at": timezone.now().isoformat(), "worker": "w3"}}
     run.save()

@@ -4,7 +4,7 @@ import pytest
 import yaml
 from django.urls import reverse
 
-from apps.runs import services
+from apps.runs import duties, services
 from apps.runs.forms import LaunchForm
 from apps.runs.models import Run
 from apps.runs.presets import PRESETS, preset_config
@@ -59,7 +59,7 @@ def test_a_data_parallel_trainer_launches_on_one_machine_and_on_several(tasksets
     assert services.validate_config(config).trainer.num_processes == 2
     config["trainer"]["num_nodes"] = 3
     run = Run(config=services.validate_config(config).to_dict())
-    assert services.duties_of_run(run) == ("loop", "trainer-node-1", "trainer-node-2")
+    assert duties.duties_of_run(run) == ("loop", "trainer-node-1", "trainer-node-2")
 
 
 def test_a_valid_form_launches_the_validated_config(

@@ -17,7 +17,7 @@ from django.core.management.base import CommandError
 from django.urls import reverse
 from django.utils import timezone
 
-from apps.runs import holding, services, supervision
+from apps.runs import duties, holding, services, supervision
 from apps.runs.api import token_for
 from apps.runs.controls import control_run, control_statuses
 from apps.runs.live import publisher
@@ -170,7 +170,7 @@ def test_claim_duty_refuses_a_live_holder_and_inactive_runs(make_run, settings):
     run.save()
     assert services.claim_duty(run, "loop", "w2", timeout)  # w1 fell silent
     run.refresh_from_db()
-    assert services.holder(run, "loop") == "w2"
+    assert duties.holder(run, "loop") == "w2"
     assert services.release_duty(run, "loop", "w2")
     assert services.claim_duty(run, "loop", "w3", timeout)  # let go: anyone may take it
     for status in (Status.QUEUED, Status.FAILED, Status.STOPPED):
@@ -184,16 +184,16 @@ def test_a_worker_of_this_machine_whose_process_is_gone_holds_nothing(make_run, 
     exited = subprocess.Popen([sys.executable, "-c", "pass"])
     exited.wait()
     dead, alive = f"{socket.gethostname()}:{exited.pid}", f"{socket.gethostname()}:{os.getpid()}"
-    assert services.process_is_gone(dead) and not services.process_is_gone(alive)
-    assert not services.process_is_gone(f"elsewhere:{exited.pid}")  # another machine's: unknown
+    assert duties.process_is_gone(dead) and not duties.process_is_gone(alive)
+    assert not duties.process_is_gone(f"elsewhere:{exited.pid}")  # another machine's: unknown
     zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # exited, not reaped yet (as when its parent died)
     while open(f"/proc/{zombie.pid}/stat").read().rpartition(")")[2].split()[0] != "Z":
         time.sleep(0.01)
-    assert services.process_is_gone(f"{socket.gethostname()}:{zombie.pid}")
+    assert duties.process_is_gone(f"{socket.gethostname()}:{zombie.pid}")
     zombie.wait()
     run = make_run(status=Status.RUNNING, heartbeats={"loop": beat(dead)})
-    assert services.holder(run, "loop") == dead  # by name it still is the holder...
-    assert services.workers_holding(run) == {}  # ...but not a live one
+    assert duties.holder(run, "loop") == dead  # by name it still is the holder...
+    assert duties.workers_holding(run) == {}  # ...but not a live one
     assert services.claim_duty(run, "loop", alive, settings.RFTWEB_HEARTBEAT_TIMEOUT)
 
 
@@ -205,7 +205,7 @@ def test_a_worker_whose_duty_was_taken_stops_beating(make_run, settings):
     assert services.claim_duty(run, "loop", "new", settings.RFTWEB_HEARTBEAT_TIMEOUT)  # ...the new task takes it
     assert not services.release_duty(run, "loop", "old", error="late failure")  # nor can it fail the run
     run.refresh_from_db()
-    assert run.status == Status.RUNNING and run.error == "" and services.holder(run, "loop") == "new"
+    assert run.status == Status.RUNNING and run.error == "" and duties.holder(run, "loop") == "new"
 
 
 def test_a_worker_checks_it_still_holds_its_duty_at_every_step(make_run):
@@ -219,7 +219,7 @@ def test_a_worker_checks_it_still_holds_its_duty_at_every_step(make_run):
 def test_a_failing_worker_lets_go_and_fails_the_run_at_once(make_run):
     run = make_run(status=Status.RUNNING, heartbeats={"loop": beat("w1")})
     assert services.release_duty(run, "loop", "w1", error=ERROR)
-    assert run.status == Status.FAILED and run.error == ERROR and services.workers_holding(run) == {}
+    assert run.status == Status.FAILED and run.error == ERROR and duties.workers_holding(run) == {}
 
 
 def test_stop_is_immediate_when_no_worker_holds_the_run(make_run, settings):
