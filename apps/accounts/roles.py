@@ -1,20 +1,27 @@
 """Roles are Django groups. Staff users count as curators; curators can do what researchers can.
 
 annotator  rates, edits and compares experiences
+reviewer   accepts or rejects annotators' judgements on runs that require review (and annotates)
 researcher uploads tasksets, launches and controls runs (and annotates)
-curator    cleans the buffer in the admin (and everything a researcher does)
+curator    cleans the buffer in the admin (and everything a researcher and a reviewer do)
 """
 from functools import wraps
 
 from django.core.exceptions import PermissionDenied
 
 ANNOTATOR = "annotator"
+REVIEWER = "reviewer"
 RESEARCHER = "researcher"
 CURATOR = "curator"
-ROLES = (ANNOTATOR, RESEARCHER, CURATOR)
+ROLES = (ANNOTATOR, REVIEWER, RESEARCHER, CURATOR)
 
 # Each role also grants the roles listed here.
-_IMPLIED = {CURATOR: {CURATOR, RESEARCHER, ANNOTATOR}, RESEARCHER: {RESEARCHER, ANNOTATOR}, ANNOTATOR: {ANNOTATOR}}
+_IMPLIED = {
+    CURATOR: {CURATOR, RESEARCHER, REVIEWER, ANNOTATOR},
+    RESEARCHER: {RESEARCHER, ANNOTATOR},
+    REVIEWER: {REVIEWER, ANNOTATOR},
+    ANNOTATOR: {ANNOTATOR},
+}
 
 
 def roles_of(user) -> set[str]:

@@ -367,6 +367,7 @@ class DjangoExperienceBuffer:
         prefs = (
             Feedback.objects.filter(kind=Feedback.Kind.PREFERENCE, experience__run_id__in=runs)
             .filter(Q(value=1.0) | Q(value__isnull=True))  # a verdict; ties and "both bad" are no pair
+            .filter(review__in=Feedback.TRAINED)  # on a run that requires review: once accepted
         )
         if feedback.exclude_flagged:
             rejected = ExperienceRow.Status.REJECTED

@@ -87,9 +87,9 @@ def trained_on(feedback: Feedback, pair_readers: list[int] | None = None) -> int
     """The trainer step that trained on the judgement (or is training on it now); None if none has.
     `pair_readers`: _pair_readers of the judgement's run, where the caller has them already."""
     experience, run = feedback.experience, feedback.experience.run
-    if run is None or feedback.kind == Feedback.Kind.FLAG:
+    if run is None or feedback.kind == Feedback.Kind.FLAG or feedback.review not in Feedback.TRAINED:
         return None
-    saved = feedback.updated_at
+    saved = max(feedback.updated_at, feedback.reviewed_at or feedback.updated_at)  # accepted: from then
     if feedback.kind == Feedback.Kind.RATING:
         if not ratings_train(run):
             return None  # the row may be trained on, the rating changed nothing of it (#42, finding 8)
@@ -99,7 +99,7 @@ def trained_on(feedback: Feedback, pair_readers: list[int] | None = None) -> int
             return _in_progress_step(run)
         return None
     if feedback.kind == Feedback.Kind.EDIT:
-        row = _edit_row(feedback)
+        row = edit_row(feedback)
         if row is None or (row.use_count == 0 and row.claimed_at is None):
             return None
         return _step_at([run.pk], saved) or _in_progress_step(run)
@@ -131,7 +131,7 @@ def _pair_readers(run: Run) -> list[int]:
     return [run.pk, *(pk for pk, sources in named if isinstance(sources, list) and run.pk in sources)]
 
 
-def _edit_row(feedback: Feedback) -> Experience | None:
+def edit_row(feedback: Feedback) -> Experience | None:
     return feedback.experience.children.filter(
         source=Experience.Source.HUMAN_EDIT, metadata__edited_by=feedback.user.username
     ).first()
@@ -161,7 +161,8 @@ def session_count(run, user, since) -> int:
 def _revert(feedback: Feedback, experience: Experience, trained: bool) -> None:
     """Take the judgement's effect out of the buffer, for what training does from now on."""
     if feedback.kind == Feedback.Kind.RATING:
-        ratings = experience.feedback.filter(kind=Feedback.Kind.RATING).exclude(pk=feedback.pk)
+        ratings = experience.feedback.filter(kind=Feedback.Kind.RATING, review__in=Feedback.TRAINED).exclude(
+            pk=feedback.pk)
         others = list(ratings.values_list("value", flat=True))
         components = dict(experience.reward_components)
         if others:
@@ -171,7 +172,7 @@ def _revert(feedback: Feedback, experience: Experience, trained: bool) -> None:
         experience.reward_components = components
         experience.save(update_fields=["reward_components"])
     elif feedback.kind == Feedback.Kind.EDIT:
-        row = _edit_row(feedback)
+        row = edit_row(feedback)
         if row is not None and not trained:
             row.delete()
         elif row is not None:

@@ -16,6 +16,14 @@ class Feedback(models.Model):
         PREFERENCE = "preference"
         FLAG = "flag"  # excluded from training; label: why (wrong, harmful, garbled)
 
+    class Review(models.TextChoices):
+        NONE = "", "not asked"
+        PENDING = "pending"
+        ACCEPTED = "accepted"
+        REJECTED = "rejected"
+
+    TRAINED = (Review.NONE, Review.ACCEPTED)  # the reviews a judgement may reach training with
+
     experience = models.ForeignKey("buffer.Experience", related_name="feedback", on_delete=models.CASCADE)
     user = models.ForeignKey(settings.AUTH_USER_MODEL, related_name="feedback", on_delete=models.CASCADE)
     kind = models.CharField(max_length=10, choices=Kind.choices)
@@ -32,6 +40,14 @@ class Feedback(models.Model):
     # the row as it is, the safe way round (a curator's rejection is never lifted by a guess).
     status_before = models.CharField(max_length=10, blank=True, db_default="")  # raw inserts (bench/) too
     seconds_spent = models.FloatField(default=0.0)
+    # On a run with feedback.require_review (apps/feedback/review.py): pending until a reviewer
+    # accepts it (then it reaches training) or rejects it; empty where no review is asked.
+    review = models.CharField(max_length=10, choices=Review.choices, blank=True, db_default="", default="",
+                              db_index=True)
+    reviewer = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, related_name="reviewed",
+                                 on_delete=models.SET_NULL)
+    reviewed_at = models.DateTimeField(null=True, blank=True)
+    review_note = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -75,6 +75,11 @@ def scale_labels(run) -> list[tuple[str, str]]:
     return [(point, SCALE_ANCHORS.get(value, "")) for point, value in rating_scale(run).items()]
 
 
+def needs_review(run) -> bool:
+    """Whether the run's ratings, edits and comparisons wait for a reviewer (apps/feedback/review.py)."""
+    return bool(run) and feedback_settings(run).require_review
+
+
 def judgements_per_item(run) -> int:
     """How many annotators judge each item: the run's `feedback.judgements_per_item`, else the
     deployment's RFTWEB_JUDGEMENTS_PER_ITEM."""
@@ -206,7 +211,7 @@ def _judgement_done(experience: Experience, user) -> None:
     live.broadcast(experience.run_id, {"type": "judged", "experience": experience.pk, "user": user.username})
 
 
-def _checked_comment(comment: str) -> str:
+def checked_comment(comment: str) -> str:
     """The annotator's comment, if it can be stored as typed."""
     if "\x00" in comment:
         raise FeedbackError("the comment holds a NUL character (\\x00), which cannot be stored: remove it")
@@ -223,6 +228,9 @@ def _save_feedback(experience, user, kind, seconds_spent, *, other=None, **field
     # The time comes from the page's `shown_at`: one that is not a finite number is unknown (0).
     seconds = min(max(seconds, 0.0), MAX_SECONDS_SPENT) if math.isfinite(seconds) else 0.0
     fields = {"experience": experience, "other": other, "seconds_spent": seconds, **fields}
+    if kind != Feedback.Kind.FLAG:  # judged (again): a reviewer looks at what it says now
+        review = Feedback.Review.PENDING if needs_review(experience.run) else Feedback.Review.NONE
+        fields |= {"review": review, "reviewer": None, "reviewed_at": None, "review_note": ""}
     earlier = Feedback.objects.filter(user=user, kind=kind)
     if kind == Feedback.Kind.PREFERENCE:
         earlier = earlier.filter(Q(experience=experience, other=other) | Q(experience=other, other=experience))
@@ -260,7 +268,7 @@ def _what_it_was(feedback: Feedback) -> str:
 def rate(experience_id: int, user, point: str, *, seconds_spent: float = 0.0, comment: str = "") -> Feedback:
     """Rate on the run's scale; the mean of the human ratings becomes the experience's `human`
     reward component (which the run may weight into its reward, or override it with)."""
-    comment = _checked_comment(comment)
+    comment = checked_comment(comment)
     experience = _locked_row(experience_id, user)
     scale = rating_scale(experience.run)
     point = str(point).strip()
@@ -270,11 +278,22 @@ def rate(experience_id: int, user, point: str, *, seconds_spent: float = 0.0, co
     feedback = _save_feedback(
         experience, user, Feedback.Kind.RATING, seconds_spent, value=scale[point], label=point, comment=comment
     )
-    ratings = list(experience.feedback.filter(kind=Feedback.Kind.RATING).values_list("value", flat=True))
-    experience.reward_components = {**experience.reward_components, HUMAN_REWARD: sum(ratings) / len(ratings)}
-    experience.save(update_fields=["reward_components"])
+    set_human_reward(experience)
     _judgement_done(experience, user)
     return feedback
+
+
+def set_human_reward(experience: Experience) -> None:
+    """The experience's `human` reward component: the mean of its ratings that may reach training
+    (all of them, or those a reviewer accepted); none left, no component."""
+    ratings = list(experience.feedback.filter(kind=Feedback.Kind.RATING, review__in=Feedback.TRAINED)
+                   .values_list("value", flat=True))
+    components = {key: value for key, value in experience.reward_components.items() if key != HUMAN_REWARD}
+    if ratings:
+        components[HUMAN_REWARD] = sum(ratings) / len(ratings)
+    if components != experience.reward_components:
+        experience.reward_components = components
+        experience.save(update_fields=["reward_components"])
 
 
 @transaction.atomic
@@ -285,7 +304,7 @@ def edit(
     ready for SFT/MIX at once. Editing again replaces the annotator's edit while it is unused.
     An edit whose answer contradicts the task's reference answer is saved only once `confirmed`:
     expert data that teaches a wrong answer is worse than none."""
-    comment = _checked_comment(comment)
+    comment = checked_comment(comment)
     experience = _locked_row(experience_id, user)
     text = text.replace("\r\n", "\n")
     if not text.strip():
@@ -301,12 +320,15 @@ def edit(
     if not confirmed and (question := contradiction(experience, text)):
         raise NeedsConfirmation(question)
     feedback = _save_feedback(experience, user, Feedback.Kind.EDIT, seconds_spent, edited_text=text, comment=comment)
-    _store_human_edit(experience, user, text)
+    if feedback.review != Feedback.Review.PENDING:
+        store_human_edit(experience, user, text)
+    elif (earlier := unused_edit(experience, user)) is not None:
+        earlier.delete()  # an accepted edit, changed: what trains is what a reviewer accepts next
     _judgement_done(experience, user)
     return feedback
 
 
-def _store_human_edit(parent: Experience, user, text: str) -> Experience:
+def store_human_edit(parent: Experience, user, text: str) -> Experience:
     response_ids = _encode_response(parent.run, text)
     fields = {
         "response_text": text,
@@ -317,9 +339,7 @@ def _store_human_edit(parent: Experience, user, text: str) -> Experience:
         "status": Status.READY if response_ids is not None else Status.RAW,
         "metadata": {"edited_by": user.username, **({} if response_ids is not None else {"needs_tokenizing": True})},
     }
-    unused = parent.children.filter(
-        source=Experience.Source.HUMAN_EDIT, metadata__edited_by=user.username, use_count=0, claimed_at__isnull=True
-    ).exclude(status=Status.CONSUMED).first()
+    unused = unused_edit(parent, user)
     if unused is not None:
         for name, value in fields.items():
             setattr(unused, name, value)
@@ -331,6 +351,13 @@ def _store_human_edit(parent: Experience, user, text: str) -> Experience:
         prompt_text=parent.prompt_text, messages=parent.messages, prompt_ids=parent.prompt_ids,
         model_version=parent.model_version, **fields,
     )
+
+
+def unused_edit(parent: Experience, user) -> Experience | None:
+    """The user's edit of `parent` as a human_edit row, while no trainer step has used it."""
+    return parent.children.filter(
+        source=Experience.Source.HUMAN_EDIT, metadata__edited_by=user.username, use_count=0, claimed_at__isnull=True
+    ).exclude(status=Status.CONSUMED).first()
 
 
 def _encode_response(run, text: str) -> list[int] | None:
@@ -388,7 +415,7 @@ def compare(
         raise FeedbackError(f"unknown verdict {verdict!r}: choose one of {', '.join(VERDICTS)}")
     if experience_id == other_id:
         raise FeedbackError("a response cannot be compared with itself")
-    comment = _checked_comment(comment)
+    comment = checked_comment(comment)
     # Rows are locked in id order: two annotators comparing the same pair from either side must
     # not each hold one row and wait for the other's (a deadlock Postgres answers with an error).
     locked = {pk: _locked_row(pk, user) for pk in sorted((experience_id, other_id))}
@@ -417,7 +444,7 @@ def flag(experience_id: int, user, reason: str, *, seconds_spent: float = 0.0, c
     the run's `feedback.exclude_flagged` is off (then the flag is only recorded)."""
     if reason not in FLAG_REASONS:
         raise FeedbackError(f"unknown flag {reason!r}: choose one of {', '.join(FLAG_REASONS)}")
-    comment = _checked_comment(comment)
+    comment = checked_comment(comment)
     experience = _locked_row(experience_id, user)
     _check_may_judge(experience, user)
     rejects = feedback_settings(experience.run).exclude_flagged and experience.status != Status.REJECTED

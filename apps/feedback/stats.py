@@ -4,7 +4,7 @@ import itertools
 import json
 from collections import defaultdict
 
-from django.db.models import Avg, Count, FloatField
+from django.db.models import Avg, Count, FloatField, Q
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast
 
@@ -12,17 +12,23 @@ from .models import Feedback
 
 
 def per_annotator(run) -> list[dict]:
-    """Judgements and mean seconds per item, per annotator and kind."""
+    """Judgements, mean seconds per item and (on a run that requires review) how many wait, were
+    accepted or rejected, per annotator and kind."""
     rows = (
         Feedback.objects.filter(experience__run=run)
         .values("user__username", "kind")
-        .annotate(count=Count("pk"), mean_seconds=Avg("seconds_spent"))
+        .annotate(count=Count("pk"), mean_seconds=Avg("seconds_spent"),
+                  **{review: Count("pk", filter=Q(review=review)) for review in REVIEWS})
         .order_by("user__username", "kind")
     )
     return [
-        {"annotator": r["user__username"], "kind": r["kind"], "count": r["count"], "mean_seconds": r["mean_seconds"]}
+        {"annotator": r["user__username"], "kind": r["kind"], "count": r["count"], "mean_seconds": r["mean_seconds"],
+         **{review: r[review] for review in REVIEWS}}
         for r in rows
     ]
+
+
+REVIEWS = ("pending", "accepted", "rejected")  # Feedback.Review values
 
 
 def _ratings_by_item(run) -> list[list[float]]:
@@ -55,12 +61,76 @@ def krippendorff_alpha_interval(units: list[list[float]]) -> float | None:
     return None if expected == 0 else 1 - observed / expected
 
 
+def cohen_kappa(pairs: list[tuple[str, str]]) -> float | None:
+    """Cohen's kappa of two annotators' labels of the same items (Cohen 1960): (p_o - p_e) / (1 - p_e),
+    p_o the share of items they labelled alike, p_e = sum over labels k of p_A(k) * p_B(k), the
+    agreement expected by chance from how often each used each label. None without items, or when
+    chance alone agrees always (p_e = 1: both used one and the same label throughout)."""
+    if not pairs:
+        return None
+    n = len(pairs)
+    observed = sum(a == b for a, b in pairs) / n
+    labels = {label for pair in pairs for label in pair}
+    expected = sum((sum(a == k for a, _ in pairs) / n) * (sum(b == k for _, b in pairs) / n) for k in labels)
+    return None if expected == 1 else (observed - expected) / (1 - expected)
+
+
+def _verdicts(run) -> dict[tuple[int, int], dict[str, str]]:
+    """{(lower experience id, higher one): {annotator: verdict}} of the run's comparisons, each
+    verdict said of the pair in that order: "first" or "second" preferred, "tie" or "both_bad"."""
+    found: dict[tuple[int, int], dict[str, str]] = defaultdict(dict)
+    rows = Feedback.objects.filter(experience__run=run, kind=Feedback.Kind.PREFERENCE)
+    for chosen, other, value, name in rows.values_list("experience_id", "other_id", "value", "user__username"):
+        pair = (min(chosen, other), max(chosen, other))
+        found[pair][name] = ("first" if chosen == pair[0] else "second") if value == 1.0 else \
+            ("tie" if value == 0.5 else "both_bad")
+    return found
+
+
+def _ratings_by_annotator(run) -> dict[int, dict[str, float]]:
+    found: dict[int, dict[str, float]] = defaultdict(dict)
+    rows = Feedback.objects.filter(experience__run=run, kind=Feedback.Kind.RATING)
+    for experience_id, value, name in rows.values_list("experience_id", "value", "user__username"):
+        found[experience_id][name] = value
+    return found
+
+
+def pairwise_agreement(run) -> dict:
+    """Per pair of annotators who judged the same items: for ratings, how many items, their percent
+    agreement and Krippendorff's alpha; for comparisons, how many pairs, percent agreement and
+    Cohen's kappa."""
+    ratings, verdicts = _ratings_by_annotator(run), _verdicts(run)
+    out = {"ratings": [], "comparisons": []}
+    for a, b in itertools.combinations(sorted({name for item in ratings.values() for name in item}), 2):
+        units = [[item[a], item[b]] for item in ratings.values() if a in item and b in item]
+        if units:
+            out["ratings"].append({"annotators": [a, b], "items": len(units),
+                                   "percent_agreement": percent_agreement(units),
+                                   "krippendorff_alpha": krippendorff_alpha_interval(units)})
+    for a, b in itertools.combinations(sorted({name for pair in verdicts.values() for name in pair}), 2):
+        both = [(pair[a], pair[b]) for pair in verdicts.values() if a in pair and b in pair]
+        if both:
+            out["comparisons"].append({"annotators": [a, b], "pairs": len(both),
+                                       "percent_agreement": sum(x == y for x, y in both) / len(both),
+                                       "cohen_kappa": cohen_kappa(both)})
+    return out
+
+
 def agreement(run) -> dict:
+    """The run's agreement: ratings over the items rated more than once (percent agreement,
+    Krippendorff's alpha); comparisons over the pairs compared more than once (percent agreement
+    over every two annotators of a pair, and the mean of the annotator pairs' kappas: Light's kappa)."""
     units = _ratings_by_item(run)
+    verdicts = [list(pair.values()) for pair in _verdicts(run).values() if len(pair) > 1]
+    agreeing = [x == y for labels in verdicts for x, y in itertools.combinations(labels, 2)]
+    kappas = [row["cohen_kappa"] for row in pairwise_agreement(run)["comparisons"] if row["cohen_kappa"] is not None]
     return {
         "items_rated_more_than_once": len(units),
         "percent_agreement": percent_agreement(units),
         "krippendorff_alpha": krippendorff_alpha_interval(units),
+        "pairs_compared_more_than_once": len(verdicts),
+        "comparison_percent_agreement": sum(agreeing) / len(agreeing) if agreeing else None,
+        "comparison_kappa": sum(kappas) / len(kappas) if kappas else None,
     }
 
 

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import api, views
+from . import api, views, views_review
 
 urlpatterns = [
     path("", views.start, name="annotate-start"),
@@ -10,6 +10,12 @@ urlpatterns = [
     path("runs/<int:run_id>/summary.json", views.run_summary, name="annotate-run-summary"),
     path("runs/<int:run_id>/annotators/", views.assign_annotators, name="annotate-assign"),
     path("experience/<int:pk>/", views.experience, name="annotate-experience"),
+    path("review/", views_review.review_start, name="review-start"),
+    path("review/runs/<int:run_id>/", views_review.review_next, name="review-next"),
+    path("review/judgement/<int:pk>/accept/", views_review.review_decide, {"decision": "accept"},
+         name="review-accept"),
+    path("review/judgement/<int:pk>/reject/", views_review.review_decide, {"decision": "reject"},
+         name="review-reject"),
     path("experience/<int:pk>/skip/", views.set_aside, {"postpone": False}, name="annotate-skip"),
     path("experience/<int:pk>/postpone/", views.set_aside, {"postpone": True}, name="annotate-postpone"),
     # The annotation page's JSON (api.py): items in place, judgements, undo, history.

@@ -12,7 +12,7 @@ from apps.buffer.models import Experience
 from apps.core.streaming import streaming
 from apps.runs.models import Run
 
-from . import queue, services, stats
+from . import queue, review, services, stats
 from .history import describe
 from .models import RunAnnotators
 from .services import FeedbackError, NeedsConfirmation, NotAnnotator
@@ -119,7 +119,8 @@ def item_context(request, item, *, error=None, confirm=None, edited_text=None) -
             queue.items_left_label(queue.items_left(item.run, request.user)) if item.run_id else None
         ),
         "mine": [describe(f) for f in mine],  # what the user already said of it (a reopened item)
-        "max_edit_chars": services.MAX_EDIT_CHARS, "edited_text": edited_text,
+        "max_edit_chars": services.MAX_EDIT_CHARS, "max_comment_chars": services.MAX_COMMENT_CHARS,
+        "edited_text": edited_text,
     }
 
 
@@ -210,6 +211,8 @@ def run_feedback(request, run_id):
     return render(
         request, "feedback/stats.html",
         {"run": run, "annotators": stats.per_annotator(run), "agreement": stats.agreement(run),
+         "pairwise": stats.pairwise_agreement(run), "require_review": services.needs_review(run),
+         "waiting": review.pending(run).count(),
          "open_to_all": access is None or access.open_to_all,
          "assigned": sorted(access.users.values_list("username", flat=True)) if access else []},
     )

@@ -137,6 +137,10 @@ class AnnotationPage {
 
   onKey(event) {
     if (MODIFIERS.includes(event.key) || event.isComposing) return;
+    if (event.target.id === "comment") { // typed into the comment; Esc goes back to the keys
+      if (event.key === "Escape") event.target.blur();
+      return;
+    }
     const key = { key: event.key, ctrl: event.ctrlKey || event.metaKey, alt: event.altKey, inEditor: event.target === this.editor };
     if (this.busy) { // for the next item: kept, in order, until it is shown
       if (key.alt) return;
@@ -177,6 +181,7 @@ class AnnotationPage {
     else if (key.key === "e") { this.startEditing(); return true; }
     else if (key.key === "s") { document.getElementById("skip").click(); return true; }
     else if (key.key === "p") { document.getElementById("postpone").click(); return true; }
+    else if (key.key === "n") { document.getElementById("comment")?.focus(); return true; }
     else return false;
     this.show();
     return true;
@@ -252,7 +257,9 @@ class AnnotationPage {
   async judge(action, fields) {
     this.busy = true;
     const seconds = ((performance.now() - this.shownAt) / 1000).toFixed(3);
-    const { ok, status, data } = await this.request("POST", `${this.itemUrl(this.itemId)}${action}/`, { ...fields, seconds });
+    const comment = document.getElementById("comment")?.value || "";
+    const { ok, status, data } = await this.request("POST", `${this.itemUrl(this.itemId)}${action}/`,
+      { ...fields, seconds, ...(comment ? { comment } : {}) });
     if (ok) {
       this.showProgress(data);
       // A notice is about the last action: it goes with the next judgement saved (an undo's

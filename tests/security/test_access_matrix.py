@@ -23,7 +23,7 @@ from apps.accounts.apps import CURATED_APPS
 from apps.accounts.roles import ANNOTATOR, CURATOR, RESEARCHER
 from apps.accounts.services import create_user
 from apps.buffer.models import Experience
-from apps.feedback.models import RunAnnotators
+from apps.feedback.models import Feedback, RunAnnotators
 from apps.runs.api import token_for
 from apps.runs.models import Checkpoint, Report, Run, Sweep
 from apps.runs.supervision import run_dir
@@ -82,6 +82,12 @@ MATRIX = {
     "annotate-compare": Entry("LAAAA", method="post", kwargs=item),
     "annotate-flag": Entry("LAAAA", method="post", kwargs=item, data=lambda o: {"reason": "garbled"}),
     "annotate-run-feedback": Entry("LDAAA", kwargs=run_id),
+    # review: reviewers (curators are); the owner (a researcher) is none. Nothing waits here: a
+    # decision on a judgement that asked no review is refused with a message.
+    "review-start": Entry("LDDDA"),
+    "review-next": Entry("LDDDA", kwargs=run_id),
+    "review-accept": Entry("LDDDA", method="post", kwargs=lambda o: {"pk": o.feedback.pk}),
+    "review-reject": Entry("LDDDA", method="post", kwargs=lambda o: {"pk": o.feedback.pk}),
     "annotate-export": Entry("LDAAA", kwargs=run_id),
     "annotate-run-summary": Entry("LDAAA", kwargs=run_id),
     "annotate-assign": Entry(
@@ -231,6 +237,8 @@ def world(db, settings):
         run=o.run, task=task, explorer_step=0, rollout_index=0, group_id="g0", prompt_text="1+1?", response_text="2",
         prompt_ids=[1], response_ids=[2], action_mask=[1], logprobs=[-0.1], reward=1.0, model_version=0,
     )
+    o.feedback = Feedback.objects.create(experience=o.experience, user=o.users["annotator"], kind="rating",
+                                         value=1.0, label="5")
     directory = run_dir(o.run) / "checkpoints" / "v1"
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "weights.bin").write_bytes(b"w")

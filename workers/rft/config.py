@@ -335,6 +335,9 @@ class FeedbackConfig:
     # Annotators who judge each item (more than one measures agreement); None: the deployment's
     # default (RFTWEB_JUDGEMENTS_PER_ITEM).
     judgements_per_item: int | None = _f(None, ge=1, le=20)
+    # A rating, edit or comparison reaches training only once a reviewer accepts it (flags act at
+    # once: they only keep a row out of training).
+    require_review: bool = False
     # none: ratings are only recorded; weight: reward += reward_weight * normalised rating;
     # override: a rated experience's reward is its normalised rating. Group advantages are
     # recomputed from the new rewards.

@@ -170,6 +170,9 @@ class AnnotatorWorkOut(Schema):
     kind: str
     count: int
     mean_seconds: float | None = Field(description="mean seconds spent on an item")
+    pending: int = Field(description="waiting for review (a run with feedback.require_review)")
+    accepted: int
+    rejected: int
 
 
 class AnnotationOut(Schema):
@@ -183,7 +186,11 @@ class AnnotationOut(Schema):
     per_annotator: list[AnnotatorWorkOut] = Field(description="judgements and mean seconds, per annotator and kind")
     agreement: dict[str, float | int | None] = Field(
         description="over the items rated more than once: their count, percent agreement and Krippendorff's "
-                    "alpha (interval metric; apps/feedback/stats.py)")
+                    "alpha (interval metric); over the pairs compared more than once: their count, percent "
+                    "agreement and the mean of the annotator pairs' Cohen's kappas (apps/feedback/stats.py)")
+    pairwise: dict[str, list[dict[str, Any]]] = Field(
+        description="per pair of annotators: `ratings` (items, percent_agreement, krippendorff_alpha) and "
+                    "`comparisons` (pairs, percent_agreement, cohen_kappa)")
 
 
 class FeedbackOut(Schema):

@@ -26,9 +26,10 @@ def test_a_run_page_counts_per_annotator_and_measures_agreement(
     for user, points in ((a, ("5", "1")), (b, ("5", "5"))):
         services.rate(same.pk, user, points[0], seconds_spent=4)
         services.rate(different.pk, user, points[1], seconds_spent=8)
+    none_reviewed = {"pending": 0, "accepted": 0, "rejected": 0}  # the run asks no review
     assert stats.per_annotator(run) == [
-        {"annotator": "a", "kind": "rating", "count": 2, "mean_seconds": 6.0},
-        {"annotator": "b", "kind": "rating", "count": 2, "mean_seconds": 6.0},
+        {"annotator": "a", "kind": "rating", "count": 2, "mean_seconds": 6.0, **none_reviewed},
+        {"annotator": "b", "kind": "rating", "count": 2, "mean_seconds": 6.0, **none_reviewed},
     ]
     assert stats.agreement(run)["percent_agreement"] == 0.5
     page = researcher_client.get(reverse("annotate-run-feedback", args=[run.pk]))

@@ -1,0 +1,93 @@
+"""Review (issue #44, item 4; Label Studio's review stream): on a run whose config sets
+`feedback.require_review`, a rating, an edit or a comparison waits, `pending`, until a reviewer (the
+reviewer role, or a curator) accepts it, and only then reaches training, as it would have at once
+without review: a rating counts in the `human` reward, an edit becomes a `human_edit` row, a
+comparison becomes a DPO pair. A rejected one never does. Flags act at once (they only keep a row
+out of training). Nobody reviews their own judgement; judging again sends it back to review.
+A decision can be changed while what it let through is untrained."""
+from django.db import transaction
+from django.db.models import Count
+from django.utils import timezone
+
+from apps.accounts.roles import REVIEWER, has_role
+from apps.buffer.models import Experience
+
+from . import history, services
+from .models import Feedback
+
+Review = Feedback.Review
+
+
+class ReviewError(services.FeedbackError):
+    pass
+
+
+def may_review(user) -> bool:
+    return has_role(user, REVIEWER)
+
+
+def pending(run):
+    return Feedback.objects.filter(experience__run=run, review=Review.PENDING)
+
+
+def waiting_runs() -> list[dict]:
+    """[{run id, name, waiting}] of the runs with judgements waiting for review, most first."""
+    rows = (Feedback.objects.filter(review=Review.PENDING).values("experience__run", "experience__run__name")
+            .annotate(waiting=Count("pk")).order_by("-waiting"))
+    return [{"run": row["experience__run"], "name": row["experience__run__name"], "waiting": row["waiting"]}
+            for row in rows if row["experience__run"] is not None]
+
+
+def next_for(run, reviewer) -> Feedback | None:
+    """The oldest judgement of the run waiting for review that is not the reviewer's own."""
+    return (pending(run).exclude(user=reviewer).select_related("user", "experience", "other")
+            .order_by("updated_at", "pk").first())
+
+
+@transaction.atomic
+def decide(feedback_id: int, reviewer, *, accept: bool, note: str = "") -> Feedback:
+    if not may_review(reviewer):
+        raise ReviewError("reviewing needs the reviewer role (curators have it)")
+    note = services.checked_comment(note)
+    found = Feedback.objects.filter(pk=feedback_id).values_list("experience_id", flat=True).first()
+    if found is None:
+        raise ReviewError(f"no judgement {feedback_id}: its annotator may have undone it")
+    experience = Experience.objects.select_for_update().get(pk=found)  # as every judgement locks it
+    feedback = Feedback.objects.select_for_update().select_related("user").get(pk=feedback_id)
+    if feedback.review == Review.NONE:
+        raise ReviewError("this judgement was made with no review asked: it reached training at once")
+    if feedback.user_id == reviewer.pk:
+        raise ReviewError("a judgement is reviewed by someone else than its annotator")
+    wanted = Review.ACCEPTED if accept else Review.REJECTED
+    if feedback.review == Review.ACCEPTED and not accept:
+        _withdraw(feedback, experience)
+    feedback.review, feedback.reviewer, feedback.reviewed_at, feedback.review_note = (
+        wanted, reviewer, timezone.now(), note)
+    # Not updated_at: that is when the annotator judged (history and trained_on read it).
+    feedback.save(update_fields=["review", "reviewer", "reviewed_at", "review_note"])
+    if accept:
+        _let_through(feedback, experience)
+    return feedback
+
+
+def _let_through(feedback: Feedback, experience: Experience) -> None:
+    if feedback.kind == Feedback.Kind.RATING:
+        services.set_human_reward(experience)
+    elif feedback.kind == Feedback.Kind.EDIT:
+        services.store_human_edit(experience, feedback.user, feedback.edited_text)
+    # A comparison is its row: accepted, the trainer's pair sampling reads it (buffer.store.sample_pairs).
+
+
+def _withdraw(feedback: Feedback, experience: Experience) -> None:
+    """Take an accepted judgement back out of the buffer, unless training has used it."""
+    step = history.trained_on(feedback)
+    if step is not None:
+        raise ReviewError(f"accepted and trained on at step {step}: it can no longer be rejected")
+    if feedback.kind == Feedback.Kind.EDIT:
+        row = history.edit_row(feedback)
+        if row is not None:
+            row.delete()
+    feedback.review = Review.REJECTED  # for set_human_reward, which reads the stored reviews
+    if feedback.kind == Feedback.Kind.RATING:
+        Feedback.objects.filter(pk=feedback.pk).update(review=Review.REJECTED)
+        services.set_human_reward(experience)
