@@ -42,15 +42,15 @@ def has_role(user, role: str) -> bool:
     return role in roles_of(user)
 
 
-def role_required(role: str):
-    """View decorator: 403 for a logged-in user without the role (anonymous users never get here:
-    LoginRequiredMiddleware sends them to the login page first)."""
+def role_required(*roles: str):
+    """View decorator: 403 for a logged-in user without one of the roles (anonymous users never
+    get here: LoginRequiredMiddleware sends them to the login page first)."""
 
     def decorator(view):
         @wraps(view)
         def wrapped(request, *args, **kwargs):
-            if not has_role(request.user, role):
-                raise PermissionDenied(f"this page needs the {role} role")
+            if not any(has_role(request.user, role) for role in roles):
+                raise PermissionDenied(f"this page needs the {' or '.join(roles)} role")
             return view(request, *args, **kwargs)
 
         return wrapped

@@ -7,7 +7,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
-from apps.accounts.roles import ANNOTATOR, RESEARCHER, role_required
+from apps.accounts.roles import ANNOTATOR, CURATOR, RESEARCHER, REVIEWER, has_role, role_required
 from apps.buffer.models import Experience
 from apps.core.streaming import streaming
 from apps.runs.models import Run
@@ -202,10 +202,10 @@ def set_aside(request, pk, postpone):
     return redirect("annotate-next")
 
 
-@role_required(RESEARCHER)
+@role_required(RESEARCHER, REVIEWER)
 def run_feedback(request, run_id):
     """Progress and quality of a run's feedback: per-annotator counts and time, agreement; and
-    who may annotate the run."""
+    who may annotate the run (its owner and curators change that). Reviewers read it too."""
     run = get_object_or_404(Run, pk=run_id)
     access = RunAnnotators.objects.filter(run=run).first()
     return render(
@@ -214,6 +214,7 @@ def run_feedback(request, run_id):
          "pairwise": stats.pairwise_agreement(run), "require_review": services.needs_review(run),
          "waiting": review.pending(run).count(),
          "open_to_all": access is None or access.open_to_all,
+         "may_assign": run.owner_id == request.user.pk or has_role(request.user, CURATOR),
          "assigned": sorted(access.users.values_list("username", flat=True)) if access else []},
     )
 
