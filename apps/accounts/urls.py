@@ -1,6 +1,7 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
+from . import views_people
 from .forms import LoginForm
 from .views import ThrottledPasswordChangeView
 
@@ -25,4 +26,8 @@ urlpatterns = [
         auth_views.PasswordChangeDoneView.as_view(template_name="accounts/password_change_done.html"),
         name="password_change_done",
     ),
+    path("people/", views_people.people, name="people"),
+    path("people/<int:pk>/", views_people.person_detail, name="person-detail"),
+    path("people/<int:pk>/roles/", views_people.person_roles, name="person-roles"),
+    path("people/<int:pk>/runs/", views_people.person_assign, name="person-assign"),
 ]

@@ -137,6 +137,23 @@ def set_annotators(run, user, *, open_to_all: bool, usernames: list[str]) -> Run
     return access
 
 
+@transaction.atomic
+def assign_annotator(run, annotator, by, *, assigned: bool) -> RunAnnotators:
+    """Add one annotator to the run's list, or take them off it (the people pages); the run stays
+    open to every annotator or not as it was: a run with no list yet starts one, open to all."""
+    if run.owner_id != by.pk and not has_role(by, CURATOR):
+        raise FeedbackError(f"only the owner of run {run.name!r} or a curator assigns its annotators")
+    if assigned and not has_role(annotator, ANNOTATOR):
+        raise FeedbackError(f"{annotator.username} cannot annotate (no annotator role): give them one first")
+    access, _ = RunAnnotators.objects.get_or_create(run=run)
+    if assigned:
+        access.users.add(annotator)
+    else:
+        access.users.remove(annotator)
+        recheck(live.annotate_group(run.pk))  # their open sockets on the run check again
+    return access
+
+
 # -- who holds and who judged an item ---------------------------------------------------------------
 
 

@@ -64,6 +64,18 @@ MATRIX = {
     "logout": Entry("LLLLL", method="post"),
     "password_change": Entry("LAAAA"),  # everyone changes their own password (and so revokes their token)
     "password_change_done": Entry("LAAAA"),
+    # people: curators add users, set roles and assign annotators; nobody else sees them
+    "people": Entry("LDDDA"),
+    "person-detail": Entry("LDDDA", kwargs=lambda o: {"pk": o.users["annotator"].pk}),
+    "person-roles": Entry(
+        "LDDDA", method="post", kwargs=lambda o: {"pk": o.users["annotator"].pk},
+        data=lambda o: {"roles": ["annotator", "reviewer"], "active": "on"},
+        changed=lambda o: o.users["annotator"].groups.filter(name="reviewer").exists(),
+    ),
+    "person-assign": Entry(
+        "LDDDA", method="post", kwargs=lambda o: {"pk": o.users["annotator"].pk}, data=lambda o: {"run": o.run.pk},
+        changed=lambda o: RunAnnotators.objects.filter(run=o.run, users=o.users["annotator"]).exists(),
+    ),
     # tasksets: researchers; an import job is its uploader's (and curators')
     "taskset-list": Entry("LDAAA"),
     "taskset-upload": Entry("LDAAA"),
