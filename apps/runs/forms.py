@@ -83,6 +83,7 @@ SECTIONS = (
         ),
     ),
     ("Synchroniser", ("synchronizer.method", "synchronizer.interval", "synchronizer.offset")),
+    ("Human feedback", ("feedback.reward_mode", "feedback.judgements_per_item", "feedback.require_review")),
     ("Scale", ("trainer.strategy", "trainer.num_processes", "trainer.num_nodes", "explorer.engine_num")),
 )
 
@@ -117,6 +118,11 @@ HELP = {
                            "checkpoint and nccl put them in workers of their own",
     "explorer.engine_num": "explorers, each a worker of its own on queue explore (checkpoint or nccl sync)",
     "synchronizer.interval": "trainer steps between weight syncs",
+    "feedback.reward_mode": "none: ratings are recorded · weight: reward += weight × rating · override: the rating "
+                            "is the reward (docs/feedback.md)",
+    "feedback.judgements_per_item": "annotators who judge each item (2 or more measures their agreement); empty: "
+                                    "the server's default",
+    "feedback.require_review": "ratings, edits and comparisons reach training once a reviewer accepts them",
     "synchronizer.offset": "explorer runs this many steps ahead of the trainer (1: one-step off-policy)",
 }
 
