@@ -7,7 +7,7 @@ class AlertSettings(models.Model):
 
     user = models.OneToOneField(settings.AUTH_USER_MODEL, related_name="alert_settings", on_delete=models.CASCADE)
     on_finish = models.BooleanField(default=True, help_text="a run completes or is stopped; a sweep's last run ends")
-    on_failure = models.BooleanField(default=True, help_text="a run fails")
+    on_failure = models.BooleanField(default=True, help_text="with its error")
     stall_minutes = models.PositiveIntegerField(
         null=True, blank=True, help_text="a running run takes no trainer step for this many minutes; empty: never")
     email = models.BooleanField(default=False, help_text="send each alert to the account's email address")

@@ -13,8 +13,8 @@
       const low = Math.min(...present), high = Math.max(...present);
       const log = low > 0 && high / low >= 100;
       const at = (v) => (log ? Math.log(v) : v);
-      const span = at(high) - at(low) || 1;
-      return { position: (v) => (v === null || v === undefined ? null : (at(v) - at(low)) / span),
+      const span = at(high) - at(low);
+      return { position: (v) => (v === null || v === undefined ? null : span ? (at(v) - at(low)) / span : 0.5),
         ticks: low === high ? [[0.5, low]] : [[0, low], [1, high]], log: log };
     }
     const names = [...new Set(present.map((v) => JSON.stringify(v)))].sort();
@@ -56,6 +56,7 @@
       annotations.push({ x: i, y: 1.12, text: "<b>" + axis + "</b>" + (scales[i].log ? " (log)" : ""), showarrow: false, xanchor: "center" });
       scales[i].ticks.forEach(([y, value]) => annotations.push({ x: i, y: y, text: short(value), showarrow: false, xanchor: "right", xshift: -6, font: { size: 11, color: "#5f6368" } }));
     });
+    element.replaceChildren(); // the "Loading" line
     const shapes = data.axes.map((_, i) => ({ type: "line", x0: i, x1: i, y0: 0, y1: 1, line: { color: "#bdc1c6", width: 1 } }));
     Plotly.newPlot(element, traces, {
       showlegend: false, height: 360, margin: { l: 70, r: 40, t: 50, b: 20 }, hovermode: "closest",
