@@ -6,6 +6,7 @@ from django.contrib import messages
 from django.contrib.auth import get_user_model, password_validation
 from django.core.exceptions import ValidationError
 from django.core.paginator import Paginator
+from django.db import transaction
 from django.db.models import Count
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
@@ -85,8 +86,9 @@ def person_detail(request, pk):
 def person_roles(request, pk):
     person = get_object_or_404(get_user_model(), pk=pk)
     try:
-        set_active(person, request.POST.get("active") == "on", by=request.user)
-        set_roles(person, request.POST.getlist("roles"), by=request.user)
+        with transaction.atomic():  # both or neither: a refused role change keeps the login as it was
+            set_active(person, request.POST.get("active") == "on", by=request.user)
+            set_roles(person, request.POST.getlist("roles"), by=request.user)
     except PeopleError as exc:
         messages.error(request, f"Nothing changed: {exc}.")
     else:

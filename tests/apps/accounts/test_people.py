@@ -65,6 +65,8 @@ def test_nobody_locks_themselves_out(curator_client, curator):
     root = create_user("root", "pw-for-tests-123", is_superuser=True)
     said = curator_client.post(reverse("person-roles", args=[root.pk]), {"roles": [], "active": "on"}, follow=True)
     assert "superuser" in said.content.decode() and person("root").is_superuser
+    curator_client.post(reverse("person-roles", args=[root.pk]), {"roles": []})  # and no login: neither happens
+    assert person("root").is_active
 
 
 def test_a_curator_assigns_an_annotator_to_a_run(curator_client, annotator, researcher):
