@@ -47,7 +47,7 @@ class Feedback(models.Model):
     reviewer = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, related_name="reviewed",
                                  on_delete=models.SET_NULL)
     reviewed_at = models.DateTimeField(null=True, blank=True)
-    review_note = models.TextField(blank=True)
+    review_note = models.TextField(blank=True, db_default="")  # raw inserts (bench/) too
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

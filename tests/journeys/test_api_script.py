@@ -85,4 +85,4 @@ def test_a_script_uploads_a_taskset_launches_a_run_and_downloads_what_it_wrote_w
     progress = client.get(f"{run_url}annotation/").json()  # how far the annotators got
     assert progress["judgements"]["rating"] == 1 and progress["rated_experiences"] == 1
     assert progress["per_annotator"] == [{"annotator": annotator.username, "kind": "rating", "count": 1,
-                                          "mean_seconds": 0.0}]
+                                          "mean_seconds": 0.0, "pending": 0, "accepted": 0, "rejected": 0}]

@@ -101,7 +101,7 @@ def test_a_reviewer_accepts_by_keyboard_in_the_browser_and_only_that_trains(rese
         login(reviewer, f"/annotate/review/runs/{run.pk}/")
         expect(page.locator("#review-waiting")).to_contain_text("6 waiting")
         for _ in range(6):
-            heading = page.locator("#judgement h2").inner_text()
+            heading = page.locator("#judgement h2").text_content()  # as written: the page shows it in capitals
             page.keyboard.press("x" if heading == "b's edit" else "a")
             page.wait_for_load_state()
             expect(page.locator(".flash")).to_contain_text("Rejected" if heading == "b's edit" else "Accepted")
