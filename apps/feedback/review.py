@@ -58,36 +58,20 @@ def decide(feedback_id: int, reviewer, *, accept: bool, note: str = "") -> Feedb
         raise ReviewError("this judgement was made with no review asked: it reached training at once")
     if feedback.user_id == reviewer.pk:
         raise ReviewError("a judgement is reviewed by someone else than its annotator")
-    wanted = Review.ACCEPTED if accept else Review.REJECTED
-    if feedback.review == Review.ACCEPTED and not accept:
-        _withdraw(feedback, experience)
-    feedback.review, feedback.reviewer, feedback.reviewed_at, feedback.review_note = (
-        wanted, reviewer, timezone.now(), note)
+    withdrawn = feedback.review == Review.ACCEPTED and not accept
+    if withdrawn and (step := history.trained_on(feedback)) is not None:
+        raise ReviewError(f"accepted and trained on at step {step}: it can no longer be rejected")
+    feedback.review = Review.ACCEPTED if accept else Review.REJECTED
+    feedback.reviewer, feedback.reviewed_at, feedback.review_note = reviewer, timezone.now(), note
     # Not updated_at: that is when the annotator judged (history and trained_on read it).
     feedback.save(update_fields=["review", "reviewer", "reviewed_at", "review_note"])
-    if accept:
-        _let_through(feedback, experience)
-    return feedback
-
-
-def _let_through(feedback: Feedback, experience: Experience) -> None:
+    # What it lets through, or takes back: a rating counts in the human reward once accepted; an
+    # edit is a human_edit row; a comparison is its row, read by the trainer's pair sampling
+    # (buffer.store.sample_pairs) once accepted.
     if feedback.kind == Feedback.Kind.RATING:
         services.set_human_reward(experience)
-    elif feedback.kind == Feedback.Kind.EDIT:
+    elif feedback.kind == Feedback.Kind.EDIT and accept:
         services.store_human_edit(experience, feedback.user, feedback.edited_text)
-    # A comparison is its row: accepted, the trainer's pair sampling reads it (buffer.store.sample_pairs).
-
-
-def _withdraw(feedback: Feedback, experience: Experience) -> None:
-    """Take an accepted judgement back out of the buffer, unless training has used it."""
-    step = history.trained_on(feedback)
-    if step is not None:
-        raise ReviewError(f"accepted and trained on at step {step}: it can no longer be rejected")
-    if feedback.kind == Feedback.Kind.EDIT:
-        row = history.edit_row(feedback)
-        if row is not None:
-            row.delete()
-    feedback.review = Review.REJECTED  # for set_human_reward, which reads the stored reviews
-    if feedback.kind == Feedback.Kind.RATING:
-        Feedback.objects.filter(pk=feedback.pk).update(review=Review.REJECTED)
-        services.set_human_reward(experience)
+    elif feedback.kind == Feedback.Kind.EDIT and withdrawn and (row := history.edit_row(feedback)) is not None:
+        row.delete()
+    return feedback

@@ -31,15 +31,6 @@ def per_annotator(run) -> list[dict]:
 REVIEWS = ("pending", "accepted", "rejected")  # Feedback.Review values
 
 
-def _ratings_by_item(run) -> list[list[float]]:
-    """The ratings of each item rated more than once."""
-    by_item = defaultdict(list)
-    ratings = Feedback.objects.filter(experience__run=run, kind=Feedback.Kind.RATING)
-    for experience_id, value in ratings.values_list("experience_id", "value"):
-        by_item[experience_id].append(value)
-    return [values for values in by_item.values() if len(values) > 1]
-
-
 def percent_agreement(units: list[list[float]]) -> float | None:
     """The share of annotator pairs on one item that gave the same rating."""
     pairs = [a == b for values in units for a, b in itertools.combinations(values, 2)]
@@ -88,6 +79,7 @@ def _verdicts(run) -> dict[tuple[int, int], dict[str, str]]:
 
 
 def _ratings_by_annotator(run) -> dict[int, dict[str, float]]:
+    """{experience id: {annotator: normalised rating}} of the run's ratings."""
     found: dict[int, dict[str, float]] = defaultdict(dict)
     rows = Feedback.objects.filter(experience__run=run, kind=Feedback.Kind.RATING)
     for experience_id, value, name in rows.values_list("experience_id", "value", "user__username"):
@@ -99,36 +91,44 @@ def pairwise_agreement(run) -> dict:
     """Per pair of annotators who judged the same items: for ratings, how many items, their percent
     agreement and Krippendorff's alpha; for comparisons, how many pairs, percent agreement and
     Cohen's kappa."""
-    ratings, verdicts = _ratings_by_annotator(run), _verdicts(run)
-    out = {"ratings": [], "comparisons": []}
+    return {"ratings": _rating_pairs(_ratings_by_annotator(run)), "comparisons": _comparison_pairs(_verdicts(run))}
+
+
+def _rating_pairs(ratings: dict) -> list[dict]:
+    rows = []
     for a, b in itertools.combinations(sorted({name for item in ratings.values() for name in item}), 2):
         units = [[item[a], item[b]] for item in ratings.values() if a in item and b in item]
         if units:
-            out["ratings"].append({"annotators": [a, b], "items": len(units),
-                                   "percent_agreement": percent_agreement(units),
-                                   "krippendorff_alpha": krippendorff_alpha_interval(units)})
+            rows.append({"annotators": [a, b], "items": len(units), "percent_agreement": percent_agreement(units),
+                         "krippendorff_alpha": krippendorff_alpha_interval(units)})
+    return rows
+
+
+def _comparison_pairs(verdicts: dict) -> list[dict]:
+    rows = []
     for a, b in itertools.combinations(sorted({name for pair in verdicts.values() for name in pair}), 2):
         both = [(pair[a], pair[b]) for pair in verdicts.values() if a in pair and b in pair]
         if both:
-            out["comparisons"].append({"annotators": [a, b], "pairs": len(both),
-                                       "percent_agreement": sum(x == y for x, y in both) / len(both),
-                                       "cohen_kappa": cohen_kappa(both)})
-    return out
+            rows.append({"annotators": [a, b], "pairs": len(both),
+                         "percent_agreement": sum(x == y for x, y in both) / len(both),
+                         "cohen_kappa": cohen_kappa(both)})
+    return rows
 
 
 def agreement(run) -> dict:
     """The run's agreement: ratings over the items rated more than once (percent agreement,
     Krippendorff's alpha); comparisons over the pairs compared more than once (percent agreement
     over every two annotators of a pair, and the mean of the annotator pairs' kappas: Light's kappa)."""
-    units = _ratings_by_item(run)
-    verdicts = [list(pair.values()) for pair in _verdicts(run).values() if len(pair) > 1]
-    agreeing = [x == y for labels in verdicts for x, y in itertools.combinations(labels, 2)]
-    kappas = [row["cohen_kappa"] for row in pairwise_agreement(run)["comparisons"] if row["cohen_kappa"] is not None]
+    units = [list(item.values()) for item in _ratings_by_annotator(run).values() if len(item) > 1]
+    verdicts = _verdicts(run)
+    judged = [list(pair.values()) for pair in verdicts.values() if len(pair) > 1]
+    agreeing = [x == y for labels in judged for x, y in itertools.combinations(labels, 2)]
+    kappas = [row["cohen_kappa"] for row in _comparison_pairs(verdicts) if row["cohen_kappa"] is not None]
     return {
         "items_rated_more_than_once": len(units),
         "percent_agreement": percent_agreement(units),
         "krippendorff_alpha": krippendorff_alpha_interval(units),
-        "pairs_compared_more_than_once": len(verdicts),
+        "pairs_compared_more_than_once": len(judged),
         "comparison_percent_agreement": sum(agreeing) / len(agreeing) if agreeing else None,
         "comparison_kappa": sum(kappas) / len(kappas) if kappas else None,
     }

@@ -12,6 +12,7 @@ from django.db.models.functions import Cast
 from django.utils import timezone
 
 from . import queries
+from .config_keys import shown
 from .models import MetricPoint, Run
 
 # A JSON number as Postgres and SQLite write it out: what may be cast to a float.
@@ -54,10 +55,6 @@ def flatten_config(value, prefix: str = "") -> dict:
     return {prefix: value}
 
 
-def _shown(value) -> str:
-    return value if isinstance(value, str) else json.dumps(value)
-
-
 def config_diff(runs: list[Run]) -> list[tuple[str, list[str | None]]]:
     """(dotted key, the value of each run or None where it lacks the key) for the keys whose values
     differ between the runs, in key order. 1 and true, or 1 and "1", differ."""
@@ -65,10 +62,10 @@ def config_diff(runs: list[Run]) -> list[tuple[str, list[str | None]]]:
     keys = sorted(set().union(*flat)) if flat else []
     diff = []
     for key in keys:
-        shown = [_shown(config[key]) if key in config else None for config in flat]
+        values = [shown(config[key]) if key in config else None for config in flat]
         exact = {json.dumps(config.get(key, MISSING), sort_keys=True, default=str) for config in flat}
         if len(exact) > 1:
-            diff.append((key, shown))
+            diff.append((key, values))
     return diff
 
 

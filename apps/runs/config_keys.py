@@ -1,5 +1,7 @@
-"""A run config's keys by their dotted names ("algorithm.kl.coef"), as the launch form and sweeps set them."""
+"""A run config's keys by their dotted names ("algorithm.kl.coef"), as the launch form and sweeps set
+them, and a value as a person reads it (compare's config diff, sweeps)."""
 
+import json
 from collections.abc import Mapping
 
 
@@ -18,3 +20,9 @@ def set_key(config: dict, key: str, value) -> None:
             config[part] = {}
         config = config[part]
     config[name] = value
+
+
+def shown(value) -> str:
+    """A config value as YAML and JSON write it (1e-05, true, null; text as it is), not as Django
+    shows a float (0.00001)."""
+    return value if isinstance(value, str) else json.dumps(value)

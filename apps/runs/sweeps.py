@@ -13,11 +13,12 @@ import re
 from dataclasses import dataclass
 
 from django.db import transaction
+from django.urls import reverse
 
 from workers.rft.config import ConfigError, ConfigIssue
 
 from . import comparison, queries, services
-from .config_keys import set_key
+from .config_keys import set_key, shown
 from .models import Run, Sweep
 
 MAX_RUNS = 32  # what one sweep may ask of shared workers at once
@@ -56,8 +57,8 @@ class Axis:
 
     def text(self) -> str:
         if self.values:
-            return f"{self.key}: {', '.join(_shown(value) for value in self.values)}"
-        return f"{self.key}: {_shown(self.low)} .. {_shown(self.high)} {self.scale}"
+            return f"{self.key}: {', '.join(shown(value) for value in self.values)}"
+        return f"{self.key}: {shown(self.low)} .. {shown(self.high)} {self.scale}"
 
 
 def _scalar(text: str):
@@ -68,10 +69,6 @@ def _scalar(text: str):
     except ValueError:
         return text
     return value if isinstance(value, (int, float, str, bool)) or value is None else text
-
-
-def _shown(value) -> str:
-    return value if isinstance(value, str) else json.dumps(value)
 
 
 def parse_space(text: str) -> list[Axis]:
@@ -183,7 +180,7 @@ def run_name(name: str, swept: dict) -> str:
         short = key.rsplit(".", 1)[-1]
         if sum(other.rsplit(".", 1)[-1] == short for other in swept) > 1:
             short = key
-        parts.append(f"{short}={_shown(value)}")
+        parts.append(f"{short}={shown(value)}")
     return f"{name} · {' · '.join(parts)}"[:200]
 
 
@@ -202,7 +199,7 @@ def launch_sweep(owner, name: str, base: dict, space, method: str, count: int | 
         try:
             services.validate_config(config)
         except ConfigError as err:
-            made_by = ", ".join(f"{key}={_shown(value)}" for key, value in values.items())
+            made_by = ", ".join(f"{key}={shown(value)}" for key, value in values.items())
             for issue in err.errors:
                 issues.setdefault((issue.key, issue.message),
                                   ConfigIssue(issue.key, f"{issue.message} (with {made_by})"))
@@ -247,14 +244,11 @@ def table(sweep: Sweep) -> dict:
             "result_label": next((row["held_out"].label for row in rows if row["held_out"]), "Held-out, best")}
 
 
-def chart_data(sweep: Sweep, shown: dict) -> dict:
+def chart_data(rows: dict) -> dict:
     """The parallel-coordinates chart's data (static/js/sweep_page.js): an axis per key and the result."""
     return {
-        "axes": [*shown["keys"], shown["result_label"]],
-        "runs": [{"name": row["run"].name, "url": f"/runs/{row['run'].pk}/", "values": [*row["values"], row["result"]]}
-                 for row in shown["rows"]],
+        "axes": [*rows["keys"], rows["result_label"]],
+        "runs": [{"name": row["run"].name, "url": reverse("run-detail", args=[row["run"].pk]),
+                  "values": [*row["values"], row["result"]]}
+                 for row in rows["rows"]],
     }
-
-
-def finished(sweep: Sweep) -> bool:
-    return not sweep.runs.exclude(status__in=Run.FINISHED).exists()

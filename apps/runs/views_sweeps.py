@@ -35,7 +35,7 @@ def sweep_detail(request, pk):
     unfinished = [run for run in runs if not run.is_finished]
     return render(request, "sweeps/detail.html", {
         "sweep": sweep, "table": shown, "space": sweeps.space_text(sweep),
-        "chart": sweeps.chart_data(sweep, shown),
+        "chart": sweeps.chart_data(shown),
         "compare_url": reverse("run-compare") + "?" + "&".join(f"runs={run.pk}" for run in runs),
         "unfinished": unfinished, "may_stop": unfinished and may_control(request.user, runs[0]),
         "plotly_version": PLOTLY_VERSION,

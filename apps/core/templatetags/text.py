@@ -1,9 +1,5 @@
-"""`as_json`: a config value as YAML and JSON write it (1e-05, true, null), not as Django shows a
-float (0.00001).
-
-`ticks`: text whose `backquoted` words are names to type (a queue, a key, a command), shown as
+"""`ticks`: text whose `backquoted` words are names to type (a queue, a key, a command), shown as
 <code> rather than with the backquotes (messages said "a `train` worker" literally)."""
-import json
 import re
 
 from django import template
@@ -17,8 +13,3 @@ TICKED = re.compile(r"`([^`\n]+)`")
 @register.filter
 def ticks(text) -> str:
     return mark_safe(TICKED.sub(r"<code>\1</code>", escape(str(text))))  # escaped first: only <code> is ours
-
-
-@register.filter
-def as_json(value) -> str:
-    return value if isinstance(value, str) else json.dumps(value)
