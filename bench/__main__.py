@@ -1,7 +1,7 @@
 """python -m bench all | <name> [options]: run benchmarks, print their tables, write bench/results/<name>.json.
 
 Names: grpo_step, learning, rollout, stack_overhead, buffer, live_metrics, memory, weight_sync, explorers,
-config_cost, gpu_step and decode (one GPU; not in `all`).
+config_cost, config_parse, gpu_step and decode (one GPU; not in `all`).
 `--quick` uses fewer repetitions and steps (for a loaded machine); see bench/README.md for what each
 figure means.
 """
@@ -72,6 +72,12 @@ def run_explorers(args):
     return explorers(quick=args.quick)
 
 
+def run_config_parse(args):
+    from bench.config_cost import config_parse
+
+    return config_parse(against=args.against)
+
+
 def run_config_cost(args):
     from bench.config_cost import config_cost
 
@@ -105,6 +111,7 @@ BENCHMARKS = {
     "weight_sync": run_weight_sync,
     "explorers": run_explorers,
     "config_cost": run_config_cost,
+    "config_parse": run_config_parse,
     "gpu_step": run_gpu_step,
     "decode": run_decode,
     "annotate": lambda args: __import__("bench.annotate", fromlist=["run"]).run(args),
@@ -118,6 +125,7 @@ def main() -> None:
     parser.add_argument("--full", action="store_true", help="buffer: 10^7 rows (~30 GB of disk)")
     parser.add_argument("--cases", nargs="+", choices=["tiny", "smollm2"], help="grpo_step: which models")
     parser.add_argument("--dtypes", nargs="+", choices=["fp32", "bf16"], help="grpo_step: which dtypes")
+    parser.add_argument("--against", help="config_parse: the git revision to time beside this tree")
     parser.add_argument("--out", help="gpu_step: the folder for gpu_step.json")
     parser.add_argument("--steps", type=int, default=4, help="gpu_step: steps per child, the first dropped")
     parser.add_argument("--reps", type=int, help="gpu_step: children per side (1); decode: generate calls (3)")

@@ -1,6 +1,7 @@
 """What the costliest config text costs the server: CPU seconds to read and check it, alone and four at once.
 
     python -m bench config_cost [--quick]
+    python -m bench config_parse [--against REV]   # RunConfig.from_dict, here and at REV
 
 Each text is 262,139 characters (at most MAX_CONFIG_CHARS, as in issue #41), of one shape that
 makes much work per byte: many nodes (tiny keys, one-character items, empty lists), lists nested
@@ -120,5 +121,54 @@ def config_cost(quick: bool = False) -> dict:
     return {"shapes": results, "concurrent": four}
 
 
+def parse_times(reps: int = 200) -> dict:
+    """Milliseconds per `RunConfig.from_dict` (the median of reps) on each built-in preset and on
+    the largest config accepted (MAX_CONFIG_NODES nodes and a 99,000-character system prompt, read
+    once), in the tree this process imports."""
+    from apps.runs.presets import PRESETS
+    from workers.rft.config import RunConfig, parse_config_text
+
+    configs = {name: preset.config for name, preset in PRESETS.items()}
+    configs["largest accepted"] = parse_config_text(_most_nodes(SIZE))
+    times = {}
+    for name, config in configs.items():
+        RunConfig.from_dict(config)
+        runs = []
+        for _ in range(reps if name != "largest accepted" else reps // 10):
+            started = time.perf_counter()
+            RunConfig.from_dict(config)
+            runs.append(time.perf_counter() - started)
+        times[name] = sorted(runs)[len(runs) // 2] * 1000
+    return times
+
+
+def config_parse(against: str | None = None) -> dict:
+    """parse_times here and, side by side, in `against` (a git revision, unpacked by git archive),
+    each in a child of this process."""
+    import tempfile
+
+    trees = {"this tree": ROOT}
+    with tempfile.TemporaryDirectory() as tmp:
+        if against:
+            archive = subprocess.run(["git", "archive", against], cwd=ROOT, capture_output=True, check=True).stdout
+            subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+            trees[against] = tmp
+        found = {}
+        for label, tree in trees.items():
+            # this file times the tree on PYTHONPATH: its engine and presets
+            out = subprocess.run([PY, __file__, "--parse"], cwd=tree, capture_output=True, text=True, check=True,
+                                 env={**os.environ, **THREAD_ENV, "PYTHONPATH": str(tree)}).stdout
+            found[label] = json.loads(out.splitlines()[-1])
+    names = list(found["this tree"])
+    rows = [[name, *(found[label].get(name, float("nan")) for label in trees)] for name in names]
+    print(table(rows, ["config", *(f"ms, {label}" for label in trees)]), flush=True)
+    path = save("config_parse", {"machine": machine(), "ms": found})
+    print(f"-> {path}", flush=True)
+    return found
+
+
 if __name__ == "__main__":
-    child_main(sys.argv[1])
+    if sys.argv[1] == "--parse":
+        print(json.dumps(parse_times()))
+    else:
+        child_main(sys.argv[1])

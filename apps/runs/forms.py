@@ -12,9 +12,6 @@ plus the tasksets and model directories).
 
 import json
 from collections.abc import Mapping
-from dataclasses import fields
-from types import NoneType, UnionType
-from typing import get_args
 
 import yaml
 from django import forms
@@ -24,6 +21,7 @@ from django.db.models import Q
 from apps.buffer.models import Experience
 from apps.tasksets.models import Taskset
 from workers.rft.config import ConfigError, check_config_value, parse_config_text, parse_reward_fn_text
+from workers.rft.config_issues import accepts_null, choices_of, description, leaf_types, section_of
 
 from . import notes, sweeps
 from .config_keys import get_key, set_key
@@ -87,45 +85,6 @@ SECTIONS = (
     ("Scale", ("trainer.strategy", "trainer.num_processes", "trainer.num_nodes", "explorer.engine_num")),
 )
 
-HELP = {
-    "mode": "both: explore and train · explore: collect rollouts · train: on the buffer · bench: evaluate checkpoints",
-    "model.path": "a built-in model (tiny, smollm2-135m) or a local Hugging Face directory",
-    "buffer.taskset": "tasks the explorer samples",
-    "buffer.expert_taskset": "expert data mixed into trainer batches (mix, sft, dpo)",
-    "buffer.eval_taskset": "held-out tasks for explorer.eval_interval and mode bench",
-    "buffer.max_staleness": "oldest model version a trainer batch may use, in versions behind; empty: unbounded",
-    "algorithm.repeat_times": "group size: rollouts per task",
-    "algorithm.policy_loss": "empty: the algorithm's own; gspo, cispo, opmd on rollouts, sft_is, sft_phi on expert "
-                             "data (docs/algorithms.md)",
-    "algorithm.clip_range": "PPO ratio clip ε",
-    "algorithm.clip_ratio_c": "dual clip: a token with a negative advantage costs at most this × |A|; empty: off",
-    "algorithm.rollout_correction.mode": "weight tokens by π_trainer / π_rollout (truncated or masked at clip_max 3), "
-                                         "for engines whose log-probs differ from the trainer's (vLLM, bf16)",
-    "algorithm.drop_zero_std_groups": "drop groups whose rewards are all equal (they carry no signal)",
-    "algorithm.mix.mu": "weight of the SFT loss on expert data",
-    "algorithm.mix.expert_data_ratio": "share of expert experiences in each trainer batch",
-    "explorer.batch_size": "tasks per explorer step",
-    "explorer.reward_fn": "a name, or a mapping of names to weights: {exact_match: 1, format: 0.2}",
-    "explorer.eval_interval": "evaluate every N explorer steps; 0: never",
-    "trainer.batch_size": "experiences per step; empty: explorer.batch_size × repeat_times",
-    "trainer.save_interval": "checkpoint every N steps; 0: only at the end",
-    "trainer.strategy": "single: one process · ddp: data parallel, a rank per GPU · fsdp: ddp with the model "
-                        "sharded over the ranks (docs/scale.md)",
-    "trainer.num_processes": "ranks per machine (one per GPU); the trainer's worker starts them",
-    "trainer.num_nodes": "machines: each past the first needs a free train worker",
-    "synchronizer.method": "memory: explorer and trainer in one worker · checkpoint: through versioned files · "
-                           "nccl: broadcast from the trainer to its explorers (gloo on CPU); "
-                           "checkpoint and nccl put them in workers of their own",
-    "explorer.engine_num": "explorers, each a worker of its own on queue explore (checkpoint or nccl sync)",
-    "synchronizer.interval": "trainer steps between weight syncs",
-    "feedback.reward_mode": "none: ratings are recorded · weight: reward += weight × rating · override: the rating "
-                            "is the reward (docs/feedback.md)",
-    "feedback.judgements_per_item": "annotators who judge each item (2 or more measures their agreement); empty: "
-                                    "the server's default",
-    "feedback.require_review": "ratings, edits and comparisons reach training once a reviewer accepts them",
-    "synchronizer.offset": "explorer runs this many steps ahead of the trainer (1: one-step off-policy)",
-}
-
 # Knobs that matter for some algorithms only; the page hides them for the others.
 RL = ("grpo", "ppo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opmd", "mix", "mix_chord")
 CLIPPED = tuple(name for name in RL if name != "opmd")  # the presets whose loss clips the ratio
@@ -185,27 +144,28 @@ class RewardFnField(forms.CharField):
 
 
 def _schema_field(key: str):
-    """The dataclass field of RunConfig at a dotted key."""
+    """The pydantic field of RunConfig at a dotted key."""
     from workers.rft.config import RunConfig
 
-    cls = RunConfig
+    model = RunConfig
     *sections, name = key.split(".")
     for part in sections:
-        cls = next(f.type for f in fields(cls) if f.name == part)
-    return next(f for f in fields(cls) if f.name == name)
+        model = section_of(model.model_fields[part].annotation)
+    return model.model_fields[name]
 
 
 def _form_field(key: str, taskset_names: list[str]) -> forms.Field:
-    """A form field that takes what the config key takes, read off the config schema so the two
-    cannot drift; the ranges are left to the schema, whose messages then show next to the field."""
+    """A form field that takes what the config key takes, with its description as help, read off
+    the config schema so the two cannot drift; the ranges are left to the schema, whose messages
+    then show next to the field."""
     spec = _schema_field(key)
-    types = get_args(spec.type) if isinstance(spec.type, UnionType) else (spec.type,)
-    optional = NoneType in types
-    choices = spec.metadata.get("choices")
+    types = leaf_types(spec.annotation)
+    optional = accepts_null(spec.annotation)
+    choices = choices_of(spec.annotation) or None
     if key in TASKSET_KEYS:
         choices = taskset_names
     required = not optional and bool not in types  # an unchecked box is a value: false
-    options = {"required": required, "label": key.split(".", 1)[-1], "help_text": HELP.get(key, "")}
+    options = {"required": required, "label": key.split(".", 1)[-1], "help_text": description(spec)}
     if key == "explorer.reward_fn":
         field = RewardFnField(**options)
     elif choices is not None:

@@ -95,7 +95,7 @@ def key_figures(run: Run) -> list[dict]:
 def checkpoint_schedule(run: Run) -> str:
     """When the trainer saves checkpoints (trainer.save_interval, save_interval_s, keep_checkpoints),
     in words, for the run page's empty checkpoint table."""
-    trainer = {**vars(TrainerConfig()), **(run.config.get("trainer") or {})}
+    trainer = {**TrainerConfig().model_dump(), **(run.config.get("trainer") or {})}
     every = []
     if trainer["save_interval"]:
         every.append(f"every {trainer['save_interval']} trainer steps")

@@ -29,6 +29,7 @@ from tests.security.test_bad_configs import GOOD, merged
 from tests.security.test_round3_config import LAUNCH, form_errors, form_fields, refusal
 from tests.support import api_launcher, browser_client
 from workers.rft import config as config_module
+from workers.rft import config_issues, config_text
 from workers.rft.config import (
     MAX_CONFIG_CHARS,
     MAX_CONFIG_NODES,
@@ -69,9 +70,9 @@ class Work:
 @pytest.fixture
 def work(monkeypatch) -> Work:
     done = Work()
-    loader = config_module._Loader
+    loader = config_text._Loader
     get_event, construct_object = loader.get_event, loader.construct_object
-    walk, hint = config_module.json_value_problem, config_module._hint
+    walk, hint = config_text.json_value_problem, config_issues.hint
 
     def counted_event(self):
         done.events += 1
@@ -91,8 +92,8 @@ def work(monkeypatch) -> Work:
 
     monkeypatch.setattr(loader, "get_event", counted_event)
     monkeypatch.setattr(loader, "construct_object", counted_build)
-    monkeypatch.setattr(config_module, "json_value_problem", counted_walk)
-    monkeypatch.setattr(config_module, "_hint", counted_hint)
+    monkeypatch.setattr(config_text, "json_value_problem", counted_walk)
+    monkeypatch.setattr(config_issues, "hint", counted_hint)
     return done
 
 
@@ -108,7 +109,7 @@ def refused_message(text: str) -> str:
 def test_yaml_is_read_by_libyaml():
     """PyYAML's pure-Python reader took 7.3 s for the deep lists below, libyaml 0.02 s (bench)."""
     assert yaml.__with_libyaml__, "PyYAML without libyaml: configs are read by the slow fallback"
-    assert issubclass(config_module._Loader, yaml.CSafeLoader)
+    assert issubclass(config_text._Loader, yaml.CSafeLoader)
 
 
 @pytest.mark.parametrize("shape", REFUSED)
@@ -143,7 +144,7 @@ def test_the_python_reader_is_bounded_the_same_way(monkeypatch):
             PythonLoader.events += 1
             return super().get_event()
 
-    monkeypatch.setattr(config_module, "_Loader", PythonLoader)
+    monkeypatch.setattr(config_text, "_Loader", PythonLoader)
     for text, words in [(WORST["yaml deep lists"], TOO_MANY), (WORST["yaml unknown keys"], TOO_MANY),
                         ("a: " + "[" * 50_000 + "]" * 50_000, "nested more than 64 levels deep"),
                         ("a: &x [1]\nb: *x\n", "anchors and aliases (&x, *x) are not accepted")]:
@@ -296,10 +297,9 @@ def test_every_operator_with_every_param_launches(api):
 def test_every_operator_declares_params_the_schema_checks(registry):
     """Each param typed (bool, int, float, str, or one | None) and defaulted: a bare name is valid."""
     for name in registry:
-        params = config_module._params_of(registry.get(name))
-        for param in params.__dataclass_fields__.values():
-            assert param.default is not config_module.REQUIRED, (name, param.name)
-            assert config_module._check_value(param.default, param) == (param.default, None), (name, param.name)
+        params = config_issues.params_model(registry.get(name))
+        assert not [param for param, field in params.model_fields.items() if field.is_required()], name
+        params.model_validate({})  # every default passes its own rules
         RunConfig.from_dict({"explorer" if registry is EXPERIENCE_OPERATORS else "buffer":
                              {"pipeline" if registry is EXPERIENCE_OPERATORS else "task_pipeline": [name]}})
 

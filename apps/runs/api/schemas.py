@@ -12,10 +12,15 @@ from django.urls import reverse
 from ninja import Field, Schema
 
 from rftweb.celery import queue_lengths
+from workers.rft.config_docs import json_schema as config_schema
 
 from .. import capacity, notes, queries, task_log, turns, waits
 from ..capacity import ALL_QUEUES
 from ..models import Run
+
+# A run config as a body takes it: every key typed, bounded, defaulted and described (docs/config.md),
+# or the same as YAML text. The routes read it themselves, with the config's own messages.
+CONFIG_IN = {"anyOf": [config_schema(), {"type": "string", "description": "the same as YAML or JSON text"}]}
 
 # ---- errors ------------------------------------------------------------------------------------
 
@@ -71,7 +76,8 @@ class LaunchIn(Schema):
 
     name: str = Field("api run", description="at most 200 characters are kept")
     config: dict[str, Any] | str = Field(
-        description="the run config (docs/config.md) as a mapping, or as YAML text", default_factory=dict
+        description="the run config (docs/config.md) as a mapping, or as YAML text", default_factory=dict,
+        json_schema_extra=CONFIG_IN,
     )
 
 
@@ -118,7 +124,8 @@ class DutyOut(Schema):
 
 class RunDetailOut(RunOut):
     duties: list[DutyOut]
-    config: dict[str, Any]
+    config: dict[str, Any] = Field(description="the run config as launched (docs/config.md)",
+                                   json_schema_extra=config_schema())
     resumes: list[dict[str, Any]] = Field(description='each {"at", "after", "error", "checkpoint"}')
     checkpoints: list[CheckpointOut]
     buffer_retired: dict[str, Any] | None = Field(

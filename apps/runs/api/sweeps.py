@@ -14,7 +14,7 @@ from .. import sweeps
 from ..models import Sweep
 from .bodies import config_of, invalid, json_body, name_of
 from .paging import page_of
-from .schemas import PAGE, PAGE_SIZE, ErrorOut, RunOut, run_json
+from .schemas import CONFIG_IN, PAGE, PAGE_SIZE, ErrorOut, RunOut, run_json
 
 router = Router(tags=["sweeps"])
 REFUSED = {401: ErrorOut, 403: ErrorOut}
@@ -39,7 +39,7 @@ class SweepIn(Schema):
 
     name: str = Field("api sweep", description="its runs are named after it and their values")
     config: dict[str, Any] | str = Field(description="the base config (docs/config.md), a mapping or YAML text",
-                                         default_factory=dict)
+                                         default_factory=dict, json_schema_extra=CONFIG_IN)
     method: str = Field("grid", description="grid: every combination of listed values · random: `count` draws")
     space: list[AxisIn] = Field(description=f"the swept keys, at most {sweeps.MAX_KEYS}")
     count: int | None = Field(None, description=f"random search: how many runs (1 to {sweeps.MAX_RUNS})")

@@ -185,3 +185,37 @@ def test_a_wrong_method_is_json_naming_the_right_ones(script, make_run):
     response = script.delete(reverse("api-runs"))
     assert response.status_code == 405 and response.json() == {"error": "use GET or POST"}
     assert sorted(response["Allow"].split(", ")) == ["GET", "POST"]
+
+
+def leaves(schema: dict, prefix: str = ""):
+    """(dotted key, property schema) of every key the config schema types."""
+    for name, prop in schema["properties"].items():
+        section = next((s for s in prop.get("anyOf", [prop]) if "properties" in s), None)
+        yield prefix + name, prop
+        if section is not None:
+            yield from leaves(section, prefix + name + ".")
+
+
+def test_the_run_config_is_typed_key_by_key(spec):
+    """Issue #45: the launch body's config, a run's config and a sweep's base each carry the run
+    config's schema: every key with a type, its default, its bounds or choices and a description,
+    and no key outside it."""
+    from workers.rft.config_docs import rows
+
+    launch = spec["paths"]["/api/runs/"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    taken = launch["properties"]["config"]["anyOf"][0]
+    detail = spec["components"]["schemas"]["RunDetailOut"]["properties"]["config"]
+    sweep = spec["paths"]["/api/sweeps/"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    sweep = sweep["properties"]["config"]["anyOf"][0]
+    assert taken == sweep and detail["properties"] == taken["properties"] and not detail["additionalProperties"]
+    typed = dict(leaves(taken))
+    assert list(typed) == [key for key, *_ in rows()]  # the docs' table lists the same keys
+    assert taken["additionalProperties"] is False
+    for key, prop in typed.items():
+        assert prop.get("description"), key
+        assert "type" in prop or "anyOf" in prop, key
+    assert typed["trainer.lr"] == {"default": 1e-05, "description": "the policy's learning rate",
+                                   "exclusiveMinimum": 0, "maximum": 1.0, "type": "number"}
+    assert typed["algorithm.kl.fn"]["enum"] == ["k1", "k2", "k3", "low_var_kl", "none"]
+    assert typed["trainer.batch_size"]["anyOf"] == [{"maximum": 65536, "minimum": 1, "type": "integer"},
+                                                    {"type": "null"}]

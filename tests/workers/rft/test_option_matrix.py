@@ -35,6 +35,7 @@ from workers.rft.algorithms import (
     resolve,
 )
 from workers.rft.config import ConfigError, RunConfig
+from workers.rft.config_issues import choices_of, section_of
 from workers.rft.distributed import launch
 from workers.rft.engines import TransformersEngine, choose_engine
 from workers.rft.experience import Experience, PreferencePair
@@ -51,7 +52,7 @@ from workers.rft.models import (
     read_weights,
     resolve_model_path,
 )
-from workers.rft.rewards import ReadLimits, build_reward
+from workers.rft.rewards import REWARD_FNS, ReadLimits, build_reward
 from workers.rft.sampling import SAMPLE_STRATEGIES
 
 pytestmark = pytest.mark.usefixtures("data_dir")
@@ -73,14 +74,14 @@ VLLM_MISSING = importlib.util.find_spec("vllm") is None
 
 
 def schema_choices(cls=RunConfig, prefix: str = "") -> dict[str, list]:
-    """Dotted key -> the values validation accepts, from the fields' `choices`, else `names`."""
-    found = {}
-    for f in dataclasses.fields(cls):
-        key = prefix + f.name
-        if dataclasses.is_dataclass(f.type):
-            found |= schema_choices(f.type, key + ".")
-        elif (values := f.metadata.get("choices") or f.metadata.get("names")) is not None:
-            found[key] = list(values)
+    """Dotted key -> the values validation accepts: each choice field's (a Literal), and the reward fns."""
+    found = {"explorer.reward_fn": REWARD_FNS.names()} if cls is RunConfig else {}
+    for name, field in cls.model_fields.items():
+        key = prefix + name
+        if section_of(field.annotation) is not None:
+            found |= schema_choices(section_of(field.annotation), key + ".")
+        elif choices_of(field.annotation):
+            found[key] = list(choices_of(field.annotation))
     return found
 
 

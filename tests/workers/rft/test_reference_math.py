@@ -10,7 +10,6 @@ trl/trainer/grpo_trainer.py at the mirrored HEAD, its DPO sigmoid loss v0.28.0 (
 verl's and Trinity's masked means divide by count + 1e-8: the inputs are of moderate size so that this
 shifts nothing by 1e-9, except in verl's seq-mean-token-mean (AGG_RTOL).
 """
-import dataclasses
 import math
 from collections import defaultdict
 
@@ -59,8 +58,8 @@ def algo_config(**fields) -> AlgorithmConfig:
     base = AlgorithmConfig()
     for key, value in fields.items():
         if isinstance(value, dict):
-            fields[key] = dataclasses.replace(getattr(base, key), **value)
-    return dataclasses.replace(base, **fields)
+            fields[key] = getattr(base, key).model_copy(update=value)
+    return base.model_copy(update=fields)
 
 
 # ---- inputs -------------------------------------------------------------------------------------

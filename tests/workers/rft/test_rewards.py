@@ -142,7 +142,7 @@ def test_every_reward_fn_declares_what_its_params_may_be(name):
         rules = fn.rules.get(param.name, {})
         assert param.annotation in (bool, int, float, str), (name, param.name)
         if param.annotation is int:
-            assert rules.get("most") is not None or rules.get("le") is not None, (name, param.name)
+            assert rules.get("le") is not None, (name, param.name)
         if param.annotation is str:
             assert {"check", "choices", "model"} & set(rules), (name, param.name)
 

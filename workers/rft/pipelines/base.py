@@ -17,8 +17,8 @@ TASK_OPERATORS = Registry("task operator")
 def pipeline_operator(registry: Registry, name: str, **rules: dict):
     """Registers op(items, ctx, **params) as operator `name` of registry. Each param after (items,
     ctx) needs an annotation (bool, int, float, str, or one of them | None) and a default, and
-    follows rules[param]: a config field's rules (config._f: choices, ge, gt, le, lt, most, check),
-    e.g. max_new={"ge": 1, "most": 1024}."""
+    follows rules[param]: rules as config_issues.field_of reads them (ge, gt, le, lt, choices, check),
+    e.g. max_new={"ge": 1, "le": 1024}."""
 
     def add(op):
         op.rules = rules

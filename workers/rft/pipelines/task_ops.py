@@ -11,7 +11,7 @@ from ..tokens import encode_start
 from .base import TASK_OPERATORS, pipeline_operator
 
 
-@pipeline_operator(TASK_OPERATORS, "filter_length", max_tokens={"ge": 1, "most": 131_072})
+@pipeline_operator(TASK_OPERATORS, "filter_length", max_tokens={"ge": 1, "le": 131_072})
 def filter_length(tasks, ctx, max_tokens: int = 256):
     """Tasks whose prompt, as the workflow encodes it, fits in max_tokens (longer ones would be cut)."""
     workflow = ctx.workflow
@@ -40,7 +40,7 @@ def priority(tasks, ctx, difficulty: float = 0.0, use_count: float = 0.0):
 
 
 # Every explorer step stores up to max_new new tasks in the run's taskset, for good.
-@pipeline_operator(TASK_OPERATORS, "synthesize_harder", max_new={"ge": 1, "most": 1024})
+@pipeline_operator(TASK_OPERATORS, "synthesize_harder", max_new={"ge": 1, "le": 1024})
 def synthesize_harder(tasks, ctx, min_reward: float = 1.0, max_new: int = 4):
     """Harder arithmetic variants of tasks the model now solves (latest group mean reward >=
     min_reward), each task expanded once; the new tasks are stored in the task source."""

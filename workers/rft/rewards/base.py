@@ -25,8 +25,8 @@ CAUSAL_LM = ("ForCausalLM", "LMHeadModel", "ForConditionalGeneration")
 def reward_fn(name: str, **rules: dict):
     """Registers fn(response, task, **params) as reward fn `name`. Each param after (response,
     task) needs an annotation (bool, int, float or str), is required where it has no default, and
-    follows rules[param]: a config field's rules (config._f: choices, ge, gt, le, lt, most, check,
-    model), e.g. max_new_tokens={"ge": 1, "most": 1024}. Counts need an upper bound and text a
+    follows rules[param] as config_issues.field_of reads them (ge, gt, le, lt, choices, check,
+    model), e.g. max_new_tokens={"ge": 1, "le": 1024}. Counts need an upper bound and text a
     check, choices or `model`: a param is a request to a shared worker (test_rewards.py checks)."""
 
     def add(fn):

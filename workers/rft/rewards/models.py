@@ -187,12 +187,12 @@ def _llm_judge_batch(responses, tasks, limits: ReadLimits, model: str, rubric: s
 
 
 DEVICES = ("auto", "cpu", "cuda")
-BATCH_SIZE = {"ge": 1, "most": 256}  # sequences per forward
+BATCH_SIZE = {"ge": 1, "le": 256}  # sequences per forward
 
 
 @reward_fn(
-    "llm_judge", model={"model": CAUSAL_LM}, rubric={"check": rubric_problem}, max_score={"gt": 0, "most": 1000},
-    max_new_tokens={"ge": 1, "most": 1024}, device={"choices": DEVICES}, batch_size=BATCH_SIZE,
+    "llm_judge", model={"model": CAUSAL_LM}, rubric={"check": rubric_problem}, max_score={"gt": 0, "le": 1000},
+    max_new_tokens={"ge": 1, "le": 1024}, device={"choices": DEVICES}, batch_size=BATCH_SIZE,
 )
 def llm_judge(response: str, task, model: str, rubric: str = DEFAULT_RUBRIC, max_score: float = 10,
               max_new_tokens: int = 16, device: str = "auto", batch_size: int = 16) -> float | None:

@@ -1,0 +1,178 @@
+"""The config's rules across keys: what pydantic checks one field at a time cannot see, e.g.
+`explorer.engine_num` above 1 needs `synchronizer.method` 'checkpoint' or 'nccl', and a key that
+would do nothing in its combination (a run does what its config says). Each rule names the key to
+blame and the keys it reads."""
+from workers.rft.algorithms import ALGORITHMS, EXPERT, LOSS_PARTS, PAIRS, USUAL, resolve
+from workers.rft.config_issues import operator_issues, reward_fn_issues
+from workers.rft.config_text import ConfigIssue
+from workers.rft.pipelines import EXPERIENCE_OPERATORS, TASK_OPERATORS
+from workers.rft.synchronizer import SPLIT_SYNC_METHODS
+from workers.rft.workflows import workflow_args_problems
+
+MAX_ROLLOUTS_PER_STEP = 65_536  # explorer.batch_size * algorithm.repeat_times
+
+
+def _loss_fits(loss: str, algorithm: str) -> bool:
+    """Whether algorithm.policy_loss `loss` may replace the preset's loss of `algorithm`: it must
+    train on the data the algorithm samples (LOSS_PARTS), or on an RL algorithm add expert data to
+    the rollouts (mix, mix_chord). The sft losses read no reward: on rollouts they would imitate
+    the model's own answers whatever they scored (RL that ignores its rewards), so they are refused
+    rather than given that meaning; SFT on expert data is algorithm 'sft'."""
+    preset = LOSS_PARTS[ALGORITHMS[algorithm].policy_loss]
+    return LOSS_PARTS[loss] == preset or (preset == (USUAL,) and LOSS_PARTS[loss] == (USUAL, EXPERT))
+
+
+def _loss_misfit(loss: str | None, algorithm: str) -> str:
+    preset = ALGORITHMS[algorithm]
+    parts = LOSS_PARTS.get(loss)
+    if parts == (EXPERT,) and preset.uses_rollouts:
+        why = ("it reads no reward, so on rollouts it would imitate the model's own answers "
+               "(use algorithm 'sft', or policy_loss 'mix' to add expert data to RL)")
+    elif parts == (PAIRS,):
+        why = "it trains on preference pairs (use algorithm 'dpo')"
+    elif not preset.uses_rollouts:
+        why = f"it trains on rollouts, and algorithm '{algorithm}' collects none"
+    else:
+        why = f"algorithm '{algorithm}' samples expert data, which '{loss}' cannot train on (use algorithm 'grpo')"
+    return f"'{loss}' cannot replace the '{preset.policy_loss}' loss of algorithm '{algorithm}': {why}"
+
+
+def _algorithm_option_rules(algo, spec) -> list[tuple]:
+    """The algorithm's knobs that only some advantage fns or losses read (rules as _combination_issues')."""
+    by = ("algorithm.name", "algorithm.advantage_fn", "algorithm.policy_loss")
+    loss, adv = spec.policy_loss, spec.advantage_fn
+    tau_read = loss == "opmd" or (adv == "opmd" and algo.opmd.baseline == "logavgexp")
+    correction = algo.rollout_correction
+    return [
+        ("algorithm.clip_ratio_c", algo.clip_ratio_c != 3.0 and loss not in ("ppo", "mix", "mix_chord"),
+         f"has no effect with policy loss '{loss}': the dual clip bounds the ppo surrogate (ppo, mix, mix_chord)", by),
+        ("algorithm.std_normalize", not algo.std_normalize and adv != "grpo",
+         f"has no effect with advantage fn '{adv}': it is grpo's (Dr. GRPO)", by),
+        ("algorithm.std_unbiased", not algo.std_unbiased and (adv != "grpo" or not algo.std_normalize),
+         f"has no effect with advantage fn '{adv}'" + ("" if adv != "grpo" else " and std_normalize false")
+         + ": it picks the std grpo divides by", (*by, "algorithm.std_normalize")),
+        ("algorithm.loss_scale_factor",
+         algo.loss_scale_factor is not None and algo.loss_agg_mode != "seq-mean-token-sum-norm",
+         f"has no effect with loss_agg_mode '{algo.loss_agg_mode}': it divides 'seq-mean-token-sum-norm'",
+         ("algorithm.loss_agg_mode",)),
+        ("algorithm.opmd.baseline", algo.opmd.baseline != "mean" and adv != "opmd",
+         f"has no effect with advantage fn '{adv}': it is opmd's", by),
+        ("algorithm.opmd.tau", algo.opmd.tau != 1.0 and not tau_read,
+         "has no effect here: the opmd loss reads it, and the opmd advantage fn with baseline 'logavgexp'",
+         (*by, "algorithm.opmd.baseline")),
+        ("algorithm.chord", algo.chord != type(algo.chord)() and loss != "mix_chord",
+         f"has no effect with policy loss '{loss}': it schedules mix_chord's SFT weight", by),
+        ("algorithm.dpo.label_smoothing", algo.dpo.label_smoothing > 0 and loss != "dpo",
+         f"has no effect with policy loss '{loss}': it is dpo's", by),
+        ("algorithm.rollout_correction.mode", correction.mode != "none" and not spec.uses_rollouts,
+         f"'{correction.mode}' weights rollouts, and algorithm '{algo.name}' trains on none", by),
+        ("algorithm.rollout_correction.clip_max", correction.clip_max != 3.0 and correction.mode == "none",
+         "has no effect with rollout_correction.mode 'none'", ("algorithm.rollout_correction.mode",)),
+        ("algorithm.rollout_correction.clip_min", correction.clip_min is not None and correction.mode == "none",
+         "has no effect with rollout_correction.mode 'none'", ("algorithm.rollout_correction.mode",)),
+    ]
+
+
+def combination_issues(c, bad: set) -> list[ConfigIssue]:
+    """Each rule names the key to blame and the keys it reads; it is skipped when any of them
+    already has an error (their values here are defaults standing in for the bad ones).
+    A key that would do nothing in its combination is refused too: a run does what its config says.
+    (kl.fn with kl.coef 0 is allowed: the KL is then logged, not penalised.)"""
+    algo, spec, preset = c.algorithm, resolve(c), ALGORITHMS[c.algorithm.name]
+    sync = c.synchronizer
+    rules = [  # (key, broken, message, other keys read)
+        ("explorer.engine_num",
+         c.explorer.engine_num > 1 and (c.mode != "both" or sync.method not in SPLIT_SYNC_METHODS),
+         f"{c.explorer.engine_num} explorers run in workers of their own beside the trainer's: set mode 'both' and "
+         "synchronizer.method 'checkpoint' or 'nccl'", ("mode", "synchronizer.method")),
+        ("synchronizer.method", sync.method == "nccl" and c.mode != "both",
+         f"'nccl' sends the trainer's weights to explorers, and mode '{c.mode}' runs "
+         f"{'no trainer' if c.mode in ('explore', 'bench') else 'no explorer'}: use 'memory' or 'checkpoint'",
+         ("mode",)),
+        ("synchronizer.timeout_s", sync.timeout_s != 120.0 and sync.method != "nccl",
+         f"has no effect with synchronizer.method '{sync.method}': it bounds an nccl transfer",
+         ("synchronizer.method",)),
+        ("synchronizer.verify_every", sync.verify_every != 10 and sync.method != "nccl",
+         f"has no effect with synchronizer.method '{sync.method}': it checksums nccl transfers",
+         ("synchronizer.method",)),
+        ("buffer.expert_taskset", spec.sample_strategy == "mix" and c.buffer.expert_taskset is None,
+         f"required by {'algorithm' if algo.name == 'mix' else 'policy loss'} 'mix', which mixes expert data into "
+         "every trainer batch", ("algorithm.name", "algorithm.policy_loss")),
+        ("mode", not spec.uses_rollouts and c.mode == "explore",
+         f"'explore' only collects rollouts, and algorithm '{algo.name}' does not train on rollouts",
+         ("algorithm.name",)),
+        ("algorithm.advantage_fn", algo.advantage_fn is not None and preset.advantage_fn is None,
+         f"algorithm '{algo.name}' uses no advantages", ("algorithm.name",)),
+        ("algorithm.policy_loss", algo.policy_loss is not None and not _loss_fits(algo.policy_loss, algo.name),
+         _loss_misfit(algo.policy_loss, algo.name), ("algorithm.name",)),
+        ("algorithm.kl.fn", algo.kl.fn != "none" and not spec.uses_rollouts,
+         f"'{algo.kl.fn}' estimates the KL from the policy's own samples (rollouts), and algorithm '{algo.name}' "
+         "trains on none", ("algorithm.name",)),
+        ("algorithm.kl.coef", algo.kl.coef > 0 and algo.kl.fn == "none",
+         "has no effect with algorithm.kl.fn 'none': name an estimator (k1, k2, k3, low_var_kl)", ("algorithm.kl.fn",)),
+        *_algorithm_option_rules(algo, spec),
+        ("algorithm.entropy_coef", algo.entropy_coef > 0 and spec.policy_loss == "dpo",
+         "the 'dpo' loss has no entropy bonus", ("algorithm.name", "algorithm.policy_loss")),
+        ("feedback.reward_mode", c.feedback.reward_mode != "none" and not spec.uses_rollouts,
+         f"'{c.feedback.reward_mode}' turns ratings into rewards, and algorithm '{algo.name}' trains on no rewards",
+         ("algorithm.name",)),
+        ("buffer.eval_taskset", c.mode == "bench" and c.buffer.eval_taskset is None,
+         "required by mode 'bench'", ("mode",)),
+        ("buffer.eval_taskset", c.explorer.eval_interval > 0 and c.buffer.eval_taskset is None,
+         "required when explorer.eval_interval > 0", ("explorer.eval_interval",)),
+    ]
+    trainer = c.trainer
+    world = trainer.num_processes * trainer.num_nodes
+    rules += [
+        ("trainer.num_processes", trainer.strategy == "single" and trainer.num_processes > 1,
+         f"strategy 'single' trains in one process, got {trainer.num_processes}: set trainer.strategy 'ddp' "
+         "or 'fsdp'", ("trainer.strategy",)),
+        ("trainer.num_nodes", trainer.strategy == "single" and trainer.num_nodes > 1,
+         f"strategy 'single' trains on one machine, got {trainer.num_nodes}: set trainer.strategy 'ddp' or 'fsdp'",
+         ("trainer.strategy",)),
+        ("trainer.fsdp", trainer.fsdp is not None and trainer.strategy != "fsdp",
+         f"has no effect with trainer.strategy '{trainer.strategy}': its settings are FSDP's (trainer.strategy "
+         "'fsdp')", ("trainer.strategy",)),
+        ("trainer.fsdp.cpu_offload", trainer.fsdp is not None and trainer.fsdp.cpu_offload and c.model.device == "cpu",
+         "has no effect with model.device 'cpu': the weights are in CPU memory already", ("model.device",)),
+        # peft's adapters inside FSDP's sharded layers (merging them for the explorer, the
+        # base-as-reference switch) are not built; adapters are small, ddp replicates them cheaply.
+        ("model.lora", c.model.lora is not None and trainer.strategy == "fsdp",
+         "is not available with trainer.strategy 'fsdp' yet: use trainer.strategy 'ddp' with adapters",
+         ("trainer.strategy",)),
+        ("trainer.strategy", c.trainer.strategy != "single" and world == 1,
+         f"'{c.trainer.strategy}' with one rank is 'single': set trainer.num_processes (ranks per node) above 1",
+         ("trainer.num_processes", "trainer.num_nodes")),
+        ("trainer.strategy", c.trainer.strategy != "single" and c.mode in ("explore", "bench"),
+         f"mode '{c.mode}' runs no trainer to spread over ranks", ("mode",)),
+        ("model.lora", c.model.lora is not None and c.mode in ("explore", "bench"),
+         f"mode '{c.mode}' runs no trainer to put adapters on", ("mode",)),
+    ]
+    rollouts = c.explorer.batch_size * algo.repeat_times
+    rules += [
+        ("explorer.batch_size", rollouts > MAX_ROLLOUTS_PER_STEP,
+         f"batch_size x algorithm.repeat_times is {rollouts} rollouts a step; at most {MAX_ROLLOUTS_PER_STEP}",
+         ("algorithm.repeat_times",)),
+        ("feedback.scale_max", c.feedback.scale_max <= c.feedback.scale_min,
+         f"must be greater than feedback.scale_min ({c.feedback.scale_min}), got {c.feedback.scale_max}",
+         ("feedback.scale_min",)),
+    ]
+    if "explorer.workflow" not in bad:
+        rules += [
+            (f"explorer.workflow_args.{key}", True, message, ())
+            for key, message in workflow_args_problems(c.explorer.workflow, c.explorer.workflow_args)
+        ]
+    rules += [
+        (issue.key, True, issue.message, ("explorer.reward_fn",)) for issue in reward_fn_issues(c.explorer.reward_fn)
+    ]
+    rules += [
+        (issue.key, True, issue.message, (key,))
+        for key, ops, registry in (("explorer.pipeline", c.explorer.pipeline, EXPERIENCE_OPERATORS),
+                                   ("buffer.task_pipeline", c.buffer.task_pipeline, TASK_OPERATORS))
+        for issue in operator_issues(ops, registry, key)
+    ]
+    return [
+        ConfigIssue(key, message)
+        for key, broken, message, reads in rules
+        if broken and not any(k == b or k.startswith(b + ".") for k in (key, *reads) for b in bad)
+    ]

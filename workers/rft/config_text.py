@@ -1,0 +1,208 @@
+"""Config text: YAML or JSON from a file, the API, the launch form or a buffer rescore, read into a
+bounded JSON mapping before anything walks it (size, depth and node limits; no YAML aliases), and
+the errors every config check reports (ConfigError: each problem under its dotted key).
+"""
+import contextlib
+import gc
+import json
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import yaml
+
+from workers.rft.json_values import json_value_problem
+
+# A whole config, as text or as JSON: real ones are a few KB. Bounded before anything walks it, so
+# a small request cannot make a big tree (YAML aliases are refused for the same reason).
+MAX_CONFIG_CHARS = 256 * 1024
+MAX_CONFIG_DEPTH = 64  # mappings and lists inside each other
+# Nodes (mappings, lists, keys and scalars) in a config: a full one has ~110 (RunConfig().to_dict()).
+# Reading costs by the node, not the byte: 256 KiB of `[[...]]` are 260,000 nodes, which PyYAML's
+# pure-Python reader took 6.5-10 s to read (libyaml with PyYAML's constructor: 1.3 s). YAML's are
+# counted in its events before anything is built, JSON's before anything walks them: the most a
+# config costs to read and check is this many nodes (~60 ms).
+MAX_CONFIG_NODES = 10_000
+
+
+@dataclass
+class ConfigIssue:
+    key: str  # dotted path, e.g. 'algorithm.kl.coef'; '<config>' for the document itself
+    message: str
+
+
+MAX_REPORTED_ISSUES = 50  # 520 unknown keys in 4 KB of text made a 58 KB error reply
+
+
+class ConfigError(ValueError):
+    def __init__(self, errors: list[ConfigIssue]):
+        errors = list(errors)
+        if len(errors) > MAX_REPORTED_ISSUES:
+            more = len(errors) - MAX_REPORTED_ISSUES
+            errors = errors[:MAX_REPORTED_ISSUES] + [ConfigIssue("<config>", f"and {more} more problems")]
+        self.errors = errors
+        super().__init__("\n".join(f"{issue.key}: {issue.message}" for issue in self.errors))
+
+
+# libyaml (C) where PyYAML was built with it: its scanner and parser, and PyYAML's own constructor.
+_YAML_READER = yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader
+
+
+class _Loader(_YAML_READER):
+    """YAML 1.1 reads `1e-5` (no dot) as a string; every config author means a float."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+$"), list("-+0123456789.")
+)
+_OPENS = (yaml.MappingStartEvent, yaml.SequenceStartEvent)
+_CLOSES = (yaml.MappingEndEvent, yaml.SequenceEndEvent)
+_NODES = (*_OPENS, yaml.ScalarEvent, yaml.AliasEvent)
+
+
+def _check_yaml_events(text: str) -> None:
+    """Reads text's YAML events, building nothing, and stops at the first anchor or alias, at
+    nesting deeper than MAX_CONFIG_DEPTH and past MAX_CONFIG_NODES nodes: only text that passes is
+    composed (PyYAML recurses, and builds each node in Python). Anchors and aliases (`&a`, `*a`)
+    are refused: ten aliases of ten aliases of ... make a few hundred bytes into megabytes, and a
+    config never needs them. The pass costs ~1 us a node with libyaml; the pure-Python reader
+    (the fallback) stops looking ahead after 1,024 characters, so 50,000 `[` cost it 0.2 s."""
+    reader = _Loader(text)
+    depth = nodes = 0
+    try:
+        while reader.check_event():
+            event = reader.get_event()
+            line = event.start_mark.line + 1
+            if getattr(event, "anchor", None) is not None:
+                raise _config_error(
+                    f"line {line}: YAML anchors and aliases (&{event.anchor}, *{event.anchor}) are not accepted; "
+                    "write the value out in full (a config never needs them)")
+            depth += isinstance(event, _OPENS) - isinstance(event, _CLOSES)
+            if depth > MAX_CONFIG_DEPTH:
+                raise _config_error(f"line {line}: nested more than {MAX_CONFIG_DEPTH} levels deep")
+            nodes += isinstance(event, _NODES)
+            if nodes > MAX_CONFIG_NODES:
+                raise _too_many_nodes(f"line {line}: ")
+    finally:
+        reader.dispose()
+
+
+def _config_error(message: str) -> ConfigError:
+    return ConfigError([ConfigIssue("<config>", message)])
+
+
+def _too_many_nodes(where: str = "") -> ConfigError:
+    return _config_error(f"{where}more than {MAX_CONFIG_NODES} nodes (mappings, lists, keys and scalars); "
+                         "a full config has about 110")
+
+
+def parse_config_text(text: str) -> dict:
+    """YAML or JSON text to a config mapping, the one reader of config text wherever it comes from
+    (a file, the API, the launch form's YAML box, its hidden `base` field and reward_fn field, a
+    buffer rescore): not yet validated against the schema, but a bounded JSON value
+    (check_config_value), so safe to render, dump or store. Syntax errors, text longer than
+    MAX_CONFIG_CHARS, nesting deeper than MAX_CONFIG_DEPTH, more than MAX_CONFIG_NODES nodes and
+    YAML aliases are ConfigErrors."""
+    if len(text) > MAX_CONFIG_CHARS:
+        raise ConfigError([ConfigIssue("<config>", f"is {len(text)} characters long; at most {MAX_CONFIG_CHARS}")])
+    try:
+        with _no_cyclic_gc():
+            data = _read(text)
+    except ConfigError:
+        raise
+    except (yaml.YAMLError, ValueError) as err:  # ValueError: a date like 2024-02-30, an int of 5,000 digits
+        raise ConfigError([ConfigIssue("<config>", f"not valid YAML or JSON: {err}")]) from None
+    except RecursionError:  # the depth limit should come first; this is the backstop
+        raise ConfigError([ConfigIssue("<config>", f"nested more than {MAX_CONFIG_DEPTH} levels deep")]) from None
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        raise ConfigError([ConfigIssue("<config>", f"expected a mapping, got {type_name(data)}")])
+    check_config_value(data)
+    return dict(data)
+
+
+def _read(text: str):
+    """A JSON object (the launch form's own field, most scripts) is read as JSON (its C reader builds
+    256 KiB of nodes in ~20 ms; check_config_value then counts them). Anything else, or JSON that
+    json refuses, as YAML, once its events passed _check_yaml_events."""
+    if text.lstrip().startswith("{"):
+        try:
+            return json.loads(text)  # deep nesting: a RecursionError, like the YAML reader's backstop
+        except json.JSONDecodeError:
+            pass
+    _check_yaml_events(text)
+    return yaml.load(text, Loader=_Loader)
+
+
+@contextlib.contextmanager
+def _no_cyclic_gc():
+    """Python's cyclic collector paused while config text is read. In a web worker's heap (470,000
+    objects) it scanned the half-built value again and again: 0.25 s of the 0.26 s json took for
+    87,000 `[]`; and what it found alive mid-read it promoted to the oldest generation, whose full
+    collection (0.25 s) then came every fourth read of 10,000 YAML nodes. What a read builds holds
+    no cycle; the pause lasts the read (at most ~60 ms); a thread that finds the collector paused
+    leaves it to the thread that paused it."""
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if paused:
+            gc.enable()
+
+
+def check_config_value(data) -> None:
+    """Raises a ConfigError naming the first part of data that is no bounded JSON value (more than
+    MAX_CONFIG_NODES nodes; too deep, too long, a date, NaN, a NUL or a lone surrogate:
+    json_values), the check every config passes before anything walks, renders or stores it."""
+    if _more_nodes_than(data, MAX_CONFIG_NODES):
+        raise _too_many_nodes()
+    bad_value = json_value_problem(data, max_depth=MAX_CONFIG_DEPTH, max_chars=MAX_CONFIG_CHARS)
+    if bad_value:
+        key, message = bad_value
+        raise ConfigError([ConfigIssue(key or "<config>", message)])
+
+
+def _more_nodes_than(data, limit: int) -> bool:
+    """Whether data holds more than limit nodes (mappings, lists, keys and scalars), counted as
+    _check_yaml_events counts them; the count stops at the limit."""
+    count, stack = 0, [data]
+    while stack:
+        item = stack.pop()
+        count += 1 + (len(item) if isinstance(item, Mapping) else 0)  # and its keys
+        if count > limit:
+            return True
+        if isinstance(item, Mapping):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    return False
+
+
+def parse_reward_fn_text(text: str) -> str | dict:
+    """A reward fn spec written by a person (the launch form's field, a buffer rescore): a name, or
+    a mapping such as {exact_match: 1, format: 0.2}, read by parse_config_text. Checked by
+    reward_fn_issues."""
+    text = text.strip()
+    return parse_config_text(text) if text.startswith("{") else text
+
+
+TYPE_NAMES = {
+    bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "a list", dict: "a mapping",
+}
+
+
+def is_a(value, type_) -> bool:
+    """isinstance, as a config reads it: a bool is no number, an integer is a number (float)."""
+    if type_ is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if type_ is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, type_)
+
+
+def type_name(value) -> str:
+    if value is None:
+        return "null"
+    return next((TYPE_NAMES[t] for t in TYPE_NAMES if is_a(value, t)), type(value).__name__)
