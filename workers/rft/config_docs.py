@@ -9,7 +9,10 @@ import sys
 from pathlib import Path
 
 from workers.rft.config import RunConfig
-from workers.rft.config_issues import accepts_null, choices_of, description, leaf_types, section_of
+from workers.rft.config_issues import accepts_null, choices_of, description, leaf_types, params_model, section_of
+from workers.rft.pipelines import EXPERIENCE_OPERATORS, TASK_OPERATORS
+from workers.rft.rewards import REWARD_FNS
+from workers.rft.workflows import WORKFLOWS
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "config.md"
 TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", list: "list", dict: "mapping"}
@@ -43,14 +46,19 @@ def rows(model=RunConfig, prefix: str = ""):
         section = section_of(field.annotation)
         if section is not None:
             shown = "a section" + (", or null (off)" if accepts_null(field.annotation) else "")
-            yield key, "mapping", "null" if accepts_null(field.annotation) else "", shown, description(field)
+            yield key, "mapping", "`null`" if accepts_null(field.annotation) else "", shown, description(field)
             yield from rows(section, key + ".")
             continue
         types = " or ".join(TYPES[t] for t in leaf_types(field.annotation))
         if accepts_null(field.annotation):
             types += " or null"
-        default = field.get_default(call_default_factory=True)
-        yield key, types, json.dumps(default), _allowed(field), description(field)
+        default = "required" if field.is_required() else _shown(field.get_default(call_default_factory=True))
+        yield key, types, default, _allowed(field), description(field)
+
+
+def _shown(default) -> str:
+    text = json.dumps(default)
+    return f"`{text}`" if len(text) <= 60 else f"`{text[:40]}…\"` ({len(default):,} characters)"
 
 
 def _allowed(field) -> str:
@@ -72,13 +80,39 @@ def render() -> str:
         "config that breaks one is refused naming the key. The same schema types `config` in",
         "`/api/openapi.json` and gives the launch form its fields and help.",
         "",
-        "| key | type | default | allowed | what it does |",
-        "| --- | --- | --- | --- | --- |",
     ]
-    for key, types, default, allowed, what in rows():
-        cells = [f"`{key}`", types, f"`{default}`" if default else "", allowed, what]
-        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    lines += _table(rows())
+    lines += [
+        "",
+        "## `explorer.workflow_args`, by workflow",
+        "",
+        "Each workflow's settings are a section of their own (its `Args` model in",
+        "`workers/rft/workflows/`), checked the same way; docs/agents.md says how the agent workflows use them.",
+    ]
+    for name in WORKFLOWS:
+        found = list(rows(WORKFLOWS.get(name).Args))
+        lines += ["", f"### {name}", "", *(_table(found) if found else ["It takes no settings."])]
+    lines += ["", "## Reward fns and pipeline operators", "",
+              "What each takes beside its name (`explorer.reward_fn: {numeric: {weight: 1, tolerance: 0.01}}`,",
+              "`explorer.pipeline: [{name: reward_shaping, length_penalty: 0.1}]`), from its signature and the",
+              "rules it declares (`config_issues.params_model`); docs/agents.md and docs/data-formats.md say what",
+              "they do."]
+    for title, registry, weighted in (("explorer.reward_fn", REWARD_FNS, True),
+                                      ("explorer.pipeline", EXPERIENCE_OPERATORS, False),
+                                      ("buffer.task_pipeline", TASK_OPERATORS, False)):
+        for name in registry:
+            found = [row[:4] for row in rows(params_model(registry.get(name), weighted))]
+            table = _table(found, columns=("key", "type", "default", "allowed"))
+            lines += ["", f"### `{title}`: {name}", "", *(table if found else ["It takes no params."])]
     return "\n".join(lines) + "\n"
+
+
+def _table(found, columns=("key", "type", "default", "allowed", "what it does")) -> list[str]:
+    lines = ["| " + " | ".join(columns) + " |", "|" + " --- |" * len(columns)]
+    for key, *rest in found:
+        cells = [f"`{key}`", *rest]
+        lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in cells) + " |")
+    return lines
 
 
 if __name__ == "__main__":

@@ -106,6 +106,6 @@ def test_tool_settings_are_checked():
         "tools": "unknown tool(s) ['browser']; available: calculator"
     }
     assert dict(workflow_args_problems("tool_calling", {"tools": "calculator"})) == {
-        "tools": "must be list, got 'calculator'"
+        "tools": "expected a list, got a string"
     }
     assert dict(workflow_args_problems("tool_calling", {"env": "taxi"}))["env"].startswith("unknown key")

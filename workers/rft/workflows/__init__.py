@@ -1,12 +1,12 @@
 from . import multi_turn, single_turn, tool_calling  # noqa: F401  (registers the workflows)
-from .base import WORKFLOWS, Arg, Workflow
+from .base import WORKFLOWS, Workflow
 
-__all__ = ["WORKFLOWS", "Arg", "Workflow", "workflow_args_problems"]
+__all__ = ["WORKFLOWS", "Workflow", "workflow_args_problems"]
 
 
 def workflow_args_problems(workflow: str, args: dict) -> list[tuple[str, str]]:
     """(key under explorer.workflow_args, problem) for each bad setting of the named workflow:
-    each workflow declares its settings (`Workflow.ARGS`) and checks them (`check_args`)."""
+    each workflow declares its settings (`Workflow.Args`, a pydantic model) and checks them (`check_args`)."""
     if workflow not in WORKFLOWS:
         return []  # explorer.workflow itself is reported
     return WORKFLOWS.get(workflow).args_problems(args)

@@ -5,9 +5,9 @@ system prompt), how many turns there are, and which tokens are the model's own (
 Single-turn workflows batch every task of a step into one engine call (`run_batch`); a multi-turn
 workflow overrides `run` to play one episode (agent <-> environment turns) per task.
 """
-import reprlib
-from dataclasses import dataclass
+from pydantic import BaseModel
 
+from ..config_issues import SECTION, checked, validate
 from ..engines import RolloutEngine, SamplingParams
 from ..experience import Experience, Task
 from ..json_values import json_value_problem
@@ -16,57 +16,36 @@ from ..stopping import check as check_stop
 from ..tokens import encode_end
 
 WORKFLOWS = Registry("workflow")
-REQUIRED = object()  # an Arg default: the setting must be given
 # Each setting is a JSON value at most this long and deep (an environment's map, a list of tools):
 # the workers build environments from it every episode, and the run page shows it.
 MAX_ARG_CHARS = 64 * 1024
 MAX_ARG_DEPTH = 16
 
 
-@dataclass(frozen=True)
-class Arg:
-    """One setting a workflow takes in explorer.workflow_args."""
+def _bounded(value) -> str | None:
+    too_big = json_value_problem(value, max_depth=MAX_ARG_DEPTH, max_chars=MAX_ARG_CHARS)
+    if too_big:
+        path, problem = too_big
+        return f"{path} {problem}" if path else problem
+    return None
 
-    default: object
-    kind: type | tuple[type, ...]
-    choices: tuple = ()
-    minimum: float | None = None
 
-    def problem(self, value) -> str | None:
-        kinds = self.kind if isinstance(self.kind, tuple) else (self.kind,)
-        number = float in kinds and isinstance(value, int)  # an int is a fine float
-        if isinstance(value, bool) and bool not in kinds or not (isinstance(value, kinds) or number):
-            return f"must be {' or '.join(k.__name__ for k in kinds)}, got {reprlib.repr(value)}"
-        too_big = json_value_problem(value, max_depth=MAX_ARG_DEPTH, max_chars=MAX_ARG_CHARS)
-        if too_big:
-            path, problem = too_big
-            return f"{path} {problem}" if path else problem
-        if self.choices and value not in self.choices:
-            return f"must be one of {', '.join(map(str, self.choices))}, got {reprlib.repr(value)}"
-        if self.minimum is not None and value < self.minimum:
-            return f"must be at least {self.minimum}, got {value!r}"
-        return None
+Bounded = checked(_bounded)  # a setting that holds a structure (a map, a list of tools)
 
 
 class Workflow:
-    # The settings this workflow reads from explorer.workflow_args; anything else is an error.
-    ARGS: dict[str, Arg] = {}
+    # The settings this workflow reads from explorer.workflow_args, a config section of its own
+    # (pydantic, as the config's): anything else is an error.
+    class Args(BaseModel):
+        model_config = SECTION
 
     @classmethod
     def args_problems(cls, args) -> list[tuple[str, str]]:
         """(key, problem) for each bad setting: unknown keys, wrong types, missing required ones,
-        then the workflow's own checks (`check_args`) once every value has the right type."""
-        if not isinstance(args, dict):
-            return [("", f"must be a mapping of settings, got {reprlib.repr(args)}")]
-        known = ", ".join(sorted(cls.ARGS)) or "none"
-        problems = [(str(key), f"unknown key; {cls.name()} takes: {known}") for key in args if key not in cls.ARGS]
-        for key, arg in cls.ARGS.items():
-            if key in args:
-                problem = arg.problem(args[key])
-                problems += [(key, problem)] if problem else []
-            elif arg.default is REQUIRED:
-                problems.append((key, f"required by workflow {cls.name()}"))
-        return problems or cls.check_args(cls.settings(args))
+        then the workflow's own checks (`check_args`) once every value passed."""
+        issues = []
+        validate(cls.Args, args, "", issues)
+        return [(issue.key, issue.message) for issue in issues] or cls.check_args(cls.settings(args))
 
     @classmethod
     def check_args(cls, settings: dict) -> list[tuple[str, str]]:
@@ -75,7 +54,7 @@ class Workflow:
 
     @classmethod
     def settings(cls, args: dict) -> dict:
-        return {key: args.get(key, arg.default) for key, arg in cls.ARGS.items()}
+        return cls.Args.model_validate(args).model_dump()
 
     @classmethod
     def name(cls) -> str:

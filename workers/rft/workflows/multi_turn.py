@@ -21,26 +21,34 @@ An invalid action (a reply the environment cannot parse) costs `invalid_penalty`
 the episode goes on. Episode facts go to `metadata.episode` (the explorer averages them into
 `episode/...` metrics).
 """
+import functools
 import inspect
 import reprlib
-import types
-import typing
 from dataclasses import dataclass, field, replace
+from typing import Annotated, Literal, get_args
 
+from pydantic import Field, PydanticSchemaGenerationError, TypeAdapter, ValidationError
+
+from ..config_issues import Text
 from ..engines import Completion, SamplingParams
 from ..environments import ENVIRONMENTS, TextEnvironment
 from ..experience import Experience, Task
-from .base import REQUIRED, WORKFLOWS, Arg, Workflow
+from .base import WORKFLOWS, Bounded, Workflow
 
 EXPERIENCE_KINDS = ("trajectory", "step")
-SHARED_ARGS = {
-    "max_turns": Arg(10, int, minimum=1),
-    "experience": Arg("trajectory", str, choices=EXPERIENCE_KINDS),
-    "invalid_action": Arg("end", str, choices=("end", "penalize")),
-    "invalid_penalty": Arg(0.0, float, minimum=0),
-    # prompt + every turn; an episode whose next turn would not fit ends (finish 'max_tokens')
-    "max_tokens": Arg(1024, int, minimum=16),
-}
+
+
+class MultiTurnArgs(Workflow.Args):
+    max_turns: int = Field(10, ge=1)
+    """an episode ends after this many of the model's turns"""
+    experience: Literal[EXPERIENCE_KINDS] = "trajectory"
+    """trajectory: an episode is one experience · step: one experience per turn"""
+    invalid_action: Literal["end", "penalize"] = "end"
+    """what an invalid action does: end the episode, or cost invalid_penalty and go on"""
+    invalid_penalty: float = Field(0.0, ge=0)
+    """taken off the return for each invalid action"""
+    max_tokens: int = Field(1024, ge=16)
+    """prompt + every turn; an episode whose next turn would not fit ends (finish 'max_tokens')"""
 
 
 @dataclass
@@ -70,7 +78,7 @@ class Episode:
 class MultiTurnWorkflow(Workflow):
     """The episode loop. Subclasses say which environment an episode plays (`new_environment`)."""
 
-    ARGS = SHARED_ARGS
+    Args = MultiTurnArgs
 
     def __init__(self, engine, reward_fn, **options):
         super().__init__(engine, reward_fn, **options)
@@ -283,29 +291,27 @@ class MultiTurnWorkflow(Workflow):
 
 
 def _fits(value, hint) -> bool:
-    """Whether a JSON value fits an environment's annotation (bool, int, float, str, None, lists,
-    dicts, unions of them). Annotations beyond those are not checked here (the value is still a
-    bounded JSON value: Arg.problem)."""
-    origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if hint is inspect.Parameter.empty or hint is typing.Any:
+    """Whether a JSON value fits an environment's annotation, as pydantic reads it strictly (an int
+    is a fine float, a bool is no number). Annotations pydantic cannot check are not checked here
+    (the value is still a bounded JSON value: Bounded)."""
+    if hint is inspect.Parameter.empty:
         return True
-    if origin in (typing.Union, types.UnionType):
-        return any(_fits(value, arg) for arg in args)
-    if hint is None or hint is types.NoneType:
-        return value is None
-    if hint in (bool, str):
-        return isinstance(value, hint)
-    if hint in (int, float):  # an int is a fine float; a bool is neither
-        return isinstance(value, (int, hint)) and not isinstance(value, bool)
-    if (origin or hint) is list:
-        return isinstance(value, list) and (not args or all(_fits(item, args[0]) for item in value))
-    if (origin or hint) is dict:
-        return isinstance(value, dict) and (not args or all(_fits(item, args[1]) for item in value.values()))
+    try:
+        _adapter(hint).validate_python(value, strict=True)
+    except ValidationError:
+        return False
+    except PydanticSchemaGenerationError:
+        return True
     return True
 
 
+@functools.cache
+def _adapter(hint) -> TypeAdapter:
+    return TypeAdapter(hint)
+
+
 def _type_text(hint) -> str:
-    return hint.__name__ if isinstance(hint, type) and not typing.get_args(hint) else str(hint)
+    return hint.__name__ if isinstance(hint, type) and not get_args(hint) else str(hint)
 
 
 @WORKFLOWS.register("multi_turn")
@@ -313,7 +319,11 @@ class EnvironmentWorkflow(MultiTurnWorkflow):
     """Episodes of a registered text environment (explorer.workflow_args.env). Reward: the
     environment's return, less invalid-action penalties; explorer.reward_fn is not used."""
 
-    ARGS = {"env": Arg(REQUIRED, str), "env_args": Arg({}, dict), **SHARED_ARGS}
+    class Args(MultiTurnArgs):
+        env: Text
+        """the registered environment (workers/rft/environments)"""
+        env_args: Annotated[dict, Bounded] = {}
+        """the environment's own settings, checked against its signature"""
 
     @classmethod
     def check_args(cls, settings: dict) -> list[tuple[str, str]]:

@@ -14,12 +14,13 @@ reply without a tool call is the final answer, scored by explorer.reward_fn agai
 """
 import json
 import re
+from typing import Annotated
 
 from ..environments import Step, TextEnvironment
 from ..experience import Task
 from ..tools import TOOLS, ToolError, call, describe
-from .base import WORKFLOWS, Arg
-from .multi_turn import SHARED_ARGS, MultiTurnWorkflow
+from .base import WORKFLOWS, Bounded
+from .multi_turn import MultiTurnArgs, MultiTurnWorkflow
 
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
 
@@ -89,7 +90,9 @@ class ToolCallingWorkflow(MultiTurnWorkflow):
     """Multi-turn with tools; the reward is explorer.reward_fn on the final answer, less
     invalid-call penalties."""
 
-    ARGS = {"tools": Arg(["calculator"], list), **SHARED_ARGS}
+    class Args(MultiTurnArgs):
+        tools: Annotated[list, Bounded] = ["calculator"]
+        """the tools the model may call (workers/rft/tools)"""
 
     @classmethod
     def check_args(cls, settings: dict) -> list[tuple[str, str]]:
