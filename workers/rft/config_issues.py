@@ -24,8 +24,16 @@ from workers.rft.rewards import REWARD_FNS
 # integer, 1.0 no int, true no number), no NaN or infinities; a docstring under a field is its
 # description (the API schema, the launch form's help, docs/config.md).
 SECTION = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, use_attribute_docstrings=True)
-# A string that says something: blank text is refused as "must not be empty".
-Text = Annotated[str, StringConstraints(pattern=r"\S")]
+
+
+def _not_blank(text: str) -> str:
+    if not text.strip():
+        raise PydanticCustomError("config", "must not be empty")
+    return text
+
+
+# A string that says something: blank text (as str.strip() sees it) is refused as "must not be empty".
+Text = Annotated[str, StringConstraints(min_length=1), AfterValidator(_not_blank)]
 BOUNDS = {"greater_than_equal": ("ge", ">="), "greater_than": ("gt", ">"),
           "less_than_equal": ("le", "<="), "less_than": ("lt", "<")}
 

@@ -3,6 +3,7 @@ import json
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
 from workers.rft.config import ConfigError, ConfigIssue, RunConfig, load_config
 
@@ -120,6 +121,7 @@ def test_unknown_keys_suggest_the_closest():
     ({"algorithm": {"mix": 3}}, "algorithm.mix", "expected a mapping, got an integer"),
     ({"model": {"path": None}}, "model.path", "must not be null"),
     ({"model": {"path": "  "}}, "model.path", "must not be empty"),
+    ({"model": {"path": "\x1c"}}, "model.path", "must not be empty"),  # blank to str.strip(), not to a regex's \\S
     ({"trainer": {"lr": float("nan")}}, "trainer.lr", "must be a finite number"),
     ({"trainer": {"lr": 0}}, "trainer.lr", "must be > 0, got 0.0"),
     ({"seed": -1}, "seed", "must be >= 0, got -1"),
@@ -291,3 +293,41 @@ def test_the_docs_table_of_keys_is_current():
     from workers.rft.config_docs import DOC, render
 
     assert DOC.read_text() == render(), "docs/config.md is stale: run python -m workers.rft.config_docs"
+
+
+BAD_VALUES = [None, "", " ", "x", 0, -1, 1.5, 10**400, True, [], {}, [1], {"a": 1}]
+
+
+def leaf_keys(config: dict, prefix: str = ""):
+    for key, value in config.items():
+        if isinstance(value, dict) and value:
+            yield from leaf_keys(value, f"{prefix}{key}.")
+        else:
+            yield prefix + key
+
+
+def nested(key: str, value) -> dict:
+    *sections, name = key.split(".")
+    config = {name: value}
+    for section in reversed(sections):
+        config = {section: config}
+    return config
+
+
+@pytest.mark.parametrize("key", list(leaf_keys(RunConfig().to_dict())))
+def test_every_refusal_is_in_our_words(key):
+    """pydantic checks every key: a value it refuses is named at that key in our words, never in
+    pydantic's own ("Input should be ...")."""
+    refused = 0
+    for value in BAD_VALUES:
+        config = nested(key, value)
+        try:
+            RunConfig.model_validate(config)
+        except ValidationError:
+            refused += 1
+            with pytest.raises(ConfigError) as err:
+                RunConfig.from_dict(config)
+            said = {issue.key: issue.message for issue in err.value.errors}
+            assert key in said or any(k.startswith(key + ".") for k in said), (value, said)
+            assert not any("Input should" in message or "[type=" in message for message in said.values()), said
+    assert refused >= 6, key  # most of the values are wrong for any key

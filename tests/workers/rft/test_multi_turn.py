@@ -255,6 +255,10 @@ def test_workflow_settings_are_checked_by_name():
         workflow_args_problems("multi_turn", {"env": "frozenlake", "env_args": {"slippery": True}})
     )["env_args"]
     assert workflow_args_problems("single_turn", {"env": "taxi"}) == [("env", "unknown key; known keys: none")]
+    # every setting is bounded before anything quotes it (a 70 KB name made a 70 KB message)
+    assert workflow_args_problems("multi_turn", {"env": "x" * 70_000, "experience": "y" * 70_000}) == [
+        ("env", "is more than 65536 characters long as JSON"),
+        ("experience", "is more than 65536 characters long as JSON")]
     with pytest.raises(ConfigError, match=r"explorer\.workflow_args\.env: unknown environment 'lava'"):
         make_config(explorer={"workflow": "multi_turn", "workflow_args": {"env": "lava"}})
     with pytest.raises(ValueError, match="explorer.workflow_args.max_turns: must be >= 1, got 0"):

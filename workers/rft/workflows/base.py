@@ -5,9 +5,11 @@ system prompt), how many turns there are, and which tokens are the model's own (
 Single-turn workflows batch every task of a step into one engine call (`run_batch`); a multi-turn
 workflow overrides `run` to play one episode (agent <-> environment turns) per task.
 """
+from collections.abc import Mapping
+
 from pydantic import BaseModel
 
-from ..config_issues import SECTION, checked, validate
+from ..config_issues import SECTION, validate
 from ..engines import RolloutEngine, SamplingParams
 from ..experience import Experience, Task
 from ..json_values import json_value_problem
@@ -30,9 +32,6 @@ def _bounded(value) -> str | None:
     return None
 
 
-Bounded = checked(_bounded)  # a setting that holds a structure (a map, a list of tools)
-
-
 class Workflow:
     # The settings this workflow reads from explorer.workflow_args, a config section of its own
     # (pydantic, as the config's): anything else is an error.
@@ -41,11 +40,14 @@ class Workflow:
 
     @classmethod
     def args_problems(cls, args) -> list[tuple[str, str]]:
-        """(key, problem) for each bad setting: unknown keys, wrong types, missing required ones,
-        then the workflow's own checks (`check_args`) once every value passed."""
+        """(key, problem) for each bad setting: one past MAX_ARG_CHARS or MAX_ARG_DEPTH (before
+        anything quotes it), else unknown keys, wrong types, missing required ones, then the
+        workflow's own checks (`check_args`) once every value passed."""
+        too_big = [(str(key), problem) for key, value in args.items() if (problem := _bounded(value))] \
+            if isinstance(args, Mapping) else []
         issues = []
         validate(cls.Args, args, "", issues)
-        return [(issue.key, issue.message) for issue in issues] or cls.check_args(cls.settings(args))
+        return too_big or [(issue.key, issue.message) for issue in issues] or cls.check_args(cls.settings(args))
 
     @classmethod
     def check_args(cls, settings: dict) -> list[tuple[str, str]]:

@@ -25,7 +25,7 @@ import functools
 import inspect
 import reprlib
 from dataclasses import dataclass, field, replace
-from typing import Annotated, Literal, get_args
+from typing import Literal, get_args
 
 from pydantic import Field, PydanticSchemaGenerationError, TypeAdapter, ValidationError
 
@@ -33,7 +33,7 @@ from ..config_issues import Text
 from ..engines import Completion, SamplingParams
 from ..environments import ENVIRONMENTS, TextEnvironment
 from ..experience import Experience, Task
-from .base import WORKFLOWS, Bounded, Workflow
+from .base import WORKFLOWS, Workflow
 
 EXPERIENCE_KINDS = ("trajectory", "step")
 
@@ -322,7 +322,7 @@ class EnvironmentWorkflow(MultiTurnWorkflow):
     class Args(MultiTurnArgs):
         env: Text
         """the registered environment (workers/rft/environments)"""
-        env_args: Annotated[dict, Bounded] = {}
+        env_args: dict = {}
         """the environment's own settings, checked against its signature"""
 
     @classmethod

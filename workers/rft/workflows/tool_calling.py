@@ -14,12 +14,11 @@ reply without a tool call is the final answer, scored by explorer.reward_fn agai
 """
 import json
 import re
-from typing import Annotated
 
 from ..environments import Step, TextEnvironment
 from ..experience import Task
 from ..tools import TOOLS, ToolError, call, describe
-from .base import WORKFLOWS, Bounded
+from .base import WORKFLOWS
 from .multi_turn import MultiTurnArgs, MultiTurnWorkflow
 
 TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
@@ -91,7 +90,7 @@ class ToolCallingWorkflow(MultiTurnWorkflow):
     invalid-call penalties."""
 
     class Args(MultiTurnArgs):
-        tools: Annotated[list, Bounded] = ["calculator"]
+        tools: list = ["calculator"]
         """the tools the model may call (workers/rft/tools)"""
 
     @classmethod
