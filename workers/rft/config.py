@@ -75,6 +75,8 @@ def _check_target_modules(value: str | list) -> str | None:
 
 
 def _check_run_ids(ids: list) -> str | None:
+    if set(map(type, ids)) <= {int} and (not ids or min(ids) >= 1):
+        return None  # in C: the loop below took 0.57 ms of the largest config's 0.6 ms in pydantic
     for i, run_id in enumerate(ids):
         if not isinstance(run_id, int) or isinstance(run_id, bool) or run_id < 1:
             return f"item {i}: expected a run id (a positive integer), got {run_id!r}"
