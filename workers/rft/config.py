@@ -9,12 +9,12 @@ pydantic found, config_rules holds the rules that span several keys, config_text
 from collections.abc import Mapping
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import Field
 
 from workers.rft.algorithms import ADVANTAGE_FNS, AGG_MODES, ALGORITHMS, CORRECTION_MODES, KL_FNS, POLICY_LOSSES
 from workers.rft.config_issues import (
-    SECTION,
     ModelPath,
+    Section,
     Text,
     architectures_of,
     checked,
@@ -85,10 +85,6 @@ def _check_run_ids(ids: list) -> str | None:
 
 Pipeline = Annotated[list, checked(_check_operators), Field(json_schema_extra=OPERATORS)]
 Model = Annotated[Text, ModelPath(CAUSAL_LM)]
-
-
-class Section(BaseModel):
-    model_config = SECTION
 
 
 class LoraConfig(Section):

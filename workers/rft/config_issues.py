@@ -20,10 +20,12 @@ from pydantic_core import PydanticCustomError
 from workers.rft.config_text import MAX_REPORTED_ISSUES, TYPE_NAMES, ConfigIssue, type_name
 from workers.rft.rewards import REWARD_FNS
 
-# Every section of the config and every params model: no unknown keys, no coercion ("5" is no
-# integer, 1.0 no int, true no number), no NaN or infinities; a docstring under a field is its
-# description (the API schema, the launch form's help, docs/config.md).
-SECTION = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, use_attribute_docstrings=True)
+
+# Every section of the config, every params model and every workflow's settings: no unknown keys,
+# no coercion ("5" is no integer, 1.0 no int, true no number), no NaN or infinities; a docstring
+# under a field is its description (the API schema, the launch form's help, docs/config.md).
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, use_attribute_docstrings=True)
 
 
 def _not_blank(text: str) -> str:
@@ -243,7 +245,7 @@ def params_model(fn, weighted: bool = False) -> type[BaseModel]:
     params = list(inspect.signature(fn, eval_str=True).parameters.values())[2:]
     fields = {"weight": (float, Field(1.0))} if weighted else {}
     fields |= {p.name: field_of(p.annotation, p.default, fn.rules.get(p.name, {})) for p in params}
-    return create_model(f"{fn.__name__}_params", __config__=SECTION, **fields)
+    return create_model(f"{fn.__name__}_params", __base__=Section, **fields)
 
 
 def reward_fn_issues(spec, key: str = "explorer.reward_fn") -> list[ConfigIssue]:

@@ -193,16 +193,8 @@ TYPE_NAMES = {
 }
 
 
-def is_a(value, type_) -> bool:
-    """isinstance, as a config reads it: a bool is no number, an integer is a number (float)."""
-    if type_ is float:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    if type_ is int:
-        return isinstance(value, int) and not isinstance(value, bool)
-    return isinstance(value, type_)
-
-
 def type_name(value) -> str:
+    """What a config value is, in words (a bool is a boolean, not an integer)."""
     if value is None:
         return "null"
-    return next((TYPE_NAMES[t] for t in TYPE_NAMES if is_a(value, t)), type(value).__name__)
+    return next((name for t, name in TYPE_NAMES.items() if isinstance(value, t)), type(value).__name__)

@@ -7,9 +7,7 @@ workflow overrides `run` to play one episode (agent <-> environment turns) per t
 """
 from collections.abc import Mapping
 
-from pydantic import BaseModel
-
-from ..config_issues import SECTION, validate
+from ..config_issues import Section, validate
 from ..engines import RolloutEngine, SamplingParams
 from ..experience import Experience, Task
 from ..json_values import json_value_problem
@@ -35,8 +33,8 @@ def _bounded(value) -> str | None:
 class Workflow:
     # The settings this workflow reads from explorer.workflow_args, a config section of its own
     # (pydantic, as the config's): anything else is an error.
-    class Args(BaseModel):
-        model_config = SECTION
+    class Args(Section):
+        pass
 
     @classmethod
     def args_problems(cls, args) -> list[tuple[str, str]]:
@@ -46,8 +44,8 @@ class Workflow:
         too_big = [(str(key), problem) for key, value in args.items() if (problem := _bounded(value))] \
             if isinstance(args, Mapping) else []
         issues = []
-        validate(cls.Args, args, "", issues)
-        return too_big or [(issue.key, issue.message) for issue in issues] or cls.check_args(cls.settings(args))
+        settings, _ = validate(cls.Args, args, "", issues)
+        return too_big or [(issue.key, issue.message) for issue in issues] or cls.check_args(settings.model_dump())
 
     @classmethod
     def check_args(cls, settings: dict) -> list[tuple[str, str]]:
