@@ -131,6 +131,8 @@ def main() -> None:
     parser.add_argument("--reps", type=int, help="gpu_step: children per side (1); decode: generate calls (3)")
     parser.add_argument("--attentions", nargs="+", choices=["gqa_eager", "sdpa"],
                         help="decode: the attentions to time (default both)")
+    parser.add_argument("--compile", choices=["both", "on", "off"], default="both",
+                        help="decode: the step plain, compiled by inductor (the engine's default on CUDA), or both")
     parser.add_argument("--varied", action="store_true",
                         help="decode: also answers of varied length, with and without narrowing to the running rows")
     parser.add_argument("--sides", nargs="+", choices=["rftweb", "rftweb_offset1", "trl", "trl_paged"],

@@ -1,10 +1,11 @@
 """The transformers engine alone on gpu_step's shape (issues #25, #43): generated tokens/s of
 `engine.generate` with the decode step captured (CUDA) for each attention the engine could decode
-with, the decode step's distance to the card's memory bandwidth, and where an eager step's device
-time goes (the same kernels the graph replays):
+with, its step plain and compiled by inductor (the engine's default on CUDA), the decode step's
+distance to the card's memory bandwidth, and where an uncaptured step's device time goes and in how
+many kernels (the same kernels the graph replays), plain and compiled:
 
     python -m bench decode [--model M] [--tasks N --samples N --tokens N] [--attentions ...] [--reps N]
-                           [--varied] [--quick]
+                           [--compile both|on|off] [--varied] [--quick]
 
 --varied adds answers that end at varied lengths, decoded over every row every step and over the
 rows still running only (the engine narrows the batch as rows stop): the same tokens both ways.
@@ -29,6 +30,7 @@ from bench.common import quiet_hf, table
 from bench.gpu_step import case_of, random_model
 
 ATTENTIONS = ("gqa_eager", "sdpa")
+COMPILES = {"both": (False, True), "on": (True,), "off": (False,)}
 PROFILED_STEPS = 16
 
 
@@ -72,29 +74,38 @@ def decode(args) -> dict:
     step_bytes = weight_bytes + rows_n * shape.kv_bytes(dtype_bytes) * (prompt + case["tokens"] / 2)
     copy_bytes_per_s = copy_bandwidth(device)
     rows, results = [], {}
+    compiles = COMPILES[args.compile]
     for attention in args.attentions or ATTENTIONS:
-        model.set_attn_implementation(attention)
-        engine._decoders.clear()
-        first_s, _ = timed_generate()  # captures the graph
-        runs = [timed_generate() for _ in range(reps)]
-        seconds = statistics.median(s for s, _ in runs)
-        tokens = runs[0][1]
-        step_s = seconds / case["tokens"]
-        share = step_bytes / step_s / copy_bytes_per_s
-        results[attention] = {"first_s": first_s, "s": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds,
-                              "ms_per_step": 1000 * step_s, "bandwidth_share": share}
-        rows.append([attention, first_s, seconds, tokens, tokens / seconds, 1000 * step_s, f"{100 * share:.0f} %"])
+        for compiled in compiles:
+            model.set_attn_implementation(attention)
+            engine.compiled = compiled
+            engine._decoders.clear()
+            first_s, _ = timed_generate()  # compiles the step (once a process and shape) and captures it
+            runs = [timed_generate() for _ in range(reps)]
+            seconds = statistics.median(s for s, _ in runs)
+            tokens = runs[0][1]
+            step_s = seconds / case["tokens"]
+            share = step_bytes / step_s / copy_bytes_per_s
+            step = "compiled" if compiled else "plain"
+            results[f"{attention}, {step}"] = {
+                "first_s": first_s, "s": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds,
+                "ms_per_step": 1000 * step_s, "bandwidth_share": share}
+            rows.append([attention, step, first_s, seconds, tokens, tokens / seconds, 1000 * step_s,
+                         f"{100 * share:.0f} %"])
     print(f"{device} {next(model.parameters()).dtype}, {args.model}, {case['tasks']} prompts x {case['samples']} x "
           f"{case['tokens']} tokens, median of {reps}; a step must read {step_bytes / 1e6:,.0f} MB "
           f"(weights {weight_bytes / 1e6:,.0f} MB, KV cache {(step_bytes - weight_bytes) / 1e6:,.0f} MB on average); "
           f"a device copy moves {copy_bytes_per_s / 1e9:,.0f} GB/s")
-    print(table(rows, ["attention", "first s (capture)", "s", "tokens", "tokens/s", "ms/step", "of bandwidth"]))
+    print(table(rows, ["attention", "step", "first s (compile, capture)", "s", "tokens", "tokens/s", "ms/step",
+                       "of bandwidth"]))
     results.update(model=args.model, case=case, step_bytes=step_bytes, copy_gb_per_s=copy_bytes_per_s / 1e9)
     model.set_attn_implementation(ATTENTIONS[0])
     if args.varied:
         results["varied"] = varied_lengths(engine, timed_generate, tokenizer, case, reps)
     if device.type == "cuda":
-        results["profile"] = profile_eager_steps(engine, prompts, params)
+        for compiled in compiles:
+            step = "compiled" if compiled else "plain"
+            results[f"profile, {step}"] = profile_steps(engine, prompts, params, compiled)
     return results
 
 
@@ -155,8 +166,8 @@ def copy_bandwidth(device, gib: float = 1.0, reps: int = 10) -> float:
     return 2 * source.numel() * reps / (time.perf_counter() - started)
 
 
-def profile_eager_steps(engine, prompts, params) -> dict:
-    """A few eager steps under the profiler: each kernel's device time a step."""
+def profile_steps(engine, prompts, params, compiled: bool) -> dict:
+    """A few uncaptured steps under the profiler: each kernel's device time a step, and how many."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -166,7 +177,8 @@ def profile_eager_steps(engine, prompts, params) -> dict:
     eager = transformers_engine.StaticDecoder
     original = engine._decoder
     engine._decoder = lambda rows, length, temperature, top_p: eager(
-        engine.model, rows, length, (temperature, top_p), engine.stop_ids, engine.pad_id, graph=False)
+        engine.model, rows, length, (temperature, top_p), engine.stop_ids, engine.pad_id, graph=False,
+        compiled=compiled)
     try:
         engine.generate(prompts, short)
         torch.cuda.synchronize()
@@ -179,7 +191,8 @@ def profile_eager_steps(engine, prompts, params) -> dict:
     events.sort(key=lambda e: -e.self_device_time_total)
     per_step_us = sum(e.self_device_time_total for e in events) / PROFILED_STEPS
     kernels = sum(e.count for e in events) / PROFILED_STEPS
-    print(f"\neager: {per_step_us / 1000:.2f} ms of device time a step (prefill included), "
+    step = "compiled" if compiled else "plain"
+    print(f"\n{step}, uncaptured: {per_step_us / 1000:.2f} ms of device time a step (prefill included), "
           f"~{kernels:.0f} kernels a step")
     print(table([[e.key[:70], e.self_device_time_total / PROFILED_STEPS, e.count / PROFILED_STEPS]
                  for e in events[:15]], ["kernel", "us a step", "calls a step"]))

@@ -66,15 +66,31 @@ def random_model(name: str, out: Path) -> Path:
 
 
 def estimated_gb(case: dict) -> float:
-    """The launch's estimate of the rftweb process's GPU memory (explorer and trainer), GB."""
+    """The launch's estimate of the rftweb process's GPU memory (explorer and trainer), GB, with
+    model.max_prompt_tokens at the longest prompt the run has: the width its batch is padded to
+    (a launch takes the limit, 256 by default)."""
     import json
 
     from bench.grpo import rftweb_config
     from workers.rft.footprint import ModelShape, run_footprint
 
     config = rftweb_config(case, "bf16", 2, 0, LR, "bench_digits")
+    config = config.model_copy(update={"model": config.model.model_copy(
+        update={"max_prompt_tokens": longest_prompt(case["model"])})})
     shape = ModelShape.from_config(json.loads((Path(case["model"]) / "config.json").read_text()))
     return run_footprint(config, shape, on_gpu=True).process(True, True, on_gpu=True).total / 1e9
+
+
+def longest_prompt(model: str) -> int:
+    """Tokens of the benchmark taskset's longest prompt under the model's chat template."""
+    from bench.grpo import TASKSET
+    from workers.rft.memory import load_tasks
+    from workers.rft.models import load_tokenizer
+
+    tokenizer = load_tokenizer(model)
+    return max(len(tokenizer.apply_chat_template([{"role": "user", "content": task.prompt}], add_generation_prompt=True,
+                                                 tokenize=True, return_dict=False))
+               for task in load_tasks(TASKSET))
 
 
 def run_trl(case: dict, steps: int, paged: bool) -> dict:

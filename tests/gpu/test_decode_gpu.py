@@ -1,5 +1,6 @@
-"""On CUDA: the graph-captured static-cache decode (transformers_engine.py) against the eager loop
-it replaced, before and after a weight update; and a chunked-logprob trainer step against the
+"""On CUDA: the graph-captured static-cache decode (transformers_engine.py), its step plain and
+compiled by inductor, against the eager loop it replaced, before and after a weight update and as
+the batch narrows; and a chunked-logprob trainer step against the
 whole-logits one. One GPU; only torch, transformers, pytest (make test-gpu)."""
 import importlib.util
 from pathlib import Path
@@ -26,11 +27,17 @@ def tiny_path(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny")
 
 
-@pytest.mark.parametrize("temperature", [0.0, 1.0])
-def test_graph_decode_equals_the_eager_loop_across_a_weight_update(tiny_path, temperature):
+def assert_compiled(engine):
+    from workers.rft.engines import transformers_engine
+
+    assert engine.compiled and transformers_engine._compile_failure is None
+
+
+@pytest.mark.parametrize(("temperature", "compiled"), [(0.0, False), (1.0, False), (1.0, True)])
+def test_graph_decode_equals_the_eager_loop_across_a_weight_update(tiny_path, temperature, compiled):
     tokenizer = load_tokenizer(tiny_path)
     model = load_policy(tiny_path, CUDA)
-    engine = TransformersEngine(model, tokenizer)
+    engine = TransformersEngine(model, tokenizer, compiled=compiled)
     prompts = static_decode.mixed_prompts(tokenizer)
     params = SamplingParams(n=4, temperature=temperature, max_new_tokens=40, seed=3)
     static_decode.assert_same(engine, model, prompts, params, tolerance=1e-4)
@@ -41,16 +48,19 @@ def test_graph_decode_equals_the_eager_loop_across_a_weight_update(tiny_path, te
     got = static_decode.assert_same(engine, model, prompts, params, tolerance=1e-4)
     assert list(engine._decoders.values()) == [decoder]
     assert len(got) == 12
+    if compiled:
+        assert_compiled(engine)
 
 
-def test_narrowed_graphs_sample_what_the_whole_batch_would_twice_over(tiny_path):
+@pytest.mark.parametrize("compiled", [False, True])
+def test_narrowed_graphs_sample_what_the_whole_batch_would_twice_over(tiny_path, compiled):
     """Rows ending at varied steps (a bias on the end-of-text logit): the batch narrows to the
     running rows (power-of-two row counts, a graph each, captured mid-batch and kept), and the
     tokens are the eager loop's; a second batch reuses the narrowed graphs."""
     tokenizer = load_tokenizer(tiny_path)
     stop = tokenizer.eos_token_id
     model = static_decode.ends_early(load_policy(tiny_path, CUDA), stop, 4.0)
-    engine = TransformersEngine(model, tokenizer)
+    engine = TransformersEngine(model, tokenizer, compiled=compiled)
     prompts = static_decode.mixed_prompts(tokenizer)
     params = SamplingParams(n=16, temperature=1.0, max_new_tokens=96, seed=3)
     for _ in range(2):
@@ -58,13 +68,15 @@ def test_narrowed_graphs_sample_what_the_whole_batch_would_twice_over(tiny_path)
     [decoder] = engine._decoders.values()
     assert decoder._narrowed and all(view.graph is not None for view in decoder._narrowed.values())
     assert all(rows & (rows - 1) == 0 for rows in decoder._narrowed)
+    if compiled:
+        assert_compiled(engine)
 
 
 def test_captured_decoders_are_capped(tiny_path):
     from workers.rft.engines.transformers_engine import MAX_DECODERS
 
     tokenizer = load_tokenizer(tiny_path)
-    engine = TransformersEngine(load_policy(tiny_path, CUDA), tokenizer)
+    engine = TransformersEngine(load_policy(tiny_path, CUDA), tokenizer, compiled=False)  # a compile a shape
     prompts = static_decode.mixed_prompts(tokenizer)
     for n in range(1, MAX_DECODERS + 3):  # a row count each: a decoder each
         engine.generate(prompts, SamplingParams(n=n, max_new_tokens=4, seed=0))

@@ -25,22 +25,31 @@ trainer.micro_batch_tokens, M = min(micro_batch_size, micro_batch_tokens // T): 
   optimizer   8 P'                       AdamW's two moments
   reference   4 P                        where the loss needs one (KL, DPO) other than the LoRA base
   critic      16 P                       PPO's value model: weights, gradients, moments
-  activations 2 M T L (12 H + 4 I) a     what autograd keeps per token and layer (a: 4 bytes in fp32,
-                                         2 under bf16 autocast); checkpointed, M T L H a + one layer
-  attention   2 (4 L M Hq T^2 + M T^2)   the fp32 score matrix a layer keeps where it is at most S
-                                         elements (CPU's plain attention; SDPA keeps none), the mask
-  logits      2 x 12 min(M T V, CHUNK)   the head applied CHUNK logits at a time; M T V under fsdp
+  activations s M T L A                  A: the bytes autograd keeps per token and layer (KV = Hkv d):
+                                         32 H + 8 KV + 16 I in fp32, 30 H + 4 KV + 8 I under bf16
+                                         autocast (the residual stream and norms stay fp32), measured
+                                         (layer_bytes); checkpointed, M T (4 L H + A): each layer's
+                                         fp32 input, and the layer being recomputed
+  autocast    2 P                        under bf16 autocast, the bf16 copies of the fp32 weights: kept
+                                         for the backward, or in autocast's cache until the forward
+                                         ends when checkpointed (not counted under fsdp)
+  attention   s (4 L M Hq T^2 + M T^2)   the fp32 score matrix a layer keeps where it is at most S
+                                         elements (CPU's plain attention; SDPA, a GPU's, keeps none), the mask
+  logits      s x 12 min(M T V, CHUNK)   the head applied CHUNK logits at a time; M T V under fsdp
   batch       88 B T                     the step's B = trainer batch rows as Python lists
-  S = attention.MAX_SCORES. The factor 2 on what a micro-batch allocates: over a step of 2 to 8
-  micro-batches the process's peak RSS was 1.4-1.75x a single one's (glibc keeps freed activations
-  in its heap for the next), on the tiny model on CPU.
+  S = attention.MAX_SCORES. s = 2 on CPU, what a step's micro-batches allocate against one: over a
+  step of 2 to 8 micro-batches the process's peak RSS was 1.4-1.75x a single one's (glibc keeps
+  freed activations in its heap for the next), on the tiny model on CPU; s = 1 on a GPU, whose
+  caching allocator hands a freed micro-batch's blocks to the next.
 
 A process that runs both holds both (a `loop` duty: at synchronizer.offset >= 1 the explorer and the
 trainer step at once). Against the tiny model on CPU (tests/workers/rft/test_footprint.py, which
 holds it to 0.9-2.5x): a generate's peak RSS grew 81-89 and 75-77 MiB, estimated 87 and 79; a train
 step's 461-472 and 923-1,007 MiB, estimated 542 and 1,530 (1.15-1.65x; a single micro-batch's step
-up to 2.1x). GB here are GiB, as the Workers page's. Not measured on a GPU (bf16 activations are
-taken at half of fp32's). Not counted: vLLM (it sizes its own KV cache within its
+up to 2.1x). On an H100 (bench/README.md, issue #25's gpu_step: SmolLM2-135M, 16 x 8 x 256 new
+tokens in one micro-batch, bf16, prompts of at most 40 tokens): measured 37,132 MiB at the peak,
+estimated 36,728 (0.99x).
+GB here are GiB, as the Workers page's. Not counted: vLLM (it sizes its own KV cache within its
 gpu_memory_utilization), a multi-turn episode beyond one turn, expert answers longer than
 max_new_tokens, the CUDA engine's other cached decoders, and CUDA's own context (~0.5 GB a GPU).
 """
@@ -54,8 +63,7 @@ from .logprobs import CHUNK
 from .loop import EXPLORER, TRAINER, components_of
 
 GB = 2**30
-SLACK = 2  # a step's micro-batches against one: measured 1.4-1.75x (docstring)
-PER_TOKEN_LAYER = (12, 4)  # autograd's saved elements per token and layer: 12 H + 4 I (Qwen2/Llama)
+SLACK = 2  # on CPU, a step's micro-batches against one: measured 1.4-1.75x (docstring)
 PYTHON_TOKEN = 88  # bytes a token costs in Python lists: an int and a float (36 + 32), and a slice of each (16)
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 LORA_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -162,27 +170,44 @@ def explorer_footprint(shape: ModelShape, rows: int, prompt: int, new: int, dtyp
     })
 
 
+def layer_bytes(shape: ModelShape, activation_bytes: int) -> int:
+    """What autograd keeps per token and layer of a Llama/Qwen2 decoder layer with SDPA, in fp32
+    (activation_bytes 4) or under bf16 autocast (2). Fitted exactly (to 0.4 %) to the tensors
+    saved_tensors_hooks saw at SmolLM2-135M's, Qwen2.5-1.5B's and SmolLM2-1.7B's widths (the old
+    12 H + 4 I elements missed the fp32 norms under autocast and the keys and values: 1.09-1.18x
+    under); tests/workers/rft/test_footprint.py measures it again."""
+    hidden, kv, intermediate = shape.hidden, shape.kv_heads * shape.head_dim, shape.intermediate
+    if activation_bytes >= 4:
+        return 32 * hidden + 8 * kv + 16 * intermediate
+    return 30 * hidden + 4 * kv + 8 * intermediate
+
+
 def trainer_footprint(shape: ModelShape, *, rows: int, tokens: int, batch_rows: int, trained: int,
                       activation_bytes: int = 4, shards: int = 1, reference: bool = False, critic: bool = False,
-                      chunked: bool = True, checkpointed: bool = False) -> Footprint:
+                      chunked: bool = True, checkpointed: bool = False, on_gpu: bool = False) -> Footprint:
     """One rank of the trainer, `rows` rows of `tokens` tokens a micro-batch, `trained` parameters
     trained, its states over `shards` ranks (fsdp; docstring: Trainer)."""
+    slack = 1 if on_gpu else SLACK
     params = shape.params
-    layer = sum(k * size for k, size in zip(PER_TOKEN_LAYER, (shape.hidden, shape.intermediate)))
-    # Checkpointed: each layer keeps its input; the one being recomputed holds its own in full.
-    per_token = shape.layers * shape.hidden + layer if checkpointed else shape.layers * layer
-    activations = rows * tokens * per_token * activation_bytes
+    layer = layer_bytes(shape, activation_bytes)
+    # Checkpointed: each layer keeps its input (the fp32 residual stream); the one being recomputed
+    # holds its own in full.
+    per_token = 4 * shape.layers * shape.hidden + layer if checkpointed else shape.layers * layer
+    activations = rows * tokens * per_token
     scores = rows * shape.heads * tokens * tokens
     logits = rows * tokens * shape.vocab
     parts = {
         "trainer weights": 4 * params // shards,
         "gradients": 4 * trained // shards,
         "optimizer": 8 * trained // shards,
-        "trainer activations": SLACK * activations,
-        "attention": SLACK * ((4 * shape.layers * scores if scores <= MAX_SCORES else 0) + rows * tokens * tokens),
-        "logits": SLACK * 12 * (min(logits, CHUNK) if chunked else logits),
+        "trainer activations": slack * activations,
+        "attention": slack * ((4 * shape.layers * scores if scores <= MAX_SCORES and not on_gpu else 0)
+                              + rows * tokens * tokens),
+        "logits": slack * 12 * (min(logits, CHUNK) if chunked else logits),
         "batch": PYTHON_TOKEN * batch_rows * tokens,
     }
+    if activation_bytes < 4 and shards == 1:
+        parts["autocast weights"] = activation_bytes * params
     if reference:
         parts["reference"] = 4 * params // shards
     if critic:
@@ -248,7 +273,7 @@ def run_footprint(config, shape: ModelShape, on_gpu: bool) -> RunFootprint:
             shards=ranks * trainer_config.num_nodes if sharded else 1,
             reference=spec.needs_reference and (lora is None or model.ref_path is not None),
             critic=spec.needs_critic, chunked=not sharded,
-            checkpointed=trainer_config.activation_checkpointing,
+            checkpointed=trainer_config.activation_checkpointing, on_gpu=on_gpu,
         )
         if sharded and fsdp is not None and fsdp.cpu_offload and on_gpu:  # the states live in CPU memory
             for part in ("trainer weights", "gradients", "optimizer", "reference", "critic"):

@@ -172,3 +172,50 @@ def test_the_trainer_estimate_bounds_a_measured_train_step(data_dir, tasks, n, p
     print(f"train {tasks * n} rows, {micro} a micro-batch, x {prompt + new} tokens: measured {grew / MB:.0f} MB, "
           f"estimated {step / MB:.0f} MB")
     assert LEAST * grew <= step <= MOST * grew
+
+
+def saved_bytes(config, rows: int, tokens: int, autocast: bool) -> int:
+    """Bytes of the tensors autograd keeps over a forward of the decoder (no head), each storage
+    once; the weights' own storages left out (a saved view of a weight is no activation)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa").train()
+    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    kept = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in weights:
+            kept[storage.data_ptr()] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor), \
+            torch.autocast("cpu", torch.bfloat16, enabled=autocast):
+        model.model(input_ids=torch.randint(0, 500, (rows, tokens)))
+    return sum(kept.values())
+
+
+@pytest.mark.parametrize("name", ["smollm2-135m", "qwen2.5-1.5b", "smollm2-1.7b"])
+@pytest.mark.parametrize("autocast", [False, True])
+def test_what_a_layer_keeps_per_token_is_what_autograd_saves(name, autocast, tokenizer):
+    """layer_bytes against a measurement: the bytes a second layer adds, per token of a second pair
+    of rows (what a layer keeps for any token count and for none, its weights' bf16 copies, drops
+    out), at each benchmark architecture's head ratios, biases and MLP (tiny widths, SDPA: the GPU
+    trainer's attention; the CPU's plain attention's scores are the estimate's "attention")."""
+    from workers.rft.architectures import architecture_config
+    from workers.rft.footprint import layer_bytes
+
+    config = architecture_config(name, tokenizer, tiny=True)
+    tokens = 32
+
+    def added_by_a_layer(rows):
+        config.num_hidden_layers = 2
+        two = saved_bytes(config, rows, tokens, autocast)
+        config.num_hidden_layers = 1
+        return two - saved_bytes(config, rows, tokens, autocast)
+
+    measured = (added_by_a_layer(4) - added_by_a_layer(2)) / (2 * tokens)
+    shape = ModelShape(1, config.hidden_size, config.intermediate_size, config.num_attention_heads,
+                       config.num_key_value_heads, config.hidden_size // config.num_attention_heads, config.vocab_size)
+    assert layer_bytes(shape, 2 if autocast else 4) == pytest.approx(measured, rel=0.05)

@@ -15,7 +15,13 @@ Rows that stopped stop costing: once at most half the rows still run, those move
 the steps go on over them alone (StaticDecoder.narrow; 1.24x on CPU with answers of varied length,
 bench/README.md). A batch whose cache would not fit the free memory runs in rounds of as many
 prompts as fit (`_rounds`), with the whole batch's random numbers: the same tokens.
+On CUDA the step is compiled by inductor before it is captured (`compiled`): a captured graph
+still runs each of its kernels, and at 135M it is ~1,650 small ones a step, bound by their
+launches; inductor fuses the norms, rotary, activations and sampling into fewer. A step that
+cannot compile runs uncompiled, with a warning.
 """
+import logging
+import os
 from collections import OrderedDict
 from pathlib import Path
 
@@ -45,6 +51,13 @@ MIN_COMPACT_ROWS = 4  # fewer rows than this are not worth a narrowed step (and 
 # A batch whose static cache (and logits) would take more than this share of the free memory is
 # decoded in rounds of as many prompts as fit: the rest holds the model's activations.
 KV_MEMORY_SHARE = 0.8
+# RFTWEB_COMPILE_DECODE: compile the decode step with torch.compile: auto (on CUDA), 1 or 0. Not on
+# CPU by default: SmolLM2-135M's step compiled in 42-44 s (6 s from inductor's disk cache) to be
+# 1.3x faster at 16 rows there (2-core EPYC, bench/README.md), and the demo's tiny model would spend
+# its first half-minute compiling.
+COMPILE_SETTING = "RFTWEB_COMPILE_DECODE"
+
+log = logging.getLogger(__name__)
 
 
 def free_bytes(device: torch.device) -> int:
@@ -58,8 +71,17 @@ def free_bytes(device: torch.device) -> int:
     return psutil.virtual_memory().available
 
 
+def compile_by_default(device: torch.device) -> bool:
+    """Whether the decode step is compiled on `device`, as RFTWEB_COMPILE_DECODE says."""
+    value = os.environ.get(COMPILE_SETTING, "auto")
+    if value not in ("auto", "1", "0"):
+        raise ValueError(f"{COMPILE_SETTING} must be auto, 1 or 0, got {value!r}")
+    return device.type == "cuda" if value == "auto" else value == "1"
+
+
 class TransformersEngine(RolloutEngine):
-    def __init__(self, model, tokenizer):
+    def __init__(self, model, tokenizer, compiled: bool | None = None):
+        """`compiled`: compile the decode step (None: compile_by_default)."""
         # One query a row reads each key/value head once as two batched matmuls (attention.py);
         # SDPA under a padding mask copies K and V out to every query head first, 3x the cache's
         # bytes a step for SmolLM2's 9 query / 3 key-value heads (H100, 128 rows: 25,560 tokens/s
@@ -71,6 +93,7 @@ class TransformersEngine(RolloutEngine):
         self.stop_ids = stop_token_ids(tokenizer, model)
         self.pad_id = tokenizer.pad_token_id
         self.model_version = 0
+        self.compiled = compile_by_default(self.device) if compiled is None else compiled
         self._decoders: OrderedDict[tuple, StaticDecoder] = OrderedDict()  # CUDA: captured, by key
 
     @property
@@ -167,14 +190,16 @@ class TransformersEngine(RolloutEngine):
         (on CPU, with no graph to reuse, exactly `length`: every step attends over all of it)."""
         sampling = (temperature, top_p)
         if self.device.type != "cuda":
-            return StaticDecoder(self.model, rows, length, sampling, self.stop_ids, self.pad_id, graph=False)
+            return StaticDecoder(self.model, rows, length, sampling, self.stop_ids, self.pad_id, graph=False,
+                                 compiled=self.compiled)
         key = (rows, -(-length // LENGTH_BUCKET) * LENGTH_BUCKET, sampling)
         if key in self._decoders:
             self._decoders.move_to_end(key)
         else:
             while len(self._decoders) >= MAX_DECODERS:
                 self._decoders.popitem(last=False)
-            self._decoders[key] = StaticDecoder(self.model, *key[:2], sampling, self.stop_ids, self.pad_id, graph=True)
+            self._decoders[key] = StaticDecoder(self.model, *key[:2], sampling, self.stop_ids, self.pad_id, graph=True,
+                                                compiled=self.compiled)
         return self._decoders[key]
 
     def load_state_dict(self, state_dict: dict, version: int) -> None:
@@ -220,16 +245,18 @@ ROW_TENSORS = ("logits", "tokens", "logprobs", "finished", "stopped", "token", "
 class StaticDecoder:
     """The decode state of one batch in preallocated tensors, and one step over it: sample each
     row's next token from `logits`, record it, feed it through the model into `logits` again. Run
-    eagerly, or as a replayed CUDA graph that reads and writes these same tensors. `narrow` gives
-    a decoder over the first rows of the same tensors, once most rows have stopped."""
+    eagerly, or as a replayed CUDA graph that reads and writes these same tensors; either way
+    through inductor when `compiled`. `narrow` gives a decoder over the first rows of the same
+    tensors, once most rows have stopped."""
 
     def __init__(self, model, rows: int, length: int, sampling: tuple[float, float], stop_ids: list[int],
-                 pad_id: int, graph: bool):
+                 pad_id: int, graph: bool, compiled: bool = False):
         config = model.config.get_text_config()
         param = next(model.parameters())
         device = param.device
         self.rows, self._narrowed = rows, {}  # the narrowed decoders (CUDA: kept with their graphs)
         self.model, self.pad_id = model, pad_id
+        self.compiled = compiled and _compile_failure is None
         self.temperature, self.top_p = sampling
         self.cache = StaticCache(config=config, max_cache_len=length)
         self.cache.early_initialization(rows, config.num_key_value_heads, _head_dim(config), param.dtype, device)
@@ -276,10 +303,22 @@ class StaticDecoder:
         always feeds (the last step's forward is wasted); eager skips it after the last token."""
         if self.graph is not None:
             self.graph.replay()
-            return
+        elif feed:
+            self._step()
+        else:
+            self._sample()
+
+    def _step(self) -> None:
+        """_sample, then _feed: what a graph captures; compiled by inductor when `compiled` (the
+        first call compiles: SmolLM2-135M, 42 s on CPU)."""
+        if self.compiled:
+            try:
+                return compiled_step()(self)
+            except torch._dynamo.exc.TorchDynamoException as error:  # raised before the step ran
+                give_up_compiling(error)
+                self.compiled = False
         self._sample()
-        if feed:
-            self._feed()
+        self._feed()
 
     def _sample(self) -> None:
         t = self.step_index
@@ -356,14 +395,37 @@ class StaticDecoder:
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):
-                self._sample()
-                self._feed()
+                self._step()  # the first compiles, outside the capture
         torch.cuda.current_stream().wait_stream(stream)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            self._sample()
-            self._feed()
+            self._step()
         return graph
+
+
+# torch.compile's wrapper of the step, made on first use, one per process (each new shape
+# compiles once more; from the second, inductor compiles for any shape). fullgraph: the step
+# compiles whole or not at all, so one that cannot compile has run nothing and runs uncompiled.
+_compiled_step = None
+_compile_failure: str | None = None  # why the step could not compile: no decoder tries again
+
+
+def _step_body(decoder: StaticDecoder) -> None:
+    decoder._sample()
+    decoder._feed()
+
+
+def compiled_step():
+    global _compiled_step
+    if _compiled_step is None:
+        _compiled_step = torch.compile(_step_body, fullgraph=True)
+    return _compiled_step
+
+
+def give_up_compiling(error: Exception) -> None:
+    global _compile_failure
+    _compile_failure = str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__
+    log.warning("the decode step runs uncompiled: torch.compile failed: %s", _compile_failure)
 
 
 def _response_lengths(tokens: list[list[int]], stop_ids: list[int], pad_id: int) -> list[int]:
