@@ -13,6 +13,8 @@ Explorer, the transformers engine: one call generates R rows of T = prompt + new
   decoding    2 L Hkv d R prompt b       the prompts' cache, copied to each row
               + 13 R T + 8 R new         token ids, log-probs and mask; the random numbers
               + 12 min(R Hq T, S)        one step's attention scores (CPU's plain attention)
+              + R T Hkv d b              a layer's keys and values of the rows still running (at
+                                         most R / 2), copied as the batch narrows to them
               + 20 R V                   the last logits and sampling's copies of them
               + 88 R new                 the rollouts as Python lists of ids and log-probs
   R = explorer.batch_size x algorithm.repeat_times, at least EVAL_CHUNK with eval;
@@ -44,11 +46,12 @@ trainer.micro_batch_tokens, M = min(micro_batch_size, micro_batch_tokens // T): 
 
 A process that runs both holds both (a `loop` duty: at synchronizer.offset >= 1 the explorer and the
 trainer step at once). Against the tiny model on CPU (tests/workers/rft/test_footprint.py, which
-holds it to 0.9-2.5x): a generate's peak RSS grew 81-89 and 75-77 MiB, estimated 87 and 79; a train
-step's 461-472 and 923-1,007 MiB, estimated 542 and 1,530 (1.15-1.65x; a single micro-batch's step
+holds it to 0.9-2.5x): a generate's peak RSS grew 80-83 and 78-88 MiB, estimated 96 and 87 (the
+narrowing's copy is 8-10 MiB of the second: 77-79 with narrowing off); a train
+step's 419-472 and 904-1,007 MiB, estimated 497 and 1,365 (1.05-1.5x; a single micro-batch's step
 up to 2.1x). On an H100 (bench/README.md, issue #25's gpu_step: SmolLM2-135M, 16 x 8 x 256 new
 tokens in one micro-batch, bf16, prompts of at most 40 tokens): measured 37,132 MiB at the peak,
-estimated 36,728 (0.99x).
+estimated 36,742 (0.99x).
 GB here are GiB, as the Workers page's. Not counted: vLLM (it sizes its own KV cache within its
 gpu_memory_utilization), a multi-turn episode beyond one turn, expert answers longer than
 max_new_tokens, the CUDA engine's other cached decoders, and CUDA's own context (~0.5 GB a GPU).
@@ -165,7 +168,9 @@ def explorer_footprint(shape: ModelShape, rows: int, prompt: int, new: int, dtyp
         "explorer weights": shape.params * dtype_bytes,
         "explorer KV cache": rows * tokens * shape.kv_bytes(dtype_bytes),
         "explorer decoding": (rows * prompt * shape.kv_bytes(dtype_bytes) + 13 * rows * tokens + 8 * rows * new
-                              + 12 * min(rows * shape.heads * tokens, MAX_SCORES) + 20 * rows * shape.vocab),
+                              + 12 * min(rows * shape.heads * tokens, MAX_SCORES)
+                              + rows * tokens * shape.kv_bytes(dtype_bytes) // (2 * shape.layers)
+                              + 20 * rows * shape.vocab),
         "rollouts": PYTHON_TOKEN * rows * new,
     })
 
