@@ -83,6 +83,18 @@ def test_captured_decoders_are_capped(tiny_path):
     assert [key[0] for key in engine._decoders] == [3 * n for n in range(3, MAX_DECODERS + 3)]
 
 
+def test_a_decoder_past_the_cache_budget_is_kept_alone(tiny_path, monkeypatch):
+    from workers.rft.engines import transformers_engine
+
+    monkeypatch.setattr(transformers_engine, "KEPT_CACHE_SHARE", 1e-9)  # any cache is past it
+    tokenizer = load_tokenizer(tiny_path)
+    engine = TransformersEngine(load_policy(tiny_path, CUDA), tokenizer, compiled=False)
+    prompts = static_decode.mixed_prompts(tokenizer)
+    for n in (1, 2, 3):
+        engine.generate(prompts, SamplingParams(n=n, max_new_tokens=4, seed=0))
+        assert [key[0] for key in engine._decoders] == [3 * n]
+
+
 def test_a_chunked_trainer_step_equals_the_whole_logits_step(tiny_path):
     from workers.rft.config import RunConfig
 

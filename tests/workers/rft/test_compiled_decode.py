@@ -23,6 +23,13 @@ def generate(path, tokenizer, params, compiled: bool):
     return [(c.token_ids, c.logprobs) for group in engine.generate(mixed_prompts(tokenizer), params) for c in group]
 
 
+def assert_same_samples(got, expected):
+    """The same tokens; log-probs within 1e-5 (inductor's fused kernels sum in their own order)."""
+    assert [ids for ids, _ in got] == [ids for ids, _ in expected]
+    for (_, lps), (_, ref) in zip(got, expected):
+        torch.testing.assert_close(torch.tensor(lps), torch.tensor(ref), atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.slow  # each architecture compiles its step: ~25 s on 2 cores
 @pytest.mark.parametrize("name", ["smollm2-135m", "qwen2.5-1.5b"])
 def test_the_compiled_step_samples_what_the_step_it_compiles_does(name, tiny_path, tokenizer, tmp_path, monkeypatch):
@@ -37,9 +44,7 @@ def test_the_compiled_step_samples_what_the_step_it_compiles_does(name, tiny_pat
     assert transformers_engine._compile_failure is None
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] > frames  # inductor ran the step
     assert narrowed, "rows stopped at varied steps and the batch narrowed"
-    assert [ids for ids, _ in compiled] == [ids for ids, _ in plain]
-    for (_, lps), (_, ref) in zip(compiled, plain):
-        torch.testing.assert_close(torch.tensor(lps), torch.tensor(ref), atol=1e-5, rtol=1e-5)
+    assert_same_samples(compiled, plain)
 
 
 @pytest.mark.slow  # dynamo traces the step before inductor fails: ~5 s
@@ -73,3 +78,24 @@ def test_the_setting_picks_where_the_step_compiles(monkeypatch):
     monkeypatch.setenv(COMPILE_SETTING, "yes")
     with pytest.raises(ValueError, match="RFTWEB_COMPILE_DECODE must be auto, 1 or 0, got 'yes'"):
         compile_by_default(cpu)
+
+
+@pytest.mark.slow  # one compile: ~25 s on 2 cores
+def test_a_shape_past_the_recompile_limit_runs_uncompiled_and_the_others_stay_compiled(
+        tiny_path, tokenizer, monkeypatch, caplog):
+    """fullgraph=True turns dynamo's recompile limit into an error (FailOnRecompileLimitHit, not a
+    TorchDynamoException): that decoder runs as it is; compiling goes on for the rest."""
+    torch._dynamo.reset()
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    monkeypatch.setattr(transformers_engine, "_compile_failure", None)
+    first, second = (SamplingParams(n=n, temperature=1.0, max_new_tokens=6, seed=1) for n in (2, 3))
+    plain = [generate(tiny_path, tokenizer, params, compiled=False) for params in (first, second)]
+    with caplog.at_level(logging.WARNING, logger=transformers_engine.__name__):
+        got = [generate(tiny_path, tokenizer, params, compiled=True) for params in (first, second)]
+    torch._dynamo.reset()
+    for samples, expected in zip(got, plain):
+        assert_same_samples(samples, expected)
+    assert got[1] == plain[1]  # the second shape ran uncompiled: exactly the plain step
+    warnings = [r.getMessage() for r in caplog.records if "runs uncompiled" in r.getMessage()]
+    assert len(warnings) == 1 and "recompile_limit allows (1)" in warnings[0], warnings
+    assert transformers_engine._compile_failure is None  # not given up: the first shape stays compiled

@@ -188,3 +188,35 @@ def test_a_batch_whose_cache_does_not_fit_is_decoded_in_rounds_that_sample_what_
     monkeypatch.setattr(transformers_engine, "free_bytes", lambda device: row_bytes)
     with pytest.raises(ValueError, match=r"3 rows of \d+ tokens .* lower explorer.max_new_tokens"):
         engine.generate(prompts, params)
+
+
+def test_kept_decoders_give_way_to_a_new_one_by_count_and_by_bytes(tiny_model, tokenizer):
+    """On CUDA the engine keeps its captured decoders to reuse; a new one first drops the least
+    recently used until fewer than MAX_DECODERS remain and their caches with its own fit the
+    budget (KEPT_CACHE_SHARE of the card: SmolLM2-1.7B's cache for 128 rows of 1,088 tokens is
+    27 GB, which a trainer in the same process needs back). Real decoders, on CPU (no graphs)."""
+    from workers.rft.engines.transformers_engine import MAX_DECODERS, StaticDecoder
+
+    engine = TransformersEngine(tiny_model, tokenizer)
+
+    def keep(rows):
+        engine._decoders[rows] = StaticDecoder(tiny_model, rows, 64, (1.0, 1.0), engine.stop_ids, engine.pad_id,
+                                               graph=False)
+
+    def size(rows):
+        return rows * engine._row_bytes(64)
+
+    for rows in (1, 2, 3):
+        keep(rows)
+    decoder = engine._decoders[3]
+    held = sum(layer.keys.nbytes + layer.values.nbytes for layer in decoder.cache.layers) + decoder.logits.nbytes
+    assert held == size(3)  # what the budget counts is what a decoder holds
+    engine._make_room(size(4), budget=size(100))
+    assert list(engine._decoders) == [1, 2, 3] and MAX_DECODERS == 4
+    keep(4)
+    engine._make_room(size(1), budget=size(100))
+    assert list(engine._decoders) == [2, 3, 4]  # by count: the least recently used went
+    engine._make_room(size(8), budget=size(12))
+    assert list(engine._decoders) == [4]  # by bytes: 2 + 3 + 4 + 8 rows, then 3 + 4 + 8, then 4 + 8 fit
+    engine._make_room(size(100), budget=size(8))
+    assert not engine._decoders  # a new one past the budget alone runs alone

@@ -36,9 +36,13 @@ from .base import Completion, RolloutEngine, SamplingParams
 # Cache lengths round up to this: a run's prompt widths vary a little from step to step, and each
 # distinct (rows, length) costs a graph capture and its own cache on the GPU.
 LENGTH_BUCKET = 64
-# Captured decoders kept (least recently used goes first): each holds a cache of rows x length
-# slots per layer (SmolLM2-135M, 128 rows x 320 slots: 0.9 GB in bf16).
+# Captured decoders kept (least recently used goes first): at most MAX_DECODERS, their caches at most
+# KEPT_CACHE_SHARE of the card's memory with the new one's. Each holds a cache of rows x length
+# slots per layer: SmolLM2-135M's 128 rows x 320 slots are 0.9 GB in bf16, four of them 3.6; at
+# SmolLM2-1.7B, 128 x 1,088 slots are 27 GB, and a trainer in the same process needs the memory of
+# the ones not in use back (a capture costs a second or two; a step of that size, tens).
 MAX_DECODERS = 4
+KEPT_CACHE_SHARE = 0.1
 # How often the CUDA loop asks the host whether every row has stopped (each ask waits for the GPU);
 # at most this many steps run after the last row stopped. On CPU every step: asking is free there.
 CUDA_STOP_CHECK = 16
@@ -122,13 +126,11 @@ class TransformersEngine(RolloutEngine):
         """The prompts in rounds ([start, end) ranges) whose static cache fits the memory free
         (KV_MEMORY_SHARE of it): one round when the batch fits. A ValueError saying what to lower
         when not even one prompt's rows fit."""
-        config = self.model.config.get_text_config()
         width = max(len(prompt) for prompt in prompts)
         length = width + params.max_new_tokens
         if self.device.type == "cuda":
             length = -(-length // LENGTH_BUCKET) * LENGTH_BUCKET
-        row_bytes = (2 * config.num_hidden_layers * config.num_key_value_heads * _head_dim(config) * length
-                     * next(self.model.parameters()).element_size() + 4 * config.vocab_size)
+        row_bytes = self._row_bytes(length)
         free = free_bytes(self.device)
         if len(prompts) * params.n * row_bytes > KV_MEMORY_SHARE * free and self._decoders:
             self._decoders.clear()  # the kept decoders' caches go first
@@ -140,6 +142,12 @@ class TransformersEngine(RolloutEngine):
                 f"{params.n * row_bytes / 1e9:.1f} GB, and {free / 1e9:.1f} GB of {self.device.type} memory is free: "
                 "lower explorer.max_new_tokens, model.max_prompt_tokens or algorithm.repeat_times")
         return [(start, min(start + per_round, len(prompts))) for start in range(0, len(prompts), per_round)]
+
+    def _row_bytes(self, length: int) -> int:
+        """What a decoder holds per row of `length` cache slots: its keys and values, its logits."""
+        config = self.model.config.get_text_config()
+        return (2 * config.num_hidden_layers * config.num_key_value_heads * _head_dim(config) * length
+                * next(self.model.parameters()).element_size() + 4 * config.vocab_size)
 
     def _sample(self, prompts: list[list[int]], params: SamplingParams, uniforms: torch.Tensor | None):
         """Rows are the prompts, each repeated params.n times in a row; `uniforms` [steps, rows]
@@ -196,11 +204,18 @@ class TransformersEngine(RolloutEngine):
         if key in self._decoders:
             self._decoders.move_to_end(key)
         else:
-            while len(self._decoders) >= MAX_DECODERS:
-                self._decoders.popitem(last=False)
+            total = torch.cuda.get_device_properties(self.device).total_memory
+            self._make_room(rows * self._row_bytes(key[1]), KEPT_CACHE_SHARE * total)
             self._decoders[key] = StaticDecoder(self.model, *key[:2], sampling, self.stop_ids, self.pad_id, graph=True,
                                                 compiled=self.compiled)
         return self._decoders[key]
+
+    def _make_room(self, new_bytes: int, budget: float) -> None:
+        """Drop kept decoders, least recently used first, until fewer than MAX_DECODERS remain and
+        their bytes and `new_bytes` (the decoder about to be made) are within `budget`."""
+        while self._decoders and (len(self._decoders) >= MAX_DECODERS or new_bytes + sum(
+                decoder.rows * self._row_bytes(decoder.length) for decoder in self._decoders.values()) > budget):
+            self._decoders.popitem(last=False)
 
     def load_state_dict(self, state_dict: dict, version: int) -> None:
         copy_weights(self.model, state_dict)  # in place: captured graphs read the new weights
@@ -254,7 +269,7 @@ class StaticDecoder:
         config = model.config.get_text_config()
         param = next(model.parameters())
         device = param.device
-        self.rows, self._narrowed = rows, {}  # the narrowed decoders (CUDA: kept with their graphs)
+        self.rows, self.length, self._narrowed = rows, length, {}  # narrowed decoders (CUDA: kept with graphs)
         self.model, self.pad_id = model, pad_id
         self.compiled = compiled and _compile_failure is None
         self.temperature, self.top_p = sampling
@@ -314,7 +329,12 @@ class StaticDecoder:
         if self.compiled:
             try:
                 return compiled_step()(self)
-            except torch._dynamo.exc.TorchDynamoException as error:  # raised before the step ran
+            except torch._dynamo.exc.FailOnRecompileLimitHit:  # raised before the step ran, as the next
+                self.compiled = False
+                log.warning("the decode step of %d rows x %d slots runs uncompiled: torch.compile compiled the step "
+                            "for as many shapes as torch._dynamo.config.recompile_limit allows (%d)",
+                            self.rows, self.length, torch._dynamo.config.recompile_limit)
+            except torch._dynamo.exc.TorchDynamoException as error:
                 give_up_compiling(error)
                 self.compiled = False
         self._sample()
