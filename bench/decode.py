@@ -31,6 +31,7 @@ from bench.gpu_step import case_of, random_model
 
 ATTENTIONS = ("gqa_eager", "sdpa")
 COMPILES = {"both": (False, True), "on": (True,), "off": (False,)}
+STEP = {False: "plain", True: "compiled"}  # the step's name in the tables, by `compiled`
 PROFILED_STEPS = 16
 
 
@@ -76,8 +77,8 @@ def decode(args) -> dict:
     rows, results = [], {}
     compiles = COMPILES[args.compile]
     for attention in args.attentions or ATTENTIONS:
+        model.set_attn_implementation(attention)
         for compiled in compiles:
-            model.set_attn_implementation(attention)
             engine.compiled = compiled
             engine._decoders.clear()
             first_s, _ = timed_generate()  # compiles the step (once a process and shape) and captures it
@@ -86,7 +87,7 @@ def decode(args) -> dict:
             tokens = runs[0][1]
             step_s = seconds / case["tokens"]
             share = step_bytes / step_s / copy_bytes_per_s
-            step = "compiled" if compiled else "plain"
+            step = STEP[compiled]
             results[f"{attention}, {step}"] = {
                 "first_s": first_s, "s": seconds, "tokens": tokens, "tokens_per_s": tokens / seconds,
                 "ms_per_step": 1000 * step_s, "bandwidth_share": share}
@@ -104,8 +105,7 @@ def decode(args) -> dict:
         results["varied"] = varied_lengths(engine, timed_generate, tokenizer, case, reps)
     if device.type == "cuda":
         for compiled in compiles:
-            step = "compiled" if compiled else "plain"
-            results[f"profile, {step}"] = profile_steps(engine, prompts, params, compiled)
+            results[f"profile, {STEP[compiled]}"] = profile_steps(engine, prompts, params, compiled)
     return results
 
 
@@ -191,8 +191,7 @@ def profile_steps(engine, prompts, params, compiled: bool) -> dict:
     events.sort(key=lambda e: -e.self_device_time_total)
     per_step_us = sum(e.self_device_time_total for e in events) / PROFILED_STEPS
     kernels = sum(e.count for e in events) / PROFILED_STEPS
-    step = "compiled" if compiled else "plain"
-    print(f"\n{step}, uncaptured: {per_step_us / 1000:.2f} ms of device time a step (prefill included), "
+    print(f"\n{STEP[compiled]}, uncaptured: {per_step_us / 1000:.2f} ms of device time a step (prefill included), "
           f"~{kernels:.0f} kernels a step")
     print(table([[e.key[:70], e.self_device_time_total / PROFILED_STEPS, e.count / PROFILED_STEPS]
                  for e in events[:15]], ["kernel", "us a step", "calls a step"]))

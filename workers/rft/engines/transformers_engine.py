@@ -337,8 +337,7 @@ class StaticDecoder:
             except torch._dynamo.exc.TorchDynamoException as error:
                 give_up_compiling(error)
                 self.compiled = False
-        self._sample()
-        self._feed()
+        _step_body(self)
 
     def _sample(self) -> None:
         t = self.step_index
@@ -444,7 +443,8 @@ def compiled_step():
 
 def give_up_compiling(error: Exception) -> None:
     global _compile_failure
-    _compile_failure = str(error).strip().splitlines()[0][:300] if str(error).strip() else type(error).__name__
+    text = str(error).strip()
+    _compile_failure = text.splitlines()[0][:300] if text else type(error).__name__
     log.warning("the decode step runs uncompiled: torch.compile failed: %s", _compile_failure)
 
 
