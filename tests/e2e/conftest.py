@@ -56,6 +56,14 @@ def _artifact_dir(request) -> Path:
     return path
 
 
+def listen_endpoint(interface: str, port: int) -> str:
+    """daphne's listening socket as docker/Dockerfile starts it: Twisted's default backlog is 50
+    pending connections, and 200 feedback posts at once on a loaded 2-core machine overflowed it
+    (18 of /proc/net/netstat's ListenOverflows in one run: dropped handshakes, retried a second or
+    more later)."""
+    return f"tcp:port={port}:interface={interface}:backlog=1024"
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -112,7 +120,7 @@ def asgi_server(django_db_setup, asgi_server_log):
     port = _free_port()
     with open(asgi_server_log, "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "rftweb.asgi:application"],
+            [sys.executable, "-m", "daphne", "-e", listen_endpoint("127.0.0.1", port), "rftweb.asgi:application"],
             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
     try:

@@ -79,6 +79,13 @@ def server_errors(log_path, since: int) -> str:
     return "\n".join(sorted(lines)[:20])
 
 
+def listen_overflows() -> int:
+    """The kernel's count of handshakes dropped because a listening socket's backlog was full."""
+    with open("/proc/net/netstat") as netstat:
+        names, values = [line.split() for line in netstat if line.startswith("TcpExt:")][:2]
+    return int(values[names.index("ListenOverflows")])
+
+
 @needs_request_limit
 def test_two_hundred_feedback_posts_at_once_all_get_an_answer_and_none_is_lost(
     asgi_server, asgi_server_log, researcher  # noqa: F811
@@ -107,12 +114,14 @@ def test_two_hundred_feedback_posts_at_once_all_get_an_answer_and_none_is_lost(
         await asyncio.gather(*(post(c, e, latencies, statuses) for c, e in zip(cookies, targets)))
         return latencies, statuses
 
-    log_start = asgi_server_log.stat().st_size
+    log_start, overflows = asgi_server_log.stat().st_size, listen_overflows()
     dropped = []
     latencies, statuses = asyncio.run(burst())
-    # One CI run saw a connection closed without an answer (httpx.ReadError), once in many runs:
-    # say how many, when, and what the server logged meanwhile.
+    # Two CI runs saw connections closed without an answer (httpx.ReadError; 46 of 200 after
+    # ~2.3 s once, the server logging nothing), in many runs: say how many, when, what the server
+    # logged meanwhile and whether the kernel dropped handshakes (the server's listen backlog).
     assert not dropped, f"{len(dropped)} of 200 got no answer: {sorted(set(dropped))[:5]}; " \
+                        f"{listen_overflows() - overflows} listen overflow(s); " \
                         f"the server logged:\n{server_errors(asgi_server_log, log_start)}"
     codes = Counter(code for _, code in statuses)
     errors = sum(n for code, n in codes.items() if code >= 500)
