@@ -22,9 +22,7 @@ a share of what a device-to-device copy of 1 GiB moves a second (read and write)
 at 1.5-1.7B a step should be bound by that bandwidth, and the share says how close it gets.
 """
 import statistics
-import tempfile
 import time
-from pathlib import Path
 
 from bench.common import quiet_hf, table
 from bench.gpu_step import case_of, random_model
@@ -47,11 +45,10 @@ def decode(args) -> dict:
     if device.type == "cpu":
         args.quick = True
     case, reps = case_of(args), args.reps or 3
-    with tempfile.TemporaryDirectory() as tmp:
-        path = random_model(args.model, Path(tmp) / args.model)
-        tokenizer = load_tokenizer(path)
-        model = load_policy(path, device, pick_dtype(device, "auto"))
-        shape = ModelShape.from_config(model.config.to_dict())
+    path = random_model(args.model)
+    tokenizer = load_tokenizer(path)
+    model = load_policy(path, device, pick_dtype(device, "auto"))
+    shape = ModelShape.from_config(model.config.to_dict())
     prompts = [tokenizer.apply_chat_template([{"role": "user", "content": f"What is {i} + {2 * i + 1}?"}],
                                              add_generation_prompt=True, tokenize=True, return_dict=False)
                for i in range(case["tasks"])]

@@ -12,7 +12,8 @@
 # cache that decode filled) and BIG at 4 prompts x 8 x 1,024 tokens in micro-batches of 16 rows
 # with activation checkpointing on both sides (2 steps a child, the first dropped: one timed step;
 # TRL's HF generate of 1,024 tokens is what takes the time; rftweb's step uncompiled there, as its
-# compile at another row count would take a minute of the call). Logs and JSON go to $OUT. Written
+# compile at another row count would take a minute of the call). Each model is built once, by the
+# first part that needs it, and reused (bench/gpu_step.py's MODELS). Logs and JSON go to $OUT. Written
 # for at most 10 minutes (the timeouts add up to 585 s) and not yet run on a GPU (none was lent
 # while it was written): each part has its own timeout, so a slow part costs its figures, not the
 # rest.

@@ -5,14 +5,14 @@
                              [--checkpointing] [--quick] [--steps N] [--reps N]
 
 A real architecture with random weights (workers/rft/architectures.py: smollm2-135m, smollm2-1.7b,
-qwen2.5-1.5b; seed 0, built in each child, so no weights travel) and SmolLM2's real tokenizer and
-chat template; by default 16 prompts x 8 samples x 1,024 new tokens (random weights run every
-completion to the limit on both sides: equal work), bf16 autocast over fp32 weights, lr 1e-6,
-reward bench_digits, the first step dropped. The batch is split into micro-batches of --micro rows
-on both sides (default: one micro-batch), and --checkpointing recomputes each layer in the
-backward on both sides (TRL's GRPOConfig has gradient_checkpointing on by default; rftweb's
-trainer.activation_checkpointing is off by default). Sides, each a child process, in rotated order
-every rep:
+qwen2.5-1.5b; seed 0, built once a machine and kept in MODELS, so no weights travel) and SmolLM2's
+real tokenizer and chat template; by default 16 prompts x 8 samples x 1,024 new tokens (random
+weights run every completion to the limit on both sides: equal work), bf16 autocast over fp32
+weights, lr 1e-6, reward bench_digits, the first step dropped. The batch is split into micro-batches
+of --micro rows on both sides (default: one micro-batch), and --checkpointing recomputes each layer
+in the backward on both sides (TRL's GRPOConfig has gradient_checkpointing on by default; rftweb's
+trainer.activation_checkpointing is off by default). Sides, each a child process, in rotated
+order every rep:
 
 - trl: TRL's GRPOTrainer, HF generate (`use_vllm=False`), micro-batches as gradient accumulation;
 - trl_paged: the same with `use_transformers_continuous_batching=True` (TRL's faster non-vLLM path);
@@ -25,6 +25,7 @@ memory estimate of its process (workers/rft/footprint.py) beside that peak; the 
 with the ratio to each TRL row and writes gpu_step.json into --out.
 """
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -38,6 +39,10 @@ SHAPE_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 CASE = {"tasks": 16, "samples": 8, "tokens": 1024}
 QUICK = {"tasks": 4, "samples": 4, "tokens": 32}
 MODEL = "smollm2-135m"
+# Each architecture is built once a machine (seed 0: the same weights each time) and kept here for
+# every later child: building and saving Qwen2.5-1.5B's 6 GB took 33 s on 2 cores, and one
+# gpu_check call needs the large model three times (decode and gpu_step's two sides).
+MODELS = Path(os.environ.get("BENCH_MODELS") or Path(tempfile.gettempdir()) / "rftweb-bench-models")
 LR = 1e-6
 SIDES = {  # rftweb first: a run cut short by its time limit has kept their rows (children.jsonl)
     "rftweb": ["--side", "rftweb"],
@@ -58,11 +63,21 @@ def prepare() -> None:
     print(f"{SHAPE}: {', '.join(SHAPE_FILES)}")
 
 
-def random_model(name: str, out: Path) -> Path:
-    """Architecture `name` with random weights and SmolLM2's tokenizer (SHAPE)."""
+def random_model(name: str) -> Path:
+    """Architecture `name` with random weights (seed 0) and SmolLM2's tokenizer (SHAPE), in MODELS:
+    built into a folder of its own and renamed into place, so a build cut short is never found."""
     from workers.rft.architectures import build_random
 
-    return build_random(name, SHAPE, out)
+    path = MODELS / name
+    if not path.is_dir():
+        MODELS.mkdir(parents=True, exist_ok=True)
+        building = Path(tempfile.mkdtemp(dir=MODELS, prefix=f".{name}-"))
+        build_random(name, SHAPE, building)
+        try:
+            building.rename(path)
+        except OSError:  # another process put it there first: the same weights
+            shutil.rmtree(building)
+    return path
 
 
 def estimated_gb(case: dict) -> float:
@@ -93,6 +108,16 @@ def longest_prompt(model: str) -> int:
                for task in load_tasks(TASKSET))
 
 
+def dtype_and_sync():
+    """bf16 autocast and a CUDA synchronize on a GPU; fp32 and nothing to wait for on CPU, where
+    a run checks the code path only (TRL refuses bf16 there)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return "bf16", torch.cuda.synchronize
+    return "fp32", lambda: None
+
+
 def run_trl(case: dict, steps: int, paged: bool) -> dict:
     import torch
     from transformers import TrainerCallback
@@ -100,24 +125,26 @@ def run_trl(case: dict, steps: int, paged: bool) -> dict:
     from bench.grpo import trl_trainer
 
     times, generate_s = [], []
+    dtype, synchronize = dtype_and_sync()
 
     class Timer(TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):
             self.started = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kwargs):
-            torch.cuda.synchronize()
+            synchronize()
             times.append(time.perf_counter() - self.started)
 
     with tempfile.TemporaryDirectory() as out_dir:
-        trainer = trl_trainer(case, "bf16", steps, 0, LR, "bench_digits", out_dir, [Timer()], use_cpu=False,
+        trainer = trl_trainer(case, dtype, steps, 0, LR, "bench_digits", out_dir, [Timer()],
+                              use_cpu=not torch.cuda.is_available(),
                               use_transformers_continuous_batching=paged)
         generate = trainer._generate
 
         def timed_generate(*args, **kwargs):
             started = time.perf_counter()
             out = generate(*args, **kwargs)
-            torch.cuda.synchronize()
+            synchronize()
             generate_s.append(time.perf_counter() - started)
             return out
 
@@ -130,7 +157,7 @@ def run_trl(case: dict, steps: int, paged: bool) -> dict:
 def run_rftweb(case: dict, steps: int, offset: int) -> dict:
     from bench.grpo import run_rftweb as run
 
-    out = run(case, "bf16", steps, 0, LR, "bench_digits", None, offset)
+    out = run(case, dtype_and_sync()[0], steps, 0, LR, "bench_digits", None, offset)
     return {"step_s": out["step_s"], "generate_s": out["explore_s"], "lengths": out["lengths"],
             "estimated_gb": estimated_gb(case)}
 
@@ -147,13 +174,12 @@ def child_main(argv) -> None:
     quiet_hf()
     import torch
 
-    with tempfile.TemporaryDirectory() as tmp:
-        case = {**case_of(args), "model": str(random_model(args.model, Path(tmp) / args.model))}
-        if args.side == "trl":
-            result = run_trl(case, args.steps, args.paged)
-        else:
-            result = run_rftweb(case, args.steps, args.offset)
-    cuda = torch.cuda.is_available()  # without: a smoke run of the code path on CPU (rftweb sides)
+    case = {**case_of(args), "model": str(random_model(args.model))}
+    if args.side == "trl":
+        result = run_trl(case, args.steps, args.paged)
+    else:
+        result = run_rftweb(case, args.steps, args.offset)
+    cuda = torch.cuda.is_available()  # without: a smoke run of the code path on CPU
     result.update(rows=case["tasks"] * case["samples"], torch=torch.__version__,
                   peak_gpu_mb=torch.cuda.max_memory_allocated() / 2**20 if cuda else 0.0,
                   device=torch.cuda.get_device_name() if cuda else "cpu")
@@ -221,7 +247,8 @@ def gpu_step(out: Path, args, steps: int = 4, reps: int = 1, sides: list[str] | 
     for row in rows.values():
         for base in ("trl", "trl_paged"):  # None where that TRL row was not run (--sides)
             row[f"vs_{base}"] = row["step_s"] / rows[base]["step_s"] if base in rows else None
-            row[f"memory_vs_{base}"] = row["peak_gpu_mb"] / rows[base]["peak_gpu_mb"] if base in rows else None
+            peak = rows[base]["peak_gpu_mb"] if base in rows else 0.0  # 0 on CPU: no GPU memory to compare
+            row[f"memory_vs_{base}"] = row["peak_gpu_mb"] / peak if peak else None
     device = next(iter(per_side.values()))[0]["device"]
     print(f"\n{device}, {args.model}, {case}, {steps} steps per child (first dropped), {reps} rep(s)")
     print(table([[side, r["step_s"], r["vs_trl"], r["vs_trl_paged"], r["generate_s"], r["tokens_per_s"],
