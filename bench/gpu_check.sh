@@ -18,9 +18,12 @@
 #                checkpointing on both sides (2 steps a child, the first dropped: one timed step;
 #                TRL's HF generate of 1,024 tokens is what takes the time; rftweb's step
 #                uncompiled there, as its compile at another row count would take a minute)
+# and, only when PARTS names it (a call with time to spare):
+#   varied       `bench decode --varied` at SmolLM2-135M, 16 x 8 x 256, compiled: answers that end
+#                at varied lengths, decoded over every row every step and over the running rows only
 # Each model is built once, by the first part that needs it, and reused (bench/gpu_step.py's
 # MODELS). Logs and JSON go to $OUT, and $OUT/parts.txt says how each part ended and how long it
-# took. Each part has its own timeout (they add up to 570 s), so a slow part costs its figures,
+# took. Each part has its own timeout (the default five add up to 570 s), so a slow part costs its figures,
 # not the rest. Written without a GPU (none was lent while it was written); not yet run on one.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -28,7 +31,7 @@ OUT=${OUT:-/tmp/gpu_check}
 BIG=${BIG:-qwen2.5-1.5b}
 PARTS=${PARTS:-tests decode decode_big step step_big}
 for part in $PARTS; do
-  case $part in tests|decode|decode_big|step|step_big) ;; *) echo "unknown part $part in PARTS" >&2; exit 2 ;; esac
+  case $part in tests|decode|decode_big|step|step_big|varied) ;; *) echo "unknown part $part in PARTS" >&2; exit 2 ;; esac
 done
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
@@ -46,6 +49,10 @@ decode() {
 }
 decode_big() {
   timeout 120 python3 -m bench decode --model "$BIG" --attentions gqa_eager --compile on --reps 1
+}
+varied() {
+  timeout 100 python3 -m bench decode --model smollm2-135m --tokens 256 --attentions gqa_eager --compile on \
+    --reps 1 --varied
 }
 step() {
   timeout 100 python3 -m bench gpu_step --out "$OUT/smollm2-135m" --model smollm2-135m --tokens 256 --steps 3 \
