@@ -95,6 +95,24 @@ def test_a_decoder_past_the_cache_budget_is_kept_alone(tiny_path, monkeypatch):
         assert [key[0] for key in engine._decoders] == [3 * n]
 
 
+def test_beside_a_trainer_a_decoder_past_the_budget_goes_once_its_generate_returns(tiny_path, monkeypatch):
+    """A loop duty at offset 0 trains between two generates: its trainer gets back a cache past
+    KEPT_CACHE_SHARE (SmolLM2-1.7B's 27 GB at 128 rows of 1,088 tokens); within it, it stays."""
+    from workers.rft.engines import transformers_engine
+
+    tokenizer = load_tokenizer(tiny_path)
+    engine = TransformersEngine(load_policy(tiny_path, CUDA), tokenizer, compiled=False)
+    engine.beside_trainer = True
+    prompts, params = static_decode.mixed_prompts(tokenizer), SamplingParams(n=2, max_new_tokens=4, seed=0)
+    first = engine.generate(prompts, params)
+    assert len(engine._decoders) == 1  # the tiny model's cache is far within a tenth of the card
+    monkeypatch.setattr(transformers_engine, "KEPT_CACHE_SHARE", 1e-9)  # any cache is past it
+    assert engine.generate(prompts, params) == first and not engine._decoders
+    allocated = torch.cuda.memory_allocated()
+    assert engine.generate(prompts, params) == first
+    assert abs(torch.cuda.memory_allocated() - allocated) < 2**20  # nothing held from one to the next
+
+
 def test_a_chunked_trainer_step_equals_the_whole_logits_step(tiny_path):
     from workers.rft.config import RunConfig
 

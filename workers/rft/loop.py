@@ -174,6 +174,8 @@ class Loop:
         self.trainer = None
         if TRAINER in components:
             self.trainer = build_trainer(config, tokenizer, stores.buffer, stores.metrics, ranks)
+            if isinstance(engine, TransformersEngine):
+                engine.beside_trainer = True  # its big idle caches give way to the trainer's step
             if self.spec.uses_expert:
                 self.seed_expert_data()
 

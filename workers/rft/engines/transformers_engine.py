@@ -40,7 +40,10 @@ LENGTH_BUCKET = 64
 # KEPT_CACHE_SHARE of the card's memory with the new one's. Each holds a cache of rows x length
 # slots per layer: SmolLM2-135M's 128 rows x 320 slots are 0.9 GB in bf16, four of them 3.6; at
 # SmolLM2-1.7B, 128 x 1,088 slots are 27 GB, and a trainer in the same process needs the memory of
-# the ones not in use back (a capture costs a second or two; a step of that size, tens).
+# the ones not in use back (a capture costs a second or two; a step of that size, tens). With a
+# trainer in the process (`beside_trainer`: a loop duty at offset 0 trains between two generates)
+# the one just used goes too when it alone is past the share: the trainer's step would otherwise run
+# beside an idle 27 GB cache, which TRL (its cache freed after generating) does not hold.
 MAX_DECODERS = 4
 KEPT_CACHE_SHARE = 0.1
 # How often the CUDA loop asks the host whether every row has stopped (each ask waits for the GPU);
@@ -98,6 +101,7 @@ class TransformersEngine(RolloutEngine):
         self.pad_id = tokenizer.pad_token_id
         self.model_version = 0
         self.compiled = compile_by_default(self.device) if compiled is None else compiled
+        self.beside_trainer = False  # a trainer steps in this process: see KEPT_CACHE_SHARE (set by Loop)
         self._decoders: OrderedDict[tuple, StaticDecoder] = OrderedDict()  # CUDA: captured, by key
 
     @property
@@ -116,6 +120,8 @@ class TransformersEngine(RolloutEngine):
             part = None if uniforms is None else uniforms[:, start * params.n : end * params.n]
             for out, got in zip((tokens, logprobs, finished_by_stop), self._sample(prompts[start:end], params, part)):
                 out += got
+        if self.beside_trainer and self._decoders:  # the trainer's step comes next, in this memory
+            self._make_room(0, self._kept_budget(), count=MAX_DECODERS)
         completions = []
         for ids, lps, stopped in zip(tokens, logprobs, finished_by_stop):
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -204,16 +210,20 @@ class TransformersEngine(RolloutEngine):
         if key in self._decoders:
             self._decoders.move_to_end(key)
         else:
-            total = torch.cuda.get_device_properties(self.device).total_memory
-            self._make_room(rows * self._row_bytes(key[1]), KEPT_CACHE_SHARE * total)
+            self._make_room(rows * self._row_bytes(key[1]), self._kept_budget())
             self._decoders[key] = StaticDecoder(self.model, *key[:2], sampling, self.stop_ids, self.pad_id, graph=True,
                                                 compiled=self.compiled)
         return self._decoders[key]
 
-    def _make_room(self, new_bytes: int, budget: float) -> None:
-        """Drop kept decoders, least recently used first, until fewer than MAX_DECODERS remain and
-        their bytes and `new_bytes` (the decoder about to be made) are within `budget`."""
-        while self._decoders and (len(self._decoders) >= MAX_DECODERS or new_bytes + sum(
+    def _kept_budget(self) -> float:
+        """The bytes kept decoders' caches may hold: KEPT_CACHE_SHARE of the card."""
+        return KEPT_CACHE_SHARE * torch.cuda.get_device_properties(self.device).total_memory
+
+    def _make_room(self, new_bytes: int, budget: float, count: int = MAX_DECODERS - 1) -> None:
+        """Drop kept decoders, least recently used first, until at most `count` remain (room for the
+        decoder about to be made, by default) and their bytes and `new_bytes` (its) are within
+        `budget`."""
+        while self._decoders and (len(self._decoders) > count or new_bytes + sum(
                 decoder.rows * self._row_bytes(decoder.length) for decoder in self._decoders.values()) > budget):
             self._decoders.popitem(last=False)
 
