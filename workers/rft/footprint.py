@@ -47,13 +47,13 @@ trainer.micro_batch_tokens, M = min(micro_batch_size, micro_batch_tokens // T): 
 A process that runs both holds both (a `loop` duty: at synchronizer.offset >= 1 the explorer and the
 trainer step at once; at offset 0 the transformers engine keeps its cache through the trainer's
 step while it is within a tenth of the card, transformers_engine.KEPT_CACHE_SHARE, and past that
-drops it, so there the estimate is high by that cache). Against the tiny model on CPU (tests/workers/rft/test_footprint.py, which
-holds it to 0.9-2.5x): a generate's peak RSS grew 80-83 and 78-88 MiB, estimated 96 and 87 (the
-narrowing's copy is 8-10 MiB of the second: 77-79 with narrowing off); a train
-step's 419-472 and 904-1,007 MiB, estimated 497 and 1,365 (1.05-1.5x; a single micro-batch's step
-up to 2.1x). On an H100 (bench/README.md, issue #25's gpu_step: SmolLM2-135M, 16 x 8 x 256 new
-tokens in one micro-batch, bf16, prompts of at most 40 tokens): measured 37,132 MiB at the peak,
-estimated 36,742 (0.99x).
+drops it first, so there the estimate is high by that cache).
+Against the tiny model on CPU (tests/workers/rft/test_footprint.py, which holds it to 0.9-2.5x): a
+generate's peak RSS grew 80-83 and 78-88 MiB, estimated 96 and 87 (the narrowing's copy is 8-10 MiB
+of the second: 77-79 with narrowing off); a train step's 419-472 and 904-1,007 MiB, estimated 497
+and 1,365 (1.05-1.5x; a single micro-batch's step up to 2.1x). On an H100 (bench/README.md, issue
+#25's gpu_step: SmolLM2-135M, 16 x 8 x 256 new tokens in one micro-batch, bf16, prompts of at most
+40 tokens): measured 37,132 MiB at the peak, estimated 36,742 (0.99x).
 GB here are GiB, as the Workers page's. Not counted: vLLM (it sizes its own KV cache within its
 gpu_memory_utilization), a multi-turn episode beyond one turn, expert answers longer than
 max_new_tokens, the CUDA engine's other cached decoders, and CUDA's own context (~0.5 GB a GPU).

@@ -175,7 +175,9 @@ class Loop:
         if TRAINER in components:
             self.trainer = build_trainer(config, tokenizer, stores.buffer, stores.metrics, ranks)
             if isinstance(engine, TransformersEngine):
-                engine.beside_trainer = True  # its big idle caches give way to the trainer's step
+                # At offset 0 the trainer steps between two generates: the engine's big idle caches
+                # give way to it. From offset 1 they step at once and need both memories anyway.
+                engine.beside_trainer = sync.offset == 0
             if self.spec.uses_expert:
                 self.seed_expert_data()
 

@@ -68,12 +68,14 @@ def test_explorer_uses_the_version_the_rules_promise(method, interval, offset, t
         assert versions == [f"v{n}" for n in range(1, 4 // interval + 1)]
 
 
-def test_an_engine_with_a_trainer_in_its_process_knows_it(tmp_path):
+def test_an_engine_whose_process_trains_between_its_generates_knows_it(tmp_path):
     """Its big idle caches give way to the trainer's step (transformers_engine.KEPT_CACHE_SHARE)."""
     config = small_config(synchronizer={"method": "checkpoint"})
     stores = memory_stores(config)
-    assert Loop(config, stores, tmp_path).workflow.engine.beside_trainer
+    assert config.synchronizer.offset == 0 and Loop(config, stores, tmp_path).workflow.engine.beside_trainer
     assert not Loop(config, stores, tmp_path, components=("explorer",)).workflow.engine.beside_trainer
+    config = small_config(synchronizer={"method": "checkpoint", "offset": 1})  # explores while it trains
+    assert not Loop(config, memory_stores(config), tmp_path).workflow.engine.beside_trainer
 
 
 def test_required_versions():

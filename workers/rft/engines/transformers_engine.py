@@ -40,10 +40,10 @@ LENGTH_BUCKET = 64
 # KEPT_CACHE_SHARE of the card's memory with the new one's. Each holds a cache of rows x length
 # slots per layer: SmolLM2-135M's 128 rows x 320 slots are 0.9 GB in bf16, four of them 3.6; at
 # SmolLM2-1.7B, 128 x 1,088 slots are 27 GB, and a trainer in the same process needs the memory of
-# the ones not in use back (a capture costs a second or two; a step of that size, tens). With a
-# trainer in the process (`beside_trainer`: a loop duty at offset 0 trains between two generates)
-# the one just used goes too when it alone is past the share: the trainer's step would otherwise run
-# beside an idle 27 GB cache, which TRL (its cache freed after generating) does not hold.
+# the ones not in use back (a capture costs a second or two; a step of that size, tens). Where the
+# process trains between two generates (`beside_trainer`: a loop duty at offset 0) the one just
+# used goes too when it alone is past the share: the trainer's step would otherwise run beside an
+# idle 27 GB cache, which TRL (its cache freed after generating) does not hold.
 MAX_DECODERS = 4
 KEPT_CACHE_SHARE = 0.1
 # How often the CUDA loop asks the host whether every row has stopped (each ask waits for the GPU);
@@ -101,7 +101,7 @@ class TransformersEngine(RolloutEngine):
         self.pad_id = tokenizer.pad_token_id
         self.model_version = 0
         self.compiled = compile_by_default(self.device) if compiled is None else compiled
-        self.beside_trainer = False  # a trainer steps in this process: see KEPT_CACHE_SHARE (set by Loop)
+        self.beside_trainer = False  # this process trains between two generates: see KEPT_CACHE_SHARE (Loop)
         self._decoders: OrderedDict[tuple, StaticDecoder] = OrderedDict()  # CUDA: captured, by key
 
     @property
