@@ -23,29 +23,18 @@
 #                at varied lengths, decoded over every row every step and over the running rows only
 # Each model is built once, by the first part that needs it, and reused (bench/gpu_step.py's
 # MODELS). Logs and JSON go to $OUT, and $OUT/parts.txt says how each part ended and how long it
-# took. Each part has its own timeout (the default five add up to 570 s), so a slow part costs its figures,
+# took. Each part has its own timeout (the default five add up to 550 s), so a slow part costs its figures,
 # not the rest. Written without a GPU (none was lent while it was written); not yet run on one.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_check}
 BIG=${BIG:-qwen2.5-1.5b}
 PARTS=${PARTS:-tests decode decode_big step step_big}
-for part in $PARTS; do
-  case $part in tests|decode|decode_big|step|step_big|varied) ;; *) echo "unknown part $part in PARTS" >&2; exit 2 ;; esac
-done
-mkdir -p "$OUT"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false BENCH_THREADS=${BENCH_THREADS:-4}
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
-python3 -c "import torch, transformers, trl; print('torch', torch.__version__, 'transformers', transformers.__version__, 'trl', trl.__version__)" | tee -a "$OUT/gpu.txt"
-# The engine imports without Django and vLLM:
-python3 -c "import sys, workers.rft.loop; assert 'django' not in sys.modules and 'vllm' not in sys.modules" || exit 1
-
 tests() {
-  timeout 100 python3 -m pytest --noconftest -p no:django -o addopts="" -m gpu -q -rs tests/gpu
+  timeout 90 python3 -m pytest --noconftest -p no:django -o addopts="" -m gpu -q -rs tests/gpu
 }
 decode() {
-  timeout 100 python3 -m bench decode --model smollm2-135m --tokens 256 --attentions gqa_eager --reps 2
+  timeout 90 python3 -m bench decode --model smollm2-135m --tokens 256 --attentions gqa_eager --reps 2
 }
 decode_big() {
   timeout 120 python3 -m bench decode --model "$BIG" --attentions gqa_eager --compile on --reps 1
@@ -62,6 +51,18 @@ step_big() {
   RFTWEB_COMPILE_DECODE=0 timeout 150 python3 -m bench gpu_step --out "$OUT/$BIG" --model "$BIG" --tasks 4 \
     --tokens 1024 --micro 16 --checkpointing --steps 2 --sides rftweb trl
 }
+
+for part in $PARTS; do  # each part is the function of its name above
+  declare -F "$part" >/dev/null || { echo "unknown part $part in PARTS" >&2; exit 2; }
+done
+
+mkdir -p "$OUT"
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false BENCH_THREADS=${BENCH_THREADS:-4}
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
+python3 -c "import torch, transformers, trl; print('torch', torch.__version__, 'transformers', transformers.__version__, 'trl', trl.__version__)" | tee -a "$OUT/gpu.txt"
+# The engine imports without Django and vLLM:
+python3 -c "import sys, workers.rft.loop; assert 'django' not in sys.modules and 'vllm' not in sys.modules" || exit 1
 
 failed=0
 for part in $PARTS; do

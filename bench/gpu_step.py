@@ -64,15 +64,31 @@ def prepare() -> None:
 
 
 def random_model(name: str) -> Path:
-    """Architecture `name` with random weights (seed 0) and SmolLM2's tokenizer (SHAPE), in MODELS:
-    built into a folder of its own and renamed into place, so a build cut short is never found."""
-    from workers.rft.architectures import build_random
+    """Architecture `name` with random weights (seed 0) and SmolLM2's tokenizer (SHAPE), in MODELS
+    under a name that changes with what built it (architectures.py, the tokenizer's files,
+    transformers' and torch's versions); built into a folder of its own and renamed into place, so
+    a build cut short is never found."""
+    import hashlib
 
-    path = MODELS / name
+    import torch
+    import transformers
+
+    from workers.rft import architectures
+
+    digest = hashlib.sha256(f"{transformers.__version__} {torch.__version__}".encode())
+    for source in (Path(architectures.__file__), *(SHAPE / file for file in SHAPE_FILES)):
+        digest.update(source.read_bytes())
+    path = MODELS / f"{name}-{digest.hexdigest()[:12]}"
     if not path.is_dir():
         MODELS.mkdir(parents=True, exist_ok=True)
+        for stale in MODELS.glob(f".{name}-*"):  # a build killed midway (a timeout): up to 7 GB each
+            shutil.rmtree(stale, ignore_errors=True)
         building = Path(tempfile.mkdtemp(dir=MODELS, prefix=f".{name}-"))
-        build_random(name, SHAPE, building)
+        try:
+            architectures.build_random(name, SHAPE, building)
+        except BaseException:
+            shutil.rmtree(building)
+            raise
         try:
             building.rename(path)
         except OSError:  # another process put it there first: the same weights

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import listen_endpoint
+
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
 CHROMIUM = os.environ.get("RFTWEB_CHROMIUM", "/usr/bin/chromium")
@@ -54,14 +56,6 @@ def _artifact_dir(request) -> Path:
     path = ARTIFACTS / re.sub(r"[^\w.-]+", "_", request.node.nodeid.split("::", 1)[-1])[:120]
     path.mkdir(parents=True, exist_ok=True)
     return path
-
-
-def listen_endpoint(interface: str, port: int) -> str:
-    """daphne's listening socket as docker/Dockerfile starts it: Twisted's default backlog is 50
-    pending connections, and 200 feedback posts at once on a loaded 2-core machine overflowed it
-    (18 of /proc/net/netstat's ListenOverflows in one run: dropped handshakes, retried a second or
-    more later)."""
-    return f"tcp:port={port}:interface={interface}:backlog=1024"
 
 
 def _free_port() -> int:

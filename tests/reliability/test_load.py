@@ -22,7 +22,7 @@ from apps.accounts.roles import RESEARCHER
 from apps.accounts.services import create_user
 from apps.runs import services
 from apps.runs.models import Run
-from tests.support import service_env
+from tests.support import listen_endpoint, service_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -49,7 +49,7 @@ def server(tmp_path):
         port = sock.getsockname()[1]
     env = service_env(DB_CONN_MAX_AGE="60")  # the production default, not the tests' 0
     log = open(tmp_path / "daphne.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "daphne", "-e", listen_endpoint("127.0.0.1", port),
                              "rftweb.asgi:application"],
                             env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"

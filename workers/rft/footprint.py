@@ -47,7 +47,7 @@ trainer.micro_batch_tokens, M = min(micro_batch_size, micro_batch_tokens // T): 
 A process that runs both holds both (a `loop` duty: at synchronizer.offset >= 1 the explorer and the
 trainer step at once; at offset 0 the transformers engine keeps its cache through the trainer's
 step while it is within a tenth of the card, transformers_engine.KEPT_CACHE_SHARE, and past that
-drops it first, so there the estimate is high by that cache).
+gives it back before the step, so there the estimate is high by that cache).
 Against the tiny model on CPU (tests/workers/rft/test_footprint.py, which holds it to 0.9-2.5x): a
 generate's peak RSS grew 80-83 and 78-88 MiB, estimated 96 and 87 (the narrowing's copy is 8-10 MiB
 of the second: 77-79 with narrowing off); a train step's 419-472 and 904-1,007 MiB, estimated 497

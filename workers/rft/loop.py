@@ -174,10 +174,6 @@ class Loop:
         self.trainer = None
         if TRAINER in components:
             self.trainer = build_trainer(config, tokenizer, stores.buffer, stores.metrics, ranks)
-            if isinstance(engine, TransformersEngine):
-                # At offset 0 the trainer steps between two generates: the engine's big idle caches
-                # give way to it. From offset 1 they step at once and need both memories anyway.
-                engine.beside_trainer = sync.offset == 0
             if self.spec.uses_expert:
                 self.seed_expert_data()
 
@@ -262,6 +258,8 @@ class Loop:
             if explorer is not None and self.sync.latest_version() >= self.sync.required_version(explorer.step):
                 self.explore()
                 continue
+            if explorer is not None:  # the engine's big idle caches give way to the trainer's step
+                explorer.engine.free_idle_caches()
             self.train()
             if should_stop() and self.trainer.step < total:
                 self.save_for_resume()

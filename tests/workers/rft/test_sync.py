@@ -68,14 +68,24 @@ def test_explorer_uses_the_version_the_rules_promise(method, interval, offset, t
         assert versions == [f"v{n}" for n in range(1, 4 // interval + 1)]
 
 
-def test_an_engine_whose_process_trains_between_its_generates_knows_it(tmp_path):
-    """Its big idle caches give way to the trainer's step (transformers_engine.KEPT_CACHE_SHARE)."""
-    config = small_config(synchronizer={"method": "checkpoint"})
-    stores = memory_stores(config)
-    assert config.synchronizer.offset == 0 and Loop(config, stores, tmp_path).workflow.engine.beside_trainer
-    assert not Loop(config, stores, tmp_path, components=("explorer",)).workflow.engine.beside_trainer
-    config = small_config(synchronizer={"method": "checkpoint", "offset": 1})  # explores while it trains
-    assert not Loop(config, memory_stores(config), tmp_path).workflow.engine.beside_trainer
+@pytest.mark.parametrize("offset", [0, 1])
+def test_a_loop_that_trains_between_generates_frees_the_engines_idle_caches_first(offset, tmp_path):
+    """At offset 0 each trainer step runs in the memory the engine's kept caches hold
+    (transformers_engine.KEPT_CACHE_SHARE: 27 GB at SmolLM2-1.7B's reference shape): the loop asks
+    the engine to give them back before each. From offset 1 the explorer runs beside the trainer
+    and needs them at the same time: nothing to give back."""
+    config = small_config(synchronizer={"offset": offset}, trainer={"total_steps": 3})
+    loop = Loop(config, memory_stores(config), tmp_path)
+    engine, asked = loop.explorer.engine, []
+    free = engine.free_idle_caches
+
+    def free_and_note():
+        asked.append((loop.explorer.step, loop.trainer.step))
+        free()
+
+    engine.free_idle_caches = free_and_note
+    assert loop.run() == "completed"
+    assert asked == ([(1, 0), (2, 1), (3, 2)] if offset == 0 else [])  # after each explorer step, before training
 
 
 def test_required_versions():

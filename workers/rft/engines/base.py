@@ -45,5 +45,8 @@ class RolloutEngine(ABC):
     def load_checkpoint(self, path: Path, version: int) -> None:
         """Take new weights from a saved HF directory (the `checkpoint` synchroniser)."""
 
+    def free_idle_caches(self) -> None:  # noqa: B027 - a no-op by default: the transformers engine keeps caches
+        """Give back memory kept between generates that a trainer step in this process could use."""
+
     def close(self) -> None:  # noqa: B027 - a no-op by default: only engines with processes (vLLM) override it
         """Free what the engine holds beyond Python objects (vLLM: its processes). Idempotent."""

@@ -40,10 +40,10 @@ LENGTH_BUCKET = 64
 # KEPT_CACHE_SHARE of the card's memory with the new one's. Each holds a cache of rows x length
 # slots per layer: SmolLM2-135M's 128 rows x 320 slots are 0.9 GB in bf16, four of them 3.6; at
 # SmolLM2-1.7B, 128 x 1,088 slots are 27 GB, and a trainer in the same process needs the memory of
-# the ones not in use back (a capture costs a second or two; a step of that size, tens). Where the
-# process trains between two generates (`beside_trainer`: a loop duty at offset 0) the one just
-# used goes too when it alone is past the share: the trainer's step would otherwise run beside an
-# idle 27 GB cache, which TRL (its cache freed after generating) does not hold.
+# the ones not in use back (a capture costs a second or two; a step of that size, tens). Before a
+# trainer step in the same process (a loop duty at offset 0: free_idle_caches) the last one used
+# goes too when it alone is past the share: the step would otherwise run beside an idle 27 GB
+# cache, which TRL (its cache freed after generating) does not hold.
 MAX_DECODERS = 4
 KEPT_CACHE_SHARE = 0.1
 # How often the CUDA loop asks the host whether every row has stopped (each ask waits for the GPU);
@@ -101,7 +101,6 @@ class TransformersEngine(RolloutEngine):
         self.pad_id = tokenizer.pad_token_id
         self.model_version = 0
         self.compiled = compile_by_default(self.device) if compiled is None else compiled
-        self.beside_trainer = False  # this process trains between two generates: see KEPT_CACHE_SHARE (Loop)
         self._decoders: OrderedDict[tuple, StaticDecoder] = OrderedDict()  # CUDA: captured, by key
 
     @property
@@ -120,8 +119,6 @@ class TransformersEngine(RolloutEngine):
             part = None if uniforms is None else uniforms[:, start * params.n : end * params.n]
             for out, got in zip((tokens, logprobs, finished_by_stop), self._sample(prompts[start:end], params, part)):
                 out += got
-        if self.beside_trainer and self._decoders:  # the trainer's step comes next, in this memory
-            self._make_room(0, self._kept_budget(), count=MAX_DECODERS)
         completions = []
         for ids, lps, stopped in zip(tokens, logprobs, finished_by_stop):
             text = self.tokenizer.decode(ids, skip_special_tokens=True)
@@ -214,6 +211,12 @@ class TransformersEngine(RolloutEngine):
             self._decoders[key] = StaticDecoder(self.model, *key[:2], sampling, self.stop_ids, self.pad_id, graph=True,
                                                 compiled=self.compiled)
         return self._decoders[key]
+
+    def free_idle_caches(self) -> None:
+        """Before a trainer step in this process: keep the decoders whose caches are within the
+        budget (KEPT_CACHE_SHARE), the last one used included; alone past it, it goes too."""
+        if self._decoders:
+            self._make_room(0, self._kept_budget(), count=MAX_DECODERS)
 
     def _kept_budget(self) -> float:
         """The bytes kept decoders' caches may hold: KEPT_CACHE_SHARE of the card."""
