@@ -55,14 +55,24 @@ def test_a_data_parallel_run_completes_and_its_followers_end(celery_worker_facto
     assert followers(worker.pid) == [] and not follower.is_running()  # ended with the duty, and reaped
 
 
+# The kill lands once the first step is seen (the test polls every 0.5 s): steps left for the group
+# to break in and to restart for. With 8, one loaded CI run saw the run end before the kill.
+KILLED_RUN_STEPS = 20
+
+
 def kill_a_follower_mid_run(worker, run) -> str:
     """SIGKILL the run's follower rank once it has trained; returns why the group broke, as rank 0's
     duty recorded it when it let the duty go (the run stays active for the watchdog)."""
     wait_for(lambda: Run.objects.get(pk=run.pk).trainer_step >= 1, what="first trainer step")
     (follower,) = followers(worker.pid)
     os.kill(follower.pid, signal.SIGKILL)
-    broke = wait_for(lambda: Run.objects.get(pk=run.pk).heartbeats["loop"].get("broke"), what="the group to break")
+    def outcome():
+        now = Run.objects.get(pk=run.pk)
+        return now.heartbeats["loop"].get("broke") or (now.is_finished and f"the run {now.status}")
+
+    broke = wait_for(outcome, what="the group to break")
     run.refresh_from_db()
+    assert not run.is_finished, f"{broke} at trainer step {run.trainer_step} before the kill broke the group: too late"
     assert run.status == "running" and run.error == "" and followers(worker.pid) == []
     assert duties.workers_holding(run) == {}
     return broke
@@ -71,7 +81,7 @@ def kill_a_follower_mid_run(worker, run) -> str:
 def test_a_killed_follower_breaks_the_group_and_the_watchdog_restarts_it(celery_worker_factory, researcher):
     make_taskset()
     worker = celery_worker_factory()
-    steps = 8  # the kill lands early: steps left to restart for
+    steps = KILLED_RUN_STEPS
     run = services.launch_run(researcher, "ddp", ddp_config(steps))
     broke = kill_a_follower_mid_run(worker, run)
     assert broke.startswith("RankFailure: rank 0 of 2: rank 1 gone"), broke
@@ -89,7 +99,7 @@ def test_a_group_the_watchdog_may_not_restart_fails_naming_the_rank_and_resumes(
     settings.RFTWEB_MAX_HANDOVERS = 0  # the deployment leaves it to people
     make_taskset()
     worker = celery_worker_factory()
-    steps = 8
+    steps = KILLED_RUN_STEPS
     run = services.launch_run(researcher, "ddp", ddp_config(steps))
     kill_a_follower_mid_run(worker, run)
     assert supervision.watchdog() == []
