@@ -47,9 +47,11 @@ def test_two_explorers_share_each_step_and_store_what_one_explorer_would(celery_
     taskset = make_taskset("arith")
     celery_worker_factory("default,train")
     celery_worker_factory("explore"), celery_worker_factory("explore")
-    steps = 4
+    # 8 steps: an explorer resumes from the pause below within its poll's second of the other, and
+    # on a quiet machine one had rolled out all of 4 steps by then (2 of 3 runs alone).
+    steps = 8
     # The two-explorer run first, on two cold workers that load torch side by side. After the
-    # one-explorer run, one worker would be warm and roll out all 4 steps alone while the other
+    # one-explorer run, one worker would be warm and roll out all the steps alone while the other
     # still imported torch (seen on a busy machine): correct, but nothing shared.
     config = shared_config(steps, 2, "arith", method)
     config["explorer"]["eval_interval"] = 10  # only the ends: the first explorer's, with versions sent by nccl too

@@ -345,7 +345,9 @@ class Loop:
                 if should_stop():
                     return "stopped"
                 wait()
-            self.sync.pull(self.explorer.engine, 0)
+            # The engine holds version 0, the run's starting weights, as it loaded them: no pull.
+            # (nccl's pull loads the newest version received, which another explorer's first step
+            # and the trainer's may have made v1 already: one CI run evaluated v1 as the start.)
             self.evaluate()
         final = self.final_version() if ends else None
         while not should_stop():
