@@ -23,8 +23,8 @@
 #                at varied lengths, decoded over every row every step and over the running rows only
 # Each model is built once, by the first part that needs it, and reused (bench/gpu_step.py's
 # MODELS). Logs and JSON go to $OUT, and $OUT/parts.txt says how each part ended and how long it
-# took. Each part has its own timeout (the default five add up to 550 s), so a slow part costs its figures,
-# not the rest. Written without a GPU (none was lent while it was written); not yet run on one.
+# took. Each part has its own timeout (the default five add up to 550 s), so a slow part costs its
+# figures, not the rest. Written without a GPU (none was lent while it was written); not yet run on one.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-/tmp/gpu_check}

@@ -66,6 +66,7 @@ def kill_a_follower_mid_run(worker, run) -> str:
     wait_for(lambda: Run.objects.get(pk=run.pk).trainer_step >= 1, what="first trainer step")
     (follower,) = followers(worker.pid)
     os.kill(follower.pid, signal.SIGKILL)
+
     def outcome():
         now = Run.objects.get(pk=run.pk)
         return now.heartbeats["loop"].get("broke") or (now.is_finished and f"the run {now.status}")

@@ -220,8 +220,8 @@ def test_kept_decoders_give_way_to_a_new_one_by_count_and_by_bytes(tiny_model, t
     assert list(engine._decoders) == [4]  # by bytes: 2 + 3 + 4 + 8 rows, then 3 + 4 + 8, then 4 + 8 fit
     engine._make_room(size(100), budget=size(8))
     assert not engine._decoders  # a new one past the budget alone runs alone
-    # After a generate beside a trainer (count=MAX_DECODERS: no new one comes), the ones kept stay
-    # while within the budget, the one just used included; alone past it, it goes too.
+    # Before a trainer step in the same process (free_idle_caches: count=MAX_DECODERS, no new one
+    # comes), the ones kept stay while within the budget, the last used included; alone past it, it goes.
     for rows in (1, 2, 3, 4):
         keep(rows)
     engine._make_room(0, budget=size(10), count=MAX_DECODERS)
