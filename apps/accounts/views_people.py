@@ -11,6 +11,7 @@ from django.db.models import Count
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
+from apps.core.numbers import whole_number
 from apps.feedback import services as feedback
 from apps.feedback.models import RunAnnotators
 from apps.runs.models import Run
@@ -101,8 +102,8 @@ def person_roles(request, pk):
 @role_required(CURATOR)
 def person_assign(request, pk):
     person = get_object_or_404(get_user_model(), pk=pk)
-    run_id = request.POST.get("run", "")
-    run = get_object_or_404(Run, pk=int(run_id)) if run_id.isdigit() else None
+    run_id = whole_number(request.POST.get("run"))
+    run = get_object_or_404(Run, pk=run_id) if run_id is not None else None
     if run is None:
         messages.error(request, "Pick a run to assign them to.")
         return redirect("person-detail", pk=pk)

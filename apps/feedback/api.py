@@ -19,6 +19,7 @@ from django.views.decorators.http import require_GET, require_POST
 from apps.accounts.roles import ANNOTATOR, role_required
 from apps.buffer.models import Experience
 from apps.core.files import parse_json
+from apps.core.numbers import whole_number
 from apps.runs.models import Run
 
 from . import history, queue, views
@@ -186,9 +187,10 @@ def undo(request):
     try:
         fields = _body(request)
         if "feedback" in fields:
-            if not str(fields["feedback"]).isdigit():
+            feedback = whole_number(fields["feedback"])
+            if feedback is None:
                 raise BadRequest(f"feedback must be the id of a judgement, not {fields['feedback']!r}")
-            undone = history.undo(int(fields["feedback"]), request.user)
+            undone = history.undo(feedback, request.user)
         else:
             run = _run(request)
             if run is None:

@@ -9,6 +9,7 @@ from django.views.decorators.http import require_POST
 
 from apps.accounts.roles import ANNOTATOR, CURATOR, RESEARCHER, REVIEWER, has_role, role_required
 from apps.buffer.models import Experience
+from apps.core.numbers import whole_number
 from apps.core.streaming import streaming
 from apps.runs.models import Run
 
@@ -26,7 +27,8 @@ SESSION_SINCE = "annotate_since"  # when this login session's count of judgement
 def start(request):
     """Choose the run and the strategy; the queue remembers them for the session."""
     if "run" in request.GET:
-        run = get_object_or_404(Run, pk=request.GET["run"]) if request.GET["run"].isdigit() else None
+        run_id = whole_number(request.GET["run"])
+        run = get_object_or_404(Run, pk=run_id) if run_id is not None else None
         strategy = request.GET.get("strategy", queue.NEWEST)
         if run is None or strategy not in queue.STRATEGIES:
             messages.error(request, "Choose a run and one of the strategies.")
@@ -159,10 +161,10 @@ JUDGEMENT_NAMES = {"rate": "rating", "edit": "edit", "compare": "comparison", "f
 
 
 def _int(value) -> int:
-    try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise FeedbackError("the form names no other response to compare with") from None
+    number = whole_number(value)
+    if number is None:
+        raise FeedbackError("the form names no other response to compare with")
+    return number
 
 
 @require_POST

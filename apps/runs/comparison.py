@@ -11,6 +11,8 @@ from django.db.models.fields.json import KT
 from django.db.models.functions import Cast
 from django.utils import timezone
 
+from apps.core.numbers import whole_numbers
+
 from . import queries
 from .config_keys import shown
 from .models import MetricPoint, Run
@@ -244,5 +246,5 @@ def runs_in_order(ids: list[int]) -> list[Run]:
 
 
 def picked_ids(query) -> list[int]:
-    return [int(pk) for pk in query.getlist("runs") if pk.isdigit()]
+    return whole_numbers(query.getlist("runs"))
 

@@ -19,6 +19,7 @@ from django.contrib.auth import get_user_model
 from django.db.models import Q
 
 from apps.buffer.models import Experience
+from apps.core.numbers import whole_numbers
 from apps.tasksets.models import Taskset
 from workers.rft.config import ConfigError, check_config_value, parse_config_text, parse_reward_fn_text
 from workers.rft.config_issues import accepts_null, choices_of, description, leaf_types, section_of
@@ -388,7 +389,7 @@ class ReportForm(forms.ModelForm):
         return note
 
     def clean_runs(self):
-        ids = [int(part) for part in self.cleaned_data["runs"].split(",") if part.strip().isdigit()]
+        ids = whole_numbers(self.cleaned_data["runs"].split(","))
         ids = list(dict.fromkeys(ids))
         if not 1 <= len(ids) <= self.MAX_RUNS:
             raise forms.ValidationError(f"a report compares 1 to {self.MAX_RUNS} runs")

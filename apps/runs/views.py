@@ -18,6 +18,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
 from apps.accounts.roles import CURATOR, RESEARCHER, has_role, role_required
+from apps.core.numbers import whole_number, whole_numbers
 from apps.core.streaming import streaming
 from apps.tasksets.models import Task, Taskset
 from workers.rft.config import ConfigError
@@ -79,7 +80,7 @@ def run_list(request):
 def run_bulk_stop(request):
     """Stop every checked run; report the ones that could not stop."""
     stopped, refused = [], []
-    for run in Run.objects.filter(pk__in=[pk for pk in request.POST.getlist("runs") if pk.isdigit()]):
+    for run in Run.objects.filter(pk__in=whole_numbers(request.POST.getlist("runs"))):
         try:
             control_run(run, "stop", request.user)
             stopped.append(run.name)
@@ -145,9 +146,9 @@ def run_launch(request):
 def _starting_point(request) -> tuple[dict, str, str | None]:
     """(config, run name, preset) to open the launch form with: a run to copy (?from=<id>), a
     preset (?preset=<name>), or the default preset."""
-    source = request.GET.get("from", "")
-    if source.isdigit():
-        run = get_object_or_404(Run, pk=int(source))
+    source = whole_number(request.GET.get("from"))
+    if source is not None:
+        run = get_object_or_404(Run, pk=source)
         return run.config, f"{run.name} (again)", None
     preset = request.GET.get("preset") if request.GET.get("preset") in PRESETS else DEFAULT_PRESET
     return preset_config(preset), "", preset

@@ -15,6 +15,7 @@ from django.utils.text import slugify
 from django.views.decorators.http import require_POST
 
 from apps.accounts.roles import RESEARCHER, role_required
+from apps.core.numbers import whole_number
 from apps.core.streaming import streaming
 
 from . import comparison, queries, samples
@@ -37,12 +38,10 @@ def run_compare(request):
     ?task=)."""
     picked = comparison.runs_in_order(comparison.picked_ids(request.GET))
     context = compare_context(picked, chart_filter=request.GET.get("filter", "")[:200],
-                              task=_number(request.GET.get("task")), step=_number(request.GET.get("step")))
+                              task=whole_number(request.GET.get("task")), step=whole_number(request.GET.get("step")))
     return render(request, "runs/compare.html", context)
 
 
-def _number(text) -> int | None:
-    return int(text) if text and text.isdigit() and len(text) < 12 else None
 
 
 def compare_context(picked: list[Run], *, chart_filter: str = "", task: int | None = None,

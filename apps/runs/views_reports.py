@@ -11,6 +11,7 @@ from django.utils.http import urlencode
 from django.views.decorators.http import require_POST
 
 from apps.accounts.roles import CURATOR, RESEARCHER, has_role, role_required
+from apps.core.numbers import whole_numbers
 
 from . import comparison
 from .forms import ReportForm
@@ -37,7 +38,7 @@ def report_save(request):
     if not form.is_valid():
         problems = "; ".join(f"{name}: {' '.join(errors)}" for name, errors in form.errors.items())
         messages.error(request, f"Report not saved: {problems}.")
-        ids = [part for part in request.POST.get("runs", "").split(",") if part.strip().isdigit()][:20]
+        ids = whole_numbers(request.POST.get("runs", "").split(","))[:20]
         return redirect(reverse("run-compare") + "?" + urlencode([("runs", pk) for pk in ids]))
     report = form.save()
     messages.success(request, f"Saved report {report.name}: anyone who may read its runs opens it by this page's link.")

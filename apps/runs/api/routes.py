@@ -11,6 +11,7 @@ from django.views.decorators.cache import never_cache
 from ninja import NinjaAPI, Query, Status, Swagger
 
 from apps.accounts.roles import RESEARCHER, role_required
+from apps.core.numbers import whole_number
 from apps.feedback import stats
 from apps.feedback.models import Feedback
 from workers.rft.config import ConfigError
@@ -180,11 +181,11 @@ def run_metrics(request, pk: int, filters: Query[MetricFilters]):
     """By role, in step order."""
     run = get_object_or_404(Run, pk=pk)
     since, role = filters.since, filters.role or None
-    if since is not None and not (since.isascii() and since.isdigit()):  # isdigit() alone takes "²"
+    if since is not None and (since := whole_number(since)) is None:
         raise ApiError(400, "since must be a step number")
     if role is not None and role not in MetricPoint.Role.values:
         raise ApiError(400, f"role must be one of: {', '.join(MetricPoint.Role.values)}")
-    metrics = queries.metrics_by_role(run, role=role, since=None if since is None else int(since))
+    metrics = queries.metrics_by_role(run, role=role, since=since)
     return {"run": run.pk, "name": run.name, "metrics": metrics}
 
 
