@@ -58,8 +58,8 @@ def describe(feedback: Feedback) -> str:
     if feedback.kind == Feedback.Kind.EDIT:
         return "edited"
     if feedback.kind == Feedback.Kind.PREFERENCE:
-        return f"compared: {services.VERDICTS.get(feedback.label, feedback.label).lower()}"
-    return f"flagged {services.FLAG_REASONS.get(feedback.label, feedback.label).lower()}"
+        return f"compared: {services.VERDICTS.get(feedback.label, feedback.label)}"
+    return f"flagged as {services.FLAG_REASONS.get(feedback.label, feedback.label).lower()}"
 
 
 def shown_item_id(feedback: Feedback) -> int:
@@ -227,8 +227,8 @@ def undo(feedback_id: int, user) -> Undone:
     step = trained_on(feedback)
     if step is not None and run is not None and run.is_finished:
         raise TooLateToUndo(
-            f"your {describe(feedback)} of experience {shown_id} was trained on at step {step} and the run has "
-            f"{run.status}: it stays, as the record of what the run learned from"
+            f"your judgement of experience {shown_id} ({describe(feedback)}) was trained on at step {step} and the "
+            f"run has {run.status}: it stays, as the record of what the run learned from"
         )
     _revert(feedback, experience, trained=step is not None)
     feedback.delete()
@@ -238,7 +238,7 @@ def undo(feedback_id: int, user) -> Undone:
         queue._take(shown, user)
     else:
         AnnotationLock.objects.filter(experience=shown, user=user).delete()
-    message = f"Undid your {describe(feedback)} of experience {shown_id}."
+    message = f"Undid your judgement of experience {shown_id} ({describe(feedback)})."
     if feedback.kind == Feedback.Kind.FLAG and experience.status == Status.REJECTED:
         message += " It stays out of training: " + (
             "another annotator flagged it too." if experience.feedback.filter(kind=Feedback.Kind.FLAG).exists()

@@ -101,7 +101,7 @@ def validate_config(config: dict) -> RunConfig:
     buffer = parsed.buffer
     named = {"taskset": buffer.taskset, "expert_taskset": buffer.expert_taskset, "eval_taskset": buffer.eval_taskset}
     issues = [
-        ConfigIssue(f"buffer.{key}", f"no taskset named {name!r}; upload it or pick one of the tasksets page")
+        ConfigIssue(f"buffer.{key}", f"no taskset named {name!r}: upload it, or pick one the Tasksets page lists")
         for key, name in named.items()
         if name and not Taskset.objects.filter(name=name).exists()  # NUL and surrogates: refused by from_dict
     ]

@@ -79,22 +79,24 @@ def run_list(request):
 @role_required(RESEARCHER)
 def run_bulk_stop(request):
     """Stop every checked run; report the ones that could not stop."""
-    stopped, refused = [], []
+    stopped, finished, not_theirs = [], [], []
     for run in Run.objects.filter(pk__in=whole_numbers(request.POST.getlist("runs"))):
         try:
             control_run(run, "stop", request.user)
             stopped.append(run.name)
         except services.InvalidTransition:
-            refused.append(f"{run.name} ({run.status})")
+            finished.append(f"{run.name} ({run.status})")
         except PermissionDenied:
-            refused.append(f"{run.name} (not yours)")
+            not_theirs.append(f"{run.name} ({run.owner})")
     if stopped:
         messages.success(request, f"Stopping {len(stopped)} run{'s' * (len(stopped) != 1)}: {', '.join(stopped)}.")
-    if refused:
+    if finished:
         messages.error(
-            request, f"Could not stop {', '.join(refused)}: only queued, starting, running or paused runs stop."
+            request, f"Could not stop {', '.join(finished)}: only queued, starting, running or paused runs stop."
         )
-    if not (stopped or refused):
+    if not_theirs:
+        messages.error(request, f"Could not stop {', '.join(not_theirs)}: only a run's owner or a curator stops it.")
+    if not (stopped or finished or not_theirs):
         messages.info(request, "No runs were selected.")
     back = request.POST.get("next", "")
     if url_has_allowed_host_and_scheme(back, allowed_hosts={request.get_host()}, require_https=request.is_secure()):

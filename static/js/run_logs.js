@@ -72,9 +72,12 @@
         + (data.duties.length ? " · " + data.duties.join(", ") : "")
       : "";
     empty.hidden = data.lines.length > 0;
-    empty.textContent = data.active
-      ? "No log lines yet: they appear as the run's workers serve it."
-      : "No log lines at this level: this run's workers logged none while serving it.";
+    const logged = Object.values(counts).reduce((sum, n) => sum + n, 0);
+    empty.textContent = logged
+      ? `No lines at this level: the run's workers logged ${logged} line${logged === 1 ? "" : "s"} below it.`
+      : data.active
+        ? "No log lines yet: they appear as the run's workers serve it."
+        : "No log lines: this run's workers logged none while serving it.";
   }
 
   function load() {

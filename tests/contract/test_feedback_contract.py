@@ -89,7 +89,7 @@ def test_after_a_comparison_every_feedback_path_answers_and_does_what_it_says(pa
     saved = ok(judge(page, a, "compare", other=b.pk, verdict="a_better", seconds=1.5))
     assert saved["message"] is None and saved["session_count"] == 1
     assert [(h["item"], h["summary"], h["trained_on_step"]) for h in saved["history"]] == [
-        (a.pk, "compared: a is better", None)
+        (a.pk, "compared: A is better", None)
     ]
     assert ok(page.get(reverse("annotate-api-next"), {"exclude": f"{a.pk},{b.pk}"}))["item"]["id"] in {
         x.pk for x in items
@@ -102,12 +102,13 @@ def test_after_a_comparison_every_feedback_path_answers_and_does_what_it_says(pa
     ok(judge(page, f, "rate", point="4"))
     assert Experience.objects.get(pk=f.pk).reward_components["human"] == 0.75
     undone = ok(undo(page))  # the newest: the rating
-    assert undone["message"] == f"Undid your rated 4 of experience {f.pk}." and undone["item"]["id"] == f.pk
+    assert undone["message"] == f"Undid your judgement of experience {f.pk} (rated 4)." and undone["item"]["id"] == f.pk
     assert "human" not in Experience.objects.get(pk=f.pk).reward_components
     progress = ok(page.get(reverse("annotate-api-progress")))
-    assert [h["summary"] for h in progress["history"]] == ["flagged garbled", "compared: a is better"]
+    assert [h["summary"] for h in progress["history"]] == ["flagged as garbled", "compared: A is better"]
     comparison = Feedback.objects.get(kind="preference").pk
-    assert ok(undo(page, comparison))["message"] == f"Undid your compared: a is better of experience {a.pk}."
+    undone = ok(undo(page, comparison))["message"]
+    assert undone == f"Undid your judgement of experience {a.pk} (compared: A is better)."
     assert list(Feedback.objects.values_list("kind", flat=True)) == ["flag"]
 
 

@@ -70,7 +70,7 @@ def test_keys_typed_ahead_are_applied_to_the_next_items_and_undo_and_history_wor
     # u undoes the last rating: its item comes back, the count goes down.
     page.keyboard.press("u")
     shown(page, items[2])
-    expect(page.locator("#notice")).to_have_text(f"Undid your rated 5 of experience {items[2].pk}.")
+    expect(page.locator("#notice")).to_have_text(f"Undid your judgement of experience {items[2].pk} (rated 5).")
     expect(page.locator("#session-count")).to_have_text("2 judged this session")
     assert not Feedback.objects.filter(experience=items[2]).exists()
     assert page.url.endswith(f"/annotate/experience/{items[2].pk}/")
@@ -98,7 +98,7 @@ def test_keys_typed_ahead_are_applied_to_the_next_items_and_undo_and_history_wor
     MetricPoint.objects.create(run=run, role="trainer", step=3, values={"loss": 0.5})
     page.keyboard.press("u")
     expect(page.locator("#notice")).to_have_text(
-        f"Undid your rated 3 of experience {items[1].pk}. "
+        f"Undid your judgement of experience {items[1].pk} (rated 3). "
         "It was already trained on at step 3: undo removes it from future training only."
     )
     shown(page, items[1])

@@ -44,7 +44,7 @@ def test_judging_answers_the_session_count_and_history_and_undo_reopens_the_item
     assert data["session_count"] == 1 and data["history"][0]["summary"] == "rated 4"
     assert Feedback.objects.get().seconds_spent == 2.5
     undone = post(annotator_client, reverse("annotate-api-undo"), {}).json()
-    assert undone["message"] == f"Undid your rated 4 of experience {page[2].pk}."
+    assert undone["message"] == f"Undid your judgement of experience {page[2].pk} (rated 4)."
     assert undone["item"]["id"] == page[2].pk and undone["session_count"] == 0 and undone["history"] == []
     assert not Feedback.objects.exists()
 

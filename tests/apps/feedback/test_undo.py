@@ -20,7 +20,7 @@ def test_undoing_a_rating_takes_it_out_of_the_reward_and_reopens_the_item(make_e
     item.refresh_from_db()
     assert "human" not in item.reward_components and not Feedback.objects.exists()
     assert (undone.experience.pk, undone.trained_on_step, undone.reopened) == (item.pk, None, True)
-    assert undone.message == f"Undid your rated 4 of experience {item.pk}."
+    assert undone.message == f"Undid your judgement of experience {item.pk} (rated 4)."
     # Back in front of the queue: the annotator holds it again, and the queue hands it back first.
     assert AnnotationLock.objects.get().experience_id == item.pk
     assert queue.next_item(item.run, annotator) == item
@@ -120,7 +120,7 @@ def test_undoing_a_b_better_comparison_reopens_the_item_shown_as_a(make_experien
     a, b = make_experience(), make_experience()
     services.compare(a.pk, b.pk, annotator, "b_better")
     entry = history.history(run, annotator)[0]
-    assert (entry["item"], entry["summary"]) == (a.pk, "compared: b is better")
+    assert (entry["item"], entry["summary"]) == (a.pk, "compared: B is better")
     undone = history.undo(entry["id"], annotator)
     assert undone.experience.pk == a.pk and not Feedback.objects.exists()
     assert AnnotationLock.objects.get().experience_id == a.pk
@@ -145,7 +145,7 @@ def test_history_lists_the_annotators_newest_judgements_and_the_session_count(ma
     services.flag(items[1].pk, annotator, "harmful")
     services.rate(items[2].pk, make_annotator("other"), "5")  # not theirs
     assert [(e["item"], e["summary"]) for e in history.history(run, annotator)] == [
-        (items[1].pk, "flagged harmful"), (items[0].pk, "rated 1")
+        (items[1].pk, "flagged as harmful"), (items[0].pk, "rated 1")
     ]
     assert history.session_count(run, annotator, started) == 2
     assert history.session_count(run, annotator, timezone.now()) == 0

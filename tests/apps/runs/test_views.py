@@ -77,6 +77,13 @@ def test_bulk_stop_stops_what_it_can_and_names_the_rest(researcher_client, make_
     assert any("Could not stop d (completed)" in note for note in notes)
 
 
+def test_bulk_stop_says_whose_run_it_did_not_stop(researcher_client, make_run, curator):
+    theirs = make_run("theirs", owner=curator, status=Status.RUNNING)
+    notes = messages_of(researcher_client.post(reverse("run-bulk-stop"), {"runs": [theirs.pk]}))
+    assert notes == ["Could not stop theirs (cur): only a run's owner or a curator stops it."]
+    assert Run.objects.get().status == Status.RUNNING
+
+
 def test_bulk_stop_ignores_a_foreign_next(researcher_client, make_run):
     response = researcher_client.post(
         reverse("run-bulk-stop"), {"runs": [make_run().pk], "next": "https://evil.example/"}
