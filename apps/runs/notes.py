@@ -17,10 +17,12 @@ MAX_TAG_LENGTH = 32
 # Lowercase, so "Baseline" and "baseline" are one tag; no spaces, commas or quotes (they separate
 # tags when typed, and with_tag relies on a tag never holding a quote).
 TAG = re.compile(r"[a-z0-9][a-z0-9._:-]*")
-TAG_RULE = f"letters, digits and . _ : - (starting with a letter or digit), at most {MAX_TAG_LENGTH} characters"
+TAG_RULE = f"letters a-z, digits and . _ : - (starting with a letter or digit), at most {MAX_TAG_LENGTH} characters"
 # The admin writes the tags as a JSON list: ten tags of 32 characters, quoted and separated, are
 # 362 characters, so text over this is refused before it is parsed (a 5,000-deep list was a 500).
 MAX_TAGS_JSON_CHARS = 1000
+DRAFT_KEY = "run-notes-draft-{}"  # in the session, by run id
+MAX_DRAFT_CHARS = 100_000  # ten times the notes' limit: what was pasted, to cut down, not a document store
 SHOWN_BAD_TAG_CHARS = 40  # a refused tag is quoted back this far: it may be a whole paste
 
 
@@ -70,6 +72,17 @@ def shown_tags(value) -> list[str]:
     if isinstance(value, list) and len(value) <= MAX_TAGS and all(is_tag(tag) for tag in value):
         return value
     return []
+
+
+def keep_draft(session, run: Run, *, notes: str, tags: str) -> None:
+    """Keep what was typed into a refused form for the run page to show once (taken_draft): a
+    refusal used to come back with the form closed and empty, the notes typed lost."""
+    session[DRAFT_KEY.format(run.pk)] = {"notes": notes[:MAX_DRAFT_CHARS], "tags": tags[:MAX_DRAFT_CHARS]}
+
+
+def taken_draft(session, run: Run) -> dict | None:
+    """What keep_draft kept for this run, once: the page after the refusal shows it, later ones the run's own."""
+    return session.pop(DRAFT_KEY.format(run.pk), None)
 
 
 def set_notes_and_tags(run: Run, user, *, notes: str, tags: str) -> Run:

@@ -30,7 +30,7 @@ from .controls import control_run, control_statuses, may_control
 from .forms import LaunchForm, RolloutFilterForm, RunFilterForm, dump_config_yaml
 from .holding import hand_back
 from .models import Checkpoint, Run, Sweep
-from .notes import shown_tags
+from .notes import shown_tags, taken_draft
 from .presets import DEFAULT_PRESET, PRESETS, preset_config
 
 RUNS_PER_PAGE = 50
@@ -181,6 +181,7 @@ def run_detail(request, pk):
             "progress_counter": progress_counter,
             "controls": controls,
             "may_control": may_control(request.user, run),
+            "notes_draft": taken_draft(request.session, run),  # a refused notes form's text (notes.keep_draft)
             "buffer_retired": run.buffer_retired_at and services.buffer_retired(run),
             # The retention job (its archive file) for those who may open it in the admin.
             "retirement_job_url": retired_job and request.user.is_staff

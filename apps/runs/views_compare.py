@@ -21,7 +21,7 @@ from apps.core.streaming import streaming
 from . import comparison, queries, samples
 from .forms import ReportForm
 from .models import Run
-from .notes import set_notes_and_tags
+from .notes import keep_draft, set_notes_and_tags
 from .views import PLOTLY_VERSION
 
 COMPARE_PICKER_RUNS = 50
@@ -195,10 +195,13 @@ def _no_runs(request):
 def run_notes(request, pk):
     """Save the notes and tags of the run page's form (PermissionDenied: 403 for another's run)."""
     run = get_object_or_404(Run, pk=pk)
+    notes, tags = request.POST.get("notes", ""), request.POST.get("tags", "")
     try:
-        set_notes_and_tags(run, request.user, notes=request.POST.get("notes", ""), tags=request.POST.get("tags", ""))
+        set_notes_and_tags(run, request.user, notes=notes, tags=tags)
     except ValidationError as err:
         messages.error(request, "Notes and tags not saved: " + "; ".join(err.messages) + ".")
+        keep_draft(request.session, run, notes=notes, tags=tags)  # the form opens with them again
+        return redirect(reverse("run-detail", args=[pk]) + "#run-notes")
     else:
         messages.success(request, f"Saved the notes and tags of {run.name}.")
     return redirect("run-detail", pk=pk)

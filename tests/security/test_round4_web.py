@@ -102,7 +102,7 @@ def admin_form(run: Run, **changes) -> dict:
     ("5", "tags are a JSON list of words"),
     ("[[[[1]]]]", "tags are a JSON list of words"),
     ("not json", "tags are a JSON list of words"),
-    ('["two words"]', "tag &#x27;two words&#x27;: a tag has letters, digits"),
+    ('["two words"]', "tag &#x27;two words&#x27;: a tag has letters a-z, digits"),
     (str([f"t{i}" for i in range(11)]).replace("'", '"'), "11 tags: a run has at most 10"),
 ], ids=["null", "5000-deep", "ints", "string", "mapping", "number", "nested", "not-json", "bad-word", "eleven"])
 def test_the_admin_refuses_tags_that_are_no_list_of_tags(client, curator, run, text, message):

@@ -4,6 +4,7 @@ and the runs list, which filters by tag."""
 import pytest
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.urls import reverse
+from django.utils.html import escape
 
 from apps.accounts.services import create_user
 from apps.runs.models import Run
@@ -18,7 +19,7 @@ def test_tags_are_split_on_commas_and_spaces_lowercased_and_deduplicated():
 
 
 @pytest.mark.parametrize("text, says", [
-    ("ok bad!tag", "'bad!tag': a tag has letters, digits and . _ : -"),
+    ("ok bad!tag", "'bad!tag': a tag has letters a-z, digits and . _ : -"),
     ("-leading", "'-leading'"),
     ("x" * 33, "at most 32 characters"),
     ('quo"te', "'quo\"te'"),
@@ -71,6 +72,20 @@ def test_the_form_says_why_it_saved_nothing(researcher_client, make_run):
     response = researcher_client.post(reverse("run-notes", args=[run.pk]), {"notes": "after", "tags": "a,b;c"})
     assert any("Notes and tags not saved: tag 'b;c'" in note for note in messages_of(response))
     assert Run.objects.get(pk=run.pk).notes == "before"
+
+
+def test_a_refused_form_comes_back_open_with_what_was_typed_once(researcher_client, make_run):
+    run = make_run("r", notes="before", tags=["kept"])
+    typed = "a long note <b>worth keeping</b>\n" * 400  # over 10,000 characters: refused
+    response = researcher_client.post(reverse("run-notes", args=[run.pk]), {"notes": typed, "tags": "new ünïcode"})
+    assert response["Location"] == reverse("run-detail", args=[run.pk]) + "#run-notes"
+    html = researcher_client.get(response["Location"]).content.decode()
+    assert '<details class="run-notes-edit" open>' in html
+    assert 'name="tags" value="new ünïcode"' in html and escape(typed) in html
+    assert "Notes and tags not saved: notes of 13,199 characters" in html  # the message says why
+    again = researcher_client.get(reverse("run-detail", args=[run.pk])).content.decode()
+    assert '<details class="run-notes-edit">' in again and 'name="tags" value="kept"' in again
+    assert (Run.objects.get(pk=run.pk).notes, Run.objects.get(pk=run.pk).tags) == ("before", ["kept"])
 
 
 def test_others_read_the_notes_without_the_form(client, make_run, django_user_model):
