@@ -21,7 +21,7 @@ from django.db.models import Q
 from apps.buffer.models import Experience
 from apps.core.numbers import whole_numbers
 from apps.tasksets.models import Taskset
-from workers.rft.config import ConfigError, check_config_value, parse_config_text, parse_reward_fn_text
+from workers.rft.config import ConfigError, ConfigIssue, check_config_value, parse_config_text, parse_reward_fn_text
 from workers.rft.config_issues import accepts_null, choices_of, description, leaf_types, section_of
 
 from . import notes, sweeps
@@ -246,6 +246,9 @@ class LaunchForm(forms.Form):
 
     def _config(self, cleaned) -> dict:
         if self.current_editor == YAML:
+            if not cleaned.get("yaml", "").strip():  # it opens holding a config: cleared, by mistake
+                raise ConfigError([ConfigIssue("<config>", "the YAML box is empty: write the run's config in it, "
+                                                           "or start from a preset")])
             return parse_config_text(cleaned.get("yaml", ""))
         config = parse_config_text(cleaned.get("base") or "{}")  # the form's own JSON, which a client can rewrite
         for _, keys in SECTIONS:

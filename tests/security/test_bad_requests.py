@@ -51,6 +51,10 @@ API_CASES = {
         "post", runs_url, json.dumps({"name": {"a": 1}, "config": {}}).encode(), 400, "name must be a string"
     ),
     "name-with-nul": ("post", runs_url, json.dumps({"name": "a\x00b", "config": {}}).encode(), 400, "NUL"),
+    "name-too-long": (  # it was cut to 200 characters without a word
+        "post", runs_url, json.dumps({"name": "n" * 201, "config": {}}).encode(), 400,
+        "name is 201 characters long; at most 200",
+    ),
     "config-string-with-nul": (
         "post", runs_url,
         json.dumps({"config": {"explorer": {"system_prompt": "hi\x00"}, "buffer": {"taskset": "t"}}}).encode(),

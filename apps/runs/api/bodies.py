@@ -9,7 +9,10 @@ from django.core.exceptions import RequestDataTooBig
 from workers.rft.config import ConfigError, ConfigIssue, parse_config_text
 from workers.rft.json_values import text_problem
 
+from ..models import Run
 from .auth import ApiError
+
+MAX_NAME = Run._meta.get_field("name").max_length  # a sweep's too
 
 
 def json_body(request) -> dict:
@@ -25,12 +28,15 @@ def json_body(request) -> dict:
 
 
 def name_of(body: dict, default: str) -> str:
-    """`name`, at most 200 characters of it; JSON can carry "\\u0000" or "\\ud800", which Postgres cannot store."""
+    """`name`, at most MAX_NAME characters (the launch form's limit: a longer one was cut without a
+    word); JSON can carry "\\u0000" or "\\ud800", which Postgres cannot store."""
     name = body.get("name") or default
     problem = "must be a string" if not isinstance(name, str) else text_problem(name)
+    if not problem and len(name) > MAX_NAME:
+        problem = f"is {len(name):,} characters long; at most {MAX_NAME}"
     if problem:
         raise ApiError(400, f"name {problem}", errors=[{"key": "name", "message": problem}])
-    return name[:200]
+    return name
 
 
 def config_of(body: dict) -> dict:

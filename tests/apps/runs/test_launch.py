@@ -189,6 +189,14 @@ def test_yaml_errors_show_by_the_yaml_box(researcher_client, tasksets, worker_qu
     assert not Run.objects.exists()
 
 
+@pytest.mark.parametrize("text", ["", "  \n\t\n"])
+def test_an_emptied_yaml_box_launches_nothing(researcher_client, tasksets, worker_queue, text):
+    """The box opens holding the preset's config; clearing it launched a run of every default."""
+    form = researcher_client.post(URL, {"editor": "yaml", "name": "cleared", "yaml": text}).context["form"]
+    assert form.errors["yaml"] == ["the YAML box is empty: write the run's config in it, or start from a preset"]
+    assert not Run.objects.exists()
+
+
 def test_yaml_text_is_never_taken_for_a_file_name(researcher_client, tasksets, worker_queue):
     form = researcher_client.post(URL, {"editor": "yaml", "yaml": "/etc/hostname.yaml"}).context["form"]
     assert form.errors["yaml"] == ["expected a mapping, got a string"]
