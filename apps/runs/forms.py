@@ -298,6 +298,11 @@ class LaunchForm(forms.Form):
                 inside = issue.key.removeprefix(field).removeprefix(".")
                 self.add_error(field, f"{inside}: {issue.message}" if inside else issue.message)
 
+    def field_problems(self) -> list[tuple]:
+        """(bound field, error) for each error beside a field, in the page's order: listed at the top,
+        by the Launch button (an error by a field far down the page went unseen)."""
+        return [(field, error) for field in self for error in field.errors]
+
     def switched(self) -> "LaunchForm":
         """The same config and name in the other editor (call on a valid form)."""
         other = YAML if self.current_editor == FORM else FORM

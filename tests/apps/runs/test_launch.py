@@ -126,6 +126,16 @@ def test_cross_key_rules_land_on_the_key_they_blame(researcher_client, tasksets,
     assert list(response.context["form"].errors) == ["buffer.expert_taskset"]  # mix needs expert data
 
 
+def test_a_fields_error_is_also_listed_by_the_launch_button(researcher_client, tasksets, worker_queue):
+    """A walkthrough set explorer.engine_num 2 with memory sync: the page came back at its top with
+    the only error 3,000 pixels down, by the field."""
+    html = researcher_client.post(URL, posted(config_form(), **{"explorer.engine_num": "2"})).content.decode()
+    top = html.index('id="launch-problems"')
+    assert top < html.index('name="explorer.engine_num"')
+    assert 'href="#id_explorer.engine_num"' in html[top:top + 2000]
+    assert not Run.objects.exists()
+
+
 def test_errors_of_keys_without_a_field_show_at_the_top(researcher_client, tasksets, worker_queue):
     config = preset_config("quick-demo")
     config["explorer"]["pipeline"] = "dedupe"  # must be a list; the form has no field for it
