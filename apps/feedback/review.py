@@ -40,7 +40,7 @@ def waiting_runs() -> list[dict]:
 
 def next_for(run, reviewer) -> Feedback | None:
     """The oldest judgement of the run waiting for review that is not the reviewer's own."""
-    return (pending(run).exclude(user=reviewer).select_related("user", "experience", "other")
+    return (pending(run).exclude(user=reviewer).select_related("user", "experience__task", "other")
             .order_by("updated_at", "pk").first())
 
 

@@ -27,6 +27,8 @@ def review_next(request, run_id):
         context |= {
             "item": item, "rating_label": dict(services.scale_labels(run)).get(judgement.label, ""),
             "verdict": services.VERDICTS.get(judgement.label, judgement.label),
+            # What the annotator saw beside the response, to check the judgement against.
+            "answer": item.task.answer if item.task_id else "", "rubric": services.feedback_settings(run).rubric,
             # What the others said of the same item: context, as a reviewer in Label Studio sees.
             "others": Feedback.objects.filter(experience=item).exclude(pk=judgement.pk).select_related("user"),
         }

@@ -20,7 +20,7 @@ HUMAN = services.HUMAN_REWARD
 @pytest.fixture
 def reviewed_run(run):
     Run.objects.filter(pk=run.pk).update(config={"feedback": {
-        "reward_mode": "weight", "require_review": True, "judgements_per_item": 3}})
+        "reward_mode": "weight", "require_review": True, "judgements_per_item": 3, "rubric": "Is the sum right?"}})
     run.refresh_from_db()
     return run
 
@@ -196,6 +196,9 @@ def test_the_review_pages_take_one_judgement_after_another(reviewed_run, make_ex
     page = client.get(reverse("review-next", args=[reviewed_run.pk]))
     text = page.content.decode()
     assert "a better answer" in text and "the sum was off by one" in text and item.response_text in text
+    # The reference answer the annotator judged beside, and the rubric (a walkthrough missed them).
+    assert f'<div class="text mono pre" id="answer">{item.task.answer}</div>' in text
+    assert '<div class="rubric" id="rubric">Is the sum right?</div>' in text
     judgement = page.context["judgement"]
     done = client.post(reverse("review-accept", args=[judgement.pk]), {"note": "good"}, follow=True)
     assert "Accepted a&#x27;s edit" in done.content.decode() and "Nothing of this run waits" in done.content.decode()
