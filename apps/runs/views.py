@@ -300,7 +300,8 @@ def run_rollouts(request, pk):
     return render(
         request,
         "runs/rollouts.html",
-        {"run": run, "filters": filters, "page": page, "groups": groups, "matching_count": matching.count()},
+        {"run": run, "filters": filters, "page": page, "groups": groups, "matching_count": matching.count(),
+         "buffer_retired": run.buffer_retired_at and services.buffer_retired(run)},  # why none are left
     )
 
 

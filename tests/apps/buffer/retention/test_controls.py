@@ -225,6 +225,8 @@ def test_a_retired_run_refuses_resume_and_says_why(ended, buffer, client, resear
     job_url = reverse("admin:buffer_bufferjob_change", args=[job.pk])
     assert 'id="run-buffer-retired"' in page and f"archived on {day}" in page
     assert reverse("run-resume", args=[ended.pk]) not in page and job_url not in page  # no admin for researchers
+    rollouts = client.get(reverse("run-rollouts", args=[ended.pk])).content.decode()
+    assert 'id="rollouts-buffer-retired"' in rollouts and f"its buffer was archived on {day}" in rollouts
     client.force_login(curator)
     page = client.get(reverse("run-detail", args=[ended.pk])).content.decode()
     assert job_url in page and "downloads the archive" in page
