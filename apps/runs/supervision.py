@@ -211,6 +211,14 @@ def serve(run_id: int, duty: str, task: str | None = None) -> str:
         return serve_claimed(run, duty, me)
 
 
+def log_for_run(run: Run, duty: str, level: int, message: str, *args) -> None:
+    """Log a line here and in the run's Logs panel as the duty's: what the watchdog or the Celery
+    worker's main process sees happen to a duty from outside it (its worker killed, its heartbeat
+    lapsed), which the duty's own log cannot say."""
+    with DutyLog(run_dir(run), run.pk, duty, secrets=[run.secret], clean=without_server_paths):
+        log.log(level, message, *args)
+
+
 def serve_claimed(run: Run, duty: str, me: str) -> str:
     """serve, once `me` holds the duty."""
     run_id = run.pk
@@ -427,6 +435,8 @@ def watchdog() -> list[tuple[int, str]]:
                 break  # the run failed: its user resumes it
             if beat["worker"] == duties.HANDED_OVER:
                 continue  # sent on before and not claimed yet: that task is still queued
+            log_for_run(run, duty, logging.WARNING, "run %s (%s): worker %s sent no heartbeat for %s s: the duty is "
+                        "sent on to another worker", run.pk, duty, beat.get("worker"), timeout)
             resumed += [(run.pk, sent) for sent in send(run, [duty])]
     return resumed
 
@@ -438,9 +448,13 @@ def worker_lost(task: str, run_id: int, duty: str = "loop", *, cause: str) -> No
     saying so (services.worker_lost)."""
     try:
         run_id, duty = turns.owner_of(task, run_id, duty)  # a turn may have given it another duty
-        log.warning("run %s (%s): the process serving task %s is gone: %s", run_id, duty, task, cause)
         run = Run.objects.filter(pk=run_id).first()
-        if run is not None and services.worker_lost(run, duty, task, cause):
+        if run is None:
+            log.warning("run %s (%s): the process serving task %s is gone: %s", run_id, duty, task, cause)
+            return
+        log_for_run(run, duty, logging.WARNING, "run %s (%s): the process serving task %s is gone: %s",
+                    run_id, duty, task, cause)
+        if services.worker_lost(run, duty, task, cause):
             send(run, [duty])
     finally:
         connection.close()  # the worker's main process serves no request that would close it

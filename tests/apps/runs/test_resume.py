@@ -17,7 +17,7 @@ from django.core.management.base import CommandError
 from django.urls import reverse
 from django.utils import timezone
 
-from apps.runs import duties, holding, services, supervision
+from apps.runs import duties, holding, logs, services, supervision
 from apps.runs.api import token_for
 from apps.runs.controls import control_run, control_statuses
 from apps.runs.live import publisher
@@ -240,6 +240,24 @@ def test_the_watchdog_stops_a_stopping_run_whose_workers_died(make_run, settings
     assert supervision.watchdog() == []
     assert Run.objects.get(pk=dying.pk).status == Status.STOPPED
     assert Run.objects.get(pk=alive.pk).status == Status.STOPPING  # its worker stops it
+
+
+def test_a_duty_sent_on_says_why_in_the_runs_own_logs(make_run, settings):
+    """A walkthrough killed a trainer's process: the run went on, and its Logs panel never said why
+    (the line was in the Celery worker's log only)."""
+    config = {"mode": "both", "synchronizer": {"method": "memory"}, "trainer": {"total_steps": 10}}
+    silent = beat("w1", seconds_ago=settings.RFTWEB_HEARTBEAT_TIMEOUT + 1)
+    lapsed = make_run("lapsed", status=Status.RUNNING, config=config, heartbeats={"loop": silent})
+    assert supervision.watchdog() == [(lapsed.pk, "loop")]
+    [line] = logs.read(supervision.run_dir(lapsed))["lines"]
+    assert (line["duty"], line["level"]) == ("loop", "WARNING")
+    assert f"worker w1 sent no heartbeat for {settings.RFTWEB_HEARTBEAT_TIMEOUT} s" in line["message"]
+
+    killed = make_run("killed", status=Status.RUNNING, config=config, heartbeats={"loop": beat("w2", task="t1")})
+    cause = "Worker exited prematurely: signal 9 (SIGKILL)"
+    supervision.worker_lost("t1", killed.pk, "loop", cause=cause)
+    [line] = logs.read(supervision.run_dir(killed))["lines"]
+    assert line["message"].endswith(f"the process serving task t1 is gone: {cause}")
 
 
 def test_the_watchdog_fails_a_run_whose_worker_keeps_dying(make_run, settings):
