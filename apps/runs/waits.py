@@ -26,7 +26,7 @@ class DutyState:
 
     duty: str
     queue: str  # the Celery queue whose workers serve it
-    state: str  # waiting | starting | running | handed over | lost | ended
+    state: str  # waiting | starting | running | paused | handing back | handed over | lost | stopping | ended
     node: str | None  # the Celery worker holding it
     since: str | None  # ISO time the state began, where known
     detail: str
@@ -37,10 +37,11 @@ class DutyState:
 
 def duty_states(run: Run, live: list[WorkerState] | None = None) -> list[DutyState]:
     """Each duty of the run: waiting for a worker of its queue (saying which slots are busy and
-    with what), starting (the worker loads the model), running, handed over (its worker was lost
-    and the watchdog sent it on), lost (its worker fell silent; the watchdog sends it on after
-    RFTWEB_HEARTBEAT_TIMEOUT), stopping (its worker leaves at its next step) or ended (let go for
-    good, or its run has stopped or ended). `live`: overview()["workers"], when the caller has it."""
+    with what), starting (the worker loads the model), running, paused (held while its run is
+    paused), handing back, handed over (its worker was lost and the watchdog sent it on), lost (its
+    worker fell silent; the watchdog sends it on after RFTWEB_HEARTBEAT_TIMEOUT), stopping (its
+    worker leaves at its next step) or ended (let go for good, or its run has stopped or ended).
+    `live`: overview()["workers"], when the caller has it."""
     live = overview()["workers"] if live is None else live
     timeout = settings.RFTWEB_HEARTBEAT_TIMEOUT
     stopped_nodes = set() if settings.RFTWEB_EMBEDDED else set(
@@ -95,22 +96,29 @@ def duty_states(run: Run, live: list[WorkerState] | None = None) -> list[DutySta
             states.append(DutyState(duty, queue, "starting", node, beat.get("since"),
                                     f"{node or beat['worker']} " + (f"loaded the model; {then}" if loaded
                                                                     else "is loading the model")))
+        elif run.status == Run.Status.PAUSED:  # it said "running · rolling out step 113" (walkthrough)
+            states.append(DutyState(duty, queue, "paused", node, None,
+                                    f"its steps wait for Resume · on {node or beat['worker']}"))
         else:
             went_on = beat.get("from_checkpoint")  # a restart said so only on the worker's console (#42, 6)
             since = f", from checkpoint v{went_on['version']} (trainer step {went_on['step']})" if went_on else ""
-            doing = _doing(beat)
+            doing = _doing(beat, duties.heartbeat_age(run, duty))
             states.append(DutyState(duty, queue, "running", node, beat["started"],
                                     f"{doing + ' · ' if doing else ''}on {node or beat['worker']}{since}"))
     return states
 
 
-def _doing(beat: dict) -> str:
+def _doing(beat: dict, age: float) -> str:
     """What the duty's engine did at its last beat (workers.rft.activity), with how long for
-    once that is long enough to matter: "rolling out step 12 · saving a checkpoint at step 11 (40 s)"."""
+    once that is long enough to matter: "rolling out step 12 · saving a checkpoint at step 11 (40 s)",
+    and how old that is once the beat is late: a walkthrough saw "rolling out step 188" beside
+    trainer step 233 on a loaded machine, and took the line for the present."""
     now, parts = time.time(), []
     for part in beat.get("doing") or ():
         took = now - part["since"]
         parts.append(part["what"] + (f" ({took:.0f} s)" if took >= DOING_LONG_S else ""))
+    if parts and age > 1.5 * settings.RFTWEB_HEARTBEAT_INTERVAL:
+        parts[-1] += f" (as of {age:.0f} s ago)"
     return " · ".join(parts)
 
 

@@ -49,17 +49,22 @@
     box.hidden = finished || !data.duties.length;
     box.replaceChildren(...data.duties.map(row));
     if (rolling) {
-      rolling.textContent = finished ? "" : `· ${data.explorers_running} of ${data.explorers} rolling out`;
+      rolling.textContent = finished ? "" : `· ${data.explorers_running} of ${data.explorers} running`;
     }
     return finished;
   }
 
-  let pollMs = 1000 * (page.duties.poll_s || 10);
+  // Every heartbeat interval while each duty runs (or is paused); every 2 s while one changes hands
+  // (waiting, starting, handed over...): after a Resume the line said "waiting for a train worker"
+  // for 10 s while the trainer's steps went on.
+  const pollMs = 1000 * (page.duties.poll_s || 10);
+  const settled = (data) => data.duties.every((duty) => duty.state === "running" || duty.state === "paused");
+  function next(data) { return settled(data) ? pollMs : Math.min(pollMs, 2000); }
   function poll() {
     fetch(page.duties_url, { credentials: "same-origin", headers: { Accept: "application/json" } })
       .then((response) => (response.ok ? response.json() : Promise.reject(response.status)))
-      .then((data) => { if (!draw(data)) setTimeout(poll, pollMs); })
+      .then((data) => { if (!draw(data)) setTimeout(poll, next(data)); })
       .catch(() => setTimeout(poll, 2 * pollMs)); // the server restarting: try again, less often
   }
-  if (!draw(page.duties)) setTimeout(poll, pollMs);
+  if (!draw(page.duties)) setTimeout(poll, next(page.duties));
 })();

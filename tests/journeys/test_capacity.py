@@ -52,7 +52,7 @@ def test_a_run_waiting_for_a_worker_names_what_holds_it_and_trains_once_one_come
     expect(trainer).to_contain_text(f"run {busy.pk} busy (loop)")
     for explorer in ("explorer", "explorer-1"):
         expect(page.locator(f'[data-duty="{explorer}"] .duty-state')).to_have_text("running", timeout=90_000)
-    expect(page.locator("[data-explorers-running]")).to_have_text("· 2 of 2 rolling out")
+    expect(page.locator("[data-explorers-running]")).to_have_text("· 2 of 2 running")
     page.goto("/runs/")
     expect(page.locator("tr", has_text="wide")).to_contain_text("queued")
 

@@ -116,7 +116,8 @@ class CheckpointOut(Schema):
 class DutyOut(Schema):
     duty: str
     queue: str
-    state: str = Field(description="waiting, starting, running, handed over, lost or ended")
+    state: str = Field(
+        description="waiting, starting, running, paused, handing back, handed over, lost, stopping or ended")
     node: str | None = Field(description="the worker holding it")
     since: str | None
     detail: str

@@ -298,6 +298,30 @@ def test_a_running_duty_says_what_its_engine_does_and_how_long_a_long_phase_has_
     assert Run.objects.get(pk=run.pk).heartbeats["loop"]["doing"] == doing
 
 
+def test_a_late_beat_says_how_old_its_news_is_and_a_paused_run_says_paused(make_run, settings):
+    """A walkthrough: "rolling out step 188" stood beside trainer step 233 (a loaded machine's late
+    beats), and a paused run's duty still said "running · rolling out step 113"."""
+    import time
+
+    worker("runs@gpu-1")
+    run = make_run("r", status=Run.Status.STARTING, heartbeats={})
+    assert services.claim_duty(run, "loop", "gpu-1:11", timeout=60, node="runs@gpu-1")
+    services.mark_started(run, "loop", "gpu-1:11")
+    assert services.heartbeat(run, "loop", "gpu-1:11", [{"role": "explorer", "what": "rolling out step 188",
+                                                         "since": time.time()}])
+    late = settings.RFTWEB_HEARTBEAT_INTERVAL * 2
+    beats = Run.objects.get(pk=run.pk).heartbeats
+    beats["loop"]["at"] = (timezone.now() - timedelta(seconds=late)).isoformat()
+    Run.objects.filter(pk=run.pk).update(heartbeats=beats, status=Run.Status.RUNNING)
+    (state,) = waits.duty_states(Run.objects.get(pk=run.pk))
+    assert state.detail == f"rolling out step 188 (as of {late:.0f} s ago) · on runs@gpu-1"
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.PAUSED)
+    (state,) = waits.duty_states(Run.objects.get(pk=run.pk))
+    assert (state.state, state.detail) == ("paused", "its steps wait for Resume · on runs@gpu-1")
+    answer = waits.duties_json(Run.objects.get(pk=run.pk))
+    assert answer["shown_status"] == "paused" and answer["duties"][0]["state"] == "paused"
+
+
 def test_a_curator_hands_a_held_duty_back_and_others_may_not(make_run, client, curator, researcher):
     """The Workers page's duty actions (views.worker_duty; the journey: tests/journeys/
     test_workers_actions.py): a hand-back asked is on the duty's beat, its line says so, and a
