@@ -9,7 +9,7 @@
     form.querySelector(".confirm-pop")?.remove();
   }
 
-  function ask(form) {
+  function ask(form, submitter) {
     close(form);
     const count = form.querySelectorAll('input[name="runs"]:checked').length;
     const box = document.createElement("div");
@@ -32,7 +32,9 @@
     buttons.className = "confirm-buttons";
     buttons.append(yes, no);
     box.append(question, buttons);
-    form.append(box);
+    // Under the button's toolbar where there is one: the runs list's form holds the whole table,
+    // and under the form the question opened a screen away from "Stop selected".
+    (submitter?.closest(".toolbar") || form).append(box);
     yes.focus();
   }
 
@@ -42,7 +44,7 @@
     // Nothing checked: nothing to ask; the server says what is missing.
     if (form.dataset.confirm.includes("{count}") && !form.querySelector('input[name="runs"]:checked')) return;
     event.preventDefault();
-    ask(form);
+    ask(form, event.submitter);
   });
   // A click elsewhere on the page is a "no".
   document.addEventListener("click", (event) => {

@@ -81,6 +81,10 @@ def test_stop_selected_on_the_runs_list_asks_first_naming_how_many(page, login, 
         page.locator(f'input[name="runs"][value="{run.pk}"]').check()
     page.get_by_role("button", name="Stop selected").click()
     expect(page.locator(".confirm-pop")).to_contain_text("Stop 2 selected runs? Each saves a checkpoint first")
+    # Under the button, not a screen away at the foot of the table (a walkthrough's finding).
+    button = page.get_by_role("button", name="Stop selected").bounding_box()
+    pop = page.locator(".confirm-pop").bounding_box()
+    assert 0 <= pop["y"] - (button["y"] + button["height"]) < 20 and abs(pop["x"] - button["x"]) < 20
     page.get_by_role("button", name="Cancel").click()
     assert {r.status for r in Run.objects.filter(pk__in=[r.pk for r in runs])} == {"running"}, "asking changed nothing"
 
