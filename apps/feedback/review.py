@@ -6,7 +6,7 @@ comparison becomes a DPO pair. A rejected one never does. Flags act at once (the
 out of training). Nobody reviews their own judgement; judging again sends it back to review.
 A decision can be changed while what it let through is untrained."""
 from django.db import transaction
-from django.db.models import Count
+from django.db.models import Count, Q
 from django.utils import timezone
 
 from apps.accounts.roles import REVIEWER, has_role
@@ -30,12 +30,16 @@ def pending(run):
     return Feedback.objects.filter(experience__run=run, review=Review.PENDING)
 
 
-def waiting_runs() -> list[dict]:
-    """[{run id, name, waiting}] of the runs with judgements waiting for review, most first."""
+def waiting_runs(reviewer) -> list[dict]:
+    """[{run id, name, waiting, own}] of the runs with judgements waiting for review, those the
+    reviewer may take first, most first: `waiting` counts only others' judgements (nobody reviews
+    their own: a curator's list showed 4 waiting, all theirs, and Review led to nothing), `own`
+    the reviewer's, which wait for another reviewer."""
     rows = (Feedback.objects.filter(review=Review.PENDING).values("experience__run", "experience__run__name")
-            .annotate(waiting=Count("pk")).order_by("-waiting"))
-    return [{"run": row["experience__run"], "name": row["experience__run__name"], "waiting": row["waiting"]}
-            for row in rows if row["experience__run"] is not None]
+            .annotate(waiting=Count("pk", filter=~Q(user=reviewer)), own=Count("pk", filter=Q(user=reviewer))))
+    found = [{"run": row["experience__run"], "name": row["experience__run__name"], "waiting": row["waiting"],
+              "own": row["own"]} for row in rows if row["experience__run"] is not None]
+    return sorted(found, key=lambda row: (-row["waiting"], -row["own"], row["run"]))
 
 
 def next_for(run, reviewer) -> Feedback | None:

@@ -13,7 +13,7 @@ from .models import Feedback
 
 @role_required(REVIEWER)
 def review_start(request):
-    return render(request, "feedback/review_start.html", {"runs": review.waiting_runs()})
+    return render(request, "feedback/review_start.html", {"runs": review.waiting_runs(request.user)})
 
 
 @role_required(REVIEWER)

@@ -193,6 +193,11 @@ def test_the_review_pages_take_one_judgement_after_another(reviewed_run, make_ex
     client.force_login(reviewer)
     start = client.get(reverse("review-start")).content.decode()
     assert reviewed_run.name in start and reverse("review-next", args=[reviewed_run.pk]) in start
+    own = Client()
+    own.force_login(a)
+    a.groups.add(*reviewer.groups.all())  # a reviews too, but not their own edit: no Review button
+    mine = own.get(reverse("review-start")).content.decode()
+    assert "+ 1 yours, for another reviewer" in mine and reverse("review-next", args=[reviewed_run.pk]) not in mine
     page = client.get(reverse("review-next", args=[reviewed_run.pk]))
     text = page.content.decode()
     assert "a better answer" in text and "the sum was off by one" in text and item.response_text in text
