@@ -135,7 +135,10 @@ def agreement(run) -> dict:
 
 
 def export_jsonl(run):
-    """The run's feedback, one JSON object a line (streamed: a run's feedback can be large)."""
+    """The run's feedback, one JSON object a line (streamed: a run's feedback can be large). A
+    comparison also says it plainly: `a` and `b` (the responses as the annotator saw them) and, for
+    a decisive verdict, `chosen` and `rejected`; read alone, its stored `experience` (the preferred
+    one) and `other` next to "b_better" said the opposite of what the annotator meant."""
     rows = (
         Feedback.objects.filter(experience__run=run)
         .order_by("pk")
@@ -147,6 +150,11 @@ def export_jsonl(run):
     for row in rows.iterator(chunk_size=2000):
         record = dict(zip(names, row))
         record["created_at"], record["updated_at"] = record["created_at"].isoformat(), record["updated_at"].isoformat()
+        if record["kind"] == Feedback.Kind.PREFERENCE:
+            first, second = record["experience"], record["other"]  # services.compare: the preferred first
+            decisive = record["label"] in ("a_better", "b_better")
+            record["a"], record["b"] = (second, first) if record["label"] == "b_better" else (first, second)
+            record["chosen"], record["rejected"] = (first, second) if decisive else (None, None)
         yield json.dumps(record) + "\n"
 
 

@@ -48,5 +48,18 @@ def test_feedback_exports_as_jsonl(researcher_client, run, make_experience, anno
     }
 
 
+def test_a_comparison_exports_as_the_annotator_saw_it(researcher_client, run, make_experience, annotator,
+                                                      make_annotator):
+    a, b, c, d = (make_experience() for _ in range(4))  # two answers to each of two prompts
+    services.compare(a.pk, b.pk, annotator, "b_better")
+    services.compare(d.pk, c.pk, make_annotator("other"), "tie")
+    lines = b"".join(researcher_client.get(reverse("annotate-export", args=[run.pk]))).decode().splitlines()
+    shown = [{k: json.loads(line)[k] for k in ("label", "a", "b", "chosen", "rejected")} for line in lines]
+    assert shown == [
+        {"label": "b_better", "a": a.pk, "b": b.pk, "chosen": b.pk, "rejected": a.pk},
+        {"label": "tie", "a": d.pk, "b": c.pk, "chosen": None, "rejected": None},
+    ]
+
+
 def test_annotators_cannot_export(annotator_client, run):
     assert annotator_client.get(reverse("annotate-export", args=[run.pk])).status_code == 403
