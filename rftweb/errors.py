@@ -77,3 +77,16 @@ def page_not_found(request, exception):
 def server_error(request):
     """The exception is logged by Django before this is called; the client learns nothing of it."""
     return _api_error(500, "internal server error") if is_api(request) else defaults.server_error(request)
+
+
+class RefusalWithoutTraceback:
+    """A logging filter for django.request: a refusal (a 4xx response: PermissionDenied, Http404,
+    a bad request) keeps its one line, "Forbidden (Permission denied): /runs/", without the
+    traceback Django attaches. Refusals are the product working; a walkthrough's server log held
+    30 lines of traceback per refused page, and the real errors (5xx, with theirs) were lost in them."""
+
+    def filter(self, record) -> bool:
+        status = getattr(record, "status_code", None)  # django.utils.log.log_response's extra
+        if isinstance(status, int) and 400 <= status < 500:
+            record.exc_info = record.exc_text = None
+        return True

@@ -278,5 +278,9 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
     # Django's own config gives "django" a console handler too, and its records propagated to the
     # root's: every request line of the dev server was printed twice. One handler, the root's.
-    "loggers": {"django": {"handlers": [], "level": "INFO", "propagate": True}},
+    "filters": {"refusal_without_traceback": {"()": "rftweb.errors.RefusalWithoutTraceback"}},
+    "loggers": {
+        "django": {"handlers": [], "level": "INFO", "propagate": True},
+        "django.request": {"filters": ["refusal_without_traceback"]},
+    },
 }
