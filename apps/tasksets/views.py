@@ -22,7 +22,12 @@ def taskset_list(request):
 def taskset_detail(request, name):
     taskset = get_object_or_404(Taskset, name=name)
     page = Paginator(taskset.tasks.order_by("index"), 50).get_page(request.GET.get("page"))
-    return render(request, "tasksets/detail.html", {"taskset": taskset, "page": page})
+    # An upload that mapped no difficulty column holds 0 for every task: no column of 0.00 then.
+    # A built-in generator's tasks (no mapping) have their own.
+    mapping = taskset.field_mapping or {}
+    shows_difficulty = not mapping or bool(mapping.get("difficulty"))
+    return render(request, "tasksets/detail.html", {"taskset": taskset, "page": page,
+                                                     "shows_difficulty": shows_difficulty})
 
 
 @role_required(RESEARCHER)

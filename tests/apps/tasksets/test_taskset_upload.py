@@ -105,6 +105,7 @@ def test_researcher_uploads_jsonl_and_the_import_job_creates_the_taskset(
     assert 'data-job-result="open taskset uploaded"' in page and ">open taskset uploaded</a>" in page
     detail = researcher_client.get(reverse("taskset-detail", args=["uploaded"])).content.decode()
     assert "<code>q</code>" in detail and "<code>topic</code>, <code>source</code>" in detail
+    assert "<th>Difficulty</th>" not in detail  # none mapped: not a column of 0.00 (a walkthrough's finding)
 
 
 def test_a_bad_upload_fails_the_job_with_the_line_and_leaves_nothing(
@@ -317,3 +318,10 @@ def test_workflow_and_reward_fn_are_choices_from_the_registries(researcher_clien
     response = researcher_client.post(UPLOAD_URL, form_data(jsonl_upload(ROWS), default_reward_fn="vibes"))
     assert "Select a valid choice" in response.context["form"].errors["default_reward_fn"][0]
     assert not TasksetImport.objects.exists()
+
+
+def test_a_generated_tasksets_page_shows_its_difficulty(researcher_client):
+    taskset = Taskset.objects.create(name="generated", source="arithmetic:n=1")  # no field mapping
+    taskset.tasks.create(index=0, prompt="1 + 2", answer="3", difficulty=1.477)
+    detail = researcher_client.get(reverse("taskset-detail", args=["generated"])).content.decode()
+    assert "<th>Difficulty</th>" in detail and "<td>1.48</td>" in detail
