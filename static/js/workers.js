@@ -109,6 +109,21 @@
     document.querySelector("[data-workers-tasks]").replaceChildren(...rows);
   }
 
+  // The periodic tasks (task_log.housekeeping): each one's newest run and its count, apart from the
+  // list above, which they filled (the search index's round every 10 s).
+  function drawHousekeeping(tasks) {
+    const rows = (tasks || []).map((task) => {
+      const newest = task.newest;
+      const tr = el("tr", null, {"data-periodic": task.name});
+      tr.append(el("td", task.name), el("td", newest ? ago(newest.started_at) : "never"),
+        el("td", newest ? newest.worker || "—" : "—"), el("td", newest ? seconds(newest.runtime_s) : "", {class: "num"}),
+        el("td", newest ? newest.outcome : "", {class: "outcome " + (newest ? newest.outcome : "")}),
+        el("td", String(task.runs), {class: "num"}), el("td", String(task.failed), {class: "num" + (task.failed ? " bad" : "")}));
+      return tr;
+    });
+    document.querySelector("[data-workers-housekeeping]").replaceChildren(...rows);
+  }
+
   // Per queue, who gets the next free slot (apps/runs/turns.py: the duty that asked first).
   function drawWaiting(waiting) {
     const card = document.querySelector("[data-workers-waiting]");
@@ -161,6 +176,7 @@
     });
     drawWaiting(data.waiting);
     drawTasks(data.tasks);
+    drawHousekeeping(data.housekeeping);
     document.querySelector("[data-workers-summary]").textContent = data.embedded
       ? "embedded"
       : data.workers.length + " live · " + slotsByQueue(data.workers) + " · " + data.lost.length + " lost" +

@@ -353,8 +353,12 @@ class WorkersOut(Schema):
     waiting: dict[str, list[WaitingOut]] = Field(
         description="per queue, the duties waiting for a slot, the next to get one first (who asked first)")
     tasks: list[dict[str, Any]] = Field(
-        description="the newest tasks the workers ran (the last day's): task_id, name, args, worker, started_at, "
-                    "runtime_s (null while it runs), outcome (running, success, failure, lost...), result")
+        description="the newest tasks the workers ran (the last day's) but the periodic ones: task_id, name, args, "
+                    "worker, started_at, runtime_s (null while it runs), outcome (running, success, failure, lost...), "
+                    "result")
+    housekeeping: list[dict[str, Any]] = Field(
+        description="each periodic task Celery beat sends (the watchdog, the search index...): name, runs and "
+                    "failed (in the last day), newest (its newest run as in tasks, or null)")
     queued: dict[str, int] | None = Field(
         description="per queue, the tasks waiting in the broker (Celery's queue length); null embedded or when "
                     "the broker does not answer")
@@ -370,6 +374,7 @@ def workers_json() -> dict:
         "waiting": {queue: [one.as_json() for one in duties] for queue, duties in turns.queues().items()},
         "queued": queue_lengths(ALL_QUEUES),
         "tasks": task_log.recent(),
+        "housekeeping": task_log.housekeeping(),
     }
 
 

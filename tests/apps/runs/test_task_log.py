@@ -24,6 +24,24 @@ def test_a_task_is_listed_running_then_with_its_runtime_outcome_and_result(db, r
     assert "Tasks" in researcher_client.get(reverse("worker-list")).content.decode()
 
 
+def test_the_periodic_tasks_are_summed_up_apart_and_leave_the_list_to_the_rest(db, researcher_client):
+    """A walkthrough: after 13 minutes, 34 of the list's 50 rows were the search index's round and
+    the watchdog's, and the runs' own tasks had scrolled away."""
+    task_log.started("duty", "workers.tasks.serve_duty", (7, "loop"))
+    for i in range(60):
+        task_log.started(f"index-{i}", "workers.tasks.index_search", None)
+        task_log.ended(f"index-{i}", "FAILURE" if i == 3 else "SUCCESS", 0)
+    TaskRun.objects.filter(task_id="index-59").update(started_at=timezone.now() + timedelta(seconds=1))
+    answer = researcher_client.get(reverse("api-workers")).json()
+    assert [t["task_id"] for t in answer["tasks"]] == ["duty"]
+    summed = {row["name"]: row for row in answer["housekeeping"]}
+    assert set(summed) == {"alerts", "watchdog", "buffer_retention", "index_search"}
+    assert (summed["index_search"]["runs"], summed["index_search"]["failed"]) == (60, 1)
+    assert summed["index_search"]["newest"]["task_id"] == "index-59"
+    assert (summed["watchdog"]["runs"], summed["watchdog"]["newest"]) == (0, None)
+    assert "data-workers-housekeeping" in researcher_client.get(reverse("worker-list")).content.decode()
+
+
 def test_the_list_keeps_a_day_and_at_most_kept_rows(db, monkeypatch):
     monkeypatch.setattr(task_log, "KEPT", 3)
     now = timezone.now()
