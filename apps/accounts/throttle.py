@@ -41,11 +41,29 @@ PREFIX = "login-throttle"
 
 def _counters(request, username: str) -> list[tuple[str, int]]:
     """(cache key, limit) of the client's address and of the account."""
-    account = hashlib.sha256(username.encode()).hexdigest()  # any text makes a safe key
     return [
         (f"{PREFIX}:address:{_address(request)}", settings.RFTWEB_LOGIN_FAILURES_PER_ADDRESS),
-        (f"{PREFIX}:account:{account}", settings.RFTWEB_LOGIN_FAILURES_PER_ACCOUNT),
+        (_account_key(username), settings.RFTWEB_LOGIN_FAILURES_PER_ACCOUNT),
     ]
+
+
+def _account_key(username: str) -> str:
+    return f"{PREFIX}:account:{hashlib.sha256(username.encode()).hexdigest()}"  # any text makes a safe key
+
+
+def account_lock(username: str) -> tuple[int, float | None]:
+    """(failed logins counted, when the account's lock ends or None) for the People page; an
+    address's lock is the address's, not the person's."""
+    key = _account_key(username)
+    found = cache.get_many([key, f"{key}:lock"])
+    return found.get(key) or 0, found.get(f"{key}:lock")
+
+
+def unlock_account(username: str) -> None:
+    """A curator lets the person log in again at once: the account's count and lock go (locked,
+    they waited out RFTWEB_LOGIN_LOCKOUT_SECONDS, the right password refused)."""
+    key = _account_key(username)
+    cache.delete_many([key, f"{key}:lock"])
 
 
 def _address(request) -> str:

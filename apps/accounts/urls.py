@@ -30,4 +30,5 @@ urlpatterns = [
     path("people/<int:pk>/", views_people.person_detail, name="person-detail"),
     path("people/<int:pk>/roles/", views_people.person_roles, name="person-roles"),
     path("people/<int:pk>/runs/", views_people.person_assign, name="person-assign"),
+    path("people/<int:pk>/unlock/", views_people.person_unlock, name="person-unlock"),
 ]

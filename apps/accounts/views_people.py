@@ -1,7 +1,10 @@
 """People (issue #44, item 5): a curator adds users, sets their roles, lets them log in or not, and
 assigns annotators to runs, from the app's own pages rather than the Django admin. Nobody is
 deleted here: their judgements and runs stay theirs."""
+from datetime import UTC, datetime
+
 from django import forms
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth import get_user_model, password_validation
 from django.core.exceptions import ValidationError
@@ -16,6 +19,7 @@ from apps.feedback import services as feedback
 from apps.feedback.models import RunAnnotators
 from apps.runs.models import Run
 
+from . import throttle
 from .roles import CURATOR, ROLES, role_required, roles_of
 from .services import PeopleError, create_user, set_active, set_roles
 
@@ -75,7 +79,10 @@ def person_detail(request, pk):
     person = get_object_or_404(get_user_model(), pk=pk)
     held = roles_of(person)
     assigned = RunAnnotators.objects.filter(users=person).select_related("run").order_by("-run__created_at")
+    failures, locked_until = throttle.account_lock(person.get_username())
     return render(request, "accounts/person.html", {
+        "failed_logins": failures, "locked_until": locked_until and datetime.fromtimestamp(locked_until, UTC),
+        "login_limit": settings.RFTWEB_LOGIN_FAILURES_PER_ACCOUNT,
         "person": person, "roles": [(role, role in held, ROLE_HELP[role]) for role in ROLES],
         "assigned": assigned, "runs": Run.objects.exclude(pk__in=[a.run_id for a in assigned])[:200],
         "judgements": person.feedback.count(),
@@ -95,6 +102,16 @@ def person_roles(request, pk):
     else:
         messages.success(request, f"Saved {person.username}: {', '.join(request.POST.getlist('roles')) or 'no role'}"
                                   f"{'' if person.is_active else ', cannot log in'}.")
+    return redirect("person-detail", pk=pk)
+
+
+@require_POST
+@role_required(CURATOR)
+def person_unlock(request, pk):
+    """Let a person locked out by failed logins (throttle.py) log in again now."""
+    person = get_object_or_404(get_user_model(), pk=pk)
+    throttle.unlock_account(person.get_username())
+    messages.success(request, f"{person.username} may log in again: their failed logins no longer count.")
     return redirect("person-detail", pk=pk)
 
 

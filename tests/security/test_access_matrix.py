@@ -76,6 +76,7 @@ MATRIX = {
         "LDDDA", method="post", kwargs=lambda o: {"pk": o.users["annotator"].pk}, data=lambda o: {"run": o.run.pk},
         changed=lambda o: RunAnnotators.objects.filter(run=o.run, users=o.users["annotator"]).exists(),
     ),
+    "person-unlock": Entry("LDDDA", method="post", kwargs=lambda o: {"pk": o.users["annotator"].pk}),
     # tasksets: researchers; an import job is its uploader's (and curators')
     "taskset-list": Entry("LDAAA"),
     "taskset-upload": Entry("LDAAA"),

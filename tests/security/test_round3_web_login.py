@@ -82,3 +82,19 @@ def test_the_admin_login_is_throttled_too(curator):
         assert not log_in("cur", "guess", url=admin_login)[1]
     page, logged_in = log_in("cur", PASSWORD, url=admin_login)
     assert LOCKED in page and not logged_in
+
+
+def test_a_curator_sees_a_locked_account_on_its_people_page_and_unlocks_it(researcher, curator):
+    """A walkthrough: a person locked out after 10 failed logins waited 15 minutes, the right
+    password refused, and the People page said nothing of it."""
+    for n in range(5):
+        log_in("res", f"guess-{n}", address=f"10.0.1.{n}")
+    assert LOCKED in log_in("res", PASSWORD, address="10.0.2.1")[0]
+    client = Client()
+    client.force_login(curator)
+    page = html.unescape(client.get(reverse("person-detail", args=[researcher.pk])).content.decode())
+    assert 'id="person-locked"' in page and "5 failed logins for this account" in page
+    unlocked = client.post(reverse("person-unlock", args=[researcher.pk]), follow=True).content.decode()
+    assert "res may log in again" in html.unescape(unlocked) and 'id="person-locked"' not in unlocked
+    page, logged_in = log_in("res", PASSWORD, address="10.0.2.1")
+    assert logged_in
