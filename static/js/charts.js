@@ -102,9 +102,11 @@ class Ema {
 
 class ChartBoard {
   // pinned: groups of chart ids ("role/key"); the first chart of each group that exists goes to
-  // the overview section, in group order, followed by OVERVIEW_CHARTS.
-  constructor(container, { smoothing = 0.6, logScale = false, pinned = [] } = {}) {
+  // the overview section, in group order, followed by OVERVIEW_CHARTS. legends: false where the
+  // page names the lines itself (compare: long run names in each chart's title row hid its title).
+  constructor(container, { smoothing = 0.6, logScale = false, pinned = [], legends = true } = {}) {
     this.container = container;
+    this.legends = legends;
     this.smoothing = smoothing;
     this.logScale = logScale;
     this.pinned = [...pinned, ...OVERVIEW_CHARTS];
@@ -408,7 +410,7 @@ class ChartBoard {
       const name = plotlyText(series.name);
       const mode = series.steps.length < 2 ? "markers" : look.markers ? "lines+markers" : "lines";
       const customdata = series.steps.slice();
-      traces.push({ x, y: series.values.slice(), customdata, hovertemplate, name, mode, showlegend: chart.series.size > 1,
+      traces.push({ x, y: series.values.slice(), customdata, hovertemplate, name, mode, showlegend: this.legends && chart.series.size > 1,
         marker: { color, size: 5 }, cliponaxis: false, line: { color, width: look.smooth ? 1 : 2 }, opacity: look.smooth ? 0.3 : 1 });
       traces.push({ x, y: series.smoothed.slice(), customdata, hovertemplate, name: name + " (smoothed)", mode: "lines",
         showlegend: false, line: { color, width: 2 }, visible: look.smooth });

@@ -4,7 +4,7 @@
 (async function () {
   const runs = JSON.parse(document.getElementById("compare-data").textContent);
   const overview = JSON.parse(document.getElementById("compare-overview").textContent);
-  const board = new ChartBoard(document.getElementById("charts"), { pinned: overview });
+  const board = new ChartBoard(document.getElementById("charts"), { pinned: overview, legends: false });
   bindChartControls(board, document.querySelector("[data-chart-controls]"));
   const label = (run) => run.name + " #" + run.id; // names may repeat; ids do not
 

@@ -78,6 +78,10 @@ def test_compare_shows_the_config_diff_and_summary_and_downloads_a_runs_metrics_
     expect(summary.locator("tr", has_text="Held-out, best (highest)")).to_be_visible()
     expect(summary.locator("tr", has_text="Tokens").locator("td").first).to_have_text(re.compile(r"^\d{1,3}(,\d{3})+$"))
     x_axis(page, "eval/exact_match", "explorer step")  # drawn (charts are drawn as they come into view)
+    # The page's legend names the runs; a legend in each chart's title row hid its title (walkthrough).
+    assert page.evaluate("""() => [...document.querySelectorAll('[data-chart]')].filter((el) => el.layout)
+        .every((el) => el.data.every((trace) => !trace.showlegend))""")
+    expect(page.locator("#compare-legend")).to_contain_text(f"lr high #{fast.pk}")
     page.screenshot(path=SHOTS / "compare-charts.png")
     page.evaluate("window.scrollTo(0, 0)")
     page.screenshot(path=SHOTS / "compare.png")
