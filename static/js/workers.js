@@ -121,6 +121,11 @@
         el("td", String(task.runs), {class: "num"}), el("td", String(task.failed), {class: "num" + (task.failed ? " bad" : "")}));
       return tr;
     });
+    if (!rows.length) {
+      rows.push(el("tr"));
+      rows[0].append(el("td", "None: the embedded server runs no Celery beat (set REDIS_URL for the full stack).",
+        {colspan: 7, class: "muted"}));
+    }
     document.querySelector("[data-workers-housekeeping]").replaceChildren(...rows);
   }
 

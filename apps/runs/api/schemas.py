@@ -358,7 +358,8 @@ class WorkersOut(Schema):
                     "result")
     housekeeping: list[dict[str, Any]] = Field(
         description="each periodic task Celery beat sends (the watchdog, the search index...): name, runs and "
-                    "failed (in the last day), newest (its newest run as in tasks, or null)")
+                    "failed (in the last day), newest (its newest run as in tasks, or null); none embedded, where "
+                    "no Celery beat runs")
     queued: dict[str, int] | None = Field(
         description="per queue, the tasks waiting in the broker (Celery's queue length); null embedded or when "
                     "the broker does not answer")
@@ -374,7 +375,7 @@ def workers_json() -> dict:
         "waiting": {queue: [one.as_json() for one in duties] for queue, duties in turns.queues().items()},
         "queued": queue_lengths(ALL_QUEUES),
         "tasks": task_log.recent(),
-        "housekeeping": task_log.housekeeping(),
+        "housekeeping": [] if settings.RFTWEB_EMBEDDED else task_log.housekeeping(),  # no beat runs there
     }
 
 

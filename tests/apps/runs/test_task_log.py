@@ -24,7 +24,7 @@ def test_a_task_is_listed_running_then_with_its_runtime_outcome_and_result(db, r
     assert "Tasks" in researcher_client.get(reverse("worker-list")).content.decode()
 
 
-def test_the_periodic_tasks_are_summed_up_apart_and_leave_the_list_to_the_rest(db, researcher_client):
+def test_the_periodic_tasks_are_summed_up_apart_and_leave_the_list_to_the_rest(db, researcher_client, settings):
     """A walkthrough: after 13 minutes, 34 of the list's 50 rows were the search index's round and
     the watchdog's, and the runs' own tasks had scrolled away."""
     task_log.started("duty", "workers.tasks.serve_duty", (7, "loop"))
@@ -32,6 +32,9 @@ def test_the_periodic_tasks_are_summed_up_apart_and_leave_the_list_to_the_rest(d
         task_log.started(f"index-{i}", "workers.tasks.index_search", None)
         task_log.ended(f"index-{i}", "FAILURE" if i == 3 else "SUCCESS", 0)
     TaskRun.objects.filter(task_id="index-59").update(started_at=timezone.now() + timedelta(seconds=1))
+    settings.RFTWEB_EMBEDDED = True  # no beat runs: nothing to sum up
+    assert researcher_client.get(reverse("api-workers")).json()["housekeeping"] == []
+    settings.RFTWEB_EMBEDDED = False
     answer = researcher_client.get(reverse("api-workers")).json()
     assert [t["task_id"] for t in answer["tasks"]] == ["duty"]
     summed = {row["name"]: row for row in answer["housekeeping"]}
