@@ -189,7 +189,11 @@ def test_a_launch_with_a_bad_value_shows_the_error_next_to_that_field_and_create
     expect(field).to_have_class(re.compile(r"\binvalid\b"))
     expect(field.locator(".errorlist")).to_have_text("must be >= 1, got 0")
     expect(page.locator(".field.invalid")).to_have_count(1)  # that field only
-    expect(page.locator(".error-box")).to_have_count(0)
+    # Listed by the Launch button too, linked to the field (no other problem box).
+    expect(page.locator(".error-box")).to_have_count(1)
+    expect(page.locator("#launch-problems li")).to_have_text("total_steps: must be >= 1, got 0")
+    page.locator("#launch-problems a").click()
+    expect(page.locator('[name="trainer.total_steps"]')).to_be_in_viewport()
     # What was typed is kept, to be corrected.
     expect(page.locator('[name="trainer.total_steps"]')).to_have_value("0")
     expect(page.get_by_label("Run name")).to_have_value("never launched")
