@@ -64,7 +64,7 @@ def test_two_explorers_share_each_step_and_store_what_one_explorer_would(celery_
     # a worker that imported torch first had rolled out all 4 steps alone (seen once in three CI runs).
     wait_for(lambda: Run.objects.get(pk=two.pk).status == "running", what="the run starting", every=0.05)
     services.pause_run(two)
-    wait_for(lambda: all("loaded the model" in state.detail or state.state == "running"
+    wait_for(lambda: all("loaded the model" in state.detail or state.state == "paused"  # started, held
                          for state in waits.duty_states(Run.objects.get(pk=two.pk)) if state.duty != "trainer"),
              what="both explorers loaded")
     services.resume_run(two)
