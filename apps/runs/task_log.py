@@ -72,13 +72,16 @@ def recent(limit: int = SHOWN) -> list[dict]:
 def housekeeping() -> list[dict]:
     """Each periodic task: its newest run (a row as `recent` shows it, or None) and its runs and
     failures in the rows kept, as Flower's and Celery beat's views sum them up."""
-    counts = dict.fromkeys(periodic_tasks(), (0, 0)) | {
-        row["name"]: (row["runs"], row["failed"]) for row in TaskRun.objects.filter(name__in=periodic_tasks())
+    names = periodic_tasks()
+    counts = dict.fromkeys(names, (0, 0)) | {
+        row["name"]: (row["runs"], row["failed"]) for row in TaskRun.objects.filter(name__in=names)
         .values("name").annotate(runs=Count("pk"), failed=Count("pk", filter=Q(outcome__in=FAILED)))}
-    newest = {name: TaskRun.objects.filter(name=name).first() for name in counts}
-    return [{"name": name.rpartition(".")[2], "runs": runs, "failed": failed,
-             "newest": _shown(newest[name]) if newest[name] else None}
-            for name, (runs, failed) in counts.items()]
+    shown = []
+    for name, (runs, failed) in counts.items():
+        newest = TaskRun.objects.filter(name=name).first()
+        shown.append({"name": name.rpartition(".")[2], "runs": runs, "failed": failed,
+                      "newest": _shown(newest) if newest else None})
+    return shown
 
 
 def _shown(t: TaskRun) -> dict:
