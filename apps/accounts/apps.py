@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.contrib.auth.signals import user_logged_out
 from django.db.models.signals import m2m_changed, post_delete, post_migrate, post_save
 
 from .roles import CURATOR, ROLES
@@ -43,6 +44,7 @@ class AccountsConfig(AppConfig):
         user_model = get_user_model()
         post_save.connect(revocation.user_saved, sender=user_model, dispatch_uid="rftweb-revoke-saved")
         post_delete.connect(revocation.user_deleted, sender=user_model, dispatch_uid="rftweb-revoke-deleted")
+        user_logged_out.connect(revocation.user_logged_out, dispatch_uid="rftweb-revoke-logged-out")
         m2m_changed.connect(
             revocation.groups_changed, sender=user_model.groups.through, dispatch_uid="rftweb-revoke-groups"
         )

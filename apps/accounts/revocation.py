@@ -2,9 +2,10 @@
 
 A page checks its session on every request, but a socket is authorised once, at its handshake. So
 every socket joins its user's group (`user_group`; apps.core.consumers.PingConsumer), and a change
-that can take access away sends `access.check` there once it commits: a password change (it ends
-the user's sessions), deactivation, deletion, a role (group) removed or staff status taken away
-(apps.accounts.apps connects these). A change of who may see one thing (a run's annotators) sends
+that can take access away sends `access.check` there once it commits: a logout, a password change
+(it ends the user's sessions), deactivation, deletion, a role (group) removed or staff status taken
+away (apps.accounts.apps connects these). A logout ends one session: the sockets of the user's
+other browsers check and stay open. A change of who may see one thing (a run's annotators) sends
 it to that thing's group. Each socket that hears it checks again, as at its handshake, with its
 session as it now is in the session store, and closes (4401, apps.core.consumers) if it may no
 longer watch.
@@ -57,6 +58,11 @@ def user_saved(sender, instance, created, update_fields, **kwargs):
 
 def user_deleted(sender, instance, **kwargs):
     recheck(user_group(instance.pk))
+
+
+def user_logged_out(sender, request, user, **kwargs):
+    if user is not None:  # None: the request was not logged in
+        recheck(user_group(user.pk))
 
 
 def groups_changed(sender, instance, action, reverse, pk_set, **kwargs):

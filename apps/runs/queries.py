@@ -176,8 +176,15 @@ class RolloutGroup:
 
 
 def group_keys(matching):
-    """The (explorer_step, group_id) of every group with a matching experience, newest step first."""
-    return matching.order_by("-explorer_step", "group_id").values_list("explorer_step", "group_id").distinct()
+    """The (explorer_step, group_id) of every group with a matching experience, newest step first.
+    Within a step, shorter ids first: ids are "<step>-<task id>", and as text 72-22 came before 72-3.
+    The length is a key after the step, so Postgres still sorts each step's groups incrementally on
+    the step index, as it did by id alone."""
+    return (
+        matching.order_by("-explorer_step", Length("group_id"), "group_id")
+        .values_list("explorer_step", "group_id")
+        .distinct()
+    )
 
 
 def rollout_groups(run: Run, keys, matching) -> list[RolloutGroup]:

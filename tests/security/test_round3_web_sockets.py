@@ -1,10 +1,10 @@
 """Issue #30, low findings 11 and 14 (websockets), through the real ASGI app and the Redis layer.
 
-11: a socket is closed (4401) when its user loses access, and hears nothing more: a password
-change (the browser that made it and any other), deactivation, a role removed, removal from a
-run's annotators. The page reconnects after 4401, and only a session that still may watch is let
-in again. 14: another user's job is refused as a missing one is (the frame limit under daphne is
-in test_round3_web_server.py)."""
+11: a socket is closed (4401) when its user loses access, and hears nothing more: a logout (that
+browser's sockets alone), a password change (the browser that made it and any other),
+deactivation, a role removed, removal from a run's annotators. The page reconnects after 4401,
+and only a session that still may watch is let in again. 14: another user's job is refused as a
+missing one is (the frame limit under daphne is in test_round3_web_server.py)."""
 import pytest
 from asgiref.sync import async_to_sync
 from channels.db import database_sync_to_async
@@ -78,6 +78,25 @@ def test_run_sockets_opened_before_a_password_change_are_closed_after_it(researc
         return closed, connected
 
     assert async_to_sync(scenario)() == ([True, True], True)
+
+
+def test_a_logout_closes_that_browsers_sockets_and_no_others(researcher, run):
+    """A socket outlived its session's logout and went on hearing the run (a review found it)."""
+    leaving, staying = logged_in(researcher), logged_in(researcher)
+    left_ws, stayed_ws = socket(leaving, f"/ws/runs/{run.pk}/"), socket(staying, f"/ws/runs/{run.pk}/")
+
+    def log_out():
+        assert leaving.post(reverse("logout")).status_code == 302
+
+    async def scenario():
+        assert (await left_ws.connect())[0] and (await stayed_ws.connect())[0]
+        await database_sync_to_async(log_out)()
+        silent = await closed_and_silent_after(left_ws, lambda: run_services.set_progress(run, explorer_step=5))
+        heard = await stayed_ws.receive_json_from(timeout=5)
+        await stayed_ws.disconnect()
+        return silent, heard["type"]
+
+    assert async_to_sync(scenario)() == (True, "updates")
 
 
 def deactivate(user):

@@ -428,6 +428,16 @@ def test_rollouts_paginate_by_group(researcher_client, make_run):
     assert [g.explorer_step for g in last["groups"]] == list(range(4, -1, -1))
 
 
+def test_rollout_groups_of_a_step_go_in_task_order(researcher_client, make_run):
+    """Group ids are "<step>-<task id>": as text, 72-22 came before 72-3. Shorter ids go first, so a
+    step's groups read in the order of their tasks."""
+    run = make_run()
+    Experience.objects.bulk_create(
+        Experience(run=run, explorer_step=72, group_id=f"72-{task}", rollout_index=0) for task in (22, 3, 100, 4)
+    )
+    assert [g.group_id for g in browse(researcher_client, run)["groups"]] == ["72-3", "72-4", "72-22", "72-100"]
+
+
 def test_bad_rollout_filters_are_shown_not_applied(researcher_client, rollouts):
     context = browse(researcher_client, rollouts, min_reward="lots")
     assert "min_reward" in context["filters"].errors and context["matching_count"] == 17
