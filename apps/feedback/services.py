@@ -20,6 +20,7 @@ from apps.accounts.roles import ANNOTATOR, CURATOR, has_role
 from apps.buffer.models import Experience
 from workers.rft import sampling
 from workers.rft.config import RunConfig
+from workers.rft.json_values import text_problem
 
 from . import live
 from .models import AnnotationLock, Feedback, RunAnnotators
@@ -230,8 +231,8 @@ def _judgement_done(experience: Experience, user) -> None:
 
 def checked_comment(comment: str) -> str:
     """The annotator's comment, if it can be stored as typed."""
-    if "\x00" in comment:
-        raise FeedbackError("the comment holds a NUL character (\\x00), which cannot be stored: remove it")
+    if problem := text_problem(comment):
+        raise FeedbackError(f"the comment {problem}, which cannot be stored: remove it")
     if len(comment) > MAX_COMMENT_CHARS:
         raise FeedbackError(f"the comment is {len(comment)} characters long; at most {MAX_COMMENT_CHARS} are allowed")
     return comment
@@ -327,8 +328,8 @@ def edit(
     if not text.strip():
         raise FeedbackError("the edited response is empty: write the corrected response, or skip the item")
     # A person typing a NUL made a mistake (the model's output has NULs replaced, buffer.store).
-    if "\x00" in text:
-        raise FeedbackError("the edited response holds a NUL character (\\x00), which cannot be stored: remove it")
+    if problem := text_problem(text):
+        raise FeedbackError(f"the edited response {problem}, which cannot be stored: remove it")
     if len(text) > MAX_EDIT_CHARS:
         raise FeedbackError(f"the edited response is {len(text)} characters long; at most {MAX_EDIT_CHARS} are allowed")
     if text == experience.response_text:

@@ -148,7 +148,7 @@ def _seconds_spent(request) -> float:
 JUDGEMENTS = {
     "rate": lambda data, user, pk, **kw: services.rate(pk, user, data.get("point", ""), **kw),
     "edit": lambda data, user, pk, **kw: services.edit(
-        pk, user, data.get("text", ""), confirmed=bool(data.get("confirm")), **kw
+        pk, user, data.get("text", ""), confirmed=_yes(data.get("confirm", False)), **kw
     ),
     "compare": lambda data, user, pk, **kw: services.compare(
         pk, _int(data.get("other")), user, data.get("verdict", ""), **kw
@@ -158,6 +158,17 @@ JUDGEMENTS = {
 
 
 JUDGEMENT_NAMES = {"rate": "rating", "edit": "edit", "compare": "comparison", "flag": "flag"}
+
+
+YES, NO = (True, "1", "true", "on"), (False, "", "0", "false", "off")
+
+
+def _yes(value) -> bool:
+    """A yes/no field: the form's checkbox ("1") or the JSON API's true/false. Any other value is
+    refused: "false" counted as yes while any non-empty string did."""
+    if value in YES or value in NO:
+        return value in YES
+    raise FeedbackError(f"'confirm' must be true or false, not {value!r}")
 
 
 def _int(value) -> int:

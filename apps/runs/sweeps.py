@@ -95,6 +95,17 @@ def parse_space(text: str) -> list[Axis]:
     return axes_of(axes)
 
 
+def _finite_number(value) -> bool:
+    """A number a range can be drawn from: a float's range (isfinite raised OverflowError on an int
+    of 400 digits, a 500)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
 def axes_of(space) -> list[Axis]:
     """The space as the API takes it ([{"key", "values"} or {"key", "low", "high", "scale"}]),
     checked: known shape, bounded sizes, one axis per key, ranges of numbers with low < high."""
@@ -124,7 +135,7 @@ def axes_of(space) -> list[Axis]:
                 axes.append(Axis(key, tuple(values)))
             continue
         low, high, scale = item.get("low"), item.get("high"), item.get("scale", "linear")
-        numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in (low, high))
+        numbers = all(_finite_number(v) for v in (low, high))
         if not numbers or not low < high:
             issues.append(ConfigIssue(key, "a range needs two numbers, low < high: `0.001 .. 0.1`"))
         elif scale not in ("linear", "log"):

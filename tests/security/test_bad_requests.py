@@ -55,6 +55,19 @@ API_CASES = {
         "post", runs_url, json.dumps({"name": "n" * 201, "config": {}}).encode(), 400,
         "name is 201 characters long; at most 200",
     ),
+    # false, 0 and [] read as left out: a run of "api run" with every default (a review found it)
+    **{f"name-{label}": ("post", runs_url, json.dumps({"name": value, "config": {}}).encode(), 400, problem)
+       for label, value, problem in [("false", False, "name must be a string"), ("zero", 0, "name must be a string"),
+                                     ("list", [], "name must be a string"), ("spaces", "   ", "name is empty")]},
+    **{f"config-{label}": ("post", runs_url, json.dumps({"config": value}).encode(), 400, problem)
+       for label, value, problem in [("false", False, "expected a mapping"), ("zero", 0, "expected a mapping"),
+                                     ("empty-list", [], "expected a mapping"),
+                                     ("empty-text", " ", "YAML text is empty")]},
+    "sweep-range-past-a-float": (  # math.isfinite raised OverflowError: a 500
+        "post", lambda run: reverse("api-sweeps"),
+        json.dumps({"name": "s", "config": {"buffer": {"taskset": "arithmetic"}}, "method": "random", "count": 2,
+                    "space": [{"key": "seed", "low": 0, "high": 10**400}]}).encode(), 400, "a range needs two numbers",
+    ),
     "config-string-with-nul": (
         "post", runs_url,
         json.dumps({"config": {"explorer": {"system_prompt": "hi\x00"}, "buffer": {"taskset": "t"}}}).encode(),

@@ -30,8 +30,10 @@ def json_body(request) -> dict:
 def name_of(body: dict, default: str) -> str:
     """`name`, at most MAX_NAME characters (the launch form's limit: a longer one was cut without a
     word); JSON can carry "\\u0000" or "\\ud800", which Postgres cannot store."""
-    name = body.get("name") or default
+    name = default if body.get("name") is None else body["name"]
     problem = "must be a string" if not isinstance(name, str) else text_problem(name)
+    if not problem and not name.strip():
+        problem = "is empty: leave it out for the default, or name the run"
     if not problem and len(name) > MAX_NAME:
         problem = f"is {len(name):,} characters long; at most {MAX_NAME}"
     if problem:
@@ -40,8 +42,11 @@ def name_of(body: dict, default: str) -> str:
 
 
 def config_of(body: dict) -> dict:
-    """`config`: a mapping, or YAML text (ConfigError when it is neither)."""
-    config = body.get("config") or {}
+    """`config`: a mapping, or YAML text (ConfigError when it is neither). Left out, the defaults;
+    `false`, `0` or `[]` are refused, not read as left out."""
+    config = {} if body.get("config") is None else body["config"]
+    if isinstance(config, str) and not config.strip():
+        raise ConfigError([ConfigIssue("<config>", "the YAML text is empty: leave config out for the defaults")])
     if isinstance(config, str):
         config = parse_config_text(config)
     if not isinstance(config, dict):

@@ -59,6 +59,30 @@ def test_a_contradicting_edit_answers_409_with_the_question_then_saves_when_conf
     assert Experience.objects.get(parent=page[2]).response_text == "It is 7."
 
 
+@pytest.mark.parametrize("confirm", ["no", 2, "yes please"])
+def test_confirm_is_true_or_false_not_any_value(annotator_client, page, confirm):
+    """The JSON "confirm": "false" saved a contradicting edit without the question (any non-empty
+    string was yes). Now "false" is no, and a value that is neither is refused."""
+    url = judge_url(page[2].pk, "edit")
+    response = post(annotator_client, url, {"text": "It is 7.", "confirm": confirm})
+    assert response.status_code == 400 and "'confirm' must be true or false" in response.json()["error"]
+    for no in (False, "false", "0", ""):
+        assert post(annotator_client, url, {"text": "It is 7.", "confirm": no}).status_code == 409
+    assert not Feedback.objects.exists()
+
+
+@pytest.mark.parametrize("action, body, error", [
+    ("rate", {"point": "3", "comment": "\ud800"}, "the comment must not contain a lone surrogate (\\ud800)"),
+    ("flag", {"reason": "wrong", "comment": "x\udfff"}, "the comment must not contain a lone surrogate"),
+    ("edit", {"text": "ok \udfff", "confirm": True}, "the edited response must not contain a lone surrogate"),
+])
+def test_a_lone_surrogate_in_what_was_typed_is_a_400_naming_the_field(annotator_client, page, action, body, error):
+    """A surrogate in JSON ("\\ud800") reached the database, whose UTF-8 refused it: a 500."""
+    response = post(annotator_client, judge_url(page[2].pk, action), body)
+    assert response.status_code == 400 and error in response.json()["error"], response.content
+    assert not Feedback.objects.exists() and not Experience.objects.filter(parent=page[2]).exists()
+
+
 def test_skip_and_postpone_go_through_the_same_endpoint(annotator_client, annotator, page):
     assert post(annotator_client, judge_url(page[2].pk, "skip"), {}).status_code == 200
     assert post(annotator_client, judge_url(page[1].pk, "postpone"), {}).status_code == 200
