@@ -408,10 +408,17 @@ class RunConfig(Section):
         issues += combination_issues(config or cls(), bad)
         if issues:
             raise ConfigError(issues)
-        algo = config.algorithm
-        if algo.loss_agg_mode == "seq-mean-token-sum-norm" and algo.loss_scale_factor is None:
-            algo.loss_scale_factor = config.explorer.max_new_tokens
         return config
+
+    def trained_algorithm(self) -> AlgorithmConfig:
+        """The algorithm as the trainer applies it: Dr. GRPO's scale, left empty, is
+        explorer.max_new_tokens. Filled here, not in the stored config: a run launched again from a
+        stored config kept a scale its user never set, refused with another loss_agg_mode, and stayed
+        at the old max_new_tokens when that changed."""
+        algo = self.algorithm
+        if algo.loss_agg_mode == "seq-mean-token-sum-norm" and algo.loss_scale_factor is None:
+            return algo.model_copy(update={"loss_scale_factor": self.explorer.max_new_tokens})
+        return algo
 
     def to_dict(self) -> dict:
         return self.model_dump()

@@ -79,7 +79,7 @@ class Trainer:
         self.config = config
         self.spec = resolve(config)
         self.loss_fn = POLICY_LOSSES.get(self.spec.policy_loss)
-        self.algo = config.algorithm
+        self.algo = config.trained_algorithm()
         self.policy = policy.train()
         self.tokenizer = tokenizer
         self.buffer = buffer

@@ -96,6 +96,20 @@ def test_resolved_defaults():
     assert config.train_batch_size == 12  # 3 tasks · 4 rollouts
 
 
+def test_a_stored_dr_grpo_config_launches_again_with_its_keys_changed():
+    """Launching again starts from the stored config. The scale Dr. GRPO fills in was stored with it:
+    changing loss_agg_mode was then refused over a key the user never set, and a new max_new_tokens
+    kept the old scale."""
+    stored = RunConfig.from_dict(
+        {"algorithm": {"loss_agg_mode": "seq-mean-token-sum-norm"}, "explorer": {"max_new_tokens": 32}}
+    ).to_dict()
+    assert stored["algorithm"]["loss_scale_factor"] is None
+    longer = RunConfig.from_dict({**stored, "explorer": {**stored["explorer"], "max_new_tokens": 256}})
+    assert longer.trained_algorithm().loss_scale_factor == 256
+    other = RunConfig.from_dict({**stored, "algorithm": {**stored["algorithm"], "loss_agg_mode": "token-mean"}})
+    assert other.trained_algorithm().loss_scale_factor is None
+
+
 def test_ints_are_accepted_for_floats():
     config = RunConfig.from_dict({"trainer": {"lr": 1}})
     assert config.trainer.lr == 1.0 and isinstance(config.trainer.lr, float)

@@ -700,7 +700,9 @@ def loss_agg_mode(run, reference, mode):
     assert loss["seq-mean-token-sum"] > max(loss["token-mean"], loss["seq-mean-token-mean"])  # sums > means
     # Dr. GRPO's: the token sums divided by a constant, explorer.max_new_tokens unless loss_scale_factor says.
     norm = {"loss_agg_mode": "seq-mean-token-sum-norm"}
-    assert run(SFT, {"algorithm": norm}).config.algorithm.loss_scale_factor == BASE["explorer"]["max_new_tokens"] == 4
+    normed = run(SFT, {"algorithm": norm})
+    assert normed.config.trained_algorithm().loss_scale_factor == BASE["explorer"]["max_new_tokens"] == 4
+    assert normed.config.algorithm.loss_scale_factor is None  # the stored config keeps what its user set
     assert loss["seq-mean-token-sum-norm"] == pytest.approx(loss["seq-mean-token-sum"] / 4)
     if mode == "seq-mean-token-sum-norm":
         scaled = run(SFT, {"algorithm": {**norm, "loss_scale_factor": 10}}).trained["loss"]
