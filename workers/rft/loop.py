@@ -302,11 +302,20 @@ class Loop:
         """The explorer steps done before the next trainer step may start: the one it trains on
         (trainer step s + 1 trains on explorer step s, as in run_trainer) and, with
         buffer.max_staleness, the first step whose rollouts are fresh enough for it."""
+        return self._explorer_steps_before(self.trainer.step, self.sync.latest_version())
+
+    def explorer_steps_total(self) -> int:
+        """The explorer steps a split run rolls out: those its trainer's last step waits for (one
+        more than the steps with max_staleness 0 and offset 1)."""
+        total = self.config.trainer.total_steps
+        return max(total, self._explorer_steps_before(total - 1, (total - 1) // self.sync.interval))
+
+    def _explorer_steps_before(self, trainer_step: int, version: int) -> int:
         if not self.spec.uses_rollouts:
             return 0
-        needed = self.trainer.step + 1
+        needed = trainer_step + 1
         max_staleness = self.config.buffer.max_staleness
-        if max_staleness is not None and (oldest_usable := self.sync.latest_version() - max_staleness) > 0:
+        if max_staleness is not None and (oldest_usable := version - max_staleness) > 0:
             first_fresh_step = oldest_usable * self.sync.interval + self.sync.offset
             needed = max(needed, first_fresh_step + 1)
         return needed
@@ -338,7 +347,7 @@ class Loop:
             return "stopped"  # the explorer keeps nothing to save: its stored steps are where it resumes
 
     def _run_explorer(self, should_stop, wait, trained, evaluates_ends: bool) -> str:
-        total = self.config.trainer.total_steps
+        total = self.explorer_steps_total()
         ends = evaluates_ends and self.config.explorer.eval_interval > 0
         if ends and self.explorer.step == 0:
             while self.sync.latest_version() < 0:  # nccl: the trainer's weights, sent once all explorers joined
@@ -351,7 +360,7 @@ class Loop:
             self.evaluate()
         final = self.final_version() if ends else None
         while not should_stop():
-            if self.explorer.step >= total:  # trainer step s + 1 trains on explorer step s
+            if self.explorer.step >= total:  # the trainer's last step trains on what is rolled out
                 if final is not None and trained() and self.sync.latest_version() >= final:
                     self.sync.pull(self.explorer.engine, final)
                     self.evaluate()
@@ -374,7 +383,9 @@ class Loop:
 
     def run_trainer(self, should_stop, explored_steps, wait) -> str:
         """The trainer alone, its explorer in another process: trainer step s + 1 waits until
-        explorer step s is done (`explored_steps()` counts them), as in the single-process loop."""
+        explorer step s is done (`explored_steps()` counts them) and, with buffer.max_staleness,
+        until rollouts fresh enough for it are, as in the single-process loop (explorer_steps_needed;
+        waiting for step s alone, a quick trainer skipped every step after the first at staleness 0)."""
         total = self.config.trainer.total_steps
         while not self.sync.ready():  # nccl: the explorers join the weight group as their engines come up
             if should_stop():
@@ -383,8 +394,8 @@ class Loop:
         if self.sync.method == "nccl" and not self.sync.has_sent():  # the explorers start from the trainer's weights
             self.sync.publish(self.trainer.policy, self.trainer.step, self.trainer.full_state()["policy"])
         while self.trainer.step < total:
-            if self.spec.uses_rollouts and explored_steps() <= self.trainer.step:
-                self.activity.doing(TRAINER, f"waiting for explorer step {self.trainer.step + 1}")
+            if explored_steps() < (needed := self.explorer_steps_needed()):
+                self.activity.doing(TRAINER, f"waiting for explorer step {needed}")
                 self.sync.check()  # an explorer that died meanwhile breaks the weight group: say so now
                 if should_stop():
                     self.save_for_resume()

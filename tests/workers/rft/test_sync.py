@@ -162,6 +162,34 @@ def test_each_step_says_what_its_sync_cost_and_how_long_each_side_waited(tmp_pat
     assert all(0 < point["idle_share"] < 1 for point in trainer[1:] + explorer[1:])
 
 
+def test_a_split_trainer_waits_for_rollouts_as_fresh_as_max_staleness_asks(tmp_path):
+    """The trainer in a loop of its own (checkpoint sync) and a slower explorer: with
+    buffer.max_staleness 0 each trainer step waits for rollouts of the newest version, as the single
+    loop does. It waited only for the step before, so steps 2-4 found nothing fresh and were skipped."""
+    import threading
+    import time
+
+    config = small_config(synchronizer={"method": "checkpoint", "offset": 1}, buffer={"max_staleness": 0})
+    stores = memory_stores(config)
+    trainer = Loop(config, stores, tmp_path, components=("trainer",))
+    explorer = Loop(config, stores, tmp_path, components=("explorer",))
+    finished = threading.Event()
+
+    def explore_slowly():
+        explorer.run_explorer(finished.is_set, wait=lambda: time.sleep(0.2))
+
+    threads = [threading.Thread(target=explore_slowly), threading.Thread(target=lambda: trainer.run_trainer(
+        lambda: False, explored_steps=lambda: explorer.explorer.step, wait=lambda: time.sleep(0.01)))]
+    for thread in threads:
+        thread.start()
+    threads[1].join(timeout=300)
+    finished.set()
+    threads[0].join(timeout=60)
+    steps = [stores.metrics.points[("trainer", step)] for step in range(1, 5)]
+    assert [point.get("skipped", 0) for point in steps] == [0, 0, 0, 0]
+    assert all(point["staleness_max"] <= 0 for point in steps)
+
+
 @pytest.mark.parametrize("evaluates_ends", [True, False])
 def test_a_split_runs_first_explorer_evaluates_the_start_and_the_final_version(evaluates_ends, tmp_path):
     """Trainer and explorer in loops of their own (checkpoint sync, as two workers hold them): the
