@@ -1,4 +1,5 @@
-"""Operations that create tasksets: import from a file, import jobs for uploads, generated tasksets."""
+"""Operations on tasksets: import from a file, import jobs for uploads, generated tasksets; which
+runs a deletion would break."""
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -9,9 +10,11 @@ from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.core.validators import validate_slug
 from django.db import IntegrityError, connection, transaction
+from django.db.models import Q
 
 from apps.core import jobs
 from apps.core.files import FileImportError, ReadProgress, detect_format
+from apps.runs.models import Run
 from workers.rft import datasets
 from workers.rft.memory import held_out_split
 from workers.rft.rewards import REWARD_FNS
@@ -23,6 +26,23 @@ from .models import Task, Taskset, TasksetImport
 IMPORT_BATCH_SIZE = 2_000
 DEFAULT_WORKFLOW = Taskset._meta.get_field("default_workflow").default
 DEFAULT_REWARD_FN = Taskset._meta.get_field("default_reward_fn").default
+
+
+TASKSET_KEYS = ("taskset", "eval_taskset", "expert_taskset")  # the buffer keys that name a taskset
+
+
+def runs_needing(tasksets) -> list[tuple[Run, str]]:
+    """(run, taskset name) for each run that names one of `tasksets` and may still read it: every
+    run but a completed one, since a stopped or failed run is resumed, reading its tasksets anew.
+    Deleting such a taskset failed a running run at its next step, and left a stopped one where
+    no one could resume it."""
+    names = {taskset.name for taskset in tasksets}
+    naming = Q()
+    for key in TASKSET_KEYS:
+        naming |= Q(**{f"config__buffer__{key}__in": names})
+    runs = Run.objects.filter(naming).exclude(status=Run.Status.COMPLETED).order_by("pk")
+    return [(run, next(name for key in TASKSET_KEYS if (name := (run.config.get("buffer") or {}).get(key)) in names))
+            for run in runs.only("pk", "name", "status", "config")]
 
 
 class ImportProgress(NamedTuple):

@@ -68,7 +68,14 @@ class Explorer:
     def select_tasks(self) -> list[Task]:
         """The batch: highest priority first, then least sampled, ties in a seeded shuffle that
         changes every epoch. Depends only on the stored tasks, so a replayed step picks the same."""
-        tasks = run_task_operators(self.task_ops, self.task_source.tasks(), self.ctx)
+        stored = self.task_source.tasks()
+        if not stored:
+            raise ValueError("the run's taskset (buffer.taskset) has no tasks: it was emptied or deleted")
+        tasks = run_task_operators(self.task_ops, stored, self.ctx)
+        if not tasks:
+            names = ", ".join(op for op, _, _ in self.task_ops)
+            raise ValueError(f"buffer.task_pipeline ({names}) left none of the taskset's {len(stored):,} tasks: "
+                             "loosen its filters")
 
         def order(task: Task):
             shuffle = zlib.crc32(f"{self.seed}:{task.times_sampled}:{task.id}".encode())

@@ -131,3 +131,26 @@ def test_taskset_specs_hold_out_an_eval_split():
     assert len(train) + len(held_out) == 100 and 10 <= len(held_out) <= 30
     assert not {t.prompt for t in train} & {t.prompt for t in held_out}
     assert [t.id for t in train] == list(range(len(train)))
+
+
+@pytest.mark.parametrize("tasks, pipeline, error", [
+    ([], [], "the run's taskset (buffer.taskset) has no tasks: it was emptied or deleted"),
+    (None, [{"name": "filter_difficulty", "min": 100}],
+     "buffer.task_pipeline (filter_difficulty) left none of the taskset's 200 tasks: loosen its filters"),
+])
+def test_an_explorer_with_no_task_to_draw_says_why(tmp_path, tasks, pipeline, error):
+    """A taskset deleted under a running run, or a task pipeline that filters every task out, failed
+    the run with "max() arg is an empty sequence" from the engine (a review found it)."""
+    import dataclasses
+
+    from workers.rft.loop import Loop, memory_stores
+
+    from .conftest import make_config
+
+    config = make_config(buffer={"taskset": "arithmetic:n=200,max_operand=9,ops=+", "task_pipeline": pipeline})
+    stores = memory_stores(config)
+    if tasks is not None:
+        stores = dataclasses.replace(stores, task_source=InMemoryTaskSource(tasks))
+    with Loop(config, stores, tmp_path) as loop, pytest.raises(ValueError) as raised:
+        loop.explore()
+    assert str(raised.value) == error

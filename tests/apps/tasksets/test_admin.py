@@ -1,0 +1,54 @@
+"""Deleting a taskset in the admin: refused while a run may still read it, and the confirmation
+counts tasks rather than listing each one (a review found both: a running run failed at its next
+step with "max() arg is an empty sequence", and a 90,000-task taskset's page took 20 s)."""
+import pytest
+from django.urls import reverse
+
+from apps.runs.models import Run
+from apps.tasksets.models import Task, Taskset
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def taskset(curator):
+    taskset = Taskset.objects.create(name="math", created_by=curator, task_count=3)
+    Task.objects.bulk_create(Task(taskset=taskset, index=i, prompt=f"q{i}", answer=str(i)) for i in range(3))
+    return taskset
+
+
+@pytest.fixture
+def curator_client(client, curator):
+    client.force_login(curator)
+    return client
+
+
+def run_on(owner, status, **buffer):
+    return Run.objects.create(name=f"r-{status}", owner=owner, status=status, config={"buffer": buffer})
+
+
+def delete_selected(client, taskset, confirm: bool):
+    data = {"action": "delete_selected", "_selected_action": [taskset.pk]}
+    return client.post(reverse("admin:tasksets_taskset_changelist"), {**data, **({"post": "yes"} if confirm else {})})
+
+
+@pytest.mark.parametrize("status", [Run.Status.RUNNING, Run.Status.PAUSED, Run.Status.STOPPED, Run.Status.FAILED,
+                                    Run.Status.QUEUED])
+@pytest.mark.parametrize("key", ["taskset", "eval_taskset", "expert_taskset"])
+def test_a_taskset_a_run_may_still_read_is_not_deleted(curator_client, curator, taskset, status, key):
+    run = run_on(curator, status, **{key: "math"})
+    page = delete_selected(curator_client, taskset, confirm=False).content.decode()
+    assert f"run {run.pk} &#x27;r-{status}&#x27; ({status}) reads taskset math" in page
+    delete_selected(curator_client, taskset, confirm=True)
+    assert Taskset.objects.filter(pk=taskset.pk).exists() and Task.objects.filter(taskset=taskset).count() == 3
+    single = curator_client.post(reverse("admin:tasksets_taskset_delete", args=[taskset.pk]), {"post": "yes"})
+    assert single.status_code == 200 and Taskset.objects.filter(pk=taskset.pk).exists()
+
+
+def test_a_taskset_only_completed_runs_named_is_deleted_with_a_count_of_its_tasks(curator_client, curator, taskset):
+    run_on(curator, Run.Status.COMPLETED, taskset="math")
+    run_on(curator, Run.Status.RUNNING, taskset="other")
+    page = delete_selected(curator_client, taskset, confirm=False).content.decode()
+    assert "Taskset math, with its 3 tasks" in page and "q0" not in page
+    assert delete_selected(curator_client, taskset, confirm=True).status_code == 302
+    assert not Taskset.objects.exists() and not Task.objects.exists()
