@@ -12,7 +12,7 @@ from apps.buffer.models import Experience
 from apps.buffer.retention import RetentionRefused, droppable, start_retention
 from apps.core.counts import EstimatedCountPaginator
 
-from . import notes, services
+from . import deletion, notes, services
 from .models import Checkpoint, MetricPoint, Run, Sweep
 
 RETENTION_KEEPS = (
@@ -94,6 +94,22 @@ class RunAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request):
         return False
+
+    # -- deletion (apps/runs/deletion.py): ended runs only, counted, in SQL chunks --
+
+    def has_delete_permission(self, request, obj=None):
+        return super().has_delete_permission(request, obj) and (obj is None or obj.status in Run.FINISHED)
+
+    def get_deleted_objects(self, objs, request):
+        runs = list(objs)
+        lines, counts = deletion.summary(runs)
+        return lines, counts, set(), deletion.refusals(runs)  # protected: the page refuses, naming them
+
+    def delete_queryset(self, request, queryset):
+        deletion.delete_runs(queryset)
+
+    def delete_model(self, request, obj):
+        deletion.delete_runs([obj])
 
     # -- buffer retention (apps/buffer/retention.py) --
 

@@ -1,0 +1,75 @@
+"""Deleting runs in the admin (apps/runs/deletion.py): an ended run goes with its rows and its
+directory, counted on the confirmation page; a run that has not ended, or whose human edits another
+run trains on, is refused and keeps everything. Django's own delete let a curator delete a running
+run (its worker failed at its next write) and listed every experience on the page."""
+import pytest
+from django.urls import reverse
+
+from apps.buffer.models import Experience
+from apps.feedback.models import Feedback
+from apps.runs.models import MetricPoint, Run
+from apps.runs.supervision import run_dir
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def curator_client(client, curator):
+    client.force_login(curator)
+    return client
+
+
+def make_run(owner, status, rows=3, **config):
+    run = Run.objects.create(name=f"r-{status}", owner=owner, status=status, config=config)
+    Experience.objects.bulk_create(Experience(run=run, explorer_step=0, rollout_index=i, response_text=f"a{i}")
+                                   for i in range(rows))
+    MetricPoint.objects.create(run=run, role="trainer", step=1, values={"loss": 1.0})
+    run_dir(run).mkdir(parents=True)
+    (run_dir(run) / "checkpoint.bin").write_bytes(b"weights")
+    return run
+
+
+def delete_selected(client, runs, confirm: bool):
+    data = {"action": "delete_selected", "_selected_action": [run.pk for run in runs]}
+    return client.post(reverse("admin:runs_run_changelist"), {**data, **({"post": "yes"} if confirm else {})})
+
+
+def kept(run) -> bool:
+    return (Run.objects.filter(pk=run.pk).exists() and Experience.objects.filter(run=run).count() == 3
+            and run_dir(run).exists())
+
+
+@pytest.mark.parametrize("status", [Run.Status.RUNNING, Run.Status.PAUSED, Run.Status.STOPPING, Run.Status.QUEUED])
+def test_a_run_that_has_not_ended_is_not_deleted(curator_client, curator, status):
+    run, ended = make_run(curator, status), make_run(curator, Run.Status.COMPLETED)
+    page = delete_selected(curator_client, [run, ended], confirm=False).content.decode()
+    assert f"run {run.pk} &#x27;r-{status}&#x27; is {status}: stop it first" in page
+    delete_selected(curator_client, [run, ended], confirm=True)
+    assert kept(run) and kept(ended)  # all or none
+    assert curator_client.get(reverse("admin:runs_run_delete", args=[run.pk])).status_code == 403
+
+
+def test_a_run_whose_human_edits_another_run_trains_on_is_not_deleted(curator_client, curator):
+    source = make_run(curator, Run.Status.STOPPED)
+    make_run(curator, Run.Status.RUNNING, feedback={"source_runs": [source.pk]})
+    page = delete_selected(curator_client, [source], confirm=False).content.decode()
+    assert f"trains on the human edits of run {source.pk} (feedback.source_runs)" in page
+    delete_selected(curator_client, [source], confirm=True)
+    assert kept(source)
+
+
+def test_an_ended_run_goes_with_its_rows_and_directory_and_the_page_counts_them(
+        curator_client, curator, annotator, django_capture_on_commit_callbacks):
+    run, other = make_run(curator, Run.Status.FAILED), make_run(curator, Run.Status.COMPLETED)
+    first, second = Experience.objects.filter(run=run)[:2]
+    Feedback.objects.create(experience=first, other=second, user=annotator, kind="comparison", value=1.0)
+    page = delete_selected(curator_client, [run], confirm=False).content.decode()
+    assert f"Run {run.pk} &#x27;r-failed&#x27; (failed): 3 experiences" in page and "a0" not in page
+    with django_capture_on_commit_callbacks(execute=True):  # the directory goes once the rows have
+        assert delete_selected(curator_client, [run], confirm=True).status_code == 302
+    assert not Run.objects.filter(pk=run.pk).exists() and not Experience.objects.filter(run_id=run.pk).exists()
+    assert not MetricPoint.objects.filter(run_id=run.pk).exists() and not Feedback.objects.exists()
+    assert not run_dir(run).exists() and kept(other)
+    with django_capture_on_commit_callbacks(execute=True):
+        single = curator_client.post(reverse("admin:runs_run_delete", args=[other.pk]), {"post": "yes"})
+    assert single.status_code == 302 and not Run.objects.exists() and not run_dir(other).exists()
