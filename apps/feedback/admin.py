@@ -31,6 +31,20 @@ class DpoPairFilter(admin.SimpleListFilter):
 
 @admin.register(Feedback)
 class FeedbackAdmin(admin.ModelAdmin):
+    """Judgements to look at and export. They change only through their services (annotating,
+    undo, review: apps/feedback), which keep what training reads in step: the experience's human
+    reward, a flag's rejection, an edit's row. The admin's plain delete or save left a deleted
+    rating training and a changed one unread; a curator rejects a judgement in Review."""
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
     list_display = (
         "id",
         "experience_link",

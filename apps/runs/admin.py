@@ -181,12 +181,21 @@ class RunAdmin(admin.ModelAdmin):
 
 @admin.register(MetricPoint)
 class MetricPointAdmin(admin.ModelAdmin):
+    """What the run's workers logged, to look at: a point added or changed here would be a figure
+    no worker measured."""
+
     list_display = ("run", "role", "step", "time")
     list_filter = ("role", "run")
     list_select_related = ("run",)
     paginator = EstimatedCountPaginator
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
 
 
 @admin.register(Checkpoint)
