@@ -21,6 +21,7 @@ from apps.core import jobs
 from apps.core.files import FileImportError
 from apps.feedback import history as feedback_history
 from apps.feedback.models import Feedback
+from apps.runs.models import Run
 
 from . import exporters, importers
 from .models import BufferJob, Experience
@@ -312,7 +313,7 @@ def _run_import(job: BufferJob, progress) -> dict:
 def delete_jobs(queryset) -> int:
     """Delete finished jobs with their files (uploads not yet imported, export files), but never
     a retention archive that holds rows the job deleted: it is their only copy (the run's
-    buffer_retirement names it; kept_archives lists them). Raises JobError, deleting nothing, if
+    buffer_retirement names it once the job is gone; kept_archives lists them). Raises JobError, deleting nothing, if
     one is pending or running (jobs.refuse_unfinished)."""
     doomed = list(queryset)
     jobs.refuse_unfinished(doomed)
@@ -320,6 +321,10 @@ def delete_jobs(queryset) -> int:
         for file in (job.upload, None if job.archive_holds_deleted_rows else job.output):
             if file:
                 file.delete(save=False)
+        if job.archive_holds_deleted_rows:  # the runs' pages linked to the job: they name the file now
+            for run in Run.objects.filter(buffer_retirement__job=job.pk):
+                run.buffer_retirement = {**run.buffer_retirement, "job": None, "archive": job.output.name}
+                run.save(update_fields=["buffer_retirement"])
     return BufferJob.objects.filter(pk__in=[job.pk for job in doomed]).delete()[0]
 
 

@@ -206,8 +206,9 @@ def buffer_retired(run: Run) -> str:
         kept = f"; their archive is {record['archive']}" if record.get("archive") else ", with no archive"
         return (f"buffer job {job} was {record.get('stopped', 'stopped')} after deleting {record['deleted']:,} of "
                 f"its rows{kept}; launch a new run from its config (Launch again)")
+    archive = f"; its archive is the file {record['archive']} under the data directory" if record.get("archive") else ""
     return (f"its buffer was {how} on {run.buffer_retired_at:%Y-%m-%d} by buffer retention"
-            f"{f' (buffer job {job})' if job else ''}; launch a new run from its config (Launch again)")
+            f"{f' (buffer job {job})' if job else ''}{archive}; launch a new run from its config (Launch again)")
 
 
 def describe_resume(run: Run, was: str) -> str:

@@ -395,16 +395,26 @@ def test_a_running_job_of_any_kind_is_refused_deletion_and_cancelled_with_nothin
 
 @pytest.mark.django_db(transaction=True)
 def test_deleting_a_finished_archive_job_keeps_its_archive(ended, curator_client, curator):
-    """The archive is the only copy of the rows the job deleted: deleting the job's record keeps it."""
+    """The archive is the only copy of the rows the job deleted: deleting the job's record keeps it.
+    The confirmation says so, and the run's page names the file where it linked to the job (it
+    linked to a job that no longer existed, the archive's only trace: a review found it)."""
     job = start(ended, user=curator)
     run_job("buffer.bufferjob", job.pk)
     job.refresh_from_db()
     assert job.status == "succeeded" and left(ended) == 0
     archive = Path(job.output.path)
+    asked = curator_client.get(reverse("admin:buffer_bufferjob_delete", args=[job.pk])).content.decode()
+    assert f"Not the retention archive {job.output.name}: it stays under the data dir" in asked
     page = messages_of(curator_client, delete_single(curator_client, job))
     assert not BufferJob.objects.filter(pk=job.pk).exists()
     assert archive.exists() and len(exporters.read_ids(archive)) == ROWS
     assert f"Kept the retention archive {job.output.name}" in page
+    ended.refresh_from_db()
+    assert ended.buffer_retirement == {"action": "archive", "job": None, "archive": job.output.name}
+    curator_client.force_login(ended.owner)
+    run_page = curator_client.get(reverse("run-detail", args=[ended.pk])).content.decode()
+    assert f"its archive is the file {job.output.name} under the data directory" in run_page
+    assert reverse("admin:buffer_bufferjob_change", args=[job.pk]) not in run_page
     archive.unlink()
 
 

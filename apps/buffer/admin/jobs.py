@@ -48,6 +48,15 @@ class BufferJobAdmin(JobAdminMixin, admin.ModelAdmin):
     def has_change_permission(self, request, obj=None):
         return False  # a job is a record: it is looked at, cancelled while it runs, or deleted once finished
 
+    def get_deleted_objects(self, objs, request):
+        """Django's list, and a line for each retention archive that stays (its job deleted the rows
+        it holds): the page said nothing of it before the delete."""
+        deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
+        deleted += [f"Not the retention archive {name}: it stays under the data dir, the only copy of the rows its "
+                    "job deleted, and the runs' pages name the file instead of the job"
+                    for name in services.kept_archives(objs)]
+        return deleted, counts, perms_needed, protected
+
     def delete_queryset(self, request, queryset):
         kept = services.kept_archives(queryset)
         services.delete_jobs(queryset)
