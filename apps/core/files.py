@@ -19,6 +19,8 @@ import pyarrow
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from workers.rft.json_values import text_problem
+
 from .jobs import JobError
 
 FORMAT_BY_EXTENSION = {".jsonl": "jsonl", ".ndjson": "jsonl", ".csv": "csv", ".parquet": "parquet", ".pq": "parquet"}
@@ -95,6 +97,9 @@ def read_csv(path: Path, name: str, columns: list[str], max_line_bytes: int) -> 
                 continue  # a blank line
             if header is None:
                 header = values
+                twice = sorted({column for column in header if header.count(column) > 1})
+                if twice:  # dict(zip()) kept the last of them, without a word
+                    raise FileImportError(name, lines.number, f"the header names {quoted(twice)} more than once")
                 missing = [c for c in columns if c not in header]
                 if missing:
                     raise FileImportError(
@@ -319,16 +324,17 @@ def json_value(value):
     if isinstance(value, float):
         return value if math.isfinite(value) else str(value)
     if isinstance(value, dict):
-        return {str(k): json_value(v) for k, v in value.items()}
+        return {text(str(k), "a metadata key"): json_value(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [json_value(v) for v in value]
     return str(value)
 
 
 def text(value: str, what: str) -> str:
-    """`value`, or ValueError if the database cannot store it."""
-    if "\x00" in value:  # Postgres text and jsonb cannot hold it
-        raise ValueError(f"{what} contains a NUL character (\\x00), which the database cannot store")
+    """`value`, or ValueError if the database cannot store it: Postgres text and jsonb hold neither
+    a NUL nor a lone surrogate (SQLite took both, and the same file failed on Postgres with its SQL)."""
+    if problem := text_problem(value):
+        raise ValueError(f"{what} {problem}, which the database cannot store")
     return value
 
 

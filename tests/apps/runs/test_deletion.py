@@ -64,7 +64,7 @@ def test_an_ended_run_goes_with_its_rows_and_directory_and_the_page_counts_them(
     first, second = Experience.objects.filter(run=run)[:2]
     Feedback.objects.create(experience=first, other=second, user=annotator, kind="comparison", value=1.0)
     page = delete_selected(curator_client, [run], confirm=False).content.decode()
-    assert f"Run {run.pk} &#x27;r-failed&#x27; (failed): 3 experiences" in page and "a0" not in page
+    assert f"Run {run.pk} &#x27;r-failed&#x27; (failed): 3 experiences" in page and "experience " not in page
     with django_capture_on_commit_callbacks(execute=True):  # the directory goes once the rows have
         assert delete_selected(curator_client, [run], confirm=True).status_code == 302
     assert not Run.objects.filter(pk=run.pk).exists() and not Experience.objects.filter(run_id=run.pk).exists()

@@ -156,7 +156,20 @@ BAD_FILES = {
         lambda f: f.jsonl(after_good_rows({"question": "a\u0000b", "answer": "1"})),
         "tasks.jsonl",
         5,
-        "prompt 'question' contains a NUL character (\\x00)",
+        "prompt 'question' must not contain a NUL character (\\x00), which the database cannot store",
+    ),
+    # SQLite stored a lone surrogate; Postgres refused the file with its own SQL and no line (a review).
+    "lone surrogate": (
+        lambda f: f.jsonl(after_good_rows('{"question": "a\\ud800b", "answer": "1"}')),
+        "tasks.jsonl",
+        5,
+        "prompt 'question' must not contain a lone surrogate (\\ud800)",
+    ),
+    "CSV with a column twice": (  # the last one was kept without a word: the answer "WRONG"
+        lambda f: f.raw(b"question,answer,answer\r\nq,2,WRONG\r\n", "twice.csv"),
+        "twice.csv",
+        1,
+        "the header names 'answer' more than once",
     ),
     "empty file": (lambda f: f.raw(b"", "empty.jsonl"), "empty.jsonl", None, "the file has no rows"),
     "only blank lines": (lambda f: f.raw(b"\n  \n", "blank.jsonl"), "blank.jsonl", None, "the file has no rows"),
@@ -317,3 +330,11 @@ def test_unknown_default_workflow_or_reward_fn_is_refused_before_reading(files, 
     with pytest.raises(FileImportError, match=error):
         import_taskset(files.jsonl([good(0)]), name="defaults", mapping=mapping, **defaults)
     assert not Taskset.objects.filter(name="defaults").exists()
+
+
+def test_a_metadata_key_the_database_cannot_store_names_the_row(files):
+    """Only values were checked: a NUL in a key imported on SQLite and failed on Postgres with its SQL."""
+    path = files.jsonl([{**good(0), "m": {"a": 1}}, {**good(1), "m": {"a\u0000b": 1}}])
+    with pytest.raises(FileImportError, match=r"tasks.jsonl, line 2: .*a metadata key must not contain a NUL"):
+        import_taskset(path, name="bad", mapping=FieldMapping("question", "answer", metadata=["m"]))
+    assert Taskset.objects.count() == 0
