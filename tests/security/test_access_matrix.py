@@ -328,6 +328,9 @@ NOT_ADDED_BY_HAND = {
     ("buffer", "experience"), ("buffer", "bufferjob"), ("tasksets", "tasksetimport"),
     ("runs", "run"), ("runs", "checkpoint"),  # workers make them; an admin could plant a config or a path
     ("runs", "sweep"), ("alerts", "alert"),  # the launch form makes sweeps, events make alerts
+    # judgements come from annotating, metric points from workers: the feedback services keep
+    # training in step with judgements, and a metric point is a figure some worker measured
+    ("feedback", "feedback"), ("runs", "metricpoint"),
 }
 ADMIN_PAGES = sorted(
     (model._meta.app_label, model._meta.model_name, page)

@@ -313,6 +313,13 @@ class ExperienceAdmin(admin.ModelAdmin):
     def delete_model(self, request, obj):
         services.delete_experiences(Experience.objects.filter(pk=obj.pk))
 
+    def get_deleted_objects(self, objs, request):
+        """Django's list. The judgements on a row go with it (services.delete_experiences), though
+        the feedback admin deletes none itself (a plain delete there left training out of step)."""
+        deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
+        perms_needed.discard(Feedback._meta.verbose_name)
+        return deleted, counts, perms_needed, protected
+
     def save_model(self, request, obj, form, change):
         # Only the two curated fields, as updates: a trainer may be changing the row's use count meanwhile.
         selection = Experience.objects.filter(pk=obj.pk)

@@ -131,7 +131,14 @@ class BufferJobAdmin(JobAdminMixin, admin.ModelAdmin):
             raise PermissionDenied
         if not job.output:
             raise Http404("this job has no file")
-        return file_response(job.output.open("rb"), as_attachment=True, filename=services.export_filename(job))
+        name = services.export_filename(job)
+        # FileResponse guesses the type from the name, and Python's table knows neither .jsonl nor
+        # .parquet: it sent application/octet-stream, where the run's feedback download says jsonl.
+        content_type = FILE_TYPES.get(name.rsplit(".", 1)[-1])
+        return file_response(job.output.open("rb"), as_attachment=True, filename=name, content_type=content_type)
+
+
+FILE_TYPES = {"jsonl": "application/jsonl", "parquet": "application/vnd.apache.parquet"}
 
 
 def _value(value) -> str:

@@ -142,6 +142,7 @@ def test_export_is_one_action_whose_job_page_downloads_the_file(curator_client, 
     assert "data-job-download" not in curator_client.get(job_url).content.decode(), "only when asked"
     download = curator_client.get(download_url)
     assert download["Content-Disposition"] == f'attachment; filename="experiences-{job_id}.jsonl"'
+    assert download["Content-Type"] == "application/jsonl"  # it was application/octet-stream
     assert [json.loads(line)["id"] for line in b"".join(download).splitlines()] == selected
 
     curator_client.post(reverse("admin:buffer_bufferjob_delete", args=[job_id]), {"post": "yes"})
