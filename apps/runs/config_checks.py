@@ -51,9 +51,14 @@ def model_issues(config) -> tuple[list[tuple[str, str]], dict[str, str]]:
     reward_dirs = {key: directory for key, directory in directories.items() if not key.startswith("model.")}
     config.explorer.reward_fn = _with_models(config.explorer.reward_fn, reward_dirs, "explorer.reward_fn")
     lora = config.model.lora
-    hidden = _hidden_size(directories.get("model.path") or _builtin_dir(config.model.path))
+    policy_dir = directories.get("model.path") or _builtin_dir(config.model.path)
+    hidden = _hidden_size(policy_dir)
     if lora is not None and hidden is not None and lora.r > hidden:
         issues.append(("model.lora.r", f"must be at most the model's hidden size ({hidden}), got {lora.r}"))
+    # Not the built-ins: the tiny model's 512 positions (RoPE: longer runs, if into nonsense) would
+    # refuse a multi-turn run's default max_tokens, and only once the model had been built.
+    if "model.path" in directories:
+        issues += _context_issues(config, _model_config(policy_dir).get("max_position_embeddings"))
     resolved = {key: str(directory) for key, directory in directories.items() if key.startswith("model.")}
     return issues, resolved
 
@@ -102,6 +107,29 @@ def _builtin_dir(path: str) -> Path | None:
     from workers.rft.models import BUILTIN_MODELS
 
     return Path(settings.DATA_DIR).resolve() / "models" / path if path in BUILTIN_MODELS else None
+
+
+def _context_issues(config, positions) -> list[tuple[str, str]]:
+    """A rollout longer than the model's positions: vLLM refuses it when it starts, and a model
+    past its positions writes nonsense. Where its config.json says how many it has."""
+    from workers.rft.workflows import WORKFLOWS
+
+    explorer = config.explorer
+    if not isinstance(positions, int) or explorer.workflow not in WORKFLOWS:
+        return []
+    workflow = WORKFLOWS.get(explorer.workflow)
+    try:
+        context = workflow.context_tokens(config.model.max_prompt_tokens, explorer.max_new_tokens,
+                                          workflow.settings(explorer.workflow_args))
+    except ValueError:  # bad workflow_args: reported on their own keys
+        return []
+    if context <= positions:
+        return []
+    keys = "model.max_prompt_tokens + explorer.max_new_tokens"
+    if context > config.model.max_prompt_tokens + explorer.max_new_tokens:
+        keys = "explorer.workflow_args.max_tokens"
+    return [(keys.split(" + ")[-1], f"a rollout may hold {context:,} tokens ({keys}), past the model's "
+                                    f"{positions:,} positions (max_position_embeddings in its config.json)")]
 
 
 def _hidden_size(directory: Path | None) -> int | None:

@@ -276,6 +276,24 @@ def test_lora_rank_is_at_most_the_models_hidden_size(api, models_root):
     assert api(merged(GOOD, merged(lora, {"model": {"lora": {"r": 64}}}))).status_code == 201
 
 
+def test_a_rollout_longer_than_the_models_positions_is_refused(api, models_root):
+    """vLLM's context was min(positions, 2,048) whatever the config said: it cut answers short and
+    refused long prompts mid-run. The config is now checked against the model's positions."""
+    short = str(model_dir(models_root, "short", config={
+        "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "max_position_embeddings": 512,
+    }))
+    longer = {"model": {"path": short, "max_prompt_tokens": 400}, "explorer": {"max_new_tokens": 200}}
+    assert refusal(api(merged(GOOD, longer)))["explorer.max_new_tokens"] == (
+        "a rollout may hold 600 tokens (model.max_prompt_tokens + explorer.max_new_tokens), past the model's 512 "
+        "positions (max_position_embeddings in its config.json)")
+    frozenlake = {"env": "frozenlake", "max_tokens": 1024}
+    episodes = {"model": {"path": short}, "explorer": {"workflow": "multi_turn", "workflow_args": frozenlake}}
+    assert "a rollout may hold 1,024 tokens (explorer.workflow_args.max_tokens)" in refusal(
+        api(merged(GOOD, episodes)))["explorer.workflow_args.max_tokens"]
+    fits = {"model": {"path": short, "max_prompt_tokens": 256}, "explorer": {"max_new_tokens": 256}}
+    assert api(merged(GOOD, fits)).status_code == 201
+
+
 # ---- finding 10: NUL and lone surrogates: a 400 naming the key --------------------------------------
 
 UNSTORABLE = {

@@ -150,7 +150,13 @@ class Loop:
         engine = None
         if EXPLORER in components:
             rollout_model = load_policy(model.path, device, pick_dtype(device, model.dtype))
-            engine = build_engine(config.explorer.engine, rollout_model, tokenizer, seed=config.seed)
+            # vLLM's context was min(max_position_embeddings, 2,048) whatever the config asked:
+            # it cut longer answers short without a word and refused longer prompts mid-run.
+            workflow = WORKFLOWS.get(config.explorer.workflow)
+            context = workflow.context_tokens(model.max_prompt_tokens, config.explorer.max_new_tokens,
+                                              workflow.settings(config.explorer.workflow_args))
+            engine = build_engine(config.explorer.engine, rollout_model, tokenizer, seed=config.seed,
+                                  max_model_len=context)
         # A judge or reward model reads of a task what the policy does, of a response what it may write.
         limits = ReadLimits(prompt_tokens=model.max_prompt_tokens, response_tokens=config.explorer.max_new_tokens)
         self.workflow = WORKFLOWS.get(config.explorer.workflow)(

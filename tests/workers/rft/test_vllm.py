@@ -251,6 +251,7 @@ def test_a_run_with_explorer_engine_vllm(tiny_vllm, tmp_path, tokenizer):
     loop = Loop(config, stores, tmp_path)
     engine = loop.explorer.engine
     assert engine.name == "vllm" and engine.selection.startswith("vllm")
+    assert engine.max_model_len == 256 + 6  # model.max_prompt_tokens + explorer.max_new_tokens: the config's
     assert tiny_vllm.closed  # one engine per process: the new one closed the older
     assert loop.run() == "completed"
     assert [v for _, v in stores.metrics.series("explorer", "model_version")] == [0, 1, 2]
@@ -323,6 +324,16 @@ def test_smollm2_matches_transformers_before_and_after_a_trainer_step(tmp_path):
             weights_path=str(path), refresh_tied=False,
         )
     engine.close()
+
+
+def test_vllms_context_is_the_configs_and_past_the_models_positions_is_refused(tiny_path):
+    """It was min(max_position_embeddings, 2,048) whatever the config asked: 600 new tokens came
+    back as 502 with no error, and a 1,000-token prompt failed the run at its first step."""
+    from workers.rft.engines.vllm_engine import llm_options
+
+    assert llm_options(tiny_path, device=CPU, dtype=torch.float32, seed=0, max_model_len=300)["max_model_len"] == 300
+    with pytest.raises(ValueError, match="a rollout may hold 600 tokens .* past the 512 positions of the model"):
+        llm_options(tiny_path, device=CPU, dtype=torch.float32, seed=0, max_model_len=600)
 
 
 @pytest.mark.parametrize("short_by", [20, 3, -30])

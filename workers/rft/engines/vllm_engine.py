@@ -215,8 +215,14 @@ def llm_options(
     """The arguments of vLLM's `LLM` for an engine of this model (bench/rollout.py runs vLLM alone
     with the same)."""
     config = json.loads((Path(model_path) / "config.json").read_text())
+    positions = int(config.get("max_position_embeddings") or DEFAULT_MAX_MODEL_LEN)
     if max_model_len is None:
-        max_model_len = min(int(config.get("max_position_embeddings") or DEFAULT_MAX_MODEL_LEN), DEFAULT_MAX_MODEL_LEN)
+        max_model_len = min(positions, DEFAULT_MAX_MODEL_LEN)
+    elif max_model_len > positions:
+        raise ValueError(
+            f"a rollout may hold {max_model_len:,} tokens (model.max_prompt_tokens + explorer.max_new_tokens, or a "
+            f"multi-turn workflow's max_tokens), past the {positions:,} positions of the model: lower them"
+        )
     if enforce_eager is None:
         # On CPU, torch.compile of the model costs minutes on a small machine for little gain.
         enforce_eager = os.environ.get("RFTWEB_VLLM_EAGER", "1" if device.type == "cpu" else "0") == "1"
@@ -280,6 +286,7 @@ class VLLMEngine(RolloutEngine):
             self.model_path, device=self.device, dtype=dtype, seed=seed, max_model_len=max_model_len,
             gpu_memory_utilization=gpu_memory_utilization, enforce_eager=enforce_eager,
         )
+        self.max_model_len = options["max_model_len"]  # the longest prompt + answer it takes
 
         with _live_lock:
             for other in list(_live):

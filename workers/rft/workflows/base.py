@@ -57,6 +57,11 @@ class Workflow:
         return cls.Args.model_validate(args).model_dump()
 
     @classmethod
+    def context_tokens(cls, prompt_tokens: int, new_tokens: int, settings: dict) -> int:
+        """The most tokens a rollout's sequence holds: what the engine's context must take."""
+        return prompt_tokens + new_tokens
+
+    @classmethod
     def name(cls) -> str:
         return next((name for name in WORKFLOWS if WORKFLOWS.get(name) is cls), cls.__name__)
 

@@ -80,6 +80,11 @@ class MultiTurnWorkflow(Workflow):
 
     Args = MultiTurnArgs
 
+    @classmethod
+    def context_tokens(cls, prompt_tokens: int, new_tokens: int, settings: dict) -> int:
+        """An episode grows to max_tokens (its first turn, never checked, to prompt + answer)."""
+        return max(prompt_tokens + new_tokens, settings["max_tokens"])
+
     def __init__(self, engine, reward_fn, **options):
         super().__init__(engine, reward_fn, **options)
         self.stepwise = self.args["experience"] == "step"  # the explorer then broadcasts advantages
