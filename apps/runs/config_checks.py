@@ -55,6 +55,14 @@ def model_issues(config) -> tuple[list[tuple[str, str]], dict[str, str]]:
     hidden = _hidden_size(policy_dir)
     if lora is not None and hidden is not None and lora.r > hidden:
         issues.append(("model.lora.r", f"must be at most the model's hidden size ({hidden}), got {lora.r}"))
+    if lora is not None and isinstance(lora.target_modules, list) and (names := _linear_names(policy_dir)):
+        # peft matches a name or a dotted suffix; a typo validated, then failed the run in peft
+        missing = [target for target in lora.target_modules
+                   if not any(name == target or name.endswith("." + target) for name in names)]
+        if missing:
+            named, ends = ", ".join(map(repr, missing)), ", ".join(sorted({name.rsplit(".", 1)[-1] for name in names}))
+            issues.append(("model.lora.target_modules",
+                           f"no module of the model is named {named}: its linear layers are {ends}"))
     # Not the built-ins: the tiny model's 512 positions (RoPE: longer runs, if into nonsense) would
     # refuse a multi-turn run's default max_tokens, and only once the model had been built.
     if "model.path" in directories:
@@ -130,6 +138,22 @@ def _context_issues(config, positions) -> list[tuple[str, str]]:
         keys = "explorer.workflow_args.max_tokens"
     return [(keys.split(" + ")[-1], f"a rollout may hold {context:,} tokens ({keys}), past the model's "
                                     f"{positions:,} positions (max_position_embeddings in its config.json)")]
+
+
+def _linear_names(directory: Path | None) -> list[str]:
+    """The names of the model's linear layers, from its config.json alone (built on the meta device,
+    no weights read: ~0.1 s for the tiny model); [] where there is none to read."""
+    if not _model_config(directory):
+        return []
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(directory))
+    except Exception:  # noqa: BLE001 - an architecture transformers cannot build here: the run says so
+        return []
+    return [name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear)]
 
 
 def _hidden_size(directory: Path | None) -> int | None:

@@ -276,6 +276,20 @@ def test_lora_rank_is_at_most_the_models_hidden_size(api, models_root):
     assert api(merged(GOOD, merged(lora, {"model": {"lora": {"r": 64}}}))).status_code == 201
 
 
+def test_lora_targets_are_modules_of_the_model(api, models_root):
+    """A typo ('qproj') validated, then failed the run in peft with an error naming no config key."""
+    small = str(model_dir(models_root, "small-qwen", config={
+        "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": 64, "intermediate_size": 128,
+        "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 128,
+    }))
+    typo = {"model": {"path": small, "lora": {"target_modules": ["q_proj", "qproj"]}}}
+    assert refusal(api(merged(GOOD, typo)))["model.lora.target_modules"] == (
+        "no module of the model is named 'qproj': its linear layers are down_proj, gate_proj, k_proj, lm_head, "
+        "o_proj, q_proj, up_proj, v_proj")
+    suffixes = {"model": {"path": small, "lora": {"target_modules": ["self_attn.q_proj", "down_proj"]}}}
+    assert api(merged(GOOD, suffixes)).status_code == 201
+
+
 def test_a_rollout_longer_than_the_models_positions_is_refused(api, models_root):
     """vLLM's context was min(positions, 2,048) whatever the config said: it cut answers short and
     refused long prompts mid-run. The config is now checked against the model's positions."""

@@ -101,6 +101,15 @@ def combination_issues(c, bad: set) -> list[ConfigIssue]:
         ("mode", not spec.uses_rollouts and c.mode == "explore",
          f"'explore' only collects rollouts, and algorithm '{algo.name}' does not train on rollouts",
          ("algorithm.name",)),
+        ("mode", spec.uses_rollouts and c.mode == "train",
+         f"'train' rolls nothing out, and algorithm '{algo.name}' trains on rollouts: every step would be skipped "
+         "(use mode 'both', or an algorithm that trains on expert data or pairs: sft, dpo)", ("algorithm.name",)),
+        ("trainer.total_steps",
+         c.mode == "both" and c.explorer.eval_interval > 0 and c.trainer.total_steps % sync.interval != 0,
+         f"with explorer.eval_interval, a multiple of synchronizer.interval ({sync.interval}): explorers get the "
+         f"weights every {sync.interval} steps, so the final eval would score step "
+         f"{c.trainer.total_steps - c.trainer.total_steps % sync.interval}'s, not the last",
+         ("explorer.eval_interval", "synchronizer.interval", "mode")),
         ("algorithm.advantage_fn", algo.advantage_fn is not None and preset.advantage_fn is None,
          f"algorithm '{algo.name}' uses no advantages", ("algorithm.name",)),
         ("algorithm.policy_loss", algo.policy_loss is not None and not _loss_fits(algo.policy_loss, algo.name),

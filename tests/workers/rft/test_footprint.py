@@ -59,7 +59,8 @@ def test_what_a_process_holds_follows_the_mode_and_the_ranks():
     assert both.explorer is not None and both.trainer is not None and both.ranks == 1
     loop = both.process(explorer=True, trainer=True, on_gpu=False)
     assert loop.total == both.explorer.total + both.trainer.total
-    assert run_footprint(make_config(mode="train"), tiny, on_gpu=False).explorer is None
+    sft = make_config(mode="train", algorithm={"name": "sft"}, buffer={"expert_taskset": "arithmetic"})
+    assert run_footprint(sft, tiny, on_gpu=False).explorer is None
     ddp = run_footprint(make_config(trainer={"strategy": "ddp", "num_processes": 4}), tiny, on_gpu=False)
     # On CPU the machine holds all four ranks; on GPUs each its own, the first with the explorer.
     assert ddp.process(False, True, on_gpu=False).total == 4 * ddp.trainer.total

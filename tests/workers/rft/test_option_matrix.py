@@ -1041,7 +1041,14 @@ def test_each_accepted_value_does_what_it_names(run, sharp_reference, key, value
     ({"mode": "train", "algorithm": {"name": "dpo"}, "feedback": {"reward_mode": "override"}}, "feedback.reward_mode",
      ["algorithm 'dpo'"]),
     ({"mode": "explore", "algorithm": {"name": "sft"}}, "mode", ["algorithm 'sft'"]),
-    ({"mode": "train", "synchronizer": {"method": "nccl"}}, "synchronizer.method", ["mode 'train'", "no explorer"]),
+    ({"mode": "train", "algorithm": {"name": "dpo"}, "synchronizer": {"method": "nccl"}}, "synchronizer.method",
+     ["mode 'train'", "no explorer"]),
+    # a train run reads its own buffer and others' human edits: rollouts never come (every step skipped)
+    ({"mode": "train"}, "mode", ["'train' rolls nothing out", "algorithm 'grpo' trains on rollouts"]),
+    # explorers get v1 (step 2) of 3 steps: the final eval scored step 2's weights as the last
+    ({"explorer": {"eval_interval": 5}, "buffer": {"eval_taskset": "x"}, "synchronizer": {"interval": 2},
+      "trainer": {"total_steps": 3}}, "trainer.total_steps", ["a multiple of synchronizer.interval (2)",
+                                                              "would score step 2's, not the last"]),
     ({"synchronizer": {"timeout_s": 30}}, "synchronizer.timeout_s", ["synchronizer.method 'memory'"]),
     ({"synchronizer": {"method": "checkpoint", "verify_every": 1}}, "synchronizer.verify_every",
      ["synchronizer.method 'checkpoint'"]),
