@@ -239,7 +239,7 @@ class AlgorithmConfig(Section):
 
 class ExplorerConfig(Section):
     engine: Literal["auto", "vllm", "transformers"] = "auto"
-    """the rollout engine; auto: vLLM where it is installed"""
+    """the rollout engine; auto: vLLM on a GPU where it is installed and serves the model, else transformers"""
     # Each explorer is a duty the watchdog keeps sending until a worker takes it: 256 grew the
     # explore queue without end.
     engine_num: int = Field(1, ge=1, le=32)
@@ -382,7 +382,7 @@ class SynchronizerConfig(Section):
 
 class RunConfig(Section):
     mode: Literal[MODES] = "both"
-    """both: explore and train · explore: collect rollouts · train: on the buffer · bench: evaluate checkpoints"""
+    """both: explore and train · explore: collect rollouts · train: on the buffer · bench: score model.path"""
     seed: int = Field(0, ge=0, le=2**32 - 1)
     """seeds sampling and training"""
     model: ModelConfig = Field(default_factory=ModelConfig)

@@ -1043,6 +1043,11 @@ def test_each_accepted_value_does_what_it_names(run, sharp_reference, key, value
     ({"mode": "explore", "algorithm": {"name": "sft"}}, "mode", ["algorithm 'sft'"]),
     ({"mode": "train", "algorithm": {"name": "dpo"}, "synchronizer": {"method": "nccl"}}, "synchronizer.method",
      ["mode 'train'", "no explorer"]),
+    # explore-only and train-only runs evaluated nothing, eval_interval or not
+    ({"mode": "explore", "explorer": {"eval_interval": 5}, "buffer": {"eval_taskset": "x"}}, "explorer.eval_interval",
+     ["mode 'explore'", "weights never change", "mode 'bench'"]),
+    ({**SFT, "explorer": {"eval_interval": 5}, "buffer": {"expert_taskset": "x", "eval_taskset": "x"}},
+     "explorer.eval_interval", ["mode 'train'", "runs no explorer"]),
     # a train run reads its own buffer and others' human edits: rollouts never come (every step skipped)
     ({"mode": "train"}, "mode", ["'train' rolls nothing out", "algorithm 'grpo' trains on rollouts"]),
     # explorers get v1 (step 2) of 3 steps: the final eval scored step 2's weights as the last
