@@ -9,6 +9,7 @@ from django.utils import timezone
 from apps.alerts import services as alerts
 from apps.tasksets.models import Taskset
 from rftweb.celery import enqueue, withdraw
+from workers.rft.algorithms import resolve
 from workers.rft.config import ConfigError, ConfigIssue, RunConfig
 
 from .config_checks import fit_issues, model_issues
@@ -105,6 +106,13 @@ def validate_config(config: dict) -> RunConfig:
         for key, name in named.items()
         if name and not Taskset.objects.filter(name=name).exists()  # NUL and surrogates: refused by from_dict
     ]
+    if parsed.mode == "train" and resolve(parsed).uses_rollouts:
+        # A run's trainer reads its own buffer (and other runs' human edits): a run that rolls
+        # nothing out has no rollouts to train on, and skipped every step. (The engine's own
+        # stores may be given rollouts: tests and the headless CLI train on those in mode train.)
+        issues.append(ConfigIssue("mode", f"'train' rolls nothing out, and algorithm '{parsed.algorithm.name}' "
+                                  "trains on rollouts: every step would be skipped (use mode 'both', or an algorithm "
+                                  "that trains on expert data or pairs: sft, dpo)"))
     known_runs = set(Run.objects.filter(pk__in=parsed.feedback.source_runs).values_list("pk", flat=True))
     issues += [
         ConfigIssue("feedback.source_runs", f"no run with id {run_id}")

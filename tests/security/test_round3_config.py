@@ -276,6 +276,14 @@ def test_lora_rank_is_at_most_the_models_hidden_size(api, models_root):
     assert api(merged(GOOD, merged(lora, {"model": {"lora": {"r": 64}}}))).status_code == 201
 
 
+def test_a_train_run_of_an_algorithm_that_trains_on_rollouts_is_refused(api):
+    """A run reads its own buffer: in mode train it has no rollouts, and skipped every step."""
+    assert "'train' rolls nothing out, and algorithm 'grpo' trains on rollouts" in refusal(
+        api(merged(GOOD, {"mode": "train"})))["mode"]
+    sft = {"mode": "train", "algorithm": {"name": "sft", "repeat_times": 1}, "buffer": {"expert_taskset": "arith"}}
+    assert api(merged(GOOD, sft)).status_code == 201
+
+
 def test_lora_targets_are_modules_of_the_model(api, models_root):
     """A typo ('qproj') validated, then failed the run in peft with an error naming no config key."""
     small = str(model_dir(models_root, "small-qwen", config={

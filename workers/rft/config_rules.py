@@ -101,9 +101,6 @@ def combination_issues(c, bad: set) -> list[ConfigIssue]:
         ("mode", not spec.uses_rollouts and c.mode == "explore",
          f"'explore' only collects rollouts, and algorithm '{algo.name}' does not train on rollouts",
          ("algorithm.name",)),
-        ("mode", spec.uses_rollouts and c.mode == "train",
-         f"'train' rolls nothing out, and algorithm '{algo.name}' trains on rollouts: every step would be skipped "
-         "(use mode 'both', or an algorithm that trains on expert data or pairs: sft, dpo)", ("algorithm.name",)),
         ("trainer.total_steps",
          c.mode == "both" and c.explorer.eval_interval > 0 and c.trainer.total_steps % sync.interval != 0,
          f"with explorer.eval_interval, a multiple of synchronizer.interval ({sync.interval}): explorers get the "
@@ -122,6 +119,20 @@ def combination_issues(c, bad: set) -> list[ConfigIssue]:
         *_algorithm_option_rules(algo, spec),
         ("algorithm.entropy_coef", algo.entropy_coef > 0 and spec.policy_loss == "dpo",
          "the 'dpo' loss has no entropy bonus", ("algorithm.name", "algorithm.policy_loss")),
+        # Keys the launch form does not show (it keeps an algorithm's hidden fields' values when
+        # another is picked, so its own keys are not refused this way):
+        ("feedback.reward_weight", c.feedback.reward_weight != 1.0 and c.feedback.reward_mode != "weight",
+         f"has no effect with feedback.reward_mode '{c.feedback.reward_mode}': it weighs ratings in mode 'weight'",
+         ("feedback.reward_mode",)),
+        ("feedback.rating_wait_s", c.feedback.rating_wait_s > 0 and not c.feedback.rated_only,
+         "has no effect without feedback.rated_only: a step waits for rated rollouts only then",
+         ("feedback.rated_only",)),
+        *[(key, changed and not spec.needs_critic,
+           f"has no effect with advantage fn '{spec.advantage_fn}': it is the critic's (ppo)",
+           ("algorithm.name", "algorithm.advantage_fn"))
+          for key, changed in (("algorithm.value_clip", algo.value_clip != 0.2),
+                               ("trainer.critic_lr", c.trainer.critic_lr != 1e-5),
+                               ("model.critic_path", c.model.critic_path is not None))],
         ("feedback.reward_mode", c.feedback.reward_mode != "none" and not spec.uses_rollouts,
          f"'{c.feedback.reward_mode}' turns ratings into rewards, and algorithm '{algo.name}' trains on no rewards",
          ("algorithm.name",)),

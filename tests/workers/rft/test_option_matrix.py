@@ -323,7 +323,7 @@ def add_rated_rollouts(buffer, tokenizer):
     buffer.write(rollouts)
 
 
-FEEDBACK = {"mode": "train", "trainer": {"batch_size": 4}, "feedback": {"reward_weight": 2.0}}
+FEEDBACK = {"mode": "train", "trainer": {"batch_size": 4}}
 
 # Rollouts whose stored (rollout engine's) log-probs are the trainer's plus a known offset per token,
 # so the rollout correction has exact weights to find: w = π_trainer / π_rollout = exp(-offset).
@@ -880,7 +880,8 @@ def reward_fn(run, reference, name):
 
 @case("feedback.reward_mode", "none", "weight", "override")
 def reward_mode(run, reference, mode):
-    o = run(FEEDBACK, {"feedback": {"reward_mode": mode}}, prepare=add_rated_rollouts)
+    weight = {"reward_weight": 2.0} if mode == "weight" else {}  # refused with the other modes: it does nothing
+    o = run(FEEDBACK, {"feedback": {"reward_mode": mode, **weight}}, prepare=add_rated_rollouts)
     # none: rewards as stored [1, 0, 0, 0]; weight: + 2 x rating on group a [2, 2, 0, 0];
     # override: group a's ratings [.5, 1], group b (unrated) keeps its rewards [0, 0].
     assert o.trained["reward_mean"] == pytest.approx({"none": 0.25, "weight": 1.0, "override": 0.375}[mode])
@@ -1043,13 +1044,16 @@ def test_each_accepted_value_does_what_it_names(run, sharp_reference, key, value
     ({"mode": "explore", "algorithm": {"name": "sft"}}, "mode", ["algorithm 'sft'"]),
     ({"mode": "train", "algorithm": {"name": "dpo"}, "synchronizer": {"method": "nccl"}}, "synchronizer.method",
      ["mode 'train'", "no explorer"]),
+    # keys read in one combination only, set in another (a review listed them)
+    ({"feedback": {"reward_weight": 2.0}}, "feedback.reward_weight", ["reward_mode 'none'", "mode 'weight'"]),
+    ({"feedback": {"rating_wait_s": 5}}, "feedback.rating_wait_s", ["without feedback.rated_only"]),
+    ({"algorithm": {"value_clip": 0.5}}, "algorithm.value_clip", ["advantage fn 'grpo'", "critic's (ppo)"]),
+    ({"trainer": {"critic_lr": 1e-4}}, "trainer.critic_lr", ["advantage fn 'grpo'"]),
     # explore-only and train-only runs evaluated nothing, eval_interval or not
     ({"mode": "explore", "explorer": {"eval_interval": 5}, "buffer": {"eval_taskset": "x"}}, "explorer.eval_interval",
      ["mode 'explore'", "weights never change", "mode 'bench'"]),
     ({**SFT, "explorer": {"eval_interval": 5}, "buffer": {"expert_taskset": "x", "eval_taskset": "x"}},
      "explorer.eval_interval", ["mode 'train'", "runs no explorer"]),
-    # a train run reads its own buffer and others' human edits: rollouts never come (every step skipped)
-    ({"mode": "train"}, "mode", ["'train' rolls nothing out", "algorithm 'grpo' trains on rollouts"]),
     # explorers get v1 (step 2) of 3 steps: the final eval scored step 2's weights as the last
     ({"explorer": {"eval_interval": 5}, "buffer": {"eval_taskset": "x"}, "synchronizer": {"interval": 2},
       "trainer": {"total_steps": 3}}, "trainer.total_steps", ["a multiple of synchronizer.interval (2)",
