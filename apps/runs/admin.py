@@ -135,9 +135,9 @@ class RunAdmin(admin.ModelAdmin):
                               f"not: {names}. Nothing was started.", messages.ERROR)
             return None
 
-        def perform(_):
+        def perform(_, runs):
             try:
-                job = start_retention(queryset, action=action, user=request.user)
+                job = start_retention(runs, action=action, user=request.user)
             except RetentionRefused as err:
                 self.message_user(request, f"{str(err)[0].upper()}{str(err)[1:]}. Nothing was started.",
                                   messages.ERROR)

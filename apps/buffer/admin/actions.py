@@ -6,9 +6,12 @@ from django import forms
 from django.contrib import messages
 from django.contrib.admin import helpers
 from django.contrib.admin.helpers import ACTION_CHECKBOX_NAME
+from django.db.models import Max
 from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
+
+from apps.core.numbers import whole_number
 
 from .. import exporters, services
 from ..forms import ExportForm
@@ -27,15 +30,23 @@ class ExportActionForm(helpers.ActionForm):
 
 
 def confirm_action(model_admin, request, queryset, title, description, *, perform, form_class=None):
-    """The confirmation page of a bulk action, with its options; on confirmation, `perform(options)`.
+    """The confirmation page of a bulk action, with its options; on confirmation,
+    `perform(options, rows)`.
 
     The page posts back to the changelist URL it came from (so the same filters select the same
-    rows) with the action, its selection and `confirm`; `perform` returns None (back to the
-    list) or a response."""
+    rows) with the action, its selection, `confirm` and `through`, the newest row it counted:
+    `rows` are the selection's up to that one. A run writing meanwhile added rows that matched
+    the filters: 8,060 experiences shown became 8,173 deleted. `perform` returns None (back to
+    the list) or a response."""
     confirmed = request.POST.get("confirm") == "yes"
     form = form_class(request.POST if confirmed else None) if form_class else None
     if confirmed and (form is None or form.is_valid()):
-        return perform(form.cleaned_data if form else {})
+        through = whole_number(request.POST.get("through", ""))
+        if through is None:
+            model_admin.message_user(request, "The confirmation did not say which rows it counted: nothing was "
+                                              "changed. Choose the action again.", messages.ERROR)
+            return None
+        return perform(form.cleaned_data if form else {}, queryset.filter(pk__lte=through))
     context = {
         **model_admin.admin_site.each_context(request),
         "title": title,
@@ -43,6 +54,7 @@ def confirm_action(model_admin, request, queryset, title, description, *, perfor
         "opts": model_admin.opts,
         "form": form,
         "count": queryset.count(),
+        "through": queryset.aggregate(newest=Max("pk"))["newest"] or 0,
         "sample": queryset[:CONFIRM_SAMPLE_ROWS],
         "action": request.POST["action"],
         "select_across": request.POST.get("select_across", "0"),

@@ -207,8 +207,8 @@ class ExperienceAdmin(admin.ModelAdmin):
             queryset,
             "Mark ready",
             "They become available to the trainer again.",
-            perform=lambda data: self._done(
-                request, services.set_status(queryset, Experience.Status.READY), "marked ready"
+            perform=lambda data, rows: self._done(
+                request, services.set_status(rows, Experience.Status.READY), "marked ready"
             ),
         )
 
@@ -219,8 +219,8 @@ class ExperienceAdmin(admin.ModelAdmin):
             queryset,
             "Mark rejected",
             "The trainer will not sample them.",
-            perform=lambda data: self._done(
-                request, services.set_status(queryset, Experience.Status.REJECTED), "marked rejected"
+            perform=lambda data, rows: self._done(
+                request, services.set_status(rows, Experience.Status.REJECTED), "marked rejected"
             ),
         )
 
@@ -232,8 +232,8 @@ class ExperienceAdmin(admin.ModelAdmin):
             "Set priority",
             "",
             form_class=PriorityForm,
-            perform=lambda data: self._done(
-                request, services.set_priority(queryset, data["priority"]), f"set to priority {data['priority']}"
+            perform=lambda data, rows: self._done(
+                request, services.set_priority(rows, data["priority"]), f"set to priority {data['priority']}"
             ),
         )
 
@@ -245,7 +245,7 @@ class ExperienceAdmin(admin.ModelAdmin):
             "Promote to expert data",
             "Each becomes an expert copy (ready, same run, the original as its parent) that SFT and MIX imitate. "
             "Expert rows and rows promoted before are skipped. Runs as a job.",
-            perform=lambda data: self._job_started(curation.start_promotion(queryset, user=request.user)),
+            perform=lambda data, rows: self._job_started(curation.start_promotion(rows, user=request.user)),
         )
 
     @admin.action(description="Re-score selected experiences with a reward fn", permissions=["change"])
@@ -257,8 +257,8 @@ class ExperienceAdmin(admin.ModelAdmin):
             "Reward and reward components are recomputed from each response and its task (rows without a task "
             "are skipped); the previous reward is kept in metadata. Advantages are not recomputed. Runs as a job.",
             form_class=RescoreForm,
-            perform=lambda data: self._job_started(
-                curation.start_rescore(queryset, reward_fn=data["reward_fn"], user=request.user)
+            perform=lambda data, rows: self._job_started(
+                curation.start_rescore(rows, reward_fn=data["reward_fn"], user=request.user)
             ),
         )
 
@@ -271,8 +271,8 @@ class ExperienceAdmin(admin.ModelAdmin):
             "The operator sees the selection one task at a time, as the explorer's pipeline would. Rows it drops "
             "become rejected, changes it makes are saved, experiences it adds are inserted. Runs as a job.",
             form_class=PipelineForm,
-            perform=lambda data: self._job_started(
-                curation.start_pipeline(queryset, operator=data["operator"], params=data["params"], user=request.user)
+            perform=lambda data, rows: self._job_started(
+                curation.start_pipeline(rows, operator=data["operator"], params=data["params"], user=request.user)
             ),
         )
 
@@ -288,7 +288,7 @@ class ExperienceAdmin(admin.ModelAdmin):
             "Delete",
             "The experiences and all feedback on them are deleted; human edits made from them stay. "
             "This cannot be undone.",
-            perform=lambda data: self._done(request, services.delete_experiences(queryset), "deleted"),
+            perform=lambda data, rows: self._done(request, services.delete_experiences(rows), "deleted"),
         )
 
     def get_actions(self, request):

@@ -23,11 +23,12 @@ def listed(response) -> list[int]:
 def post_action(client, action, selected=(), *, select_across=False, query="", confirm=False, **options):
     """What the changelist posts for an action (confirm=False), or what its confirmation page posts back."""
     data = {"action": action, "_selected_action": [str(pk) for pk in selected], "select_across": int(select_across)}
-    if confirm:
-        data |= {"confirm": "yes", **options}
-    else:
-        data["index"] = 0
-    return client.post(CHANGELIST + query, data)
+    asked = client.post(CHANGELIST + query, {**data, "index": 0})
+    if not confirm:
+        return asked
+    # the confirmation page's own field: the newest row it counted
+    through = asked.context["through"] if asked.context else 10**9  # refused (not a curator): no page
+    return client.post(CHANGELIST + query, {**data, "confirm": "yes", "through": through, **options})
 
 
 def job_id(response) -> int:
@@ -60,6 +61,21 @@ def test_only_curators_reach_the_admin(client, who, request, make_experience):
     assert post_action(client, "mark_rejected", [experience.pk], confirm=True).status_code == 302
     experience.refresh_from_db()
     assert experience.status == Experience.Status.READY
+
+
+def test_a_confirmation_acts_on_the_rows_it_counted_not_those_added_since(curator_client, make_experience):
+    """Select all matching, a run writing meanwhile: 8,060 rows were shown and 8,173 deleted."""
+    counted = [make_experience(reward=0.0) for _ in range(3)]
+    asked = post_action(curator_client, "delete_selection", [counted[0].pk], select_across=True)
+    assert asked.context["count"] == 3 and asked.context["through"] == counted[-1].pk
+    added = make_experience(reward=0.0)  # the run writes on while the curator reads the page
+    data = {"action": "delete_selection", "_selected_action": [str(counted[0].pk)], "select_across": 1,
+            "confirm": "yes", "through": asked.context["through"]}
+    assert curator_client.post(CHANGELIST, data).status_code == 302
+    assert list(Experience.objects.values_list("pk", flat=True)) == [added.pk]
+    without = {key: value for key, value in data.items() if key != "through"}  # a page from before, or forged
+    assert curator_client.post(CHANGELIST, without).status_code == 302
+    assert Experience.objects.filter(pk=added.pk).exists()
 
 
 def test_anonymous_users_go_to_the_login_page(client, db):

@@ -70,7 +70,8 @@ def test_select_across_changes_exactly_the_rows_the_filters_match(big_buffer, cu
 
     response = curator_client.post(
         "/admin/buffer/experience/" + query,
-        {"action": "mark_rejected", "_selected_action": [row.pk for row in page], "select_across": 1, "confirm": "yes"},
+        {"action": "mark_rejected", "_selected_action": [row.pk for row in page], "select_across": 1, "confirm": "yes",
+         "through": Experience.objects.order_by("-pk").values_list("pk", flat=True).first()},
     )
 
     assert response.status_code == 302
@@ -82,6 +83,7 @@ def test_page_selection_changes_exactly_the_checked_rows(big_buffer, curator_cli
     checked = [row.pk for row in page][::3]
     curator_client.post(
         "/admin/buffer/experience/?q=word3",
-        {"action": "set_priority", "_selected_action": checked, "select_across": 0, "confirm": "yes", "priority": "9"},
+        {"action": "set_priority", "_selected_action": checked, "select_across": 0, "confirm": "yes", "priority": "9",
+         "through": max(checked)},
     )
     assert set(Experience.objects.filter(priority=9).values_list("pk", flat=True)) == set(checked)

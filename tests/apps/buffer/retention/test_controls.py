@@ -133,8 +133,9 @@ def test_good_retention_settings_start():
 
 def post_action(client, action, runs, *, confirm=False):
     data = {"action": action, "_selected_action": [str(run.pk) for run in runs], "select_across": 0}
-    data |= {"confirm": "yes"} if confirm else {"index": 0}
-    return client.post(RUNS, data)
+    if not confirm:
+        return client.post(RUNS, data | {"index": 0})
+    return client.post(RUNS, data | {"confirm": "yes", "through": max(run.pk for run in runs)})
 
 
 def test_the_archive_action_asks_first_then_starts_the_job(curator_client, ended, buffer):
