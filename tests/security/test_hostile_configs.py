@@ -144,6 +144,10 @@ ENV_ARGS_CASES = {
     "wrong-type": ({"is_slippery": "yes"}, f"{ENV_ARGS}.is_slippery", "takes bool, got 'yes'"),
     "wrong-item-type": ({"desc": ["SFFF", 3]}, f"{ENV_ARGS}.desc", "takes list[str] | None"),
     "unknown-setting": ({"lol": [1]}, ENV_ARGS, "unexpected keyword argument 'lol'"),
+    # of the right types, refused by the environment itself: the run failed at its first step
+    "unknown-map": ({"map_name": "9x9"}, ENV_ARGS, "frozenlake does not start with these settings: KeyError"),
+    "empty-map": ({"desc": []}, ENV_ARGS, "does not start with these settings: ValueError"),
+    "ragged-map": ({"desc": ["SF", "FFG"]}, ENV_ARGS, "does not start with these settings"),
 }
 
 

@@ -350,7 +350,18 @@ class EnvironmentWorkflow(MultiTurnWorkflow):
                     f"environment {settings['env']} takes {_type_text(parameter.annotation)}, "
                     f"got {reprlib.repr(value)}",
                 ))
-        return problems
+        return problems or cls._start_problems(settings)
+
+    @staticmethod
+    def _start_problems(settings: dict) -> list[tuple[str, str]]:
+        """Values of the right types the environment still refuses (FrozenLake's map_name '9x9',
+        a desc of ragged rows): it is built once here, so the run does not fail at its first step."""
+        try:
+            ENVIRONMENTS.get(settings["env"])(**settings["env_args"]).close()
+        except Exception as err:  # noqa: BLE001 - whatever the environment raises, in its words
+            return [("env_args", f"environment {settings['env']} does not start with these settings: "
+                                 f"{type(err).__name__}: {reprlib.repr(str(err))}")]
+        return []
 
     def new_environment(self, task: Task) -> TextEnvironment:
         return ENVIRONMENTS.get(self.args["env"])(**self.args["env_args"])
