@@ -10,9 +10,11 @@ before: a range covers ids that other transactions wrote in between, but each of
 own, so no committed row is missed however the transactions interleave; documents already made
 are left as they are (an edit rewrote it at once: its trigger).
 """
+import re
 import time
 
 from django.db import connection
+from django.db.models import Q
 
 from .models import Experience, ExperienceSearch
 
@@ -83,3 +85,37 @@ def catch_up(seconds: float | None = None) -> int:
         if not made:
             time.sleep(0.05)  # what is left is another indexer's, or held no new rows
     return backlog()
+
+
+# One term of websearch_to_tsquery's syntax: -? then "a phrase" (closed or not) or a word.
+_TERM = re.compile(r'(-?)(?:"([^"]*)"?|(\S+))')
+
+
+def websearch_q(term: str, fields=("prompt_text", "response_text")) -> Q:
+    """Postgres' websearch syntax (words, "a phrase", -excluded, or) as a filter over `fields`,
+    reading text word by word as its 'simple' parser does: the embedded (SQLite) mode's search.
+    A substring search there found "pineapple" for apple, 13,000 rows for "+" (Postgres: none,
+    no word in it) and none for "-3". Words bind tighter than `or`: "a b or c" is (a and b) or c."""
+    alternatives, terms = [], []
+    for negated, phrase, word in _TERM.findall(term):
+        if not negated and word.lower() == "or":
+            alternatives.append(terms)
+            terms = []
+            continue
+        words = re.findall(r"\w+", phrase or word)
+        if not words:
+            continue  # no word in it: the simple parser finds nothing to match either
+        pattern = r"\b" + r"\W+".join(map(re.escape, words)) + r"\b"
+        found = Q()
+        for field in fields:
+            found |= Q(**{f"{field}__iregex": pattern})
+        terms.append(~found if negated else found)
+    alternatives.append(terms)
+    wanted = Q(pk__in=[])  # nothing to match: Postgres finds no row either
+    for each in alternatives:
+        if each:
+            both = Q()
+            for one in each:
+                both &= one
+            wanted |= both
+    return wanted

@@ -159,8 +159,8 @@ class ExperienceAdmin(admin.ModelAdmin):
     def get_search_results(self, request, queryset, search_term):
         if not search_term.strip():
             return queryset, False
-        if connections[queryset.db].vendor != "postgresql":  # embedded SQLite: no full-text search
-            return super().get_search_results(request, queryset, search_term)
+        if connections[queryset.db].vendor != "postgresql":  # embedded SQLite: the same syntax, no index
+            return queryset.filter(search.websearch_q(search_term)), False
         left = search.catch_up()  # documents for what was written since the last indexer round
         if left:
             self.message_user(

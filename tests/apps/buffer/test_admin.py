@@ -140,8 +140,8 @@ def test_range_filter_keeps_the_other_parameters(curator_client, make_experience
     assert 'name="reward__gte" value="0.5"' in form and form.count("reward__gte") == 1
 
 
-@pytest.mark.postgres("full-text search (a tsvector a row, its GIN index); SQLite searches by substring")
 def test_search_is_full_text_over_prompt_and_response(curator_client, make_experience):
+    """In both modes: Postgres's full-text search, and its syntax read word by word on SQLite."""
     pie = make_experience(prompt_text="Bake something", response_text="An apple pie, then a cherry pie.")
     tart = make_experience(prompt_text="Bake an apple tart", response_text="Done.")
     make_experience(prompt_text="Unrelated", response_text="pineapple")
@@ -156,6 +156,13 @@ def test_search_is_full_text_over_prompt_and_response(curator_client, make_exper
     assert search("apple -pie") == [tart.pk]
     assert search("APPLE") == [tart.pk, pie.pk]
     assert search("ppl") == []
+    # SQLite searched by substring: "or" matched inside words, "-3" and "+" as text (a review)
+    sums = make_experience(prompt_text="What is 3 + 4?", response_text="7")
+    assert search("tart or cherry") == [tart.pk, pie.pk]
+    assert search("bake tart or cherry") == [tart.pk, pie.pk]  # (bake and tart) or cherry
+    assert search("+") == []
+    assert search("3 -7") == [] and search("3") == [sums.pk] and search("-3 bake") == [tart.pk, pie.pk]
+    assert search('"is 3 4"') == [sums.pk] and search('"apple cherry"') == []
 
 
 @pytest.mark.postgres("full-text search (a tsvector a row, its GIN index); SQLite searches by substring")
