@@ -54,7 +54,7 @@ from .algorithms import (
 )
 from .config import FsdpConfig
 from .logprobs import at_least_fp32, chunked_logprobs, response_hidden, response_logits, token_logprobs
-from .micro_batches import MicroBatch, chunks, collate, pack
+from .micro_batches import MicroBatch, collate, pack, pack_pairs
 from .models import (
     copy_weights,
     is_lora,
@@ -292,19 +292,13 @@ class Trainer:
 
     def _micro_batches(self, batch: TrainBatch) -> list[tuple[str, list[MicroBatch]]]:
         """(part, its micro-batches) for each part the batch has (micro_batches.pack: by rows, and
-        by padded tokens with trainer.micro_batch_tokens). A DPO micro-batch holds its pairs'
-        chosen rows, then their rejected rows (the layout the dpo loss reads): micro_batch_size
-        rows, so half as many pairs."""
+        by padded tokens with trainer.micro_batch_tokens; pack_pairs for DPO's pairs)."""
         micro, pad_id = self.config.trainer.micro_batch_size, self.tokenizer.pad_token_id
         tokens = self.config.trainer.micro_batch_tokens
-        pair_rows = []
-        for part in chunks(batch.pairs, max(1, micro // 2)):
-            chosen, rejected = zip(*(pair.as_experiences() for pair in part))
-            pair_rows.append([*chosen, *rejected])
         parts = [
             (USUAL, pack(batch.usual, micro, tokens)),
             (EXPERT, pack(batch.expert, micro, tokens)),
-            (PAIRS, pair_rows),
+            (PAIRS, pack_pairs(batch.pairs, micro, tokens)),
         ]
         out = [(part, [collate(rows, pad_id, self.device) for rows in groups]) for part, groups in parts if groups]
         if self.sharded:

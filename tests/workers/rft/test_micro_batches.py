@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from workers.rft.experience import Experience
-from workers.rft.micro_batches import chunks, collate, pack
+from workers.rft.experience import PreferencePair
+from workers.rft.micro_batches import chunks, collate, pack, pack_pairs
 from workers.rft.models import load_tokenizer
 
 from .test_distributed import TIMED, train
@@ -32,6 +33,26 @@ def test_rows_go_together_up_to_the_token_budget_in_their_order():
     assert pack(rows, 4) == chunks(rows, 4)  # without a budget: by rows, as before
     # Padding counts: a short answer after a long one is padded to the long one's width.
     assert [len(mb) for mb in pack([row(10, 90), row(10, 6), row(10, 6)], most_rows=8, most_tokens=200)] == [2, 1]
+
+
+def pair(prompt: int, chosen: int, rejected: int) -> PreferencePair:
+    return PreferencePair([1] * prompt, [2] * chosen, [3] * rejected)
+
+
+def test_dpo_pairs_go_together_up_to_the_token_budget():
+    """trainer.micro_batch_tokens was ignored for pairs: four pairs of 300 tokens made one micro-batch
+    of 2,400 padded tokens under a budget of 600."""
+    pairs = [pair(100, 200, 150)] * 4
+    packed = pack_pairs(pairs, most_rows=8, most_tokens=600)
+    assert [len(mb) for mb in packed] == [2, 2, 2, 2] and all(padded_tokens(mb) <= 600 for mb in packed)
+    chosen, rejected = packed[0]
+    assert chosen.response_ids == [2] * 200 and rejected.response_ids == [3] * 150  # chosen rows, then rejected
+    by_rows = pack_pairs(pairs, most_rows=8)
+    assert [len(mb) for mb in by_rows] == [8]  # without a budget: 4 pairs of 8 rows, as before
+    assert [[r.response_ids[0] for r in mb] for mb in by_rows] == [[2, 2, 2, 2, 3, 3, 3, 3]]
+    assert [len(mb) for mb in pack_pairs(pairs, most_rows=3)] == [2] * 4  # 3 rows: one pair
+    small = [pair(10, 5, 5)] * 5 + [pair(10, 500, 5)]
+    assert [len(mb) for mb in pack_pairs(small, most_rows=8, most_tokens=200)] == [8, 2, 2]  # the long one alone
 
 
 @pytest.mark.parametrize("case", ["grpo", "mix"])
