@@ -43,6 +43,15 @@ def test_group_std_filter_and_dedupe():
     assert [e.rollout_index for e in kept] == [0, 1] and metrics["dedupe/dropped"] == 1
 
 
+def test_dedupe_keeps_the_same_reply_to_different_states():
+    """A multi-turn episode's steps (experience: step): "down" in two states is two steps, not a
+    duplicate (its key was the task and the response alone)."""
+    first, later = exp("e", 0, 0.0, (7,), task=1), exp("e", 1, 1.0, (7,), task=1)
+    later.prompt_ids = [1, 7, 9]  # the history so far, then the new state
+    kept, metrics = run(["dedupe"], [first, later, exp("e", 2, 1.0, (7,), task=1)])
+    assert [e.rollout_index for e in kept] == [0, 1] and metrics["dedupe/dropped"] == 1
+
+
 def test_reward_shaping_keeps_the_raw_reward():
     [shaped], _ = run([{"name": "reward_shaping", "scale": 2.0, "length_penalty": 0.1, "truncation_penalty": 1}],
                       [exp("g", 0, 1.0, response=(1, 2, 3), finish="length")])

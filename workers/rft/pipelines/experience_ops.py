@@ -46,11 +46,13 @@ def group_std_filter(experiences, ctx):
 
 @pipeline_operator(EXPERIENCE_OPERATORS, "dedupe")
 def dedupe(experiences, ctx):
-    """Exact duplicates (same task, same response tokens): keep the first."""
+    """Exact duplicates (same task, same prompt and response tokens): keep the first. The prompt
+    counts: a multi-turn episode's steps (experience: step) reply to different states, and two
+    turns that both said "down" were taken for one."""
     seen = set()
 
     def first(exp):
-        key = (exp.task_id, tuple(exp.response_ids))
+        key = (exp.task_id, tuple(exp.prompt_ids), tuple(exp.response_ids))
         if key in seen:
             return False
         seen.add(key)
