@@ -4,7 +4,7 @@ from collections.abc import Sequence
 from django.db import transaction
 from django.db.models import F, Max
 
-from workers.rft.experience import Task
+from workers.rft.experience import Task, TaskKey
 
 from .models import Task as TaskRow
 from .models import Taskset
@@ -21,6 +21,10 @@ class DjangoTaskSource:
 
     def tasks(self) -> list[Task]:
         return [to_task(row) for row in TaskRow.objects.filter(taskset=self.taskset).order_by("index")]
+
+    def task_keys(self) -> list[TaskKey]:
+        rows = TaskRow.objects.filter(taskset=self.taskset).values_list("pk", "priority", "times_sampled")
+        return [TaskKey(*row) for row in rows]
 
     def tasks_with_ids(self, task_ids: Sequence[int]) -> list[Task]:
         rows = TaskRow.objects.in_bulk(list(task_ids))

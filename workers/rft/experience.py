@@ -6,6 +6,7 @@ them one to one. Token arrays are lists, or 1-D numpy arrays where a store reads
 than the statement); the stores pack them.
 """
 from dataclasses import dataclass, field, fields
+from typing import NamedTuple
 
 import numpy as np
 
@@ -25,6 +26,14 @@ class Task:
     difficulty: float = 0.0
     priority: float = 0.0
     times_sampled: int = 0
+
+
+class TaskKey(NamedTuple):
+    """What orders a task for the explorer's pick (Explorer.select_tasks), without its prompt."""
+
+    id: int
+    priority: float
+    times_sampled: int
 
 
 @dataclass(eq=False)

@@ -21,7 +21,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from . import datasets
-from .experience import EXPERT_SOURCES, SOURCES, Experience, PreferencePair, Task
+from .experience import EXPERT_SOURCES, SOURCES, Experience, PreferencePair, Task, TaskKey
 from .sampling import HUMAN_REWARD, USUAL_SOURCES, apply_human_feedback
 
 EVAL_FRACTION = 5  # one prompt in five is held out
@@ -71,6 +71,10 @@ class InMemoryTaskSource:
         # mark_sampled does not change under it.
         with self._lock:
             return [replace(task) for task in self._tasks.values()]
+
+    def task_keys(self) -> list[TaskKey]:
+        with self._lock:
+            return [TaskKey(task.id, task.priority, task.times_sampled) for task in self._tasks.values()]
 
     def tasks_with_ids(self, task_ids: Sequence[int]) -> list[Task]:
         with self._lock:

@@ -8,7 +8,7 @@ process, so a store's methods may be called from both at once and must be thread
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from .experience import Experience, PreferencePair, Task
+from .experience import Experience, PreferencePair, Task, TaskKey
 
 
 class TaskSource(Protocol):
@@ -16,6 +16,10 @@ class TaskSource(Protocol):
 
     def tasks(self) -> list[Task]:
         """All tasks, synthetic ones included, with their current priority and times_sampled."""
+
+    def task_keys(self) -> list[TaskKey]:
+        """What orders every task for the explorer's pick (id, priority, times_sampled), without
+        their prompts: a step without a task pipeline reads these, then its batch's tasks."""
 
     def tasks_with_ids(self, task_ids: Sequence[int]) -> list[Task]:
         """The tasks with these ids, in that order (an explorer's share of a step)."""

@@ -3,8 +3,7 @@ go many to a micro-batch when short and few when long, and the step is the one b
 import pytest
 import torch
 
-from workers.rft.experience import Experience
-from workers.rft.experience import PreferencePair
+from workers.rft.experience import Experience, PreferencePair
 from workers.rft.micro_batches import chunks, collate, pack, pack_pairs
 from workers.rft.models import load_tokenizer
 
