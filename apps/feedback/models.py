@@ -55,6 +55,9 @@ class Feedback(models.Model):
     # by apps/feedback/services.py for the page to say so; None when it replaced nothing.
     replaced: str | None = None
 
+    def __str__(self):  # the admin's title and breadcrumb ("Feedback object (3)" said nothing)
+        return f"{self.get_kind_display()} {self.pk} of experience {self.experience_id}"
+
     class Meta:
         ordering = ["-updated_at"]
         constraints = [

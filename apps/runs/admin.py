@@ -2,6 +2,7 @@ import json
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
 from django.http import HttpResponseRedirect
 from django.urls import reverse
 from django.utils.functional import lazy
@@ -99,6 +100,14 @@ class RunAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None):
         return super().has_delete_permission(request, obj) and (obj is None or obj.status in Run.FINISHED)
+
+    def delete_view(self, request, object_id, extra_context=None):
+        """A run that has not ended: back to its page, saying why (the site's 403 named roles)."""
+        run = self.get_object(request, unquote(object_id))
+        if run is not None and (reasons := deletion.refusals([run])):
+            self.message_user(request, f"Not deleted: {'; '.join(reasons)}.", messages.ERROR)
+            return HttpResponseRedirect(reverse("admin:runs_run_change", args=[run.pk]))
+        return super().delete_view(request, object_id, extra_context)
 
     def get_deleted_objects(self, objs, request):
         runs = list(objs)

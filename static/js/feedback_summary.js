@@ -37,7 +37,8 @@
   async function refresh() {
     try {
       const response = await fetch(card.dataset.summary, { headers: { Accept: "application/json" } });
-      if (response.ok) show(await response.json());
+      // A session that ended answers the login page (redirected, HTML): nothing to show then.
+      if (response.ok && !response.redirected) show(await response.json());
     } finally {
       setTimeout(refresh, REFRESH_MS);
     }

@@ -99,6 +99,25 @@ def test_a_logout_closes_that_browsers_sockets_and_no_others(researcher, run):
     assert async_to_sync(scenario)() == (True, "updates")
 
 
+def test_a_logouts_check_is_sent_once_its_session_is_gone(researcher, monkeypatch):
+    """Django sends user_logged_out before it flushes the session; a check sent at once found the
+    session still there, and the socket stayed open (a race the scenario above, whose consumer
+    waits for the logout's thread, cannot lose). At the moment the check goes, the store must no
+    longer hold the session."""
+    from importlib import import_module
+
+    from apps.accounts import revocation
+
+    browser = logged_in(researcher)
+    key = browser.cookies[settings.SESSION_COOKIE_NAME].value
+    store = import_module(settings.SESSION_ENGINE).SessionStore
+    held_when_sent = []
+    monkeypatch.setattr(revocation, "recheck", lambda group: held_when_sent.append(store().exists(key)))
+    assert store().exists(key)
+    assert browser.post(reverse("logout")).status_code == 302
+    assert held_when_sent == [False]
+
+
 def deactivate(user):
     user.is_active = False
     user.save()

@@ -163,6 +163,8 @@ def test_search_is_full_text_over_prompt_and_response(curator_client, make_exper
     assert search("+") == []
     assert search("3 -7") == [] and search("3") == [sums.pk] and search("-3 bake") == [tart.pk, pie.pk]
     assert search('"is 3 4"') == [sums.pk] and search('"apple cherry"') == []
+    steps = make_experience(prompt_text="say 4_st", response_text="done")  # "_" parts words, as in Postgres
+    assert search("4") == [steps.pk, sums.pk] and search("st") == [steps.pk]
 
 
 @pytest.mark.postgres("full-text search (a tsvector a row, its GIN index); SQLite searches by substring")

@@ -46,7 +46,9 @@ def test_a_run_that_has_not_ended_is_not_deleted(curator_client, curator, status
     assert f"run {run.pk} &#x27;r-{status}&#x27; is {status}: stop it first" in page
     delete_selected(curator_client, [run, ended], confirm=True)
     assert kept(run) and kept(ended)  # all or none
-    assert curator_client.get(reverse("admin:runs_run_delete", args=[run.pk])).status_code == 403
+    page = curator_client.get(reverse("admin:runs_run_delete", args=[run.pk]), follow=True)  # not the site's 403
+    assert page.redirect_chain == [(reverse("admin:runs_run_change", args=[run.pk]), 302)]
+    assert f"Not deleted: run {run.pk} &#x27;r-{status}&#x27; is {status}: stop it first." in page.content.decode()
 
 
 def test_a_run_whose_human_edits_another_run_trains_on_is_not_deleted(curator_client, curator):
