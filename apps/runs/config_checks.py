@@ -120,24 +120,22 @@ def _builtin_dir(path: str) -> Path | None:
 def _context_issues(config, positions) -> list[tuple[str, str]]:
     """A rollout longer than the model's positions: vLLM refuses it when it starts, and a model
     past its positions writes nonsense. Where its config.json says how many it has."""
-    from workers.rft.workflows import WORKFLOWS
+    from workers.rft.workflows import WORKFLOWS, rollout_tokens
 
-    explorer = config.explorer
-    if not isinstance(positions, int) or explorer.workflow not in WORKFLOWS:
+    if not isinstance(positions, int) or config.explorer.workflow not in WORKFLOWS:
         return []
-    workflow = WORKFLOWS.get(explorer.workflow)
     try:
-        context = workflow.context_tokens(config.model.max_prompt_tokens, explorer.max_new_tokens,
-                                          workflow.settings(explorer.workflow_args))
+        context = rollout_tokens(config)
     except ValueError:  # bad workflow_args: reported on their own keys
         return []
     if context <= positions:
         return []
-    keys = "model.max_prompt_tokens + explorer.max_new_tokens"
-    if context > config.model.max_prompt_tokens + explorer.max_new_tokens:
-        keys = "explorer.workflow_args.max_tokens"
-    return [(keys.split(" + ")[-1], f"a rollout may hold {context:,} tokens ({keys}), past the model's "
-                                    f"{positions:,} positions (max_position_embeddings in its config.json)")]
+    if context > config.model.max_prompt_tokens + config.explorer.max_new_tokens:
+        key, what = "explorer.workflow_args.max_tokens", "explorer.workflow_args.max_tokens"
+    else:
+        key, what = "explorer.max_new_tokens", "model.max_prompt_tokens + explorer.max_new_tokens"
+    return [(key, f"a rollout may hold {context:,} tokens ({what}), past the model's {positions:,} positions "
+                  "(max_position_embeddings in its config.json)")]
 
 
 def _linear_names(directory: Path | None) -> list[str]:

@@ -31,6 +31,9 @@ from .stopping import stoppable
 EVAL_CHUNK = 64  # eval prompts per engine call
 
 
+NO_TASKS = "the run's taskset (buffer.taskset) has no tasks: it was emptied or deleted"
+
+
 def first_tasks(tasks: list, seed: int, n: int) -> list:
     """The n first of `tasks` (Tasks, or TaskKeys: what orders them) in the explorer's order:
     highest priority, then least sampled, ties in a seeded shuffle that changes every epoch."""
@@ -84,12 +87,12 @@ class Explorer:
         if not self.task_ops:
             keys = self.task_source.task_keys()
             if not keys:
-                raise ValueError("the run's taskset (buffer.taskset) has no tasks: it was emptied or deleted")
+                raise ValueError(NO_TASKS)
             picked = first_tasks(keys, self.seed, self.config.explorer.batch_size)
             return self.task_source.tasks_with_ids([key.id for key in picked])
         stored = self.task_source.tasks()
         if not stored:
-            raise ValueError("the run's taskset (buffer.taskset) has no tasks: it was emptied or deleted")
+            raise ValueError(NO_TASKS)
         tasks = run_task_operators(self.task_ops, stored, self.ctx)
         if not tasks:
             names = ", ".join(op for op, _, _ in self.task_ops)

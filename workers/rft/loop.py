@@ -38,7 +38,7 @@ from .rewards import ReadLimits, build_reward
 from .stopping import StopRequested
 from .synchronizer import Synchronizer
 from .trainer import Trainer
-from .workflows import WORKFLOWS
+from .workflows import WORKFLOWS, rollout_tokens
 
 
 @dataclass
@@ -152,11 +152,8 @@ class Loop:
             rollout_model = load_policy(model.path, device, pick_dtype(device, model.dtype))
             # vLLM's context was min(max_position_embeddings, 2,048) whatever the config asked:
             # it cut longer answers short without a word and refused longer prompts mid-run.
-            workflow = WORKFLOWS.get(config.explorer.workflow)
-            context = workflow.context_tokens(model.max_prompt_tokens, config.explorer.max_new_tokens,
-                                              workflow.settings(config.explorer.workflow_args))
             engine = build_engine(config.explorer.engine, rollout_model, tokenizer, seed=config.seed,
-                                  max_model_len=context)
+                                  max_model_len=rollout_tokens(config))
         # A judge or reward model reads of a task what the policy does, of a response what it may write.
         limits = ReadLimits(prompt_tokens=model.max_prompt_tokens, response_tokens=config.explorer.max_new_tokens)
         self.workflow = WORKFLOWS.get(config.explorer.workflow)(

@@ -1,7 +1,7 @@
 from . import multi_turn, single_turn, tool_calling  # noqa: F401  (registers the workflows)
 from .base import WORKFLOWS, Workflow
 
-__all__ = ["WORKFLOWS", "Workflow", "workflow_args_problems"]
+__all__ = ["WORKFLOWS", "Workflow", "rollout_tokens", "workflow_args_problems"]
 
 
 def workflow_args_problems(workflow: str, args: dict) -> list[tuple[str, str]]:
@@ -10,3 +10,11 @@ def workflow_args_problems(workflow: str, args: dict) -> list[tuple[str, str]]:
     if workflow not in WORKFLOWS:
         return []  # explorer.workflow itself is reported
     return WORKFLOWS.get(workflow).args_problems(args)
+
+
+def rollout_tokens(config) -> int:
+    """The most tokens one of the run's rollouts holds (Workflow.context_tokens): the rollout
+    engine's context, and what the model's positions must cover."""
+    workflow = WORKFLOWS.get(config.explorer.workflow)
+    return workflow.context_tokens(config.model.max_prompt_tokens, config.explorer.max_new_tokens,
+                                   workflow.settings(config.explorer.workflow_args))
