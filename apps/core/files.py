@@ -105,7 +105,8 @@ def read_csv(path: Path, name: str, columns: list[str], max_line_bytes: int) -> 
                     raise FileImportError(
                         name,
                         lines.number,
-                        f"no column {quoted(missing)} in the header (columns: {', '.join(header)})",
+                        f"no column {quoted(missing)} in the header (columns: {', '.join(header)})"
+                        + _separator_hint(header),
                     )
                 continue
             if len(values) != len(header):
@@ -115,6 +116,15 @@ def read_csv(path: Path, name: str, columns: list[str], max_line_bytes: int) -> 
             yield Record(lines.number, "line", dict(zip(header, values, strict=True)), lines.progress())
     except csv.Error as exc:
         raise FileImportError(name, lines.number, f"malformed CSV: {exc}") from None
+
+
+def _separator_hint(header: list[str]) -> str:
+    """A header read as one column that another separator would split (Excel writes ';' where the
+    decimal mark is a comma)."""
+    other = next((sep for sep in (";", "\t", "|") if len(header) == 1 and sep in header[0]), None)
+    shown = {"\t": "tabs"}.get(other, repr(other))
+    return "" if other is None else f"; the header is one column: is the file separated by {shown}? CSV here is " \
+        "comma-separated (save it as 'CSV UTF-8 (comma delimited)', or as JSONL)"
 
 
 def read_parquet(path: Path, name: str, columns: list[str], max_line_bytes: int) -> Iterator[Record]:

@@ -37,7 +37,7 @@ def refusals(runs) -> list[str]:
     return reasons
 
 
-def summary(runs) -> tuple[list[str], dict[str, int]]:
+def summary(runs) -> tuple[list[str], dict[str, str]]:
     """(a line per run, counts by kind) for the confirmation page: counts, not a line per row."""
     ids = [run.pk for run in runs]
     rows = dict(Experience.objects.filter(run__in=ids).values_list("run").annotate(n=Count("pk")).order_by())
@@ -47,7 +47,7 @@ def summary(runs) -> tuple[list[str], dict[str, int]]:
              "checkpoints and directory" for run in runs]
     counts = {"runs": len(ids), "experiences": sum(rows.values()), "human edits among them": edits,
               "judgements on them": judgements}
-    return lines, counts
+    return lines, {kind: f"{n:,}" for kind, n in counts.items()}  # Django's page shows them as they are
 
 
 def delete_runs(runs) -> int:

@@ -21,11 +21,18 @@ from django.db.models import Q
 from apps.buffer.models import Experience
 from apps.core.numbers import whole_numbers
 from apps.tasksets.models import Taskset
-from workers.rft.config import ConfigError, ConfigIssue, check_config_value, parse_config_text, parse_reward_fn_text
+from workers.rft.config import (
+    ConfigError,
+    ConfigIssue,
+    RunConfig,
+    check_config_value,
+    parse_config_text,
+    parse_reward_fn_text,
+)
 from workers.rft.config_issues import accepts_null, choices_of, description, leaf_types, section_of
 
 from . import notes, sweeps
-from .config_keys import get_key, set_key
+from .config_keys import get_key, reset_unread, set_key
 from .models import Report, Run, Sweep
 
 FORM, YAML = "form", "yaml"
@@ -120,8 +127,6 @@ def _in_schema_order(config, schema):
 
 
 def default_config() -> dict:
-    from workers.rft.config import RunConfig
-
     return RunConfig().to_dict()
 
 
@@ -146,8 +151,6 @@ class RewardFnField(forms.CharField):
 
 def _schema_field(key: str):
     """The pydantic field of RunConfig at a dotted key."""
-    from workers.rft.config import RunConfig
-
     model = RunConfig
     *sections, name = key.split(".")
     for part in sections:
@@ -256,7 +259,15 @@ class LaunchForm(forms.Form):
                 if key in cleaned:
                     set_key(config, key, cleaned[key])
         check_config_value(config)  # each part is bounded; together they must be too
+        self._reset_hidden_unread(config)
         return config
+
+    def _reset_hidden_unread(self, config: dict) -> None:
+        """A field the page hides for the chosen algorithm keeps its value while hidden, so picking
+        that algorithm again shows it; launched, it is the default where the algorithm would not read it."""
+        algorithm = get_key(config, "algorithm.name", None)
+        reset_unread(config, [key for key, field in self.fields.items()
+                              if getattr(field, "algorithms", ()) and algorithm not in field.algorithms])
 
     def sweep_space(self) -> list:
         """The sweep's axes as the API takes them (SweepError names what is wrong)."""

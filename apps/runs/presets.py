@@ -86,3 +86,14 @@ def preset_config(name: str) -> dict:
     from workers.rft.config import RunConfig
 
     return RunConfig.from_dict(PRESETS[name].config).to_dict()
+
+
+def on_taskset(config: dict, taskset) -> dict:
+    """`config` on `taskset`, with its default workflow and reward; the preset's held-out taskset
+    (another kind of task) is left out, with the evals that read it."""
+    buffer = {**config["buffer"], "taskset": taskset.name, "eval_taskset": None}
+    if buffer.get("expert_taskset"):
+        buffer["expert_taskset"] = taskset.name
+    explorer = {**config["explorer"], "workflow": taskset.default_workflow, "reward_fn": taskset.default_reward_fn,
+                "eval_interval": 0}
+    return {**config, "buffer": buffer, "explorer": explorer}

@@ -139,8 +139,8 @@ class DjangoWeightGroup:
         services.close_rendezvous(self.run, "weights", generation)
 
 
-def taskset_source(name: str | None) -> DjangoTaskSource | None:
-    return DjangoTaskSource(Taskset.objects.get(name=name)) if name else None
+def taskset_source(name: str | None, run: Run | None = None) -> DjangoTaskSource | None:
+    return DjangoTaskSource(Taskset.objects.get(name=name), run.pk if run else None) if name else None
 
 
 def run_stores(run: Run, config, duty: str = "loop", worker: str = "") -> Stores:
@@ -150,7 +150,7 @@ def run_stores(run: Run, config, duty: str = "loop", worker: str = "") -> Stores
     buffer = config.buffer
     expert = Taskset.objects.filter(name=buffer.expert_taskset).first() if buffer.expert_taskset else None
     return Stores(
-        task_source=taskset_source(buffer.taskset),
+        task_source=taskset_source(buffer.taskset, run),
         buffer=DjangoExperienceBuffer(run.pk, explorer=duty if duties.is_explorer(duty) else None),
         metrics=DjangoMetricSink(run),
         eval_source=taskset_source(buffer.eval_taskset),

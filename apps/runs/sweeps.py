@@ -18,7 +18,7 @@ from django.urls import reverse
 from workers.rft.config import ConfigError, ConfigIssue
 
 from . import comparison, queries, services
-from .config_keys import set_key, shown
+from .config_keys import reset_unread, set_key, shown
 from .models import Run, Sweep
 
 MAX_RUNS = 32  # what one sweep may ask of shared workers at once
@@ -207,6 +207,9 @@ def launch_sweep(owner, name: str, base: dict, space, method: str, count: int | 
         config = copy.deepcopy(base)
         for key, value in values.items():
             set_key(config, key, value)
+        if any(key.startswith("algorithm.") for key in values):  # the base's keys this run's algorithm ignores
+            base_keys = {key for key in comparison.flatten_config(base) if key.startswith("algorithm.")}
+            reset_unread(config, base_keys - set(values))
         try:
             services.validate_config(config)
         except ConfigError as err:

@@ -31,7 +31,7 @@ from .forms import LaunchForm, RolloutFilterForm, RunFilterForm, dump_config_yam
 from .holding import hand_back
 from .models import Checkpoint, Run, Sweep
 from .notes import shown_tags, taken_draft
-from .presets import DEFAULT_PRESET, PRESETS, preset_config
+from .presets import DEFAULT_PRESET, PRESETS, on_taskset, preset_config
 
 RUNS_PER_PAGE = 50
 GROUPS_PER_PAGE = 10
@@ -142,18 +142,25 @@ def run_launch(request):
         config, name, preset = _starting_point(request)
         form = LaunchForm.for_config(config, name=name)
     return render(request, "runs/launch.html", {"form": form, "presets": PRESETS, "preset_name": preset,
-                                                "capacity": waits.free_slots()})
+                                                "capacity": waits.free_slots(),
+                                                "taskset": request.GET.get("taskset", "")})
 
 
 def _starting_point(request) -> tuple[dict, str, str | None]:
     """(config, run name, preset) to open the launch form with: a run to copy (?from=<id>), a
-    preset (?preset=<name>), or the default preset."""
+    preset (?preset=<name>), or the default preset; ?taskset=<name> (the taskset page's link) puts
+    that taskset in it, GRPO's preset unless another is named."""
     source = whole_number(request.GET.get("from"))
     if source is not None:
         run = get_object_or_404(Run, pk=source)
         return run.config, f"{run.name} (again)", None
-    preset = request.GET.get("preset") if request.GET.get("preset") in PRESETS else DEFAULT_PRESET
-    return preset_config(preset), "", preset
+    taskset = Taskset.objects.filter(name=request.GET.get("taskset") or "").first()
+    default = "smollm2-grpo" if taskset else DEFAULT_PRESET
+    preset = request.GET.get("preset") if request.GET.get("preset") in PRESETS else default
+    config = preset_config(preset)
+    if taskset:
+        config = on_taskset(config, taskset)
+    return config, "", preset
 
 
 @role_required(RESEARCHER)

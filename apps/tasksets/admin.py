@@ -43,17 +43,17 @@ class TasksetAdmin(admin.ModelAdmin):
                else "it can be resumed; delete the run first")
             for run, name in runs_needing(tasksets)
         ]
-        counts = {"tasksets": len(tasksets), "tasks": sum(taskset.task_count for taskset in tasksets)}
+        counts = {"tasksets": f"{len(tasksets):,}", "tasks": f"{sum(taskset.task_count for taskset in tasksets):,}"}
         return deleted, counts, set(), protected
 
 
 @admin.register(Task)
 class TaskAdmin(admin.ModelAdmin):
-    list_display = ("taskset", "index", "short_prompt", "answer", "difficulty", "priority", "times_sampled")
+    list_display = ("taskset", "index", "short_prompt", "answer", "difficulty", "priority", "run")
     list_filter = ("taskset",)
     search_fields = ("answer",)
-    list_select_related = ("taskset",)
-    raw_id_fields = ("taskset",)
+    list_select_related = ("taskset", "run")
+    raw_id_fields = ("taskset", "run")
     ordering = ("taskset", "index")
     paginator = EstimatedCountPaginator
     show_full_result_count = False

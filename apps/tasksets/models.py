@@ -28,6 +28,11 @@ class Taskset(models.Model):
     def __str__(self):
         return self.name
 
+    @property
+    def own_tasks(self):
+        """Its tasks without those runs made (Task.run)."""
+        return self.tasks.filter(run=None)
+
 
 class Task(models.Model):
     taskset = models.ForeignKey(Taskset, related_name="tasks", on_delete=models.CASCADE)
@@ -38,12 +43,14 @@ class Task(models.Model):
     metadata = models.JSONField(default=dict, blank=True)
     difficulty = models.FloatField(default=0.0)
     priority = models.FloatField(default=0.0)
-    times_sampled = models.PositiveIntegerField(default=0)
+    # A task a run's task pipeline made (synthesize_harder) is that run's alone and goes with it;
+    # the taskset's own tasks have none. It was added to the taskset: every run on it drew it, and
+    # the taskset grew under its curator (2,000 -> 2,020 tasks after one run).
+    run = models.ForeignKey("runs.Run", null=True, blank=True, related_name="+", on_delete=models.CASCADE)
 
     class Meta:
         ordering = ["taskset", "index"]
         constraints = [models.UniqueConstraint(fields=["taskset", "index"], name="task_unique_index")]
-        indexes = [models.Index(fields=["taskset", "-priority", "times_sampled"], name="task_sampling")]
 
     def __str__(self):
         return f"{self.taskset.name}#{self.index}"
@@ -53,6 +60,19 @@ class Task(models.Model):
         if isinstance(self.prompt, str):
             return self.prompt
         return "\n".join(f"{m.get('role')}: {m.get('content')}" for m in self.prompt)
+
+
+class TaskDraw(models.Model):
+    """How many times one run drew one task (the explorer draws least-drawn first; the priority
+    pipeline's use_count reads it). Per run: it was a count on the task, so every run on a taskset
+    moved the others' picks, and two runs of a sweep that differ in one key drew different tasks."""
+
+    run = models.ForeignKey("runs.Run", related_name="+", on_delete=models.CASCADE)
+    task = models.ForeignKey(Task, related_name="draws", on_delete=models.CASCADE)
+    count = models.PositiveIntegerField(default=0)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "task"], name="task_draw_unique")]
 
 
 def _upload_path(job, filename):
@@ -84,8 +104,11 @@ class TasksetImport(Job):
         return has_role(user, RESEARCHER) and (self.created_by_id == user.pk or has_role(user, CURATOR))
 
     def may_cancel(self, user) -> bool:
-        """Whoever may delete imports in the admin: a pending or running one is cancelled instead
-        (services.run_import rolls it back at its next batch)."""
+        """The researcher who uploaded the file (from the import's page), and whoever may delete
+        imports in the admin: a pending or running one is cancelled instead (services.run_import
+        rolls it back at its next batch)."""
+        if self.created_by_id == user.pk and has_role(user, RESEARCHER):
+            return True
         return user.is_active and user.is_staff and user.has_perm("tasksets.delete_tasksetimport")
 
     def keep_result(self, taskset) -> None:

@@ -1,55 +1,79 @@
-"""The engine's TaskSource protocol (workers/rft/protocols.py) over one Taskset in Postgres."""
+"""The engine's TaskSource protocol (workers/rft/protocols.py) over one Taskset, as one run sees it."""
 from collections.abc import Sequence
 
-from django.db import transaction
-from django.db.models import F, Max
+from django.db import connection, transaction
+from django.db.models import Max, Q
 
 from workers.rft.experience import Task, TaskKey
 
 from .models import Task as TaskRow
-from .models import Taskset
+from .models import TaskDraw, Taskset
 
 
-def to_task(row: TaskRow) -> Task:
+def to_task(row: TaskRow, draws: dict[int, int] | None = None) -> Task:
+    """The engine's Task of a row; `draws`: a run's count of draws by task id (none: 0)."""
     return Task(id=row.pk, prompt=row.prompt, answer=row.answer, metadata=row.metadata,
-                difficulty=row.difficulty, priority=row.priority, times_sampled=row.times_sampled)
+                difficulty=row.difficulty, priority=row.priority, times_sampled=(draws or {}).get(row.pk, 0))
 
 
 class DjangoTaskSource:
-    def __init__(self, taskset: Taskset):
+    """The taskset's own tasks and those `run_id`'s pipeline made, with that run's draws (TaskDraw).
+    run_id None: the taskset's own tasks, never drawn (eval and expert data)."""
+
+    def __init__(self, taskset: Taskset, run_id: int | None = None):
         self.taskset = taskset
+        self.run_id = run_id
+
+    def _rows(self):
+        return TaskRow.objects.filter(Q(run=None) | Q(run_id=self.run_id), taskset=self.taskset)
+
+    def _draws(self, task_ids: Sequence[int] | None = None) -> dict[int, int]:
+        if self.run_id is None:
+            return {}
+        draws = TaskDraw.objects.filter(run_id=self.run_id, task__taskset=self.taskset)
+        if task_ids is not None:
+            draws = draws.filter(task_id__in=list(task_ids))
+        return dict(draws.values_list("task_id", "count"))
+
+    def _runs_own(self, what: str) -> None:
+        if self.run_id is None:
+            raise ValueError(f"only a run's task source {what}: taskset {self.taskset.name!r} has none")
 
     def tasks(self) -> list[Task]:
-        return [to_task(row) for row in TaskRow.objects.filter(taskset=self.taskset).order_by("index")]
+        draws = self._draws()
+        return [to_task(row, draws) for row in self._rows().order_by("index")]
 
     def task_keys(self) -> list[TaskKey]:
-        rows = TaskRow.objects.filter(taskset=self.taskset).values_list("pk", "priority", "times_sampled")
-        return [TaskKey(*row) for row in rows]
+        draws = self._draws()
+        return [TaskKey(pk, priority, draws.get(pk, 0)) for pk, priority in self._rows().values_list("pk", "priority")]
 
     def tasks_with_ids(self, task_ids: Sequence[int]) -> list[Task]:
-        rows = TaskRow.objects.in_bulk(list(task_ids))
-        return [to_task(rows[task_id]) for task_id in task_ids]
+        rows, draws = self._rows().in_bulk(list(task_ids)), self._draws(task_ids)
+        return [to_task(rows[task_id], draws) for task_id in task_ids]
 
     def mark_sampled(self, task_ids: Sequence[int]) -> None:
+        self._runs_own("counts draws")
         counts: dict[int, int] = {}
         for task_id in task_ids:
             counts[task_id] = counts.get(task_id, 0) + 1
-        # One UPDATE per distinct count (usually one: each task of a step is drawn once).
-        by_count: dict[int, list[int]] = {}
-        for task_id, count in counts.items():
-            by_count.setdefault(count, []).append(task_id)
-        with transaction.atomic():
-            for count, ids in by_count.items():
-                TaskRow.objects.filter(pk__in=ids).update(times_sampled=F("times_sampled") + count)
+        # One statement, the same on Postgres and SQLite: the run's explorers may finish steps at once.
+        table, count = TaskDraw._meta.db_table, connection.ops.quote_name("count")
+        with connection.cursor() as cursor:
+            cursor.executemany(
+                f"INSERT INTO {table} (run_id, task_id, {count}) VALUES (%s, %s, %s) "
+                f"ON CONFLICT (run_id, task_id) DO UPDATE SET {count} = {table}.{count} + excluded.{count}",
+                [(self.run_id, task_id, n) for task_id, n in counts.items()],
+            )
 
     def add_tasks(self, tasks: Sequence[Task]) -> list[Task]:
+        """The run's own: the taskset and other runs do not see them."""
+        self._runs_own("adds tasks")
         with transaction.atomic():
-            taskset = Taskset.objects.select_for_update().get(pk=self.taskset.pk)
+            taskset = Taskset.objects.select_for_update().get(pk=self.taskset.pk)  # one index at a time
             start = (TaskRow.objects.filter(taskset=taskset).aggregate(m=Max("index"))["m"] or -1) + 1
             rows = TaskRow.objects.bulk_create(
-                TaskRow(taskset=taskset, index=start + i, prompt=t.prompt, answer=t.answer, metadata=t.metadata,
-                        difficulty=t.difficulty, priority=t.priority)
+                TaskRow(taskset=taskset, run_id=self.run_id, index=start + i, prompt=t.prompt, answer=t.answer,
+                        metadata=t.metadata, difficulty=t.difficulty, priority=t.priority)
                 for i, t in enumerate(tasks)
             )
-            Taskset.objects.filter(pk=taskset.pk).update(task_count=F("task_count") + len(rows))
         return [to_task(row) for row in rows]

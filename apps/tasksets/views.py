@@ -1,13 +1,16 @@
+from django.contrib import messages
 from django.core.paginator import Paginator
+from django.db.models import Sum
 from django.http import Http404
 from django.shortcuts import get_object_or_404, redirect, render
+from django.views.decorators.http import require_POST
 
 from apps.accounts.roles import RESEARCHER, role_required
-from apps.core.jobs import label, visible_job
+from apps.core.jobs import JobError, cancel_job, cancellable, label, visible_job
 
 from . import services, staging
 from .forms import TasksetUploadForm
-from .models import Taskset, TasksetImport
+from .models import TaskDraw, Taskset, TasksetImport
 
 RECENT_IMPORTS = 5
 
@@ -21,7 +24,11 @@ def taskset_list(request):
 @role_required(RESEARCHER)
 def taskset_detail(request, name):
     taskset = get_object_or_404(Taskset, name=name)
-    page = Paginator(taskset.tasks.order_by("index"), 50).get_page(request.GET.get("page"))
+    page = Paginator(taskset.own_tasks.order_by("index"), 50).get_page(request.GET.get("page"))
+    drawn = dict(TaskDraw.objects.filter(task__in=list(page)).values("task").annotate(n=Sum("count"))
+                 .values_list("task", "n"))
+    for task in page:
+        task.drawn = drawn.get(task.pk, 0)  # by every run
     # An upload that mapped no difficulty column holds 0 for every task: no column of 0.00 then.
     # A built-in generator's tasks (no mapping) have their own.
     mapping = taskset.field_mapping or {}
@@ -60,8 +67,31 @@ def taskset_upload(request):
 @role_required(RESEARCHER)
 def taskset_import(request, pk):
     """An import job's page, with its progress (apps.core's progress widget) until it has finished."""
+    job = _visible_import(request, pk)
+    may_cancel = cancellable(job) and job.may_cancel(request.user)
+    return render(request, "tasksets/import.html", {"job": job, "job_label": label(job), "may_cancel": may_cancel})
+
+
+@require_POST
+@role_required(RESEARCHER)
+def taskset_import_cancel(request, pk):
+    """Its uploader's (or a curator's) Cancel: the import rolls back at its next batch."""
+    job = _visible_import(request, pk)
+    if not job.may_cancel(request.user):
+        messages.error(request, "Only the researcher who uploaded the file, or a curator, may cancel its import.")
+    else:
+        try:
+            cancel_job(job)
+        except JobError as exc:
+            messages.error(request, str(exc))
+        else:
+            messages.success(request, f"Import of {job.original_filename} cancelled: no taskset {job.name} is made.")
+    return redirect("taskset-import", pk=job.pk)
+
+
+def _visible_import(request, pk) -> TasksetImport:
     # Another user's import answers as a missing one (404, not 403): job ids cannot be probed.
     job = visible_job("tasksets.tasksetimport", pk, request.user)
     if job is None:
         raise Http404("no such import")
-    return render(request, "tasksets/import.html", {"job": job, "job_label": label(job)})
+    return job

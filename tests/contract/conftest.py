@@ -14,7 +14,7 @@ from apps.buffer.store import DjangoExperienceBuffer
 from apps.feedback.models import Feedback
 from apps.runs.models import Run
 from apps.tasksets.models import Task as TaskRow
-from apps.tasksets.models import Taskset
+from apps.tasksets.models import TaskDraw, Taskset
 from apps.tasksets.store import DjangoTaskSource
 from workers.rft.config import RunConfig
 from workers.rft.experience import Experience, PreferencePair, Task
@@ -112,11 +112,14 @@ def make_task_source(request):
             return InMemoryTaskSource([replace(task, id=i) for i, task in enumerate(tasks)])
         request.getfixturevalue("db")
         taskset = Taskset.objects.create(name="contract", task_count=len(tasks))
-        TaskRow.objects.bulk_create(
+        run = Run.objects.create(name="contract", owner=get_user_model().objects.create(username="tasks"), config={})
+        rows = TaskRow.objects.bulk_create(
             TaskRow(taskset=taskset, index=i, prompt=t.prompt, answer=t.answer, metadata=t.metadata,
-                    difficulty=t.difficulty, priority=t.priority, times_sampled=t.times_sampled)
+                    difficulty=t.difficulty, priority=t.priority)
             for i, t in enumerate(tasks)
         )
-        return DjangoTaskSource(taskset)
+        TaskDraw.objects.bulk_create(TaskDraw(run=run, task=row, count=t.times_sampled)
+                                     for row, t in zip(rows, tasks, strict=True) if t.times_sampled)
+        return DjangoTaskSource(taskset, run.pk)
 
     return make

@@ -81,6 +81,10 @@ MATRIX = {
     "taskset-list": Entry("LDAAA"),
     "taskset-upload": Entry("LDAAA"),
     "taskset-import": Entry("LDANA", kwargs=lambda o: {"pk": o.job.pk}),
+    "taskset-import-cancel": Entry(
+        "LDANA", method="post", kwargs=lambda o: {"pk": o.job.pk},
+        changed=lambda o: TasksetImport.objects.get(pk=o.job.pk).status == TasksetImport.Status.CANCELLED,
+    ),
     # a job's progress (an import here): whoever may see the job
     "job-progress": Entry("LNANA", kwargs=lambda o: {"label": JOB_LABEL, "pk": o.job.pk}),
     "taskset-detail": Entry("LDAAA", kwargs=lambda o: {"name": o.taskset.name}),

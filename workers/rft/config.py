@@ -205,7 +205,7 @@ class AlgorithmConfig(Section):
     """weight of the entropy bonus"""
     drop_zero_std_groups: bool = False
     """drop groups whose rewards are all equal (they carry no signal)"""
-    epsilon: float = Field(1e-6, gt=0)
+    epsilon: float = Field(1e-6, gt=0, le=1.0)
     """added to a group's std before dividing by it"""
     std_normalize: bool = True
     """grpo: divide by the group's std (false: Dr. GRPO)"""
@@ -215,7 +215,7 @@ class AlgorithmConfig(Section):
     """the KL penalty against the reference model"""
     gae: GAEConfig = Field(default_factory=GAEConfig)
     """generalised advantage estimation (ppo) and REINFORCE++'s discount"""
-    value_clip: float = Field(0.2, gt=0)
+    value_clip: float = Field(0.2, gt=0, le=1e6)
     """ppo: how far the critic's value may move from the rollout's in one update"""
     dpo: DPOConfig = Field(default_factory=DPOConfig)
     """the dpo loss's settings"""
@@ -303,7 +303,7 @@ class TrainerConfig(Section):
     """the newest this many are kept: each is a whole model with its optimizer state"""
     grad_clip: float = Field(1.0, gt=0, le=1e6)
     """the gradient's largest norm"""
-    weight_decay: float = Field(0.0, ge=0)
+    weight_decay: float = Field(0.0, ge=0, le=1.0)
     """AdamW's weight decay"""
     warmup_steps: int = Field(0, ge=0, le=10_000_000)
     """steps of linear learning-rate warmup"""
@@ -349,7 +349,7 @@ class FeedbackConfig(Section):
     reward_mode: Literal["none", "weight", "override"] = "none"
     """none: ratings are recorded · weight: reward += weight × rating · override: the rating is the reward
     (docs/feedback.md)"""
-    reward_weight: float = Field(1.0, ge=0)
+    reward_weight: float = Field(1.0, ge=0, le=1e6)
     """the weight of a rating with reward_mode weight"""
     rated_only: bool = False
     """train only on rated rollouts: the others wait until rated (or too stale)"""

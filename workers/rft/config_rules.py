@@ -43,7 +43,27 @@ def _algorithm_option_rules(algo, spec) -> list[tuple]:
     loss, adv = spec.policy_loss, spec.advantage_fn
     tau_read = loss == "opmd" or (adv == "opmd" and algo.opmd.baseline == "logavgexp")
     correction = algo.rollout_correction
+    clips = loss in ("ppo", "gspo", "cispo", "mix", "mix_chord")
     return [
+        *[(key, changed and not clips,
+           f"has no effect with policy loss '{loss}': it clips the ratio of ppo, gspo, cispo, mix and mix_chord", by)
+          for key, changed in (("algorithm.clip_range", algo.clip_range != 0.2),
+                               ("algorithm.clip_range_low", algo.clip_range_low is not None),
+                               ("algorithm.clip_range_high", algo.clip_range_high is not None))],
+        ("algorithm.epsilon", algo.epsilon != 1e-6 and not (adv == "grpo" and algo.std_normalize),
+         f"has no effect with advantage fn '{adv}'" + ("" if adv != "grpo" else " and std_normalize false")
+         + ": grpo adds it to the std it divides by", (*by, "algorithm.std_normalize")),
+        ("algorithm.gae.gamma", algo.gae.gamma != 1.0 and not spec.token_advantages,
+         f"has no effect with advantage fn '{adv}': it discounts the returns of ppo and reinforce_plus_plus", by),
+        ("algorithm.gae.lam", algo.gae.lam != 0.95 and adv != "ppo",
+         f"has no effect with advantage fn '{adv}': it is GAE's (ppo)", by),
+        ("algorithm.mix.mu", algo.mix.mu != 0.1 and loss != "mix",
+         f"has no effect with policy loss '{loss}': it weighs mix's SFT loss"
+         + (" (mix_chord's weight is algorithm.chord)" if loss == "mix_chord" else ""), by),
+        ("algorithm.mix.expert_data_ratio", algo.mix.expert_data_ratio != 0.25 and spec.sample_strategy != "mix",
+         f"has no effect with policy loss '{loss}': it is the expert share of mix and mix_chord's batches", by),
+        ("algorithm.dpo.beta", algo.dpo.beta != 0.1 and loss != "dpo",
+         f"has no effect with policy loss '{loss}': it is dpo's", by),
         ("algorithm.clip_ratio_c", algo.clip_ratio_c != 3.0 and loss not in ("ppo", "mix", "mix_chord"),
          f"has no effect with policy loss '{loss}': the dual clip bounds the ppo surrogate (ppo, mix, mix_chord)", by),
         ("algorithm.std_normalize", not algo.std_normalize and adv != "grpo",
@@ -71,6 +91,12 @@ def _algorithm_option_rules(algo, spec) -> list[tuple]:
         ("algorithm.rollout_correction.clip_min", correction.clip_min is not None and correction.mode == "none",
          "has no effect with rollout_correction.mode 'none'", ("algorithm.rollout_correction.mode",)),
     ]
+
+
+def unread_algorithm_keys(c) -> set[str]:
+    """The algorithm's keys the RunConfig `c` sets that its advantage fn and loss would not read
+    (each refused by combination_issues)."""
+    return {key for key, broken, *_ in _algorithm_option_rules(c.algorithm, resolve(c)) if broken}
 
 
 def combination_issues(c, bad: set) -> list[ConfigIssue]:
@@ -119,8 +145,6 @@ def combination_issues(c, bad: set) -> list[ConfigIssue]:
         *_algorithm_option_rules(algo, spec),
         ("algorithm.entropy_coef", algo.entropy_coef > 0 and spec.policy_loss == "dpo",
          "the 'dpo' loss has no entropy bonus", ("algorithm.name", "algorithm.policy_loss")),
-        # Keys the launch form does not show (it keeps an algorithm's hidden fields' values when
-        # another is picked, so its own keys are not refused this way):
         ("feedback.reward_weight", c.feedback.reward_weight != 1.0 and c.feedback.reward_mode != "weight",
          f"has no effect with feedback.reward_mode '{c.feedback.reward_mode}': it weighs ratings in mode 'weight'",
          ("feedback.reward_mode",)),

@@ -1,5 +1,6 @@
 """`ticks`: text whose `backquoted` words are names to type (a queue, a key, a command), shown as
-<code> rather than with the backquotes (messages said "a `train` worker" literally)."""
+<code> rather than with the backquotes (messages said "a `train` worker" literally). `thousands`:
+a count as 15,696, not 15696 (USE_THOUSAND_SEPARATOR would put commas in every id in a URL too)."""
 import re
 
 from django import template
@@ -13,3 +14,8 @@ TICKED = re.compile(r"`([^`\n]+)`")
 @register.filter
 def ticks(text) -> str:
     return mark_safe(TICKED.sub(r"<code>\1</code>", escape(str(text))))  # escaped first: only <code> is ours
+
+
+@register.filter
+def thousands(number) -> str:
+    return f"{number:,}" if isinstance(number, int) else str(number)

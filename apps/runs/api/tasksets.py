@@ -150,6 +150,6 @@ def taskset_import(request, pk: int):
             summary="One taskset, with a page of its tasks")
 def taskset_detail(request, name: str, paging: Query[Paging]):
     taskset = get_object_or_404(Taskset.objects.select_related("created_by"), name=name)
-    page = page_of(taskset.tasks.order_by("index").values("index", "prompt", "answer", "metadata", "difficulty"),
+    page = page_of(taskset.own_tasks.order_by("index").values("index", "prompt", "answer", "metadata", "difficulty"),
                    paging.page, paging.page_size)
     return {**taskset_json(taskset), "task_page": {**page, "results": list(page["results"])}}

@@ -226,3 +226,53 @@ def test_annotators_cannot_launch(annotator_client, tasksets):
 def test_algorithm_specific_fields_are_marked(researcher_client, tasksets, algorithm, shown):
     html = researcher_client.get(URL).content.decode()
     assert f'data-key="{shown}" data-algorithms="{algorithm}"' in html
+
+
+def test_a_hidden_field_the_algorithm_would_not_read_launches_at_its_default(researcher_client, tasksets, worker_queue):
+    """The quick demo is mix (mix.mu 0.5): picking grpo hides mix's fields, which keep their values
+    on the page, and the run launches with grpo's reading of them: none, so the defaults. The same
+    keys in YAML are refused (test_option_matrix)."""
+    data = posted(config_form(), **{"algorithm.name": "grpo", "buffer.expert_taskset": ""})
+    assert data["algorithm.mix.mu"] == "0.5"
+    response = researcher_client.post(URL, data)
+    assert response.status_code == 302, response.context["form"].errors
+    mix = Run.objects.get().config["algorithm"]["mix"]
+    assert mix == RunConfig().algorithm.mix.model_dump()
+
+
+def test_a_hidden_field_the_configs_own_loss_reads_is_kept(researcher_client, tasksets, worker_queue):
+    """grpo with policy_loss mix reads mix.mu, though the page hides it for grpo."""
+    data = posted(config_form(), **{"algorithm.name": "grpo", "algorithm.policy_loss": "mix"})
+    response = researcher_client.post(URL, data)
+    assert response.status_code == 302, response.context["form"].errors
+    assert Run.objects.get().config["algorithm"]["mix"] == {"mu": 0.5, "expert_data_ratio": 0.5}
+
+
+def test_the_same_key_in_yaml_is_refused_naming_why(researcher_client, tasksets, worker_queue):
+    config = preset_config("quick-demo")
+    config["algorithm"]["name"] = "grpo"
+    config["buffer"]["expert_taskset"] = None
+    response = researcher_client.post(URL, {"editor": "yaml", "yaml": yaml.safe_dump(config)})
+    assert response.status_code == 200 and not Run.objects.exists()
+    errors = " ".join(response.context["form"].errors["yaml"])
+    assert "algorithm.mix.mu: has no effect with policy loss 'ppo'" in errors
+
+
+def test_a_tasksets_page_opens_the_launch_form_on_it(researcher_client, tasksets, worker_queue):
+    """The taskset page's link: GRPO's preset on that taskset, its workflow and reward, no evals of
+    the preset's held-out taskset (another kind of task); it launches as shown."""
+    taskset = tasksets[0]
+    page = researcher_client.get(reverse("taskset-detail", args=[taskset.name])).content.decode()
+    link = f'{URL}?taskset={taskset.name}'
+    assert f'href="{link}"' in page
+    form = researcher_client.get(link).context["form"]
+    assert form["buffer.taskset"].value() == taskset.name and form["buffer.eval_taskset"].value() is None
+    assert form["explorer.workflow"].value() == taskset.default_workflow
+    assert form["explorer.reward_fn"].value() == taskset.default_reward_fn
+    assert (form["algorithm.name"].value(), form["explorer.eval_interval"].value()) == ("grpo", 0)
+    response = researcher_client.post(URL, posted(form))
+    assert response.status_code == 302, response.context["form"].errors
+    assert Run.objects.get().name == f"grpo on {taskset.name}"
+    # Another preset keeps the taskset; one that reads expert data reads it from this taskset.
+    form = researcher_client.get(URL, {"taskset": taskset.name, "preset": "quick-demo"}).context["form"]
+    assert form["buffer.expert_taskset"].value() == taskset.name == form["buffer.taskset"].value()

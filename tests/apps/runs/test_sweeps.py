@@ -116,6 +116,22 @@ def test_a_sweep_with_one_bad_run_makes_no_run(researcher, tasksets, worker_queu
     assert not Run.objects.exists() and not Sweep.objects.exists() and worker_queue == []
 
 
+def test_a_sweep_over_the_algorithm_leaves_out_what_each_run_does_not_read(researcher, tasksets, worker_queue):
+    """From the quick demo (mix, mix.mu 0.5): the grpo run takes neither mix.mu nor the expert
+    share, and is not refused for them; the mix run keeps them. A swept key the algorithm ignores
+    is still refused: the person chose it."""
+    config = base()
+    space = [{"key": "algorithm.name", "values": ["mix", "grpo"]}]
+    sweep = sweeps.launch_sweep(researcher, "algorithms", config, space, "grid")
+    mixed, grpo = (run.config["algorithm"] for run in sweep.runs.order_by("pk"))
+    assert (mixed["name"], mixed["mix"]) == ("mix", {"mu": 0.5, "expert_data_ratio": 0.5})
+    assert (grpo["name"], grpo["mix"]) == ("grpo", {"mu": 0.1, "expert_data_ratio": 0.25})
+    config["algorithm"]["name"] = "grpo"
+    with pytest.raises(sweeps.SweepError) as err:
+        sweeps.launch_sweep(researcher, "mu", config, [{"key": "algorithm.mix.mu", "values": [0.3, 0.6]}], "grid")
+    assert "algorithm.mix.mu" in {issue.key for issue in err.value.errors}
+
+
 # ---- the launch form and the sweep page ----------------------------------------------------------
 
 

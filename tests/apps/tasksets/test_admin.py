@@ -52,3 +52,9 @@ def test_a_taskset_only_completed_runs_named_is_deleted_with_a_count_of_its_task
     assert "Taskset math, with its 3 tasks" in page and "math#0" not in page  # a line per task before
     assert delete_selected(curator_client, taskset, confirm=True).status_code == 302
     assert not Taskset.objects.exists() and not Task.objects.exists()
+
+
+def test_the_confirmation_counts_with_thousands_separators(curator_client, taskset):
+    Taskset.objects.filter(pk=taskset.pk).update(task_count=90_000)
+    page = delete_selected(curator_client, taskset, confirm=False).content.decode()
+    assert "Taskset math, with its 90,000 tasks" in page and "Tasks: 90,000" in page

@@ -197,6 +197,13 @@ BAD_FILES = {
         1,
         "no column 'answer' in the header (columns: question, solution)",
     ),
+    "CSV separated by semicolons": (  # Excel's CSV where the decimal mark is a comma
+        lambda f: f.raw(b"question;answer\r\n1+1?;2\r\n", "excel.csv"),
+        "excel.csv",
+        1,
+        "no column 'question', 'answer' in the header (columns: question;answer); the header is one column: "
+        "is the file separated by ';'? CSV here is comma-separated",
+    ),
     "CSV empty": (lambda f: f.raw(b"", "empty.csv"), "empty.csv", None, "the file has no rows"),
     "CSV header only": (
         lambda f: f.raw(b"question,answer\n", "header.csv"),

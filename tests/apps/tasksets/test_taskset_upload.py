@@ -325,3 +325,19 @@ def test_a_generated_tasksets_page_shows_its_difficulty(researcher_client):
     taskset.tasks.create(index=0, prompt="1 + 2", answer="3", difficulty=1.477)
     detail = researcher_client.get(reverse("taskset-detail", args=["generated"])).content.decode()
     assert "<th>Difficulty</th>" in detail and "<td>1.48</td>" in detail
+
+
+def test_the_uploader_cancels_a_queued_import_from_its_page(researcher_client, researcher, media_root):
+    """Only staff could, in the admin: a researcher who picked the wrong file waited for it."""
+    job = TasksetImport.objects.create(original_filename="big.jsonl", name="big", format="jsonl",
+                                       default_workflow="single_turn", default_reward_fn="exact_match",
+                                       created_by=researcher)
+    page = researcher_client.get(reverse("taskset-import", args=[job.pk])).content.decode()
+    assert "Cancel this import" in page and reverse("taskset-import-cancel", args=[job.pk]) in page
+    response = researcher_client.post(reverse("taskset-import-cancel", args=[job.pk]), follow=True)
+    job.refresh_from_db()
+    assert job.status == TasksetImport.Status.CANCELLED and not Taskset.objects.filter(name="big").exists()
+    page = response.content.decode()
+    assert "Import of big.jsonl cancelled" in page and "Cancel this import" not in page
+    again = researcher_client.post(reverse("taskset-import-cancel", args=[job.pk]), follow=True).content.decode()
+    assert "has already finished (cancelled): there is nothing to cancel" in again

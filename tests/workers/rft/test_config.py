@@ -224,6 +224,38 @@ def test_combinations_that_are_fine():
     RunConfig.from_dict({"synchronizer": {"interval": 1, "offset": 4}, "buffer": {"max_staleness": 2}})  # async
 
 
+@pytest.mark.parametrize("data", [
+    {"algorithm": {"name": "mix", "mix": {"mu": 0.5, "expert_data_ratio": 0.5}}, "buffer": {"expert_taskset": "g"}},
+    {"algorithm": {"policy_loss": "mix", "mix": {"mu": 0.5}}, "buffer": {"expert_taskset": "g"}},  # grpo + mix loss
+    {"algorithm": {"name": "mix_chord", "mix": {"expert_data_ratio": 0.5}}, "buffer": {"expert_taskset": "g"}},
+    {"mode": "train", "algorithm": {"name": "dpo", "dpo": {"beta": 0.5}}},
+    {"algorithm": {"name": "ppo", "gae": {"gamma": 0.9, "lam": 0.9}}},
+    {"algorithm": {"name": "reinforce_plus_plus", "gae": {"gamma": 0.9}}},
+    {"algorithm": {"policy_loss": "gspo", "clip_range_low": 3e-4, "clip_range_high": 4e-4}},
+    {"algorithm": {"name": "opmd", "policy_loss": "cispo", "clip_range": 0.3}},
+    {"algorithm": {"epsilon": 1e-4}},
+])
+def test_an_algorithm_key_is_accepted_where_it_is_read(data):
+    """The counterpart of the option matrix's refusals: each key where its loss or advantage fn reads it."""
+    RunConfig.from_dict(data)
+
+
+def test_every_number_is_bounded_above():
+    """A value past any sense (weight_decay 1e300) is refused at launch, not met as NaNs mid-run."""
+    from workers.rft.config_issues import leaf_types, section_of
+
+    def unbounded(model, prefix=""):
+        for name, field in model.model_fields.items():
+            section = section_of(field.annotation)
+            if section is not None:
+                yield from unbounded(section, f"{prefix}{name}.")
+            elif {int, float} & set(leaf_types(field.annotation)) and bool not in leaf_types(field.annotation):
+                if not any(hasattr(m, "le") or hasattr(m, "lt") for m in field.metadata):
+                    yield prefix + name
+
+    assert list(unbounded(RunConfig)) == []
+
+
 def test_many_errors_are_reported_together():
     text = """
 mode: explore
