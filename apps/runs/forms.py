@@ -96,7 +96,10 @@ SECTIONS = (
 # Knobs that matter for some algorithms only; the page hides them for the others.
 RL = ("grpo", "ppo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baseline", "opmd", "mix", "mix_chord")
 CLIPPED = tuple(name for name in RL if name != "opmd")  # the presets whose loss clips the ratio
+GROUPED = ("grpo", "rloo", "reinforce_plus_plus_baseline", "opmd", "mix", "mix_chord")  # group advantage fns
 ALGORITHM_ONLY = {
+    "algorithm.loss_agg_mode": (*RL, "sft"),
+    "algorithm.drop_zero_std_groups": GROUPED,
     "algorithm.mix.mu": ("mix",),
     "algorithm.mix.": ("mix", "mix_chord"),
     "algorithm.dpo.": ("dpo",),

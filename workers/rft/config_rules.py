@@ -71,6 +71,11 @@ def _algorithm_option_rules(algo, spec) -> list[tuple]:
         ("algorithm.std_unbiased", not algo.std_unbiased and (adv != "grpo" or not algo.std_normalize),
          f"has no effect with advantage fn '{adv}'" + ("" if adv != "grpo" else " and std_normalize false")
          + ": it picks the std grpo divides by", (*by, "algorithm.std_normalize")),
+        ("algorithm.loss_agg_mode", algo.loss_agg_mode != "token-mean" and loss == "dpo",
+         "has no effect with policy loss 'dpo': it sums each response's log-probs and averages over pairs", by),
+        ("algorithm.drop_zero_std_groups", algo.drop_zero_std_groups and not spec.group_advantages,
+         f"has no effect with {f'advantage fn {adv!r}' if adv else f'algorithm {algo.name!r}'}: it drops groups "
+         "before a group advantage fn (grpo, rloo, reinforce_plus_plus_baseline, opmd) compares them", by),
         ("algorithm.loss_scale_factor",
          algo.loss_scale_factor is not None and algo.loss_agg_mode != "seq-mean-token-sum-norm",
          f"has no effect with loss_agg_mode '{algo.loss_agg_mode}': it divides 'seq-mean-token-sum-norm'",
@@ -143,6 +148,12 @@ def combination_issues(c, bad: set) -> list[ConfigIssue]:
         ("algorithm.kl.coef", algo.kl.coef > 0 and algo.kl.fn == "none",
          "has no effect with algorithm.kl.fn 'none': name an estimator (k1, k2, k3, low_var_kl)", ("algorithm.kl.fn",)),
         *_algorithm_option_rules(algo, spec),
+        ("algorithm.rollout_correction.mode",
+         algo.rollout_correction.mode != "none" and c.explorer.top_p < 1 and c.explorer.engine in ("vllm", "auto"),
+         "corrects nothing with explorer.top_p below 1 on vLLM"
+         + (" (engine 'auto' is vLLM on a GPU)" if c.explorer.engine == "auto" else "")
+         + ": vLLM renormalises its log-probs in the nucleus, so the trainer drops them; set explorer.top_p 1 or "
+         "explorer.engine 'transformers'", ("explorer.top_p", "explorer.engine")),
         ("algorithm.entropy_coef", algo.entropy_coef > 0 and spec.policy_loss == "dpo",
          "the 'dpo' loss has no entropy bonus", ("algorithm.name", "algorithm.policy_loss")),
         ("feedback.reward_weight", c.feedback.reward_weight != 1.0 and c.feedback.reward_mode != "weight",

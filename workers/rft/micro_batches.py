@@ -9,7 +9,7 @@ of few, instead of sizing every micro-batch for the longest answer (issue #43). 
 micro-batch by its share of its part's tokens or sequences, so how rows are grouped changes a step
 only by summation order.
 """
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -33,12 +33,17 @@ class MicroBatch:
     returns: torch.Tensor | None = None  # [B, T] critic targets (PPO)
     old_values: torch.Tensor | None = None  # [B, T]
     rollout_logprobs: bool = False  # old_logprobs came from the rollout engine
+    # Some rows have the engine's log-probs and some not (engine_rows [B]): engine_logprobs holds
+    # them, 0 elsewhere; the trainer computes logπ_old and takes each row as its kind (Trainer._prepare_rollouts).
+    engine_rows: torch.Tensor | None = None
+    engine_logprobs: torch.Tensor | None = None
     prompt_rows: torch.Tensor | None = None  # [U] the first row of each distinct prompt; None: all distinct
     row_prompt: torch.Tensor | None = None  # [B] each row's index into prompt_rows
-    logprob_mismatch: float | None = None  # mean |logπ_trainer - logπ_rollout| before the update
+    # Measured once, before the update: metric -> (its mean here, the tokens or sequences it covers),
+    # averaged over the step by what each micro-batch covers (logprob_mismatch, the correction's).
+    measured: dict[str, tuple[float, float]] = field(default_factory=dict)
     ref_logprobs: torch.Tensor | None = None  # [B, T] the reference model's, where a loss reads them
     is_weights: torch.Tensor | None = None  # rollout-correction weights (algorithms/correction.py)
-    correction_metrics: dict | None = None
     # fsdp (Trainer._share): a stand-in that keeps this rank's passes in step with the others',
     # weighted 0; and whether a rollout micro-batch runs the policy's no-grad forward for logπ_old
     # although it has them, because another rank's micro-batch of the same round has none.
@@ -74,7 +79,8 @@ def collate(experiences: list[Experience], pad_id: int, device: torch.device) ->
         mask[i, :t] = torch.as_tensor(e.action_mask)
         if e.logprobs is not None:
             old_logprobs[i, :t] = torch.as_tensor(e.logprobs)
-    has_logprobs = all(e.logprobs is not None for e in experiences)
+    engine_rows = [e.logprobs is not None for e in experiences]
+    has_logprobs, partial = all(engine_rows), any(engine_rows) and not all(engine_rows)
     has_advantages = all(e.advantage is not None for e in experiences)
     first_rows, row_prompt, index = [], [], {}  # index: prompt -> its position in first_rows
     for i, e in enumerate(experiences):
@@ -94,6 +100,8 @@ def collate(experiences: list[Experience], pad_id: int, device: torch.device) ->
         advantages=torch.tensor([e.advantage for e in experiences], device=device) if has_advantages else None,
         rewards=torch.tensor([e.reward or 0.0 for e in experiences], device=device),
         rollout_logprobs=has_logprobs,
+        engine_rows=torch.tensor(engine_rows, device=device) if partial else None,
+        engine_logprobs=old_logprobs.to(device) if partial else None,
         prompt_rows=torch.tensor(first_rows, device=device) if shared else None,
         row_prompt=torch.tensor(row_prompt, device=device) if shared else None,
     )

@@ -12,6 +12,7 @@ samples, with the functions at the end of this module.
 from dataclasses import dataclass, field
 
 from .algorithms import ADVANTAGE_FNS, group_advantage
+from .algorithms.advantages import stepwise
 from .experience import EXPERT_SOURCES, Experience, PreferencePair
 from .registry import Registry
 
@@ -76,12 +77,36 @@ HUMAN_REWARD = "human"
 def reward_with_feedback(experience: Experience, feedback, human: float | None = None) -> float | None:
     """The reward an experience trains with under the run's feedback settings (a FeedbackConfig).
     `human` stands in for the rating of an unrated experience (None: it has none)."""
-    human = experience.reward_components.get(HUMAN_REWARD, human)
+    return _with_rating(experience, feedback, experience.reward_components.get(HUMAN_REWARD, human))
+
+
+def _with_rating(experience: Experience, feedback, human: float | None) -> float | None:
     if human is None or feedback.reward_mode == "none":
         return experience.reward
     if feedback.reward_mode == "override":
         return human
     return (experience.reward or 0.0) + feedback.reward_weight * human
+
+
+def _episode(experience: Experience):
+    """The episode a step experience of a multi-turn rollout belongs to (None: a whole rollout)."""
+    return experience.metadata.get("rollout") if experience.source == "rollout" else None
+
+
+def _ratings(members: list[Experience]) -> tuple[dict, float | None]:
+    """({episode: its rating}, the group's): a step experience trains with its episode's rating, the
+    mean of its rated steps', so an episode's steps keep one reward between them and a long episode
+    counts once in the group's mean, as in its advantage (advantages.stepwise)."""
+    rated, episodes = [], {}
+    for m in members:
+        if HUMAN_REWARD in m.reward_components:
+            if _episode(m) is None:
+                rated.append(m.reward_components[HUMAN_REWARD])
+            else:
+                episodes.setdefault(_episode(m), []).append(m.reward_components[HUMAN_REWARD])
+    episodes = {episode: sum(r) / len(r) for episode, r in episodes.items()}
+    rated += episodes.values()
+    return episodes, (sum(rated) / len(rated) if rated else None)
 
 
 def apply_human_feedback(batch: list[Experience], groups: dict[str, list[Experience]], config) -> None:
@@ -91,22 +116,32 @@ def apply_human_feedback(batch: list[Experience], groups: dict[str, list[Experie
     `groups` maps the id of each group with a rating to the experiences its advantages compare
     (the batch's own among them; with feedback.rated_only only the rated ones). An unrated member
     of such a group counts as its group's mean rating: neither better nor worse than what the
-    annotators saw, so a rating moves only the rated rollouts. Other groups keep their rewards
-    and the advantages the explorer gave them."""
+    annotators saw, so a rating moves only the rated rollouts. Step experiences of multi-turn
+    episodes train with their episode's rating and are compared episode by episode, as the
+    explorer compared them (they were compared step by step: a 3-step episode counted 3 times).
+    Other groups keep their rewards and the advantages the explorer gave them."""
     feedback = config.feedback
-    group_rating = {}
-    for group_id, members in groups.items():
-        ratings = [m.reward_components[HUMAN_REWARD] for m in members if HUMAN_REWARD in m.reward_components]
-        group_rating[group_id] = sum(ratings) / len(ratings) if ratings else None
-    rewards = [reward_with_feedback(e, feedback, group_rating.get(e.group_id)) for e in batch]
+    ratings = {group_id: _ratings(members) for group_id, members in groups.items()}
+
+    def reward(e: Experience) -> float | None:
+        episodes, group = ratings.get(e.group_id, ({}, None))
+        if _episode(e) is not None:
+            return _with_rating(e, feedback, episodes.get(_episode(e), group))
+        return reward_with_feedback(e, feedback, group)
+
+    rewards = [reward(e) for e in batch]
     advantages = {}
     if (advantage := group_advantage(config)) is not None:
         fn, params = advantage
         for group_id, members in groups.items():
-            group_rewards = [reward_with_feedback(m, feedback, group_rating[group_id]) or 0.0 for m in members]
-            values, _ = ADVANTAGE_FNS.get(fn)(group_rewards, [group_id] * len(members), **params)
+            group_rewards = [reward(m) or 0.0 for m in members]
+            ids = [group_id] * len(members)
+            if all(_episode(m) is not None for m in members):
+                values, _ = stepwise(fn, group_rewards, ids, [_episode(m) for m in members], **params)
+            else:
+                values, _ = ADVANTAGE_FNS.get(fn)(group_rewards, ids, **params)
             advantages.update(zip((m.id for m in members), values.tolist()))
     # Assigned last: the batch's experiences may be the groups' members themselves.
-    for experience, reward in zip(batch, rewards):
-        experience.reward = reward
+    for experience, value in zip(batch, rewards):
+        experience.reward = value
         experience.advantage = advantages.get(experience.id, experience.advantage)

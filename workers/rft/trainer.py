@@ -40,6 +40,7 @@ from .algorithms import (
     EXPERT,
     PAIRS,
     POLICY_LOSSES,
+    TOKEN_MEANS,
     USUAL,
     LossInputs,
     compute_gae,
@@ -69,9 +70,10 @@ from .sampling import SAMPLE_STRATEGIES, TrainBatch
 # The SDPA kernels the trainer's forward may use on CUDA (Trainer._forward_context).
 TRAINING_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 
-def _mismatch(trainer_logprobs, rollout_logprobs, mask) -> float:
-    """Mean |logπ_trainer - logπ_rollout| over the kept tokens (the metric logprob_mismatch)."""
-    return ((trainer_logprobs - rollout_logprobs).abs() * mask).sum().item() / max(mask.sum().item(), 1)
+def _mismatch(trainer_logprobs, rollout_logprobs, mask) -> tuple[float, float]:
+    """(mean |logπ_trainer - logπ_rollout| over the kept tokens, their count): the metric logprob_mismatch."""
+    tokens = mask.sum().item()
+    return ((trainer_logprobs - rollout_logprobs).abs() * mask).sum().item() / max(tokens, 1), tokens
 
 
 class Trainer:
@@ -218,6 +220,7 @@ class Trainer:
         agg = self.algo.loss_agg_mode
         parts = self._micro_batches(batch)
         part_units = {part: sum(mb.units(agg, part) for mb in mbs) for part, mbs in parts}
+        part_tokens = {part: sum(mb.mask.sum().item() for mb in mbs) for part, mbs in parts}
         if self.ranks is not None:
             parts = [(part, self._share(mbs)) for part, mbs in parts]
         self._prepare(parts)
@@ -229,25 +232,29 @@ class Trainer:
             for part, mbs in parts:
                 for mb in mbs:
                     share = 0.0 if mb.padding else mb.units(agg, part) / max(part_units[part], 1)
+                    token_share = 0.0 if mb.padding else mb.mask.sum().item() / max(part_tokens[part], 1)
                     loss, mb_metrics = self._loss(mb, part)
                     (share * loss).backward()
                     total_loss += share * loss.item()
                     for key, value in mb_metrics.items():
-                        metrics[key] = metrics.get(key, 0.0) + share * value
+                        metrics[key] = metrics.get(key, 0.0) + (token_share if key in TOKEN_MEANS else share) * value
             self._sum_gradients(self.policy)
             grad_norm = self._clip(self.policy)
             self.optimizer.step()
             if self.critic is not None and USUAL in part_units:
                 metrics.update(self._critic_update(usual, part_units[USUAL]))
         metrics["loss"] = total_loss
-        measured = [mb for mb in usual if mb.logprob_mismatch is not None and not mb.padding]
-        if measured:  # token-weighted: summed over ranks as (weighted sum, tokens)
-            metrics["logprob_mismatch"] = sum(mb.logprob_mismatch * mb.mask.sum().item() for mb in measured)
-            metrics["logprob_mismatch_tokens"] = sum(mb.mask.sum().item() for mb in measured)
+        covered = {}  # the measured metrics, weighted by what each covers: summed over ranks as (sum, count)
+        for mb in usual:
+            for key, (mean, count) in ({} if mb.padding else mb.measured).items():
+                metrics[key] = metrics.get(key, 0.0) + mean * count
+                covered[f"{key}/covered"] = covered.get(f"{key}/covered", 0.0) + count
+        metrics |= covered
         if self.ranks is not None:
             metrics = self.ranks.sum_values(metrics)
-        if "logprob_mismatch" in metrics:
-            metrics["logprob_mismatch"] /= max(metrics.pop("logprob_mismatch_tokens"), 1)
+        for name in [key for key in metrics if key.endswith("/covered")]:
+            count = metrics.pop(name)
+            metrics[name.removesuffix("/covered")] /= max(count, 1)
         metrics["grad_norm"] = grad_norm.item()
         return metrics
 
@@ -315,16 +322,16 @@ class Trainer:
         logprobs, entropy = self._logprobs(self.policy, mb, self._temperature(part), entropy_read)
         if entropy is not None and not self.algo.entropy_coef:
             entropy = entropy.detach()  # a metric only: no backward through it
-        if part == USUAL and mb.rollout_logprobs and mb.logprob_mismatch is None:
+        if part == USUAL and mb.rollout_logprobs and "logprob_mismatch" not in mb.measured:
             # Before the first optimizer step the trainer holds the weights that generated these
             # rollouts (at staleness 0): any gap is the engines' numerics (vLLM kernels, bf16...).
-            mb.logprob_mismatch = _mismatch(logprobs.detach(), mb.old_logprobs, mb.mask)
+            mb.measured["logprob_mismatch"] = _mismatch(logprobs.detach(), mb.old_logprobs, mb.mask)
         inputs = LossInputs(
             mask=mb.mask, part=part, old_logprobs=mb.old_logprobs, advantages=mb.advantages,
             ref_logprobs=mb.ref_logprobs, entropy=entropy, is_weights=mb.is_weights, step=self.step,
         )
         loss, metrics = self.loss_fn(logprobs, inputs, self.algo)
-        return loss, metrics | (mb.correction_metrics or {})
+        return loss, metrics
 
     def _temperature(self, part: str) -> float:
         """Rollouts were sampled under softmax(logits / temperature): their log-probs compare like
@@ -411,17 +418,14 @@ class Trainer:
         the model wrote (environment tokens of a multi-turn rollout are not the model's)."""
         if mb.advantages is None and not self.spec.token_advantages:
             raise ValueError("rollouts reached the trainer without advantages: the explorer's pipeline sets them")
-        correction = self.algo.rollout_correction
         if mb.old_logprobs is None:
-            mb.old_logprobs = self._logprobs(self.policy, mb, self.temperature)[0]
-        elif correction.mode != "none":
-            # The PPO ratio compares with the trainer's own logπ_old; the engine's log-probs only
-            # weight the tokens (their mismatch measured here, before any update).
-            rollout, mb.old_logprobs = mb.old_logprobs, self._logprobs(self.policy, mb, self.temperature)[0]
-            mb.logprob_mismatch = _mismatch(mb.old_logprobs, rollout, mb.mask)
-            mb.is_weights, mb.correction_metrics = rollout_correction_weights(
-                mb.old_logprobs, rollout, mb.mask, correction.mode, correction.clip_min, correction.clip_max
-            )
+            trainer_logprobs = self._logprobs(self.policy, mb, self.temperature)[0]
+            if mb.engine_rows is None:
+                mb.old_logprobs = trainer_logprobs
+            else:  # each row as in a micro-batch of its own kind: the grouping changes no step
+                self._with_engine_logprobs(mb, mb.engine_logprobs, trainer_logprobs, mb.engine_rows)
+        elif self.algo.rollout_correction.mode != "none":
+            self._with_engine_logprobs(mb, mb.old_logprobs, self._logprobs(self.policy, mb, self.temperature)[0])
         elif mb.policy_pass:  # fsdp: another rank computes its logπ_old in this round (Trainer._share)
             self._logprobs(self.policy, mb, self.temperature)
         if self.critic is not None:
@@ -434,6 +438,25 @@ class Trainer:
                 )
             else:
                 mb.advantages = discounted_returns(token_rewards, mb.mask, self.algo.gae.gamma)
+
+    def _with_engine_logprobs(self, mb: MicroBatch, engine, trainer, rows=None) -> None:
+        """logπ_old and the rollout correction from the engine's log-probs on `rows` (None: all)
+        and the trainer's. Without a correction the engine's are logπ_old (the trainer's where a row
+        has none); with one, the PPO ratio compares with the trainer's own logπ_old and the engine's
+        only weight the tokens, a row without them weighing 1 (it was the whole micro-batch's
+        correction that went when one row had none). The mismatch is measured before any update."""
+        correction = self.algo.rollout_correction
+        mask = mb.mask if rows is None else mb.mask * rows[:, None]
+        mb.measured["logprob_mismatch"] = _mismatch(trainer, engine, mask)
+        if correction.mode == "none":
+            mb.old_logprobs = engine if rows is None else torch.where(rows[:, None], engine, trainer)
+            return
+        mb.old_logprobs = trainer
+        # exp(0) = 1 where the mask is 0: those rows are weighed 1 and left out of the metrics
+        mb.is_weights, metrics, count = rollout_correction_weights(
+            trainer, engine, mask, correction.mode, correction.clip_min, correction.clip_max
+        )
+        mb.measured |= {key: (value, count) for key, value in metrics.items()}
 
     def _values(self, mb: MicroBatch) -> torch.Tensor:
         width_t = mb.response_ids.shape[1]

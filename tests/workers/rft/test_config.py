@@ -21,7 +21,7 @@ algorithm:
   clip_range_high: 0.28
   loss_agg_mode: seq-mean-token-mean
   entropy_coef: 0.01
-  drop_zero_std_groups: true
+  drop_zero_std_groups: false  # ppo compares no groups: true is refused
   epsilon: 1e-6
   kl: {fn: low_var_kl, coef: 0.001}
   gae: {gamma: 0.99, lam: 0.95}

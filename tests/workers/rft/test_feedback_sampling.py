@@ -50,6 +50,31 @@ def test_weighted_ratings_add_to_the_rule_reward_and_unrated_rollouts_get_the_gr
     assert [e.advantage for e in group] == pytest.approx(expected.tolist())
 
 
+def step(id, episode, reward, human=None):
+    """A step experience of a multi-turn episode (multi_turn with experience 'step')."""
+    e = experience(id, reward, human)
+    e.metadata = {"rollout": episode}
+    return e
+
+
+@pytest.mark.parametrize("mode", ["weight", "override"])
+def test_step_experiences_are_rated_and_compared_episode_by_episode(mode):
+    """Episode 0 of three steps (reward 1), episode 1 of one (reward 0), episode 2 of two (reward
+    0). One rating on a step of episode 0 is its episode's, for all three steps (they keep one
+    reward, as the explorer's stepwise advantage requires); unrated episodes take the group's mean
+    rating; the group is compared once per episode, as the explorer compared it. It was compared
+    step by step: a rating that moved every reward alike changed the advantages from [0.707 x3,
+    -0.707] to [0.5 x3, -1.5]."""
+    group = [step(1, 0, 1.0, human=0.5), step(2, 0, 1.0), step(3, 0, 1.0), step(4, 1, 0.0), step(5, 2, 0.0),
+             step(6, 2, 0.0, human=0.0)]
+    apply_human_feedback(group, {"g": group}, config(reward_mode=mode))
+    rated = {"weight": [1.5, 0.25, 0.0], "override": [0.5, 0.25, 0.0]}[mode]  # episodes 0, 1 (mean 0.25), 2
+    assert [e.reward for e in group] == pytest.approx([rated[0]] * 3 + [rated[1]] + [rated[2]] * 2)
+    expected, _ = grpo(torch.tensor(rated), ["g"] * 3, epsilon=1e-6)
+    by_episode = [expected[0].item()] * 3 + [expected[1].item()] + [expected[2].item()] * 2
+    assert [e.advantage for e in group] == pytest.approx(by_episode)
+
+
 def test_rloo_takes_its_own_parameters_and_groups_without_feedback_keep_their_advantages():
     batch = [
         experience(1, 0.0, human=1.0, group="a"),

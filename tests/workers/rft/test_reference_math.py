@@ -607,6 +607,38 @@ def test_ppo_kl_penalty_and_entropy_bonus_match_verl_actor(seed, shape, mode):
         assert metrics[key] == pytest.approx(ref_metrics[key], abs=1e-9, rel=rtol), key
 
 
+@pytest.mark.parametrize("seed, shape", CASES[:3])
+@pytest.mark.parametrize("name, mu_of", [("mix", lambda step: 0.9),
+                                         ("mix_chord", lambda step: ref_mu(step, 5, 10, 0.9, 0.05))])
+@pytest.mark.parametrize("step", [0, 5])
+def test_the_mixes_add_kl_and_entropy_at_full_coefficients_as_trinitys_actor(seed, shape, name, mu_of, step):
+    # Trinity trainer/verl/dp_actor.py update_policy: pg_loss, _ = self.policy_loss_fn(...) (MIXPolicyLossFn or
+    # MIXCHORDPolicyLossFn: (1 - mu) * ppo on the usual rows), then policy_loss = pg_loss - entropy_coeff * entropy
+    # + kl_loss_coef * kl: the regularisers are not scaled by 1 - mu (they were here, a KL 10x weaker at mu 0.9).
+    # rftweb applies both to the rollouts (the policy's own samples) only, as for every RL loss.
+    gen = torch.Generator().manual_seed(seed)
+    mask, old, new, advantages = make_rollouts(gen, *shape, scale=0.3)
+    ref_logprobs = new + 0.3 * torch.randn(shape, generator=gen, dtype=F64)
+    logits = 2 * torch.randn(*shape, 7, generator=gen, dtype=F64)
+    algo = algo_config(name=name, mix={"mu": 0.9}, entropy_coef=0.01, kl={"fn": "k3", "coef": 0.05},
+                       chord={"mu_warmup_steps": 5, "mu_decay_steps": 10, "mu_peak": 0.9, "mu_valley": 0.05})
+    inputs = LossInputs(mask, part=USUAL, old_logprobs=old, advantages=advantages, ref_logprobs=ref_logprobs,
+                        entropy=entropy_from_logits(logits), step=step)
+    loss, grad, metrics = ours(name, new, inputs, algo)
+    mu = mu_of(step)
+
+    def reference(x):
+        pg_loss, _ = ref_vanilla(old, x, token_level(advantages, mask), mask, "token-mean", 0.2, 0.2)
+        entropy = ref_agg_loss(ref_entropy(logits), mask, "token-mean")
+        kl = ref_agg_loss(ref_kl_penalty(x, ref_logprobs, "k3"), mask, "token-mean")
+        return (1 - mu) * pg_loss - 0.01 * entropy + 0.05 * kl, {"kl": kl.item()}
+
+    ref_loss, ref_grad, ref_metrics = loss_and_grad(reference, new)
+    close(loss, ref_loss)
+    close(grad, ref_grad)
+    assert metrics["kl"] == pytest.approx(ref_metrics["kl"], abs=1e-9)
+
+
 @pytest.mark.parametrize("seed, shape", CASES)
 @pytest.mark.parametrize("mode", ["seq-mean-token-mean", "token-mean"])
 @pytest.mark.parametrize("low, high, is_weights", [(None, None, False), (3e-4, 4e-4, False), (None, None, True)])
@@ -757,7 +789,7 @@ def test_rollout_correction_weights_match_trl_vllm_importance_sampling(seed, sha
     mask = make_mask(gen, *shape)
     old = -3 * torch.rand(shape, generator=gen, dtype=F64)
     rollout = old + 0.3 * torch.randn(shape, generator=gen, dtype=F64)
-    weights, _ = rollout_correction_weights(old, rollout, mask, mode, clip_min=clip_min, clip_max=clip_max)
+    weights, *_ = rollout_correction_weights(old, rollout, mask, mode, clip_min=clip_min, clip_max=clip_max)
     expected = ref_vllm_is_ratio(old, rollout, mask, mode, clip_min, clip_max)
     close(torch.broadcast_to(weights, shape) * mask, torch.broadcast_to(expected, shape) * mask)
 

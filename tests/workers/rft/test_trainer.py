@@ -70,6 +70,46 @@ def test_micro_batches_accumulate_to_the_full_batch_step(tiny_path, tokenizer, a
         torch.testing.assert_close(x.grad, y.grad, atol=1e-7, rtol=1e-4, msg=name)
 
 
+@pytest.mark.parametrize("agg", ["token-mean", "seq-mean-token-mean"])
+def test_token_mean_metrics_do_not_change_with_the_micro_batch(tiny_path, tokenizer, agg):
+    """clip_frac and the ratio's metrics are means over tokens under any loss_agg_mode; weighed by
+    sequences under seq-mean-token-mean, clip_frac read 0.58, 0.55 and 0.50 at micro-batches of 8, 3 and 1."""
+    batch = rollouts(tokenizer)
+    for i, row in enumerate(batch):  # the engine's log-probs, away from the policy's: ratios far from 1
+        generator = torch.Generator().manual_seed(i)
+        row.logprobs = (-0.5 - 3 * torch.rand(len(row.response_ids), generator=generator)).tolist()
+    steps = [make_trainer(tiny_path, tokenizer, batch, algorithm={"loss_agg_mode": agg},
+                          trainer={"micro_batch_size": size, "batch_size": 8}).train_step() for size in (8, 3, 1)]
+    assert 0 < steps[0]["clip_frac"] < 1
+    for key in ("clip_frac", "clip_frac_lower", "approx_kl", "ratio_mean", "loss"):
+        assert [step[key] for step in steps] == pytest.approx([steps[0][key]] * 3, rel=1e-5), key
+
+
+@pytest.mark.parametrize("mode", ["none", "token_truncate", "sequence_mask"])
+def test_rows_without_the_engines_logprobs_change_no_step_by_their_micro_batch(tiny_path, tokenizer, mode):
+    """Half the rows carry the engine's log-probs (an edit, another engine): each row is taken as
+    its kind, whichever rows share its micro-batch. One row without them used to drop the whole
+    micro-batch's log-probs and correction: micro-batch 8 and 1 trained differently (loss 0.17 and
+    0.05 in an audit's run), and the correction's metrics were diluted."""
+    batch = rollouts(tokenizer)
+    for i, row in enumerate(batch):
+        generator = torch.Generator().manual_seed(i)
+        row.logprobs = None if i % 2 else (-0.5 - torch.rand(len(row.response_ids), generator=generator)).tolist()
+    algorithm = {"rollout_correction": {"mode": mode}}
+    steps = [make_trainer(tiny_path, tokenizer, batch, algorithm=algorithm,
+                          trainer={"micro_batch_size": size, "batch_size": 8}) for size in (8, 1)]
+    whole, single = (trainer.train_step() for trainer in steps)
+    for key in ("loss", "logprob_mismatch", *(("is_weight_mean", "is_corrected_frac") if mode != "none" else ())):
+        assert whole[key] == pytest.approx(single[key], rel=1e-5), key
+    for (name, x), y in zip(steps[0].policy.named_parameters(), steps[1].policy.parameters()):
+        torch.testing.assert_close(x.grad, y.grad, atol=1e-7, rtol=1e-4, msg=name)
+    if mode == "none":
+        return
+    alone = make_trainer(tiny_path, tokenizer, batch[::2], algorithm=algorithm,
+                         trainer={"micro_batch_size": 8, "batch_size": 4}).train_step()
+    assert whole["is_weight_mean"] == pytest.approx(alone["is_weight_mean"], rel=1e-5)  # the engine's rows alone
+
+
 def test_shared_prompts_give_the_logits_and_gradients_of_the_plain_forward(tiny_path, tokenizer):
     # Rollouts of one task share their prompt: the trainer runs each distinct prompt once and
     # continues the rows from its cache. Prompts of different lengths (left padding), responses

@@ -23,6 +23,7 @@ from workers.rft.algorithms.losses import (
     LOSS_PARTS,
     PAIRS,
     POLICY_LOSSES,
+    TOKEN_MEANS,
     USUAL,
     LossInputs,
     chord_mu,
@@ -38,7 +39,7 @@ from workers.rft.algorithms.presets import ALGORITHMS, AlgorithmSpec, group_adva
 
 __all__ = [
     "ADVANTAGE_FNS", "AGG_MODES", "ALGORITHMS", "CORRECTION_MODES", "EXPERT", "GROUP_ADVANTAGE_FNS", "KL_FNS",
-    "LOSS_PARTS", "PAIRS", "POLICY_LOSSES", "TOKEN_ADVANTAGE_FNS", "USUAL", "WHITENED_ADVANTAGE_FNS",
+    "LOSS_PARTS", "PAIRS", "POLICY_LOSSES", "TOKEN_ADVANTAGE_FNS", "TOKEN_MEANS", "USUAL", "WHITENED_ADVANTAGE_FNS",
     "AlgorithmSpec", "LossInputs", "aggregate", "chord_mu", "compute_gae", "discounted_returns", "dpo",
     "entropy_from_logits", "grpo", "group_advantage", "last_token_rewards", "masked_mean", "mix", "opmd", "ppo",
     "reads_entropy", "reinforce_plus_plus_baseline", "resolve", "rloo", "rollout_correction_weights", "sft",

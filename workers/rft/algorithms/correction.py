@@ -20,7 +20,8 @@ CORRECTION_MODES = ("none", "token_truncate", "token_mask", "sequence_truncate",
 
 @torch.no_grad()
 def rollout_correction_weights(old_logprobs, rollout_logprobs, mask, mode: str, clip_min=None, clip_max=3.0):
-    """-> (weights [B, T] for token modes or [B, 1] for sequence modes, metrics)."""
+    """-> (weights [B, T] for token modes or [B, 1] for sequence modes, metrics, how many tokens or
+    sequences the metrics cover)."""
     if mode not in CORRECTION_MODES[1:]:
         raise ValueError(f"unknown rollout correction mode '{mode}'; known: {', '.join(CORRECTION_MODES)}")
     diff = (old_logprobs - rollout_logprobs) * mask
@@ -38,4 +39,4 @@ def rollout_correction_weights(old_logprobs, rollout_logprobs, mask, mode: str, 
         # the share of tokens (token modes) or sequences whose weight was truncated or zeroed
         "is_corrected_frac": masked_mean(outside.to(mask.dtype), kept).item(),
     }
-    return weights, metrics
+    return weights, metrics, kept.sum().item()

@@ -33,6 +33,11 @@ POLICY_LOSSES = Registry("policy loss")
 
 USUAL, EXPERT, PAIRS = "usual", "expert", "pairs"  # the parts of a trainer batch
 
+# Metrics that are a mean over the micro-batch's tokens whatever loss_agg_mode says: the trainer
+# weighs them by tokens (by sequences under a seq-mean mode, clip_frac read 0.58, 0.55 or 0.50 as
+# micro_batch_size went 8, 3, 1).
+TOKEN_MEANS = frozenset({"clip_frac", "clip_frac_lower", "approx_kl", "ratio_mean"})
+
 # The parts of a trainer batch each loss trains on: it decides what the trainer samples, and
 # which loss may replace an algorithm's (config.py).
 LOSS_PARTS = {
@@ -83,14 +88,16 @@ def _token_advantages(inputs: LossInputs) -> torch.Tensor:
     return advantages.unsqueeze(-1) if advantages.dim() == 1 else advantages
 
 
-def _policy_gradient(loss_mat, metrics: dict, logprobs, inputs: LossInputs, algo):
-    """The per-token policy-gradient loss, weighted by the rollout correction, aggregated; then
-    the KL penalty and the entropy bonus. metrics['policy_loss']: the aggregated term alone."""
+def _policy_gradient(loss_mat, metrics: dict, logprobs, inputs: LossInputs, algo, weight: float = 1.0):
+    """The per-token policy-gradient loss, weighted by the rollout correction, aggregated and
+    times `weight` (the mixes' 1 - mu); then the KL penalty and the entropy bonus at their own
+    coefficients, as Trinity's actor adds them after its policy loss fn (dp_actor.py,
+    update_policy). metrics['policy_loss']: the aggregated term alone, unweighted."""
     if inputs.is_weights is not None:
         loss_mat = loss_mat * inputs.is_weights
     loss = _agg(loss_mat, inputs, algo)
     metrics["policy_loss"] = loss.item()
-    loss = _kl_penalty(loss, metrics, logprobs, inputs, algo)
+    loss = _kl_penalty(weight * loss, metrics, logprobs, inputs, algo)
     return _entropy_bonus(loss, metrics, inputs, algo)
 
 
@@ -114,6 +121,11 @@ def ppo(logprobs, inputs: LossInputs, algo):
     clip_frac_lower: share where the dual clip bounds the loss.
     """
     _needs("ppo", inputs)
+    return _policy_gradient(*_clipped_surrogate(logprobs, inputs, algo), logprobs, inputs, algo)
+
+
+def _clipped_surrogate(logprobs, inputs: LossInputs, algo):
+    """ppo's per-token loss and its metrics (ppo's docstring)."""
     mask, advantages = inputs.mask, _token_advantages(inputs)
     log_ratio = (logprobs - inputs.old_logprobs).clamp(-20, 20)  # exp stays finite on stale data
     ratio = log_ratio.exp()
@@ -128,7 +140,7 @@ def ppo(logprobs, inputs: LossInputs, algo):
         loss_mat = torch.where(advantages < 0, torch.minimum(loss_mat, bound), loss_mat)
     with torch.no_grad():
         metrics |= _ratio_metrics(log_ratio, ratio, mask)
-    return _policy_gradient(loss_mat, metrics, logprobs, inputs, algo)
+    return loss_mat, metrics
 
 
 @POLICY_LOSSES.register("gspo")
@@ -215,16 +227,17 @@ def _phi_nll(logprobs, inputs: LossInputs, algo):
 
 @POLICY_LOSSES.register("mix")
 def mix(logprobs, inputs: LossInputs, algo):
-    """MIX: (1 - mu)·ppo on the usual rollouts and mu·NLL on the expert data of the same batch.
-    The two parts' losses add up to the batch's; metrics report each term unweighted (the entropy
-    is the rollouts' alone, so one number does not mix both)."""
+    """MIX (Trinity's MIXPolicyLossFn): (1 - mu)·ppo's clipped surrogate on the usual rollouts and
+    mu·NLL on the expert data of the same batch; the KL penalty and entropy bonus on the rollouts at
+    their full coefficients (Trinity's actor adds them after the mix; they were scaled by 1 - mu
+    here, a KL 10x weaker at mu 0.9). The two parts' losses add up to the batch's; metrics report
+    each term unweighted (the entropy is the rollouts' alone, so one number does not mix both)."""
     _needs("mix", inputs)
     mu = algo.mix.mu
     if inputs.part == EXPERT:
         loss = _nll(logprobs, inputs, algo)
         return mu * loss, {"sft_loss": loss.item()}
-    loss, metrics = ppo(logprobs, inputs, algo)
-    return (1 - mu) * loss, metrics
+    return _policy_gradient(*_clipped_surrogate(logprobs, inputs, algo), logprobs, inputs, algo, weight=1 - mu)
 
 
 def chord_mu(step: int, chord) -> float:
@@ -240,8 +253,8 @@ def chord_mu(step: int, chord) -> float:
 
 @POLICY_LOSSES.register("mix_chord")
 def mix_chord(logprobs, inputs: LossInputs, algo):
-    """CHORD (Trinity's MIXCHORDPolicyLossFn): as mix, with the SFT weight mu scheduled by the
-    trainer step (chord_mu) and the expert tokens weighted by φ (sft_phi; plain NLL with
+    """CHORD (Trinity's MIXCHORDPolicyLossFn): as mix (KL and entropy at full coefficients), with the
+    SFT weight mu scheduled by the trainer step (chord_mu) and the expert tokens weighted by φ (sft_phi; plain NLL with
     chord.enable_phi_function false). metrics['mu']: this step's weight, from the rollouts' part
     alone (the trainer sums each part's metrics over its micro-batches)."""
     _needs("mix_chord", inputs)
@@ -253,8 +266,8 @@ def mix_chord(logprobs, inputs: LossInputs, algo):
             loss = _nll(logprobs, inputs, algo)
             metrics = {"sft_loss": loss.item()}
         return mu * loss, metrics
-    loss, metrics = ppo(logprobs, inputs, algo)
-    return (1 - mu) * loss, metrics | {"mu": mu}
+    loss_mat, metrics = _clipped_surrogate(logprobs, inputs, algo)
+    return _policy_gradient(loss_mat, metrics | {"mu": mu}, logprobs, inputs, algo, weight=1 - mu)
 
 
 @POLICY_LOSSES.register("dpo")
