@@ -31,9 +31,13 @@ def planner_estimate(queryset) -> int | None:
 
 class EstimatedCountPaginator(Paginator):
     """A paginator whose count is exact up to EXACT_COUNT_LIMIT and the planner's estimate beyond
-    (`estimated` is then True). Pages past the real end are simply empty."""
+    (`estimated` is then True, and `count_prefix` says "about"). Where the estimate is at or below
+    the limit (statistics older than the rows: a run wrote them since the last ANALYZE) all we
+    know is that there are more: "more than 10,000" (it said "about 10001"). Pages past the real
+    end are simply empty."""
 
     estimated = False
+    count_prefix = ""
 
     @cached_property
     def count(self) -> int:
@@ -44,4 +48,8 @@ class EstimatedCountPaginator(Paginator):
         if estimate is None:
             return super().count
         self.estimated = True
-        return max(estimate, capped)
+        if estimate <= EXACT_COUNT_LIMIT:
+            self.count_prefix = "more than "
+            return EXACT_COUNT_LIMIT
+        self.count_prefix = "about "
+        return estimate

@@ -255,6 +255,24 @@ def test_a_big_result_is_counted_by_estimate(curator_client, make_experience, mo
     assert not curator_client.get(f"{CHANGELIST}?q=number+3").context["cl"].paginator.estimated
 
 
+@pytest.mark.postgres("the planner's row estimate; SQLite counts exactly")
+def test_an_estimate_older_than_the_rows_says_more_than_the_limit(curator_client, make_experience, monkeypatch):
+    """Statistics taken before a run wrote its rows: the planner expects fewer than were counted
+    (the page said "about 10001"); all that is known is that there are more than the limit."""
+    from django.db import connection
+
+    monkeypatch.setattr(counts, "EXACT_COUNT_LIMIT", 5)
+    make_experience()
+    with connection.cursor() as cursor:
+        cursor.execute("ANALYZE buffer_experience")
+    for _ in range(8):
+        make_experience()
+    response = curator_client.get(CHANGELIST)
+    cl = response.context["cl"]
+    assert cl.paginator.estimated and cl.paginator.count_prefix == "more than " and cl.result_count == 5
+    assert "more than 5 experiences" in response.content.decode().split('class="paginator"')[1]
+
+
 # ---- bulk actions ----
 
 
