@@ -2,12 +2,18 @@
 
 `RejectNulMiddleware` answers 400 for a NUL character anywhere in the address, a query parameter
 or a form field: Postgres text cannot hold one, so it would otherwise reach the database as a 500.
+`CommonMiddleware` is Django's, but an API address missing its trailing slash is a 308.
 The handlers (rftweb.urls: handler400/403/404/500) give Django's own pages outside /api/ and
 `{"error": ...}` under it, an unhandled exception included (with DEBUG on Django shows its
 debug page instead, as it does for every other page).
 """
 
+import json
+
 from django.http import HttpResponseBadRequest, JsonResponse
+from django.http.response import HttpResponseRedirectBase
+from django.middleware import common
+from django.utils.http import escape_leading_slashes
 from django.views import defaults
 
 # The JSON API, and the annotation page's own JSON endpoints (apps/feedback/api.py), whose script
@@ -16,7 +22,9 @@ API_PREFIXES = ("/api/", "/annotate/api/")
 
 
 def is_api(request) -> bool:
-    return request.path_info.startswith(API_PREFIXES)
+    """Whether the client reads JSON: an address under API_PREFIXES, or a page a script fetched
+    with its API token (apps.runs.api.token_or_session sets `by_token`)."""
+    return request.path_info.startswith(API_PREFIXES) or getattr(request, "by_token", False)
 
 
 def bad_request_response(request, message: str):
@@ -52,6 +60,25 @@ class RejectNulMiddleware:
                 if "\x00" in name or any("\x00" in value for value in values):
                     return f"the {where} {name.replace(chr(0), '?')!r}"
         return None
+
+
+class PermanentRedirectKeepingMethod(HttpResponseRedirectBase):
+    status_code = 308  # unlike 301, the client sends the same method and body again
+
+
+class CommonMiddleware(common.CommonMiddleware):
+    """Django's, but under /api/ an address that resolves only with a slash appended is a 308 to it,
+    with JSON naming it. Django's 301 is followed as a GET (a script's POST /api/runs read the run
+    list instead of launching), and under DEBUG a POST is its RuntimeError, a 500. requests follows
+    a 308 with the same POST; urllib raises it as an HTTPError, whose JSON names the address."""
+
+    def process_response(self, request, response):
+        if is_api(request) and response.status_code == 404 and self.should_redirect_with_slash(request):
+            location = escape_leading_slashes(request.get_full_path(force_append_slash=True))
+            message = f"use {location}: the API's addresses end with a slash"
+            response = PermanentRedirectKeepingMethod(location, content=json.dumps({"error": message}),
+                                                      content_type="application/json")
+        return super().process_response(request, response)
 
 
 def _api_error(status: int, message: str) -> JsonResponse:

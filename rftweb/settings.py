@@ -78,7 +78,7 @@ MIDDLEWARE = [
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "rftweb.errors.RejectNulMiddleware",  # before anything reads a parameter (CSRF reads the form)
     "django.contrib.sessions.middleware.SessionMiddleware",
-    "django.middleware.common.CommonMiddleware",
+    "rftweb.errors.CommonMiddleware",  # Django's, with a 308 for an API address without its slash
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.auth.middleware.LoginRequiredMiddleware",

@@ -6,7 +6,7 @@ from .forms import LoginForm
 from .views import ThrottledPasswordChangeView
 
 # The password change views require a login (LoginRequiredMiddleware, and the views themselves).
-# A new password also revokes the user's API token (the token is a MAC over the password hash) and
+# A new password also revokes the user's API token (it deletes the secret the token is a MAC of) and
 # closes the user's open websockets (apps.accounts.revocation). Logins and the old password of a
 # password change are throttled (.throttle).
 urlpatterns = [

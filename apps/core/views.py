@@ -1,9 +1,12 @@
 from django.http import Http404, JsonResponse
 from django.views.decorators.http import require_GET
 
+from apps.runs.api import token_or_session
+
 from . import jobs
 
 
+@token_or_session  # scripts follow a job with their API token
 @require_GET
 def job_progress(request, label, pk):
     """A job's state (jobs.snapshot), for whoever may see the job: what its page polls while it

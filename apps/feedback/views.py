@@ -11,6 +11,7 @@ from apps.accounts.roles import ANNOTATOR, CURATOR, RESEARCHER, REVIEWER, has_ro
 from apps.buffer.models import Experience
 from apps.core.numbers import whole_number
 from apps.core.streaming import streaming
+from apps.runs.api import token_or_session
 from apps.runs.models import Run
 
 from . import queue, review, services, stats
@@ -248,12 +249,14 @@ def assign_annotators(request, run_id):
     return redirect("annotate-run-feedback", run_id=run.pk)
 
 
+@token_or_session  # scripts download it with their API token
 @role_required(RESEARCHER)
 def run_summary(request, run_id):
     """Human-feedback counts and the human-reward metric of a run, for its run page."""
     return JsonResponse(stats.summary(get_object_or_404(Run, pk=run_id)))
 
 
+@token_or_session  # scripts download it with their API token
 @role_required(RESEARCHER)
 def export(request, run_id):
     run = get_object_or_404(Run, pk=run_id)

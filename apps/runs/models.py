@@ -3,6 +3,8 @@ import secrets
 
 from django.conf import settings
 from django.db import models
+from django.db.models.signals import pre_save
+from django.dispatch import receiver
 
 
 def new_secret() -> str:
@@ -260,3 +262,23 @@ class TaskRun(models.Model):
 
     class Meta:
         ordering = ["-started_at"]
+
+
+class ApiTokenSecret(models.Model):
+    """The random secret a user's API tokens are an HMAC of (apps/runs/api/tokens.py), made on first
+    use. A password change deletes it, revoking the tokens (the next is made with a new one); a
+    rewrite of the password's hash does not. Tokens were an HMAC of the hash itself, which Django
+    rewrites at a login whenever its hasher's iterations change (each Django upgrade): every
+    script's token died then, unannounced."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, primary_key=True, on_delete=models.CASCADE,
+                                related_name="api_token_secret")
+    secret = models.CharField(max_length=64, default=new_secret, editable=False)
+
+
+@receiver(pre_save, sender=settings.AUTH_USER_MODEL)
+def _revoke_api_tokens_on_password_change(sender, instance, **kwargs):
+    """Django sets `_password` only in set_password, and clears it again before a hash upgrade's
+    save ("Password hash upgrades shouldn't be considered password changes", check_password)."""
+    if instance.pk is not None and getattr(instance, "_password", None) is not None:
+        ApiTokenSecret.objects.filter(user_id=instance.pk).delete()

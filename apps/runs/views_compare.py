@@ -7,7 +7,7 @@ import json
 
 from django.contrib import messages
 from django.core.exceptions import ValidationError
-from django.http import StreamingHttpResponse
+from django.http import JsonResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.http import content_disposition_header
@@ -17,8 +17,10 @@ from django.views.decorators.http import require_POST
 from apps.accounts.roles import RESEARCHER, role_required
 from apps.core.numbers import whole_number
 from apps.core.streaming import streaming
+from rftweb.errors import is_api
 
 from . import comparison, queries, samples
+from .api import token_or_session
 from .forms import ReportForm
 from .models import Run
 from .notes import keep_draft, set_notes_and_tags
@@ -154,18 +156,21 @@ def _download(chunks, runs: list[Run], extension: str, content_type: str) -> Str
     return response
 
 
+@token_or_session  # scripts download with their API token
 @role_required(RESEARCHER)
 def run_metrics_csv(request, pk):
     runs = [get_object_or_404(Run, pk=pk)]
     return _download(_csv_chunks(runs), runs, "csv", "text/csv; charset=utf-8")
 
 
+@token_or_session  # scripts download with their API token
 @role_required(RESEARCHER)
 def run_metrics_json(request, pk):
     runs = [get_object_or_404(Run, pk=pk)]
     return _download(_json_chunks(runs, many=False), runs, "json", "application/json")
 
 
+@token_or_session  # scripts download with their API token
 @role_required(RESEARCHER)
 def compare_metrics_csv(request):
     runs = comparison.runs_in_order(comparison.picked_ids(request.GET))
@@ -174,6 +179,7 @@ def compare_metrics_csv(request):
     return _download(_csv_chunks(runs), runs, "csv", "text/csv; charset=utf-8")
 
 
+@token_or_session  # scripts download with their API token
 @role_required(RESEARCHER)
 def compare_metrics_json(request):
     runs = comparison.runs_in_order(comparison.picked_ids(request.GET))
@@ -183,7 +189,10 @@ def compare_metrics_json(request):
 
 
 def _no_runs(request):
-    messages.error(request, "Pick the runs to download: no run was given (?runs=<id>&runs=<id>).")
+    message = "Pick the runs to download: no run was given (?runs=<id>&runs=<id>)."
+    if is_api(request):  # a script's, by its token
+        return JsonResponse({"error": message}, status=400)
+    messages.error(request, message)
     return redirect("run-compare")
 
 

@@ -7,12 +7,14 @@ from apps.accounts.roles import RESEARCHER, role_required
 from apps.core.numbers import whole_number
 
 from . import logs, supervision
+from .api import token_or_session
 from .models import Run
 
 MAX_LIMIT = 2000
 
 
 @never_cache  # polled while the run is active: always the newest lines
+@token_or_session  # scripts read it with their API token
 @role_required(RESEARCHER)
 def run_logs(request, pk):
     """JSON: the run's log lines at ?level= (debug, info, warning, error; info by default) or above,

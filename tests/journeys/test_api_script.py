@@ -1,7 +1,8 @@
 """A script drives the product through the API alone (issue #44, item 7), as /api/ and its docs
 guide it, with a researcher's bearer token: it uploads a taskset with a field mapping and follows
 its import, reads it back a page at a time, launches a run on it, and downloads the run's
-experiences with the human judgements they received. A bad upload is refused naming the field, and
+experiences with the human judgements they received, and the run page's downloads (metrics, the
+judgements as JSONL) with the same token. A bad upload is refused naming the field, and
 an import that fails says why and leaves no taskset. Embedded (the import job and the run on
 threads of this process, as `make demo` without DATABASE_URL); the API's routes are the same
 full stack (tests/apps/runs/test_api.py)."""
@@ -82,6 +83,12 @@ def test_a_script_uploads_a_taskset_launches_a_run_and_downloads_what_it_wrote_w
     assert (judgement["kind"], judgement["label"], judgement["comment"], judgement["annotator"]) == (
         "rating", "4", "close", annotator.username)
     assert all(e["feedback"] == [] for i, e in by_id.items() if i != rated.pk)
+    # the run page's downloads take the same token: its metrics and the judgements, as files
+    metrics = json.loads(b"".join(client.get(f"/runs/{run_id}/metrics.json")))
+    assert metrics["run"] == run_id and metrics["metrics"]["explorer"], metrics.keys()
+    jsonl_lines = b"".join(client.get(f"/annotate/runs/{run_id}/feedback.jsonl")).splitlines()
+    exported = [json.loads(line) for line in jsonl_lines]
+    assert [(row["experience"], row["kind"]) for row in exported] == [(rated.pk, "rating")]
     progress = client.get(f"{run_url}annotation/").json()  # how far the annotators got
     assert progress["judgements"]["rating"] == 1 and progress["rated_experiences"] == 1
     assert progress["per_annotator"] == [{"annotator": annotator.username, "kind": "rating", "count": 1,

@@ -8,12 +8,11 @@ clients get every refusal as JSON (auth.py), never the login page.
 from functools import wraps
 
 from django.contrib.auth.decorators import login_not_required
-from django.http import JsonResponse
 from django.urls import URLPattern
 
 from .routes import api, docs_page
 from .schemas import workers_json
-from .tokens import token_for, token_or_session, user_for_token
+from .tokens import method_refusal, token_for, token_or_session, user_for_token
 
 __all__ = ["docs_page", "token_for", "token_or_session", "urlpatterns", "user_for_token", "workers_json"]
 
@@ -26,11 +25,7 @@ def _api_view(view):
     @wraps(view)  # keeps ninja's csrf_exempt: its session auth does the CSRF check (auth.py)
     def wrapped(request, *args, **kwargs):
         response = view(request, *args, **kwargs)
-        if response.status_code == 405:
-            allowed = response["Allow"]
-            message = f"use {' or '.join(sorted(allowed.split(', ')))}"
-            return JsonResponse({"error": message}, status=405, headers={"Allow": allowed})
-        return response
+        return method_refusal(response) if response.status_code == 405 else response
 
     return wrapped
 

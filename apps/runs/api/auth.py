@@ -9,7 +9,7 @@ the login page."""
 from django.conf import settings
 from django.core.exceptions import PermissionDenied
 from django.http import Http404, JsonResponse
-from ninja.errors import AuthenticationError
+from ninja.errors import AuthenticationError, ValidationError
 from ninja.security.base import AuthBase
 from ninja.utils import check_csrf
 
@@ -72,16 +72,36 @@ class Session(AuthBase):
         return _researcher(request.user)
 
 
+# What a path id names, by its route's URL name (the first prefix that matches).
+ID_OF = {"api-taskset-import": "taskset import", "api-sweep": "sweep", "api-run": "run"}
+
+
+def invalid_request(request, exc: ValidationError) -> JsonResponse:
+    """Ninja's 422 `{"detail": [...]}` for a parameter it cannot read, in the API's shape. Ninja's
+    paths take any text where a route has an id (/api/runs/abc/ reaches the route): an id that is
+    not a whole number (schemas.Id) names nothing, so it is a 404 naming it. Query parameters are
+    text the routes check themselves, so anything else is rare: a 400 naming each parameter."""
+    for problem in exc.errors:
+        where, *name = problem["loc"]
+        if where == "path" and name:
+            sent = str(request.resolver_match.kwargs.get(name[0], ""))[:60]
+            url_name = request.resolver_match.url_name or ""
+            kind = next((kind for prefix, kind in ID_OF.items() if url_name.startswith(prefix)), "object")
+            return error(404, f"no {kind} {sent!r}: not an id (ids are whole numbers)")
+    problems = [{"key": ".".join(map(str, problem["loc"])), "message": problem["msg"]} for problem in exc.errors]
+    listed = "; ".join(f"{problem['key']}: {problem['message']}" for problem in problems)
+    return error(400, f"invalid request: {listed}", errors=problems)
+
+
 def add_error_handlers(api) -> None:
-    """Every refusal and failure of a route as `{"error": ...}`; ninja's own use `{"detail": ...}`.
-    (Ninja's 422 for a parameter it cannot parse never happens: path ids are the resolver's <int:...>
-    and query parameters are text that the routes check themselves.)"""
+    """Every refusal and failure of a route as `{"error": ...}`; ninja's own use `{"detail": ...}`."""
     handlers = {
         ApiError: lambda request, exc: error(exc.http_status, exc.message, **exc.extra),
         # every auth found no user: neither a token nor a session
         AuthenticationError: lambda request, exc: error(401, "log in, or send Authorization: Bearer <token>"),
         Http404: lambda request, exc: error(404, str(exc) or "not found"),
         PermissionDenied: lambda request, exc: error(403, str(exc) or "forbidden"),
+        ValidationError: invalid_request,
     }
     for exception, handler in handlers.items():
         api.add_exception_handler(exception, handler)

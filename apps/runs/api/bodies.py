@@ -1,5 +1,5 @@
 """What the API's POST routes read from a JSON body themselves, so that every problem (not JSON, too
-big, a NUL in a name, an invalid config) gets its own message rather than pydantic's."""
+big, an unknown field, a NUL in a name, an invalid config) gets its own message rather than pydantic's."""
 
 import json
 
@@ -7,12 +7,15 @@ from django.conf import settings
 from django.core.exceptions import RequestDataTooBig
 
 from workers.rft.config import ConfigError, ConfigIssue, parse_config_text
+from workers.rft.config_issues import unknown_hint
+from workers.rft.config_text import MAX_REPORTED_ISSUES
 from workers.rft.json_values import text_problem
 
 from ..models import Run
 from .auth import ApiError
 
 MAX_NAME = Run._meta.get_field("name").max_length  # a sweep's too
+SHOWN_FIELD = 100  # characters of an unknown field's name that a refusal repeats
 
 
 def json_body(request) -> dict:
@@ -25,6 +28,19 @@ def json_body(request) -> dict:
     if not isinstance(body, dict):
         raise ApiError(400, "the body must be a JSON object")
     return body
+
+
+def known_fields(body: dict, fields) -> None:
+    """Refuse every field the route does not take, each named with the closest one it does (as the
+    config names an unknown key): a misspelt `configuration` was ignored, and the run launched on the
+    default config."""
+    unknown = [key[:SHOWN_FIELD] for key in body if key not in fields][:MAX_REPORTED_ISSUES]
+    if not unknown:
+        return
+    problems = [{"key": key, "message": "unknown field" + unknown_hint(key, list(fields), reported, "known fields")}
+                for reported, key in enumerate(unknown)]
+    plural = "s" if len(unknown) > 1 else ""
+    raise ApiError(400, f"unknown field{plural} in the body: {', '.join(map(repr, unknown))}", errors=problems)
 
 
 def name_of(body: dict, default: str) -> str:
@@ -42,11 +58,14 @@ def name_of(body: dict, default: str) -> str:
 
 
 def config_of(body: dict) -> dict:
-    """`config`: a mapping, or YAML text (ConfigError when it is neither). Left out, the defaults;
-    `false`, `0` or `[]` are refused, not read as left out."""
-    config = {} if body.get("config") is None else body["config"]
+    """`config`: a mapping, or YAML text (ConfigError when it is neither). Required, so that a body
+    that lost it (or misspelt it) launches nothing: `{}` asks for the defaults."""
+    config = body.get("config")
+    if config is None:
+        problem = "is required: the run config as an object ({} for the defaults) or as YAML text"
+        raise ApiError(400, f"config {problem}", errors=[{"key": "config", "message": problem}])
     if isinstance(config, str) and not config.strip():
-        raise ConfigError([ConfigIssue("<config>", "the YAML text is empty: leave config out for the defaults")])
+        raise ConfigError([ConfigIssue("<config>", "the YAML text is empty: send {} for the defaults")])
     if isinstance(config, str):
         config = parse_config_text(config)
     if not isinstance(config, dict):

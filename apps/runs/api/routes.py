@@ -21,7 +21,7 @@ from ..controls import control_run
 from ..forms import RolloutFilterForm, RunFilterForm
 from ..models import MetricPoint, Run
 from .auth import ApiError, BearerToken, Session, add_error_handlers
-from .bodies import config_of, invalid, json_body, name_of
+from .bodies import config_of, invalid, json_body, known_fields, name_of
 from .paging import page_of
 from .schemas import (
     AnnotationOut,
@@ -29,6 +29,7 @@ from .schemas import (
     ErrorOut,
     ExperienceFilters,
     ExperiencePage,
+    Id,
     IndexOut,
     LaunchedOut,
     LaunchIn,
@@ -152,6 +153,7 @@ def list_runs(request, filters: Query[RunFilters]):
 def launch_run(request):
     """201 with the run and `warnings`: what it will wait for given the workers' free slots."""
     body = json_body(request)
+    known_fields(body, LaunchIn.model_fields)
     name = name_of(body, "api run")
     try:
         run = services.launch_run(request.user, name, config_of(body))
@@ -163,21 +165,21 @@ def launch_run(request):
 
 
 @api.get("/runs/{pk}/", response={200: RunDetailOut, **RUN_REFUSED}, url_name="api-run", summary="One run")
-def run_detail(request, pk: int):
+def run_detail(request, pk: Id):
     """With its config, duties, checkpoints and resumes."""
     return run_json(_run(pk), detail=True)
 
 
 @api.get("/runs/{pk}/duties/", response={200: DutiesOut, **RUN_REFUSED}, url_name="api-run-duties",
          summary="A run's duties")
-def run_duties(request, pk: int):
+def run_duties(request, pk: Id):
     """Which worker serves each duty, or what each waits for (the run page polls it)."""
     return waits.duties_json(get_object_or_404(Run, pk=pk))
 
 
 @api.get("/runs/{pk}/metrics/", response={200: MetricsOut, 400: ErrorOut, **RUN_REFUSED},
          url_name="api-run-metrics", summary="A run's metrics")
-def run_metrics(request, pk: int, filters: Query[MetricFilters]):
+def run_metrics(request, pk: Id, filters: Query[MetricFilters]):
     """By role, in step order."""
     run = get_object_or_404(Run, pk=pk)
     since, role = filters.since, filters.role or None
@@ -191,7 +193,7 @@ def run_metrics(request, pk: int, filters: Query[MetricFilters]):
 
 @api.get("/runs/{pk}/annotation/", response={200: AnnotationOut, **RUN_REFUSED}, url_name="api-run-annotation",
          summary="A run's annotation progress")
-def run_annotation(request, pk: int):
+def run_annotation(request, pk: Id):
     """What the annotators did: judgements by kind and by annotator, and how far they agree."""
     run = get_object_or_404(Run, pk=pk)
     done = stats.summary(run)
@@ -202,7 +204,7 @@ def run_annotation(request, pk: int):
 
 @api.get("/runs/{pk}/experiences/", response={200: ExperiencePage, 400: ErrorOut, **RUN_REFUSED},
          url_name="api-run-experiences", summary="A run's rollouts")
-def run_experiences(request, pk: int, filters: Query[ExperienceFilters]):
+def run_experiences(request, pk: Id, filters: Query[ExperienceFilters]):
     """The rollout browser's data and filters, newest step first."""
     run = get_object_or_404(Run, pk=pk)
     form = _valid(RolloutFilterForm(filters.dict(exclude={"page", "page_size"}, exclude_none=True)))
@@ -226,14 +228,14 @@ def _control(request, pk: int, action: str) -> tuple[Run, str]:
 
 @api.post("/runs/{pk}/pause/", response={200: RunOut, **CONTROL_REFUSED}, url_name="api-run-pause",
           summary="Pause a run")
-def pause_run(request, pk: int):
+def pause_run(request, pk: Id):
     _control(request, pk, "pause")
     return run_json(_run(pk))
 
 
 @api.post("/runs/{pk}/resume/", response={200: ResumedOut, **CONTROL_REFUSED}, url_name="api-run-resume",
           summary="Resume a run")
-def resume_run(request, pk: int):
+def resume_run(request, pk: Id):
     """A paused run carries on in place; a failed or stopped one is queued again and continues from
     its newest checkpoint. `message` says where from."""
     run, was = _control(request, pk, "resume")
@@ -242,7 +244,7 @@ def resume_run(request, pk: int):
 
 @api.post("/runs/{pk}/stop/", response={200: RunOut, **CONTROL_REFUSED}, url_name="api-run-stop",
           summary="Stop a run")
-def stop_run(request, pk: int):
+def stop_run(request, pk: Id):
     _control(request, pk, "stop")
     return run_json(_run(pk))
 

@@ -5,18 +5,21 @@ Ninja checks each answer against its schema, so a key added to a builder and not
 add it to both. Times the workers report (`WorkerOut`, `DutyOut`) are ISO strings as stored."""
 
 from datetime import datetime
-from typing import Any
+from typing import Annotated, Any
 
 from django.conf import settings
 from django.urls import reverse
 from ninja import Field, Schema
+from pydantic import BeforeValidator, ConfigDict
 
+from apps.core.numbers import whole_number
 from rftweb.celery import queue_lengths
 from workers.rft.config_docs import json_schema as config_schema
 
 from .. import capacity, notes, queries, task_log, turns, waits
 from ..capacity import ALL_QUEUES
 from ..models import Run
+from .bodies import MAX_NAME
 
 # A run config as a body takes it: every key typed, bounded, defaulted and described (docs/config.md),
 # or the same as YAML text. The routes read it themselves, with the config's own messages.
@@ -42,6 +45,18 @@ class ErrorOut(Schema):
 # Query parameters are text the views check themselves (the same forms as the pages), so that a
 # bad one is a 400 naming it, as everywhere else in the API.
 
+
+def _whole(sent):
+    number = whole_number(sent)
+    if number is None:
+        raise ValueError("not a whole number")
+    return number
+
+
+# A path id: ASCII digits, as the pages' <int:pk> (pydantic alone read "1.0" and "1_0" as ids 1 and
+# 10). Anything else is a missing object (auth.invalid_request).
+Id = Annotated[int, BeforeValidator(_whole)]
+
 PAGE = Field(None, description="page number, from 1 (an out-of-range page gives the last)")
 PAGE_SIZE = Field(None, description="rows per page, 1 to 500 (default 50)")
 
@@ -66,17 +81,21 @@ class ExperienceFilters(Schema):
 
 
 class MetricFilters(Schema):
-    role: str | None = Field(None, description="keep one role: explorer, trainer, eval...")
-    since: str | None = Field(None, description="the steps after this one (for polling)")
+    role: str | None = Field(None, description="keep one role: explorer, trainer, eval or system")
+    since: str | None = Field(None, description="the steps after this one (for polling, one role at a time: "
+                                                "a system point's step is Unix seconds)")
 
 
 class LaunchIn(Schema):
     """Documents the launch body; the view reads it itself, so that every problem (not JSON, too
-    big, a NUL in the name, an invalid config) gets its own message rather than pydantic's."""
+    big, an unknown field, a NUL in the name, an invalid config) gets its own message rather than
+    pydantic's. Its fields are the ones the view takes (bodies.known_fields)."""
 
-    name: str = Field("api run", description="at most 200 characters are kept")
+    model_config = ConfigDict(extra="forbid")  # documented: the view refuses any other field
+
+    name: str = Field("api run", max_length=MAX_NAME, description=f"at most {MAX_NAME} characters (longer is refused)")
     config: dict[str, Any] | str = Field(
-        description="the run config (docs/config.md) as a mapping, or as YAML text", default_factory=dict,
+        description="the run config (docs/config.md) as a mapping, or as YAML text; {} for the defaults",
         json_schema_extra=CONFIG_IN,
     )
 
@@ -162,7 +181,7 @@ class DutiesOut(Schema):
 
 
 class MetricPointOut(Schema):
-    step: int
+    step: int = Field(description="the role's step; for role system (a worker's heartbeat) Unix seconds")
     time: float | None = Field(description="when it was recorded, Unix seconds")
     values: dict[str, Any]
 

@@ -16,7 +16,7 @@ from apps.tasksets.models import Taskset, TasksetImport
 
 from .auth import ApiError
 from .paging import page_of
-from .schemas import PAGE, PAGE_SIZE, ErrorOut
+from .schemas import PAGE, PAGE_SIZE, ErrorOut, Id
 
 router = Router(tags=["tasksets"])
 REFUSED = {401: ErrorOut, 403: ErrorOut}
@@ -41,6 +41,9 @@ class UploadIn(Schema):
     description: str | None = None
     default_workflow: str | None = None
     default_reward_fn: str | None = None
+
+
+UPLOAD_FIELDS = tuple(UploadIn.model_fields)  # `file` aside
 
 
 class TasksetOut(Schema):
@@ -115,14 +118,16 @@ def list_tasksets(request, paging: Query[Paging]):
     return {**page, "results": [taskset_json(t) for t in page["results"]]}
 
 
-@router.post("/", response={202: ImportOut, 400: ErrorOut, **REFUSED}, url_name="api-tasksets",
+@router.post("/", response={202: ImportOut, 400: ErrorOut, 415: ErrorOut, **REFUSED}, url_name="api-tasksets",
              summary="Upload a taskset")
 def upload_taskset(request, fields: Form[UploadIn], file: File[UploadedFile] = None):
     """multipart/form-data: `file` (JSONL, CSV or Parquet) and `name`; optional, as the upload page
     has them: `format` (auto), `prompt_field` (prompt), `answer_field` (answer), `metadata_fields`
     (comma-separated), `difficulty_field`, `description`, `default_workflow`, `default_reward_fn`.
     202 with the import, which runs as a job: follow its `url` until `status` is succeeded (or failed,
-    saying why). 400 names each field that is wrong; nothing is imported then."""
+    saying why). 400 names each field that is wrong (or sent twice); nothing is imported then. 415
+    for a body that is not multipart/form-data."""
+    _refuse_what_the_form_cannot_read(request)
     defaults = {name: field.initial for name, field in TasksetUploadForm.base_fields.items() if field.initial}
     sent = {key: value for key, value in fields.dict().items() if value is not None}
     form = TasksetUploadForm({**defaults, **sent}, request.FILES, user=request.user)
@@ -137,9 +142,23 @@ def upload_taskset(request, fields: Form[UploadIn], file: File[UploadedFile] = N
     return 202, import_json(job)
 
 
+def _refuse_what_the_form_cannot_read(request) -> None:
+    """The upload is a form with a file: a JSON body (whose `name` the form never saw: it answered
+    "name: This field is required.") is a 415 saying how to send it, and a part sent twice, of
+    which the form would read one, a 400 naming it."""
+    if request.content_type != "multipart/form-data":
+        raise ApiError(415, f"send the upload as multipart/form-data, not {request.content_type or 'no body'}: "
+                            f"a `file` part (JSONL, CSV or Parquet) and the form's fields: {', '.join(UPLOAD_FIELDS)}")
+    twice = [field for field in ("file", *UPLOAD_FIELDS)
+             if len(request.POST.getlist(field)) + len(request.FILES.getlist(field)) > 1]
+    if twice:
+        raise ApiError(400, f"sent more than once: {', '.join(twice)}",
+                       errors={field: ["sent more than once: send one"] for field in twice})
+
+
 @router.get("/imports/{pk}/", response={200: ImportOut, 404: ErrorOut, **REFUSED}, url_name="api-taskset-import",
             summary="An upload's import")
-def taskset_import(request, pk: int):
+def taskset_import(request, pk: Id):
     job = visible_job("tasksets.tasksetimport", pk, request.user)  # someone else's: as missing
     if job is None:
         raise ApiError(404, f"no taskset import {pk}")
