@@ -39,7 +39,8 @@ def priority(tasks, ctx, difficulty: float = 0.0, use_count: float = 0.0):
     return [replace(t, priority=t.priority + difficulty * t.difficulty - use_count * t.times_sampled) for t in tasks]
 
 
-# Every explorer step stores up to max_new new tasks in the run's taskset, for good.
+# Every explorer step stores up to max_new new tasks for the run: its own (apps/tasksets Task.run),
+# which the taskset and other runs on it do not see, gone with the run.
 @pipeline_operator(TASK_OPERATORS, "synthesize_harder", max_new={"ge": 1, "le": 1024})
 def synthesize_harder(tasks, ctx, min_reward: float = 1.0, max_new: int = 4):
     """Harder arithmetic variants of tasks the model now solves (latest group mean reward >=
