@@ -2,6 +2,7 @@
 
 import math
 from dataclasses import dataclass
+from itertools import chain
 
 from django.db.models import JSONField, OuterRef, Subquery
 from django.db.models.functions import Length
@@ -107,17 +108,31 @@ def checkpoint_schedule(run: Run) -> str:
     return f"one is saved {when}; the newest {kept} {'is' if kept == 1 else 'are'} kept"
 
 
-def metrics_by_role(run: Run, *, role: str | None = None, since: int | None = None) -> dict:
+def metrics_by_role(run: Run, *, role: str | None = None, since: int | None = None, keys: list[str] | None = None,
+                    limit: int | None = None) -> dict:
     """{role: [{step, time, values}]} in step order, time in Unix seconds (when the point was
-    recorded: the charts' time axes); `since` keeps the steps after it."""
+    recorded: the charts' time axes); `since` keeps the steps after it. `keys` keeps those values of
+    each point, and only the points holding one of them (a key logged every tenth step fills a page
+    with its own points, not with nine empty ones in ten). `limit` keeps each role's first `limit`
+    points, a query a role, each served from `since` on by the (run, role, step) index however long
+    the run (the API's answer; the live page's snapshot takes every point)."""
     points = run.metrics.all()
     if role:
         points = points.filter(role=role)
     if since is not None:
         points = points.filter(step__gt=since)
+    if keys:
+        points = points.filter(values__has_any_keys=keys)
+    columns = ("role", "step", "time", "values")
+    if limit is None:
+        rows = points.order_by("role", "step").values_list(*columns)
+    else:
+        each = [role] if role else ROLE_ORDER
+        rows = chain.from_iterable(points.filter(role=r).order_by("step").values_list(*columns)[:limit] for r in each)
     metrics = {}
-    rows = points.order_by("role", "step").values_list("role", "step", "time", "values")
     for point_role, step, time, values in rows:
+        if keys:
+            values = {key: values[key] for key in keys if key in values}
         metrics.setdefault(point_role, []).append({"step": step, "time": unix_time(time), "values": values})
     return dict(sorted(metrics.items(), key=lambda item: _role_rank(item[0])))
 

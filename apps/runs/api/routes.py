@@ -4,7 +4,6 @@ of apps/runs; `schemas.py` says what each answers, `auth.py` who may call it."""
 
 from functools import cache
 
-from django.db.models import Prefetch
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.views.decorators.cache import never_cache
@@ -13,7 +12,6 @@ from ninja import NinjaAPI, Query, Status, Swagger
 from apps.accounts.roles import RESEARCHER, role_required
 from apps.core.numbers import whole_number
 from apps.feedback import stats
-from apps.feedback.models import Feedback
 from workers.rft.config import ConfigError
 
 from .. import queries, services, waits
@@ -22,7 +20,8 @@ from ..forms import RolloutFilterForm, RunFilterForm
 from ..models import MetricPoint, Run
 from .auth import ApiError, BearerToken, Session, add_error_handlers
 from .bodies import config_of, invalid, json_body, known_fields, name_of
-from .paging import page_of
+from .judgements import with_judgements
+from .paging import MAX_METRIC_POINTS, page_after, page_of
 from .schemas import (
     AnnotationOut,
     DutiesOut,
@@ -180,15 +179,37 @@ def run_duties(request, pk: Id):
 @api.get("/runs/{pk}/metrics/", response={200: MetricsOut, 400: ErrorOut, **RUN_REFUSED},
          url_name="api-run-metrics", summary="A run's metrics")
 def run_metrics(request, pk: Id, filters: Query[MetricFilters]):
-    """By role, in step order."""
+    """By role, in step order, at most `limit` points a role; `next_since` and `more` say how to go on."""
     run = get_object_or_404(Run, pk=pk)
-    since, role = filters.since, filters.role or None
-    if since is not None and (since := whole_number(since)) is None:
-        raise ApiError(400, "since must be a step number")
+    since, role = _number(filters.since, "since", "a step number"), filters.role or None
     if role is not None and role not in MetricPoint.Role.values:
         raise ApiError(400, f"role must be one of: {', '.join(MetricPoint.Role.values)}")
-    metrics = queries.metrics_by_role(run, role=role, since=since)
-    return {"run": run.pk, "name": run.name, "metrics": metrics}
+    limit = _metrics_limit(filters.limit)
+    keys = [key.strip() for key in (filters.keys or "").split(",") if key.strip()]
+    # One point more than asked says whether a role has more, without counting them.
+    metrics = queries.metrics_by_role(run, role=role, since=since, keys=keys, limit=limit + 1)
+    more = {each: len(points) > limit for each, points in metrics.items()}
+    metrics = {each: points[:limit] for each, points in metrics.items()}
+    # Per role: each has its own steps (the system role's are Unix seconds) and its own cap.
+    next_since = {each: points[-1]["step"] for each, points in metrics.items()}
+    return {"run": run.pk, "name": run.name, "metrics": metrics, "next_since": next_since, "more": more}
+
+
+def _metrics_limit(sent: str | None) -> int:
+    """Points per role: the cap when not sent, and a larger number read as the cap, as page_size is."""
+    limit = _number(sent, "limit", f"a whole number from 1 to {MAX_METRIC_POINTS}")
+    if limit == 0:
+        raise ApiError(400, f"limit must be a whole number from 1 to {MAX_METRIC_POINTS}")
+    return min(limit or MAX_METRIC_POINTS, MAX_METRIC_POINTS)
+
+
+def _number(sent: str | None, name: str, what: str) -> int | None:
+    """A whole-number query parameter, None when not sent; 400 naming it when it is not one."""
+    if sent is None:
+        return None
+    if (number := whole_number(sent)) is None:
+        raise ApiError(400, f"{name} must be {what}")
+    return number
 
 
 @api.get("/runs/{pk}/annotation/", response={200: AnnotationOut, **RUN_REFUSED}, url_name="api-run-annotation",
@@ -205,13 +226,19 @@ def run_annotation(request, pk: Id):
 @api.get("/runs/{pk}/experiences/", response={200: ExperiencePage, 400: ErrorOut, **RUN_REFUSED},
          url_name="api-run-experiences", summary="A run's rollouts")
 def run_experiences(request, pk: Id, filters: Query[ExperienceFilters]):
-    """The rollout browser's data and filters, newest step first."""
+    """The rollout browser's data and filters, newest step first; or, from `after_id` on, in id
+    order: a cursor to poll a run that is writing."""
     run = get_object_or_404(Run, pk=pk)
-    form = _valid(RolloutFilterForm(filters.dict(exclude={"page", "page_size"}, exclude_none=True)))
-    experiences = queries.experiences_for_browsing(form.filter(run.experiences.all())).order_by(
-        "-explorer_step", "group_id", "rollout_index", "pk"
-    ).prefetch_related(Prefetch("feedback", Feedback.objects.select_related("user").order_by("created_at", "pk")))
-    page = page_of(experiences, filters.page, filters.page_size)
+    after_id = _number(filters.after_id, "after_id", "an experience id (a whole number)")
+    if after_id is not None and filters.page is not None:
+        raise ApiError(400, "after_id is a cursor: send it without page (next_after_id moves it on)")
+    form = _valid(RolloutFilterForm(filters.dict(exclude={"page", "page_size", "after_id"}, exclude_none=True)))
+    experiences = with_judgements(queries.experiences_for_browsing(form.filter(run.experiences.all())))
+    if after_id is not None:
+        page = page_after(experiences, after_id, filters.page_size)
+    else:
+        newest = experiences.order_by("-explorer_step", "group_id", "rollout_index", "pk")
+        page = {**page_of(newest, filters.page, filters.page_size), "next_after_id": None}
     return {**page, "results": [experience_json(e) for e in page["results"]]}
 
 

@@ -20,6 +20,8 @@ from .. import capacity, notes, queries, task_log, turns, waits
 from ..capacity import ALL_QUEUES
 from ..models import Run
 from .bodies import MAX_NAME
+from .judgements import judgements_json
+from .paging import MAX_METRIC_POINTS
 
 # A run config as a body takes it: every key typed, bounded, defaulted and described (docs/config.md),
 # or the same as YAML text. The routes read it themselves, with the config's own messages.
@@ -76,6 +78,9 @@ class ExperienceFilters(Schema):
     max_reward: str | None = Field(None, description="reward at most")
     source: str | None = Field(None, description="rollout, expert, human_edit or synthetic")
     q: str | None = Field(None, description="the prompt or the response contains this")
+    after_id: str | None = Field(None, description="a cursor, for polling: the experiences with a higher id, "
+                                                   "in id order, page_size of them; send the answer's "
+                                                   "next_after_id next (not with page)")
     page: str | None = PAGE
     page_size: str | None = PAGE_SIZE
 
@@ -83,7 +88,12 @@ class ExperienceFilters(Schema):
 class MetricFilters(Schema):
     role: str | None = Field(None, description="keep one role: explorer, trainer, eval or system")
     since: str | None = Field(None, description="the steps after this one (for polling, one role at a time: "
-                                                "a system point's step is Unix seconds)")
+                                                "a system point's step is Unix seconds); the answer's "
+                                                "next_since[role] continues it")
+    limit: str | None = Field(None, description=f"at most this many points per role, 1 to {MAX_METRIC_POINTS:,} "
+                                                f"(the default; more is read as {MAX_METRIC_POINTS:,})")
+    keys: str | None = Field(None, description="comma-separated metric names: each point keeps only these values, "
+                                               "and points with none of them are left out; step and time stay")
 
 
 class LaunchIn(Schema):
@@ -189,7 +199,15 @@ class MetricPointOut(Schema):
 class MetricsOut(Schema):
     run: int
     name: str
-    metrics: dict[str, list[MetricPointOut]] = Field(description="by role, each in step order")
+    metrics: dict[str, list[MetricPointOut]] = Field(
+        description=f"by role, each in step order, at most `limit` ({MAX_METRIC_POINTS:,} by default) points a "
+                    "role; a role with no point after `since` is left out")
+    next_since: dict[str, int] = Field(
+        description="per role in metrics: the step of its last point, the `since` to send (with role=) for the "
+                    "points after it")
+    more: dict[str, bool] = Field(
+        description="per role in metrics: true when points after next_since exist already (the limit cut the "
+                    "answer: ask again at once), false when this is all there is so far")
 
 
 class AnnotatorWorkOut(Schema):
@@ -204,7 +222,7 @@ class AnnotatorWorkOut(Schema):
 
 class AnnotationOut(Schema):
     run: int
-    judgements: dict[str, int] = Field(description="by kind: rating, edit, comparison, flag")
+    judgements: dict[str, int] = Field(description="by kind: rating, edit, preference (a comparison), flag")
     rated_experiences: int
     flagged_experiences: int
     human_edits: int
@@ -221,14 +239,24 @@ class AnnotationOut(Schema):
 
 
 class FeedbackOut(Schema):
-    kind: str = Field(description="rating, edit, comparison or flag")
-    value: float | None = Field(description="a rating normalised to [0, 1]; 1 for the preferred side of a comparison")
-    label: str = Field(description="the scale point, the comparison's verdict or the flag's reason")
+    kind: str = Field(description="rating, edit, preference (a comparison of two responses, listed under both) "
+                                  "or flag")
+    value: float | None = Field(description="a rating normalised to [0, 1]; a preference from this experience's "
+                                            "side: 1 it won, 0 it lost, 0.5 a tie, 0 both bad")
+    label: str = Field(description="the scale point, the flag's reason, or the comparison's verdict as the "
+                                   "annotator gave it: a_better, b_better (naming `a` and `b`), tie or both_bad")
     edited_text: str
-    other: int | None = Field(description="a comparison's other experience")
+    other: int | None = Field(description="a preference's other experience")
+    preferred: bool | None = Field(description="a preference: true when this experience won, false when the other "
+                                                "did, null for a tie or both bad (and for the other kinds)")
+    a: int | None = Field(description="a preference: the experience the annotator saw as A (the feedback export's `a`)")
+    b: int | None = Field(description="a preference: the experience the annotator saw as B")
     comment: str
     annotator: str
     created_at: datetime
+    review: str | None = Field(description="on a run with feedback.require_review: pending, accepted (it trains) or "
+                                           "rejected (never trained on); null where no review is asked (it counts "
+                                           "as it is; flags act at once)")
 
 
 class ExperienceOut(Schema):
@@ -251,10 +279,13 @@ class ExperienceOut(Schema):
 
 
 class ExperiencePage(Schema):
-    count: int
-    page: int
+    count: int = Field(description="the experiences matching; with after_id, those after it (this page's included)")
+    page: int = Field(description="with after_id always 1")
     pages: int
-    results: list[ExperienceOut]
+    results: list[ExperienceOut] = Field(description="newest step first; with after_id in id order")
+    next_after_id: int | None = Field(
+        description="with after_id: the after_id to send next (this page's last id, or the one sent when the page "
+                    "is empty); null without")
 
 
 def run_json(run: Run, *, detail: bool = False) -> dict:
@@ -315,9 +346,7 @@ def experience_json(experience) -> dict:
         "response_tokens": queries.response_tokens(experience),
         "task_id": experience.task_id,
         "annotate_url": f"/annotate/experience/{experience.pk}/",
-        "feedback": [{"kind": f.kind, "value": f.value, "label": f.label, "edited_text": f.edited_text,
-                      "other": f.other_id, "comment": f.comment, "annotator": f.user.get_username(),
-                      "created_at": f.created_at} for f in experience.feedback.all()],
+        "feedback": judgements_json(experience),
     }
 
 

@@ -15,6 +15,7 @@ from openapi_schema_validator import OAS31Validator
 from openapi_spec_validator import validate
 
 from apps.buffer.models import Experience
+from apps.feedback.models import Feedback
 from apps.runs.api import token_for
 from apps.runs.models import Checkpoint, MetricPoint, Run, Sweep, Worker
 from apps.runs.presets import preset_config
@@ -40,7 +41,7 @@ def spec(script) -> dict:
 @pytest.fixture
 def busy_run(make_run, researcher):
     """A running run with something in every list: a live worker holding its duty, a checkpoint,
-    metrics and a rollout."""
+    metrics and two rollouts, compared (a judgement listed under both)."""
     now = timezone.now()
     Worker.objects.create(name="runs@gpu-1", host="gpu-1", pid=4242, queues=["train"], slots=1,
                           started_at=now - timedelta(hours=1), last_seen=now)
@@ -49,8 +50,11 @@ def busy_run(make_run, researcher):
     run = make_run("busy", status=Status.RUNNING, config=preset_config("quick-demo"), heartbeats={"loop": beat})
     Checkpoint.objects.create(run=run, version=1, step=5, path="runs/1/v1")
     MetricPoint.objects.create(run=run, role="explorer", step=5, values={"reward_mean": 0.5})
-    Experience.objects.create(run=run, explorer_step=5, group_id="g", prompt_text="1+1?", response_text="2",
-                              prompt_ids=[1], response_ids=[2], action_mask=[1], reward=1.0, model_version=1)
+    rollouts = [Experience.objects.create(run=run, explorer_step=5, group_id="g", prompt_text="1+1?",
+                                          response_text=text, prompt_ids=[1], response_ids=[2], action_mask=[1],
+                                          reward=1.0, model_version=1) for text in ("2", "3")]
+    Feedback.objects.create(experience=rollouts[0], other=rollouts[1], user=researcher, kind="preference", value=1.0,
+                            label="a_better")
     return run
 
 
@@ -139,14 +143,30 @@ def test_each_documented_operation_answers_a_token_as_documented(spec, script, b
             body = request_body(path, method, operation, busy_run)
             response = getattr(script, method)(url, json.dumps(body) if body else None,
                                                content_type="application/json")
-        status = str(response.status_code)
-        assert status.startswith("2") and status in operation["responses"], (method, path, response.content[:300])
-        documented = operation["responses"][status]["content"]["application/json"]["schema"]
-        errors = list(OAS31Validator({**documented, "components": spec["components"]}).iter_errors(response.json()))
-        assert errors == [], (method, path, [error.message for error in errors])
+        assert_documented(spec, operation, response, (method, path))
         called += 1
     assert called == len(list(operations(spec))) >= 11
     assert Run.objects.filter(name="documented").exists()
+
+
+def assert_documented(spec, operation, response, what):
+    """The answer has a 2xx status the operation documents, and a body its schema for it takes."""
+    status = str(response.status_code)
+    assert status.startswith("2") and status in operation["responses"], (what, response.content[:300])
+    documented = operation["responses"][status]["content"]["application/json"]["schema"]
+    errors = list(OAS31Validator({**documented, "components": spec["components"]}).iter_errors(response.json()))
+    assert errors == [], (what, [error.message for error in errors])
+
+
+@pytest.mark.parametrize("path, query", [
+    ("/api/runs/{pk}/experiences/", {"after_id": 0, "page_size": 1}),
+    ("/api/runs/{pk}/metrics/", {"limit": 1, "keys": "reward_mean", "role": "explorer", "since": 0}),
+])
+def test_the_cursors_answer_as_documented(spec, script, busy_run, path, query):
+    """What the routes add with a cursor (next_after_id; next_since, more) is in the document too."""
+    response = script.get(path.replace("{pk}", str(busy_run.pk)), query)
+    assert_documented(spec, spec["paths"][path]["get"], response, (path, query))
+    assert {name for name in query} <= {p["name"] for p in spec["paths"][path]["get"]["parameters"]}
 
 
 def test_each_documented_operation_refuses_no_token_with_its_documented_401(spec):
