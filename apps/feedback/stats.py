@@ -138,18 +138,21 @@ def export_jsonl(run):
     """The run's feedback, one JSON object a line (streamed: a run's feedback can be large). A
     comparison also says it plainly: `a` and `b` (the responses as the annotator saw them) and, for
     a decisive verdict, `chosen` and `rejected`; read alone, its stored `experience` (the preferred
-    one) and `other` next to "b_better" said the opposite of what the annotator meant."""
+    one) and `other` next to "b_better" said the opposite of what the annotator meant. `review`:
+    pending, accepted or rejected on a run that asks for review (a rejected one never trains), null
+    elsewhere, as the API lists it."""
     rows = (
         Feedback.objects.filter(experience__run=run)
         .order_by("pk")
         .values_list("pk", "experience_id", "user__username", "kind", "value", "label", "edited_text", "other_id",
-                     "comment", "seconds_spent", "created_at", "updated_at")
+                     "comment", "seconds_spent", "review", "created_at", "updated_at")
     )
     names = ("id", "experience", "annotator", "kind", "value", "label", "edited_text", "other", "comment",
-             "seconds_spent", "created_at", "updated_at")
+             "seconds_spent", "review", "created_at", "updated_at")
     for row in rows.iterator(chunk_size=2000):
         record = dict(zip(names, row))
         record["created_at"], record["updated_at"] = record["created_at"].isoformat(), record["updated_at"].isoformat()
+        record["review"] = record["review"] or None
         if record["kind"] == Feedback.Kind.PREFERENCE:
             first, second = record["experience"], record["other"]  # services.compare: the preferred first
             decisive = record["label"] in ("a_better", "b_better")
