@@ -36,9 +36,9 @@ def describe_failure(duty: str, exc: BaseException, work_dir: Path) -> str:
 
 def describe_lost_worker(duty: str, cause: str, times: int, step: int) -> str:
     """The run's error once the worker process serving `duty` died under it `times` times in a row
-    at trainer step `step`; `cause` is Celery's WorkerLostError ("Worker exited prematurely: signal
-    9 (SIGKILL) Job: 3."). Signal 9 comes from outside the process: most often the kernel's
-    out-of-memory killer, which says so in the machine's kernel log."""
+    with no step done between (the run at trainer step `step`); `cause` is Celery's WorkerLostError
+    ("Worker exited prematurely: signal 9 (SIGKILL) Job: 3."). Signal 9 comes from outside the
+    process: most often the kernel's out-of-memory killer, which says so in the machine's kernel log."""
     signal = re.search(r"signal (\d+)(?: \((\w+)\))?", cause)
     code = re.search(r"exitcode (-?\d+)", cause)
     times_ = "twice" if times == 2 else f"{times} times"
@@ -53,8 +53,9 @@ def describe_lost_worker(duty: str, cause: str, times: int, step: int) -> str:
         how = f"{'killed' if signal else 'lost'} {times_} ({what})"
         advice = "The worker's log says what happened; fix the cause, then resume the run"
     return (
-        f"{duty} failed: the worker serving {duty} was {how}, at trainer step {step} each time, so it is not "
-        f"handed to another worker again. {advice}: it continues from its last checkpoint."
+        f"{duty} failed: the worker serving {duty} was {how}, with no step done in between (the run is at "
+        f"trainer step {step}), so it is not handed to another worker again. {advice}: it continues from its "
+        "last checkpoint."
     )
 
 

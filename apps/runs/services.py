@@ -5,6 +5,7 @@ import math
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
+from django.utils.dateparse import parse_datetime
 
 from apps.alerts import services as alerts
 from apps.tasksets.models import Taskset
@@ -293,8 +294,8 @@ def _write_beat(run: Run, duty: str, worker: str, node: str | None = None, task:
     across a claim of a duty it had let go: a hand-back asked of the last holding is not this one's)."""
     previous = run.heartbeats.get(duty, {})
     now = timezone.now().isoformat()
-    kept = {key: previous[key] for key in ("handovers", "handed_over_at_step", "kills", "lost", "asked")
-            if key in previous}
+    kept = {key: previous[key] for key in ("handovers", "handed_over_at_step", "handed_over_at", "kills", "lost",
+                                           "asked") if key in previous}
     if previous.get("worker") == worker and not previous.get("ended"):
         held = ("node", "task", "since", "started", "from_checkpoint", "doing", "hand_back")
         kept |= {key: previous[key] for key in held if key in previous}
@@ -370,7 +371,7 @@ def _hand_over(locked: Run, duty: str, limit: int, lost: str | None = None) -> b
     """hand_over, or worker_lost with `lost`, on the run's locked row."""
     beat = locked.heartbeats.get(duty, {})
     step = locked.trainer_step
-    stuck = beat.get("handed_over_at_step") == step
+    stuck = _no_step_since(locked, beat)
     kills = (beat.get("kills", 0) if stuck else 0) + (lost is not None)
     if kills >= KILLS_BEFORE_FAILING:
         set_status(locked, Status.FAILED, error=describe_lost_worker(duty, lost, kills, step))
@@ -395,8 +396,9 @@ def _hand_over(locked: Run, duty: str, limit: int, lost: str | None = None) -> b
             "Resume the run to continue from its last checkpoint."
         ))
         return False
+    now = timezone.now().isoformat()
     locked.heartbeats = {**locked.heartbeats, duty: {
-        "at": timezone.now().isoformat(), "worker": HANDED_OVER, "handovers": handovers, "handed_over_at_step": step,
+        "at": now, "worker": HANDED_OVER, "handovers": handovers, "handed_over_at_step": step, "handed_over_at": now,
         **({"task": beat["task"]} if "task" in beat else {}),  # the task that lost it (worker_lost)
         **({"handed_back": orderly} if orderly else {}),
         **({"asked": beat["asked"]} if "asked" in beat else {}),  # its place in the queue (turns.py)
@@ -404,6 +406,18 @@ def _hand_over(locked: Run, duty: str, limit: int, lost: str | None = None) -> b
     }}
     locked.save(update_fields=["heartbeats"])
     return True
+
+
+def _no_step_since(run: Run, beat: dict) -> bool:
+    """Whether the duty was handed on before and the run has done no step since: a trainer step (an
+    explorer step in mode explore, an eval in bench), a replayed one included. It compared
+    trainer_step, which never goes back: a second kill while the replacement replayed the steps
+    after its checkpoint read as two kills at one step, and failed the run ("out of memory?")."""
+    since = parse_datetime(beat.get("handed_over_at") or "")
+    if since is None:
+        return beat.get("handed_over_at_step") == run.trainer_step  # a beat from before handed_over_at
+    role = {Run.Mode.EXPLORE: "explorer", Run.Mode.BENCH: "eval"}.get(run.mode, "trainer")
+    return not MetricPoint.objects.filter(run=run, role=role, time__gt=since).exists()
 
 
 def release_duty(run: Run, duty: str, worker: str, *, error: str | None = None, broke: str | None = None,

@@ -435,10 +435,22 @@ def watchdog() -> list[tuple[int, str]]:
                 break  # the run failed: its user resumes it
             if beat["worker"] == duties.HANDED_OVER:
                 continue  # sent on before and not claimed yet: that task is still queued
-            log_for_run(run, duty, logging.WARNING, "run %s (%s): worker %s sent no heartbeat for %s s: the duty is "
-                        "sent on to another worker", run.pk, duty, beat.get("worker"), timeout)
+            log_for_run(run, duty, logging.WARNING, "run %s (%s): %s: the duty is sent on to another worker",
+                        run.pk, duty, _why_lost(run, duty, beat))
             resumed += [(run.pk, sent) for sent in send(run, [duty])]
     return resumed
+
+
+def _why_lost(run: Run, duty: str, beat: dict) -> str:
+    """Why the watchdog sends a duty on, as its log line says (it said "sent no heartbeat for 120 s"
+    of a process found gone after 28 s, and of a worker whose rank group broke while it beat)."""
+    if beat.get("broke"):
+        return f"its trainer's rank group broke ({beat['broke']})"
+    if beat.get("handed_back"):
+        return f"worker {beat['worker']} handed it back ({beat['handed_back']})"
+    if duties.process_is_gone(beat["worker"]):
+        return f"the process of worker {beat['worker']} is gone (killed?)"
+    return f"worker {beat['worker']} sent no heartbeat for {duties.heartbeat_age(run, duty):.0f} s"
 
 
 def worker_lost(task: str, run_id: int, duty: str = "loop", *, cause: str) -> None:

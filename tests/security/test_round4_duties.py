@@ -21,6 +21,7 @@ from django.utils import timezone
 
 from apps.runs import duties, services, supervision
 from apps.runs.models import Run
+from apps.runs.store import DjangoMetricSink
 from rftweb.celery import app
 from tests.support import wait_for
 from tests.workers.test_tasks import grpo_config, make_taskset
@@ -135,15 +136,16 @@ def test_a_duty_killed_twice_at_the_same_step_fails_its_run_saying_so(researcher
     assert services.worker_lost(run, "loop", "t1", OOM)
     run.refresh_from_db()
     assert run.status == Status.RUNNING
-    assert run.heartbeats["loop"] | {"at": None} == {
-        "at": None, "worker": duties.HANDED_OVER, "handovers": 1, "handed_over_at_step": 0, "task": "t1",
-        "kills": 1, "lost": OOM}
+    assert run.heartbeats["loop"] | {"at": None, "handed_over_at": None} == {
+        "at": None, "worker": duties.HANDED_OVER, "handovers": 1, "handed_over_at_step": 0, "handed_over_at": None,
+        "task": "t1", "kills": 1, "lost": OOM}
     assert services.claim_duty(run, "loop", "gpu-1:12", settings.RFTWEB_HEARTBEAT_TIMEOUT, task="t2")
     assert not services.worker_lost(run, "loop", "t2", OOM)
     run.refresh_from_db()
     assert run.status == Status.FAILED
     assert run.error.startswith("loop failed: the worker serving loop was killed twice (signal 9: out of memory?), "
-                                "at trainer step 0 each time, so it is not handed to another worker again.")
+                                "with no step done in between (the run is at trainer step 0), so it is not handed "
+                                "to another worker again.")
     assert "resume it: it continues from its last checkpoint" in run.error
 
 
@@ -159,10 +161,31 @@ def test_a_kill_the_watchdog_saw_first_counts_once_and_a_step_between_kills_rese
     run.refresh_from_db()
     assert (run.heartbeats["loop"]["handovers"], run.heartbeats["loop"]["kills"]) == (1, 1)
     services.claim_duty(run, "loop", "gpu-1:12", settings.RFTWEB_HEARTBEAT_TIMEOUT, task="t2")
-    Run.objects.filter(pk=run.pk).update(trainer_step=1)
+    DjangoMetricSink(run).log("trainer", 1, {"loss": 0.5})  # as the trainer logs a step
     assert services.worker_lost(Run.objects.get(pk=run.pk), "loop", "t2", OOM)
     run.refresh_from_db()
     assert run.status == Status.RUNNING and run.heartbeats["loop"]["kills"] == 1
+
+
+@pytest.mark.django_db
+def test_a_replayed_step_between_two_kills_is_progress(researcher, settings):
+    """Killed at trainer step 189, the loop's replacement restores checkpoint v160 and replays; a
+    kill at its step 169 is not the same step as the first: trainer_step stayed at 189 (it never
+    goes back), and the run failed saying 'killed twice at trainer step 189 each time'. A replayed
+    step between the kills counts; two kills with no step at all between them still fail it."""
+    run = Run.objects.create(name="replay", owner=researcher, config={}, status=Status.RUNNING, trainer_step=189,
+                             heartbeats={"loop": beat("gpu-1:11", task="t1")})
+    assert services.worker_lost(run, "loop", "t1", OOM)
+    services.claim_duty(run, "loop", "gpu-1:12", settings.RFTWEB_HEARTBEAT_TIMEOUT, task="t2")
+    for step in range(161, 170):  # the replay, below the run's trainer_step
+        DjangoMetricSink(run).log("trainer", step, {"loss": 0.5})
+    assert Run.objects.get(pk=run.pk).trainer_step == 189
+    assert services.worker_lost(Run.objects.get(pk=run.pk), "loop", "t2", OOM)
+    run.refresh_from_db()
+    assert run.status == Status.RUNNING and run.heartbeats["loop"]["kills"] == 1
+    services.claim_duty(run, "loop", "gpu-1:13", settings.RFTWEB_HEARTBEAT_TIMEOUT, task="t3")
+    assert not services.worker_lost(Run.objects.get(pk=run.pk), "loop", "t3", OOM)  # no step since
+    assert Run.objects.get(pk=run.pk).status == Status.FAILED
 
 
 def test_a_signal_other_than_9_or_an_exit_is_named_as_it_is():
@@ -170,7 +193,7 @@ def test_a_signal_other_than_9_or_an_exit_is_named_as_it_is():
 
     segv = describe_lost_worker("trainer", "Worker exited prematurely: signal 11 (SIGSEGV) Job: 7.", 2, 4)
     assert segv.startswith("trainer failed: the worker serving trainer was killed twice (signal 11, SIGSEGV), "
-                           "at trainer step 4 each time")
+                           "with no step done in between (the run is at trainer step 4)")
     exited = describe_lost_worker("explorer-3", "Worker exited prematurely: exitcode 1 Job: 7.", 2, 0)
     assert "was lost twice (exit code 1)" in exited and "out of memory" not in exited
 
@@ -206,14 +229,14 @@ def test_a_duty_whose_pool_process_is_killed_twice_fails_its_run_and_is_not_hand
     for _ in range(4):
         os.kill(holder, signal.SIGKILL)
         killed = time.monotonic()
-        held_at = beat["handed_over_at_step"]
+        held_at = beat["handed_over_at"]
         outcome = wait_for(lambda killed_pid=holder: status_of(run) == Status.FAILED
                            or serving_process(run, "loop", other_than=killed_pid),
                            timeout=60, what="the run to fail, or the loop to be handed on after a trainer step")
         if outcome is True:
             break
         beat = Run.objects.get(pk=run.pk).heartbeats["loop"]
-        assert beat["kills"] == 1 and beat["handed_over_at_step"] > held_at, beat  # handed on only after a step
+        assert beat["kills"] == 1 and beat["handed_over_at"] > held_at, beat  # handed on only after a step
         holder = outcome
     else:
         pytest.fail(f"the loop was still handed on after 5 kills, each after a trainer step: {beat}")
