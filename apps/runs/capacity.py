@@ -29,7 +29,7 @@ from django.db import connection
 from django.utils import timezone
 
 from . import duties
-from .hosts import GB, cpu_count, gpus, memory_bytes
+from .hosts import GB, cpu_count, gone, gpus, memory_bytes
 from .models import Run, Worker
 
 log = logging.getLogger(__name__)
@@ -264,7 +264,7 @@ def overview(now: datetime | None = None) -> dict[str, list[WorkerState]]:
         if worker.stopped_at is not None:
             state = "stopped"
         else:
-            state = "live" if now - worker.last_seen <= timeout else "lost"
+            state = "live" if now - worker.last_seen <= timeout and not gone(worker) else "lost"
         shown = WorkerState(
             worker.name, worker.host, worker.pid, worker.queues, worker.slots, worker.gpus, worker.version,
             worker.started_at, worker.last_seen, state, held.pop(worker.name, []) if state == "live" else [],

@@ -20,6 +20,7 @@ import psutil
 from django.conf import settings
 from django.utils import timezone
 
+from .duties import process_is_gone
 from .models import Worker
 
 GB = 2**30
@@ -99,8 +100,15 @@ def serving(queue: str) -> list[Host]:
     live = Worker.objects.filter(stopped_at__isnull=True, last_seen__gte=seen).order_by("name")
     return [
         Host(worker.name, worker.memory_gb and int(worker.memory_gb * GB), worker.cpus, _gpu_bytes(worker.gpus))
-        for worker in live if queue in worker.queues
+        for worker in live if queue in worker.queues and not gone(worker)
     ]
+
+
+def gone(worker: Worker) -> bool:
+    """A worker of this machine whose main process has exited (kill -9: no orderly stop marked it).
+    Its last beat stays fresh for up to RFTWEB_HEARTBEAT_TIMEOUT: the Workers page showed a dead
+    worker's 2 slots free for 2 minutes, and runs waited for it. Elsewhere: False (its beat tells)."""
+    return worker.pid is not None and process_is_gone(f"{worker.host}:{worker.pid}")
 
 
 def _gpu_bytes(found: list) -> tuple[int, ...]:

@@ -61,6 +61,24 @@ def test_the_overview_sorts_workers_by_state_with_what_each_slot_holds(busy):
     assert shown["lost"][0].holds == []
 
 
+def test_a_worker_of_this_machine_whose_process_is_gone_is_lost_at_once(db):
+    """kill -9 of a worker's main process marks no orderly stop, and its last beat stays fresh for
+    up to RFTWEB_HEARTBEAT_TIMEOUT: the page showed its slots free for 2 minutes, and launches
+    counted on them. A process of this machine is looked at; another machine's beat still tells."""
+    import socket
+
+    from apps.runs import hosts
+
+    dead = worker("explore@here")
+    Worker.objects.filter(pk=dead.pk).update(host=socket.gethostname(), pid=2**22 + 7)  # no such pid
+    worker("explore@elsewhere")
+    shown = capacity.overview()
+    assert [w.name for w in shown["lost"]] == ["explore@here"]
+    assert [w.name for w in shown["workers"]] == ["explore@elsewhere"]
+    assert [host.name for host in hosts.serving("explore")] == ["explore@elsewhere"]
+    assert waits.free_slots()["explore"] == {"free": 2, "slots": 2, "workers": 1}
+
+
 def test_a_duty_of_a_worker_that_never_registered_is_still_shown(make_run):
     make_run("old worker", status=Run.Status.RUNNING, heartbeats={"loop": held_by("legacy@gpu-9")})
     (shown,) = capacity.overview()["workers"]
