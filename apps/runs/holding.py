@@ -42,6 +42,12 @@ def hand_back(run: Run, duty: str, by: str) -> None:
             raise services.InvalidTransition(f"{duty} leaves with its trainer's group: hand back the trainer")
         if duty not in duties.workers_holding(locked):
             raise services.InvalidTransition(f"no live worker holds the {duty} duty of run {locked.name!r}")
+        if duties.is_explorer(duty) and locked.config.get("synchronizer", {}).get("method") == "nccl":
+            # As set_explorers refuses to change their number: handed back, one broke the group, the
+            # trainer waited synchronizer.timeout_s and restarted from its checkpoint.
+            raise services.InvalidTransition(
+                f"{duty} is in the trainer's nccl weight group, of a fixed size: handing it back would break the "
+                "group; hand back the trainer (the group goes with it), or stop the run and resume it")
         asked = {"by": by, "at": timezone.now().isoformat()}
         locked.heartbeats = {**locked.heartbeats, duty: {**locked.heartbeats[duty], "hand_back": asked}}
         locked.save(update_fields=["heartbeats"])

@@ -367,3 +367,22 @@ def test_a_curator_hands_a_held_duty_back_and_others_may_not(make_run, client, c
     assert messages[-1] == f"no live worker holds the loop duty of run {run.name!r}"
     assert services.claim_duty(run, "loop", "gpu-1:11", timeout=60)  # the same process takes it again
     assert "hand_back" not in Run.objects.get(pk=run.pk).heartbeats["loop"]
+
+
+@pytest.mark.parametrize("method, refused", [("nccl", True), ("checkpoint", False)])
+def test_an_nccl_explorer_is_not_handed_back(make_run, method, refused):
+    """Its weight group has a fixed size (set_explorers refuses to change it for the same reason):
+    handed back, an explorer broke it, and the trainer restarted from its checkpoint after
+    synchronizer.timeout_s, the run's page reading as normal waiting all along."""
+    from apps.runs import holding
+
+    worker("explore@gpu-2")
+    run = make_run("split", status=Run.Status.RUNNING, config={"synchronizer": {"method": method}},
+                   heartbeats={"explorer": held_by("explore@gpu-2")})
+    if refused:
+        with pytest.raises(services.InvalidTransition, match="nccl weight group, of a fixed size"):
+            holding.hand_back(run, "explorer", "cur")
+        assert "hand_back" not in Run.objects.get(pk=run.pk).heartbeats["explorer"]
+    else:
+        holding.hand_back(run, "explorer", "cur")
+        assert Run.objects.get(pk=run.pk).heartbeats["explorer"]["hand_back"]["by"] == "cur"
