@@ -14,8 +14,9 @@ from workers.rft.algorithms import resolve
 from workers.rft.config import ConfigError, ConfigIssue, RunConfig
 
 from .config_checks import fit_issues, model_issues
-from .duties import HANDED_OVER, NODE_DUTY, duties_of_run, holder, workers_holding
+from .duties import HANDED_OVER, NODE_DUTY, duties_of_run, holder, queue_of, workers_holding
 from .failures import describe_lost_worker
+from .hosts import serving
 from .live import publisher
 from .models import MetricPoint, Run
 from .queries import unix_time
@@ -384,16 +385,22 @@ def _hand_over(locked: Run, duty: str, limit: int, lost: str | None = None) -> b
     else:
         handovers = (beat.get("handovers", 0) if stuck else 0) + (0 if orderly else 1)
     if handovers > limit:
+        queue = queue_of(duty)
+        advice = "Resume the run to continue from its last checkpoint."
         if beat.get("broke"):
             why = f"its trainer's rank group broke ({beat['broke']})"
+        elif beat.get("worker") == HANDED_OVER and not serving(queue):
+            # Resumed as it is, the run would wait for ever: say what it waits for.
+            why = f"no live worker serves the `{queue}` queue to take it over"
+            advice = (f"Start one (celery -A rftweb worker -Q {queue}, docs/scale.md), then resume the run: it "
+                      "continues from its last checkpoint.")
         elif beat.get("worker") == HANDED_OVER:
             why = "no worker took it over"
         else:
             why = f"its worker {beat.get('worker')} stopped beating (killed? out of memory?)"
         set_status(locked, Status.FAILED, error=(
             f"{duty} failed: {why} at trainer step {step}, and the watchdog hands a "
-            f"duty on at most {limit} time(s) in a row without progress. "
-            "Resume the run to continue from its last checkpoint."
+            f"duty on at most {limit} time(s) in a row without progress. {advice}"
         ))
         return False
     now = timezone.now().isoformat()

@@ -130,7 +130,11 @@ def test_the_watchdog_counts_but_never_resends_a_duty_nobody_claimed(researcher,
         **run.heartbeats["explorer-7"], "at": stale["at"]}})
     assert supervision.watchdog() == []
     run.refresh_from_db()
-    assert run.status == Status.FAILED and "explorer-7 failed: no worker took it over" in run.error
+    # No explore worker is live: the run says so, and what to start before resuming (resumed as it
+    # was, it waited for ever; the message said only "no worker took it over").
+    assert run.status == Status.FAILED
+    assert "explorer-7 failed: no live worker serves the `explore` queue to take it over" in run.error
+    assert "Start one (celery -A rftweb worker -Q explore, docs/scale.md), then resume the run" in run.error
 
 
 @pytest.mark.django_db
