@@ -39,6 +39,15 @@ def started(task_id: str, name: str, args) -> None:
         connection.close()
 
 
+def serves(task_id: str, args) -> None:
+    """A serve_duty task given another duty than the one it was sent for (turns.turn): its row
+    names what it serves (the page listed the duty of the message, and a kill of it as another's)."""
+    try:
+        TaskRun.objects.filter(task_id=task_id).update(args=_cut(repr(list(args)), 200))
+    except DatabaseError:
+        connection.close()
+
+
 def ended(task_id: str, outcome: str, result) -> None:
     try:
         row = TaskRun.objects.filter(task_id=task_id).first()

@@ -22,7 +22,7 @@ from datetime import datetime
 from django.db import transaction
 from django.utils import timezone
 
-from . import duties
+from . import duties, task_log
 from .models import Run
 
 
@@ -103,6 +103,8 @@ def turn(run_id: int, duty: str, task: str) -> tuple[int, str]:
             run.queued_tasks = {**run.queued_tasks, one.duty: {**run.queued_tasks[one.duty], **change}}
         for run in {runs[one.run_id] for one in changes}:
             run.save(update_fields=["queued_tasks"])
+    if first != mine:
+        task_log.serves(task, [first.run_id, first.duty])
     return first.run_id, first.duty
 
 

@@ -10,8 +10,8 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from apps.runs import capacity, services, supervision, turns, waits
-from apps.runs.models import Run, Worker
+from apps.runs import capacity, services, supervision, task_log, turns, waits
+from apps.runs.models import Run, TaskRun, Worker
 
 RUNNING = Run.Status.RUNNING
 
@@ -44,7 +44,11 @@ def test_the_task_a_worker_takes_serves_the_duty_that_asked_first_and_the_two_sw
     demo, later = two_waiting
     demo_task, later_task, asked = task_of(demo), task_of(later), demo.queued_tasks["loop"]["asked"]
     # The broker hands out the later run's task first (it was sent before the demo's hand-back).
+    task_log.started(later_task, "workers.tasks.serve_duty", [later.pk, "loop"])  # as task_prerun writes it
     assert turns.turn(later.pk, "loop", later_task) == (demo.pk, "loop")
+    # The Workers page's task list names the duty it serves, not the message's (a kill of it read as
+    # the other run's).
+    assert TaskRun.objects.get(task_id=later_task).args == repr([demo.pk, "loop"])
     assert (task_of(demo), task_of(later)) == (later_task, demo_task)  # each still has one task queued
     assert services.claim_duty(demo, "loop", "gpu-2:9", timeout=60, node="train@gpu-2", task=later_task)
     demo.refresh_from_db()
