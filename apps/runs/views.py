@@ -275,7 +275,9 @@ def run_explorers(request, pk):
     except services.InvalidTransition as err:
         messages.error(request, str(err))
     else:
-        messages.success(request, f"{run.name} is served by {count} explorer{'s' if count != 1 else ''} from now on.")
+        messages.success(request, f"{run.name} asks for {count} explorer{'s' if count != 1 else ''} from now on: each "
+                                  "added one starts when an `explore` worker has a free slot (the duty lines say "
+                                  "where each stands).")
     return redirect("run-detail", pk=pk)
 
 

@@ -165,11 +165,26 @@ def shown_status(run: Run) -> str:
     if run.status not in (Run.Status.STARTING, Run.Status.RUNNING):
         return run.status
     beats = [run.heartbeats.get(duty) for duty in duties.duties_of_run(run)]
+    if _trains_while_extra_explorers_wait(run):
+        return run.status
     if any(beat is None for beat in beats):
         return "queued"
     if not all(_holds(beat) for beat in beats):  # one was let go or sent on: it waits to be taken again
         return "waiting"
     return run.status
+
+
+def _trains_while_extra_explorers_wait(run: Run) -> bool:
+    """With checkpoint sync explorers join as they come: a run whose other duties and at least one
+    explorer are held trains, and its explorers never taken yet only add speed (a run at trainer step
+    12 with 2 of 3 explorers read "queued"). With nccl the group needs them all."""
+    if run.config.get("synchronizer", {}).get("method") != "checkpoint":
+        return False
+    beats = {duty: run.heartbeats.get(duty) for duty in duties.duties_of_run(run)}
+    explorers = [duty for duty in beats if duties.is_explorer(duty)]
+    return (any(_holds(beats[duty]) for duty in explorers)
+            and all(_holds(beat) for duty, beat in beats.items() if not duties.is_explorer(duty))
+            and all(_holds(beats[duty]) or beats[duty] is None for duty in explorers))
 
 
 def duties_json(run: Run, live: list[WorkerState] | None = None) -> dict:
@@ -233,8 +248,9 @@ def launch_warnings(config: dict, run_id: int | None = None) -> list[str]:
                             f"{free} `explore` slot(s) are free: the trainer waits for the rest and fails after "
                             f"synchronizer.timeout_s. Use checkpoint sync, fewer explorers, or add capacity. {add}")
         elif queue == "explore":
-            warnings.append(f"{count} explorers and {free} free `explore` slot(s): the run starts with {free}, and "
-                            f"the others start as slots free up. {add}")
+            starts = (f"the run starts with {free}, and the others start as slots free up" if free
+                      else "the run starts when one frees up, and the others as more do")
+            warnings.append(f"{count} explorers and {free} free `explore` slot(s): {starts}. {add}")
         else:
             busy = ", ".join(f"run {hold.run_id} {hold.run_name} ({hold.duty})"
                              for worker in serving for hold in worker.holds)

@@ -163,6 +163,12 @@ def test_each_duty_says_where_it_stands_and_what_a_waiting_one_waits_for(busy, m
     assert waits.shown_status(run) == "queued"  # not "running" until every duty started
     answer = waits.duties_json(run)
     assert (answer["explorers"], answer["explorers_running"], answer["shown_status"]) == (2, 1, "queued")
+    # Once its trainer holds too, it trains: the second explorer only adds speed when it comes
+    # (checkpoint sync; it read "queued" at trainer step 12). With nccl the group needs both.
+    run.heartbeats["trainer"] = started(held_by("runs@gpu-1"))
+    assert waits.shown_status(run) == "running"
+    run.config = {**SPLIT, "synchronizer": {"method": "nccl"}}
+    assert waits.shown_status(run) == "queued"
 
 
 def test_starting_lost_handed_over_and_ended_duties(make_run):
