@@ -71,7 +71,10 @@ def duty_states(run: Run, live: list[WorkerState] | None = None) -> list[DutySta
         elif beat.get("ended"):
             states.append(DutyState(duty, queue, "ended", node, beat["ended"], f"{node or beat['worker']} let it go"))
         elif beat["worker"] == duties.HANDED_OVER:
-            why = beat.get("handed_back") or f"its worker was lost (hand-over {beat.get('handovers', 1)})"
+            sent = beat.get("handovers", 1)
+            why = beat.get("handed_back") or (  # a send nobody took counts too: say what it leads to
+                f"its worker was lost (sent on {sent} time{'s' if sent != 1 else ''} with no step done; the run "
+                f"fails after {settings.RFTWEB_MAX_HANDOVERS})")
             states.append(DutyState(duty, queue, "handed over", None, beat["at"],
                                     f"{why}; sent on, " + wait()))
         elif beat.get("hand_back") and duties.holder(run, duty, timeout) is not None:

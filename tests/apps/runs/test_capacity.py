@@ -191,7 +191,7 @@ def test_starting_lost_handed_over_and_ended_duties(make_run):
     # Its worker stopped in order and the duty still beats: it hands the run back (it said "lost").
     assert f"its worker {gone.name} is shutting down in order" in states["explorer"].detail
     assert "fell silent 600 s ago" in states["explorer-1"].detail
-    assert "hand-over 2" in states["explorer-2"].detail
+    assert "sent on 2 times with no step done; the run fails after " in states["explorer-2"].detail
     assert "is shutting down" in states["explorer-3"].detail and "`explore` worker" in states["explorer-3"].detail
     assert waits.shown_status(run) == "waiting"  # every duty was taken once; some wait to be taken again
     run.status = Run.Status.COMPLETED
