@@ -29,7 +29,7 @@ from django.db import connection
 from django.utils import timezone
 
 from . import duties
-from .hosts import GB, cpu_count, gone, gpus, memory_bytes
+from .hosts import GB, ProcessUsage, cpu_count, gone, gpus, memory_bytes
 from .models import Run, Worker
 
 log = logging.getLogger(__name__)
@@ -68,6 +68,7 @@ class WorkerState:
     cpus: int | None = None
     stopped_at: datetime | None = None
     restarted_at: datetime | None = None  # an earlier life: when the same name started again
+    usage: dict = field(default_factory=dict)  # what its processes used at its last beat (hosts.ProcessUsage)
 
     @property
     def free(self) -> int | None:
@@ -147,8 +148,8 @@ def register(name: str, queues: list[str], slots: int) -> None:
     })
 
 
-def beat(name: str) -> None:
-    Worker.objects.filter(name=name).update(last_seen=timezone.now(), gpus=gpus())
+def beat(name: str, usage: dict | None = None) -> None:
+    Worker.objects.filter(name=name).update(last_seen=timezone.now(), gpus=gpus(), usage=usage or {})
 
 
 def stopped(name: str) -> None:
@@ -181,12 +182,13 @@ class WorkerBeat(threading.Thread):
         super().__init__(daemon=True, name=f"worker-beat-{name}")
         self.worker_name, self.interval = name, interval
         self.stopping = threading.Event()
+        self.usage = ProcessUsage()
 
     def run(self):
         try:
             while not self.stopping.wait(self.interval):
                 try:
-                    beat(self.worker_name)
+                    beat(self.worker_name, self.usage())
                 except DatabaseError as err:  # beat again once the database is back
                     log.warning("worker %s: heartbeat missed: %s", self.worker_name, err)
                     connection.close()
@@ -248,6 +250,9 @@ def holdings() -> dict[str, list[Holding]]:
     return held
 
 
+_server_usage = ProcessUsage()  # embedded: the server process, measured as the page asks
+
+
 def overview(now: datetime | None = None) -> dict[str, list[WorkerState]]:
     """{"workers": the live ones, "lost": those silent without stopping (the last day's),
     "stopped": those that stopped in order (the last day's)}."""
@@ -256,7 +261,7 @@ def overview(now: datetime | None = None) -> dict[str, list[WorkerState]]:
     if settings.RFTWEB_EMBEDDED:
         me = WorkerState(embedded_name(), socket.gethostname(), os.getpid(), ALL_QUEUES, None, [], code_version(),
                          None, now, "live", held.pop(embedded_name(), []),
-                         round(memory_bytes() / GB, 1), cpu_count())
+                         round(memory_bytes() / GB, 1), cpu_count(), usage=_server_usage())
         return {"workers": [me], "lost": [], "stopped": []}
     timeout = timedelta(seconds=settings.RFTWEB_HEARTBEAT_TIMEOUT)
     out = {"workers": [], "lost": [], "stopped": []}
@@ -268,7 +273,7 @@ def overview(now: datetime | None = None) -> dict[str, list[WorkerState]]:
         shown = WorkerState(
             worker.name, worker.host, worker.pid, worker.queues, worker.slots, worker.gpus, worker.version,
             worker.started_at, worker.last_seen, state, held.pop(worker.name, []) if state == "live" else [],
-            worker.memory_gb, worker.cpus, worker.stopped_at,
+            worker.memory_gb, worker.cpus, worker.stopped_at, usage=worker.usage if state == "live" else {},
         )
         out["workers" if state == "live" else state].append(shown)
         restarted = worker.started_at

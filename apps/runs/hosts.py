@@ -12,6 +12,7 @@ import os
 import shutil
 import socket
 import subprocess
+import time
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -44,6 +45,35 @@ def memory_bytes() -> int:
         if value is not None and value.isdigit():
             total = min(total, int(value))
     return total
+
+
+class ProcessUsage:
+    """What this process and its children use (a Celery worker: its pool processes), measured at
+    each call: {"rss_gb", "cpu_percent"} (percent of one core, as top; over the time since the last
+    call, None at the first). The Workers page showed what a worker may use, not what it does."""
+
+    def __init__(self):
+        self.me = psutil.Process()
+        self.last: tuple[float, float] | None = None  # (cpu seconds, wall time)
+
+    def __call__(self) -> dict:
+        rss, cpu = 0, 0.0
+        for process in [self.me, *self.me.children(recursive=True)]:
+            try:
+                with process.oneshot():
+                    rss += process.memory_info().rss
+                    times = process.cpu_times()
+                    # a process's reaped children's time stays counted in it: the sum only grows
+                    cpu += times.user + times.system + (times.children_user + times.children_system
+                                                        if process is self.me else 0.0)
+            except psutil.Error:  # it exited while being read
+                continue
+        now = time.monotonic()
+        percent = None
+        if self.last is not None and now > self.last[1]:
+            percent = round(max(0.0, cpu - self.last[0]) / (now - self.last[1]) * 100)
+        self.last = (cpu, now)
+        return {"rss_gb": round(rss / GB, 2), "cpu_percent": percent}
 
 
 def cpu_count() -> int:

@@ -231,6 +231,8 @@ class Worker(models.Model):
     memory_gb = models.FloatField(null=True, blank=True, help_text="the memory its processes may use")
     cpus = models.PositiveIntegerField(null=True, blank=True, help_text="the cores its processes may use")
     version = models.CharField(max_length=64, blank=True)  # the code it runs (git commit)
+    # What its processes used at its last beat (hosts.ProcessUsage): {"rss_gb", "cpu_percent"}.
+    usage = models.JSONField(default=dict, blank=True)
     started_at = models.DateTimeField()
     last_seen = models.DateTimeField()
     stopped_at = models.DateTimeField(null=True, blank=True)

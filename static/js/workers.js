@@ -42,6 +42,17 @@
     return parts.join(" · ");
   }
 
+  // What its processes use now (Flower's load and memory), under what it may use.
+  function machineCell(worker) {
+    const cell = el("td", machineText(worker));
+    const usage = worker.usage || {};
+    if (usage.rss_gb !== undefined) {
+      const cpu = usage.cpu_percent === null || usage.cpu_percent === undefined ? "" : " · " + usage.cpu_percent + "% CPU";
+      cell.append(el("div", "using " + usage.rss_gb + " GB" + cpu, {class: "muted small", "data-usage": ""}));
+    }
+    return cell;
+  }
+
   // A curator's actions on a held duty (views.worker_duty): hand it back to its queue, or stop its run.
   function dutyActions(hold) {
     const actions = el("span", null, {class: "duty-actions"});
@@ -86,7 +97,7 @@
     tr.append(el("td", slots, {class: "num"}));
     if (live) tr.append(holdsCell(worker));
     const when = worker.state === "stopped" ? worker.stopped_at : worker.last_seen;
-    tr.append(el("td", machineText(worker)), el("td", worker.version || "—"), el("td", ago(when)));
+    tr.append(machineCell(worker), el("td", worker.version || "—"), el("td", ago(when)));
     return tr;
   }
 

@@ -380,6 +380,8 @@ class WorkerOut(Schema):
     holds: list[HoldOut]
     stopped_at: str | None = Field(description="when it stopped in order (stopped only)")
     restarted_at: str | None = Field(description="an earlier life of a worker of this name: when it started again")
+    usage: dict[str, Any] = Field(description='what its processes used at its last beat, {"rss_gb", "cpu_percent"} '
+                                              "(percent of one core; null at its first beat); {} when not live")
 
 
 class WaitingOut(Schema):

@@ -2,6 +2,7 @@
 which run's duty each worker's slots hold. The workers here are rows as a worker writes them
 (tests/workers/test_capacity.py starts real ones)."""
 import json
+import time
 from datetime import timedelta
 
 import pytest
@@ -392,3 +393,23 @@ def test_an_nccl_explorer_is_not_handed_back(make_run, method, refused):
     else:
         holding.hand_back(run, "explorer", "cur")
         assert Run.objects.get(pk=run.pk).heartbeats["explorer"]["hand_back"]["by"] == "cur"
+
+
+def test_the_worker_beat_reports_what_its_processes_use(db):
+    """Flower shows each worker's load and memory: the beat measures the worker's process and its
+    children (its pool), and the page and the API show it under what the worker may use."""
+    import threading
+
+    from apps.runs import hosts
+
+    worker("train@gpu-1")
+    usage = hosts.ProcessUsage()
+    assert usage()["cpu_percent"] is None  # nothing to compare with yet
+    stop = time.monotonic() + 0.3
+    while time.monotonic() < stop:  # busy: this process uses about one core
+        pass
+    measured = usage()
+    assert measured["rss_gb"] > 0.01 and 5 <= measured["cpu_percent"] <= 100 * (threading.active_count() + 1)
+    capacity.beat("train@gpu-1", measured)
+    (shown,) = capacity.overview()["workers"]
+    assert shown.usage == measured and shown.as_json()["usage"] == measured
