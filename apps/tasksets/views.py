@@ -81,11 +81,12 @@ def taskset_import_cancel(request, pk):
         messages.error(request, "Only the researcher who uploaded the file, or a curator, may cancel its import.")
     else:
         try:
-            cancel_job(job)
+            job = cancel_job(job)
         except JobError as exc:
             messages.error(request, str(exc))
         else:
-            messages.success(request, f"Import of {job.original_filename} cancelled: no taskset {job.name} is made.")
+            done = "cancelled" if job.is_finished else "stops after its current batch of rows and rolls back"
+            messages.success(request, f"Import of {job.original_filename} {done}: no taskset {job.name} is made.")
     return redirect("taskset-import", pk=job.pk)
 
 
