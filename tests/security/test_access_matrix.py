@@ -229,6 +229,16 @@ def test_every_websocket_route_has_a_matrix_entry():
     assert {str(route.pattern) for route in websocket_urlpatterns} == set(WS_MATRIX)
 
 
+def role_users() -> dict:
+    """A user of each principal but anonymous: an annotator, the run's owner, another researcher, a curator."""
+    return {
+        "annotator": create_user("ann", "pw-for-tests-123", roles=(ANNOTATOR,)),
+        "owner": create_user("owner", "pw-for-tests-123", roles=(RESEARCHER,)),
+        "other": create_user("other", "pw-for-tests-123", roles=(RESEARCHER,)),
+        "curator": create_user("cur", "pw-for-tests-123", roles=(CURATOR,)),
+    }
+
+
 @pytest.fixture
 def world(db, settings):
     """Users of each role, a run of `owner` with an experience and a checkpoint, an import job."""
@@ -237,12 +247,7 @@ def world(db, settings):
         pass
 
     o = World()
-    o.users = {
-        "annotator": create_user("ann", "pw-for-tests-123", roles=(ANNOTATOR,)),
-        "owner": create_user("owner", "pw-for-tests-123", roles=(RESEARCHER,)),
-        "other": create_user("other", "pw-for-tests-123", roles=(RESEARCHER,)),
-        "curator": create_user("cur", "pw-for-tests-123", roles=(CURATOR,)),
-    }
+    o.users = role_users()
     o.taskset = Taskset.objects.create(name="ts", task_count=1)
     task = Task.objects.create(taskset=o.taskset, index=0, prompt="1+1?", answer="2")
     # Held by a live worker, so that a stop asks it to stop (a run no worker holds stops at once).

@@ -6,12 +6,12 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from apps.accounts.roles import ANNOTATOR, CURATOR, RESEARCHER
-from apps.accounts.services import create_user
 from apps.runs.api import token_for
 from apps.runs.models import Checkpoint, MetricPoint, Run
 from apps.runs.supervision import run_dir
 from apps.tasksets.models import TasksetImport
+
+from .test_access_matrix import role_users
 
 PRINCIPALS = ("annotator", "owner", "other", "curator")
 JOB_LABEL = "tasksets.tasksetimport"
@@ -25,12 +25,7 @@ def world(db, settings, tmp_path):
         pass
 
     o = World()
-    o.users = {
-        "annotator": create_user("ann", "pw-for-tests-123", roles=(ANNOTATOR,)),
-        "owner": create_user("owner", "pw-for-tests-123", roles=(RESEARCHER,)),
-        "other": create_user("other", "pw-for-tests-123", roles=(RESEARCHER,)),
-        "curator": create_user("cur", "pw-for-tests-123", roles=(CURATOR,)),
-    }
+    o.users = role_users()
     o.run = Run.objects.create(name="r", owner=o.users["owner"], config={})
     MetricPoint.objects.create(run=o.run, role="trainer", step=1, values={"loss": 0.5})
     directory = run_dir(o.run) / "checkpoints" / "v1"
