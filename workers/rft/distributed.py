@@ -299,8 +299,10 @@ def handshake(store: dist.Store, rank: int, world_size: int, secret: str, addres
             raise GroupRefused(f"rank {rank}: the leader at {address} did not answer within {timeout_s:g} s "
                                "whether it knows the group's secret; refusing to join its group") from err
         if not hmac.compare_digest(store.get(f"auth/{rank}/answer"), proof("leader", rank, mine.encode())):
-            raise GroupRefused(f"rank {rank}: the leader at {address} did not prove it knows the group's secret: "
-                               "refusing to join its group (nothing it sent was read)")
+            # A comma, not a colon, after "secret": the run's logs redact what follows "secret:".
+            raise GroupRefused(f"rank {rank}: the leader at {address} did not prove it knows the group's secret, "
+                               "so this rank does not join its group (nothing it sent was read): another process at "
+                               "that address, such as an earlier group's leader after a restart")
         return
     ours = secrets.token_hex(16)
     store.set("auth/leader", ours)
@@ -310,8 +312,8 @@ def handshake(store: dist.Store, rank: int, world_size: int, secret: str, addres
             if not store.check([f"auth/{peer}/proof"]):
                 continue
             if not hmac.compare_digest(store.get(f"auth/{peer}/proof"), proof("follower", peer, ours.encode())):
-                raise GroupRefused(f"rank {peer} at {address} did not prove it knows the group's secret: the group "
-                                   "is refused (something other than the run's own ranks reached its store)")
+                raise GroupRefused(f"rank {peer} at {address} did not prove it knows the group's secret, so the "
+                                   "group is refused (something other than the run's own ranks reached its store)")
             store.set(f"auth/{peer}/answer", proof("leader", peer, store.get(f"auth/{peer}/nonce")))
             waiting.discard(peer)
         if not waiting:
