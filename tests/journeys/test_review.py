@@ -101,6 +101,9 @@ def test_a_reviewer_accepts_by_keyboard_in_the_browser_and_only_that_trains(rese
         login(reviewer, f"/annotate/review/runs/{run.pk}/")
         expect(page.locator("#review-waiting")).to_contain_text("6 waiting")
         for _ in range(6):
+            # The page's keys are bound by review.js at the end of the body: the new judgement's HTML
+            # can be there before it runs, and a key pressed then is lost (once in a loaded CI run).
+            page.wait_for_load_state("load")
             heading = page.locator("#judgement h2").text_content()  # as written: the page shows it in capitals
             shown = page.locator("#review").get_attribute("data-judgement")
             page.keyboard.press("x" if heading == "b's edit" else "a")
