@@ -10,6 +10,7 @@ micro-batch by its share of its part's tokens or sequences, so how rows are grou
 only by summation order.
 """
 from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 import torch
@@ -50,13 +51,18 @@ class MicroBatch:
     padding: bool = False
     policy_pass: bool = False
 
+    @cached_property
+    def tokens(self) -> float:
+        """The tokens its losses cover, read once (on a GPU each read is a sync)."""
+        return self.mask.sum().item()
+
     def units(self, agg_mode: str, part: str = USUAL) -> float:
         """How much this micro-batch weighs in its part's loss: tokens (token-mean) or sequences
         (seq-mean modes); pairs for DPO, whose loss is a mean over pairs."""
         if part == PAIRS:
             return self.mask.shape[0] / 2
         if agg_mode == "token-mean":
-            return self.mask.sum().item()
+            return self.tokens
         return (self.mask.sum(-1) > 0).sum().item()
 
 

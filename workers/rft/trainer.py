@@ -220,7 +220,7 @@ class Trainer:
         agg = self.algo.loss_agg_mode
         parts = self._micro_batches(batch)
         part_units = {part: sum(mb.units(agg, part) for mb in mbs) for part, mbs in parts}
-        part_tokens = {part: sum(mb.mask.sum().item() for mb in mbs) for part, mbs in parts}
+        part_tokens = {part: sum(mb.tokens for mb in mbs) for part, mbs in parts}
         if self.ranks is not None:
             parts = [(part, self._share(mbs)) for part, mbs in parts]
         self._prepare(parts)
@@ -232,7 +232,7 @@ class Trainer:
             for part, mbs in parts:
                 for mb in mbs:
                     share = 0.0 if mb.padding else mb.units(agg, part) / max(part_units[part], 1)
-                    token_share = 0.0 if mb.padding else mb.mask.sum().item() / max(part_tokens[part], 1)
+                    token_share = 0.0 if mb.padding else mb.tokens / max(part_tokens[part], 1)
                     loss, mb_metrics = self._loss(mb, part)
                     (share * loss).backward()
                     total_loss += share * loss.item()
