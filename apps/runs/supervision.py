@@ -52,11 +52,12 @@ from django.utils import timezone
 
 from rftweb.celery import enqueue
 
-from . import capacity, duties, services, turns
+from . import capacity, duties, services, system, turns
 from .checkpoints import run_checkpoint_dir
 from .duties import HANDED_OVER, NODE_DUTY, duties_of_run
 from .failures import MAX_CAUSE_CHARS, describe_failure, is_rank_failure, without_server_paths
 from .holding import DutyLost, HandBack, Stopped, pause, wait_while_paused
+from .hosts import ProcessUsage
 from .live import publisher
 from .logs import DutyLog
 from .models import MetricPoint, Run
@@ -144,13 +145,19 @@ def start_run(run_id: int) -> None:
 
 
 class Heartbeat(threading.Thread):
-    """Beats every `interval` seconds while the task lives, however long a step takes, and logs
-    system metrics (CPU, memory, GPU) with each beat."""
+    """Beats every `interval` seconds while the task lives, however long a step takes, and records
+    what the duty's process uses with each beat (system.py). Embedded, where every duty is a thread
+    of the server, one duty of the run records the server's."""
 
     def __init__(self, run: Run, duty: str, worker: str, interval: float):
         super().__init__(daemon=True, name=f"heartbeat-run-{run.pk}-{duty}")
         self.target_run, self.duty, self.worker, self.interval = run, duty, worker, interval
         self.stopped = threading.Event()
+        self.usage = ProcessUsage()
+        if not settings.RFTWEB_EMBEDDED:
+            self.source = duty
+        else:
+            self.source = system.SERVER if duty in ("loop", "trainer") else None
 
     def run(self):
         try:
@@ -160,8 +167,8 @@ class Heartbeat(threading.Thread):
                     doing = activity.now() if activity is not None else None
                     if not services.heartbeat(self.target_run, self.duty, self.worker, doing):
                         return  # the duty was taken over: the duty's next status check stops it
-                    if self.duty in ("loop", "trainer"):  # one series per run
-                        services.record_metrics(self.target_run, "system", int(time.time()), system_metrics())
+                    if self.source is not None:
+                        system.record(self.target_run, self.source, system.measure(self.usage), time.time())
                 except DATABASE_LOST as err:  # beat again once the database is back
                     log.warning("heartbeat of run %s (%s) missed: %s", self.target_run.pk, self.duty, err)
                     connection.close()
@@ -176,17 +183,6 @@ class Heartbeat(threading.Thread):
 # What the engine of each duty this process serves does now ({(run id, duty): its loop's
 # workers.rft.activity.Activity}), for the heartbeat to write on the duty's beat.
 _activities: dict = {}
-
-
-def system_metrics() -> dict:
-    # Imported here: torch loads only in workers, not in every web process that imports this module.
-    import psutil
-    import torch
-
-    values = {"cpu_percent": psutil.cpu_percent(), "memory_gb": psutil.Process().memory_info().rss / 2**30}
-    if torch.cuda.is_available():
-        values["gpu_memory_gb"] = torch.cuda.memory_allocated() / 2**30
-    return values
 
 
 def serve(run_id: int, duty: str, task: str | None = None) -> str:

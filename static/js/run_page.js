@@ -17,6 +17,9 @@
   const PER_EXPLORER = /^(tokens_per_s|idle_share|sync_seconds)\/(explorer(?:-\d+)?)$/;
   const TRAINER_BESIDE = ["idle_share", "sync_seconds"];
   const EXPLORERS_SECTION = "system · explorers";
+  // A system point holds each duty's figures under its name (apps/runs/system.py): a chart a
+  // figure, a line a duty.
+  const PER_DUTY = /^(server|loop|trainer|explorer(?:-\d+)?|trainer-node-\d+)\/([^/]+)$/;
   // The share of groups whose rewards were all equal (workers/rft/algorithms/advantages.py): over
   // ZERO_VARIANCE_SHARE on average in the last ZERO_VARIANCE_STEPS explorer steps, the page says
   // that most of the batch trains nothing.
@@ -150,7 +153,7 @@
   // Points of one role grouped by chart and line: {id + line: {id, line, section, title, steps, values}}.
   // A run with several explorers also draws each explorer's figures (tokens_per_s/explorer-1...)
   // as lines of one chart per figure, with the trainer's idle share and sync seconds beside them,
-  // in the "system · explorers" section.
+  // in the "system · explorers" section, and each duty's system figures as lines of one chart.
   function chartPoints(role, points, into = new Map()) {
     let time; // the point's, in Unix seconds: the charts' time axes
     const add = (id, line, section, title, step, value) => {
@@ -166,7 +169,9 @@
       const flat = flattenMetrics(values);
       for (const [key, value] of Object.entries(flat)) {
         const each = role === "explorer" && PER_EXPLORER.exec(key);
+        const duty = role === "system" && PER_DUTY.exec(key);
         if (each) add("explorer/by explorer/" + each[1], each[2], EXPLORERS_SECTION, each[1], step, value);
+        else if (duty) add("system/" + duty[2], duty[1], "system", duty[2], step, value);
         else add(role + "/" + key, SERIES, chartSection(role, key), key, step, value);
         if (role === "trainer" && TRAINER_BESIDE.includes(key) && board.charts.has("explorer/by explorer/" + key)) {
           add("explorer/by explorer/" + key, "trainer", EXPLORERS_SECTION, key, step, value);

@@ -240,8 +240,9 @@ def seed_history(run, steps=STEPS):
             "tokens_per_s": 2250 + rng.uniform(-80, 80),
             "experiences": 128, "expert_experiences": 64, "reward_mean": reward, "response_length": 3.9,
             "staleness": 0.0, "staleness_max": 0, "staleness_min": 0, "lr": 0.001}))
-        rows.append(MetricPoint(run=run, role="system", step=1_700_000_000 + 5 * step, values={
-            "cpu_percent": 180 + rng.uniform(-20, 20), "memory_gb": 1.2 + p / 10}))
+        rows.append(MetricPoint(run=run, role="system", step=1_700_000_000 + 5 * step, values={  # apps/runs/system.py
+            "trainer": {"cpu_percent": 180 + rng.uniform(-20, 20), "memory_gb": 1.2 + p / 10},
+            "explorer": {"cpu_percent": 95 + rng.uniform(-10, 10), "memory_gb": 0.8}}))
     # Jumpy, as 20 eval tasks are: a moving average would show values that were never measured.
     accuracy = [0.0, 0.0, 0.1, 0.0, 0.05, 0.2, 0.2, 0.25, 0.15, 0.15, 0.35,
                 0.35, 0.5, 0.65, 0.55, 0.55, 0.5, 0.4, 0.45, 0.65, 0.55]
@@ -405,6 +406,8 @@ def test_a_finished_run_shows_held_out_accuracy_first_unsmoothed_with_titled_axe
     system.locator("summary").click()
     cpu = chart_state(page, "system/cpu_percent")
     assert cpu["xaxis"]["title"] == "time" and cpu["yaxis"]["title"] == "%"
+    # A chart a figure, a line a duty.
+    assert {trace["name"].removesuffix(" (smoothed)") for trace in cpu["traces"]} == {"trainer", "explorer"}
     page.screenshot(path=SHOTS / "run-page-completed-full.png", full_page=True)
     # What was opened stays open on the next visit.
     page.reload()
