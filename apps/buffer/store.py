@@ -313,22 +313,30 @@ class DjangoExperienceBuffer:
             time.sleep(RATING_POLL_S)
 
     def _apply_feedback(self, rollouts: list[Experience]) -> None:
-        """Human rewards and recomputed group advantages for the groups that have a rating."""
+        """Human rewards and recomputed group advantages for the groups that have a rating: a
+        group any of whose members is rated, sampled or not, so a group split over two batches
+        trains under one rule."""
         feedback = self.config.feedback
         if not rollouts or (feedback.reward_mode == "none" and not feedback.rated_only):
             return
-        rated_groups = {e.group_id for e in rollouts if HUMAN_REWARD in e.reward_components}
         members = (
-            self._rows().filter(group_id__in=rated_groups, source__in=STALE_SOURCES)
+            self._rows().filter(group_id__in={e.group_id for e in rollouts}, source__in=STALE_SOURCES)
             .exclude(status=ExperienceRow.Status.REJECTED)
         )
+        rated = members.filter(reward_components__has_key=HUMAN_REWARD)
+        members = members.filter(group_id__in=rated.values("group_id"))
         if feedback.rated_only:
-            members = members.filter(reward_components__has_key=HUMAN_REWARD)
+            members = rated
         groups = defaultdict(list)
-        for pk, group_id, reward, components in members.values_list("pk", "group_id", "reward", "reward_components"):
-            groups[group_id].append(
-                Experience(None, group_id, 0, [], [], [], reward=reward, reward_components=components, id=pk)
-            )
+        # Source and episode too: step experiences of a multi-turn episode are rated and compared
+        # by episode (sampling._episode); without them each step counted as a rollout of its own.
+        for pk, group_id, reward, components, source, episode in members.values_list(
+            "pk", "group_id", "reward", "reward_components", "source", "metadata__rollout"
+        ):
+            groups[group_id].append(Experience(
+                None, group_id, 0, [], [], [], source=source, reward=reward, reward_components=components, id=pk,
+                metadata={} if episode is None else {"rollout": episode},
+            ))
         apply_human_feedback(rollouts, groups, self.config)
 
     def mark_used(self, *, consumed: Sequence[Experience] = (), reused: Sequence[Experience] = ()) -> None:

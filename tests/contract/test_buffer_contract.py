@@ -284,6 +284,44 @@ def test_a_rating_sets_the_reward_and_the_group_advantages_are_recomputed_over_t
     assert batch[0].reward == 1.0 and batch[0].advantage > 0 and batch[1].reward == 0.5  # the unrated: the mean
 
 
+def test_step_experiences_are_rated_and_compared_by_episode(make_buffer):
+    """Two episodes of two steps in one group (experience: step), one step of each rated: every
+    step trains with its episode's rating, and the two episodes are compared as two (±0.707), as
+    docs/feedback.md says. The Postgres buffer read the group without its episodes: each step
+    trained at the group's mean 0.5, the unrated ones with advantage 0."""
+    config = {"algorithm": {"name": "grpo", "repeat_times": 2}, "feedback": {"reward_mode": "override"}}
+    harness = make_buffer(config)
+    t = harness.task_ids
+    steps = [
+        rollout(t[0], index=2 * episode + turn, reward=0.0, advantage=0.0, metadata={"rollout": episode},
+                reward_components={} if turn else {"human": [1.0, 0.0][episode]})
+        for episode in (0, 1) for turn in (0, 1)
+    ]
+    harness.buffer.write(steps)
+    batch = harness.buffer.sample(4, sources=["rollout"])
+    trained = sorted((e.rollout_index, e.reward, round(e.advantage, 3)) for e in batch)
+    assert trained == [(0, 1.0, 0.707), (1, 1.0, 0.707), (2, 0.0, -0.707), (3, 0.0, -0.707)]
+
+
+def test_a_rated_group_split_over_two_batches_trains_under_one_rule(make_buffer):
+    """The batch holds only unrated members of a group whose other members are rated: they still
+    train with the group's ratings (the group's mean, advantage 0 here), not the explorer's
+    reward and advantage (the buffers looked only for ratings among the sampled rows)."""
+    config = {"algorithm": {"name": "grpo", "repeat_times": 4}, "feedback": {"reward_mode": "override"}}
+    harness = make_buffer(config)
+    t = harness.task_ids
+    rewards = [1.0, 1.0, 0.0, 0.0]  # what the reward fn gave; the explorer's advantages from them
+    ratings = [None, None, 1.0, 1.0]
+    harness.buffer.write([
+        rollout(t[0], index=i, reward=r, advantage=[1.0, 1.0, -1.0, -1.0][i],
+                reward_components={} if h is None else {"human": h})
+        for i, (r, h) in enumerate(zip(rewards, ratings))
+    ])
+    first = harness.buffer.sample(2, sources=["rollout"])  # the unrated two, by id
+    assert [e.rollout_index for e in first] == [0, 1]
+    assert [(e.reward, e.advantage) for e in first] == [(1.0, 0.0), (1.0, 0.0)]
+
+
 def test_without_a_reward_mode_ratings_change_nothing(buffer, harness):
     buffer.write([rollout(harness.task_ids[0], reward=0.0, advantage=0.25, reward_components={"human": 1.0})])
     [exp] = buffer.sample(1, sources=["rollout"])

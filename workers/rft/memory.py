@@ -164,10 +164,13 @@ class InMemoryBuffer:
                 self.sample(n_expert, sources=EXPERT_SOURCES))
 
     def _apply_feedback(self, rollouts: list[Experience]) -> None:
-        rated = {exp.group_id for exp in rollouts if HUMAN_REWARD in exp.reward_components}
+        """As the Postgres buffer's: every group of the batch with a rated member, sampled or not."""
+        sampled = {exp.group_id for exp in rollouts}
+        members = [exp for exp in self._experiences if exp.group_id in sampled and exp.source in self.STALE_SOURCES]
+        rated = {exp.group_id for exp in members if HUMAN_REWARD in exp.reward_components}
         groups = {group_id: [] for group_id in rated}
-        for exp in self._experiences:
-            if exp.group_id in groups and exp.source in self.STALE_SOURCES:
+        for exp in members:
+            if exp.group_id in rated:
                 groups[exp.group_id].append(replace(exp))
         apply_human_feedback(rollouts, groups, self.config)
 
