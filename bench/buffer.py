@@ -368,8 +368,8 @@ def sample_plans(buffer) -> str:
             sent.append((sql, params))
             return execute(sql, params, many, context)
 
-        def claim_statement(picks, sent=sent):
-            statement = compile_claim(picks)
+        def claim_statement(picks, claimer, sent=sent):
+            statement = compile_claim(picks, claimer)
             sent.append(statement)
             return statement
 

@@ -59,6 +59,11 @@ class Experience(models.Model):
     # Set while a trainer holds the row for its current step, so a second trainer skips it;
     # cleared when the step is done (or by the trainer's restart, for a step that never finished).
     claimed_at = models.DateTimeField(null=True, blank=True)
+    # The run whose trainer holds it: another run's too, for the human edits of its
+    # feedback.source_runs. That run's restart releases what it held, whoever owns the row (a
+    # source run's edit, claimed by a trainer that then crashed, was held for ever). Not indexed:
+    # read only at a restart, and a claim then changes no indexed value (migration 0006).
+    claimed_by = models.PositiveIntegerField(null=True, blank=True)
     consumed_at = models.DateTimeField(null=True, blank=True)  # lets a resumed run rewind what it lost
     created_at = models.DateTimeField(auto_now_add=True)
 

@@ -113,8 +113,9 @@ def to_experience(row: ExperienceRow) -> Experience:
     return Experience(task_id=row.task_id, id=row.pk, **{name: getattr(row, name) for name in COPIED_FIELDS})
 
 
-def claim_statement(picks: Sequence[tuple]) -> tuple[str, list] | None:
-    """The SQL and parameters that claim the first n rows of each (query, n) in `picks`, and name
+def claim_statement(picks: Sequence[tuple], claimer: int) -> tuple[str, list] | None:
+    """The SQL and parameters that claim the first n rows of each (query, n) in `picks` for run
+    `claimer`, and name
     the pick each row came from (None: none can match anything). Compiled from the querysets, so
     the store and the rule it follows cannot drift; inside a transaction (FOR UPDATE compiles
     only there)."""
@@ -134,15 +135,15 @@ def claim_statement(picks: Sequence[tuple]) -> tuple[str, list] | None:
         return None
     return (
         f"WITH {', '.join(ctes)}, picked AS ({' UNION ALL '.join(parts)}) "
-        f"UPDATE {table} SET claimed_at = %s FROM picked WHERE {table}.id = picked.id "
+        f"UPDATE {table} SET claimed_at = %s, claimed_by = %s FROM picked WHERE {table}.id = picked.id "
         f"RETURNING picked.part, {', '.join(f'{table}.{column}' for column in columns)}",
-        [*params, timezone.now()],
+        [*params, timezone.now(), claimer],
     )
 
 
-def claim(picks: Sequence[tuple]) -> list[list[Experience]]:
+def claim(picks: Sequence[tuple], claimer: int) -> list[list[Experience]]:
     """For each (ordered query, n) in `picks`, its first n rows that no other transaction holds,
-    all claimed and read in one statement: each queryset's own SQL picks them (FOR UPDATE SKIP
+    all claimed for run `claimer` and read in one statement: each queryset's own SQL picks them (FOR UPDATE SKIP
     LOCKED, so two trainers never share a row), the UPDATE sets claimed_at and returns what an
     Experience needs, read into Experiences without model instances (Django's rows and converters
     were half the Python time of a 256-row sample). A MIX step's rollouts and expert data are one
@@ -155,7 +156,7 @@ def claim(picks: Sequence[tuple]) -> list[list[Experience]]:
     fields = [ExperienceRow._meta.get_field(name) for name in COPIED_FIELDS]
     claimed = [[] for _ in picks]
     with transaction.atomic():  # FOR UPDATE compiles only in a transaction
-        statement = claim_statement(picks)
+        statement = claim_statement(picks, claimer)
         if statement is None:
             return claimed
         connection.ensure_connection()
@@ -288,12 +289,12 @@ class DjangoExperienceBuffer:
             step_order = "-explorer_step" if set(sources) <= set(EXPERT_SOURCES) else "explorer_step"
             picks.append((query.order_by("use_count", step_order, "id"), n))
         if connection.vendor == "postgresql":
-            claimed = claim(picks)
+            claimed = claim(picks, self.run_id)
         else:  # embedded SQLite: one writer at a time, no row locks to skip
             with transaction.atomic():
                 rows = [list(query[:n]) for query, n in picks]
                 ExperienceRow.objects.filter(pk__in=[r.pk for part in rows for r in part]).update(
-                    claimed_at=timezone.now()
+                    claimed_at=timezone.now(), claimed_by=self.run_id
                 )
             claimed = [[to_experience(row) for row in part] for part in rows]
         for experiences in claimed:
@@ -343,7 +344,7 @@ class DjangoExperienceBuffer:
         """One UPDATE for the step's rows. A flag that came while the step held a row keeps it
         rejected: never sampled again."""
         consumed_ids, reused_ids = [e.id for e in consumed], [e.id for e in reused]
-        changes = {"use_count": F("use_count") + 1, "claimed_at": None}
+        changes = {"use_count": F("use_count") + 1, "claimed_at": None, "claimed_by": None}
         if consumed_ids:
             now, consuming = timezone.now(), ~Q(status=ExperienceRow.Status.REJECTED)
             if reused_ids:  # a MIX step: only its rollouts are consumed
@@ -358,9 +359,10 @@ class DjangoExperienceBuffer:
     def rewind(self, checkpoint_time) -> int:
         """Resuming from a checkpoint taken at `checkpoint_time` (None: from the start): rows the
         lost trainer steps consumed or claimed go back to the pool, so the replayed steps train on
-        them again. Returns how many rows came back."""
+        them again: the rows this run held, whichever run's they are (a source run's human edits),
+        and none another run holds. Returns how many rows came back."""
         with transaction.atomic():
-            released = self._rows().filter(claimed_at__isnull=False).update(claimed_at=None)
+            released = ExperienceRow.objects.filter(claimed_by=self.run_id).update(claimed_at=None, claimed_by=None)
             lost = self._rows().filter(status=ExperienceRow.Status.CONSUMED)
             if checkpoint_time is not None:
                 lost = lost.filter(consumed_at__gt=checkpoint_time)

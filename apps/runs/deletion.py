@@ -57,6 +57,8 @@ def delete_runs(runs) -> int:
         raise ValueError("; ".join(reasons))
     directories = [run_dir(run) for run in runs]
     with transaction.atomic():
+        # What a crashed trainer of theirs still held of other runs' rows (source runs' edits).
+        Experience.objects.filter(claimed_by__in=[run.pk for run in runs]).update(claimed_at=None, claimed_by=None)
         delete_experiences(Experience.objects.filter(run__in=runs))  # in chunks, no row loaded
         Run.objects.filter(pk__in=[run.pk for run in runs]).delete()  # metrics, checkpoints, steps
         transaction.on_commit(lambda: [_remove(directory) for directory in directories])

@@ -92,7 +92,8 @@ def test_a_mix_sample_claims_both_parts_in_one_statement(run, task_ids, monkeypa
     buffer.write([rollout(t, source="expert") for t in task_ids])
     buffer.config  # noqa: B018 (read once, not counted below)
     statements, compile_claim = [], store.claim_statement
-    monkeypatch.setattr(store, "claim_statement", lambda picks: statements.append(picks) or compile_claim(picks))
+    monkeypatch.setattr(store, "claim_statement",
+                        lambda picks, claimer: statements.append(picks) or compile_claim(picks, claimer))
     # One claim (on its own cursor, which Django does not count) and its transaction: no other query.
     with CaptureQueriesContext(connection) as queries:
         usual, expert = buffer.sample_mix(3, 2)
@@ -167,3 +168,31 @@ def test_a_fresh_human_edit_is_sampled_before_the_seeded_expert_rows(run, task_i
     buffer.write([edit])
     [first] = buffer.sample(1, sources=["expert", "human_edit"])
     assert first.source == "human_edit"
+
+
+def test_a_restart_releases_what_its_trainer_held_of_another_runs_edits_and_nothing_else(researcher, task_ids):
+    """Run B trains on run A's human edits (feedback.source_runs). B's trainer dies holding one:
+    B's restart releases it, and A's restart leaves B's live claim alone. The restart released the
+    rows its own run owned: A's edit stayed claimed for ever, for A and B alike."""
+    a = Run.objects.create(name="a", owner=researcher, config={})
+    b = Run.objects.create(name="b", owner=researcher, config={"feedback": {"source_runs": [a.pk]}})
+    edits = [replace(rollout(t), source="human_edit", logprobs=None) for t in task_ids[:2]]
+    DjangoExperienceBuffer(a.pk).write(edits)
+    [held] = DjangoExperienceBuffer(b.pk).sample(1, sources=["human_edit"])  # then B's worker dies
+    [a_holds] = DjangoExperienceBuffer(a.pk).sample(1, sources=["human_edit"])  # A's live step
+    assert DjangoExperienceBuffer(a.pk).rewind(None) == 1  # A restarts: its own claim only
+    assert ExperienceRow.objects.get(pk=held.id).claimed_by == b.pk
+    assert DjangoExperienceBuffer(b.pk).rewind(None) == 1  # B restarts
+    assert {e.id for e in DjangoExperienceBuffer(a.pk).sample(2, sources=["human_edit"])} == {held.id, a_holds.id}
+
+
+def test_deleting_a_run_releases_what_its_trainer_held_of_other_runs(researcher, task_ids):
+    from apps.runs.deletion import delete_runs
+
+    a = Run.objects.create(name="a", owner=researcher, config={})
+    b = Run.objects.create(name="b", owner=researcher, status=Run.Status.FAILED,
+                           config={"feedback": {"source_runs": [a.pk]}})
+    DjangoExperienceBuffer(a.pk).write([replace(rollout(task_ids[0]), source="human_edit", logprobs=None)])
+    [held] = DjangoExperienceBuffer(b.pk).sample(1, sources=["human_edit"])
+    delete_runs([b])
+    assert [e.id for e in DjangoExperienceBuffer(a.pk).sample(1, sources=["human_edit"])] == [held.id]
