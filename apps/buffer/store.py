@@ -85,13 +85,16 @@ def insert(experiences: Sequence[Experience], run_id: int | None) -> None:
 
 
 def _first_of_each_key(experiences: Sequence[Experience], stored: set) -> list[Experience]:
-    """All but the rollouts whose natural key is in `stored` or comes earlier in the batch."""
+    """All but the rollouts whose natural key is in `stored` or comes earlier in the batch, and
+    the expert copies promoted from a stored rollout (a replayed step's copies were stored again)."""
     seen, first = set(stored), []
     for e in experiences:
         if e.source == "rollout":
             if e.key in seen:
                 continue
             seen.add(e.key)
+        elif e.promoted_from in stored:
+            continue
         first.append(e)
     return first
 
@@ -245,8 +248,8 @@ class DjangoExperienceBuffer:
         ) if steps else set()
         return _first_of_each_key(experiences, stored)
 
-    def count(self, *, sources: Sequence[str]) -> int:
-        return self._rows().filter(source__in=sources).count()
+    def count(self, *, sources: Sequence[str], group_prefix: str = "") -> int:
+        return self._rows().filter(source__in=sources, group_id__startswith=group_prefix).count()
 
     def has_explorer_step(self, step: int) -> bool:
         return self._rows().filter(source="rollout", explorer_step=step).exists()

@@ -41,6 +41,26 @@ def test_a_replayed_explorer_step_writes_nothing_twice(harness):
     assert buffer.count(sources=["rollout"]) == 9
 
 
+def test_a_replayed_step_stores_its_promoted_expert_copies_once(harness):
+    """promote_to_expert's copies come in the step's write beside their rollouts: a replay (an
+    explorer that died between writing and marking its groups done) stored them again."""
+    from workers.rft.pipelines.experience_ops import promote_to_expert
+
+    buffer, tasks = harness.buffer, harness.task_ids
+    step, _ = promote_to_expert([rollout(t, index=i, reward=float(i)) for t in tasks[:2] for i in range(2)], None)
+    assert buffer.write(step) == 6  # 4 rollouts, 2 copies of the ones scoring 1
+    more, _ = promote_to_expert([rollout(tasks[2], index=1, reward=1.0)], None)
+    assert buffer.write(step + more) == 2  # the new rollout and its copy only
+    assert buffer.count(sources=["expert"]) == 3
+
+
+def test_count_by_group_prefix(buffer, harness):
+    t = harness.task_ids
+    buffer.write([rollout(t[0], source="expert", group_id="expert-1"), rollout(t[1], source="expert", group_id="x")])
+    assert buffer.count(sources=["expert"], group_prefix="expert-") == 1
+    assert buffer.count(sources=["expert"]) == 2
+
+
 def test_a_replayed_step_of_rollouts_without_a_task_writes_nothing_twice(buffer):
     # Postgres's unique constraint never matches a NULL task: the store asks the table instead.
     step = [rollout(None, step=4, index=i) for i in range(3)]

@@ -36,6 +36,10 @@ class TaskKey(NamedTuple):
     times_sampled: int
 
 
+# The group id of each expert experience seeded from the expert taskset starts with it.
+EXPERT_GROUP = "expert-"
+
+
 @dataclass(eq=False)
 class Experience:
     """One response to one task with everything the trainer needs.
@@ -85,6 +89,12 @@ class Experience:
     def key(self) -> tuple:
         """The natural key a replayed explorer step must not duplicate (the run is the store's)."""
         return (self.explorer_step, self.task_id, self.rollout_index)
+
+    @property
+    def promoted_from(self) -> tuple | None:
+        """The key of the rollout an expert copy was promoted from (promote_to_expert), or None."""
+        key = self.metadata.get("promoted_from") if self.source == "expert" else None
+        return tuple(key) if key else None
 
 
 def _same(a, b) -> bool:

@@ -29,6 +29,7 @@ import torch
 from .activity import Activity
 from .algorithms import resolve
 from .engines import TransformersEngine, build_engine
+from .experience import EXPERT_GROUP
 from .explorer import Explorer
 from .explorer_thread import ExplorerThread
 from .memory import InMemoryBuffer, InMemoryCheckpoints, InMemoryMetrics, InMemoryTaskSource
@@ -181,10 +182,12 @@ class Loop:
                 self.seed_expert_data()
 
     def seed_expert_data(self) -> int:
-        """Write the expert taskset's answers into the buffer as expert experiences, once (human
-        edits made before the trainer started do not count as the taskset's)."""
+        """Write the expert taskset's answers into the buffer as expert experiences, once. Only
+        the taskset's rows count as done: not human edits, nor the rollouts promote_to_expert
+        copied before the trainer started (a split run's explorer may start first: MIX then
+        trained on the 8 promoted rows alone, not the taskset's 50)."""
         source, buffer = self.stores.expert_source, self.stores.buffer
-        if source is None or buffer.count(sources=("expert",)):
+        if source is None or buffer.count(sources=("expert",), group_prefix=EXPERT_GROUP):
             return 0
         return buffer.write([self.workflow.expert_experience(task) for task in source.tasks()])
 

@@ -116,19 +116,23 @@ class InMemoryBuffer:
             raise ValueError(f"unknown experience source(s) {sorted(unknown)}")
         written = 0
         with self._lock:
+            added = set()
             for exp in experiences:
                 if exp.source == "rollout":
                     if exp.key in self._keys:
                         continue
                     self._keys.add(exp.key)
+                    added.add(exp.key)
+                elif exp.promoted_from in self._keys and exp.promoted_from not in added:
+                    continue  # promoted from a rollout stored before: a replayed step's copy
                 self._experiences.append(replace(exp, id=len(self._experiences)))
                 self._status.append("ready")
                 written += 1
         return written
 
-    def count(self, *, sources: Sequence[str]) -> int:
+    def count(self, *, sources: Sequence[str], group_prefix: str = "") -> int:
         with self._lock:
-            return sum(exp.source in sources for exp in self._experiences)
+            return sum(exp.source in sources and exp.group_id.startswith(group_prefix) for exp in self._experiences)
 
     def has_explorer_step(self, step: int) -> bool:
         with self._lock:

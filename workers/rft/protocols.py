@@ -39,8 +39,9 @@ class ExperienceBuffer(Protocol):
         the natural key (run, explorer_step, task_id, rollout_index) of a stored one is skipped,
         so a replayed explorer step writes nothing twice."""
 
-    def count(self, *, sources: Sequence[str]) -> int:
-        """How many stored experiences (any status) have a source in `sources`."""
+    def count(self, *, sources: Sequence[str], group_prefix: str = "") -> int:
+        """How many stored experiences (any status) have a source in `sources` and a group id
+        starting with `group_prefix`."""
 
     def has_explorer_step(self, step: int) -> bool:
         """Rollouts of explorer step `step` are stored: a restarted run replaying it has nothing to do."""

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 
 from ..config_issues import Section, validate
 from ..engines import RolloutEngine, SamplingParams
-from ..experience import Experience, Task
+from ..experience import EXPERT_GROUP, Experience, Task
 from ..json_values import json_value_problem
 from ..registry import Registry
 from ..stopping import check as check_stop
@@ -140,7 +140,7 @@ class Workflow:
         reward, components = self.score(response, task)
         return Experience(
             task_id=task.id,
-            group_id=f"expert-{task.id}",
+            group_id=f"{EXPERT_GROUP}{task.id}",
             rollout_index=0,
             prompt_ids=prompt_ids,
             response_ids=response_ids,
