@@ -391,6 +391,7 @@ class DjangoExperienceBuffer:
             PreferencePair(
                 prompt_ids=p.experience.prompt_ids, chosen_ids=p.experience.response_ids,
                 rejected_ids=p.other.response_ids, task_id=p.experience.task_id, id=p.pk,
+                chosen_mask=p.experience.action_mask, rejected_mask=p.other.action_mask,
             )
             for p in prefs
         ]

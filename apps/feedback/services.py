@@ -334,6 +334,8 @@ def edit(
         raise FeedbackError(f"the edited response is {len(text)} characters long; at most {MAX_EDIT_CHARS} are allowed")
     if text == experience.response_text:
         raise FeedbackError("the edited response is the same as the model's: change it, or rate the response instead")
+    if has_environment_turns(experience):
+        raise FeedbackError(EPISODE_EDIT)
     _check_may_judge(experience, user)
     if not confirmed and (question := contradiction(experience, text)):
         raise NeedsConfirmation(question)
@@ -344,6 +346,17 @@ def edit(
         earlier.delete()  # an accepted edit, changed: what trains is what a reviewer accepts next
     _judgement_done(experience, user)
     return feedback
+
+
+# A trajectory's response holds the environment's turns between the model's (action mask 0 on
+# them). An edit is one response the model should have written: its environment text would be
+# trained as the model's (an edited FrozenLake episode trained its 140 board tokens).
+EPISODE_EDIT = ("this response is a multi-turn episode with the environment's turns between the model's: "
+                "an edit would be trained as if the model wrote them all. Rate it, flag it or compare it instead")
+
+
+def has_environment_turns(experience: Experience) -> bool:
+    return min(experience.action_mask, default=1) == 0
 
 
 def store_human_edit(parent: Experience, user, text: str) -> Experience:

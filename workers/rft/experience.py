@@ -119,13 +119,17 @@ class PreferencePair:
     task_id: int | None = None
     metadata: dict = field(default_factory=dict)
     id: int | None = None
+    # 1 where the model wrote the token, as Experience.action_mask (None: all of it). Two
+    # multi-turn episodes compared: their environment turns are not the policy's to prefer.
+    chosen_mask: list[int] | None = None
+    rejected_mask: list[int] | None = None
 
     def as_experiences(self) -> tuple["Experience", "Experience"]:
         """Both sides as experiences, so the trainer's collation serves DPO too."""
         chosen, rejected = (
-            Experience(
-                self.task_id, f"pair-{self.id}", index, self.prompt_ids, ids, [1] * len(ids), source="human_edit"
-            )
-            for index, ids in enumerate((self.chosen_ids, self.rejected_ids))
+            Experience(self.task_id, f"pair-{self.id}", index, self.prompt_ids, ids,
+                       [1] * len(ids) if mask is None else list(mask), source="human_edit")
+            for index, (ids, mask) in enumerate(
+                ((self.chosen_ids, self.chosen_mask), (self.rejected_ids, self.rejected_mask)))
         )
         return chosen, rejected

@@ -196,3 +196,17 @@ def test_deleting_a_run_releases_what_its_trainer_held_of_other_runs(researcher,
     [held] = DjangoExperienceBuffer(b.pk).sample(1, sources=["human_edit"])
     delete_runs([b])
     assert [e.id for e in DjangoExperienceBuffer(a.pk).sample(1, sources=["human_edit"])] == [held.id]
+
+
+def test_a_pair_of_episodes_keeps_their_masks_so_dpo_weighs_only_the_models_turns(run, task_ids, annotator):
+    """Two multi-turn episodes compared: DPO trained their environment turns as the policy's."""
+    from apps.feedback.models import Feedback
+
+    buffer = DjangoExperienceBuffer(run.pk)
+    buffer.write([replace(rollout(task_ids[0], index=i), response_ids=[3, 4, 5], action_mask=mask)
+                  for i, mask in enumerate(([1, 0, 1], [1, 1, 0]))])
+    chosen, rejected = ExperienceRow.objects.filter(run=run).order_by("rollout_index")
+    Feedback.objects.create(experience=chosen, other=rejected, user=annotator, kind=Feedback.Kind.PREFERENCE,
+                            value=1.0)
+    [pair] = buffer.sample_pairs(1)
+    assert [list(e.action_mask) for e in pair.as_experiences()] == [[1, 0, 1], [1, 1, 0]]

@@ -102,6 +102,23 @@ def test_bad_edits_are_refused_and_nothing_is_saved(make_experience, annotator, 
     assert Experience.objects.count() == 1
 
 
+def test_a_multi_turn_episode_is_not_editable_and_its_page_offers_no_edit(make_experience, annotator, client):
+    """A trajectory's response holds the environment's turns (mask 0): an edit's tokens all train
+    as the model's, so a FrozenLake episode's board text was imitated."""
+    episode = make_experience(response_ids=[5, 6, 7, 8], action_mask=[1, 0, 0, 1], logprobs=[-0.5] * 4, messages=[
+        {"role": "user", "content": "go"}, {"role": "assistant", "content": "left"},
+        {"role": "user", "content": "board"}, {"role": "assistant", "content": "down"}])
+    with pytest.raises(FeedbackError, match="multi-turn episode"):
+        services.edit(episode.pk, annotator, "right", confirmed=True)
+    assert not Feedback.objects.exists() and Experience.objects.count() == 1
+    client.force_login(annotator)
+    page = client.get(f"/annotate/experience/{episode.pk}/").content.decode()
+    assert 'id="edit-form"' not in page and 'id="not-editable"' in page
+    one_turn = make_experience()
+    page = client.get(f"/annotate/experience/{one_turn.pk}/").content.decode()
+    assert 'id="edit-form"' in page and 'id="not-editable"' not in page
+
+
 def test_a_comparison_is_a_dpo_pair_with_the_preferred_response_first(make_experience, annotator):
     a, b = make_experience(), make_experience()
     services.compare(a.pk, b.pk, annotator, "b_better")
