@@ -374,7 +374,7 @@ class DjangoExperienceBuffer:
 
     def sample_pairs(self, n: int) -> list[PreferencePair]:
         """Human preferences on this run's experiences and those of the feedback source runs;
-        least used first (a use is counted on the chosen row)."""
+        least used first (a use is counted on the preference)."""
         feedback = self.config.feedback
         runs = [self.run_id, *feedback.source_runs]
         prefs = (
@@ -385,8 +385,8 @@ class DjangoExperienceBuffer:
         if feedback.exclude_flagged:
             rejected = ExperienceRow.Status.REJECTED
             prefs = prefs.exclude(experience__status=rejected).exclude(other__status=rejected)
-        prefs = list(prefs.select_related("experience", "other").order_by("experience__use_count", "id")[:n])
-        ExperienceRow.objects.filter(pk__in=[p.experience_id for p in prefs]).update(use_count=F("use_count") + 1)
+        prefs = list(prefs.select_related("experience", "other").order_by("use_count", "id")[:n])
+        Feedback.objects.filter(pk__in=[p.pk for p in prefs]).update(use_count=F("use_count") + 1)
         return [
             PreferencePair(
                 prompt_ids=p.experience.prompt_ids, chosen_ids=p.experience.response_ids,

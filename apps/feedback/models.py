@@ -40,6 +40,9 @@ class Feedback(models.Model):
     # the row as it is, the safe way round (a curator's rejection is never lifted by a guess).
     status_before = models.CharField(max_length=10, blank=True, db_default="")  # raw inserts (bench/) too
     seconds_spent = models.FloatField(default=0.0)
+    # A preference pair's uses by DPO steps (buffer.store.sample_pairs: least used first). Counted
+    # on the chosen experience, they moved that run's own sampling of its rollouts (least used first).
+    use_count = models.PositiveIntegerField(default=0, db_default=0)  # raw inserts (bench/) too
     # On a run with feedback.require_review (apps/feedback/review.py): pending until a reviewer
     # accepts it (then it reaches training) or rejects it; empty where no review is asked.
     review = models.CharField(max_length=10, choices=Review.choices, blank=True, db_default="", default="",

@@ -278,6 +278,17 @@ def test_pairs_are_least_used_first_and_sampling_them_counts_a_use(harness):
     assert [p.id for p in buffer.sample_pairs(5)] == [first[0].id, second[0].id]  # one use each: by age
 
 
+def test_sampling_pairs_leaves_the_rollouts_use_counts_alone(harness):
+    """A pair's use is the pair's: counted on its chosen rollout, it moved that rollout behind the
+    run's others in its own (least used first) sampling."""
+    buffer, t = harness.buffer, harness.task_ids
+    chosen, rejected = rollout(t[0], index=0), rollout(t[0], index=1)
+    buffer.write([chosen, rejected, rollout(t[1], step=1)])
+    harness.add_pair(chosen, rejected)
+    assert len(buffer.sample_pairs(1)) == 1
+    assert [(e.task_id, e.use_count) for e in buffer.sample(3, sources=["rollout"])][0] == (t[0], 0)
+
+
 # -- human feedback ---------------------------------------------------------------------------------
 
 

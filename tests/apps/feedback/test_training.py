@@ -9,6 +9,7 @@ import torch
 from apps.buffer.models import Experience
 from apps.buffer.store import DjangoExperienceBuffer
 from apps.feedback import services
+from apps.feedback.models import Feedback
 from apps.runs.models import Run
 from workers.rft.algorithms import grpo
 from workers.rft.config import RunConfig
@@ -138,4 +139,5 @@ def test_a_dpo_run_in_mode_train_trains_on_the_pairs_collected_on_another_run(
     metrics = trainer.train_step()
 
     assert metrics["pairs"] == 1 and "skipped" not in metrics
-    assert Experience.objects.get(pk=pairs[0].experience_id).use_count == 1
+    assert Feedback.objects.get(pk=pairs[0].pk).use_count == 1  # the pair's use, not its chosen rollout's
+    assert Experience.objects.get(pk=pairs[0].experience_id).use_count == 0
