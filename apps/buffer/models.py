@@ -4,11 +4,15 @@ from pathlib import Path
 from django.contrib.postgres.indexes import GinIndex
 from django.contrib.postgres.search import SearchVectorField
 from django.db import models
-from django.db.models import Q
+from django.db.models import F, Q
 
 from apps.core.models import Job
 
 from .fields import PackedArrayField
+
+# The uses a row has before it counts as used as much as an unused row of priority 0 (the sample
+# order, workers.rft.sampling.sample_key): what the trainer's sample orders by, and its index.
+USES_LEFT = F("use_count") - F("priority")
 
 
 class Experience(models.Model):
@@ -86,7 +90,7 @@ class Experience(models.Model):
             # first. Without it, sampling 256 rows at 10^6 scans and sorts them all (~20 s). Not
             # claimed_at in the condition: a claim then changes no indexed value (migration 0006).
             models.Index(
-                fields=["run", "use_count", "explorer_step", "id"],
+                F("run"), USES_LEFT, F("explorer_step"), F("id"),
                 condition=Q(status="ready"),
                 name="experience_sample_order",
             ),

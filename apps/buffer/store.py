@@ -18,8 +18,9 @@ from django.utils import timezone
 from apps.feedback.models import Feedback
 from workers.rft.config import RunConfig
 from workers.rft.experience import EXPERT_SOURCES, SOURCES, Experience, PreferencePair
-from workers.rft.sampling import HUMAN_REWARD, USUAL_SOURCES, apply_human_feedback
+from workers.rft.sampling import HUMAN_REWARD, USUAL_SOURCES, apply_human_feedback, sample_key
 
+from .models import USES_LEFT
 from .models import Experience as ExperienceRow
 
 STALE_SOURCES = ("rollout", "synthetic")  # expert and human data never go stale
@@ -125,7 +126,7 @@ def claim_statement(picks: Sequence[tuple], claimer: int) -> tuple[str, list] | 
     table = ExperienceRow._meta.db_table
     columns = ["id", "task_id", *(ExperienceRow._meta.get_field(name).column for name in COPIED_FIELDS)]
     ctes, parts, params = [], [], []
-    for part, (query, n) in enumerate(picks):
+    for part, (query, n, _) in enumerate(picks):
         try:
             locked = query.values("id").select_for_update(skip_locked=True, of=("self",))
             sql, pick_params = locked[:n].query.sql_with_params()
@@ -175,11 +176,8 @@ def claim(picks: Sequence[tuple], claimer: int) -> list[list[Experience]]:
         values[f.name] = f.unpack_many(column) if f.name in ARRAY_FIELDS else column
     for part, row in zip(columns[0], zip(*values.values())):
         claimed[part].append(Experience(**dict(zip(values, row, strict=True))))
-    for experiences, (query, _) in zip(claimed, picks):  # RETURNING keeps no order: back to each query's
-        order = query.query.order_by
-        experiences.sort(key=lambda e, order=order: tuple(
-            -getattr(e, field[1:]) if field.startswith("-") else getattr(e, field) for field in order
-        ))
+    for experiences, (_, _, newest_first) in zip(claimed, picks):  # RETURNING keeps no order
+        experiences.sort(key=lambda e, newest_first=newest_first: sample_key(e, newest_first))
     return claimed
 
 
@@ -286,16 +284,15 @@ class DjangoExperienceBuffer:
             query = self._sampleable(sources, min_model_version)
             if self.config.feedback.rated_only and set(sources) & set(STALE_SOURCES):
                 self._wait_for_ratings(query, n, min_model_version)
-            # Least used first; then rollouts oldest first (they go stale), expert data newest first: a
-            # human edit (stored at its rollout's step) trains within a step or two instead of waiting
-            # for a pass over the seeded expert rows (800 of them in the demo: 12 steps).
-            step_order = "-explorer_step" if set(sources) <= set(EXPERT_SOURCES) else "explorer_step"
-            picks.append((query.order_by("use_count", step_order, "id"), n))
+            # sampling.sample_key's order, in SQL.
+            newest_first = set(sources) <= set(EXPERT_SOURCES)
+            step = F("explorer_step").desc() if newest_first else F("explorer_step").asc()
+            picks.append((query.order_by(USES_LEFT, step, "id"), n, newest_first))
         if connection.vendor == "postgresql":
             claimed = claim(picks, self.run_id)
         else:  # embedded SQLite: one writer at a time, no row locks to skip
             with transaction.atomic():
-                rows = [list(query[:n]) for query, n in picks]
+                rows = [list(query[:n]) for query, n, _ in picks]
                 ExperienceRow.objects.filter(pk__in=[r.pk for part in rows for r in part]).update(
                     claimed_at=timezone.now(), claimed_by=self.run_id
                 )

@@ -154,6 +154,20 @@ def test_sample_is_least_used_first_then_oldest_step_then_id(buffer, harness):
     assert [(e.explorer_step, e.use_count) for e in again] == [(1, 1), (2, 1), (0, 2), (0, 2)]
 
 
+def test_priority_counts_as_uses_not_had(buffer, harness):
+    """A curator's priority (the admin's action) moves a row ahead: priority 2 goes before the
+    unused rows, and is reused twice more than them before it falls in line."""
+    t = harness.task_ids
+    buffer.write([rollout(t[0], source="expert", group_id=f"e{i}", rollout_index=i, priority=[0.0, 2.0][i])
+                  for i in range(2)])
+    order = []
+    for _ in range(4):
+        [e] = buffer.sample(1, sources=["expert"])
+        buffer.mark_used(reused=[e])
+        order.append(e.rollout_index)
+    assert order == [1, 1, 0, 1]  # use_count - priority: -2 vs 0, -1 vs 0, 0 vs 0 (then by id), 0 vs 1
+
+
 def test_expert_data_is_sampled_newest_first(buffer, harness):
     # Seeded expert rows are at step 0, a human edit at its rollout's step: newest first, the
     # edit trains within a step or two (apps/buffer/store.py). Ties by id.

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from . import datasets
 from .experience import EXPERT_SOURCES, SOURCES, Experience, PreferencePair, Task, TaskKey
-from .sampling import HUMAN_REWARD, USUAL_SOURCES, apply_human_feedback
+from .sampling import HUMAN_REWARD, USUAL_SOURCES, apply_human_feedback, sample_key
 
 EVAL_FRACTION = 5  # one prompt in five is held out
 
@@ -141,8 +141,6 @@ class InMemoryBuffer:
     def sample(self, n: int, *, sources: Sequence[str], min_model_version: int | None = None) -> list[Experience]:
         if self.config is not None and not self.config.feedback.edits_as_expert:
             sources = [s for s in sources if s != "human_edit"]
-        # The Postgres buffer's order (apps/buffer/store.py says why): least used first, then
-        # rollouts oldest first, expert data newest first.
         newest_first = set(sources) <= set(EXPERT_SOURCES)
 
         def usable(i: int, exp: Experience) -> bool:
@@ -155,9 +153,7 @@ class InMemoryBuffer:
 
         with self._lock:
             candidates = [exp for i, exp in enumerate(self._experiences) if usable(i, exp)]
-            candidates.sort(
-                key=lambda exp: (exp.use_count, -exp.explorer_step if newest_first else exp.explorer_step, exp.id)
-            )
+            candidates.sort(key=lambda exp: sample_key(exp, newest_first))
             batch = [replace(exp) for exp in candidates[:n]]
             if self.config is not None and self.config.feedback.reward_mode != "none":
                 self._apply_feedback([exp for exp in batch if exp.source in self.STALE_SOURCES])

@@ -47,9 +47,9 @@ class ExperienceBuffer(Protocol):
         """Rollouts of explorer step `step` are stored: a restarted run replaying it has nothing to do."""
 
     def sample(self, n: int, *, sources: Sequence[str], min_model_version: int | None = None) -> list[Experience]:
-        """Up to n ready experiences whose source is in `sources`: least used first, then rollouts
-        oldest first (explorer_step, then id) and expert-only samples newest first, so a fresh
-        human edit trains within a step or two. Rollouts and synthetic experiences with
+        """Up to n ready experiences whose source is in `sources`, in sampling.sample_key's order:
+        least used first (a row's priority counting as uses it has not had), then rollouts oldest
+        first and expert-only samples newest first, then by id. Rollouts and synthetic experiences with
         model_version below `min_model_version` are too stale and are skipped; expert and human
         data never go stale. Sampling changes no use count or status (the trainer calls `mark_used`
         once the step is done); a buffer shared by several trainers (Postgres) holds what it

@@ -74,6 +74,16 @@ def pairs(buffer, batch_size: int, current_version: int, **_) -> TrainBatch:
 HUMAN_REWARD = "human"
 
 
+def sample_key(experience: Experience, newest_first: bool) -> tuple:
+    """What a buffer samples first, lowest first: the least used, where a row's priority counts as
+    uses it has not had (Trinity-RFT's linear-decay priority: a row a curator gives priority 2
+    goes before the unused ones and is reused twice more than they are); then rollouts oldest first
+    (they go stale) and expert data newest first (a fresh human edit trains within a step or two,
+    not after a pass over the 800 seeded rows of the demo); then the id."""
+    step = -experience.explorer_step if newest_first else experience.explorer_step
+    return (experience.use_count - experience.priority, step, experience.id)
+
+
 def reward_with_feedback(experience: Experience, feedback, human: float | None = None) -> float | None:
     """The reward an experience trains with under the run's feedback settings (a FeedbackConfig).
     `human` stands in for the rating of an unrated experience (None: it has none)."""

@@ -1,6 +1,6 @@
 """What a trainer's sample takes, checked against a plain-Python reading of the rule
-(apps/buffer/store.py `_sampleable` and the order in `sample`) over a varied buffer, and under
-8 samplers at once on their own connections: the claiming statement must hand out exactly the
+(apps/buffer/store.py `_sampleable`, and workers.rft.sampling.sample_key's order) over a varied
+buffer, and under 8 samplers at once on their own connections: the claiming statement must hand out exactly the
 rows, in exactly the order, that the rule names, and never one row twice."""
 import random
 import threading
@@ -29,6 +29,7 @@ def fill(runs, rows_per_run=120, seed=0):
                 run=run, source=rng.choice(SOURCES), rollout_index=i, group_id=f"g{i // 4}",
                 status=rng.choice(["ready"] * 6 + ["consumed", "rejected", "raw"]),
                 use_count=rng.randrange(3), explorer_step=rng.randrange(5), model_version=rng.randrange(5),
+                priority=rng.choice([0.0] * 4 + [1.0, 2.5]),
                 claimed_at=timezone.now() - timedelta(minutes=1) if rng.random() < 0.1 else None,
                 reward_components={"exact_match": 1.0} | ({"human": 0.5} if rng.random() < 0.4 else {}),
                 prompt_ids=[1, 2], response_ids=[3, 4, i], action_mask=[1, 1, 1], logprobs=[-0.5, -0.25, -1.0],
@@ -54,7 +55,7 @@ def expected(run, sources, min_model_version, n):
         )
 
     rows = [row for row in ExperienceRow.objects.all() if sampleable(row)]
-    rows.sort(key=lambda r: (r.use_count, -r.explorer_step if newest_first else r.explorer_step, r.pk))
+    rows.sort(key=lambda r: (r.use_count - r.priority, -r.explorer_step if newest_first else r.explorer_step, r.pk))
     return [row.pk for row in rows[:n]]
 
 
@@ -123,7 +124,7 @@ def test_eight_samplers_at_once_share_out_exactly_the_ready_rows(researcher):
             buffer = DjangoExperienceBuffer(run.pk)
             start.wait()
             while batch := buffer.sample(5, sources=["rollout", "synthetic"]):
-                keys = [(e.use_count, e.explorer_step, e.id) for e in batch]
+                keys = [(e.use_count - e.priority, e.explorer_step, e.id) for e in batch]
                 assert keys == sorted(keys)  # each batch in the sampling order
                 taken.extend(e.id for e in batch)
         except Exception as error:  # noqa: BLE001 - reported by the test, not lost in a thread
