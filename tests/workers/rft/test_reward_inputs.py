@@ -1,0 +1,119 @@
+"""Rule-based rewards and the LLM judge on what real policies and imported tasksets produce: boxed
+LaTeX, bare fractions, blank reference answers, countdown metadata as text from a CSV, replies
+that repeat their answer, judge scores written as N/M, and replies that spell the judge's special
+tokens."""
+import logging
+import time
+
+import pytest
+
+from workers.rft.experience import Task
+from workers.rft.rewards import REWARD_FNS
+from workers.rft.rewards.answer import extract_answer, last_boxed, parse_number
+
+exact_match, numeric, countdown, format_reward = map(REWARD_FNS.get, ("exact_match", "numeric", "countdown", "format"))
+
+
+def task(answer="", id=1, **metadata):
+    return Task(id=id, prompt="q", answer=answer, metadata=metadata)
+
+
+# -- the final answer ------------------------------------------------------------------------------
+# The references read a boxed answer as verl's verl/utils/reward_score/math.py does
+# (last_boxed_only_string: the last '\boxed', its braces counted; remove_boxed: what they hold), as
+# Trinity-RFT's math_boxed_reward does through trinity/utils/eval_utils.py compute_score (the same
+# two functions), and normalise it as their strip_string does: \dfrac and \tfrac are \frac, 'a/b'
+# is \frac{a}{b}, a leading '.' gets its 0, a short 'x =' is dropped.
+
+
+@pytest.mark.parametrize("text, boxed", [
+    ("so \\boxed{5}. Check: 5 + 3 = 8", "5"),
+    ("\\boxed{1} then \\boxed{\\frac{3}{4}}", "\\frac{3}{4}"),  # the last, its nested braces balanced
+    ("\\boxed{\\frac{\\sqrt{2}}{2}} and more", "\\frac{\\sqrt{2}}{2}"),
+    ("\\boxed{5", None),  # never closed: verl's last_boxed_only_string gives None too
+    ("no box", None),
+])
+def test_last_boxed_counts_braces_like_verl(text, boxed):
+    assert last_boxed(text) == boxed
+
+
+@pytest.mark.parametrize("response, truth", [
+    ("3/4", "3/4"),  # extracted '4' before: a bare fraction was two numbers
+    ("The answer is 3/4.", "3/4"),
+    ("x = -1/2", "-0.5"),
+    ("<answer>x = -1/2</answer>", "-0.5"),
+    ("\\boxed{5}. Check: 5 + 3 = 8", "5"),  # the box, not the last number of the check
+    ("\\boxed{\\frac{3}{4}}", "3/4"),
+    ("$\\boxed{\\dfrac{3}{4}}$", "0.75"),
+    ("\\boxed{\\tfrac{-1}{2}}", "-1/2"),
+    ("It is −3", "-3"),  # U+2212, as a model writes a minus in prose
+    ("about .5", "1/2"),
+    ("<answer>the answer is \\boxed{12}</answer>", "12"),  # a box inside the tag
+    ("\\boxed{\\text{Paris}}", "Paris"),
+    ("#### 72", "She sold 48 + 24 = 72 clips.\n#### 72"),  # GSM8K, as before
+    ("\\boxed{42}", "The solution ... so the answer is $\\boxed{42}$."),  # a MATH solution as the truth
+])
+def test_answers_as_policies_write_them_score(response, truth):
+    assert exact_match(response, task(truth)) == 1.0
+    if parse_number(extract_answer(response)) is not None:
+        assert numeric(response, task(truth)) == 1.0
+
+
+@pytest.mark.parametrize("response, truth", [
+    ("\\boxed{5}. Check: 5 + 3 = 8", "8"),
+    ("3/4", "4"),
+    ("\\boxed{\\frac{3}{4}}", "4"),
+    ("x = -1/2", "1/2"),
+])
+def test_wrong_answers_still_score_zero(response, truth):
+    assert exact_match(response, task(truth)) == 0.0 and numeric(response, task(truth)) == 0.0
+
+
+def test_a_huge_exponent_is_not_a_number_to_expand():
+    """Fraction('1e9999999') took 14 s: every rollout that wrote it held the explorer that long."""
+    start = time.perf_counter()
+    assert exact_match("<answer>1e9999999</answer>", task("1")) == 0.0
+    assert numeric("<answer>1</answer>", task("1e9999999")) == 0.0
+    assert time.perf_counter() - start < 0.5
+    assert parse_number("1.5e3") == 1500  # a short exponent still reads
+
+
+# Each case its own task id: a task's warning is logged once per process.
+@pytest.mark.parametrize("response, task_id", [("", 9001), ("...", 9002), (" . ", 9003), ("I don't know.", 9004)])
+def test_a_blank_reference_answer_pays_nothing_and_is_logged_once_per_task(response, task_id, caplog):
+    """exact_match('', '') and exact_match('...', '') were 1.0."""
+    caplog.set_level(logging.WARNING, logger="workers.rft.rewards.base")
+    for _ in range(5):  # five rollouts of the task
+        assert exact_match(response, task("", id=task_id)) == 0.0
+        assert numeric(response, task("  ", id=task_id)) == 0.0
+    assert [r.getMessage() for r in caplog.records] == [
+        f"reward fn exact_match: task {task_id} has a blank answer; its responses score 0",
+        f"reward fn numeric: task {task_id} has a blank answer; its responses score 0",
+    ]
+
+
+# -- format ----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("response, plain, think", [
+    ("<answer>1</answer> I changed my mind <answer>4</answer>", 0.0, 0.0),  # passed: two answers
+    ("<answer>1</answer><answer>4</answer>", 0.0, 0.0),
+    ("<answer><answer>4</answer>", 0.0, 0.0),
+    ("<answer> </answer>", 0.0, 0.0),  # passed: a blank answer
+    ("<think>a</think><think>b</think><answer>4</answer>", 0.0, 0.0),
+    ("<think>a</think>b</think><answer>4</answer>", 0.0, 0.0),
+    ("<think>\n\n</think>\n\n<answer>4</answer>", 1.0, 0.0),  # Qwen3 without thinking: not thinking
+    ("<think>7 plus 5</think>\n<answer> 12 </answer>\n", 1.0, 1.0),
+])
+def test_format_wants_exactly_one_answer(response, plain, think):
+    assert format_reward(response, task()) == plain
+    assert format_reward(response, task(), think=True) == think
+
+
+def test_format_takes_linear_time():
+    """The think=True regex backtracked: 4.2 s on these 104,008 characters (0.21 s on a quarter)."""
+    response = "<think>" + "</think><answer>x</answer>" * 4000 + "!"
+    start = time.perf_counter()
+    assert format_reward(response, task(), think=True) == 0.0
+    assert format_reward(response, task()) == 0.0
+    assert time.perf_counter() - start < 0.2
