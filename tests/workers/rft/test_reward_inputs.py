@@ -8,7 +8,7 @@ import time
 import pytest
 
 from workers.rft.experience import Task
-from workers.rft.rewards import REWARD_FNS
+from workers.rft.rewards import REWARD_FNS, build_reward
 from workers.rft.rewards.answer import extract_answer, last_boxed, parse_number
 
 exact_match, numeric, countdown, format_reward = map(REWARD_FNS.get, ("exact_match", "numeric", "countdown", "format"))
@@ -89,6 +89,42 @@ def test_a_blank_reference_answer_pays_nothing_and_is_logged_once_per_task(respo
     assert [r.getMessage() for r in caplog.records] == [
         f"reward fn exact_match: task {task_id} has a blank answer; its responses score 0",
         f"reward fn numeric: task {task_id} has a blank answer; its responses score 0",
+    ]
+
+
+# -- countdown metadata ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("metadata", [
+    {"numbers": [5, 7, 2], "target": 24},
+    {"numbers": "[5, 7, 2]", "target": "24"},  # a CSV import: every cell is text
+    {"numbers": [5, 7, 2], "target": "24"},
+    {"numbers": ["5", "7", "2"], "target": 24},
+    {"numbers": [5.0, 7.0, 2.0], "target": 24.0},  # a Parquet column with a gap is float
+])
+def test_countdown_reads_metadata_as_imports_store_it(metadata):
+    assert countdown("<answer>(5+7)*2</answer>", task(**metadata)) == 1.0
+    assert countdown("<answer>5+7+2</answer>", task(**metadata)) == 0.0
+
+
+@pytest.mark.parametrize("task_id, metadata, problem", [
+    (9101, {"target": 24}, "has no metadata 'numbers'"),
+    (9102, {"numbers": [5, 7, 2]}, "has no metadata 'target'"),
+    (9103, {"numbers": "5, 7, 2", "target": 24}, "metadata 'numbers': '5, 7, 2' is not a JSON list"),
+    (9104, {"numbers": 5, "target": 24}, "metadata 'numbers': '5' is not a list"),
+    (9105, {"numbers": [5, 7.5, 2], "target": 24}, "metadata 'numbers': '7.5' is not an integer"),
+    (9106, {"numbers": [5, 7, 2], "target": "24.5"}, "metadata 'target': '24.5' is not an integer"),
+    (9107, {"numbers": [5, 7, True], "target": 24}, "metadata 'numbers': 'True' is not an integer"),
+])
+def test_countdown_without_usable_metadata_scores_zero_and_names_the_task(task_id, metadata, problem, caplog):
+    """A missing key raised KeyError and ended the run."""
+    caplog.set_level(logging.WARNING, logger="workers.rft.rewards.base")
+    reward = build_reward("countdown")
+    broken = Task(id=task_id, prompt="q", metadata=metadata)
+    for _ in range(3):
+        assert reward("<answer>(5+7)*2</answer>", broken) == (0.0, {"countdown": 0.0})
+    assert [r.getMessage() for r in caplog.records] == [
+        f"reward fn countdown: task {broken.id} {problem}; its responses score 0"
     ]
 
 
