@@ -86,7 +86,7 @@ def _recompute_advantages(groups: dict[int, set[str]]) -> Counter:
     (`advantages_stale`). A run whose algorithm compares no groups (PPO, REINFORCE++ read the
     rewards in the trainer; SFT, DPO train on none) has nothing to recompute."""
     counts = Counter(advantages_recomputed=0, advantages_kept_as_trained=0, advantages_stale=0)
-    for run in Run.objects.filter(pk__in=groups).only("config"):
+    for run in Run.objects.filter(pk__in=list(groups)).only("config"):
         try:
             advantage, stale = group_advantage(RunConfig.from_dict(run.config or {})), None
         except ConfigError as exc:
