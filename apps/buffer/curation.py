@@ -4,7 +4,7 @@ BufferJob kind (services says how such a job fixes its selection, reports progre
 cancelled between two chunks and changes the buffer all or nothing)."""
 
 import copy
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Iterator
 from dataclasses import replace
 
@@ -16,8 +16,13 @@ from apps.core import jobs
 from apps.core.jobs import JobError
 from apps.feedback import history as feedback_history
 from apps.runs.config_checks import checked_reward_fn
+from apps.runs.models import Run
 from apps.tasksets.store import to_task
+from workers.rft.algorithms import group_advantage
+from workers.rft.config import ConfigError, RunConfig
+from workers.rft.experience import Experience as EngineExperience
 from workers.rft.rewards import build_reward
+from workers.rft.sampling import HUMAN_REWARD
 
 from .models import BufferJob, Experience
 from .services import selected_rows, start_selection_job
@@ -35,14 +40,17 @@ def start_rescore(queryset, *, reward_fn, user=None) -> BufferJob:
 @jobs.register(f"buffer.{BufferJob.Kind.RESCORE}", cancellable=True)
 def _rescore(job: BufferJob, progress) -> dict:
     """reward and reward_components from the reward fn, on the response and the row's task; the
-    previous reward is kept in metadata['rescored']. Rows without a task (imported data) have no
-    answer to check and are skipped. Advantages are left as they were."""
+    previous reward and components are kept in metadata['rescored'], and the annotators' rating
+    (the `human` component) stays: it is no reward fn's to replace. Rows without a task (imported
+    data) have no answer to check and are skipped. The rescored rollouts' groups then get their
+    advantages recomputed (_recompute_advantages)."""
     spec = job.params["reward_fn"]
     reward = build_reward(spec)
     counts = Counter(rescored=0, skipped_without_task=0)
     rows = Experience.objects.select_related("task").only(
-        "response_text", "reward", "reward_components", "metadata", "task"
+        "response_text", "reward", "reward_components", "metadata", "task", "run", "group_id", "source"
     )
+    groups = defaultdict(set)  # run id -> the ids of its groups with a rescored rollout
     with transaction.atomic():
         for done, chunk in selected_rows(job, rows):
             scored = [row for row in chunk if row.task is not None]
@@ -51,12 +59,84 @@ def _rescore(job: BufferJob, progress) -> dict:
                     total, components = reward(row.response_text, to_task(row.task))
                 except Exception as exc:
                     raise JobError(f"the reward fn failed on experience {row.pk}: {exc!r}") from exc
-                row.metadata = {**row.metadata, "rescored": {"reward_fn": spec, "previous_reward": row.reward}}
-                row.reward, row.reward_components = total, components
+                previous = {"reward_fn": spec, "previous_reward": row.reward,
+                            "previous_components": row.reward_components}
+                rating = {k: v for k, v in row.reward_components.items() if k == HUMAN_REWARD}
+                row.metadata = {**row.metadata, "rescored": previous}
+                row.reward, row.reward_components = total, components | rating
+                if row.source == Experience.Source.ROLLOUT and row.run_id is not None:
+                    groups[row.run_id].add(row.group_id)
             Experience.objects.bulk_update(scored, ["reward", "reward_components", "metadata"])
             counts.update(rescored=len(scored), skipped_without_task=len(chunk) - len(scored))
             progress(done)
+        counts.update(_recompute_advantages(groups))
     return dict(counts)
+
+
+GROUPS_A_QUERY = 500  # group ids in one IN (...): SQLite's bound on query parameters is 32,766
+
+
+def _recompute_advantages(groups: dict[int, set[str]]) -> Counter:
+    """The advantages of these groups (run id -> group ids) from their rewards now, with the run's
+    advantage fn as its explorer applies it, over the group's rollouts that are not rejected (as
+    the buffer recomputes a rated group's), written to the rows no trainer step has consumed:
+    `advantages_recomputed`. A consumed row keeps the advantage it trained with: training already
+    done is not undone (`advantages_kept_as_trained`). A group that cannot be recomputed keeps
+    advantages that are now stale, each row saying why in metadata['rescored']['advantage_stale']
+    (`advantages_stale`). A run whose algorithm compares no groups (PPO, REINFORCE++ read the
+    rewards in the trainer; SFT, DPO train on none) has nothing to recompute."""
+    counts = Counter(advantages_recomputed=0, advantages_kept_as_trained=0, advantages_stale=0)
+    for run in Run.objects.filter(pk__in=list(groups)).only("config"):
+        try:
+            advantage, stale = group_advantage(RunConfig.from_dict(run.config or {})), None
+        except ConfigError as exc:
+            advantage, stale = None, f"the run's config no longer reads: {exc}"
+        if advantage is None and stale is None:
+            continue
+        ids = sorted(groups[run.pk])
+        for i in range(0, len(ids), GROUPS_A_QUERY):
+            members = defaultdict(list)
+            rows = Experience.objects.filter(
+                run=run, group_id__in=ids[i : i + GROUPS_A_QUERY], source=Experience.Source.ROLLOUT
+            ).exclude(status=Experience.Status.REJECTED)
+            for row in rows.only("group_id", "status", "reward", "advantage", "metadata").order_by("pk"):
+                members[row.group_id].append(row)
+            changed = []
+            for group in members.values():
+                try:
+                    if stale:
+                        raise ValueError(stale)
+                    values = _advantages(group, *advantage)
+                except ValueError as exc:
+                    for row in group:
+                        rescored = {**row.metadata.get("rescored", {}), "advantage_stale": str(exc)}
+                        row.metadata = {**row.metadata, "rescored": rescored}
+                    changed += group
+                    counts["advantages_stale"] += len(group)
+                    continue
+                for row, value in zip(group, values):
+                    if row.status == Experience.Status.CONSUMED:
+                        counts["advantages_kept_as_trained"] += 1
+                    else:
+                        row.advantage = value
+                        changed.append(row)
+                        counts["advantages_recomputed"] += 1
+            Experience.objects.bulk_update(changed, ["advantage", "metadata"])
+    return counts
+
+
+def _advantages(rows: list[Experience], fn: str, params: dict) -> list[float]:
+    """One group's advantages from its rewards, as the explorer's last operator gives them (whole
+    episodes compared where the rows are steps of one); ValueError where the steps of an episode,
+    rescored each on its own text, now carry different rewards."""
+    from workers.rft.pipelines import group_advantage as advantage_op  # as check_operator: where it is needed
+
+    experiences = [
+        EngineExperience(None, row.group_id, 0, [], [], [], reward=row.reward or 0.0, metadata=row.metadata)
+        for row in rows
+    ]
+    advantage_op(experiences, None, fn=fn, by_episode=all("rollout" in row.metadata for row in rows), **params)
+    return [experience.advantage for experience in experiences]
 
 
 def start_promotion(queryset, *, user=None) -> BufferJob:

@@ -23,18 +23,19 @@ def longest_token(tokenizer) -> int:
     return _LONGEST[tokenizer]
 
 
-def _ids(tokenizer, text: str) -> list[int]:
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+def _ids(tokenizer, text: str, as_text: bool) -> list[int]:
+    return tokenizer(text, add_special_tokens=False, split_special_tokens=as_text)["input_ids"]
 
 
-def encode_start(tokenizer, text: str, n: int) -> list[int]:
-    """The ids of the text's first n tokens."""
-    return _ids(tokenizer, text[: (n + 1) * longest_token(tokenizer)])[:n] if n > 0 else []
+def encode_start(tokenizer, text: str, n: int, as_text: bool = False) -> list[int]:
+    """The ids of the text's first n tokens. as_text: special-token text in it ('<|im_end|>')
+    stays ordinary tokens, as a model that spelled it out wrote it."""
+    return _ids(tokenizer, text[: (n + 1) * longest_token(tokenizer)], as_text)[:n] if n > 0 else []
 
 
-def encode_end(tokenizer, text: str, n: int) -> list[int]:
-    """The ids of the text's last n tokens."""
-    return _ids(tokenizer, text[-(n + 1) * longest_token(tokenizer):])[-n:] if n > 0 else []
+def encode_end(tokenizer, text: str, n: int, as_text: bool = False) -> list[int]:
+    """The ids of the text's last n tokens (as_text: as encode_start)."""
+    return _ids(tokenizer, text[-(n + 1) * longest_token(tokenizer):], as_text)[-n:] if n > 0 else []
 
 
 def context_tokens(config) -> int:

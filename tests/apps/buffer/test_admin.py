@@ -403,12 +403,16 @@ def test_rescore_with_a_reward_fn(curator_client, make_experience, tasks):
         )
     )
 
-    assert job.result == {"rescored": 2, "skipped_without_task": 1}
+    # The four share a group: its advantages follow the new rewards (tests/apps/buffer/test_rescore.py).
+    assert job.result == {"rescored": 2, "skipped_without_task": 1, "advantages_recomputed": 4,
+                          "advantages_kept_as_trained": 0, "advantages_stale": 0}
     rewards = dict(Experience.objects.values_list("pk", "reward"))
     assert rewards == {right.pk: 2.0, wrong.pk: 0.0, untouched.pk: 1.0, no_task.pk: 0.3}
     right.refresh_from_db()
     assert right.reward_components == {"exact_match": 1.0}
-    assert right.metadata["rescored"] == {"reward_fn": {"exact_match": 2.0}, "previous_reward": 0.0}
+    assert right.metadata["rescored"] == {
+        "reward_fn": {"exact_match": 2.0}, "previous_reward": 0.0, "previous_components": {"exact_match": 1.0}
+    }
 
 
 def test_pipeline_operator_dedupe_rejects_exact_duplicates_across_the_selection(curator_client, make_experience, tasks):

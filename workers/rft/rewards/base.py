@@ -11,11 +11,14 @@ Its params are what a config may set, so each is declared (`reward_fn`): typed a
 the signature, bounded by rules, and checked at launch with the rest of the config.
 """
 import inspect
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 
 from workers.rft.registry import Registry
 
+log = logging.getLogger(__name__)
 REWARD_FNS = Registry("reward fn")
 # The architectures (class-name suffixes, as transformers names them) of a generative model: what
 # a policy or a judge directory must hold (the server checks its config.json).
@@ -52,6 +55,27 @@ def task_field(task, name: str, default=None):
     if isinstance(task, Mapping):
         return task.get(name, default)
     return getattr(task, name, default)
+
+
+def task_label(task) -> str:
+    """How a warning names a task: its id, else the start of its prompt."""
+    task_id = task_field(task, "id")
+    if task_id is not None:
+        return f"task {task_id}"
+    prompt = task_field(task, "prompt", "")
+    return f"the task with prompt {str(prompt)[:60]!r}"
+
+
+@lru_cache(maxsize=4096)
+def _warn(fn: str, task: str, problem: str) -> None:
+    log.warning("reward fn %s: %s %s; its responses score 0", fn, task, problem)
+
+
+def warn_task(fn: str, task, problem: str) -> None:
+    """Logs that reward fn `fn` cannot score `task` (problem: what is wrong, naming the field),
+    once per task and problem in this process (the cache remembers 4,096): every rollout of every
+    step scores the task again, and a warning each time would bury the log."""
+    _warn(fn, task_label(task), problem)
 
 
 def build_reward(spec, limits: ReadLimits | None = None):
