@@ -17,7 +17,7 @@ def filter_length(tasks, ctx, max_tokens: int = 256):
     workflow = ctx.workflow
 
     def fits(task) -> bool:
-        text, _ = workflow.encode_prompt(workflow.messages(task))  # the ids it returns are already cut
+        text = workflow.encode_prompt(workflow.messages(task)).text  # the ids it returns are already cut
         # One token past the bound tells a prompt that does not fit, without tokenizing all of it
         # (a 1 MiB cell: 2.1-8.5 s a tokenization, every step, for every task).
         return len(encode_start(workflow.tokenizer, text, max_tokens + 1)) <= max_tokens
