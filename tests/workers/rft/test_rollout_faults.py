@@ -47,7 +47,6 @@ class BreaksOn(TextEnvironment):
         return Step("", 1.0, done=True, success=True)
 
 
-@TOOLS.register("test_crashing_tool")
 def crashing_tool(key: str) -> str:
     """Raises what no tool should (a bug, not a refused call)."""
     raise RuntimeError(f"tool bug on {key}")
@@ -164,7 +163,8 @@ def test_an_environment_that_raises_fails_its_task_alone(tokenizer, breaks):
                               else "task 1: KeyError: 'lost state'")
 
 
-def test_a_tool_that_crashes_fails_its_task_alone(tokenizer):
+def test_a_tool_that_crashes_fails_its_task_alone(tokenizer, monkeypatch):
+    monkeypatch.setitem(TOOLS._entries, "test_crashing_tool", crashing_tool)  # only here: others list the tools
     call = '<tool_call>{"name": "test_crashing_tool", "arguments": {"key": "x"}}</tool_call>'
     engine = ScriptedEngine(tokenizer, lambda c, r, t: call if r == 0 else "4")
     workflow = WORKFLOWS.get("tool_calling")(engine, build_reward("exact_match"), tokenizer=tokenizer,
