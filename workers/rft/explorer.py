@@ -9,7 +9,14 @@ advantage needs whole), rolls them out and stores them; the one that finds every
 finishes the step (tasks marked sampled, the step's metrics merged from each explorer's part) and
 all move on to the next. The trainer sees what one explorer would have stored: the same natural
 keys, the same groups.
+
+A task that fails (workflows.TaskFailed: its metadata, environment, tool or reward fn) is logged
+and left out of its step, counted in the step's `failed_tasks`; a step whose every task failed
+fails the run, naming the first: a broken reward fn must not train on nothing.
+
+Rollout metrics are per rollout, an episode however many experiences it was stored as.
 """
+import logging
 import math
 import time
 import zlib
@@ -22,12 +29,14 @@ from .pipelines import (
     TASK_OPERATORS,
     PipelineContext,
     build_operators,
+    episodes,
     group_advantage,
     run_experience_operators,
     run_task_operators,
 )
 from .stopping import stoppable
 
+log = logging.getLogger(__name__)
 EVAL_CHUNK = 64  # eval prompts per engine call
 
 
@@ -118,7 +127,7 @@ class Explorer:
             return {"replayed": 1}
         started = time.perf_counter()
         tasks = self.select_tasks()
-        part = self._roll_out(tasks)
+        part = self._roll_out(tasks, shared=False)
         metrics = part["means"] | part["counts"] | {
             "rollouts": part["rollouts"], "tokens_per_s": part["tokens"] / part["generate_seconds"],
         }
@@ -136,12 +145,15 @@ class Explorer:
         mine = set(self.claims.claim(step))
         if mine:
             started = time.perf_counter()
-            part = self._roll_out(self.task_source.tasks_with_ids([i for i in task_ids if i in mine]))
+            part = self._roll_out(self.task_source.tasks_with_ids([i for i in task_ids if i in mine]), shared=True)
             self.claims.done(step, sorted(mine), part | self._timing(started))
             return {"groups": len(mine)}
         merged = {}
 
         def finish(parts: list[dict]) -> None:  # the one explorer that finishes the step
+            if sum(part["counts"].get("failed_tasks", 0) for part in parts) == len(task_ids):
+                first = next(part["task_failed"] for part in parts if "task_failed" in part)
+                raise RuntimeError(f"explorer step {step}: every task failed; the first: {first}")
             self.task_source.mark_sampled(task_ids)
             merged.update(merge_parts(parts), model_version=self.engine.model_version)
             if self.metrics is not None:
@@ -164,9 +176,11 @@ class Explorer:
         self._last_end, self.sync_seconds, self._eval_seconds = now, 0.0, 0.0
         return timing
 
-    def _roll_out(self, tasks: list[Task]) -> dict:
+    def _roll_out(self, tasks: list[Task], shared: bool) -> dict:
         """Roll the tasks out at this step, run the experience pipeline, store what it keeps.
-        Returns the part of the step's metrics these tasks make (merge_parts)."""
+        Returns the part of the step's metrics these tasks make (merge_parts), with the first
+        failed task's error in `task_failed`. Where every task failed, a step of its own
+        (not `shared`) fails the run; a shared one leaves that to whoever finishes the step."""
         started = time.perf_counter()
         explorer = self.config.explorer
         params = SamplingParams(
@@ -176,17 +190,22 @@ class Explorer:
             max_new_tokens=explorer.max_new_tokens,
             seed=self.seed * 1_000_003 + self.step,
         )
-        experiences = self.workflow.run_batch(tasks, params, explorer_step=self.step)
+        failed = {}
+        experiences = self.workflow.run_batch(tasks, params, explorer_step=self.step, failed=failed)
+        report_failures(failed, len(tasks), f"explorer step {self.step}", raise_all=not shared)
         generated = time.perf_counter() - started
         means = rollout_metrics(experiences)
         rollouts = means.pop("rollouts")
-        for task in tasks:
-            rewards = [e.reward for e in experiences if e.task_id == task.id]
-            self.ctx.task_rewards[task.id] = sum(rewards) / len(rewards)
-        tokens = sum(len(e.response_ids) for e in experiences)
+        self.ctx.task_rewards |= task_rewards(experiences)
+        tokens = sum(sum(e.action_mask) for e in experiences)  # the model's: not a trajectory's environment text
         experiences, counts = run_experience_operators(self.experience_ops, experiences, self.ctx)
         counts["written"] = self.buffer.write(experiences)
-        return {"rollouts": rollouts, "means": means, "counts": counts, "tokens": tokens, "generate_seconds": generated}
+        counts["failed_tasks"] = len(failed)
+        part = {"rollouts": rollouts, "means": means, "counts": counts, "tokens": tokens,
+                "generate_seconds": generated}
+        if failed:
+            part["task_failed"] = str(next(iter(failed.values())))
+        return part
 
     def evaluate(self, tasks: list[Task] | None = None) -> dict:
         """Greedy answers to every eval task; logged under role 'eval' at the current step
@@ -198,10 +217,14 @@ class Explorer:
         started = time.perf_counter()
         tasks = self.eval_source.tasks() if tasks is None else tasks
         params = SamplingParams(n=1, temperature=0.0, max_new_tokens=self.config.explorer.max_new_tokens)
-        experiences = []
+        experiences, failed = [], {}
         for i in range(0, len(tasks), EVAL_CHUNK):
-            experiences += self.workflow.run_batch(tasks[i : i + EVAL_CHUNK], params, explorer_step=self.step)
-        metrics = rollout_metrics(experiences) | {"model_version": self.engine.model_version, "tasks": len(tasks)}
+            experiences += self.workflow.run_batch(tasks[i : i + EVAL_CHUNK], params, explorer_step=self.step,
+                                                   failed=failed)
+        report_failures(failed, len(tasks), f"eval at step {self.step}", raise_all=True)
+        metrics = rollout_metrics(experiences) | {
+            "model_version": self.engine.model_version, "tasks": len(tasks), "failed_tasks": len(failed),
+        }
         if self.metrics is not None:
             self.metrics.log("eval", self.step, metrics)
         self._eval_seconds += time.perf_counter() - started
@@ -248,22 +271,48 @@ def merge_parts(parts: list[dict]) -> dict:
     return merged
 
 
+def report_failures(failed: dict, tasks: int, where: str, raise_all: bool) -> None:
+    """Each failed task (workflows.TaskFailed by task id) in the run's log, once; with
+    `raise_all`, the run fails where all `tasks` failed."""
+    for error in failed.values():
+        log.warning("%s: %s (its rollouts are left out)", where, error)
+    if raise_all and failed and len(failed) == tasks:
+        first = next(iter(failed.values()))
+        raise RuntimeError(f"{where}: every task failed; the first: {first}") from first
+
+
 def rollout_metrics(experiences) -> dict:
-    n = max(len(experiences), 1)
-    rewards = [e.reward for e in experiences]
+    """Means over rollouts: an episode stored step by step (experience: step) counts once, with
+    its reward, its last reply's finish and its model's tokens over all its steps (response_length
+    counts the model's tokens, action_mask: a trajectory's environment text is not its length).
+    Reward components are averaged over every rollout, 0 where one has none (a tool episode that
+    never answered has no exact_match)."""
+    rollouts = episodes(experiences)
+    n = max(len(rollouts), 1)
+    last = [steps[-1] for steps in rollouts]  # its reward, components and finish are the episode's
+    rewards = [e.reward for e in last]
     mean = sum(rewards) / n
     metrics = {
         "reward_mean": mean,
         "reward_std": (sum((r - mean) ** 2 for r in rewards) / n) ** 0.5,
-        "response_length": sum(len(e.response_ids) for e in experiences) / n,
-        "truncated_frac": sum(e.metadata.get("finish_reason") == "length" for e in experiences) / n,
-        "rollouts": len(experiences),
+        "response_length": sum(sum(e.action_mask) for e in experiences) / n,
+        "truncated_frac": sum(e.metadata.get("finish_reason") == "length" for e in last) / n,
+        "prompt_truncated": sum(bool(e.metadata.get("prompt_truncated")) for e in last) / n,
+        "rollouts": len(rollouts),
     }
-    for name in experiences[0].reward_components if experiences else ():
-        metrics[name] = sum(e.reward_components.get(name, 0.0) for e in experiences) / n
+    for name in dict.fromkeys(name for e in last for name in e.reward_components):
+        metrics[name] = sum(e.reward_components.get(name, 0.0) for e in last) / n
     # Multi-turn: per episode (each carries metadata.episode once, on its last step)
-    episodes = [e.metadata["episode"] for e in experiences if "episode" in e.metadata]
+    facts = [e.metadata["episode"] for e in last if "episode" in e.metadata]
     for name in ("return", "success", "turns", "invalid_actions"):
-        if episodes:
-            metrics[f"episode/{name}"] = sum(episode[name] for episode in episodes) / len(episodes)
+        if facts:
+            metrics[f"episode/{name}"] = sum(episode[name] for episode in facts) / len(facts)
     return metrics
+
+
+def task_rewards(experiences) -> dict:
+    """Each task's mean reward over its rollouts (episodes, not steps): what synthesize_harder reads."""
+    rewards = {}
+    for steps in episodes(experiences):
+        rewards.setdefault(steps[-1].task_id, []).append(steps[-1].reward)
+    return {task_id: sum(values) / len(values) for task_id, values in rewards.items()}

@@ -12,6 +12,7 @@ from workers.rft.experience import Task
 from workers.rft.explorer import Explorer
 from workers.rft.memory import InMemoryBuffer, InMemoryTaskSource
 from workers.rft.workflows import WORKFLOWS, workflow_args_problems
+from workers.rft.workflows.base import TaskFailed
 
 from .conftest import make_config
 
@@ -230,7 +231,7 @@ def test_expert_episode_is_a_masked_trajectory(tokenizer):
     assert expert.source == "expert" and expert.reward == 1.0 and expert.metadata["episode"]["success"] == 1.0
     spans = runs_of_ones(expert.action_mask)
     assert [expert.response_ids[s:e] for s, e in spans] == [workflow.encode_response(r) for r in replies]
-    with pytest.raises(ValueError, match="no expert replies"):
+    with pytest.raises(TaskFailed, match="task 3: ValueError: no expert replies"):
         flow(None, tokenizer, env="frozenlake", env_args={"is_slippery": True}).expert_experience(Task(id=3, prompt=""))
 
 

@@ -62,9 +62,11 @@ def test_system_prompt_and_plain_prompts(engine):
 
 
 def test_long_prompts_keep_their_end(engine):
+    # 5 tokens leave the chat template's head and end no room for the text: the prompt keeps its end.
     short = workflow(engine, max_prompt_tokens=5)
-    text, ids = short.encode_prompt(short.messages(tasks()[0]))
+    text, ids, truncated = short.encode_prompt(short.messages(tasks()[0]))
     assert len(ids) == 5 and ids[-3:] == short.tokenizer(text, add_special_tokens=False)["input_ids"][-3:]
+    assert truncated and not workflow(engine).encode_prompt(short.messages(tasks()[0])).truncated
 
 
 def test_expert_experience_is_formatted_like_a_rollout(engine, tokenizer):

@@ -33,7 +33,7 @@ class EqualRewards:
 
     engine = SimpleNamespace(model_version=0)
 
-    def run_batch(self, tasks, params, explorer_step):
+    def run_batch(self, tasks, params, explorer_step, failed=None):
         return [
             Experience(task_id=task.id, group_id=f"{explorer_step}-{task.id}", rollout_index=i, prompt_ids=[1],
                        response_ids=[2, 3], action_mask=[1, 1], reward=float(rank == 0 or (rank == 2 and i % 2)))

@@ -7,9 +7,9 @@ from .base import (
     run_experience_operators,
     run_task_operators,
 )
-from .experience_ops import group_advantage
+from .experience_ops import episodes, group_advantage
 
 __all__ = [
-    "EXPERIENCE_OPERATORS", "TASK_OPERATORS", "PipelineContext", "build_operators", "group_advantage",
+    "EXPERIENCE_OPERATORS", "TASK_OPERATORS", "PipelineContext", "build_operators", "episodes", "group_advantage",
     "run_experience_operators", "run_task_operators",
 ]

@@ -17,7 +17,7 @@ def filter_length(tasks, ctx, max_tokens: int = 256):
     workflow = ctx.workflow
 
     def fits(task) -> bool:
-        text, _ = workflow.encode_prompt(workflow.messages(task))  # the ids it returns are already cut
+        text = workflow.encode_prompt(workflow.messages(task)).text  # the ids it returns are already cut
         # One token past the bound tells a prompt that does not fit, without tokenizing all of it
         # (a 1 MiB cell: 2.1-8.5 s a tokenization, every step, for every task).
         return len(encode_start(workflow.tokenizer, text, max_tokens + 1)) <= max_tokens
@@ -44,13 +44,15 @@ def priority(tasks, ctx, difficulty: float = 0.0, use_count: float = 0.0):
 @pipeline_operator(TASK_OPERATORS, "synthesize_harder", max_new={"ge": 1, "le": 1024})
 def synthesize_harder(tasks, ctx, min_reward: float = 1.0, max_new: int = 4):
     """Harder arithmetic variants of tasks the model now solves (latest group mean reward >=
-    min_reward), each task expanded once; the new tasks are stored in the task source."""
-    expanded = {t.metadata.get("harder_variant_of") for t in tasks}
-    solved = [
-        t for t in tasks
-        if ctx.task_rewards.get(t.id, float("-inf")) >= min_reward and t.id not in expanded
-        and "op" in t.metadata
-    ][:max_new]
+    min_reward), each task expanded once; the new tasks are stored in the task source. Which
+    tasks were expanded is read from the task source, not from `tasks`: an operator before this
+    one may have filtered the variants out (filter_difficulty {max}: the same variants were made
+    again every step)."""
+    candidates = [t for t in tasks if ctx.task_rewards.get(t.id, float("-inf")) >= min_reward and "op" in t.metadata]
+    if not candidates:
+        return tasks
+    expanded = {t.metadata.get("harder_variant_of") for t in ctx.task_source.tasks()}
+    solved = [t for t in candidates if t.id not in expanded][:max_new]
     if not solved:
         return tasks
     new = []

@@ -1,7 +1,7 @@
 from . import multi_turn, single_turn, tool_calling  # noqa: F401  (registers the workflows)
-from .base import WORKFLOWS, Workflow
+from .base import WORKFLOWS, TaskFailed, Workflow
 
-__all__ = ["WORKFLOWS", "Workflow", "rollout_tokens", "workflow_args_problems"]
+__all__ = ["WORKFLOWS", "TaskFailed", "Workflow", "rollout_tokens", "workflow_args_problems"]
 
 
 def workflow_args_problems(workflow: str, args: dict) -> list[tuple[str, str]]:

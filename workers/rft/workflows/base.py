@@ -3,23 +3,52 @@
 A workflow owns the conversation: how a task becomes messages and prompt tokens (chat template,
 system prompt), how many turns there are, and which tokens are the model's own (action mask).
 Single-turn workflows batch every task of a step into one engine call (`run_batch`); a multi-turn
-workflow overrides `run` to play one episode (agent <-> environment turns) per task.
+workflow plays one episode (agent <-> environment turns) per rollout, every episode of a step together.
+
+One task's fault (bad metadata, an environment, tool or reward fn that raises on it) is that task's
+alone: `run_batch` drops its group and reports it as a TaskFailed in `failed`, and the step goes on
+with the other tasks (the explorer counts them and fails the run only when every task of a step
+failed). Engine errors are no task's fault and end the step.
 """
+import logging
 from collections.abc import Mapping
+from contextlib import contextmanager
+from typing import NamedTuple
 
 from ..config_issues import Section, validate
 from ..engines import RolloutEngine, SamplingParams
 from ..experience import EXPERT_GROUP, Experience, Task
 from ..json_values import json_value_problem
 from ..registry import Registry
+from ..stopping import StopRequested
 from ..stopping import check as check_stop
-from ..tokens import encode_end
+from ..tokens import encode_end, encode_start
+
+log = logging.getLogger(__name__)
 
 WORKFLOWS = Registry("workflow")
 # Each setting is a JSON value at most this long and deep (an environment's map, a list of tools):
 # the workers build environments from it every episode, and the run page shows it.
 MAX_ARG_CHARS = 64 * 1024
 MAX_ARG_DEPTH = 16
+# An overlong prompt's length is counted, for its warning, up to this many times max_prompt_tokens
+# (a 1 MiB cell is 231,503 tokens and 2.1 s to count, once a task: the warning says "over" instead).
+COUNTED_PROMPT_FACTOR = 16
+
+
+class TaskFailed(Exception):
+    """A task that could not be rolled out or scored; its message names the task and the cause."""
+
+    def __init__(self, task_id, error: BaseException):
+        self.task_id = task_id
+        super().__init__(f"task {task_id}: {type(error).__name__}: {error}")
+        self.__cause__ = error
+
+
+class Prompt(NamedTuple):
+    text: str  # the whole prompt as rendered
+    ids: list[int]  # what the model reads: at most max_prompt_tokens tokens
+    truncated: bool  # the text did not fit in max_prompt_tokens
 
 
 def _bounded(value) -> str | None:
@@ -86,10 +115,40 @@ class Workflow:
         self.system_prompt = system_prompt
         self.use_chat_template = use_chat_template
         self.max_prompt_tokens = max_prompt_tokens
+        self._warned_truncated = set()  # the tasks whose cut prompt the run's log has been told of
 
-    def run_batch(self, tasks: list[Task], params: SamplingParams, explorer_step: int) -> list[Experience]:
-        """`params.n` scored experiences per task, tasks in order."""
-        return [exp for task in tasks for exp in self.run(task, params, explorer_step)]
+    def run_batch(self, tasks: list[Task], params: SamplingParams, explorer_step: int,
+                  failed: dict | None = None) -> list[Experience]:
+        """`params.n` scored experiences per task, tasks in order. A task that fails (TaskFailed)
+        has none: with `failed` (a dict) it is recorded there by task id and the others go on;
+        without, the first failure is raised once the batch is done."""
+        failures, experiences = {}, []
+        for task in tasks:
+            with self.isolated(task, failures):
+                experiences += self.run(task, params, explorer_step)
+        return self.settle(experiences, failures, failed)
+
+    @contextmanager
+    def isolated(self, task: Task, failures: dict):
+        """Runs the block for one task; whatever it raises (but a Stop) fails that task alone: its
+        first TaskFailed goes to failures[task.id] and the block is left."""
+        try:
+            yield
+        except StopRequested:
+            raise
+        except Exception as err:  # noqa: BLE001 - an environment, tool or reward fn may raise anything
+            failures.setdefault(task.id, err if isinstance(err, TaskFailed) else TaskFailed(task.id, err))
+
+    @staticmethod
+    def settle(experiences: list[Experience], failures: dict, failed: dict | None) -> list[Experience]:
+        """The experiences of the tasks that did not fail; the failures go to `failed`, or the
+        first is raised where the caller gave none."""
+        if not failures:
+            return experiences
+        if failed is None:
+            raise next(iter(failures.values()))
+        failed.update(failures)
+        return [exp for exp in experiences if exp.task_id not in failures]
 
     def run(self, task: Task, params: SamplingParams, explorer_step: int) -> list[Experience]:
         raise NotImplementedError
@@ -103,17 +162,59 @@ class Workflow:
             messages.insert(0, {"role": "system", "content": self.system_prompt})
         return messages
 
-    def encode_prompt(self, messages: list[dict]) -> tuple[str, list[int]]:
+    def encode_prompt(self, messages: list[dict]) -> Prompt:
         """Prompt text and token ids, ending where the assistant's reply begins. Without a chat
-        template the contents are joined by blank lines. An overlong prompt keeps its last
-        max_prompt_tokens tokens, and only its end is tokenized (tokens.py). Every prompt of a step
-        and of a task pipeline's pass over the taskset comes here: a Stop is checked here too."""
+        template the contents are joined by blank lines. An overlong prompt is cut to
+        max_prompt_tokens tokens (`cut`), and only what is kept is tokenized (tokens.py). Every
+        prompt of a step and of a task pipeline's pass over the taskset comes here: a Stop is
+        checked here too."""
         check_stop()
         if self.use_chat_template:
             text = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         else:
             text = "\n\n".join(m["content"] for m in messages)
-        return text, encode_end(self.tokenizer, text, self.max_prompt_tokens)
+        ids = encode_end(self.tokenizer, text, self.max_prompt_tokens + 1)  # one past: tells a cut one
+        if len(ids) <= self.max_prompt_tokens:
+            return Prompt(text, ids, False)
+        return Prompt(text, self.cut(messages) or ids[1:], True)
+
+    def cut(self, messages: list[dict]) -> list[int] | None:
+        """An overlong chat prompt's ids with the template's head kept: everything before the last
+        message's text (system turn, earlier turns, the last turn's header: `<|im_start|>user`),
+        then the end of that text, then the template's end (the assistant header). Its start is
+        what goes: the model still reads a well-formed conversation, where keeping the last
+        max_prompt_tokens tokens had cut the header and the rules' first words (tiny's Taxi
+        opening is 270 tokens, the default max_prompt_tokens 256). None where there is no such
+        head (no chat template) or it leaves the text no room: the prompt then keeps its end."""
+        last = messages[-1]
+        if not self.use_chat_template or not isinstance(last.get("content"), str):
+            return None
+        marker = "\x00PROMPT\x00"
+        rendered = self.tokenizer.apply_chat_template(
+            [*messages[:-1], {**last, "content": marker}], add_generation_prompt=True, tokenize=False
+        )
+        if rendered.count(marker) != 1:
+            return None
+        head, tail = rendered.split(marker)
+        head_ids = encode_start(self.tokenizer, head, self.max_prompt_tokens)
+        tail_ids = encode_start(self.tokenizer, tail, self.max_prompt_tokens)
+        room = self.max_prompt_tokens - len(head_ids) - len(tail_ids)
+        if room <= 0:
+            return None
+        return head_ids + encode_end(self.tokenizer, last["content"], room) + tail_ids
+
+    def encode_task_prompt(self, task: Task, messages: list[dict]) -> Prompt:
+        """encode_prompt for a task to roll out; the first time a task's prompt is cut, the run's
+        log says so, with its length."""
+        prompt = self.encode_prompt(messages)
+        if prompt.truncated and task.id not in self._warned_truncated:
+            self._warned_truncated.add(task.id)
+            bound = COUNTED_PROMPT_FACTOR * self.max_prompt_tokens
+            tokens = len(encode_start(self.tokenizer, prompt.text, bound + 1))
+            log.warning("task %s: its prompt is %s tokens, over model.max_prompt_tokens (%d): the model reads it "
+                        "with the start of its text cut off", task.id,
+                        f"{tokens:,}" if tokens <= bound else f"over {bound:,}", self.max_prompt_tokens)
+        return prompt
 
     def encode_response(self, text: str) -> list[int]:
         """A written (expert or human) response as the model would have produced it: ending with eos."""
@@ -134,8 +235,11 @@ class Workflow:
         taskset provides it, is the full written response (e.g. with tags or working); else the
         answer itself is the response."""
         messages = self.messages(task)
-        prompt_text, prompt_ids = self.encode_prompt(messages)
+        prompt_text, prompt_ids, _ = self.encode_task_prompt(task, messages)
         response = task.metadata.get("expert_response", task.answer)
+        if not isinstance(response, str):
+            problem = f"metadata.expert_response must be text, got {type(response).__name__}"
+            raise TaskFailed(task.id, ValueError(problem))
         response_ids = self.encode_response(response)
         reward, components = self.score(response, task)
         return Experience(

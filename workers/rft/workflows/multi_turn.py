@@ -20,6 +20,9 @@ An invalid action (a reply the environment cannot parse) costs `invalid_penalty`
 `invalid_action: end`, ends the episode; with `penalize` the environment shows what went wrong and
 the episode goes on. Episode facts go to `metadata.episode` (the explorer averages them into
 `episode/...` metrics).
+
+Whatever an episode's environment (or tool, or reward fn) raises fails its task: the task's other
+episodes stop, its group is dropped, and the step goes on (Workflow.run_batch).
 """
 import functools
 import inspect
@@ -31,9 +34,10 @@ from pydantic import Field, PydanticSchemaGenerationError, TypeAdapter, Validati
 
 from ..config_issues import Text
 from ..engines import Completion, SamplingParams
-from ..environments import ENVIRONMENTS, TextEnvironment
+from ..environments import ENVIRONMENTS, Step, TextEnvironment
 from ..experience import Experience, Task
-from .base import WORKFLOWS, Workflow
+from ..stopping import StopRequested
+from .base import WORKFLOWS, TaskFailed, Workflow
 
 EXPERIENCE_KINDS = ("trajectory", "step")
 
@@ -59,6 +63,7 @@ class Episode:
     messages: list[dict]
     prompt_text: str
     prompt_ids: list[int]
+    prompt_truncated: bool
     tokens: list[int] = field(default_factory=list)  # everything after the prompt
     mask: list[int] = field(default_factory=list)
     logprobs: list[float] | None = field(default_factory=list)
@@ -95,11 +100,16 @@ class MultiTurnWorkflow(Workflow):
 
     # -- playing ---------------------------------------------------------------------------------
 
-    def run_batch(self, tasks: list[Task], params: SamplingParams, explorer_step: int) -> list[Experience]:
-        episodes = [self.start(task, rollout) for task in tasks for rollout in range(params.n)]
+    def run_batch(self, tasks: list[Task], params: SamplingParams, explorer_step: int,
+                  failed: dict | None = None) -> list[Experience]:
+        failures, episodes = {}, []
         try:
+            for task in tasks:
+                with self.isolated(task, failures):
+                    for rollout in range(params.n):
+                        episodes.append(self.start(task, rollout))
             for turn in range(self.args["max_turns"]):
-                live = [episode for episode in episodes if not episode.done]
+                live = [episode for episode in episodes if not episode.done and episode.task.id not in failures]
                 if not live:
                     break
                 seed = None if params.seed is None else params.seed * 1_009 + turn
@@ -107,27 +117,36 @@ class MultiTurnWorkflow(Workflow):
                     [episode.prompt_ids + episode.tokens for episode in live], replace(params, n=1, seed=seed)
                 )
                 for episode, (completion,) in zip(live, generations):
-                    self.advance(episode, completion, params.max_new_tokens)
+                    with self.isolated(episode.task, failures):
+                        self.advance(episode, completion, params.max_new_tokens)
         finally:
             for episode in episodes:
-                episode.env.close()
-        return [exp for episode in episodes for exp in self.experiences(episode, explorer_step)]
+                with self.isolated(episode.task, failures):
+                    episode.env.close()
+        experiences = [exp for episode in episodes if episode.task.id not in failures
+                       for exp in self.experiences(episode, explorer_step)]
+        return self.settle(experiences, failures, failed)
 
     def run(self, task: Task, params: SamplingParams, explorer_step: int) -> list[Experience]:
         return self.run_batch([task], params, explorer_step)
 
     def start(self, task: Task, rollout: int) -> Episode:
-        """A fresh environment, reset with the task's seed (metadata.seed, else its id) so every
-        rollout of a task starts from the same state; the first user turn is the environment's
-        instructions, the task's prompt and the first observation."""
+        """A fresh environment, reset with the task's seed (episode_seed) so every rollout of a
+        task starts from the same state; the first user turn is the environment's instructions,
+        the task's prompt and the first observation."""
+        seed = episode_seed(task)
         env = self.new_environment(task)
-        observation = env.reset(task.metadata.get("seed", task.id), task)
-        chat = isinstance(task.prompt, list)
-        opening = "\n\n".join(part for part in (env.instructions, "" if chat else task.prompt, observation) if part)
-        prompt = (list(task.prompt) + [{"role": "user", "content": opening}]) if chat else opening
-        messages = self.messages(replace(task, prompt=prompt))
-        prompt_text, prompt_ids = self.encode_prompt(messages)
-        return Episode(task, rollout, env, messages, prompt_text, prompt_ids)
+        try:
+            observation = env.reset(seed, task)
+            chat = isinstance(task.prompt, list)
+            opening = "\n\n".join(part for part in (env.instructions, "" if chat else task.prompt, observation) if part)
+            prompt = (list(task.prompt) + [{"role": "user", "content": opening}]) if chat else opening
+            messages = self.messages(replace(task, prompt=prompt))
+            prompt_text, prompt_ids, truncated = self.encode_task_prompt(task, messages)
+        except BaseException:
+            env.close()
+            raise
+        return Episode(task, rollout, env, messages, prompt_text, prompt_ids, truncated)
 
     def advance(self, episode: Episode, completion: Completion, max_new_tokens: int) -> None:
         """Take one reply: record its tokens, let the environment answer, and either end the
@@ -143,7 +162,7 @@ class MultiTurnWorkflow(Workflow):
         episode.finish_reasons.append(completion.finish_reason)
         episode.messages.append({"role": "assistant", "content": completion.text})
 
-        step = episode.env.step(completion.text)
+        step = self.react(episode.env, completion)
         episode.env_return += step.reward
         episode.success |= step.success
         episode.components.update(step.components)
@@ -168,6 +187,10 @@ class MultiTurnWorkflow(Workflow):
         if episode.logprobs is not None:
             episode.logprobs += [0.0] * len(env_ids)
 
+    def react(self, env: TextEnvironment, completion: Completion) -> Step:
+        """The environment's answer to a reply."""
+        return env.step(completion.text)
+
     # -- the environment's tokens ----------------------------------------------------------------
 
     def _assistant_turn_end(self) -> str:
@@ -185,7 +208,9 @@ class MultiTurnWorkflow(Workflow):
     def environment_tokens(self, messages: list[dict], observation: dict, stopped: bool) -> list[int]:
         """Tokens from the end of the model's reply to the start of its next one: the close of
         the assistant turn (with the stop token the model did not write, if it was cut off), the
-        observation's turn and the next assistant header, exactly as the chat template renders them."""
+        observation's turn and the next assistant header, exactly as the chat template renders them.
+        Without a chat template, the observation after a blank line, the reply right after it, as
+        the first turn's prompt ends."""
         closing = ("" if stopped else self.tokenizer.eos_token) + self._turn_end
         if self.use_chat_template:
             before = self.tokenizer.apply_chat_template(messages, tokenize=False)
@@ -199,7 +224,7 @@ class MultiTurnWorkflow(Workflow):
                 )
             text = closing + after[len(before) :]
         else:
-            text = closing + "\n\n" + observation["content"] + "\n\n"
+            text = closing + "\n\n" + observation["content"]
         return self.tokenizer(text, add_special_tokens=False)["input_ids"]
 
     # -- experiences -----------------------------------------------------------------------------
@@ -244,6 +269,7 @@ class MultiTurnWorkflow(Workflow):
                     logprobs=episode.logprobs,
                     metadata={
                         "finish_reason": episode.finish_reasons[-1],
+                        "prompt_truncated": episode.prompt_truncated,
                         "turn_spans": [list(span) for span in episode.spans],
                         "episode": self.summary(episode),
                     },
@@ -266,6 +292,7 @@ class MultiTurnWorkflow(Workflow):
                     logprobs=episode.logprobs[start:end] if episode.logprobs is not None else None,
                     metadata={
                         "finish_reason": episode.finish_reasons[turn],
+                        "prompt_truncated": episode.prompt_truncated,
                         "rollout": episode.rollout,
                         "turn": turn,
                         **({"episode": self.summary(episode)} if last else {}),
@@ -277,22 +304,45 @@ class MultiTurnWorkflow(Workflow):
 
     def expert_experience(self, task: Task) -> Experience:
         """A scripted expert's episode as one trajectory experience (SFT warm-up data): the replies
-        in task.metadata['expert_replies'], else the environment's own expert."""
-        episode = self.start(task, rollout=0)
+        in task.metadata['expert_replies'] (a list of texts), else the environment's own expert.
+        Anything wrong is a TaskFailed naming the task."""
         try:
-            replies = task.metadata.get("expert_replies") or episode.env.expert_replies()
-            if not replies:
-                raise ValueError(
-                    f"task {task.id}: no expert replies (metadata.expert_replies) and the environment has no expert"
-                )
-            for reply in replies:
-                if episode.done:
-                    break
-                ids = self.encode_response(reply)
-                self.advance(episode, Completion(ids, reply, None, "stop"), max_new_tokens=len(ids))
-        finally:
-            episode.env.close()
+            episode = self.start(task, rollout=0)
+            try:
+                replies = task.metadata.get("expert_replies") or episode.env.expert_replies()
+                if not replies:
+                    raise ValueError("no expert replies (metadata.expert_replies) and the environment has no expert")
+                if not isinstance(replies, list) or not all(isinstance(reply, str) for reply in replies):
+                    # A text would be played one character a turn ("down": "d", an invalid action).
+                    raise ValueError(f"metadata.expert_replies must be a list of replies (texts), "
+                                     f"got {reprlib.repr(replies)}")
+                for reply in replies:
+                    if episode.done:
+                        break
+                    ids = self.encode_response(reply)
+                    self.advance(episode, Completion(ids, reply, None, "stop"), max_new_tokens=len(ids))
+            finally:
+                episode.env.close()
+        except StopRequested:
+            raise
+        except TaskFailed:
+            raise
+        except Exception as err:  # noqa: BLE001 - the environment's, in its words, with the task named
+            raise TaskFailed(task.id, err) from err
         return self.experiences(episode, explorer_step=0, source="expert")[0]
+
+
+def episode_seed(task: Task) -> int | None:
+    """The seed an episode of the task starts from: metadata.seed, an integer >= 0 or its digits
+    as text (a CSV's cells are text); without one, the task's id."""
+    seed = task.metadata.get("seed")
+    if seed is None:
+        return task.id
+    if isinstance(seed, str) and seed.strip().isdecimal():
+        return int(seed)
+    if isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0:
+        return seed
+    raise ValueError(f"metadata.seed must be an integer >= 0 (or its digits as text), got {reprlib.repr(seed)}")
 
 
 def _fits(value, hint) -> bool:

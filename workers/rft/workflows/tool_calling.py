@@ -8,24 +8,32 @@ A reply with one or more tool calls gets their results back as the next user tur
 
     <tool_response>{"name": "calculator", "content": "84"}</tool_response>
 
-A call that cannot run (not JSON, an unknown tool, bad arguments, a tool error) is answered with
+A call that cannot run (not JSON, an unknown tool, bad arguments, a tool error, a <tool_call> that
+no </tool_call> closes, a reply cut off by max_new_tokens inside a call) is answered with
 {"name": ..., "error": ...} and counts as an invalid action (`invalid_action`: end or penalize). A
-reply without a tool call is the final answer, scored by explorer.reward_fn against the task.
+reply without a tool call is the final answer, scored by explorer.reward_fn against the task; the
+episode is a success when the answer is right (`answer_right`).
 """
 import json
 import re
 
+from ..engines import Completion
 from ..environments import Step, TextEnvironment
 from ..experience import Task
 from ..tools import TOOLS, ToolError, call, describe
 from .base import WORKFLOWS
 from .multi_turn import MultiTurnArgs, MultiTurnWorkflow
 
-TOOL_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
+OPEN, CLOSE = "<tool_call>", "</tool_call>"
+TOOL_CALL = re.compile(f"{OPEN}(.*?){CLOSE}", re.DOTALL)
+# Reward components that judge a reply's form, not whether its answer is right.
+NOT_THE_ANSWER = ("format",)
 
 
-def parse_tool_calls(reply: str) -> list[tuple[str, dict] | str]:
-    """Each call in a reply as (name, arguments), or an error message where it is malformed."""
+def parse_tool_calls(reply: str, cut_off: bool = False) -> list[tuple[str, dict] | str]:
+    """Each call in a reply as (name, arguments), or an error message where it is malformed. A
+    <tool_call> left open is a malformed call, as is the start of one where the reply was cut off
+    (`cut_off`: by max_new_tokens): it was never finished, so it is no answer either."""
     calls = []
     for body in TOOL_CALL.findall(reply):
         try:
@@ -41,7 +49,22 @@ def parse_tool_calls(reply: str) -> list[tuple[str, dict] | str]:
             calls.append('expected {"name": <tool>, "arguments": {...}}')
             continue
         calls.append((data["name"], data.get("arguments", {})))
+    rest = reply[reply.rfind(CLOSE) + len(CLOSE):] if CLOSE in reply else reply
+    if OPEN in rest:
+        calls.append(f"{OPEN} without {CLOSE}" + (" (the reply was cut off at max_new_tokens)" if cut_off else ""))
+    elif cut_off and any(rest.endswith(OPEN[:n]) for n in range(len("<tool"), len(OPEN))):
+        calls.append(f"the reply was cut off at max_new_tokens in {OPEN}")
     return calls
+
+
+def answer_right(components: dict[str, float]) -> bool:
+    """Whether the reward fn found the answer right: every component that judges it (all but
+    NOT_THE_ANSWER and the `<fn>_failed` counts) at full marks, 1 (exact_match, numeric and
+    countdown give 1 for a right answer, llm_judge at max_score). A wrong answer in the right
+    format is no success."""
+    judged = [value for name, value in components.items()
+              if name not in NOT_THE_ANSWER and not name.endswith("_failed")]
+    return bool(judged) and all(value >= 1.0 for value in judged)
 
 
 class ToolEnvironment(TextEnvironment):
@@ -59,11 +82,12 @@ class ToolEnvironment(TextEnvironment):
     def reset(self, seed, task) -> str:
         return ""
 
-    def step(self, reply: str) -> Step:
-        calls = parse_tool_calls(reply)
+    def step(self, reply: str, cut_off: bool = False) -> Step:
+        """`cut_off`: max_new_tokens ended the reply (see parse_tool_calls)."""
+        calls = parse_tool_calls(reply, cut_off)
         if not calls:
             reward, components = self.reward_fn(reply, self.task)
-            return Step("", reward, done=True, success=reward > 0, components=components)
+            return Step("", reward, done=True, success=answer_right(components), components=components)
         lines, invalid = [], False
         for parsed in calls:
             if isinstance(parsed, str):
@@ -104,3 +128,6 @@ class ToolCallingWorkflow(MultiTurnWorkflow):
 
     def new_environment(self, task: Task) -> TextEnvironment:
         return ToolEnvironment(self.args["tools"], self.reward_fn, task)
+
+    def react(self, env: ToolEnvironment, completion: Completion) -> Step:
+        return env.step(completion.text, cut_off=completion.finish_reason == "length")
