@@ -22,7 +22,8 @@ import time
 from bench.common import PY, ROOT, THREAD_ENV, load, machine, save, table
 
 SIZE = 262_139  # issue #41's texts: the most MAX_CONFIG_CHARS (262,144) let through, less a margin
-HEAD = "model: {path: tiny}\nalgorithm: {name: grpo, repeat_times: 2}\nbuffer: {taskset: arith}\n"
+# dpo: it reads what the accepted text fills, feedback.source_runs (a grpo run reads none: refused).
+HEAD = "model: {path: tiny}\nalgorithm: {name: dpo, repeat_times: 2}\nbuffer: {taskset: arith}\n"
 JSON_HEAD = '{"model": {"path": "tiny"}, "buffer": {"taskset": "arith"}, '
 
 

@@ -54,9 +54,11 @@ class NotAnnotator(FeedbackError):
 
 
 def feedback_settings(run):
-    """The `feedback` section of the run's config (a FeedbackConfig; defaults without a run)."""
+    """The `feedback` section of the run's config (a FeedbackConfig; defaults without a run). Read,
+    not judged again: the launch judged it with the run's algorithm (beside grpo's defaults, a dpo
+    run's source_runs has no effect and was refused)."""
     section = ((run.config or {}).get("feedback") or {}) if run else {}
-    return RunConfig.from_dict({"feedback": section}).feedback
+    return RunConfig.model_validate({"feedback": section}).feedback
 
 
 def rating_scale(run) -> dict[str, float]:

@@ -8,6 +8,8 @@ limit add up to a run no worker can hold: 8 tasks x 16 rollouts x 32,768 new tok
 and its pool processes were killed one after the other (`fit`). Problems are reported like the
 schema's own errors: a ConfigIssue per dotted key.
 """
+import functools
+import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -67,8 +69,129 @@ def model_issues(config) -> tuple[list[tuple[str, str]], dict[str, str]]:
     # refuse a multi-turn run's default max_tokens, and only once the model had been built.
     if "model.path" in directories:
         issues += _context_issues(config, _model_config(policy_dir).get("max_position_embeddings"))
+        if config.explorer.use_chat_template and not _has_chat_template(policy_dir):
+            # It failed at the run's first prompt: "Cannot use chat template functions because
+            # tokenizer.chat_template is not set".
+            issues.append(("explorer.use_chat_template",
+                           f"the tokenizer in {shown(policy_dir)} has no chat template (chat_template.jinja, or "
+                           "chat_template in tokenizer_config.json): set explorer.use_chat_template false (a "
+                           "prompt is then its messages joined by blank lines), or use a model whose tokenizer "
+                           "has one"))
     resolved = {key: str(directory) for key, directory in directories.items() if key.startswith("model.")}
     return issues, resolved
+
+
+def _has_chat_template(directory: Path) -> bool:
+    """Whether transformers' tokenizer finds a default chat template in the directory, where it
+    looks (tokenization_utils_base.from_pretrained): chat_template.jinja or
+    additional_chat_templates/default.jinja, else tokenizer_config.json's chat_template (a text,
+    or named templates with a 'default')."""
+    if any((directory / name).is_file() for name in ("chat_template.jinja", "additional_chat_templates/default.jinja")):
+        return True
+    try:
+        template = json.loads((directory / "tokenizer_config.json").read_text()).get("chat_template")
+    except (OSError, ValueError, AttributeError):
+        return False
+    if isinstance(template, list):
+        return any(isinstance(t, dict) and t.get("name") == "default" and t.get("template") for t in template)
+    return isinstance(template, str) and bool(template)
+
+
+# ---- feedback source runs ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Tokenizer:
+    vocabulary: str  # a digest of its tokens and their ids
+    size: int
+    eos: str | None
+    chat_template: str | dict | None
+
+
+def source_run_issues(config, sources) -> list[ConfigIssue]:
+    """feedback.source_runs that this run cannot train on as they are: their human edits and
+    preference pairs are the token ids of the source run's tokenizer, their prompts formatted by its
+    chat template and system prompt. A run on another model's tokenizer had them trained as they
+    were (smollm2-135m's 49,152-token vocabulary on a tiny run's 602). `config`: the run's, with
+    model.path resolved; `sources`: (id, name, stored config) of each named run."""
+    from .config_keys import get_key
+
+    ours = config.explorer
+    issues = []
+    for run_id, name, stored in sources:
+        differences = []
+        their_path = get_key(stored, "model.path", "tiny")
+        differs = _tokenizer_difference(their_path, config.model.path)
+        if differs:
+            differences.append(differs)
+        their_template = get_key(stored, "explorer.use_chat_template", True)
+        if their_template != ours.use_chat_template:
+            differences.append(f"its explorer.use_chat_template is {str(their_template).lower()}, this run's "
+                               f"{str(ours.use_chat_template).lower()}")
+        elif their_template and not differs and _chat_template(their_path) != _chat_template(config.model.path):
+            differences.append("its model's chat template is not this model's")
+        if (get_key(stored, "explorer.system_prompt", None) or None) != (ours.system_prompt or None):
+            differences.append("its explorer.system_prompt is not this run's")
+        if differences:
+            issues.append(ConfigIssue("feedback.source_runs", f"run {run_id} ({name!r}): {'; '.join(differences)}. "
+                                      "Its human edits and preference pairs are token ids of its prompts as it "
+                                      "formatted them: name runs of this run's model and prompt format"))
+    return issues
+
+
+def _tokenizer_difference(theirs: str, ours: str) -> str | None:
+    """How the tokenizer of model path `theirs` differs from `ours` (None: the same vocabulary)."""
+    from workers.rft.models import BUILTIN_MODELS
+
+    if theirs == ours:
+        return None
+    their_tokenizer, our_tokenizer = _tokenizer(theirs), _tokenizer(ours)
+    models = f"its model {_model_name(theirs)!r} and this run's {_model_name(ours)!r}"
+    if their_tokenizer is None or our_tokenizer is None:
+        if theirs in BUILTIN_MODELS and ours in BUILTIN_MODELS:
+            return f"{models} are two models, with two tokenizers"
+        return f"{models} differ, and their tokenizers cannot both be read to compare"
+    if (their_tokenizer.vocabulary, their_tokenizer.eos) == (our_tokenizer.vocabulary, our_tokenizer.eos):
+        return None
+    return (f"{models} have two tokenizers (vocabularies of {their_tokenizer.size:,} and {our_tokenizer.size:,} "
+            "tokens)")
+
+
+def _model_name(path: str) -> str:
+    from workers.rft.models import BUILTIN_MODELS
+
+    return path if path in BUILTIN_MODELS else shown(Path(path))
+
+
+def _chat_template(path: str):
+    tokenizer = _tokenizer(path)
+    return tokenizer.chat_template if tokenizer else None
+
+
+def _tokenizer(path: str) -> _Tokenizer | None:
+    """The tokenizer of a model path (a built-in one once built), None where it cannot be read.
+    Read once per process while its files are unchanged (SmolLM2's takes a second)."""
+    from workers.rft.models import BUILTIN_MODELS
+
+    directory = _builtin_dir(path) if path in BUILTIN_MODELS else Path(path)
+    try:
+        stamp = tuple(sorted((f.name, f.stat().st_mtime_ns) for f in directory.iterdir() if f.is_file()))
+    except OSError:
+        return None
+    return _read_tokenizer(str(directory), stamp)
+
+
+@functools.lru_cache(maxsize=16)
+def _read_tokenizer(directory: str, stamp: tuple) -> _Tokenizer | None:
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(directory)
+    except Exception:  # noqa: BLE001 - any tokenizer transformers cannot load here is one we cannot compare
+        return None
+    vocabulary = sorted(tokenizer.get_vocab().items(), key=lambda item: item[1])
+    return _Tokenizer(hashlib.sha256(json.dumps(vocabulary).encode()).hexdigest(), len(tokenizer),
+                      tokenizer.eos_token, tokenizer.chat_template)
 
 
 def checked_reward_fn(spec, key: str = "reward_fn"):

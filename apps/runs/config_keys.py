@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from pydantic import ValidationError
 
 from workers.rft.config import RunConfig
-from workers.rft.config_rules import unread_algorithm_keys
+from workers.rft.config_rules import unread_keys
 
 
 def get_key(config: Mapping, key: str, default=None):
@@ -33,17 +33,33 @@ def shown(value) -> str:
     return value if isinstance(value, str) else json.dumps(value)
 
 
-def reset_unread(config: dict, keys) -> None:
-    """Each of `keys` that the config's algorithm would not read goes back to its default, where
-    refusing it would refuse what the person did not choose: a field the launch form hides for the
-    picked algorithm, a sweep's grpo run from a mix base (mix.mu 0.5). The config's own loss may
-    read one (grpo with policy_loss mix reads mix.mu): that one is kept. A config with other errors
-    is left as it is, for them to be shown."""
-    try:
-        parsed = RunConfig.model_validate(config)
-    except (ValidationError, ValueError, TypeError):
-        return
+def _within(key: str, section: str) -> bool:
+    """key is section, or a key inside it ("explorer.pipeline[0].min" is inside "explorer.pipeline")."""
+    return key == section or key.startswith((section + ".", section + "["))
+
+
+def reset_unread(config: dict, keys, swept=None) -> None:
+    """Each of `keys` that the config's combination would not read (config_rules.unread_keys) goes
+    back to its default, where refusing it would refuse what the person did not choose: a field the
+    launch form hides for the picked algorithm, a key of a sweep's base that a swept value leaves
+    unread (a grpo run from a mix base: mix.mu 0.5, buffer.expert_taskset). With `swept`, only the
+    keys whose rule reads a swept key, or one reset here: a base key no run reads is the base's own
+    mistake, refused. The config's own loss may read one (grpo with policy_loss mix reads mix.mu):
+    that one is kept. A config with other errors is left as it is, for them to be shown."""
+    changed = None if swept is None else set(swept)
     defaults = RunConfig().to_dict()
-    for unread in unread_algorithm_keys(parsed):  # a key, or a section (algorithm.chord)
-        if any(key == unread or key.startswith(unread + ".") for key in keys):
+    while True:  # a reset may leave another key unread (rated_only, then rating_wait_s)
+        try:
+            parsed = RunConfig.model_validate(config)
+        except (ValidationError, ValueError, TypeError):
+            return
+        reset = [unread for unread, reads in unread_keys(parsed).items()  # a key, or a section (algorithm.chord)
+                 if any(_within(key, unread) for key in keys)
+                 and (changed is None or any(_within(r, c) or _within(c, r) for r in reads for c in changed))]
+        if not reset:
+            return
+        for unread in reset:
             set_key(config, unread, get_key(defaults, unread))
+        if changed is not None:
+            changed.update(reset)
+        keys = [key for key in keys if not any(_within(key, unread) for unread in reset)]

@@ -98,6 +98,8 @@ RL = ("grpo", "ppo", "rloo", "reinforce_plus_plus", "reinforce_plus_plus_baselin
 CLIPPED = tuple(name for name in RL if name != "opmd")  # the presets whose loss clips the ratio
 GROUPED = ("grpo", "rloo", "reinforce_plus_plus_baseline", "opmd", "mix", "mix_chord")  # group advantage fns
 ALGORITHM_ONLY = {
+    "buffer.expert_taskset": ("sft", "mix", "mix_chord"),  # the ones that train on expert data
+    "buffer.max_staleness": RL,  # the ones that train on rollouts
     "algorithm.loss_agg_mode": (*RL, "sft"),
     "algorithm.drop_zero_std_groups": GROUPED,
     "algorithm.mix.mu": ("mix",),
@@ -267,7 +269,8 @@ class LaunchForm(forms.Form):
 
     def _reset_hidden_unread(self, config: dict) -> None:
         """A field the page hides for the chosen algorithm keeps its value while hidden, so picking
-        that algorithm again shows it; launched, it is the default where the algorithm would not read it."""
+        that algorithm again shows it; launched, it is the default where the config would not read it
+        (the quick demo's expert taskset, with grpo picked)."""
         algorithm = get_key(config, "algorithm.name", None)
         reset_unread(config, [key for key, field in self.fields.items()
                               if getattr(field, "algorithms", ()) and algorithm not in field.algorithms])

@@ -13,7 +13,7 @@ from rftweb.celery import enqueue, withdraw
 from workers.rft.algorithms import resolve
 from workers.rft.config import ConfigError, ConfigIssue, RunConfig
 
-from .config_checks import fit_issues, model_issues
+from .config_checks import fit_issues, model_issues, source_run_issues
 from .duties import HANDED_OVER, NODE_DUTY, duties_of_run, holder, queue_of, workers_holding
 from .failures import describe_lost_worker
 from .hosts import serving
@@ -98,8 +98,11 @@ def record_metrics(run: Run, role: str, step: int, values: dict) -> MetricPoint:
 
 def validate_config(config: dict) -> RunConfig:
     """The engine's schema, plus what a shared server adds: model directories confined to the
-    allowed roots (stored resolved), tasksets and feedback source runs that exist, and a run the
-    live workers can hold (config_checks.fit_issues). Raises ConfigError naming each bad key."""
+    allowed roots (stored resolved), tasksets that exist, feedback source runs that exist and whose
+    edits and pairs fit this run's tokenizer and prompts (config_checks.source_run_issues), and a run
+    the live workers can hold (config_checks.fit_issues). Raises ConfigError naming each bad key.
+    (Whoever may launch may name any run: launching needs the researcher role, and researchers
+    watch every run, docs/security.md.)"""
     parsed = RunConfig.from_dict(config)
     buffer = parsed.buffer
     named = {"taskset": buffer.taskset, "expert_taskset": buffer.expert_taskset, "eval_taskset": buffer.eval_taskset}
@@ -115,13 +118,17 @@ def validate_config(config: dict) -> RunConfig:
         issues.append(ConfigIssue("mode", f"'train' rolls nothing out, and algorithm '{parsed.algorithm.name}' "
                                   "trains on rollouts: every step would be skipped (use mode 'both', or an algorithm "
                                   "that trains on expert data or pairs: sft, dpo)"))
-    known_runs = set(Run.objects.filter(pk__in=parsed.feedback.source_runs).values_list("pk", flat=True))
+    sources = list(Run.objects.filter(pk__in=parsed.feedback.source_runs).values_list("pk", "name", "config"))
+    known_runs = {run_id for run_id, _, _ in sources}
     issues += [
         ConfigIssue("feedback.source_runs", f"no run with id {run_id}")
         for run_id in parsed.feedback.source_runs if run_id not in known_runs
     ]
     bad_models, resolved_models = model_issues(parsed)
     issues += [ConfigIssue(key, message) for key, message in bad_models]
+    if sources and "model.path" not in {key for key, _ in bad_models}:
+        policy = parsed.model.model_copy(update={"path": resolved_models.get("model.path", parsed.model.path)})
+        issues += source_run_issues(parsed.model_copy(update={"model": policy}), sources)
     if issues:
         raise ConfigError(issues)
     for key, directory in resolved_models.items():

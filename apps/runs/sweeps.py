@@ -203,13 +203,12 @@ def launch_sweep(owner, name: str, base: dict, space, method: str, count: int | 
     axes = axes_of(space)
     swept = combinations(axes, method, count, seed)
     configs, issues = [], {}
-    base_keys = {key for key in comparison.flatten_config(base) if key.startswith("algorithm.")}
+    base_keys = set(comparison.flatten_config(base))
     for values in swept:
         config = copy.deepcopy(base)
         for key, value in values.items():
             set_key(config, key, value)
-        if any(key.startswith("algorithm.") for key in values):  # the base's keys this run's algorithm ignores
-            reset_unread(config, base_keys - set(values))
+        reset_unread(config, base_keys - set(values), swept=values)  # the base's keys this run's values leave unread
         try:
             services.validate_config(config)
         except ConfigError as err:

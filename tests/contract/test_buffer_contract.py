@@ -375,7 +375,7 @@ def test_without_a_reward_mode_ratings_change_nothing(buffer, harness):
 
 def test_human_edits_are_expert_data_unless_the_run_says_not(make_buffer):
     for edits_as_expert, expected in ((True, ["expert", "human_edit"]), (False, ["expert"])):
-        harness = make_buffer({"feedback": {"edits_as_expert": edits_as_expert}})
+        harness = make_buffer({"algorithm": {"name": "sft"}, "feedback": {"edits_as_expert": edits_as_expert}})
         t = harness.task_ids
         edit = replace(rollout(t[1], source="human_edit"), logprobs=None)
         harness.buffer.write([rollout(t[0], source="expert"), edit])

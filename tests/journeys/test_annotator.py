@@ -161,6 +161,7 @@ def test_an_annotator_judges_by_keyboard_while_the_run_trains_and_the_run_trains
     chosen_uses = a_row.use_count
     dpo = launch_run(researcher, "DPO on the annotator's pairs", {
         "mode": "train", "model": {"path": "tiny"}, "algorithm": {"name": "dpo"},
+        "explorer": {"use_chat_template": False},  # the pairs' prompts as the annotated run formatted them
         "trainer": {"lr": 1e-4, "total_steps": 1, "batch_size": 4, "micro_batch_size": 4},
         "buffer": {"taskset": "journey-sums"}, "feedback": {"source_runs": [run.pk]},
     })

@@ -114,7 +114,7 @@ def models_root(settings):
     shutil.rmtree(root, ignore_errors=True)
 
 
-def model_dir(root, name, *, config=None, files=("model.safetensors", "tokenizer.json")):
+def model_dir(root, name, *, config=None, files=("model.safetensors", "tokenizer.json", "chat_template.jinja")):
     directory = root / name
     directory.mkdir()
     if config is not False:

@@ -236,8 +236,15 @@ def test_four_at_once_through_the_api_each_cost_a_bounded_read(transactional_db,
 # ---- finding 12: pipeline operators declare their params ---------------------------------------
 
 
+# An algorithm that reads what every operator makes: expert data (promote_to_expert), and no group
+# advantage that a filter before it would change (dedupe, reward_filter: config_rules._pipeline_rules).
+READS_EVERY_OPERATOR = {"algorithm": {"name": "reinforce_plus_plus", "policy_loss": "mix"},
+                        "buffer": {"expert_taskset": "arith"}}
+
+
 def pipelines(experience=(), task=()) -> dict:
-    return merged(GOOD, {"explorer": {"pipeline": list(experience)}, "buffer": {"task_pipeline": list(task)}})
+    return merged(merged(GOOD, READS_EVERY_OPERATOR),
+                  {"explorer": {"pipeline": list(experience)}, "buffer": {"task_pipeline": list(task)}})
 
 
 BAD_PIPELINES = {
@@ -300,8 +307,9 @@ def test_every_operator_declares_params_the_schema_checks(registry):
         params = config_issues.params_model(registry.get(name))
         assert not [param for param, field in params.model_fields.items() if field.is_required()], name
         params.model_validate({})  # every default passes its own rules
-        RunConfig.from_dict({"explorer" if registry is EXPERIENCE_OPERATORS else "buffer":
-                             {"pipeline" if registry is EXPERIENCE_OPERATORS else "task_pipeline": [name]}})
+        RunConfig.from_dict(merged(READS_EVERY_OPERATOR, {
+            "explorer" if registry is EXPERIENCE_OPERATORS else "buffer":
+                {"pipeline" if registry is EXPERIENCE_OPERATORS else "task_pipeline": [name]}}))
 
 
 def test_every_preset_and_example_is_still_valid():

@@ -176,7 +176,7 @@ class MixConfig(Section):
     mu: float = Field(0.1, ge=0, le=1)
     """weight of the SFT loss on expert data"""
     expert_data_ratio: float = Field(0.25, ge=0, le=1)
-    """share of expert experiences in each trainer batch"""
+    """share of expert experiences in each trainer batch (above 0: 0 leaves mu nothing to weigh)"""
 
 
 class AlgorithmConfig(Section):
@@ -257,7 +257,8 @@ class ExplorerConfig(Section):
     workflow_args: dict = Field(default_factory=dict)
     """the workflow's settings (multi-turn: environment, turn limit, tools...); each workflow checks its own"""
     reward_fn: Text | dict = "exact_match"
-    """a name, or a mapping of names to weights: {exact_match: 1, format: 0.2}"""
+    """a name, or a mapping of names to weights: {exact_match: 1, format: 0.2}; workflow multi_turn reads none (the
+    environment's return is the reward)"""
     system_prompt: Text | None = Field(None, max_length=MAX_TEXT_CHARS)
     """a system message before every prompt; empty: none"""
     use_chat_template: bool = True
@@ -326,7 +327,7 @@ class BufferConfig(Section):
     taskset: Text = "arithmetic"
     """tasks the explorer samples"""
     expert_taskset: Text | None = None
-    """expert data mixed into trainer batches (mix, sft, dpo)"""
+    """expert data: its answers, trained on by sft, mix and mix_chord (dpo trains on preference pairs)"""
     eval_taskset: Text | None = None
     """held-out tasks for explorer.eval_interval and mode bench"""
     max_staleness: int | None = Field(None, ge=0, le=1_000_000)
@@ -361,7 +362,8 @@ class FeedbackConfig(Section):
     """a flagged experience is never trained on"""
     source_runs: Annotated[list, checked(_check_run_ids)] = Field(
         default_factory=list, json_schema_extra={"items": {"type": "integer", "minimum": 1}})
-    """other runs whose human edits and preference pairs this run also trains on"""
+    """other runs whose human edits and preference pairs this run also trains on: runs of this model's tokenizer
+    and prompt format (chat template, system prompt)"""
     rubric: Text | None = Field(None, max_length=MAX_TEXT_CHARS)
     """what annotators judge by, shown beside every item; empty: only the scale's labels"""
 

@@ -2,12 +2,15 @@
 `explorer.engine_num` above 1 needs `synchronizer.method` 'checkpoint' or 'nccl', and a key that
 would do nothing in its combination (a run does what its config says). Each rule names the key to
 blame and the keys it reads."""
+from collections.abc import Mapping
+
 from workers.rft.algorithms import ALGORITHMS, EXPERT, LOSS_PARTS, PAIRS, USUAL, resolve
 from workers.rft.config_issues import operator_issues, reward_fn_issues
 from workers.rft.config_text import ConfigIssue
 from workers.rft.pipelines import EXPERIENCE_OPERATORS, TASK_OPERATORS
 from workers.rft.synchronizer import SPLIT_SYNC_METHODS
-from workers.rft.workflows import workflow_args_problems
+from workers.rft.workflows import WORKFLOWS, workflow_args_problems
+from workers.rft.workflows.multi_turn import EnvironmentWorkflow, MultiTurnWorkflow
 
 MAX_ROLLOUTS_PER_STEP = 65_536  # explorer.batch_size * algorithm.repeat_times
 
@@ -98,10 +101,161 @@ def _algorithm_option_rules(algo, spec) -> list[tuple]:
     ]
 
 
-def unread_algorithm_keys(c) -> set[str]:
-    """The algorithm's keys the RunConfig `c` sets that its advantage fn and loss would not read
-    (each refused by combination_issues)."""
-    return {key for key, broken, *_ in _algorithm_option_rules(c.algorithm, resolve(c)) if broken}
+def _samples_expert(spec) -> bool:
+    """Whether the trainer samples expert data (the expert taskset's answers, human edits, promoted
+    rollouts): sft's batches, the expert share of mix's. dpo's pairs strategy reads none of it."""
+    return spec.uses_expert and spec.sample_strategy != "pairs"
+
+
+def _algorithm_named(c, spec) -> str:
+    return f"algorithm '{c.algorithm.name}'" + (f" with policy loss '{spec.policy_loss}'"
+                                                 if c.algorithm.policy_loss else "")
+
+
+def _data_option_rules(c, spec) -> list[tuple]:
+    """The data, feedback and workflow keys that only some algorithms, modes or workflows read
+    (rules as combination_issues'): read by the trainer's sampling (sampling.py; the Postgres
+    buffer's _sampleable and sample_pairs), the loop's seed_expert_data and the explorer's steps."""
+    by = ("algorithm.name", "algorithm.policy_loss")
+    algorithm, expert, pairs = _algorithm_named(c, spec), _samples_expert(spec), spec.sample_strategy == "pairs"
+    readers = "sft, mix and mix_chord (or policy loss 'mix') train on expert data" + (
+        ", dpo on preference pairs" if pairs else "")
+    feedback, buffer, explorer = c.feedback, c.buffer, c.explorer
+    workflow = WORKFLOWS.get(explorer.workflow) if explorer.workflow in WORKFLOWS else None
+    default_reward_fn = type(explorer).model_fields["reward_fn"].default
+    no_trainer, no_explorer_steps = c.mode in ("explore", "bench"), c.mode in ("train", "bench")
+    return [
+        ("buffer.expert_taskset", buffer.expert_taskset is not None and not expert,
+         f"has no effect with {algorithm}: its answers are expert data, and {readers}", by),
+        ("feedback.edits_as_expert", not feedback.edits_as_expert and not expert,
+         f"has no effect with {algorithm}: human edits are expert data, and {readers}", by),
+        ("feedback.source_runs", bool(feedback.source_runs) and not pairs and not expert,
+         f"has no effect with {algorithm}: other runs give it their human edits (expert data) and preference "
+         f"pairs, and {readers}", by),
+        ("feedback.source_runs", bool(feedback.source_runs) and expert and not feedback.edits_as_expert,
+         f"has no effect with feedback.edits_as_expert false: other runs give {algorithm} their human edits only",
+         (*by, "feedback.edits_as_expert")),
+        ("feedback.rated_only", feedback.rated_only and not spec.uses_rollouts,
+         f"has no effect with {algorithm}: it holds back unrated rollouts, and {algorithm} trains on none", by),
+        ("buffer.max_staleness", buffer.max_staleness is not None and not spec.uses_rollouts,
+         f"has no effect with {algorithm}: it bounds the age of the rollouts a batch takes, and {algorithm} "
+         "trains on none", by),
+        ("buffer.max_staleness", buffer.max_staleness is not None and no_trainer,
+         f"has no effect with mode '{c.mode}': it bounds the age of the rollouts a trainer step takes, and mode "
+         f"'{c.mode}' runs no trainer", ("mode",)),
+        *[(key, bool(ops) and no_explorer_steps,
+           f"has no effect with mode '{c.mode}': it runs on each explorer step's "
+           f"{'experiences' if key == 'explorer.pipeline' else 'tasks'}, and mode '{c.mode}' "
+           + ("rolls nothing out" if c.mode == "train" else "only evaluates"), ("mode",))
+          for key, ops in (("explorer.pipeline", explorer.pipeline), ("buffer.task_pipeline", buffer.task_pipeline))],
+        # EnvironmentWorkflow: the episode's reward is the environment's return (tool_calling's
+        # environment scores the final answer with the reward fn, so it reads it).
+        ("explorer.reward_fn", explorer.reward_fn != default_reward_fn and workflow is not None
+         and issubclass(workflow, EnvironmentWorkflow),
+         f"has no effect with workflow '{explorer.workflow}': the environment's return is the episode's reward "
+         "(less explorer.workflow_args.invalid_penalty); remove it, or use workflow 'tool_calling', whose final "
+         "answers it scores", ("explorer.workflow",)),
+    ]
+
+
+def _unread_rules(c, spec) -> list[tuple]:
+    """Each key that would do nothing in its combination (rules as combination_issues'): refused
+    where the person set it, and put back to its default where they did not (config_keys.reset_unread)."""
+    algo = c.algorithm
+    return [
+        *_algorithm_option_rules(algo, spec),
+        ("algorithm.kl.fn", algo.kl.fn != "none" and not spec.uses_rollouts,
+         f"'{algo.kl.fn}' estimates the KL from the policy's own samples (rollouts), and algorithm '{algo.name}' "
+         "trains on none", ("algorithm.name",)),
+        ("algorithm.kl.coef", algo.kl.coef > 0 and algo.kl.fn == "none",
+         "has no effect with algorithm.kl.fn 'none': name an estimator (k1, k2, k3, low_var_kl)", ("algorithm.kl.fn",)),
+        ("algorithm.entropy_coef", algo.entropy_coef > 0 and spec.policy_loss == "dpo",
+         "the 'dpo' loss has no entropy bonus", ("algorithm.name", "algorithm.policy_loss")),
+        *[(key, changed and not spec.needs_critic,
+           f"has no effect with advantage fn '{spec.advantage_fn}': it is the critic's (ppo)",
+           ("algorithm.name", "algorithm.advantage_fn"))
+          for key, changed in (("algorithm.value_clip", algo.value_clip != 0.2),
+                               ("trainer.critic_lr", c.trainer.critic_lr != 1e-5),
+                               ("model.critic_path", c.model.critic_path is not None))],
+        ("feedback.reward_mode", c.feedback.reward_mode != "none" and not spec.uses_rollouts,
+         f"'{c.feedback.reward_mode}' turns ratings into rewards, and algorithm '{algo.name}' trains on no rewards",
+         ("algorithm.name",)),
+        ("feedback.reward_weight", c.feedback.reward_weight != 1.0 and c.feedback.reward_mode != "weight",
+         f"has no effect with feedback.reward_mode '{c.feedback.reward_mode}': it weighs ratings in mode 'weight'",
+         ("feedback.reward_mode",)),
+        ("feedback.rating_wait_s", c.feedback.rating_wait_s > 0 and not c.feedback.rated_only,
+         "has no effect without feedback.rated_only: a step waits for rated rollouts only then",
+         ("feedback.rated_only",)),
+        *_data_option_rules(c, spec),
+    ]
+
+
+def unread_keys(c) -> dict[str, tuple[str, ...]]:
+    """{key: the keys its rule reads} for each key the RunConfig `c` sets that its combination
+    would not read (each refused by combination_issues)."""
+    unread = {}
+    for key, broken, _, reads in _unread_rules(c, resolve(c)):
+        if broken:
+            unread[key] = (*unread.get(key, ()), *reads)
+    return unread
+
+
+def _pipeline_rules(c, spec, operator_problems: list[ConfigIssue]) -> list[tuple]:
+    """Experience operators (explorer.pipeline) that would do nothing here, or change what the
+    group advantage compares: the explorer appends it after them (explorer.py), as Trinity-RFT does.
+    An operator with problems of its own (operator_issues) is left to them."""
+    if c.mode in ("train", "bench"):
+        return []  # the whole pipeline goes unread (_data_option_rules)
+    rules, adv = [], spec.advantage_fn
+    for i, op in enumerate(c.explorer.pipeline):
+        at = f"explorer.pipeline[{i}]"
+        if any(issue.key == at or issue.key.startswith(at + ".") for issue in operator_problems):
+            continue
+        params = dict(op) if isinstance(op, Mapping) else {"name": op}
+        name, bounded = params["name"], params.get("min") is not None or params.get("max") is not None
+        if name == "promote_to_expert" and not _samples_expert(spec):
+            rules.append((at, True, f"promote_to_expert copies good rollouts into expert data, and "
+                                    f"{_algorithm_named(c, spec)} trains on none (sft, mix and mix_chord do)",
+                          ("algorithm.name", "algorithm.policy_loss")))
+        # Measured (tests/workers/rft/test_config_rules.py): 4 identical correct answers get
+        # advantages [0, 0, 0, 0] as a group, and 1.0 as dedupe's group of one; reward_filter
+        # {min: 0.5} on 3 correct + 1 wrong gives [0, 0, 0] where the group gives [0.5, 0.5, 0.5, -1.5].
+        if name == "dedupe" and spec.group_advantages:
+            rules.append((at, True, f"dedupe runs before advantage fn '{adv}' compares each task's rollouts, and "
+                                    "changes the comparison: 4 identical correct answers (advantages 0: no signal) "
+                                    "become a group of one that keeps its reward (advantage 1.0). Repeats are the "
+                                    "group saying the model is sure: leave them in (algorithm.drop_zero_std_groups "
+                                    "drops groups without signal)", ("algorithm.name", "algorithm.advantage_fn")))
+        if name == "reward_filter" and bounded and spec.group_advantages:
+            rules.append((at, True, f"reward_filter drops rollouts before advantage fn '{adv}' compares each task's "
+                                    "rollouts, so the rest are compared among themselves: min 0.5 on 3 correct "
+                                    "answers and 1 wrong gives advantages 0, 0, 0 where the group gives 0.5 each and "
+                                    "-1.5. Drop groups without signal with algorithm.drop_zero_std_groups; a reward "
+                                    "filter fits advantage fns that compare no groups (ppo, reinforce_plus_plus)",
+                          ("algorithm.name", "algorithm.advantage_fn")))
+    return rules
+
+
+def _turn_rules(c) -> list[tuple]:
+    """A multi-turn workflow whose episodes cannot reach a second turn. MultiTurnWorkflow.advance
+    takes a turn only while prompt + the replies so far + the environment's answer + a whole
+    explorer.max_new_tokens fit in workflow_args.max_tokens; a prompt is at most
+    model.max_prompt_tokens. (Call with workflow_args that passed their checks.)"""
+    workflow = WORKFLOWS.get(c.explorer.workflow)
+    if not issubclass(workflow, MultiTurnWorkflow):
+        return []
+    settings = workflow.settings(c.explorer.workflow_args)
+    prompt, new, limit = c.model.max_prompt_tokens, c.explorer.max_new_tokens, settings["max_tokens"]
+    two_turns = prompt + 2 * new
+    # The key the person set: max_tokens where they named it, else the reply length they raised.
+    key = "explorer.workflow_args.max_tokens" if "max_tokens" in c.explorer.workflow_args else "explorer.max_new_tokens"
+    return [(key, settings["max_turns"] > 1 and two_turns > limit,
+             f"an episode would end after its first turn: a turn is taken only while the prompt, the replies so "
+             f"far, the environment's answer and a whole explorer.max_new_tokens fit in "
+             f"explorer.workflow_args.max_tokens ({limit:,}), and model.max_prompt_tokens ({prompt:,}) + 2 x "
+             f"explorer.max_new_tokens ({new:,}) is {two_turns:,}: raise max_tokens to at least {two_turns:,} plus "
+             "the environment's answers, or lower max_new_tokens",
+             ("explorer.workflow", "explorer.workflow_args", "explorer.max_new_tokens", "model.max_prompt_tokens"))]
 
 
 def combination_issues(c, bad: set) -> list[ConfigIssue]:
@@ -142,35 +296,17 @@ def combination_issues(c, bad: set) -> list[ConfigIssue]:
          f"algorithm '{algo.name}' uses no advantages", ("algorithm.name",)),
         ("algorithm.policy_loss", algo.policy_loss is not None and not _loss_fits(algo.policy_loss, algo.name),
          _loss_misfit(algo.policy_loss, algo.name), ("algorithm.name",)),
-        ("algorithm.kl.fn", algo.kl.fn != "none" and not spec.uses_rollouts,
-         f"'{algo.kl.fn}' estimates the KL from the policy's own samples (rollouts), and algorithm '{algo.name}' "
-         "trains on none", ("algorithm.name",)),
-        ("algorithm.kl.coef", algo.kl.coef > 0 and algo.kl.fn == "none",
-         "has no effect with algorithm.kl.fn 'none': name an estimator (k1, k2, k3, low_var_kl)", ("algorithm.kl.fn",)),
-        *_algorithm_option_rules(algo, spec),
+        *_unread_rules(c, spec),
+        ("algorithm.mix.expert_data_ratio", spec.sample_strategy == "mix" and algo.mix.expert_data_ratio == 0,
+         f"0 puts no expert data in the batches of policy loss '{spec.policy_loss}', so its SFT term and "
+         "buffer.expert_taskset would do nothing: set it above 0, or use algorithm 'grpo' for RL alone",
+         ("algorithm.name", "algorithm.policy_loss")),
         ("algorithm.rollout_correction.mode",
          algo.rollout_correction.mode != "none" and c.explorer.top_p < 1 and c.explorer.engine in ("vllm", "auto"),
          "corrects nothing with explorer.top_p below 1 on vLLM"
          + (" (engine 'auto' is vLLM on a GPU)" if c.explorer.engine == "auto" else "")
          + ": vLLM renormalises its log-probs in the nucleus, so the trainer drops them; set explorer.top_p 1 or "
          "explorer.engine 'transformers'", ("explorer.top_p", "explorer.engine")),
-        ("algorithm.entropy_coef", algo.entropy_coef > 0 and spec.policy_loss == "dpo",
-         "the 'dpo' loss has no entropy bonus", ("algorithm.name", "algorithm.policy_loss")),
-        ("feedback.reward_weight", c.feedback.reward_weight != 1.0 and c.feedback.reward_mode != "weight",
-         f"has no effect with feedback.reward_mode '{c.feedback.reward_mode}': it weighs ratings in mode 'weight'",
-         ("feedback.reward_mode",)),
-        ("feedback.rating_wait_s", c.feedback.rating_wait_s > 0 and not c.feedback.rated_only,
-         "has no effect without feedback.rated_only: a step waits for rated rollouts only then",
-         ("feedback.rated_only",)),
-        *[(key, changed and not spec.needs_critic,
-           f"has no effect with advantage fn '{spec.advantage_fn}': it is the critic's (ppo)",
-           ("algorithm.name", "algorithm.advantage_fn"))
-          for key, changed in (("algorithm.value_clip", algo.value_clip != 0.2),
-                               ("trainer.critic_lr", c.trainer.critic_lr != 1e-5),
-                               ("model.critic_path", c.model.critic_path is not None))],
-        ("feedback.reward_mode", c.feedback.reward_mode != "none" and not spec.uses_rollouts,
-         f"'{c.feedback.reward_mode}' turns ratings into rewards, and algorithm '{algo.name}' trains on no rewards",
-         ("algorithm.name",)),
         ("buffer.eval_taskset", c.mode == "bench" and c.buffer.eval_taskset is None,
          "required by mode 'bench'", ("mode",)),
         ("buffer.eval_taskset", c.explorer.eval_interval > 0 and c.buffer.eval_taskset is None,
@@ -217,19 +353,18 @@ def combination_issues(c, bad: set) -> list[ConfigIssue]:
          ("feedback.scale_min",)),
     ]
     if "explorer.workflow" not in bad:
-        rules += [
-            (f"explorer.workflow_args.{key}", True, message, ())
-            for key, message in workflow_args_problems(c.explorer.workflow, c.explorer.workflow_args)
-        ]
+        arg_problems = workflow_args_problems(c.explorer.workflow, c.explorer.workflow_args)
+        rules += [(f"explorer.workflow_args.{key}", True, message, ()) for key, message in arg_problems]
+        if not arg_problems:
+            rules += _turn_rules(c)
     rules += [
         (issue.key, True, issue.message, ("explorer.reward_fn",)) for issue in reward_fn_issues(c.explorer.reward_fn)
     ]
-    rules += [
-        (issue.key, True, issue.message, (key,))
-        for key, ops, registry in (("explorer.pipeline", c.explorer.pipeline, EXPERIENCE_OPERATORS),
-                                   ("buffer.task_pipeline", c.buffer.task_pipeline, TASK_OPERATORS))
-        for issue in operator_issues(ops, registry, key)
-    ]
+    operator_problems = {key: operator_issues(ops, registry, key)
+                         for key, ops, registry in (("explorer.pipeline", c.explorer.pipeline, EXPERIENCE_OPERATORS),
+                                                    ("buffer.task_pipeline", c.buffer.task_pipeline, TASK_OPERATORS))}
+    rules += [(issue.key, True, issue.message, (key,)) for key, issues in operator_problems.items() for issue in issues]
+    rules += _pipeline_rules(c, spec, operator_problems["explorer.pipeline"])
     return [
         ConfigIssue(key, message)
         for key, broken, message, reads in rules

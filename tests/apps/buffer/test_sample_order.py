@@ -59,11 +59,12 @@ def expected(run, sources, min_model_version, n):
     return [row.pk for row in rows[:n]]
 
 
+MIX = {"algorithm": {"name": "mix"}, "buffer": {"expert_taskset": "gold"}}
 CONFIGS = [
     {},
     {"feedback": {"source_runs": "OTHER"}},
     {"feedback": {"source_runs": "OTHER", "rated_only": True, "rating_wait_s": 0}},
-    {"feedback": {"source_runs": "OTHER", "edits_as_expert": False}},
+    {"feedback": {"edits_as_expert": False}},  # with source runs: refused, it leaves them nothing to give
 ]
 SOURCE_SETS = [["rollout"], ["rollout", "synthetic", "human_edit"], list(EXPERT_SOURCES), ["human_edit"], list(SOURCES)]
 
@@ -71,8 +72,9 @@ SOURCE_SETS = [["rollout"], ["rollout", "synthetic", "human_edit"], list(EXPERT_
 @pytest.mark.parametrize("config", CONFIGS, ids=["plain", "source-runs", "rated-only", "no-edits"])
 def test_sample_takes_the_rows_the_rule_names_in_its_order(researcher, config):
     run, other, unrelated = (Run.objects.create(name=name, owner=researcher, config={}) for name in "abc")
-    if config:
-        config = {"feedback": config["feedback"] | {"source_runs": [other.pk]}}
+    if config:  # a mix run: it reads rollouts, expert data and the feedback keys that choose them
+        feedback = config["feedback"]
+        config = {**MIX, "feedback": feedback | ({"source_runs": [other.pk]} if "source_runs" in feedback else {})}
     run.config = config
     run.save()
     fill([run, other, unrelated])

@@ -17,8 +17,8 @@ from workers.rft.config import RunConfig
 pytestmark = pytest.mark.django_db
 
 
-def configure(run, **feedback):
-    run.config = {"algorithm": {"name": "grpo", "repeat_times": 4}, "feedback": feedback}
+def configure(run, algorithm="grpo", **feedback):
+    run.config = {"algorithm": {"name": algorithm, "repeat_times": 4}, "feedback": feedback}
     run.save()
     return DjangoExperienceBuffer(run.pk)
 
@@ -97,12 +97,13 @@ def test_human_edits_are_expert_data_unless_the_run_says_otherwise(run, tasks, m
     original = make_experience()
     services.edit(original.pk, annotator, "The answer is 0.")
     edit = Experience.objects.get(source="human_edit")
-    buffer = configure(run)
+    buffer = configure(run, "sft")  # expert data: what sft (and mix) trains on
     assert [e.id for e in buffer.sample(5, sources=["expert", "human_edit"])] == [edit.pk]
     Experience.objects.update(claimed_at=None)
-    assert configure(run, edits_as_expert=False).sample(5, sources=["expert", "human_edit"]) == []
+    assert configure(run, "sft", edits_as_expert=False).sample(5, sources=["expert", "human_edit"]) == []
     # Another run trains on this run's edits when it names it as a feedback source.
-    sft = Run.objects.create(name="sft", owner=researcher, config={"feedback": {"source_runs": [run.pk]}})
+    sft = Run.objects.create(name="sft", owner=researcher,
+                             config={"algorithm": {"name": "sft"}, "feedback": {"source_runs": [run.pk]}})
     sampled = DjangoExperienceBuffer(sft.pk).sample(5, sources=["expert", "human_edit"])
     assert [e.response_text for e in sampled] == ["The answer is 0."]
 

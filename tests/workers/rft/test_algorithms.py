@@ -192,7 +192,10 @@ def new_logprobs():
 
 
 def algo(**values) -> AlgorithmConfig:
-    return RunConfig.from_dict({"algorithm": values, "buffer": {"expert_taskset": "gold"}}).algorithm
+    """The algorithm section as validated, with expert data where its loss mixes it in."""
+    mixes = {values.get("name"), values.get("policy_loss")} & {"mix", "mix_chord"}
+    return RunConfig.from_dict({"algorithm": values, **({"buffer": {"expert_taskset": "gold"}} if mixes else {})}
+                               ).algorithm
 
 
 def rollouts(advantages, old=OLD, mask=PPO_MASK, **extra) -> LossInputs:

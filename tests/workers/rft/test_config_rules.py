@@ -1,0 +1,185 @@
+"""Config choices that validated and then did nothing or the wrong thing, refused naming the key
+(workers/rft/config_rules.py): keys nothing reads in their combination, multi-turn budgets that end
+every episode after one turn, and filters that change what the group advantage compares."""
+import pytest
+
+from workers.rft.config import ConfigError, RunConfig
+from workers.rft.config_rules import unread_keys
+from workers.rft.engines import SamplingParams
+from workers.rft.experience import Experience, Task
+from workers.rft.pipelines import (
+    EXPERIENCE_OPERATORS,
+    PipelineContext,
+    build_operators,
+    group_advantage,
+    run_experience_operators,
+)
+
+from .test_multi_turn import ScriptedEngine, flow
+
+EXPERT = {"buffer": {"expert_taskset": "gold"}}
+FROZENLAKE = {"workflow": "multi_turn", "workflow_args": {"env": "frozenlake"}}
+
+
+def config(*parts: dict) -> dict:
+    """The parts merged a section deep."""
+    data = {}
+    for part in parts:
+        for section, values in part.items():
+            data[section] = {**data.get(section, {}), **values} if isinstance(values, dict) else values
+    return data
+
+
+def refusal(data) -> dict[str, str]:
+    with pytest.raises(ConfigError) as caught:
+        RunConfig.from_dict(data)
+    return {issue.key: issue.message for issue in caught.value.errors}
+
+
+REFUSED = {
+    # nothing samples expert data: the loop seeds it only for sft, mix, dpo; dpo samples pairs
+    "expert taskset, grpo": (config(EXPERT), "buffer.expert_taskset", ["algorithm 'grpo'", "sft, mix and mix_chord"]),
+    "expert taskset, dpo": (config({"mode": "train", "algorithm": {"name": "dpo"}}, EXPERT), "buffer.expert_taskset",
+                            ["algorithm 'dpo'", "dpo on preference pairs"]),
+    "expert share 0, mix": (config({"algorithm": {"name": "mix", "mix": {"expert_data_ratio": 0}}}, EXPERT),
+                            "algorithm.mix.expert_data_ratio", ["0 puts no expert data", "set it above 0"]),
+    "expert share 0, mix_chord": (
+        config({"algorithm": {"name": "mix_chord", "mix": {"expert_data_ratio": 0}}}, EXPERT),
+        "algorithm.mix.expert_data_ratio", ["policy loss 'mix_chord'"]),
+    "promote, grpo": (config({"explorer": {"pipeline": ["promote_to_expert"]}}), "explorer.pipeline[0]",
+                      ["promote_to_expert", "algorithm 'grpo' trains on none"]),
+    "promote, dpo": (config({"algorithm": {"name": "dpo"}, "explorer": {"pipeline": [
+        "drop_empty", {"name": "promote_to_expert", "min_reward": 0.5}]}}), "explorer.pipeline[1]", ["'dpo'"]),
+    "source runs, grpo": (config({"feedback": {"source_runs": [7]}}), "feedback.source_runs",
+                          ["algorithm 'grpo'", "human edits (expert data) and preference pairs"]),
+    "source runs, mix without edits": (
+        config({"algorithm": {"name": "mix"}, "feedback": {"source_runs": [7], "edits_as_expert": False}}, EXPERT),
+        "feedback.source_runs", ["feedback.edits_as_expert false"]),
+    "edits as expert, grpo": (config({"feedback": {"edits_as_expert": False}}), "feedback.edits_as_expert",
+                              ["algorithm 'grpo'"]),
+    "edits as expert, dpo": (config({"mode": "train", "algorithm": {"name": "dpo"}, "feedback": {
+        "edits_as_expert": False}}), "feedback.edits_as_expert", ["algorithm 'dpo'"]),
+    "staleness, sft": (config({"mode": "train", "algorithm": {"name": "sft"}, "buffer": {"max_staleness": 0}}),
+                       "buffer.max_staleness", ["algorithm 'sft'", "trains on none"]),
+    "staleness, explore": (config({"mode": "explore", "buffer": {"max_staleness": 1}}), "buffer.max_staleness",
+                           ["mode 'explore'", "runs no trainer"]),
+    "rated only, sft": (config({"mode": "train", "algorithm": {"name": "sft"}, "feedback": {"rated_only": True}}),
+                        "feedback.rated_only", ["algorithm 'sft'"]),
+    "rated only, dpo": (config({"mode": "train", "algorithm": {"name": "dpo"}, "feedback": {"rated_only": True}}),
+                        "feedback.rated_only", ["algorithm 'dpo'"]),
+    "pipeline, train": (config({"mode": "train", "algorithm": {"name": "sft"}, "explorer": {"pipeline": ["dedupe"]}}),
+                        "explorer.pipeline", ["mode 'train'", "rolls nothing out"]),
+    "task pipeline, train": (config({"mode": "train", "algorithm": {"name": "sft"},
+                                     "buffer": {"task_pipeline": ["priority"]}}),
+                             "buffer.task_pipeline", ["mode 'train'"]),
+    # EnvironmentWorkflow scores an episode by the environment's return
+    "reward fn, multi_turn": (config({"explorer": {**FROZENLAKE, "reward_fn": {"exact_match": 1, "format": 0.2}}}),
+                              "explorer.reward_fn", ["workflow 'multi_turn'", "environment's return"]),
+    "countdown, multi_turn": (config({"explorer": {**FROZENLAKE, "reward_fn": "countdown"}}), "explorer.reward_fn",
+                              ["has no effect"]),
+    "judge, multi_turn": (config({"explorer": {**FROZENLAKE, "reward_fn": {"llm_judge": {"model": "tiny"}}}}),
+                          "explorer.reward_fn", ["has no effect"]),
+    # MultiTurnWorkflow.advance: a turn needs room for a whole max_new_tokens after the last
+    "one turn of 1024 new tokens": (config({"explorer": {**FROZENLAKE, "max_new_tokens": 1024}}),
+                                    "explorer.max_new_tokens",
+                                    ["explorer.workflow_args.max_tokens (1,024)", "model.max_prompt_tokens (256)",
+                                     "explorer.max_new_tokens (1,024) is 2,304"]),
+    "max_tokens below the prompt": (
+        config({"explorer": {"workflow": "multi_turn", "workflow_args": {"env": "frozenlake", "max_tokens": 64}}}),
+        "explorer.workflow_args.max_tokens", ["(64)", "is 320"]),
+    "tools, 512 new tokens": (config({"explorer": {"workflow": "tool_calling", "max_new_tokens": 512}}),
+                              "explorer.max_new_tokens", ["is 1,280"]),
+    # a filter before the group advantage changes the groups it compares
+    "dedupe, grpo": (config({"explorer": {"pipeline": ["dedupe"]}}), "explorer.pipeline[0]",
+                     ["advantage fn 'grpo'", "group of one", "advantage 1.0"]),
+    "reward filter, rloo": (config({"algorithm": {"name": "rloo"}, "explorer": {"pipeline": [
+        "drop_empty", {"name": "reward_filter", "min": 0.5}]}}), "explorer.pipeline[1]",
+        ["advantage fn 'rloo'", "0, 0, 0"]),
+    "reward filter, mix": (config({"algorithm": {"name": "mix"}, "explorer": {"pipeline": [
+        {"name": "reward_filter", "max": 0.9}]}}, EXPERT), "explorer.pipeline[0]", ["advantage fn 'grpo'"]),
+}
+
+
+@pytest.mark.parametrize("data, key, words", REFUSED.values(), ids=REFUSED.keys())
+def test_a_choice_that_would_do_nothing_or_harm_is_refused_naming_its_key(data, key, words):
+    found = refusal(data)
+    assert list(found) == [key] and all(word in found[key] for word in words), found
+
+
+@pytest.mark.parametrize("data", [
+    config({"algorithm": {"name": "sft"}}, EXPERT),
+    config({"algorithm": {"name": "mix"}}, EXPERT),
+    config({"algorithm": {"name": "rloo", "policy_loss": "mix"}}, EXPERT),  # the mix loss reads expert data
+    config({"algorithm": {"name": "mix", "mix": {"expert_data_ratio": 0.01}}}, EXPERT),
+    config({"algorithm": {"name": "sft"}, "explorer": {"pipeline": ["promote_to_expert"]}}),  # expert iteration
+    config({"algorithm": {"name": "mix"}, "explorer": {"pipeline": ["promote_to_expert"]}}, EXPERT),
+    config({"mode": "train", "algorithm": {"name": "dpo"}, "feedback": {"source_runs": [7]}}),  # their pairs
+    config({"mode": "train", "algorithm": {"name": "sft"}, "feedback": {"source_runs": [7]}}),  # their edits
+    config({"algorithm": {"name": "mix"}, "feedback": {"edits_as_expert": False}}, EXPERT),
+    config({"buffer": {"max_staleness": 0}, "feedback": {"rated_only": True}}),
+    config({"explorer": {"pipeline": ["drop_empty"]}, "buffer": {"task_pipeline": ["priority"]}, "mode": "explore"}),
+    config({"explorer": {**FROZENLAKE, "reward_fn": "exact_match"}}),  # the default, written out
+    config({"explorer": {"workflow": "tool_calling", "reward_fn": "countdown"}}),  # tools score the final answer
+    # the budget at its edge: 256 + 2 x 384 = 1,024
+    config({"explorer": {**FROZENLAKE, "max_new_tokens": 384}}),
+    # one turn: nothing to make room for
+    config({"explorer": {"workflow": "multi_turn", "workflow_args": {"env": "frozenlake", "max_turns": 1,
+                                                                     "max_tokens": 64}}}),
+    # advantage fns that compare no groups: a filter changes nothing they compare
+    config({"algorithm": {"name": "ppo"}, "explorer": {"pipeline": ["dedupe", {"name": "reward_filter", "min": 0.5}]}}),
+    config({"algorithm": {"name": "reinforce_plus_plus"}, "explorer": {"pipeline": ["dedupe"]}}),
+    # filters of what is not a comparison: no reward, empty or cut-off answers
+    config({"explorer": {"pipeline": [{"name": "reward_filter"}, "drop_empty", "drop_truncated"]}}),
+])
+def test_the_same_keys_are_accepted_where_they_are_read(data):
+    RunConfig.from_dict(data)
+
+
+def test_unread_keys_name_what_the_launch_form_and_sweeps_put_back():
+    """Keys a swept value or a hidden field leaves unread (config_keys.reset_unread), with what
+    their rule reads: a sweep resets one only when it swept one of those."""
+    data = config({"algorithm": {"name": "mix", "mix": {"mu": 0.5}}}, EXPERT,
+                  {"feedback": {"source_runs": [7], "rated_only": True, "rating_wait_s": 5}})
+    RunConfig.from_dict(data)
+    data["algorithm"]["name"] = "sft"
+    unread = unread_keys(RunConfig.model_validate(data))
+    assert {"algorithm.mix.mu", "feedback.rated_only"} <= set(unread)
+    assert "buffer.expert_taskset" not in unread and "feedback.source_runs" not in unread  # sft reads them
+    assert "algorithm.name" in unread["feedback.rated_only"]
+    data["algorithm"]["name"] = "grpo"
+    unread = unread_keys(RunConfig.model_validate(data))
+    assert {"buffer.expert_taskset", "feedback.source_runs"} <= set(unread) and "feedback.rated_only" not in unread
+
+
+def test_a_token_budget_of_one_turn_ends_every_episode_after_it(tokenizer):
+    """The refused budget, played: with max_new_tokens equal to max_tokens no episode takes a second
+    turn, however short its replies (MultiTurnWorkflow.advance keeps room for a whole reply)."""
+    engine = ScriptedEngine(tokenizer, lambda call, row, text: "left")  # four tokens, never the goal
+    for max_new_tokens, turns, finish in ((1024, 1, "max_tokens"), (8, 10, "max_turns")):
+        (exp,) = flow(engine, tokenizer, env="frozenlake", max_turns=10).run_batch(
+            [Task(id=0, prompt="")], SamplingParams(max_new_tokens=max_new_tokens), 0)
+        assert (exp.metadata["episode"]["turns"], exp.metadata["episode"]["finish"]) == (turns, finish)
+    assert "explorer.max_new_tokens" in refusal(config({"explorer": {**FROZENLAKE, "max_new_tokens": 1024}}))
+    RunConfig.from_dict(config({"explorer": {**FROZENLAKE, "max_new_tokens": 8}}))
+
+
+def advantages(rows: list[tuple[float, int]], pipeline: list) -> list[float]:
+    """The pipeline, then the group advantage the explorer appends (explorer.py: grpo as configured
+    by default), on one task's group of rollouts (reward, answer token)."""
+    group = [Experience(0, "g", i, [1], [answer], [1], reward=reward, logprobs=None)
+             for i, (reward, answer) in enumerate(rows)]
+    params = {"fn": "grpo", "drop_zero_std": False, "epsilon": 1e-6, "std_normalize": True, "std_unbiased": True}
+    ops = build_operators(EXPERIENCE_OPERATORS, pipeline) + [("advantage", group_advantage, params)]
+    out, _ = run_experience_operators(ops, group, PipelineContext())
+    return [round(e.advantage, 3) for e in out]
+
+
+def test_why_a_filter_before_the_group_advantage_is_refused():
+    """The figures the refusals quote. Four identical correct answers carry no signal; dedupe makes
+    them a group of one, which keeps its reward as its advantage (verl, Trinity-RFT: a single
+    response's advantage is its score) and trains as strongly as a unique success. A reward filter
+    leaves the survivors compared among themselves: the wrong answer's signal is gone."""
+    assert advantages([(1.0, 7)] * 4, []) == [0.0] * 4
+    assert advantages([(1.0, 7)] * 4, ["dedupe"]) == [1.0]
+    assert advantages([(1.0, 7)] * 3 + [(0.0, 8)], []) == [0.5, 0.5, 0.5, -1.5]
+    assert advantages([(1.0, 7)] * 3 + [(0.0, 8)], [{"name": "reward_filter", "min": 0.5}]) == [0.0] * 3
