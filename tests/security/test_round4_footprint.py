@@ -197,7 +197,7 @@ def test_every_preset_launches_on_this_machine_without_a_word_on_memory(api, nam
 
 
 OPTION_MATRIX = {  # tests/workers/rft/test_option_matrix.py's configs, one of each kind
-    "grpo": {}, "sft": SFT, "mix": MIX, "ppo": {"algorithm": {"name": "ppo"}},
+    "grpo": {}, "sft": SFT, "mix": {**MIX, "algorithm": {"name": "mix"}}, "ppo": {"algorithm": {"name": "ppo"}},
     "dpo": {"mode": "train", "algorithm": {"name": "dpo"}},
     "kl": {"algorithm": {"kl": {"fn": "low_var_kl", "coef": 0.1}}},
     "lora": {"model": {"lora": {"r": 8}}},

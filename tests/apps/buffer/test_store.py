@@ -175,7 +175,8 @@ def test_a_restart_releases_what_its_trainer_held_of_another_runs_edits_and_noth
     B's restart releases it, and A's restart leaves B's live claim alone. The restart released the
     rows its own run owned: A's edit stayed claimed for ever, for A and B alike."""
     a = Run.objects.create(name="a", owner=researcher, config={})
-    b = Run.objects.create(name="b", owner=researcher, config={"feedback": {"source_runs": [a.pk]}})
+    b = Run.objects.create(name="b", owner=researcher,
+                           config={"mode": "train", "algorithm": {"name": "sft"}, "feedback": {"source_runs": [a.pk]}})
     edits = [replace(rollout(t), source="human_edit", logprobs=None) for t in task_ids[:2]]
     DjangoExperienceBuffer(a.pk).write(edits)
     [held] = DjangoExperienceBuffer(b.pk).sample(1, sources=["human_edit"])  # then B's worker dies
@@ -191,7 +192,7 @@ def test_deleting_a_run_releases_what_its_trainer_held_of_other_runs(researcher,
 
     a = Run.objects.create(name="a", owner=researcher, config={})
     b = Run.objects.create(name="b", owner=researcher, status=Run.Status.FAILED,
-                           config={"feedback": {"source_runs": [a.pk]}})
+                           config={"mode": "train", "algorithm": {"name": "sft"}, "feedback": {"source_runs": [a.pk]}})
     DjangoExperienceBuffer(a.pk).write([replace(rollout(task_ids[0]), source="human_edit", logprobs=None)])
     [held] = DjangoExperienceBuffer(b.pk).sample(1, sources=["human_edit"])
     delete_runs([b])
