@@ -67,7 +67,7 @@ def compare_context(picked: list[Run], *, chart_filter: str = "", task: int | No
         "picked": {run.pk for run in picked},
         "picked_runs": picked,
         "config_diff": comparison.config_diff(picked),
-        "summary": comparison.summary_rows([comparison.run_summary(run) for run in picked]),
+        "summary": comparison.summary_rows(comparison.run_summaries(picked)),
         "download_query": "?" + "&".join(f"runs={run.pk}" for run in picked),
         "series": series,
         "overview": queries.overview_charts(),

@@ -76,7 +76,9 @@ def test_compare_shows_the_config_diff_and_summary_and_downloads_a_runs_metrics_
     expect(summary.locator("tr", has_text="Train loss, final").locator("td").first).to_have_text(f"{loss:.4g}")
     expect(summary.locator("tr", has_text="Train loss, best (lowest)")).to_be_visible()
     expect(summary.locator("tr", has_text="Held-out, best (highest)")).to_be_visible()
-    expect(summary.locator("tr", has_text="Tokens").locator("td").first).to_have_text(re.compile(r"^\d{1,3}(,\d{3})+$"))
+    thousands = re.compile(r"^\d{1,3}(,\d{3})+$")
+    for tokens in ("Tokens trained (prompt + response)", "Tokens generated (responses)"):
+        expect(summary.locator("tr", has_text=tokens).locator("td").first).to_have_text(thousands)
     x_axis(page, "eval/exact_match", "explorer step")  # drawn (charts are drawn as they come into view)
     # The page's legend names the runs; a legend in each chart's title row hid its title (walkthrough).
     assert page.evaluate("""() => [...document.querySelectorAll('[data-chart]')].filter((el) => el.layout)
