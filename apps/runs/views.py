@@ -29,6 +29,7 @@ from .checkpoints import run_checkpoint_dir, tar_stream
 from .controls import control_run, control_statuses, may_control
 from .forms import LaunchForm, RolloutFilterForm, RunFilterForm, dump_config_yaml
 from .holding import hand_back
+from .live import checkpoints_update
 from .models import Checkpoint, Run, Sweep
 from .notes import shown_tags, taken_draft
 from .presets import DEFAULT_PRESET, PRESETS, on_taskset, preset_config
@@ -235,7 +236,8 @@ def run_live(request, pk):
         "model_version": run.model_version,
         "error": run.error,
     }
-    return JsonResponse({"seq": seq, "run": state, "metrics": queries.metrics_by_role(run)})
+    return JsonResponse({"seq": seq, "run": state, "metrics": queries.metrics_by_role(run),
+                         "checkpoints": checkpoints_update(run.pk)["checkpoints"]})
 
 
 @require_POST

@@ -12,6 +12,7 @@ from django.urls import reverse
 from apps.buffer.models import Experience
 from apps.runs import services
 from apps.runs.models import Checkpoint, MetricPoint, Run
+from apps.runs.store import DjangoCheckpointStore
 from apps.runs.supervision import run_dir
 from apps.runs.views import PLOTLY_VERSION
 
@@ -286,6 +287,28 @@ def test_a_live_metrics_update_says_when_its_point_was_recorded(make_run, monkey
         point = services.record_metrics(run, "trainer", 3, {"loss": 0.5})
     assert sent == [{"type": "metrics", "role": "trainer", "step": 3, "time": round(point.time.timestamp(), 3),
                      "values": {"loss": 0.5}}]
+
+
+def test_checkpoints_come_with_the_snapshot_and_as_each_is_saved_or_deleted(researcher_client, make_run, monkeypatch,
+                                                                              django_capture_on_commit_callbacks):
+    """The table was the page's as first rendered: after a stop it listed v20 while v37 was saved,
+    and a run completed since the page opened said "No checkpoints yet"."""
+    sent = []
+    monkeypatch.setattr(services.publisher, "publish", lambda run_id, update: sent.append(update))
+    run = make_run(status=Status.RUNNING)
+    checkpoints = DjangoCheckpointStore(run)
+    with django_capture_on_commit_callbacks(execute=True):
+        checkpoints.record(20, 20, "checkpoints/step_20")
+        checkpoints.record(37, 37, "checkpoints/step_37")
+    saved = {row.version: round(row.created_at.timestamp(), 3) for row in run.checkpoints.all()}
+    listed = [{"version": version, "step": version, "saved": saved[version],
+               "url": reverse("checkpoint-download", args=[run.pk, version])} for version in (37, 20)]
+    updates = [update for update in sent if update["type"] == "checkpoints"]
+    assert updates[-1] == {"type": "checkpoints", "checkpoints": listed}
+    assert researcher_client.get(reverse("run-live", args=[run.pk])).json()["checkpoints"] == listed
+    with django_capture_on_commit_callbacks(execute=True):
+        checkpoints.forget([20])  # keep_checkpoints: the older one goes
+    assert sent[-1] == {"type": "checkpoints", "checkpoints": listed[:1]}
 
 
 # ---- checkpoint download ------------------------------------------------------------------------
