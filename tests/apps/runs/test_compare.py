@@ -82,6 +82,22 @@ def test_one_run_picked_asks_for_another_to_diff(researcher_client, make_run):
     assert "Pick another run to see where their configs differ" in html and 'id="compare-summary"' in html
 
 
+def test_the_picker_finds_runs_older_than_the_newest_50(researcher_client, make_run):
+    """It listed the newest 50 runs and nothing else: an older run could not be picked."""
+    oldest = make_run("baseline from march")
+    newer = [make_run(f"run {index}") for index in range(50)]
+    url = reverse("run-compare")
+    page = researcher_client.get(url, {"runs": newer[0].pk})
+    assert oldest not in page.context["choices"] and "find older ones" in page.content.decode()
+    for search in ("MARCH", f"#{oldest.pk}"):
+        found = researcher_client.get(url, {"runs": newer[0].pk, "q": search}).context
+        assert found["choices"] == [newer[0], oldest], search  # the picked run stays, ticked, first
+    # A bare number: the run of that id, and those whose names hold it.
+    assert oldest in researcher_client.get(url, {"q": str(oldest.pk)}).context["choices"]
+    nothing = researcher_client.get(url, {"q": "no such run"}).content.decode()
+    assert "No run matches “no such run”" in nothing
+
+
 # ---- summary -----------------------------------------------------------------------------------
 
 

@@ -135,6 +135,21 @@ def test_the_run_page_says_how_the_trainer_is_scaled(researcher_client, make_run
     assert ("trainer" not in meta) if says is None else (says in meta), meta
 
 
+def test_the_run_page_opens_its_charts_as_a_link_says(researcher_client, make_run):
+    """run_detail did not pass ?filter= to the toolbar (compare did): a shared link lost it. The
+    smoothing, log scale and x axis travel the same way (charts.js keeps them in the URL)."""
+    run = make_run(status=Status.RUNNING)
+    url = reverse("run-detail", args=[run.pk])
+    linked = {"filter": "kl", "smoothing": "0.25", "log": "1", "x": "relative"}
+    html = researcher_client.get(url, linked).content.decode()
+    assert 'data-chart-filter value="kl"' in html and 'step="0.01" value="0.25"> <output>0.25</output>' in html
+    assert "data-chart-log checked" in html and 'data-chart-x data-linked="relative"' in html
+    # Out of range: the defaults.
+    plain = researcher_client.get(url, {"smoothing": "7", "x": "sideways"}).content.decode()
+    assert 'data-chart-filter value=""' in plain and 'value="0.60"> <output>0.60</output>' in plain
+    assert "data-chart-log>" in plain and "data-chart-x>" in plain
+
+
 def page_data(response) -> dict:
     html = response.content.decode()
     return json.loads(html.split('id="run-page-data" type="application/json">')[1].split("</script>")[0])
