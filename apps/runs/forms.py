@@ -394,18 +394,18 @@ class RolloutFilterForm(forms.Form):
 
 class ReportForm(forms.ModelForm):
     """A comparison saved as a report (views_reports): the compare page's runs, charts' filter and
-    samples, with a name and a note."""
+    smoothing, and samples, with a name and a note."""
 
     MAX_RUNS = 20
     runs = forms.CharField(widget=forms.HiddenInput, max_length=400)
 
     class Meta:
         model = Report
-        fields = ("name", "note", "chart_filter", "sample_task", "sample_step")
+        fields = ("name", "note", "chart_filter", "chart_smoothing", "sample_task", "sample_step")
         widgets = {"note": forms.Textarea(attrs={"rows": 3, "maxlength": 10_000,
                                                  "placeholder": "what these runs show, for whoever opens the link"}),
-                   "chart_filter": forms.HiddenInput, "sample_task": forms.HiddenInput,
-                   "sample_step": forms.HiddenInput}
+                   "chart_filter": forms.HiddenInput, "chart_smoothing": forms.HiddenInput,
+                   "sample_task": forms.HiddenInput, "sample_step": forms.HiddenInput}
 
     def clean_note(self):
         note = self.cleaned_data["note"]

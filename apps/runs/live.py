@@ -18,9 +18,10 @@ import time
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import DatabaseError, connection, transaction
+from django.urls import reverse
 
 from .consumers import run_group
-from .models import Run
+from .models import Checkpoint, Run
 
 COALESCE_SECONDS = 0.25
 log = logging.getLogger(__name__)
@@ -32,6 +33,18 @@ def next_seq(run_id: int) -> int:
         run.live_seq += 1
         run.save(update_fields=["live_seq"])
         return run.live_seq
+
+
+def checkpoints_update(run_id: int) -> dict:
+    """The run's checkpoints as the run page's table lists them, newest first: part of the snapshot,
+    and sent whole whenever one is saved or deleted (a few rows: trainer.keep_checkpoints). The
+    table was the page's as first rendered: after a stop it listed v20 while v37 was saved."""
+    rows = Checkpoint.objects.filter(run_id=run_id).order_by("-version").values_list("version", "step", "created_at")
+    return {"type": "checkpoints", "checkpoints": [
+        {"version": version, "step": step, "saved": round(saved.timestamp(), 3),
+         "url": reverse("checkpoint-download", args=[run_id, version])}
+        for version, step, saved in rows
+    ]}
 
 
 class LivePublisher:

@@ -2,6 +2,7 @@ import json
 import secrets
 
 from django.conf import settings
+from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models.signals import pre_save
 from django.dispatch import receiver
@@ -132,15 +133,17 @@ class Run(models.Model):
 
 
 class Report(models.Model):
-    """A comparison saved with a name and a note (apps/runs/reports.py): its runs in their order,
-    the charts' filter, and the samples panel's task and step. Every researcher opens it by its
-    link, as every researcher reads every run."""
+    """A comparison saved with a name and a note (apps/runs/views_reports.py): its runs in their
+    order, the charts' filter and smoothing, and the samples panel's task and step. Every
+    researcher opens it by its link, as every researcher reads every run."""
 
     name = models.CharField(max_length=200)
     note = models.TextField(blank=True)
     owner = models.ForeignKey(settings.AUTH_USER_MODEL, related_name="reports", on_delete=models.PROTECT)
     run_ids = models.JSONField(help_text="the compared runs, in order")
     chart_filter = models.CharField(max_length=200, blank=True, help_text="the charts shown: those matching this")
+    chart_smoothing = models.FloatField(null=True, blank=True, help_text="the charts' smoothing; none: the default",
+                                        validators=[MinValueValidator(0), MaxValueValidator(0.99)])
     sample_task = models.BigIntegerField(null=True, blank=True, help_text="the samples panel's task id")
     sample_step = models.PositiveIntegerField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)

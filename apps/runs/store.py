@@ -12,6 +12,7 @@ from apps.tasksets.store import DjangoTaskSource
 from workers.rft.loop import Stores
 
 from . import duties, services
+from .live import checkpoints_update
 from .models import Checkpoint, ExplorerGroup, ExplorerStep, Run
 
 PROGRESS_OF_ROLE = {"explorer": "explorer_step", "trainer": "trainer_step"}
@@ -44,9 +45,12 @@ class DjangoCheckpointStore:
                 run=self.run, version=version, defaults={"step": step, "path": path, "created_at": timezone.now()}
             )
             services.set_progress(self.run, model_version=version)
+            services.broadcast(self.run.pk, checkpoints_update(self.run.pk))  # the run page's table
 
     def forget(self, steps) -> None:
-        self.run.checkpoints.filter(step__in=list(steps)).delete()
+        with transaction.atomic():
+            self.run.checkpoints.filter(step__in=list(steps)).delete()
+            services.broadcast(self.run.pk, checkpoints_update(self.run.pk))
 
     def latest(self) -> Checkpoint | None:
         return self.run.checkpoints.order_by("-step").first()

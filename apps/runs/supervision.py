@@ -317,13 +317,13 @@ def run_engine(run: Run, duty: str, worker: str) -> str:
             checkpoint = stores.checkpoints.latest()
             if checkpoint is not None:
                 resumed = {"version": checkpoint.version, "step": checkpoint.step}
-                log.info("run %s (%s): from checkpoint v%s (trainer step %s)",
+                log.info("run %s (%s): resumed from checkpoint v%s (trainer step %s)",
                          run.pk, duty, checkpoint.version, checkpoint.step)
                 # Only from the run's own directory: the path is a row a worker trusts, not a place
                 # any file may be loaded from.
                 loop.resume(run_checkpoint_dir(checkpoint, run_dir(run)))
             elif run.trainer_step:
-                log.info("run %s (%s): no checkpoint yet, from step 0 (same run)", run.pk, duty)
+                log.info("run %s (%s): resumed with no checkpoint yet: from step 0 (same run)", run.pk, duty)
             # Steps after the checkpoint are replayed: give them back the rows the lost steps took.
             stores.buffer.rewind(checkpoint.created_at if checkpoint else None)
         run.refresh_from_db()
@@ -331,6 +331,8 @@ def run_engine(run: Run, duty: str, worker: str) -> str:
         loop.activity.doing(EXPLORER if duties.is_explorer(duty) else TRAINER, "loaded the model")
         if duties.is_explorer(duty):
             loop.explorer.step = run.explorer_step  # steps already stored are not redone
+            if run.explorer_step:
+                log.info("run %s (%s): resumed after explorer step %s", run.pk, duty, run.explorer_step)
         status()  # nobody took the duty over while the engine loaded
         services.mark_started(run, duty, worker, from_checkpoint=resumed)
 
@@ -352,7 +354,9 @@ def run_engine(run: Run, duty: str, worker: str) -> str:
     if outcome == "stopped" and (why := leaving_why()):
         raise HandBack(why)
     if not duties.is_explorer(duty):
-        finish(run, status())
+        finish(run, status(), stores.checkpoints.latest(), duty)
+    elif outcome == "stopped":
+        log.info("run %s (%s): stopped at explorer step %s", run.pk, duty, explorer_steps(run))
     return outcome
 
 
@@ -377,10 +381,18 @@ def wait_for_final_eval(run: Run, version: int, stopping) -> str:
     return "completed"
 
 
-def finish(run: Run, status: str) -> None:
-    """The trainer (or the single loop) is done: completed, or stopped if a stop was asked."""
-    if status not in Run.FINISHED:
-        services.set_status(run, Status.STOPPED if status == Status.STOPPING else Status.COMPLETED)
+def finish(run: Run, status: str, checkpoint, duty: str) -> None:
+    """The trainer (or the single loop) is done: completed, or stopped if a stop was asked. Its
+    log line comes first, so the run page that reloads the Logs panel on the new status finds it
+    (a stopped-and-resumed run of 300 steps had logged nothing of its life)."""
+    if status in Run.FINISHED:
+        return
+    ended = Status.STOPPED if status == Status.STOPPING else Status.COMPLETED
+    run.refresh_from_db(fields=["explorer_step", "trainer_step"])
+    step = f"explorer step {run.explorer_step}" if run.mode == Run.Mode.EXPLORE else f"trainer step {run.trainer_step}"
+    saved = f", checkpoint v{checkpoint.version}" if checkpoint else ""
+    log.info("run %s (%s): %s at %s%s", run.pk, duty, ended, step, saved)
+    services.set_status(run, ended)
 
 
 def wait_for_database(timeout: float) -> bool:

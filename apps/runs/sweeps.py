@@ -236,31 +236,41 @@ def space_text(sweep: Sweep) -> str:
 # ---- reading -------------------------------------------------------------------------------------
 
 
-RESULT = "Held-out"  # the figure a sweep ranks its runs by: comparison.SUMMARY_METRICS' first
+# What a sweep ranks its runs by, the first that any of its runs reports (comparison's summary
+# titles): the best held-out figure; without one (no explorer.eval_interval, or none evaluated
+# yet) the final train reward, or the final loss of a run that only trains.
+RESULTS = (("Held-out", "best"), ("Train reward", "final"), ("Train loss", "final"))
 
 
 def table(sweep: Sweep) -> dict:
     """The sweep page's table and chart: its keys, and a row per run with the swept values, status,
-    steps and its best held-out figure (else its final train reward), best first."""
+    steps, its held-out and train reward figures and its `result` (RESULTS), best first (runs
+    without one last, in launch order). `result_label` names the result ("Held-out accuracy (best)"),
+    `held_out_label` the held-out column; both None where nothing is reported yet."""
     runs = list(queries.with_latest_explorer_metrics(sweep.runs.select_related("owner")).order_by("pk"))
+    summaries = comparison.run_summaries(runs)
+    title, which = next(((t, w) for t, w in RESULTS if any(t in s.metrics for s in summaries)), (None, None))
+    ranked_by = next((s.metrics[title] for s in summaries if title in s.metrics), None)  # its label, direction
     rows = []
-    for run in runs:
-        summary = comparison.run_summary(run)
-        held_out, reward = summary.metrics.get(RESULT), summary.metrics.get("Train reward")
+    for run, summary in zip(runs, summaries):
+        metric = summary.metrics.get(title)
         rows.append({
             "run": run, "values": [run.swept.get(axis["key"]) for axis in sweep.space],
-            "progress": summary.progress, "held_out": held_out, "reward": reward,
-            "result": held_out.best if held_out else None,
+            "progress": summary.progress, "held_out": summary.metrics.get("Held-out"),
+            "reward": summary.metrics.get("Train reward"),
+            "result": getattr(metric, which) if metric else None,
         })
-    rows.sort(key=lambda row: (row["result"] is None, -(row["result"] or 0), row["run"].pk))
-    return {"keys": [axis["key"] for axis in sweep.space], "rows": rows,
-            "result_label": next((row["held_out"].label for row in rows if row["held_out"]), "Held-out, best")}
+    sign = -1 if ranked_by and ranked_by.direction == "max" else 1
+    rows.sort(key=lambda row: (row["result"] is None, sign * (row["result"] or 0), row["run"].pk))
+    held_out = next((row["held_out"].label for row in rows if row["held_out"]), None)
+    return {"keys": [axis["key"] for axis in sweep.space], "rows": rows, "held_out_label": held_out,
+            "result_label": f"{ranked_by.label} ({which})" if ranked_by else None}
 
 
 def chart_data(rows: dict) -> dict:
     """The parallel-coordinates chart's data (static/js/sweep_page.js): an axis per key and the result."""
     return {
-        "axes": [*rows["keys"], rows["result_label"]],
+        "axes": [*rows["keys"], rows["result_label"] or "Result"],
         "runs": [{"name": row["run"].name, "url": reverse("run-detail", args=[row["run"].pk]),
                   "values": [*row["values"], row["result"]]}
                  for row in rows["rows"]],

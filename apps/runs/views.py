@@ -26,9 +26,11 @@ from workers.rft.config import ConfigError
 from . import duties, queries, services, supervision, sweeps, waits
 from .api import token_for, token_or_session, workers_json
 from .checkpoints import run_checkpoint_dir, tar_stream
+from .compression import gzip_json
 from .controls import control_run, control_statuses, may_control
 from .forms import LaunchForm, RolloutFilterForm, RunFilterForm, dump_config_yaml
 from .holding import hand_back
+from .live import checkpoints_update
 from .models import Checkpoint, Run, Sweep
 from .notes import shown_tags, taken_draft
 from .presets import DEFAULT_PRESET, PRESETS, on_taskset, preset_config
@@ -41,6 +43,22 @@ PLOTLY_JS = settings.BASE_DIR / "static" / "vendor" / "plotly-basic.min.js"
 with PLOTLY_JS.open() as _header:
     PLOTLY_VERSION = re.search(r"plotly\.js \(basic - minified\) v([\w.-]+)", _header.read(200))[1]
 ACCEPTS_GZIP = re.compile(r"\bgzip\b")
+CHART_SMOOTHING = 0.6  # the chart toolbar's own (templates/runs/_chart_toolbar.html)
+CHART_X = ("step", "wall", "relative")  # static/js/chart_axes.js's modes
+
+
+def chart_view(query, smoothing: float | None = None) -> dict:
+    """The chart toolbar's settings as a link gives them (?filter=, ?smoothing=, ?log=1, ?x=; the
+    pages keep the URL in step as they change: charts.js, keepChartView), so a link shared from the
+    run page or compare opens the charts as its sender saw them. `smoothing`: a saved report's,
+    where the query has none. A value out of range is the default."""
+    try:
+        smoothing = round(float(query.get("smoothing") or (CHART_SMOOTHING if smoothing is None else smoothing)), 2)
+    except ValueError:
+        smoothing = CHART_SMOOTHING
+    return {"chart_filter": query.get("filter", "")[:200],
+            "chart_smoothing": smoothing if 0 <= smoothing <= 0.99 else CHART_SMOOTHING,
+            "chart_log": query.get("log") == "1", "chart_x": query.get("x") if query.get("x") in CHART_X else ""}
 
 
 def _summarized(runs) -> list[Run]:
@@ -202,6 +220,7 @@ def run_detail(request, pk):
                                                                                      Run.Status.PAUSED)
             and run.config.get("synchronizer", {}).get("method") != "nccl",
             "plotly_version": PLOTLY_VERSION,
+            **chart_view(request.GET),
             "page_data": {
                 "live_url": reverse("run-live", args=[run.pk]),
                 "ws_path": f"/ws/runs/{run.pk}/",
@@ -218,6 +237,7 @@ def run_detail(request, pk):
     )
 
 
+@gzip_json  # 7.4 MB for a 5,000-step run, fetched again after each gap
 @role_required(RESEARCHER)
 def run_live(request, pk):
     """The snapshot a live page starts from, and fetches again when it sees a gap in `seq`."""
@@ -235,7 +255,8 @@ def run_live(request, pk):
         "model_version": run.model_version,
         "error": run.error,
     }
-    return JsonResponse({"seq": seq, "run": state, "metrics": queries.metrics_by_role(run)})
+    return JsonResponse({"seq": seq, "run": state, "metrics": queries.metrics_by_role(run),
+                         "checkpoints": checkpoints_update(run.pk)["checkpoints"]})
 
 
 @require_POST

@@ -7,6 +7,7 @@ import json
 
 from django.contrib import messages
 from django.core.exceptions import ValidationError
+from django.db.models import Q
 from django.http import JsonResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
@@ -21,10 +22,11 @@ from rftweb.errors import is_api
 
 from . import comparison, queries, samples
 from .api import token_or_session
+from .compression import gzip_json
 from .forms import ReportForm
 from .models import Run
 from .notes import keep_draft, set_notes_and_tags
-from .views import PLOTLY_VERSION
+from .views import PLOTLY_VERSION, chart_view
 
 COMPARE_PICKER_RUNS = 50
 CSV_HEADER = ("run", "name", "step", "key", "value", "time")
@@ -36,21 +38,31 @@ FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 @role_required(RESEARCHER)
 def run_compare(request):
     """The runs picked (?runs=1&runs=2): their config differences, a summary of each, one chart per
-    metric with a line per run (?filter= shows those matching it), and the samples panel (?step=,
-    ?task=)."""
+    metric with a line per run (?filter=, ?smoothing=, ?log=, ?x=: views.chart_view), and the
+    samples panel (?step=, ?task=). The picker lists the newest runs, or those ?q= finds."""
     picked = comparison.runs_in_order(comparison.picked_ids(request.GET))
-    context = compare_context(picked, chart_filter=request.GET.get("filter", "")[:200],
+    context = compare_context(picked, view=chart_view(request.GET), search=request.GET.get("q", "").strip()[:200],
                               task=whole_number(request.GET.get("task")), step=whole_number(request.GET.get("step")))
     return render(request, "runs/compare.html", context)
 
 
+def picker_runs(search: str = ""):
+    """The runs the picker offers: the newest, or those whose name holds `search` (or whose id it
+    is: "12", "#12"), newest first, COMPARE_PICKER_RUNS at most (only the newest 50 could be picked:
+    an older run was out of reach)."""
+    runs = Run.objects.select_related("owner")
+    if search:
+        number = whole_number(search.removeprefix("#"))
+        runs = runs.filter(Q(name__icontains=search) | (Q(pk=number) if number is not None else Q()))
+    return list(runs[:COMPARE_PICKER_RUNS])
 
 
-def compare_context(picked: list[Run], *, chart_filter: str = "", task: int | None = None,
+def compare_context(picked: list[Run], *, view: dict, search: str = "", task: int | None = None,
                     step: int | None = None) -> dict:
-    """What runs/compare.html shows of these runs (the compare page's, and a report's)."""
-    choices = list(Run.objects.select_related("owner")[:COMPARE_PICKER_RUNS])
-    choices += [run for run in picked if run not in choices]
+    """What runs/compare.html shows of these runs (the compare page's, and a report's); `view`: the
+    charts' toolbar settings (views.chart_view); `search`: the picker's (picker_runs)."""
+    found = picker_runs(search)
+    choices = picked + [run for run in found if run not in picked]  # the picked ones first, ticked
     series = [
         {
             "id": run.pk,
@@ -63,21 +75,22 @@ def compare_context(picked: list[Run], *, chart_filter: str = "", task: int | No
     step = samples.default_step(picked) if step is None and picked else step
     tasks = samples.task_choices(picked, step) if picked else []
     return {
-        "choices": choices,
+        "choices": choices, "run_search": search, "run_search_found": len(found),
+        "picker_more": len(found) == COMPARE_PICKER_RUNS,
         "picked": {run.pk for run in picked},
         "picked_runs": picked,
         "config_diff": comparison.config_diff(picked),
-        "summary": comparison.summary_rows([comparison.run_summary(run) for run in picked]),
+        "summary": comparison.summary_rows(comparison.run_summaries(picked)),
         "download_query": "?" + "&".join(f"runs={run.pk}" for run in picked),
         "series": series,
         "overview": queries.overview_charts(),
         "plotly_version": PLOTLY_VERSION,
-        "chart_filter": chart_filter,
+        **view,
         "sample_step": step, "sample_task": task, "sample_tasks": tasks,
         "sample_columns": samples.columns(picked, task, step) if task is not None and picked else [],
         "report_form": ReportForm(initial={
-            "runs": ",".join(str(run.pk) for run in picked), "chart_filter": chart_filter,
-            "sample_task": task, "sample_step": step if task is not None else None,
+            "runs": ",".join(str(run.pk) for run in picked), "sample_task": task,
+            "sample_step": step if task is not None else None,
         }),
     }
 
@@ -163,6 +176,7 @@ def run_metrics_csv(request, pk):
     return _download(_csv_chunks(runs), runs, "csv", "text/csv; charset=utf-8")
 
 
+@gzip_json  # the compare page fetches one per run: 7.6 MB for 5,000 steps
 @token_or_session  # scripts download with their API token
 @role_required(RESEARCHER)
 def run_metrics_json(request, pk):
@@ -179,6 +193,7 @@ def compare_metrics_csv(request):
     return _download(_csv_chunks(runs), runs, "csv", "text/csv; charset=utf-8")
 
 
+@gzip_json
 @token_or_session  # scripts download with their API token
 @role_required(RESEARCHER)
 def compare_metrics_json(request):

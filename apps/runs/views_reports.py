@@ -16,6 +16,7 @@ from apps.core.numbers import whole_numbers
 from . import comparison
 from .forms import ReportForm
 from .models import Report
+from .views import chart_view
 from .views_compare import compare_context
 
 REPORTS_PER_PAGE = 50
@@ -49,8 +50,8 @@ def report_save(request):
 def report_detail(request, pk):
     report = get_object_or_404(Report.objects.select_related("owner"), pk=pk)
     runs = comparison.runs_in_order(report.run_ids)
-    context = compare_context(runs, chart_filter=report.chart_filter, task=report.sample_task,
-                              step=report.sample_step)
+    context = compare_context(runs, view=chart_view({"filter": report.chart_filter}, report.chart_smoothing),
+                              task=report.sample_task, step=report.sample_step)
     gone = [pk for pk in report.run_ids if pk not in {run.pk for run in runs}]
     edit = ReportForm(instance=report, initial={"runs": ",".join(map(str, report.run_ids))})
     return render(request, "runs/compare.html", {**context, "report": report, "gone": gone,
@@ -68,6 +69,7 @@ def report_edit(request, pk):
         messages.success(request, f"Deleted report {report.name} (its runs stay).")
         return redirect("report-list")
     data = {**request.POST.dict(), "runs": ",".join(map(str, report.run_ids)), "chart_filter": report.chart_filter,
+            "chart_smoothing": "" if report.chart_smoothing is None else report.chart_smoothing,
             "sample_task": report.sample_task or "", "sample_step": report.sample_step or ""}
     form = ReportForm(data, instance=report)
     if form.is_valid():

@@ -1,7 +1,7 @@
 // The x axis of the metric charts (charts.js): the step, the wall time or the time since the run's
 // first point (each point's recorded time). The user's choice is made in the chart toolbar
-// (_chart_toolbar.html) and remembered in this browser, on every page. System metrics are numbered
-// by Unix time: their charts are always on a time axis.
+// (_chart_toolbar.html) and remembered in this browser, on every page; a link may name one (?x=).
+// System metrics are numbered by Unix time: their charts are always on a time axis.
 "use strict";
 
 const X_AXIS_KEY = "rftweb.chartXAxis"; // step, wall or relative: the user's choice, on every page
@@ -99,9 +99,11 @@ class ChartXAxis {
   }
 }
 
-// Wires the toolbar's x axis select to a board, with the user's remembered choice.
+// Wires the toolbar's x axis select to a board: the link's choice (data-linked, from ?x=), else
+// the user's remembered one.
 function bindXAxisControl(board, select) {
-  select.value = board.xAxis.mode = loadXMode();
+  board.xAxis.setMode(select.dataset.linked || loadXMode());
+  select.value = board.xAxis.mode;
   select.addEventListener("change", () => {
     board.setXMode(select.value);
     try {

@@ -8,6 +8,9 @@
 "use strict";
 
 const CHART_PALETTE = ["#3b5bdb", "#e8590c", "#2b8a3e", "#c2255c", "#1098ad", "#7048e8", "#f08c00", "#495057"];
+// After the palette's 8 colours the lines come again dashed, dotted...: a sweep compares up to 32
+// runs, and the 9th run's line was the 1st's. Plotly's dash names, with their SVG dash arrays (legends).
+const CHART_DASHES = [["solid", ""], ["dash", "6 3"], ["dot", "2 2"], ["dashdot", "6 2 2 2"]];
 const ROLE_ORDER = ["eval", "explorer", "trainer", "system"];
 const OVERVIEW = "overview";
 // After the page's own (held-out score, train reward): what a policy-gradient run is watched by.
@@ -28,6 +31,7 @@ const Y_UNITS = [
   [/(^|\/)staleness/, "model versions"],
 ];
 const SECTIONS_KEY = "rftweb.chartSections"; // which sections a user keeps open, on every page
+const CHART_SMOOTHING = 0.6; // the toolbar's default, which a link leaves out (views.chart_view)
 
 // plotly.js is the pages' last deferred script (they fetch their data meanwhile): it has run by
 // DOMContentLoaded.
@@ -114,7 +118,8 @@ class ChartBoard {
     this.charts = new Map(); // chart id -> {id, role, title, home, section, element, series: Map, drawn, look}
     this.xAxis = new ChartXAxis(this.charts); // the toolbar sets the user's choice (bindChartControls)
     this.sections = new Map(); // section title -> {element, grid, count, rank, charts}
-    this.colors = new Map(); // series name -> colour, the same in every chart
+    this.styles = new Map(); // series name -> {color, dash, dashArray}, the same in every chart (style)
+    this.hidden = new Set(); // series names whose lines the user hid, in every chart (setHidden)
     this.redrawQueue = new Set();
     this.openSections = this._loadOpenSections();
     // Plotly takes tens of ms a chart whatever its length: only charts in open sections near the
@@ -174,6 +179,24 @@ class ChartBoard {
     const index = 2 * [...chart.series.keys()].indexOf(seriesName);
     const x = this.xAxis.x(chart, series, JSON.parse(drawnLook).x, start);
     Plotly.extendTraces(chart.element, { x: [x, x], y: [values, smoothed], customdata: [steps, steps] }, [index, index + 1]);
+  }
+
+  // A series' colour and dash, given in the order series first appear (the compare page names its
+  // runs first, in the order picked).
+  style(seriesName) {
+    if (!this.styles.has(seriesName)) {
+      const index = this.styles.size, colors = CHART_PALETTE.length;
+      const [dash, dashArray] = CHART_DASHES[Math.floor(index / colors) % CHART_DASHES.length];
+      this.styles.set(seriesName, { color: CHART_PALETTE[index % colors], dash, dashArray });
+    }
+    return this.styles.get(seriesName);
+  }
+
+  // Hide or show a series' lines in every chart (the compare page's legend).
+  setHidden(seriesName, hidden) {
+    if (hidden) this.hidden.add(seriesName);
+    else this.hidden.delete(seriesName);
+    this.charts.forEach((chart) => { if (chart.series.has(seriesName)) this._redraw(chart); });
   }
 
   // Step, wall time or relative time: every chart is drawn again on the new axis.
@@ -260,7 +283,7 @@ class ChartBoard {
     }
     let series = chart.series.get(seriesName);
     if (!series) {
-      if (!this.colors.has(seriesName)) this.colors.set(seriesName, CHART_PALETTE[this.colors.size % CHART_PALETTE.length]);
+      this.style(seriesName);
       series = { name: seriesName, steps: [], values: [], times: [], smoothed: [], ema: new Ema(this.smoothing) };
       chart.series.set(seriesName, series);
     }
@@ -372,6 +395,7 @@ class ChartBoard {
   _look(chart) {
     let min = Infinity, max = -Infinity, points = 0, integers = true, first = Infinity, last = -Infinity;
     for (const series of chart.series.values()) {
+      if (this.hidden.has(series.name)) continue; // the shown lines decide the axes
       points = Math.max(points, series.values.length);
       for (const value of series.values) {
         if (value < min) min = value;
@@ -405,15 +429,17 @@ class ChartBoard {
     // On a time axis the hover still says which step a point is (each trace's customdata).
     const hovertemplate = look.x.mode !== "step" && !chart.time ? "%{y:.4~g} · step %{customdata}" : undefined;
     for (const series of chart.series.values()) {
-      const color = this.colors.get(series.name);
+      const { color, dash } = this.style(series.name);
+      const shown = !this.hidden.has(series.name);
       const x = this.xAxis.x(chart, series, look.x);
       const name = plotlyText(series.name);
       const mode = series.steps.length < 2 ? "markers" : look.markers ? "lines+markers" : "lines";
       const customdata = series.steps.slice();
       traces.push({ x, y: series.values.slice(), customdata, hovertemplate, name, mode, showlegend: this.legends && chart.series.size > 1,
-        marker: { color, size: 5 }, cliponaxis: false, line: { color, width: look.smooth ? 1 : 2 }, opacity: look.smooth ? 0.3 : 1 });
+        marker: { color, size: 5 }, cliponaxis: false, line: { color, dash, width: look.smooth ? 1 : 2 }, opacity: look.smooth ? 0.3 : 1,
+        visible: shown });
       traces.push({ x, y: series.smoothed.slice(), customdata, hovertemplate, name: name + " (smoothed)", mode: "lines",
-        showlegend: false, line: { color, width: 2 }, visible: look.smooth });
+        showlegend: false, line: { color, dash, width: 2 }, visible: shown && look.smooth });
     }
     return traces;
   }
@@ -445,18 +471,42 @@ class ChartBoard {
   }
 }
 
-// Wires a toolbar (_chart_toolbar.html) to a board.
+// Wires a toolbar (_chart_toolbar.html) to a board. It starts from what the page was given (a
+// link's ?filter=, ?smoothing=, ?log=1, ?x=, or a saved report's) and keeps each change in the
+// page's URL and in the fields of the forms that reload the page or save it (keepChartView): a
+// typed filter was lost by Save report, and by the Samples panel's Show.
 function bindChartControls(board, toolbar) {
   const filter = toolbar.querySelector("[data-chart-filter]");
   const smoothing = toolbar.querySelector("[data-chart-smoothing]");
   const log = toolbar.querySelector("[data-chart-log]");
-  bindXAxisControl(board, toolbar.querySelector("[data-chart-x]"));
+  const x = toolbar.querySelector("[data-chart-x]");
+  bindXAxisControl(board, x);
   const output = smoothing.parentElement.querySelector("output");
-  filter.addEventListener("input", () => board.setFilter(filter.value));
+  const keep = () => keepChartView({ filter: filter.value.trim(), smoothing: Number(smoothing.value) === CHART_SMOOTHING ? ""
+    : String(Number(smoothing.value)), log: log.checked ? "1" : "", x: x.value });
+  filter.addEventListener("input", () => { board.setFilter(filter.value); keep(); });
   smoothing.addEventListener("input", () => { output.textContent = Number(smoothing.value).toFixed(2); });
-  smoothing.addEventListener("change", () => board.setSmoothing(Number(smoothing.value)));
-  log.addEventListener("change", () => board.setLogScale(log.checked));
+  smoothing.addEventListener("change", () => { board.setSmoothing(Number(smoothing.value)); keep(); });
+  log.addEventListener("change", () => { board.setLogScale(log.checked); keep(); });
+  x.addEventListener("change", keep);
   board.smoothing = Number(smoothing.value);
   board.logScale = log.checked;
-  if (filter.value) board.setFilter(filter.value); // a saved report's, or ?filter=
+  if (filter.value) board.setFilter(filter.value);
+}
+
+// The toolbar's settings ({filter, smoothing, log, x}: "" for the default) into the URL
+// (history.replaceState: a copied link opens the charts so) and into every form field marked
+// data-chart-view (the Samples panel's, the run picker's, Save report's); an empty one is not sent.
+function keepChartView(values) {
+  const params = new URLSearchParams(location.search);
+  for (const [name, value] of Object.entries(values)) {
+    if (value) params.set(name, value);
+    else params.delete(name);
+    document.querySelectorAll(`input[data-chart-view="${name}"]`).forEach((input) => {
+      input.value = value;
+      input.disabled = !value;
+    });
+  }
+  const query = params.toString();
+  history.replaceState(history.state, "", location.pathname + (query ? "?" + query : "") + location.hash);
 }

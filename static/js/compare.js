@@ -1,5 +1,6 @@
 // The compare page: the metrics of each picked run (its metrics.json download), one chart per
-// metric, a line per run; relative time counts from each run's own first point.
+// metric, a line per run, which the legend shows or hides; relative time counts from each run's
+// own first point.
 "use strict";
 (async function () {
   const runs = JSON.parse(document.getElementById("compare-data").textContent);
@@ -8,14 +9,21 @@
   bindChartControls(board, document.querySelector("[data-chart-controls]"));
   const label = (run) => run.name + " #" + run.id; // names may repeat; ids do not
 
+  // The page's legend names each run's line (colour and dash, in the order picked); unticking a run
+  // hides its lines in every chart. Lines were told apart by colour alone, which repeats after 8.
   const legend = document.getElementById("compare-legend");
-  runs.forEach((run, i) => {
-    board.colors.set(label(run), CHART_PALETTE[i % CHART_PALETTE.length]);
-    const item = document.createElement("span");
-    item.innerHTML = "<i></i><a></a>";
-    item.querySelector("i").style.background = board.colors.get(label(run));
-    item.querySelector("a").href = run.url;
-    item.querySelector("a").textContent = label(run);
+  runs.forEach((run) => {
+    const { color, dashArray } = board.style(label(run));
+    const item = document.createElement("label");
+    item.title = "Show or hide this run's lines in every chart";
+    item.innerHTML = '<input type="checkbox" checked><svg width="28" height="8" aria-hidden="true">'
+      + '<line x1="1" y1="4" x2="27" y2="4" stroke-width="2.5"></line></svg><span></span>';
+    const line = item.querySelector("line");
+    line.setAttribute("stroke", color);
+    if (dashArray) line.setAttribute("stroke-dasharray", dashArray);
+    item.querySelector("span").textContent = label(run);
+    const box = item.querySelector("input");
+    box.addEventListener("change", () => board.setHidden(label(run), !box.checked));
     legend.appendChild(item);
   });
 

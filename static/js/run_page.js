@@ -146,6 +146,35 @@
     if (changed && page.finished_statuses.includes(status)) window.rftRunLogs?.load();
   }
 
+  // The checkpoints table, newest first ({version, step, saved: Unix seconds, url} each).
+  function showCheckpoints(checkpoints) {
+    const table = document.getElementById("run-checkpoints");
+    const rows = checkpoints.map(({ version, step, saved, url }) => {
+      const row = document.createElement("tr");
+      row.innerHTML = "<td></td><td></td><td class=\"muted\"></td><td><a download>Download .tar</a></td>";
+      row.cells[0].textContent = "v" + version;
+      row.cells[1].textContent = step;
+      row.cells[2].textContent = ago(saved);
+      row.cells[2].title = new Date(saved * 1000).toLocaleString();
+      row.querySelector("a").href = url;
+      return row;
+    });
+    if (!rows.length) {
+      rows.push(document.createElement("tr"));
+      rows[0].innerHTML = "<td colspan=\"4\" class=\"muted\"></td>";
+      rows[0].cells[0].textContent = table.dataset.empty;
+    }
+    table.tBodies[0].replaceChildren(...rows);
+  }
+
+  // "12 s ago", "4 min ago", "3 h ago", "2 days ago".
+  function ago(seconds) {
+    const passed = Math.max(0, Date.now() / 1000 - seconds);
+    const [size, unit] = [[86400, "day"], [3600, "h"], [60, "min"]].find(([each]) => passed >= each) || [1, "s"];
+    const count = Math.floor(passed / size);
+    return count + " " + unit + (unit === "day" && count !== 1 ? "s" : "") + " ago";
+  }
+
   function showProgress(values) {
     ["explorer_step", "trainer_step", "model_version"].forEach((name) => showCounter(name, values[name]));
   }
@@ -195,6 +224,7 @@
     showFigures();
     showZeroVarianceHint();
     showProgress(snapshot.run);
+    showCheckpoints(snapshot.checkpoints);
     showStatus(snapshot.run.status, snapshot.run.error);
   }
 
@@ -203,6 +233,7 @@
     for (const update of updates) {
       if (update.type === "status") showStatus(update.status, update.error);
       else if (update.type === "progress") showProgress(update);
+      else if (update.type === "checkpoints") showCheckpoints(update.checkpoints);
       else if (update.type === "metrics") chartPoints(update.role, [update], charts);
     }
     for (const chart of charts.values()) {

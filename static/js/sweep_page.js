@@ -6,6 +6,10 @@
   const data = JSON.parse(document.getElementById("sweep-data").textContent);
   const element = document.getElementById("sweep-chart");
   const COLORS = ["#440154", "#3b528b", "#21918c", "#5ec962", "#fde725"]; // viridis, low to high
+  // A numeric axis with at most this many distinct values (a grid's) gets a tick at each; one with
+  // more (a random search's, a result) at its ends. With ticks at the ends only, a grid's middle
+  // value (lr 0.001 between 0.0005 and 0.002) had no label.
+  const TICK_EACH = 8;
 
   function scaleOf(values) {
     const present = values.filter((v) => v !== null && v !== undefined);
@@ -14,8 +18,10 @@
       const log = low > 0 && high / low >= 100;
       const at = (v) => (log ? Math.log(v) : v);
       const span = at(high) - at(low);
-      return { position: (v) => (v === null || v === undefined ? null : span ? (at(v) - at(low)) / span : 0.5),
-        ticks: low === high ? [[0.5, low]] : [[0, low], [1, high]], log: log };
+      const position = (v) => (v === null || v === undefined ? null : span ? (at(v) - at(low)) / span : 0.5);
+      const distinct = [...new Set(present)].sort((a, b) => a - b);
+      const ticked = distinct.length <= TICK_EACH ? distinct : [low, high];
+      return { position, ticks: ticked.map((v) => [position(v), v]), log: log };
     }
     const names = [...new Set(present.map((v) => JSON.stringify(v)))].sort();
     const step = names.length > 1 ? 1 / (names.length - 1) : 0;
@@ -30,6 +36,11 @@
     const mix = (a, b, t) => Math.round(a + (b - a) * t);
     const [from, to] = [COLORS[i], COLORS[i + 1]].map((c) => [1, 3, 5].map((k) => parseInt(c.slice(k, k + 2), 16)));
     return "rgb(" + from.map((v, k) => mix(v, to[k], scaled - i)).join(",") + ")";
+  }
+
+  // Plotly reads a few HTML tags in its text: run names, keys and values are plain text.
+  function plain(text) {
+    return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
   }
 
   function short(value) {
@@ -48,18 +59,24 @@
       x: data.axes.map((_, i) => i), y: run.values.map((v, i) => scales[i].position(v)),
       mode: "lines+markers", line: { color: color(result.position(run.values[run.values.length - 1])), width: 2 },
       marker: { size: 6 }, name: run.name, customdata: data.axes.map(() => run.url),
-      hovertemplate: run.name + "<br>" + data.axes.map((axis, i) => axis + ": " + short(run.values[i] ?? "—")).join("<br>") + "<extra></extra>",
+      hovertemplate: plain(run.name) + "<br>" + data.axes.map((axis, i) => plain(axis + ": " + short(run.values[i] ?? "—"))).join("<br>")
+        + "<extra></extra>",
       connectgaps: false,
     }));
+    // Axis names above the plot, in paper coordinates: at y 1.12 in data coordinates they lay
+    // outside the axis range, and Plotly did not draw them. Tick labels left of their axis, on a
+    // white ground: the runs' lines run through there and drew over them.
     const annotations = [];
     data.axes.forEach((axis, i) => {
-      annotations.push({ x: i, y: 1.12, text: "<b>" + axis + "</b>" + (scales[i].log ? " (log)" : ""), showarrow: false, xanchor: "center" });
-      scales[i].ticks.forEach(([y, value]) => annotations.push({ x: i, y: y, text: short(value), showarrow: false, xanchor: "right", xshift: -6, font: { size: 11, color: "#5f6368" } }));
+      annotations.push({ x: i, y: 1, yref: "paper", yanchor: "bottom", yshift: 8, showarrow: false, xanchor: "center",
+        text: "<b>" + plain(axis) + "</b>" + (scales[i].log ? " (log)" : ""), font: { size: 12, color: "#1d2330" } });
+      scales[i].ticks.forEach(([y, value]) => annotations.push({ x: i, y: y, text: plain(short(value)), showarrow: false,
+        xanchor: "right", xshift: -7, font: { size: 11, color: "#5f6368" }, bgcolor: "rgba(255,255,255,0.9)", borderpad: 1 }));
     });
     element.replaceChildren(); // the "Loading" line
     const shapes = data.axes.map((_, i) => ({ type: "line", x0: i, x1: i, y0: 0, y1: 1, line: { color: "#bdc1c6", width: 1 } }));
     Plotly.newPlot(element, traces, {
-      showlegend: false, height: 360, margin: { l: 70, r: 40, t: 50, b: 20 }, hovermode: "closest",
+      showlegend: false, height: 380, margin: { l: 70, r: 40, t: 40, b: 20 }, hovermode: "closest",
       xaxis: { visible: false, range: [-0.4, data.axes.length - 0.6] }, yaxis: { visible: false, range: [-0.05, 1.05] },
       annotations: annotations, shapes: shapes,
     }, { displaylogo: false, responsive: true });

@@ -76,7 +76,9 @@ def test_compare_shows_the_config_diff_and_summary_and_downloads_a_runs_metrics_
     expect(summary.locator("tr", has_text="Train loss, final").locator("td").first).to_have_text(f"{loss:.4g}")
     expect(summary.locator("tr", has_text="Train loss, best (lowest)")).to_be_visible()
     expect(summary.locator("tr", has_text="Held-out, best (highest)")).to_be_visible()
-    expect(summary.locator("tr", has_text="Tokens").locator("td").first).to_have_text(re.compile(r"^\d{1,3}(,\d{3})+$"))
+    thousands = re.compile(r"^\d{1,3}(,\d{3})+$")
+    for tokens in ("Tokens trained (prompt + response)", "Tokens generated (responses)"):
+        expect(summary.locator("tr", has_text=tokens).locator("td").first).to_have_text(thousands)
     x_axis(page, "eval/exact_match", "explorer step")  # drawn (charts are drawn as they come into view)
     # The page's legend names the runs; a legend in each chart's title row hid its title (walkthrough).
     assert page.evaluate("""() => [...document.querySelectorAll('[data-chart]')].filter((el) => el.layout)
@@ -157,3 +159,119 @@ def test_a_runs_owner_tags_it_and_the_runs_list_filters_by_tag(page, login, rese
     page.get_by_role("button", name="Filter").click()
     expect(names).to_have_text(["mine"])
     assert sweep.pk and page_errors == []
+
+
+def test_the_charts_view_travels_in_the_link_the_samples_form_and_a_saved_report(page, login, researcher,
+                                                                                  page_errors):
+    """A typed filter was lost by Save report (/reports/1/ opened unfiltered) and by the Samples
+    panel's Show, which also reset the smoothing: the toolbar only ever got ?filter= from the server."""
+    fast = seeded_run("lr high", researcher, lr=0.001, seconds_a_step=30)
+    slow = seeded_run("lr low", researcher, lr=0.0003, seconds_a_step=60)
+    page.set_viewport_size(SCREEN)
+    login(researcher, f"/runs/compare/?runs={fast.pk}&runs={slow.pk}")
+    x_axis(page, "eval/exact_match", "explorer step")  # drawn
+    page.locator("[data-chart-filter]").fill("kl")
+    page.locator("[data-chart-smoothing]").fill("0.9")  # a range input: fill sets it and fires change
+    page.locator("[data-chart-log]").check()
+    expect(page).to_have_url(re.compile(r"[?&]filter=kl(&|$)"))
+    assert re.search(r"[?&]smoothing=0\.9(&|$)", page.url) and re.search(r"[?&]log=1(&|$)", page.url)
+    shown = """() => [...document.querySelectorAll('[data-chart]')].filter((el) => !el.hidden)
+        .map((el) => el.dataset.chart)"""
+    assert page.evaluate(shown) == ["trainer/approx_kl"]
+
+    # The samples panel's Show reloads the page with them.
+    page.locator("#compare-samples").get_by_role("button", name="Show").click()
+    page.wait_for_load_state()
+    expect(page.locator("[data-chart-filter]")).to_have_value("kl")
+    expect(page.locator("[data-chart-smoothing]")).to_have_value("0.9")
+    expect(page.locator("[data-chart-log]")).to_be_checked()
+
+    # A saved report opens as it was saved.
+    page.locator("#save-report").get_by_label("Name").fill("kl of both")
+    page.get_by_role("button", name="Save report").click()
+    page.wait_for_url(re.compile(r"/reports/\d+/$"))
+    expect(page.locator("[data-chart-filter]")).to_have_value("kl")
+    expect(page.locator("[data-chart-smoothing]")).to_have_value("0.9")
+    page.wait_for_function(f"() => ({shown})().length === 1")
+    assert page.evaluate(shown) == ["trainer/approx_kl"]
+    page.screenshot(path=SHOTS / "report-filtered.png")
+    assert page_errors == []
+
+
+def test_nine_runs_differ_by_colour_then_dash_and_the_legend_hides_a_runs_lines(page, login, researcher,
+                                                                                 page_errors):
+    """The palette has 8 colours and the 9th run's line was the 1st's, told apart by nothing."""
+    runs = [seeded_run(f"sweep run {i}", researcher, lr=0.001 * (i + 1), seconds_a_step=30) for i in range(9)]
+    page.set_viewport_size(SCREEN)
+    login(researcher, "/runs/compare/?" + "&".join(f"runs={run.pk}" for run in runs))
+    x_axis(page, "eval/exact_match", "explorer step")
+    styles = """() => document.querySelector('[data-chart="eval/exact_match"]').data.filter((t, i) => i % 2 === 0)
+        .map((t) => [t.line.color, t.line.dash, t.visible])"""
+    drawn = page.evaluate(styles)
+    assert len(drawn) == 9 and len({(color, dash) for color, dash, _ in drawn}) == 9
+    assert drawn[8][0] == drawn[0][0] and (drawn[0][1], drawn[8][1]) == ("solid", "dash")
+    assert page.locator("#compare-legend line").nth(8).get_attribute("stroke-dasharray") == "6 3"
+
+    # Unticking a run in the legend hides its lines in every chart; ticking shows them again.
+    page.locator("#compare-legend label", has_text=f"sweep run 8 #{runs[8].pk}").locator("input").uncheck()
+    page.wait_for_function(f"() => ({styles})()[8][2] === false")
+    loss = """() => document.querySelector('[data-chart="trainer/loss"]').data.map((t) => t.visible)"""
+    page.locator('[data-chart="trainer/loss"]').scroll_into_view_if_needed()
+    page.wait_for_function(f"() => ({loss})().length === 18 && ({loss})()[16] === false")
+    page.screenshot(path=SHOTS / "compare-nine-runs.png")
+    page.locator("#compare-legend label", has_text=f"sweep run 8 #{runs[8].pk}").locator("input").check()
+    page.wait_for_function(f"() => ({loss})()[16] === true")
+    assert page_errors == []
+
+
+def test_the_run_picker_keeps_each_badge_whole_and_finds_older_runs(page, login, researcher, page_errors):
+    old = Run.objects.create(name="the march baseline with a long descriptive name", owner=researcher,
+                             config=DEMO_CONFIG, status=Run.Status.COMPLETED)
+    for i in range(50):
+        Run.objects.create(name=f"lr sweep · lr=0.0005 · repeat_times={i}", owner=researcher, config=DEMO_CONFIG,
+                           status=Run.Status.COMPLETED)
+    page.set_viewport_size(SCREEN)
+    login(researcher, "/runs/compare/")
+    picker = page.locator(".compare-picker")
+    expect(picker.locator("label")).to_have_count(50)
+    # Each badge inside the picker's box (they were cut at its right edge).
+    cut = page.evaluate("""() => { const picker = document.querySelector('.compare-picker');
+        // Inside its scrollbar.
+        const right = picker.getBoundingClientRect().left + picker.clientLeft + picker.clientWidth;
+        return [...picker.querySelectorAll('.status')]
+          .filter((badge) => badge.getBoundingClientRect().right > right + 0.5 || badge.scrollWidth > badge.clientWidth)
+          .map((badge) => badge.closest('label').textContent.trim()); }""")
+    assert cut == []
+    page.get_by_label("find runs by name or id").fill("march")
+    page.get_by_role("button", name="Find").click()
+    expect(picker.locator("label")).to_have_count(1)
+    picker.get_by_label(re.compile("the march baseline")).check()
+    page.get_by_role("button", name="Compare").click()
+    expect(page.locator("#compare-summary thead")).to_contain_text(f"#{old.pk}")
+    page.screenshot(path=SHOTS / "compare-picker-search.png")
+    assert page_errors == []
+
+
+def test_the_run_page_opens_as_its_link_says_and_keeps_changes_in_its_url(page, login, researcher, page_errors):
+    """The run page ignored ?filter= (compare honoured it), and its smoothing, log scale and x axis
+    lived in no link: a shared run page opened as the reader's own."""
+    run = seeded_run("shared", researcher, lr=0.001, seconds_a_step=30)
+    page.set_viewport_size(SCREEN)
+    login(researcher, f"/runs/{run.pk}/?filter=loss&smoothing=0.3&log=1&x=wall")
+    expect(page.locator("[data-chart-filter]")).to_have_value("loss")
+    expect(page.locator("[data-chart-smoothing]")).to_have_value("0.3")
+    expect(page.locator("[data-chart-log]")).to_be_checked()
+    expect(page.locator("[data-chart-x]")).to_have_value("wall")
+    assert x_axis(page, "trainer/loss", "time")["first"][0] == "2026-03-01T09:00:30.000Z"
+    shown = """() => [...document.querySelectorAll('[data-chart]')].filter((el) => !el.hidden)
+        .map((el) => el.dataset.chart).sort()"""
+    assert page.evaluate(shown) == ["trainer/loss", "trainer/policy_loss", "trainer/sft_loss"]
+    assert page.evaluate("() => document.querySelector('[data-chart=\"trainer/loss\"]').layout.yaxis.type") == "log"
+    # Changes go into the URL: a copied link opens the page so.
+    page.locator("[data-chart-filter]").fill("entropy")
+    page.locator("[data-chart-x]").select_option("step")
+    expect(page).to_have_url(re.compile(r"\?filter=entropy&smoothing=0\.3&log=1&x=step$"))
+    page.reload()
+    expect(page.locator("[data-chart-filter]")).to_have_value("entropy")
+    expect(page.locator("[data-chart-x]")).to_have_value("step")
+    assert page_errors == []

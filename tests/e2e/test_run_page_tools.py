@@ -12,6 +12,7 @@ from apps.buffer.models import Experience
 from apps.runs import services, supervision
 from apps.runs.logs import DutyLog
 from apps.runs.models import MetricPoint, Run
+from apps.runs.store import DjangoCheckpointStore
 from apps.tasksets.models import Task, Taskset
 
 from .test_dashboard import DEMO_CONFIG, SCREEN, SHOTS
@@ -63,10 +64,15 @@ def test_stop_asks_first_and_the_stopping_flash_follows_the_run_to_stopped(page,
     run.refresh_from_db()
     assert run.status == "stopping"
 
-    # The worker's last step: the run stops, and the page says so without a reload.
+    # The worker's last step: it saves a checkpoint and the run stops; the page says both without
+    # a reload (its checkpoint table was the page's as first rendered: "No checkpoints yet").
     page.evaluate("window.e2eSamePage = true")
+    expect(page.locator("#run-checkpoints tbody")).to_contain_text("No checkpoints yet")
+    DjangoCheckpointStore(run).record(5, 5, "checkpoints/step_5")
     services.set_status(run, Run.Status.STOPPED)
     expect(page.locator("#run-status")).to_have_text("stopped", timeout=20_000)
+    expect(page.locator("#run-checkpoints tbody tr")).to_have_count(1)
+    expect(page.locator("#run-checkpoints tbody tr td").first).to_have_text("v5")
     expect(page.locator(".flash.success")).to_have_text(f"{run.name} stopped.")
     expect(page.get_by_role("button", name="Resume")).to_be_visible()
     assert page.evaluate("window.e2eSamePage") is True

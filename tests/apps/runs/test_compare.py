@@ -82,6 +82,22 @@ def test_one_run_picked_asks_for_another_to_diff(researcher_client, make_run):
     assert "Pick another run to see where their configs differ" in html and 'id="compare-summary"' in html
 
 
+def test_the_picker_finds_runs_older_than_the_newest_50(researcher_client, make_run):
+    """It listed the newest 50 runs and nothing else: an older run could not be picked."""
+    oldest = make_run("baseline from march")
+    newer = [make_run(f"run {index}") for index in range(50)]
+    url = reverse("run-compare")
+    page = researcher_client.get(url, {"runs": newer[0].pk})
+    assert oldest not in page.context["choices"] and "find older ones" in page.content.decode()
+    for search in ("MARCH", f"#{oldest.pk}"):
+        found = researcher_client.get(url, {"runs": newer[0].pk, "q": search}).context
+        assert found["choices"] == [newer[0], oldest], search  # the picked run stays, ticked, first
+    # A bare number: the run of that id, and those whose names hold it.
+    assert oldest in researcher_client.get(url, {"q": str(oldest.pk)}).context["choices"]
+    nothing = researcher_client.get(url, {"q": "no such run"}).content.decode()
+    assert "No run matches “no such run”" in nothing
+
+
 # ---- summary -----------------------------------------------------------------------------------
 
 
@@ -100,17 +116,54 @@ def test_summary_final_and_best_follow_each_metrics_direction(make_run):
         point(run, "trainer", step, {"loss": loss, "reward_mean": reward, "tokens_per_s": 1000.0, "seconds": 2.0})
         point(run, "eval", step, {"exact_match": step / 10})
     point(run, "trainer", 4, {"loss": None, "tokens_per_s": 1000.0, "seconds": 2.0})  # diverged: not a number
-    summary = comparison.run_summary(run)
+    [summary] = comparison.run_summaries([run])
     reward, loss = summary.metrics["Train reward"], summary.metrics["Train loss"]
     assert (reward.chart, reward.final, reward.best, reward.best_step) == ("explorer/reward_mean", 0.5, 0.9, 2)
     assert (loss.direction, loss.final, loss.final_step, loss.best, loss.best_step) == ("min", 1.1, 3, 0.7, 2)
     held_out = summary.metrics["Held-out"]
     assert (held_out.label, held_out.final, held_out.best) == ("Held-out accuracy", 0.3, 0.3)
     assert summary.metrics["Throughput"].chart == "trainer/tokens_per_s"
-    assert summary.tokens == 4 * 1000 * 2.0  # rate × seconds over the trainer's steps
+    assert summary.tokens_trained == 4 * 1000 * 2.0  # rate × seconds over the trainer's steps
     rows = {row["label"]: [cell.get("text") for cell in row["cells"]] for row in comparison.summary_rows([summary])}
     assert rows["Train loss, best (lowest)"] == ["0.7"] and rows["Train reward, best (highest)"] == ["0.9"]
-    assert rows["Tokens"] == ["8,000"]
+    assert rows["Tokens trained (prompt + response)"] == ["8,000"]
+
+
+def test_tokens_generated_are_the_response_tokens_of_the_rollouts_and_evals(make_run):
+    """The explorer's tokens_per_s is over its generation time, its `seconds` the whole step (the
+    pipeline and the buffer write too): rate × seconds counted 41,183 tokens of a run that
+    generated 24,014 (workers/rft/explorer.py, Explorer._roll_out and rollout_metrics)."""
+    explorer = make_run("explores", config={"mode": "explore", "trainer": {"total_steps": 2}})
+    for step, (length, rollouts) in enumerate(((10.0, 8), (20.5, 8)), start=1):
+        generated = length * rollouts
+        point(explorer, "explorer", step, {"response_length": length, "rollouts": rollouts,
+                                           "tokens_per_s": generated / 0.5, "seconds": 0.9})
+    bench = make_run("bench", config={"mode": "bench"})
+    point(bench, "eval", 0, {"response_length": 4.0, "rollouts": 50, "exact_match": 0.1})
+    point(bench, "eval", 1, {"response_length": 3.0, "rollouts": 50, "exact_match": 0.3})
+    summaries = comparison.run_summaries([explorer, bench])
+    assert [(s.tokens_generated, s.tokens_trained) for s in summaries] == [(10 * 8 + 20.5 * 8, None), (350.0, None)]
+    rows = {row["label"]: [cell.get("text") for cell in row["cells"]] for row in comparison.summary_rows(summaries)}
+    assert rows["Tokens generated (responses)"] == ["244", "350"]
+    assert "Tokens trained (prompt + response)" not in rows  # neither trains
+
+
+def test_summaries_take_as_many_queries_for_six_runs_as_for_one(make_run, django_assert_max_num_queries):
+    """Read a run at a time, a summary took 17 queries a run (a sweep page of 6 runs: 106)."""
+    runs = []
+    for index in range(6):
+        run = make_run(f"r{index}", status=Status.COMPLETED, trainer_step=2)
+        for step in (1, 2):
+            point(run, "explorer", step, {"reward_mean": index / 10 + step, "response_length": 5.0, "rollouts": 4})
+            point(run, "trainer", step, {"loss": 1.0 / step, "tokens_per_s": 10.0, "seconds": 1.0})
+            point(run, "eval", step, {"exact_match": step / 4})
+        runs.append(run)
+    with django_assert_max_num_queries(20) as one:
+        comparison.run_summaries(runs[:1])
+    with django_assert_max_num_queries(len(one.captured_queries)):
+        summaries = comparison.run_summaries(runs)
+    assert [s.metrics["Train reward"].final for s in summaries] == [index / 10 + 2 for index in range(6)]
+    assert {s.tokens_generated for s in summaries} == {40.0} and {s.tokens_trained for s in summaries} == {20.0}
 
 
 def test_summary_of_runs_with_different_metrics_leaves_blanks(make_run):
@@ -119,11 +172,11 @@ def test_summary_of_runs_with_different_metrics_leaves_blanks(make_run):
     empty = make_run("e")
     now = timezone.now()
     empty.started_at, empty.finished_at = now - timedelta(minutes=62, seconds=5), now
-    rows = comparison.summary_rows([comparison.run_summary(trained), comparison.run_summary(empty)])
+    rows = comparison.summary_rows(comparison.run_summaries([trained, empty]))
     rows = {row["label"]: [cell.get("text") for cell in row["cells"]] for row in rows}
     assert rows["Train loss, final"] == ["1.5", None]
     assert rows["Wall time"] == ["0 s", "1 h 02 min"]  # one point, never started: no time passed
-    assert "Tokens" not in rows and "Held-out, final" not in rows
+    assert not [label for label in rows if label.startswith("Tokens")] and "Held-out, final" not in rows
 
 
 def test_wall_time_of_a_run_never_started_is_its_metrics_span(make_run):
@@ -131,7 +184,7 @@ def test_wall_time_of_a_run_never_started_is_its_metrics_span(make_run):
     point(run, "explorer", 1, {"reward_mean": 0.1})
     point(run, "explorer", 5, {"reward_mean": 0.1})
     at(run, 30)
-    assert comparison.duration(comparison.run_summary(run).wall_seconds) == "2 min 00 s"
+    assert comparison.duration(comparison.run_summaries([run])[0].wall_seconds) == "2 min 00 s"
 
 
 # ---- downloads ---------------------------------------------------------------------------------

@@ -90,3 +90,30 @@ def test_a_failed_duty_logs_its_error_and_traceback_first(researcher, monkeypatc
     assert "RuntimeError: reward server refused the key [redacted]" in first["traceback"]
     assert "<rftweb>/workers/rft/loop.py" in first["traceback"]  # the server's own paths cut
     assert found["counts"]["ERROR"] == 1 and found["counts"]["INFO"] >= 1  # the engine's own lines too
+
+
+def test_the_log_says_where_a_run_stopped_resumed_and_completed(researcher, monkeypatch):
+    """A stopped-and-resumed 300-step run had logged 3 INFO lines, none of its stop, its
+    checkpoint or its end: the run page's Logs panel said nothing of the run's life."""
+    make_taskset()
+    run = Run.objects.create(name="stops", owner=researcher, config=config(4, 0), status=Run.Status.STARTING)
+    plain = Explorer.explore_step
+
+    def stop_after_two(self):
+        if self.step == 2 and Run.objects.get(pk=run.pk).status == Run.Status.RUNNING:
+            services.stop_run(run)  # as the run page's Stop: the loop saves a checkpoint at this step
+        return plain(self)
+
+    monkeypatch.setattr(Explorer, "explore_step", stop_after_two)
+    assert supervision.serve(run.pk, "loop") == "stopped"
+    run.refresh_from_db()
+    stopped_at = run.trainer_step
+    lines = [line["message"] for line in logs.read(supervision.run_dir(run))["lines"]]
+    assert f"run {run.pk} (loop): stopped at trainer step {stopped_at}, checkpoint v{stopped_at}" in lines
+    assert run.status == Run.Status.STOPPED and run.checkpoints.get().version == stopped_at
+
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.STARTING)  # resumed (services.resume_run queues it)
+    assert supervision.serve(run.pk, "loop") == "completed"
+    lines = [line["message"] for line in logs.read(supervision.run_dir(run))["lines"]]
+    assert f"run {run.pk} (loop): resumed from checkpoint v{stopped_at} (trainer step {stopped_at})" in lines
+    assert f"run {run.pk} (loop): completed at trainer step 4, checkpoint v4" in lines

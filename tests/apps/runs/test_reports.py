@@ -84,6 +84,34 @@ def test_a_report_saves_the_comparison_and_every_researcher_opens_it(researcher_
     assert "lr: 1e-2 learns faster" in listed
 
 
+def test_a_report_keeps_the_charts_smoothing_and_the_samples_form_the_charts_view(researcher_client, compared, tasks):
+    """Save report kept the filter only as the server had it (?filter=), and the Samples panel's
+    Show dropped the smoothing: the page's fields now carry the toolbar's settings (charts.js
+    keeps them in step with what is typed)."""
+    a, b, _ = compared
+    page = researcher_client.get(reverse("run-compare"), {"runs": [a.pk, b.pk], "filter": "kl", "smoothing": "0.9",
+                                                          "log": "1", "x": "wall"}).content.decode()
+    samples_form = page[page.index('id="compare-samples"'):page.index("</form>", page.index('id="compare-samples"'))]
+    for field in ('name="filter" value="kl"', 'name="smoothing" value="0.9"', 'name="log" value="1"',
+                  'name="x" value="wall"'):
+        assert field in samples_form
+    save_form = page[page.index('id="save-report"'):]
+    assert 'name="chart_filter" value="kl"' in save_form and 'name="chart_smoothing" value="0.9"' in save_form
+    researcher_client.post(reverse("report-save"), {"runs": f"{a.pk},{b.pk}", "name": "smoothed", "chart_filter": "kl",
+                                                    "chart_smoothing": "0.9"})
+    report = Report.objects.get()
+    assert (report.chart_filter, report.chart_smoothing) == ("kl", 0.9)
+    opened = researcher_client.get(reverse("report-detail", args=[report.pk])).content.decode()
+    assert 'data-chart-filter value="kl"' in opened and 'step="0.01" value="0.90"> <output>0.90</output>' in opened
+    assert "&filter=kl&smoothing=0.9" in opened  # its link back to Compare
+    # A renamed report keeps them; a smoothing out of range is refused.
+    researcher_client.post(reverse("report-edit", args=[report.pk]), {"name": "renamed"})
+    report.refresh_from_db()
+    assert (report.name, report.chart_filter, report.chart_smoothing) == ("renamed", "kl", 0.9)
+    refused = researcher_client.post(reverse("report-save"), {"runs": str(a.pk), "name": "x", "chart_smoothing": "2"})
+    assert refused.status_code == 302 and Report.objects.count() == 1
+
+
 def test_its_owner_renames_it_and_a_curator_deletes_it_keeping_its_runs(researcher_client, curator, compared):
     a, b, _ = compared
     report = Report.objects.create(name="r", owner=Run.objects.get(pk=a.pk).owner, run_ids=[a.pk, b.pk])

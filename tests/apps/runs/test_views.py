@@ -12,6 +12,7 @@ from django.urls import reverse
 from apps.buffer.models import Experience
 from apps.runs import services
 from apps.runs.models import Checkpoint, MetricPoint, Run
+from apps.runs.store import DjangoCheckpointStore
 from apps.runs.supervision import run_dir
 from apps.runs.views import PLOTLY_VERSION
 
@@ -132,6 +133,21 @@ def test_the_run_page_says_how_the_trainer_is_scaled(researcher_client, make_run
     html = researcher_client.get(reverse("run-detail", args=[run.pk])).content.decode()
     meta = " ".join(html.split('class="run-meta muted">')[1].split("</p>")[0].split())
     assert ("trainer" not in meta) if says is None else (says in meta), meta
+
+
+def test_the_run_page_opens_its_charts_as_a_link_says(researcher_client, make_run):
+    """run_detail did not pass ?filter= to the toolbar (compare did): a shared link lost it. The
+    smoothing, log scale and x axis travel the same way (charts.js keeps them in the URL)."""
+    run = make_run(status=Status.RUNNING)
+    url = reverse("run-detail", args=[run.pk])
+    linked = {"filter": "kl", "smoothing": "0.25", "log": "1", "x": "relative"}
+    html = researcher_client.get(url, linked).content.decode()
+    assert 'data-chart-filter value="kl"' in html and 'step="0.01" value="0.25"> <output>0.25</output>' in html
+    assert "data-chart-log checked" in html and 'data-chart-x data-linked="relative"' in html
+    # Out of range: the defaults.
+    plain = researcher_client.get(url, {"smoothing": "7", "x": "sideways"}).content.decode()
+    assert 'data-chart-filter value=""' in plain and 'value="0.60"> <output>0.60</output>' in plain
+    assert "data-chart-log>" in plain and "data-chart-x>" in plain
 
 
 def page_data(response) -> dict:
@@ -286,6 +302,28 @@ def test_a_live_metrics_update_says_when_its_point_was_recorded(make_run, monkey
         point = services.record_metrics(run, "trainer", 3, {"loss": 0.5})
     assert sent == [{"type": "metrics", "role": "trainer", "step": 3, "time": round(point.time.timestamp(), 3),
                      "values": {"loss": 0.5}}]
+
+
+def test_checkpoints_come_with_the_snapshot_and_as_each_is_saved_or_deleted(researcher_client, make_run, monkeypatch,
+                                                                              django_capture_on_commit_callbacks):
+    """The table was the page's as first rendered: after a stop it listed v20 while v37 was saved,
+    and a run completed since the page opened said "No checkpoints yet"."""
+    sent = []
+    monkeypatch.setattr(services.publisher, "publish", lambda run_id, update: sent.append(update))
+    run = make_run(status=Status.RUNNING)
+    checkpoints = DjangoCheckpointStore(run)
+    with django_capture_on_commit_callbacks(execute=True):
+        checkpoints.record(20, 20, "checkpoints/step_20")
+        checkpoints.record(37, 37, "checkpoints/step_37")
+    saved = {row.version: round(row.created_at.timestamp(), 3) for row in run.checkpoints.all()}
+    listed = [{"version": version, "step": version, "saved": saved[version],
+               "url": reverse("checkpoint-download", args=[run.pk, version])} for version in (37, 20)]
+    updates = [update for update in sent if update["type"] == "checkpoints"]
+    assert updates[-1] == {"type": "checkpoints", "checkpoints": listed}
+    assert researcher_client.get(reverse("run-live", args=[run.pk])).json()["checkpoints"] == listed
+    with django_capture_on_commit_callbacks(execute=True):
+        checkpoints.forget([20])  # keep_checkpoints: the older one goes
+    assert sent[-1] == {"type": "checkpoints", "checkpoints": listed[:1]}
 
 
 # ---- checkpoint download ------------------------------------------------------------------------
