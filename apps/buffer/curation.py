@@ -16,10 +16,11 @@ from apps.core import jobs
 from apps.core.jobs import JobError
 from apps.feedback import history as feedback_history
 from apps.runs.config_checks import checked_reward_fn
+from apps.runs.config_keys import stored_config
 from apps.runs.models import Run
 from apps.tasksets.store import to_task
 from workers.rft.algorithms import group_advantage
-from workers.rft.config import ConfigError, RunConfig
+from workers.rft.config import ConfigError
 from workers.rft.experience import Experience as EngineExperience
 from workers.rft.rewards import build_reward
 from workers.rft.sampling import HUMAN_REWARD
@@ -88,7 +89,7 @@ def _recompute_advantages(groups: dict[int, set[str]]) -> Counter:
     counts = Counter(advantages_recomputed=0, advantages_kept_as_trained=0, advantages_stale=0)
     for run in Run.objects.filter(pk__in=list(groups)).only("config"):
         try:
-            advantage, stale = group_advantage(RunConfig.from_dict(run.config or {})), None
+            advantage, stale = group_advantage(stored_config(run.config or {})), None
         except ConfigError as exc:
             advantage, stale = None, f"the run's config no longer reads: {exc}"
         if advantage is None and stale is None:

@@ -16,6 +16,7 @@ from django.db.models import Case, F, Q, Value, When
 from django.utils import timezone
 
 from apps.feedback.models import Feedback
+from apps.runs.config_keys import stored_config
 from workers.rft.config import RunConfig
 from workers.rft.experience import EXPERT_SOURCES, SOURCES, Experience, PreferencePair
 from workers.rft.sampling import HUMAN_REWARD, USUAL_SOURCES, apply_human_feedback, sample_key
@@ -194,7 +195,7 @@ class DjangoExperienceBuffer:
     def config(self) -> RunConfig:
         from apps.runs.models import Run  # apps.runs imports this module
 
-        return RunConfig.from_dict(Run.objects.get(pk=self.run_id).config or {})
+        return stored_config(Run.objects.get(pk=self.run_id).config or {})
 
     def _rows(self):
         return ExperienceRow.objects.filter(run_id=self.run_id)

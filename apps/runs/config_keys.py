@@ -1,6 +1,7 @@
 """A run config's keys by their dotted names ("algorithm.kl.coef"), as the launch form and sweeps set
 them, and a value as a person reads it (compare's config diff, sweeps)."""
 
+import copy
 import json
 from collections.abc import Mapping
 
@@ -63,3 +64,16 @@ def reset_unread(config: dict, keys, swept=None) -> None:
         if changed is not None:
             changed.update(reset)
         keys = [key for key in keys if not any(_within(key, unread) for unread in reset)]
+
+
+def stored_config(config: dict) -> RunConfig:
+    """A stored run's config as workers and the buffer read it: a key that a rule added since the
+    run was launched refuses as read by nothing goes back to its default (it did nothing then
+    either), so a run launched before the rule resumes and trains as it did; a resume used to
+    fail on it, naming the key. Other problems raise ConfigError as RunConfig.from_dict's do."""
+    config = copy.deepcopy(config)
+    try:
+        reset_unread(config, list(unread_keys(RunConfig.model_validate(config))))
+    except (ValidationError, ValueError, TypeError):
+        pass  # from_dict names what is wrong
+    return RunConfig.from_dict(config)

@@ -134,10 +134,11 @@ def serve_node(run: Run, duty: str, worker: str) -> str:
     longer served: on a stop it leaves within FOLLOWERS_EXIT_SECONDS (its followers' time to take
     rank 0's stop), whether or not a group ever formed. A group that rank 0 closed or replaced
     takes its ranks with it."""
-    from workers.rft.config import RunConfig
     from workers.rft.models import pick_device
 
-    config = RunConfig.from_dict(run.config)
+    from .config_keys import stored_config
+
+    config = stored_config(run.config)
     node, local_size = int(duty.removeprefix(NODE_DUTY)), config.trainer.num_processes
     device = pick_device(config.model.device).type
     served, followers = None, []

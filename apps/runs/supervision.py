@@ -54,6 +54,7 @@ from rftweb.celery import enqueue
 
 from . import capacity, duties, services, system, turns
 from .checkpoints import run_checkpoint_dir
+from .config_keys import stored_config
 from .duties import HANDED_OVER, NODE_DUTY, duties_of_run
 from .failures import MAX_CAUSE_CHARS, describe_failure, is_rank_failure, without_server_paths
 from .holding import DutyLost, HandBack, Stopped, pause, wait_while_paused
@@ -287,12 +288,11 @@ def wait_for_duties(timeout: float) -> bool:
 def run_engine(run: Run, duty: str, worker: str) -> str:
     """Build the engine for the duty from the run's last checkpoint and stored steps, and run it."""
     # Imported here: torch loads only in workers, not in every web process that imports this module.
-    from workers.rft.config import RunConfig
     from workers.rft.loop import EXPLORER, TRAINER, Loop
 
     from .store import run_stores
 
-    config = RunConfig.from_dict(run.config)
+    config = stored_config(run.config)
     stores = run_stores(run, config, duty, worker)
     components = (EXPLORER,) if duties.is_explorer(duty) else {"trainer": (TRAINER,)}.get(duty)
     node = capacity.this_node()

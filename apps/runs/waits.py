@@ -7,10 +7,11 @@ from dataclasses import asdict, dataclass
 from django.conf import settings
 from django.core.cache import cache as shared_cache
 
-from workers.rft.config import ConfigError, RunConfig
+from workers.rft.config import ConfigError
 
 from . import config_checks, duties, turns
 from .capacity import STARTING_KEY, WorkerState, overview
+from .config_keys import stored_config
 from .models import Run, Worker
 
 
@@ -224,7 +225,7 @@ def launch_warnings(config: dict, run_id: int | None = None) -> list[str]:
     duties are threads of the server); the slots run `run_id` (just launched) took already count
     as free. A worker that takes both queues is counted for each."""
     try:
-        warnings = config_checks.fit_warnings(RunConfig.from_dict(config))
+        warnings = config_checks.fit_warnings(stored_config(config))
     except ConfigError:  # a run stored under an older schema: nothing to estimate
         warnings = []
     if settings.RFTWEB_EMBEDDED:
