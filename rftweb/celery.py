@@ -23,11 +23,25 @@ app.autodiscover_tasks()  # apps/*/tasks.py
 app.autodiscover_tasks(["workers"])  # workers/tasks.py
 
 
+# Embedded: whether a task this process sends runs on a thread of it (serve_here).
+_serving_here = True
+
+
+def serve_here(yes: bool) -> None:
+    """Embedded: whether the tasks this process sends run on its threads (they do unless told).
+    A command that may exit before its run ends (rft_run, rft_resume) says no: its threads would
+    die with it and leave the run half started, which nothing sent on again. What it sends
+    meanwhile is dropped: it sends only start_run, and the run stays queued for the demo server,
+    which starts queued runs (apps/runs/management/commands/demo.py, pick_up)."""
+    global _serving_here
+    _serving_here = yes
+
+
 def enqueue(name: str, *args, queue: str = "default", task_id: str | None = None) -> str:
     """Send task `name` (its dotted path, e.g. "workers.tasks.start_run") to `queue`; returns its
     task id (`task_id`, else a new one), which the task reads as its request's id. Embedded (no
     REDIS_URL) it runs on a thread of this process, which is then the worker: its live updates
-    reach this process's in-memory channel layer."""
+    reach this process's in-memory channel layer (not after serve_here(False): then nowhere)."""
     from django.conf import settings
     from django.db import connection
 
@@ -36,6 +50,8 @@ def enqueue(name: str, *args, queue: str = "default", task_id: str | None = None
     task_id = task_id or str(uuid4())
     if not settings.RFTWEB_EMBEDDED:
         task.apply_async(args, queue=queue, task_id=task_id)
+        return task_id
+    if not _serving_here:
         return task_id
 
     def work():

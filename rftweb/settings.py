@@ -236,7 +236,7 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATICFILES_DIRS = [BASE_DIR / "static"]
-STATIC_ROOT = DATA_DIR / "staticfiles"
+STATIC_ROOT = Path(os.environ.get("RFTWEB_STATIC_ROOT", DATA_DIR / "staticfiles"))  # images: outside the data volume
 MEDIA_ROOT = DATA_DIR / "uploads"
 
 # Uploads: big taskset files stream to disk rather than memory; the cap is checked by the view.

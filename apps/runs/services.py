@@ -9,6 +9,7 @@ from django.utils.dateparse import parse_datetime
 
 from apps.alerts import services as alerts
 from apps.tasksets.models import Taskset
+from apps.tasksets.services import missing_taskset
 from rftweb.celery import enqueue, withdraw
 from workers.rft.algorithms import resolve
 from workers.rft.config import ConfigError, ConfigIssue, RunConfig
@@ -107,7 +108,7 @@ def validate_config(config: dict) -> RunConfig:
     buffer = parsed.buffer
     named = {"taskset": buffer.taskset, "expert_taskset": buffer.expert_taskset, "eval_taskset": buffer.eval_taskset}
     issues = [
-        ConfigIssue(f"buffer.{key}", f"no taskset named {name!r}: upload it, or pick one the Tasksets page lists")
+        ConfigIssue(f"buffer.{key}", missing_taskset(name))
         for key, name in named.items()
         if name and not Taskset.objects.filter(name=name).exists()  # NUL and surrogates: refused by from_dict
     ]

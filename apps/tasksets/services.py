@@ -16,7 +16,7 @@ from apps.core import jobs
 from apps.core.files import FileImportError, ReadProgress, detect_format
 from apps.runs.models import Run
 from workers.rft import datasets
-from workers.rft.memory import held_out_split
+from workers.rft.memory import held_out_split, parse_taskset_spec
 from workers.rft.rewards import REWARD_FNS
 from workers.rft.workflows import WORKFLOWS
 
@@ -298,6 +298,29 @@ BUILTIN_TASKSETS = (
         "named by explorer.workflow_args.env).",
     ),
 )
+
+
+def missing_taskset(name: str) -> str:
+    """Why a run config's taskset `name` names no taskset here, and what to name instead. The headless
+    engine reads a name as a generator spec or a file (workers/rft/memory.py), so every example config
+    names one (`arithmetic:n=1000,max_operand=9,ops=+,split=train`); a server reads only the tasksets it
+    holds, and its built-in ones are those specs' tasks under a name."""
+    builtin = [spec for spec in BUILTIN_TASKSETS if spec.name == name]
+    if builtin:
+        return (f"no taskset named {name!r}: it is built in but not loaded on this server yet "
+                "(`python manage.py load_builtin_tasksets` loads it; `make demo` does)")
+    generator, params = parse_taskset_spec(name)
+    if generator not in datasets.BUILTIN_TASKSETS:
+        return f"no taskset named {name!r}: upload it, or pick one the Tasksets page lists"
+    wanted = {"n": params.pop("n", 100), "seed": params.pop("seed", 0), "split": params.pop("split", None), **params}
+    made_by = [spec for spec in BUILTIN_TASKSETS if spec.generator == generator]
+    same = [spec.name for spec in made_by if not spec.held_out_from
+            and {"n": spec.n, "seed": spec.seed, "split": spec.split, **spec.params} == wanted]
+    headless = f"no taskset named {name!r}: a generator spec, which only the headless engine reads"
+    if same:
+        return f"{headless}; name the built-in taskset {same[0]!r} instead: it holds this spec's tasks"
+    return (f"{headless}; name a taskset instead: upload yours, or a built-in one made by {generator!r} "
+            f"({', '.join(spec.name for spec in made_by)})")
 
 
 def create_generated_taskset(spec: GeneratedTaskset, *, user=None) -> Taskset:

@@ -1,5 +1,6 @@
-"""What the API's POST routes read from a JSON body themselves, so that every problem (not JSON, too
-big, an unknown field, a NUL in a name, an invalid config) gets its own message rather than pydantic's."""
+"""What the API's routes read from a JSON body and a query string themselves, so that every problem (not
+JSON, too big, an unknown field or query parameter, a NUL in a name, an invalid config) gets its own
+message rather than pydantic's (or, for a query parameter, none: it was ignored)."""
 
 import json
 
@@ -34,13 +35,24 @@ def known_fields(body: dict, fields) -> None:
     """Refuse every field the route does not take, each named with the closest one it does (as the
     config names an unknown key): a misspelt `configuration` was ignored, and the run launched on the
     default config."""
-    unknown = [key[:SHOWN_FIELD] for key in body if key not in fields][:MAX_REPORTED_ISSUES]
+    refuse_unknown(body, fields, "field", " in the body")
+
+
+def known_query(params, fields) -> None:
+    """Refuse every query parameter the route does not read, as known_fields does a body's:
+    `GET /api/runs/?stauts=stopped` answered every run, as if unfiltered."""
+    refuse_unknown(params, fields, "query parameter")
+
+
+def refuse_unknown(sent, known, what: str, where: str = "") -> None:
+    unknown = [key[:SHOWN_FIELD] for key in sent if key not in known][:MAX_REPORTED_ISSUES]
     if not unknown:
         return
-    problems = [{"key": key, "message": "unknown field" + unknown_hint(key, list(fields), reported, "known fields")}
+    listing = f"known {what}s"
+    problems = [{"key": key, "message": f"unknown {what}" + unknown_hint(key, list(known), reported, listing)}
                 for reported, key in enumerate(unknown)]
     plural = "s" if len(unknown) > 1 else ""
-    raise ApiError(400, f"unknown field{plural} in the body: {', '.join(map(repr, unknown))}", errors=problems)
+    raise ApiError(400, f"unknown {what}{plural}{where}: {', '.join(map(repr, unknown))}", errors=problems)
 
 
 def name_of(body: dict, default: str) -> str:

@@ -2,7 +2,7 @@
 experiences; launch and control; the workers. Each is a thin call into the services and queries
 of apps/runs; `schemas.py` says what each answers, `auth.py` who may call it."""
 
-from functools import cache
+from functools import cache, wraps
 
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
@@ -19,7 +19,7 @@ from ..controls import control_run
 from ..forms import RolloutFilterForm, RunFilterForm
 from ..models import MetricPoint, Run
 from .auth import ApiError, BearerToken, Session, add_error_handlers
-from .bodies import config_of, invalid, json_body, known_fields, name_of
+from .bodies import config_of, invalid, json_body, known_fields, known_query, name_of
 from .judgements import with_judgements
 from .paging import MAX_METRIC_POINTS, page_after, page_of
 from .schemas import (
@@ -77,6 +77,24 @@ api = RftwebAPI(
     docs=SchemaSwagger(),
 )
 add_error_handlers(api)
+
+
+def reads_only_its_query(view_func):
+    """Every route refuses the query parameters it does not read (bodies.known_query), after the
+    auth checks (ninja applies an "operation" decorator to the view it calls once they passed).
+    What a route reads: the fields of its Query[...] parameters, as /api/openapi.json lists them."""
+    known = [name for model in view_func._ninja_operation.models if model.__ninja_param_source__ == "query"
+             for name in model.__ninja_flatten_map__]
+
+    @wraps(view_func)
+    def checked(request, *args, **kwargs):
+        known_query(request.GET, known)
+        return view_func(request, *args, **kwargs)
+
+    return checked
+
+
+api.add_decorator(reads_only_its_query)  # before the routers: they inherit it
 api.add_router("/tasksets/", tasksets_router)
 api.add_router("/sweeps/", sweeps_router)
 

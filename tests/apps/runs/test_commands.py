@@ -56,3 +56,30 @@ def test_rft_status_and_stop(config_file, capsys):
         call_command("rft_stop", str(run.pk))
     with pytest.raises(CommandError, match="no run with id 999"):
         call_command("rft_status", "999")
+
+
+def test_embedded_rft_run_leaves_its_run_to_the_demo_server_which_starts_it(
+        transactional_db, tmp_path, researcher, settings, monkeypatch, capsys):
+    """Embedded, a task runs on a thread of the process that sends it: rft_run's died with the
+    command, and its run stayed queued for ever. The command now starts nothing; the demo server's
+    watchdog round (demo.pick_up) starts the queued run on a thread of its own. (Transactional: a
+    launch sends its task once it commits, inside the command.)"""
+    from types import SimpleNamespace
+
+    from apps.runs.management.commands import demo
+    from rftweb import celery
+
+    settings.RFTWEB_EMBEDDED = True
+    threads = []
+    thread = lambda target, daemon, name: threads.append(name) or SimpleNamespace(start=lambda: None)  # noqa: E731
+    monkeypatch.setattr(celery, "threading", SimpleNamespace(Thread=thread))  # enqueue's threads, recorded
+    Taskset.objects.create(name="arith")
+    path = tmp_path / "my-run.yaml"
+    path.write_text(CONFIG)
+    call_command("rft_run", str(path), "--owner", "res")
+    run = Run.objects.get()
+    assert run.status == "queued" and threads == []
+    assert "the demo server (make demo) starts it within 30 s" in capsys.readouterr().out
+    demo.pick_up()
+    run.refresh_from_db()
+    assert run.status == "starting" and threads == [f"workers.tasks.serve_duty({run.pk}, 'loop')"]

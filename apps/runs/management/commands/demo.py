@@ -1,9 +1,11 @@
 """`make demo`: set up, start a demo run, and serve the dashboard with its workers.
 
 Embedded (no REDIS_URL): the run trains on a thread of this process, which also serves the pages,
-so live updates travel through the in-memory channel layer, and a thread does beat's buffer
-retention sweep (apps/buffer/retention.py) when RFTWEB_BUFFER_RETENTION_DAYS turns it on. With
-REDIS_URL, a Celery worker and beat are started beside the server and stopped with it.
+so live updates travel through the in-memory channel layer, and threads do what beat does on the
+full stack: the watchdog, which here also starts the runs left queued (`pick_up`: rft_run and
+rft_resume leave theirs to this server), the alerts, and the buffer retention sweep
+(apps/buffer/retention.py) when RFTWEB_BUFFER_RETENTION_DAYS turns it on. With REDIS_URL, a
+Celery worker and beat are started beside the server and stopped with it.
 """
 import logging
 import os
@@ -63,6 +65,8 @@ class Command(BaseCommand):
         try:
             if not no_run:
                 self.start_demo_run(user)
+            if settings.RFTWEB_EMBEDDED:  # after start_demo_run's watchdog: two at once would both send on
+                every(settings.CELERY_BEAT_SCHEDULE["watchdog"]["schedule"], pick_up, "watchdog")
             self.stdout.write(self.style.SUCCESS(
                 f"rftweb on http://{addrport}/  (log in as {DEMO_USER} / {DEMO_PASSWORD})"
             ))
@@ -123,6 +127,19 @@ class Command(BaseCommand):
         capacity.workers_starting({"train": [f"train@{host}"], "explore": [f"explore@{host}"],
                                    "default": [f"jobs@{host}"]})
         return [subprocess.Popen(c, start_new_session=True) for c in commands]
+
+
+def pick_up() -> None:
+    """Embedded, beat's watchdog (every RFTWEB_WATCHDOG_INTERVAL seconds): start the runs left
+    queued, which no thread of any process will start (rft_run and rft_resume leave theirs to this
+    server: rftweb.celery.serve_here), and send on the duties whose thread is gone with its
+    process (supervision.watchdog: an `rft_run --wait` stopped with Ctrl-C). Not while this server
+    stops: its runs are handed back for its next start."""
+    if capacity.node_stopping(None):
+        return
+    for run_id in Run.objects.filter(status=Run.Status.QUEUED).values_list("pk", flat=True):
+        supervision.start_run(run_id)  # one another thread started meanwhile is left as it is
+    supervision.watchdog()
 
 
 def every(seconds: float, work, what: str) -> None:

@@ -3,7 +3,7 @@ from django.core.management.base import BaseCommand, CommandError
 from apps.runs import services
 from apps.runs.models import Run
 
-from .rft_run import follow
+from .rft_run import left_to_server, see_through
 
 
 class Command(BaseCommand):
@@ -22,12 +22,10 @@ class Command(BaseCommand):
         except Run.DoesNotExist:
             raise CommandError(f"no run with id {run_id}") from None
         was = run.status
-        try:
-            services.resume_run(run)
-        except services.InvalidTransition as err:
-            raise CommandError(str(err)) from None
-        self.stdout.write(services.describe_resume(run, was))
-        if wait:
-            follow(run, self.stdout.write)
-            if run.status != Run.Status.COMPLETED:
-                raise CommandError(f"run {run.pk} ended {run.status}: {run.error}")
+        with left_to_server():
+            try:
+                services.resume_run(run)
+            except services.InvalidTransition as err:
+                raise CommandError(str(err)) from None
+            self.stdout.write(services.describe_resume(run, was))
+            see_through(run, wait, self.stdout.write)
