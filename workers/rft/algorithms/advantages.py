@@ -111,8 +111,8 @@ def reinforce_plus_plus_baseline(rewards, group_ids: Sequence):
 
 @ADVANTAGE_FNS.register("opmd")
 def opmd(rewards, group_ids: Sequence, baseline: str = "mean", tau: float = 1.0):
-    """r - the group's baseline: its mean, or tau * log(mean(exp(r / tau))) ('logavgexp'); 0 for a
-    group of one (Trinity's OPMDAdvantageFn)."""
+    """r - the group's baseline: its mean, or tau * log(mean(exp(r / tau))) ('logavgexp'); a group of
+    one has baseline 0, so its advantage is its reward (Trinity's OPMDAdvantageFn)."""
     rewards = _as_float(rewards)
     g = group_stats(rewards, group_ids)
     if baseline == "logavgexp":

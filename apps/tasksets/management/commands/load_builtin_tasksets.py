@@ -4,7 +4,8 @@ from apps.tasksets.services import load_builtin_tasksets
 
 
 class Command(BaseCommand):
-    help = "Create the built-in generated tasksets (arithmetic, arithmetic-eval, countdown) that do not exist yet."
+    help = ("Create the built-in generated tasksets that do not exist yet (addition, addition-eval, arithmetic, "
+            "arithmetic-eval, countdown, episodes).")
 
     def handle(self, *args, **options):
         for name, created in load_builtin_tasksets():
