@@ -2,7 +2,7 @@
 
 A Celery worker reports its machine's when it registers (capacity.register); a launch checks a
 run's estimated footprint and trainer ranks against the live workers of the queues its duties go
-to (config_checks.fit_issues). Embedded (no Celery), this process's machine serves every duty.
+to (config_fit.fit_issues). Embedded (no Celery), this process's machine serves every duty.
 
 Memory and cores are what this process may use: a container's cgroup limit where it is below the
 machine's (a worker in a 4 GB container on a 64 GB host is killed at 4 GB).

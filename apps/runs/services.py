@@ -14,7 +14,8 @@ from rftweb.celery import enqueue, withdraw
 from workers.rft.algorithms import resolve
 from workers.rft.config import ConfigError, ConfigIssue, RunConfig
 
-from .config_checks import fit_issues, model_issues, source_run_issues
+from .config_checks import model_issues, source_run_issues
+from .config_fit import fit_issues
 from .duties import HANDED_OVER, NODE_DUTY, duties_of_run, holder, queue_of, workers_holding
 from .failures import describe_lost_worker
 from .hosts import serving
@@ -101,7 +102,7 @@ def validate_config(config: dict) -> RunConfig:
     """The engine's schema, plus what a shared server adds: model directories confined to the
     allowed roots (stored resolved), tasksets that exist, feedback source runs that exist and whose
     edits and pairs fit this run's tokenizer and prompts (config_checks.source_run_issues), and a run
-    the live workers can hold (config_checks.fit_issues). Raises ConfigError naming each bad key.
+    the live workers can hold (config_fit.fit_issues). Raises ConfigError naming each bad key.
     (Whoever may launch may name any run: launching needs the researcher role, and researchers
     watch every run, docs/security.md.)"""
     parsed = RunConfig.from_dict(config)

@@ -4,7 +4,7 @@ Finding 3: 8 tasks x 16 rollouts x 32,768 new tokens was accepted without a word
 process passed 3 GB within seconds and was killed, 7 kills in 58 s. Finding 15: 16 trainer ranks
 on a 2-core machine without a GPU were accepted. A launch now estimates what the run's processes
 hold (workers/rft/footprint.py) and checks it, and the ranks a machine runs, against the live
-workers that would serve it (apps/runs/config_checks.fit_issues, in services.validate_config):
+workers that would serve it (apps/runs/config_fit.fit_issues, in services.validate_config):
 refused naming the keys with the figure; warned (waits.launch_warnings) past 70 % of a worker's
 memory, when only some of the workers could host it, and, with none live, against this machine.
 
@@ -18,7 +18,7 @@ from django.contrib.messages import get_messages
 from django.urls import reverse
 
 from apps.runs import capacity, hosts
-from apps.runs.config_checks import fit_issues, fit_warnings
+from apps.runs.config_fit import fit_issues, fit_warnings
 from apps.runs.forms import LaunchForm
 from apps.runs.models import Run, Worker
 from apps.runs.presets import PRESETS, preset_config
