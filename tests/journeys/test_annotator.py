@@ -169,5 +169,7 @@ def test_an_annotator_judges_by_keyboard_while_the_run_trains_and_the_run_trains
     dpo.refresh_from_db()
     assert (dpo.status, dpo.error) == (Run.Status.COMPLETED, ""), worker.log_path.read_text()[-3000:]
     assert MetricPoint.objects.get(run=dpo, role="trainer", step=1).values["pairs"] == 1
-    assert Experience.objects.get(pk=compared).use_count == chosen_uses + 1
+    # The pair's use is the pair's (Feedback.use_count): the chosen rollout's own count is its run's.
+    pair.refresh_from_db()
+    assert pair.use_count == 1 and Experience.objects.get(pk=compared).use_count == chosen_uses
     assert page_errors == []
