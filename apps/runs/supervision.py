@@ -439,6 +439,11 @@ def watchdog() -> list[tuple[int, str]]:
             beat = run.heartbeats.get(duty)
             if beat is None or duties.holder(run, duty, timeout) is not None:
                 continue  # its first task is queued (start_run, set_explorers sent it), or it is held
+            if settings.RFTWEB_EMBEDDED and beat["worker"] == worker_id():
+                # Embedded, a thread of this very process: alive while the process is (one that ends
+                # lets its duty go). Its beat lapses when the machine is busy, and sending its duty
+                # on restarted a run that was training (the demo server's watchdog, beside CI's load).
+                continue
             if not services.hand_over(run, duty, settings.RFTWEB_MAX_HANDOVERS):
                 break  # the run failed: its user resumes it
             if beat["worker"] == duties.HANDED_OVER:

@@ -295,3 +295,20 @@ def test_the_watchdog_fails_a_run_whose_worker_keeps_dying(make_run, settings):
     assert services.hand_over(progressed, "loop", limit=2)
     progressed.refresh_from_db()
     assert progressed.heartbeats["loop"]["handovers"] == 1
+
+
+def test_embedded_the_watchdog_leaves_this_servers_own_slow_duties_alone(make_run, settings, monkeypatch):
+    """Embedded, every duty is a thread of the server: a beat late because the machine is busy is
+    no dead worker. Sending it on restarted a training run (the demo server's watchdog round, under
+    CI's load with the tests' 6 s timeout). A duty of another process (an `rft_run --wait` that was
+    killed) is still sent on."""
+    monkeypatch.setattr(supervision, "enqueue", lambda *args, **kwargs: None)
+    settings.RFTWEB_EMBEDDED = True
+    config = {"mode": "both", "synchronizer": {"method": "memory"}, "trainer": {"total_steps": 10}}
+    late = beat(supervision.worker_id(), seconds_ago=999)
+    mine = make_run("mine", status=Status.RUNNING, config=config, heartbeats={"loop": late})
+    gone = make_run("gone", status=Status.RUNNING, config=config,
+                    heartbeats={"loop": beat("elsewhere:1", seconds_ago=999)})
+    assert supervision.watchdog() == [(gone.pk, "loop")]
+    mine.refresh_from_db()
+    assert mine.heartbeats["loop"]["worker"] == supervision.worker_id()
