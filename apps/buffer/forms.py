@@ -1,5 +1,7 @@
 """Forms of the curation admin: the options of bulk actions, and the expert data upload."""
 
+from pathlib import Path
+
 from django import forms
 from django.conf import settings
 from django.template.defaultfilters import filesizeformat
@@ -9,6 +11,7 @@ from apps.runs.config_checks import checked_reward_fn
 from workers.rft.config import ConfigError, parse_config_text, parse_reward_fn_text
 
 from . import curation, exporters, importers
+from .models import ExpertDataset
 
 
 class PriorityForm(forms.Form):
@@ -77,6 +80,11 @@ class PipelineForm(forms.Form):
 
 class ExpertDataUploadForm(forms.Form):
     file = forms.FileField(help_text="JSONL (one object per line) or Parquet, UTF-8.")
+    dataset = forms.CharField(
+        max_length=100, required=False,
+        help_text="What a run names as buffer.expert_dataset to train on these rows: a new name, or an existing "
+        "dataset of the same layout to add to. Empty: the file's name without its extension.",
+    )
     layout = forms.ChoiceField(
         choices=[
             ("sft", "SFT: prompt + response, or chat messages (an rftweb experience export too)"),
@@ -99,7 +107,15 @@ class ExpertDataUploadForm(forms.Form):
 
     def clean(self):
         cleaned = super().clean()
-        if cleaned.get("format") == "auto" and cleaned.get("file"):
+        upload = cleaned.get("file")
+        if upload and not cleaned.get("dataset", "").strip():
+            cleaned["dataset"] = Path(upload.name).stem[:100]
+        name, layout = cleaned.get("dataset", "").strip(), cleaned.get("layout")
+        if name and "\x00" in name:
+            self.add_error("dataset", "A dataset name cannot hold a NUL character.")
+        elif name and layout and ExpertDataset.objects.filter(name=name).exclude(layout=layout).exists():
+            self.add_error("dataset", f"The dataset {name!r} holds the other layout's data: name another one.")
+        if cleaned.get("format") == "auto" and upload:
             try:
                 cleaned["format"] = importers.detect_expert_format(cleaned["file"].name)
             except FileImportError as exc:

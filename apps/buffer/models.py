@@ -1,6 +1,7 @@
 import uuid
 from pathlib import Path
 
+from django.conf import settings
 from django.contrib.postgres.indexes import GinIndex
 from django.contrib.postgres.search import SearchVectorField
 from django.db import models
@@ -13,6 +14,35 @@ from .fields import PackedArrayField
 # The uses a row has before it counts as used as much as an unused row of priority 0 (the sample
 # order, workers.rft.sampling.sample_key): what the trainer's sample orders by, and its index.
 USES_LEFT = F("use_count") - F("priority")
+# The group ids of a run's copies of an imported expert dataset (expert_data.py): its responses,
+# and its pairs (chosen at rollout index 0, rejected at 1).
+IMPORTED_GROUP = "imported-"
+IMPORTED_PAIR_GROUP = f"{IMPORTED_GROUP}pair-"
+
+
+class ExpertDataset(models.Model):
+    """Expert data imported from files under one name (the experiences page's *Import expert
+    data*): its rows are experiences of source `expert` with no run. A run names it as
+    `buffer.expert_dataset` and trains on a copy of its rows, tokenized for its model when its
+    trainer starts (apps/buffer/expert_data.py): SFT and MIX imitate an `sft` dataset's
+    responses, DPO trains on a `dpo` dataset's pairs."""
+
+    class Layout(models.TextChoices):
+        SFT = "sft", "SFT: prompt and response"
+        DPO = "dpo", "DPO: prompt, chosen and rejected"
+
+    name = models.CharField(max_length=100, unique=True)
+    layout = models.CharField(max_length=3, choices=Layout.choices)
+    created_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, related_name="+", on_delete=models.SET_NULL
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self):
+        return self.name
 
 
 class Experience(models.Model):
@@ -34,6 +64,12 @@ class Experience(models.Model):
     # fewer to write, migration 0008).
     run = models.ForeignKey(
         "runs.Run", null=True, blank=True, related_name="experiences", on_delete=models.CASCADE, db_index=False
+    )
+    # Imported expert data: the dataset it came in (its rows have no run). Deleting the dataset
+    # deletes them; the runs' copies stay (their parent link is SET_NULL).
+    dataset = models.ForeignKey(
+        ExpertDataset, null=True, blank=True, related_name="experiences", on_delete=models.CASCADE,
+        db_index=False,  # experience_dataset below: a run's copy reads the rows in id order
     )
     task = models.ForeignKey(
         "tasksets.Task", null=True, blank=True, related_name="experiences", on_delete=models.SET_NULL
@@ -86,6 +122,8 @@ class Experience(models.Model):
             models.Index(fields=["run", "explorer_step"], name="experience_step"),
             # Exact matches only: the LIKE index Django adds beside a db_index CharField served no query.
             models.Index(fields=["group_id"], name="experience_group"),
+            # Imported rows only: the run-less few of a table of rollouts.
+            models.Index(fields=["dataset", "id"], condition=Q(dataset__isnull=False), name="experience_dataset"),
             # The trainer's sample order (store.sample): a run's ready, unclaimed rows, least used
             # first. Without it, sampling 256 rows at 10^6 scans and sorts them all (~20 s). Not
             # claimed_at in the condition: a claim then changes no indexed value (migration 0006).

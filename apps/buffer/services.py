@@ -24,7 +24,7 @@ from apps.feedback.models import Feedback
 from apps.runs.models import Run
 
 from . import exporters, importers
-from .models import BufferJob, Experience
+from .models import BufferJob, Experience, ExpertDataset
 
 CHUNK_ROWS = 2_000  # rows a job holds in memory at once
 DELETE_CHUNK_ROWS = 10_000
@@ -86,6 +86,7 @@ IMPORT_BATCH_ROWS = 2_000
 def import_expert_data(
     path,
     *,
+    dataset: str | None = None,
     layout: str = "sft",
     fmt: str | None = None,
     user=None,
@@ -94,10 +95,12 @@ def import_expert_data(
     batch_size: int = IMPORT_BATCH_ROWS,
     stop_if_cancelled: Callable[[], None] | None = None,
 ) -> int:
-    """Import a JSONL or Parquet file of expert data as experiences of source `expert` with no run,
-    all or nothing: rows are streamed and inserted `batch_size` at a time inside one transaction,
-    so a bad row anywhere leaves nothing behind. A DPO row becomes two experiences (chosen: ready;
-    rejected: status rejected, so it is never imitated) and `user`'s preference between them.
+    """Import a JSONL or Parquet file of expert data into the expert dataset named `dataset` (the
+    file's name without its extension by default; a new one, or one of the same layout to add to)
+    as experiences of source `expert` with no run, all or nothing: rows are streamed and inserted
+    `batch_size` at a time inside one transaction, so a bad row anywhere leaves nothing behind.
+    A DPO row becomes two experiences (chosen: ready; rejected: status rejected, so it is never
+    imitated) and `user`'s preference between them.
     `progress(rows, bytes_done, bytes_total)` is called after every batch, and
     `stop_if_cancelled()` too, inside the transaction: what it raises rolls the import back.
     Returns the number of experiences created. Raises FileImportError."""
@@ -110,13 +113,16 @@ def import_expert_data(
     pair_prefix = f"pair-{uuid.uuid4().hex[:12]}"  # each pair is a group of two, so the admin shows them side by side
     batch, created, read = [], 0, None
     with transaction.atomic():
+        into = _dataset_to_fill(dataset or path.stem, layout, user, source)
         for number, (experiences, read) in enumerate(rows):
             if layout == "dpo":
                 chosen, rejected = experiences
                 group = f"{pair_prefix}-{number}"
-                batch.append([_expert_row(chosen, group), _expert_row(rejected, group, Experience.Status.REJECTED)])
+                batch.append([
+                    _expert_row(chosen, into, group), _expert_row(rejected, into, group, Experience.Status.REJECTED)
+                ])
             else:
-                batch.append([_expert_row(experiences[0])])
+                batch.append([_expert_row(experiences[0], into)])
             if len(batch) == batch_size:
                 created += _insert_imported(batch, layout, user, source)
                 if progress:
@@ -129,11 +135,31 @@ def import_expert_data(
     return created
 
 
+def _dataset_to_fill(name: str, layout: str, user, source: str) -> ExpertDataset:
+    """The dataset an import adds to: a new one, or the one of that name if its layout is the
+    file's (a run trains on all of one dataset one way). Locked until the import commits, so a
+    deletion waits for it."""
+    name = name.strip()
+    if not name or len(name) > 100 or "\x00" in name:
+        raise FileImportError(source, None, f"the dataset name {name[:100]!r} must be 1 to 100 characters")
+    dataset, _ = ExpertDataset.objects.select_for_update().get_or_create(
+        name=name, defaults={"layout": layout, "created_by": user}
+    )
+    if dataset.layout != layout:
+        raise FileImportError(
+            source, None, f"the dataset {name!r} holds {dataset.layout.upper()} data, and this file is a "
+            f"{layout.upper()} import: name another dataset (a run trains on all of one dataset one way)",
+        )
+    return dataset
+
+
 def _expert_row(
-    fields: importers.ExperienceFields, group_id: str | None = None, status=Experience.Status.READY
+    fields: importers.ExperienceFields, dataset: ExpertDataset, group_id: str | None = None,
+    status=Experience.Status.READY,
 ) -> Experience:
     return Experience(
         run=None,
+        dataset=dataset,
         source=Experience.Source.EXPERT,
         status=status,
         prompt_text=fields.prompt_text,
@@ -174,11 +200,43 @@ def _insert_imported(batch: list[list[Experience]], layout: str, user, source: s
     return len(rows)
 
 
-def start_import(*, upload, layout: str, fmt: str, user=None) -> BufferJob:
-    """Save an uploaded file under MEDIA_ROOT and queue its import once this transaction commits."""
+class DatasetInUse(Exception):
+    """A dataset a run still has to copy (a queued or unfinished run names it) is not deleted."""
+
+
+def runs_waiting_for(names) -> list[Run]:
+    """The queued and unfinished runs that name one of these datasets as buffer.expert_dataset:
+    their trainers copy it when they start (expert_data.py)."""
+    unfinished = (Run.Status.QUEUED, *Run.ACTIVE)
+    return list(Run.objects.filter(status__in=unfinished, config__buffer__expert_dataset__in=list(names)).only(
+        "pk", "name", "config"
+    ))
+
+
+def delete_datasets(queryset) -> int:
+    """Delete expert datasets with their rows and the preferences between them, all or nothing
+    (the runs' copies stay: a copy is its run's). Raises DatasetInUse, deleting nothing, while
+    a queued or unfinished run names one. Returns the number of experiences deleted."""
+    datasets = list(queryset)
+    waiting = runs_waiting_for(d.name for d in datasets)
+    if waiting:
+        raise DatasetInUse(
+            "Not deleted: " + ", ".join(f"run {run.name} (#{run.pk}) names {run.config['buffer']['expert_dataset']!r}"
+                                         for run in waiting)
+            + ". A run copies its dataset when its trainer starts: delete it once they have ended."
+        )
+    with transaction.atomic():
+        deleted = delete_experiences(Experience.objects.filter(dataset__in=datasets))
+        ExpertDataset.objects.filter(pk__in=[d.pk for d in datasets]).delete()
+    return deleted
+
+
+def start_import(*, upload, layout: str, fmt: str, dataset: str | None = None, user=None) -> BufferJob:
+    """Save an uploaded file under MEDIA_ROOT and queue its import into `dataset` (the file's name
+    without its extension by default) once this transaction commits."""
     job = BufferJob(
         kind=BufferJob.Kind.IMPORT,
-        params={"layout": layout, "format": fmt},
+        params={"dataset": dataset, "layout": layout, "format": fmt},
         original_filename=Path(upload.name).name,
         bytes_total=upload.size,
         created_by=user,
@@ -297,8 +355,11 @@ def selected_rows(job: BufferJob, rows) -> Iterator[tuple[int, list]]:
 
 @jobs.register(f"buffer.{BufferJob.Kind.IMPORT}", cancellable=True)
 def _run_import(job: BufferJob, progress) -> dict:
+    # A job queued before datasets had names takes its file's (the upload's own name is random).
+    dataset = job.params.get("dataset") or Path(job.original_filename).stem
     created = import_expert_data(
         job.upload.path,
+        dataset=dataset,
         layout=job.params["layout"],
         fmt=job.params["format"],
         user=job.created_by,
@@ -307,7 +368,7 @@ def _run_import(job: BufferJob, progress) -> dict:
         stop_if_cancelled=lambda: jobs.stop_if_cancelled(job),
     )
     job.rows_total = created
-    return {"imported": created}
+    return {"imported": created, "dataset": dataset}
 
 
 def delete_jobs(queryset) -> int:

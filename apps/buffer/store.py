@@ -21,7 +21,7 @@ from workers.rft.config import RunConfig
 from workers.rft.experience import EXPERT_SOURCES, SOURCES, Experience, PreferencePair
 from workers.rft.sampling import HUMAN_REWARD, USUAL_SOURCES, apply_human_feedback, sample_key
 
-from .models import USES_LEFT
+from .models import IMPORTED_PAIR_GROUP, USES_LEFT
 from .models import Experience as ExperienceRow
 
 STALE_SOURCES = ("rollout", "synthetic")  # expert and human data never go stale
@@ -31,6 +31,13 @@ COPIED_FIELDS = (
     "response_ids", "action_mask", "logprobs", "reward", "reward_components", "advantage", "model_version",
     "priority", "use_count", "explorer_step", "metadata",
 )
+
+
+def _pair(chosen: ExperienceRow, rejected: ExperienceRow, pair_id: int) -> PreferencePair:
+    return PreferencePair(
+        prompt_ids=chosen.prompt_ids, chosen_ids=chosen.response_ids, rejected_ids=rejected.response_ids,
+        task_id=chosen.task_id, id=pair_id, chosen_mask=chosen.action_mask, rejected_mask=rejected.action_mask,
+    )
 
 
 def storable(value):
@@ -371,8 +378,18 @@ class DjangoExperienceBuffer:
         return released + returned
 
     def sample_pairs(self, n: int) -> list[PreferencePair]:
-        """Human preferences on this run's experiences and those of the feedback source runs;
-        least used first (a use is counted on the preference)."""
+        """Human preferences on this run's experiences and those of the feedback source runs, and
+        the run's copies of an imported dataset's pairs (expert_data.py); least used first (a use
+        is counted on the preference, or on the copy of the chosen side)."""
+        judged, imported = self._judged_pairs(n), self._imported_pairs(n)
+        picked = sorted(judged + imported, key=lambda pick: pick[:3])[:n]
+        for model, kind in ((Feedback, 0), (ExperienceRow, 1)):
+            used = [pk for _, k, pk, _ in picked if k == kind]
+            model.objects.filter(pk__in=used).update(use_count=F("use_count") + 1)
+        return [pair for *_, pair in picked]
+
+    def _judged_pairs(self, n: int) -> list[tuple]:
+        """(uses, 0, id, pair): up to n of the annotators' preferences, least used first."""
         feedback = self.config.feedback
         runs = [self.run_id, *feedback.source_runs]
         prefs = (
@@ -383,13 +400,17 @@ class DjangoExperienceBuffer:
         if feedback.exclude_flagged:
             rejected = ExperienceRow.Status.REJECTED
             prefs = prefs.exclude(experience__status=rejected).exclude(other__status=rejected)
-        prefs = list(prefs.select_related("experience", "other").order_by("use_count", "id")[:n])
-        Feedback.objects.filter(pk__in=[p.pk for p in prefs]).update(use_count=F("use_count") + 1)
-        return [
-            PreferencePair(
-                prompt_ids=p.experience.prompt_ids, chosen_ids=p.experience.response_ids,
-                rejected_ids=p.other.response_ids, task_id=p.experience.task_id, id=p.pk,
-                chosen_mask=p.experience.action_mask, rejected_mask=p.other.action_mask,
-            )
-            for p in prefs
-        ]
+        prefs = prefs.select_related("experience", "other").order_by("use_count", "id")[:n]
+        return [(p.use_count, 0, p.pk, _pair(p.experience, p.other, p.pk)) for p in prefs]
+
+    def _imported_pairs(self, n: int) -> list[tuple]:
+        """(uses, 1, id, pair): up to n pairs of the imported dataset's copy, least used first.
+        A curator's flag on either side (status rejected) leaves a pair out, as a judged one."""
+        pairs = self._rows().filter(group_id__startswith=IMPORTED_PAIR_GROUP)
+        if self.config.feedback.exclude_flagged:
+            flagged = pairs.filter(status=ExperienceRow.Status.REJECTED).values("group_id")
+            pairs = pairs.exclude(group_id__in=flagged)
+        chosen = list(pairs.filter(rollout_index=0).order_by("use_count", "id")[:n])
+        partners = pairs.filter(rollout_index=1, group_id__in=[c.group_id for c in chosen])
+        rejected = {row.group_id: row for row in partners}
+        return [(c.use_count, 1, c.pk, _pair(c, rejected[c.group_id], c.pk)) for c in chosen if c.group_id in rejected]

@@ -14,6 +14,8 @@ from pathlib import Path
 
 from django.conf import settings
 
+from apps.buffer.models import ExpertDataset
+from workers.rft.algorithms import resolve
 from workers.rft.config import (
     ConfigError,
     ConfigIssue,
@@ -129,6 +131,24 @@ def source_run_issues(config, sources) -> list[ConfigIssue]:
                                       "Its human edits and preference pairs are token ids of its prompts as it "
                                       "formatted them: name runs of this run's model and prompt format"))
     return issues
+
+
+def expert_dataset_issue(config) -> ConfigIssue | None:
+    """buffer.expert_dataset must name an imported dataset this algorithm reads: an SFT one for
+    the algorithms that imitate (sft, mix, mix_chord), a DPO one for dpo's pairs."""
+    name = config.buffer.expert_dataset
+    if name is None:
+        return None
+    layout = ExpertDataset.objects.filter(name=name).values_list("layout", flat=True).first()
+    if layout is None:
+        return ConfigIssue("buffer.expert_dataset", f"no expert dataset named {name!r}: curators import one on the "
+                           "experiences page (Import expert data), under the name a run gives here")
+    pairs = resolve(config).sample_strategy == "pairs"
+    if pairs != (layout == ExpertDataset.Layout.DPO):
+        wants, use = ("preference pairs", "a DPO dataset") if pairs else ("responses to imitate", "an SFT dataset")
+        return ConfigIssue("buffer.expert_dataset", f"{name!r} holds {layout.upper()} data, and algorithm "
+                           f"'{config.algorithm.name}' trains on {wants}: name {use}")
+    return None
 
 
 def _tokenizer_difference(theirs: str, ours: str) -> str | None:

@@ -18,7 +18,7 @@ from django import forms
 from django.contrib.auth import get_user_model
 from django.db.models import Q
 
-from apps.buffer.models import Experience
+from apps.buffer.models import Experience, ExpertDataset
 from apps.core.numbers import whole_numbers
 from apps.tasksets.models import Taskset
 from workers.rft.config import (
@@ -41,7 +41,11 @@ FORM, YAML = "form", "yaml"
 SECTIONS = (
     ("Run", ("mode", "seed")),
     ("Model", ("model.path", "model.dtype", "model.device")),
-    ("Data", ("buffer.taskset", "buffer.expert_taskset", "buffer.eval_taskset", "buffer.max_staleness")),
+    (
+        "Data",
+        ("buffer.taskset", "buffer.expert_taskset", "buffer.expert_dataset", "buffer.eval_taskset",
+         "buffer.max_staleness"),
+    ),
     (
         "Algorithm",
         (
@@ -99,6 +103,7 @@ CLIPPED = tuple(name for name in RL if name != "opmd")  # the presets whose loss
 GROUPED = ("grpo", "rloo", "reinforce_plus_plus_baseline", "opmd", "mix", "mix_chord")  # group advantage fns
 ALGORITHM_ONLY = {
     "buffer.expert_taskset": ("sft", "mix", "mix_chord"),  # the ones that train on expert data
+    "buffer.expert_dataset": ("sft", "mix", "mix_chord", "dpo"),  # and on imported pairs
     "buffer.max_staleness": RL,  # the ones that train on rollouts
     "algorithm.loss_agg_mode": (*RL, "sft"),
     "algorithm.drop_zero_std_groups": GROUPED,
@@ -163,16 +168,14 @@ def _schema_field(key: str):
     return model.model_fields[name]
 
 
-def _form_field(key: str, taskset_names: list[str]) -> forms.Field:
+def _form_field(key: str, names: dict[str, list[str]]) -> forms.Field:
     """A form field that takes what the config key takes, with its description as help, read off
     the config schema so the two cannot drift; the ranges are left to the schema, whose messages
-    then show next to the field."""
+    then show next to the field. `names`: the choices of the keys that name a stored thing."""
     spec = _schema_field(key)
     types = leaf_types(spec.annotation)
     optional = accepts_null(spec.annotation)
-    choices = choices_of(spec.annotation) or None
-    if key in TASKSET_KEYS:
-        choices = taskset_names
+    choices = names[key] if key in names else choices_of(spec.annotation) or None
     required = not optional and bool not in types  # an unchecked box is a value: false
     options = {"required": required, "label": key.split(".", 1)[-1], "help_text": description(spec)}
     if key == "explorer.reward_fn":
@@ -224,10 +227,12 @@ class LaunchForm(forms.Form):
         super().__init__(*args, **kwargs)
         self.current_editor = (self.data.get("editor") if self.is_bound else self.initial.get("editor")) or FORM
         if self.current_editor == FORM:
-            taskset_names = list(Taskset.objects.values_list("name", flat=True))
+            tasksets = list(Taskset.objects.values_list("name", flat=True))
+            names = {key: tasksets for key in TASKSET_KEYS}
+            names["buffer.expert_dataset"] = list(ExpertDataset.objects.values_list("name", flat=True))
             for _, keys in SECTIONS:
                 for key in keys:
-                    self.fields[key] = _form_field(key, taskset_names)
+                    self.fields[key] = _form_field(key, names)
 
     @classmethod
     def for_config(cls, config: Mapping, *, name: str = "", editor: str = FORM) -> "LaunchForm":

@@ -56,7 +56,8 @@ PRESETS = {
     ),
     "sft": Preset(
         "SFT",
-        "Supervised fine-tuning of SmolLM2 on the expert answers of a taskset; no rollouts.",
+        "Supervised fine-tuning of SmolLM2 on the expert answers of a taskset, or on expert data a curator "
+        "imported (buffer.expert_dataset); no rollouts.",
         {
             "mode": "train",
             "model": {"path": "smollm2-135m"},
@@ -67,8 +68,8 @@ PRESETS = {
     ),
     "dpo-human": Preset(
         "DPO from human preferences",
-        "Direct preference optimisation of SmolLM2 on the A-over-B judgements annotators made on other runs: "
-        "list those runs in feedback.source_runs.",
+        "Direct preference optimisation of SmolLM2 on the A-over-B judgements annotators made on other runs "
+        "(list those runs in feedback.source_runs), or on imported preference pairs (buffer.expert_dataset).",
         {
             "mode": "train",
             "model": {"path": "smollm2-135m"},

@@ -14,7 +14,7 @@ from rftweb.celery import enqueue, withdraw
 from workers.rft.algorithms import resolve
 from workers.rft.config import ConfigError, ConfigIssue, RunConfig
 
-from .config_checks import model_issues, source_run_issues
+from .config_checks import expert_dataset_issue, model_issues, source_run_issues
 from .config_fit import fit_issues
 from .duties import HANDED_OVER, NODE_DUTY, duties_of_run, holder, queue_of, workers_holding
 from .failures import describe_lost_worker
@@ -113,6 +113,8 @@ def validate_config(config: dict) -> RunConfig:
         for key, name in named.items()
         if name and not Taskset.objects.filter(name=name).exists()  # NUL and surrogates: refused by from_dict
     ]
+    dataset_issue = expert_dataset_issue(parsed)
+    issues += [dataset_issue] if dataset_issue else []
     if parsed.mode == "train" and resolve(parsed).uses_rollouts:
         # A run's trainer reads its own buffer (and other runs' human edits): a run that rolls
         # nothing out has no rollouts to train on, and skipped every step. (The engine's own

@@ -6,6 +6,7 @@ from django.db import connection, connections, transaction
 from django.db.models import Q
 from django.utils import timezone
 
+from apps.buffer.expert_data import DjangoExpertData
 from apps.buffer.store import DjangoExperienceBuffer
 from apps.tasksets.models import Taskset
 from apps.tasksets.store import DjangoTaskSource
@@ -159,6 +160,7 @@ def run_stores(run: Run, config, duty: str = "loop", worker: str = "") -> Stores
         metrics=DjangoMetricSink(run),
         eval_source=taskset_source(buffer.eval_taskset),
         expert_source=DjangoTaskSource(expert) if expert else None,
+        expert_data=DjangoExpertData(run.pk, buffer.expert_dataset) if buffer.expert_dataset else None,
         checkpoints=DjangoCheckpointStore(run),
         claims=DjangoStepClaims(run, worker, duty) if duties.is_explorer(duty) else None,
         weight_group=DjangoWeightGroup(run, duty) if config.synchronizer.method == "nccl" and duty != "loop" else None,

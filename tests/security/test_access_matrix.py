@@ -335,6 +335,7 @@ def test_a_run_restricted_to_no_annotators_refuses_every_item_route_to_an_annota
 # Experiences come from runs and imports, jobs from their forms: the admin adds none of them by hand.
 NOT_ADDED_BY_HAND = {
     ("buffer", "experience"), ("buffer", "bufferjob"), ("tasksets", "tasksetimport"),
+    ("buffer", "expertdataset"),  # imports make them
     ("runs", "run"), ("runs", "checkpoint"),  # workers make them; an admin could plant a config or a path
     ("runs", "sweep"), ("alerts", "alert"),  # the launch form makes sweeps, events make alerts
     # judgements come from annotating, metric points from workers: the feedback services keep

@@ -65,6 +65,11 @@ def main(argv=None) -> int:
               "from the dashboard (Celery workers on queue explore, docs/scale.md); a headless run has one",
               file=sys.stderr)
         return 2
+    if config.buffer.expert_dataset is not None:
+        print("buffer.expert_dataset names imported expert data of the web app's buffer, which a headless run does not "
+              "read: give it the expert answers as buffer.expert_taskset (a JSONL of tasks whose metadata holds "
+              "expert_response, docs/data-formats.md)", file=sys.stderr)
+        return 2
     if config.synchronizer.method == "nccl":
         print("synchronizer.method is nccl: it sends weights from a trainer to explorers that are workers of a run "
               "launched from the dashboard (docs/scale.md); a headless run holds both in one process: use memory",

@@ -328,6 +328,10 @@ class BufferConfig(Section):
     """tasks the explorer samples"""
     expert_taskset: Text | None = None
     """expert data: its answers, trained on by sft, mix and mix_chord (dpo trains on preference pairs)"""
+    expert_dataset: Text | None = None
+    """imported expert data (an expert dataset of the experiences page): sft, mix and mix_chord imitate an SFT
+    dataset's responses, dpo trains on a DPO dataset's pairs; copied into the run for its model when its trainer
+    starts"""
     eval_taskset: Text | None = None
     """held-out tasks for explorer.eval_interval and mode bench"""
     max_staleness: int | None = Field(None, ge=0, le=1_000_000)

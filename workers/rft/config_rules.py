@@ -127,6 +127,9 @@ def _data_option_rules(c, spec) -> list[tuple]:
     return [
         ("buffer.expert_taskset", buffer.expert_taskset is not None and not expert,
          f"has no effect with {algorithm}: its answers are expert data, and {readers}", by),
+        ("buffer.expert_dataset", buffer.expert_dataset is not None and not expert and not pairs,
+         f"has no effect with {algorithm}: it is expert data or preference pairs, and {readers}"
+         + ("" if pairs else ", dpo on preference pairs"), by),
         ("feedback.edits_as_expert", not feedback.edits_as_expert and not expert,
          f"has no effect with {algorithm}: human edits are expert data, and {readers}", by),
         ("feedback.source_runs", bool(feedback.source_runs) and not pairs and not expert,
@@ -280,9 +283,11 @@ def combination_issues(c, bad: set) -> list[ConfigIssue]:
         ("synchronizer.verify_every", sync.verify_every != 10 and sync.method != "nccl",
          f"has no effect with synchronizer.method '{sync.method}': it checksums nccl transfers",
          ("synchronizer.method",)),
-        ("buffer.expert_taskset", spec.sample_strategy == "mix" and c.buffer.expert_taskset is None,
+        ("buffer.expert_taskset",
+         spec.sample_strategy == "mix" and c.buffer.expert_taskset is None and c.buffer.expert_dataset is None,
          f"required by {'algorithm' if algo.name == 'mix' else 'policy loss'} 'mix', which mixes expert data into "
-         "every trainer batch", ("algorithm.name", "algorithm.policy_loss")),
+         "every trainer batch (or buffer.expert_dataset: imported expert data)",
+         ("algorithm.name", "algorithm.policy_loss")),
         ("mode", not spec.uses_rollouts and c.mode == "explore",
          f"'explore' only collects rollouts, and algorithm '{algo.name}' does not train on rollouts",
          ("algorithm.name",)),

@@ -34,7 +34,7 @@ from .explorer import Explorer
 from .explorer_thread import ExplorerThread
 from .memory import InMemoryBuffer, InMemoryCheckpoints, InMemoryMetrics, InMemoryTaskSource
 from .models import add_lora, load_critic, load_policy, load_reference, load_tokenizer, pick_device, pick_dtype
-from .protocols import CheckpointStore, ExperienceBuffer, MetricSink, StepClaims, TaskSource, WeightGroup
+from .protocols import CheckpointStore, ExperienceBuffer, ExpertData, MetricSink, StepClaims, TaskSource, WeightGroup
 from .rewards import ReadLimits, build_reward
 from .stopping import StopRequested
 from .synchronizer import Synchronizer
@@ -51,6 +51,7 @@ class Stores:
     metrics: MetricSink
     eval_source: TaskSource | None = None  # for eval and bench
     expert_source: TaskSource | None = None  # whose answers become expert data (MIX, SFT)
+    expert_data: ExpertData | None = None  # buffer.expert_dataset: imported expert data or pairs (web app only)
     checkpoints: CheckpointStore | None = None
     claims: StepClaims | None = None  # how explorers that are workers of their own share the steps
     weight_group: WeightGroup | None = None  # synchronizer.method 'nccl': where trainer and explorers meet
@@ -182,14 +183,17 @@ class Loop:
                 self.seed_expert_data()
 
     def seed_expert_data(self) -> int:
-        """Write the expert taskset's answers into the buffer as expert experiences, once. Only
-        the taskset's rows count as done: not human edits, nor the rollouts promote_to_expert
-        copied before the trainer started (a split run's explorer may start first: MIX then
-        trained on the 8 promoted rows alone, not the taskset's 50)."""
-        source, buffer = self.stores.expert_source, self.stores.buffer
-        if source is None or buffer.count(sources=("expert",), group_prefix=EXPERT_GROUP):
-            return 0
-        return buffer.write([self.workflow.expert_experience(task) for task in source.tasks()])
+        """Write the expert taskset's answers into the buffer as expert experiences, once, and
+        copy the imported expert dataset in. Only the taskset's rows count as done: not human
+        edits, nor the rollouts promote_to_expert copied before the trainer started (a split
+        run's explorer may start first: MIX then trained on the 8 promoted rows alone, not the
+        taskset's 50)."""
+        source, buffer, seeded = self.stores.expert_source, self.stores.buffer, 0
+        if source is not None and not buffer.count(sources=("expert",), group_prefix=EXPERT_GROUP):
+            seeded += buffer.write([self.workflow.expert_experience(task) for task in source.tasks()])
+        if self.stores.expert_data is not None:
+            seeded += self.stores.expert_data.seed(self.workflow.written_experience)
+        return seeded
 
     def close(self) -> None:
         """Free what outlives a run in a long-lived worker: the rollout engine's processes (vLLM),

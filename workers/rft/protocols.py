@@ -71,6 +71,17 @@ class ExperienceBuffer(Protocol):
         """Up to n preference pairs for DPO, least used first; counts as a use."""
 
 
+class ExpertData(Protocol):
+    """An imported expert dataset a run trains on (buffer.expert_dataset): written prompts and
+    responses, or preference pairs, in no model's tokens yet."""
+
+    def seed(self, to_experience: Callable[[str | list[dict], str], Experience]) -> int:
+        """Copy the dataset into the run's buffer, each response made an experience by
+        to_experience(prompt, response) (the run's prompt format and tokenizer): expert
+        experiences to imitate, or preference pairs for DPO. A restart carries an unfinished copy
+        on. Returns how many experiences it wrote."""
+
+
 class MetricSink(Protocol):
     def log(self, role: str, step: int, values: dict[str, float]) -> None:
         """One point per role ('explorer' | 'trainer' | 'eval' | 'system') and step, all scalars

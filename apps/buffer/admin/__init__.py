@@ -7,7 +7,7 @@ search matches the indexed documents of models.ExperienceSearch (search.py), and
 is one statement or a Celery job. Actions and pages change state through services, never directly.
 """
 
-from . import experiences, jobs  # noqa: F401 - registers the model admins
+from . import datasets, experiences, jobs  # noqa: F401 - registers the model admins
 from .actions import ExportActionForm, confirm_action, export_action
 
 __all__ = ["ExportActionForm", "confirm_action", "export_action"]

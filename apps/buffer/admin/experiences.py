@@ -45,14 +45,16 @@ def with_previews(queryset):
     )
 
 
-LIST_FIELDS = ("id", "run__name", "explorer_step", "source", "status", "reward", "model_version", "created_at")
+LIST_FIELDS = (
+    "id", "run__name", "dataset__name", "explorer_step", "source", "status", "reward", "model_version", "created_at"
+)
 
 
 class ExperienceChangeList(ChangeList):
     def get_queryset(self, request, exclude_parameters=None):
         # Only the shown columns: the list never loads token arrays, texts or metadata.
         queryset = super().get_queryset(request, exclude_parameters)
-        return with_previews(queryset.select_related("run").only(*LIST_FIELDS)).annotate(
+        return with_previews(queryset.select_related("run", "dataset").only(*LIST_FIELDS)).annotate(
             tokens=response_tokens(), feedback_count=feedback_count()
         )
 
@@ -82,6 +84,7 @@ class ExperienceAdmin(admin.ModelAdmin):
     )
     list_filter = (
         ("run", RunFilter),
+        "dataset",
         "source",
         "status",
         ("reward", RewardRangeFilter),
@@ -114,6 +117,7 @@ class ExperienceAdmin(admin.ModelAdmin):
             {
                 "fields": (
                     "run",
+                    "dataset",
                     "task",
                     "source",
                     "explorer_step",
@@ -130,6 +134,7 @@ class ExperienceAdmin(admin.ModelAdmin):
     )
     readonly_fields = (
         "run",
+        "dataset",
         "task",
         "source",
         "explorer_step",
@@ -172,7 +177,7 @@ class ExperienceAdmin(admin.ModelAdmin):
 
     @admin.display(description="run", ordering="run")  # its id: names are long; the filter names it
     def run_name(self, experience):
-        return f"#{experience.run_id}" if experience.run_id else "imported"
+        return f"#{experience.run_id}" if experience.run_id else f"imported: {experience.dataset}"
 
     @admin.display(description="step", ordering="explorer_step")
     def step(self, experience):
@@ -393,6 +398,7 @@ class ExperienceAdmin(admin.ModelAdmin):
         if request.method == "POST" and form.is_valid():
             job = services.start_import(
                 upload=form.cleaned_data["file"],
+                dataset=form.cleaned_data["dataset"],
                 layout=form.cleaned_data["layout"],
                 fmt=form.cleaned_data["format"],
                 user=request.user,

@@ -230,7 +230,7 @@ def test_import_job_imports_and_deletes_its_upload(curator):
 
     assert (job.status, job.result, job.rows_done, job.bytes_done, job.percent) == (
         "succeeded",
-        {"imported": 3},
+        {"imported": 3, "dataset": "expert"},
         3,
         job.bytes_total,  # the whole file read
         100,
@@ -269,9 +269,9 @@ def test_upload_page(curator_client, curator):
     assert response["Location"] == reverse("admin:buffer_bufferjob_change", args=[job.pk])
     assert (job.kind, job.params, job.original_filename, job.created_by) == (
         "import",
-        {"layout": "dpo", "format": "jsonl"},
+        {"dataset": "pairs", "layout": "dpo", "format": "jsonl"},
         "pairs.jsonl",
         curator,
     )
-    assert run_job("buffer.bufferjob", job.pk).result == {"imported": 2}
+    assert run_job("buffer.bufferjob", job.pk).result == {"imported": 2, "dataset": "pairs"}
     assert "pairs.jsonl" in curator_client.get(response["Location"]).content.decode()

@@ -144,3 +144,24 @@ def test_token_arrays_are_stored_without_a_compression_attempt_and_back(research
     finally:  # back to the newest, as every test after this one expects
         migrate_to_newest()
     assert storage() == expected
+
+
+@pytest.mark.django_db(transaction=True)
+def test_rows_imported_before_datasets_had_names_go_into_two_datasets(researcher):
+    """0013: run-less expert rows become the datasets `imported` and `imported-pairs` (a DPO
+    import's `pair-…` groups), so a run can name them; a run's own rows stay out of both."""
+    Experience = migrate(("buffer", "0012_sample_order_priority")).get_model("buffer", "Experience")
+    run = Run.objects.create(name="r", owner=researcher, config={}, mode="both")
+    sft = Experience.objects.create(source="expert", response_text="4")
+    chosen, rejected = (Experience.objects.create(source="expert", group_id="pair-abc-0", rollout_index=i,
+                                                  status=status) for i, status in enumerate(("ready", "rejected")))
+    own = Experience.objects.create(run_id=run.pk, source="expert", group_id="expert-1")
+    try:
+        new = migrate(("buffer", "0013_expert_dataset"))
+        rows = {row.pk: row.dataset.name if row.dataset else None
+                for row in new.get_model("buffer", "Experience").objects.select_related("dataset")}
+        assert rows == {sft.pk: "imported", chosen.pk: "imported-pairs", rejected.pk: "imported-pairs", own.pk: None}
+        layouts = dict(new.get_model("buffer", "ExpertDataset").objects.values_list("name", "layout"))
+        assert layouts == {"imported": "sft", "imported-pairs": "dpo"}
+    finally:
+        migrate_to_newest()

@@ -87,3 +87,32 @@ def test_base_workflow_runs_task_by_task(engine):
 
     assert Echo(engine, None).run_batch(tasks(), SamplingParams(n=2), 0) == [10, 10, 11, 11]
     assert "single_turn" in WORKFLOWS
+
+
+def test_an_imported_response_is_formatted_like_a_rollout_of_its_prompt(engine, tokenizer):
+    flow = workflow(engine, system_prompt="Be brief.")
+    task = Task(id=3, prompt="What is 3 + 4?", answer="7")
+    expert, imported = flow.expert_experience(task), flow.written_experience("What is 3 + 4?", "7")
+    assert (imported.prompt_ids, imported.response_ids, imported.messages) == (
+        expert.prompt_ids, expert.response_ids, expert.messages)
+    assert imported.prompt_text.startswith("<|im_start|>system\nBe brief.")
+    assert imported.source == "expert" and imported.reward is None and imported.task_id is None
+    # A chat prompt with its own system turn keeps it; the run's is not added.
+    chat = flow.written_experience([{"role": "system", "content": "Terse."}, {"role": "user", "content": "Hi"}], "Hey")
+    assert [m["content"] for m in chat.messages] == ["Terse.", "Hi", "Hey"] and "Be brief" not in chat.prompt_text
+    assert "prompt_truncated" not in chat.metadata
+    cut = workflow(engine, max_prompt_tokens=8).written_experience("word " * 50, "ok")
+    assert len(cut.prompt_ids) == 8 and cut.metadata["prompt_truncated"]
+
+
+def test_the_headless_cli_says_an_expert_dataset_is_the_web_apps(tmp_path, capsys):
+    import json
+
+    from workers.rft.__main__ import main
+    from workers.rft.config import RunConfig
+
+    path = tmp_path / "sft.json"
+    path.write_text(json.dumps(RunConfig.from_dict(
+        {"mode": "train", "algorithm": {"name": "sft"}, "buffer": {"expert_dataset": "expert"}}).to_dict()))
+    assert main(["run", str(path)]) == 2
+    assert "buffer.expert_dataset names imported expert data of the web app's buffer" in capsys.readouterr().err

@@ -235,24 +235,38 @@ class Workflow:
         taskset provides it, is the full written response (e.g. with tags or working); else the
         answer itself is the response."""
         messages = self.messages(task)
-        prompt_text, prompt_ids, _ = self.encode_task_prompt(task, messages)
         response = task.metadata.get("expert_response", task.answer)
         if not isinstance(response, str):
             problem = f"metadata.expert_response must be text, got {type(response).__name__}"
             raise TaskFailed(task.id, ValueError(problem))
+        experience = self._written(messages, self.encode_task_prompt(task, messages), response)
+        experience.task_id, experience.group_id = task.id, f"{EXPERT_GROUP}{task.id}"
+        experience.reward, experience.reward_components = self.score(response, task)
+        return experience
+
+    def written_experience(self, prompt: str | list[dict], response: str) -> Experience:
+        """An imported expert response to `prompt` (text, or chat messages without the reply),
+        formatted as a rollout of that prompt would be: the configured system prompt first where
+        it has none, the model's chat template. A prompt cut to max_prompt_tokens says so in
+        metadata.prompt_truncated (the importer counts them, rather than a log line a row)."""
+        messages = self.messages(Task(None, prompt))
+        prompt = self.encode_prompt(messages)
+        experience = self._written(messages, prompt, response)
+        if prompt.truncated:
+            experience.metadata["prompt_truncated"] = True
+        return experience
+
+    def _written(self, messages: list[dict], prompt: Prompt, response: str) -> Experience:
         response_ids = self.encode_response(response)
-        reward, components = self.score(response, task)
         return Experience(
-            task_id=task.id,
-            group_id=f"{EXPERT_GROUP}{task.id}",
+            task_id=None,
+            group_id="",
             rollout_index=0,
-            prompt_ids=prompt_ids,
+            prompt_ids=prompt.ids,
             response_ids=response_ids,
             action_mask=[1] * len(response_ids),
             source="expert",
-            prompt_text=prompt_text,
+            prompt_text=prompt.text,
             response_text=response,
             messages=messages + [{"role": "assistant", "content": response}],
-            reward=reward,
-            reward_components=components,
         )

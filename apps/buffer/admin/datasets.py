@@ -1,0 +1,65 @@
+"""The expert datasets: what was imported under each name, its rows and the runs that name it.
+Imports make them (the experiences page's Import expert data); here a curator looks and deletes."""
+
+from django.contrib import admin, messages
+from django.db.models import Count
+from django.urls import reverse
+from django.utils.html import format_html
+
+from apps.runs.models import Run
+
+from .. import services
+from ..models import ExpertDataset
+
+
+@admin.register(ExpertDataset)
+class ExpertDatasetAdmin(admin.ModelAdmin):
+    list_display = ("name", "layout", "rows", "runs", "created_by", "created_at")
+    list_filter = ("layout",)
+    list_select_related = ("created_by",)
+    search_fields = ("name",)
+    fields = ("name", "layout", "rows", "runs", "created_by", "created_at")
+    readonly_fields = fields
+
+    def get_queryset(self, request):
+        return super().get_queryset(request).annotate(row_count=Count("experiences"))
+
+    def has_add_permission(self, request):
+        return False  # an import makes a dataset: Experiences, Import expert data
+
+    def has_change_permission(self, request, obj=None):
+        return False  # runs name it: renamed, they would train on nothing
+
+    @admin.display(description="experiences", ordering="row_count")
+    def rows(self, dataset):
+        url = reverse("admin:buffer_experience_changelist") + f"?dataset__id__exact={dataset.pk}"
+        return format_html('<a href="{}">{}</a>', url, f"{dataset.row_count:,}")
+
+    @admin.display(description="runs that name it")
+    def runs(self, dataset):
+        named = Run.objects.filter(config__buffer__expert_dataset=dataset.name).order_by("-pk")
+        links = [format_html('<a href="{}">{}</a>', reverse("run-detail", args=[pk]), name)
+                 for pk, name in named.values_list("pk", "name")[:5]]
+        more = named.count() - len(links)
+        return format_html(", ".join(["{}"] * len(links)) + (f" and {more} more" if more > 0 else ""), *links) or "—"
+
+    def get_deleted_objects(self, objs, request):
+        """Each dataset with a count of its rows (Django's page listed every experience, a million),
+        and as protected the runs that still have to copy one: the page then deletes nothing."""
+        deleted = [f"{dataset.name}: {dataset.experiences.count():,} experiences and the preferences between them"
+                   for dataset in objs]
+        waiting = [f"Run {run.name} (#{run.pk}), which names {run.config['buffer']['expert_dataset']!r} and has not "
+                   "ended: its trainer copies the dataset when it starts"
+                   for run in services.runs_waiting_for(dataset.name for dataset in objs)]
+        return deleted, {"expert datasets": len(deleted)}, set(), waiting
+
+    def delete_model(self, request, obj):
+        self.delete_queryset(request, ExpertDataset.objects.filter(pk=obj.pk))
+
+    def delete_queryset(self, request, queryset):
+        try:
+            rows = services.delete_datasets(queryset)
+        except services.DatasetInUse as refused:  # a run launched since the confirmation page
+            self.message_user(request, str(refused), messages.ERROR)
+            return
+        self.message_user(request, f"{rows:,} experiences deleted with them; the runs' copies stay.", messages.INFO)
