@@ -15,7 +15,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from workers.rft.config import RunConfig
-from workers.rft.loop import Loop, memory_stores
+from workers.rft.loop import Loop
+from workers.rft.memory import memory_stores
 
 CASES = {
     "tiny": {"model": "tiny", "tasks": 16, "samples": 8, "new_tokens": 32},

@@ -74,7 +74,8 @@ def run_rftweb(case: dict, dtype: str, steps: int, seed: int, lr: float, reward:
     """`Loop.run()` as the headless CLI runs it: explorer and trainer one after the other at offset
     0, overlapped (explorer one step ahead, in its own thread) at offset 1. A step's time is the
     wall time between two trainer steps' ends, so overlap counts; the first step is the warm-up."""
-    from workers.rft.loop import Loop, memory_stores
+    from workers.rft.loop import Loop
+    from workers.rft.memory import memory_stores
 
     config = rftweb_config(case, dtype, steps, seed, lr, reward, offset)
     stores = memory_stores(config)

@@ -29,7 +29,8 @@ def role_main(argv) -> None:
     args = parser.parse_args(argv)
     quiet_hf()
     from workers.rft.config import RunConfig
-    from workers.rft.loop import Loop, memory_stores
+    from workers.rft.loop import Loop
+    from workers.rft.memory import memory_stores
 
     base = rftweb_config(CASES["smollm2"], "fp32", args.steps, 0, STEP_LR, "exact_match").to_dict()
     base["mode"] = "explore" if args.role == "explorer" else "train"

@@ -54,7 +54,8 @@ def config_dict(steps: int, taskset: str = "bench-arithmetic") -> dict:
 
 def headless(steps: int) -> dict:
     from workers.rft.config import RunConfig
-    from workers.rft.loop import Loop, memory_stores
+    from workers.rft.loop import Loop
+    from workers.rft.memory import memory_stores
 
     config = RunConfig.from_dict(config_dict(steps, TASKSET_SPEC))
     times = []

@@ -10,7 +10,7 @@ from apps.buffer.expert_data import DjangoExpertData
 from apps.buffer.store import DjangoExperienceBuffer
 from apps.tasksets.models import Taskset
 from apps.tasksets.store import DjangoTaskSource
-from workers.rft.loop import Stores
+from workers.rft.protocols import Stores
 
 from . import duties, services
 from .live import checkpoints_update

@@ -26,7 +26,8 @@ from tests.workers.rft.conftest import make_config
 from workers.rft import stopping
 from workers.rft.engines import SamplingParams, TransformersEngine
 from workers.rft.experience import Task
-from workers.rft.loop import Loop, memory_stores
+from workers.rft.loop import Loop
+from workers.rft.memory import memory_stores
 from workers.rft.models import load_policy
 from workers.rft.rewards import ReadLimits, build_reward
 from workers.rft.rewards.models import DEFAULT_RUBRIC, _judge, _reward_model, fit_texts

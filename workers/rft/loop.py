@@ -21,7 +21,6 @@ import re
 import shutil
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -32,46 +31,14 @@ from .engines import TransformersEngine, build_engine
 from .experience import EXPERT_GROUP
 from .explorer import Explorer
 from .explorer_thread import ExplorerThread
-from .memory import InMemoryBuffer, InMemoryCheckpoints, InMemoryMetrics, InMemoryTaskSource
+from .memory import memory_stores
 from .models import add_lora, load_critic, load_policy, load_reference, load_tokenizer, pick_device, pick_dtype
-from .protocols import CheckpointStore, ExperienceBuffer, ExpertData, MetricSink, StepClaims, TaskSource, WeightGroup
+from .protocols import Stores
 from .rewards import ReadLimits, build_reward
 from .stopping import StopRequested
 from .synchronizer import Synchronizer
 from .trainer import Trainer
 from .workflows import WORKFLOWS, rollout_tokens
-
-
-@dataclass
-class Stores:
-    """Everything a run reads and writes outside its own process."""
-
-    task_source: TaskSource
-    buffer: ExperienceBuffer
-    metrics: MetricSink
-    eval_source: TaskSource | None = None  # for eval and bench
-    expert_source: TaskSource | None = None  # whose answers become expert data (MIX, SFT)
-    expert_data: ExpertData | None = None  # buffer.expert_dataset: imported expert data or pairs (web app only)
-    checkpoints: CheckpointStore | None = None
-    claims: StepClaims | None = None  # how explorers that are workers of their own share the steps
-    weight_group: WeightGroup | None = None  # synchronizer.method 'nccl': where trainer and explorers meet
-    # Called at the end of a thread (other than the caller's) that used the stores: Postgres
-    # closes that thread's connection there.
-    thread_finished: Callable[[], None] | None = None
-
-
-def memory_stores(config, echo=None) -> Stores:
-    """In-memory stores with the config's tasksets (names as memory.load_tasks reads them)."""
-    buffer = config.buffer
-    return Stores(
-        task_source=InMemoryTaskSource.from_spec(buffer.taskset),
-        buffer=InMemoryBuffer(config),
-        metrics=InMemoryMetrics(echo),
-        eval_source=InMemoryTaskSource.from_spec(buffer.eval_taskset) if buffer.eval_taskset else None,
-        expert_source=InMemoryTaskSource.from_spec(buffer.expert_taskset) if buffer.expert_taskset else None,
-        checkpoints=InMemoryCheckpoints(),
-    )
-
 
 EXPLORER, TRAINER = "explorer", "trainer"
 

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from . import datasets
 from .experience import EXPERT_SOURCES, SOURCES, Experience, PreferencePair, Task, TaskKey
+from .protocols import Stores
 from .sampling import HUMAN_REWARD, USUAL_SOURCES, apply_human_feedback, sample_key
 
 EVAL_FRACTION = 5  # one prompt in five is held out
@@ -271,3 +272,16 @@ class _WeightGroupSide:
         with record._lock:
             if record.address is not None and record.address[0] == generation:
                 record.address = None
+
+
+def memory_stores(config, echo=None) -> Stores:
+    """In-memory stores with the config's tasksets (names as memory.load_tasks reads them)."""
+    buffer = config.buffer
+    return Stores(
+        task_source=InMemoryTaskSource.from_spec(buffer.taskset),
+        buffer=InMemoryBuffer(config),
+        metrics=InMemoryMetrics(echo),
+        eval_source=InMemoryTaskSource.from_spec(buffer.eval_taskset) if buffer.eval_taskset else None,
+        expert_source=InMemoryTaskSource.from_spec(buffer.expert_taskset) if buffer.expert_taskset else None,
+        checkpoints=InMemoryCheckpoints(),
+    )

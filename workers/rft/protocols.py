@@ -6,6 +6,7 @@ trainer); the overlapped loop (loop.py, offset >= 1) runs the two components in 
 process, so a store's methods may be called from both at once and must be thread-safe.
 """
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Protocol
 
 from .experience import Experience, PreferencePair, Task, TaskKey
@@ -135,3 +136,21 @@ class WeightGroup(Protocol):
 
     def close(self, generation: int) -> None:
         """Trainer: that group is over (no explorer joins it any more)."""
+
+
+@dataclass
+class Stores:
+    """Everything a run reads and writes outside its own process."""
+
+    task_source: TaskSource
+    buffer: ExperienceBuffer
+    metrics: MetricSink
+    eval_source: TaskSource | None = None  # for eval and bench
+    expert_source: TaskSource | None = None  # whose answers become expert data (MIX, SFT)
+    expert_data: ExpertData | None = None  # buffer.expert_dataset: imported expert data or pairs (web app only)
+    checkpoints: CheckpointStore | None = None
+    claims: StepClaims | None = None  # how explorers that are workers of their own share the steps
+    weight_group: WeightGroup | None = None  # synchronizer.method 'nccl': where trainer and explorers meet
+    # Called at the end of a thread (other than the caller's) that used the stores: Postgres
+    # closes that thread's connection there.
+    thread_finished: Callable[[], None] | None = None

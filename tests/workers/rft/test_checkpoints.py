@@ -2,7 +2,8 @@
 seconds, at a step the run can resume from) and how many it keeps (trainer.keep_checkpoints)."""
 import pytest
 
-from workers.rft.loop import Loop, memory_stores
+from workers.rft.loop import Loop
+from workers.rft.memory import memory_stores
 
 from .conftest import make_config
 

@@ -19,8 +19,8 @@ import torch.distributed as dist
 from workers.rft.config import load_config
 from workers.rft.distributed import RankFailure, free_port, launch, serve_store
 from workers.rft.experience import PreferencePair
-from workers.rft.loop import Loop, memory_stores
-from workers.rft.memory import InMemoryBuffer
+from workers.rft.loop import Loop
+from workers.rft.memory import InMemoryBuffer, memory_stores
 from workers.rft.models import load_critic, load_policy, load_reference, load_tokenizer
 from workers.rft.trainer import Trainer
 

@@ -2,7 +2,8 @@
 import pytest
 
 from workers.rft.experience import Experience
-from workers.rft.loop import TRAINER, Loop, memory_stores
+from workers.rft.loop import TRAINER, Loop
+from workers.rft.memory import memory_stores
 from workers.rft.pipelines.experience_ops import promote_to_expert
 
 from .test_sync import small_config

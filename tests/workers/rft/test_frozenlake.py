@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 
 from workers.rft.config import load_config
-from workers.rft.loop import Loop, memory_stores
+from workers.rft.loop import Loop
+from workers.rft.memory import memory_stores
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("data_dir")]
 

@@ -13,7 +13,8 @@ import torch
 from workers.rft.algorithms import USUAL
 from workers.rft.config import RunConfig
 from workers.rft.distributed import launch
-from workers.rft.loop import Loop, follow, memory_stores
+from workers.rft.loop import Loop, follow
+from workers.rft.memory import memory_stores
 from workers.rft.micro_batches import collate
 from workers.rft.models import load_policy, load_tokenizer, read_weights
 from workers.rft.trainer import Trainer

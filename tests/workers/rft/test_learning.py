@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from workers.rft.config import RunConfig
-from workers.rft.loop import Loop, memory_stores
+from workers.rft.loop import Loop
+from workers.rft.memory import memory_stores
 from workers.rft.rewards import REWARD_FNS
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("data_dir")]

@@ -12,7 +12,8 @@ from workers.rft import loop as loop_module
 from workers.rft.config import ConfigError, RunConfig
 from workers.rft.distributed import launch
 from workers.rft.engines import SamplingParams, TransformersEngine
-from workers.rft.loop import Loop, memory_stores, run_rank
+from workers.rft.loop import Loop, run_rank
+from workers.rft.memory import memory_stores
 from workers.rft.models import load_policy, load_tokenizer, merged_state_dict, read_weights
 
 from .conftest import make_config

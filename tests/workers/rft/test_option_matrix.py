@@ -40,8 +40,8 @@ from workers.rft.distributed import launch
 from workers.rft.engines import TransformersEngine, choose_engine
 from workers.rft.experience import Experience, PreferencePair
 from workers.rft.logprobs import response_logits, token_logprobs
-from workers.rft.loop import Loop, memory_stores, run_rank
-from workers.rft.memory import InMemoryBuffer, InMemoryWeightGroup
+from workers.rft.loop import Loop, run_rank
+from workers.rft.memory import InMemoryBuffer, InMemoryWeightGroup, memory_stores
 from workers.rft.micro_batches import collate
 from workers.rft.models import (
     load_policy,

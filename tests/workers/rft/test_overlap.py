@@ -5,7 +5,8 @@ import time
 import pytest
 import torch
 
-from workers.rft.loop import Loop, memory_stores
+from workers.rft.loop import Loop
+from workers.rft.memory import memory_stores
 
 from .conftest import make_config
 

@@ -152,7 +152,8 @@ def test_an_explorer_with_no_task_to_draw_says_why(tmp_path, tasks, pipeline, er
     the run with "max() arg is an empty sequence" from the engine (a review found it)."""
     import dataclasses
 
-    from workers.rft.loop import Loop, memory_stores
+    from workers.rft.loop import Loop
+    from workers.rft.memory import memory_stores
 
     from .conftest import make_config
 

