@@ -405,7 +405,9 @@ class DjangoExperienceBuffer:
 
     def _imported_pairs(self, n: int) -> list[tuple]:
         """(uses, 1, id, pair): up to n pairs of the imported dataset's copy, least used first.
-        A curator's flag on either side (status rejected) leaves a pair out, as a judged one."""
+        A curator's flag on either side (status rejected) leaves a pair out, as a judged one.
+        No index of its own: 16 of 100,000 copied pairs took 0.10 s on Postgres, 0.2 s on SQLite
+        (this 2-core machine), beside a DPO step's seconds."""
         pairs = self._rows().filter(group_id__startswith=IMPORTED_PAIR_GROUP)
         if self.config.feedback.exclude_flagged:
             flagged = pairs.filter(status=ExperienceRow.Status.REJECTED).values("group_id")
