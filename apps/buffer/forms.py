@@ -1,7 +1,5 @@
 """Forms of the curation admin: the options of bulk actions, and the expert data upload."""
 
-from pathlib import Path
-
 from django import forms
 from django.conf import settings
 from django.template.defaultfilters import filesizeformat
@@ -10,7 +8,7 @@ from apps.core.files import FileImportError
 from apps.runs.config_checks import checked_reward_fn
 from workers.rft.config import ConfigError, parse_config_text, parse_reward_fn_text
 
-from . import curation, exporters, importers
+from . import curation, exporters, importers, services
 from .models import ExpertDataset
 
 
@@ -109,7 +107,7 @@ class ExpertDataUploadForm(forms.Form):
         cleaned = super().clean()
         upload = cleaned.get("file")
         if upload and not cleaned.get("dataset", "").strip():
-            cleaned["dataset"] = Path(upload.name).stem[:100]
+            cleaned["dataset"] = services.default_dataset_name(upload.name)
         name, layout = cleaned.get("dataset", "").strip(), cleaned.get("layout")
         if name and "\x00" in name:
             self.add_error("dataset", "A dataset name cannot hold a NUL character.")

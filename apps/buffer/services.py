@@ -113,7 +113,7 @@ def import_expert_data(
     pair_prefix = f"pair-{uuid.uuid4().hex[:12]}"  # each pair is a group of two, so the admin shows them side by side
     batch, created, read = [], 0, None
     with transaction.atomic():
-        into = _dataset_to_fill(dataset or path.stem, layout, user, source)
+        into = _dataset_to_fill(dataset or default_dataset_name(source), layout, user, source)
         for number, (experiences, read) in enumerate(rows):
             if layout == "dpo":
                 chosen, rejected = experiences
@@ -133,6 +133,11 @@ def import_expert_data(
     if progress:
         progress(created, read.bytes_total, read.bytes_total)
     return created
+
+
+def default_dataset_name(filename) -> str:
+    """The dataset an import goes into when none is named: the file's name without its extension."""
+    return Path(filename).stem[:100]
 
 
 def _dataset_to_fill(name: str, layout: str, user, source: str) -> ExpertDataset:
@@ -356,7 +361,7 @@ def selected_rows(job: BufferJob, rows) -> Iterator[tuple[int, list]]:
 @jobs.register(f"buffer.{BufferJob.Kind.IMPORT}", cancellable=True)
 def _run_import(job: BufferJob, progress) -> dict:
     # A job queued before datasets had names takes its file's (the upload's own name is random).
-    dataset = job.params.get("dataset") or Path(job.original_filename).stem
+    dataset = job.params.get("dataset") or default_dataset_name(job.original_filename)
     created = import_expert_data(
         job.upload.path,
         dataset=dataset,

@@ -240,3 +240,23 @@ def test_only_curators_reach_the_datasets(sft_dataset, client, request, role):
                 reverse("admin:buffer_expertdataset_delete", args=[sft_dataset.pk])):
         assert client.get(url).status_code in (302, 403)
     assert ExpertDataset.objects.exists()
+
+
+def test_the_import_command_names_the_dataset_and_refuses_what_the_page_refuses(tmp_path, curator):
+    from django.core.management import CommandError, call_command
+
+    path = write_jsonl(tmp_path / "answers.jsonl", [{"prompt": "p", "response": "r"}] * 3)
+    call_command("import_expert_data", str(path), verbosity=0)
+    pairs = write_jsonl(tmp_path / "pairs.jsonl", [{"prompt": "p", "chosen": "a", "rejected": "b"}])
+    call_command("import_expert_data", str(pairs), "--dataset", "prefs", "--layout", "dpo", "--user", "cur",
+                 verbosity=0)
+    assert dict(ExpertDataset.objects.values_list("name", "layout")) == {"answers": "sft", "prefs": "dpo"}
+    assert Feedback.objects.get().user == curator
+    with pytest.raises(CommandError, match="a DPO import needs a user"):
+        call_command("import_expert_data", str(pairs), "--layout", "dpo", verbosity=0)
+    with pytest.raises(CommandError, match="no user named 'nobody'"):
+        call_command("import_expert_data", str(pairs), "--layout", "dpo", "--user", "nobody", verbosity=0)
+    with pytest.raises(CommandError, match="the dataset 'answers' holds SFT data"):
+        call_command("import_expert_data", str(pairs), "--dataset", "answers", "--layout", "dpo", "--user", "cur",
+                     verbosity=0)
+    assert Experience.objects.count() == 5
