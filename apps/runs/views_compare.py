@@ -29,6 +29,7 @@ from .notes import keep_draft, set_notes_and_tags
 from .views import PLOTLY_VERSION, chart_view
 
 COMPARE_PICKER_RUNS = 50
+UNENDED = (Run.Status.QUEUED, *Run.ACTIVE)  # runs whose charts may still grow
 CSV_HEADER = ("run", "name", "step", "key", "value", "time")
 CHUNK_CHARS = 64 * 1024  # one network write: a row at a time would be millions of tiny writes
 # A spreadsheet runs a cell that starts with one of these as a formula (a run named "=HYPERLINK(…)").
@@ -60,15 +61,21 @@ def picker_runs(search: str = ""):
 def compare_context(picked: list[Run], *, view: dict, search: str = "", task: int | None = None,
                     step: int | None = None) -> dict:
     """What runs/compare.html shows of these runs (the compare page's, and a report's); `view`: the
-    charts' toolbar settings (views.chart_view); `search`: the picker's (picker_runs)."""
+    charts' toolbar settings (views.chart_view); `search`: the picker's (picker_runs). The
+    charts of the runs that have not ended follow them as they train (compare.js), as the run page
+    does: W&B's panels follow live runs, and a sweep's runs were drawn as they were when the page
+    loaded, until it was loaded again."""
     found = picker_runs(search)
     choices = picked + [run for run in found if run not in picked]  # the picked ones first, ticked
     series = [
         {
             "id": run.pk,
             "name": run.name,
+            "status": run.status,
             "metrics_url": reverse("run-metrics-json", args=[run.pk]),
             "url": reverse("run-detail", args=[run.pk]),
+            **({"live_url": reverse("run-live", args=[run.pk]), "ws_path": f"/ws/runs/{run.pk}/"}
+               if run.status in UNENDED else {}),
         }
         for run in picked
     ]

@@ -275,3 +275,32 @@ def test_the_run_page_opens_as_its_link_says_and_keeps_changes_in_its_url(page, 
     expect(page.locator("[data-chart-filter]")).to_have_value("entropy")
     expect(page.locator("[data-chart-x]")).to_have_value("step")
     assert page_errors == []
+
+
+def test_a_run_that_is_still_training_grows_on_the_compare_page_as_it_does_on_its_own(page, login, researcher,
+                                                                                     page_errors):
+    """W&B's panels follow live runs; the compare page drew each run as it was when it loaded."""
+    from apps.runs import services
+
+    done = seeded_run("finished", researcher, lr=0.001, seconds_a_step=30)
+    training = seeded_run("still training", researcher, lr=0.0003, seconds_a_step=30)
+    Run.objects.filter(pk=training.pk).update(status=Run.Status.RUNNING)
+    page.set_viewport_size(SCREEN)
+    login(researcher, f"/runs/compare/?runs={done.pk}&runs={training.pk}")
+    points = """([id, name]) => { const el = document.querySelector(`[data-chart="${id}"]`);
+        return el && el.data ? Math.max(0, ...el.data.filter((t) => t.name === name).map((t) => t.x.length)) : 0; }"""
+    line = ["trainer/loss", f"still training #{training.pk}"]
+    page.locator('[data-chart="trainer/loss"]').scroll_into_view_if_needed()
+    page.wait_for_function(f"(arg) => ({points})(arg) > 0", arg=line)
+    before = page.evaluate(points, line)
+    legend = page.locator("#compare-legend label", has_text=f"still training #{training.pk}")
+    expect(legend.locator(".status")).to_have_text("running")
+    expect(page.locator("#compare-legend label", has_text=f"finished #{done.pk}").locator(".status")).to_have_count(0)
+
+    services.record_metrics(training, "trainer", STEPS + 1, {"loss": 0.01})
+    page.wait_for_function(f"(arg) => ({points})(arg) === {before + 1}", arg=line)
+    services.set_status(Run.objects.get(pk=training.pk), Run.Status.COMPLETED)
+    expect(legend.locator(".status")).to_have_text("completed")
+    legend.scroll_into_view_if_needed()
+    page.screenshot(path=SHOTS / "compare-live.png")
+    assert page_errors == []
