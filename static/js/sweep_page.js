@@ -3,7 +3,7 @@
 // values span 100x or more on a log scale), and a line per run coloured by its result.
 "use strict";
 (function () {
-  const data = JSON.parse(document.getElementById("sweep-data").textContent);
+  let data = JSON.parse(document.getElementById("sweep-data").textContent);
   const element = document.getElementById("sweep-chart");
   const COLORS = ["#440154", "#3b528b", "#21918c", "#5ec962", "#fde725"]; // viridis, low to high
   // A numeric axis with at most this many distinct values (a grid's) gets a tick at each; one with
@@ -73,16 +73,42 @@
       scales[i].ticks.forEach(([y, value]) => annotations.push({ x: i, y: y, text: plain(short(value)), showarrow: false,
         xanchor: "right", xshift: -7, font: { size: 11, color: "#5f6368" }, bgcolor: "rgba(255,255,255,0.9)", borderpad: 1 }));
     });
-    element.replaceChildren(); // the "Loading" line
+    if (!element.data) element.replaceChildren(); // the "Loading" line
     const shapes = data.axes.map((_, i) => ({ type: "line", x0: i, x1: i, y0: 0, y1: 1, line: { color: "#bdc1c6", width: 1 } }));
-    Plotly.newPlot(element, traces, {
+    const drawn = Boolean(element.data);
+    Plotly.react(element, traces, {
       showlegend: false, height: 380, margin: { l: 70, r: 40, t: 40, b: 20 }, hovermode: "closest",
       xaxis: { visible: false, range: [-0.4, data.axes.length - 0.6] }, yaxis: { visible: false, range: [-0.05, 1.05] },
       annotations: annotations, shapes: shapes,
     }, { displaylogo: false, responsive: true });
-    element.on("plotly_click", (event) => { window.location = event.points[0].customdata; });
+    if (!drawn) element.on("plotly_click", (event) => { window.location = event.points[0].customdata; });
+  }
+
+  // While a run of the sweep has not ended, the table, the chart and the head's Stop follow them:
+  // the page itself is fetched again every REFRESH_MS and its parts swapped in (W&B's sweep page
+  // fills as runs finish; this one showed the runs as they stood when it loaded).
+  const REFRESH_MS = 5000;
+  async function refresh() {
+    let fresh;
+    try {
+      const response = await fetch(location.href, { headers: { Accept: "text/html" }, credentials: "same-origin" });
+      if (!response.ok) throw new Error(response.status);
+      fresh = new DOMParser().parseFromString(await response.text(), "text/html");
+    } catch (error) {
+      setTimeout(refresh, 3 * REFRESH_MS); // offline, or the server restarting: try again later
+      return;
+    }
+    const runs = fresh.getElementById("sweep-runs"); // moved into this page below
+    document.getElementById("sweep-runs").replaceWith(runs);
+    document.getElementById("sweep-state").replaceWith(fresh.getElementById("sweep-state"));
+    const stop = document.getElementById("sweep-stop");
+    if (stop && !stop.querySelector(".confirm-pop")) stop.replaceWith(fresh.getElementById("sweep-stop") || "");
+    data = JSON.parse(fresh.getElementById("sweep-data").textContent);
+    if (window.Plotly) draw();
+    if (runs.dataset.live) setTimeout(refresh, REFRESH_MS);
   }
 
   if (window.Plotly) draw();
   else document.addEventListener("DOMContentLoaded", draw, { once: true });
+  if (document.getElementById("sweep-runs").dataset.live) setTimeout(refresh, REFRESH_MS);
 })();

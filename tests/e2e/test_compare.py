@@ -304,3 +304,30 @@ def test_a_run_that_is_still_training_grows_on_the_compare_page_as_it_does_on_it
     legend.scroll_into_view_if_needed()
     page.screenshot(path=SHOTS / "compare-live.png")
     assert page_errors == []
+
+
+def test_a_sweeps_page_fills_in_as_its_runs_finish(page, login, researcher, page_errors):
+    """W&B's sweep page fills as runs end; this one showed its runs as they stood when it loaded."""
+    from apps.runs import services
+    from apps.runs.models import Sweep
+
+    sweep = Sweep.objects.create(name="lr sweep", owner=researcher, method="grid", count=2, base_config={},
+                                 space=[{"key": "trainer.lr", "values": [0.001, 0.0003]}])
+    done = seeded_run("lr 0.001", researcher, lr=0.001, seconds_a_step=30, sweep=sweep, swept={"trainer.lr": 0.001})
+    training = Run.objects.create(name="lr 0.0003", owner=researcher, config=done.config, status=Run.Status.RUNNING,
+                                  sweep=sweep, swept={"trainer.lr": 0.0003},
+                                  heartbeats={"loop": {"at": datetime.now(UTC).isoformat(), "worker": "w"}})
+    page.set_viewport_size(SCREEN)
+    login(researcher, f"/sweeps/{sweep.pk}/")
+    row = page.locator("#sweep-runs tbody tr", has_text="lr 0.0003")
+    expect(row.locator(".status")).to_have_text("running")
+    expect(page.get_by_role("button", name="Stop the sweep")).to_be_visible()
+
+    services.record_metrics(training, "eval", 10, {"exact_match": 0.9})
+    services.set_status(Run.objects.get(pk=training.pk), Run.Status.COMPLETED)
+    expect(row.locator(".status")).to_have_text("completed", timeout=20_000)
+    expect(page.locator("#sweep-runs tbody tr").first).to_contain_text("lr 0.0003")  # 0.9 ranks it first
+    expect(page.get_by_role("button", name="Stop the sweep")).to_have_count(0)
+    page.wait_for_function("() => document.getElementById('sweep-chart').data?.length === 2")
+    page.screenshot(path=SHOTS / "sweep-live.png", full_page=True)
+    assert page_errors == []
