@@ -1,6 +1,6 @@
 from django.urls import include, path
 
-from . import api, views, views_compare, views_logs, views_reports, views_sweeps
+from . import api, views, views_compare, views_distributions, views_logs, views_reports, views_sweeps
 
 urlpatterns = [
     path("", views.home, name="home"),
@@ -33,6 +33,7 @@ urlpatterns = [
     path("reports/<int:pk>/edit/", views_reports.report_edit, name="report-edit"),
     # [run-page helper: logs]
     path("runs/<int:pk>/logs.json", views_logs.run_logs, name="run-logs"),
+    path("runs/<int:pk>/distributions.json", views_distributions.run_distributions_json, name="run-distributions"),
     # The JSON API (docs/api.md). The token page is HTML, for a logged-in researcher.
     path("api/", include(api.urlpatterns)),  # ninja's routes (apps/runs/api/), each with its api-... name
     path("api/token/", views.api_token, name="api-token"),

@@ -331,3 +331,28 @@ def test_a_sweeps_page_fills_in_as_its_runs_finish(page, login, researcher, page
     page.wait_for_function("() => document.getElementById('sweep-chart').data?.length === 2")
     page.screenshot(path=SHOTS / "sweep-live.png", full_page=True)
     assert page_errors == []
+
+
+def test_the_run_pages_distributions_panel_draws_each_steps_bands(page, login, researcher, page_errors):
+    import random
+
+    from apps.buffer.models import Experience
+
+    run = seeded_run("spread", researcher, lr=0.001, seconds_a_step=30)
+    draw = random.Random(0)
+    Experience.objects.bulk_create(
+        Experience(run=run, source="rollout", explorer_step=step, rollout_index=i,
+                   reward=min(1.0, max(0.0, draw.gauss(step / 40, 0.2))), prompt_ids=[1],
+                   response_ids=[7] * (4 + draw.randrange(step + 1)))
+        for step in range(STEPS) for i in range(16)
+    )
+    page.set_viewport_size(SCREEN)
+    login(researcher, f"/runs/{run.pk}/")
+    panel = page.locator("#run-distributions")
+    panel.locator("summary").click()
+    for name in ("reward", "response tokens"):
+        page.wait_for_function(f"() => document.querySelector('[data-distribution=\"{name}\"]').data?.length === 5")
+    expect(panel.locator("[data-distributions-empty]")).to_be_hidden()
+    panel.scroll_into_view_if_needed()
+    page.screenshot(path=SHOTS / "run-distributions.png")
+    assert page_errors == []

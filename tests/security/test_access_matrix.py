@@ -163,6 +163,7 @@ MATRIX = {
     ),
     # [run-page helper entries]
     "run-logs": Entry("LDAAA", kwargs=run),  # every researcher watches every run, its log too
+    "run-distributions": Entry("LDAAA", kwargs=run),
     # [annotation helper entries]
     # the annotation page's JSON: annotators and up (an empty or form body is a 400 naming the problem)
     "annotate-api-next": Entry("LAAAA"),
