@@ -37,6 +37,9 @@ ROLES = tuple(MetricPoint.Role.values)
 # runs of different engine versions differ (comparison._paths): each split is looked up, up to this
 # many slashes (2**3 = 8 lookups); past it, only the flat and the fully nested ones.
 SPLIT_SLASHES = 3
+# What a metric key may hold: SQLite's JSON paths quote a key ($."a b") with no escape for a quote.
+MAX_KEY_CHARS = 200
+METRIC_KEY = re.compile(rf'[^"\x00-\x1f\x7f]{{1,{MAX_KEY_CHARS}}}')
 
 
 class JSONScalar(Func):
@@ -237,6 +240,9 @@ def column(column_id: str) -> Column:
                                 f"of {', '.join(ROLES)}")
         if not key:
             raise UnknownColumn(f"{column_id!r} names no metric key after {role}/")
+        if not METRIC_KEY.fullmatch(key):
+            raise UnknownColumn(f"{column_id[:100]!r} is no metric key: at most {MAX_KEY_CHARS} characters, without "
+                                "quotes or control characters")
         return metric_column(role, key, BEST if column_id.startswith(BEST_PREFIX) else LATEST)
     close = hint(column_id, [*RUN_COLUMNS, *config_columns()])
     raise UnknownColumn(f"unknown column {column_id[:100]!r}" + (close or ": a column is one of the run's own ("

@@ -191,7 +191,8 @@ def picker(view: TableView) -> list[dict]:
 def offered_metrics(runs) -> list[str]:
     """The "role/key" of each number the newest PICKER_RUNS of `runs` log, by role then key."""
     newest = list(runs.order_by("-created_at", "-pk").only("pk")[:PICKER_RUNS])
-    charts = {chart for keys in comparison.chart_keys(newest).values() for chart in keys}
+    charts = {chart for keys in comparison.chart_keys(newest).values() for chart in keys
+              if run_columns.METRIC_KEY.fullmatch(chart.split("/", 1)[1])}
     return sorted(charts, key=lambda chart: (queries.ROLE_ORDER.index(chart.split("/", 1)[0]), chart))
 
 
