@@ -123,6 +123,11 @@ class Column:
     summary: str = ""  # a metric's: LATEST or BEST
 
     @property
+    def right_aligned(self) -> bool:
+        """Shown as a number (the progress column shows a bar)."""
+        return self.numeric and self.id != "progress"
+
+    @property
     def first_descending(self) -> bool:
         """A first click on its header sorts the biggest and newest first; A to Z for text."""
         return self.numeric or self.id == "created"

@@ -93,7 +93,7 @@ def table_view(query, saved: list[str] | None = None) -> TableView:
     default) and ?sort= ("-" first: descending). A bad column or sort is left out and said."""
     if "cols" in query:
         columns, errors = parse_columns(query["cols"])
-        errors = [f"Columns: {error}." for error in errors]
+        errors = [f"Columns: {error}" for error in errors]
     else:  # a saved pick that names a column gone since (a metric no longer logged) drops it quietly
         columns, errors = parse_columns(",".join(DEFAULT_COLUMNS if saved is None else saved))[0], []
     view = TableView(columns, errors=errors)
@@ -217,11 +217,11 @@ def unrecorded(view: TableView, conditions, offered: list[str]) -> list[str]:
 
     for column in [c for c in view.columns if c.kind == METRIC and not recorded(c)]:
         view.columns.remove(column)
-        problems.append(problem(column, "Columns") + ".")
+        problems.append(problem(column, "Columns"))
     if view.sort.kind == METRIC and not recorded(view.sort):
         problems.append(problem(view.sort, "Sort") + "; sorted newest first.")
         view.sort, view.descending = run_columns.RUN_COLUMNS["created"], True
-    problems += [problem(c.column, f"Filter {c.text!r}") + "." for c in conditions
+    problems += [problem(c.column, f"Filter {c.text!r}") for c in conditions
                  if c.column.kind == METRIC and not recorded(c.column)]
     return problems
 

@@ -116,7 +116,7 @@ def run_list_csv(request):
     filters, view, runs = _listed(request)
     problems = [f"{name}: {' '.join(errors)}" for name, errors in filters.errors.items()] + view.errors
     if problems:
-        return bad_request_response(request, " ".join(problems))
+        return bad_request_response(request, "\n".join(problems))  # a line each
     response = streaming(run_table.csv_chunks(runs, view.columns), content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = content_disposition_header(as_attachment=True, filename="runs.csv")
     return response
@@ -135,7 +135,7 @@ def run_list_columns(request):
     else:
         picked = ",".join(request.POST.getlist("cols"))
         for problem in run_table.parse_columns(picked)[1]:
-            messages.error(request, f"Columns: {problem}.")
+            messages.error(request, f"Columns: {problem}")
         query["cols"] = ",".join(run_table.save_columns(request.user, picked))
     return redirect(reverse("run-list") + (f"?{query.urlencode(safe=',/:')}" if query else ""))
 
