@@ -345,6 +345,14 @@ def condition(text: str) -> Condition:
     return Condition(found, operator, value)
 
 
+def is_condition(text: str) -> bool:
+    try:
+        condition(text)
+    except BadCondition:
+        return False
+    return True
+
+
 def _value(text: str):
     """What was typed as JSON reads it (1e-5, true, null, "quoted text"), else as text (grpo)."""
     try:

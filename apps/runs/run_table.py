@@ -65,7 +65,7 @@ class TableView:
             params = query.copy()
             params.pop("page", None)
             params["sort"] = ("-" if descending else "") + column.id
-            params.setdefault("cols", self.cols)
+            params["cols"] = self.cols  # the columns shown: a bad one the page named is left behind
             headers.append({"column": column, "query": params.urlencode(safe=",/:"), "sorted": sorted_})
         return headers
 
@@ -101,12 +101,15 @@ def table_view(query, saved: list[str] | None = None) -> TableView:
     try:
         view.sort, view.descending = run_columns.column(sort.removeprefix("-")), sort.startswith("-")
     except UnknownColumn as err:
-        view.errors.append(f"Sort: {err}; sorted newest first.")
+        view.errors.append(f"Sort: {err}; sorted newest first")
     return view
 
 
 def saved_columns(user) -> list[str] | None:
-    return RunListColumns.objects.filter(user=user).values_list("columns", flat=True).first()
+    """The user's last pick (save_columns), None if they never picked; a stored value that is no
+    list of ids (written by hand) reads as none."""
+    saved = RunListColumns.objects.filter(user=user).values_list("columns", flat=True).first()
+    return [item for item in saved if isinstance(item, str)] if isinstance(saved, list) else None
 
 
 def save_columns(user, text: str) -> list[str]:
@@ -151,10 +154,10 @@ def csv_query(query, filters, view: TableView) -> str:
     return params.urlencode(safe=",/:")
 
 
-def where_chips(query, filters) -> list[dict]:
+def where_chips(query) -> list[dict]:
     """Each ?where= sent, {text, remove: the query without it, bad: whether it was refused}."""
-    bad = "where" in filters.errors
-    return [{"text": text, "bad": bad, "remove": _without(query, where=text).urlencode(safe=",/:")}
+    return [{"text": text, "bad": not run_columns.is_condition(text),
+             "remove": _without(query, where=text).urlencode(safe=",/:")}
             for text in query.getlist("where") if text.strip()]
 
 
@@ -219,7 +222,7 @@ def unrecorded(view: TableView, conditions, offered: list[str]) -> list[str]:
         view.columns.remove(column)
         problems.append(problem(column, "Columns"))
     if view.sort.kind == METRIC and not recorded(view.sort):
-        problems.append(problem(view.sort, "Sort") + "; sorted newest first.")
+        problems.append(problem(view.sort, "Sort") + "; sorted newest first")
         view.sort, view.descending = run_columns.RUN_COLUMNS["created"], True
     problems += [problem(c.column, f"Filter {c.text!r}") for c in conditions
                  if c.column.kind == METRIC and not recorded(c.column)]
@@ -287,6 +290,7 @@ def csv_chunks(runs, columns: list[Column]):
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     writer.writerow(csv_header(columns))
+    yield buffer.getvalue()
     with without_jit():
         ids = list(runs.values_list("pk", flat=True))
     for start in range(0, len(ids), CSV_CHUNK_RUNS):
@@ -296,26 +300,24 @@ def csv_chunks(runs, columns: list[Column]):
         listed = [found[pk] for pk in chunk if pk in found]  # one deleted meanwhile is left out
         with without_jit():
             metrics = run_columns.metric_values(listed, columns)
+        buffer.seek(0)
+        buffer.truncate()
         for run in listed:
             values = [_csv_value(run, column, metrics.get(run.pk, {})) for column in columns]
             writer.writerow([run.pk, comparison.safe_cell(run.name), " ".join(shown_tags(run.tags) or []),
                              *map(comparison.safe_cell, values)])
         yield buffer.getvalue()
-        buffer.seek(0)
-        buffer.truncate()
-    if not ids:
-        yield buffer.getvalue()
 
 
 def _csv_value(run: Run, column: Column, metrics: dict):
+    """A cell's value; None, which csv writes as nothing, where the run has none."""
     if column.kind == METRIC:
         return metrics.get(column.id)
     if column.kind == CONFIG:
-        value = run_columns.config_value(run, column)
-        return "" if value is None else run_columns.config_text(value)
+        return run_columns.config_text(run_columns.config_value(run, column))
     if column.id == "progress":
         fraction = queries.run_progress(run).fraction
-        return "" if fraction is None else round(fraction, 4)
+        return None if fraction is None else round(fraction, 4)
     if column.id == "reward":
         return queries.latest_reward(run)
     if column.id == "owner":

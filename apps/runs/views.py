@@ -99,7 +99,7 @@ def run_list(request):
     return render(request, "runs/list.html", {
         "filters": filters, "page": page, "runs": page.object_list, "table": view,
         "headers": view.headers(request.GET), "picker": run_table.picker(view),
-        "where": run_table.where_chips(request.GET, filters),
+        "where": run_table.where_chips(request.GET),
         "csv_query": run_table.csv_query(request.GET, filters, view),
     })
 

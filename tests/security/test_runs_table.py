@@ -15,6 +15,7 @@ from django.urls import reverse
 from apps.runs import services
 from apps.runs.api import token_for
 from apps.runs.models import Run, RunListColumns
+from apps.runs.run_columns import DEFAULT_COLUMNS
 
 HOSTILE_IDS = [
     "trainer.lr; DROP TABLE runs_run; --",
@@ -145,3 +146,13 @@ def test_the_saved_columns_are_each_researchers_own(researcher, curator):
     theirs.post(reverse("run-list-columns"), {"cols": ["algorithm.name"]})
     assert [c.id for c in mine.get(reverse("run-list")).context["table"].columns] == ["trainer.lr"]
     assert [c.id for c in theirs.get(reverse("run-list")).context["table"].columns] == ["algorithm.name"]
+
+
+@pytest.mark.parametrize("stored, shown", [
+    ({"a": 1}, list(DEFAULT_COLUMNS)), (5, list(DEFAULT_COLUMNS)), ("trainer.lr", list(DEFAULT_COLUMNS)),
+    (["trainer.lr", 5, None, "bogus", "status"], ["trainer.lr", "status"]),
+])
+def test_a_saved_pick_written_by_hand_reads_as_what_it_can(researcher, listed_run, stored, shown):
+    RunListColumns.objects.create(user=researcher, columns=stored)
+    page = logged_in(researcher).get(reverse("run-list"))
+    assert page.status_code == 200 and [column.id for column in page.context["table"].columns] == shown

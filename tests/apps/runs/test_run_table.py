@@ -252,6 +252,16 @@ def test_a_filter_on_a_metric_no_run_records_says_so(researcher_client, metric_r
     assert response.context["runs"] == []
 
 
+def test_each_filter_is_a_chip_that_removes_it_and_the_bad_one_is_marked(researcher_client, lr_runs):
+    response = researcher_client.get(reverse("run-list"), {"where": ["trainer.lr > 0", "trainer.lr > x"],
+                                                           "cols": "status", "page": "1"})
+    chips = response.context["where"]
+    assert [(chip["text"], chip["bad"]) for chip in chips] == [("trainer.lr > 0", False), ("trainer.lr > x", True)]
+    assert QueryDict(chips[0]["remove"]).lists() and QueryDict(chips[0]["remove"]).getlist("where") == [
+        "trainer.lr > x"]
+    assert "page" not in QueryDict(chips[1]["remove"])
+
+
 def test_eleven_filters_are_too_many(researcher_client, lr_runs):
     response = researcher_client.get(reverse("run-list"), {"where": ["trainer.lr > 0"] * 11})
     assert "11 filters: at most 10" in response.content.decode()
