@@ -19,6 +19,8 @@ from .models import MetricPoint, Run
 
 # A JSON number as Postgres and SQLite write it out: what may be cast to a float.
 NUMBER = r"^-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$"
+# A spreadsheet runs a cell that starts with one of these as a formula.
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 # Lower is better for these; higher for everything else the summary shows (rewards, accuracy,
 # throughput).
 LOWER_IS_BETTER = re.compile(r"(^|[/_])(loss|kl|perplexity|error|seconds|staleness)($|[/_])")
@@ -101,7 +103,7 @@ def run_summaries(runs: list[Run]) -> list[RunSummary]:
     one per metric and chart reported, one for each token count and for the wall time of runs
     never started. Read a run at a time it was 17 queries a run (a sweep page of 6 runs: 106
     queries, 1.6 s)."""
-    keys = _chart_keys(runs)
+    keys = chart_keys(runs)
     walls = _wall_seconds(runs)
     trained = _sums_of_products(runs, keys, "trainer", *TRAINED)
     generated = [_sums_of_products(runs, keys, role, *GENERATED) for role in GENERATED_ROLES]
@@ -116,7 +118,7 @@ def run_summaries(runs: list[Run]) -> list[RunSummary]:
     return summaries
 
 
-def _chart_keys(runs: list[Run]) -> dict[int, dict[str, list[str]]]:
+def chart_keys(runs: list[Run]) -> dict[int, dict[str, list[str]]]:
     """{run id: {"role/key": JSON path}} of the metrics in the first and last point of each role: the
     keys a run reports rarely change, and reading two points a role is cheap however long the run."""
     keys = {run.pk: {} for run in runs}
@@ -244,17 +246,17 @@ def summary_rows(summaries: list[RunSummary]) -> list[dict]:
             continue
         direction = next(m.direction for m in metrics if m)
         rows.append({"label": f"{title}, final", "cells": [
-            {"text": _number(m.final), "title": f"{m.label}: {m.chart} at step {m.final_step}"} if m else {}
+            {"text": short_number(m.final), "title": f"{m.label}: {m.chart} at step {m.final_step}"} if m else {}
             for m in metrics
         ]})
         rows.append({"label": f"{title}, best ({'lowest' if direction == 'min' else 'highest'})", "cells": [
-            {"text": _number(m.best), "title": f"{m.label}: {m.chart} at step {m.best_step}"} if m else {}
+            {"text": short_number(m.best), "title": f"{m.label}: {m.chart} at step {m.best_step}"} if m else {}
             for m in metrics
         ]})
     return rows
 
 
-def _number(value: float) -> str:
+def short_number(value: float) -> str:
     return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
 
 
@@ -286,6 +288,11 @@ def flat_values(values: dict):
     name them."""
     for path, value in _leaves(values):
         yield "/".join(path), value
+
+
+def safe_cell(value):
+    """Text a spreadsheet would run as a formula, quoted to stay text (a run named "=HYPERLINK(…)")."""
+    return "'" + value if isinstance(value, str) and value.startswith(FORMULA_START) else value
 
 
 def runs_in_order(ids: list[int]) -> list[Run]:

@@ -31,7 +31,7 @@ from workers.rft.config import (
 )
 from workers.rft.config_issues import accepts_null, choices_of, description, leaf_types, section_of
 
-from . import notes, sweeps
+from . import notes, run_columns, sweeps
 from .config_keys import get_key, reset_unread, set_key
 from .models import Report, Run, Sweep
 
@@ -336,6 +336,30 @@ class LaunchForm(forms.Form):
         return switched
 
 
+class ConditionsField(forms.Field):
+    """The ?where= filters, as many as sent (an empty one, the form's blank box, left out): a
+    list of run_columns.Condition; each bad one named (the table's columns, or the syntax)."""
+
+    widget = forms.MultipleHiddenInput
+
+    def to_python(self, value):
+        return [text for text in (value or []) if isinstance(text, str) and text.strip()]
+
+    def clean(self, value):
+        texts = self.to_python(value)
+        if len(texts) > run_columns.MAX_CONDITIONS:
+            raise forms.ValidationError(f"{len(texts)} filters: at most {run_columns.MAX_CONDITIONS}")
+        conditions, problems = [], []
+        for text in texts:
+            try:
+                conditions.append(run_columns.condition(text))
+            except run_columns.BadCondition as err:
+                problems.append(str(err))
+        if problems:
+            raise forms.ValidationError(problems)
+        return conditions
+
+
 class RunFilterForm(forms.Form):
     q = forms.CharField(required=False, label="Search", widget=forms.SearchInput(attrs={"placeholder": "run name"}))
     status = forms.ChoiceField(required=False, choices=[("", "any status"), *Run.Status.choices])
@@ -345,6 +369,10 @@ class RunFilterForm(forms.Form):
     tag = forms.CharField(required=False, max_length=notes.MAX_TAG_LENGTH,
                           widget=forms.TextInput(attrs={"placeholder": "tag", "size": 12, "aria-label": "tag"}))
 
+    # "trainer.lr = 1e-5", "best:explorer/reward_mean >= 0.5": filters on the table's columns
+    # (run_columns.condition), each a ?where= of its own, all of them met.
+    where = ConditionsField(required=False, label="Filter")
+
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.fields["owner"].queryset = (
@@ -353,7 +381,8 @@ class RunFilterForm(forms.Form):
 
     def filter(self, runs):
         """runs narrowed by the valid filters (an invalid one is ignored and shown as an error)."""
-        data = self.cleaned_data if self.is_valid() else {}
+        self.is_valid()
+        data = self.cleaned_data
         if data.get("q"):
             runs = runs.filter(name__icontains=data["q"])
         if data.get("status"):
@@ -362,6 +391,8 @@ class RunFilterForm(forms.Form):
             runs = runs.filter(owner=data["owner"])
         if data.get("tag"):
             runs = notes.with_tag(runs, data["tag"])
+        for index, condition in enumerate(data.get("where") or []):
+            runs = condition.apply(runs, f"where_{index}")
         return runs
 
     def clean_tag(self):

@@ -156,6 +156,18 @@ class Report(models.Model):
         return self.name
 
 
+class RunListColumns(models.Model):
+    """The columns a researcher last picked for the runs list (apps/runs/run_table.py), by their
+    ids: the list shows them when its address names none (?cols=), on whichever machine the
+    researcher logs in from. Kept here rather than in the browser's storage so that the page's
+    own links and its CSV, made on the server, have them."""
+
+    user = models.OneToOneField(settings.AUTH_USER_MODEL, primary_key=True, on_delete=models.CASCADE,
+                                related_name="run_list_columns")
+    columns = models.JSONField(default=list)
+    updated_at = models.DateTimeField(auto_now=True)
+
+
 class MetricPoint(models.Model):
     """All scalars of one role at one step, in one row."""
 

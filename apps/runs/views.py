@@ -8,7 +8,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
-from django.http import FileResponse, Http404, HttpResponse, JsonResponse
+from django.http import FileResponse, Http404, HttpResponse, JsonResponse, QueryDict
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.cache import patch_vary_headers
@@ -21,9 +21,10 @@ from apps.accounts.roles import CURATOR, RESEARCHER, has_role, role_required
 from apps.core.numbers import whole_number, whole_numbers
 from apps.core.streaming import streaming
 from apps.tasksets.models import Task, Taskset
+from rftweb.errors import bad_request_response
 from workers.rft.config import ConfigError
 
-from . import duties, queries, services, supervision, sweeps, waits
+from . import duties, queries, run_table, services, supervision, sweeps, waits
 from .api import token_for, token_or_session, workers_json
 from .checkpoints import run_checkpoint_dir, tar_stream
 from .compression import gzip_json
@@ -61,17 +62,6 @@ def chart_view(query, smoothing: float | None = None) -> dict:
             "chart_log": query.get("log") == "1", "chart_x": query.get("x") if query.get("x") in CHART_X else ""}
 
 
-def _summarized(runs) -> list[Run]:
-    """Runs with .progress, .latest_reward, .shown_status and .shown_tags for the tables."""
-    runs = list(runs)
-    for run in runs:
-        run.progress = queries.run_progress(run)
-        run.latest_reward = queries.latest_reward(run)
-        run.shown_status = waits.shown_status(run)
-        run.shown_tags = shown_tags(run.tags)
-    return runs
-
-
 def _runs():
     return queries.with_latest_explorer_metrics(Run.objects.select_related("owner"))
 
@@ -80,17 +70,74 @@ def home(request):
     """Researchers land on their dashboard; annotators on what they can do."""
     if not has_role(request.user, RESEARCHER):
         return render(request, "runs/annotator_home.html")
-    return render(
-        request, "runs/home.html", {"runs": _summarized(_runs()[:20]), "tasksets": Taskset.objects.all()[:20]}
-    )
+    columns = run_table.parse_columns(",".join(run_table.HOME_COLUMNS))[0]
+    return render(request, "runs/home.html", {
+        "runs": run_table.with_cells(_runs()[:20], columns), "table": run_table.TableView(columns),
+        "tasksets": Taskset.objects.all()[:20],
+    })
+
+
+def _listed(request) -> tuple[RunFilterForm, run_table.TableView, object]:
+    """The list's filters, its view (columns, sort) and the matching runs in its order; what of
+    the query was not applied is in the view's errors."""
+    filters = RunFilterForm(request.GET)
+    view = run_table.table_view(request.GET, run_table.saved_columns(request.user))
+    matching = filters.filter(Run.objects.all())
+    view.offered = run_table.offered_metrics(matching)
+    view.errors += run_table.unrecorded(view, filters.cleaned_data.get("where") or [], view.offered)
+    return filters, view, view.order(matching)
 
 
 @role_required(RESEARCHER)
 def run_list(request):
-    filters = RunFilterForm(request.GET)
-    page = Paginator(filters.filter(_runs()), RUNS_PER_PAGE).get_page(request.GET.get("page"))
-    page.object_list = _summarized(page.object_list)
-    return render(request, "runs/list.html", {"filters": filters, "page": page, "runs": page.object_list})
+    """The runs table (docs/runs-list.md): the columns picked, sorted by any of them, filtered,
+    a page at a time; the same query downloads every matching run as CSV (run_list_csv)."""
+    filters, view, runs = _listed(request)
+    page = Paginator(queries.with_latest_explorer_metrics(runs.select_related("owner")),
+                     RUNS_PER_PAGE).get_page(request.GET.get("page"))
+    page.object_list = run_table.with_cells(page.object_list, view.columns)
+    return render(request, "runs/list.html", {
+        "filters": filters, "page": page, "runs": page.object_list, "table": view,
+        "headers": view.headers(request.GET), "picker": run_table.picker(view),
+        "where": run_table.where_chips(request.GET),
+        "csv_query": run_table.csv_query(request.GET, filters, view),
+    })
+
+
+@token_or_session  # scripts download with their API token
+@role_required(RESEARCHER)
+def run_list_csv(request):
+    """The runs list's CSV: its columns for every run its filters match (not the page alone), in
+    its order. A bad column, sort or filter, or a parameter the list does not read, is a 400
+    naming it: a file missing a column, or of other runs, would pass unnoticed."""
+    unknown = [name for name in request.GET if name not in run_table.QUERY_PARAMETERS]
+    if unknown:
+        return bad_request_response(request, run_table.unknown_parameters(unknown))
+    filters, view, runs = _listed(request)
+    problems = [f"{name}: {' '.join(errors)}" for name, errors in filters.errors.items()] + view.errors
+    if problems:
+        return bad_request_response(request, "\n".join(problems))  # a line each
+    response = streaming(run_table.csv_chunks(runs, view.columns), content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = content_disposition_header(as_attachment=True, filename="runs.csv")
+    return response
+
+
+@require_POST
+@role_required(RESEARCHER)
+def run_list_columns(request):
+    """Save the column picker's choice as the user's (RunListColumns), or forget it ("Default
+    columns"), and go back to the list with it in the address (?cols=), to share."""
+    query = QueryDict(request.POST.get("query", ""), mutable=True)
+    query.pop("page", None)
+    query.pop("cols", None)
+    if "reset" in request.POST:
+        run_table.forget_columns(request.user)
+    else:
+        picked = ",".join(request.POST.getlist("cols"))
+        for problem in run_table.parse_columns(picked)[1]:
+            messages.error(request, f"Columns: {problem}")
+        query["cols"] = ",".join(run_table.save_columns(request.user, picked))
+    return redirect(reverse("run-list") + (f"?{query.urlencode(safe=',/:')}" if query else ""))
 
 
 @require_POST

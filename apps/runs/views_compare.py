@@ -32,8 +32,6 @@ COMPARE_PICKER_RUNS = 50
 UNENDED = (Run.Status.QUEUED, *Run.ACTIVE)  # runs whose charts may still grow
 CSV_HEADER = ("run", "name", "step", "key", "value", "time")
 CHUNK_CHARS = 64 * 1024  # one network write: a row at a time would be millions of tiny writes
-# A spreadsheet runs a cell that starts with one of these as a formula (a run named "=HYPERLINK(…)").
-FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
 @role_required(RESEARCHER)
@@ -111,11 +109,6 @@ def _download_name(runs: list[Run]) -> str:
     return "runs-" + "-".join(str(run.pk) for run in runs) + "-metrics"
 
 
-def _safe_cell(value):
-    """Text a spreadsheet would run as a formula, quoted to stay text."""
-    return "'" + value if isinstance(value, str) and value.startswith(FORMULA_START) else value
-
-
 def _csv_chunks(runs: list[Run]):
     """Long format, a row per value: run, name, step, key ("role/key", as the charts name it),
     value (empty for a diverged one, stored as null), time (ISO 8601, UTC)."""
@@ -123,7 +116,7 @@ def _csv_chunks(runs: list[Run]):
     writer = csv.writer(buffer)
     writer.writerow(CSV_HEADER)
     for run in runs:
-        name = _safe_cell(run.name)
+        name = comparison.safe_cell(run.name)
         for role, step, time, values in comparison.metric_points(run):
             stamp = time.isoformat()
             for key, value in comparison.flat_values(values):
@@ -131,7 +124,8 @@ def _csv_chunks(runs: list[Run]):
                     value = int(value)
                 elif isinstance(value, list):
                     value = json.dumps(value)
-                writer.writerow((run.pk, name, step, _safe_cell(f"{role}/{key}"), _safe_cell(value), stamp))
+                writer.writerow((run.pk, name, step, comparison.safe_cell(f"{role}/{key}"),
+                                 comparison.safe_cell(value), stamp))
             if buffer.tell() >= CHUNK_CHARS:
                 yield buffer.getvalue()
                 buffer.seek(0)

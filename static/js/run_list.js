@@ -1,4 +1,7 @@
-// The runs list: a select-all box, and "Compare selected" (a GET, so outside the stop form's POST).
+// The runs list: a select-all box, "Compare selected" (a GET, so outside the stop form's POST),
+// the column picker's search box, and the address kept shareable: a list opened without ?cols=
+// shows the user's saved columns, and the address gets them, so that a link copied from it opens
+// the same table for whoever follows it.
 "use strict";
 (function () {
   const form = document.getElementById("runs-form");
@@ -10,5 +13,38 @@
   compare.addEventListener("click", () => {
     const query = new URLSearchParams(boxes().filter((box) => box.checked).map((box) => ["runs", box.value]));
     location.href = compare.dataset.compareUrl + "?" + query;
+  });
+
+  const address = new URLSearchParams(location.search);
+  if (!address.has("cols")) {
+    address.set("cols", form.dataset.cols);
+    // Column ids as the server writes them (run_table: "explorer/reward_mean,best:trainer/loss").
+    const readable = address.toString().replace(/%2C/g, ",").replace(/%2F/g, "/").replace(/%3A/g, ":");
+    history.replaceState(history.state, "", location.pathname + "?" + readable);
+  }
+
+  const picker = document.getElementById("column-picker");
+  const search = picker.querySelector("[data-column-search]");
+  search.addEventListener("input", () => {
+    const words = search.value.toLowerCase().split(/\s+/).filter(Boolean);
+    picker.querySelectorAll("[data-column-group]").forEach((group) => {
+      let shown = 0;
+      group.querySelectorAll("label").forEach((label) => {
+        const text = (label.textContent + " " + (label.title || "")).toLowerCase();
+        label.hidden = !words.every((word) => text.includes(word));
+        shown += label.hidden ? 0 : 1;
+      });
+      group.hidden = shown === 0;
+    });
+  });
+  search.addEventListener("keydown", (event) => {
+    if (event.key === "Enter") event.preventDefault();  // Enter finds; the button shows the columns
+  });
+  picker.addEventListener("toggle", () => { if (picker.open) search.focus(); });
+  document.addEventListener("keydown", (event) => {
+    if (event.key === "Escape" && picker.open) picker.open = false;
+  });
+  document.addEventListener("click", (event) => {
+    if (picker.open && !picker.contains(event.target)) picker.open = false;
   });
 })();

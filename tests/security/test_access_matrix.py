@@ -25,7 +25,7 @@ from apps.accounts.services import create_user
 from apps.buffer.models import Experience
 from apps.feedback.models import Feedback, RunAnnotators
 from apps.runs.api import token_for
-from apps.runs.models import Checkpoint, Report, Run, Sweep
+from apps.runs.models import Checkpoint, Report, Run, RunListColumns, Sweep
 from apps.runs.supervision import run_dir
 from apps.tasksets.models import Task, Taskset, TasksetImport
 from rftweb.routing import websocket_urlpatterns
@@ -115,6 +115,13 @@ MATRIX = {
     "home": Entry("LAAAA"),
     "plotly-js": Entry("LAAAA"),
     "run-list": Entry("LDAAA"),
+    # the runs list's CSV, as the list (a token too: tests/security/test_runs_table.py); the column
+    # picker saves each researcher's own choice
+    "run-list-csv": Entry("LDAAA", data=lambda o: {"cols": "status,trainer.lr"}),
+    "run-list-columns": Entry(
+        "LDAAA", method="post", data=lambda o: {"cols": ["trainer.lr"]},
+        changed=lambda o: RunListColumns.objects.filter(columns=["trainer.lr"]).exists(),
+    ),
     "run-launch": Entry("LDAAA"),
     "run-compare": Entry("LDAAA", data=lambda o: {"runs": [o.run.pk]}),
     "run-detail": Entry("LDAAA", kwargs=run),

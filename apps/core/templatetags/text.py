@@ -1,6 +1,8 @@
 """`ticks`: text whose `backquoted` words are names to type (a queue, a key, a command), shown as
 <code> rather than with the backquotes (messages said "a `train` worker" literally). `thousands`:
-a count as 15,696, not 15696 (USE_THOUSAND_SEPARATOR would put commas in every id in a URL too)."""
+a count as 15,696, not 15696 (USE_THOUSAND_SEPARATOR would put commas in every id in a URL too).
+`breakable`: a dotted or slashed name (algorithm.repeat_times, eval/exact_match) that may wrap
+after its dots, slashes and colons, so that a table's header does not widen its column past its values."""
 import re
 
 from django import template
@@ -9,6 +11,7 @@ from django.utils.safestring import mark_safe
 
 register = template.Library()
 TICKED = re.compile(r"`([^`\n]+)`")
+BREAK_AFTER = re.compile(r"([./:])")
 
 
 @register.filter
@@ -19,3 +22,8 @@ def ticks(text) -> str:
 @register.filter
 def thousands(number) -> str:
     return f"{number:,}" if isinstance(number, int) else str(number)
+
+
+@register.filter
+def breakable(text) -> str:
+    return mark_safe(BREAK_AFTER.sub(r"\1<wbr>", escape(str(text))))  # escaped first: only <wbr> is ours

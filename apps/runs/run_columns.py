@@ -1,0 +1,377 @@
+"""The columns of the runs table (the runs list and its CSV): the run's own fields, its config keys
+and summaries of its metrics, each with what sorts and filters the runs by it in SQL, the same on
+Postgres and SQLite, so that the list sorts and pages in the database.
+
+A column's id is what ?cols=, ?sort= and ?where= name (docs/runs-list.md):
+  status, progress, reward, mode, owner, created    the run's own (the name is always shown)
+  trainer.lr, algorithm.name, ...                   a config key, dotted (docs/config.md)
+  explorer/reward_mean, trainer/loss, ...           a metric's latest value ("role/key", as the charts name it)
+  best:explorer/reward_mean                         its best over the run: the lowest for a loss-like
+                                                    key, else the highest (comparison.metric_direction)
+"""
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from functools import cache
+from itertools import product
+
+from django.db import NotSupportedError
+from django.db.models import Case, F, FloatField, Func, Max, Min, OuterRef, Q, Subquery, TextField, Value, When
+from django.db.models.functions import Cast, Coalesce, Lower, NullIf
+
+from workers.rft.config_docs import rows as config_rows
+from workers.rft.config_issues import hint
+
+from . import queries
+from .comparison import metric_direction
+from .config_keys import get_key, shown
+from .models import MetricPoint, Run
+
+RUN, CONFIG, METRIC = "run", "config", "metric"
+LATEST, BEST = "latest", "best"
+BEST_PREFIX = "best:"
+ROLES = tuple(MetricPoint.Role.values)
+# A metric key "a/b/c" may be stored flat ({"a/b/c": 1}) or nested ({"a": {"b": {"c": 1}}}), and
+# runs of different engine versions differ (comparison._paths): each split is looked up, up to this
+# many slashes (2**3 = 8 lookups); past it, only the flat and the fully nested ones.
+SPLIT_SLASHES = 3
+# What a metric key may hold: SQLite's JSON paths quote a key ($."a b") with no escape for a quote.
+MAX_KEY_CHARS = 200
+METRIC_KEY = re.compile(rf'[^"\x00-\x1f\x7f]{{1,{MAX_KEY_CHARS}}}')
+
+
+class JSONScalar(Func):
+    """The value at `path` (a list of keys) of a JSON column when it is of `kind`, else NULL:
+    "number" as a float, "string" as text, "boolean" as 'false' or 'true'. Django's key transform
+    gives a jsonb on Postgres and, on SQLite, text for true, false and null: neither sorts numbers
+    as numbers with nulls last on both, nor filters `≥ 0.5` without casting a string."""
+
+    TYPES = {  # kind: (Postgres jsonb_typeof, SQLite json_type)
+        "number": (("number",), ("integer", "real")),
+        "string": (("string",), ("text",)),
+        "boolean": (("boolean",), ("true", "false")),
+    }
+
+    def __init__(self, expression, path: list[str], kind: str):
+        self.path, self.kind = list(path), kind
+        output = FloatField() if kind == "number" else TextField()
+        super().__init__(expression, output_field=output)
+
+    def as_postgresql(self, compiler, connection):
+        sql, params = compiler.compile(self.source_expressions[0])
+        types = self.TYPES[self.kind][0]
+        value = f"(({sql}) #>> %s)" + ("::double precision" if self.kind == "number" else "")
+        return (f"(CASE WHEN jsonb_typeof(({sql}) #> %s) IN ({', '.join(['%s'] * len(types))}) THEN {value} END)",
+                (*params, self.path, *types, *params, self.path))
+
+    def as_sqlite(self, compiler, connection):
+        sql, params = compiler.compile(self.source_expressions[0])
+        types = self.TYPES[self.kind][1]
+        path = "$" + "".join("." + json.dumps(key) for key in self.path)
+        value = "json_type(%s, %%s)" if self.kind == "boolean" else "json_extract(%s, %%s)"
+        return (f"(CASE WHEN json_type({sql}, %s) IN ({', '.join(['%s'] * len(types))}) THEN {value % sql} END)",
+                (*params, path, *types, *params, path))
+
+    def as_sql(self, compiler, connection, **extra):
+        raise NotSupportedError("the runs table's JSON columns are written for Postgres and SQLite")
+
+
+def json_sort_keys(expression, path: list[str]) -> list:
+    """Sort keys of a JSON value of any type: numbers (as numbers), then strings, then booleans;
+    NULL (the key missing, or null) in each, so that with nulls last a null comes after them all."""
+    return [JSONScalar(expression, path, kind) for kind in ("number", "string", "boolean")]
+
+
+def metric_paths(key: str) -> list[list[str]]:
+    """The JSON paths a metric key may be stored at: "reward/mean" -> [["reward/mean"], ["reward", "mean"]]."""
+    parts = key.split("/")
+    if len(parts) - 1 > SPLIT_SLASHES:
+        return [[key], parts]
+    paths = []
+    for joins in product((False, True), repeat=len(parts) - 1):  # whether each slash splits a level
+        path = [parts[0]]
+        for part, split in zip(parts[1:], joins):
+            if split:
+                path.append(part)
+            else:
+                path[-1] += "/" + part
+        paths.append(path)
+    return paths
+
+
+def _number_at(expression, paths: list[list[str]]):
+    numbers = [JSONScalar(expression, path, "number") for path in paths]
+    return numbers[0] if len(numbers) == 1 else Coalesce(*numbers)
+
+
+def metric_number(key: str):
+    """A metric point's number at `key` (in any of the layouts it may be stored in); else NULL."""
+    return _number_at(F("values"), metric_paths(key))
+
+
+@dataclass(frozen=True)
+class Column:
+    id: str
+    label: str
+    kind: str  # RUN, CONFIG or METRIC
+    numeric: bool = False  # shown right-aligned, sorted biggest first on a first click, and ≥ ≤ filter it
+    help: str = ""
+    role: str = ""  # a metric's
+    key: str = ""  # a metric's key in its role, or the config key
+    summary: str = ""  # a metric's: LATEST or BEST
+
+    @property
+    def right_aligned(self) -> bool:
+        """Shown as a number (the progress column shows a bar)."""
+        return self.numeric and self.id != "progress"
+
+    @property
+    def first_descending(self) -> bool:
+        """A first click on its header sorts the biggest and newest first; A to Z for text."""
+        return self.numeric or self.id == "created"
+
+    @property
+    def direction(self) -> str:
+        """A metric's "min" or "max": which value is its best."""
+        return metric_direction(f"{self.role}/{self.key}")
+
+    def sort_keys(self) -> list:
+        """The expressions that order runs by this column, each sorted with nulls last."""
+        if self.kind == CONFIG:
+            return json_sort_keys(F("config"), self.key.split("."))
+        return [self.number()] if self.numeric else [RUN_SORT_KEYS[self.id]()]
+
+    def number(self):
+        """The column's value as a float, NULL where it has none (a numeric column)."""
+        if self.kind == CONFIG:
+            return JSONScalar(F("config"), self.key.split("."), "number")
+        if self.kind == RUN:
+            return RUN_SORT_KEYS[self.id]()
+        points = MetricPoint.objects.filter(run=OuterRef("pk"), role=self.role).annotate(
+            v=metric_number(self.key))
+        if self.summary == LATEST:
+            # The (run, role, step) index read backwards, to the first point holding the key: 2 ms
+            # for a page of 50 of 200 runs × 2,000 steps, sorted by it (bench/runs_table.py).
+            latest = points.filter(v__isnull=False).order_by("-step")
+            return Subquery(latest.values("v")[:1], output_field=FloatField())
+        # Every point of the role, each value read once (MAX skips the NULLs): 290 ms for the page
+        # sorted by it, on Postgres, of 200 runs × 2,000 steps (a count of the rows alone takes 30 ms,
+        # a best as the top of the points sorted by value 470 ms: it reads each value twice).
+        best = Min("v") if self.direction == "min" else Max("v")
+        return Subquery(points.order_by().values("run").annotate(best=best).values("best"), output_field=FloatField())
+
+
+def _progress():
+    """Steps done over trainer.total_steps (explorer steps for a run that only explores)."""
+    done = Case(When(mode=Run.Mode.EXPLORE, then=F("explorer_step")), default=F("trainer_step"))
+    total = NullIf(JSONScalar(F("config"), ["trainer", "total_steps"], "number"), Value(0.0))
+    return Cast(done, FloatField()) / total
+
+
+def _reward():
+    """The latest explorer point's reward (queries.latest_reward: the first of REWARD_KEYS it holds)."""
+    last = MetricPoint.objects.filter(run=OuterRef("pk"), role=MetricPoint.Role.EXPLORER).order_by("-step")
+    values = Subquery(last.values("values")[:1])
+    return Coalesce(*(JSONScalar(values, [key], "number") for key in queries.REWARD_KEYS))
+
+
+RUN_SORT_KEYS = {
+    "name": lambda: Lower("name"),
+    "status": lambda: F("status"),
+    "progress": _progress,
+    "reward": _reward,
+    "mode": lambda: F("mode"),
+    "owner": lambda: Lower("owner__username"),
+    "created": lambda: F("created_at"),
+}
+RUN_COLUMNS = {
+    column.id: column for column in (
+        Column("name", "Run", RUN),
+        Column("status", "Status", RUN),
+        Column("progress", "Progress", RUN, numeric=True, help="steps done of trainer.total_steps"),
+        Column("reward", "Reward", RUN, numeric=True,
+               help=f"the latest explorer step's mean reward ({', '.join(queries.REWARD_KEYS)})"),
+        Column("mode", "Mode", RUN),
+        Column("owner", "Owner", RUN),
+        Column("created", "Created", RUN),
+    )
+}
+NAME = RUN_COLUMNS["name"]
+# What the list shows until a person picks: the old fixed columns' figures, and the three config
+# keys that tell a list of GRPO/SFT/DPO runs apart at a glance.
+DEFAULT_COLUMNS = ("status", "progress", "reward", "algorithm.name", "model.path", "trainer.lr", "owner", "created")
+
+
+@cache
+def config_columns() -> dict[str, Column]:
+    """A column per key of the config schema (not per section), in the schema's order."""
+    columns = {}
+    for key, kind, _default, _allowed, about in config_rows():
+        if kind != "mapping":
+            numeric = kind.split(" or ")[0] in ("integer", "number")
+            columns[key] = Column(key, key, CONFIG, numeric=numeric, help=about, key=key)
+    return columns
+
+
+def metric_column(role: str, key: str, summary: str = LATEST) -> Column:
+    chart = f"{role}/{key}"
+    if summary == LATEST:
+        return Column(chart, chart, METRIC, numeric=True, help=f"{chart} at the run's latest step that has it",
+                      role=role, key=key, summary=LATEST)
+    best = "lowest" if metric_direction(chart) == "min" else "highest"
+    return Column(BEST_PREFIX + chart, f"{chart} (best)", METRIC, numeric=True, help=f"the {best} {chart} over the run",
+                  role=role, key=key, summary=BEST)
+
+
+class UnknownColumn(ValueError):
+    pass
+
+
+def column(column_id: str) -> Column:
+    """The column of an id (as ?cols= names it); UnknownColumn says why not, with the closest id.
+    A metric is any "role/key": whether the runs record it is the table's to say (run_table)."""
+    column_id = column_id.strip()
+    if column_id in RUN_COLUMNS:
+        return RUN_COLUMNS[column_id]
+    if column_id in config_columns():
+        return config_columns()[column_id]
+    chart = column_id.removeprefix(BEST_PREFIX)
+    if "/" in chart:
+        role, key = chart.split("/", 1)
+        if role not in ROLES:
+            raise UnknownColumn(f"unknown metric role {role!r} in {column_id!r}: a metric is role/key, the role one "
+                                f"of {', '.join(ROLES)}")
+        if not key:
+            raise UnknownColumn(f"{column_id!r} names no metric key after {role}/")
+        if not METRIC_KEY.fullmatch(key):
+            raise UnknownColumn(f"{column_id[:100]!r} is no metric key: at most {MAX_KEY_CHARS} characters, without "
+                                "quotes or control characters")
+        return metric_column(role, key, BEST if column_id.startswith(BEST_PREFIX) else LATEST)
+    close = hint(column_id, [*RUN_COLUMNS, *config_columns()])
+    raise UnknownColumn(f"unknown column {column_id[:100]!r}" + (close or ": a column is one of the run's own ("
+                        f"{', '.join(RUN_COLUMNS)}), a config key (trainer.lr) or a metric (explorer/reward_mean, "
+                        "best:explorer/reward_mean)"))
+
+
+# ---- cells -------------------------------------------------------------------------------------
+
+
+def metric_values(runs: list[Run], columns: list[Column]) -> dict[int, dict[str, float | None]]:
+    """{run id: {column id: value}} of the metric columns for these runs, in one query."""
+    metrics = [column for column in columns if column.kind == METRIC]
+    if not runs or not metrics:
+        return {}
+    names = {column.id: f"m{index}" for index, column in enumerate(metrics)}
+    found = Run.objects.filter(pk__in=[run.pk for run in runs]).annotate(
+        **{names[column.id]: column.number() for column in metrics})
+    rows = found.values("pk", *names.values())
+    return {row["pk"]: {column_id: row[name] for column_id, name in names.items()} for row in rows}
+
+
+def config_value(run: Run, column: Column):
+    return get_key(run.config, column.key)
+
+
+def config_text(value) -> str | None:
+    return None if value is None else shown(value)
+
+
+# ---- conditions (?where=) -----------------------------------------------------------------------
+
+# "trainer.lr = 1e-5", "best:explorer/reward_mean >= 0.5": a column, an operator, a value.
+OPERATORS = {"=": "exact", "!=": "exact", ">=": "gte", "<=": "lte", ">": "gt", "<": "lt"}
+ALIASES = {"==": "=", "≠": "!=", "≥": ">=", "≤": "<="}
+CONDITION = re.compile(r"\s*(?P<column>.+?)\s*(?P<operator>==|!=|>=|<=|≠|≥|≤|=|>|<)\s*(?P<value>.*?)\s*", re.S)
+MAX_CONDITION_CHARS = 300
+MAX_CONDITIONS = 10
+LARGEST_INTEGER = 2**63 - 1  # what both databases hold as a whole number
+
+
+class BadCondition(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Condition:
+    column: Column
+    operator: str  # a key of OPERATORS
+    value: object  # a JSON scalar (a float or int for the comparisons)
+
+    @property
+    def text(self) -> str:
+        return f"{self.column.id} {self.operator} {config_text(self.value)}"
+
+    def apply(self, runs, name: str):
+        """`runs` narrowed to those meeting it; `name`: an alias of its own for the value. "!="
+        keeps the runs without a value, as "differs from"; the comparisons never do."""
+        if self.column.kind == CONFIG and self.operator in ("=", "!="):
+            # JSON equality, any type: 1e-5 matches 0.00001 and 1e-05; "grpo" a string; true a boolean.
+            equal = Q(**{"config__" + "__".join(self.column.key.split(".")): self.value})
+            if self.operator == "!=":  # by id: NOT (x = v) is NULL, not true, where the key is missing
+                return runs.exclude(pk__in=Run.objects.filter(equal).values("pk"))
+            return runs.filter(equal)
+        runs = runs.alias(**{name: self.column.number()})
+        if self.operator == "!=":
+            return runs.filter(Q(**{f"{name}__isnull": True}) | ~Q(**{name: self.value}))
+        return runs.filter(**{f"{name}__{OPERATORS[self.operator]}": self.value})
+
+
+def condition(text: str) -> Condition:
+    """The condition typed; BadCondition says what is wrong with it."""
+    if len(text) > MAX_CONDITION_CHARS:
+        raise BadCondition(f"a filter of {len(text):,} characters: at most {MAX_CONDITION_CHARS}")
+    match = CONDITION.fullmatch(text)
+    if not match:
+        raise BadCondition(f"{text!r} is not a filter: write a column, an operator ({', '.join(OPERATORS)}) and a "
+                           "value, e.g. trainer.lr = 1e-5 or explorer/reward_mean >= 0.5")
+    try:
+        found = column(match["column"])
+    except UnknownColumn as err:
+        raise BadCondition(str(err)) from None
+    operator = ALIASES.get(match["operator"], match["operator"])
+    value = _value(match["value"])
+    where = f"in {text.strip()!r}"
+    if found.kind == RUN and not found.numeric:
+        raise BadCondition(f"{found.id} is not filtered here {where}: use the search box and the status and owner "
+                           "menus for the run's own fields; config keys and metrics are filtered here")
+    if found.kind != CONFIG or operator not in ("=", "!="):
+        if not _is_number(value):
+            raise BadCondition(f"{match['value'][:40]!r} is not a number {where}: {found.id} is compared as a number")
+        value = float(value)
+    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > LARGEST_INTEGER:
+        raise BadCondition(f"{match['value'][:40]!r} is too large a whole number {where}")
+    return Condition(found, operator, value)
+
+
+def is_condition(text: str) -> bool:
+    try:
+        condition(text)
+    except BadCondition:
+        return False
+    return True
+
+
+def _value(text: str):
+    """What was typed as JSON reads it (1e-5, true, null, "quoted text"), else as text (grpo)."""
+    try:
+        value = json.loads(text, parse_constant=_not_json)  # NaN and Infinity are no JSON (nor jsonb)
+    except ValueError:
+        return text
+    if isinstance(value, float) and not math.isfinite(value):  # 1e999
+        return text
+    return value if value is None or isinstance(value, (str, int, float, bool)) else text
+
+
+def _not_json(constant: str):
+    raise ValueError(constant)
+
+
+def _is_number(value) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:  # an integer past a float's range
+        return False
