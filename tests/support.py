@@ -127,10 +127,19 @@ class Stack:
         assert proc.poll() is None, log_path.read_text()
         return proc
 
-    def worker(self, queues: str = "default,train,explore", slots: int = 1, name: str = "") -> subprocess.Popen:
+    def worker(self, queues: str = "default,train,explore", slots: int = 1, name: str = "",
+               loglevel: str | None = "info") -> subprocess.Popen:
+        """loglevel None: without `-l`, as the README starts one (Celery's WARNING: its console says
+        nothing of its tasks, "ready." included; it is ready once it has registered)."""
+        from apps.runs.models import Worker
+
         name = name or f"{queues.split(',')[0]}-{uuid.uuid4().hex[:8]}@localhost"
-        return self.start("worker", "-Q", queues, "-c", str(slots), "-n", name,
-                          "--without-gossip", "--without-mingle", "-l", "info", ready="ready.")
+        level = ["-l", loglevel] if loglevel else []
+        proc = self.start("worker", "-Q", queues, "-c", str(slots), "-n", name, "--without-gossip",
+                          "--without-mingle", *level, ready="ready." if loglevel else "[queues]")
+        if not loglevel:
+            wait_for(lambda: Worker.objects.filter(name=name).exists(), timeout=90, what=f"worker {name} registered")
+        return proc
 
     def beat(self) -> subprocess.Popen:
         return self.start("beat", "-s", str(self.tmp_path / "beat-schedule"), "-l", "info", ready="beat: Starting")

@@ -14,6 +14,7 @@ thread. So a line belongs to a duty when it is logged by the thread serving it o
 started, directly or not, from that thread while it served (the heartbeat, the loop's explorer
 thread, the synchronizer's threads). Python does not record a thread's parent: `Thread.start` is
 wrapped once per process to hand the starting thread's duty on to the new thread.
+Lines at INFO and above, whatever the worker's console prints (`celery worker -l`: make_info_records).
 
 Lines are for every researcher watching the run: a known secret (the run's own, the server's keys
 and database password) never reaches the file, nor does what follows "password=", "token: " and
@@ -80,6 +81,21 @@ def serving_duty():
 # ---- writing ------------------------------------------------------------------------------------
 
 
+def make_info_records() -> None:
+    """From now on (in this process) INFO records are made whatever its console prints. Celery sets
+    the root logger to its `-l` level, WARNING unless told: a worker started the README's way
+    (`celery -A rftweb worker -Q train`) made none of its duties' info lines, and the Logs panel of
+    a run handed over to it showed nothing from it ("resumed from checkpoint v70" nor "stopped at
+    trainer step 92"). So the root goes down to INFO and the handlers it had (the console) up to
+    the level it had: they print what they printed."""
+    root = logging.getLogger()
+    if root.level <= logging.INFO:  # NOTSET (0) too: the root makes every record
+        return
+    for handler in root.handlers:
+        handler.setLevel(max(handler.level, root.level))
+    root.setLevel(logging.INFO)
+
+
 class DutyLog(logging.Handler):
     """Captures, while it is open, the lines of the duty served by the thread that opened it (and
     the threads it starts) into `<work dir>/logs/<duty>.jsonl`. Use as a context manager."""
@@ -99,6 +115,7 @@ class DutyLog(logging.Handler):
 
     def __enter__(self):
         follow_new_threads()
+        make_info_records()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.file = self.path.open("a", encoding="utf-8")
         self.thread = threading.current_thread()

@@ -2,7 +2,7 @@
 person (the run page, the runs list, /api/runs/<id>/duties/), the status the lists show, the free
 slots a launch form offers, and what a launch warns it will wait for."""
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from django.conf import settings
 from django.core.cache import cache as shared_cache
@@ -31,6 +31,11 @@ class DutyState:
     node: str | None  # the Celery worker holding it
     since: str | None  # ISO time the state began, where known
     detail: str
+    # A running duty: what its engine did at its last beat (workers.rft.activity's parts), and its
+    # detail after that ("on train@vm, from checkpoint v5 (trainer step 5)"). The run page shows
+    # what the live channel said since instead, when that is newer (static/js/run_duties.js).
+    doing: list = field(default_factory=list)
+    where: str = ""
 
     def as_json(self) -> dict:
         return asdict(self)
@@ -107,8 +112,9 @@ def duty_states(run: Run, live: list[WorkerState] | None = None) -> list[DutySta
             went_on = beat.get("from_checkpoint")  # a restart said so only on the worker's console (#42, 6)
             since = f", from checkpoint v{went_on['version']} (trainer step {went_on['step']})" if went_on else ""
             doing = _doing(beat, duties.heartbeat_age(run, duty))
+            where = f"on {node or beat['worker']}{since}"
             states.append(DutyState(duty, queue, "running", node, beat["started"],
-                                    f"{doing + ' · ' if doing else ''}on {node or beat['worker']}{since}"))
+                                    f"{doing + ' · ' if doing else ''}{where}", beat.get("doing") or [], where))
     return states
 
 
@@ -201,6 +207,7 @@ def duties_json(run: Run, live: list[WorkerState] | None = None) -> dict:
         "explorers": len(explorers),
         "explorers_running": sum(state.state == "running" for state in explorers),
         "poll_s": settings.RFTWEB_HEARTBEAT_INTERVAL,
+        "doing_long_s": DOING_LONG_S,
         "duties": [state.as_json() for state in states],
     }
 

@@ -1,6 +1,7 @@
 // The run page's Logs panel: what the run's workers logged while serving it (apps/runs/logs.py),
 // errors and warnings first, then the newest lines, fetched from the page's logs URL: again every
-// REFRESH_MS while the run is active, and on a click of Refresh or a change of the level.
+// REFRESH_MS while the run is active, on a click of Refresh or a change of the level, and when the
+// run's status changes (run_page.js).
 "use strict";
 (function () {
   const panel = document.getElementById("run-logs");
@@ -87,9 +88,10 @@
       .then((response) => (response.ok ? response.json() : Promise.reject(response.status)))
       .then((data) => {
         draw(data);
+        clearTimeout(timer); // one timer however many loads were in flight (a click during a poll)
         if (data.active) timer = setTimeout(load, REFRESH_MS);
       })
-      .catch(() => { timer = setTimeout(load, 2 * REFRESH_MS); }); // the server restarting
+      .catch(() => { clearTimeout(timer); timer = setTimeout(load, 2 * REFRESH_MS); }); // the server restarting
   }
 
   level.addEventListener("change", load);

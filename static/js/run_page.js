@@ -142,8 +142,14 @@
     }
     showDot();
     updateControlFlashes();
-    // The workers' last lines (a stop's checkpoint, a failure's traceback) come with the end.
-    if (changed && page.finished_statuses.includes(status)) window.rftRunLogs?.load();
+    // The Logs panel and the duty lines read again at each change: an end brings the workers' last
+    // lines (a stop's checkpoint, a failure's traceback), and a run resumed from elsewhere (the
+    // API, `rft_resume`, another tab) polls again: both had stopped at "stopped", and the resumed
+    // duty's lines and worker never showed on the open page.
+    if (changed) {
+      window.rftRunLogs?.load();
+      window.rftRunDuties?.poll();
+    }
   }
 
   // The checkpoints table, newest first ({version, step, saved: Unix seconds, url} each).
@@ -235,6 +241,7 @@
       else if (update.type === "progress") showProgress(update);
       else if (update.type === "checkpoints") showCheckpoints(update.checkpoints);
       else if (update.type === "metrics") chartPoints(update.role, [update], charts);
+      else if (update.type === "activity") window.rftRunDuties?.hear(update); // the duty line (run_duties.js)
     }
     for (const chart of charts.values()) {
       board.appendPoints(chart.id, chart.section, chart.title, chart.line, chart.steps, chart.values, chart.times);

@@ -1,8 +1,12 @@
 """The run page's daily tools in Chromium: Stop asks first (and the "Stopping" flash follows the run
-to stopped), the Logs panel (errors first, tracebacks folded, a level filter), the zero-variance
-hint, and the rollout browser (each response full width, the reference answer beside it).
+to stopped), the Logs panel (errors first, tracebacks folded, a level filter; the resumed duty's
+lines after a resume from elsewhere), the duty line (what the engine does, as the live channel says
+it), the zero-variance hint, and the rollout browser (each response full width, the reference
+answer beside it).
 Screenshots at 1366x768 go to $RFTWEB_SCREENSHOTS (default test-artifacts/)."""
 import logging
+import re
+import time
 
 import pytest
 from django.utils import timezone
@@ -10,6 +14,7 @@ from playwright.sync_api import expect
 
 from apps.buffer.models import Experience
 from apps.runs import services, supervision
+from apps.runs.live import publisher
 from apps.runs.logs import DutyLog
 from apps.runs.models import MetricPoint, Run
 from apps.runs.store import DjangoCheckpointStore
@@ -138,6 +143,77 @@ def test_the_logs_panel_shows_errors_first_folds_tracebacks_and_filters_by_level
     with DutyLog(supervision.run_dir(run), run.pk, "loop"):
         log.error("trainer step 6: loss is NaN")
     expect(lines.nth(0)).to_contain_text("loss is NaN", timeout=15_000)
+    assert page_errors == []
+
+
+def served_run(owner, worker: str, node: str, said: str) -> Run:
+    """A run whose loop `worker` has taken and begun, logging `said` (take_duty)."""
+    run = Run.objects.create(name="served", owner=owner, status=Run.Status.STARTING, config=DEMO_CONFIG)
+    take_duty(run, worker, node, said)
+    return run
+
+
+def take_duty(run: Run, worker: str, node: str, said: str) -> None:
+    """What a worker does as it serves the run's loop: claims it, logs `said`, begins its steps."""
+    assert services.claim_duty(run, "loop", worker, timeout=60, node=node)
+    with DutyLog(supervision.run_dir(run), run.pk, "loop"):
+        log.info(said)
+    services.mark_started(run, "loop", worker)
+
+
+def test_a_run_resumed_from_elsewhere_shows_the_resumed_duty_on_the_open_page(page, login, researcher, page_errors):
+    """The Logs panel and the duty line stopped asking at "stopped": a resume from the API,
+    `rft_resume` or another tab brought the run back running on the open page with neither the
+    resumed duty's lines nor its worker (seen on the full stack)."""
+    run = served_run(researcher, "gpu-1:11", "train@one", "rollout engine: transformers")
+    login(researcher, f"/runs/{run.pk}/")
+    page.set_viewport_size(SCREEN)
+    duty, lines = page.locator("#run-duties [data-duty=loop]"), page.locator("#run-logs .log-line")
+    expect(duty).to_contain_text("on train@one")
+    services.stop_run(run)
+    with DutyLog(supervision.run_dir(run), run.pk, "loop"):
+        log.info("run %s (loop): stopped at trainer step 5, checkpoint v5", run.pk)
+    services.release_duty(run, "loop", "gpu-1:11")  # the last duty of a stopping run to go stops it
+    expect(page.locator("#run-status")).to_have_text("stopped")
+    expect(lines.first).to_contain_text("stopped at trainer step 5")
+    expect(page.locator("#run-duties")).to_be_hidden()
+
+    services.resume_run(run)  # not from this page: it does not reload
+    supervision.start_run(run.pk)
+    take_duty(run, "gpu-2:12", "train@two", f"run {run.pk} (loop): resumed from checkpoint v5 (trainer step 5)")
+    expect(page.locator("#run-status")).to_have_text("running")
+    expect(lines.first).to_contain_text("resumed from checkpoint v5 (trainer step 5)")
+    expect(duty).to_contain_text("on train@two")
+    page.locator("#run-logs").scroll_into_view_if_needed()
+    page.screenshot(path=SHOTS / "run-page-resumed-elsewhere.png")
+    assert page_errors == []
+
+
+def test_the_duty_line_says_what_the_engine_does_as_the_live_channel_tells_it(page, login, researcher, page_errors):
+    """The duty line read what the engine does from the duty's heartbeat (every 10 s), polled every
+    10 s: on the full stack it stood 6 s behind the step cards on median and 14 s at worst. Each
+    change now comes over the run's live channel with the step's metrics, a long phase saying how
+    long; a poll that read an older beat leaves it be."""
+    run = served_run(researcher, "gpu-1:11", "train@one", "rollout engine: transformers")
+    begun = time.time()
+    services.heartbeat(run, "loop", "gpu-1:11", [{"role": "explorer", "what": "rolling out step 6 with v5",
+                                                  "since": begun}, {"role": "trainer", "what": "training step 5",
+                                                                    "since": begun}])
+    login(researcher, f"/runs/{run.pk}/")
+    page.set_viewport_size(SCREEN)
+    line = page.locator("#run-duties [data-duty=loop] .duty-detail")
+    expect(line).to_contain_text("rolling out step 6 with v5 · training step 5 · on train@one")
+    services.heartbeat(run, "loop", "gpu-1:11")  # alive (a duty silent for 6 s is lost, in tests)
+    now = time.time()
+    publisher.publish(run.pk, {"type": "activity", "duty": "loop", "doing": [
+        {"role": "explorer", "what": "rolling out step 7 with v6", "since": now},
+        {"role": "trainer", "what": "saving a checkpoint at step 6", "since": now - 40}]})
+    expect(line).to_contain_text(re.compile(
+        r"rolling out step 7 with v6 · saving a checkpoint at step 6 \(4\d s\) · on train@one"), timeout=3000)
+    page.screenshot(path=SHOTS / "run-page-duty-line.png")
+    services.heartbeat(run, "loop", "gpu-1:11")  # its beat still says step 6: polled, it is older
+    page.wait_for_timeout(2500)  # two polls (every heartbeat interval: 1 s in tests)
+    expect(line).to_contain_text("rolling out step 7 with v6")
     assert page_errors == []
 
 

@@ -5,9 +5,10 @@ The stack is the product's own processes, started as an operator starts them: a 
 Celery beat (whose watchdog looks after runs) on the test database and Redis. The run checkpoints
 by time (`trainer.save_interval_s`), as the default config does, only more often.
 
-(a) An operator's supervisor restarts the dead worker; the watchdog hands the run over to it and
-    it trains on from the last checkpoint. Measured: seconds lost to the killed worker, from the
-    kill to the first trainer step recorded again (printed; run with -s).
+(a) An operator's supervisor restarts the dead worker (the README's command: no `-l info`); the
+    watchdog hands the run over to it and it trains on from the last checkpoint, its lines in the
+    run page's Logs panel. Measured: seconds lost to the killed worker, from the kill to the first
+    trainer step recorded again (printed; run with -s).
 (b) A deployment that lets people decide (RFTWEB_MAX_HANDOVERS=0): the run fails, naming the dead
     worker; its user resumes it with `manage.py rft_resume RUN --wait`, which continues from the
     newest checkpoint.
@@ -38,10 +39,12 @@ from pathlib import Path
 
 import psutil
 import pytest
+from playwright.sync_api import expect
 
 from apps.buffer.models import Experience
 from apps.runs import services, waits
 from apps.runs.models import MetricPoint, Run
+from tests.e2e.test_dashboard import SCREEN, SHOTS
 from tests.support import make_taskset, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -102,7 +105,7 @@ def assert_each_step_once(run: Run) -> None:
     assert Experience.objects.filter(run=run, status="consumed").count() == STEPS * TASKS * REPEATS
 
 
-def test_a_killed_worker_is_replaced_by_the_watchdog_and_the_run_completes(researcher, stack):
+def test_a_killed_worker_is_replaced_by_the_watchdog_and_the_run_completes(researcher, stack, page, login):
     make_taskset()
     processes = stack()
     worker = processes.worker()
@@ -115,7 +118,7 @@ def test_a_killed_worker_is_replaced_by_the_watchdog_and_the_run_completes(resea
     wait_for(lambda: [s for s in waits.duty_states(run_row(run)) if s.state in ("lost", "handed over")],
              timeout=0.75 * float(processes.env["RFTWEB_HEARTBEAT_TIMEOUT"]), what="the loss shown", every=0.1)
 
-    processes.worker()  # the supervisor brings the worker back
+    processes.worker(loglevel=None)  # the supervisor brings the worker back, started as the README says
     worker_back = (datetime.now(timezone.utc) - killed_at).total_seconds()
     first_again = wait_for(
         lambda: MetricPoint.objects.filter(run=run, role="trainer", time__gt=killed_at).order_by("time").first(),
@@ -128,6 +131,16 @@ def test_a_killed_worker_is_replaced_by_the_watchdog_and_the_run_completes(resea
         f"killed at trainer step {trained}, resumed from checkpoint step {resumed_from.step if resumed_from else 0}, "
         f"step {first_again.step} recorded again; watchdog every 2 s)"
     )
+    # The new worker's lines on the run page: why the duty was sent on, and where its new worker
+    # went on from (a worker started without `-l info` made no info line: the panel had nothing of it).
+    login(researcher, f"/runs/{run.pk}/")
+    page.set_viewport_size(SCREEN)
+    panel = page.locator("#run-logs")
+    expect(panel.locator(".log-line.warning")).to_contain_text(["is gone (killed?): the duty is sent on"])
+    expect(panel).to_contain_text(f"(loop): resumed from checkpoint v{resumed_from.version} "
+                                  f"(trainer step {resumed_from.step})")
+    panel.scroll_into_view_if_needed()
+    page.screenshot(path=SHOTS / "run-page-logs-after-handover.png")
     wait_for(lambda: run_row(run).is_finished, what="completion after the hand-over")
     assert_each_step_once(run)
     assert run.resumes == []  # handed over, not resumed by anyone

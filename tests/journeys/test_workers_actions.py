@@ -33,9 +33,9 @@ def row(run: Run) -> Run:
     return Run.objects.get(pk=run.pk)
 
 
-def handed_back_and_carried_on(run: Run) -> None:
+def handed_back_and_carried_on(run: Run) -> int:
     """The duty said why it let go (its log), saved at that step, and the run trained on from the
-    next step, every step once, with nobody resuming it."""
+    next step, every step once, with nobody resuming it. Returns the step it let go at."""
     said = lambda: [line for line in logs.read(run_dir(run))["lines"]  # noqa: E731
                     if "cur handed it back to its queue" in line["message"]]
     wait_for(said, timeout=120, what="the duty handing the run back")
@@ -44,6 +44,7 @@ def handed_back_and_carried_on(run: Run) -> None:
     steps = list(MetricPoint.objects.filter(run=run, role="trainer").values_list("step", flat=True))
     assert sorted(steps) == list(range(1, max(steps) + 1)), "a trainer step was lost or recorded twice"
     assert row(run).status == "running" and row(run).resumes == []
+    return let_go
 
 
 def test_a_curator_hands_a_duty_back_and_stops_its_run_from_the_workers_page(curator, researcher, stack, page, login):
@@ -65,7 +66,12 @@ def test_a_curator_hands_a_duty_back_and_stops_its_run_from_the_workers_page(cur
     hold.get_by_role("button", name="Hand back").click()
     page.locator(".confirm-pop").get_by_role("button", name="Hand back").click()
     expect(page.locator(".flash.success")).to_contain_text("Handing back loop of handed back")
-    handed_back_and_carried_on(run)
+    let_go = handed_back_and_carried_on(run)
+    # The run page's Logs panel: why the duty let go, then where its new holding went on from.
+    page.goto(f"/runs/{run.pk}/")
+    panel = page.locator("#run-logs")
+    expect(panel).to_contain_text("cur handed it back to its queue")
+    expect(panel).to_contain_text(f"(loop): resumed from checkpoint v{let_go} (trainer step {let_go})")
     page.goto("/workers/")  # the task that served the duty ended: its row says how
     expect(page.locator("[data-workers-tasks] tr", has_text="serve_duty").filter(has_text="handed back")
            ).to_contain_text("success")

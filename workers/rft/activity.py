@@ -1,19 +1,28 @@
 """What a loop is doing now, for the run page's duty line ("rolling out step 12 · training step
 11", "saving a checkpoint at step 40"): the loop says so as each phase starts; whoever serves it
-reads `now()` (supervision's heartbeat writes it on the duty's beat). A line that said only
-"running on train@vm" left a stalled step and a long checkpoint looking the same (#42, finding 11).
+reads `now()` (supervision's heartbeat writes it on the duty's beat) and may be told of each change
+(`on_change`: supervision sends it to the open run pages at once). A line that said only "running
+on train@vm" left a stalled step and a long checkpoint looking the same (#42, finding 11).
 """
+import threading
 import time
 
 
 class Activity:
     def __init__(self):
         self._doing: dict[str, tuple[str, float]] = {}  # role -> (what, since: epoch seconds)
+        self._lock = threading.Lock()  # the explorer's thread and the trainer's say, the heartbeat reads
+        self.on_change = None  # called with now() after each change, on the thread that made it
 
     def doing(self, role: str, what: str) -> None:
         """`role` ("explorer" or "trainer": a loop runs both at once) starts `what`."""
-        self._doing[role] = (what, time.time())
+        with self._lock:
+            self._doing[role] = (what, time.time())
+        if self.on_change is not None:
+            self.on_change(self.now())
 
     def now(self) -> list[dict]:
         """[{"role", "what", "since"}], the explorer's first."""
-        return [{"role": role, "what": what, "since": since} for role, (what, since) in sorted(self._doing.items())]
+        with self._lock:
+            doing = sorted(self._doing.items())
+        return [{"role": role, "what": what, "since": since} for role, (what, since) in doing]

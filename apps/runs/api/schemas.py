@@ -150,6 +150,10 @@ class DutyOut(Schema):
     node: str | None = Field(description="the worker holding it")
     since: str | None
     detail: str
+    doing: list[dict[str, Any]] = Field(description='a running duty: what its engine did at its last heartbeat, '
+                                        'each part {"role", "what", "since": Unix seconds}; the start of detail')
+    where: str = Field(description="a running duty: its detail after what it does (the worker, the checkpoint "
+                                   "it went on from)")
 
 
 class RunDetailOut(RunOut):
@@ -187,6 +191,7 @@ class DutiesOut(Schema):
     explorers: int
     explorers_running: int
     poll_s: float = Field(description="how often a page should ask again")
+    doing_long_s: float = Field(description="a phase of a duty's engine running this long says how long it has")
     duties: list[DutyOut]
 
 

@@ -319,6 +319,8 @@ def test_a_running_duty_says_what_its_engine_does_and_how_long_a_long_phase_has_
     (state,) = waits.duty_states(Run.objects.get(pk=run.pk))
     assert state.state == "running"
     assert state.detail == "rolling out step 13 with v12 · saving a checkpoint at step 12 (45 s) · on runs@gpu-1"
+    # The parts and the rest apart: the run page shows newer parts its live channel brings (run_duties.js).
+    assert (state.doing, state.where) == (doing, "on runs@gpu-1")
     assert services.heartbeat(run, "loop", "gpu-1:11")  # a beat with nothing new keeps what it said
     assert Run.objects.get(pk=run.pk).heartbeats["loop"]["doing"] == doing
 

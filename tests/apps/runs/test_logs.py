@@ -90,6 +90,33 @@ def test_what_a_celery_worker_prints_is_info_and_its_progress_bars_are_left_out(
     ]
 
 
+def test_a_worker_whose_console_prints_warnings_only_still_logs_its_duties_info_lines(tmp_path):
+    """Celery sets the root logger to its `-l` level, WARNING unless told: a train worker started
+    the README's way took a duty handed over to it and wrote none of its info lines ("resumed
+    from checkpoint v70"), so the Logs panel showed nothing from it. Its console still prints what
+    it printed."""
+    import io
+
+    root = logging.getLogger()
+    console = logging.StreamHandler(io.StringIO())
+    before = root.level, {handler: handler.level for handler in root.handlers}
+    root.addHandler(console)
+    root.setLevel(logging.WARNING)  # what `celery -A rftweb worker` does
+    try:
+        with DutyLog(tmp_path, 3, "loop"):
+            log.info("run 3 (loop): resumed from checkpoint v70 (trainer step 70)")
+            log.warning("run 3 (loop): a warning")
+        log.info("the worker's own info line, after the duty")
+    finally:
+        root.removeHandler(console)
+        root.setLevel(before[0])
+        for handler, level in before[1].items():
+            handler.setLevel(level)
+    assert messages(tmp_path) == ["run 3 (loop): a warning",
+                                  "run 3 (loop): resumed from checkpoint v70 (trainer step 70)"]
+    assert console.stream.getvalue() == "run 3 (loop): a warning\n"
+
+
 def test_a_duty_log_stays_bounded_and_keeps_its_newest_lines(tmp_path, monkeypatch):
     monkeypatch.setattr(logs, "MAX_FILE_BYTES", 4000)
     with DutyLog(tmp_path, 1, "loop"):
