@@ -139,8 +139,8 @@ class DifficultyBased(TaskSelector):
     # after its last group, and on a taskset of more than a few batches the selector drew nearly
     # the default order: 180 tasks passing at 0 to 1, 6 a step, the drawn tasks' mean distance from
     # 0.5 over steps 30-120 was 0.24 at lamb 0.1, 0.12 at 0.01, 0.09 at 0 (0.28: the default order).
-    # 0.01 still lets a task the model once failed come back ~100 steps on. Trinity's m (rollouts a
-    # group) is the group's own count here.
+    # 0.01 still lets a task the model once failed come back (its evidence halves every ~70 steps).
+    # Trinity's m (rollouts a group) is the group's own count here. docs/task-selection.md.
     def __init__(self, seed: int, batch_size: int, *, target_reward: float = 0.5, lamb: float = 0.01,
                  tau: float = 0.0, do_sample: bool = True, retire_after: int = 0):
         super().__init__(seed, batch_size)
