@@ -25,8 +25,10 @@ def test_a_finished_steps_draws_and_stats_are_read_back_together(make_task_sourc
     a, b, c = (task.id for task in source.tasks())
     learned = {a: TaskStats(2.5, 5.5, 7, 0), b: TaskStats(8.0, 0.0, 7, 3)}
     source.mark_sampled([a, b, c], learned)  # c failed: drawn, nothing learned
-    for read in (source.tasks(), source.task_keys(), source.tasks_with_ids([a, b, c])):
+    for read in (source.tasks(), source.task_keys(with_stats=True), source.tasks_with_ids([a, b, c])):
         assert [(task.times_sampled, task.stats) for task in read] == [(1, learned[a]), (1, learned[b]), (1, None)]
+    # The default selector's pick asks for none (a query fewer).
+    assert [(key.times_sampled, key.stats) for key in source.task_keys()] == [(1, None)] * 3
 
 
 def test_stats_stay_until_a_later_step_replaces_them(make_task_source):
@@ -48,7 +50,7 @@ def test_a_selector_picks_the_same_batch_from_either_store(make_task_source):
     rates = {task.id: (i % 5) / 4 for i, task in enumerate(stored[:8])}
     source.mark_sampled(list(rates), {i: TaskStats(8 * r, 8 * (1 - r), 2, int(r == 1.0)) for i, r in rates.items()})
     chooser = DifficultyBased(0, 6, retire_after=1)
-    picked = [task.id for task in chooser.select(source.task_keys(), 3)]
+    picked = [task.id for task in chooser.select(source.task_keys(with_stats=True), 3)]
     written = [TaskKey(t.id, 0.0, int(t.id in rates), None if t.id not in rates else
                        TaskStats(8 * rates[t.id], 8 * (1 - rates[t.id]), 2, int(rates[t.id] == 1.0))) for t in stored]
     assert picked == [task.id for task in chooser.select(written, 3)]

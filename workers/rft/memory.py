@@ -72,9 +72,10 @@ class InMemoryTaskSource:
         with self._lock:
             return [replace(task) for task in self._tasks.values()]
 
-    def task_keys(self) -> list[TaskKey]:
+    def task_keys(self, with_stats: bool = False) -> list[TaskKey]:
         with self._lock:
-            return [TaskKey(task.id, task.priority, task.times_sampled, task.stats) for task in self._tasks.values()]
+            return [TaskKey(task.id, task.priority, task.times_sampled, task.stats if with_stats else None)
+                    for task in self._tasks.values()]
 
     def tasks_with_ids(self, task_ids: Sequence[int]) -> list[Task]:
         with self._lock:

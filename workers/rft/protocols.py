@@ -19,10 +19,10 @@ class TaskSource(Protocol):
         """All tasks in taskset order, synthetic ones included (after the taskset's own), with their
         current priority, times_sampled and stats."""
 
-    def task_keys(self) -> list[TaskKey]:
-        """What orders every task for the explorer's pick (id, priority, times_sampled, stats), in
-        tasks()' order, without their prompts: a step without a task pipeline reads these, then its
-        batch's tasks."""
+    def task_keys(self, with_stats: bool = False) -> list[TaskKey]:
+        """What orders every task for the explorer's pick (id, priority, times_sampled; stats
+        with_stats, for a selector that learns, else None), in tasks()' order, without their
+        prompts: a step without a task pipeline reads these, then its batch's tasks."""
 
     def tasks_with_ids(self, task_ids: Sequence[int]) -> list[Task]:
         """The tasks with these ids, in that order (an explorer's share of a step)."""
