@@ -27,7 +27,7 @@
   const ZERO_VARIANCE_STEPS = 5;
   const ZERO_VARIANCE_MIN_STEPS = 3;
   const ZERO_VARIANCE_SHARE = 0.8;
-  // A run whose task selector learns pass rates logs this (workers/rft/selectors.py): it draws
+  // A run whose task selector learns pass rates logs this (workers/rft/task_selectors.py): it draws
   // the tasks nearest its target already, and is not told to.
   const SELECTOR_LEARNS = "explorer/selector/target_gap";
   const zeroVarianceHint = document.getElementById("zero-variance-hint");

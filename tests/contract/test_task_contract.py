@@ -1,8 +1,8 @@
 """What workers/rft/protocols.py promises of a TaskSource's draws and stats (what a run's task
 selector learned), asserted of the in-memory source and the Django one on this run's database:
-a selection reads both as one finished step wrote them (workers/rft/selectors.py)."""
+a selection reads both as one finished step wrote them (workers/rft/task_selectors.py)."""
 from workers.rft.experience import Task, TaskKey, TaskStats
-from workers.rft.selectors import DifficultyBased
+from workers.rft.task_selectors import DifficultyBased
 
 
 def three(make_task_source):

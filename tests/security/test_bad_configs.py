@@ -92,7 +92,7 @@ CONFIG_CASES = {
     "system-prompt-200k": ({"explorer": {"system_prompt": "x" * 200_000}}, "explorer.system_prompt"),
     # what only the database knows
     "missing-taskset": ({"buffer": {"taskset": "nope"}}, "buffer.taskset"),
-    # a task selector and the params it declares (workers/rft/selectors.py)
+    # a task selector and the params it declares (workers/rft/task_selectors.py)
     "unknown-task-selector": ({"buffer": {"task_selector": "curriculum"}}, "buffer.task_selector"),
     "task-selector-unknown-param": ({"buffer": {"task_selector": {"name": "difficulty_based", "m": 16}}},
                                     "buffer.task_selector.m"),

@@ -12,7 +12,7 @@ from workers.rft.config import RunConfig
 from workers.rft.config_issues import accepts_null, choices_of, description, leaf_types, params_model, section_of
 from workers.rft.pipelines import EXPERIENCE_OPERATORS, TASK_OPERATORS
 from workers.rft.rewards import REWARD_FNS
-from workers.rft.selectors import TASK_SELECTORS
+from workers.rft.task_selectors import TASK_SELECTORS
 from workers.rft.workflows import WORKFLOWS
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "config.md"

@@ -8,8 +8,8 @@ from workers.rft.algorithms import ALGORITHMS, EXPERT, LOSS_PARTS, PAIRS, USUAL,
 from workers.rft.config_issues import named_spec_issues, operator_issues, reward_fn_issues
 from workers.rft.config_text import ConfigIssue
 from workers.rft.pipelines import EXPERIENCE_OPERATORS, TASK_OPERATORS
-from workers.rft.selectors import DEFAULT, TASK_SELECTORS, selector_spec
 from workers.rft.synchronizer import SPLIT_SYNC_METHODS
+from workers.rft.task_selectors import DEFAULT, TASK_SELECTORS, selector_spec
 from workers.rft.workflows import WORKFLOWS, workflow_args_problems
 from workers.rft.workflows.multi_turn import EnvironmentWorkflow, MultiTurnWorkflow
 
@@ -266,7 +266,7 @@ def _turn_rules(c) -> list[tuple]:
 
 
 def _selector_rules(c) -> list[tuple]:
-    """buffer.task_selector's name and params (selectors.TASK_SELECTORS), and the task operator it
+    """buffer.task_selector's name and params (task_selectors.TASK_SELECTORS), and the task operator it
     would leave unread: sequential reads no priority."""
     issues = []
     named_spec_issues(c.buffer.task_selector, TASK_SELECTORS, "buffer.task_selector", issues)

@@ -17,7 +17,7 @@ EXPERT_SOURCES = ("expert", "human_edit")
 
 class TaskStats(NamedTuple):
     """What one run learned of one task from its own groups of rollouts, for a task selector that
-    learns (selectors.DifficultyBased): its pass rate's evidence, discounted by the steps since
+    learns (task_selectors.DifficultyBased): its pass rate's evidence, discounted by the steps since
     (Trinity-RFT's Beta estimate, alpha = 1 + successes), as of `seen_step`, the explorer step of its
     latest group; and how many of its latest groups in a row had every rollout pass. (A tuple: a
     store builds one per task it read.)"""

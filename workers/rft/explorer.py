@@ -14,7 +14,7 @@ A task that fails (workflows.TaskFailed: its metadata, environment, tool or rewa
 and left out of its step, counted in the step's `failed_tasks`; a step whose every task failed
 fails the run, naming the first: a broken reward fn must not train on nothing.
 
-Which tasks a step draws is the run's task selector's (selectors.py, buffer.task_selector), over
+Which tasks a step draws is the run's task selector's (task_selectors.py, buffer.task_selector), over
 what the task pipeline leaves; it reads only what the run stored as of the step's start, so a
 replayed step picks the same. A selector that learns is told each group's pass rate when the step
 finishes, and what it learned is stored with the step's draws (TaskSource.mark_sampled).
@@ -38,8 +38,8 @@ from .pipelines import (
     run_experience_operators,
     run_task_operators,
 )
-from .selectors import build_selector, pass_rate
 from .stopping import stoppable
+from .task_selectors import build_selector, pass_rate
 
 log = logging.getLogger(__name__)
 EVAL_CHUNK = 64  # eval prompts per engine call

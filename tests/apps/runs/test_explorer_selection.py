@@ -1,7 +1,7 @@
 """A learning task selector (buffer.task_selector difficulty_based) with explorers that share each
 step (store.DjangoStepClaims), on this run's database: the run draws the batches, learns the
 stats and logs the selector's metrics that one explorer alone does. The engine and reward are
-tests/workers/rft/test_selectors.py's stand-in, whose tasks pass at known rates; the selection,
+tests/workers/rft/test_task_selectors.py's stand-in, whose tasks pass at known rates; the selection,
 claims and stores are the product's."""
 import pytest
 from django.utils import timezone
@@ -13,7 +13,7 @@ from apps.runs.store import DjangoMetricSink, DjangoStepClaims
 from apps.tasksets.models import Task, TaskDraw, Taskset
 from apps.tasksets.store import DjangoTaskSource
 from tests.workers.rft.conftest import make_config
-from tests.workers.rft.test_selectors import RATES, KnownRates
+from tests.workers.rft.test_task_selectors import RATES, KnownRates
 from workers.rft.explorer import Explorer
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -171,7 +171,7 @@ def test_unknown_keys_suggest_the_closest():
     ({"explorer": {"reward_fn": "llm_judge"}}, "explorer.reward_fn.llm_judge.model", "required"),
     ({"buffer": {"task_pipeline": ["ok", {"min": 1}]}}, "buffer.task_pipeline",
      "item 1: expected an operator name or a mapping with a 'name'"),
-    # buffer.task_selector: a registered selector and the params it declares (selectors.py)
+    # buffer.task_selector: a registered selector and the params it declares (task_selectors.py)
     ({"buffer": {"task_selector": "difficulty"}}, "buffer.task_selector",
      "unknown task selector 'difficulty'; did you mean 'difficulty_based'?"),
     ({"buffer": {"task_selector": {"name": "curriculum"}}}, "buffer.task_selector.name",

@@ -75,7 +75,7 @@ REFUSED = {
     "task selector, bench": (config({"mode": "bench", "buffer": {"eval_taskset": "x",
                                                                  "task_selector": "difficulty_based"}}),
                              "buffer.task_selector", ["mode 'bench'", "only evaluates"]),
-    # selectors.Sequential draws in taskset order: the priority operator would change nothing
+    # task_selectors.Sequential draws in taskset order: the priority operator would change nothing
     "priority, sequential": (config({"buffer": {"task_selector": "sequential", "task_pipeline": [
         "filter_length", {"name": "priority", "difficulty": -1}]}}), "buffer.task_pipeline[1]",
         ["'priority' has no effect with buffer.task_selector 'sequential'"]),

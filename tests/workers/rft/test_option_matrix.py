@@ -54,7 +54,7 @@ from workers.rft.models import (
 )
 from workers.rft.rewards import REWARD_FNS, ReadLimits, build_reward
 from workers.rft.sampling import SAMPLE_STRATEGIES
-from workers.rft.selectors import TASK_SELECTORS, first_tasks, pass_rate
+from workers.rft.task_selectors import TASK_SELECTORS, first_tasks, pass_rate
 
 pytestmark = pytest.mark.usefixtures("data_dir")
 

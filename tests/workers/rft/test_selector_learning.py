@@ -15,7 +15,7 @@ import pytest
 from workers.rft.config import RunConfig
 from workers.rft.loop import Loop, memory_stores
 from workers.rft.rewards import REWARD_FNS
-from workers.rft.selectors import pass_rate
+from workers.rft.task_selectors import pass_rate
 
 pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("data_dir")]
 

@@ -1,4 +1,4 @@
-"""Task selectors (workers/rft/selectors.py, buffer.task_selector): what each draws, from what the
+"""Task selectors (workers/rft/task_selectors.py, buffer.task_selector): what each draws, from what the
 run stored as of a step's start. The explorer over in-memory stores here, with a stand-in for the
 engine and reward whose tasks pass at known rates; the tiny model end to end:
 test_selector_learning.py; Postgres and SQLite: tests/contract, tests/apps/runs/test_explorer_selection.py."""
@@ -15,7 +15,7 @@ from workers.rft.config import ConfigError
 from workers.rft.experience import Experience, Task, TaskKey, TaskStats
 from workers.rft.explorer import Explorer
 from workers.rft.memory import InMemoryBuffer, InMemoryMetrics, InMemoryTaskSource
-from workers.rft.selectors import TASK_SELECTORS, DifficultyBased, first_tasks, pass_rate
+from workers.rft.task_selectors import TASK_SELECTORS, DifficultyBased, first_tasks, pass_rate
 
 from .conftest import make_config
 
