@@ -25,7 +25,8 @@ class TaskSource(Protocol):
         prompts: a step without a task pipeline reads these, then its batch's tasks."""
 
     def tasks_with_ids(self, task_ids: Sequence[int]) -> list[Task]:
-        """The tasks with these ids, in that order (an explorer's share of a step)."""
+        """The tasks with these ids, in that order, as tasks() has them (an explorer's share of a
+        step; the batch a learning selector learns from when the step finishes)."""
 
     def mark_sampled(self, task_ids: Sequence[int], stats: Mapping[int, TaskStats] | None = None) -> None:
         """times_sampled += 1 for each id (an id listed twice counts twice), and each task of
