@@ -1,7 +1,7 @@
 """Task selectors (workers/rft/task_selectors.py, buffer.task_selector): what each draws, from what the
 run stored as of a step's start. The explorer over in-memory stores here, with a stand-in for the
 engine and reward whose tasks pass at known rates; the tiny model end to end:
-test_selector_learning.py; Postgres and SQLite: tests/contract, tests/apps/runs/test_explorer_selection.py."""
+test_task_selector_learning.py; Postgres and SQLite: tests/contract, tests/apps/runs/test_explorer_selection.py."""
 import copy
 import math
 import random
