@@ -65,11 +65,21 @@ class Task(models.Model):
 class TaskDraw(models.Model):
     """How many times one run drew one task (the explorer draws least-drawn first; the priority
     pipeline's use_count reads it). Per run: it was a count on the task, so every run on a taskset
-    moved the others' picks, and two runs of a sweep that differ in one key drew different tasks."""
+    moved the others' picks, and two runs of a sweep that differ in one key drew different tasks.
+
+    With a task selector that learns (buffer.task_selector difficulty_based), also what the run
+    learned of the task from its groups (workers.rft.experience.TaskStats), written with the count
+    when a step finishes: the selection of the next step reads both."""
 
     run = models.ForeignKey("runs.Run", related_name="+", on_delete=models.CASCADE)
     task = models.ForeignKey(Task, related_name="draws", on_delete=models.CASCADE)
     count = models.PositiveIntegerField(default=0)
+    # Passes and fails of its groups, discounted by the steps since, as of seen_step (None: no
+    # group recorded); solved_streak: its latest groups in a row whose every rollout passed.
+    successes = models.FloatField(default=0.0)
+    failures = models.FloatField(default=0.0)
+    seen_step = models.PositiveIntegerField(null=True, blank=True)
+    solved_streak = models.PositiveIntegerField(default=0)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["run", "task"], name="task_draw_unique")]

@@ -27,6 +27,9 @@
   const ZERO_VARIANCE_STEPS = 5;
   const ZERO_VARIANCE_MIN_STEPS = 3;
   const ZERO_VARIANCE_SHARE = 0.8;
+  // A run whose task selector learns pass rates logs this (workers/rft/task_selectors.py): it draws
+  // the tasks nearest its target already, and is not told to.
+  const SELECTOR_LEARNS = "explorer/selector/target_gap";
   const zeroVarianceHint = document.getElementById("zero-variance-hint");
   const runName = document.querySelector(".page-head h1").textContent;
   // The flash a control left ("Stopping <run>.", from its form's post) says what the run was
@@ -114,7 +117,9 @@
         ? "Expected early in a MIX run: the expert half (SFT) teaches until the model's own answers start "
           + "to differ. Later it means the tasks are all solved (or all failed) by the model: make them harder "
           + "(or easier), or raise repeat_times or temperature."
-        : "Make tasks harder or easier, raise repeat_times or temperature, or use a graded reward.");
+        : "Make tasks harder or easier, raise repeat_times or temperature, or use a graded reward.")
+      + (board.series(SELECTOR_LEARNS, SERIES) ? ""
+        : " Or let buffer.task_selector difficulty_based draw the tasks the model passes about half the time.");
   }
 
   function updateControlFlashes() {

@@ -231,7 +231,8 @@ def test_the_zero_variance_hint_shows_when_most_recent_groups_had_equal_rewards(
         "93% of groups had equal rewards in the last 5 explorer steps: they carry no learning signal (GRPO "
         "advantages are 0). Expected early in a MIX run: the expert half (SFT) teaches until the model's own "
         "answers start to differ. Later it means the tasks are all solved (or all failed) by the model: make them "
-        "harder (or easier), or raise repeat_times or temperature.")
+        "harder (or easier), or raise repeat_times or temperature. Or let buffer.task_selector difficulty_based "
+        "draw the tasks the model passes about half the time.")
     page.screenshot(path=SHOTS / "run-page-zero-variance.png")
     grpo = running_run(researcher, name="grpo")
     Run.objects.filter(pk=grpo.pk).update(config={**grpo.config, "algorithm": {**grpo.config["algorithm"],
@@ -239,7 +240,15 @@ def test_the_zero_variance_hint_shows_when_most_recent_groups_had_equal_rewards(
     shares(grpo, [0.875] * 5)
     page.goto(f"/runs/{grpo.pk}/")
     expect(hint).to_contain_text("advantages are 0). Make tasks harder or easier, raise repeat_times or "
-                                 "temperature, or use a graded reward.")
+                                 "temperature, or use a graded reward. Or let buffer.task_selector")
+    # A run whose selector draws the tasks nearest its target (it logs selector/target_gap) is not told to.
+    selecting = running_run(researcher, name="selecting")
+    shares(selecting, [0.875] * 5)
+    MetricPoint.objects.filter(run=selecting).update(values={"advantage/zero_variance_groups": 0.875,
+                                                             "selector/target_gap": 0.5})
+    page.goto(f"/runs/{selecting.pk}/")
+    expect(hint).to_contain_text("or raise repeat_times or temperature.")
+    expect(hint).not_to_contain_text("task_selector")
     page.goto(f"/runs/{mixed.pk}/")
     page.wait_for_function("() => window.rftRunPage?.board.series('explorer/advantage/zero_variance_groups', 'value')")
     expect(hint).to_be_hidden()

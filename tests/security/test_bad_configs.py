@@ -92,7 +92,22 @@ CONFIG_CASES = {
     "system-prompt-200k": ({"explorer": {"system_prompt": "x" * 200_000}}, "explorer.system_prompt"),
     # what only the database knows
     "missing-taskset": ({"buffer": {"taskset": "nope"}}, "buffer.taskset"),
+    # a task selector and the params it declares (workers/rft/task_selectors.py)
+    "unknown-task-selector": ({"buffer": {"task_selector": "curriculum"}}, "buffer.task_selector"),
+    "task-selector-unknown-param": ({"buffer": {"task_selector": {"name": "difficulty_based", "m": 16}}},
+                                    "buffer.task_selector.m"),
+    "task-selector-tau-1e9": ({"buffer": {"task_selector": {"name": "difficulty_based", "tau": 1e9}}},
+                              "buffer.task_selector.tau"),
+    "task-selector-deep-value": ({"buffer": {"task_selector": {"name": "difficulty_based", "lamb": {"a": [1]}}}},
+                                 "buffer.task_selector.lamb"),
 }
+
+
+def test_a_task_selector_with_its_params_launches_and_is_stored_as_given(api):
+    selector = {"name": "difficulty_based", "target_reward": 0.4, "retire_after": 3}
+    response = api({"name": "ok", "config": merged(GOOD, {"buffer": {"task_selector": selector}})})
+    assert response.status_code == 201, response.content
+    assert Run.objects.get().config["buffer"]["task_selector"] == selector
 
 
 @pytest.mark.parametrize("config, key", CONFIG_CASES.values(), ids=CONFIG_CASES.keys())

@@ -63,6 +63,13 @@ def _check_operators(ops: list) -> str | None:
     return None
 
 
+def _check_selector(spec: str | dict) -> str | None:
+    """The shape of buffer.task_selector; config_rules checks the name and its params."""
+    if isinstance(spec, Mapping) and (not isinstance(spec.get("name"), str) or not spec["name"].strip()):
+        return "expected a task selector's name or a mapping with a 'name' (e.g. {name: difficulty_based})"
+    return None
+
+
 def _check_target_modules(value: str | list) -> str | None:
     if isinstance(value, str):
         return None if value == "all-linear" else f"expected 'all-linear' or a list of module names, got '{value}'"
@@ -337,7 +344,11 @@ class BufferConfig(Section):
     max_staleness: int | None = Field(None, ge=0, le=1_000_000)
     """oldest model version a trainer batch may use, in versions behind; empty: unbounded"""
     task_pipeline: Pipeline = Field(default_factory=list)
-    """operators on the taskset before tasks are sampled (docs/data-formats.md)"""
+    """operators on the taskset before a step's tasks are selected (docs/task-selection.md)"""
+    task_selector: Annotated[Text | dict, checked(_check_selector)] = "default"
+    """which tasks each explorer step draws: a selector's name, or {name: ..., <params>}. default: highest priority,
+    then least drawn · sequential: the taskset in order · difficulty_based: the tasks whose pass rate, learned from the
+    run's own rollouts, is nearest a target (docs/task-selection.md)"""
 
 
 class FeedbackConfig(Section):

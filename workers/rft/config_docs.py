@@ -12,6 +12,7 @@ from workers.rft.config import RunConfig
 from workers.rft.config_issues import accepts_null, choices_of, description, leaf_types, params_model, section_of
 from workers.rft.pipelines import EXPERIENCE_OPERATORS, TASK_OPERATORS
 from workers.rft.rewards import REWARD_FNS
+from workers.rft.task_selectors import TASK_SELECTORS
 from workers.rft.workflows import WORKFLOWS
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "config.md"
@@ -92,14 +93,16 @@ def render() -> str:
     for name in WORKFLOWS:
         found = list(rows(WORKFLOWS.get(name).Args))
         lines += ["", f"### {name}", "", *(_table(found) if found else ["It takes no settings."])]
-    lines += ["", "## Reward fns and pipeline operators", "",
+    lines += ["", "## Reward fns, pipeline operators and task selectors", "",
               "What each takes beside its name (`explorer.reward_fn: {numeric: {weight: 1, tolerance: 0.01}}`,",
-              "`explorer.pipeline: [{name: reward_shaping, length_penalty: 0.1}]`), from its signature and the",
-              "rules it declares (`config_issues.params_model`); docs/agents.md and docs/data-formats.md say what",
-              "they do."]
+              "`explorer.pipeline: [{name: reward_shaping, length_penalty: 0.1}]`,",
+              "`buffer.task_selector: {name: difficulty_based, target_reward: 0.5}`), from its signature and the",
+              "rules it declares (`config_issues.params_model`); docs/agents.md, docs/data-formats.md and",
+              "docs/task-selection.md say what they do."]
     for title, registry, weighted in (("explorer.reward_fn", REWARD_FNS, True),
                                       ("explorer.pipeline", EXPERIENCE_OPERATORS, False),
-                                      ("buffer.task_pipeline", TASK_OPERATORS, False)):
+                                      ("buffer.task_pipeline", TASK_OPERATORS, False),
+                                      ("buffer.task_selector", TASK_SELECTORS, False)):
         for name in registry:
             found = [row[:4] for row in rows(params_model(registry.get(name), weighted))]
             table = _table(found, columns=("key", "type", "default", "allowed"))

@@ -239,9 +239,10 @@ REQUIRED = inspect.Parameter.empty
 
 @functools.cache
 def params_model(fn, weighted: bool = False) -> type[BaseModel]:
-    """What a spec may give reward fn or pipeline operator `fn`: a reward fn's weight in the total
-    (weighted; negative: a penalty), then each param after the first two ((response, task),
-    (items, ctx)), typed by its annotation, defaulting to its default, with the rules fn declares."""
+    """What a spec may give reward fn, pipeline operator or task selector `fn`: a reward fn's
+    weight in the total (weighted; negative: a penalty), then each param after the first two
+    ((response, task), (items, ctx), a selector class's (seed, batch_size)), typed by its
+    annotation, defaulting to its default, with the rules fn declares."""
     params = list(inspect.signature(fn, eval_str=True).parameters.values())[2:]
     fields = {"weight": (float, Field(1.0))} if weighted else {}
     fields |= {p.name: field_of(p.annotation, p.default, fn.rules.get(p.name, {})) for p in params}
@@ -274,13 +275,20 @@ def operator_issues(ops: list, registry, key: str) -> list[ConfigIssue]:
     params held to what the operator declares (pipelines.pipeline_operator) at `key[i].<param>`."""
     issues = []
     for i, spec in enumerate(ops):
-        params = dict(spec) if isinstance(spec, Mapping) else {"name": spec}
-        name = params.pop("name")
-        at = f"{key}[{i}]"
-        if name not in registry:
-            where = f"{at}.name" if isinstance(spec, Mapping) else at
-            known = unknown_hint(name, registry.names(), len(issues), "known")
-            issues.append(ConfigIssue(where, f"unknown {registry.kind} '{name}'{known}"))
-            continue
-        validate(params_model(registry.get(name)), params, at, issues)
+        named_spec_issues(spec, registry, f"{key}[{i}]", issues)
     return issues
+
+
+def named_spec_issues(spec, registry, at: str, issues: list[ConfigIssue]) -> None:
+    """The problems of one registered part a config names (a pipeline operator, buffer.task_selector)
+    as a name or {name: ..., <params>} whose shape passed, appended to issues: an unknown name at
+    `at` (or `at.name`), params held to what the part declares (its signature after its first two
+    params, and its rules) at `at.<param>`: an unknown one named with the closest known."""
+    params = dict(spec) if isinstance(spec, Mapping) else {"name": spec}
+    name = params.pop("name")
+    if name not in registry:
+        where = f"{at}.name" if isinstance(spec, Mapping) else at
+        known = unknown_hint(name, registry.names(), len(issues), "known")
+        issues.append(ConfigIssue(where, f"unknown {registry.kind} '{name}'{known}"))
+        return
+    validate(params_model(registry.get(name)), params, at, issues)

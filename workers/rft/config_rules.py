@@ -5,10 +5,11 @@ blame and the keys it reads."""
 from collections.abc import Mapping
 
 from workers.rft.algorithms import ALGORITHMS, EXPERT, LOSS_PARTS, PAIRS, USUAL, resolve
-from workers.rft.config_issues import operator_issues, reward_fn_issues
+from workers.rft.config_issues import named_spec_issues, operator_issues, reward_fn_issues
 from workers.rft.config_text import ConfigIssue
 from workers.rft.pipelines import EXPERIENCE_OPERATORS, TASK_OPERATORS
 from workers.rft.synchronizer import SPLIT_SYNC_METHODS
+from workers.rft.task_selectors import DEFAULT, TASK_SELECTORS, selector_spec
 from workers.rft.workflows import WORKFLOWS, workflow_args_problems
 from workers.rft.workflows.multi_turn import EnvironmentWorkflow, MultiTurnWorkflow
 
@@ -151,6 +152,9 @@ def _data_option_rules(c, spec) -> list[tuple]:
            f"{'experiences' if key == 'explorer.pipeline' else 'tasks'}, and mode '{c.mode}' "
            + ("rolls nothing out" if c.mode == "train" else "only evaluates"), ("mode",))
           for key, ops in (("explorer.pipeline", explorer.pipeline), ("buffer.task_pipeline", buffer.task_pipeline))],
+        ("buffer.task_selector", selector_spec(buffer.task_selector)[0] != DEFAULT and no_explorer_steps,
+         f"has no effect with mode '{c.mode}': it picks each explorer step's tasks, and mode '{c.mode}' "
+         + ("rolls nothing out" if c.mode == "train" else "only evaluates"), ("mode",)),
         # EnvironmentWorkflow: the episode's reward is the environment's return (tool_calling's
         # environment scores the final answer with the reward fn, so it reads it).
         ("explorer.reward_fn", explorer.reward_fn != default_reward_fn and workflow is not None
@@ -259,6 +263,21 @@ def _turn_rules(c) -> list[tuple]:
              f"explorer.max_new_tokens ({new:,}) is {two_turns:,}: raise max_tokens to at least {two_turns:,} plus "
              "the environment's answers, or lower max_new_tokens",
              ("explorer.workflow", "explorer.workflow_args", "explorer.max_new_tokens", "model.max_prompt_tokens"))]
+
+
+def _selector_rules(c) -> list[tuple]:
+    """buffer.task_selector's name and params (task_selectors.TASK_SELECTORS), and the task operator it
+    would leave unread: sequential reads no priority."""
+    issues = []
+    named_spec_issues(c.buffer.task_selector, TASK_SELECTORS, "buffer.task_selector", issues)
+    rules = [(issue.key, True, issue.message, ("buffer.task_selector",)) for issue in issues]
+    if selector_spec(c.buffer.task_selector)[0] == "sequential":
+        rules += [(f"buffer.task_pipeline[{i}]", True,
+                   "'priority' has no effect with buffer.task_selector 'sequential': it draws the taskset in order, "
+                   "whatever the priority (the default selector draws the highest first)", ("buffer.task_selector",))
+                  for i, op in enumerate(c.buffer.task_pipeline)
+                  if (op.get("name") if isinstance(op, Mapping) else op) == "priority"]
+    return rules
 
 
 def combination_issues(c, bad: set) -> list[ConfigIssue]:
@@ -370,6 +389,7 @@ def combination_issues(c, bad: set) -> list[ConfigIssue]:
                                                     ("buffer.task_pipeline", c.buffer.task_pipeline, TASK_OPERATORS))}
     rules += [(issue.key, True, issue.message, (key,)) for key, issues in operator_problems.items() for issue in issues]
     rules += _pipeline_rules(c, spec, operator_problems["explorer.pipeline"])
+    rules += _selector_rules(c)
     return [
         ConfigIssue(key, message)
         for key, broken, message, reads in rules

@@ -15,6 +15,19 @@ SOURCES = ("rollout", "expert", "human_edit", "synthetic")
 EXPERT_SOURCES = ("expert", "human_edit")
 
 
+class TaskStats(NamedTuple):
+    """What one run learned of one task from its own groups of rollouts, for a task selector that
+    learns (task_selectors.DifficultyBased): its pass rate's evidence, discounted by the steps since
+    (Trinity-RFT's Beta estimate, alpha = 1 + successes), as of `seen_step`, the explorer step of its
+    latest group; and how many of its latest groups in a row had every rollout pass. (A tuple: a
+    store builds one per task it read.)"""
+
+    successes: float
+    failures: float
+    seen_step: int
+    solved_streak: int = 0
+
+
 @dataclass
 class Task:
     """One problem: a prompt (plain text or chat messages) and the answer a reward fn checks against."""
@@ -26,6 +39,7 @@ class Task:
     difficulty: float = 0.0
     priority: float = 0.0
     times_sampled: int = 0
+    stats: TaskStats | None = None  # the run's; None until a group of it was recorded
 
 
 class TaskKey(NamedTuple):
@@ -34,6 +48,7 @@ class TaskKey(NamedTuple):
     id: int
     priority: float
     times_sampled: int
+    stats: TaskStats | None = None
 
 
 # The group id of each expert experience seeded from the expert taskset starts with it.

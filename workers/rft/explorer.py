@@ -14,12 +14,16 @@ A task that fails (workflows.TaskFailed: its metadata, environment, tool or rewa
 and left out of its step, counted in the step's `failed_tasks`; a step whose every task failed
 fails the run, naming the first: a broken reward fn must not train on nothing.
 
+Which tasks a step draws is the run's task selector's (task_selectors.py, buffer.task_selector), over
+what the task pipeline leaves; it reads only what the run stored as of the step's start, so a
+replayed step picks the same. A selector that learns is told each group's pass rate when the step
+finishes, and what it learned is stored with the step's draws (TaskSource.mark_sampled).
+
 Rollout metrics are per rollout, an episode however many experiences it was stored as.
 """
 import logging
 import math
 import time
-import zlib
 
 from . import algorithms
 from .engines import SamplingParams
@@ -35,23 +39,13 @@ from .pipelines import (
     run_task_operators,
 )
 from .stopping import stoppable
+from .task_selectors import build_selector, pass_rate
 
 log = logging.getLogger(__name__)
 EVAL_CHUNK = 64  # eval prompts per engine call
 
 
 NO_TASKS = "the run's taskset (buffer.taskset) has no tasks: it was emptied or deleted"
-
-
-def first_tasks(tasks: list, seed: int, n: int) -> list:
-    """The n first of `tasks` (Tasks, or TaskKeys: what orders them) in the explorer's order:
-    highest priority, then least sampled, ties in a seeded shuffle that changes every epoch."""
-
-    def order(task):
-        shuffle = zlib.crc32(f"{seed}:{task.times_sampled}:{task.id}".encode())
-        return (-task.priority, task.times_sampled, shuffle)
-
-    return sorted(tasks, key=order)[:n]
 
 
 class Explorer:
@@ -76,6 +70,7 @@ class Explorer:
         self._last_end: float | None = None
         self.ctx = PipelineContext(workflow=workflow, task_source=task_source, buffer=buffer, seed=config.seed)
         self.task_ops = build_operators(TASK_OPERATORS, config.buffer.task_pipeline)
+        self.selector = build_selector(config)
         self.experience_ops = build_operators(EXPERIENCE_OPERATORS, config.explorer.pipeline)
         if (advantage := algorithms.group_advantage(config)) is not None:
             fn, params = advantage
@@ -89,15 +84,17 @@ class Explorer:
         return self.workflow.engine
 
     def select_tasks(self) -> list[Task]:
-        """The batch, in first_tasks' order. Depends only on the stored tasks, so a replayed step
-        picks the same. Without a task pipeline only the tasks' ordering keys are read, then the batch's rows: a
-        step read every row of the taskset, prompts and metadata. At 90,000 tasks, 2.2 s a pick
-        became 0.43 (Postgres) and 0.46 (SQLite) on this 2-core machine, the same 16 tasks."""
+        """The batch, as the run's task selector picks it for this step. Depends only on the stored
+        tasks, draws and stats, so a replayed step picks the same. Without a task pipeline only the
+        tasks' ordering keys are read (their stats too for a selector that learns), then the batch's
+        rows: a step read every row of the taskset, prompts and metadata. At 90,000 tasks, 2.2 s a
+        pick became 0.43 (Postgres) and 0.46 (SQLite) on this 2-core machine, the same 16 tasks;
+        difficulty_based's pick of 90,000 keys adds 0.13 s to the default's 0.04."""
         if not self.task_ops:
-            keys = self.task_source.task_keys()
+            keys = self.task_source.task_keys(with_stats=self.selector.learns)
             if not keys:
                 raise ValueError(NO_TASKS)
-            picked = first_tasks(keys, self.seed, self.config.explorer.batch_size)
+            picked = self.selector.select(keys, self.step)
             return self.task_source.tasks_with_ids([key.id for key in picked])
         stored = self.task_source.tasks()
         if not stored:
@@ -107,7 +104,7 @@ class Explorer:
             names = ", ".join(op for op, _, _ in self.task_ops)
             raise ValueError(f"buffer.task_pipeline ({names}) left none of the taskset's {len(stored):,} tasks: "
                              "loosen its filters")
-        return first_tasks(tasks, self.seed, self.config.explorer.batch_size)
+        return self.selector.select(tasks, self.step)
 
     def explore_step(self) -> dict | None:
         """One step: its metrics, and self.step moves on. Shared with other explorers, one call
@@ -131,7 +128,7 @@ class Explorer:
         metrics = part["means"] | part["counts"] | {
             "rollouts": part["rollouts"], "tokens_per_s": part["tokens"] / part["generate_seconds"],
         }
-        self.task_source.mark_sampled([task.id for task in tasks])
+        metrics |= self._record_draws(self.step, [task.id for task in tasks], part["groups"], picked=tasks)
         self.step += 1
         metrics |= {"model_version": self.engine.model_version, "seconds": time.perf_counter() - started}
         metrics |= self._timing(started)
@@ -154,8 +151,10 @@ class Explorer:
             if sum(part["counts"].get("failed_tasks", 0) for part in parts) == len(task_ids):
                 first = next(part["task_failed"] for part in parts if "task_failed" in part)
                 raise RuntimeError(f"explorer step {step}: every task failed; the first: {first}")
-            self.task_source.mark_sampled(task_ids)
-            merged.update(merge_parts(parts), model_version=self.engine.model_version)
+            # A part stored before parts carried groups (a run upgraded mid-step) has none to learn from.
+            groups = [group for part in parts for group in part.get("groups", ())]
+            merged.update(merge_parts(parts) | self._record_draws(step, task_ids, groups),
+                          model_version=self.engine.model_version)
             if self.metrics is not None:
                 self.metrics.log("explorer", step + 1, merged)
 
@@ -163,6 +162,19 @@ class Explorer:
             return None
         self.step += 1
         return merged
+
+    def _record_draws(self, step: int, task_ids: list[int], groups: list, picked: list[Task] | None = None) -> dict:
+        """The step's tasks drawn once more, with what a learning selector learned from its
+        `groups` ([task id, pass rate, rollouts], from the parts) in the same call; returns the
+        selector's metrics. `picked`: the step's tasks as selected (as of the step's start); a
+        shared step reads them back, unchanged since: only this, its finish, writes draws."""
+        if not self.selector.learns:
+            self.task_source.mark_sampled(task_ids)
+            return {}
+        picked = self.task_source.tasks_with_ids(task_ids) if picked is None else picked
+        stats, metrics = self.selector.learn(picked, {task_id: (rate, n) for task_id, rate, n in groups}, step)
+        self.task_source.mark_sampled(task_ids, stats)
+        return metrics
 
     def _timing(self, started: float) -> dict:
         """Since this explorer's last step (or part of one) ended: the share of the time it waited
@@ -196,13 +208,17 @@ class Explorer:
         generated = time.perf_counter() - started
         means = rollout_metrics(experiences)
         rollouts = means.pop("rollouts")
-        self.ctx.task_rewards |= task_rewards(experiences)
+        rewards = group_rewards(experiences)
+        self.ctx.task_rewards |= {task_id: sum(values) / len(values) for task_id, values in rewards.items()}
         tokens = sum(sum(e.action_mask) for e in experiences)  # the model's: not a trajectory's environment text
         experiences, counts = run_experience_operators(self.experience_ops, experiences, self.ctx)
         counts["written"] = self.buffer.write(experiences)
         counts["failed_tasks"] = len(failed)
+        # What a learning selector reads, before any operator dropped rollouts: JSON, as a shared
+        # step's parts are stored.
+        groups = [[task_id, pass_rate(values), len(values)] for task_id, values in rewards.items()]
         part = {"rollouts": rollouts, "means": means, "counts": counts, "tokens": tokens,
-                "generate_seconds": generated}
+                "generate_seconds": generated, "groups": groups}
         if failed:
             part["task_failed"] = str(next(iter(failed.values())))
         return part
@@ -310,9 +326,12 @@ def rollout_metrics(experiences) -> dict:
     return metrics
 
 
-def task_rewards(experiences) -> dict:
-    """Each task's mean reward over its rollouts (episodes, not steps): what synthesize_harder reads."""
+def group_rewards(experiences) -> dict[int, list[float]]:
+    """Each task's rewards, one per rollout (an episode, not its steps): its group's. Their mean is
+    what synthesize_harder reads (PipelineContext.task_rewards), their pass rate what a learning
+    task selector does. Rollouts of no task have no group here."""
     rewards = {}
     for steps in episodes(experiences):
-        rewards.setdefault(steps[-1].task_id, []).append(steps[-1].reward)
-    return {task_id: sum(values) / len(values) for task_id, values in rewards.items()}
+        if steps[-1].task_id is not None:
+            rewards.setdefault(steps[-1].task_id, []).append(steps[-1].reward or 0.0)
+    return rewards

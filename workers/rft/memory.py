@@ -16,12 +16,12 @@ import json
 import secrets
 import threading
 import zlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
 from . import datasets
-from .experience import EXPERT_SOURCES, SOURCES, Experience, PreferencePair, Task, TaskKey
+from .experience import EXPERT_SOURCES, SOURCES, Experience, PreferencePair, Task, TaskKey, TaskStats
 from .protocols import Stores
 from .sampling import HUMAN_REWARD, USUAL_SOURCES, apply_human_feedback, sample_key
 
@@ -73,23 +73,26 @@ class InMemoryTaskSource:
         with self._lock:
             return [replace(task) for task in self._tasks.values()]
 
-    def task_keys(self) -> list[TaskKey]:
+    def task_keys(self, with_stats: bool = False) -> list[TaskKey]:
         with self._lock:
-            return [TaskKey(task.id, task.priority, task.times_sampled) for task in self._tasks.values()]
+            return [TaskKey(task.id, task.priority, task.times_sampled, task.stats if with_stats else None)
+                    for task in self._tasks.values()]
 
     def tasks_with_ids(self, task_ids: Sequence[int]) -> list[Task]:
         with self._lock:
             return [replace(self._tasks[task_id]) for task_id in task_ids]
 
-    def mark_sampled(self, task_ids: Sequence[int]) -> None:
+    def mark_sampled(self, task_ids: Sequence[int], stats: Mapping[int, TaskStats] | None = None) -> None:
         with self._lock:
             for task_id in task_ids:
                 self._tasks[task_id].times_sampled += 1
+            for task_id, learned in (stats or {}).items():
+                self._tasks[task_id].stats = learned
 
     def add_tasks(self, tasks: Sequence[Task]) -> list[Task]:
         with self._lock:
             next_id = max(self._tasks, default=-1) + 1
-            added = [replace(task, id=next_id + i) for i, task in enumerate(tasks)]
+            added = [replace(task, id=next_id + i, times_sampled=0, stats=None) for i, task in enumerate(tasks)]
             self._tasks.update((task.id, replace(task)) for task in added)
         return added
 

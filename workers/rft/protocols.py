@@ -5,28 +5,34 @@ headless CLI, benchmarks and tests. Every method is called from one component's 
 trainer); the overlapped loop (loop.py, offset >= 1) runs the two components in two threads of one
 process, so a store's methods may be called from both at once and must be thread-safe.
 """
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from .experience import Experience, PreferencePair, Task, TaskKey
+from .experience import Experience, PreferencePair, Task, TaskKey, TaskStats
 
 
 class TaskSource(Protocol):
-    """One taskset, as the explorer sees it."""
+    """One taskset, as one run's explorer sees it: the run's draws (times_sampled) and what its
+    task selector learned (stats) are the run's own."""
 
     def tasks(self) -> list[Task]:
-        """All tasks, synthetic ones included, with their current priority and times_sampled."""
+        """All tasks in taskset order, synthetic ones included (after the taskset's own), with their
+        current priority, times_sampled and stats."""
 
-    def task_keys(self) -> list[TaskKey]:
-        """What orders every task for the explorer's pick (id, priority, times_sampled), without
-        their prompts: a step without a task pipeline reads these, then its batch's tasks."""
+    def task_keys(self, with_stats: bool = False) -> list[TaskKey]:
+        """What orders every task for the explorer's pick (id, priority, times_sampled; stats
+        with_stats, for a selector that learns, else None), in tasks()' order, without their
+        prompts: a step without a task pipeline reads these, then its batch's tasks."""
 
     def tasks_with_ids(self, task_ids: Sequence[int]) -> list[Task]:
-        """The tasks with these ids, in that order (an explorer's share of a step)."""
+        """The tasks with these ids, in that order, as tasks() has them (an explorer's share of a
+        step; the batch a learning selector learns from when the step finishes)."""
 
-    def mark_sampled(self, task_ids: Sequence[int]) -> None:
-        """times_sampled += 1 for each id (an id listed twice counts twice)."""
+    def mark_sampled(self, task_ids: Sequence[int], stats: Mapping[int, TaskStats] | None = None) -> None:
+        """times_sampled += 1 for each id (an id listed twice counts twice), and each task of
+        `stats` (some of the ids) gets those stats in place of its own: a finished step's draws and
+        what the selector learned from it, written at once (a selection reads both)."""
 
     def add_tasks(self, tasks: Sequence[Task]) -> list[Task]:
         """Store new (synthetic) tasks; return them with ids assigned."""

@@ -29,7 +29,7 @@ def test_two_runs_on_one_taskset_keep_their_own_draws_and_synthetic_tasks():
     """A sweep's runs differ in the swept key only: each draws as it would alone. Draws were a
     count on the task (the second of two runs started from the first one's picks), and a
     synthetic task joined the taskset for every run and its curator."""
-    from workers.rft.explorer import first_tasks
+    from workers.rft.task_selectors import first_tasks
 
     taskset = Taskset.objects.create(name="t", task_count=10)
     Task.objects.bulk_create(Task(taskset=taskset, index=i, prompt=f"q{i}", answer="a") for i in range(10))
@@ -59,7 +59,7 @@ def test_an_explorer_without_a_task_pipeline_picks_from_the_keys_what_it_picked_
     """select_tasks reads every task's (id, priority, times_sampled), then its batch's rows: the
     batch is the one it picked when it read every row (first_tasks over either)."""
     from workers.rft.experience import TaskKey
-    from workers.rft.explorer import first_tasks
+    from workers.rft.task_selectors import first_tasks
 
     taskset = Taskset.objects.create(name="t", task_count=40)
     rows = Task.objects.bulk_create(

@@ -57,6 +57,7 @@ buffer:
   eval_taskset: arithmetic
   max_staleness: 2
   task_pipeline: [priority]
+  task_selector: {name: difficulty_based, target_reward: 0.6, lamb: 0.05, tau: 0.1, do_sample: false, retire_after: 3}
 synchronizer: {method: memory, interval: 2, offset: 1}
 """
 
@@ -170,6 +171,29 @@ def test_unknown_keys_suggest_the_closest():
     ({"explorer": {"reward_fn": "llm_judge"}}, "explorer.reward_fn.llm_judge.model", "required"),
     ({"buffer": {"task_pipeline": ["ok", {"min": 1}]}}, "buffer.task_pipeline",
      "item 1: expected an operator name or a mapping with a 'name'"),
+    # buffer.task_selector: a registered selector and the params it declares (task_selectors.py)
+    ({"buffer": {"task_selector": "difficulty"}}, "buffer.task_selector",
+     "unknown task selector 'difficulty'; did you mean 'difficulty_based'?"),
+    ({"buffer": {"task_selector": {"name": "curriculum"}}}, "buffer.task_selector.name",
+     "unknown task selector 'curriculum'; known: default, difficulty_based, sequential"),
+    ({"buffer": {"task_selector": {"name": "difficulty_based", "target": 0.5}}}, "buffer.task_selector.target",
+     "unknown key; did you mean 'target_reward'?"),
+    ({"buffer": {"task_selector": {"name": "difficulty_based", "m": 16}}}, "buffer.task_selector.m",
+     "unknown key; known keys: target_reward, lamb, tau, do_sample, retire_after"),
+    ({"buffer": {"task_selector": {"name": "sequential", "tau": 1.0}}}, "buffer.task_selector.tau",
+     "unknown key; known keys: none"),
+    ({"buffer": {"task_selector": {"name": "difficulty_based", "target_reward": 1.5}}},
+     "buffer.task_selector.target_reward", "must be <= 1, got 1.5"),
+    ({"buffer": {"task_selector": {"name": "difficulty_based", "lamb": 1}}}, "buffer.task_selector.lamb",
+     "must be < 1, got 1.0"),
+    ({"buffer": {"task_selector": {"name": "difficulty_based", "do_sample": "yes"}}},
+     "buffer.task_selector.do_sample", "expected a boolean, got a string"),
+    ({"buffer": {"task_selector": {"name": "difficulty_based", "retire_after": 2.0}}},
+     "buffer.task_selector.retire_after", "expected an integer, got a number"),
+    ({"buffer": {"task_selector": {"tau": 0}}}, "buffer.task_selector",
+     "expected a task selector's name or a mapping with a 'name' (e.g. {name: difficulty_based})"),
+    ({"buffer": {"task_selector": ["default"]}}, "buffer.task_selector", "expected a string or a mapping, got a list"),
+    ({"buffer": {"task_selector": " "}}, "buffer.task_selector", "must not be empty"),
 ])
 def test_field_errors(data, key, message):
     assert errors(data) == {key: message}

@@ -72,6 +72,13 @@ REFUSED = {
     "task pipeline, train": (config({"mode": "train", "algorithm": {"name": "sft"},
                                      "buffer": {"task_pipeline": ["priority"]}}),
                              "buffer.task_pipeline", ["mode 'train'"]),
+    "task selector, bench": (config({"mode": "bench", "buffer": {"eval_taskset": "x",
+                                                                 "task_selector": "difficulty_based"}}),
+                             "buffer.task_selector", ["mode 'bench'", "only evaluates"]),
+    # task_selectors.Sequential draws in taskset order: the priority operator would change nothing
+    "priority, sequential": (config({"buffer": {"task_selector": "sequential", "task_pipeline": [
+        "filter_length", {"name": "priority", "difficulty": -1}]}}), "buffer.task_pipeline[1]",
+        ["'priority' has no effect with buffer.task_selector 'sequential'"]),
     # EnvironmentWorkflow scores an episode by the environment's return
     "reward fn, multi_turn": (config({"explorer": {**FROZENLAKE, "reward_fn": {"exact_match": 1, "format": 0.2}}}),
                               "explorer.reward_fn", ["workflow 'multi_turn'", "environment's return"]),
@@ -118,6 +125,9 @@ def test_a_choice_that_would_do_nothing_or_harm_is_refused_naming_its_key(data, 
     config({"algorithm": {"name": "mix"}, "feedback": {"edits_as_expert": False}}, EXPERT),
     config({"buffer": {"max_staleness": 0}, "feedback": {"rated_only": True}}),
     config({"explorer": {"pipeline": ["drop_empty"]}, "buffer": {"task_pipeline": ["priority"]}, "mode": "explore"}),
+    # difficulty_based breaks ties by priority; the default selector says "default" as well as leaving it out
+    config({"buffer": {"task_selector": {"name": "difficulty_based"}, "task_pipeline": ["priority"]}}),
+    config({"mode": "train", "algorithm": {"name": "sft"}, "buffer": {"task_selector": {"name": "default"}}}, EXPERT),
     config({"explorer": {**FROZENLAKE, "reward_fn": "exact_match"}}),  # the default, written out
     config({"explorer": {"workflow": "tool_calling", "reward_fn": "countdown"}}),  # tools score the final answer
     # the budget at its edge: 256 + 2 x 384 = 1,024

@@ -54,6 +54,7 @@ from workers.rft.models import (
 )
 from workers.rft.rewards import REWARD_FNS, ReadLimits, build_reward
 from workers.rft.sampling import SAMPLE_STRATEGIES
+from workers.rft.task_selectors import TASK_SELECTORS, first_tasks, pass_rate
 
 pytestmark = pytest.mark.usefixtures("data_dir")
 
@@ -85,6 +86,7 @@ def schema_choices(cls=RunConfig, prefix: str = "") -> dict[str, list]:
     return found
 
 
+# buffer.task_selector names a registered selector, as explorer.reward_fn a reward fn.
 # Not a config key: the algorithm picks it (resolve(config).sample_strategy). model.lora is a section
 # (none: full fine-tuning) whose target_modules is 'all-linear' or a list. trainer.fsdp is a section
 # of switches: its defaults, and each switched from its default.
@@ -92,7 +94,7 @@ FSDP_SETTINGS = {
     "defaults": {}, "reshard_after_forward: false": {"reshard_after_forward": False},
     "cpu_offload: true": {"cpu_offload": True},
 }
-CHOICES = schema_choices() | {
+CHOICES = schema_choices() | {"buffer.task_selector": TASK_SELECTORS.names()} | {
     "sample strategy": list(SAMPLE_STRATEGIES), "model.lora": ["none", "all-linear", "listed modules"],
     "trainer.fsdp": list(FSDP_SETTINGS),
 }
@@ -873,6 +875,31 @@ def reward_fn(run, reference, name):
     for e in o.rollouts():  # every stored reward is what that fn gives the response
         assert name in e.reward_components
         assert reward(e.response_text, tasks[e.task_id])[0] == pytest.approx(e.reward, abs=1e-4)
+
+
+# buffer
+
+
+@case("buffer.task_selector", "default", "sequential", "difficulty_based")
+def task_selector(run, reference, name):
+    o = run({"buffer": {"task_selector": name}})
+    batch = {e.task_id for e in o.rollouts()}
+    default_order = {task.id for task in first_tasks(memory_stores(o.config).task_source.task_keys(), 0, 2)}
+    learned = {task.id: task.stats for task in o.stores.task_source.tasks() if task.stats is not None}
+    metrics = {key: value for key, value in o.metrics("explorer", 1).items() if key.startswith("selector/")}
+    if name == "sequential":
+        assert batch == {0, 1} != default_order  # the taskset's first two, not the default's shuffle
+    else:
+        assert batch == default_order  # difficulty_based: tasks never drawn come first, in that order
+    if name != "difficulty_based":
+        assert not learned and not metrics
+        return
+    # What it learned of each task drawn: its group's rewards as a pass rate, 4 rollouts.
+    rates = {task_id: pass_rate([e.reward for e in o.rollouts() if e.task_id == task_id]) for task_id in batch}
+    assert {i: (s.successes, s.failures, s.seen_step) for i, s in learned.items()} == pytest.approx(
+        {i: (4 * rate, 4 * (1 - rate), 0) for i, rate in rates.items()})
+    assert metrics == pytest.approx({"selector/unseen": 2, "selector/retired": 0, "selector/retired_drawn": 0,
+                                     "selector/target_gap": sum(abs(0.5 - r) for r in rates.values()) / 2})
 
 
 # feedback: ratings in the buffer, the trainer's rewards
