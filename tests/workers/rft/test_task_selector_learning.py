@@ -13,7 +13,8 @@ import zlib
 import pytest
 
 from workers.rft.config import RunConfig
-from workers.rft.loop import Loop, memory_stores
+from workers.rft.loop import Loop
+from workers.rft.memory import memory_stores
 from workers.rft.rewards import REWARD_FNS
 from workers.rft.task_selectors import pass_rate
 
