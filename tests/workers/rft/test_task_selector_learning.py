@@ -63,10 +63,10 @@ def explore(tmp_path, selector) -> dict:
     }
 
 
-# Measured (seed 0, 20 steps; 30 steps alike): of the tasks drawn after the first epoch, the mean
-# distance of their pass rate a/10 from 0.5 went 0.225 (default order) -> 0.125 (0.10 greedy, with
-# do_sample false); of their groups' observed pass rates, 0.268 -> 0.195 (8 rollouts: a task passing
-# at 0.5 is observed 0.14 away on average); the share of groups with equal rewards 0.13 -> 0.08.
+# Measured (seed 0, 20 steps): of the tasks drawn after the first epoch, the mean distance of their
+# pass rate a/10 from 0.5 went 0.225 (default order) -> 0.15 (0.125 with lamb 0.01); of their
+# groups' observed pass rates, 0.268 -> 0.179 (8 rollouts: a task passing at 0.5 is observed 0.14
+# away on average); the share of groups with equal rewards 0.13 -> 0.06.
 
 
 def test_the_difficulty_selector_draws_the_tasks_that_pass_about_half_the_time(tmp_path, hash_below_a):
@@ -75,9 +75,9 @@ def test_the_difficulty_selector_draws_the_tasks_that_pass_about_half_the_time(t
           f"{learned['gap']:.3f}, of the tasks' a/10 {default['true_gap']:.3f} -> {learned['true_gap']:.3f}; "
           f"groups of equal rewards {default['zero_variance']:.2f} -> {learned['zero_variance']:.2f}")
     assert default["first_epoch"] == learned["first_epoch"] == list(range(40))  # each task once, alike
-    assert learned["true_gap"] < min(0.16, default["true_gap"] - 0.07)
-    assert learned["gap"] < default["gap"] - 0.05
-    assert learned["zero_variance"] < 0.75 * default["zero_variance"]
+    assert learned["true_gap"] < min(0.17, default["true_gap"] - 0.06)
+    assert learned["gap"] < default["gap"] - 0.06
+    assert learned["zero_variance"] < 0.6 * default["zero_variance"]
     # What the run page shows of it: the drawn tasks' estimates, near 0.5.
     assert abs(learned["metrics"]["selector/estimated_pass_rate"] - 0.5) < 0.15
     assert "selector/estimated_pass_rate" not in default["metrics"]
