@@ -381,7 +381,9 @@ class DjangoExperienceBuffer:
         """Human preferences on this run's experiences and those of the feedback source runs, and
         the run's copies of an imported dataset's pairs (expert_data.py); least used first (a use
         is counted on the preference, or on the copy of the chosen side)."""
-        judged, imported = self._judged_pairs(n), self._imported_pairs(n)
+        judged = self._judged_pairs(n)
+        # Only a run that names a dataset has copies of one: the others' DPO steps ask nothing more.
+        imported = self._imported_pairs(n) if self.config.buffer.expert_dataset else []
         picked = sorted(judged + imported, key=lambda pick: pick[:3])[:n]
         for model, kind in ((Feedback, 0), (ExperienceRow, 1)):
             used = [pk for _, k, pk, _ in picked if k == kind]
