@@ -84,8 +84,12 @@ def test_two_explorers_sharing_the_steps_draw_and_learn_what_one_explorer_does(r
     assert selector_metrics(two) == pytest.approx(selector_metrics(one))
     assert len(selector_metrics(one)) == STEPS and selector_metrics(one)[-1]["selector/unseen"] == 0
     # What it learned: the tasks passing at 0.5 were drawn most, those passing every time retired.
+    # Summed over the three tasks of a rate: which task of a rate the Thompson draws favour turns on
+    # the tasks' ids (the tie order), so one 0.5 task may be drawn as seldom as a 0.0 task (135 of
+    # 300 id offsets, in memory); the sums were 2.6x apart or more in all 300 (3.0x in the default
+    # order's place would be 1x).
     by_rate = {}
     for index, (count, *_) in learned(one).items():
         by_rate.setdefault(RATES[index % len(RATES)], []).append(count)
-    assert min(by_rate[0.5]) > max(by_rate[0.0]) and by_rate[1.0] == [1, 1]
+    assert sum(by_rate[0.5]) > 2 * sum(by_rate[0.0]) and by_rate[1.0] == [1, 1]
     assert sum(metrics["selector/retired"] for metrics in selector_metrics(one)) == 2
