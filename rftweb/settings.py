@@ -70,6 +70,7 @@ INSTALLED_APPS = [
     "apps.buffer",
     "apps.feedback",
     "apps.alerts",
+    "apps.saved_models",
 ]
 
 MIDDLEWARE = [

@@ -18,6 +18,7 @@ urlpatterns = [
     path("jobs/", include("apps.core.urls")),
     path("annotate/", include("apps.feedback.urls")),
     path("alerts/", include("apps.alerts.urls")),
+    path("models/", include("apps.saved_models.urls")),
     path("", include("apps.runs.urls")),
 ]
 

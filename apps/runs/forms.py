@@ -20,6 +20,7 @@ from django.db.models import Q
 
 from apps.buffer.models import Experience, ExpertDataset
 from apps.core.numbers import whole_numbers
+from apps.saved_models.models import SavedModel
 from apps.tasksets.models import Taskset
 from workers.rft.config import (
     ConfigError,
@@ -195,7 +196,8 @@ def _form_field(key: str, names: dict[str, list[str]]) -> forms.Field:
     if key == "model.path":
         from workers.rft.models import BUILTIN_MODELS
 
-        field.suggestions = BUILTIN_MODELS
+        saved = [model.model_path for model in SavedModel.objects.only("name").order_by("name")]
+        field.suggestions = [*BUILTIN_MODELS, *saved]
         field.widget.attrs["list"] = "suggest-model-path"
     return field
 

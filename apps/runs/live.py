@@ -20,6 +20,8 @@ from channels.layers import get_channel_layer
 from django.db import DatabaseError, connection, transaction
 from django.urls import reverse
 
+from apps.saved_models.models import SavedModel
+
 from .consumers import run_group
 from .models import Checkpoint, Run
 
@@ -40,11 +42,22 @@ def checkpoints_update(run_id: int) -> dict:
     and sent whole whenever one is saved or deleted (a few rows: trainer.keep_checkpoints). The
     table was the page's as first rendered: after a stop it listed v20 while v37 was saved."""
     rows = Checkpoint.objects.filter(run_id=run_id).order_by("-version").values_list("version", "step", "created_at")
+    models = saved_models(run_id)
     return {"type": "checkpoints", "checkpoints": [
         {"version": version, "step": step, "saved": round(saved.timestamp(), 3),
-         "url": reverse("checkpoint-download", args=[run_id, version])}
+         "url": reverse("checkpoint-download", args=[run_id, version]),
+         "save_url": reverse("model-save", args=[run_id, version]), "models": models.get(version, [])}
         for version, step, saved in rows
     ]}
+
+
+def saved_models(run_id: int) -> dict[int, list[str]]:
+    """{checkpoint version: the names of the models saved from it} (apps.saved_models)."""
+    models = {}
+    for version, name in SavedModel.objects.filter(run_id=run_id).order_by("name").values_list(
+            "checkpoint_version", "name"):
+        models.setdefault(version, []).append(name)
+    return models
 
 
 class LivePublisher:

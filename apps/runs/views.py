@@ -20,6 +20,7 @@ from django.views.decorators.http import require_POST
 from apps.accounts.roles import CURATOR, RESEARCHER, has_role, role_required
 from apps.core.numbers import whole_number, whole_numbers
 from apps.core.streaming import streaming
+from apps.saved_models.models import SavedModel
 from apps.tasksets.models import Task, Taskset
 from rftweb.errors import bad_request_response
 from workers.rft.config import ConfigError
@@ -31,7 +32,7 @@ from .compression import gzip_json
 from .controls import control_run, control_statuses, may_control
 from .forms import LaunchForm, RolloutFilterForm, RunFilterForm, dump_config_yaml
 from .holding import hand_back
-from .live import checkpoints_update
+from .live import checkpoints_update, saved_models
 from .models import Checkpoint, Run, Sweep
 from .notes import shown_tags, taken_draft
 from .presets import DEFAULT_PRESET, PRESETS, on_taskset, preset_config
@@ -208,23 +209,37 @@ def run_launch(request):
         form = LaunchForm.for_config(config, name=name)
     return render(request, "runs/launch.html", {"form": form, "presets": PRESETS, "preset_name": preset,
                                                 "capacity": waits.free_slots(),
-                                                "taskset": request.GET.get("taskset", "")})
+                                                "carried": {key: request.GET[key] for key in ("taskset", "model")
+                                                            if request.GET.get(key)}})
+
+
+def with_saved_models(run: Run) -> list[Checkpoint]:
+    """The run's checkpoints, newest first, each with .models: the names of the models saved from it."""
+    saved = saved_models(run.pk)
+    checkpoints = list(run.checkpoints.order_by("-version"))
+    for checkpoint in checkpoints:
+        checkpoint.models = saved.get(checkpoint.version, [])
+    return checkpoints
 
 
 def _starting_point(request) -> tuple[dict, str, str | None]:
     """(config, run name, preset) to open the launch form with: a run to copy (?from=<id>), a
     preset (?preset=<name>), or the default preset; ?taskset=<name> (the taskset page's link) puts
-    that taskset in it, GRPO's preset unless another is named."""
+    that taskset in it, and ?model=<name> (the Models page's "Train from it") that saved model as
+    model.path, GRPO's preset unless another is named."""
     source = whole_number(request.GET.get("from"))
     if source is not None:
         run = get_object_or_404(Run, pk=source)
         return run.config, f"{run.name} (again)", None
     taskset = Taskset.objects.filter(name=request.GET.get("taskset") or "").first()
-    default = "smollm2-grpo" if taskset else DEFAULT_PRESET
+    saved = SavedModel.objects.filter(name=request.GET.get("model") or "").first()
+    default = "smollm2-grpo" if taskset or saved else DEFAULT_PRESET
     preset = request.GET.get("preset") if request.GET.get("preset") in PRESETS else default
     config = preset_config(preset)
     if taskset:
         config = on_taskset(config, taskset)
+    if saved:
+        config = {**config, "model": {**config["model"], "path": saved.model_path}}
     return config, "", preset
 
 
@@ -247,7 +262,7 @@ def run_detail(request, pk):
         {
             "run": run,
             "config_yaml": dump_config_yaml(run.config),
-            "checkpoints": run.checkpoints.order_by("-version"),
+            "checkpoints": with_saved_models(run),
             "checkpoint_schedule": queries.checkpoint_schedule(run),
             "figures": figures,
             "progress_counter": progress_counter,

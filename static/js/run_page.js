@@ -157,10 +157,11 @@
     }
   }
 
-  // The checkpoints table, newest first ({version, step, saved: Unix seconds, url} each).
+  // The checkpoints table, newest first ({version, step, saved: Unix seconds, url, save_url,
+  // models: the names of the models saved from it} each).
   function showCheckpoints(checkpoints) {
     const table = document.getElementById("run-checkpoints");
-    const rows = checkpoints.map(({ version, step, saved, url }) => {
+    const rows = checkpoints.map(({ version, step, saved, url, save_url, models }) => {
       const row = document.createElement("tr");
       row.innerHTML = "<td></td><td></td><td class=\"muted\"></td><td><a download>Download .tar</a></td>";
       row.cells[0].textContent = "v" + version;
@@ -168,6 +169,14 @@
       row.cells[2].textContent = ago(saved);
       row.cells[2].title = new Date(saved * 1000).toLocaleString();
       row.querySelector("a").href = url;
+      const links = [...models.map((name) => [`saved as ${name}`, `${table.dataset.models}#model-${name}`]),
+                     ["Save as model", save_url]];
+      for (const [text, href] of links) {
+        const link = document.createElement("a");
+        link.textContent = text;
+        link.href = href;
+        row.cells[3].append(" · ", link);
+      }
       return row;
     });
     if (!rows.length) {

@@ -27,6 +27,8 @@ from apps.feedback.models import Feedback, RunAnnotators
 from apps.runs.api import token_for
 from apps.runs.models import Checkpoint, Report, Run, RunListColumns, Sweep
 from apps.runs.supervision import run_dir
+from apps.saved_models.models import SavedModel
+from apps.saved_models.services import models_root, save_model
 from apps.tasksets.models import Task, Taskset, TasksetImport
 from rftweb.routing import websocket_urlpatterns
 from tests.support import websocket_connects
@@ -154,6 +156,23 @@ MATRIX = {
         "LDADA", method="post", kwargs=lambda o: {"pk": o.report.pk}, data=lambda o: {"name": "renamed"},
         changed=lambda o: Report.objects.get(pk=o.report.pk).name == "renamed",
     ),
+    # saved models: every researcher sees, saves (as any downloads a checkpoint) and trains from
+    # them; only who saved one and curators delete it
+    "model-list": Entry("LDAAA"),
+    "model-save": Entry(
+        "LDAAA", method="post", kwargs=lambda o: {"run": o.run.pk, "version": 1}, data=lambda o: {"name": "m1"},
+        changed=lambda o: SavedModel.objects.filter(name="m1").exists(),
+    ),
+    "model-download": Entry("LDAAA", kwargs=lambda o: {"name": o.saved.name}),
+    "model-delete": Entry(
+        "LDADA", method="post", kwargs=lambda o: {"name": o.saved.name},
+        changed=lambda o: not SavedModel.objects.filter(pk=o.saved.pk).exists(),
+    ),
+    "api-models": Entry("UDAAA", api=True),
+    "api-model": Entry(
+        "UDADA", api=True, method="delete", kwargs=lambda o: {"name": o.saved.name},
+        changed=lambda o: not SavedModel.objects.filter(pk=o.saved.pk).exists(),
+    ),
     # alerts: each researcher's own settings, test send and webhook secret
     "alert-settings": Entry("LDAAA"),
     "alert-test": Entry("LDAAA", method="post"),
@@ -273,12 +292,15 @@ def world(db, settings):
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "weights.bin").write_bytes(b"w")
     Checkpoint.objects.create(run=o.run, version=1, step=1, path=str(directory))
+    o.saved = save_model(o.run, 1, "saved-by-owner", o.users["owner"])
     o.job = TasksetImport.objects.create(
         original_filename="t.jsonl", name="new-ts", format="jsonl", default_workflow="single_turn",
         default_reward_fn="exact_match", created_by=o.users["owner"],
     )
     yield o
     shutil.rmtree(directory, ignore_errors=True)
+    for name in ("saved-by-owner", "m1"):
+        shutil.rmtree(models_root() / name, ignore_errors=True)
 
 
 def outcome(response) -> str:

@@ -22,6 +22,7 @@ from .auth import ApiError, BearerToken, Session, add_error_handlers
 from .bodies import config_of, invalid, json_body, known_fields, known_query, name_of
 from .judgements import with_judgements
 from .paging import MAX_METRIC_POINTS, page_after, page_of
+from .saved_models import router as models_router
 from .schemas import (
     AnnotationOut,
     DutiesOut,
@@ -97,6 +98,7 @@ def reads_only_its_query(view_func):
 api.add_decorator(reads_only_its_query)  # before the routers: they inherit it
 api.add_router("/tasksets/", tasksets_router)
 api.add_router("/sweeps/", sweeps_router)
+api.add_router("/models/", models_router)
 
 REFUSED = {401: ErrorOut, 403: ErrorOut}  # no token or session; not a researcher, or no CSRF token
 RUN_REFUSED = {**REFUSED, 404: ErrorOut}  # no such run

@@ -4,6 +4,7 @@ status it documents and a body that matches the documented schema."""
 
 import json
 import re
+import shutil
 from datetime import timedelta
 
 import pytest
@@ -19,6 +20,8 @@ from apps.feedback.models import Feedback
 from apps.runs.api import token_for
 from apps.runs.models import Checkpoint, MetricPoint, Run, Sweep, Worker
 from apps.runs.presets import preset_config
+from apps.runs.supervision import run_dir
+from apps.saved_models.services import models_root
 
 Status = Run.Status
 # Under /api/ but not JSON operations: the token and docs pages (HTML) and the document itself.
@@ -48,14 +51,19 @@ def busy_run(make_run, researcher):
     beat = {"at": now.isoformat(), "worker": "gpu-1:4242", "node": "runs@gpu-1", "since": now.isoformat(),
             "started": now.isoformat()}
     run = make_run("busy", status=Status.RUNNING, config=preset_config("quick-demo"), heartbeats={"loop": beat})
-    Checkpoint.objects.create(run=run, version=1, step=5, path="runs/1/v1")
+    directory = run_dir(run) / "checkpoints" / "v1"  # on disk: the API saves it as a model
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "config.json").write_text("{}")
+    Checkpoint.objects.create(run=run, version=1, step=5, path=str(directory))
     MetricPoint.objects.create(run=run, role="explorer", step=5, values={"reward_mean": 0.5})
     rollouts = [Experience.objects.create(run=run, explorer_step=5, group_id="g", prompt_text="1+1?",
                                           response_text=text, prompt_ids=[1], response_ids=[2], action_mask=[1],
                                           reward=1.0, model_version=1) for text in ("2", "3")]
     Feedback.objects.create(experience=rollouts[0], other=rollouts[1], user=researcher, kind="preference", value=1.0,
                             label="a_better")
-    return run
+    yield run
+    shutil.rmtree(run_dir(run), ignore_errors=True)
+    shutil.rmtree(models_root() / MODEL, ignore_errors=True)
 
 
 def operations(spec):
@@ -109,11 +117,14 @@ def request_body(path, method, operation, run) -> dict | None:
     bodies = {("post", "/api/runs/"): {"name": "documented", "config": preset_config("quick-demo")},
               ("post", "/api/tasksets/"): None,  # multipart, sent by the test below
               ("post", "/api/sweeps/"): {"name": "documented sweep", "config": preset_config("quick-demo"),
-                                         "space": [{"key": "trainer.lr", "values": [1e-4, 1e-3]}]}}
+                                         "space": [{"key": "trainer.lr", "values": [1e-4, 1e-3]}]},
+              ("post", "/api/models/"): {"run": run.pk, "version": 1, "name": MODEL}}
     if "requestBody" in operation:
         return bodies[(method, path)]
     return None
 
+
+MODEL = "documented-model"  # saved from busy_run's checkpoint by POST /api/models/, then deleted
 
 # What each control needs the run to be in to be offered.
 STATUS_BEFORE = {"pause": Status.RUNNING, "resume": Status.PAUSED, "stop": Status.RUNNING}
@@ -135,7 +146,8 @@ def test_each_documented_operation_answers_a_token_as_documented(spec, script, b
         action = path.rstrip("/").rsplit("/", 1)[-1]
         if action in STATUS_BEFORE:
             Run.objects.filter(pk=busy_run.pk).update(status=STATUS_BEFORE[action])
-        url = path.replace("{pk}", str(ids.get(path, busy_run.pk))).replace("{name}", tasksets[0].name)
+        name = MODEL if path.startswith("/api/models/") else tasksets[0].name
+        url = path.replace("{pk}", str(ids.get(path, busy_run.pk))).replace("{name}", name)
         if (method, path) == ("post", "/api/tasksets/"):  # multipart: a file and its form fields
             upload = SimpleUploadedFile("sums.jsonl", b'{"prompt": "1+1?", "answer": "2"}\n')
             response = script.post(url, {"file": upload, "name": "documented-upload"})
@@ -153,6 +165,9 @@ def assert_documented(spec, operation, response, what):
     """The answer has a 2xx status the operation documents, and a body its schema for it takes."""
     status = str(response.status_code)
     assert status.startswith("2") and status in operation["responses"], (what, response.content[:300])
+    if status == "204":
+        assert response.content == b"" and "content" not in operation["responses"][status], what
+        return
     documented = operation["responses"][status]["content"]["application/json"]["schema"]
     errors = list(OAS31Validator({**documented, "components": spec["components"]}).iter_errors(response.json()))
     assert errors == [], (what, [error.message for error in errors])

@@ -317,7 +317,8 @@ def test_checkpoints_come_with_the_snapshot_and_as_each_is_saved_or_deleted(rese
         checkpoints.record(37, 37, "checkpoints/step_37")
     saved = {row.version: round(row.created_at.timestamp(), 3) for row in run.checkpoints.all()}
     listed = [{"version": version, "step": version, "saved": saved[version],
-               "url": reverse("checkpoint-download", args=[run.pk, version])} for version in (37, 20)]
+               "url": reverse("checkpoint-download", args=[run.pk, version]),
+               "save_url": reverse("model-save", args=[run.pk, version]), "models": []} for version in (37, 20)]
     updates = [update for update in sent if update["type"] == "checkpoints"]
     assert updates[-1] == {"type": "checkpoints", "checkpoints": listed}
     assert researcher_client.get(reverse("run-live", args=[run.pk])).json()["checkpoints"] == listed

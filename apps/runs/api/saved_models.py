@@ -1,0 +1,106 @@
+"""The API's saved models (apps/saved_models): list them, save a run's checkpoint as one, delete
+one. The Models page's actions, through the same services and the same checks."""
+from datetime import datetime
+
+from django.core.exceptions import PermissionDenied
+from django.shortcuts import get_object_or_404
+from django.urls import reverse
+from ninja import Field, Router, Schema, Status
+
+from apps.saved_models import services
+from apps.saved_models.models import SavedModel
+from apps.saved_models.views import may_delete
+from workers.rft.json_values import text_problem
+
+from ..models import Run
+from .auth import ApiError
+from .bodies import json_body, known_fields
+from .schemas import ErrorOut
+
+router = Router(tags=["models"])
+REFUSED = {401: ErrorOut, 403: ErrorOut}
+
+
+class SaveIn(Schema):
+    run: int = Field(description="the run's id")
+    version: int = Field(description="its checkpoint's version (the run page's Checkpoints table, v12: 12)")
+    name: str | None = Field(None, description="letters, digits, '.', '_' and '-'; default <run>-<id>-v<version>")
+    note: str | None = None
+
+
+class ModelOut(Schema):
+    name: str
+    model_path: str = Field(description="what a run's config names it by: model.path: models/<name>")
+    run: int | None = Field(description="the run it was saved from (null once that run is deleted)")
+    run_name: str
+    checkpoint_version: int
+    step: int
+    size_bytes: int
+    note: str
+    created_by: str | None
+    created_at: datetime
+    trained_from_it: list[int] = Field(description="the runs whose model.path it is")
+    download_url: str
+
+
+def model_json(saved: SavedModel, trained: list[Run]) -> dict:
+    return {"name": saved.name, "model_path": saved.model_path, "run": saved.run_id, "run_name": saved.run_name,
+            "checkpoint_version": saved.checkpoint_version, "step": saved.step, "size_bytes": saved.size_bytes,
+            "note": saved.note, "created_by": saved.created_by.username if saved.created_by else None,
+            "created_at": saved.created_at, "trained_from_it": [run.pk for run in trained],
+            "download_url": reverse("model-download", args=[saved.name])}
+
+
+@router.get("/", response={200: list[ModelOut], **REFUSED}, url_name="api-models", summary="List saved models")
+def list_models(request):
+    """Newest first, each with the runs trained from it."""
+    saved = list(SavedModel.objects.select_related("created_by"))
+    trained = services.trained_from(saved)
+    return [model_json(model, trained[model.pk]) for model in saved]
+
+
+@router.post(
+    "/", response={201: ModelOut, 400: ErrorOut, 404: ErrorOut, **REFUSED}, url_name="api-models",
+    summary="Save a run's checkpoint as a model",
+    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+        "schema": SaveIn.model_json_schema()}}}},
+)
+def save_model(request):
+    """201 with the model. 400 names the problem (a bad or taken name, a checkpoint deleted by its
+    run's keep_checkpoints); nothing is saved then."""
+    body = json_body(request)
+    known_fields(body, SaveIn.model_fields)
+    for key in ("run", "version"):
+        if not isinstance(body.get(key), int) or isinstance(body.get(key), bool) or body[key] < 0:
+            raise ApiError(400, f"{key} must be a whole number", errors=[{"key": key, "message": "a whole number"}])
+    for key in ("name", "note"):
+        value = body.get(key)
+        problem = None if value is None else "must be a string" if not isinstance(value, str) else text_problem(value)
+        if problem:
+            raise ApiError(400, f"{key} {problem}", errors=[{"key": key, "message": problem}])
+    run = get_object_or_404(Run, pk=body["run"])
+    name = body.get("name") or services.default_name(run, body["version"])
+    if not run.checkpoints.filter(version=body["version"]).exists():
+        raise ApiError(404, f"run {run.name} has no checkpoint v{body['version']}")
+    try:
+        saved = services.save_model(run, body["version"], name, request.user, body.get("note") or "")
+    except services.SaveError as err:
+        raise ApiError(400, str(err), errors=[{"key": "name", "message": str(err)}]) from None
+    return Status(201, model_json(saved, []))
+
+
+@router.delete("/{name}/", response={204: None, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut, **REFUSED},
+               url_name="api-model", summary="Delete a saved model")
+def delete_model(request, name: str):
+    """204 once it and its files are gone. 403 for anyone but who saved it or a curator; 409 while
+    a run that may still load it names it (queued, training, or stopped or failed: a resume loads
+    it again)."""
+    saved = get_object_or_404(SavedModel, name=name)
+    if not may_delete(request.user, saved):
+        raise PermissionDenied(f"only {saved.created_by or 'its saver'}, who saved {saved.name}, or a curator may "
+                               "delete it")
+    try:
+        services.delete_model(saved)
+    except services.SaveError as err:
+        raise ApiError(409, str(err)) from None
+    return Status(204, None)

@@ -1,0 +1,189 @@
+"""Saved models: a run's checkpoint kept as a model of its own (models.SavedModel).
+
+A checkpoint is already a Hugging Face directory a run may name as its model.path, but it belongs
+to its run: keep_checkpoints deletes it once newer ones are saved, and deleting the run deletes it.
+Saving one puts its weights and tokenizer under <data dir>/models/<name>/, which only deleting the
+saved model removes, and which the launch form offers as `models/<name>`.
+
+The files are hard links where the data dir allows them (a checkpoint file is written once, into a
+directory of its own, and never changed in place: the trainer writes a new directory and renames
+it), so saving a 1.7B model's 6.8 GB of fp32 weights takes no space and milliseconds; a copy where
+links fail (another filesystem). Optimizer state, RNG and step (what only resuming reads; the
+optimizer is about twice the weights) and the critic stay behind."""
+
+import json
+import os
+import re
+import shutil
+import uuid
+from pathlib import Path
+
+from django.conf import settings
+from django.core.exceptions import PermissionDenied
+from django.db import IntegrityError, transaction
+from django.db.models import TextField
+from django.db.models.functions import Cast
+from django.http import Http404
+from django.utils import timezone
+from django.utils.text import slugify
+
+from apps.runs.checkpoints import run_checkpoint_dir
+from apps.runs.models import Checkpoint, Run
+from apps.runs.supervision import run_dir
+
+from .models import SavedModel
+
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
+# What only resuming reads (Trainer.save_checkpoint): a saved model is weights and tokenizer.
+RESUME_ONLY = {"optimizer.pt", "critic_optimizer.pt", "rng.pt", "trainer_state.json"}
+PROVENANCE = "saved_from.json"  # in the directory, so a download says where it came from
+
+
+class SaveError(Exception):
+    """A model that cannot be saved or deleted as asked; the message says why, to its user."""
+
+
+def models_root() -> Path:
+    return Path(settings.DATA_DIR).resolve() / "models"
+
+
+def model_dir(saved: SavedModel) -> Path:
+    return models_root() / saved.name
+
+
+def default_name(run: Run, version: int) -> str:
+    return f"{slugify(run.name)[:80] or 'run'}-{run.pk}-v{version}"
+
+
+def name_problem(name: str) -> str | None:
+    """Why `name` cannot name a new saved model, or None."""
+    from workers.rft.models import BUILTIN_MODELS
+
+    if not NAME.fullmatch(name or ""):
+        return ("a model's name is 1 to 100 letters, digits, '.', '_' and '-', starting with a letter or digit: "
+                f"{name!r} is not")
+    if name in BUILTIN_MODELS:
+        return f"{name!r} is a built-in model's name"
+    if SavedModel.objects.filter(name=name).exists():
+        return f"a saved model is already named {name!r}"
+    if (models_root() / name).exists():
+        return f"models/{name} already exists in the data directory (a model someone put there)"
+    return None
+
+
+def save_model(run: Run, version: int, name: str, user, note: str = "") -> SavedModel:
+    """Save checkpoint v`version` of `run` as the model `name`. Raises SaveError naming the problem
+    (a taken or bad name, a checkpoint that is gone); nothing is left behind then."""
+    name = (name or "").strip()
+    if problem := name_problem(name):
+        raise SaveError(problem)
+    checkpoint = Checkpoint.objects.filter(run=run, version=version).first()
+    if checkpoint is None:
+        raise SaveError(f"run {run.name} has no checkpoint v{version}")
+    try:
+        source = run_checkpoint_dir(checkpoint, run_dir(run))
+    except (PermissionDenied, Http404) as err:  # outside the run's checkpoints, or gone from the disk
+        raise SaveError(f"checkpoint v{version} of run {run.name}: {err}") from None
+    target = models_root() / name
+    tmp = models_root() / f".{name}.{uuid.uuid4().hex}"
+    try:
+        with transaction.atomic():
+            saved = SavedModel.objects.create(
+                name=name, run=run, run_name=run.name, checkpoint_version=version, step=checkpoint.step,
+                note=note[:2000], created_by=user,
+            )
+            saved.size_bytes = _link_or_copy(source, tmp)
+            (tmp / PROVENANCE).write_text(json.dumps({
+                "name": name, "run": run.pk, "run_name": run.name, "checkpoint_version": version,
+                "step": checkpoint.step, "saved_by": getattr(user, "username", None),
+                "saved_at": timezone.now().isoformat(), "note": saved.note,
+            }, indent=1))
+            saved.save(update_fields=["size_bytes"])
+            os.rename(tmp, target)  # on one filesystem: atomic, and refused if another save got there first
+    except IntegrityError:  # two saves of one name at once: the other's row committed first
+        raise SaveError(f"a saved model is already named {name!r}") from None
+    except FileNotFoundError:  # keep_checkpoints deleted it meanwhile
+        raise SaveError(f"checkpoint v{version} of run {run.name} was deleted while it was being saved "
+                        "(its run keeps only its newest trainer.keep_checkpoints): save a newer one") from None
+    except OSError as err:
+        if target.exists() and not SavedModel.objects.filter(name=name).exists():
+            raise SaveError(f"models/{name} already exists in the data directory") from None
+        raise SaveError(f"could not save models/{name}: {err.strerror or err}") from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return saved
+
+
+def _link_or_copy(source: Path, target: Path) -> int:
+    """The checkpoint's top-level files but RESUME_ONLY into target (made here): hard links, or
+    copies where the filesystem refuses them. Returns their bytes."""
+    target.mkdir(parents=True)
+    size = 0
+    for path in sorted(source.iterdir()):
+        if path.name in RESUME_ONLY or path.is_symlink() or not path.is_file():
+            continue  # critic/, adapter/ (the weights are the merged ones), and no link to elsewhere
+        try:
+            os.link(path, target / path.name)
+        except OSError:
+            shutil.copy2(path, target / path.name)
+        size += path.stat().st_size
+    return size
+
+
+def naming_runs(saved: SavedModel, statuses=None) -> list[Run]:
+    """The runs whose config names the model's directory, as any model a run loads (model.path,
+    ref_path, critic_path, a reward fn's model): a launch stores each resolved, absolute
+    (apps.runs.services.validate_config). Narrowed in the database by the name (ASCII, so the same
+    text in either database's JSON), then checked value by value."""
+    directory = str(model_dir(saved))
+    runs = Run.objects.annotate(text=Cast("config", TextField())).filter(text__contains=f"/models/{saved.name}")
+    if statuses is not None:
+        runs = runs.filter(status__in=statuses)
+    return [run for run in runs.only("pk", "name", "status", "config").order_by("pk")
+            if directory in _strings(run.config)]
+
+
+def _strings(value):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for item in value.values():
+            yield from _strings(item)
+    elif isinstance(value, list):
+        for item in value:
+            yield from _strings(item)
+
+
+def trained_from(saved_models) -> dict[int, list[Run]]:
+    """{saved model id: the runs whose policy (model.path) started from it}, in one query."""
+    by_dir = {str(model_dir(saved)): saved.pk for saved in saved_models}
+    found = {pk: [] for pk in by_dir.values()}
+    for run in Run.objects.filter(config__model__path__in=list(by_dir)).only("pk", "name", "status", "config"):
+        found[by_dir[run.config["model"]["path"]]].append(run)
+    return found
+
+
+# A run that may still load its models: it has not started, is training, or can be resumed.
+STILL_LOADS = (Run.Status.QUEUED, *Run.ACTIVE, Run.Status.STOPPED, Run.Status.FAILED)
+
+
+def delete_model(saved: SavedModel) -> None:
+    """Delete the saved model and its directory. Refused (SaveError, nothing deleted) while a run
+    that may still load it names it: a queued or unfinished run starts from it, and a stopped or
+    failed one loads it again when resumed (its reference model for the KL, at least)."""
+    waiting = naming_runs(saved, STILL_LOADS)
+    if waiting:
+        raise SaveError(
+            f"Not deleted: {', '.join(f'run {run.name} (#{run.pk}, {run.status})' for run in waiting)} "
+            f"name{'s' if len(waiting) == 1 else ''} models/{saved.name} and would load it when "
+            f"{'it starts or is resumed' if len(waiting) == 1 else 'they start or are resumed'}. "
+            "Delete it once they have completed or been deleted."
+        )
+    directory = model_dir(saved)
+    with transaction.atomic():
+        saved.delete()
+        # Renamed away first, inside the transaction: a failure leaves the row and the files both.
+        doomed = directory.with_name(f".deleted-{saved.name}.{uuid.uuid4().hex}")
+        if directory.exists():
+            os.rename(directory, doomed)
+    shutil.rmtree(doomed, ignore_errors=True)

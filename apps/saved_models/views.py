@@ -1,0 +1,76 @@
+from django.contrib import messages
+from django.core.exceptions import PermissionDenied
+from django.shortcuts import get_object_or_404, redirect, render
+from django.utils.http import content_disposition_header
+from django.views.decorators.http import require_POST
+
+from apps.accounts.roles import CURATOR, RESEARCHER, has_role, role_required
+from apps.core.streaming import streaming
+from apps.runs.api.tokens import token_or_session
+from apps.runs.checkpoints import tar_stream
+from apps.runs.models import Checkpoint, Run
+
+from . import services
+from .forms import SaveModelForm
+from .models import SavedModel
+
+
+@role_required(RESEARCHER)
+def model_list(request):
+    saved = list(SavedModel.objects.select_related("run", "created_by"))
+    trained = services.trained_from(saved)
+    for model in saved:
+        model.trained = trained[model.pk]
+        model.deletable = may_delete(request.user, model)
+    return render(request, "saved_models/list.html", {"models": saved})
+
+
+@role_required(RESEARCHER)
+def model_save(request, run, version):
+    """Save a checkpoint as a model: any researcher may, as any may download one."""
+    run = get_object_or_404(Run, pk=run)
+    checkpoint = get_object_or_404(Checkpoint, run=run, version=version)
+    form = SaveModelForm(request.POST or None, initial={"name": services.default_name(run, version)})
+    if request.method == "POST" and form.is_valid():
+        try:
+            saved = services.save_model(run, version, form.cleaned_data["name"], request.user,
+                                        form.cleaned_data["note"])
+        except services.SaveError as err:
+            form.add_error("name", str(err))
+        else:
+            messages.success(request, f"Saved v{version} of {run.name} as {saved.name}: a run names it as "
+                                      f"model.path {saved.model_path}.")
+            return redirect("model-list")
+    return render(request, "saved_models/save.html", {"form": form, "run": run, "checkpoint": checkpoint})
+
+
+def may_delete(user, saved: SavedModel) -> bool:
+    return saved.created_by_id == user.pk or has_role(user, CURATOR)
+
+
+@require_POST
+@role_required(RESEARCHER)
+def model_delete(request, name):
+    saved = get_object_or_404(SavedModel, name=name)
+    if not may_delete(request.user, saved):
+        raise PermissionDenied(f"only {saved.created_by or 'its saver'}, who saved {saved.name}, or a curator may "
+                               "delete it")
+    try:
+        services.delete_model(saved)
+    except services.SaveError as err:
+        messages.error(request, str(err))
+    else:
+        messages.success(request, f"Deleted {name} and its files.")
+    return redirect("model-list")
+
+
+@token_or_session  # scripts download with their API token
+@role_required(RESEARCHER)
+def model_download(request, name):
+    """The model's directory as a tar, streamed (as a checkpoint's)."""
+    saved = get_object_or_404(SavedModel, name=name)
+    chunks, size = tar_stream(services.model_dir(saved), saved.name)
+    response = streaming(chunks, content_type="application/x-tar")
+    response["Content-Length"] = str(size)
+    response["Content-Disposition"] = content_disposition_header(as_attachment=True, filename=f"{saved.name}.tar")
+    return response
