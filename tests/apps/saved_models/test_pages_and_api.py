@@ -67,6 +67,12 @@ def test_train_from_it_opens_the_launch_form_on_the_model_and_a_preset_keeps_it(
     assert sft["model.path"].value() == "models/warm" and sft["algorithm.name"].value() == "sft"
     unknown = researcher_client.get(reverse("run-launch"), {"model": "nope"}).context["form"]
     assert unknown["model.path"].value() == "tiny"  # the default preset's, as with no ?model=
+    # The run's heading names it as its user did, linked (its Config shows the path as stored).
+    directory = str(services.model_dir(SavedModel.objects.get()))
+    trained = Run.objects.create(name="grpo", owner=researcher, config={"model": {"path": directory}})
+    page = researcher_client.get(reverse("run-detail", args=[trained.pk])).content.decode()
+    heading = page[page.index('class="run-meta'):].split("</p>")[0]
+    assert f'href="{reverse("model-list")}#model-warm">models/warm</a>' in heading and directory not in heading
 
 
 def test_the_api_saves_lists_and_deletes_and_refuses_by_name(client, checkpointed, researcher, curator):
