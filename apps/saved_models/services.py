@@ -27,6 +27,7 @@ from django.http import Http404
 from django.utils import timezone
 from django.utils.text import slugify
 
+from apps.accounts.roles import CURATOR, has_role
 from apps.runs.checkpoints import run_checkpoint_dir
 from apps.runs.models import Checkpoint, Run
 from apps.runs.supervision import run_dir
@@ -167,10 +168,18 @@ def trained_from(saved_models) -> dict[int, list[Run]]:
 STILL_LOADS = (Run.Status.QUEUED, *Run.ACTIVE, Run.Status.STOPPED, Run.Status.FAILED)
 
 
-def delete_model(saved: SavedModel) -> None:
-    """Delete the saved model and its directory. Refused (SaveError, nothing deleted) while a run
-    that may still load it names it: a queued or unfinished run starts from it, and a stopped or
-    failed one loads it again when resumed (its reference model for the KL, at least)."""
+def may_delete(user, saved: SavedModel) -> bool:
+    return saved.created_by_id == user.pk or has_role(user, CURATOR)
+
+
+def delete_model(saved: SavedModel, user) -> None:
+    """Delete the saved model and its directory, for who saved it or a curator (PermissionDenied
+    for anyone else). Refused (SaveError, nothing deleted) while a run that may still load it names
+    it: a queued or unfinished run starts from it, and a stopped or failed one loads it again when
+    resumed (its reference model for the KL, at least)."""
+    if not may_delete(user, saved):
+        raise PermissionDenied(f"only {saved.created_by or 'its saver'}, who saved {saved.name}, or a curator may "
+                               "delete it")
     waiting = naming_runs(saved, STILL_LOADS)
     if waiting:
         raise SaveError(

@@ -1,10 +1,9 @@
 from django.contrib import messages
-from django.core.exceptions import PermissionDenied
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.http import content_disposition_header
 from django.views.decorators.http import require_POST
 
-from apps.accounts.roles import CURATOR, RESEARCHER, has_role, role_required
+from apps.accounts.roles import RESEARCHER, role_required
 from apps.core.streaming import streaming
 from apps.runs.api.tokens import token_or_session
 from apps.runs.checkpoints import tar_stream
@@ -21,7 +20,7 @@ def model_list(request):
     trained = services.trained_from(saved)
     for model in saved:
         model.trained = trained[model.pk]
-        model.deletable = may_delete(request.user, model)
+        model.deletable = services.may_delete(request.user, model)
     return render(request, "saved_models/list.html", {"models": saved})
 
 
@@ -44,19 +43,12 @@ def model_save(request, run, version):
     return render(request, "saved_models/save.html", {"form": form, "run": run, "checkpoint": checkpoint})
 
 
-def may_delete(user, saved: SavedModel) -> bool:
-    return saved.created_by_id == user.pk or has_role(user, CURATOR)
-
-
 @require_POST
 @role_required(RESEARCHER)
 def model_delete(request, name):
     saved = get_object_or_404(SavedModel, name=name)
-    if not may_delete(request.user, saved):
-        raise PermissionDenied(f"only {saved.created_by or 'its saver'}, who saved {saved.name}, or a curator may "
-                               "delete it")
     try:
-        services.delete_model(saved)
+        services.delete_model(saved, request.user)
     except services.SaveError as err:
         messages.error(request, str(err))
     else:

@@ -2,14 +2,12 @@
 one. The Models page's actions, through the same services and the same checks."""
 from datetime import datetime
 
-from django.core.exceptions import PermissionDenied
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from ninja import Field, Router, Schema, Status
 
 from apps.saved_models import services
 from apps.saved_models.models import SavedModel
-from apps.saved_models.views import may_delete
 from workers.rft.json_values import text_problem
 
 from ..models import Run
@@ -96,11 +94,8 @@ def delete_model(request, name: str):
     a run that may still load it names it (queued, training, or stopped or failed: a resume loads
     it again)."""
     saved = get_object_or_404(SavedModel, name=name)
-    if not may_delete(request.user, saved):
-        raise PermissionDenied(f"only {saved.created_by or 'its saver'}, who saved {saved.name}, or a curator may "
-                               "delete it")
     try:
-        services.delete_model(saved)
+        services.delete_model(saved, request.user)
     except services.SaveError as err:
         raise ApiError(409, str(err)) from None
     return Status(204, None)

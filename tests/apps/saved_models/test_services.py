@@ -151,10 +151,10 @@ def test_a_run_trains_from_it_and_it_is_kept_while_a_run_that_may_load_it_names_
         Run.objects.filter(pk=reference.pk).update(status=Run.Status.COMPLETED)
         with pytest.raises(services.SaveError, match=rf"run grpo from sft \(#{grpo.pk}, {status}\) names "
                                                      "models/sft-warm and would load it"):
-            services.delete_model(saved)
+            services.delete_model(saved, researcher)
         assert SavedModel.objects.filter(pk=saved.pk).exists() and services.model_dir(saved).is_dir()
     Run.objects.filter(pk=grpo.pk).update(status=Run.Status.COMPLETED)
-    services.delete_model(saved)
+    services.delete_model(saved, researcher)
     assert not SavedModel.objects.exists() and not services.model_dir(saved).exists() and leftovers() == []
     # The completed runs keep their configs; launching one again names what is gone.
     with pytest.raises(Exception, match="no model directory at models/sft-warm"):
