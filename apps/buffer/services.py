@@ -15,7 +15,9 @@ from pathlib import Path
 
 import numpy as np
 from django.db import DEFAULT_DB_ALIAS, connection, models, transaction
-from django.db.models import BinaryField, ExpressionWrapper, F
+from django.db.models import BinaryField, Count, ExpressionWrapper, F, Window
+from django.db.models.fields.json import KT
+from django.db.models.functions import RowNumber
 
 from apps.core import jobs
 from apps.core.files import FileImportError
@@ -216,6 +218,23 @@ def runs_waiting_for(names) -> list[Run]:
     return list(Run.objects.filter(status__in=unfinished, config__buffer__expert_dataset__in=list(names)).only(
         "pk", "name", "config"
     ))
+
+
+def runs_naming(names, newest: int) -> dict[str, tuple[list[tuple[int, str]], int]]:
+    """{dataset name: ([(pk, name) of the `newest` runs that name it as buffer.expert_dataset,
+    newest first], how many runs name it)} for those of `names` that runs name. One query for any
+    number of names (window functions over the JSON key, on Postgres and SQLite): the datasets
+    page lists a page of datasets, and two queries a row took 60 of 67 at 30 rows."""
+    dataset = KT("config__buffer__expert_dataset")
+    ranked = Run.objects.filter(config__buffer__expert_dataset__in=list(names)).annotate(
+        dataset=dataset,
+        rank=Window(RowNumber(), partition_by=dataset, order_by=F("pk").desc()),
+        named=Window(Count("pk"), partition_by=dataset),
+    ).filter(rank__lte=newest).order_by("dataset", "rank")
+    found = {}
+    for pk, name, dataset, named in ranked.values_list("pk", "name", "dataset", "named"):
+        found.setdefault(dataset, ([], named))[0].append((pk, name))
+    return found
 
 
 def delete_datasets(queryset) -> int:

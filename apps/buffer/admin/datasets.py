@@ -6,10 +6,10 @@ from django.db.models import Count
 from django.urls import reverse
 from django.utils.html import format_html
 
-from apps.runs.models import Run
-
 from .. import services
 from ..models import ExpertDataset
+
+RUNS_SHOWN = 5  # a row names this many of the runs that name its dataset, then how many more
 
 
 @admin.register(ExpertDataset)
@@ -37,11 +37,27 @@ class ExpertDatasetAdmin(admin.ModelAdmin):
 
     @admin.display(description="runs that name it")
     def runs(self, dataset):
-        named = Run.objects.filter(config__buffer__expert_dataset=dataset.name).order_by("-pk")
-        links = [format_html('<a href="{}">{}</a>', reverse("run-detail", args=[pk]), name)
-                 for pk, name in named.values_list("pk", "name")[:5]]
-        more = named.count() - len(links)
+        newest, named = dataset.named_by
+        links = [format_html('<a href="{}">{}</a>', reverse("run-detail", args=[pk]), name) for pk, name in newest]
+        more = named - len(links)
         return format_html(", ".join(["{}"] * len(links)) + (f" and {more} more" if more > 0 else ""), *links) or "—"
+
+    def get_changelist_instance(self, request):
+        changelist = super().get_changelist_instance(request)
+        self._read_runs(changelist.result_list)  # the page's rows, kept by its queryset for the template
+        return changelist
+
+    def get_object(self, request, object_id, from_field=None):
+        dataset = super().get_object(request, object_id, from_field)
+        if dataset is not None:
+            self._read_runs([dataset])
+        return dataset
+
+    def _read_runs(self, datasets):
+        """Each dataset's `named_by` (what `runs` shows), for all of them in one query."""
+        named = services.runs_naming([dataset.name for dataset in datasets], newest=RUNS_SHOWN)
+        for dataset in datasets:
+            dataset.named_by = named.get(dataset.name, ([], 0))
 
     def get_deleted_objects(self, objs, request):
         """Each dataset with a count of its rows (Django's page listed every experience, a million),

@@ -5,6 +5,8 @@ dataset a run still has to copy is not deleted. On Postgres and on SQLite (`make
 import json
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from apps.buffer import expert_data, services
@@ -231,6 +233,33 @@ def test_the_datasets_page_lists_rows_and_runs_and_asks_before_deleting(sft_data
     assert done.status_code == 302 and not Experience.objects.exists() and not ExpertDataset.objects.exists()
     listed = client.get(reverse("admin:buffer_experience_changelist") + "?dataset__id__exact=1")
     assert listed.status_code in (200, 302)
+
+
+def test_the_datasets_page_reads_every_rows_runs_at_once(researcher, client, curator):
+    """Each row names the five newest runs that name its dataset and how many more: in as many
+    queries for 30 datasets as for 3 (each row cost two of its own)."""
+    client.force_login(curator)
+    url = reverse("admin:buffer_expertdataset_changelist")
+
+    def listing(datasets: int) -> tuple[str, int]:
+        for i in range(ExpertDataset.objects.count(), datasets):
+            ExpertDataset.objects.create(name=f"set{i:02}", layout="sft")
+            make_run(researcher, f"only on set{i:02}", dataset=f"set{i:02}")
+        with CaptureQueriesContext(connection) as captured:
+            page = client.get(url).content.decode()
+        return page, len(captured)
+
+    ExpertDataset.objects.create(name="set00", layout="sft")
+    busy = [make_run(researcher, f"busy {i}", dataset="set00") for i in range(7)]
+    make_run(researcher, "no dataset", algorithm="grpo", dataset=None)
+    three, queries = listing(3)
+    assert listing(30)[1] == queries, queries
+    row = three[three.index(">set00<"):three.index(">set01<")]
+    newest = [f'href="{reverse("run-detail", args=[run.pk])}">{run.name}<' for run in busy[::-1][:5]]
+    assert [link in row for link in newest] == [True] * 5 and "busy 1<" not in row and "and 2 more" in row
+    assert ">only on set01<" in three[three.index(">set01<"):] and "no dataset" not in three
+    one = client.get(reverse("admin:buffer_expertdataset_change", args=[ExpertDataset.objects.get(name="set00").pk]))
+    assert newest[0] in one.content.decode() and "and 2 more" in one.content.decode()
 
 
 @pytest.mark.parametrize("role", ["annotator", "researcher"])
