@@ -25,13 +25,14 @@ def rollouts(run, step, rewards, lengths=None):
     )
 
 
-def test_each_steps_quantiles_match_numpys_to_a_bin(run):
+def test_each_steps_quantiles_match_numpys_to_a_bin(run, django_assert_num_queries):
     rng = np.random.default_rng(0)
     drawn = {step: rng.normal(step, 1.0, 200) for step in range(3)}
     for step, rewards in drawn.items():
         rollouts(run, step, rewards.tolist(), lengths=[step + 1] * 200)
     Experience.objects.create(run=run, source="expert", explorer_step=0, reward=99.0)  # not a rollout
-    found = run_distributions(run)
+    with django_assert_num_queries(3):  # the span and the figures' ranges, then each figure's bins
+        found = run_distributions(run)
     assert (found["steps"], found["step_width"], found["rollouts"]) == ([0, 1, 2], 1, 600)
     low = min(r.min() for r in drawn.values())
     high = max(r.max() for r in drawn.values())
