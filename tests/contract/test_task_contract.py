@@ -29,6 +29,10 @@ def test_a_finished_steps_draws_and_stats_are_read_back_together(make_task_sourc
         assert [(task.times_sampled, task.stats) for task in read] == [(1, learned[a]), (1, learned[b]), (1, None)]
     # The default selector's pick asks for none (a query fewer).
     assert [(key.times_sampled, key.stats) for key in source.task_keys()] == [(1, None)] * 3
+    # What a selector that retires solved tasks counts: b's three solved groups in a row.
+    assert [source.count_solved(streak) for streak in (1, 3, 4)] == [1, 1, 0]
+    source.mark_sampled([b], {b: TaskStats(8.0, 1.0, 8, 0)})  # a group that failed: b is back
+    assert source.count_solved(1) == 0
 
 
 def test_stats_stay_until_a_later_step_replaces_them(make_task_source):

@@ -84,7 +84,7 @@ def test_a_researcher_runs_the_difficulty_selector_and_watches_what_it_draws(res
         page.wait_for_function("([id, n]) => window.rftRunPage?.board.series(id, 'value')?.values.length >= n",
                                arg=[chart, 1 if chart.endswith("estimated_pass_rate") else STEPS])
     section = page.locator("details.chart-section", has_text="explorer · selector")
-    expect(section).to_contain_text("5 charts")  # also retired, and retired_drawn (none here)
+    expect(section).to_contain_text("5 charts")  # also retired_total, and retired_drawn (none here)
     section.locator("summary").click()
     page.wait_for_function("(id) => window.rftRunPage.board.charts.get(id)?.drawn", arg=CHARTS[0])
     section.scroll_into_view_if_needed()

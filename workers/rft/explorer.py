@@ -166,15 +166,17 @@ class Explorer:
     def _record_draws(self, step: int, task_ids: list[int], groups: list, picked: list[Task] | None = None) -> dict:
         """The step's tasks drawn once more, with what a learning selector learned from its
         `groups` ([task id, pass rate, rollouts], from the parts) in the same call; returns the
-        selector's metrics. `picked`: the step's tasks as selected (as of the step's start); a
-        shared step reads them back, unchanged since: only this, its finish, writes draws."""
+        selector's metrics, the step's and the run's so far (read back from the task source: a
+        resumed run and explorers sharing steps count what the run stored). `picked`: the step's
+        tasks as selected (as of the step's start); a shared step reads them back, unchanged
+        since: only this, its finish, writes draws."""
         if not self.selector.learns:
             self.task_source.mark_sampled(task_ids)
             return {}
         picked = self.task_source.tasks_with_ids(task_ids) if picked is None else picked
         stats, metrics = self.selector.learn(picked, {task_id: (rate, n) for task_id, rate, n in groups}, step)
         self.task_source.mark_sampled(task_ids, stats)
-        return metrics
+        return metrics | self.selector.totals(self.task_source)
 
     def _timing(self, started: float) -> dict:
         """Since this explorer's last step (or part of one) ended: the share of the time it waited

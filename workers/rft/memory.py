@@ -89,6 +89,10 @@ class InMemoryTaskSource:
             for task_id, learned in (stats or {}).items():
                 self._tasks[task_id].stats = learned
 
+    def count_solved(self, streak: int) -> int:
+        with self._lock:
+            return sum(task.stats is not None and task.stats.solved_streak >= streak for task in self._tasks.values())
+
     def add_tasks(self, tasks: Sequence[Task]) -> list[Task]:
         with self._lock:
             next_id = max(self._tasks, default=-1) + 1

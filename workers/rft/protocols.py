@@ -34,6 +34,10 @@ class TaskSource(Protocol):
         `stats` (some of the ids) gets those stats in place of its own: a finished step's draws and
         what the selector learned from it, written at once (a selection reads both)."""
 
+    def count_solved(self, streak: int) -> int:
+        """How many tasks' stats have solved_streak >= `streak` (>= 1): those whose latest
+        `streak` groups in a row had every rollout pass (a learning selector's retired tasks)."""
+
     def add_tasks(self, tasks: Sequence[Task]) -> list[Task]:
         """Store new (synthetic) tasks; return them with ids assigned."""
 

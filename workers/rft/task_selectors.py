@@ -96,6 +96,11 @@ class TaskSelector:
         selector/ metrics)."""
         return {}, {}
 
+    def totals(self, task_source) -> dict[str, float]:
+        """The selector/ metrics of the whole run so far, read from `task_source` once a step's
+        draws and stats are recorded: what the run stored, whichever explorer or process learned it."""
+        return {}
+
 
 @task_selector(DEFAULT)
 class Default(TaskSelector):
@@ -196,7 +201,7 @@ class DifficultyBased(TaskSelector):
         return [tasks[i] for i in heapq.nsmallest(n, range(len(tasks)), key=lambda i: (-scores[i], tie(tasks[i])))]
 
     def learn(self, picked, groups, step):
-        learned, gaps, estimates, retired = {}, [], [], 0
+        learned, gaps, estimates = {}, [], []
         for task in picked:
             if task.times_sampled:
                 estimates.append(self.estimate(task, step))
@@ -206,17 +211,15 @@ class DifficultyBased(TaskSelector):
             before = task.stats or TaskStats(0.0, 0.0, step)
             decay = (1 - self.lamb) ** max(0, step - before.seen_step)
             solved = rate >= 1.0
-            learned[task.id] = stats = TaskStats(
+            learned[task.id] = TaskStats(
                 successes=before.successes * decay + rate * rollouts,
                 failures=before.failures * decay + (1 - rate) * rollouts,
                 seen_step=step,
                 solved_streak=before.solved_streak + 1 if solved else 0,
             )
-            retired += self.retired(stats) and not self.retired(task.stats)
             gaps.append(abs(self.target_reward - rate))
         metrics = {
             "selector/unseen": sum(task.times_sampled == 0 for task in picked),
-            "selector/retired": retired,
             "selector/retired_drawn": sum(self.retired(task.stats) for task in picked),
         }
         if estimates:
@@ -225,3 +228,8 @@ class DifficultyBased(TaskSelector):
             metrics["selector/target_gap"] = math.fsum(gaps) / len(gaps)
         return learned, metrics
 
+    def totals(self, task_source):
+        # The tasks retired now, not those a step retired: that chart was zeros but for a step
+        # here and there, and a group that fails puts a retired task back, which it never showed.
+        retired = task_source.count_solved(self.retire_after) if self.retire_after else 0
+        return {"selector/retired_total": retired}

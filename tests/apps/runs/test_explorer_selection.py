@@ -92,4 +92,19 @@ def test_two_explorers_sharing_the_steps_draw_and_learn_what_one_explorer_does(r
     for index, (count, *_) in learned(one).items():
         by_rate.setdefault(RATES[index % len(RATES)], []).append(count)
     assert sum(by_rate[0.5]) > 2 * sum(by_rate[0.0]) and by_rate[1.0] == [1, 1]
-    assert sum(metrics["selector/retired"] for metrics in selector_metrics(one)) == 2
+    # The two tasks passing every time retired in the first epoch (steps 0-3 draw all 24) and stay so.
+    retired = [metrics["selector/retired_total"] for metrics in selector_metrics(one)]
+    assert retired == sorted(retired) and retired[3:] == [2] * (STEPS - 3)
+
+    # Resumed halfway, in a new explorer (its selector new): it reads what the run stored, and goes
+    # on drawing, learning and counting what the run that went straight through did.
+    resumed = Run.objects.create(name="resumed", owner=researcher, status="running", config=CONFIG.to_dict())
+    before = explorer(resumed, taskset, "explorer", None)
+    for _ in range(STEPS // 2):
+        before.explore_step()
+    after = explorer(resumed, taskset, "explorer", None)
+    after.step = before.step
+    while after.step < STEPS:
+        after.explore_step()
+    assert batches(resumed) == batches(one)
+    assert selector_metrics(resumed) == pytest.approx(selector_metrics(one))

@@ -898,7 +898,7 @@ def task_selector(run, reference, name):
     rates = {task_id: pass_rate([e.reward for e in o.rollouts() if e.task_id == task_id]) for task_id in batch}
     assert {i: (s.successes, s.failures, s.seen_step) for i, s in learned.items()} == pytest.approx(
         {i: (4 * rate, 4 * (1 - rate), 0) for i, rate in rates.items()})
-    assert metrics == pytest.approx({"selector/unseen": 2, "selector/retired": 0, "selector/retired_drawn": 0,
+    assert metrics == pytest.approx({"selector/unseen": 2, "selector/retired_total": 0, "selector/retired_drawn": 0,
                                      "selector/target_gap": sum(abs(0.5 - r) for r in rates.values()) / 2})
 
 

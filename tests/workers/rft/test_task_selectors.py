@@ -197,7 +197,7 @@ def test_a_task_solved_every_time_is_retired_and_fills_the_batch_when_nothing_el
     picked = chooser.select(only_solved, 5)
     assert ids(picked)[0] == 2 and ids(picked)[1] in (0, 1)  # a retired task fills the batch
     learned, metrics = chooser.learn(picked, {2: (1.0, 8), ids(picked)[1]: (0.5, 8)}, 5)
-    assert learned[2].solved_streak == 2 and metrics["selector/retired"] == 1  # task 2: its second solved group
+    assert learned[2].solved_streak == 2  # task 2: its second solved group retires it
     assert learned[ids(picked)[1]].solved_streak == 0  # failed once: back in the running
     assert metrics["selector/retired_drawn"] == 1
 
@@ -213,7 +213,7 @@ def test_what_a_step_teaches_and_its_metrics():
     learned, metrics = chooser.learn(picked, {0: (0.25, 4), 1: (1.0, 4)}, 3)  # task 2 failed: no group
     assert learned == {0: TaskStats(1.0, 3.0, 3, 0), 1: TaskStats(3.0 * 0.25 + 4, 1.0 * 0.25, 3, 1)}
     # Estimates as of the step's start, of the tasks drawn before: task 1 Beta(1 + 1.5, 1 + 0.5), task 2 Beta(1, 1).
-    assert metrics == {"selector/unseen": 1, "selector/retired": 0, "selector/retired_drawn": 0,
+    assert metrics == {"selector/unseen": 1, "selector/retired_drawn": 0,
                        "selector/estimated_pass_rate": pytest.approx((2.5 / 4 + 0.5) / 2),
                        "selector/target_gap": pytest.approx((0.25 + 0.5) / 2)}
 
@@ -301,11 +301,28 @@ def test_every_task_solved_still_fills_the_batch():
     source = InMemoryTaskSource([Task(i, f"q{i}", metadata={"rate": 1.0}) for i in range(3)])
     explore = explorer({"name": "difficulty_based", "retire_after": 1}, source, batch_size=2)
     first = explore.explore_step()
-    assert first["selector/retired"] == 2 and first["selector/retired_drawn"] == 0
+    assert first["selector/retired_total"] == 2 and first["selector/retired_drawn"] == 0
     second = explore.explore_step()  # task 2, never drawn, and a retired one
     assert second["rollouts"] == 16 and second["selector/unseen"] == 1 and second["selector/retired_drawn"] == 1
     third = explore.explore_step()
     assert third["selector/retired_drawn"] == 2 and third["rollouts"] == 16
+    assert [m["selector/retired_total"] for m in (first, second, third)] == [2, 3, 3]
+
+
+def test_the_retired_count_is_what_the_run_stored():
+    """selector/retired_total: the tasks retired now, read from the task source once the step's
+    draws are recorded. A resumed run (a new explorer, its selector new) counts what was retired
+    before it; a retired task's failing group puts it back."""
+    source = InMemoryTaskSource([Task(i, f"q{i}", metadata={"rate": 1.0}) for i in range(3)])
+    spec = {"name": "difficulty_based", "retire_after": 1}
+    assert explorer(spec, source, batch_size=2).explore_step()["selector/retired_total"] == 2
+    resumed = explorer(spec, source, batch_size=2)
+    resumed.step = 1
+    assert resumed.explore_step()["selector/retired_total"] == 3
+    learned, _ = resumed.selector.learn(source.tasks_with_ids([0]), {0: (0.5, 8)}, 2)
+    source.mark_sampled([0], learned)
+    assert resumed.selector.totals(source) == {"selector/retired_total": 2}
+    assert explorer("difficulty_based", source).selector.totals(source) == {"selector/retired_total": 0}  # none retires
 
 
 def test_with_a_task_pipeline_the_selector_draws_from_what_it_leaves():
