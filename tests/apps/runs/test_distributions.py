@@ -64,3 +64,6 @@ def test_the_panel_reads_it_as_json_and_annotators_do_not(run, researcher, annot
     answer = client.get(url).json()
     assert answer["active"] and answer["rollouts"] == 3 and set(answer["figures"]) == {"reward", "response tokens"}
     assert 'id="run-distributions"' in client.get(reverse("run-detail", args=[run.pk])).content.decode()
+    # It takes no parameters: a script's `?step=5` is refused by name, not answered with every step.
+    refused = client.get(url, {"step": "5"})
+    assert refused.status_code == 400 and b"takes no query parameters: 'step'" in refused.content
