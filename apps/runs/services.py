@@ -262,8 +262,8 @@ PROGRESS_FIELDS = ("explorer_step", "trainer_step", "model_version")
 
 
 def set_progress(run: Run, **progress: int) -> None:
-    """Move the run's step counters and model version forward (never back: a replayed step
-    after a restart must not make the dashboard jump). One conditional UPDATE a field: the row
+    """Move the run's step counters and model version forward, never back (a trainer that goes
+    back to its checkpoint says so once: DjangoMetricSink.rewind). One conditional UPDATE a field: the row
     lock and Postgres's recheck of the WHERE under it keep concurrent callers in order, without
     the savepoint and SELECT FOR UPDATE of a read-then-write."""
     unknown = set(progress) - set(PROGRESS_FIELDS)

@@ -3,7 +3,8 @@ import math
 
 from django.conf import settings
 from django.db import connection, connections, transaction
-from django.db.models import Q
+from django.db.models import Q, Value
+from django.db.models.functions import Least
 from django.utils import timezone
 
 from apps.buffer.expert_data import DjangoExpertData
@@ -14,13 +15,14 @@ from workers.rft.protocols import Stores
 
 from . import duties, services
 from .live import checkpoints_update
-from .models import Checkpoint, ExplorerGroup, ExplorerStep, Run
+from .models import Checkpoint, ExplorerGroup, ExplorerStep, MetricPoint, Run
 
 PROGRESS_OF_ROLE = {"explorer": "explorer_step", "trainer": "trainer_step"}
 
 
 class DjangoMetricSink:
-    """One MetricPoint per role and step; moves the run's step counters."""
+    """One MetricPoint per role and step; moves the run's step counters (forward with each step,
+    back to the checkpoint a trainer goes on from: rewind)."""
 
     def __init__(self, run: Run):
         self.run = run
@@ -33,6 +35,30 @@ class DjangoMetricSink:
                 if role == "explorer" and "model_version" in values:
                     progress["model_version"] = int(values["model_version"])
                 services.set_progress(self.run, **progress)
+
+    def rewind(self, trainer_step: int, model_version: int, explorer_step: int | None = None) -> None:
+        """The run's trainer goes on from its checkpoint's `trainer_step` and `model_version` (0, 0
+        without one): the steps it had trained past them were lost with their worker (a hand-over
+        or a resume) and are replayed. The run's step and version go back to the checkpoint's, and
+        the lost steps' trainer points go (no model of the run holds their updates; the replay
+        records each step again); with `explorer_step` (a single loop: its explorer goes back too
+        and evaluates the replayed steps again), the eval points after it too. Explorer points
+        stay: those steps' rollouts are stored and replayed as they are. Kept, a run stopped at
+        replayed step 70 said "stopped at trainer step 92, checkpoint v70", and its open page drew
+        the replayed points inside a line that ended at step 92 until the replay got past it."""
+        lost = Q(role=MetricPoint.Role.TRAINER, step__gt=trainer_step)
+        if explorer_step is not None:
+            lost |= Q(role=MetricPoint.Role.EVAL, step__gt=explorer_step)
+        with transaction.atomic():
+            deleted, _ = self.run.metrics.filter(lost).delete()
+            ahead = Q(trainer_step__gt=trainer_step) | Q(model_version__gt=model_version)
+            moved = Run.objects.filter(ahead, pk=self.run.pk).update(
+                trainer_step=Least("trainer_step", Value(trainer_step)),
+                model_version=Least("model_version", Value(model_version)),
+            )
+            if deleted or moved:  # the open pages start again from the snapshot (live.js)
+                services.broadcast(self.run.pk, {"type": "rewind", "trainer_step": trainer_step,
+                                                 "model_version": model_version})
 
 
 class DjangoCheckpointStore:

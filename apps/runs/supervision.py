@@ -324,8 +324,11 @@ def run_engine(run: Run, duty: str, worker: str) -> str:
                 loop.resume(run_checkpoint_dir(checkpoint, run_dir(run)))
             elif run.trainer_step:
                 log.info("run %s (%s): resumed with no checkpoint yet: from step 0 (same run)", run.pk, duty)
-            # Steps after the checkpoint are replayed: give them back the rows the lost steps took.
+            # Steps after the checkpoint are replayed: give them back the rows the lost steps took,
+            # and take the run's step and charts back to where this trainer is.
             stores.buffer.rewind(checkpoint.created_at if checkpoint else None)
+            stores.metrics.rewind(loop.trainer.step, loop.trainer.step // loop.sync.interval,
+                                  loop.explorer.step if loop.explorer is not None else None)
         run.refresh_from_db()
         _activities[(run.pk, duty)] = loop.activity
         # Each change goes to the open run pages at once, with the step's metrics (live.py coalesces

@@ -1,7 +1,7 @@
 // Live updates of a run (docs/architecture.md, "Live updates"): a snapshot over HTTP, then numbered messages
 // over the websocket. Channels drops messages silently when a client falls behind, so the numbers
 // are the truth: a message is applied only right after its predecessor; a gap means something was
-// lost, and the client starts over from a fresh snapshot.
+// lost, and the client starts over from a fresh snapshot (as after a trainer's rewind).
 "use strict";
 
 const LIVE_FORBIDDEN = 4403; // the consumer's close code for "not allowed to watch": retrying will not help
@@ -46,6 +46,12 @@ class LiveRun {
     }
     this.seq = message.seq;
     this.onUpdates(message.updates);
+    // A trainer gone back to its checkpoint took the lost steps' points away (DjangoMetricSink.rewind):
+    // appending cannot say so, a snapshot does.
+    if (message.updates.some((update) => update.type === "rewind")) {
+      this.refetch();
+      return "rewound";
+    }
     return "applied";
   }
 

@@ -36,7 +36,9 @@
   // becoming: once its status moves on, the flash says where it is now.
   const CONTROL_FLASHES = { stopping: `Stopping ${runName}.`, paused: `Paused ${runName}.` };
 
-  const counters = {}; // step counters and model version only move forward (a replayed step must not move them back)
+  // Step counters and model version move forward with updates (a replayed step must not move them
+  // back); a snapshot sets them (after a trainer's rewind, back to its checkpoint's).
+  const counters = {};
   let status = badge.dataset.status; // the run's own; the badge may say it as the runs list does (run_duties.js)
   let connection = "connecting";
 
@@ -236,13 +238,23 @@
   function onSnapshot(snapshot) {
     // The explorer's first: the trainer's lines join the per-explorer charts (chartPoints).
     const roles = Object.entries(snapshot.metrics).sort(([a], [b]) => (b === "explorer") - (a === "explorer"));
+    const lines = new Set();
     for (const [role, points] of roles) {
-      for (const chart of chartPoints(role, points).values()) {
+      for (const [line, chart] of chartPoints(role, points)) {
         board.setSeries(chart.id, chart.section, chart.title, chart.line, chart.steps, chart.values, chart.times);
+        lines.add(line);
+      }
+    }
+    // A line the snapshot no longer has: a trainer rewound to step 0 took all its points.
+    for (const chart of board.charts.values()) {
+      for (const name of chart.series.keys()) {
+        if (!lines.has(chart.id + "\n" + name)) board.setSeries(chart.id, chart.home, chart.title, name, [], []);
       }
     }
     showFigures();
     showZeroVarianceHint();
+    // The run's counters say where it is: after a rewind, behind its explorer points' model versions.
+    Object.keys(counters).forEach((name) => delete counters[name]);
     showProgress(snapshot.run);
     showCheckpoints(snapshot.checkpoints);
     showStatus(snapshot.run.status, snapshot.run.error);

@@ -22,6 +22,9 @@ by time (`trainer.save_interval_s`), as the default config does, only more often
 (e) The same stop with a later run waiting for the one train slot: the run handed back keeps its
     place (apps/runs/turns.py) and gets the slot when the worker is back, though the later run's
     task was sent first; the later run is served once the first has finished.
+(f) A run stopped while the worker that took its duty over replays the steps after the checkpoint:
+    its log's stop line, its page and the API name the step that worker's trainer reached, not the
+    one the killed worker had reached ("stopped at trainer step 92, checkpoint v70").
 
 What the seconds lost are made of: restarting the worker, the watchdog's next tick
 (RFTWEB_WATCHDOG_INTERVAL: 2 s here, 30 s by default), loading the model and replaying the steps
@@ -42,7 +45,7 @@ import pytest
 from playwright.sync_api import expect
 
 from apps.buffer.models import Experience
-from apps.runs import services, waits
+from apps.runs import logs, services, supervision, waits
 from apps.runs.models import MetricPoint, Run
 from tests.e2e.test_dashboard import SCREEN, SHOTS
 from tests.support import make_taskset, wait_for
@@ -277,3 +280,41 @@ def test_a_run_handed_back_by_a_restart_keeps_its_slot_ahead_of_a_run_launched_a
     assert state.state == "waiting" and "it is next" in state.detail, state
     wait_for(lambda: run_row(first).is_finished, what="the first run completing")
     wait_for(lambda: run_row(later).trainer_step >= 1, timeout=180, what="the later run served next")
+
+
+def log_lines(run: Run) -> list[str]:
+    return [line["message"] for line in logs.read(supervision.run_dir(run), limit=2000)["lines"]]
+
+
+def test_a_run_stopped_during_the_replay_after_a_hand_over_names_the_step_its_trainer_reached(
+        researcher, stack, page, login):
+    make_taskset()
+    processes = stack()
+    worker = processes.worker()
+    processes.beat()
+    run = services.launch_run(researcher, "stopped in its replay", config())
+    # Killed two steps past a checkpoint: the replay's first step is still behind the killed one's.
+    newest = lambda: run.checkpoints.order_by("-step").values_list("step", flat=True).first()  # noqa: E731
+    wait_for(lambda: newest() is not None and run_row(run).trainer_step == newest() + 2,
+             what="two steps past a checkpoint", every=0.05)
+    sigkill(worker)
+    killed, checkpoint = run_row(run).trainer_step, newest()
+    assert killed < STEPS, "the run finished before the kill: nothing was tested"
+    services.pause_run(run)  # the new worker loads the checkpoint, then waits while the run is paused
+    processes.worker()
+    wait_for(lambda: f"run {run.pk} (loop): resumed from checkpoint v{checkpoint} (trainer step {checkpoint})"
+             in log_lines(run), timeout=180, what="the new worker going on from the checkpoint")
+    services.stop_run(run_row(run))  # it trains a step, saves a checkpoint there and stops
+    wait_for(lambda: run_row(run).status == "stopped", what="the stop")
+
+    run.refresh_from_db()
+    reached = newest()
+    assert checkpoint < reached < killed, f"killed at {killed}, resumed from {checkpoint}, stopped at {reached}"
+    assert f"run {run.pk} (loop): stopped at trainer step {reached}, checkpoint v{reached}" in log_lines(run)
+    assert run.trainer_step == reached
+    assert list(run.metrics.filter(role="trainer").order_by("step").values_list("step", flat=True)) == \
+        list(range(1, reached + 1))  # the lost steps' points went with them
+    login(researcher, f"/runs/{run.pk}/")
+    expect(page.locator('[data-state="trainer_step"]')).to_have_text(str(reached))
+    expect(page.locator("#run-logs")).to_contain_text(f"stopped at trainer step {reached}, checkpoint v{reached}")
+    assert page.request.get(f"/api/runs/{run.pk}/").json()["trainer_step"] == reached

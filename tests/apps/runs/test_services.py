@@ -6,6 +6,7 @@ from django.db import connection
 
 from apps.runs import services
 from apps.runs.models import Run
+from apps.runs.store import DjangoMetricSink
 
 
 @pytest.fixture
@@ -50,6 +51,30 @@ def test_progress_only_moves_forward_and_the_page_hears_what_moved(run, monkeypa
     assert heard == [
         {"type": "progress", "explorer_step": 5, "model_version": 2}, {"type": "progress", "model_version": 4}
     ]
+
+
+def test_a_trainer_back_at_its_checkpoint_takes_the_run_and_its_points_back_once(run, monkeypatch,
+                                                                                    django_capture_on_commit_callbacks):
+    heard = []
+    monkeypatch.setattr(services.publisher, "publish", lambda run_id, update: heard.append(update))
+    for step in range(1, 9):  # the lost worker reached trainer step 8; its checkpoint is step 5
+        services.record_metrics(run, "trainer", step, {"loss": 1.0})
+        services.record_metrics(run, "explorer", step, {"reward_mean": 0.5})
+    for step in (0, 4, 8):
+        services.record_metrics(run, "eval", step, {"accuracy": 0.5})
+    Run.objects.filter(pk=run.pk).update(trainer_step=8, explorer_step=8, model_version=8)
+    heard.clear()
+    with django_capture_on_commit_callbacks(execute=True):
+        DjangoMetricSink(run).rewind(5, 5, explorer_step=4)  # a single loop: its explorer back at step 4
+        DjangoMetricSink(run).rewind(5, 5, explorer_step=4)  # there already: nothing to say
+    run.refresh_from_db()
+    assert (run.trainer_step, run.model_version, run.explorer_step) == (5, 5, 8)  # explorer steps stand
+    steps = lambda role: list(run.metrics.filter(role=role).order_by("step").values_list("step", flat=True))  # noqa: E731
+    assert (steps("trainer"), steps("eval"), steps("explorer")) == ([1, 2, 3, 4, 5], [0, 4], list(range(1, 9)))
+    assert heard == [{"type": "rewind", "trainer_step": 5, "model_version": 5}]
+    DjangoMetricSink(run).rewind(0, 0)  # a split run's trainer, with no checkpoint yet: its explorers' evals stay
+    run.refresh_from_db()
+    assert (run.trainer_step, run.model_version, steps("trainer"), steps("eval")) == (0, 0, [], [0, 4])
 
 
 @pytest.mark.django_db(transaction=True)
