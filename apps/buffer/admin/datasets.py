@@ -6,6 +6,7 @@ from django.db.models import Count
 from django.urls import reverse
 from django.utils.html import format_html
 
+from apps.core.admin_selection import CheckedSelectionMixin
 from apps.runs.models import Run
 
 from .. import services
@@ -13,7 +14,7 @@ from ..models import ExpertDataset
 
 
 @admin.register(ExpertDataset)
-class ExpertDatasetAdmin(admin.ModelAdmin):
+class ExpertDatasetAdmin(CheckedSelectionMixin, admin.ModelAdmin):
     list_display = ("name", "layout", "rows", "runs", "created_by", "created_at")
     list_filter = ("layout",)
     list_select_related = ("created_by",)
