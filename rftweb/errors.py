@@ -2,6 +2,7 @@
 
 `RejectNulMiddleware` answers 400 for a NUL character anywhere in the address, a query parameter
 or a form field: Postgres text cannot hold one, so it would otherwise reach the database as a 500.
+A page whose form names a NUL beside its field itself (`form_checks_nul`) gets its form as sent.
 `CommonMiddleware` is Django's, but an API address missing its trailing slash is a 308.
 The handlers (rftweb.urls: handler400/403/404/500) give Django's own pages outside /api/ and
 `{"error": ...}` under it, an unhandled exception included (with DEBUG on Django shows its
@@ -34,32 +35,52 @@ def bad_request_response(request, message: str):
     return HttpResponseBadRequest(f"Bad request: {message}", content_type="text/plain; charset=utf-8")
 
 
+def form_checks_nul(view):
+    """Marks a page view whose form refuses a NUL in every field it reads, beside that field
+    (Django's CharField does: "Null characters are not allowed."; a service that reads a field
+    itself names it), so RejectNulMiddleware lets a NUL in a form field's value through to it: the
+    page then comes back holding everything typed. The middleware's 400 page had replaced the
+    whole form (a NUL pasted into the launch form's name lost the config typed around it)."""
+    view.form_checks_nul = True
+    return view
+
+
 class RejectNulMiddleware:
     """Before anything reads the request (sessions, CSRF, the view): a NUL in the path or in any
-    query or form parameter, name or value, is a 400 naming where it was."""
+    query or form parameter, name or value, is a 400 naming where it was; but a NUL in a form
+    field's value is left to a view marked `form_checks_nul`."""
 
     def __init__(self, get_response):
         self.get_response = get_response
 
     def __call__(self, request):
-        if problem := self.nul_in(request):
-            return bad_request_response(request, f"{problem} holds a NUL character (\\x00), which is never valid")
+        if "\x00" in request.path:
+            return self.refuse(request, "the address")
+        if problem := nul_in(request.GET, "query parameter"):
+            return self.refuse(request, problem)
         return self.get_response(request)
 
-    @staticmethod
-    def nul_in(request) -> str | None:
-        if "\x00" in request.path:
-            return "the address"
-        checked = [("query parameter", request.GET)]
-        # The API reads JSON bodies (and refuses NULs in them itself): parsing one as a form here
-        # would leave the view no body to read.
-        if not is_api(request):
-            checked.append(("form field", request.POST))
-        for where, params in checked:
-            for name, values in params.lists():
-                if "\x00" in name or any("\x00" in value for value in values):
-                    return f"the {where} {name.replace(chr(0), '?')!r}"
+    def process_view(self, request, view_func, view_args, view_kwargs):
+        """The form, once its view is known; before CsrfViewMiddleware's, which reads it. The API
+        reads JSON bodies (and refuses NULs in them itself): parsing one as a form here would
+        leave the view no body to read."""
+        if is_api(request):
+            return None
+        if problem := nul_in(request.POST, "form field", values=not getattr(view_func, "form_checks_nul", False)):
+            return self.refuse(request, problem)
         return None
+
+    @staticmethod
+    def refuse(request, where: str):
+        return bad_request_response(request, f"{where} holds a NUL character (\\x00), which is never valid")
+
+
+def nul_in(params, where: str, *, values: bool = True) -> str | None:
+    """"the <where> 'name'" for the first parameter whose name (or, with `values`, a value) holds a NUL."""
+    for name, sent in params.lists():
+        if "\x00" in name or (values and any("\x00" in value for value in sent)):
+            return f"the {where} {name.replace(chr(0), '?')!r}"
+    return None
 
 
 class PermanentRedirectKeepingMethod(HttpResponseRedirectBase):

@@ -18,6 +18,7 @@ from apps.core.numbers import whole_number
 from apps.feedback import services as feedback
 from apps.feedback.models import RunAnnotators
 from apps.runs.models import Run
+from rftweb.errors import form_checks_nul
 
 from . import throttle
 from .roles import CURATOR, ROLES, role_required, roles_of
@@ -58,6 +59,7 @@ class PersonForm(forms.Form):
         return cleaned
 
 
+@form_checks_nul
 @role_required(CURATOR)
 def people(request):
     form = PersonForm(request.POST or None)

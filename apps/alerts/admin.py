@@ -1,10 +1,12 @@
 from django.contrib import admin
 
+from apps.core.admin_selection import CheckedSelectionMixin
+
 from .models import Alert
 
 
 @admin.register(Alert)
-class AlertAdmin(admin.ModelAdmin):
+class AlertAdmin(CheckedSelectionMixin, admin.ModelAdmin):
     """What was sent to whom, read-only: a curator sees why a user's alerts fail."""
 
     list_display = ("created_at", "user", "event", "channel", "status", "attempts", "subject")

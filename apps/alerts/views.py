@@ -5,6 +5,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from apps.accounts.roles import RESEARCHER, role_required
+from rftweb.errors import form_checks_nul
 
 from . import services
 from .forms import AlertSettingsForm
@@ -13,6 +14,7 @@ from .models import Alert
 SHOWN = 50
 
 
+@form_checks_nul
 @role_required(RESEARCHER)
 def alert_settings(request):
     prefs = services.settings_of(request.user)

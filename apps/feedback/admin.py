@@ -5,6 +5,7 @@ from django.utils.html import format_html
 from django.utils.text import Truncator
 
 from apps.buffer.admin import ExportActionForm, export_action
+from apps.core.admin_selection import CheckedSelectionMixin
 from apps.core.counts import EstimatedCountPaginator
 
 from .models import Feedback
@@ -30,7 +31,7 @@ class DpoPairFilter(admin.SimpleListFilter):
 
 
 @admin.register(Feedback)
-class FeedbackAdmin(admin.ModelAdmin):
+class FeedbackAdmin(CheckedSelectionMixin, admin.ModelAdmin):
     """Judgements to look at and export. They change only through their services (annotating,
     undo, review: apps/feedback), which keep what training reads in step: the experience's human
     reward, a flag's rejection, an edit's row. The admin's plain delete or save left a deleted

@@ -13,6 +13,7 @@ from apps.core.numbers import whole_number
 from apps.core.streaming import streaming
 from apps.runs.api import token_or_session
 from apps.runs.models import Run
+from rftweb.errors import form_checks_nul
 
 from . import queue, review, services, stats
 from .history import describe
@@ -180,6 +181,7 @@ def _int(value) -> int:
     return number
 
 
+@form_checks_nul  # the services name a NUL in the edit or the comment; the page keeps them
 @require_POST
 @role_required(ANNOTATOR)
 def judge(request, pk, action):

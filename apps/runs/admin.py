@@ -11,7 +11,9 @@ from django.utils.html import format_html
 from apps.buffer.admin import confirm_action
 from apps.buffer.models import Experience
 from apps.buffer.retention import RetentionRefused, droppable, start_retention
+from apps.core.admin_selection import CheckedSelectionMixin
 from apps.core.counts import EstimatedCountPaginator
+from apps.core.problems import sentence
 
 from . import deletion, notes, services
 from .models import Checkpoint, MetricPoint, Run, Sweep
@@ -50,7 +52,7 @@ class RunAdminForm(forms.ModelForm):
 
 
 @admin.register(Run)
-class RunAdmin(admin.ModelAdmin):
+class RunAdmin(CheckedSelectionMixin, admin.ModelAdmin):
     """Runs are launched through the launch checks (services.launch_run), never added here, and
     what workers act on (config, status, where its groups meet, ...) is read-only: a curator's
     edit must not reach a worker unchecked (a rendezvous address made followers join a stranger's
@@ -105,7 +107,7 @@ class RunAdmin(admin.ModelAdmin):
         """A run that has not ended: back to its page, saying why (the site's 403 named roles)."""
         run = self.get_object(request, unquote(object_id))
         if run is not None and (reasons := deletion.refusals([run])):
-            self.message_user(request, f"Not deleted: {'; '.join(reasons)}.", messages.ERROR)
+            self.message_user(request, "Not deleted: " + sentence(reasons), messages.ERROR)
             return HttpResponseRedirect(reverse("admin:runs_run_change", args=[run.pk]))
         return super().delete_view(request, object_id, extra_context)
 
@@ -189,7 +191,7 @@ class RunAdmin(admin.ModelAdmin):
 
 
 @admin.register(MetricPoint)
-class MetricPointAdmin(admin.ModelAdmin):
+class MetricPointAdmin(CheckedSelectionMixin, admin.ModelAdmin):
     """What the run's workers logged, to look at: a point added or changed here would be a figure
     no worker measured."""
 
@@ -208,7 +210,7 @@ class MetricPointAdmin(admin.ModelAdmin):
 
 
 @admin.register(Checkpoint)
-class CheckpointAdmin(admin.ModelAdmin):
+class CheckpointAdmin(CheckedSelectionMixin, admin.ModelAdmin):
     """Checkpoints are the trainer's record of what it saved: a worker resumes from `path` and
     researchers download it, so nothing here changes them (deleting one is allowed)."""
 
@@ -222,7 +224,7 @@ class CheckpointAdmin(admin.ModelAdmin):
 
 
 @admin.register(Sweep)
-class SweepAdmin(admin.ModelAdmin):
+class SweepAdmin(CheckedSelectionMixin, admin.ModelAdmin):
     """A sweep's record of how its runs were made: only its name changes here. Deleting it keeps
     its runs (they lose the link to it)."""
 

@@ -11,7 +11,7 @@ from django.db.models.fields.json import KT
 from django.db.models.functions import Cast
 from django.utils import timezone
 
-from apps.core.numbers import whole_numbers
+from apps.core.numbers import ids_sent
 
 from . import queries
 from .config_keys import shown
@@ -301,6 +301,7 @@ def runs_in_order(ids: list[int]) -> list[Run]:
     return [found[pk] for pk in dict.fromkeys(ids) if pk in found]
 
 
-def picked_ids(query) -> list[int]:
-    return whole_numbers(query.getlist("runs"))
+def picked_ids(query) -> tuple[list[int], list[str]]:
+    """The ids of ?runs=1&runs=2, and a problem naming each value that is no id (numbers.ids_sent)."""
+    return ids_sent(query.getlist("runs"), "runs")
 

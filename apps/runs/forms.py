@@ -19,7 +19,7 @@ from django.contrib.auth import get_user_model
 from django.db.models import Q
 
 from apps.buffer.models import Experience, ExpertDataset
-from apps.core.numbers import whole_numbers
+from apps.core.numbers import ids_sent
 from apps.saved_models.models import SavedModel
 from apps.tasksets.models import Taskset
 from workers.rft.config import (
@@ -253,6 +253,8 @@ class LaunchForm(forms.Form):
 
     def clean(self):
         cleaned = super().clean()
+        if self.has_error("yaml") or self.has_error("base"):  # a NUL, say: its own error says so
+            return cleaned
         try:
             cleaned["config"] = self._config(cleaned)
         except ConfigError as err:
@@ -452,7 +454,9 @@ class ReportForm(forms.ModelForm):
         return note
 
     def clean_runs(self):
-        ids = whole_numbers(self.cleaned_data["runs"].split(","))
+        ids, problems = ids_sent(self.cleaned_data["runs"].split(","), "")
+        if problems:
+            raise forms.ValidationError(problems)
         ids = list(dict.fromkeys(ids))
         if not 1 <= len(ids) <= self.MAX_RUNS:
             raise forms.ValidationError(f"a report compares 1 to {self.MAX_RUNS} runs")

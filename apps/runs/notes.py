@@ -7,6 +7,7 @@ import re
 from django.core.exceptions import PermissionDenied, ValidationError
 
 from apps.core.files import parse_json
+from workers.rft.json_values import text_problem
 
 from .controls import may_control
 from .models import Run
@@ -88,12 +89,14 @@ def taken_draft(session, run: Run) -> dict | None:
 def set_notes_and_tags(run: Run, user, *, notes: str, tags: str) -> Run:
     """Save the run's notes and its tags (as typed: parse_tags). PermissionDenied unless `user`
     owns the run or is a curator; ValidationError naming the problem, saving nothing, for notes
-    too long or a bad tag."""
+    too long or holding a NUL, or a bad tag."""
     if not may_control(user, run):
         raise PermissionDenied(
             f"only the owner of run {run.name!r} ({run.owner}) or a curator may edit its notes and tags"
         )
     notes = notes.strip()
+    if problem := text_problem(notes):  # a NUL typed or pasted: Postgres text cannot hold one
+        raise ValidationError(f"the notes {problem}")
     if len(notes) > MAX_NOTES:
         raise ValidationError(f"notes of {len(notes):,} characters: at most {MAX_NOTES:,}")
     run.tags = parse_tags(tags)

@@ -1,8 +1,8 @@
 """Sweeps (W&B's sweeps, MLflow's parent runs): a base config and a search over named keys, launched
 as one group of runs. A grid takes every combination of the listed values; a random search draws
-`count` combinations, a listed key by choice and a range `low .. high` uniformly (or log-uniformly).
-Every run's config is validated as a launch is before any run is made, so a sweep is launched
-whole or not at all; its runs then queue through the same capacity rules as any run."""
+`count` distinct combinations, a listed key by choice and a range `low .. high` uniformly (or
+log-uniformly). Every run's config is validated as a launch is before any run is made, so a sweep
+is launched whole or not at all; its runs then queue through the same capacity rules as any run."""
 
 import copy
 import itertools
@@ -11,6 +11,8 @@ import math
 import random
 import re
 from dataclasses import dataclass
+from decimal import Decimal
+from fractions import Fraction
 
 from django.db import transaction
 from django.urls import reverse
@@ -165,20 +167,97 @@ def combinations(axes: list[Axis], method: str, count: int | None, seed: int) ->
         raise SweepError([ConfigIssue("sweep", "method is grid or random")])
     if not isinstance(count, int) or isinstance(count, bool) or not 1 <= count <= MAX_RUNS:
         raise SweepError([ConfigIssue("sweep", f"a random search's count is 1 to {MAX_RUNS} runs")])
+    return _random_points(axes, count, seed)
+
+
+# ---- a random search -----------------------------------------------------------------------------
+# Distinct points, as Optuna's and W&B's random searches draw them: a point drawn again is drawn
+# anew (seed 0, count 2 and explorer.batch_size: 1 .. 8 made two runs of batch_size=7, named
+# alike). A range's draws are rounded to FIGURES significant figures, or more where the range
+# holds fewer than `count` such numbers (0.5 .. 0.502 holds 0.500, 0.501 and 0.502), and never
+# outside it (0.1234 .. 0.1236 drew only 0.123 and 0.124, neither of them in it).
+
+FIGURES = 3  # what a person writes and reads in a run's name
+MAX_FIGURES = 15  # a double keeps 15 significant figures: more would not be distinct numbers
+
+
+def _random_points(axes: list[Axis], count: int, seed: int) -> list[dict]:
+    """`count` distinct points, the same for the same seed; SweepError when the space holds fewer."""
+    figures = {axis.key: _figures(axis, count) for axis in axes if _is_float_range(axis)}
+    distinct = math.prod(_size(axis, figures.get(axis.key), count) for axis in axes)
+    if distinct < count:
+        raise SweepError([ConfigIssue("sweep", f"the space holds {distinct} distinct point{'s' * (distinct != 1)}, "
+                                               f"and a random search draws each of its {count} runs once: lower "
+                                               f"the count to {distinct}, or list or range more values")])
     rng = random.Random(seed)
-    return [{axis.key: _draw(axis, rng) for axis in axes} for _ in range(count)]
+    points, seen = [], set()
+    while len(points) < count:
+        point = {axis.key: _draw(axis, rng, figures.get(axis.key)) for axis in axes}
+        if (key := json.dumps(list(point.values()))) not in seen:
+            seen.add(key)
+            points.append(point)
+    return points
 
 
-def _draw(axis: Axis, rng: random.Random):
+def _is_float_range(axis: Axis) -> bool:
+    return not axis.values and not (all(isinstance(v, int) for v in (axis.low, axis.high)) and axis.scale == "linear")
+
+
+def _size(axis: Axis, figures: int | None, enough: int) -> int:
+    """How many distinct values the axis draws, counted up to `enough`."""
+    if axis.values:
+        return len(axis.values)
+    if figures is None:  # whole numbers low .. high
+        return min(axis.high - axis.low + 1, enough)
+    return _grid_size(axis.low, axis.high, figures, enough)
+
+
+def _figures(axis: Axis, count: int) -> int:
+    """The significant figures the range's draws are rounded to: the fewest from FIGURES up that
+    give it `count` values (MAX_FIGURES where none do: _random_points then refuses the space)."""
+    return next((figures for figures in range(FIGURES, MAX_FIGURES)
+                 if _grid_size(axis.low, axis.high, figures, count) >= count), MAX_FIGURES)
+
+
+def _grid_size(low: float, high: float, figures: int, enough: int) -> int:
+    """How many numbers of `figures` significant figures lie in low .. high, counted up to `enough`
+    (exactly: as fractions, decade by decade)."""
+    if low <= 0 <= high:
+        return enough  # numbers ever nearer 0: as many as wanted
+    near, far = sorted((abs(low), abs(high)))
+    exponent, found = Decimal(near).adjusted(), 0  # near's decade: 10**exponent <= near
+    near, far = Fraction(near), Fraction(far)
+    while found < enough and Fraction(10) ** exponent <= far:
+        step = Fraction(10) ** (exponent - figures + 1)
+        first, last = max(near, Fraction(10) ** exponent), min(far, Fraction(10) ** (exponent + 1) - step)
+        found += max(0, math.floor(last / step) - math.ceil(first / step) + 1)
+        exponent += 1
+    return min(found, enough)
+
+
+def _on_grid(value: float, figures: int, rounding) -> float:
+    """`value` to `figures` significant figures, rounded by `rounding` (math.ceil: up, math.floor: down)."""
+    step = Fraction(10) ** (Decimal(abs(value)).adjusted() - figures + 1)
+    return float(rounding(Fraction(value) / step) * step)
+
+
+def _draw(axis: Axis, rng: random.Random, figures: int | None):
+    """One value of the axis: a listed one, a whole number of an integer range (`figures` None),
+    or a number of the range rounded to `figures` significant figures within it."""
     if axis.values:
         return rng.choice(axis.values)
-    if all(isinstance(v, int) for v in (axis.low, axis.high)) and axis.scale == "linear":
+    if figures is None:
         return rng.randint(axis.low, axis.high)
     if axis.scale == "log":
         value = math.exp(rng.uniform(math.log(axis.low), math.log(axis.high)))
     else:
         value = rng.uniform(axis.low, axis.high)
-    return float(f"{value:.3g}")  # 3 figures: what a person writes and reads in a run's name
+    value = float(f"{value:.{figures}g}")
+    if value < axis.low:  # rounded below the range: its lowest number of these figures
+        return _on_grid(axis.low, figures, math.ceil)
+    if value > axis.high:
+        return _on_grid(axis.high, figures, math.floor)
+    return value
 
 
 # ---- launching -----------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from apps.core.numbers import whole_number, whole_numbers
 from apps.core.streaming import streaming
 from apps.saved_models.models import SavedModel
 from apps.tasksets.models import Task, Taskset
-from rftweb.errors import bad_request_response
+from rftweb.errors import bad_request_response, form_checks_nul
 from workers.rft.config import ConfigError
 
 from . import duties, queries, run_table, services, supervision, sweeps, waits
@@ -170,6 +170,7 @@ def run_bulk_stop(request):
     return redirect("run-list")
 
 
+@form_checks_nul
 @role_required(RESEARCHER)
 def run_launch(request):
     preset = None

@@ -8,7 +8,7 @@ import json
 from django.contrib import messages
 from django.core.exceptions import ValidationError
 from django.db.models import Q
-from django.http import JsonResponse, StreamingHttpResponse
+from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.http import content_disposition_header
@@ -17,8 +17,9 @@ from django.views.decorators.http import require_POST
 
 from apps.accounts.roles import RESEARCHER, role_required
 from apps.core.numbers import whole_number
+from apps.core.problems import sentence
 from apps.core.streaming import streaming
-from rftweb.errors import is_api
+from rftweb.errors import bad_request_response, form_checks_nul, is_api
 
 from . import comparison, queries, samples
 from .api import token_or_session
@@ -39,7 +40,10 @@ def run_compare(request):
     """The runs picked (?runs=1&runs=2): their config differences, a summary of each, one chart per
     metric with a line per run (?filter=, ?smoothing=, ?log=, ?x=: views.chart_view), and the
     samples panel (?step=, ?task=). The picker lists the newest runs, or those ?q= finds."""
-    picked = comparison.runs_in_order(comparison.picked_ids(request.GET))
+    ids, problems = comparison.picked_ids(request.GET)
+    for problem in problems:  # the page shows the runs that were named right
+        messages.error(request, "Not compared: " + sentence([problem]))
+    picked = comparison.runs_in_order(ids)
     context = compare_context(picked, view=chart_view(request.GET), search=request.GET.get("q", "").strip()[:200],
                               task=whole_number(request.GET.get("task")), step=whole_number(request.GET.get("step")))
     return render(request, "runs/compare.html", context)
@@ -188,9 +192,9 @@ def run_metrics_json(request, pk):
 @token_or_session  # scripts download with their API token
 @role_required(RESEARCHER)
 def compare_metrics_csv(request):
-    runs = comparison.runs_in_order(comparison.picked_ids(request.GET))
-    if not runs:
-        return _no_runs(request)
+    runs, refusal = _picked_runs(request)
+    if refusal:
+        return refusal
     return _download(_csv_chunks(runs), runs, "csv", "text/csv; charset=utf-8")
 
 
@@ -198,10 +202,20 @@ def compare_metrics_csv(request):
 @token_or_session  # scripts download with their API token
 @role_required(RESEARCHER)
 def compare_metrics_json(request):
-    runs = comparison.runs_in_order(comparison.picked_ids(request.GET))
-    if not runs:
-        return _no_runs(request)
+    runs, refusal = _picked_runs(request)
+    if refusal:
+        return refusal
     return _download(_json_chunks(runs, many=True), runs, "json", "application/json")
+
+
+def _picked_runs(request) -> tuple[list[Run], HttpResponse | None]:
+    """(the runs a download names (?runs=), the answer refusing it or None): a 400 naming each
+    value that is no id (an id past a bigint read as no run given at all), or no run given."""
+    ids, problems = comparison.picked_ids(request.GET)
+    if problems:
+        return [], bad_request_response(request, "; ".join(problems))
+    runs = comparison.runs_in_order(ids)
+    return runs, None if runs else _no_runs(request)
 
 
 def _no_runs(request):
@@ -215,6 +229,7 @@ def _no_runs(request):
 # ---- notes and tags ----------------------------------------------------------------------------
 
 
+@form_checks_nul  # notes.set_notes_and_tags names one, and the page keeps the draft
 @require_POST
 @role_required(RESEARCHER)
 def run_notes(request, pk):
@@ -224,7 +239,7 @@ def run_notes(request, pk):
     try:
         set_notes_and_tags(run, request.user, notes=notes, tags=tags)
     except ValidationError as err:
-        messages.error(request, "Notes and tags not saved: " + "; ".join(err.messages) + ".")
+        messages.error(request, "Notes and tags not saved: " + sentence(err.messages))
         keep_draft(request.session, run, notes=notes, tags=tags)  # the form opens with them again
         return redirect(reverse("run-detail", args=[pk]) + "#run-notes")
     else:

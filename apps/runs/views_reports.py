@@ -6,12 +6,12 @@ from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
 from django.shortcuts import get_object_or_404, redirect, render
-from django.urls import reverse
-from django.utils.http import urlencode
 from django.views.decorators.http import require_POST
 
 from apps.accounts.roles import CURATOR, RESEARCHER, has_role, role_required
-from apps.core.numbers import whole_numbers
+from apps.core.numbers import whole_number, whole_numbers
+from apps.core.problems import form_problems, sentence
+from rftweb.errors import form_checks_nul
 
 from . import comparison
 from .forms import ReportForm
@@ -32,15 +32,28 @@ def report_list(request):
     return render(request, "runs/reports.html", {"page": page})
 
 
+@form_checks_nul
 @require_POST
 @role_required(RESEARCHER)
 def report_save(request):
+    """Save the compare page's comparison as a report. A refused one comes back as the compare
+    page of its runs, its form holding what was typed and the errors: it redirected to Compare,
+    and the name, note, filter and smoothing were lost."""
     form = ReportForm(request.POST, instance=Report(owner=request.user))
     if not form.is_valid():
-        problems = "; ".join(f"{name}: {' '.join(errors)}" for name, errors in form.errors.items())
-        messages.error(request, f"Report not saved: {problems}.")
-        ids = whole_numbers(request.POST.get("runs", "").split(","))[:20]
-        return redirect(reverse("run-compare") + "?" + urlencode([("runs", pk) for pk in ids]))
+        messages.error(request, "Report not saved: " + sentence(form_problems(form)))
+        ids = whole_numbers(request.POST.get("runs", "").split(","))[:ReportForm.MAX_RUNS]
+        view = chart_view({"filter": request.POST.get("chart_filter", ""),
+                           "smoothing": request.POST.get("chart_smoothing", "")})
+        runs = comparison.runs_in_order(ids)
+        # Offered again with the runs that are there: one deleted since (named in the message)
+        # would refuse every later try.
+        form.data = form.data.copy()
+        form.data["runs"] = ",".join(str(run.pk) for run in runs)
+        context = compare_context(runs, view=view,
+                                  task=whole_number(request.POST.get("sample_task")),
+                                  step=whole_number(request.POST.get("sample_step")))
+        return render(request, "runs/compare.html", {**context, "report_form": form}, status=400)
     report = form.save()
     messages.success(request, f"Saved report {report.name}: anyone who may read its runs opens it by this page's link.")
     return redirect("report-detail", pk=report.pk)
@@ -49,18 +62,25 @@ def report_save(request):
 @role_required(RESEARCHER)
 def report_detail(request, pk):
     report = get_object_or_404(Report.objects.select_related("owner"), pk=pk)
+    return _report_page(request, report, ReportForm(instance=report))
+
+
+def _report_page(request, report: Report, edit_form: ReportForm, status: int = 200):
     runs = comparison.runs_in_order(report.run_ids)
     context = compare_context(runs, view=chart_view({"filter": report.chart_filter}, report.chart_smoothing),
                               task=report.sample_task, step=report.sample_step)
     gone = [pk for pk in report.run_ids if pk not in {run.pk for run in runs}]
-    edit = ReportForm(instance=report, initial={"runs": ",".join(map(str, report.run_ids))})
     return render(request, "runs/compare.html", {**context, "report": report, "gone": gone,
-                                                 "may_edit": may_edit(request.user, report), "edit_form": edit})
+                                                 "may_edit": may_edit(request.user, report), "edit_form": edit_form},
+                  status=status)
 
 
+@form_checks_nul
 @require_POST
 @role_required(RESEARCHER)
 def report_edit(request, pk):
+    """Rename, re-note or delete a report. A refused edit comes back as the report's page with
+    the form open, holding what was typed (it redirected, and the typing was lost)."""
     report = get_object_or_404(Report, pk=pk)
     if not may_edit(request.user, report):
         raise PermissionDenied(f"only its owner ({report.owner}) or a curator may change report {report.name!r}")
@@ -72,9 +92,10 @@ def report_edit(request, pk):
             "chart_smoothing": "" if report.chart_smoothing is None else report.chart_smoothing,
             "sample_task": report.sample_task or "", "sample_step": report.sample_step or ""}
     form = ReportForm(data, instance=report)
-    if form.is_valid():
-        form.save()
-        messages.success(request, f"Saved report {report.name}.")
-    else:
-        messages.error(request, "Report not saved: " + "; ".join(" ".join(e) for e in form.errors.values()))
+    if not form.is_valid():
+        report.refresh_from_db()  # a refused form has set what it could on the instance: the page shows what is saved
+        messages.error(request, "Report not saved: " + sentence(form_problems(form)))
+        return _report_page(request, report, form, status=400)
+    form.save()
+    messages.success(request, f"Saved report {report.name}.")
     return redirect("report-detail", pk=report.pk)

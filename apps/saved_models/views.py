@@ -8,6 +8,7 @@ from apps.core.streaming import streaming
 from apps.runs.api.tokens import token_or_session
 from apps.runs.checkpoints import tar_stream
 from apps.runs.models import Checkpoint, Run
+from rftweb.errors import form_checks_nul
 
 from . import services
 from .forms import SaveModelForm
@@ -24,6 +25,7 @@ def model_list(request):
     return render(request, "saved_models/list.html", {"models": saved})
 
 
+@form_checks_nul
 @role_required(RESEARCHER)
 def model_save(request, run, version):
     """Save a checkpoint as a model: any researcher may, as any may download one."""

@@ -2,6 +2,7 @@ from django.contrib import admin
 from django.urls import reverse
 from django.utils.html import format_html
 
+from apps.core.admin_selection import CheckedSelectionMixin
 from apps.core.counts import EstimatedCountPaginator
 from apps.core.job_admin import JobAdminMixin
 from apps.runs.models import Run
@@ -11,7 +12,7 @@ from .services import runs_needing
 
 
 @admin.register(Taskset)
-class TasksetAdmin(admin.ModelAdmin):
+class TasksetAdmin(CheckedSelectionMixin, admin.ModelAdmin):
     list_display = (
         "name",
         "task_count",
@@ -48,7 +49,7 @@ class TasksetAdmin(admin.ModelAdmin):
 
 
 @admin.register(Task)
-class TaskAdmin(admin.ModelAdmin):
+class TaskAdmin(CheckedSelectionMixin, admin.ModelAdmin):
     list_display = ("taskset", "index", "short_prompt", "answer", "difficulty", "priority", "run")
     list_filter = ("taskset",)
     search_fields = ("answer",)
@@ -65,7 +66,7 @@ class TaskAdmin(admin.ModelAdmin):
 
 
 @admin.register(TasksetImport)
-class TasksetImportAdmin(JobAdminMixin, admin.ModelAdmin):  # Cancel, never Delete, while it runs
+class TasksetImportAdmin(CheckedSelectionMixin, JobAdminMixin, admin.ModelAdmin):  # Cancel, never Delete, while it runs
     list_display = ("id", "original_filename", "name", "status", "rows_done", "taskset", "created_by", "created_at")
     list_filter = ("status",)
     list_select_related = ("taskset", "created_by")

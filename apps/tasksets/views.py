@@ -7,6 +7,7 @@ from django.views.decorators.http import require_POST
 
 from apps.accounts.roles import RESEARCHER, role_required
 from apps.core.jobs import JobError, cancel_job, cancellable, label, visible_job
+from rftweb.errors import form_checks_nul
 
 from . import services, staging
 from .forms import TasksetUploadForm
@@ -37,6 +38,7 @@ def taskset_detail(request, name):
                                                      "shows_difficulty": shows_difficulty})
 
 
+@form_checks_nul
 @role_required(RESEARCHER)
 def taskset_upload(request):
     form = TasksetUploadForm(request.POST or None, request.FILES or None, user=request.user)

@@ -6,6 +6,8 @@ from django.db.models import Count
 from django.urls import reverse
 from django.utils.html import format_html
 
+from apps.core.admin_selection import CheckedSelectionMixin
+
 from .. import services
 from ..models import ExpertDataset
 
@@ -13,7 +15,7 @@ RUNS_SHOWN = 5  # a row names this many of the runs that name its dataset, then 
 
 
 @admin.register(ExpertDataset)
-class ExpertDatasetAdmin(admin.ModelAdmin):
+class ExpertDatasetAdmin(CheckedSelectionMixin, admin.ModelAdmin):
     list_display = ("name", "layout", "rows", "runs", "created_by", "created_at")
     list_filter = ("layout",)
     list_select_related = ("created_by",)

@@ -14,6 +14,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
+from apps.core.admin_selection import CheckedSelectionMixin
 from apps.core.counts import EstimatedCountPaginator
 from apps.feedback.models import Feedback
 
@@ -66,7 +67,7 @@ def preview(text: str | None) -> str:
 
 
 @admin.register(Experience)
-class ExperienceAdmin(admin.ModelAdmin):
+class ExperienceAdmin(CheckedSelectionMixin, admin.ModelAdmin):
     # What a curator reads first comes first: at 1366 px the admin's sidebar leaves ~700 px, and
     # the texts placed last were cut off.
     list_display = (

@@ -10,6 +10,7 @@ from django.shortcuts import get_object_or_404
 from django.urls import path, reverse
 from django.utils.html import format_html
 
+from apps.core.admin_selection import CheckedSelectionMixin
 from apps.core.job_admin import JobAdminMixin
 from apps.core.streaming import file_response
 
@@ -18,7 +19,7 @@ from ..models import BufferJob
 
 
 @admin.register(BufferJob)
-class BufferJobAdmin(JobAdminMixin, admin.ModelAdmin):
+class BufferJobAdmin(CheckedSelectionMixin, JobAdminMixin, admin.ModelAdmin):
     list_display = ("id", "kind", "status", "progress", "rows", "what", "created_by", "created_at", "finished_at")
     list_filter = ("kind", "status")
     list_select_related = ("created_by",)

@@ -1,6 +1,12 @@
 """One page of a list, as every list of the API answers it: `{count, page, pages, results}`; a
-cursor's page of one that grows while a script reads it; the cap on a metrics answer."""
+cursor's page of one that grows while a script reads it; the cap on a metrics answer. A page, a
+page size or a limit that is not a number from 1 is a 400 naming it: page_size=0 read as 1 and
+page_size=abc as 50, so a script's mistake came back as a page it did not ask for."""
 from django.core.paginator import Paginator
+
+from apps.core.numbers import whole_number
+
+from .auth import ApiError
 
 PAGE_SIZE, MAX_PAGE_SIZE = 50, 500
 # Points per role in one metrics answer: a point is ~600 bytes, so at most ~3 MB a role (a 100k-step
@@ -8,13 +14,27 @@ PAGE_SIZE, MAX_PAGE_SIZE = 50, 500
 MAX_METRIC_POINTS = 5000
 
 
+def number_parameter(sent: str | None, name: str, what: str, *, least: int = 0) -> int | None:
+    """A whole-number query parameter, None when not sent; 400 naming it when it is not one, or
+    is below `least`."""
+    if sent is None:
+        return None
+    if (number := whole_number(sent)) is None or number < least:
+        raise ApiError(400, f"{name} must be {what}")
+    return number
+
+
+def count_parameter(sent: str | None, name: str, *, cap: int, default: int) -> int:
+    """A count from 1 (page_size, limit): `default` when not sent, and a larger number read as `cap`."""
+    number = number_parameter(sent, name, f"a whole number from 1 to {cap}", least=1)
+    return default if number is None else min(number, cap)
+
+
 def page_of(items, page, page_size) -> dict:
-    """`{count, page, pages}` and the page's items; a page size that is not a number is the default."""
-    try:
-        size = min(max(int(page_size or PAGE_SIZE), 1), MAX_PAGE_SIZE)
-    except ValueError:
-        size = PAGE_SIZE
-    found = Paginator(items, size).get_page(page)
+    """`{count, page, pages}` and the page's items (a page past the last answers the last)."""
+    size = count_parameter(page_size, "page_size", cap=MAX_PAGE_SIZE, default=PAGE_SIZE)
+    number = number_parameter(page, "page", "a whole number from 1", least=1)
+    found = Paginator(items, size).get_page(number)
     return {"count": found.paginator.count, "page": found.number, "pages": found.paginator.num_pages,
             "results": found.object_list}
 

@@ -10,7 +10,6 @@ from django.views.decorators.cache import never_cache
 from ninja import NinjaAPI, Query, Status, Swagger
 
 from apps.accounts.roles import RESEARCHER, role_required
-from apps.core.numbers import whole_number
 from apps.feedback import stats
 from workers.rft.config import ConfigError
 
@@ -21,7 +20,7 @@ from ..models import MetricPoint, Run
 from .auth import ApiError, BearerToken, Session, add_error_handlers
 from .bodies import config_of, invalid, json_body, known_fields, known_query, name_of
 from .judgements import with_judgements
-from .paging import MAX_METRIC_POINTS, page_after, page_of
+from .paging import MAX_METRIC_POINTS, count_parameter, number_parameter, page_after, page_of
 from .saved_models import router as models_router
 from .schemas import (
     AnnotationOut,
@@ -201,10 +200,10 @@ def run_duties(request, pk: Id):
 def run_metrics(request, pk: Id, filters: Query[MetricFilters]):
     """By role, in step order, at most `limit` points a role; `next_since` and `more` say how to go on."""
     run = get_object_or_404(Run, pk=pk)
-    since, role = _number(filters.since, "since", "a step number"), filters.role or None
+    since, role = number_parameter(filters.since, "since", "a step number"), filters.role or None
     if role is not None and role not in MetricPoint.Role.values:
         raise ApiError(400, f"role must be one of: {', '.join(MetricPoint.Role.values)}")
-    limit = _metrics_limit(filters.limit)
+    limit = count_parameter(filters.limit, "limit", cap=MAX_METRIC_POINTS, default=MAX_METRIC_POINTS)
     keys = [key.strip() for key in (filters.keys or "").split(",") if key.strip()]
     # One point more than asked says whether a role has more, without counting them.
     metrics = queries.metrics_by_role(run, role=role, since=since, keys=keys, limit=limit + 1)
@@ -213,23 +212,6 @@ def run_metrics(request, pk: Id, filters: Query[MetricFilters]):
     # Per role: each has its own steps (the system role's are Unix seconds) and its own cap.
     next_since = {each: points[-1]["step"] for each, points in metrics.items()}
     return {"run": run.pk, "name": run.name, "metrics": metrics, "next_since": next_since, "more": more}
-
-
-def _metrics_limit(sent: str | None) -> int:
-    """Points per role: the cap when not sent, and a larger number read as the cap, as page_size is."""
-    limit = _number(sent, "limit", f"a whole number from 1 to {MAX_METRIC_POINTS}")
-    if limit == 0:
-        raise ApiError(400, f"limit must be a whole number from 1 to {MAX_METRIC_POINTS}")
-    return min(limit or MAX_METRIC_POINTS, MAX_METRIC_POINTS)
-
-
-def _number(sent: str | None, name: str, what: str) -> int | None:
-    """A whole-number query parameter, None when not sent; 400 naming it when it is not one."""
-    if sent is None:
-        return None
-    if (number := whole_number(sent)) is None:
-        raise ApiError(400, f"{name} must be {what}")
-    return number
 
 
 @api.get("/runs/{pk}/annotation/", response={200: AnnotationOut, **RUN_REFUSED}, url_name="api-run-annotation",
@@ -249,7 +231,7 @@ def run_experiences(request, pk: Id, filters: Query[ExperienceFilters]):
     """The rollout browser's data and filters, newest step first; or, from `after_id` on, in id
     order: a cursor to poll a run that is writing."""
     run = get_object_or_404(Run, pk=pk)
-    after_id = _number(filters.after_id, "after_id", "an experience id (a whole number)")
+    after_id = number_parameter(filters.after_id, "after_id", "an experience id (a whole number)")
     if after_id is not None and filters.page is not None:
         raise ApiError(400, "after_id is a cursor: send it without page (next_after_id moves it on)")
     form = _valid(RolloutFilterForm(filters.dict(exclude={"page", "page_size", "after_id"}, exclude_none=True)))

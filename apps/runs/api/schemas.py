@@ -59,8 +59,8 @@ def _whole(sent):
 # 10). Anything else is a missing object (auth.invalid_request).
 Id = Annotated[int, BeforeValidator(_whole)]
 
-PAGE = Field(None, description="page number, from 1 (an out-of-range page gives the last)")
-PAGE_SIZE = Field(None, description="rows per page, 1 to 500 (default 50)")
+PAGE = Field(None, description="page number, from 1 (a page past the last gives the last; 0 or not a number: 400)")
+PAGE_SIZE = Field(None, description="rows per page, 1 to 500 (default 50; more reads as 500; 0 or not a number: 400)")
 
 
 class RunFilters(Schema):

@@ -97,7 +97,7 @@ def _detail(pk: int) -> dict:
     ]}
 
 
-@router.get("/", response={200: SweepPage, **REFUSED}, url_name="api-sweeps", summary="List sweeps")
+@router.get("/", response={200: SweepPage, 400: ErrorOut, **REFUSED}, url_name="api-sweeps", summary="List sweeps")
 def list_sweeps(request, paging: Query[Paging]):
     """Newest first."""
     page = page_of(Sweep.objects.select_related("owner"), paging.page, paging.page_size)

@@ -112,7 +112,8 @@ def import_json(job: TasksetImport) -> dict:
             "url": reverse("api-taskset-import", args=[job.pk])}
 
 
-@router.get("/", response={200: TasksetPage, **REFUSED}, url_name="api-tasksets", summary="List tasksets")
+@router.get("/", response={200: TasksetPage, 400: ErrorOut, **REFUSED}, url_name="api-tasksets",
+            summary="List tasksets")
 def list_tasksets(request, paging: Query[Paging]):
     page = page_of(Taskset.objects.select_related("created_by").order_by("name"), paging.page, paging.page_size)
     return {**page, "results": [taskset_json(t) for t in page["results"]]}
@@ -165,8 +166,8 @@ def taskset_import(request, pk: Id):
     return import_json(job)
 
 
-@router.get("/{name}/", response={200: TasksetDetailOut, 404: ErrorOut, **REFUSED}, url_name="api-taskset",
-            summary="One taskset, with a page of its tasks")
+@router.get("/{name}/", response={200: TasksetDetailOut, 400: ErrorOut, 404: ErrorOut, **REFUSED},
+            url_name="api-taskset", summary="One taskset, with a page of its tasks")
 def taskset_detail(request, name: str, paging: Query[Paging]):
     taskset = get_object_or_404(Taskset.objects.select_related("created_by"), name=name)
     page = page_of(taskset.own_tasks.order_by("index").values("index", "prompt", "answer", "metadata", "difficulty"),

@@ -172,6 +172,34 @@ def test_experiences_with_filters_and_pages(api, make_run):
     assert api("get", url, {"step": -1}).status_code == 400
 
 
+@pytest.mark.parametrize("query, message", [
+    ({"page_size": "0"}, "page_size must be a whole number from 1 to 500"),
+    ({"page_size": "-5"}, "page_size must be a whole number from 1 to 500"),
+    ({"page_size": "abc"}, "page_size must be a whole number from 1 to 500"),
+    ({"page": "0"}, "page must be a whole number from 1"),
+    ({"page": "abc"}, "page must be a whole number from 1"),
+    ({"page": "99999999999999999999"}, "page must be a whole number from 1"),
+])
+@pytest.mark.parametrize("route", ["api-runs", "api-run-experiences", "api-tasksets", "api-taskset", "api-sweeps"])
+def test_a_page_or_page_size_that_is_no_count_is_a_400_naming_it(api, make_run, route, query, message):
+    """page_size=0 and -5 read as 1 and abc as 50: a script's mistake came back as a page it did
+    not ask for, where limit=-5 was a 400."""
+    from apps.tasksets.models import Taskset
+
+    run = make_run()
+    Taskset.objects.create(name="sums")
+    args = {"api-run-experiences": [run.pk], "api-taskset": ["sums"]}.get(route, [])
+    answer = api("get", reverse(route, args=args), query)
+    assert (answer.status_code, answer.json()["error"]) == (400, message)
+
+
+def test_a_page_past_the_last_answers_the_last_and_a_page_size_past_500_reads_as_500(api, make_run):
+    for name in ("a", "b", "c"):
+        make_run(name)
+    assert api("get", reverse("api-runs"), {"page": "9", "page_size": "2"}).json()["page"] == 2
+    assert api("get", reverse("api-runs"), {"page_size": "501"}).json()["pages"] == 1
+
+
 def test_launch_through_the_api(api, tasksets, worker_queue, django_capture_on_commit_callbacks, researcher):
     with django_capture_on_commit_callbacks(execute=True):
         response = api("post", reverse("api-runs"), {"name": "scripted", "config": preset_config("quick-demo")})

@@ -7,10 +7,12 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 from asgiref.sync import async_to_sync
+from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
 from apps.runs import comparison
+from apps.runs.api import token_for
 from apps.runs.models import MetricPoint, Run
 
 Status = Run.Status
@@ -265,9 +267,24 @@ def test_compare_downloads_hold_the_runs_in_the_order_picked(researcher_client, 
 
 
 def test_a_compare_download_without_runs_says_what_is_missing(researcher_client, make_run):
-    response = researcher_client.get(reverse("compare-metrics-csv"), {"runs": ["x"]}, follow=True)
+    response = researcher_client.get(reverse("compare-metrics-csv"), {"runs": ["", "999"]}, follow=True)
     assert response.redirect_chain[-1][0] == reverse("run-compare")
     assert "no run was given" in response.content.decode()
+
+
+@pytest.mark.parametrize(("sent", "named"), [
+    ("99999999999999999999", "runs=99999999999999999999 is too large for an id: ids go up to 9223372036854775807"),
+    ("x", "runs='x' is not an id: an id is a whole number"),
+])
+def test_a_compare_download_names_a_value_that_is_no_id(researcher_client, researcher, make_run, sent, named):
+    """An id past a bigint was dropped as if absent: the answer said "no run was given"."""
+    run = make_run("a")
+    for name in ("compare-metrics-csv", "compare-metrics-json"):
+        response = researcher_client.get(reverse(name), {"runs": [run.pk, sent]})
+        assert (response.status_code, response.content.decode()) == (400, f"Bad request: {named}")
+    script = Client(HTTP_AUTHORIZATION=f"Bearer {token_for(researcher)}")
+    response = script.get(reverse("compare-metrics-json"), {"runs": sent})
+    assert response.status_code == 400 and response.json() == {"error": named}
 
 
 def test_downloads_of_a_missing_run_are_404(researcher_client):

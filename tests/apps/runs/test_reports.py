@@ -5,6 +5,7 @@ curator. On Postgres and SQLite."""
 import pytest
 from django.test import Client
 from django.urls import reverse
+from django.utils.html import escape
 
 from apps.accounts.roles import RESEARCHER
 from apps.accounts.services import create_user
@@ -109,7 +110,7 @@ def test_a_report_keeps_the_charts_smoothing_and_the_samples_form_the_charts_vie
     report.refresh_from_db()
     assert (report.name, report.chart_filter, report.chart_smoothing) == ("renamed", "kl", 0.9)
     refused = researcher_client.post(reverse("report-save"), {"runs": str(a.pk), "name": "x", "chart_smoothing": "2"})
-    assert refused.status_code == 302 and Report.objects.count() == 1
+    assert refused.status_code == 400 and Report.objects.count() == 1
 
 
 def test_its_owner_renames_it_and_a_curator_deletes_it_keeping_its_runs(researcher_client, curator, compared):
@@ -120,11 +121,64 @@ def test_its_owner_renames_it_and_a_curator_deletes_it_keeping_its_runs(research
     assert (report.name, report.note, report.run_ids) == ("renamed", "n", [a.pk, b.pk])
     too_long = researcher_client.post(reverse("report-edit", args=[report.pk]), {"name": "x", "note": "y" * 10_001})
     report.refresh_from_db()
-    assert too_long.status_code == 302 and report.note == "n"
+    assert too_long.status_code == 400 and report.note == "n"
     client = Client()
     client.force_login(curator)
     client.post(reverse("report-edit", args=[report.pk]), {"delete": "1"})
     assert not Report.objects.exists() and Run.objects.filter(pk__in=[a.pk, b.pk]).count() == 2
+
+
+def shown_messages(response) -> list[str]:
+    return [str(message) for message in response.context["messages"]]
+
+
+@pytest.mark.parametrize(("field", "typed", "problem"), [
+    ("note", "n" * 10_001, "note: at most 10,000 characters"),
+    ("name", "n" * 201, "name: Ensure this value has at most 200 characters (it has 201)"),
+    ("chart_smoothing", "much", "chart_smoothing: Enter a number"),
+])
+def test_a_refused_report_comes_back_with_everything_typed(researcher_client, compared, tasks, field, typed,
+                                                           problem):
+    """It redirected to Compare, and the name, note, filter and smoothing typed were gone; its
+    message ended in two periods ("Enter a number..")."""
+    a, b, _ = compared
+    sent = {"runs": f"{b.pk},{a.pk}", "name": "lr: 1e-2 learns faster", "note": "see step 4",
+            "chart_filter": "reward", "chart_smoothing": "0.9", "sample_task": tasks[0].pk, "sample_step": 4,
+            field: typed}
+    refused = researcher_client.post(reverse("report-save"), sent)
+    assert refused.status_code == 400 and not Report.objects.exists()
+    assert shown_messages(refused) == [f"Report not saved: {problem}."]
+    form = refused.context["report_form"]
+    assert {key: form[key].value() for key in ("runs", "name", "note", "sample_task", "sample_step")} == \
+        {key: str(sent[key]) for key in ("runs", "name", "note", "sample_task", "sample_step")}
+    assert [run.pk for run in refused.context["picked_runs"]] == [b.pk, a.pk]
+    page = refused.content.decode()
+    save_form = page[page.index('id="save-report"'):]
+    assert escape(sent["note"]) in save_form and f'value="{escape(sent["name"])}"' in save_form
+    assert 'name="chart_filter" value="reward"' in save_form
+    assert ('name="chart_smoothing" value="0.9"' in save_form) == (field != "chart_smoothing")
+
+
+def test_a_refused_report_offers_its_runs_that_are_left(researcher_client, compared):
+    a, b, _ = compared
+    refused = researcher_client.post(reverse("report-save"), {"runs": f"{a.pk},999,{b.pk}", "name": "mine"})
+    assert shown_messages(refused) == ["Report not saved: runs: no run with id 999."]
+    assert refused.context["report_form"]["runs"].value() == f"{a.pk},{b.pk}"  # the next Save saves them
+    gone = researcher_client.post(reverse("report-save"), {"runs": "999", "name": "mine", "note": "typed"})
+    assert gone.status_code == 400 and "typed</textarea>" in gone.content.decode()  # no run left, the note kept
+
+
+def test_a_refused_edit_comes_back_with_what_was_typed(researcher_client, compared):
+    a, b, _ = compared
+    report = Report.objects.create(name="r", note="n", owner=Run.objects.get(pk=a.pk).owner, run_ids=[a.pk, b.pk])
+    refused = researcher_client.post(reverse("report-edit", args=[report.pk]),
+                                     {"name": "renamed", "note": "y" * 10_001})
+    report.refresh_from_db()
+    assert refused.status_code == 400 and (report.name, report.note) == ("r", "n")
+    assert shown_messages(refused) == ["Report not saved: note: at most 10,000 characters."]
+    page = refused.content.decode()
+    assert "<details open>" in page and 'value="renamed"' in page and "y" * 10_001 + "</textarea>" in page
+    assert "<h1>r</h1>" in page  # the heading is the saved name
 
 
 @pytest.mark.parametrize(("runs", "problem"), [("", "runs"), ("999", "no run with id 999"),

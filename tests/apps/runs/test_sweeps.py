@@ -83,6 +83,38 @@ def test_a_random_search_draws_within_its_ranges_the_same_for_the_same_seed():
             sweeps.combinations(axes, "random", count, 0)
 
 
+def test_a_random_search_draws_distinct_points_and_refuses_a_space_too_small():
+    """Seed 0, count 2 and explorer.batch_size: 1 .. 8 drew batch_size=7 twice: two identical runs."""
+    axes = sweeps.parse_space("explorer.batch_size: 1 .. 8")
+    assert [run["explorer.batch_size"] for run in sweeps.combinations(axes, "random", 2, seed=0)] == [7, 1]
+    assert sorted(run["explorer.batch_size"] for run in sweeps.combinations(axes, "random", 8, seed=0)) == \
+        list(range(1, 9))
+    with pytest.raises(sweeps.SweepError, match="the space holds 8 distinct points, and a random search draws "
+                                                "each of its 9 runs once: lower the count to 8"):
+        sweeps.combinations(axes, "random", 9, 0)
+    two = sweeps.parse_space("algorithm.kl.fn: k1, k3\ntrainer.warmup_steps: 0 .. 2")  # 2 x 3 points
+    drawn = sweeps.combinations(two, "random", 6, seed=4)
+    assert len({json.dumps(run) for run in drawn}) == 6 and drawn == sweeps.combinations(two, "random", 6, seed=4)
+
+
+@pytest.mark.parametrize(("text", "count", "figures"), [
+    ("explorer.temperature: 0.5 .. 0.502", 5, 4),  # three numbers of 3 figures: 0.500, 0.501, 0.502
+    ("explorer.temperature: 0.1234 .. 0.1236", 3, 4),  # none of 3 figures: each draw left the range
+    ("trainer.lr: 1.0001e-5 .. 1.0002e-5 log", 4, 6),
+    ("algorithm.kl.coef: -0.502 .. -0.5", 5, 4),
+    ("trainer.lr: 1e-6 .. 1e-3 log", 32, 3),  # a range as wide as a person's: as before
+])
+def test_a_ranges_draws_stay_inside_it_and_distinct_with_the_fewest_figures_that_allow(text, count, figures):
+    (axis,) = sweeps.parse_space(text)
+    for seed in range(20):
+        values = [run[axis.key] for run in sweeps.combinations([axis], "random", count, seed)]
+        assert len(set(values)) == count and all(axis.low <= value <= axis.high for value in values), values
+        assert max(len(f"{abs(value):e}".split("e")[0].replace(".", "").rstrip("0")) for value in values) <= figures
+    assert any(len(f"{abs(value):e}".split("e")[0].replace(".", "").rstrip("0")) == figures
+               for seed in range(20) for run in sweeps.combinations([axis], "random", count, seed)
+               for value in run.values())
+
+
 def test_run_names_say_what_each_run_swept():
     assert sweeps.run_name("lr sweep", {"trainer.lr": 1e-05, "algorithm.kl.coef": 0.01}) == \
         "lr sweep · lr=1e-05 · coef=0.01"
@@ -208,6 +240,19 @@ def test_a_script_launches_a_sweep_and_reads_it(client, researcher, tasksets, wo
     assert seed.status_code == 400 and seed.json()["errors"][0]["key"] == "seed"
     assert Sweep.objects.count() == 1
     assert client.get("/api/sweeps/999/", **auth).status_code == 404
+
+
+def test_a_scripts_random_sweep_launches_distinct_runs(client, researcher, tasksets, worker_queue):
+    auth = {"HTTP_AUTHORIZATION": f"Bearer {token_for(researcher)}"}
+    body = {"name": "bs", "config": base(), "method": "random", "count": 2, "seed": 0,
+            "space": [{"key": "explorer.batch_size", "low": 1, "high": 8}]}
+    made = client.post("/api/sweeps/", json.dumps(body), content_type="application/json", **auth)
+    assert made.status_code == 201, made.content
+    assert [run["name"] for run in made.json()["runs"]] == ["bs · batch_size=7", "bs · batch_size=1"]
+    too_many = client.post("/api/sweeps/", json.dumps({**body, "count": 9}), content_type="application/json", **auth)
+    assert too_many.status_code == 400
+    assert "the space holds 8 distinct points" in too_many.json()["errors"][0]["message"]
+    assert Sweep.objects.count() == 1
 
 
 def test_a_sweep_not_evaluated_ranks_by_final_train_reward_and_says_so(researcher_client, researcher, tasksets,
