@@ -17,6 +17,7 @@ should_stop() is asked between steps and, every few seconds, inside an explorer 
 loops (stopping.py): a stop there abandons the step unstored and ends the run as a stop between
 steps does, with a checkpoint to resume from; the resumed run replays that step.
 """
+import logging
 import re
 import shutil
 import time
@@ -27,6 +28,7 @@ import torch
 
 from .activity import Activity
 from .algorithms import resolve
+from .config_rules import data_sources
 from .engines import TransformersEngine, build_engine
 from .experience import EXPERT_GROUP
 from .explorer import Explorer
@@ -35,10 +37,14 @@ from .memory import memory_stores
 from .models import add_lora, load_critic, load_policy, load_reference, load_tokenizer, pick_device, pick_dtype
 from .protocols import Stores
 from .rewards import ReadLimits, build_reward
+from .sampling import empty_batch_why
 from .stopping import StopRequested
 from .synchronizer import Synchronizer
 from .trainer import Trainer
 from .workflows import WORKFLOWS, rollout_tokens
+
+log = logging.getLogger(__name__)
+DATA_WAIT_S = 1.0  # how often a headless trainer with nothing to train on looks again (the web app's: holding.pause)
 
 EXPLORER, TRAINER = "explorer", "trainer"
 
@@ -142,6 +148,8 @@ class Loop:
             )
 
         self.activity = Activity()  # what each part does now, for the run page
+        self.skipped_steps = 0  # steps that counted with nothing to train on (Trainer.waits_for_data); in checkpoints
+        self._waiting_for_data = False  # the trainer's last try found nothing, and it waits (train)
         self._explorer_thread = None  # while run() overlaps the explorer with the trainer
         self.trainer = None
         if TRAINER in components:
@@ -180,15 +188,16 @@ class Loop:
 
     # -- running ---------------------------------------------------------------------------------
 
-    def run(self, should_stop=None, overlap: bool = True) -> str:
+    def run(self, should_stop=None, overlap: bool = True, wait=None) -> str:
         """Run to trainer.total_steps; returns 'completed', or 'stopped' when should_stop() said so
         (checked after every trainer step and inside explorer steps; a checkpoint is saved either
         way). `overlap=False` keeps the explorer in this thread at any offset (tests compare the
-        two loops)."""
+        two loops). `wait()`: a pause while the trainer has nothing to train on (train)."""
         should_stop = should_stop or (lambda: False)
+        wait = wait or (lambda: time.sleep(DATA_WAIT_S))
         self._stop_inside_steps(should_stop)
         try:
-            return self._run(should_stop, overlap)
+            return self._run(should_stop, overlap, wait)
         except StopRequested:  # inside an explorer step (an overlapped explorer's thread has ended)
             self._save_on_stop()
             return "stopped"
@@ -207,7 +216,7 @@ class Loop:
         if self.explorer is not None:
             self.explorer.stopping = should_stop
 
-    def _run(self, should_stop, overlap: bool) -> str:
+    def _run(self, should_stop, overlap: bool, wait) -> str:
         if self.config.mode == "bench":
             self.bench()
             return "completed"
@@ -217,18 +226,19 @@ class Loop:
         if evaluating and self.explorer.step == 0:
             self.evaluate()
         if overlap and self.explorer is not None and self.sync.offset >= 1:
-            outcome = self._run_overlapped(should_stop)
+            outcome = self._run_overlapped(should_stop, wait)
         else:
-            outcome = self._run_sequential(should_stop)
+            outcome = self._run_sequential(should_stop, wait)
         if outcome == "stopped":
             return outcome
         if evaluating:  # the final weights, which no explorer step has pulled yet
             self.sync.pull(self.explorer.engine, self.sync.latest_version())
             self.evaluate()
         self.save_final()
+        self.report_skipped_steps()
         return "completed"
 
-    def _run_sequential(self, should_stop) -> str:
+    def _run_sequential(self, should_stop, wait) -> str:
         total = self.config.trainer.total_steps
         while self.trainer.step < total:
             explorer = self.explorer
@@ -237,13 +247,19 @@ class Loop:
                 continue
             if explorer is not None:  # the engine's big idle caches give way to the trainer's step
                 explorer.engine.free_idle_caches()
-            self.train()
+            trained = self.train()
             if should_stop() and self.trainer.step < total:
-                self.save_for_resume()
+                self._save_on_stop()
                 return "stopped"
+            if trained is None:
+                if explorer is not None:  # it said it was rolling out the step it finished
+                    needed = self.sync.required_version(explorer.step)
+                    self.activity.doing(EXPLORER, f"waiting for the trainer's v{needed} (explorer step "
+                                                  f"{explorer.step + 1})")
+                wait()
         return "completed"
 
-    def _run_overlapped(self, should_stop) -> str:
+    def _run_overlapped(self, should_stop, wait) -> str:
         """The trainer in this thread, the explorer in an ExplorerThread beside it."""
         total = self.config.trainer.total_steps
         threads_before = torch.get_num_threads()
@@ -259,11 +275,14 @@ class Loop:
             while self.trainer.step < total:
                 needed = self.explorer_steps_needed()
                 explorer.wait_until(lambda needed=needed: self.explorer.step >= needed)
-                self.train()
+                trained = self.train()
                 if should_stop() and self.trainer.step < total:
                     explorer.finish()
-                    self.save_for_resume()
+                    self._save_on_stop()
                     return "stopped"
+                if trained is None:
+                    wait()
+                    continue
                 # Only now: no explorer step starts on a version published just before a stop,
                 # nor while the run is paused (should_stop() waits then).
                 explorer.allow(self.sync.latest_version())
@@ -379,11 +398,14 @@ class Loop:
                     return "stopped"
                 wait()
                 continue
-            self.train()
+            trained = self.train()
             if should_stop() and self.trainer.step < total:
-                self.save_for_resume()
+                self._save_on_stop()
                 return "stopped"
+            if trained is None:
+                wait()
         self.save_final()
+        self.report_skipped_steps()
         return "completed"
 
     def explore(self) -> dict | None:
@@ -404,16 +426,35 @@ class Loop:
         self.activity.doing(EXPLORER, f"evaluating after explorer step {self.explorer.step}")
         return self.explorer.evaluate()
 
-    def train(self) -> dict:
+    def train(self) -> dict | None:
+        """A trainer step; None where it found nothing to train on and waits for data (the caller
+        waits a while and tries again)."""
         def publish():  # after the update, inside the step (its sync_seconds)
             if self.sync.is_publish_step(self.trainer.step):
                 self.sync.publish(self.trainer.policy, self.trainer.step, self.trainer.full_state()["policy"])
 
-        self.activity.doing(TRAINER, f"training step {self.trainer.step + 1}")
+        if not self._waiting_for_data:  # while it waits, the line says so, and for how long
+            self.activity.doing(TRAINER, f"training step {self.trainer.step + 1}")
         metrics = self.trainer.train_step(current_version=self.sync.latest_version(), publish=publish)
+        self._waiting_for_data = metrics is None
+        if metrics is None:  # no step (Trainer.waits_for_data): the line says what it waits for, not "training"
+            sources = "; ".join(data_sources(self.config, web=True))  # none: stores that code feeds
+            self.activity.doing(TRAINER, "waiting for data: nothing to train on yet" + (sources and f" from {sources}"))
+            return None
+        self.skipped_steps += "skipped" in metrics
         if self.checkpoint_due():
             self.save()
         return metrics
+
+    def report_skipped_steps(self) -> None:
+        """At the end, how many trainer steps found nothing to train on, as a warning: a run of 100
+        such steps read as plain "completed", model v100 and checkpoints saved."""
+        skipped, total = self.skipped_steps, self.config.trainer.total_steps
+        why = empty_batch_why(self.spec.uses_rollouts)
+        if skipped == total:
+            log.warning("trained nothing: all %s trainer steps found nothing to train on: %s", total, why)
+        elif skipped:
+            log.warning("%s of %s trainer steps found nothing to train on: %s", skipped, total, why)
 
     def checkpoint_due(self) -> bool:
         """A checkpoint after this trainer step? At the first step the run can resume from once
@@ -468,7 +509,7 @@ class Loop:
         # Read once: the explorer counts a step only after writing its rollouts, so this many are
         # stored. A step still running beside us is written after the checkpoint; a resumed run
         # replays it (the buffer has its rollouts: has_explorer_step).
-        extra = {"explorer_step": self.explorer.step if self.explorer else 0}
+        extra = {"explorer_step": self.explorer.step if self.explorer else 0, "skipped_steps": self.skipped_steps}
         self.activity.doing(TRAINER, f"saving a checkpoint at step {self.trainer.step}")
         path = self.trainer.save_checkpoint(self.checkpoint_dir(self.trainer.step), extra)
         if self.stores.checkpoints is not None:
@@ -509,6 +550,7 @@ class Loop:
         """Continue from a checkpoint this loop saved (the stores must be the run's own)."""
         extra = self.trainer.load_checkpoint(path)
         self._saved = (self.trainer.step, self.clock())
+        self.skipped_steps = extra.get("skipped_steps", 0)  # a checkpoint saved before they were counted: none
         if self.explorer is not None:
             self.explorer.step = extra["explorer_step"]
         self.sync.discard_after(self.trainer.step // self.sync.interval)
