@@ -7,6 +7,8 @@ on train@vm" left a stalled step and a long checkpoint looking the same (#42, fi
 import threading
 import time
 
+EXPLORER, TRAINER = "explorer", "trainer"  # the roles a loop says what it does for
+
 
 class Activity:
     def __init__(self):
