@@ -68,12 +68,22 @@ PRESETS = {
     ),
     "dpo-human": Preset(
         "DPO from human preferences",
-        "Direct preference optimisation of SmolLM2 on the A-over-B judgements annotators made on other runs "
-        "(list those runs in feedback.source_runs), or on imported preference pairs (buffer.expert_dataset).",
+        "Direct preference optimisation of SmolLM2 on what annotators prefer: the run writes answers to "
+        "arithmetic problems, annotators compare two answers to a problem on Annotate (c, then A or B is "
+        "better), and each verdict is a pair the trainer trains on. Until the first comes the trainer waits, "
+        "and the run page says so. To train on comparisons made on other runs instead, set mode train and list "
+        "those runs in feedback.source_runs; on imported preference pairs, name them in buffer.expert_dataset.",
         {
-            "mode": "train",
+            # Mode both: annotators judge this run's own answers while it trains. In mode train it
+            # would have no pairs until a source run or dataset is named (config_rules.data_issues).
+            "mode": "both",
             "model": {"path": "smollm2-135m"},
-            "algorithm": {"name": "dpo", "dpo": {"beta": 0.1}},
+            "algorithm": {"name": "dpo", "repeat_times": 4, "dpo": {"beta": 0.1}},
+            "explorer": {
+                "batch_size": 4,  # 4 problems x 4 answers a step: a pair to compare for each problem
+                "max_new_tokens": 64,
+                "system_prompt": "Solve the problem. Reply with the final number only.",
+            },
             "trainer": {"lr": 5e-7, "total_steps": 100, "batch_size": 16, "micro_batch_size": 4, "save_interval": 50},
             "buffer": {"taskset": "arithmetic"},
         },

@@ -8,7 +8,9 @@ from django.db.models import JSONField, OuterRef, Subquery
 from django.db.models.functions import Length
 
 from apps.buffer.models import Experience
+from workers.rft.algorithms import ALGORITHMS
 from workers.rft.config import TrainerConfig
+from workers.rft.sampling import empty_batch_why
 
 from .models import MetricPoint, Run
 
@@ -55,6 +57,18 @@ def run_progress(run: Run) -> Progress:
     total = (run.config.get("trainer") or {}).get("total_steps") or 0
     done = run.explorer_step if run.mode == Run.Mode.EXPLORE else run.trainer_step
     return Progress(done, total if isinstance(total, int) else 0)
+
+
+def skipped_steps(run: Run) -> dict | None:
+    """{count, all, why} of the run's trainer steps that found nothing to train on and changed
+    nothing (their points say skipped; a replayed step's replaces its own), for the run page:
+    a run of 100 of them read as plain "completed" at model v100. None where there are none."""
+    count = run.metrics.filter(role=MetricPoint.Role.TRAINER, values__has_key="skipped").count()
+    if not count:
+        return None
+    algorithm = ALGORITHMS.get((run.config.get("algorithm") or {}).get("name"))
+    why = empty_batch_why(algorithm is None or algorithm.uses_rollouts)
+    return {"count": count, "all": count >= run.trainer_step, "why": why}
 
 
 # Where a run's held-out score and train reward are, first found first: (chart "role/key", label).

@@ -11,8 +11,8 @@ from apps.alerts import services as alerts
 from apps.tasksets.models import Taskset
 from apps.tasksets.services import missing_taskset
 from rftweb.celery import enqueue, withdraw
-from workers.rft.algorithms import resolve
 from workers.rft.config import ConfigError, ConfigIssue, RunConfig
+from workers.rft.config_rules import data_issues
 
 from .config_checks import expert_dataset_issue, model_issues, source_run_issues
 from .config_fit import fit_issues
@@ -101,8 +101,9 @@ def record_metrics(run: Run, role: str, step: int, values: dict) -> MetricPoint:
 def validate_config(config: dict) -> RunConfig:
     """The engine's schema, plus what a shared server adds: model directories confined to the
     allowed roots (stored resolved), tasksets that exist, feedback source runs that exist and whose
-    edits and pairs fit this run's tokenizer and prompts (config_checks.source_run_issues), and a run
-    the live workers can hold (config_fit.fit_issues). Raises ConfigError naming each bad key.
+    edits and pairs fit this run's tokenizer and prompts (config_checks.source_run_issues), a trainer
+    some data could reach (config_rules.data_issues), and a run the live workers can hold
+    (config_fit.fit_issues). Raises ConfigError naming each bad key.
     (Whoever may launch may name any run: launching needs the researcher role, and researchers
     watch every run, docs/security.md.)"""
     parsed = RunConfig.from_dict(config)
@@ -115,13 +116,9 @@ def validate_config(config: dict) -> RunConfig:
     ]
     dataset_issue = expert_dataset_issue(parsed)
     issues += [dataset_issue] if dataset_issue else []
-    if parsed.mode == "train" and resolve(parsed).uses_rollouts:
-        # A run's trainer reads its own buffer (and other runs' human edits): a run that rolls
-        # nothing out has no rollouts to train on, and skipped every step. (The engine's own
-        # stores may be given rollouts: tests and the headless CLI train on those in mode train.)
-        issues.append(ConfigIssue("mode", f"'train' rolls nothing out, and algorithm '{parsed.algorithm.name}' "
-                                  "trains on rollouts: every step would be skipped (use mode 'both', or an algorithm "
-                                  "that trains on expert data or pairs: sft, dpo)"))
+    # A trainer nothing could ever reach trained nothing for its whole run (a mode 'train' grpo, sft
+    # without expert data, dpo without pairs): the web app's sources count (annotators, imports).
+    issues += data_issues(parsed, web=True)
     sources = list(Run.objects.filter(pk__in=parsed.feedback.source_runs).values_list("pk", "name", "config"))
     known_runs = {run_id for run_id, _, _ in sources}
     issues += [

@@ -355,7 +355,7 @@ def run_engine(run: Run, duty: str, worker: str) -> str:
             if outcome == "completed" and config.explorer.eval_interval:
                 final_eval = loop.final_version()
         else:
-            outcome = loop.run(should_stop=stopping)
+            outcome = loop.run(should_stop=stopping, wait=pause)
     if final_eval is not None:
         del loop  # its model freed while the explorer evaluates (its ranks are released)
         outcome = wait_for_final_eval(run, final_eval, stopping)

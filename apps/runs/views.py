@@ -265,6 +265,7 @@ def run_detail(request, pk):
             "config_yaml": dump_config_yaml(run.config),
             "checkpoints": with_saved_models(run),
             "checkpoint_schedule": queries.checkpoint_schedule(run),
+            "skipped": queries.skipped_steps(run),
             "figures": figures,
             "progress_counter": progress_counter,
             "controls": controls,

@@ -35,7 +35,8 @@ PAIRS = [{"prompt": f"What is {i} + 1?", "chosen": f"{i + 1}", "rejected": f"{i 
 RUNS = {
     "sft": ("sft", {"buffer.expert_dataset": "sums-expert", "buffer.expert_taskset": "", "trainer.batch_size": "8",
                     "trainer.micro_batch_size": "8"}),
-    "dpo": ("dpo-human", {"buffer.expert_dataset": "sums-pairs", "trainer.batch_size": "6",
+    # The preset trains on annotators' comparisons of its own answers (mode both): on imports alone, mode train.
+    "dpo": ("dpo-human", {"mode": "train", "buffer.expert_dataset": "sums-pairs", "trainer.batch_size": "6",
                           "trainer.micro_batch_size": "12"}),
 }
 COMMON = {"model.path": "tiny", "trainer.total_steps": "6", "trainer.lr": "0.001", "trainer.save_interval": "0"}

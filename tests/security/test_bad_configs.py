@@ -5,6 +5,7 @@ import shutil
 import uuid
 
 import pytest
+import yaml
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.test import Client
@@ -92,6 +93,12 @@ CONFIG_CASES = {
     "system-prompt-200k": ({"explorer": {"system_prompt": "x" * 200_000}}, "explorer.system_prompt"),
     # what only the database knows
     "missing-taskset": ({"buffer": {"taskset": "nope"}}, "buffer.taskset"),
+    # a trainer no data could reach (config_rules.data_issues): each ended "completed" at step 100 on nothing
+    "dpo-train-no-pairs": ({"mode": "train", "algorithm": {"name": "dpo"}}, "feedback.source_runs"),
+    "sft-train-no-expert-data": ({"mode": "train", "algorithm": {"name": "sft"}}, "buffer.expert_taskset"),
+    "sft-edits-not-expert-data": ({"algorithm": {"name": "sft"}, "feedback": {"edits_as_expert": False}},
+                                  "buffer.expert_taskset"),
+    "grpo-train-no-rollouts": ({"mode": "train"}, "mode"),
     # a task selector and the params it declares (workers/rft/task_selectors.py)
     "unknown-task-selector": ({"buffer": {"task_selector": "curriculum"}}, "buffer.task_selector"),
     "task-selector-unknown-param": ({"buffer": {"task_selector": {"name": "difficulty_based", "m": 16}}},
@@ -185,8 +192,6 @@ def test_bad_model_path_is_refused(api, models_root, tmp_path, settings, key, ma
 
 def test_launch_form_shows_the_bound_next_to_its_field(researcher_client):
     Taskset.objects.create(name="arith")
-    import yaml
-
     response = researcher_client.post(
         reverse("run-launch"),
         {
@@ -197,6 +202,21 @@ def test_launch_form_shows_the_bound_next_to_its_field(researcher_client):
     )
     assert response.status_code == 200 and Run.objects.count() == 0
     assert "must be &lt;= 32768" in response.content.decode() or "must be <= 32768" in response.content.decode()
+
+
+@pytest.mark.parametrize("algorithm", ["dpo", "sft"])
+def test_the_launches_that_trained_nothing_are_refused_by_the_api_and_the_form(api, researcher_client, algorithm):
+    """As a reviewer sent them: no expert data, pairs or source runs, so 100 steps skipped."""
+    Taskset.objects.create(name="addition")
+    config = {"mode": "train", "algorithm": {"name": algorithm}, "buffer": {"taskset": "addition"}}
+    response = api({"name": "nothing", "config": config})
+    key = "feedback.source_runs" if algorithm == "dpo" else "buffer.expert_taskset"
+    assert refused(response, key), response.content
+    response = researcher_client.post(reverse("run-launch"), {"name": "nothing", "editor": "yaml",
+                                                              "yaml": yaml.safe_dump(config)})
+    assert response.status_code == 200 and f"{key}: required by algorithm" in " ".join(
+        response.context["form"].errors["yaml"])
+    assert Run.objects.count() == 0
 
 
 def test_cli_refuses_a_bad_config_file(researcher, tmp_path):

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from .config import ConfigError, load_config
+from .config_rules import data_issues
 
 
 def main(argv=None) -> int:
@@ -69,6 +70,14 @@ def main(argv=None) -> int:
         print("buffer.expert_dataset names imported expert data of the web app's buffer, which a headless run does not "
               "read: give it the expert answers as buffer.expert_taskset (a JSONL of tasks whose metadata holds "
               "expert_response, docs/data-formats.md)", file=sys.stderr)
+        return 2
+    if config.feedback.source_runs:
+        print("feedback.source_runs names runs of the web app, whose human edits and preference pairs a headless run "
+              "does not read: give it expert answers as buffer.expert_taskset (docs/data-formats.md)", file=sys.stderr)
+        return 2
+    starved = data_issues(config, web=False)  # as a launch on the web app refuses, less what only it holds
+    if starved:
+        print(f"invalid config {args.config}:\n{ConfigError(starved)}", file=sys.stderr)
         return 2
     if config.synchronizer.method == "nccl":
         print("synchronizer.method is nccl: it sends weights from a trainer to explorers that are workers of a run "

@@ -7,6 +7,8 @@ on train@vm" left a stalled step and a long checkpoint looking the same (#42, fi
 import threading
 import time
 
+EXPLORER, TRAINER = "explorer", "trainer"  # the roles a loop says what it does for
+
 
 class Activity:
     def __init__(self):
@@ -15,8 +17,12 @@ class Activity:
         self.on_change = None  # called with now() after each change, on the thread that made it
 
     def doing(self, role: str, what: str) -> None:
-        """`role` ("explorer" or "trainer": a loop runs both at once) starts `what`."""
+        """`role` ("explorer" or "trainer": a loop runs both at once) starts `what`. Said again
+        while it goes on (a wait looks again every half second), it keeps its start: the line then
+        says how long it has lasted, and the open pages are told nothing new."""
         with self._lock:
+            if self._doing.get(role, (None,))[0] == what:
+                return
             self._doing[role] = (what, time.time())
         if self.on_change is not None:
             self.on_change(self.now())

@@ -108,6 +108,74 @@ def _samples_expert(spec) -> bool:
     return spec.uses_expert and spec.sample_strategy != "pairs"
 
 
+def promotes_rollouts(c) -> bool:
+    """Whether the explorer copies good rollouts into expert data (promote_to_expert): a source of
+    sft's data that the explorer's steps bring, as they bring rollouts."""
+    return c.mode == "both" and any(
+        (op.get("name") if isinstance(op, Mapping) else op) == "promote_to_expert" for op in c.explorer.pipeline)
+
+
+def data_sources(c, *, web: bool) -> list[str]:
+    """Where the trainer of run config `c` could get data to train on, for a person; [] where
+    nothing could ever arrive. `web`: the web app serves the run, where annotators judge a mode
+    'both' run's rollouts while it trains (edits: sft's expert data; comparisons: dpo's pairs;
+    docs/feedback.md) and the buffer holds imported datasets and other runs' judgements (the
+    Postgres buffer's _sampleable and sample_pairs). Headless (the CLI), the engine gets only what
+    its config gives it: rollouts, the expert taskset's answers, promote_to_expert's copies."""
+    spec, buffer, feedback = resolve(c), c.buffer, c.feedback
+    both, runs = c.mode == "both", ", ".join(map(str, feedback.source_runs))
+    if c.mode not in ("both", "train"):
+        return []
+    if spec.uses_rollouts:
+        return ["its explorer's rollouts"] if both else []
+    if spec.sample_strategy == "pairs":
+        return [text for text, present in (
+            (f"the imported preference pairs {buffer.expert_dataset!r}", web and buffer.expert_dataset),
+            (f"annotators' comparisons on run {runs}", web and feedback.source_runs),
+            ("annotators' comparisons of this run's answers (Annotate, c)", web and both),
+        ) if present]
+    return [text for text, present in (
+        (f"the answers of taskset {buffer.expert_taskset!r}", buffer.expert_taskset),
+        (f"the imported expert data {buffer.expert_dataset!r}", web and buffer.expert_dataset),
+        (f"human edits on run {runs}", web and feedback.source_runs),
+        ("annotators' edits of this run's answers (Annotate, e)", web and both and feedback.edits_as_expert),
+        ("the rollouts promote_to_expert copies", promotes_rollouts(c)),
+    ) if present]
+
+
+def data_issues(c, *, web: bool) -> list[ConfigIssue]:
+    """A trainer that no data could ever reach (data_sources): each of its steps would find
+    nothing, and a run of 100 such steps ended 'completed', model v100, having trained nothing.
+    A launch refuses it (the web app's validate_config, the headless CLI); the schema does not
+    (combination_issues), since the engine's stores may be handed data by code (tests, benchmarks)."""
+    if c.mode not in ("both", "train") or data_sources(c, web=web):
+        return []
+    spec, name = resolve(c), c.algorithm.name
+    if spec.uses_rollouts:
+        return [ConfigIssue("mode", f"'train' rolls nothing out, and algorithm '{name}' trains on rollouts: every "
+                                    "step would find nothing to train on (use mode 'both', or an algorithm that "
+                                    "trains on expert data or pairs: sft, dpo)")]
+    if spec.sample_strategy == "pairs" and not web:
+        return [ConfigIssue("algorithm.name", "'dpo' trains on preference pairs, and a headless run has none: they "
+                                              "come from annotators' comparisons and imported datasets, which the "
+                                              "web app holds (launch the run there)")]
+    if spec.sample_strategy == "pairs":
+        return [ConfigIssue("feedback.source_runs", "required by algorithm 'dpo' in mode 'train' (or "
+                            "buffer.expert_dataset), which trains on preference pairs alone: list the runs whose "
+                            "annotators' comparisons it trains on, or name imported pairs in buffer.expert_dataset "
+                            "(in mode 'both' annotators compare this run's own answers while it trains)")]
+    if web:
+        people = ("in mode 'both' annotators' edits of its answers train it too" if c.mode == "train" else
+                  "feedback.edits_as_expert is false, so annotators' edits of its answers do not train it")
+        return [ConfigIssue("buffer.expert_taskset", f"required by algorithm '{name}' (or buffer.expert_dataset, "
+                            "or feedback.source_runs), which trains on expert data alone: name a taskset whose "
+                            "answers it imitates, imported expert data, or runs whose human edits it trains on "
+                            f"({people})")]
+    return [ConfigIssue("buffer.expert_taskset", f"required by algorithm '{name}' in a headless run, which trains "
+                        "on expert data alone: name a taskset whose answers it imitates (or, in mode 'both', copy "
+                        "good rollouts with explorer.pipeline promote_to_expert)")]
+
+
 def _algorithm_named(c, spec) -> str:
     return f"algorithm '{c.algorithm.name}'" + (f" with policy loss '{spec.policy_loss}'"
                                                  if c.algorithm.policy_loss else "")

@@ -17,30 +17,33 @@ should_stop() is asked between steps and, every few seconds, inside an explorer 
 loops (stopping.py): a stop there abandons the step unstored and ends the run as a stop between
 steps does, with a checkpoint to resume from; the resumed run replays that step.
 """
-import re
-import shutil
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
-from .activity import Activity
+from .activity import EXPLORER, TRAINER, Activity
 from .algorithms import resolve
+from .config_rules import data_sources
 from .engines import TransformersEngine, build_engine
 from .experience import EXPERT_GROUP
 from .explorer import Explorer
 from .explorer_thread import ExplorerThread
+from .loop_checkpoints import Checkpointing
 from .memory import memory_stores
 from .models import add_lora, load_critic, load_policy, load_reference, load_tokenizer, pick_device, pick_dtype
 from .protocols import Stores
 from .rewards import ReadLimits, build_reward
+from .sampling import empty_batch_why
 from .stopping import StopRequested
 from .synchronizer import Synchronizer
 from .trainer import Trainer
 from .workflows import WORKFLOWS, rollout_tokens
 
-EXPLORER, TRAINER = "explorer", "trainer"
+log = logging.getLogger(__name__)
+DATA_WAIT_S = 1.0  # how often a headless trainer with nothing to train on looks again (the web app's: holding.pause)
 
 
 def components_of(config) -> tuple[str, ...]:
@@ -89,7 +92,7 @@ def run_rank(ranks, config, work_dir: str | Path, resume: str | None = None) -> 
         return loop.run()
 
 
-class Loop:
+class Loop(Checkpointing):
     """Explorer and trainer of a run. `components` limits this process to one of them when the other
     runs elsewhere (checkpoint sync): see `run_explorer` and `run_trainer`. With `ranks`
     (distributed.Ranks, trainer.strategy 'ddp' or 'fsdp') this is the leader rank: its followers run
@@ -142,6 +145,8 @@ class Loop:
             )
 
         self.activity = Activity()  # what each part does now, for the run page
+        self.skipped_steps = 0  # steps that counted with nothing to train on (Trainer.waits_for_data); in checkpoints
+        self._waiting_for_data = False  # the trainer's last try found nothing, and it waits (train)
         self._explorer_thread = None  # while run() overlaps the explorer with the trainer
         self.trainer = None
         if TRAINER in components:
@@ -180,34 +185,25 @@ class Loop:
 
     # -- running ---------------------------------------------------------------------------------
 
-    def run(self, should_stop=None, overlap: bool = True) -> str:
+    def run(self, should_stop=None, overlap: bool = True, wait=None) -> str:
         """Run to trainer.total_steps; returns 'completed', or 'stopped' when should_stop() said so
         (checked after every trainer step and inside explorer steps; a checkpoint is saved either
         way). `overlap=False` keeps the explorer in this thread at any offset (tests compare the
-        two loops)."""
+        two loops). `wait()`: a pause while the trainer has nothing to train on (train)."""
         should_stop = should_stop or (lambda: False)
+        wait = wait or (lambda: time.sleep(DATA_WAIT_S))
         self._stop_inside_steps(should_stop)
         try:
-            return self._run(should_stop, overlap)
+            return self._run(should_stop, overlap, wait)
         except StopRequested:  # inside an explorer step (an overlapped explorer's thread has ended)
             self._save_on_stop()
             return "stopped"
-
-    def _save_on_stop(self) -> None:
-        """As a stop between steps: a checkpoint at this step to resume from, unless there is one
-        already (or the trainer has not stepped yet); past the last step, the trained model."""
-        if self.trainer is None or self._saved[0] == self.trainer.step:
-            return
-        if self.trainer.step < self.config.trainer.total_steps:
-            self.save_for_resume()
-        else:
-            self.save_final()
 
     def _stop_inside_steps(self, should_stop) -> None:
         if self.explorer is not None:
             self.explorer.stopping = should_stop
 
-    def _run(self, should_stop, overlap: bool) -> str:
+    def _run(self, should_stop, overlap: bool, wait) -> str:
         if self.config.mode == "bench":
             self.bench()
             return "completed"
@@ -217,18 +213,19 @@ class Loop:
         if evaluating and self.explorer.step == 0:
             self.evaluate()
         if overlap and self.explorer is not None and self.sync.offset >= 1:
-            outcome = self._run_overlapped(should_stop)
+            outcome = self._run_overlapped(should_stop, wait)
         else:
-            outcome = self._run_sequential(should_stop)
+            outcome = self._run_sequential(should_stop, wait)
         if outcome == "stopped":
             return outcome
         if evaluating:  # the final weights, which no explorer step has pulled yet
             self.sync.pull(self.explorer.engine, self.sync.latest_version())
             self.evaluate()
         self.save_final()
+        self.report_skipped_steps()
         return "completed"
 
-    def _run_sequential(self, should_stop) -> str:
+    def _run_sequential(self, should_stop, wait) -> str:
         total = self.config.trainer.total_steps
         while self.trainer.step < total:
             explorer = self.explorer
@@ -237,13 +234,19 @@ class Loop:
                 continue
             if explorer is not None:  # the engine's big idle caches give way to the trainer's step
                 explorer.engine.free_idle_caches()
-            self.train()
+            trained = self.train()
             if should_stop() and self.trainer.step < total:
-                self.save_for_resume()
+                self._save_on_stop()
                 return "stopped"
+            if trained is None:
+                if explorer is not None:  # it said it was rolling out the step it finished
+                    needed = self.sync.required_version(explorer.step)
+                    self.activity.doing(EXPLORER, f"waiting for the trainer's v{needed} (explorer step "
+                                                  f"{explorer.step + 1})")
+                wait()
         return "completed"
 
-    def _run_overlapped(self, should_stop) -> str:
+    def _run_overlapped(self, should_stop, wait) -> str:
         """The trainer in this thread, the explorer in an ExplorerThread beside it."""
         total = self.config.trainer.total_steps
         threads_before = torch.get_num_threads()
@@ -259,11 +262,14 @@ class Loop:
             while self.trainer.step < total:
                 needed = self.explorer_steps_needed()
                 explorer.wait_until(lambda needed=needed: self.explorer.step >= needed)
-                self.train()
+                trained = self.train()
                 if should_stop() and self.trainer.step < total:
                     explorer.finish()
-                    self.save_for_resume()
+                    self._save_on_stop()
                     return "stopped"
+                if trained is None:
+                    wait()
+                    continue
                 # Only now: no explorer step starts on a version published just before a stop,
                 # nor while the run is paused (should_stop() waits then).
                 explorer.allow(self.sync.latest_version())
@@ -379,11 +385,14 @@ class Loop:
                     return "stopped"
                 wait()
                 continue
-            self.train()
+            trained = self.train()
             if should_stop() and self.trainer.step < total:
-                self.save_for_resume()
+                self._save_on_stop()
                 return "stopped"
+            if trained is None:
+                wait()
         self.save_final()
+        self.report_skipped_steps()
         return "completed"
 
     def explore(self) -> dict | None:
@@ -404,32 +413,35 @@ class Loop:
         self.activity.doing(EXPLORER, f"evaluating after explorer step {self.explorer.step}")
         return self.explorer.evaluate()
 
-    def train(self) -> dict:
+    def train(self) -> dict | None:
+        """A trainer step; None where it found nothing to train on and waits for data (the caller
+        waits a while and tries again)."""
         def publish():  # after the update, inside the step (its sync_seconds)
             if self.sync.is_publish_step(self.trainer.step):
                 self.sync.publish(self.trainer.policy, self.trainer.step, self.trainer.full_state()["policy"])
 
-        self.activity.doing(TRAINER, f"training step {self.trainer.step + 1}")
+        if not self._waiting_for_data:  # while it waits, the line says so, and for how long
+            self.activity.doing(TRAINER, f"training step {self.trainer.step + 1}")
         metrics = self.trainer.train_step(current_version=self.sync.latest_version(), publish=publish)
+        self._waiting_for_data = metrics is None
+        if metrics is None:  # no step (Trainer.waits_for_data): the line says what it waits for, not "training"
+            sources = "; ".join(data_sources(self.config, web=True))  # none: stores that code feeds
+            self.activity.doing(TRAINER, "waiting for data: nothing to train on yet" + (sources and f" from {sources}"))
+            return None
+        self.skipped_steps += "skipped" in metrics
         if self.checkpoint_due():
             self.save()
         return metrics
 
-    def checkpoint_due(self) -> bool:
-        """A checkpoint after this trainer step? At the first step the run can resume from once
-        a multiple of trainer.save_interval steps is passed, or once trainer.save_interval_s
-        seconds have passed since the last checkpoint (0 turns either off)."""
-        step, (saved_step, saved_at) = self.trainer.step, self._saved
-        every_steps, every_s = self.config.trainer.save_interval, self.config.trainer.save_interval_s
-        due = (every_steps and step // every_steps > saved_step // every_steps) or (
-            every_s and self.clock() - saved_at >= every_s
-        )
-        return bool(due) and self.resumable_at(step)
-
-    def resumable_at(self, step: int) -> bool:
-        """Memory and nccl sync keep no version anywhere but in the explorers: a resumed loop sends
-        them the checkpoint's weights, which must then be a published version (a sync step)."""
-        return self.sync.method == "checkpoint" or self.sync.is_publish_step(step)
+    def report_skipped_steps(self) -> None:
+        """At the end, how many trainer steps found nothing to train on, as a warning: a run of 100
+        such steps read as plain "completed", model v100 and checkpoints saved."""
+        skipped, total = self.skipped_steps, self.config.trainer.total_steps
+        why = empty_batch_why(self.spec.uses_rollouts)
+        if skipped == total:
+            log.warning("trained nothing: all %s trainer steps found nothing to train on: %s", total, why)
+        elif skipped:
+            log.warning("%s of %s trainer steps found nothing to train on: %s", skipped, total, why)
 
     def _explore_only(self, should_stop) -> str:
         """Rollouts only (e.g. to collect data), with the newest published version if any."""
@@ -450,69 +462,3 @@ class Loop:
                     self.explorer.step = version
                     results.append(self.explorer.evaluate())
         return results
-
-    # -- checkpoints -----------------------------------------------------------------------------
-
-    def checkpoint_dir(self, step: int) -> Path:
-        return self.work_dir / "checkpoints" / f"step_{step}"
-
-    def save(self) -> Path | None:
-        if self.trainer is None:
-            return None
-        if self._explorer_thread is not None:
-            # As the sequential loop would have it: every explorer step needing a version older
-            # than this checkpoint's is done (memory sync resumes holding this version only).
-            self._explorer_thread.wait_until(
-                lambda: self.sync.required_version(self.explorer.step) >= self.sync.latest_version()
-            )
-        # Read once: the explorer counts a step only after writing its rollouts, so this many are
-        # stored. A step still running beside us is written after the checkpoint; a resumed run
-        # replays it (the buffer has its rollouts: has_explorer_step).
-        extra = {"explorer_step": self.explorer.step if self.explorer else 0}
-        self.activity.doing(TRAINER, f"saving a checkpoint at step {self.trainer.step}")
-        path = self.trainer.save_checkpoint(self.checkpoint_dir(self.trainer.step), extra)
-        if self.stores.checkpoints is not None:
-            self.stores.checkpoints.record(self.trainer.step // self.sync.interval, self.trainer.step, str(path))
-        self._saved = (self.trainer.step, self.clock())
-        self.prune_checkpoints()
-        return path
-
-    def save_final(self) -> Path | None:
-        """The trained model, unless the last step's checkpoint already holds it."""
-        return self.save() if self._saved[0] != self.trainer.step else None
-
-    def save_for_resume(self) -> Path | None:
-        """On a stop: a checkpoint to resume from, where the run can resume from this step (else
-        it resumes from its last checkpoint)."""
-        return self.save() if self.resumable_at(self.trainer.step) else None
-
-    def prune_checkpoints(self) -> list[int]:
-        """Keep the newest trainer.keep_checkpoints checkpoints; delete older ones, any newer than
-        the trainer's step (left by steps a failure lost; never recorded) and half-written ones
-        (a killed save). Store rows go before their directories, so a listed checkpoint always
-        has its files. Returns the steps deleted."""
-        root = self.work_dir / "checkpoints"
-        saved = sorted(
-            (int(match[1]), path) for path in root.glob("step_*") if (match := re.fullmatch(r"step_(\d+)", path.name))
-        )
-        up_to_now = [entry for entry in saved if entry[0] <= self.trainer.step]
-        doomed = up_to_now[: -self.config.trainer.keep_checkpoints] + [e for e in saved if e[0] > self.trainer.step]
-        if doomed and self.stores.checkpoints is not None:
-            self.stores.checkpoints.forget([step for step, _ in doomed])
-        for _, path in doomed:
-            shutil.rmtree(path, ignore_errors=True)
-        for half_written in root.glob(".step_*"):
-            shutil.rmtree(half_written, ignore_errors=True)
-        return [step for step, _ in doomed]
-
-    def resume(self, path: str | Path) -> None:
-        """Continue from a checkpoint this loop saved (the stores must be the run's own)."""
-        extra = self.trainer.load_checkpoint(path)
-        self._saved = (self.trainer.step, self.clock())
-        if self.explorer is not None:
-            self.explorer.step = extra["explorer_step"]
-        self.sync.discard_after(self.trainer.step // self.sync.interval)
-        if self.sync.method == "memory":
-            if not self.sync.is_publish_step(self.trainer.step):
-                raise ValueError("memory sync resumes only from a checkpoint taken at a sync step")
-            self.sync.publish(self.trainer.policy, self.trainer.step, self.trainer.full_state()["policy"])

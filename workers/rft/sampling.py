@@ -66,6 +66,15 @@ def pairs(buffer, batch_size: int, current_version: int, **_) -> TrainBatch:
     return TrainBatch(pairs=buffer.sample_pairs(batch_size))
 
 
+def empty_batch_why(uses_rollouts: bool) -> str:
+    """Why a trainer step that counts came out empty (Trainer.waits_for_data), for a person."""
+    if uses_rollouts:
+        return ("the rollouts of the explorer steps they train on were all filtered out (explorer.pipeline, "
+                "algorithm.drop_zero_std_groups), flagged, older than buffer.max_staleness or unrated "
+                "(feedback.rated_only)")
+    return "promote_to_expert had copied no rollout into expert data yet"
+
+
 # -- human feedback ---------------------------------------------------------------------------------
 # Annotators' ratings arrive in the buffer as the reward component HUMAN_REWARD (their mean,
 # normalised to [0, 1] on the run's scale). The buffer applies the run's `feedback` settings to

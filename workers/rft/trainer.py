@@ -54,6 +54,7 @@ from .algorithms import (
     whiten,
 )
 from .config import FsdpConfig
+from .config_rules import promotes_rollouts
 from .logprobs import at_least_fp32, chunked_logprobs, response_hidden, response_logits, token_logprobs
 from .micro_batches import MicroBatch, collate, pack, pack_pairs
 from .models import (
@@ -133,6 +134,13 @@ class Trainer:
         # forward gathers the head's shards).
         self.chunked = not self.sharded
         self.batch_size = config.train_batch_size
+        # A step that finds nothing to train on counts ({"skipped": 1}) where the explorer's steps
+        # bring the data (rollouts; promote_to_expert's copies for sft): trainer step s + 1 trains on
+        # explorer step s, and the explorer waits in turn for the weights step s + 1 publishes, so a
+        # trainer that waited instead would wait for itself. sft and dpo on data that comes whenever
+        # it comes (expert data, imported pairs, people's edits and comparisons) wait for it and count
+        # no step: counted, 100 steps over an empty buffer ended "completed", model v100, trained on nothing.
+        self.waits_for_data = not self.spec.uses_rollouts and not promotes_rollouts(config)
         self.step = 0
         # For idle_share: the end of the last step, and checkpoint time since (busy, not idle).
         self._last_end: float | None = None
@@ -140,9 +148,10 @@ class Trainer:
 
     # -- one step --------------------------------------------------------------------------------
 
-    def train_step(self, current_version: int = 0, publish: Callable[[], object] | None = None) -> dict:
+    def train_step(self, current_version: int = 0, publish: Callable[[], object] | None = None) -> dict | None:
         """Sample, update, `publish` the new weights (the synchroniser's part in this thread:
-        sync_seconds), log. A step with nothing to train on still counts (metrics say skipped).
+        sync_seconds), log. With nothing to train on: None, and no step, where the trainer waits for
+        its data (waits_for_data); else the step counts, its metrics saying skipped.
         idle_share: the part of the time since the last step's end spent neither in this step nor
         saving a checkpoint (waiting for rollouts, mostly)."""
         started = time.perf_counter()
@@ -155,6 +164,8 @@ class Trainer:
             uses_rollouts=self.spec.uses_rollouts,
             expert_data_ratio=self.algo.mix.expert_data_ratio,
         )
+        if not len(batch) and self.waits_for_data:
+            return None
         scatter = None
         if len(batch) and self.ranks is not None:
             sent = time.perf_counter()

@@ -1,7 +1,8 @@
 """Refusals a launch adds to the engine's rules (config_rules.py) and what the launch form, sweeps and
 presets do about them: a key nothing reads goes back to its default where the person did not set it
 (a field the form hides, a sweep's base key a swept value leaves unread) and is refused where they
-did; feedback source runs of another tokenizer or prompt format; a model without a chat template."""
+did; a trainer no data could reach; feedback source runs of another tokenizer or prompt format; a
+model without a chat template."""
 import json
 import shutil
 
@@ -66,6 +67,64 @@ def test_the_same_key_in_yaml_is_refused_naming_it(researcher_client, tasksets, 
     response = researcher_client.post(URL, {"editor": "yaml", "yaml": yaml.safe_dump(config)})
     errors = " ".join(response.context["form"].errors["yaml"])
     assert "buffer.expert_taskset: has no effect with algorithm 'grpo'" in errors and not Run.objects.exists()
+
+
+# ---- a trainer no data could reach (config_rules.data_issues) -------------------------------------------
+# Each ran 100 steps of {"skipped": 1} and ended "completed", model v100, having trained nothing.
+STARVED = {
+    "dpo, mode train": ({"mode": "train", "algorithm": {"name": "dpo"}, "buffer": {"taskset": "addition"}},
+                        "feedback.source_runs", "or buffer.expert_dataset"),
+    "sft, mode train": ({"mode": "train", "algorithm": {"name": "sft"}, "buffer": {"taskset": "addition"}},
+                        "buffer.expert_taskset", "or feedback.source_runs"),
+    "sft, both, edits not expert data": ({"algorithm": {"name": "sft"}, "buffer": {"taskset": "addition"},
+                                         "feedback": {"edits_as_expert": False}}, "buffer.expert_taskset",
+                                        "feedback.edits_as_expert is false"),
+    "grpo, mode train": ({"mode": "train", "buffer": {"taskset": "addition"}}, "mode", "'train' rolls nothing out"),
+}
+
+
+@pytest.mark.parametrize("config, key, words", STARVED.values(), ids=STARVED.keys())
+def test_a_trainer_no_data_could_reach_is_refused_and_nothing_is_created(researcher, tasksets, worker_queue, config,
+                                                                         key, words):
+    with pytest.raises(ConfigError) as err:
+        services.launch_run(researcher, "starved", config)
+    assert list(refusal(err.value)) == [key] and words in refusal(err.value)[key]
+    assert not Run.objects.exists() and worker_queue == []
+
+
+def test_annotators_judging_the_runs_own_answers_feed_a_mode_both_sft_or_dpo(researcher, tasksets, worker_queue):
+    """A human edit of a run's rollout is a human_edit row of that run, and a comparison of two is a
+    preference on it: the run's buffer samples both (apps/buffer/store.py), so its trainer waits for them."""
+    for algorithm in ("sft", "dpo"):
+        services.launch_run(researcher, algorithm, {"algorithm": {"name": algorithm},
+                                                    "buffer": {"taskset": "addition"}})
+    assert Run.objects.count() == 2
+
+
+def test_other_runs_judgements_or_imported_data_feed_a_mode_train_sft_or_dpo(researcher, tasksets, worker_queue):
+    from apps.buffer.models import ExpertDataset
+
+    ExpertDataset.objects.create(name="pairs", layout=ExpertDataset.Layout.DPO)
+    demo = source_run(researcher)
+    same = {"mode": "train", "model": {"path": "tiny"}, "explorer": {"use_chat_template": False},
+            "buffer": {"taskset": "addition"}}
+    for extra in ({"algorithm": {"name": "dpo"}, "feedback": {"source_runs": [demo.pk]}},
+                  {"algorithm": {"name": "sft"}, "feedback": {"source_runs": [demo.pk]}},
+                  {"algorithm": {"name": "dpo"}, "buffer": {"taskset": "addition", "expert_dataset": "pairs"}}):
+        services.launch_run(researcher, "fed", {**same, **extra})
+    assert Run.objects.filter(name="fed").count() == 3
+
+
+def test_the_dpo_preset_turned_to_mode_train_on_the_form_says_what_to_fill_in(researcher_client, tasksets,
+                                                                              worker_queue):
+    form = researcher_client.get(URL, {"preset": "dpo-human"}).context["form"]
+    assert form["mode"].value() == "both"  # as it opens, annotators judge its own answers: it launches (above)
+    response = researcher_client.post(URL, posted(form, mode="train"))
+    (error,) = response.context["form"].non_field_errors()  # a list: the YAML tab's key, named atop the form
+    assert error.startswith("feedback.source_runs: required by algorithm 'dpo' in mode 'train'")
+    assert "list the runs whose annotators' comparisons it trains on, or name imported pairs in " \
+           "buffer.expert_dataset" in error
+    assert not Run.objects.exists()
 
 
 # ---- sweeps -------------------------------------------------------------------------------------------
@@ -160,7 +219,7 @@ def test_a_source_run_of_the_same_tokenizer_and_format_is_accepted(researcher, t
     """The same model by name, or by a directory of its own (a checkpoint of the demo's model has its
     tokenizer); a directory whose vocabulary has one token more is refused."""
     demo = source_run(researcher)
-    same = {"use_chat_template": False}
+    same = {"use_chat_template": False, "system_prompt": None}  # the demo's prompt format
     services.validate_config(dpo_on(demo, model={"path": "tiny"}, explorer=same))
     copy = models_root / "tiny-checkpoint"
     shutil.copytree(tiny_dir, copy)

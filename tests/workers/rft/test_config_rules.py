@@ -1,10 +1,11 @@
 """Config choices that validated and then did nothing or the wrong thing, refused naming the key
 (workers/rft/config_rules.py): keys nothing reads in their combination, multi-turn budgets that end
-every episode after one turn, and filters that change what the group advantage compares."""
+every episode after one turn, filters that change what the group advantage compares, and a trainer
+no data could ever reach (data_issues, which a launch applies: the web app's and the CLI's)."""
 import pytest
 
 from workers.rft.config import ConfigError, RunConfig
-from workers.rft.config_rules import unread_keys
+from workers.rft.config_rules import data_issues, data_sources, unread_keys
 from workers.rft.engines import SamplingParams
 from workers.rft.experience import Experience, Task
 from workers.rft.pipelines import (
@@ -193,3 +194,73 @@ def test_why_a_filter_before_the_group_advantage_is_refused():
     assert advantages([(1.0, 7)] * 4, ["dedupe"]) == [1.0]
     assert advantages([(1.0, 7)] * 3 + [(0.0, 8)], []) == [0.5, 0.5, 0.5, -1.5]
     assert advantages([(1.0, 7)] * 3 + [(0.0, 8)], [{"name": "reward_filter", "min": 0.5}]) == [0.0] * 3
+
+
+# ---- a trainer no data could reach (data_issues) -----------------------------------------------------
+# Each ran 100 steps of {"skipped": 1} and ended "completed" at model v100, having trained nothing.
+STARVED = {  # config: (the key named on the web app, on the headless CLI)
+    "dpo, mode train": (config({"mode": "train", "algorithm": {"name": "dpo"}}), "feedback.source_runs",
+                        "algorithm.name"),
+    "sft, mode train": (config({"mode": "train", "algorithm": {"name": "sft"}}), "buffer.expert_taskset",
+                        "buffer.expert_taskset"),
+    "grpo, mode train": (config({"mode": "train"}), "mode", "mode"),
+    "mix, mode train": (config({"mode": "train", "algorithm": {"name": "mix"}}, EXPERT), "mode", "mode"),
+    "sft, both, no edits": (config({"algorithm": {"name": "sft"}, "feedback": {"edits_as_expert": False}}),
+                            "buffer.expert_taskset", "buffer.expert_taskset"),
+}
+
+
+@pytest.mark.parametrize("data, web_key, cli_key", STARVED.values(), ids=STARVED.keys())
+def test_a_trainer_no_data_could_reach_is_refused_at_launch_naming_what_to_give_it(data, web_key, cli_key):
+    parsed = RunConfig.from_dict(data)  # the schema takes it: code may hand the engine's stores data
+    assert data_sources(parsed, web=True) == []
+    (web,) = data_issues(parsed, web=True)
+    (cli,) = data_issues(parsed, web=False)
+    assert (web.key, cli.key) == (web_key, cli_key)
+
+
+def test_the_refusals_say_what_would_feed_the_trainer():
+    dpo = RunConfig.from_dict(config({"mode": "train", "algorithm": {"name": "dpo"}}))
+    (web,) = data_issues(dpo, web=True)
+    assert "buffer.expert_dataset" in web.message and "in mode 'both' annotators compare" in web.message
+    (cli,) = data_issues(dpo, web=False)
+    assert "a headless run has none" in cli.message
+    sft = RunConfig.from_dict(config({"mode": "train", "algorithm": {"name": "sft"}}))
+    (web,) = data_issues(sft, web=True)
+    assert "buffer.expert_dataset, or feedback.source_runs" in web.message and "annotators' edits" in web.message
+    (cli,) = data_issues(sft, web=False)
+    assert "promote_to_expert" in cli.message
+
+
+FED = {  # config: (what feeds it on the web app, headless; None: refused there)
+    "sft on a taskset": (config({"mode": "train", "algorithm": {"name": "sft"}}, EXPERT),
+                         ["the answers of taskset 'gold'"], ["the answers of taskset 'gold'"]),
+    "sft on other runs' edits": (config({"mode": "train", "algorithm": {"name": "sft"},
+                                         "feedback": {"source_runs": [7, 9]}}), ["human edits on run 7, 9"], None),
+    "sft on imports": (config({"mode": "train", "algorithm": {"name": "sft"}, "buffer": {"expert_dataset": "x"}}),
+                       ["the imported expert data 'x'"], None),
+    "sft, annotators' edits": (config({"algorithm": {"name": "sft"}}),
+                               ["annotators' edits of this run's answers (Annotate, e)"], None),
+    "sft, expert iteration": (config({"algorithm": {"name": "sft"}, "explorer": {"pipeline": ["promote_to_expert"]},
+                                      "feedback": {"edits_as_expert": False}}),
+                              ["the rollouts promote_to_expert copies"], ["the rollouts promote_to_expert copies"]),
+    "dpo on other runs' pairs": (config({"mode": "train", "algorithm": {"name": "dpo"},
+                                         "feedback": {"source_runs": [7]}}),
+                                 ["annotators' comparisons on run 7"], None),
+    "dpo on imports": (config({"mode": "train", "algorithm": {"name": "dpo"}, "buffer": {"expert_dataset": "p"}}),
+                       ["the imported preference pairs 'p'"], None),
+    "dpo, annotators' comparisons": (config({"algorithm": {"name": "dpo"}}),
+                                     ["annotators' comparisons of this run's answers (Annotate, c)"], None),
+    "grpo": (config({}), ["its explorer's rollouts"], ["its explorer's rollouts"]),
+    "explore only": (config({"mode": "explore"}), [], []),  # no trainer: nothing to feed
+}
+
+
+@pytest.mark.parametrize("data, web, headless", FED.values(), ids=FED.keys())
+def test_a_trainer_something_could_reach_launches_and_says_what(data, web, headless):
+    """What annotators judge while a mode 'both' run trains reaches its trainer (the web app's
+    buffer samples the run's own human edits and comparisons), so there the run waits for them."""
+    parsed = RunConfig.from_dict(data)
+    assert (data_sources(parsed, web=True), data_issues(parsed, web=True)) == (web, [])
+    assert data_sources(parsed, web=False) == (headless or [])
+    assert bool(data_issues(parsed, web=False)) == (headless is None)

@@ -260,11 +260,6 @@ def test_staleness_limit_skips_old_rollouts(tiny_path, tokenizer):
     assert out["experiences"] == 2 and out["staleness"] == pytest.approx(0.5)
 
 
-def test_empty_buffer_step_is_counted_as_skipped(tiny_path, tokenizer):
-    trainer = make_trainer(tiny_path, tokenizer, [])
-    assert trainer.train_step()["skipped"] == 1 and trainer.step == 1
-
-
 def test_warmup_scales_the_learning_rate(tiny_path, tokenizer):
     trainer = make_trainer(tiny_path, tokenizer, rollouts(tokenizer) * 1,
                            trainer={"batch_size": 2, "warmup_steps": 4, "lr": 1e-3})
