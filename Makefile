@@ -47,12 +47,13 @@ test: install services chromium lint
 	$(MAKE) test-sqlite
 
 # The suites that query the database again on SQLite, the embedded demo's database (`make test`
-# runs everything on Postgres first): the storage contract, the apps' and the security tests but the slow ones.
+# runs everything on Postgres first): the storage contract, the apps', the security tests and the
+# journeys but the slow ones (the journeys' fast ones, test_links.py, add ~7 s of test time at -n 2).
 # Tests of what only Postgres has are marked `postgres` and skipped here, saying why.
 test-sqlite: install
 	@mkdir -p data/test
 	DATABASE_URL=sqlite:///$(CURDIR)/data/test/rftweb.sqlite3 $(PY) -m pytest -q -n $(TEST_WORKERS) \
-	  -m "not slow" tests/contract tests/apps tests/security
+	  -m "not slow" tests/contract tests/apps tests/security tests/journeys
 
 # ruff (ruff.toml): pyflakes, import order, bugbear, blind except, lines up to 120 characters.
 lint: install

@@ -14,7 +14,9 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
     """On SQLite (`make test-sqlite`: the embedded demo's database), a test database in a file, as
     `make demo`'s: Django's default in-memory one shares one cache between connections, whose
     table locks fail a second thread's write at once ('database table is locked') instead of
-    waiting out the settings' 30 s busy timeout."""
+    waiting out the settings' 30 s busy timeout. Named after DATABASE_URL's file as Postgres' test
+    database is after its database (test_<name>): two sessions whose URLs name two files in one
+    folder (/tmp/a.sqlite3, /tmp/b.sqlite3) each delete and create their own, not one shared file."""
     import os
     from pathlib import Path
 
@@ -23,7 +25,8 @@ def django_db_modify_db_settings(django_db_modify_db_settings_parallel_suffix):
     if _engine() == "sqlite3":
         worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # each xdist worker its own file
         test = settings.DATABASES["default"].setdefault("TEST", {})
-        test["NAME"] = str(Path(settings.DATABASES["default"]["NAME"]).with_name(f"test_rftweb{worker}.sqlite3"))
+        database = Path(settings.DATABASES["default"]["NAME"])
+        test["NAME"] = str(database.with_name(f"test_{database.stem}{worker}{database.suffix}"))
 
 
 def pytest_runtest_setup(item):

@@ -7,20 +7,33 @@ import sys
 import time
 import uuid
 from pathlib import Path
+from urllib.parse import quote
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def database_url() -> str:
+    """The URL of this test's database, for a process the test starts: on SQLite its file (Celery
+    workers and daphne share it with the test, as `make demo`'s with REDIS_URL do), not a Postgres
+    URL naming the file."""
+    from django.db import connection
+
+    db = connection.settings_dict
+    if connection.vendor == "sqlite":
+        return f"sqlite:///{Path(db['NAME']).resolve()}"
+    credentials = db["USER"] + (f":{quote(db['PASSWORD'], safe='')}" if db.get("PASSWORD") else "")
+    port = f":{db['PORT']}" if db["PORT"] else ""
+    return f"postgres://{credentials}@{db['HOST']}{port}/{db['NAME']}"  # no host: the Unix socket, as here
 
 
 def service_env(**overrides) -> dict:
     """os.environ plus what a started process needs to reach this test's database, Redis and data dir."""
     from django.conf import settings
-    from django.db import connection
 
-    db = connection.settings_dict
     return {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "rftweb.test_settings",
-        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "DATABASE_URL": database_url(),
         "REDIS_URL": settings.REDIS_URL,
         "RFTWEB_DATA_DIR": str(settings.DATA_DIR),
         "RFTWEB_HEARTBEAT_INTERVAL": str(settings.RFTWEB_HEARTBEAT_INTERVAL),

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import listen_endpoint
+from tests.support import database_url, listen_endpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
@@ -98,14 +98,11 @@ def asgi_server(django_db_setup, asgi_server_log):
     subprocess on a free port. Yields its base URL. Tests using it must be transactional: the
     server sees only committed rows."""
     from django.conf import settings
-    from django.db import connection
 
-    db = connection.settings_dict
-    credentials = db["USER"] + (f":{db['PASSWORD']}" if db.get("PASSWORD") else "")
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "rftweb.test_settings",
-        "DATABASE_URL": f"postgres://{credentials}@{db['HOST'] or 'localhost'}:{db['PORT'] or 5432}/{db['NAME']}",
+        "DATABASE_URL": database_url(),
         "REDIS_URL": settings.REDIS_URL,
         "RFTWEB_DATA_DIR": str(settings.DATA_DIR),
         "PYTHONUNBUFFERED": "1",

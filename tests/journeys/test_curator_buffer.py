@@ -298,6 +298,8 @@ def matching(word: str) -> int:
     return Experience.objects.filter(search__document=SearchQuery(word, config="simple")).count()
 
 
+@pytest.mark.postgres("search documents, their backlog and beat's indexer: SQLite has none, its search reads each "
+                      "row's texts (apps/buffer/search.py; tests/apps/buffer/test_admin.py searches on both)")
 def test_rows_just_written_are_found_at_once_and_beat_leaves_no_backlog(page, curator, researcher, stack):
     make_taskset("journey-sums", n=TASKS)
     run = Run.objects.create(name="searched run", owner=researcher, config={"buffer": {"taskset": "journey-sums"}})

@@ -84,8 +84,9 @@ def test_a_curator_imports_expert_data_and_pairs_and_runs_train_on_them(curator,
         job = BufferJob.objects.order_by("-pk").first()
         wait_for(lambda job=job: BufferJob.objects.get(pk=job.pk).status == "succeeded", timeout=120,
                  what=f"the import of {name}")
-        page.reload()
-        expect(page.locator("body")).to_contain_text(f"dataset: {name}")
+        # The page reloads itself once the job has finished (job_progress.js: at once over its socket,
+        # polled every 5 s behind it); a reload of the test's own aborted when the two met.
+        expect(page.locator("body")).to_contain_text(f"dataset: {name}", timeout=15_000)
     page.goto("/admin/buffer/expertdataset/")
     expect(page.locator("#result_list")).to_contain_text("sums-expert")
     expect(page.locator("#result_list")).to_contain_text("12")  # the pairs' two rows each

@@ -1,23 +1,31 @@
 """The curation admin on a buffer of 200,000 generated experiences (bench/admin_changelist.py makes
 them, and prints the same figures): the changelist answers with a bounded number of queries in
-under a second of server time, and bulk actions change exactly the selected rows."""
+under a second of server time (a search on SQLite: SEARCH_SECONDS_SQLITE), and bulk actions change
+exactly the selected rows."""
 
+import re
 import statistics
 import time
 
 import pytest
-from django.db import connection
-from django.db.models import Q
+from django.core.management.color import no_style
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
+from apps.buffer import search
 from apps.buffer.models import Experience
 from bench.admin_changelist import changelist_cases, generate_buffer
 
 pytestmark = pytest.mark.slow
 
 ROWS = 200_000
-# session, user, 2 permission lookups, run and dataset filters, capped count (+ estimate), page, search catch-up
+# session, user, 2 permission lookups, run and dataset filters, capped count (+ estimate; SQLite: the
+# exact count), page, search catch-up
 MAX_QUERIES = 10
+# The embedded mode's search has no index: a regex over each row's texts (search.websearch_q), and
+# past 10,000 matches SQLite, with no planner estimate, counts them all. The two-word search took
+# 1.5 s of CPU here (2 cores shared with other tests); every case without a search, under 0.2 s.
+SEARCH_SECONDS_SQLITE = 3.0
 
 
 @pytest.fixture(scope="module")
@@ -31,21 +39,30 @@ def big_buffer(django_db_setup, django_db_blocker):
         try:
             yield generate_buffer(ROWS, owner)
         finally:  # committed rows would be in every later test's way
-            with connection.cursor() as cursor:
-                # with the feedback on them, their search documents and the ranges still to index
-                cursor.execute("TRUNCATE buffer_experience, buffer_experiencesearch, buffer_search_pending CASCADE")
+            # with the feedback on them and their search documents (Postgres: TRUNCATE ... CASCADE, and
+            # the ranges still to index; SQLite: a DELETE from each table that refers to them)
+            tables = ["buffer_experience", "buffer_experiencesearch"]
+            if search.enabled():
+                tables.append("buffer_search_pending")
+            with transaction.atomic(), connection.cursor() as cursor:
+                for sql in connection.ops.sql_flush(no_style(), tables, allow_cascade=True):
+                    cursor.execute(sql)
             Run.objects.filter(owner=owner).delete()
             owner.delete()
 
 
 def server_seconds(client, url: str, repeat: int = 5) -> tuple[float, int]:
+    """The median server time of GET url and its number of queries. The time is the request's wall
+    time on Postgres, whose work is done in a process of its own, and this process's CPU time on
+    SQLite, which runs inside it: there the wall time was 3.5 x the CPU time beside other tests."""
+    clock = time.process_time if connection.vendor == "sqlite" else time.perf_counter
     client.get(url)  # warm: templates, session, permissions
     seconds, queries = [], 0
     for _ in range(repeat):
         with CaptureQueriesContext(connection) as captured:
-            start = time.perf_counter()
+            start = clock()
             response = client.get(url)
-            seconds.append(time.perf_counter() - start)
+            seconds.append(clock() - start)
         assert response.status_code == 200, url
         queries = len(captured)
     return statistics.median(seconds), queries
@@ -57,14 +74,18 @@ def test_changelist_with_filters_and_search_is_fast(big_buffer, curator_client):
         seconds, queries = server_seconds(curator_client, url)
         print(f"{name}: {seconds * 1000:.0f} ms, {queries} queries")
         assert queries <= MAX_QUERIES, (name, queries)
-        assert seconds < 1.0, (name, seconds)
+        searching = "q=" in url and connection.vendor == "sqlite"
+        assert seconds < (SEARCH_SECONDS_SQLITE if searching else 1.0), (name, seconds)
 
 
 def test_select_across_changes_exactly_the_rows_the_filters_match(big_buffer, curator_client):
     run = big_buffer[0]
     query = f"?run__id__exact={run.pk}&status__exact=raw&q=word7"
-    word7 = Q(prompt_text__regex=r"\mword7\M") | Q(response_text__regex=r"\mword7\M")  # what the search finds
-    matching = set(Experience.objects.filter(word7, run=run, status="raw").values_list("pk", flat=True))
+    matching = {  # what the search finds: the word itself, not word70
+        pk for pk, *texts in Experience.objects.filter(run=run, status="raw").values_list(
+            "pk", "prompt_text", "response_text")
+        if any("word7" in re.findall(r"[^\W_]+", text) for text in texts)
+    }
     before = set(Experience.objects.filter(status="rejected").values_list("pk", flat=True))
     assert 100 < len(matching) < 10_000 and not matching & before
     page = curator_client.get("/admin/buffer/experience/" + query).context["cl"].result_list
