@@ -251,4 +251,4 @@ def test_agreement_per_pair_of_annotators_matches_a_hand_computation(run, make_e
     assert run_level["comparison_percent_agreement"] == pytest.approx(5 / 8)
     assert run_level["comparison_kappa"] == pytest.approx((0.2 + 1.0 + 0.0) / 3)  # Light's: the mean
     page = researcher_client.get(reverse("annotate-run-feedback", args=[run.pk])).content.decode()
-    assert "κ 0.200" in page and "a · c" in page
+    assert "κ 0.200" in page and "<bdi>a</bdi> · <bdi>c</bdi>" in page
