@@ -132,14 +132,14 @@ def _sft_row(record: dict) -> tuple[ExperienceFields]:
         if not _given(record, "prompt"):
             raise ValueError("a row with a 'response' needs a 'prompt'")
         prompt = _prompt(record["prompt"], "prompt")
-        response = _string(record["response"], "response")
+        response = _taught(_string(record["response"], "response"), "'response'")
         if messages is None and isinstance(prompt, list):
             messages = [*prompt, {"role": "assistant", "content": response}]
         prompt_text = _render(prompt)
     elif messages is not None:
         if messages[-1]["role"] != "assistant" or len(messages) < 2:
             raise ValueError("'messages' must end with the assistant's reply after at least one prompt message")
-        response = messages[-1]["content"]
+        response = _taught(messages[-1]["content"], "the assistant's reply in 'messages'")
         prompt_text = _prompt_text_from(record, messages[:-1])
     else:
         raise ValueError("needs 'prompt' and 'response', or chat 'messages' ending with the assistant's reply")
@@ -170,9 +170,13 @@ def _dpo_row(record: dict) -> tuple[ExperienceFields, ExperienceFields]:
     prompt = _prompt(record["prompt"], "prompt")
     prompt_ids = _token_ids(record, "prompt_ids")
     metadata = _object(record.get("metadata"), "metadata")
+    chosen, rejected = _taught(_string(record["chosen"], "chosen"), "'chosen'"), _string(record["rejected"], "rejected")
+    if chosen == rejected:
+        # DPO's loss of a pair is -log sigmoid(beta * (margin of chosen - margin of rejected)): with
+        # one response on both sides it is ln 2 whatever the model, and its gradient 0.
+        raise ValueError("'chosen' and 'rejected' are the same response: the pair prefers nothing")
     pair = []
-    for index, side in enumerate(("chosen", "rejected")):
-        response = _string(record[side], side)
+    for index, (side, response) in enumerate((("chosen", chosen), ("rejected", rejected))):
         messages = [*prompt, {"role": "assistant", "content": response}] if isinstance(prompt, list) else None
         pair.append(
             ExperienceFields(
@@ -186,6 +190,14 @@ def _dpo_row(record: dict) -> tuple[ExperienceFields, ExperienceFields]:
             )
         )
     return tuple(pair)
+
+
+def _taught(response: str, what: str) -> str:
+    """A response a row teaches the model to write: an empty one (or only white space) would teach
+    it to stop at once, as tasksets refuse an empty prompt."""
+    if not response.strip():
+        raise ValueError(f"{what} is empty: the row would teach the model to answer nothing; leave it out")
+    return response
 
 
 def _given(record: dict, key: str) -> bool:

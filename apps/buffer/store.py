@@ -189,6 +189,21 @@ def claim(picks: Sequence[tuple], claimer: int) -> list[list[Experience]]:
     return claimed
 
 
+def judged_pairs(run_ids: Sequence[int], *, exclude_flagged: bool):
+    """The annotators' preferences on the runs' experiences that a DPO step samples (and the run
+    page counts as DPO pairs): a verdict, not a tie or "both bad"; on a run that requires review,
+    accepted; with `feedback.exclude_flagged`, neither response flagged."""
+    prefs = (
+        Feedback.objects.filter(kind=Feedback.Kind.PREFERENCE, experience__run_id__in=run_ids)
+        .filter(Q(value=1.0) | Q(value__isnull=True))  # a verdict; ties and "both bad" are no pair
+        .filter(review__in=Feedback.TRAINED)  # on a run that requires review: once accepted
+    )
+    if exclude_flagged:
+        rejected = ExperienceRow.Status.REJECTED
+        prefs = prefs.exclude(experience__status=rejected).exclude(other__status=rejected)
+    return prefs
+
+
 class DjangoExperienceBuffer:
     """The experiences of one run (its rollouts, and the expert data the run seeded from its expert taskset)."""
 
@@ -393,15 +408,7 @@ class DjangoExperienceBuffer:
     def _judged_pairs(self, n: int) -> list[tuple]:
         """(uses, 0, id, pair): up to n of the annotators' preferences, least used first."""
         feedback = self.config.feedback
-        runs = [self.run_id, *feedback.source_runs]
-        prefs = (
-            Feedback.objects.filter(kind=Feedback.Kind.PREFERENCE, experience__run_id__in=runs)
-            .filter(Q(value=1.0) | Q(value__isnull=True))  # a verdict; ties and "both bad" are no pair
-            .filter(review__in=Feedback.TRAINED)  # on a run that requires review: once accepted
-        )
-        if feedback.exclude_flagged:
-            rejected = ExperienceRow.Status.REJECTED
-            prefs = prefs.exclude(experience__status=rejected).exclude(other__status=rejected)
+        prefs = judged_pairs([self.run_id, *feedback.source_runs], exclude_flagged=feedback.exclude_flagged)
         prefs = prefs.select_related("experience", "other").order_by("use_count", "id")[:n]
         return [(p.use_count, 0, p.pk, _pair(p.experience, p.other, p.pk)) for p in prefs]
 

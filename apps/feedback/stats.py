@@ -8,7 +8,11 @@ from django.db.models import Avg, Count, FloatField, Q
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast
 
+from apps.buffer.models import Experience
+from apps.buffer.store import judged_pairs
+
 from .models import Feedback
+from .services import HUMAN_REWARD, feedback_settings
 
 
 def per_annotator(run) -> list[dict]:
@@ -29,6 +33,7 @@ def per_annotator(run) -> list[dict]:
 
 
 REVIEWS = ("pending", "accepted", "rejected")  # Feedback.Review values
+REVIEWED_KINDS = (Feedback.Kind.RATING, Feedback.Kind.EDIT, Feedback.Kind.PREFERENCE)  # flags act at once
 
 
 def percent_agreement(units: list[list[float]]) -> float | None:
@@ -162,15 +167,13 @@ def export_jsonl(run):
 
 
 def summary(run) -> dict:
-    """What the run page shows of human feedback: judgements by kind, what reached the buffer
-    (rated, flagged, edits, DPO pairs), and the human reward (mean normalised rating) overall and
-    per explorer step."""
-    from apps.buffer.models import Experience
-
-    from .services import HUMAN_REWARD
-
+    """What the run page shows of human feedback: judgements by kind; what reaches training (rated,
+    flagged, edits, DPO pairs) as the trainer takes it, so on a run that requires review only once
+    accepted; the judgements waiting for a reviewer, by kind; and the human reward (mean normalised
+    rating) overall and per explorer step."""
     feedback = Feedback.objects.filter(experience__run=run)
     counts = dict.fromkeys(Feedback.Kind.values, 0) | dict(feedback.values_list("kind").annotate(n=Count("pk")))
+    waiting = feedback.filter(review=Feedback.Review.PENDING).values_list("kind").annotate(n=Count("pk"))
     rated = Experience.objects.filter(run=run, reward_components__has_key=HUMAN_REWARD)
     human = KeyTextTransform(HUMAN_REWARD, "reward_components")
     by_step = (
@@ -180,12 +183,17 @@ def summary(run) -> dict:
     )
     steps = [{"explorer_step": row["explorer_step"], "human_reward": row["mean"], "rated": row["n"]} for row in by_step]
     total = sum(s["rated"] for s in steps)
+    # A pending or rejected edit has no human_edit row; a row flagged, or undone after a step used
+    # it, is rejected: never sampled again.
+    edits = Experience.objects.filter(run=run, source=Experience.Source.HUMAN_EDIT).exclude(
+        status=Experience.Status.REJECTED)
     return {
         "judgements": counts,
         "rated_experiences": total,
         "flagged_experiences": feedback.filter(kind=Feedback.Kind.FLAG).values("experience").distinct().count(),
-        "human_edits": Experience.objects.filter(run=run, source=Experience.Source.HUMAN_EDIT).count(),
-        "dpo_pairs": feedback.filter(kind=Feedback.Kind.PREFERENCE, value=1.0).count(),
+        "human_edits": edits.count(),
+        "dpo_pairs": judged_pairs([run.pk], exclude_flagged=feedback_settings(run).exclude_flagged).count(),
+        "waiting_for_review": dict.fromkeys(REVIEWED_KINDS, 0) | dict(waiting),
         "human_reward": sum(s["human_reward"] * s["rated"] for s in steps) / total if total else None,
         "human_reward_by_step": steps,
     }

@@ -18,11 +18,12 @@
     item.dataset.run = run.id;
     item.title = "Show or hide this run's lines in every chart";
     item.innerHTML = '<input type="checkbox" checked><svg width="28" height="8" aria-hidden="true">'
-      + '<line x1="1" y1="4" x2="27" y2="4" stroke-width="2.5"></line></svg><span></span>';
+      + '<line x1="1" y1="4" x2="27" y2="4" stroke-width="2.5"></line></svg><span><bdi></bdi></span>';
     const line = item.querySelector("line");
     line.setAttribute("stroke", color);
     if (dashArray) line.setAttribute("stroke-dasharray", dashArray);
-    item.querySelector("span").textContent = label(run);
+    item.querySelector("bdi").textContent = run.name; // isolated, as the page's names are (app.css)
+    item.querySelector("span").append(" #" + run.id);
     const box = item.querySelector("input");
     box.addEventListener("change", () => board.setHidden(label(run), !box.checked));
     legend.appendChild(item);

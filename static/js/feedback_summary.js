@@ -15,6 +15,9 @@
     fields.rated_experiences.textContent = summary.rated_experiences;
     fields.judgements.textContent = `${j.rating} · ${j.edit} · ${j.preference} · ${j.flag}`;
     fields.data.textContent = `${summary.human_edits} · ${summary.dpo_pairs} · ${summary.flagged_experiences}`;
+    const waiting = summary.waiting_for_review;
+    // Shown on a run that requires review: what a reviewer has yet to let into the counts above.
+    if (fields.waiting_for_review) fields.waiting_for_review.textContent = `${waiting.rating} · ${waiting.edit} · ${waiting.preference}`;
     draw(summary.human_reward_by_step);
   }
 

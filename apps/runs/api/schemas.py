@@ -228,10 +228,15 @@ class AnnotatorWorkOut(Schema):
 class AnnotationOut(Schema):
     run: int
     judgements: dict[str, int] = Field(description="by kind: rating, edit, preference (a comparison), flag")
-    rated_experiences: int
+    rated_experiences: int = Field(description="rollouts with a human reward (on a run that requires review: "
+                                               "from accepted ratings)")
     flagged_experiences: int
-    human_edits: int
-    dpo_pairs: int
+    human_edits: int = Field(description="edits that are expert data: accepted where the run requires review, "
+                                         "not flagged")
+    dpo_pairs: int = Field(description="comparisons with a verdict that a DPO step samples: accepted where the run "
+                                       "requires review, neither response flagged")
+    waiting_for_review: dict[str, int] = Field(
+        description="by kind (rating, edit, preference): judgements waiting for a reviewer, in no count above yet")
     human_reward: float | None = Field(description="the mean normalised rating of the rated experiences")
     per_annotator: list[AnnotatorWorkOut] = Field(description="judgements and mean seconds, per annotator and kind")
     agreement: dict[str, float | int | None] = Field(

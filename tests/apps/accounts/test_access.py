@@ -116,5 +116,6 @@ def test_a_refused_page_says_why_and_keeps_the_nav(annotator_client, annotator):
     assert response.status_code == 403
     html = response.content.decode()
     assert "This page needs the researcher role." in html
-    assert f"logged in as <strong>{annotator.username}</strong>" in html and "with the role annotator" in html
+    assert f"logged in as <strong><bdi>{annotator.username}</bdi></strong>" in html
+    assert "with the role annotator" in html
     assert f'href="{reverse("annotate-start")}"' in html and 'class="topbar"' in html

@@ -76,7 +76,7 @@ def test_a_curator_assigns_an_annotator_to_a_run(curator_client, annotator, rese
     curator_client.post(reverse("person-assign", args=[annotator.pk]), {"run": run.pk})
     assert feedback.may_annotate(run, annotator)
     page = curator_client.get(reverse("person-detail", args=[annotator.pk])).content.decode()
-    assert "Runs they are assigned to annotate" in page and ">r</a>" in page
+    assert "Runs they are assigned to annotate" in page and "><bdi>r</bdi></a>" in page
     curator_client.post(reverse("person-assign", args=[annotator.pk]), {"run": run.pk, "action": "remove"})
     assert not feedback.may_annotate(run, annotator)
     nobody = create_user("nobody", "pw-for-tests-123")

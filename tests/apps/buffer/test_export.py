@@ -53,7 +53,7 @@ def varied(make_experience):
         ),
         make_experience(
             prompt_text="Hello\nworld — ünïcode \U0001f600",
-            response_text="",
+            response_text="Hello",  # not empty: an import refuses a row that teaches nothing
             response_ids=[],
             action_mask=[],
             logprobs=None,

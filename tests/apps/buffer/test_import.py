@@ -170,6 +170,11 @@ BAD_SFT_ROWS = [
     ({"prompt": "p", "response": "r", "rollout_index": -1}, "'rollout_index' must be a whole number"),
     ({"prompt": "p", "response": "r", "group_id": "g" * 101}, "over the limit of 100"),
     ({"prompt": "p", "response": "nul \x00 here"}, "NUL character"),
+    # A row that teaches nothing: SFT on an empty response learns to stop at once.
+    ({"prompt": "p", "response": ""}, "'response' is empty"),
+    ({"prompt": "p", "response": " \n"}, "'response' is empty"),
+    ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": ""}]},
+     "the assistant's reply in 'messages' is empty"),
 ]
 
 
@@ -184,6 +189,24 @@ def test_a_bad_row_is_named_and_nothing_is_kept(tmp_path, db, bad_row, message):
     assert (error.value.file, error.value.line) == ("data.jsonl", 4)
     assert message in error.value.message
     assert not Experience.objects.exists()
+
+
+@pytest.mark.parametrize(
+    "bad_row, message",
+    [
+        # chosen == rejected: DPO's loss is -log sigmoid(0) = ln 2 whatever the model, its gradient 0.
+        ({"prompt": "p", "chosen": "4", "rejected": "4"}, "'chosen' and 'rejected' are the same response"),
+        ({"prompt": "p", "chosen": "", "rejected": "4"}, "'chosen' is empty"),
+    ],
+)
+def test_a_dpo_row_that_teaches_nothing_is_named_and_nothing_is_kept(tmp_path, curator, bad_row, message):
+    good = {"prompt": "p", "chosen": "a", "rejected": "b"}
+    path = write_jsonl(tmp_path / "pairs.jsonl", [good, good, good, bad_row])
+    with pytest.raises(FileImportError) as error:
+        services.import_expert_data(path, layout="dpo", user=curator, batch_size=2)
+    assert (error.value.file, error.value.line) == ("pairs.jsonl", 4)
+    assert message in error.value.message
+    assert not Experience.objects.exists() and not Feedback.objects.exists()
 
 
 @pytest.mark.parametrize(

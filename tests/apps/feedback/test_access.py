@@ -117,6 +117,7 @@ def test_the_run_page_shows_human_feedback_counts_and_the_human_reward(
     assert summary["human_reward"] == pytest.approx(0.4375)
     page = researcher_client.get(reverse("run-detail", args=[run.pk])).content.decode()
     assert reverse("annotate-run-summary", args=[run.pk]) in page and "js/feedback_summary.js" in page
+    assert 'data-feedback="waiting_for_review"' not in page  # the run asks no review
     annotator_client = Client()
     annotator_client.force_login(annotator)
     assert annotator_client.get(reverse("annotate-run-summary", args=[run.pk])).status_code == 403

@@ -251,4 +251,46 @@ def test_agreement_per_pair_of_annotators_matches_a_hand_computation(run, make_e
     assert run_level["comparison_percent_agreement"] == pytest.approx(5 / 8)
     assert run_level["comparison_kappa"] == pytest.approx((0.2 + 1.0 + 0.0) / 3)  # Light's: the mean
     page = researcher_client.get(reverse("annotate-run-feedback", args=[run.pk])).content.decode()
-    assert "κ 0.200" in page and "a · c" in page
+    assert "κ 0.200" in page and "<bdi>a</bdi> · <bdi>c</bdi>" in page
+
+
+def test_the_counts_of_what_reaches_training_wait_for_review(reviewed_run, make_experience, make_annotator,
+                                                            reviewer, researcher_client):
+    """The run page's, summary.json's and the API's DPO pairs and human edits are what training
+    takes: a reviewed run's comparisons counted 3 pairs while 2 were rejected and the trainer
+    sampled 1. What waits for a reviewer is counted apart, by kind."""
+    from apps.buffer.store import DjangoExperienceBuffer
+
+    a = make_annotator("a")
+    items = [make_experience() for _ in range(8)]  # 0-1, 2-3, 4-5, 6-7 answer one prompt each
+    comparisons = [services.compare(first.pk, second.pk, a, "a_better")
+                   for first, second in zip(items[0:6:2], items[1:6:2])]
+    services.edit(items[6].pk, a, "the answer, edited", confirmed=True)
+
+    def counts():
+        summary = researcher_client.get(reverse("annotate-run-summary", args=[reviewed_run.pk])).json()
+        api = researcher_client.get(reverse("api-run-annotation", args=[reviewed_run.pk])).json()
+        assert {key: api[key] for key in summary if key != "human_reward_by_step"} == {
+            key: value for key, value in summary.items() if key != "human_reward_by_step"}
+        return summary["dpo_pairs"], summary["human_edits"], summary["waiting_for_review"]
+
+    waiting = {"rating": 0, "edit": 1, "preference": 3}
+    assert counts() == (0, 0, waiting)
+    review.decide(comparisons[0].pk, reviewer, accept=True)
+    for rejected in comparisons[1:]:
+        review.decide(rejected.pk, reviewer, accept=False)
+    review.decide(Feedback.objects.get(kind="edit").pk, reviewer, accept=True)
+    assert [(row["accepted"], row["rejected"]) for row in stats.per_annotator(reviewed_run)] == [(1, 0), (1, 2)]
+    assert counts() == (1, 1, {"rating": 0, "edit": 0, "preference": 0})
+    assert len(DjangoExperienceBuffer(reviewed_run.pk).sample_pairs(10)) == 1
+    # A tie, accepted, trains nothing; an accepted pair whose response is flagged is never sampled.
+    tie = services.compare(items[7].pk, items[6].pk, a, "tie")
+    review.decide(tie.pk, reviewer, accept=True)
+    services.flag(items[1].pk, make_annotator("b"), "wrong")
+    assert counts() == (0, 1, {"rating": 0, "edit": 0, "preference": 0})
+    assert DjangoExperienceBuffer(reviewed_run.pk).sample_pairs(10) == []
+    # An edit's row rejected (undone after a step used it, or a curator's Mark rejected) trains no more.
+    Experience.objects.filter(source="human_edit").update(status="rejected")
+    assert counts() == (0, 0, {"rating": 0, "edit": 0, "preference": 0})
+    page = researcher_client.get(reverse("run-detail", args=[reviewed_run.pk])).content.decode()
+    assert 'data-feedback="waiting_for_review"' in page

@@ -3,6 +3,7 @@
 import gzip
 import io
 import json
+import re
 import tarfile
 
 import pytest
@@ -131,7 +132,7 @@ def test_run_page_has_the_charts_the_socket_and_the_run(researcher_client, make_
 def test_the_run_page_says_how_the_trainer_is_scaled(researcher_client, make_run, trainer, model, says):
     run = make_run(config={"trainer": trainer, "model": model, "buffer": {"taskset": "addition"}})
     html = researcher_client.get(reverse("run-detail", args=[run.pk])).content.decode()
-    meta = " ".join(html.split('class="run-meta muted">')[1].split("</p>")[0].split())
+    meta = " ".join(re.sub(r"<[^>]+>", "", html.split('class="run-meta muted">')[1].split("</p>")[0]).split())
     assert ("trainer" not in meta) if says is None else (says in meta), meta
 
 

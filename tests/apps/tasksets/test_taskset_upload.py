@@ -265,7 +265,7 @@ def test_after_a_form_error_the_file_is_kept_and_the_next_submit_imports_it(
     first = researcher_client.post(UPLOAD_URL, form_data(jsonl_upload(ROWS), name="taken"))
 
     page = first.content.decode()
-    assert first.status_code == 200 and "Keeping <strong>questions.jsonl</strong>" in page
+    assert first.status_code == 200 and "Keeping <strong><bdi>questions.jsonl</bdi></strong>" in page
     assert not TasksetImport.objects.exists()
     with django_capture_on_commit_callbacks(execute=True):
         second = researcher_client.post(UPLOAD_URL, form_data("", name="fresh", staged=kept_token(page)))
@@ -286,7 +286,7 @@ def test_a_new_file_replaces_the_kept_one(researcher_client, media_root):
         UPLOAD_URL, form_data(jsonl_upload(ROWS[:2], name="other.jsonl"), name="taken", staged=token)
     )
 
-    assert "Keeping <strong>other.jsonl</strong>" in again.content.decode()
+    assert "Keeping <strong><bdi>other.jsonl</bdi></strong>" in again.content.decode()
     assert len([p for p in (media_root / "staged").iterdir()]) == 1, "the first kept file is gone"
 
 
