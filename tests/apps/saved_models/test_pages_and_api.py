@@ -72,7 +72,8 @@ def test_train_from_it_opens_the_launch_form_on_the_model_and_a_preset_keeps_it(
     trained = Run.objects.create(name="grpo", owner=researcher, config={"model": {"path": directory}})
     page = researcher_client.get(reverse("run-detail", args=[trained.pk])).content.decode()
     heading = page[page.index('class="run-meta'):].split("</p>")[0]
-    assert f'href="{reverse("model-list")}#model-warm"><bdi>models/warm</bdi></a>' in heading and directory not in heading
+    link = f'href="{reverse("model-list")}#model-warm"><bdi>models/warm</bdi></a>'
+    assert link in heading and directory not in heading
 
 
 def test_the_api_saves_lists_and_deletes_and_refuses_by_name(client, checkpointed, researcher, curator):
