@@ -85,7 +85,7 @@ def agreement_as_by_hand(client, run) -> None:
     page = client.get(reverse("annotate-run-feedback", args=[run.pk]))
     assert page.context["agreement"]["percent_agreement"] == 0.5
     assert page.context["agreement"]["krippendorff_alpha"] == pytest.approx(0.5, abs=1e-12)
-    assert "a · b" in page.content.decode()
+    assert "<bdi>a</bdi> · <bdi>b</bdi>" in page.content.decode()
     by_annotator = {(row["annotator"], row["kind"]): row for row in page.context["annotators"]}
     assert (by_annotator[("b", "edit")]["rejected"], by_annotator[("a", "edit")]["accepted"]) == (1, 1)
 
