@@ -3,9 +3,10 @@
     python bench/runs_table.py [--runs 200] [--steps 2000]
 
 Runs in a throwaway Postgres database (<DATABASE_URL's database>_bench_runs_table), fills it with
-`--runs` runs of `--steps` explorer and trainer steps each (and an eval point every 50 steps),
-then times a page of the list (50 runs, with the default columns and two metric summaries) sorted
-by each case, and the CSV of them all. Figures, not pass/fail: they depend on the machine and its
+`--runs` runs of `--steps` explorer and trainer steps each (and an eval point every 50 steps) and
+their metric summaries (timed: what the data migration 0020 takes for as many points), then times
+a page of the list (50 runs, with the default columns and two metric summaries) sorted by each
+case, and the CSV of them all. Figures, not pass/fail: they depend on the machine and its
 load. The slow test in tests/apps/runs/test_run_table_scale.py uses the same generator.
 """
 
@@ -46,8 +47,15 @@ ALGORITHMS = ("grpo", "rloo", "opmd", "sft")
 
 
 def generate_runs(count: int, steps: int, owner) -> list:
-    """`count` runs owned by `owner`, with full configs (lr, algorithm, ... varying) and `steps`
-    explorer and trainer points each; the table vacuumed and analysed. Returns the runs."""
+    """`count` runs owned by `owner`, with full configs (lr, algorithm, ... varying), `steps`
+    explorer and trainer points each and their summaries; the tables vacuumed and analysed."""
+    runs = generate_points(count, steps, owner)
+    summarize(runs)
+    return runs
+
+
+def generate_points(count: int, steps: int, owner) -> list:
+    """The runs and their points, written in SQL (no summaries yet)."""
     from django.db import connection
 
     from apps.runs.models import Run
@@ -67,6 +75,22 @@ def generate_runs(count: int, steps: int, owner) -> list:
         cursor.execute("VACUUM ANALYZE runs_metricpoint")  # as autovacuum would leave a live table
         cursor.execute("VACUUM ANALYZE runs_run")
     return runs
+
+
+def summarize(runs) -> float:
+    """The runs' metric summaries made from their points, as the data migration makes them for the
+    runs there are (apps/runs/summaries.rebuild); returns the seconds it took."""
+    from django.db import connection
+
+    from apps.runs.models import MetricPoint, MetricSummary
+    from apps.runs.summaries import rebuild
+
+    start = time.perf_counter()
+    rebuild(MetricPoint, MetricSummary, [run.pk for run in runs])
+    seconds = time.perf_counter() - start
+    with connection.cursor() as cursor:
+        cursor.execute("VACUUM ANALYZE runs_metricsummary")
+    return seconds
 
 
 COLUMNS = "status,progress,reward,algorithm.name,trainer.lr,explorer/reward_mean,best:trainer/loss,owner,created"
@@ -133,10 +157,10 @@ def main() -> None:
     try:
         researcher = create_user("bench-researcher", "bench-password-123", roles=[RESEARCHER])
         start = time.perf_counter()
-        generate_runs(args.runs, args.steps, researcher)
+        runs = generate_points(args.runs, args.steps, researcher)
         points = args.runs * (2 * args.steps + args.steps // 50 + 1)
         print(f"generated {args.runs} runs, {points:,} metric points in {time.perf_counter() - start:.1f} s "
-              f"(database {database})")
+              f"(database {database}); their summaries made from them in {summarize(runs):.1f} s")
         client = Client()
         client.force_login(researcher)
         print(f"{'runs list':44} {'server ms (median)':>18} {'queries':>8}")

@@ -15,7 +15,7 @@ from apps.core.admin_selection import CheckedSelectionMixin
 from apps.core.counts import EstimatedCountPaginator
 from apps.core.problems import sentence
 
-from . import deletion, notes, services
+from . import deletion, notes, services, summaries
 from .models import Checkpoint, MetricPoint, Run, Sweep
 
 RETENTION_KEEPS = (
@@ -207,6 +207,12 @@ class MetricPointAdmin(CheckedSelectionMixin, admin.ModelAdmin):
 
     def has_change_permission(self, request, obj=None):
         return False
+
+    def delete_model(self, request, obj):
+        summaries.forget(MetricPoint.objects.filter(pk=obj.pk))
+
+    def delete_queryset(self, request, queryset):
+        summaries.forget(queryset)  # the runs table's summaries no longer count them
 
 
 @admin.register(Checkpoint)

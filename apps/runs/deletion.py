@@ -60,7 +60,7 @@ def delete_runs(runs) -> int:
         # What a crashed trainer of theirs still held of other runs' rows (source runs' edits).
         Experience.objects.filter(claimed_by__in=[run.pk for run in runs]).update(claimed_at=None, claimed_by=None)
         delete_experiences(Experience.objects.filter(run__in=runs))  # in chunks, no row loaded
-        Run.objects.filter(pk__in=[run.pk for run in runs]).delete()  # metrics, checkpoints, steps
+        Run.objects.filter(pk__in=[run.pk for run in runs]).delete()  # metrics and their summaries, checkpoints, steps
         transaction.on_commit(lambda: [_remove(directory) for directory in directories])
     return len(runs)
 

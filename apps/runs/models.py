@@ -188,6 +188,30 @@ class MetricPoint(models.Model):
         constraints = [models.UniqueConstraint(fields=["run", "role", "step"], name="metric_unique_step")]
 
 
+class MetricSummary(models.Model):
+    """A run's summary of one metric of a role, as W&B keeps a run's summary: its latest value and
+    that value's step, its lowest and its highest, folded in as the run's points are written
+    (apps/runs/summaries.py). The runs table sorts, filters and shows these instead of reading
+    every point."""
+
+    MAX_KEY_CHARS = 200  # what a column may name (run_columns.METRIC_KEY)
+
+    run = models.ForeignKey(Run, related_name="metric_summaries", on_delete=models.CASCADE)
+    role = models.CharField(max_length=10, choices=MetricPoint.Role.choices)
+    key = models.CharField(max_length=MAX_KEY_CHARS)  # after "role/", as the charts name it: "reward/mean" if nested
+    latest = models.FloatField()
+    latest_step = models.PositiveIntegerField()
+    min = models.FloatField()
+    max = models.FloatField()
+
+    class Meta:
+        # (role, key) first: "does any run record it" (run_table.unrecorded) reads the index alone.
+        constraints = [models.UniqueConstraint(fields=["role", "key", "run"], name="metric_summary_unique")]
+
+    def __str__(self):
+        return f"{self.role}/{self.key} of run {self.run_id}"
+
+
 class Checkpoint(models.Model):
     run = models.ForeignKey(Run, related_name="checkpoints", on_delete=models.CASCADE)
     version = models.PositiveIntegerField()

@@ -1,6 +1,7 @@
 """The columns of the runs table (the runs list and its CSV): the run's own fields, its config keys
-and summaries of its metrics, each with what sorts and filters the runs by it in SQL, the same on
-Postgres and SQLite, so that the list sorts and pages in the database.
+and summaries of its metrics (MetricSummary, kept as points are written: summaries.py), each with
+what sorts and filters the runs by it in SQL, the same on Postgres and SQLite, so that the list
+sorts and pages in the database.
 
 A column's id is what ?cols=, ?sort= and ?where= name (docs/runs-list.md):
   status, progress, reward, mode, owner, created    the run's own (the name is always shown)
@@ -18,7 +19,7 @@ from functools import cache
 from itertools import product
 
 from django.db import NotSupportedError
-from django.db.models import Case, F, FloatField, Func, Max, Min, OuterRef, Q, Subquery, TextField, Value, When
+from django.db.models import Case, F, FloatField, Func, OuterRef, Q, Subquery, TextField, Value, When
 from django.db.models.functions import Cast, Coalesce, Lower, NullIf
 
 from workers.rft.config_docs import rows as config_rows
@@ -27,7 +28,7 @@ from workers.rft.config_issues import hint
 from . import queries
 from .comparison import metric_direction
 from .config_keys import get_key, shown
-from .models import MetricPoint, Run
+from .models import MetricPoint, MetricSummary, Run
 
 RUN, CONFIG, METRIC = "run", "config", "metric"
 LATEST, BEST = "latest", "best"
@@ -38,7 +39,7 @@ ROLES = tuple(MetricPoint.Role.values)
 # many slashes (2**3 = 8 lookups); past it, only the flat and the fully nested ones.
 SPLIT_SLASHES = 3
 # What a metric key may hold: SQLite's JSON paths quote a key ($."a b") with no escape for a quote.
-MAX_KEY_CHARS = 200
+MAX_KEY_CHARS = MetricSummary.MAX_KEY_CHARS
 METRIC_KEY = re.compile(rf'[^"\x00-\x1f\x7f]{{1,{MAX_KEY_CHARS}}}')
 
 
@@ -149,18 +150,12 @@ class Column:
             return JSONScalar(F("config"), self.key.split("."), "number")
         if self.kind == RUN:
             return RUN_SORT_KEYS[self.id]()
-        points = MetricPoint.objects.filter(run=OuterRef("pk"), role=self.role).annotate(
-            v=metric_number(self.key))
-        if self.summary == LATEST:
-            # The (run, role, step) index read backwards, to the first point holding the key: 2 ms
-            # for a page of 50 of 200 runs × 2,000 steps, sorted by it (bench/runs_table.py).
-            latest = points.filter(v__isnull=False).order_by("-step")
-            return Subquery(latest.values("v")[:1], output_field=FloatField())
-        # Every point of the role, each value read once (MAX skips the NULLs): 290 ms for the page
-        # sorted by it, on Postgres, of 200 runs × 2,000 steps (a count of the rows alone takes 30 ms,
-        # a best as the top of the points sorted by value 470 ms: it reads each value twice).
-        best = Min("v") if self.direction == "min" else Max("v")
-        return Subquery(points.order_by().values("run").annotate(best=best).values("best"), output_field=FloatField())
+        # The run's summary (summaries.py), one row by the unique index. The best read every point
+        # of the role: a page of 200 runs × 2,000 steps sorted by it took 1,118-1,278 ms where it
+        # now takes 102-110 (bench/runs_table.py, in turn on one loaded machine).
+        field = {LATEST: "latest", BEST: self.direction}[self.summary]  # "min" or "max"
+        summary = MetricSummary.objects.filter(run=OuterRef("pk"), role=self.role, key=self.key)
+        return Subquery(summary.values(field)[:1], output_field=FloatField())
 
 
 def _progress():

@@ -14,15 +14,15 @@ from django.db.models import F, OrderBy
 from workers.rft.config_issues import MAX_REPORTED_ISSUES, hint, unknown_hint
 
 from . import comparison, queries, run_columns, waits
-from .models import MetricPoint, Run, RunListColumns
+from .models import MetricSummary, Run, RunListColumns
 from .notes import shown_tags
 from .run_columns import CONFIG, DEFAULT_COLUMNS, METRIC, NAME, RUN, Column, UnknownColumn
 
 MAX_COLUMNS = 40
 SHOWN_PARAMETER = 40  # an unknown parameter's name is quoted back this far
 DEFAULT_SORT = "-created"
-# The metric keys the column picker offers are those of the newest runs listed (the first and last
-# point of each role of each: comparison.chart_keys, 4 queries), not of every run ever.
+# The metric keys the column picker offers are those of the newest runs listed (every key their
+# summaries hold, one query), not of every run ever.
 PICKER_RUNS = 200
 CSV_CHUNK_RUNS = 500
 HOME_COLUMNS = ("status", "progress", "reward", "mode", "owner", "created")  # the dashboard's half-width card
@@ -194,10 +194,10 @@ def picker(view: TableView) -> list[dict]:
 
 
 def offered_metrics(runs) -> list[str]:
-    """The "role/key" of each number the newest PICKER_RUNS of `runs` log, by role then key."""
-    newest = list(runs.order_by("-created_at", "-pk").only("pk")[:PICKER_RUNS])
-    charts = {chart for keys in comparison.chart_keys(newest).values() for chart in keys
-              if run_columns.METRIC_KEY.fullmatch(chart.split("/", 1)[1])}
+    """The "role/key" of each number the newest PICKER_RUNS of `runs` log (their summaries), by role then key."""
+    newest = runs.order_by("-created_at", "-pk").values("pk")[:PICKER_RUNS]
+    charts = {f"{role}/{key}" for role, key in
+              MetricSummary.objects.filter(run__in=newest).values_list("role", "key").distinct()}
     return sorted(charts, key=lambda chart: (queries.ROLE_ORDER.index(chart.split("/", 1)[0]), chart))
 
 
@@ -209,9 +209,7 @@ def unrecorded(view: TableView, conditions, offered: list[str]) -> list[str]:
     def recorded(column: Column) -> bool:
         chart = f"{column.role}/{column.key}"
         if chart not in offered and chart not in checked:
-            number = run_columns.metric_number(column.key)
-            checked[chart] = MetricPoint.objects.filter(role=column.role).alias(v=number).filter(
-                v__isnull=False).exists()
+            checked[chart] = MetricSummary.objects.filter(role=column.role, key=column.key).exists()
         return chart in offered or checked[chart]
 
     def problem(column: Column, where: str) -> str:
@@ -231,10 +229,12 @@ def unrecorded(view: TableView, conditions, offered: list[str]) -> list[str]:
 
 @contextmanager
 def without_jit():
-    """Postgres plans the queries inside without JIT compilation. It prices a metric summary's
-    subquery at every point of the run, and past jit_optimize_above_cost compiled the page's
-    query for 260 ms of its 560 (a page sorted by a best, 200 runs × 2,000 steps: 300 ms
-    without). A list page is asked for once: there is no run long enough to win the time back."""
+    """Postgres plans the queries inside without JIT compilation. When a metric summary's subquery
+    read every point of the run, the page's query cost past jit_optimize_above_cost and compiled
+    for 260 ms of its 560 (a page sorted by a best, 200 runs × 2,000 steps). Read from the
+    summaries it costs 4,754 at most (bench/runs_table.py's cases), a cost that grows with the
+    runs listed and passes jit_above_cost (100,000) at some 4,000 of them. A list page is asked
+    for once: there is no run long enough to win the compilation back."""
     if connection.vendor != "postgresql":
         yield
         return

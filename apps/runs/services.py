@@ -3,7 +3,7 @@ import logging
 import math
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
@@ -14,6 +14,7 @@ from rftweb.celery import enqueue, withdraw
 from workers.rft.config import ConfigError, ConfigIssue, RunConfig
 from workers.rft.config_rules import data_issues
 
+from . import summaries
 from .config_checks import expert_dataset_issue, model_issues, source_run_issues
 from .config_fit import fit_issues
 from .duties import HANDED_OVER, NODE_DUTY, duties_of_run, holder, queue_of, workers_holding
@@ -85,17 +86,45 @@ def finite_or_none(value):
 
 
 def record_metrics(run: Run, role: str, step: int, values: dict) -> MetricPoint:
-    """One statement: an INSERT whose conflict on (run, role, step) replaces the row, so a
-    replayed step (after a resume) replaces its point, and its time says when it was recorded.
-    update_or_create took a savepoint, a SELECT FOR UPDATE and a write."""
+    """The run's point of `role` at `step`, and its summaries of the point's metrics with it
+    (summaries.record). A replayed step (after a resume) replaces its point, whose time then says
+    when it was recorded."""
     values = {key: finite_or_none(value) for key, value in values.items()}
     point = MetricPoint(run=run, role=role, step=step, values=values, time=timezone.now())
-    MetricPoint.objects.bulk_create(
-        [point], update_conflicts=True, unique_fields=["run", "role", "step"], update_fields=["values", "time"]
-    )
+    with transaction.atomic(savepoint=False):
+        replaced = _write_point(point)
+        summaries.record(run.pk, role, step, values, replaced)
     broadcast(run.pk, {"type": "metrics", "role": role, "step": step, "time": unix_time(point.time),
                        "values": values})
     return point
+
+
+def _write_point(point: MetricPoint) -> dict | None:
+    """Insert the point, else replace the one at its step; the values it replaced (None: it is new).
+    A new step is one statement, as the upsert it replaces was. The insert waits for another
+    transaction's insert of the same step and then finds it, so what it replaced is always what
+    was committed: the summaries take it out."""
+    fields = [MetricPoint._meta.get_field(name) for name in ("run", "role", "step", "values", "time")]
+    quote = connection.ops.quote_name
+    insert = (f"INSERT INTO {MetricPoint._meta.db_table} ({', '.join(quote(field.column) for field in fields)}) "
+              f"VALUES ({', '.join(['%s'] * len(fields))}) ON CONFLICT (run_id, role, step) DO NOTHING RETURNING id")
+    params = [field.get_db_prep_save(getattr(point, field.attname), connection) for field in fields]
+    while True:  # again only if the point was deleted (the admin) between the insert and the lock
+        with connection.cursor() as cursor:
+            cursor.execute(insert, params)
+            inserted = cursor.fetchone()
+        if inserted:
+            point.pk = inserted[0]
+            return None
+        at_step = MetricPoint.objects.filter(run_id=point.run_id, role=point.role, step=point.step)
+        # The point's row alone: ordered by MetricPoint's default (run first) it was a join, and
+        # FOR UPDATE locked the run's row too, a lock the foreign key checks of other duties'
+        # inserts wait for at their commit (two duties rewriting the same eval steps deadlocked).
+        held = at_step.select_for_update(of=("self",)).order_by("pk").values_list("pk", "values").first()
+        if held:
+            at_step.update(values=point.values, time=point.time)
+            point.pk = held[0]
+            return held[1]
 
 
 def validate_config(config: dict) -> RunConfig:

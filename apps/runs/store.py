@@ -13,7 +13,7 @@ from apps.tasksets.models import Taskset
 from apps.tasksets.store import DjangoTaskSource
 from workers.rft.protocols import Stores
 
-from . import duties, services
+from . import duties, services, summaries
 from .live import checkpoints_update
 from .models import Checkpoint, ExplorerGroup, ExplorerStep, MetricPoint, Run
 
@@ -50,7 +50,7 @@ class DjangoMetricSink:
         if explorer_step is not None:
             lost |= Q(role=MetricPoint.Role.EVAL, step__gt=explorer_step)
         with transaction.atomic():
-            deleted, _ = self.run.metrics.filter(lost).delete()
+            deleted = summaries.forget(self.run.metrics.filter(lost))  # and out of the run's summaries
             ahead = Q(trainer_step__gt=trainer_step) | Q(model_version__gt=model_version)
             moved = Run.objects.filter(ahead, pk=self.run.pk).update(
                 trainer_step=Least("trainer_step", Value(trainer_step)),

@@ -18,6 +18,7 @@ from django.db import IntegrityError, transaction
 from django.db.models import F, Func, JSONField
 from django.utils import timezone
 
+from . import summaries
 from .hosts import ProcessUsage
 from .models import MetricPoint, Run
 from .queries import unix_time
@@ -58,16 +59,25 @@ def measure(usage: ProcessUsage) -> dict:
 
 def record(run: Run, source: str, values: dict, at: float) -> None:
     """Merge `source`'s figures (a duty's name, or SERVER) into the run's system point of second
-    `at`, and send them live. A figure that is None or not finite is left out."""
+    `at`, with the run's summaries of them, and send them live. A figure that is None or not finite
+    is left out."""
     figures = {key: value for key, value in values.items() if finite_or_none(value) is not None}
     part, step, now = {source: figures}, int(at), timezone.now()
     point = MetricPoint.objects.filter(run=run, role=MetricPoint.Role.SYSTEM, step=step)
-    merged = WithKey("values", source, figures)
-    if not point.update(values=merged, time=now):
-        try:
-            with transaction.atomic():
-                MetricPoint.objects.create(run=run, role=MetricPoint.Role.SYSTEM, step=step, values=part, time=now)
-        except IntegrityError:  # another duty's part of this second came first: merge into it
-            point.update(values=merged, time=now)
+    # The point locked before it is read (its row alone: services._write_point says why), so that
+    # the summaries take out the part of this source it replaces.
+    locked = point.select_for_update(of=("self",)).order_by("pk").values_list("values", flat=True)
+    with transaction.atomic():
+        held = locked.first()
+        if held is None:
+            try:
+                with transaction.atomic():
+                    MetricPoint.objects.create(run=run, role=MetricPoint.Role.SYSTEM, step=step, values=part, time=now)
+            except IntegrityError:  # another duty's part of this second came first: merge into it
+                held = locked.get()
+        if held is not None:
+            point.update(values=WithKey("values", source, figures), time=now)
+        replaced = {source: held[source]} if held and isinstance(held.get(source), dict) else None
+        summaries.record(run.pk, MetricPoint.Role.SYSTEM, step, part, replaced)
     broadcast(run.pk, {"type": "metrics", "role": MetricPoint.Role.SYSTEM, "step": step, "time": unix_time(now),
                        "values": part})

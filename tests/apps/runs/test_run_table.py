@@ -14,7 +14,7 @@ from django.urls import reverse
 
 from apps.runs import run_columns, run_table, services
 from apps.runs.api import token_for
-from apps.runs.models import MetricPoint, Run, RunListColumns
+from apps.runs.models import Run, RunListColumns
 from workers.rft.config import RunConfig
 
 Status = Run.Status
@@ -364,8 +364,8 @@ def test_a_script_downloads_the_csv_with_its_token(script, make_run):
 
 
 def test_metric_points_of_other_roles_do_not_count(researcher_client, make_run):
-    MetricPoint.objects.create(run=make_run("r"), role="eval", step=1, values={"reward_mean": 5.0})
-    MetricPoint.objects.create(run=make_run("other"), role="explorer", step=1, values={"reward_mean": 1.0})
+    services.record_metrics(make_run("r"), "eval", 1, {"reward_mean": 5.0})
+    services.record_metrics(make_run("other"), "explorer", 1, {"reward_mean": 1.0})
     rows = read_csv(researcher_client.get(reverse("run-list-csv"), {
         "cols": "explorer/reward_mean,eval/reward_mean", "sort": "name"}))
     assert [(row["explorer/reward_mean"], row["eval/reward_mean"]) for row in rows] == [("1.0", ""), ("", "5.0")]
