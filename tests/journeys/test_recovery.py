@@ -188,7 +188,9 @@ def test_a_trainer_on_two_machines_restarts_its_group_when_one_dies(researcher, 
     workers = [processes.worker(), processes.worker()]
     processes.beat()
     two_nodes = config()
-    two_nodes["trainer"].update(strategy="ddp", num_nodes=2, collective_timeout_s=20)
+    # 60 s: the survivor notices the dead rank within it; at 20 s the two ranks, each loading the model
+    # in a fresh process, did not even join under a load of 10-15 on two cores.
+    two_nodes["trainer"].update(strategy="ddp", num_nodes=2, collective_timeout_s=60)
     run = services.launch_run(researcher, "two machines", two_nodes)
     wait_for(lambda: run_row(run).trainer_step >= 1, what="the first step of the two machines", timeout=180)
     node_pid = int(run_row(run).heartbeats["trainer-node-1"]["worker"].rpartition(":")[2])
