@@ -12,6 +12,7 @@ import os
 import shutil
 import socket
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -74,6 +75,67 @@ class ProcessUsage:
             percent = round(max(0.0, cpu - self.last[0]) / (now - self.last[1]) * 100)
         self.last = (cpu, now)
         return {"rss_gb": round(rss / GB, 2), "cpu_percent": percent}
+
+
+class GpuUsage:
+    """What each GPU this process may use is doing, device-wide as W&B's system charts show it (every
+    process's use of it), from NVML: nvidia-ml-py's pynvml, what torch.cuda.utilization reads, and
+    not CUDA, which the main process of a prefork worker must not initialise. Each call returns
+    {"gpu<i>_utilization_percent", "gpu<i>_memory_used_gb", "gpu<i>_power_w"} for each such GPU, i
+    its index as nvidia-smi numbers the machine's (two duties on one GPU name it alike); a figure
+    the device does not report (power, on some boards) is left out. {} without NVML (no package, no
+    driver: a CPU machine), found out once. The GPUs: those CUDA_VISIBLE_DEVICES lists (indices, or
+    GPU-<uuid>), else all; an index there is taken as NVML's, which CUDA's is unless
+    CUDA_DEVICE_ORDER is left FASTEST_FIRST on a machine of unlike GPUs."""
+
+    def __init__(self):
+        self.lock = threading.Lock()  # one instance serves every duty's heartbeat thread of a process
+        self.nvml = None
+        self.devices: list[tuple[int, object]] | None = None  # (index, NVML handle); None: not looked yet
+
+    def __call__(self) -> dict:
+        with self.lock:
+            if self.devices is None:
+                self.devices = self._devices()
+        figures = {}
+        for index, handle in self.devices:
+            for name, read in GPU_FIGURES:
+                try:
+                    figures[f"gpu{index}_{name}"] = read(self.nvml, handle)
+                except self.nvml.NVMLError:  # not supported by this board, or the GPU is lost
+                    continue
+        return figures
+
+    def _devices(self) -> list:
+        try:
+            import pynvml
+        except ImportError:
+            return []
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError:  # the package without a driver (libnvidia-ml.so)
+            return []
+        self.nvml = pynvml
+        listed = os.environ.get("CUDA_VISIBLE_DEVICES")
+        wanted = range(pynvml.nvmlDeviceGetCount()) if listed is None else listed.split(",")
+        devices = []
+        for entry in wanted:
+            entry = str(entry).strip()
+            try:
+                handle = (pynvml.nvmlDeviceGetHandleByIndex(int(entry)) if entry.isdigit()
+                          else pynvml.nvmlDeviceGetHandleByUUID(entry))
+                devices.append((pynvml.nvmlDeviceGetIndex(handle), handle))
+            except pynvml.NVMLError:  # no such GPU (or a MIG slice, which NVML names otherwise)
+                continue
+        return devices
+
+
+# Each GPU figure: its name and how NVML reads it, in the units the other figures use.
+GPU_FIGURES = (
+    ("utilization_percent", lambda nvml, handle: nvml.nvmlDeviceGetUtilizationRates(handle).gpu),
+    ("memory_used_gb", lambda nvml, handle: round(nvml.nvmlDeviceGetMemoryInfo(handle).used / GB, 2)),
+    ("power_w", lambda nvml, handle: round(nvml.nvmlDeviceGetPowerUsage(handle) / 1000, 1)),  # NVML: milliwatts
+)
 
 
 def cpu_count() -> int:

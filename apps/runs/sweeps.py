@@ -1,8 +1,9 @@
 """Sweeps (W&B's sweeps, MLflow's parent runs): a base config and a search over named keys, launched
 as one group of runs. A grid takes every combination of the listed values; a random search draws
 `count` distinct combinations, a listed key by choice and a range `low .. high` uniformly (or
-log-uniformly). Every run's config is validated as a launch is before any run is made, so a sweep
-is launched whole or not at all; its runs then queue through the same capacity rules as any run."""
+log-uniformly; whole numbers where the config types the key as one). Every run's config is
+validated as a launch is before any run is made, so a sweep is launched whole or not at all; its
+runs then queue through the same capacity rules as any run."""
 
 import copy
 import itertools
@@ -17,7 +18,8 @@ from fractions import Fraction
 from django.db import transaction
 from django.urls import reverse
 
-from workers.rft.config import ConfigError, ConfigIssue
+from workers.rft.config import ConfigError, ConfigIssue, RunConfig
+from workers.rft.config_issues import leaf_types, section_of
 
 from . import comparison, queries, services
 from .config_keys import reset_unread, set_key, shown
@@ -44,13 +46,15 @@ class SweepError(ValueError):
 
 @dataclass(frozen=True)
 class Axis:
-    """One swept key: listed `values`, or (random only) a range low .. high on a linear or log scale."""
+    """One swept key: listed `values`, or (random only) a range low .. high on a linear or log scale,
+    of whole numbers where `integer` (axes_of reads that off the key, so it is not stored)."""
 
     key: str
     values: tuple = ()
     low: float | None = None
     high: float | None = None
     scale: str = "linear"
+    integer: bool = False
 
     def to_json(self) -> dict:
         if self.values:
@@ -108,9 +112,35 @@ def _finite_number(value) -> bool:
         return False
 
 
+def _typed_integer(key: str) -> bool | None:
+    """Whether the config schema types the key as a whole number (trainer.batch_size: int | None) or
+    as something else (trainer.lr: float); None where it types no such key (a key inside a mapping,
+    explorer.workflow_args.max_turns, or a misspelt one, which the launch's validation names)."""
+    section, *sections, name = [RunConfig, *key.split(".")]
+    for part in sections:
+        field = section.model_fields.get(part) if section else None
+        section = section_of(field.annotation) if field else None
+    field = section.model_fields.get(name) if section else None
+    if field is None:
+        return None
+    types = leaf_types(field.annotation)
+    return int in types and float not in types
+
+
+def _is_integer_range(key: str, low, high, scale: str) -> bool:
+    """A range of whole numbers: a key the schema types as one (`trainer.batch_size: 2 .. 64 log` drew
+    2.71 and 45.3, refused at launch), never a float key (`trainer.weight_decay: 0 .. 1` drew only 0
+    and 1); a key the schema does not type, as the bounds are written: linear between two integers."""
+    typed = _typed_integer(key)
+    if typed is not None:
+        return typed
+    return scale == "linear" and all(isinstance(v, int) for v in (low, high))
+
+
 def axes_of(space) -> list[Axis]:
     """The space as the API takes it ([{"key", "values"} or {"key", "low", "high", "scale"}]),
-    checked: known shape, bounded sizes, one axis per key, ranges of numbers with low < high."""
+    checked: known shape, bounded sizes, one axis per key, ranges of numbers with low < high (whole
+    numbers for an integer key)."""
     if not isinstance(space, list) or not space:
         raise SweepError([ConfigIssue("sweep", "name at least one key to sweep")])
     if len(space) > MAX_KEYS:
@@ -144,8 +174,13 @@ def axes_of(space) -> list[Axis]:
             issues.append(ConfigIssue(key, "a range's scale is linear or log"))
         elif scale == "log" and low <= 0:
             issues.append(ConfigIssue(key, "a log range needs low > 0"))
-        else:
+        elif not _is_integer_range(key, low, high, scale):
             axes.append(Axis(key, low=low, high=high, scale=scale))
+        elif not all(float(v).is_integer() for v in (low, high)):
+            issues.append(ConfigIssue(key, "takes whole numbers: write the range's bounds as whole numbers, "
+                                           "`2 .. 64`"))
+        else:
+            axes.append(Axis(key, low=int(low), high=int(high), scale=scale, integer=True))
     if issues:
         raise SweepError(issues)
     return axes
@@ -183,7 +218,7 @@ MAX_FIGURES = 15  # a double keeps 15 significant figures: more would not be dis
 
 def _random_points(axes: list[Axis], count: int, seed: int) -> list[dict]:
     """`count` distinct points, the same for the same seed; SweepError when the space holds fewer."""
-    figures = {axis.key: _figures(axis, count) for axis in axes if _is_float_range(axis)}
+    figures = {axis.key: _figures(axis, count) for axis in axes if not (axis.values or axis.integer)}
     distinct = math.prod(_size(axis, figures.get(axis.key), count) for axis in axes)
     if distinct < count:
         raise SweepError([ConfigIssue("sweep", f"the space holds {distinct} distinct point{'s' * (distinct != 1)}, "
@@ -199,15 +234,11 @@ def _random_points(axes: list[Axis], count: int, seed: int) -> list[dict]:
     return points
 
 
-def _is_float_range(axis: Axis) -> bool:
-    return not axis.values and not (all(isinstance(v, int) for v in (axis.low, axis.high)) and axis.scale == "linear")
-
-
 def _size(axis: Axis, figures: int | None, enough: int) -> int:
     """How many distinct values the axis draws, counted up to `enough`."""
     if axis.values:
         return len(axis.values)
-    if figures is None:  # whole numbers low .. high
+    if axis.integer:
         return min(axis.high - axis.low + 1, enough)
     return _grid_size(axis.low, axis.high, figures, enough)
 
@@ -242,11 +273,18 @@ def _on_grid(value: float, figures: int, rounding) -> float:
 
 
 def _draw(axis: Axis, rng: random.Random, figures: int | None):
-    """One value of the axis: a listed one, a whole number of an integer range (`figures` None),
-    or a number of the range rounded to `figures` significant figures within it."""
+    """One value of the axis: a listed one, a whole number of an integer range, or a number of the
+    range rounded to `figures` significant figures within it."""
     if axis.values:
         return rng.choice(axis.values)
-    if figures is None:
+    if axis.integer and axis.scale == "log":
+        # Optuna's log-uniform integers: log-uniform over low - 0.5 .. high + 0.5, rounded, so each
+        # whole number k gets its stretch k - 0.5 .. k + 0.5: 2 .. 64 draws 2 one time in 7
+        # (log 2.5/1.5 of log 64.5/1.5) and 64 one in 240, the ends as likely as their neighbours'
+        # spacing says (rounding log-uniform 2 .. 64 drew 2 half as often: only 2 .. 2.5 rounds to it).
+        value = round(math.exp(rng.uniform(math.log(axis.low - 0.5), math.log(axis.high + 0.5))))
+        return min(max(value, axis.low), axis.high)
+    if axis.integer:
         return rng.randint(axis.low, axis.high)
     if axis.scale == "log":
         value = math.exp(rng.uniform(math.log(axis.low), math.log(axis.high)))

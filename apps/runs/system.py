@@ -2,7 +2,9 @@
 heartbeat (supervision.Heartbeat), as W&B's system charts show each process.
 
 One point a second (its step is Unix seconds), holding each duty that beat in that second under
-its own name: {"trainer": {"cpu_percent", "memory_gb", "gpu_memory_gb"}, "explorer-1": {...}}.
+its own name: {"trainer": {"cpu_percent", "memory_gb", "gpu_memory_gb", "gpu0_utilization_percent",
+"gpu0_memory_used_gb", "gpu0_power_w", ...}, "explorer-1": {...}}; the gpu<i>_ figures are each GPU's
+own (hosts.GpuUsage), where NVML is installed, gpu_memory_gb what this process's torch holds.
 A run's duties beat at the same interval from nearly the same start, so two often beat in the same
 second: each merges its part into the point rather than replacing it. The run page draws a chart a
 figure with a line a duty (static/js/run_page.js).
@@ -19,12 +21,13 @@ from django.db.models import F, Func, JSONField
 from django.utils import timezone
 
 from . import summaries
-from .hosts import ProcessUsage
+from .hosts import GpuUsage, ProcessUsage
 from .models import MetricPoint, Run
 from .queries import unix_time
 from .services import broadcast, finite_or_none
 
 SERVER = "server"  # embedded: the one process every duty of every run runs in
+_gpus = GpuUsage()  # the process's GPUs: NVML opened once, at the first measure
 
 
 class WithKey(Func):
@@ -45,16 +48,16 @@ class WithKey(Func):
         return f"json_set({sql}, %s, json(%s))", (*params, f'$."{self.key}"', self.value)
 
 
-def measure(usage: ProcessUsage) -> dict:
-    """This process's figures now; cpu_percent is None at the first call (it is over the time
-    since the last)."""
+def measure(usage: ProcessUsage, gpus: GpuUsage = _gpus) -> dict:
+    """This process's figures now, and its GPUs' where NVML is present (none on a CPU machine);
+    cpu_percent is None at the first call (it is over the time since the last)."""
     import torch  # here: torch loads only in workers, not in every web process that imports this module
 
     process = usage()
     values = {"cpu_percent": process["cpu_percent"], "memory_gb": process["rss_gb"]}
     if torch.cuda.is_available():
         values["gpu_memory_gb"] = torch.cuda.memory_allocated() / 2**30
-    return values
+    return values | gpus()
 
 
 def record(run: Run, source: str, values: dict, at: float) -> None:

@@ -165,7 +165,7 @@ class ExperienceAdmin(CheckedSelectionMixin, admin.ModelAdmin):
     def get_search_results(self, request, queryset, search_term):
         if not search_term.strip():
             return queryset, False
-        if connections[queryset.db].vendor != "postgresql":  # embedded SQLite: the same syntax, no index
+        if connections[queryset.db].vendor != "postgresql":  # embedded SQLite: the same syntax, its FTS5 index
             return queryset.filter(search.websearch_q(search_term)), False
         left = search.catch_up()  # documents for what was written since the last indexer round
         if left:

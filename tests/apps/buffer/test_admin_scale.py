@@ -1,7 +1,7 @@
 """The curation admin on a buffer of 200,000 generated experiences (bench/admin_changelist.py makes
 them, and prints the same figures): the changelist answers with a bounded number of queries in
-under a second of server time (a search on SQLite: SEARCH_SECONDS_SQLITE), and bulk actions change
-exactly the selected rows."""
+under a second of server time, a search too (on SQLite: an FTS5 lookup, migration 0014), and bulk
+actions change exactly the selected rows."""
 
 import re
 import statistics
@@ -22,10 +22,6 @@ ROWS = 200_000
 # session, user, 2 permission lookups, run and dataset filters, capped count (+ estimate; SQLite: the
 # exact count), page, search catch-up
 MAX_QUERIES = 10
-# The embedded mode's search has no index: a regex over each row's texts (search.websearch_q), and
-# past 10,000 matches SQLite, with no planner estimate, counts them all. The two-word search took
-# 1.5 s of CPU here (2 cores shared with other tests); every case without a search, under 0.2 s.
-SEARCH_SECONDS_SQLITE = 3.0
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +70,9 @@ def test_changelist_with_filters_and_search_is_fast(big_buffer, curator_client):
         seconds, queries = server_seconds(curator_client, url)
         print(f"{name}: {seconds * 1000:.0f} ms, {queries} queries")
         assert queries <= MAX_QUERIES, (name, queries)
-        searching = "q=" in url and connection.vendor == "sqlite"
-        assert seconds < (SEARCH_SECONDS_SQLITE if searching else 1.0), (name, seconds)
+        # SQLite's searches read a regex a row before its index: the two-word one took 1.3 s of CPU
+        # (2 cores shared with other tests), 0.24 s with the index; the others 0.11 to 0.31 s.
+        assert seconds < 1.0, (name, seconds)
 
 
 def test_select_across_changes_exactly_the_rows_the_filters_match(big_buffer, curator_client):

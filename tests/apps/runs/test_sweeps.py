@@ -97,6 +97,33 @@ def test_a_random_search_draws_distinct_points_and_refuses_a_space_too_small():
     assert len({json.dumps(run) for run in drawn}) == 6 and drawn == sweeps.combinations(two, "random", 6, seed=4)
 
 
+def test_an_integer_keys_log_range_draws_distinct_whole_numbers_log_uniformly():
+    """`trainer.batch_size: 2 .. 64 log` drew 2.71 and 45.3: runs the launch then refused."""
+    (axis,) = sweeps.parse_space("trainer.batch_size: 2 .. 64 log")
+    drawn = [run["trainer.batch_size"] for seed in range(40) for run in sweeps.combinations([axis], "random", 8, seed)]
+    assert all(type(value) is int and 2 <= value <= 64 for value in drawn)
+    assert sum(value <= 11 for value in drawn) > len(drawn) / 3  # 2 .. 11 is half the log range, a sixth of the line
+    (small,) = sweeps.parse_space("explorer.batch_size: 1 .. 16 log")
+    assert sorted(run["explorer.batch_size"] for run in sweeps.combinations([small], "random", 16, 3)) == \
+        list(range(1, 17))
+    with pytest.raises(sweeps.SweepError, match="the space holds 16 distinct points, and a random search draws "
+                                                "each of its 17 runs once: lower the count to 16"):
+        sweeps.combinations([small], "random", 17, 0)
+
+
+def test_a_ranges_numbers_follow_the_keys_type_not_how_its_bounds_are_written():
+    floats = sweeps.combinations(sweeps.parse_space("trainer.weight_decay: 0 .. 1"), "random", 8, 0)
+    assert all(type(run["trainer.weight_decay"]) is float for run in floats)  # drew only 0 and 1, refusing count 3
+    assert len({run["trainer.weight_decay"] for run in floats}) == 8
+    (whole,) = sweeps.parse_space("explorer.batch_size: 1.0 .. 8")
+    assert (whole.low, whole.high, whole.integer) == (1, 8, True)
+    assert all(type(run["explorer.batch_size"]) is int for run in sweeps.combinations([whole], "random", 8, 0))
+    untyped = sweeps.parse_space("explorer.workflow_args.max_turns: 1 .. 4\nexplorer.workflow_args.p: 1 .. 4 log")
+    assert [axis.integer for axis in untyped] == [True, False]  # a mapping's keys: as written, as before
+    with pytest.raises(sweeps.SweepError, match="explorer.batch_size: takes whole numbers"):
+        sweeps.parse_space("explorer.batch_size: 1.5 .. 8")
+
+
 @pytest.mark.parametrize(("text", "count", "figures"), [
     ("explorer.temperature: 0.5 .. 0.502", 5, 4),  # three numbers of 3 figures: 0.500, 0.501, 0.502
     ("explorer.temperature: 0.1234 .. 0.1236", 3, 4),  # none of 3 figures: each draw left the range
@@ -253,6 +280,13 @@ def test_a_scripts_random_sweep_launches_distinct_runs(client, researcher, tasks
     assert too_many.status_code == 400
     assert "the space holds 8 distinct points" in too_many.json()["errors"][0]["message"]
     assert Sweep.objects.count() == 1
+
+
+def test_a_log_range_of_an_integer_key_launches(researcher, tasksets, worker_queue):
+    space = [{"key": "explorer.batch_size", "low": 1, "high": 16, "scale": "log"}]
+    sweep = sweeps.launch_sweep(researcher, "bs", base(), space, "random", count=4, seed=0)
+    sizes = [run.config["explorer"]["batch_size"] for run in sweep.runs.order_by("pk")]
+    assert len(set(sizes)) == 4 and all(type(size) is int for size in sizes)
 
 
 def test_a_sweep_not_evaluated_ranks_by_final_train_reward_and_says_so(researcher_client, researcher, tasksets,

@@ -1,14 +1,17 @@
 """A run's system series: each duty's process figures, merged into one point a second
 (apps/runs/system.py), on SQLite (embedded) and Postgres alike."""
+import re
+import sys
 import threading
 import time
+import types
 
 import pytest
 from django.test import override_settings
 from django.utils import timezone
 
 from apps.runs import services, system
-from apps.runs.hosts import ProcessUsage
+from apps.runs.hosts import GpuUsage, ProcessUsage
 from apps.runs.models import MetricPoint, Run
 from apps.runs.supervision import Heartbeat
 
@@ -116,3 +119,92 @@ def test_embedded_one_duty_records_the_servers_figures(make_run, heard):
         assert Heartbeat(run, "explorer", "test-worker", 1).source is None
     beats(run, "trainer", embedded=True)
     assert {duty for values in points(run).values() for duty in values} == {system.SERVER}
+
+
+# ---- GPUs (NVML) ---------------------------------------------------------------------------------
+
+
+def fake_nvml(gpus: list[dict], init_error: bool = False) -> types.ModuleType:
+    """pynvml as nvidia-ml-py has it, over `gpus` ({"uuid", "busy" %, "used" bytes, "mw" or None});
+    a handle is the GPU's index. `inits` counts nvmlInit's calls."""
+    nvml = types.ModuleType("pynvml")
+    nvml.inits = 0
+
+    class NVMLError(Exception):
+        pass
+
+    def init():
+        nvml.inits += 1
+        if init_error:
+            raise NVMLError("NVML Shared Library Not Found")
+
+    def by_index(index):
+        if not 0 <= index < len(gpus):
+            raise NVMLError("Invalid Argument")
+        return index
+
+    def power(handle):
+        if gpus[handle]["mw"] is None:
+            raise NVMLError("Not Supported")
+        return gpus[handle]["mw"]
+
+    nvml.NVMLError, nvml.nvmlInit, nvml.nvmlDeviceGetHandleByIndex = NVMLError, init, by_index
+    nvml.nvmlDeviceGetCount = lambda: len(gpus)
+    nvml.nvmlDeviceGetHandleByUUID = lambda uuid: by_index(next((i for i, g in enumerate(gpus) if g["uuid"] == uuid),
+                                                                 -1))
+    nvml.nvmlDeviceGetIndex = lambda handle: handle
+    nvml.nvmlDeviceGetUtilizationRates = lambda handle: types.SimpleNamespace(gpu=gpus[handle]["busy"], memory=0)
+    nvml.nvmlDeviceGetMemoryInfo = lambda handle: types.SimpleNamespace(used=gpus[handle]["used"], total=80 * 2**30)
+    nvml.nvmlDeviceGetPowerUsage = power
+    return nvml
+
+
+TWO_GPUS = [{"uuid": "GPU-aaa", "busy": 87, "used": int(3.5 * 2**30), "mw": 251_340},
+            {"uuid": "GPU-bbb", "busy": 0, "used": 0, "mw": None}]  # a board that reports no power
+
+
+def gpu_keys(values: dict) -> set:
+    return {key for key in values if re.match(r"gpu\d", key)}
+
+
+def test_a_machine_without_nvml_records_no_gpu_figure_and_asks_once(monkeypatch):
+    """This machine (no pynvml), and a machine with the package but no driver: CPU and memory alone."""
+    assert GpuUsage()() == {}
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # not installed: its import fails
+    values = system.measure(ProcessUsage(), GpuUsage())
+    assert {"cpu_percent", "memory_gb"} <= set(values) and not gpu_keys(values)
+    nvml = fake_nvml(TWO_GPUS, init_error=True)
+    monkeypatch.setitem(sys.modules, "pynvml", nvml)
+    gpus = GpuUsage()
+    assert gpus() == gpus() == {} and nvml.inits == 1
+
+
+def test_each_gpu_reports_its_utilization_memory_and_power(monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(TWO_GPUS))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    values = system.measure(ProcessUsage(), GpuUsage())
+    assert {key: values[key] for key in gpu_keys(values)} == {
+        "gpu0_utilization_percent": 87, "gpu0_memory_used_gb": 3.5, "gpu0_power_w": 251.3,  # %, GiB, W (NVML: mW)
+        "gpu1_utilization_percent": 0, "gpu1_memory_used_gb": 0.0,  # no power: left out, not 0
+    }
+
+
+@pytest.mark.parametrize(("visible", "keys"), [
+    ("1", {"gpu1_utilization_percent", "gpu1_memory_used_gb"}),
+    ("GPU-aaa", {"gpu0_utilization_percent", "gpu0_memory_used_gb", "gpu0_power_w"}),
+    ("", set()), ("7", set()),
+])
+def test_only_the_gpus_the_process_may_use_and_by_the_machines_numbers(monkeypatch, visible, keys):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(TWO_GPUS))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert set(GpuUsage()()) == keys
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_duties_gpu_figures_join_its_part_of_the_point(make_run, heard, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", fake_nvml(TWO_GPUS[:1]))
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    run = make_run(status=Run.Status.RUNNING)
+    system.record(run, "trainer", system.measure(ProcessUsage(), GpuUsage()), AT)
+    trainer = points(run)[1_700_000_000]["trainer"]
+    assert trainer["gpu0_power_w"] == 251.3 and trainer["gpu0_utilization_percent"] == 87 and "memory_gb" in trainer
