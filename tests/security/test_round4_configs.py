@@ -319,3 +319,29 @@ def test_every_preset_and_example_is_still_valid():
     assert examples
     for path in examples:
         load_config(path)
+
+
+# ---- a key twice in one mapping (found by a reviewer, 2026-12-06) --------------------------------
+
+TWICE = "trainer:\n  lr: 0.001\nalgorithm:\n  name: grpo\ntrainer:\n  total_steps: 3\n"
+
+
+@pytest.mark.parametrize("text, expected", [
+    (TWICE, "line 5: key 'trainer' appears twice in one mapping (first on line 1)"),
+    ("trainer: {lr: 0.001, lr: 0.002}", "line 1: key 'lr' appears twice"),
+    ('{"trainer": {"lr": 0.001}, "trainer": {"total_steps": 3}}', "key 'trainer' appears twice"),
+])
+def test_a_key_twice_in_one_mapping_is_refused_not_kept_last(text, expected):
+    """PyYAML and json keep the last: the first `trainer:` section's lr was dropped without a word."""
+    with pytest.raises(ConfigError) as refused:
+        parse_config_text(text)
+    assert expected in str(refused.value)
+    assert parse_config_text("trainer: {lr: 0.001}\nexplorer: {lr: 0.001}") == {  # the same key in two mappings
+        "trainer": {"lr": 0.001}, "explorer": {"lr": 0.001}}
+
+
+def test_a_key_twice_is_a_form_error_in_the_yaml_box_and_a_400_on_the_api(page, api):
+    errors = form_errors(page.post(LAUNCH, {"name": "x", "editor": "yaml", "yaml": TWICE}))
+    assert "key &#x27;trainer&#x27; appears twice" in errors or "key 'trainer' appears twice" in errors
+    assert "appears twice" in refusal(api(TWICE))["<config>"]
+    assert not Run.objects.exists()

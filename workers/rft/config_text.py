@@ -49,7 +49,19 @@ _YAML_READER = yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader
 
 
 class _Loader(_YAML_READER):
-    """YAML 1.1 reads `1e-5` (no dot) as a string; every config author means a float."""
+    """YAML 1.1 reads `1e-5` (no dot) as a string; every config author means a float. A key twice in
+    one mapping is refused: PyYAML keeps the last, so a second `trainer:` section silently dropped
+    the first one's settings."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = {}  # a key as written (its tag and text; nothing built twice) -> its line
+        for key_node, _ in node.value:
+            if isinstance(key_node, yaml.ScalarNode):
+                key, line = (key_node.tag, key_node.value), key_node.start_mark.line + 1
+                if key in seen:
+                    raise _duplicate_key(key_node.value, f"line {line}: ", f" (first on line {seen[key]})")
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
 
 
 _Loader.add_implicit_resolver(
@@ -85,6 +97,20 @@ def _check_yaml_events(text: str) -> None:
                 raise _too_many_nodes(f"line {line}: ")
     finally:
         reader.dispose()
+
+
+def _duplicate_key(key, where: str = "", first: str = "") -> ConfigError:
+    return _config_error(f"{where}key {key!r} appears twice in one mapping{first}; write it once "
+                         "(only the last would count)")
+
+
+def _refuse_duplicates(pairs: list) -> dict:
+    """json.loads' object_pairs_hook: json, like PyYAML, keeps a repeated key's last value."""
+    value = dict(pairs)
+    if len(value) < len(pairs):
+        seen = set()
+        raise _duplicate_key(next(key for key, _ in pairs if key in seen or seen.add(key)))
+    return value
 
 
 def _config_error(message: str) -> ConfigError:
@@ -128,7 +154,8 @@ def _read(text: str):
     json refuses, as YAML, once its events passed _check_yaml_events."""
     if text.lstrip().startswith("{"):
         try:
-            return json.loads(text)  # deep nesting: a RecursionError, like the YAML reader's backstop
+            # Deep nesting: a RecursionError, like the YAML reader's backstop.
+            return json.loads(text, object_pairs_hook=_refuse_duplicates)
         except json.JSONDecodeError:
             pass
     _check_yaml_events(text)
