@@ -250,8 +250,9 @@ def _control(request, pk: int, action: str) -> tuple[Run, str]:
     was = run.status
     try:
         control_run(run, action, request.user)
-    except services.InvalidTransition as err:
-        raise ApiError(409, str(err), status=run.status) from None
+    except services.InvalidTransition as err:  # the status as refused: another request may have moved it
+        status = Run.objects.filter(pk=pk).values_list("status", flat=True).first() or run.status
+        raise ApiError(409, str(err), status=status) from None
     return run, was
 
 

@@ -213,6 +213,25 @@ def test_launch_takes_yaml_text(api, tasksets, worker_queue):
     assert api("post", reverse("api-runs"), {"name": "y", "config": text}).status_code == 201
 
 
+def test_a_control_refused_after_another_request_moved_the_run_names_the_status_it_has_now(
+        api, make_run, monkeypatch):
+    """Three resumes of a stopped run at once: the ones refused answered "run 2 is queued: ..." beside
+    "status": "stopped", the status read before the other request's resume (a reviewer's finding)."""
+    from apps.runs.api import routes
+    from apps.runs.controls import control_run
+
+    run = make_run(status=Status.STOPPED)
+
+    def another_request_first(run, action, user):
+        Run.objects.filter(pk=run.pk).update(status=Status.QUEUED)  # the other resume, committed
+        return control_run(run, action, user)
+
+    monkeypatch.setattr(routes, "control_run", another_request_first)
+    refused = api("post", reverse("api-run-resume", args=[run.pk]))
+    assert refused.status_code == 409
+    assert refused.json()["status"] == "queued" and "is queued" in str(refused.json())
+
+
 def test_an_invalid_launch_lists_its_errors_and_creates_nothing(api, tasksets, worker_queue):
     config = preset_config("quick-demo")
     config["algorithm"]["kl"]["coef"] = -1
