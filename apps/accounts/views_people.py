@@ -14,6 +14,7 @@ from django.db.models import Count
 from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
+from apps.core.bidi import isolate
 from apps.core.numbers import whole_number
 from apps.feedback import services as feedback
 from apps.feedback.models import RunAnnotators
@@ -66,7 +67,7 @@ def people(request):
     if request.method == "POST" and form.is_valid():
         data = form.cleaned_data
         person = create_user(data["username"], data["password"], roles=data["roles"], email=data["email"])
-        messages.success(request, f"Added {person.username} ({', '.join(data['roles']) or 'no role yet'}).")
+        messages.success(request, f"Added {isolate(person.username)} ({', '.join(data['roles']) or 'no role yet'}).")
         return redirect("person-detail", pk=person.pk)
     listed = get_user_model().objects.order_by("username").annotate(judgements=Count("feedback", distinct=True),
                                                                       runs_owned=Count("runs", distinct=True))
@@ -102,7 +103,8 @@ def person_roles(request, pk):
     except PeopleError as exc:
         messages.error(request, f"Nothing changed: {exc}.")
     else:
-        messages.success(request, f"Saved {person.username}: {', '.join(request.POST.getlist('roles')) or 'no role'}"
+        messages.success(request, f"Saved {isolate(person.username)}: "
+                                  f"{', '.join(request.POST.getlist('roles')) or 'no role'}"
                                   f"{'' if person.is_active else ', cannot log in'}.")
     return redirect("person-detail", pk=pk)
 
@@ -113,7 +115,7 @@ def person_unlock(request, pk):
     """Let a person locked out by failed logins (throttle.py) log in again now."""
     person = get_object_or_404(get_user_model(), pk=pk)
     throttle.unlock_account(person.get_username())
-    messages.success(request, f"{person.username} may log in again: their failed logins no longer count.")
+    messages.success(request, f"{isolate(person.username)} may log in again: their failed logins no longer count.")
     return redirect("person-detail", pk=pk)
 
 
@@ -133,10 +135,10 @@ def person_assign(request, pk):
         messages.error(request, str(exc))
     else:
         if not assigned:
-            messages.success(request, f"{person.username} no longer annotates {run.name}"
+            messages.success(request, f"{isolate(person.username)} no longer annotates {isolate(run.name)}"
                                       f"{' (open to every annotator: they still may)' if access.open_to_all else ''}.")
         else:
-            messages.success(request, f"{person.username} annotates {run.name}" + (
+            messages.success(request, f"{isolate(person.username)} annotates {isolate(run.name)}" + (
                 ": it is open to every annotator now; the assignment counts once its owner limits it"
                 if access.open_to_all else "."))
     return redirect("person-detail", pk=pk)

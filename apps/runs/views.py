@@ -18,6 +18,7 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 
 from apps.accounts.roles import CURATOR, RESEARCHER, has_role, role_required
+from apps.core.bidi import isolate
 from apps.core.numbers import whole_number, whole_numbers
 from apps.core.streaming import streaming
 from apps.saved_models.models import SavedModel
@@ -149,11 +150,11 @@ def run_bulk_stop(request):
     for run in Run.objects.filter(pk__in=whole_numbers(request.POST.getlist("runs"))):
         try:
             control_run(run, "stop", request.user)
-            stopped.append(run.name)
+            stopped.append(isolate(run.name))
         except services.InvalidTransition:
-            finished.append(f"{run.name} ({run.status})")
+            finished.append(f"{isolate(run.name)} ({run.status})")
         except PermissionDenied:
-            not_theirs.append(f"{run.name} ({run.owner})")
+            not_theirs.append(f"{isolate(run.name)} ({isolate(run.owner)})")
     if stopped:
         messages.success(request, f"Stopping {len(stopped)} run{'s' * (len(stopped) != 1)}: {', '.join(stopped)}.")
     if finished:
@@ -189,7 +190,7 @@ def run_launch(request):
                 except sweeps.SweepError as err:
                     form.add_sweep_errors(err)
                 else:
-                    messages.success(request, f"Launched sweep {sweep.name}: {sweep.count} runs, which take "
+                    messages.success(request, f"Launched sweep {isolate(sweep.name)}: {sweep.count} runs, which take "
                                               "their slots in the order shown.")
                     first = sweep.runs.order_by("pk").first()
                     for warning in waits.launch_warnings(first.config, first.pk):
@@ -201,7 +202,7 @@ def run_launch(request):
                 except ConfigError as err:
                     form.add_config_errors(err)
                 else:
-                    messages.success(request, f"Launched {run.name}.")
+                    messages.success(request, f"Launched {isolate(run.name)}.")
                     for warning in waits.launch_warnings(run.config, run.pk):
                         messages.warning(request, warning)
                     return redirect("run-detail", pk=run.pk)
@@ -337,7 +338,7 @@ def run_control(request, pk, action):
             said = services.describe_resume(run, was)
             messages.success(request, said[0].upper() + said[1:] + ".")
         else:
-            messages.success(request, {"pause": "Paused", "stop": "Stopping"}[action] + f" {run.name}.")
+            messages.success(request, {"pause": "Paused", "stop": "Stopping"}[action] + f" {isolate(run.name)}.")
     return redirect("run-detail", pk=pk)
 
 
@@ -360,9 +361,9 @@ def run_explorers(request, pk):
     except services.InvalidTransition as err:
         messages.error(request, str(err))
     else:
-        messages.success(request, f"{run.name} asks for {count} explorer{'s' if count != 1 else ''} from now on: each "
-                                  "added one starts when an `explore` worker has a free slot (the duty lines say "
-                                  "where each stands).")
+        messages.success(request, f"{isolate(run.name)} asks for {count} explorer{'s' if count != 1 else ''} "
+                                  "from now on: each added one starts when an `explore` worker has a free slot "
+                                  "(the duty lines say where each stands).")
     return redirect("run-detail", pk=pk)
 
 
@@ -423,11 +424,11 @@ def worker_duty(request, pk, duty, action):
     try:
         if action == "hand-back":
             hand_back(run, duty, by=request.user.get_username())
-            messages.success(request, f"Handing back {duty} of {run.name}: it saves at its next step and goes back "
-                                      "to its queue, keeping its place.")
+            messages.success(request, f"Handing back {duty} of {isolate(run.name)}: it saves at its next step and "
+                                      "goes back to its queue, keeping its place.")
         else:
             control_run(run, "stop", request.user)
-            messages.success(request, f"Stopping {run.name}.")
+            messages.success(request, f"Stopping {isolate(run.name)}.")
     except services.InvalidTransition as err:
         messages.error(request, str(err))
     return redirect("worker-list")

@@ -9,6 +9,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from apps.accounts.roles import CURATOR, RESEARCHER, has_role, role_required
+from apps.core.bidi import isolate
 from apps.core.numbers import whole_number, whole_numbers
 from apps.core.problems import form_problems, sentence
 from rftweb.errors import form_checks_nul
@@ -55,7 +56,8 @@ def report_save(request):
                                   step=whole_number(request.POST.get("sample_step")))
         return render(request, "runs/compare.html", {**context, "report_form": form}, status=400)
     report = form.save()
-    messages.success(request, f"Saved report {report.name}: anyone who may read its runs opens it by this page's link.")
+    messages.success(request, f"Saved report {isolate(report.name)}: anyone who may read its runs opens it by "
+                              "this page's link.")
     return redirect("report-detail", pk=report.pk)
 
 
@@ -86,7 +88,7 @@ def report_edit(request, pk):
         raise PermissionDenied(f"only its owner ({report.owner}) or a curator may change report {report.name!r}")
     if request.POST.get("delete"):
         report.delete()
-        messages.success(request, f"Deleted report {report.name} (its runs stay).")
+        messages.success(request, f"Deleted report {isolate(report.name)} (its runs stay).")
         return redirect("report-list")
     data = {**request.POST.dict(), "runs": ",".join(map(str, report.run_ids)), "chart_filter": report.chart_filter,
             "chart_smoothing": "" if report.chart_smoothing is None else report.chart_smoothing,
@@ -97,5 +99,5 @@ def report_edit(request, pk):
         messages.error(request, "Report not saved: " + sentence(form_problems(form)))
         return _report_page(request, report, form, status=400)
     form.save()
-    messages.success(request, f"Saved report {report.name}.")
+    messages.success(request, f"Saved report {isolate(report.name)}.")
     return redirect("report-detail", pk=report.pk)

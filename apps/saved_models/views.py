@@ -4,6 +4,7 @@ from django.utils.http import content_disposition_header
 from django.views.decorators.http import require_POST
 
 from apps.accounts.roles import RESEARCHER, role_required
+from apps.core.bidi import isolate
 from apps.core.streaming import streaming
 from apps.runs.api.tokens import token_or_session
 from apps.runs.checkpoints import tar_stream
@@ -39,8 +40,8 @@ def model_save(request, run, version):
         except services.SaveError as err:
             form.add_error("name", str(err))
         else:
-            messages.success(request, f"Saved v{version} of {run.name} as {saved.name}: a run names it as "
-                                      f"model.path {saved.model_path}.")
+            messages.success(request, f"Saved v{version} of {isolate(run.name)} as {isolate(saved.name)}: a run "
+                                      f"names it as model.path {isolate(saved.model_path)}.")
             return redirect("model-list")
     return render(request, "saved_models/save.html", {"form": form, "run": run, "checkpoint": checkpoint})
 
@@ -54,7 +55,7 @@ def model_delete(request, name):
     except services.SaveError as err:
         messages.error(request, str(err))
     else:
-        messages.success(request, f"Deleted {name} and its files.")
+        messages.success(request, f"Deleted {isolate(name)} and its files.")
     return redirect("model-list")
 
 

@@ -6,6 +6,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from apps.accounts.roles import RESEARCHER, role_required
+from apps.core.bidi import isolate
 from apps.core.jobs import JobError, cancel_job, cancellable, label, visible_job
 from rftweb.errors import form_checks_nul
 
@@ -88,7 +89,8 @@ def taskset_import_cancel(request, pk):
             messages.error(request, str(exc))
         else:
             done = "cancelled" if job.is_finished else "stops after its current batch of rows and rolls back"
-            messages.success(request, f"Import of {job.original_filename} {done}: no taskset {job.name} is made.")
+            messages.success(request, f"Import of {isolate(job.original_filename)} {done}: "
+                                      f"no taskset {isolate(job.name)} is made.")
     return redirect("taskset-import", pk=job.pk)
 
 

@@ -7,7 +7,8 @@
   const overview = JSON.parse(document.getElementById("compare-overview").textContent);
   const board = new ChartBoard(document.getElementById("charts"), { pinned: overview, legends: false });
   bindChartControls(board, document.querySelector("[data-chart-controls]"));
-  const label = (run) => run.name + " #" + run.id; // names may repeat; ids do not
+  // Names may repeat; ids do not. The name isolated (bidi.js): the charts' hover shows the label.
+  const label = (run) => isolate(run.name) + " #" + run.id;
 
   // The page's legend names each run's line (colour and dash, in the order picked); unticking a run
   // hides its lines in every chart. Lines were told apart by colour alone, which repeats after 8.

@@ -128,7 +128,8 @@
     const finished = page.finished_statuses.includes(status);
     document.querySelectorAll(".flash.success").forEach((flash) => {
       const becoming = Object.keys(CONTROL_FLASHES).find((state) => flash.textContent === CONTROL_FLASHES[state]);
-      if (becoming && becoming !== status) flash.textContent = finished ? `${runName} ${status}.` : `${runName} is ${status}.`;
+      // The name stays the flash's <bdi> (the server isolates it: apps/core/bidi.py).
+      if (becoming && becoming !== status) flash.replaceChildren(flash.querySelector("bdi"), finished ? ` ${status}.` : ` is ${status}.`);
     });
   }
 

@@ -38,7 +38,8 @@
     return "rgb(" + from.map((v, k) => mix(v, to[k], scaled - i)).join(",") + ")";
   }
 
-  // Plotly reads a few HTML tags in its text: run names, keys and values are plain text.
+  // Plotly reads a few HTML tags in its text: run names, keys and values are plain text (a run name
+  // isolated too: bidi.js).
   function plain(text) {
     return String(text).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
   }
@@ -58,8 +59,8 @@
     const traces = data.runs.map((run) => ({
       x: data.axes.map((_, i) => i), y: run.values.map((v, i) => scales[i].position(v)),
       mode: "lines+markers", line: { color: color(result.position(run.values[run.values.length - 1])), width: 2 },
-      marker: { size: 6 }, name: run.name, customdata: data.axes.map(() => run.url),
-      hovertemplate: plain(run.name) + "<br>" + data.axes.map((axis, i) => plain(axis + ": " + short(run.values[i] ?? "—"))).join("<br>")
+      marker: { size: 6 }, name: plain(isolate(run.name)), customdata: data.axes.map(() => run.url),
+      hovertemplate: plain(isolate(run.name)) + "<br>" + data.axes.map((axis, i) => plain(axis + ": " + short(run.values[i] ?? "—"))).join("<br>")
         + "<extra></extra>",
       connectgaps: false,
     }));

@@ -4,15 +4,21 @@ server: a 200-character run name without spaces, a 3000-character token in a run
 wide, the run page 25,573 px), and a right-to-left override (U+202E) in a run name stays inside it
 (compare showed "7#" for "#7")."""
 
+import os
+from pathlib import Path
+
 import pytest
+from playwright.sync_api import expect
 
 from apps.accounts.roles import ANNOTATOR
 from apps.accounts.services import create_user
 from apps.buffer.models import Experience
+from apps.core.bidi import isolate
 from apps.feedback import services
-from apps.runs.models import Run
+from apps.runs.models import MetricPoint, Run
 from apps.tasksets.models import Task, Taskset
 
+from .conftest import ARTIFACTS
 from .test_dashboard import DEMO_CONFIG
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -108,4 +114,81 @@ def test_a_right_to_left_override_in_a_run_name_stays_in_the_name(page, login, r
     title = page.locator(".page-head h1")
     assert isolated(title.locator("> *").first) and follows(title, page.locator("#live-dot"))
     assert isolated(page.locator(".run-notes-text > *").first)
+    assert page_errors == []
+
+
+# A right-to-left override, markup and a word longer than any line, in as long a name as a run may
+# have (200 characters).
+EVIL = RLO + "<b>x</b>" + "w" * 191
+# Each character's x, in the order of the text, of the first SVG text element holding `needle`:
+# increasing where it is laid out left to right. With the first index of the needle.
+SVG_CHARACTER_XS = """([root, needle]) => { const text = [...document.querySelectorAll(root + " text")]
+    .find((t) => t.textContent.includes(needle));
+  if (!text) return null;
+  const xs = []; for (let i = 0; i < text.getNumberOfChars(); i++) xs.push(text.getStartPositionOfChar(i).x);
+  return {at: text.textContent.indexOf(needle), xs, text: text.textContent}; }"""
+
+
+# The width of the SVG text holding `needle`, and of the same text without FSI and PDI.
+ISOLATE_MARKS_WIDTH = """(needle) => { const text = [...document.querySelectorAll(".hoverlayer text")]
+    .find((t) => t.textContent.includes(needle));
+  const bare = text.cloneNode(false); bare.textContent = text.textContent.replace(/[\u2068\u2069]/g, "");
+  text.after(bare); const widths = [text.getComputedTextLength(), bare.getComputedTextLength()]; bare.remove();
+  return widths; }"""
+
+
+def test_names_where_no_element_may_go_are_isolated_and_stay_text(page, login, researcher, curator, annotator,
+                                                                  page_errors):
+    """A flash message, the page's <title>, an <option> and Plotly's hover (SVG text) take no <bdi>:
+    each has the name between FSI and PDI (the flash a <bdi> again), escaped, and the page fits."""
+    shots = Path(os.environ.get("RFTWEB_SCREENSHOTS", ARTIFACTS))
+    run = Run.objects.create(name=EVIL, owner=researcher, config=DEMO_CONFIG, status=Run.Status.RUNNING)
+    other = Run.objects.create(name="plain", owner=researcher, config=DEMO_CONFIG, status=Run.Status.COMPLETED)
+    short = Run.objects.create(name=RLO + "<b>x</b>evil", owner=researcher, config=DEMO_CONFIG)  # its "#id" in view
+    for each in (run, other):
+        for step in range(1, 4):
+            MetricPoint.objects.create(run=each, role="explorer", step=step, values={"reward_mean": step / 4})
+    page.set_viewport_size(SCREEN)
+    login(researcher, f"/runs/{run.pk}/")
+    assert page.title() == isolate(EVIL) + " · rftweb"
+    page.locator(".page-head").get_by_role("button", name="Stop").click()
+    page.locator(".confirm-pop").get_by_role("button", name="Stop run").click()
+    # No worker holds it: it stops at once, and the page says so in the flash, the name still its <bdi>.
+    flash = page.locator(".flash.success")
+    expect(flash).to_have_text(f"{EVIL} stopped.")
+    name = flash.locator("bdi")
+    assert isolated(name) and name.text_content() == EVIL and flash.locator("b").count() == 0
+    # " stopped." follows the name's last line (the name wraps: a 191-character word is wider than the screen).
+    assert flash.evaluate("""(el) => { const range = document.createRange(); range.setStart(el.lastChild, 1);
+      range.setEnd(el.lastChild, 2); const s = range.getBoundingClientRect();
+      const end = [...el.querySelector("bdi").getClientRects()].at(-1);
+      return s.left >= end.right - 0.5 && Math.abs(s.top - end.top) < 2; }""")
+    assert page.evaluate("() => document.documentElement.scrollWidth") <= SCREEN["width"], page.evaluate(PAST_THE_EDGE)
+    page.screenshot(path=shots / "isolated-flash.png")
+
+    page.goto(f"/runs/compare/?runs={run.pk}&runs={other.pk}")
+    chart = page.locator('[data-chart="explorer/reward_mean"]')
+    chart.scroll_into_view_if_needed()
+    page.wait_for_function("() => document.querySelector('[data-chart=\"explorer/reward_mean\"]')?.data")
+    chart.evaluate("(el) => Plotly.Fx.hover(el, {xval: 2})")
+    hover = SVG_CHARACTER_XS, ['[data-chart="explorer/reward_mean"] .hoverlayer', f"{isolate(EVIL)} #{run.pk}"]
+    found = page.evaluate(*hover)
+    assert found, page.locator('[data-chart="explorer/reward_mean"] .hoverlayer').text_content()
+    after_name = found["at"] + len(isolate(EVIL))  # " #<id>" and its value
+    assert found["xs"][after_name:] == sorted(found["xs"][after_name:]), found["text"]
+    assert found["xs"][after_name + 1] > found["xs"][after_name - 2]  # "#" to the right of the name's last "w"
+    assert chart.locator(".hoverlayer [style*=bold]").count() == 0  # <b> shown as text, not bold
+    # FSI and PDI take no room (no missing-glyph boxes): the hover's text is as wide without them.
+    with_marks, without = page.evaluate(ISOLATE_MARKS_WIDTH, f"{isolate(EVIL)} #{run.pk}")
+    assert abs(with_marks - without) < 0.5, (with_marks, without)
+    page.screenshot(path=shots / "isolated-compare-hover.png")
+
+    page.context.clear_cookies()
+    login(curator, f"/accounts/people/{annotator.pk}/")
+    fits_the_screen(page, page.url)
+    option = page.locator(f'#person-runs option[value="{run.pk}"]')
+    assert option.text_content() == f"{isolate(EVIL)} #{run.pk}"
+    page.locator("#person-runs select").select_option(str(short.pk))
+    page.locator("#person-runs").scroll_into_view_if_needed()
+    page.screenshot(path=shots / "isolated-option.png")
     assert page_errors == []

@@ -13,6 +13,7 @@ from django.utils import timezone
 from playwright.sync_api import expect
 
 from apps.buffer.models import Experience
+from apps.core.bidi import isolate
 from apps.runs import services, supervision
 from apps.runs.live import publisher
 from apps.runs.logs import DutyLog
@@ -49,7 +50,7 @@ def test_stop_asks_first_and_the_stopping_flash_follows_the_run_to_stopped(page,
 
     page.get_by_role("button", name="Stop").click()
     pop = page.locator(".confirm-pop")
-    expect(pop).to_contain_text(f"Stop {run.name}? The trainer saves a checkpoint")
+    expect(pop).to_contain_text(f"Stop {isolate(run.name)}? The trainer saves a checkpoint")  # apps/core/bidi.py
     expect(page.get_by_role("button", name="Stop run")).to_be_focused()
     SHOTS.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=SHOTS / "run-page-stop-confirm.png")

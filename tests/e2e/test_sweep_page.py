@@ -25,6 +25,9 @@ def test_the_sweep_chart_names_its_axes_and_ticks_each_grid_value(page, login, r
     page.set_viewport_size(SCREEN)
     login(researcher, f"/sweeps/{sweep.pk}/")
     expect(page.locator("#sweep-chart .scatterlayer .trace")).to_have_count(6)
+    # Each run's name isolated in its hover (static/js/bidi.js), as Plotly's text takes no <bdi>.
+    hovers = page.evaluate("() => document.getElementById('sweep-chart').data.map((trace) => trace.hovertemplate)")
+    assert all(hover.startswith("\u2068lr sweep · lr=") and "\u2069<br>" in hover for hover in hovers), hovers
     texts = page.evaluate("() => [...document.querySelectorAll('#sweep-chart .annotation-text')].map((a) => "
                           "a.textContent)")
     # The axis names were placed at y 1.12 in data coordinates, past the range: Plotly drew none.

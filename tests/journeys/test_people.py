@@ -10,6 +10,7 @@ from django.urls import reverse
 from playwright.sync_api import expect
 
 from apps.buffer.models import Experience
+from apps.core.bidi import isolate
 from apps.feedback.models import RunAnnotators
 from apps.runs.models import Run
 
@@ -36,7 +37,7 @@ def test_a_curator_adds_an_annotator_and_assigns_a_run_in_the_browser(curator, r
     form.get_by_role("button", name="Add").click()
     page.wait_for_url(re.compile(r"/accounts/people/\d+/$"))
     expect(page.locator(".flash")).to_contain_text("Added dana (annotator)")
-    page.locator("#person-runs select").select_option(label=f"limited #{run.pk}")
+    page.locator("#person-runs select").select_option(label=f"{isolate('limited')} #{run.pk}")
     page.locator("#person-runs").get_by_role("button", name="Assign").click()
     expect(page.locator("#person-runs")).to_contain_text("limited")
 

@@ -1,5 +1,8 @@
 """`ticks`: text whose `backquoted` words are names to type (a queue, a key, a command), shown as
-<code> rather than with the backquotes (messages said "a `train` worker" literally). `thousands`:
+<code> rather than with the backquotes (messages said "a `train` worker" literally), and whose
+names people gave, isolated (apps/core/bidi.isolate: a flash message's run name), are a <bdi> as
+on the rest of the page (app.css wraps it; backquotes in it stay backquotes). `isolate`: a name
+people gave where no element may hold it (a <title>, an <option>, an attribute's text). `thousands`:
 a count as 15,696, not 15696 (USE_THOUSAND_SEPARATOR would put commas in every id in a URL too).
 `breakable`: a dotted or slashed name (algorithm.repeat_times, eval/exact_match) that may wrap
 after its dots, slashes and colons, so that a table's header does not widen its column past its values."""
@@ -9,6 +12,8 @@ from django import template
 from django.utils.html import escape
 from django.utils.safestring import mark_safe
 
+from apps.core.bidi import isolate, split_isolated
+
 register = template.Library()
 TICKED = re.compile(r"`([^`\n]+)`")
 BREAK_AFTER = re.compile(r"([./:])")
@@ -16,7 +21,12 @@ BREAK_AFTER = re.compile(r"([./:])")
 
 @register.filter
 def ticks(text) -> str:
-    return mark_safe(TICKED.sub(r"<code>\1</code>", escape(str(text))))  # escaped first: only <code> is ours
+    # Escaped first: only <code> and <bdi> are ours (FSI and PDI are no markup to escape).
+    return mark_safe("".join(f"<bdi>{part}</bdi>" if isolated else TICKED.sub(r"<code>\1</code>", part)
+                             for part, isolated in split_isolated(escape(str(text)))))
+
+
+register.filter("isolate", isolate)
 
 
 @register.filter

@@ -3,6 +3,7 @@ import pytest
 from django.urls import reverse
 
 from apps.buffer.models import Experience
+from apps.core.bidi import isolate
 from apps.feedback.models import AnnotationLock, Feedback
 from apps.runs.models import Run
 
@@ -156,8 +157,9 @@ def test_the_start_page_says_what_each_run_has_left_to_judge(annotator_client, m
     finished = Run.objects.create(name="done", owner=researcher, config={}, status=Run.Status.COMPLETED)
     make_experience(run=finished, status="consumed")
     html = annotator_client.get(reverse("annotate-start")).content.decode()
-    assert f'<option value="{run.pk}">r (running · 1 to judge so far)</option>' in html
-    assert f'<option value="{finished.pk}" disabled>done (completed · nothing left to judge)</option>' in html
+    assert f'<option value="{run.pk}">{isolate("r")} (running · 1 to judge so far)</option>' in html
+    done = isolate("done")
+    assert f'<option value="{finished.pk}" disabled>{done} (completed · nothing left to judge)</option>' in html
 
 
 @pytest.mark.slow  # imports transformers

@@ -11,6 +11,7 @@ from django.contrib.messages import get_messages
 from django.urls import reverse
 
 from apps.buffer.models import Experience
+from apps.core.bidi import isolate
 from apps.runs import services
 from apps.runs.models import Checkpoint, MetricPoint, Run
 from apps.runs.store import DjangoCheckpointStore
@@ -76,13 +77,14 @@ def test_bulk_stop_stops_what_it_can_and_names_the_rest(researcher_client, make_
     assert statuses == {"q": Status.STOPPED, "r": Status.STOPPING, "d": Status.COMPLETED}
     notes = messages_of(response)
     assert any("Stopping 2 runs" in note for note in notes)
-    assert any("Could not stop d (completed)" in note for note in notes)
+    assert any(f"Could not stop {isolate('d')} (completed)" in note for note in notes)
 
 
 def test_bulk_stop_says_whose_run_it_did_not_stop(researcher_client, make_run, curator):
     theirs = make_run("theirs", owner=curator, status=Status.RUNNING)
     notes = messages_of(researcher_client.post(reverse("run-bulk-stop"), {"runs": [theirs.pk]}))
-    assert notes == ["Could not stop theirs (cur): only a run's owner or a curator stops it."]
+    theirs_and_owner = f"{isolate('theirs')} ({isolate('cur')})"
+    assert notes == [f"Could not stop {theirs_and_owner}: only a run's owner or a curator stops it."]
     assert Run.objects.get().status == Status.RUNNING
 
 

@@ -338,6 +338,6 @@ def test_the_uploader_cancels_a_queued_import_from_its_page(researcher_client, r
     job.refresh_from_db()
     assert job.status == TasksetImport.Status.CANCELLED and not Taskset.objects.filter(name="big").exists()
     page = response.content.decode()
-    assert "Import of big.jsonl cancelled" in page and "Cancel this import" not in page
+    assert "Import of <bdi>big.jsonl</bdi> cancelled" in page and "Cancel this import" not in page
     again = researcher_client.post(reverse("taskset-import-cancel", args=[job.pk]), follow=True).content.decode()
     assert "has already finished (cancelled): there is nothing to cancel" in again
