@@ -16,7 +16,7 @@ from rftweb.errors import form_checks_nul
 
 from . import comparison
 from .forms import ReportForm
-from .models import Report
+from .models import Report, Run
 from .views import chart_view
 from .views_compare import compare_context
 
@@ -30,6 +30,12 @@ def may_edit(user, report: Report) -> bool:
 @role_required(RESEARCHER)
 def report_list(request):
     page = Paginator(Report.objects.select_related("owner"), REPORTS_PER_PAGE).get_page(request.GET.get("page"))
+    # The runs each report shows: its page leaves out a run deleted since, so the count does too.
+    wanted = {pk for report in page.object_list for pk in report.run_ids}
+    there = set(Run.objects.filter(pk__in=wanted).values_list("pk", flat=True))
+    for report in page.object_list:
+        report.runs_there = sum(pk in there for pk in report.run_ids)
+        report.runs_gone = len(report.run_ids) - report.runs_there
     return render(request, "runs/reports.html", {"page": page})
 
 

@@ -196,3 +196,6 @@ def test_a_report_whose_run_is_gone_says_so(researcher_client, researcher, compa
     page = researcher_client.get(reverse("report-detail", args=[report.pk]))
     assert [run.pk for run in page.context["picked_runs"]] == [a.pk] and page.context["gone"] == [report.run_ids[1]]
     assert "no longer exist" in page.content.decode()
+    listed = researcher_client.get(reverse("report-list"))
+    assert (listed.context["page"].object_list[0].runs_there, listed.context["page"].object_list[0].runs_gone) == (1, 1)
+    assert '<td class="num">1 <span class="muted">(1 deleted)</span></td>' in listed.content.decode()  # was "2"
