@@ -16,6 +16,13 @@ OPENS = frozenset("\u2066\u2067\u2068")  # LRI, RLI, FSI: each closed by a PDI
 
 def isolate(name) -> str:
     """str(name) between FSI and PDI, its own isolates balanced within it."""
+    return FSI + balanced(name) + PDI
+
+
+def balanced(name) -> str:
+    """str(name) without a PDI that closes nothing in it, and with the isolates it leaves open closed:
+    what a <bdi> holds (the `bdi` filter), since Chromium let a stray PDI close a <bdi>'s isolate too
+    (`<bdi>evil\u2069\u202ename</bdi> #12` drew as "evil21# eman")."""
     kept, open_isolates = [], 0
     for character in str(name):
         if character in OPENS:
@@ -25,7 +32,7 @@ def isolate(name) -> str:
                 continue
             open_isolates -= 1
         kept.append(character)
-    return FSI + "".join(kept) + PDI * open_isolates + PDI
+    return "".join(kept) + PDI * open_isolates
 
 
 def split_isolated(text: str) -> list[tuple[str, bool]]:

@@ -1,8 +1,9 @@
 """`ticks`: text whose `backquoted` words are names to type (a queue, a key, a command), shown as
 <code> rather than with the backquotes (messages said "a `train` worker" literally), and whose
 names people gave, isolated (apps/core/bidi.isolate: a flash message's run name), are a <bdi> as
-on the rest of the page (app.css wraps it; backquotes in it stay backquotes). `isolate`: a name
-people gave where no element may hold it (a <title>, an <option>, an attribute's text). `thousands`:
+on the rest of the page (app.css wraps it; backquotes in it stay backquotes). `bdi`: a name people
+gave, as a <bdi>. `isolate`: a name people gave where no element may hold it (a <title>, an
+<option>, an attribute's text). `thousands`:
 a count as 15,696, not 15696 (USE_THOUSAND_SEPARATOR would put commas in every id in a URL too).
 `breakable`: a dotted or slashed name (algorithm.repeat_times, eval/exact_match) that may wrap
 after its dots, slashes and colons, so that a table's header does not widen its column past its values."""
@@ -12,7 +13,7 @@ from django import template
 from django.utils.html import escape
 from django.utils.safestring import mark_safe
 
-from apps.core.bidi import isolate, split_isolated
+from apps.core.bidi import balanced, isolate, split_isolated
 
 register = template.Library()
 TICKED = re.compile(r"`([^`\n]+)`")
@@ -27,6 +28,13 @@ def ticks(text) -> str:
 
 
 register.filter("isolate", isolate)
+
+
+@register.filter
+def bdi(name) -> str:
+    """A name people gave, shown where it may be an element: a <bdi> (app.css wraps it), escaped,
+    its own isolates balanced (bidi.balanced). Every template's names go through it."""
+    return mark_safe(f"<bdi>{escape(balanced(name))}</bdi>")
 
 
 @register.filter

@@ -4,7 +4,7 @@ escaped text."""
 from django.urls import reverse
 
 from apps.core.bidi import FSI, PDI, isolate, split_isolated
-from apps.core.templatetags.text import ticks
+from apps.core.templatetags.text import bdi, ticks
 from apps.runs.models import Run
 
 RLO = "\u202e"
@@ -63,3 +63,15 @@ def test_a_run_in_a_select_is_isolated_from_its_number(client, curator, annotato
     page = client.get(reverse("person-detail", args=[annotator.pk])).content.decode()
     assert f'<option value="{run.pk}">{FSI}{EVIL_SHOWN}{PDI} #{run.pk}</option>' in page
     assert f"<title>{FSI}{annotator.username}{PDI} · people · rftweb</title>" in page
+
+
+def test_a_stray_pdi_in_a_name_cannot_close_its_bdi_on_any_page(researcher_client, make_run):
+    """Chromium let a name's own PDI close the <bdi> around it: `<bdi>evil\u2069\u202ename</bdi> #12`
+    drew as "evil21# eman". Every template shows names through the `bdi` filter, which drops it."""
+    assert bdi("a" + PDI + RLO + "<b>") == "<bdi>a" + RLO + "&lt;b&gt;</bdi>"
+    assert bdi("\u2067a") == "<bdi>\u2067a" + PDI + "</bdi>"  # one left open is closed inside
+    run = make_run("evil" + PDI + RLO + "name", status=Run.Status.RUNNING)
+    page = researcher_client.get(reverse("run-detail", args=[run.pk])).content.decode()
+    assert f"<bdi>evil{RLO}name</bdi>" in page and f"<bdi>evil{PDI}" not in page
+    listed = researcher_client.get(reverse("run-list")).content.decode()
+    assert f"<bdi>evil{RLO}name</bdi>" in listed and f"<bdi>evil{PDI}" not in listed
