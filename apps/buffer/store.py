@@ -204,6 +204,15 @@ def judged_pairs(run_ids: Sequence[int], *, exclude_flagged: bool):
     return prefs
 
 
+def trained_ratings(rows):
+    """Of `rows`, the rated ones whose human reward training reads: not rejected (an annotator's flag
+    under feedback.exclude_flagged, a curator, a buffer operator), since a rejected row is never
+    sampled nor compared in its group (DjangoExperienceBuffer._apply_feedback). The run page's
+    rated count and human reward are these (feedback.stats.summary); a rated row flagged later
+    counts apart, as rated but not trained on."""
+    return rows.filter(reward_components__has_key=HUMAN_REWARD).exclude(status=ExperienceRow.Status.REJECTED)
+
+
 class DjangoExperienceBuffer:
     """The experiences of one run (its rollouts, and the expert data the run seeded from its expert taskset)."""
 
@@ -343,12 +352,9 @@ class DjangoExperienceBuffer:
         feedback = self.config.feedback
         if not rollouts or (feedback.reward_mode == "none" and not feedback.rated_only):
             return
-        members = (
-            self._rows().filter(group_id__in={e.group_id for e in rollouts}, source__in=STALE_SOURCES)
-            .exclude(status=ExperienceRow.Status.REJECTED)
-        )
-        rated = members.filter(reward_components__has_key=HUMAN_REWARD)
-        members = members.filter(group_id__in=rated.values("group_id"))
+        in_groups = self._rows().filter(group_id__in={e.group_id for e in rollouts}, source__in=STALE_SOURCES)
+        rated = trained_ratings(in_groups)
+        members = in_groups.exclude(status=ExperienceRow.Status.REJECTED).filter(group_id__in=rated.values("group_id"))
         if feedback.rated_only:
             members = rated
         groups = defaultdict(list)
