@@ -8,6 +8,7 @@ from workers.rft.algorithms import ALGORITHMS, EXPERT, LOSS_PARTS, PAIRS, USUAL,
 from workers.rft.config_issues import named_spec_issues, operator_issues, reward_fn_issues
 from workers.rft.config_text import ConfigIssue
 from workers.rft.pipelines import EXPERIENCE_OPERATORS, TASK_OPERATORS
+from workers.rft.sampling import pair_use_limit
 from workers.rft.synchronizer import SPLIT_SYNC_METHODS
 from workers.rft.task_selectors import DEFAULT, TASK_SELECTORS, selector_spec
 from workers.rft.workflows import WORKFLOWS, workflow_args_problems
@@ -93,6 +94,8 @@ def _algorithm_option_rules(algo, spec) -> list[tuple]:
          f"has no effect with policy loss '{loss}': it schedules mix_chord's SFT weight", by),
         ("algorithm.dpo.label_smoothing", algo.dpo.label_smoothing > 0 and loss != "dpo",
          f"has no effect with policy loss '{loss}': it is dpo's", by),
+        ("algorithm.dpo.max_pair_uses", algo.dpo.max_pair_uses is not None and loss != "dpo",
+         f"has no effect with policy loss '{loss}': it bounds how often dpo trains on one preference pair", by),
         ("algorithm.rollout_correction.mode", correction.mode != "none" and not spec.uses_rollouts,
          f"'{correction.mode}' weights rollouts, and algorithm '{algo.name}' trains on none", by),
         ("algorithm.rollout_correction.clip_max", correction.clip_max != 3.0 and correction.mode == "none",
@@ -141,6 +144,19 @@ def data_sources(c, *, web: bool) -> list[str]:
         ("annotators' edits of this run's answers (Annotate, e)", web and both and feedback.edits_as_expert),
         ("the rollouts promote_to_expert copies", promotes_rollouts(c)),
     ) if present]
+
+
+def waiting_for_data(c, *, trained: bool) -> str:
+    """What the trainer of a web run (config `c`) that found nothing to train on waits for, for its
+    duty line: the sources it could get data from (data_sources) and, for dpo once it has trained
+    (`trained`), that each pair so far trained in as many steps as sampling.pair_use_limit allows."""
+    sources = "; ".join(data_sources(c, web=True))  # none: stores that code feeds
+    limit = pair_use_limit(c) if resolve(c).sample_strategy == "pairs" else None
+    if trained and limit is not None:
+        steps = f"{limit} step{'s' if limit > 1 else ''}"
+        return (f"every pair so far has trained in {steps} (algorithm.dpo.max_pair_uses), the most it may; new ones "
+                "come" + (sources and f" from {sources}"))
+    return "nothing to train on yet" + (sources and f" from {sources}")
 
 
 def data_issues(c, *, web: bool) -> list[ConfigIssue]:
