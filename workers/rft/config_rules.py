@@ -105,7 +105,7 @@ def _algorithm_option_rules(algo, spec) -> list[tuple]:
     ]
 
 
-def _samples_expert(spec) -> bool:
+def samples_expert(spec) -> bool:
     """Whether the trainer samples expert data (the expert taskset's answers, human edits, promoted
     rollouts): sft's batches, the expert share of mix's. dpo's pairs strategy reads none of it."""
     return spec.uses_expert and spec.sample_strategy != "pairs"
@@ -202,7 +202,7 @@ def _data_option_rules(c, spec) -> list[tuple]:
     (rules as combination_issues'): read by the trainer's sampling (sampling.py; the Postgres
     buffer's _sampleable and sample_pairs), the loop's seed_expert_data and the explorer's steps."""
     by = ("algorithm.name", "algorithm.policy_loss")
-    algorithm, expert, pairs = _algorithm_named(c, spec), _samples_expert(spec), spec.sample_strategy == "pairs"
+    algorithm, expert, pairs = _algorithm_named(c, spec), samples_expert(spec), spec.sample_strategy == "pairs"
     readers = "sft, mix and mix_chord (or policy loss 'mix') train on expert data" + (
         ", dpo on preference pairs" if pairs else "")
     feedback, buffer, explorer = c.feedback, c.buffer, c.explorer
@@ -304,7 +304,7 @@ def _pipeline_rules(c, spec, operator_problems: list[ConfigIssue]) -> list[tuple
             continue
         params = dict(op) if isinstance(op, Mapping) else {"name": op}
         name, bounded = params["name"], params.get("min") is not None or params.get("max") is not None
-        if name == "promote_to_expert" and not _samples_expert(spec):
+        if name == "promote_to_expert" and not samples_expert(spec):
             rules.append((at, True, f"promote_to_expert copies good rollouts into expert data, and "
                                     f"{_algorithm_named(c, spec)} trains on none (sft, mix and mix_chord do)",
                           ("algorithm.name", "algorithm.policy_loss")))
