@@ -15,7 +15,7 @@ from django.urls import reverse
 
 from apps.buffer.models import Experience
 from apps.feedback import services as feedback
-from apps.feedback.models import Feedback
+from apps.feedback.models import PairUse
 from apps.runs import services, waits
 from apps.runs.models import MetricPoint, Run
 from apps.tasksets.services import BUILTIN_TASKSETS, create_generated_taskset
@@ -81,12 +81,12 @@ def test_the_dpo_preset_waits_for_annotators_saying_so_and_trains_on_each_compar
                                      "(algorithm.dpo.max_pair_uses), the most it may; new ones come from annotators' "
                                      "comparisons of this run's answers (Annotate, c)")
         assert Run.objects.get(pk=run.pk).trainer_step == 1
-        assert Feedback.objects.get().use_count == 1
+        assert PairUse.objects.get(run=run).uses == 1
         second = a_pair_to_compare(run, besides=(chosen.pk, rejected.pk))
         feedback.compare(second[0].pk, second[1].pk, annotator, "b_better")
         wait_for(lambda: Run.objects.get(pk=run.pk).trainer_step >= 2, 300, "a trainer step on the new pair")
         assert MetricPoint.objects.get(run=run, role="trainer", step=2).values["pairs"] == 1
-        assert sorted(Feedback.objects.values_list("use_count", flat=True)) == [1, 1]
+        assert list(PairUse.objects.filter(run=run).values_list("uses", flat=True)) == [1, 1]
     finally:
         services.stop_run(run)
         wait_for(lambda: not [t for t in threading.enumerate() if "serve_duty" in t.name], 120,
