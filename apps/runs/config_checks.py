@@ -149,11 +149,12 @@ def source_run_warnings(config) -> list[str]:
     if not feedback.source_runs or config.mode not in ("both", "train") or not (pairs or samples_expert(spec)):
         return []
     if pairs:
-        what = "no preference pairs yet (comparisons with a verdict, neither response flagged)"
+        unflagged = ", neither response flagged" if feedback.exclude_flagged else ""
+        what, one = f"no preference pairs yet (comparisons with a verdict{unflagged})", "pair"
         given = set(judged_pairs(feedback.source_runs, exclude_flagged=feedback.exclude_flagged)
                     .values_list("experience__run", flat=True))
     else:
-        what = "no human edits ready yet"
+        what, one = "no human edits ready yet", "edit"
         given = set(Experience.objects.filter(run__in=feedback.source_runs, source=Experience.Source.HUMAN_EDIT,
                                               status=Experience.Status.READY).values_list("run", flat=True))
     names = dict(Run.objects.filter(pk__in=feedback.source_runs).values_list("pk", "name"))
@@ -173,8 +174,9 @@ def source_run_warnings(config) -> list[str]:
     if at_once:
         return [f"{said}: until {'they have' if plural else 'it has'} some, this run trains on "
                 f"{' and '.join(at_once)} alone."]
-    own = " (or from annotators' judgements of this run's answers)" if config.mode == "both" else ""
-    return [f"{said}: this run's trainer waits for the first{own}, counting no step, and its duty line says so."]
+    own = " or from annotators' judgements of this run's answers" if config.mode == "both" else ""
+    return [f"{said}: this run's trainer waits for the first {one} from {'them' if plural else 'it'}{own}, counting "
+            "no step, and its duty line says so."]
 
 
 def expert_dataset_issue(config) -> ConfigIssue | None:

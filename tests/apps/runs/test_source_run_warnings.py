@@ -36,8 +36,8 @@ def test_a_dpo_run_on_source_runs_without_comparisons_is_told_it_will_wait(resea
     response = api(researcher, dpo)
     assert response.status_code == 201
     warning = (f"feedback.source_runs: run {demo.pk} ('demo') has no preference pairs yet (comparisons with a "
-               "verdict, neither response flagged): this run's trainer waits for the first, counting no step, and "
-               "its duty line says so.")
+               "verdict, neither response flagged): this run's trainer waits for the first pair from it, counting no "
+               "step, and its duty line says so.")
     assert response.json()["warnings"] == [warning]
     form = config_form(RunConfig.from_dict(dpo).to_dict(), name="on the form")
     page = researcher_client.post(reverse("run-launch"), posted(form), follow=True)
@@ -58,7 +58,7 @@ def test_an_sft_run_is_told_which_source_runs_have_no_edits_and_what_it_trains_o
     sft = {**SAME, "algorithm": {"name": "sft"}, "feedback": {"source_runs": [demo.pk, other.pk]}}
     assert api(researcher, sft).json()["warnings"] == [
         f"feedback.source_runs: run {demo.pk} ('demo'), run {other.pk} ('other') have no human edits ready yet: "
-        "this run's trainer waits for the first, counting no step, and its duty line says so."]
+        "this run's trainer waits for the first edit from them, counting no step, and its duty line says so."]
     (edited,) = answers(other, 1)
     Experience.objects.create(run=other, source="human_edit", parent=edited, explorer_step=0, prompt_ids=[1],
                               response_ids=[5], action_mask=[1])
@@ -70,3 +70,13 @@ def test_an_sft_run_is_told_which_source_runs_have_no_edits_and_what_it_trains_o
     assert api(researcher, with_taskset).json()["warnings"] == [
         f"feedback.source_runs: run {demo.pk} ('demo'), run {other.pk} ('other') have no human edits ready yet: "
         "until they have some, this run trains on the answers of taskset 'addition' alone."]
+
+
+def test_a_mode_both_dpo_run_waits_for_its_own_annotators_too(researcher, tasksets, worker_queue):
+    demo = source_run(researcher)
+    dpo = {**SAME, "mode": "both", "algorithm": {"name": "dpo"}, "feedback": {"source_runs": [demo.pk],
+                                                                             "exclude_flagged": False}}
+    assert api(researcher, dpo).json()["warnings"] == [
+        f"feedback.source_runs: run {demo.pk} ('demo') has no preference pairs yet (comparisons with a verdict): "
+        "this run's trainer waits for the first pair from it or from annotators' judgements of this run's answers, "
+        "counting no step, and its duty line says so."]
