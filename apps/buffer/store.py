@@ -12,10 +12,11 @@ from functools import cache, cached_property
 import psycopg
 from django.core.exceptions import EmptyResultSet
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Case, F, Q, Value, When
+from django.db.models import Case, F, OuterRef, Q, Subquery, Value, When
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from apps.feedback.models import Feedback
+from apps.feedback.models import Feedback, PairUse
 from apps.runs.config_keys import stored_config
 from workers.rft.config import RunConfig
 from workers.rft.experience import EXPERT_SOURCES, SOURCES, Experience, PreferencePair
@@ -204,6 +205,15 @@ def judged_pairs(run_ids: Sequence[int], *, exclude_flagged: bool):
     return prefs
 
 
+def trained_ratings(rows):
+    """Of `rows`, the rated ones whose human reward training reads: not rejected (an annotator's flag
+    under feedback.exclude_flagged, a curator, a buffer operator), since a rejected row is never
+    sampled nor compared in its group (DjangoExperienceBuffer._apply_feedback). The run page's
+    rated count and human reward are these (feedback.stats.summary); a rated row flagged later
+    counts apart, as rated but not trained on."""
+    return rows.filter(reward_components__has_key=HUMAN_REWARD).exclude(status=ExperienceRow.Status.REJECTED)
+
+
 class DjangoExperienceBuffer:
     """The experiences of one run (its rollouts, and the expert data the run seeded from its expert taskset)."""
 
@@ -343,12 +353,9 @@ class DjangoExperienceBuffer:
         feedback = self.config.feedback
         if not rollouts or (feedback.reward_mode == "none" and not feedback.rated_only):
             return
-        members = (
-            self._rows().filter(group_id__in={e.group_id for e in rollouts}, source__in=STALE_SOURCES)
-            .exclude(status=ExperienceRow.Status.REJECTED)
-        )
-        rated = members.filter(reward_components__has_key=HUMAN_REWARD)
-        members = members.filter(group_id__in=rated.values("group_id"))
+        in_groups = self._rows().filter(group_id__in={e.group_id for e in rollouts}, source__in=STALE_SOURCES)
+        rated = trained_ratings(in_groups)
+        members = in_groups.exclude(status=ExperienceRow.Status.REJECTED).filter(group_id__in=rated.values("group_id"))
         if feedback.rated_only:
             members = rated
         groups = defaultdict(list)
@@ -383,36 +390,61 @@ class DjangoExperienceBuffer:
         """Resuming from a checkpoint taken at `checkpoint_time` (None: from the start): rows the
         lost trainer steps consumed or claimed go back to the pool, so the replayed steps train on
         them again: the rows this run held, whichever run's they are (a source run's human edits),
-        and none another run holds. Returns how many rows came back."""
+        and none another run holds; and the preference pairs they used, once more usable by this
+        run (PairUse). Returns how many rows came back."""
         with transaction.atomic():
             released = ExperienceRow.objects.filter(claimed_by=self.run_id).update(claimed_at=None, claimed_by=None)
             lost = self._rows().filter(status=ExperienceRow.Status.CONSUMED)
             if checkpoint_time is not None:
                 lost = lost.filter(consumed_at__gt=checkpoint_time)
             returned = lost.update(status=ExperienceRow.Status.READY, consumed_at=None, use_count=F("use_count") - 1)
+            # The lost steps' preference pairs: one use fewer each (exact under max_pair_uses 1, mode
+            # both's; a pair used more than once since the checkpoint keeps the other uses, which
+            # only moves it back in the least-used-first order).
+            pairs = PairUse.objects.filter(run_id=self.run_id)
+            if checkpoint_time is None:
+                pairs.update(uses=0)
+            else:
+                pairs.filter(last_used_at__gt=checkpoint_time).update(uses=F("uses") - 1)
         return released + returned
 
-    def sample_pairs(self, n: int) -> list[PreferencePair]:
+    def sample_pairs(self, n: int, *, max_uses: int | None = None) -> list[PreferencePair]:
         """Human preferences on this run's experiences and those of the feedback source runs, and
-        the run's copies of an imported dataset's pairs (expert_data.py); least used first (a use
-        is counted on the preference, or on the copy of the chosen side)."""
-        judged = self._judged_pairs(n)
+        the run's copies of an imported dataset's pairs (expert_data.py); least used by this run
+        first (a use is counted per run and preference, PairUse, or on the copy of the chosen side),
+        of those used fewer than `max_uses` times (None: any)."""
+        judged = self._judged_pairs(n, max_uses)
         # Only a run that names a dataset has copies of one: the others' DPO steps ask nothing more.
-        imported = self._imported_pairs(n) if self.config.buffer.expert_dataset else []
+        imported = self._imported_pairs(n, max_uses) if self.config.buffer.expert_dataset else []
         picked = sorted(judged + imported, key=lambda pick: pick[:3])[:n]
-        for model, kind in ((Feedback, 0), (ExperienceRow, 1)):
-            used = [pk for _, k, pk, _ in picked if k == kind]
-            model.objects.filter(pk__in=used).update(use_count=F("use_count") + 1)
+        self._count_pair_uses([pk for _, kind, pk, _ in picked if kind == 0])
+        copies = [pk for _, kind, pk, _ in picked if kind == 1]
+        ExperienceRow.objects.filter(pk__in=copies).update(use_count=F("use_count") + 1)
         return [pair for *_, pair in picked]
 
-    def _judged_pairs(self, n: int) -> list[tuple]:
-        """(uses, 0, id, pair): up to n of the annotators' preferences, least used first."""
-        feedback = self.config.feedback
-        prefs = judged_pairs([self.run_id, *feedback.source_runs], exclude_flagged=feedback.exclude_flagged)
-        prefs = prefs.select_related("experience", "other").order_by("use_count", "id")[:n]
-        return [(p.use_count, 0, p.pk, _pair(p.experience, p.other, p.pk)) for p in prefs]
+    def _count_pair_uses(self, preferences: list[int]) -> None:
+        """One use more of each preference by this run (PairUse; a run's trainer samples one step
+        at a time, so no other writer makes its rows)."""
+        now = timezone.now()
+        with transaction.atomic():
+            counted = PairUse.objects.filter(run_id=self.run_id, preference_id__in=preferences)
+            seen = set(counted.values_list("preference_id", flat=True))
+            counted.update(uses=F("uses") + 1, last_used_at=now)
+            PairUse.objects.bulk_create([PairUse(run_id=self.run_id, preference_id=pk, uses=1, last_used_at=now)
+                                         for pk in preferences if pk not in seen])
 
-    def _imported_pairs(self, n: int) -> list[tuple]:
+    def _judged_pairs(self, n: int, max_uses: int | None) -> list[tuple]:
+        """(uses, 0, id, pair): up to n of the annotators' preferences, least used by this run first."""
+        feedback = self.config.feedback
+        uses = PairUse.objects.filter(run_id=self.run_id, preference=OuterRef("pk")).values("uses")
+        prefs = judged_pairs([self.run_id, *feedback.source_runs], exclude_flagged=feedback.exclude_flagged).annotate(
+            run_uses=Coalesce(Subquery(uses), Value(0)))
+        if max_uses is not None:
+            prefs = prefs.filter(run_uses__lt=max_uses)
+        prefs = prefs.select_related("experience", "other").order_by("run_uses", "id")[:n]
+        return [(p.run_uses, 0, p.pk, _pair(p.experience, p.other, p.pk)) for p in prefs]
+
+    def _imported_pairs(self, n: int, max_uses: int | None) -> list[tuple]:
         """(uses, 1, id, pair): up to n pairs of the imported dataset's copy, least used first.
         A curator's flag on either side (status rejected) leaves a pair out, as a judged one.
         No index of its own: 16 of 100,000 copied pairs took 0.10 s on Postgres, 0.2 s on SQLite
@@ -421,7 +453,10 @@ class DjangoExperienceBuffer:
         if self.config.feedback.exclude_flagged:
             flagged = pairs.filter(status=ExperienceRow.Status.REJECTED).values("group_id")
             pairs = pairs.exclude(group_id__in=flagged)
-        chosen = list(pairs.filter(rollout_index=0).order_by("use_count", "id")[:n])
+        chosen = pairs.filter(rollout_index=0)
+        if max_uses is not None:
+            chosen = chosen.filter(use_count__lt=max_uses)
+        chosen = list(chosen.order_by("use_count", "id")[:n])
         partners = pairs.filter(rollout_index=1, group_id__in=[c.group_id for c in chosen])
         rejected = {row.group_id: row for row in partners}
         return [(c.use_count, 1, c.pk, _pair(c, rejected[c.group_id], c.pk)) for c in chosen if c.group_id in rejected]

@@ -40,9 +40,6 @@ class Feedback(models.Model):
     # the row as it is, the safe way round (a curator's rejection is never lifted by a guess).
     status_before = models.CharField(max_length=10, blank=True, db_default="")  # raw inserts (bench/) too
     seconds_spent = models.FloatField(default=0.0)
-    # A preference pair's uses by DPO steps (buffer.store.sample_pairs: least used first). Counted
-    # on the chosen experience, they moved that run's own sampling of its rollouts (least used first).
-    use_count = models.PositiveIntegerField(default=0, db_default=0)  # raw inserts (bench/) too
     # On a run with feedback.require_review (apps/feedback/review.py): pending until a reviewer
     # accepts it (then it reaches training) or rejects it; empty where no review is asked.
     review = models.CharField(max_length=10, choices=Review.choices, blank=True, db_default="", default="",
@@ -112,3 +109,21 @@ class RunAnnotators(models.Model):
     open_to_all = models.BooleanField(default=True)
     users = models.ManyToManyField(settings.AUTH_USER_MODEL, blank=True, related_name="annotated_runs")
     updated_at = models.DateTimeField(auto_now=True)
+
+
+class PairUse(models.Model):
+    """How many DPO steps of one run trained on one preference pair (buffer.store.sample_pairs),
+    and when the last did. Per run: several runs read one run's comparisons (feedback.source_runs),
+    and each run's least-used-first order and algorithm.dpo.max_pair_uses count its own steps
+    (counted on the preference, a mode train run reading a mode both run's pairs used them up before
+    that run's own trainer saw them). Counted on the chosen experience, a pair's uses had moved that
+    run's sampling of its rollouts. `last_used_at`: a resumed run gives back the uses of the steps
+    it lost (store.DjangoExperienceBuffer.rewind)."""
+
+    run = models.ForeignKey("runs.Run", related_name="+", on_delete=models.CASCADE)
+    preference = models.ForeignKey(Feedback, related_name="pair_uses", on_delete=models.CASCADE)
+    uses = models.PositiveIntegerField(default=0)
+    last_used_at = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["run", "preference"], name="one_pair_use_per_run")]

@@ -9,7 +9,7 @@ from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast
 
 from apps.buffer.models import Experience
-from apps.buffer.store import judged_pairs
+from apps.buffer.store import judged_pairs, trained_ratings
 
 from .models import Feedback
 from .services import HUMAN_REWARD, feedback_settings
@@ -168,13 +168,17 @@ def export_jsonl(run):
 
 def summary(run) -> dict:
     """What the run page shows of human feedback: judgements by kind; what reaches training (rated,
-    flagged, edits, DPO pairs) as the trainer takes it, so on a run that requires review only once
-    accepted; the judgements waiting for a reviewer, by kind; and the human reward (mean normalised
-    rating) overall and per explorer step."""
+    flagged, edits, DPO pairs) as the trainer takes it, through the trainer's own queries
+    (store.trained_ratings, store.judged_pairs), so on a run that requires review only once
+    accepted, and never a flagged row; beside them what was judged and then flagged, as Argilla
+    and Label Studio show submitted beside discarded ("rated 12, 2 flagged: not trained on"); the
+    judgements waiting for a reviewer, by kind; and the human reward (mean normalised rating of
+    the rated rows that train) overall and per explorer step."""
     feedback = Feedback.objects.filter(experience__run=run)
     counts = dict.fromkeys(Feedback.Kind.values, 0) | dict(feedback.values_list("kind").annotate(n=Count("pk")))
     waiting = feedback.filter(review=Feedback.Review.PENDING).values_list("kind").annotate(n=Count("pk"))
-    rated = Experience.objects.filter(run=run, reward_components__has_key=HUMAN_REWARD)
+    rows = Experience.objects.filter(run=run)
+    rated = trained_ratings(rows)
     human = KeyTextTransform(HUMAN_REWARD, "reward_components")
     by_step = (
         rated.values("explorer_step")
@@ -185,14 +189,18 @@ def summary(run) -> dict:
     total = sum(s["rated"] for s in steps)
     # A pending or rejected edit has no human_edit row; a row flagged, or undone after a step used
     # it, is rejected: never sampled again.
-    edits = Experience.objects.filter(run=run, source=Experience.Source.HUMAN_EDIT).exclude(
-        status=Experience.Status.REJECTED)
+    edits = rows.filter(source=Experience.Source.HUMAN_EDIT).exclude(status=Experience.Status.REJECTED)
+    exclude_flagged = feedback_settings(run).exclude_flagged
+    pairs = judged_pairs([run.pk], exclude_flagged=exclude_flagged).count()
     return {
         "judgements": counts,
         "rated_experiences": total,
+        "rated_flagged": rows.filter(reward_components__has_key=HUMAN_REWARD).count() - total,
         "flagged_experiences": feedback.filter(kind=Feedback.Kind.FLAG).values("experience").distinct().count(),
         "human_edits": edits.count(),
-        "dpo_pairs": judged_pairs([run.pk], exclude_flagged=feedback_settings(run).exclude_flagged).count(),
+        "dpo_pairs": pairs,
+        # Without exclude_flagged a flag is only recorded: every pair trains, none is set apart.
+        "dpo_pairs_flagged": judged_pairs([run.pk], exclude_flagged=False).count() - pairs if exclude_flagged else 0,
         "waiting_for_review": dict.fromkeys(REVIEWED_KINDS, 0) | dict(waiting),
         "human_reward": sum(s["human_reward"] * s["rated"] for s in steps) / total if total else None,
         "human_reward_by_step": steps,

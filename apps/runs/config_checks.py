@@ -24,6 +24,7 @@ from workers.rft.config import (
     reward_fn_issues,
     reward_model_paths,
 )
+from workers.rft.config_rules import data_sources, samples_expert
 
 WEIGHT_FILES = (
     "model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "pytorch_model.bin.index.json"
@@ -131,6 +132,51 @@ def source_run_issues(config, sources) -> list[ConfigIssue]:
                                       "Its human edits and preference pairs are token ids of its prompts as it "
                                       "formatted them: name runs of this run's model and prompt format"))
     return issues
+
+
+def source_run_warnings(config) -> list[str]:
+    """A launch's word on the feedback.source_runs (RunConfig `config`) that have given nothing yet
+    of what this run takes from them: preference pairs for dpo (store.judged_pairs, under this
+    run's exclude_flagged, as its sample_pairs asks), ready human edits for sft and mix (store's
+    _sampleable). A run on them alone launched without a word and then waited; a warning, not a
+    refusal: annotators may judge those runs at any time, and the trainer waits for it, saying so."""
+    from apps.buffer.models import Experience
+    from apps.buffer.store import judged_pairs
+    from apps.runs.models import Run
+
+    spec, feedback = resolve(config), config.feedback
+    pairs = spec.sample_strategy == "pairs"
+    if not feedback.source_runs or config.mode not in ("both", "train") or not (pairs or samples_expert(spec)):
+        return []
+    if pairs:
+        unflagged = ", neither response flagged" if feedback.exclude_flagged else ""
+        what, one = f"no preference pairs yet (comparisons with a verdict{unflagged})", "pair"
+        given = set(judged_pairs(feedback.source_runs, exclude_flagged=feedback.exclude_flagged)
+                    .values_list("experience__run", flat=True))
+    else:
+        what, one = "no human edits ready yet", "edit"
+        given = set(Experience.objects.filter(run__in=feedback.source_runs, source=Experience.Source.HUMAN_EDIT,
+                                              status=Experience.Status.READY).values_list("run", flat=True))
+    names = dict(Run.objects.filter(pk__in=feedback.source_runs).values_list("pk", "name"))
+    empty = [f"run {run_id} ({names[run_id]!r})" for run_id in feedback.source_runs
+             if run_id not in given and run_id in names]
+    if not empty:
+        return []
+    # What could feed it at once: data_sources less what people have yet to judge (the source runs,
+    # and in mode both this run's own answers, which do not exist before it starts).
+    judged = ("human edits on run", "annotators' comparisons on run", "annotators' edits of this run",
+              "annotators' comparisons of this run")
+    at_once = [source for source in data_sources(config, web=True) if not source.startswith(judged)]
+    plural = len(empty) > 1
+    said = f"feedback.source_runs: {', '.join(empty)} {'have' if plural else 'has'} {what}"
+    if len(empty) < len(names):
+        return [f"{said}: this run trains on what the other source runs have meanwhile."]
+    if at_once:
+        return [f"{said}: until {'they have' if plural else 'it has'} some, this run trains on "
+                f"{' and '.join(at_once)} alone."]
+    own = " or from annotators' judgements of this run's answers" if config.mode == "both" else ""
+    return [f"{said}: this run's trainer waits for the first {one} from {'them' if plural else 'it'}{own}, counting "
+            "no step, and its duty line says so."]
 
 
 def expert_dataset_issue(config) -> ConfigIssue | None:

@@ -70,8 +70,9 @@ PRESETS = {
         "DPO from human preferences",
         "Direct preference optimisation of SmolLM2 on what annotators prefer: the run writes answers to "
         "arithmetic problems, annotators compare two answers to a problem on Annotate (c, then A or B is "
-        "better), and each verdict is a pair the trainer trains on. Until the first comes the trainer waits, "
-        "and the run page says so. To train on comparisons made on other runs instead, set mode train and list "
+        "better), and each verdict is a pair the trainer trains on once (algorithm.dpo.max_pair_uses). Until "
+        "the first comes, and between comparisons once each has trained, the trainer waits, and the run page "
+        "says so. To train on comparisons made on other runs instead, set mode train and list "
         "those runs in feedback.source_runs; on imported preference pairs, name them in buffer.expert_dataset.",
         {
             # Mode both: annotators judge this run's own answers while it trains. In mode train it

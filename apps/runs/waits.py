@@ -11,6 +11,7 @@ from workers.rft.config import ConfigError
 
 from . import config_fit, duties, turns
 from .capacity import STARTING_KEY, WorkerState, overview
+from .config_checks import source_run_warnings
 from .config_keys import stored_config
 from .models import Run, Worker
 
@@ -228,13 +229,16 @@ def free_slots() -> dict | None:
 
 def launch_warnings(config: dict, run_id: int | None = None) -> list[str]:
     """What a run of this (stored) config may not fit (config_fit.fit_warnings: memory, cores,
-    GPUs), and what it will wait for, given the live workers' free slots (none when embedded: its
+    GPUs), the feedback source runs with nothing for it yet (config_checks.source_run_warnings),
+    and what it will wait for, given the live workers' free slots (none when embedded: its
     duties are threads of the server); the slots run `run_id` (just launched) took already count
     as free. A worker that takes both queues is counted for each."""
     try:
-        warnings = config_fit.fit_warnings(stored_config(config))
+        parsed = stored_config(config)
     except ConfigError:  # a run stored under an older schema: nothing to estimate
         warnings = []
+    else:
+        warnings = config_fit.fit_warnings(parsed) + source_run_warnings(parsed)
     if settings.RFTWEB_EMBEDDED:
         return warnings
     live = overview()["workers"]

@@ -292,6 +292,18 @@ def test_pairs_are_least_used_first_and_sampling_them_counts_a_use(harness):
     assert [p.id for p in buffer.sample_pairs(5)] == [first[0].id, second[0].id]  # one use each: by age
 
 
+def test_a_pair_used_max_uses_times_is_sampled_no_more(harness):
+    """algorithm.dpo.max_pair_uses: the pairs used fewer times, however few, then none."""
+    buffer, t = harness.buffer, harness.task_ids
+    for i in range(2):
+        harness.add_pair(rollout(t[i], index=0), rollout(t[i], index=1))
+    first = buffer.sample_pairs(1, max_uses=2)
+    assert len(buffer.sample_pairs(4, max_uses=2)) == 2  # the other's first use, this one's second
+    assert [p.id for p in buffer.sample_pairs(4, max_uses=2)] != [first[0].id]
+    assert buffer.sample_pairs(4, max_uses=2) == []
+    assert len(buffer.sample_pairs(4)) == 2  # no limit: least used first, as before
+
+
 def test_sampling_pairs_leaves_the_rollouts_use_counts_alone(harness):
     """A pair's use is the pair's: counted on its chosen rollout, it moved that rollout behind the
     run's others in its own (least used first) sampling."""

@@ -25,7 +25,7 @@ from django.utils import timezone
 from playwright.sync_api import expect
 
 from apps.buffer.models import Experience
-from apps.feedback.models import Feedback
+from apps.feedback.models import Feedback, PairUse
 from apps.runs.models import MetricPoint, Run
 from apps.runs.services import launch_run, stop_run
 from apps.tasksets.services import BUILTIN_TASKSETS, create_generated_taskset
@@ -169,7 +169,7 @@ def test_an_annotator_judges_by_keyboard_while_the_run_trains_and_the_run_trains
     dpo.refresh_from_db()
     assert (dpo.status, dpo.error) == (Run.Status.COMPLETED, ""), worker.log_path.read_text()[-3000:]
     assert MetricPoint.objects.get(run=dpo, role="trainer", step=1).values["pairs"] == 1
-    # The pair's use is the pair's (Feedback.use_count): the chosen rollout's own count is its run's.
-    pair.refresh_from_db()
-    assert pair.use_count == 1 and Experience.objects.get(pk=compared).use_count == chosen_uses
+    # The pair's use is the DPO run's (PairUse): the chosen rollout's own count is its run's.
+    assert list(PairUse.objects.values_list("run", "preference", "uses")) == [(dpo.pk, pair.pk, 1)]
+    assert Experience.objects.get(pk=compared).use_count == chosen_uses
     assert page_errors == []

@@ -143,6 +143,10 @@ class DPOConfig(Section):
     """DPO's temperature: how far the policy may move from the reference"""
     label_smoothing: float = Field(0.0, ge=0, lt=0.5)
     """conservative DPO: the share of pairs taken as mislabelled"""
+    max_pair_uses: int | None = Field(None, ge=1, le=1_000_000)
+    """the most trainer steps one preference pair trains in: a step takes only pairs used fewer times, and waits
+    while there are none; empty: 1 in mode both (the pairs come as annotators compare the run's answers: each trains
+    once, as in online DPO), no limit in mode train (passes over a fixed set, least used first)"""
 
 
 class OPMDConfig(Section):

@@ -8,6 +8,7 @@ from workers.rft.algorithms import ALGORITHMS, EXPERT, LOSS_PARTS, PAIRS, USUAL,
 from workers.rft.config_issues import named_spec_issues, operator_issues, reward_fn_issues
 from workers.rft.config_text import ConfigIssue
 from workers.rft.pipelines import EXPERIENCE_OPERATORS, TASK_OPERATORS
+from workers.rft.sampling import pair_use_limit
 from workers.rft.synchronizer import SPLIT_SYNC_METHODS
 from workers.rft.task_selectors import DEFAULT, TASK_SELECTORS, selector_spec
 from workers.rft.workflows import WORKFLOWS, workflow_args_problems
@@ -93,6 +94,8 @@ def _algorithm_option_rules(algo, spec) -> list[tuple]:
          f"has no effect with policy loss '{loss}': it schedules mix_chord's SFT weight", by),
         ("algorithm.dpo.label_smoothing", algo.dpo.label_smoothing > 0 and loss != "dpo",
          f"has no effect with policy loss '{loss}': it is dpo's", by),
+        ("algorithm.dpo.max_pair_uses", algo.dpo.max_pair_uses is not None and loss != "dpo",
+         f"has no effect with policy loss '{loss}': it bounds how often dpo trains on one preference pair", by),
         ("algorithm.rollout_correction.mode", correction.mode != "none" and not spec.uses_rollouts,
          f"'{correction.mode}' weights rollouts, and algorithm '{algo.name}' trains on none", by),
         ("algorithm.rollout_correction.clip_max", correction.clip_max != 3.0 and correction.mode == "none",
@@ -102,7 +105,7 @@ def _algorithm_option_rules(algo, spec) -> list[tuple]:
     ]
 
 
-def _samples_expert(spec) -> bool:
+def samples_expert(spec) -> bool:
     """Whether the trainer samples expert data (the expert taskset's answers, human edits, promoted
     rollouts): sft's batches, the expert share of mix's. dpo's pairs strategy reads none of it."""
     return spec.uses_expert and spec.sample_strategy != "pairs"
@@ -141,6 +144,19 @@ def data_sources(c, *, web: bool) -> list[str]:
         ("annotators' edits of this run's answers (Annotate, e)", web and both and feedback.edits_as_expert),
         ("the rollouts promote_to_expert copies", promotes_rollouts(c)),
     ) if present]
+
+
+def waiting_for_data(c, *, trained: bool) -> str:
+    """What the trainer of a web run (config `c`) that found nothing to train on waits for, for its
+    duty line: the sources it could get data from (data_sources) and, for dpo once it has trained
+    (`trained`), that each pair so far trained in as many steps as sampling.pair_use_limit allows."""
+    sources = "; ".join(data_sources(c, web=True))  # none: stores that code feeds
+    limit = pair_use_limit(c) if resolve(c).sample_strategy == "pairs" else None
+    if trained and limit is not None:
+        steps = f"{limit} step{'s' if limit > 1 else ''}"
+        return (f"every pair so far has trained in {steps} (algorithm.dpo.max_pair_uses), the most it may; new ones "
+                "come" + (sources and f" from {sources}"))
+    return "nothing to train on yet" + (sources and f" from {sources}")
 
 
 def data_issues(c, *, web: bool) -> list[ConfigIssue]:
@@ -186,7 +202,7 @@ def _data_option_rules(c, spec) -> list[tuple]:
     (rules as combination_issues'): read by the trainer's sampling (sampling.py; the Postgres
     buffer's _sampleable and sample_pairs), the loop's seed_expert_data and the explorer's steps."""
     by = ("algorithm.name", "algorithm.policy_loss")
-    algorithm, expert, pairs = _algorithm_named(c, spec), _samples_expert(spec), spec.sample_strategy == "pairs"
+    algorithm, expert, pairs = _algorithm_named(c, spec), samples_expert(spec), spec.sample_strategy == "pairs"
     readers = "sft, mix and mix_chord (or policy loss 'mix') train on expert data" + (
         ", dpo on preference pairs" if pairs else "")
     feedback, buffer, explorer = c.feedback, c.buffer, c.explorer
@@ -288,7 +304,7 @@ def _pipeline_rules(c, spec, operator_problems: list[ConfigIssue]) -> list[tuple
             continue
         params = dict(op) if isinstance(op, Mapping) else {"name": op}
         name, bounded = params["name"], params.get("min") is not None or params.get("max") is not None
-        if name == "promote_to_expert" and not _samples_expert(spec):
+        if name == "promote_to_expert" and not samples_expert(spec):
             rules.append((at, True, f"promote_to_expert copies good rollouts into expert data, and "
                                     f"{_algorithm_named(c, spec)} trains on none (sft, mix and mix_chord do)",
                           ("algorithm.name", "algorithm.policy_loss")))

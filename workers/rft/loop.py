@@ -26,7 +26,7 @@ import torch
 
 from .activity import EXPLORER, TRAINER, Activity
 from .algorithms import resolve
-from .config_rules import data_sources
+from .config_rules import waiting_for_data
 from .engines import TransformersEngine, build_engine
 from .experience import EXPERT_GROUP
 from .explorer import Explorer
@@ -425,8 +425,8 @@ class Loop(Checkpointing):
         metrics = self.trainer.train_step(current_version=self.sync.latest_version(), publish=publish)
         self._waiting_for_data = metrics is None
         if metrics is None:  # no step (Trainer.waits_for_data): the line says what it waits for, not "training"
-            sources = "; ".join(data_sources(self.config, web=True))  # none: stores that code feeds
-            self.activity.doing(TRAINER, "waiting for data: nothing to train on yet" + (sources and f" from {sources}"))
+            waits_for = waiting_for_data(self.config, trained=self.trainer.step > 0)
+            self.activity.doing(TRAINER, f"waiting for data: {waits_for}")
             return None
         self.skipped_steps += "skipped" in metrics
         if self.checkpoint_due():

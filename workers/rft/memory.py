@@ -195,9 +195,10 @@ class InMemoryBuffer:
                 self.pairs.append(replace(pair, id=len(self.pairs)))
                 self._pair_uses.append(0)
 
-    def sample_pairs(self, n: int) -> list[PreferencePair]:
+    def sample_pairs(self, n: int, *, max_uses: int | None = None) -> list[PreferencePair]:
         with self._lock:
-            order = sorted(range(len(self.pairs)), key=lambda i: (self._pair_uses[i], i))[:n]
+            usable = [i for i in range(len(self.pairs)) if max_uses is None or self._pair_uses[i] < max_uses]
+            order = sorted(usable, key=lambda i: (self._pair_uses[i], i))[:n]
             for i in order:
                 self._pair_uses[i] += 1
             return [self.pairs[i] for i in order]

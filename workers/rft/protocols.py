@@ -78,8 +78,9 @@ class ExperienceBuffer(Protocol):
         leave the ready pool (status 'consumed'): rollouts are trained on once, expert data is
         `reused`. One call a step (one statement on Postgres, a MIX step's two kinds together)."""
 
-    def sample_pairs(self, n: int) -> list[PreferencePair]:
-        """Up to n preference pairs for DPO, least used first; counts as a use."""
+    def sample_pairs(self, n: int, *, max_uses: int | None = None) -> list[PreferencePair]:
+        """Up to n preference pairs for DPO, least used first, of those used fewer than `max_uses`
+        times (None: any); counts as a use."""
 
 
 class ExpertData(Protocol):

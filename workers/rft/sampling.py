@@ -61,9 +61,21 @@ def mix(
 
 
 @SAMPLE_STRATEGIES.register("pairs")
-def pairs(buffer, batch_size: int, current_version: int, **_) -> TrainBatch:
-    """batch_size preference pairs, least used first (sampling them counts as their use)."""
-    return TrainBatch(pairs=buffer.sample_pairs(batch_size))
+def pairs(buffer, batch_size: int, current_version: int, *, max_pair_uses=None, **_) -> TrainBatch:
+    """Up to batch_size preference pairs, least used first, of those used fewer than max_pair_uses
+    times (None: any); sampling them counts as their use."""
+    return TrainBatch(pairs=buffer.sample_pairs(batch_size, max_uses=max_pair_uses))
+
+
+def pair_use_limit(config) -> int | None:
+    """The most trainer steps one preference pair trains in (algorithm.dpo.max_pair_uses; None: no
+    limit). Unset, 1 in mode both: its pairs come as annotators compare the run's answers, a few at
+    a time, and least used first cycled the first handful through every step (one pair, 100 steps);
+    TRL's online DPO trains each pair it makes once, and Trinity-RFT's experience queue hands a
+    batch out once unless a replay buffer is asked for (its use_count_limit). In mode train the
+    pairs are a fixed set (source runs, an imported dataset) taken in passes, as offline DPO's epochs."""
+    limit = config.algorithm.dpo.max_pair_uses
+    return limit if limit is not None else (1 if config.mode == "both" else None)
 
 
 def empty_batch_why(uses_rollouts: bool) -> str:

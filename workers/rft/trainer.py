@@ -66,7 +66,7 @@ from .models import (
     save_merged,
     trainable_params,
 )
-from .sampling import SAMPLE_STRATEGIES, TrainBatch
+from .sampling import SAMPLE_STRATEGIES, TrainBatch, pair_use_limit
 
 # The SDPA kernels the trainer's forward may use on CUDA (Trainer._forward_context).
 TRAINING_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
@@ -141,6 +141,7 @@ class Trainer:
         # it comes (expert data, imported pairs, people's edits and comparisons) wait for it and count
         # no step: counted, 100 steps over an empty buffer ended "completed", model v100, trained on nothing.
         self.waits_for_data = not self.spec.uses_rollouts and not promotes_rollouts(config)
+        self.max_pair_uses = pair_use_limit(config)  # dpo: a pair trains in at most this many steps
         self.step = 0
         # For idle_share: the end of the last step, and checkpoint time since (busy, not idle).
         self._last_end: float | None = None
@@ -163,6 +164,7 @@ class Trainer:
             max_staleness=self.config.buffer.max_staleness,
             uses_rollouts=self.spec.uses_rollouts,
             expert_data_ratio=self.algo.mix.expert_data_ratio,
+            max_pair_uses=self.max_pair_uses,
         )
         if not len(batch) and self.waits_for_data:
             return None

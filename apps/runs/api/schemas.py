@@ -228,16 +228,21 @@ class AnnotatorWorkOut(Schema):
 class AnnotationOut(Schema):
     run: int
     judgements: dict[str, int] = Field(description="by kind: rating, edit, preference (a comparison), flag")
-    rated_experiences: int = Field(description="rollouts with a human reward (on a run that requires review: "
-                                               "from accepted ratings)")
+    rated_experiences: int = Field(description="rated rollouts whose human reward training reads (on a run that "
+                                               "requires review: from accepted ratings): not flagged")
+    rated_flagged: int = Field(description="rated rollouts flagged since (by an annotator, a curator or a buffer "
+                                           "operator): kept out of training, in no other rated figure")
     flagged_experiences: int
     human_edits: int = Field(description="edits that are expert data: accepted where the run requires review, "
                                          "not flagged")
     dpo_pairs: int = Field(description="comparisons with a verdict that a DPO step samples: accepted where the run "
                                        "requires review, neither response flagged")
+    dpo_pairs_flagged: int = Field(description="comparisons with a verdict (accepted where the run requires "
+                                               "review) that a flag on either response keeps out of training")
     waiting_for_review: dict[str, int] = Field(
         description="by kind (rating, edit, preference): judgements waiting for a reviewer, in no count above yet")
-    human_reward: float | None = Field(description="the mean normalised rating of the rated experiences")
+    human_reward: float | None = Field(description="the mean normalised rating of the rated experiences that "
+                                                   "training reads (rated_experiences)")
     per_annotator: list[AnnotatorWorkOut] = Field(description="judgements and mean seconds, per annotator and kind")
     agreement: dict[str, float | int | None] = Field(
         description="over the items rated more than once: their count, percent agreement and Krippendorff's "

@@ -8,13 +8,14 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
+from django.utils import timezone
 
 from apps.buffer import expert_data, services
 from apps.buffer.expert_data import DjangoExpertData
 from apps.buffer.models import IMPORTED_GROUP, Experience, ExpertDataset
 from apps.buffer.store import DjangoExperienceBuffer
 from apps.core.files import FileImportError
-from apps.feedback.models import Feedback
+from apps.feedback.models import Feedback, PairUse
 from apps.feedback.services import _tokenizer
 from apps.runs.models import Run
 from apps.runs.services import validate_config
@@ -156,7 +157,8 @@ def test_dpo_samples_the_copied_pairs_beside_its_annotators_least_used_first(tmp
     # An annotator's comparison of two of the run's rollouts, once used already.
     a, b = (Experience.objects.create(run=run, source="rollout", group_id="g", rollout_index=i, prompt_ids=[1],
                                       response_ids=[2 + i], action_mask=[1], response_text=str(i)) for i in range(2))
-    judged = Feedback.objects.create(experience=a, other=b, user=curator, kind="preference", value=1.0, use_count=1)
+    judged = Feedback.objects.create(experience=a, other=b, user=curator, kind="preference", value=1.0)
+    PairUse.objects.create(run=run, preference=judged, uses=1, last_used_at=timezone.now())
     buffer = DjangoExperienceBuffer(run.pk)
     pairs = buffer.sample_pairs(2)
     assert [p.chosen_ids for p in pairs] == [first_chosen.response_ids, second_chosen.response_ids]
@@ -164,9 +166,9 @@ def test_dpo_samples_the_copied_pairs_beside_its_annotators_least_used_first(tmp
     # Each used once now: the judged pair first, then the copies by id.
     assert [p.chosen_ids for p in buffer.sample_pairs(3)] == [
         [2], first_chosen.response_ids, second_chosen.response_ids]
-    judged.refresh_from_db()
     first_chosen.refresh_from_db()
-    assert (judged.use_count, first_chosen.use_count, Experience.objects.get(pk=first_rejected.pk).use_count) == (
+    rejected_uses = Experience.objects.get(pk=first_rejected.pk).use_count
+    assert (PairUse.objects.get(preference=judged).uses, first_chosen.use_count, rejected_uses) == (
         2, 2, 0)
     # A curator's flag on a copy leaves its pair out.
     services.set_status(Experience.objects.filter(pk=second_rejected.pk), Experience.Status.REJECTED)

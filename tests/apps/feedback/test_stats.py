@@ -64,3 +64,54 @@ def test_a_comparison_exports_as_the_annotator_saw_it(researcher_client, run, ma
 
 def test_annotators_cannot_export(annotator_client, run):
     assert annotator_client.get(reverse("annotate-export", args=[run.pk])).status_code == 403
+
+
+def test_the_trained_figures_leave_out_what_was_flagged_after_it_was_judged_as_the_trainer_does(
+    researcher_client, run, make_experience, make_annotator, settings
+):
+    """Rated 3, of which one an annotator flagged and one a curator rejected: the page said 3 rated
+    and a human reward of 0.5 while the trainer read one rating (1.0). The trained figures are the
+    trainer's own queries; what was judged and then flagged is counted beside them."""
+    from apps.buffer import services as buffer
+    from apps.buffer.models import Experience
+    from apps.buffer.store import DjangoExperienceBuffer
+
+    settings.RFTWEB_JUDGEMENTS_PER_ITEM = 3
+    a, b = make_annotator("a"), make_annotator("b")
+    kept, flagged, rejected, unrated = (make_experience() for _ in range(4))
+    services.compare(kept.pk, flagged.pk, a, "a_better")
+    for item, point in ((kept, "5"), (flagged, "1"), (rejected, "3")):
+        services.rate(item.pk, a, point)
+    services.flag(flagged.pk, b, "wrong")
+    buffer.set_status(Experience.objects.filter(pk=rejected.pk), Experience.Status.REJECTED)
+
+    summary = researcher_client.get(reverse("annotate-run-summary", args=[run.pk])).json()
+    assert (summary["rated_experiences"], summary["rated_flagged"]) == (1, 2)
+    assert summary["human_reward"] == 1.0
+    assert summary["human_reward_by_step"] == [{"explorer_step": 0, "human_reward": 1.0, "rated": 1}]
+    assert (summary["dpo_pairs"], summary["dpo_pairs_flagged"], summary["flagged_experiences"]) == (0, 1, 1)
+    api = researcher_client.get(reverse("api-run-annotation", args=[run.pk])).json()
+    assert {key: api[key] for key in summary if key != "human_reward_by_step"} == {
+        key: value for key, value in summary.items() if key != "human_reward_by_step"}
+
+    trainer = DjangoExperienceBuffer(run.pk)
+    sampled = trainer.sample(10, sources=["rollout"])
+    assert sorted(e.id for e in sampled) == [kept.pk, unrated.pk]
+    assert [e.id for e in sampled if "human" in e.reward_components] == [kept.pk]  # one rating trains
+    assert trainer.sample_pairs(10) == []  # the flagged pair: not a DPO pair
+
+
+def test_without_exclude_flagged_a_flag_is_recorded_and_everything_still_counts(
+    researcher_client, run, make_experience, make_annotator, settings
+):
+    run.config = {**run.config, "feedback": {**run.config["feedback"], "exclude_flagged": False}}
+    run.save(update_fields=["config"])
+    settings.RFTWEB_JUDGEMENTS_PER_ITEM = 3
+    a, b = make_annotator("a"), make_annotator("b")
+    first, second = make_experience(), make_experience()
+    services.compare(first.pk, second.pk, a, "a_better")
+    services.rate(second.pk, a, "1")
+    services.flag(second.pk, b, "wrong")
+    summary = stats.summary(run)
+    assert (summary["rated_experiences"], summary["rated_flagged"]) == (1, 0)
+    assert (summary["dpo_pairs"], summary["dpo_pairs_flagged"], summary["flagged_experiences"]) == (1, 0, 1)

@@ -9,7 +9,7 @@ import torch
 from apps.buffer.models import Experience
 from apps.buffer.store import DjangoExperienceBuffer
 from apps.feedback import services
-from apps.feedback.models import Feedback
+from apps.feedback.models import PairUse
 from apps.runs.models import Run
 from workers.rft.algorithms import grpo
 from workers.rft.config import RunConfig
@@ -140,5 +140,31 @@ def test_a_dpo_run_in_mode_train_trains_on_the_pairs_collected_on_another_run(
     metrics = trainer.train_step()
 
     assert metrics["pairs"] == 1 and "skipped" not in metrics
-    assert Feedback.objects.get(pk=pairs[0].pk).use_count == 1  # the pair's use, not its chosen rollout's
+    # the pair's use by this run, not its chosen rollout's, nor one of the run it was made on
+    assert list(PairUse.objects.values_list("run", "preference", "uses")) == [(dpo.pk, pairs[0].pk, 1)]
     assert Experience.objects.get(pk=pairs[0].experience_id).use_count == 0
+
+
+def test_each_run_counts_its_own_uses_of_a_pair_and_a_resumed_run_gets_back_those_of_its_lost_steps(
+    run, make_experience, make_annotator, researcher
+):
+    """Counted on the preference, a mode train run reading this run's comparisons (source_runs) used
+    them up, under max_pair_uses 1, before this run's own trainer saw them; and a resumed run had
+    lost for good the pairs its lost steps used."""
+    from django.utils import timezone
+
+    a, b = make_experience(), make_experience()
+    pair = services.compare(a.pk, b.pk, make_annotator("j"), "a_better")
+    config = {"mode": "train", "algorithm": {"name": "dpo"}, "feedback": {"source_runs": [run.pk]}}
+    reader = Run.objects.create(name="reader", owner=researcher, config=RunConfig.from_dict(config).to_dict(),
+                                mode="train")
+    own, other = DjangoExperienceBuffer(run.pk), DjangoExperienceBuffer(reader.pk)
+    assert [p.id for p in other.sample_pairs(4, max_uses=1)] == [pair.pk]
+    checkpoint = timezone.now()
+    assert [p.id for p in own.sample_pairs(4, max_uses=1)] == [pair.pk]  # the reader's use is the reader's
+    assert own.sample_pairs(4, max_uses=1) == []
+    own.rewind(checkpoint)  # resumed from a checkpoint before that step
+    assert [p.id for p in own.sample_pairs(4, max_uses=1)] == [pair.pk]
+    assert dict(PairUse.objects.values_list("run", "uses")) == {run.pk: 1, reader.pk: 1}
+    own.rewind(None)  # from the start
+    assert PairUse.objects.get(run=run).uses == 0

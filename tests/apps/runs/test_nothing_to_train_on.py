@@ -3,7 +3,9 @@ once, model v100, trained on nothing, without a word). The launch page's "DPO fr
 preferences" preset, launched as it opens (on the tiny model, which a CPU runs in seconds), trains
 on annotators' comparisons of the run's own answers: until the first comes its trainer waits, the
 duty line saying so, and no trainer step is counted or charted; one comparison later it trains on
-the pair (embedded: the run's duties are threads of this process, over the test database). Steps
+the pair, once (algorithm.dpo.max_pair_uses: 1 in mode both; least used first alone trained that
+one pair in every step), then waits for the next comparison, saying why (embedded: the run's
+duties are threads of this process, over the test database). Steps
 that counted with nothing to train on (on rollouts all filtered out) are named on the page."""
 import threading
 
@@ -13,6 +15,7 @@ from django.urls import reverse
 
 from apps.buffer.models import Experience
 from apps.feedback import services as feedback
+from apps.feedback.models import PairUse
 from apps.runs import services, waits
 from apps.runs.models import MetricPoint, Run
 from apps.tasksets.services import BUILTIN_TASKSETS, create_generated_taskset
@@ -29,10 +32,11 @@ def trainer_line(run: Run) -> str:
     return " · ".join(part["what"] for part in loop["doing"] if part["role"] == "trainer")
 
 
-def a_pair_to_compare(run: Run) -> tuple[Experience, Experience]:
-    """Two different answers of the run to one prompt, as Annotate's compare shows them."""
+def a_pair_to_compare(run: Run, besides=()) -> tuple[Experience, Experience]:
+    """Two different answers of the run to one prompt, as Annotate's compare shows them (none of
+    the experiences `besides`)."""
     answers = {}
-    for row in Experience.objects.filter(run=run, source="rollout").order_by("pk"):
+    for row in Experience.objects.filter(run=run, source="rollout").exclude(pk__in=besides).order_by("pk"):
         for other in answers.get(row.task_id, []):
             if other.response_text != row.response_text:
                 return other, row
@@ -43,7 +47,7 @@ def a_pair_to_compare(run: Run) -> tuple[Experience, Experience]:
 @pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(900)
-def test_the_dpo_preset_waits_for_annotators_saying_so_and_trains_on_their_first_comparison(
+def test_the_dpo_preset_waits_for_annotators_saying_so_and_trains_on_each_comparison_once(
     researcher, annotator, settings
 ):
     settings.RFTWEB_EMBEDDED = True
@@ -71,6 +75,18 @@ def test_the_dpo_preset_waits_for_annotators_saying_so_and_trains_on_their_first
         wait_for(lambda: Run.objects.get(pk=run.pk).trainer_step >= 1, 300, "a trainer step on the pair")
         first = MetricPoint.objects.get(run=run, role="trainer", step=1).values
         assert first["pairs"] == 1 and "skipped" not in first
+
+        wait_for(lambda: "every pair" in trainer_line(run), 300, "the trainer to wait for a new pair")
+        assert trainer_line(run) == ("waiting for data: every pair so far has trained in 1 step "
+                                     "(algorithm.dpo.max_pair_uses), the most it may; new ones come from annotators' "
+                                     "comparisons of this run's answers (Annotate, c)")
+        assert Run.objects.get(pk=run.pk).trainer_step == 1
+        assert PairUse.objects.get(run=run).uses == 1
+        second = a_pair_to_compare(run, besides=(chosen.pk, rejected.pk))
+        feedback.compare(second[0].pk, second[1].pk, annotator, "b_better")
+        wait_for(lambda: Run.objects.get(pk=run.pk).trainer_step >= 2, 300, "a trainer step on the new pair")
+        assert MetricPoint.objects.get(run=run, role="trainer", step=2).values["pairs"] == 1
+        assert list(PairUse.objects.filter(run=run).values_list("uses", flat=True)) == [1, 1]
     finally:
         services.stop_run(run)
         wait_for(lambda: not [t for t in threading.enumerate() if "serve_duty" in t.name], 120,

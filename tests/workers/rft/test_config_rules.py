@@ -5,7 +5,7 @@ no data could ever reach (data_issues, which a launch applies: the web app's and
 import pytest
 
 from workers.rft.config import ConfigError, RunConfig
-from workers.rft.config_rules import data_issues, data_sources, unread_keys
+from workers.rft.config_rules import data_issues, data_sources, unread_keys, waiting_for_data
 from workers.rft.engines import SamplingParams
 from workers.rft.experience import Experience, Task
 from workers.rft.pipelines import (
@@ -15,6 +15,7 @@ from workers.rft.pipelines import (
     group_advantage,
     run_experience_operators,
 )
+from workers.rft.sampling import pair_use_limit
 
 from .test_multi_turn import ScriptedEngine, flow
 
@@ -60,6 +61,8 @@ REFUSED = {
                               ["algorithm 'grpo'"]),
     "edits as expert, dpo": (config({"mode": "train", "algorithm": {"name": "dpo"}, "feedback": {
         "edits_as_expert": False}}), "feedback.edits_as_expert", ["algorithm 'dpo'"]),
+    "pair uses, grpo": (config({"algorithm": {"dpo": {"max_pair_uses": 2}}}), "algorithm.dpo.max_pair_uses",
+                        ["policy loss 'ppo'", "how often dpo trains on one preference pair"]),
     "staleness, sft": (config({"mode": "train", "algorithm": {"name": "sft"}, "buffer": {"max_staleness": 0}}),
                        "buffer.max_staleness", ["algorithm 'sft'", "trains on none"]),
     "staleness, explore": (config({"mode": "explore", "buffer": {"max_staleness": 1}}), "buffer.max_staleness",
@@ -122,6 +125,8 @@ def test_a_choice_that_would_do_nothing_or_harm_is_refused_naming_its_key(data, 
     config({"algorithm": {"name": "sft"}, "explorer": {"pipeline": ["promote_to_expert"]}}),  # expert iteration
     config({"algorithm": {"name": "mix"}, "explorer": {"pipeline": ["promote_to_expert"]}}, EXPERT),
     config({"mode": "train", "algorithm": {"name": "dpo"}, "feedback": {"source_runs": [7]}}),  # their pairs
+    config({"mode": "train", "algorithm": {"name": "dpo", "dpo": {"max_pair_uses": 3}}, "feedback": {
+        "source_runs": [7]}}),
     config({"mode": "train", "algorithm": {"name": "sft"}, "feedback": {"source_runs": [7]}}),  # their edits
     config({"algorithm": {"name": "mix"}, "feedback": {"edits_as_expert": False}}, EXPERT),
     config({"buffer": {"max_staleness": 0}, "feedback": {"rated_only": True}}),
@@ -264,3 +269,21 @@ def test_a_trainer_something_could_reach_launches_and_says_what(data, web, headl
     assert (data_sources(parsed, web=True), data_issues(parsed, web=True)) == (web, [])
     assert data_sources(parsed, web=False) == (headless or [])
     assert bool(data_issues(parsed, web=False)) == (headless is None)
+
+
+def test_a_pair_trains_once_in_mode_both_and_in_passes_in_mode_train_unless_the_run_says():
+    """sampling.pair_use_limit: mode both's pairs come a few at a time from annotators (least used
+    first alone cycled the first of them through every step); mode train's are a fixed set."""
+    dpo = {"algorithm": {"name": "dpo"}}
+    both, train = RunConfig.from_dict(dpo), RunConfig.from_dict(config(dpo, {"mode": "train", "feedback": {
+        "source_runs": [7]}}))
+    assert (pair_use_limit(both), pair_use_limit(train)) == (1, None)
+    assert pair_use_limit(RunConfig.from_dict(config(dpo, {"algorithm": {"dpo": {"max_pair_uses": 4}}}))) == 4
+    assert refusal(config(dpo, {"algorithm": {"dpo": {"max_pair_uses": 0}}})) == {
+        "algorithm.dpo.max_pair_uses": "must be >= 1, got 0"}
+    assert waiting_for_data(both, trained=False) == ("nothing to train on yet from annotators' comparisons of this "
+                                                     "run's answers (Annotate, c)")
+    assert waiting_for_data(both, trained=True) == (
+        "every pair so far has trained in 1 step (algorithm.dpo.max_pair_uses), the most it may; new ones come "
+        "from annotators' comparisons of this run's answers (Annotate, c)")
+    assert waiting_for_data(train, trained=True) == "nothing to train on yet from annotators' comparisons on run 7"

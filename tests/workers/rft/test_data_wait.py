@@ -80,6 +80,39 @@ def test_a_dpo_loop_waits_for_pairs_saying_so_then_trains_on_them(tmp_path, toke
     assert loop.skipped_steps == 0
 
 
+def test_a_pair_trains_in_at_most_max_pair_uses_steps_then_the_trainer_waits_for_new_ones(tmp_path, tokenizer):
+    """Least used first alone cycled a handful of pairs through every step (the DPO preset: its first
+    pair in all 100). With algorithm.dpo.max_pair_uses 1 each pair trains once: a step takes the
+    pairs not yet used, however few, and with none waits for new ones, the duty line saying why."""
+    config = make_config(**{**DPO, "algorithm": {"name": "dpo", "dpo": {"max_pair_uses": 1}},
+                            "trainer": {**DPO["trainer"], "total_steps": 3}})
+    stores = memory_stores(config)
+    given = pairs(tokenizer, 4)
+    stores.buffer.add_pairs(given[:2])
+    loop = Loop(config, stores, tmp_path)
+    said, looks = [], []
+    plain = loop.activity.doing
+    loop.activity.doing = lambda role, what: (said.append((role, what)), plain(role, what))
+
+    def wait():
+        looks.append(loop.trainer.step)
+        if len(looks) in (2, 4):  # an annotator's next comparison
+            stores.buffer.add_pairs([given[len(looks) // 2 + 1]])
+
+    assert loop.run(wait=wait) == "completed"
+    assert looks == [1, 1, 2, 2]
+    assert [stores.metrics.points[("trainer", step)]["pairs"] for step in (1, 2, 3)] == [2, 1, 1]
+    assert stores.buffer._pair_uses == [1, 1, 1, 1]
+    assert ("trainer", "waiting for data: every pair so far has trained in 1 step (algorithm.dpo.max_pair_uses), "
+            "the most it may; new ones come from annotators' comparisons on run 7") in said
+
+    unlimited = make_config(**{**DPO, "trainer": {**DPO["trainer"], "total_steps": 3}})  # mode train: passes
+    stores = memory_stores(unlimited)
+    stores.buffer.add_pairs(given[:2])
+    assert Loop(unlimited, stores, tmp_path / "unlimited").run(wait=lambda: pytest.fail("no wait")) == "completed"
+    assert stores.buffer._pair_uses == [3, 3]
+
+
 def test_a_stop_while_the_trainer_waits_ends_the_run_with_no_checkpoint_of_nothing(tmp_path):
     config = make_config(**DPO)
     stores = memory_stores(config)
