@@ -147,7 +147,8 @@ class ExperienceSearch(models.Model):
     issue #29). An insert now notes the range of ids it wrote (a statement trigger, migration
     0008) and `search.index_pending` makes the documents later, on a worker (beat) and before each
     admin search; an edit of either text rewrites its document at once (a row trigger). SQLite,
-    the embedded default, leaves the table empty: the admin searches substrings there."""
+    the embedded default, leaves the table empty: its search reads an FTS5 index kept by triggers
+    (migration 0014)."""
 
     experience = models.OneToOneField(
         Experience, primary_key=True, related_name="search", on_delete=models.CASCADE,

@@ -9,6 +9,7 @@ from django.views.decorators.http import require_POST
 
 from apps.accounts.roles import ANNOTATOR, CURATOR, RESEARCHER, REVIEWER, has_role, role_required
 from apps.buffer.models import Experience
+from apps.core.bidi import isolate
 from apps.core.numbers import whole_number
 from apps.core.streaming import streaming
 from apps.runs.api import token_or_session
@@ -35,7 +36,8 @@ def start(request):
         if run is None or strategy not in queue.STRATEGIES:
             messages.error(request, "Choose a run and one of the strategies.")
         elif not services.may_annotate(run, request.user):
-            messages.error(request, f"You are not an annotator of run {run.name}: its owner assigns who annotates it.")
+            messages.error(request, f"You are not an annotator of run {isolate(run.name)}: "
+                                    "its owner assigns who annotates it.")
         else:
             request.session[SESSION_RUN], request.session[SESSION_STRATEGY] = run.pk, strategy
             return redirect("annotate-next")
@@ -248,7 +250,7 @@ def assign_annotators(request, run_id):
     except FeedbackError as exc:
         messages.error(request, str(exc))
     else:
-        messages.success(request, f"Saved who annotates {run.name}.")
+        messages.success(request, f"Saved who annotates {isolate(run.name)}.")
     return redirect("annotate-run-feedback", run_id=run.pk)
 
 

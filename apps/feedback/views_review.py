@@ -5,6 +5,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.views.decorators.http import require_POST
 
 from apps.accounts.roles import REVIEWER, role_required
+from apps.core.bidi import isolate
 from apps.runs.models import Run
 
 from . import review, services
@@ -46,6 +47,6 @@ def review_decide(request, pk, decision):
         messages.error(request, str(exc))
     else:
         messages.success(request, f"{'Accepted' if decision == 'accept' else 'Rejected'} "
-                                  f"{judgement.user}'s {judgement.get_kind_display().lower()} "
+                                  f"{isolate(judgement.user)}'s {judgement.get_kind_display().lower()} "
                                   f"of experience {judgement.experience_id}.")
     return redirect("review-next", run_id=run_id) if run_id else redirect("review-start")

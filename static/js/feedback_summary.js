@@ -12,9 +12,10 @@
   function show(summary) {
     const j = summary.judgements;
     fields.human_reward.textContent = summary.human_reward === null ? "—" : summary.human_reward.toFixed(3);
-    fields.rated_experiences.textContent = summary.rated_experiences;
+    fields.rated_experiences.textContent = summary.rated_experiences
+      + (summary.rated_flagged ? ` (${summary.rated_flagged} more flagged: not trained on)` : "");
     fields.judgements.textContent = `${j.rating} · ${j.edit} · ${j.preference} · ${j.flag}`;
-    fields.data.textContent = `${summary.human_edits} · ${summary.dpo_pairs} · ${summary.flagged_experiences}`;
+    fields.data.textContent = `${summary.human_edits} · ${summary.dpo_pairs}${summary.dpo_pairs_flagged ? ` (+${summary.dpo_pairs_flagged} flagged)` : ""} · ${summary.flagged_experiences}`;
     const waiting = summary.waiting_for_review;
     // Shown on a run that requires review: what a reviewer has yet to let into the counts above.
     if (fields.waiting_for_review) fields.waiting_for_review.textContent = `${waiting.rating} · ${waiting.edit} · ${waiting.preference}`;
