@@ -11,6 +11,7 @@ from django.utils import timezone
 
 from apps.accounts.roles import REVIEWER, has_role
 from apps.buffer.models import Experience
+from apps.core.bidi import isolate
 
 from . import history, services
 from .models import Feedback
@@ -48,8 +49,18 @@ def next_for(run, reviewer) -> Feedback | None:
             .order_by("updated_at", "pk").first())
 
 
+def seen(feedback: Feedback) -> str:
+    """What a review page showed of a judgement: its review and when its annotator judged it. The
+    page posts it back, and decide refuses if either moved since: two reviewers on one judgement
+    (the later one silently replaced the other's decision and note), or an annotator judging it
+    again while the page was open (the decision would be on what the reviewer never saw)."""
+    return f"{feedback.review} {feedback.updated_at.isoformat()}"
+
+
 @transaction.atomic
-def decide(feedback_id: int, reviewer, *, accept: bool, note: str = "") -> Feedback:
+def decide(feedback_id: int, reviewer, *, accept: bool, note: str = "", seen_as: str | None = None) -> Feedback:
+    """Accept or reject the judgement. seen_as: seen() as the reviewer's page showed it (None: the
+    caller means whatever it is now)."""
     if not may_review(reviewer):
         raise ReviewError("reviewing needs the reviewer role (curators have it)")
     note = services.checked_comment(note)
@@ -62,6 +73,8 @@ def decide(feedback_id: int, reviewer, *, accept: bool, note: str = "") -> Feedb
         raise ReviewError("this judgement was made with no review asked: it reached training at once")
     if feedback.user_id == reviewer.pk:
         raise ReviewError("a judgement is reviewed by someone else than its annotator")
+    if seen_as is not None and seen_as != seen(feedback):
+        raise ReviewError(_moved_since(feedback))
     withdrawn = feedback.review == Review.ACCEPTED and not accept
     if withdrawn and (step := history.trained_on(feedback)) is not None:
         raise ReviewError(f"accepted and trained on at step {step}: it can no longer be rejected")
@@ -79,3 +92,11 @@ def decide(feedback_id: int, reviewer, *, accept: bool, note: str = "") -> Feedb
     elif feedback.kind == Feedback.Kind.EDIT and withdrawn and (row := history.edit_row(feedback)) is not None:
         row.delete()
     return feedback
+
+
+def _moved_since(feedback: Feedback) -> str:
+    if feedback.review in (Review.ACCEPTED, Review.REJECTED):
+        said = f" (their note: {feedback.review_note!r})" if feedback.review_note else ""
+        who, kind = isolate(feedback.reviewer), feedback.get_kind_display().lower()
+        return f"{who} {feedback.review} this {kind} while you looked at it{said}; nothing changed"
+    return "its annotator judged it again while you looked at it; nothing changed: review what they judged now"

@@ -26,7 +26,8 @@ def review_next(request, run_id):
     if judgement is not None:
         item = judgement.experience
         context |= {
-            "item": item, "rating_label": dict(services.scale_labels(run)).get(judgement.label, ""),
+            "item": item, "seen": review.seen(judgement),
+            "rating_label": dict(services.scale_labels(run)).get(judgement.label, ""),
             "verdict": services.VERDICTS.get(judgement.label, judgement.label),
             # What the annotator saw beside the response, to check the judgement against.
             "answer": item.task.answer if item.task_id else "", "rubric": services.feedback_settings(run).rubric,
@@ -42,7 +43,8 @@ def review_decide(request, pk, decision):
     judgement = get_object_or_404(Feedback.objects.select_related("experience"), pk=pk)
     run_id = judgement.experience.run_id
     try:
-        review.decide(pk, request.user, accept=decision == "accept", note=request.POST.get("note", ""))
+        review.decide(pk, request.user, accept=decision == "accept", note=request.POST.get("note", ""),
+                      seen_as=request.POST.get("seen"))
     except services.FeedbackError as exc:
         messages.error(request, str(exc))
     else:

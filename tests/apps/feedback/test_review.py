@@ -206,9 +206,42 @@ def test_the_review_pages_take_one_judgement_after_another(reviewed_run, make_ex
     assert '<div class="rubric" id="rubric">Is the sum right?</div>' in text
     judgement = page.context["judgement"]
     done = client.post(reverse("review-accept", args=[judgement.pk]), {"note": "good"}, follow=True)
-    assert "Accepted a&#x27;s edit" in done.content.decode() and "Nothing of this run waits" in done.content.decode()
+    shown = done.content.decode()
+    assert "Accepted <bdi>a</bdi>&#x27;s edit" in shown and "Nothing of this run waits" in shown
     assert edits(item) == ["a better answer"]
     assert annotator_client.get(reverse("review-start")).status_code == 403
+
+
+def test_a_stale_review_page_changes_nothing_another_reviewer_or_the_annotator_did(
+        reviewed_run, make_experience, make_annotator, reviewer):
+    """A reviewer's finding: demo rejected a rating with a note; rev1, on a page opened before, then
+    accepted it: 302, "Accepted ...", and demo's decision and note were gone."""
+    a = make_annotator("a")
+    item = make_experience()
+    services.rate(item.pk, a, "5")
+    judgement = Feedback.objects.get(experience=item)
+    first, second = Client(), Client()
+    first.force_login(reviewer)
+    second.force_login(create_user("rev2", "pw-for-tests-123", roles=(REVIEWER,)))
+    pages = [client.get(reverse("review-next", args=[reviewed_run.pk])).context["seen"] for client in (first, second)]
+    assert pages[0] == pages[1] == review.seen(judgement)
+    first.post(reverse("review-reject", args=[judgement.pk]), {"note": "off by one", "seen": pages[0]})
+    late = second.post(reverse("review-accept", args=[judgement.pk]), {"seen": pages[1]}, follow=True)
+    judgement.refresh_from_db()
+    assert (judgement.review, judgement.reviewer, judgement.review_note) == ("rejected", reviewer, "off by one")
+    assert "rejected this rating while you looked at it (their note: &#x27;off by one&#x27;); nothing changed" in (
+        late.content.decode())
+    assert human(item) is None  # still out of training
+    # The annotator judging again while a page is open: it waits for review again, and the open page
+    # (which showed the first judgement) decides nothing.
+    services.rate(item.pk, a, "1")
+    judgement.refresh_from_db()
+    stale = review.seen(judgement)
+    services.rate(item.pk, a, "5")
+    with pytest.raises(review.ReviewError, match="its annotator judged it again while you looked at it"):
+        review.decide(judgement.pk, reviewer, accept=True, seen_as=stale)
+    judgement.refresh_from_db()
+    assert judgement.review == "pending"
 
 
 # ---- agreement ------------------------------------------------------------------------------------
