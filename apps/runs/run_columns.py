@@ -8,7 +8,7 @@ A column's id is what ?cols=, ?sort= and ?where= name (docs/runs-list.md):
   trainer.lr, algorithm.name, ...                   a config key, dotted (docs/config.md)
   explorer/reward_mean, trainer/loss, ...           a metric's latest value ("role/key", as the charts name it)
   best:explorer/reward_mean                         its best over the run: the lowest for a loss-like
-                                                    key, else the highest (comparison.metric_direction)
+                                                    key, else the highest (metric_direction)
 """
 
 import json
@@ -26,7 +26,6 @@ from workers.rft.config_docs import rows as config_rows
 from workers.rft.config_issues import hint
 
 from . import queries
-from .comparison import metric_direction
 from .config_keys import get_key, shown
 from .models import MetricPoint, MetricSummary, Run
 
@@ -38,6 +37,9 @@ ROLES = tuple(MetricPoint.Role.values)
 # runs of different engine versions differ (comparison._paths): each split is looked up, up to this
 # many slashes (2**3 = 8 lookups); past it, only the flat and the fully nested ones.
 SPLIT_SLASHES = 3
+# Lower is better for these; higher for everything else (rewards, accuracy, throughput): which of a
+# metric's summaries is its best, here and on the compare page.
+LOWER_IS_BETTER = re.compile(r"(^|[/_])(loss|kl|perplexity|error|seconds|staleness)($|[/_])")
 # What a metric key may hold: SQLite's JSON paths quote a key ($."a b") with no escape for a quote.
 MAX_KEY_CHARS = MetricSummary.MAX_KEY_CHARS
 METRIC_KEY = re.compile(rf'[^"\x00-\x1f\x7f]{{1,{MAX_KEY_CHARS}}}')
@@ -83,6 +85,11 @@ def json_sort_keys(expression, path: list[str]) -> list:
     """Sort keys of a JSON value of any type: numbers (as numbers), then strings, then booleans;
     NULL (the key missing, or null) in each, so that with nulls last a null comes after them all."""
     return [JSONScalar(expression, path, kind) for kind in ("number", "string", "boolean")]
+
+
+def metric_direction(chart: str) -> str:
+    """"min" when a lower value of the metric ("role/key") is better, else "max"."""
+    return "min" if LOWER_IS_BETTER.search(chart.split("/", 1)[-1]) else "max"
 
 
 def metric_paths(key: str) -> list[list[str]]:
