@@ -287,9 +287,10 @@ def config_text(value) -> str | None:
 OPERATORS = {"=": "exact", "!=": "exact", ">=": "gte", "<=": "lte", ">": "gt", "<": "lt"}
 ALIASES = {"==": "=", "≠": "!=", "≥": ">=", "≤": "<="}
 CONDITION = re.compile(r"\s*(?P<column>.*?)\s*(?P<operator>==|!=|>=|<=|≠|≥|≤|=|>|<)\s*(?P<value>.*?)\s*", re.S)
-# What an operator is made of: a column that ends in one ("trainer.lr ! = 1"), or a value that holds
-# one unquoted ("= 1", "> 1", "grpo = sft"), was typed with two.
-OPERATOR_CHARS = frozenset("=!<>≠≥≤")
+# What the operators are made of, but "!" ("!=" only: a path may hold one). A column that ends in
+# "!" ("trainer.lr ! = 1"), or a value that starts with "!" or holds one of these unquoted ("= 1",
+# "> 1", "grpo = sft"), was typed with two operators.
+OPERATOR_CHARS = frozenset("=<>≠≥≤")
 # A number as a person writes it: 1e-5, .5, 5., +3. Python's float() takes more (inf, nan, 1_000,
 # " 1") and JSON less (.5, +3).
 NUMBER = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
@@ -344,7 +345,8 @@ def condition(text: str) -> Condition:
     operator = ALIASES.get(match["operator"], match["operator"])
     if not match["column"]:
         raise BadCondition(f"no column before {operator!r} {where}: write the column first, e.g. trainer.lr = 1e-5")
-    if match["column"][-1] in OPERATOR_CHARS or (not typed.startswith('"') and OPERATOR_CHARS.intersection(typed)):
+    if match["column"].endswith("!") or (not typed.startswith('"') and (
+            typed.startswith("!") or OPERATOR_CHARS.intersection(typed))):
         raise BadCondition(f"two operators {where}: write one of {', '.join(OPERATORS)} between the column and the "
                            'value (quote a text that holds one: model.path = "a=b")')
     if not typed:

@@ -46,6 +46,7 @@ def runs(make_run):
     ('algorithm.name = "sft"', {"sft"}),
     ("algorithm.name != grpo", {"sft", "bare"}),
     ("model.path = big/model", {"sft"}),
+    ("model.path != tiny!", {"grpo", "sft", "bare"}),  # a "!" alone is no operator
     ('model.path = "a = b"', set()),  # an operator in quoted text is text
     ("algorithm.drop_zero_std_groups = true", {"grpo"}),
     ("algorithm.drop_zero_std_groups != true", {"sft", "bare"}),
