@@ -1,12 +1,11 @@
 """Read-side of the compare page and the metric downloads: the config keys in which runs differ,
-each run's summary (steps, wall time, tokens, final and best of its key metrics), and a run's
-metric points as rows for CSV or JSON."""
+each run's summary (steps, wall time, tokens, final and best of its key metrics: from its
+MetricSummary rows, summaries.py), and a run's metric points as rows for CSV or JSON."""
 
 import json
-import re
 from dataclasses import dataclass, field
 
-from django.db.models import F, FloatField, JSONField, Max, Min, OuterRef, Subquery, Sum
+from django.db.models import F, FloatField, JSONField, Max, Min, OuterRef, Q, Subquery, Sum
 from django.db.models.fields.json import KT
 from django.db.models.functions import Cast
 from django.utils import timezone
@@ -15,15 +14,13 @@ from apps.core.numbers import ids_sent
 
 from . import queries
 from .config_keys import shown
-from .models import MetricPoint, Run
+from .models import MetricPoint, MetricSummary, Run
+from .run_columns import metric_direction, metric_number
 
 # A JSON number as Postgres and SQLite write it out: what may be cast to a float.
 NUMBER = r"^-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$"
 # A spreadsheet runs a cell that starts with one of these as a formula.
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
-# Lower is better for these; higher for everything else the summary shows (rewards, accuracy,
-# throughput).
-LOWER_IS_BETTER = re.compile(r"(^|[/_])(loss|kl|perplexity|error|seconds|staleness)($|[/_])")
 # The summary's metrics: the run page's figures (queries.key_figures), and the loss beside the reward.
 SUMMARY_METRICS = (
     ("Held-out", queries.HELD_OUT),
@@ -31,11 +28,6 @@ SUMMARY_METRICS = (
     ("Train loss", [("trainer/loss", "Train loss")]),
     ("Throughput", queries.THROUGHPUT),
 )
-
-
-def metric_direction(chart: str) -> str:
-    """"min" when a lower value of the metric ("role/key") is better, else "max"."""
-    return "min" if LOWER_IS_BETTER.search(chart.split("/", 1)[-1]) else "max"
 
 
 # ---- config diff -------------------------------------------------------------------------------
@@ -78,7 +70,9 @@ MISSING = "\0missing"  # no config value holds a NUL (the readers refuse it)
 
 
 @dataclass
-class MetricSummary:
+class MetricFigures:
+    """What the summary shows of one metric of a run: its final value and its best, with their steps."""
+
     label: str  # the candidate's label ("Held-out accuracy")
     chart: str  # where it is from: "role/key"
     direction: str  # "max" or "min"
@@ -95,19 +89,19 @@ class RunSummary:
     wall_seconds: float | None
     tokens_trained: float | None  # prompt + response tokens of the trainer's batches
     tokens_generated: float | None  # response tokens the explorer and evals generated
-    metrics: dict[str, MetricSummary] = field(default_factory=dict)  # by SUMMARY_METRICS title
+    metrics: dict[str, MetricFigures] = field(default_factory=dict)  # by SUMMARY_METRICS title
 
 
 def run_summaries(runs: list[Run]) -> list[RunSummary]:
-    """Each run's summary, in as many queries however many runs: a query per role for the keys,
-    one per metric and chart reported, one for each token count and for the wall time of runs
-    never started. Read a run at a time it was 17 queries a run (a sweep page of 6 runs: 106
-    queries, 1.6 s)."""
+    """Each run's summary, in as many queries however many runs: a query per role for the keys of
+    the token counts, one for each token count and for the wall time of runs never started, one
+    for the metrics' figures and one per chart they show. Read a run at a time it was 17 queries
+    a run (a sweep page of 6 runs: 106 queries, 1.6 s)."""
     keys = chart_keys(runs)
     walls = _wall_seconds(runs)
     trained = _sums_of_products(runs, keys, "trainer", *TRAINED)
     generated = [_sums_of_products(runs, keys, role, *GENERATED) for role in GENERATED_ROLES]
-    metrics = {title: _metric_summaries(runs, keys, candidates) for title, candidates in SUMMARY_METRICS}
+    metrics = metric_figures(runs)
     summaries = []
     for run in runs:
         counts = [sums[run.pk] for sums in generated if run.pk in sums]
@@ -167,27 +161,45 @@ def _by_chart(runs: list[Run], keys: dict, charts) -> dict[tuple, list[int]]:
     return groups
 
 
-def _metric_summaries(runs: list[Run], keys: dict, label_candidates) -> dict[int, MetricSummary]:
-    """{run id: its summary of the first candidate chart it reports}, a query per chart."""
-    picked = {}  # (chart, label, path) -> run ids
-    for run in runs:
-        found = next(((chart, label) for chart, label in label_candidates if chart in keys[run.pk]), None)
-        if found:
-            picked.setdefault((*found, tuple(keys[run.pk][found[0]])), []).append(run.pk)
-    summaries = {}
-    for (chart, label, path), ids in picked.items():
-        direction = metric_direction(chart)
-        points = _number_at(MetricPoint.objects.filter(run=OuterRef("pk"), role=chart.split("/", 1)[0]), list(path))
-        final = points.order_by("-step")
-        best = points.order_by("v" if direction == "min" else "-v", "step")
-        found = Run.objects.filter(pk__in=ids).annotate(
-            final=Subquery(final.values("v")[:1]), final_step=Subquery(final.values("step")[:1]),
-            best=Subquery(best.values("v")[:1]), best_step=Subquery(best.values("step")[:1]),
-        ).values_list("pk", "final", "final_step", "best", "best_step")
-        for pk, *figures in found:
-            if figures[0] is not None:
-                summaries[pk] = MetricSummary(label, chart, direction, *figures)
-    return summaries
+def metric_figures(runs: list[Run]) -> dict[str, dict[int, MetricFigures]]:
+    """{SUMMARY_METRICS title: {run id: the figures of the first of its candidate charts the run
+    records}}, from the runs' summaries (summaries.py: the final is the latest, the best the lowest
+    or the highest): a query for the summaries of every candidate, then one per chart shown for the
+    step of its best, the one figure a summary does not keep. Read from the points, the best sorted
+    every point of the chart's role: 8 runs × 2,000 steps took 360 ms on Postgres, 1,510 on SQLite,
+    where this takes 100 and 212 (bench/compare_page.py, docs/runs-list.md)."""
+    candidates = {chart for _, charts in SUMMARY_METRICS for chart, _ in charts}
+    wanted = Q()
+    for chart in candidates:
+        role, key = chart.split("/", 1)
+        wanted |= Q(role=role, key=key)
+    recorded = {(run, f"{role}/{key}") for run, role, key in MetricSummary.objects.filter(
+        wanted, run__in=[run.pk for run in runs]).values_list("run", "role", "key")}
+    picked = {}  # (title, chart, label) -> run ids
+    for title, charts in SUMMARY_METRICS:
+        for run in runs:
+            found = next(((chart, label) for chart, label in charts if (run.pk, chart) in recorded), None)
+            if found:
+                picked.setdefault((title, *found), []).append(run.pk)
+    figures = {title: {} for title, _ in SUMMARY_METRICS}
+    for (title, chart, label), ids in picked.items():
+        figures[title].update(_figures(chart, label, ids))
+    return {title: found for title, found in figures.items() if found}
+
+
+def _figures(chart: str, label: str, ids: list[int]) -> dict[int, MetricFigures]:
+    """The figures of one chart for these runs, which all record it: their summaries, and the first
+    step whose point holds the best (the first from the run's start that reaches it: an index scan
+    of the run's points of the role in step order that stops there)."""
+    role, key = chart.split("/", 1)
+    direction = metric_direction(chart)
+    reaches = "lte" if direction == "min" else "gte"  # equal to the best, which no point passes
+    first_best = MetricPoint.objects.filter(run=OuterRef("run"), role=role).alias(value=metric_number(key)).filter(
+        **{f"value__{reaches}": OuterRef(direction)}).order_by("step").values("step")[:1]
+    rows = MetricSummary.objects.filter(run__in=ids, role=role, key=key).annotate(best_step=Subquery(first_best))
+    return {run: MetricFigures(label, chart, direction, final, final_step, best, best_step)
+            for run, final, final_step, best, best_step in rows.values_list(
+                "run", "latest", "latest_step", direction, "best_step")}
 
 
 # Tokens: what the trainer trained on, prompt and response (its tokens_per_s is those tokens over

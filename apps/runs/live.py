@@ -30,8 +30,12 @@ log = logging.getLogger(__name__)
 
 
 def next_seq(run_id: int) -> int:
+    """The run's next number, taken once: writers of the run take turns on its row. FOR NO KEY
+    UPDATE (the key is never changed) lets the foreign-key checks of the run's metric points and
+    experiences written meanwhile go on; FOR UPDATE held each such insert until this committed
+    (tests/apps/runs/test_live_locks.py). SQLite, which locks the whole database, ignores it."""
     with transaction.atomic():
-        run = Run.objects.select_for_update().only("live_seq").get(pk=run_id)
+        run = Run.objects.select_for_update(no_key=True).only("live_seq").get(pk=run_id)
         run.live_seq += 1
         run.save(update_fields=["live_seq"])
         return run.live_seq

@@ -8,7 +8,7 @@ A column's id is what ?cols=, ?sort= and ?where= name (docs/runs-list.md):
   trainer.lr, algorithm.name, ...                   a config key, dotted (docs/config.md)
   explorer/reward_mean, trainer/loss, ...           a metric's latest value ("role/key", as the charts name it)
   best:explorer/reward_mean                         its best over the run: the lowest for a loss-like
-                                                    key, else the highest (comparison.metric_direction)
+                                                    key, else the highest (metric_direction)
 """
 
 import json
@@ -26,7 +26,6 @@ from workers.rft.config_docs import rows as config_rows
 from workers.rft.config_issues import hint
 
 from . import queries
-from .comparison import metric_direction
 from .config_keys import get_key, shown
 from .models import MetricPoint, MetricSummary, Run
 
@@ -38,6 +37,9 @@ ROLES = tuple(MetricPoint.Role.values)
 # runs of different engine versions differ (comparison._paths): each split is looked up, up to this
 # many slashes (2**3 = 8 lookups); past it, only the flat and the fully nested ones.
 SPLIT_SLASHES = 3
+# Lower is better for these; higher for everything else (rewards, accuracy, throughput): which of a
+# metric's summaries is its best, here and on the compare page.
+LOWER_IS_BETTER = re.compile(r"(^|[/_])(loss|kl|perplexity|error|seconds|staleness)($|[/_])")
 # What a metric key may hold: SQLite's JSON paths quote a key ($."a b") with no escape for a quote.
 MAX_KEY_CHARS = MetricSummary.MAX_KEY_CHARS
 METRIC_KEY = re.compile(rf'[^"\x00-\x1f\x7f]{{1,{MAX_KEY_CHARS}}}')
@@ -85,6 +87,11 @@ def json_sort_keys(expression, path: list[str]) -> list:
     return [JSONScalar(expression, path, kind) for kind in ("number", "string", "boolean")]
 
 
+def metric_direction(chart: str) -> str:
+    """"min" when a lower value of the metric ("role/key") is better, else "max"."""
+    return "min" if LOWER_IS_BETTER.search(chart.split("/", 1)[-1]) else "max"
+
+
 def metric_paths(key: str) -> list[list[str]]:
     """The JSON paths a metric key may be stored at: "reward/mean" -> [["reward/mean"], ["reward", "mean"]]."""
     parts = key.split("/")
@@ -122,6 +129,7 @@ class Column:
     role: str = ""  # a metric's
     key: str = ""  # a metric's key in its role, or the config key
     summary: str = ""  # a metric's: LATEST or BEST
+    value_kind: str = ""  # a config key's, as its schema says: "number", "string or null", "boolean", "list"...
 
     @property
     def right_aligned(self) -> bool:
@@ -206,7 +214,7 @@ def config_columns() -> dict[str, Column]:
     for key, kind, _default, _allowed, about in config_rows():
         if kind != "mapping":
             numeric = kind.split(" or ")[0] in ("integer", "number")
-            columns[key] = Column(key, key, CONFIG, numeric=numeric, help=about, key=key)
+            columns[key] = Column(key, key, CONFIG, numeric=numeric, help=about, key=key, value_kind=kind)
     return columns
 
 
@@ -278,10 +286,20 @@ def config_text(value) -> str | None:
 # "trainer.lr = 1e-5", "best:explorer/reward_mean >= 0.5": a column, an operator, a value.
 OPERATORS = {"=": "exact", "!=": "exact", ">=": "gte", "<=": "lte", ">": "gt", "<": "lt"}
 ALIASES = {"==": "=", "≠": "!=", "≥": ">=", "≤": "<="}
-CONDITION = re.compile(r"\s*(?P<column>.+?)\s*(?P<operator>==|!=|>=|<=|≠|≥|≤|=|>|<)\s*(?P<value>.*?)\s*", re.S)
+CONDITION = re.compile(r"\s*(?P<column>.*?)\s*(?P<operator>==|!=|>=|<=|≠|≥|≤|=|>|<)\s*(?P<value>.*?)\s*", re.S)
+# What the operators are made of, but "!" ("!=" only: a path may hold one). A column that ends in
+# "!" ("trainer.lr ! = 1"), or a value that starts with "!" or holds one of these unquoted ("= 1",
+# "> 1", "grpo = sft"), was typed with two operators.
+OPERATOR_CHARS = frozenset("=<>≠≥≤")
+# A number as a person writes it: 1e-5, .5, 5., +3. Python's float() takes more (inf, nan, 1_000,
+# " 1") and JSON less (.5, +3).
+NUMBER = re.compile(r"[-+]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][-+]?[0-9]+)?")
+WORDS = {"true": True, "false": False, "null": None}
+NOT_FINITE = re.compile(r"[-+]?(nan|inf|infinity)", re.I)
 MAX_CONDITION_CHARS = 300
 MAX_CONDITIONS = 10
 LARGEST_INTEGER = 2**63 - 1  # what both databases hold as a whole number
+SHOWN_VALUE = 40  # a value is quoted back this far
 
 
 class BadCondition(ValueError):
@@ -314,30 +332,39 @@ class Condition:
 
 
 def condition(text: str) -> Condition:
-    """The condition typed; BadCondition says what is wrong with it."""
+    """The condition typed; BadCondition says what is wrong with it. Whatever could match no run
+    by its form alone is refused, not applied as an empty list: no column or no value, two
+    operators, no finite number where the column holds numbers, a value the config key cannot hold."""
     if len(text) > MAX_CONDITION_CHARS:
         raise BadCondition(f"a filter of {len(text):,} characters: at most {MAX_CONDITION_CHARS}")
     match = CONDITION.fullmatch(text)
     if not match:
         raise BadCondition(f"{text!r} is not a filter: write a column, an operator ({', '.join(OPERATORS)}) and a "
                            "value, e.g. trainer.lr = 1e-5 or explorer/reward_mean >= 0.5")
+    where, typed = f"in {text.strip()!r}", match["value"]
+    operator = ALIASES.get(match["operator"], match["operator"])
+    if not match["column"]:
+        raise BadCondition(f"no column before {operator!r} {where}: write the column first, e.g. trainer.lr = 1e-5")
+    if match["column"].endswith("!") or (not typed.startswith('"') and (
+            typed.startswith("!") or OPERATOR_CHARS.intersection(typed))):
+        raise BadCondition(f"two operators {where}: write one of {', '.join(OPERATORS)} between the column and the "
+                           'value (quote a text that holds one: model.path = "a=b")')
+    if not typed:
+        raise BadCondition(f"no value after {operator!r} {where}: write one, e.g. trainer.lr = 1e-5, "
+                           "algorithm.name = grpo or explorer/reward_mean >= 0.5")
     try:
         found = column(match["column"])
     except UnknownColumn as err:
         raise BadCondition(str(err)) from None
-    operator = ALIASES.get(match["operator"], match["operator"])
-    value = _value(match["value"])
-    where = f"in {text.strip()!r}"
     if found.kind == RUN and not found.numeric:
         raise BadCondition(f"{found.id} is not filtered here {where}: use the search box and the status and owner "
                            "menus for the run's own fields; config keys and metrics are filtered here")
-    if found.kind != CONFIG or operator not in ("=", "!="):
-        if not _is_number(value):
-            raise BadCondition(f"{match['value'][:40]!r} is not a number {where}: {found.id} is compared as a number")
-        value = float(value)
-    elif isinstance(value, int) and not isinstance(value, bool) and abs(value) > LARGEST_INTEGER:
-        raise BadCondition(f"{match['value'][:40]!r} is too large a whole number {where}")
-    return Condition(found, operator, value)
+    value = _value(typed, where)
+    if found.kind == CONFIG and operator in ("=", "!="):
+        return Condition(found, operator, _config_value(found, value, typed, where))
+    if not found.numeric:
+        raise BadCondition(f"{found.id} is not compared as a number {where}: it takes = and !=")
+    return Condition(found, operator, _finite(value, typed, where, found))
 
 
 def is_condition(text: str) -> bool:
@@ -348,25 +375,59 @@ def is_condition(text: str) -> bool:
     return True
 
 
-def _value(text: str):
-    """What was typed as JSON reads it (1e-5, true, null, "quoted text"), else as text (grpo)."""
-    try:
-        value = json.loads(text, parse_constant=_not_json)  # NaN and Infinity are no JSON (nor jsonb)
-    except ValueError:
-        return text
-    if isinstance(value, float) and not math.isfinite(value):  # 1e999
-        return text
-    return value if value is None or isinstance(value, (str, int, float, bool)) else text
+def _value(typed: str, where: str):
+    """What was typed: a number (1e-5, .5, +3: an int where it is whole), true, false, null, a
+    "quoted text" (JSON's escapes), else the text as it is (grpo)."""
+    if NUMBER.fullmatch(typed):
+        whole = not any(mark in typed for mark in ".eE")
+        return int(typed) if whole else float(typed)  # 1e999 is inf: _finite names it
+    if typed in WORDS:
+        return WORDS[typed]
+    if typed.startswith('"'):
+        try:
+            quoted = json.loads(typed)
+        except ValueError:
+            quoted = None
+        if not isinstance(quoted, str):
+            raise BadCondition(f"{typed[:SHOWN_VALUE]!r} is no quoted text {where}: a text in quotes ends with "
+                               'its closing quote, e.g. algorithm.name = "grpo"')
+        return quoted
+    return typed
 
 
-def _not_json(constant: str):
-    raise ValueError(constant)
-
-
-def _is_number(value) -> bool:
+def _finite(value, typed: str, where: str, found: Column) -> float:
+    """The value as the float a numeric column is compared with; BadCondition where it is none."""
+    shown = repr(typed[:SHOWN_VALUE])
+    if NOT_FINITE.fullmatch(typed):  # a diverged value is stored as null, and jsonb holds no NaN
+        raise BadCondition(f"{shown} is not a number {where}: no run holds NaN or an infinity")
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
+        raise BadCondition(f"{shown} is not a number {where}: {found.id} is compared as a number")
     try:
-        return math.isfinite(float(value))
-    except OverflowError:  # an integer past a float's range
-        return False
+        number = float(value)
+    except OverflowError:  # a whole number past a float's range
+        number = math.inf
+    if not math.isfinite(number):
+        raise BadCondition(f"{shown} is not a number {where}: past the largest a run holds (±1.8e308)")
+    return number
+
+
+def _config_value(found: Column, value, typed: str, where: str):
+    """The JSON value a config key's = and != compare with, as its schema's kind reads what was
+    typed: a number for a number, true or false for a boolean, the text as typed (quotes optional)
+    for a text; null for any key (a run may hold null, or an old config may)."""
+    holds = set(found.value_kind.split(" or "))
+    if value is None:
+        return None
+    if "string" in holds:
+        return value if isinstance(value, str) else typed
+    if holds & {"number", "integer"}:
+        number = _finite(value, typed, where, found)
+        if isinstance(value, int) and abs(value) > LARGEST_INTEGER:
+            raise BadCondition(f"{typed[:SHOWN_VALUE]!r} is too large a whole number {where}")
+        return value if isinstance(value, int) else number
+    if "boolean" in holds:
+        if not isinstance(value, bool):
+            raise BadCondition(f"{typed[:SHOWN_VALUE]!r} is not true or false {where}: {found.id} is a boolean")
+        return value
+    raise BadCondition(f"{found.id} holds a {found.value_kind} {where}: a filter compares one value (a number, a text, "
+                       "true or false)")

@@ -52,8 +52,9 @@ def broadcast(run_id: int, update: dict) -> None:
 
 @transaction.atomic
 def set_status(run: Run, new_status: str, *, error: str | None = None) -> Run:
-    """Move the run to `new_status`; `error` replaces the run's error ("" clears it)."""
-    locked = Run.objects.select_for_update().get(pk=run.pk)
+    """Move the run to `new_status`; `error` replaces the run's error ("" clears it). The lock is
+    FOR NO KEY UPDATE, as live.next_seq's: the run's points and experiences are written meanwhile."""
+    locked = Run.objects.select_for_update(no_key=True).get(pk=run.pk)
     if new_status not in TRANSITIONS[locked.status]:
         raise InvalidTransition(f"run {locked.pk} cannot go from {locked.status} to {new_status}")
     locked.status = new_status

@@ -6,7 +6,8 @@ import itertools
 import pytest
 from playwright.sync_api import expect
 
-from apps.runs.models import MetricPoint, Run, Sweep
+from apps.runs import services
+from apps.runs.models import Run, Sweep
 
 from .test_dashboard import DEMO_CONFIG, SCREEN, SHOTS
 
@@ -21,7 +22,7 @@ def test_the_sweep_chart_names_its_axes_and_ticks_each_grid_value(page, login, r
         run = Run.objects.create(name=f"lr sweep · lr={lr} · repeat_times={repeat}", owner=researcher,
                                  config=DEMO_CONFIG, status=Run.Status.COMPLETED, sweep=sweep,
                                  swept={"trainer.lr": lr, "algorithm.repeat_times": repeat})
-        MetricPoint.objects.create(run=run, role="eval", step=4, values={"exact_match": index / 20})
+        services.record_metrics(run, "eval", 4, {"exact_match": index / 20})
     page.set_viewport_size(SCREEN)
     login(researcher, f"/sweeps/{sweep.pk}/")
     expect(page.locator("#sweep-chart .scatterlayer .trace")).to_have_count(6)

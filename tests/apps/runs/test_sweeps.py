@@ -6,10 +6,10 @@ import json
 import pytest
 from django.urls import reverse
 
-from apps.runs import sweeps
+from apps.runs import services, sweeps
 from apps.runs.api import token_for
 from apps.runs.forms import LaunchForm
-from apps.runs.models import MetricPoint, Run, Sweep
+from apps.runs.models import Run, Sweep
 from apps.runs.presets import preset_config
 
 from .test_launch import posted
@@ -208,7 +208,7 @@ def test_the_launch_form_launches_a_sweep_and_its_page_tables_the_results(
     # Two runs evaluated: the better held-out figure is first, and the chart carries it.
     for run, accuracy in ((runs[2], 0.25), (runs[4], 0.75)):
         for step, value in ((0, 0.1), (2, accuracy), (4, accuracy - 0.05)):
-            MetricPoint.objects.create(run=run, role="eval", step=step, values={"reward_mean": value})
+            services.record_metrics(run, "eval", step, {"reward_mean": value})
     page = researcher_client.get(response.url)
     rows = page.context["table"]["rows"]
     assert [row["run"] for row in rows[:2]] == [runs[4], runs[2]] and rows[0]["result"] == 0.75
@@ -300,7 +300,7 @@ def test_a_sweep_not_evaluated_ranks_by_final_train_reward_and_says_so(researche
     # No eval_interval: the final train reward ranks them, as the table's docstring says.
     for run, rewards in zip(runs, ((0.2, 0.5), (0.9, 0.3), (0.1, 0.7))):
         for step, reward in enumerate(rewards, start=1):
-            MetricPoint.objects.create(run=run, role="explorer", step=step, values={"reward_mean": reward})
+            services.record_metrics(run, "explorer", step, {"reward_mean": reward})
     table = sweeps.table(sweep)
     assert [row["run"] for row in table["rows"]] == [runs[2], runs[0], runs[1]]
     assert [row["result"] for row in table["rows"]] == [0.7, 0.5, 0.3]
@@ -308,7 +308,7 @@ def test_a_sweep_not_evaluated_ranks_by_final_train_reward_and_says_so(researche
     page = researcher_client.get(reverse("sweep-detail", args=[sweep.pk])).content.decode()
     assert "Runs, ranked by train reward (final)" in page
     # Once one run is evaluated the held-out figure ranks, the others last.
-    MetricPoint.objects.create(run=runs[1], role="eval", step=2, values={"exact_match": 0.4})
+    services.record_metrics(runs[1], "eval", 2, {"exact_match": 0.4})
     table = sweeps.table(sweep)
     assert [row["run"] for row in table["rows"]] == [runs[1], runs[0], runs[2]]
     assert table["result_label"] == "Held-out accuracy (best)" == table["held_out_label"] + " (best)"
@@ -321,10 +321,9 @@ def test_the_sweep_page_takes_as_many_queries_for_six_runs_as_for_two(researcher
     big = sweeps.launch_sweep(researcher, "six", base(), SPACE, "grid")
     for run in Run.objects.all():
         for step in (1, 2):
-            MetricPoint.objects.create(run=run, role="explorer", step=step, values={"reward_mean": 0.5, "rollouts": 8,
-                                                                                    "response_length": 3.0})
-            MetricPoint.objects.create(run=run, role="trainer", step=step, values={"loss": 0.5})
-            MetricPoint.objects.create(run=run, role="eval", step=step, values={"exact_match": 0.5})
+            services.record_metrics(run, "explorer", step, {"reward_mean": 0.5, "rollouts": 8, "response_length": 3.0})
+            services.record_metrics(run, "trainer", step, {"loss": 0.5})
+            services.record_metrics(run, "eval", step, {"exact_match": 0.5})
     with django_assert_max_num_queries(40) as two:
         assert researcher_client.get(reverse("sweep-detail", args=[small.pk])).status_code == 200
     with django_assert_max_num_queries(len(two.captured_queries)):
