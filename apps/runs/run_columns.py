@@ -9,6 +9,7 @@ A column's id is what ?cols=, ?sort= and ?where= name (docs/runs-list.md):
   explorer/reward_mean, trainer/loss, ...           a metric's latest value ("role/key", as the charts name it)
   best:explorer/reward_mean                         its best over the run: the lowest for a loss-like
                                                     key, else the highest (metric_direction)
+  min:trainer/grad_norm, max:explorer/reward_mean   its lowest or highest over the run, whichever is best
 """
 
 import json
@@ -30,16 +31,20 @@ from .config_keys import get_key, shown
 from .models import MetricPoint, MetricSummary, Run
 
 RUN, CONFIG, METRIC = "run", "config", "metric"
-LATEST, BEST = "latest", "best"
-BEST_PREFIX = "best:"
+LATEST, BEST, MIN, MAX = "latest", "best", "min", "max"
+# A metric's summary other than its latest, named before it: "best:explorer/reward_mean".
+SUMMARY_PREFIXES = {"best:": BEST, "min:": MIN, "max:": MAX}
 ROLES = tuple(MetricPoint.Role.values)
 # A metric key "a/b/c" may be stored flat ({"a/b/c": 1}) or nested ({"a": {"b": {"c": 1}}}), and
 # runs of different engine versions differ (comparison._paths): each split is looked up, up to this
 # many slashes (2**3 = 8 lookups); past it, only the flat and the fully nested ones.
 SPLIT_SLASHES = 3
 # Lower is better for these; higher for everything else (rewards, accuracy, throughput): which of a
-# metric's summaries is its best, here and on the compare page.
-LOWER_IS_BETTER = re.compile(r"(^|[/_])(loss|kl|perplexity|error|seconds|staleness)($|[/_])")
+# metric's summaries is its best, here and on the compare page. A reviewer found "best" the worst
+# for the engine's health figures (explorer/truncated_frac, advantage/zero_variance_groups,
+# trainer/logprob_mismatch, failed_tasks, idle_share, grad_norm); min: and max: say which outright.
+LOWER_IS_BETTER = re.compile(r"(^|[/_])(loss|kl|perplexity|error|seconds|staleness|truncated|zero_variance|failed|"
+                             r"mismatch|idle|grad_norm)($|[/_])")
 # What a metric key may hold: SQLite's JSON paths quote a key ($."a b") with no escape for a quote.
 MAX_KEY_CHARS = MetricSummary.MAX_KEY_CHARS
 METRIC_KEY = re.compile(rf'[^"\x00-\x1f\x7f]{{1,{MAX_KEY_CHARS}}}')
@@ -128,7 +133,7 @@ class Column:
     help: str = ""
     role: str = ""  # a metric's
     key: str = ""  # a metric's key in its role, or the config key
-    summary: str = ""  # a metric's: LATEST or BEST
+    summary: str = ""  # a metric's: LATEST, BEST, MIN or MAX
     value_kind: str = ""  # a config key's, as its schema says: "number", "string or null", "boolean", "list"...
 
     @property
@@ -161,7 +166,7 @@ class Column:
         # The run's summary (summaries.py), one row by the unique index. The best read every point
         # of the role: a page of 200 runs × 2,000 steps sorted by it took 1,118-1,278 ms where it
         # now takes 102-110 (bench/runs_table.py, in turn on one loaded machine).
-        field = {LATEST: "latest", BEST: self.direction}[self.summary]  # "min" or "max"
+        field = {LATEST: "latest", BEST: self.direction, MIN: "min", MAX: "max"}[self.summary]
         summary = MetricSummary.objects.filter(run=OuterRef("pk"), role=self.role, key=self.key)
         return Subquery(summary.values(field)[:1], output_field=FloatField())
 
@@ -223,9 +228,10 @@ def metric_column(role: str, key: str, summary: str = LATEST) -> Column:
     if summary == LATEST:
         return Column(chart, chart, METRIC, numeric=True, help=f"{chart} at the run's latest step that has it",
                       role=role, key=key, summary=LATEST)
-    best = "lowest" if metric_direction(chart) == "min" else "highest"
-    return Column(BEST_PREFIX + chart, f"{chart} (best)", METRIC, numeric=True, help=f"the {best} {chart} over the run",
-                  role=role, key=key, summary=BEST)
+    field = metric_direction(chart) if summary == BEST else summary
+    about = {"min": "lowest", "max": "highest"}[field]
+    return Column(f"{summary}:{chart}", f"{chart} ({summary})", METRIC, numeric=True,
+                  help=f"the {about} {chart} over the run", role=role, key=key, summary=summary)
 
 
 class UnknownColumn(ValueError):
@@ -240,7 +246,9 @@ def column(column_id: str) -> Column:
         return RUN_COLUMNS[column_id]
     if column_id in config_columns():
         return config_columns()[column_id]
-    chart = column_id.removeprefix(BEST_PREFIX)
+    prefix, _, after = column_id.partition(":")
+    summary = SUMMARY_PREFIXES.get(prefix + ":", LATEST) if after else LATEST
+    chart = after if summary != LATEST else column_id
     if "/" in chart:
         role, key = chart.split("/", 1)
         if role not in ROLES:
@@ -251,11 +259,11 @@ def column(column_id: str) -> Column:
         if not METRIC_KEY.fullmatch(key):
             raise UnknownColumn(f"{column_id[:100]!r} is no metric key: at most {MAX_KEY_CHARS} characters, without "
                                 "quotes or control characters")
-        return metric_column(role, key, BEST if column_id.startswith(BEST_PREFIX) else LATEST)
+        return metric_column(role, key, summary)
     close = hint(column_id, [*RUN_COLUMNS, *config_columns()])
     raise UnknownColumn(f"unknown column {column_id[:100]!r}" + (close or ": a column is one of the run's own ("
                         f"{', '.join(RUN_COLUMNS)}), a config key (trainer.lr) or a metric (explorer/reward_mean, "
-                        "best:explorer/reward_mean)"))
+                        "best:explorer/reward_mean, min:trainer/loss, max:explorer/reward_mean)"))
 
 
 # ---- cells -------------------------------------------------------------------------------------

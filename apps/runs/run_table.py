@@ -182,7 +182,7 @@ def picker(view: TableView) -> list[dict]:
     roles = {}
     for chart in view.offered:
         role, key = chart.split("/", 1)
-        for summary in (run_columns.LATEST, run_columns.BEST):
+        for summary in (run_columns.LATEST, run_columns.BEST, run_columns.MIN, run_columns.MAX):
             column = run_columns.metric_column(role, key, summary)
             if column.id not in shown:
                 roles.setdefault(role, []).append(column)

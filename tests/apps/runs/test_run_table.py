@@ -64,6 +64,14 @@ def test_a_column_id_names_a_run_field_a_config_key_or_a_metric():
     best = run_columns.column("best:trainer/loss")
     assert (best.summary, best.direction, best.label) == ("best", "min", "trainer/loss (best)")
     assert run_columns.column("best:eval/accuracy").direction == "max"
+    # The engine's health figures are best low (a reviewer found "best" showing the worst of each).
+    for key in ("explorer/truncated_frac", "explorer/advantage/zero_variance_groups", "trainer/logprob_mismatch",
+                "explorer/failed_tasks", "explorer/prompt_truncated", "system/loop/idle_share", "trainer/grad_norm"):
+        assert run_columns.column(f"best:{key}").direction == "min", key
+    low, high = run_columns.column("min:explorer/reward_mean"), run_columns.column("max:trainer/loss")
+    assert (low.summary, low.label, low.help) == ("min", "explorer/reward_mean (min)",
+                                                  "the lowest explorer/reward_mean over the run")
+    assert (high.summary, high.id, high.help) == ("max", "max:trainer/loss", "the highest trainer/loss over the run")
 
 
 @pytest.mark.parametrize("column_id, message", [
@@ -147,6 +155,9 @@ def test_metrics_sort_by_their_latest_or_best(researcher_client, metric_runs):
     # a loss's best is its lowest: peaked's 0.1 first when sorted best first (ascending)
     assert listed(researcher_client, sort="best:trainer/loss") == ["peaked", "late", "steady", "silent"]
     assert listed(researcher_client, sort="-trainer/nested/kl") == ["late", "steady", "peaked", "silent"]  # nested
+    # min: and max: whatever the direction: the highest loss, the lowest reward
+    assert listed(researcher_client, sort="-max:trainer/loss") == ["late", "peaked", "steady", "silent"]
+    assert listed(researcher_client, sort="min:explorer/reward_mean") == ["late", "peaked", "steady", "silent"]
 
 
 def test_the_page_shows_the_metric_columns(researcher_client, metric_runs):
@@ -227,6 +238,8 @@ def test_metric_filters(researcher_client, metric_runs):
     # late's latest explorer point has no reward: the Reward column's value is none
     assert set(listed(researcher_client, where="reward >= 0.5")) == {"steady"}
     assert set(listed(researcher_client, where="best:trainer/loss <= 0.2")) == {"peaked", "late"}
+    assert set(listed(researcher_client, where="max:trainer/loss >= 0.8")) == {"peaked", "late"}
+    assert set(listed(researcher_client, where="min:explorer/reward_mean >= 0.5")) == {"steady"}
 
 
 @pytest.mark.parametrize("where, message", [
@@ -293,8 +306,9 @@ def test_the_picker_offers_the_runs_metrics_latest_and_best(researcher_client, m
     groups = {group["title"]: [item["id"] for item in group["items"]] for group in picker}
     assert groups["Shown"] == ["trainer.lr"]
     assert "trainer.lr" not in groups["Config: trainer"] and "trainer.total_steps" in groups["Config: trainer"]
-    assert groups["Metrics: explorer"] == ["explorer/reward_mean", "best:explorer/reward_mean",
-                                           "explorer/seconds", "best:explorer/seconds"]
+    assert groups["Metrics: explorer"] == [
+        "explorer/reward_mean", "best:explorer/reward_mean", "min:explorer/reward_mean", "max:explorer/reward_mean",
+        "explorer/seconds", "best:explorer/seconds", "min:explorer/seconds", "max:explorer/seconds"]
     assert "best:trainer/nested/kl" in groups["Metrics: trainer"]
     assert "explorer/note" not in groups["Metrics: explorer"]  # text is no metric
 
