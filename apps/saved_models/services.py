@@ -30,7 +30,9 @@ from django.utils.text import slugify
 from apps.accounts.roles import CURATOR, has_role
 from apps.runs.checkpoints import run_checkpoint_dir
 from apps.runs.models import Checkpoint, Run
+from apps.runs.presets import PRESETS, on_taskset, preset_config
 from apps.runs.supervision import run_dir
+from apps.tasksets.models import Taskset
 
 from .models import MAX_NOTE, SavedModel
 
@@ -223,9 +225,6 @@ def train_from(saved: SavedModel, taskset=None) -> tuple[dict, str | None, str]:
     model.path). An SFT warm-up continues with GRPO (CONTINUE_PRESET) on its taskset and with its
     prompt format: the source's SFT settings (lr 1e-5, no rollouts) would repeat the warm-up. A
     source run that is deleted leaves CONTINUE_PRESET, said. `taskset` (?taskset=) goes in last."""
-    from apps.runs.presets import PRESETS, on_taskset, preset_config
-    from apps.tasksets.models import Taskset
-
     source = saved.run
     if source is None:
         config, preset = preset_config(CONTINUE_PRESET), CONTINUE_PRESET
