@@ -22,6 +22,7 @@ from apps.core.bidi import isolate
 from apps.core.numbers import whole_number, whole_numbers
 from apps.core.streaming import streaming
 from apps.saved_models.models import SavedModel
+from apps.saved_models.services import train_from
 from apps.tasksets.models import Task, Taskset
 from rftweb.errors import bad_request_response, form_checks_nul
 from workers.rft.config import ConfigError
@@ -228,20 +229,30 @@ def _starting_point(request) -> tuple[dict, str, str | None]:
     """(config, run name, preset) to open the launch form with: a run to copy (?from=<id>), a
     preset (?preset=<name>), or the default preset; ?taskset=<name> (the taskset page's link) puts
     that taskset in it, and ?model=<name> (the Models page's "Train from it") that saved model as
-    model.path, GRPO's preset unless another is named."""
+    model.path: the settings of the run it was saved from unless a preset is named
+    (saved_models.services.train_from), said on the page."""
     source = whole_number(request.GET.get("from"))
     if source is not None:
         run = get_object_or_404(Run, pk=source)
         return run.config, f"{run.name} (again)", None
     taskset = Taskset.objects.filter(name=request.GET.get("taskset") or "").first()
-    saved = SavedModel.objects.filter(name=request.GET.get("model") or "").first()
-    default = "smollm2-grpo" if taskset or saved else DEFAULT_PRESET
+    wanted = request.GET.get("model") or ""
+    saved = SavedModel.objects.filter(name=wanted).first()
+    if saved and request.GET.get("preset") not in PRESETS:
+        config, preset, said = train_from(saved, taskset)
+        messages.info(request, said)
+        return config, "", preset
+    default = "smollm2-grpo" if taskset or wanted else DEFAULT_PRESET
     preset = request.GET.get("preset") if request.GET.get("preset") in PRESETS else default
     config = preset_config(preset)
     if taskset:
         config = on_taskset(config, taskset)
     if saved:
         config = {**config, "model": {**config["model"], "path": saved.model_path}}
+    elif wanted:  # deleted in another tab, or mistyped: no model rather than the preset's, which Launch would train
+        config = {**config, "model": {**config["model"], "path": ""}}
+        messages.error(request, f"No saved model named {wanted} (deleted?): pick model.path, or a model on the "
+                                "Models page.")
     return config, "", preset
 
 

@@ -1,6 +1,8 @@
 from django.conf import settings
 from django.db import models
 
+MAX_NOTE = 2000  # characters; the save form's box and the API refuse a longer note (services.save_model)
+
 
 class SavedModel(models.Model):
     """A run's checkpoint kept as a model of its own under <data dir>/models/<name>/: a plain Hugging
@@ -16,7 +18,7 @@ class SavedModel(models.Model):
     checkpoint_version = models.PositiveIntegerField()
     step = models.PositiveIntegerField()
     size_bytes = models.PositiveBigIntegerField(default=0)
-    note = models.TextField(blank=True, max_length=2000)
+    note = models.TextField(blank=True, max_length=MAX_NOTE)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     created_at = models.DateTimeField(auto_now_add=True)
 

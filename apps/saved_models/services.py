@@ -21,7 +21,7 @@ from pathlib import Path
 from django.conf import settings
 from django.core.exceptions import PermissionDenied
 from django.db import IntegrityError, transaction
-from django.db.models import TextField
+from django.db.models import Q, TextField
 from django.db.models.functions import Cast
 from django.http import Http404
 from django.utils import timezone
@@ -30,9 +30,11 @@ from django.utils.text import slugify
 from apps.accounts.roles import CURATOR, has_role
 from apps.runs.checkpoints import run_checkpoint_dir
 from apps.runs.models import Checkpoint, Run
+from apps.runs.presets import PRESETS, on_taskset, preset_config
 from apps.runs.supervision import run_dir
+from apps.tasksets.models import Taskset
 
-from .models import SavedModel
+from .models import MAX_NOTE, SavedModel
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 # What only resuming reads (Trainer.save_checkpoint): a saved model is weights and tokenizer.
@@ -41,7 +43,12 @@ PROVENANCE = "saved_from.json"  # in the directory, so a download says where it 
 
 
 class SaveError(Exception):
-    """A model that cannot be saved or deleted as asked; the message says why, to its user."""
+    """A model that cannot be saved or deleted as asked; the message says why, to its user, and
+    `key` which of what they sent it is about (a form's field, an API body's key)."""
+
+    def __init__(self, message: str, key: str = "name"):
+        super().__init__(message)
+        self.key = key
 
 
 def models_root() -> Path:
@@ -78,6 +85,8 @@ def save_model(run: Run, version: int, name: str, user, note: str = "") -> Saved
     name = (name or "").strip()
     if problem := name_problem(name):
         raise SaveError(problem)
+    if len(note) > MAX_NOTE:  # the form's and the API's one check: a longer note was cut to fit, unsaid
+        raise SaveError(f"a note is at most {MAX_NOTE} characters: this one has {len(note)}", key="note")
     checkpoint = Checkpoint.objects.filter(run=run, version=version).first()
     if checkpoint is None:
         raise SaveError(f"run {run.name} has no checkpoint v{version}")
@@ -91,7 +100,7 @@ def save_model(run: Run, version: int, name: str, user, note: str = "") -> Saved
         with transaction.atomic():
             saved = SavedModel.objects.create(
                 name=name, run=run, run_name=run.name, checkpoint_version=version, step=checkpoint.step,
-                note=note[:2000], created_by=user,
+                note=note, created_by=user,
             )
             saved.size_bytes = _link_or_copy(source, tmp)
             (tmp / PROVENANCE).write_text(json.dumps({
@@ -133,15 +142,30 @@ def _link_or_copy(source: Path, target: Path) -> int:
 
 def naming_runs(saved: SavedModel, statuses=None) -> list[Run]:
     """The runs whose config names the model's directory, as any model a run loads (model.path,
-    ref_path, critic_path, a reward fn's model): a launch stores each resolved, absolute
-    (apps.runs.services.validate_config). Narrowed in the database by the name (ASCII, so the same
-    text in either database's JSON), then checked value by value."""
-    directory = str(model_dir(saved))
-    runs = Run.objects.annotate(text=Cast("config", TextField())).filter(text__contains=f"/models/{saved.name}")
+    ref_path, critic_path, a reward fn's model), in id order."""
+    return runs_naming([saved], statuses)[saved.pk]
+
+
+def runs_naming(saved_models, statuses=None) -> dict[int, list[Run]]:
+    """{saved model id: the runs whose config names its directory}, in one query: a launch stores
+    each model a run loads resolved, absolute (apps.runs.services.validate_config). Narrowed in the
+    database by the names (ASCII, so the same text in either database's JSON), then checked value
+    by value. The Models page's "Trained from it" and the deletion's refusal ask this one question."""
+    by_dir = {str(model_dir(saved)): saved.pk for saved in saved_models}
+    found = {pk: [] for pk in by_dir.values()}
+    if not found:
+        return found
+    mentions = Q()
+    for saved in saved_models:
+        mentions |= Q(text__contains=f"/models/{saved.name}")
+    runs = Run.objects.annotate(text=Cast("config", TextField())).filter(mentions)
     if statuses is not None:
         runs = runs.filter(status__in=statuses)
-    return [run for run in runs.only("pk", "name", "status", "config").order_by("pk")
-            if directory in _strings(run.config)]
+    for run in runs.only("pk", "name", "status", "config").order_by("pk"):
+        named = set(_strings(run.config))
+        for directory in named & by_dir.keys():
+            found[by_dir[directory]].append(run)
+    return found
 
 
 def _strings(value):
@@ -153,15 +177,6 @@ def _strings(value):
     elif isinstance(value, list):
         for item in value:
             yield from _strings(item)
-
-
-def trained_from(saved_models) -> dict[int, list[Run]]:
-    """{saved model id: the runs whose policy (model.path) started from it}, in one query."""
-    by_dir = {str(model_dir(saved)): saved.pk for saved in saved_models}
-    found = {pk: [] for pk in by_dir.values()}
-    for run in Run.objects.filter(config__model__path__in=list(by_dir)).only("pk", "name", "status", "config"):
-        found[by_dir[run.config["model"]["path"]]].append(run)
-    return found
 
 
 # A run that may still load its models: it has not started, is training, or can be resumed.
@@ -196,3 +211,45 @@ def delete_model(saved: SavedModel, user) -> None:
         if directory.exists():
             os.rename(directory, doomed)
     shutil.rmtree(doomed, ignore_errors=True)
+
+
+# The preset "Train from it" opens when the source run's config cannot serve: the second stage
+# the Models page advertises (an SFT warm-up, then GRPO from it).
+CONTINUE_PRESET = "smollm2-grpo"
+
+
+def train_from(saved: SavedModel, taskset=None) -> tuple[dict, str | None, str]:
+    """(config, preset or None, what the launch form says of it) for "Train from it": the config
+    of the run the model was saved from, training from the model, as W&B and MLflow launch from an
+    artifact. Its reference and critic follow the model when they were the source's model (empty:
+    model.path). An SFT warm-up continues with GRPO (CONTINUE_PRESET) on its taskset and with its
+    prompt format: the source's SFT settings (lr 1e-5, no rollouts) would repeat the warm-up. A
+    source run that is deleted leaves CONTINUE_PRESET, said. `taskset` (?taskset=) goes in last."""
+    source = saved.run
+    if source is None:
+        config, preset = preset_config(CONTINUE_PRESET), CONTINUE_PRESET
+        model = {**config["model"], "path": saved.model_path}
+        said = (f"{saved.name} was saved from run {saved.run_name}, which is deleted: the form opens the "
+                f"{PRESETS[preset].title} preset on it, not that run's settings. Check them before launching.")
+    else:
+        model = {**source.config["model"], "path": saved.model_path}
+        for key in ("ref_path", "critic_path"):
+            if model.get(key) == source.config["model"]["path"]:
+                model[key] = None
+        if source.config["algorithm"]["name"] == "sft":
+            config, preset = preset_config(CONTINUE_PRESET), CONTINUE_PRESET
+            prompt = {key: source.config["explorer"][key] for key in ("use_chat_template", "system_prompt")}
+            config = {**config, "explorer": {**config["explorer"], **prompt}}
+            warmed_on = Taskset.objects.filter(name=source.config["buffer"]["taskset"]).first()
+            if warmed_on:
+                config = on_taskset(config, warmed_on)
+            said = (f"{saved.name} is an SFT warm-up (run {source.name}): the form opens GRPO from it"
+                    f"{f' on {warmed_on.name}' if warmed_on else ''}, its prompt format kept. The SFT preset "
+                    "continues the SFT instead.")
+        else:
+            config, preset = source.config, None
+            said = f"The settings of run {source.name}, which {saved.name} was saved from, training from it."
+    config = {**config, "model": model}
+    if taskset:
+        config = on_taskset(config, taskset)
+    return config, preset, said

@@ -1,4 +1,5 @@
 from django.contrib import messages
+from django.http import HttpResponseNotFound
 from django.shortcuts import get_object_or_404, redirect, render
 from django.utils.http import content_disposition_header
 from django.views.decorators.http import require_POST
@@ -19,7 +20,7 @@ from .models import SavedModel
 @role_required(RESEARCHER)
 def model_list(request):
     saved = list(SavedModel.objects.select_related("run", "created_by"))
-    trained = services.trained_from(saved)
+    trained = services.runs_naming(saved)
     for model in saved:
         model.trained = trained[model.pk]
         model.deletable = services.may_delete(request.user, model)
@@ -38,7 +39,7 @@ def model_save(request, run, version):
             saved = services.save_model(run, version, form.cleaned_data["name"], request.user,
                                         form.cleaned_data["note"])
         except services.SaveError as err:
-            form.add_error("name", str(err))
+            form.add_error(err.key, str(err))
         else:
             messages.success(request, f"Saved v{version} of {isolate(run.name)} as {isolate(saved.name)}: a run "
                                       f"names it as model.path {isolate(saved.model_path)}.")
@@ -49,7 +50,10 @@ def model_save(request, run, version):
 @require_POST
 @role_required(RESEARCHER)
 def model_delete(request, name):
-    saved = get_object_or_404(SavedModel, name=name)
+    saved = SavedModel.objects.filter(name=name).first()
+    if saved is None:  # deleted meanwhile, from another tab or by someone else: what was asked is done
+        messages.info(request, f"Model {name} was already deleted.")
+        return redirect("model-list")
     try:
         services.delete_model(saved, request.user)
     except services.SaveError as err:
@@ -63,7 +67,9 @@ def model_delete(request, name):
 @role_required(RESEARCHER)
 def model_download(request, name):
     """The model's directory as a tar, streamed (as a checkpoint's)."""
-    saved = get_object_or_404(SavedModel, name=name)
+    saved = SavedModel.objects.filter(name=name).first()
+    if saved is None:  # Django's 404 page says nothing of what was missing; a script's curl shows this
+        return HttpResponseNotFound(f"No saved model named {name} (deleted?)\n", content_type="text/plain")
     chunks, size = tar_stream(services.model_dir(saved), saved.name)
     response = streaming(chunks, content_type="application/x-tar")
     response["Content-Length"] = str(size)

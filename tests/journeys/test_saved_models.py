@@ -1,9 +1,10 @@
 """A researcher trains in two stages, as an SFT warm-up before RL is run: an SFT run on the built-in
 addition taskset's expert answers completes; on its page's Checkpoints table they pick *Save as
 model*, name it `sums-sft` and save; the Models page lists it with the run and step it came from.
-Its *Train from it* opens the launch form with `model.path: models/sums-sft`; they pick the SFT
-preset (the model stays), launch, and the second run starts where the first ended: its first loss
-is the first run's last, not its first. The Models page then names the second run as trained from
+Its *Train from it* opens the launch form with `model.path: models/sums-sft` and GRPO on its
+taskset (the second stage, said on the page); they pick the SFT preset instead (the model stays),
+launch, and the second run starts where the first ended: its first loss is the first run's last,
+not its first. The Models page then names the second run as trained from
 it, and deleting the model while nothing may load it again removes it and its files.
 
 Full stack in Chromium at 1366x768 (daphne, Celery workers on default and train); embedded through
@@ -97,6 +98,9 @@ def test_a_researcher_saves_an_sft_checkpoint_as_a_model_and_trains_from_it(rese
 
     row.get_by_role("link", name="Train from it").click()
     expect(page.locator("[name='model.path']")).to_have_value("models/sums-sft")
+    expect(page.locator("[name='algorithm.name']")).to_have_value("grpo")
+    expect(page.locator("[name='buffer.taskset']")).to_have_value("addition")
+    expect(page.locator("body")).to_contain_text("sums-sft is an SFT warm-up (run sft warm-up)")
     page.locator(".preset", has_text="SFT").first.click()  # the preset link keeps the model
     expect(page.locator("[name='model.path']")).to_have_value("models/sums-sft")
     second = launch("sft from sums-sft", SFT)
@@ -144,6 +148,8 @@ def test_embedded_the_same_two_stages_through_the_same_pages(researcher, setting
     response = client.post(reverse("model-save", args=[first.pk, version]), {"name": "sums-sft", "note": ""})
     assert response.status_code == 302 and response.url == reverse("model-list")
 
+    grpo = client.get(reverse("run-launch"), {"model": "sums-sft"}).context["form"]  # Train from it
+    assert (grpo["model.path"].value(), grpo["algorithm.name"].value()) == ("models/sums-sft", "grpo")
     query = {"model": "sums-sft", "preset": "sft"}
     assert client.get(reverse("run-launch"), query).context["form"]["model.path"].value() == "models/sums-sft"
     second = launch("sft from sums-sft", query, SFT)

@@ -4,26 +4,32 @@ from datetime import datetime
 
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
-from ninja import Field, Router, Schema, Status
+from ninja import Field, Query, Router, Schema, Status
 
 from apps.saved_models import services
-from apps.saved_models.models import SavedModel
+from apps.saved_models.models import MAX_NOTE, SavedModel
 from workers.rft.json_values import text_problem
 
 from ..models import Run
 from .auth import ApiError
 from .bodies import json_body, known_fields
-from .schemas import ErrorOut
+from .paging import page_of
+from .schemas import PAGE, PAGE_SIZE, ErrorOut
 
 router = Router(tags=["models"])
 REFUSED = {401: ErrorOut, 403: ErrorOut}
+
+
+class Paging(Schema):
+    page: str | None = PAGE
+    page_size: str | None = PAGE_SIZE
 
 
 class SaveIn(Schema):
     run: int = Field(description="the run's id")
     version: int = Field(description="its checkpoint's version (the run page's Checkpoints table, v12: 12)")
     name: str | None = Field(None, description="letters, digits, '.', '_' and '-'; default <run>-<id>-v<version>")
-    note: str | None = None
+    note: str | None = Field(None, description=f"at most {MAX_NOTE} characters")
 
 
 class ModelOut(Schema):
@@ -37,8 +43,16 @@ class ModelOut(Schema):
     note: str
     created_by: str | None
     created_at: datetime
-    trained_from_it: list[int] = Field(description="the runs whose model.path it is")
+    trained_from_it: list[int] = Field(description="the runs that load it: as their model.path, ref_path, "
+                                                   "critic_path or a reward model")
     download_url: str
+
+
+class ModelPage(Schema):
+    count: int
+    page: int
+    pages: int
+    results: list[ModelOut]
 
 
 def model_json(saved: SavedModel, trained: list[Run]) -> dict:
@@ -49,12 +63,14 @@ def model_json(saved: SavedModel, trained: list[Run]) -> dict:
             "download_url": reverse("model-download", args=[saved.name])}
 
 
-@router.get("/", response={200: list[ModelOut], **REFUSED}, url_name="api-models", summary="List saved models")
-def list_models(request):
+@router.get("/", response={200: ModelPage, 400: ErrorOut, **REFUSED}, url_name="api-models",
+            summary="List saved models")
+def list_models(request, paging: Query[Paging]):
     """Newest first, each with the runs trained from it."""
-    saved = list(SavedModel.objects.select_related("created_by"))
-    trained = services.trained_from(saved)
-    return [model_json(model, trained[model.pk]) for model in saved]
+    page = page_of(SavedModel.objects.select_related("created_by"), paging.page, paging.page_size)
+    saved = list(page["results"])
+    trained = services.runs_naming(saved)
+    return {**page, "results": [model_json(model, trained[model.pk]) for model in saved]}
 
 
 @router.post(
@@ -83,7 +99,7 @@ def save_model(request):
     try:
         saved = services.save_model(run, body["version"], name, request.user, body.get("note") or "")
     except services.SaveError as err:
-        raise ApiError(400, str(err), errors=[{"key": "name", "message": str(err)}]) from None
+        raise ApiError(400, str(err), errors=[{"key": err.key, "message": str(err)}]) from None
     return Status(201, model_json(saved, []))
 
 
@@ -93,7 +109,9 @@ def delete_model(request, name: str):
     """204 once it and its files are gone. 403 for anyone but who saved it or a curator; 409 while
     a run that may still load it names it (queued, training, or stopped or failed: a resume loads
     it again)."""
-    saved = get_object_or_404(SavedModel, name=name)
+    saved = SavedModel.objects.filter(name=name).first()
+    if saved is None:
+        raise ApiError(404, f"no saved model named {name} (already deleted?)")
     try:
         services.delete_model(saved, request.user)
     except services.SaveError as err:
