@@ -251,8 +251,8 @@ def _starting_point(request) -> tuple[dict, str, str | None]:
         config = {**config, "model": {**config["model"], "path": saved.model_path}}
     elif wanted:  # deleted in another tab, or mistyped: no model rather than the preset's, which Launch would train
         config = {**config, "model": {**config["model"], "path": ""}}
-        messages.error(request, f"No saved model named {wanted} (deleted?): pick model.path, or a model on the "
-                                "Models page.")
+        messages.error(request, f"No saved model named {isolate(wanted)} (deleted?): pick model.path, or a model "
+                                "on the Models page.")
     return config, "", preset
 
 

@@ -28,6 +28,7 @@ from django.utils import timezone
 from django.utils.text import slugify
 
 from apps.accounts.roles import CURATOR, has_role
+from apps.core.bidi import isolate
 from apps.runs.checkpoints import run_checkpoint_dir
 from apps.runs.models import Checkpoint, Run
 from apps.runs.presets import PRESETS, on_taskset, preset_config
@@ -229,7 +230,7 @@ def train_from(saved: SavedModel, taskset=None) -> tuple[dict, str | None, str]:
     if source is None:
         config, preset = preset_config(CONTINUE_PRESET), CONTINUE_PRESET
         model = {**config["model"], "path": saved.model_path}
-        said = (f"{saved.name} was saved from run {saved.run_name}, which is deleted: the form opens the "
+        said = (f"{saved.name} was saved from run {isolate(saved.run_name)}, which is deleted: the form opens the "
                 f"{PRESETS[preset].title} preset on it, not that run's settings. Check them before launching.")
     else:
         model = {**source.config["model"], "path": saved.model_path}
@@ -243,12 +244,12 @@ def train_from(saved: SavedModel, taskset=None) -> tuple[dict, str | None, str]:
             warmed_on = Taskset.objects.filter(name=source.config["buffer"]["taskset"]).first()
             if warmed_on:
                 config = on_taskset(config, warmed_on)
-            said = (f"{saved.name} is an SFT warm-up (run {source.name}): the form opens GRPO from it"
-                    f"{f' on {warmed_on.name}' if warmed_on else ''}, its prompt format kept. The SFT preset "
+            said = (f"{saved.name} is an SFT warm-up (run {isolate(source.name)}): the form opens GRPO from it"
+                    f"{f' on {isolate(warmed_on.name)}' if warmed_on else ''}, its prompt format kept. The SFT preset "
                     "continues the SFT instead.")
         else:
             config, preset = source.config, None
-            said = f"The settings of run {source.name}, which {saved.name} was saved from, training from it."
+            said = f"The settings of run {isolate(source.name)}, which {saved.name} was saved from, training from it."
     config = {**config, "model": model}
     if taskset:
         config = on_taskset(config, taskset)

@@ -52,7 +52,7 @@ def model_save(request, run, version):
 def model_delete(request, name):
     saved = SavedModel.objects.filter(name=name).first()
     if saved is None:  # deleted meanwhile, from another tab or by someone else: what was asked is done
-        messages.info(request, f"Model {name} was already deleted.")
+        messages.info(request, f"Model {isolate(name)} was already deleted.")
         return redirect("model-list")
     try:
         services.delete_model(saved, request.user)

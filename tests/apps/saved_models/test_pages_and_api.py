@@ -76,7 +76,7 @@ def test_train_from_it_opens_the_source_runs_settings_on_the_model_and_a_preset_
     assert form["model.path"].value() == "models/warm" and page.context["preset_name"] is None
     assert form["trainer.lr"].value() == 3e-6 and form["algorithm.name"].value() == "grpo"  # not the preset's 1e-6
     assert form["buffer.taskset"].value() == "sums"
-    assert "The settings of run warm up, which warm was saved from" in page.content.decode()
+    assert "The settings of run <bdi>warm up</bdi>, which warm was saved from" in page.content.decode()
     config, _, _ = services.train_from(SavedModel.objects.get())
     # The reference follows the model it trains (empty: model.path); a critic of its own stays.
     assert config["model"]["ref_path"] is None and config["model"]["critic_path"] == "/data/models/critic"
@@ -107,19 +107,21 @@ def test_train_from_an_sft_warm_up_opens_grpo_on_its_taskset_and_a_deleted_sourc
     # The prompt format it learnt, and the model's settings, over the preset's.
     config, _, _ = services.train_from(SavedModel.objects.get())
     assert config["explorer"]["use_chat_template"] is False and config["explorer"]["system_prompt"] is None
-    assert "warm is an SFT warm-up (run warm up): the form opens GRPO from it on sums" in page.content.decode()
+    said = "warm is an SFT warm-up (run <bdi>warm up</bdi>): the form opens GRPO from it on <bdi>sums</bdi>"
+    assert said in page.content.decode()
 
     checkpointed.delete()
     page = researcher_client.get(reverse("run-launch"), {"model": "warm"})
     assert page.context["form"]["model.path"].value() == "models/warm"
     assert page.context["preset_name"] == "smollm2-grpo"
-    assert "warm was saved from run warm up, which is deleted" in page.content.decode()
+    assert "warm was saved from run <bdi>warm up</bdi>, which is deleted" in page.content.decode()
 
 
 def test_a_stale_model_link_opens_the_form_with_no_model_and_says_so(researcher_client, researcher):
     page = researcher_client.get(reverse("run-launch"), {"model": "gone"})
     form = page.context["form"]
-    assert form["model.path"].value() == "" and "No saved model named gone (deleted?)" in page.content.decode()
+    assert form["model.path"].value() == ""
+    assert "No saved model named <bdi>gone</bdi> (deleted?)" in page.content.decode()
     # Launch with what it shows is refused: it trains no other model in its place.
     fields = {field.name: "" if field.value() is None else str(field.value()) for field in form
               if field.widget_type != "checkbox" or field.value()}
@@ -132,7 +134,7 @@ def test_a_stale_model_link_opens_the_form_with_no_model_and_says_so(researcher_
 def test_a_model_deleted_meanwhile_is_said_so_on_delete_and_download(researcher_client, client, researcher):
     response = researcher_client.post(reverse("model-delete", args=["gone"]), follow=True)
     assert response.redirect_chain == [(reverse("model-list"), 302)]
-    assert "Model gone was already deleted." in response.content.decode()
+    assert "Model <bdi>gone</bdi> was already deleted." in response.content.decode()
     download = researcher_client.get(reverse("model-download", args=["gone"]))
     assert download.status_code == 404 and b"No saved model named gone (deleted?)" in download.content
     refused = api(client, researcher, "delete", reverse("api-model", args=["gone"]))
