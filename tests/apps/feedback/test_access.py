@@ -63,14 +63,14 @@ def test_pages_list_only_runs_the_annotator_may_annotate(client, run, make_exper
     client.force_login(outsider)
     assert f'value="{run.pk}"'.encode() not in client.get(reverse("annotate-start")).content
     response = client.get(reverse("annotate-start"), {"run": run.pk, "strategy": "newest"}, follow=True)
-    assert b"You are not an annotator of run r" in response.content
+    assert b"You are not an annotator of run <bdi>r</bdi>" in response.content
 
 
 @pytest.mark.django_db
 def test_the_owner_assigns_annotators_on_the_feedback_page(researcher_client, run, make_annotator):
     make_annotator("alice")
     response = researcher_client.post(reverse("annotate-assign", args=[run.pk]), {"usernames": "alice\n"}, follow=True)
-    assert b"Saved who annotates r" in response.content
+    assert b"Saved who annotates <bdi>r</bdi>" in response.content
     assert list(run.annotators.users.values_list("username", flat=True)) == ["alice"]
     assert run.annotators.open_to_all is False
     response = researcher_client.post(reverse("annotate-assign", args=[run.pk]), {"usernames": "bob"}, follow=True)

@@ -338,7 +338,8 @@ def test_dpo_raises_the_margin_of_chosen_over_rejected(tiny_path, tokenizer):
             wrong = experience(tokenizer, exp.task_id // 10, exp.task_id % 10, answer=99)
             pairs.append(PreferencePair(exp.prompt_ids, exp.response_ids, wrong.response_ids))
     trainer = make_trainer(tiny_path, tokenizer, [], reference=load_reference(tiny_path, CPU),
-                           algorithm={"name": "dpo", "repeat_times": 1}, trainer={"batch_size": 4, "lr": 1e-3})
+                           algorithm={"name": "dpo", "repeat_times": 1, "dpo": {"max_pair_uses": 2}},
+                           trainer={"batch_size": 4, "lr": 1e-3})  # the same pairs twice (mode both: once by default)
     trainer.buffer.add_pairs(pairs)
     first = trainer.train_step()
     assert first["dpo_margin"] == pytest.approx(0.0, abs=1e-5) and first["pairs"] == 4
