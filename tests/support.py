@@ -164,6 +164,17 @@ class Stack:
                 proc.wait()
 
 
+def migrate_to(target: tuple[str, str]):
+    """The database at one app's migration (app, name); the apps (historical models) as they were there."""
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    executor = MigrationExecutor(connection)
+    executor.loader.build_graph()
+    executor.migrate([target])
+    return executor.loader.project_state([target]).apps
+
+
 def migrate_to_newest() -> None:
     """Every app at its newest migration, as the tests after a migration test expect: migrating one
     app backwards also unapplies the migrations of other apps that depend on it (the buffer's taking

@@ -15,7 +15,7 @@ from apps.core.numbers import ids_sent
 from . import queries
 from .config_keys import shown
 from .models import MetricPoint, MetricSummary, Run
-from .run_columns import metric_direction, metric_number
+from .run_columns import leaves, metric_direction, metric_number
 
 # A JSON number as Postgres and SQLite write it out: what may be cast to a float.
 NUMBER = r"^-?[0-9]+(\.[0-9]+)?([eE][-+]?[0-9]+)?$"
@@ -131,18 +131,9 @@ def chart_keys(runs: list[Run]) -> dict[int, dict[str, list[str]]]:
 
 def _paths(values: dict):
     """("a/b", ["a", "b"]) for each number in nested values; a flat "a/b" key is ["a/b"]."""
-    for path, value in _leaves(values):
+    for path, value in leaves(values):
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             yield "/".join(path), path
-
-
-def _leaves(values: dict, prefix=()):
-    """(path as a list of keys, value) of each value of a point that is not a mapping."""
-    for key, value in values.items():
-        if isinstance(value, dict):
-            yield from _leaves(value, (*prefix, key))
-        else:
-            yield [*prefix, key], value
 
 
 def _number_at(points, path: list[str], name: str = "v"):
@@ -298,7 +289,7 @@ def metric_points(run: Run):
 def flat_values(values: dict):
     """("key", value) of each value of a point, nested mappings joined with "/" as the charts
     name them."""
-    for path, value in _leaves(values):
+    for path, value in leaves(values):
         yield "/".join(path), value
 
 

@@ -114,6 +114,15 @@ def metric_paths(key: str) -> list[list[str]]:
     return paths
 
 
+def leaves(values: dict, prefix=()):
+    """(path as a list of keys, value) of each value of a metric point that is not a mapping."""
+    for key, value in values.items():
+        if isinstance(value, dict):
+            yield from leaves(value, (*prefix, key))
+        else:
+            yield [*prefix, key], value
+
+
 def _number_at(expression, paths: list[list[str]]):
     numbers = [JSONScalar(expression, path, "number") for path in paths]
     return numbers[0] if len(numbers) == 1 else Coalesce(*numbers)

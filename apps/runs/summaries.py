@@ -24,7 +24,7 @@ from django.db import connection, transaction
 from django.db.models import Max, Min
 
 from .models import MetricPoint, MetricSummary
-from .run_columns import METRIC_KEY, metric_number, metric_paths
+from .run_columns import METRIC_KEY, leaves, metric_number, metric_paths
 
 # Rows a statement of rebuild's bulk_create writes (7 parameters each: SQLite takes 32,766).
 BATCH = 1000
@@ -33,7 +33,7 @@ BATCH = 1000
 def numbers(values: dict) -> dict[str, float]:
     """{key: number} of a point's values, nested ones under "a/b": what its summaries are made of."""
     found = {}  # key: (rank of its layout in metric_paths, number)
-    for path, value in _leaves(values):
+    for path, value in leaves(values):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not _finite(value):
             continue
         key = "/".join(path)
@@ -48,14 +48,6 @@ def numbers(values: dict) -> dict[str, float]:
         if key not in found or rank < found[key][0]:
             found[key] = (rank, float(value))
     return {key: number for key, (_, number) in found.items()}
-
-
-def _leaves(values: dict, prefix=()):
-    for key, value in values.items():
-        if isinstance(value, dict):
-            yield from _leaves(value, (*prefix, key))
-        else:
-            yield [*prefix, key], value
 
 
 def _finite(value) -> bool:

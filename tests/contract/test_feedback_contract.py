@@ -10,7 +10,6 @@ import json
 
 import pytest
 from django.db import IntegrityError, transaction
-from django.db.migrations.executor import MigrationExecutor
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
@@ -23,7 +22,7 @@ from apps.buffer.store import DjangoExperienceBuffer
 from apps.feedback.models import Feedback, SetAside
 from apps.runs.models import MetricPoint, Run
 from apps.tasksets.models import Task, Taskset
-from tests.support import migrate_to_newest
+from tests.support import migrate_to, migrate_to_newest
 
 from .conftest import ENGINE
 
@@ -257,10 +256,7 @@ BEFORE, AFTER = ("feedback", "0003_run_annotators"), ("feedback", "0004_comparis
 
 
 def migrate(target):
-    executor = MigrationExecutor(transaction.get_connection())
-    executor.loader.build_graph()
-    executor.migrate([target])
-    return executor.loader.project_state([target]).apps.get_model("feedback", "Feedback")
+    return migrate_to(target).get_model("feedback", "Feedback")
 
 
 @pytest.mark.slow

@@ -1,24 +1,16 @@
 """Data migrations of the buffer, run backwards and forwards on real rows."""
 import pytest
 from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
 
 from apps.runs.models import Run
-from tests.support import migrate_to_newest
+from tests.support import migrate_to, migrate_to_newest
 
 BEFORE, AFTER = ("buffer", "0004_experience_sample_order"), ("buffer", "0005_experience_arrays_aligned")
 
 
-def migrate(target):
-    executor = MigrationExecutor(connection)
-    executor.loader.build_graph()
-    executor.migrate([target])
-    return executor.loader.project_state([target]).apps
-
-
 @pytest.mark.django_db(transaction=True)
 def test_arrays_are_aligned_for_the_engine(researcher):
-    old = migrate(BEFORE)
+    old = migrate_to(BEFORE)
     Experience = old.get_model("buffer", "Experience")
     run = Run.objects.create(name="r", owner=researcher, config={}, mode="both")  # runs stays migrated
     common = {"run_id": run.pk, "prompt_ids": [1], "response_ids": [5, 6, 7]}
@@ -27,7 +19,7 @@ def test_arrays_are_aligned_for_the_engine(researcher):
     rollout = Experience.objects.create(source="rollout", action_mask=[1, 0, 1], logprobs=[-1.0, -2.0, -3.0],
                                         rollout_index=2, **common)
     try:
-        new = migrate(AFTER).get_model("buffer", "Experience")
+        new = migrate_to(AFTER).get_model("buffer", "Experience")
         rows = {row.pk: row for row in new.objects.all()}
         assert rows[edit.pk].logprobs is None
         assert rows[imported.pk].action_mask == [1, 1, 1]
@@ -55,17 +47,17 @@ def test_the_search_document_keeps_its_values_and_follows_edits_both_ways(resear
             cursor.execute("UPDATE buffer_experience SET response_text = %s WHERE id = %s", [text, pk])
 
     generated = ("buffer", "0005_experience_arrays_aligned")
-    Experience = migrate(generated).get_model("buffer", "Experience")
+    Experience = migrate_to(generated).get_model("buffer", "Experience")
     old = Experience.objects.create(run_id=run.pk, response_text="apples")
     try:
-        Experience = migrate(("buffer", "0006_experience_claims_stay_hot")).get_model("buffer", "Experience")
+        Experience = migrate_to(("buffer", "0006_experience_claims_stay_hot")).get_model("buffer", "Experience")
         assert matches("apples") == 1  # the stored value stayed
         new = Experience.objects.create(run_id=run.pk, rollout_index=1, prompt_text="pears")
         edit(old.pk, "plums")
         assert (matches("pears"), matches("apples"), matches("plums")) == (1, 0, 1)
         Experience.objects.filter(pk=new.pk).update(claimed_at="2026-01-01T00:00:00Z")  # no text: no change
         assert matches("pears") == 1
-        migrate(generated)
+        migrate_to(generated)
         assert (matches("pears"), matches("plums")) == (1, 1)
         edit(old.pk, "figs")
         assert (matches("plums"), matches("figs")) == (0, 1)
@@ -91,10 +83,10 @@ def test_search_documents_move_to_their_table_and_back(researcher):
             return cursor.fetchone()[0]
 
     before = ("buffer", "0007_bufferjob_retention")
-    Experience = migrate(before).get_model("buffer", "Experience")
+    Experience = migrate_to(before).get_model("buffer", "Experience")
     old = Experience.objects.create(run_id=run.pk, response_text="apples")
     try:
-        Experience = migrate(("buffer", "0008_experience_search_after_the_write")).get_model("buffer", "Experience")
+        Experience = migrate_to(("buffer", "0008_experience_search_after_the_write")).get_model("buffer", "Experience")
         assert matches("apples", "table") == 1  # the stored document moved
         Experience.objects.bulk_create([
             Experience(run_id=run.pk, rollout_index=i, prompt_text=f"pear{i}") for i in range(1, 4)
@@ -103,7 +95,7 @@ def test_search_documents_move_to_their_table_and_back(researcher):
         assert search.catch_up() == 0
         assert [matches(f"pear{i}", "table") for i in range(1, 4)] == [1, 1, 1]
         Experience.objects.create(run_id=run.pk, rollout_index=9, prompt_text="plums")  # not indexed yet
-        migrate(before)
+        migrate_to(before)
         assert (matches("apples", "row"), matches("pear2", "row"), matches("plums", "row")) == (1, 1, 1)
         with connection.cursor() as cursor:
             cursor.execute("UPDATE buffer_experience SET response_text = 'figs' WHERE id = %s", [old.pk])
@@ -139,7 +131,7 @@ def test_token_arrays_are_stored_without_a_compression_attempt_and_back(research
                        "pg_column_compression(action_mask) FROM buffer_experience WHERE id = %s", [row.pk])
         assert cursor.fetchone() == (None, None, "pglz")
     try:
-        migrate(("buffer", "0008_experience_search_after_the_write"))
+        migrate_to(("buffer", "0008_experience_search_after_the_write"))
         assert storage() == dict.fromkeys(expected, "x")
     finally:  # back to the newest, as every test after this one expects
         migrate_to_newest()
@@ -150,14 +142,14 @@ def test_token_arrays_are_stored_without_a_compression_attempt_and_back(research
 def test_rows_imported_before_datasets_had_names_go_into_two_datasets(researcher):
     """0013: run-less expert rows become the datasets `imported` and `imported-pairs` (a DPO
     import's `pair-…` groups), so a run can name them; a run's own rows stay out of both."""
-    Experience = migrate(("buffer", "0012_sample_order_priority")).get_model("buffer", "Experience")
+    Experience = migrate_to(("buffer", "0012_sample_order_priority")).get_model("buffer", "Experience")
     run = Run.objects.create(name="r", owner=researcher, config={}, mode="both")
     sft = Experience.objects.create(source="expert", response_text="4")
     chosen, rejected = (Experience.objects.create(source="expert", group_id="pair-abc-0", rollout_index=i,
                                                   status=status) for i, status in enumerate(("ready", "rejected")))
     own = Experience.objects.create(run_id=run.pk, source="expert", group_id="expert-1")
     try:
-        new = migrate(("buffer", "0013_expert_dataset"))
+        new = migrate_to(("buffer", "0013_expert_dataset"))
         rows = {row.pk: row.dataset.name if row.dataset else None
                 for row in new.get_model("buffer", "Experience").objects.select_related("dataset")}
         assert rows == {sft.pk: "imported", chosen.pk: "imported-pairs", rejected.pk: "imported-pairs", own.pk: None}
