@@ -29,7 +29,7 @@ from apps.core.files import (
     text,
 )
 
-FORMATS = ("jsonl", "parquet")  # CSV cannot hold chat messages or token arrays
+FORMATS = ("jsonl", "parquet")  # what expert data is read from: CSV cannot hold chat messages or token arrays
 LAYOUTS = ("sft", "dpo")
 # An exported experience is one line: its token ids and logprobs make it far longer than a task.
 MAX_LINE_BYTES = 64 * 1024 * 1024
@@ -76,12 +76,7 @@ class ExperienceFields:
 
 
 def detect_expert_format(filename: str) -> str:
-    fmt = detect_format(filename)
-    if fmt not in FORMATS:
-        raise FileImportError(
-            Path(filename).name, None, f"{fmt} files cannot hold expert data; use JSONL or Parquet"
-        )
-    return fmt
+    return detect_format(filename, FORMATS, "expert data")
 
 
 def read_expert_data(

@@ -215,7 +215,8 @@ def test_a_dpo_row_that_teaches_nothing_is_named_and_nothing_is_kept(tmp_path, c
         (b'{"prompt": "p", "response": "r"}\n{"prompt": \n', "data.jsonl", "sft", "line 2: invalid JSON"),
         (b"[1, 2]\n", "data.jsonl", "sft", "line 1: expected a JSON object, got an array"),
         (b"", "data.jsonl", "sft", "the file has no rows"),
-        (b"prompt,response\np,r\n", "data.csv", "sft", "csv files cannot hold expert data"),
+        (b"prompt,response\np,r\n", "data.csv", "sft", "CSV files cannot hold expert data: use .jsonl, .ndjson, "
+         ".parquet, .pq$"),
         (b"not parquet", "data.parquet", "sft", "not a readable Parquet file"),
         (b'{"prompt": "p", "chosen": "a"}\n', "pairs.jsonl", "dpo", "line 1: missing 'rejected'"),
         (b'{"prompt": "p", "response": "\xff"}\n', "data.jsonl", "sft", "not valid UTF-8"),
@@ -278,7 +279,9 @@ def test_upload_page(curator_client, curator):
     assert "Import expert data" in curator_client.get("/admin/buffer/experience/").content.decode()
 
     bad = curator_client.post(url, {"file": SimpleUploadedFile("x.txt", b"{}"), "layout": "sft", "format": "auto"})
-    assert bad.status_code == 200 and "unknown format" in bad.content.decode()
+    # Only what expert data is read from: a CSV named here would then be refused.
+    assert bad.status_code == 200 and "unknown format: cannot tell it from the extension (expert data is read from " \
+        ".jsonl, .ndjson, .parquet, .pq)" in bad.content.decode()
 
     response = curator_client.post(
         url,
