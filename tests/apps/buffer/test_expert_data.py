@@ -3,6 +3,7 @@ run's trainer copies it in tokenized for its model (apps/buffer/expert_data.py),
 copied pairs beside its annotators' preferences, a launch checks the name and the layout, and a
 dataset a run still has to copy is not deleted. On Postgres and on SQLite (`make test-sqlite`)."""
 import json
+from io import StringIO
 
 import pytest
 from django.db import connection
@@ -223,7 +224,7 @@ def test_the_datasets_page_lists_rows_and_runs_and_asks_before_deleting(sft_data
     client.force_login(curator)
     run = make_run(researcher, "trains on it", status=Run.Status.QUEUED)
     listing = client.get(reverse("admin:buffer_expertdataset_changelist")).content.decode()
-    assert "expert" in listing and ">4<" in listing and "trains on it" in listing
+    assert "expert" in listing and ">4 rows<" in listing and "trains on it" in listing
     delete = reverse("admin:buffer_expertdataset_delete", args=[sft_dataset.pk])
     refused = client.get(delete).content.decode()
     assert "Cannot delete expert dataset" in refused and f"Run trains on it (#{run.pk}), which names" in refused
@@ -283,6 +284,10 @@ def test_the_import_command_names_the_dataset_and_refuses_what_the_page_refuses(
                  verbosity=0)
     assert dict(ExpertDataset.objects.values_list("name", "layout")) == {"answers": "sft", "prefs": "dpo"}
     assert Feedback.objects.get().user == curator
+    out = StringIO()
+    call_command("import_expert_data", str(pairs), "--dataset", "prefs", "--layout", "dpo", "--user", "cur",
+                 stdout=out, verbosity=0)
+    assert "Imported 1 pair into expert dataset 'prefs'." in out.getvalue()
     with pytest.raises(CommandError, match="a DPO import needs a user"):
         call_command("import_expert_data", str(pairs), "--layout", "dpo", verbosity=0)
     with pytest.raises(CommandError, match="no user named 'nobody'"):
@@ -290,4 +295,4 @@ def test_the_import_command_names_the_dataset_and_refuses_what_the_page_refuses(
     with pytest.raises(CommandError, match="the dataset 'answers' holds SFT data"):
         call_command("import_expert_data", str(pairs), "--dataset", "answers", "--layout", "dpo", "--user", "cur",
                      verbosity=0)
-    assert Experience.objects.count() == 5
+    assert Experience.objects.count() == 7

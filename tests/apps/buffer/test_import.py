@@ -122,7 +122,7 @@ def test_dpo_rows_become_two_experiences_and_a_preference(tmp_path, curator, suf
             path,
         )
 
-    assert services.import_expert_data(path, layout="dpo", user=curator) == 4
+    assert services.import_expert_data(path, layout="dpo", user=curator) == 2  # pairs, as the file counts them
 
     chosen, rejected, chat_chosen, chat_rejected = imported()
     assert (chosen.response_text, chosen.status, rejected.response_text, rejected.status) == (
@@ -254,7 +254,7 @@ def test_import_job_imports_and_deletes_its_upload(curator):
 
     assert (job.status, job.result, job.rows_done, job.bytes_done, job.percent) == (
         "succeeded",
-        {"imported": 3, "dataset": "expert"},
+        {"rows": 3, "dataset": "expert"},
         3,
         job.bytes_total,  # the whole file read
         100,
@@ -299,5 +299,22 @@ def test_upload_page(curator_client, curator):
         "pairs.jsonl",
         curator,
     )
-    assert run_job("buffer.bufferjob", job.pk).result == {"imported": 2, "dataset": "pairs"}
+    assert run_job("buffer.bufferjob", job.pk).result == {"pairs": 1, "dataset": "pairs"}
     assert "pairs.jsonl" in curator_client.get(response["Location"]).content.decode()
+
+
+def test_the_job_page_counts_pairs_and_rows_as_the_file_does(curator_client, curator):
+    """5 DPO pairs are 10 experiences; their author counts 5 pairs, and so do the job page and the
+    datasets page."""
+    pairs = [{"prompt": f"p{i}", "chosen": "a", "rejected": "b"} for i in range(5)]
+    for name, rows, layout in (("pairs.jsonl", pairs, "dpo"), ("answers.jsonl", pairs[:3], "sft")):
+        if layout == "sft":
+            rows = [{"prompt": row["prompt"], "response": row["chosen"]} for row in rows]
+        job = services.start_import(upload=upload(name, rows), layout=layout, fmt="jsonl", user=curator)
+        job = run_job("buffer.bufferjob", job.pk)
+        page = curator_client.get(reverse("admin:buffer_bufferjob_change", args=[job.pk])).content.decode()
+        imported = {"dpo": "imported: 5 pairs, dataset: pairs", "sft": "imported: 3 rows, dataset: answers"}[layout]
+        assert imported in page and job.rows_done == len(rows)
+    assert Experience.objects.count() == 13
+    listing = curator_client.get(reverse("admin:buffer_expertdataset_changelist")).content.decode()
+    assert ">5 pairs<" in listing and ">3 rows<" in listing
