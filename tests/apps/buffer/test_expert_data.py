@@ -104,6 +104,30 @@ def test_an_sft_dataset_is_copied_into_the_run_tokenized_for_its_model(sft_datas
     assert copies(other)[0].prompt_text == "What is 1 + 1?"
 
 
+def test_trl_conversational_files_train_as_the_same_chat_rows_do(tmp_path, researcher, curator, flow):
+    """A conversation is stored as its turns, and the run's chat template formats them when it
+    copies the dataset: TRL's implicit-prompt pairs and `messages` rows give the run the very tokens
+    of the same rows written as prompt turns and text replies."""
+    reply = {"role": "assistant", "content": "4"}
+    layouts = {
+        "sft": [{"prompt": CHAT, "response": "4"}, {"messages": [*CHAT, reply]},
+                {"prompt": CHAT, "completion": [reply]}],
+        "dpo": [{"prompt": CHAT, "chosen": "4", "rejected": "5"},
+                {"chosen": [*CHAT, reply], "rejected": [*CHAT, {"role": "assistant", "content": "5"}]}],
+    }
+    for layout, rows in layouts.items():
+        for number, row in enumerate(rows):
+            services.import_expert_data(write_jsonl(tmp_path / f"{layout}{number}.jsonl", [row]), layout=layout,
+                                        user=curator)
+        tokens = []
+        for number in range(len(rows)):
+            run = make_run(researcher, f"{layout} {number}", algorithm=layout, dataset=f"{layout}{number}")
+            DjangoExpertData(run.pk, f"{layout}{number}").seed(flow.written_experience)
+            tokens.append([(copy.prompt_text, copy.prompt_ids, copy.response_ids) for copy in copies(run)])
+        assert tokens[0][0][0].startswith("<|im_start|>system\nTerse.")  # the template, the row's system turn
+        assert all(copied == tokens[0] for copied in tokens), layout
+
+
 def test_a_copy_that_fails_names_the_row_and_a_restart_carries_it_on(tmp_path, researcher, flow, monkeypatch):
     services.import_expert_data(write_jsonl(tmp_path / "many.jsonl", [
         {"prompt": f"What is {i} + {i}?", "response": str(2 * i)} for i in range(7)
