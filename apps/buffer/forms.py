@@ -85,8 +85,8 @@ class ExpertDataUploadForm(forms.Form):
     )
     layout = forms.ChoiceField(
         choices=[
-            ("sft", "SFT: prompt + response, or chat messages (an rftweb experience export too)"),
-            ("dpo", "DPO: prompt + chosen + rejected"),
+            ("sft", "SFT: prompt + response (or completion), or chat messages (an rftweb experience export too)"),
+            ("dpo", "DPO: prompt + chosen + rejected, or chat chosen + rejected sharing their prompt turns"),
         ],
         initial="sft",
     )

@@ -1,8 +1,12 @@
 """Read expert data files (JSONL, Parquet) as a stream of experience fields; see docs/data-formats.md.
 
-Two layouts. SFT: one experience a row, `prompt` + `response` or chat `messages`, optionally with
-token ids, rewards and metadata (an rftweb experience export is such a file). DPO: one preference
-pair a row, `prompt` + `chosen` + `rejected`. The files are read by the shared readers
+Two layouts, in the standard (text) and conversational (chat turns) formats of Hugging Face TRL.
+SFT: one experience a row, `prompt` + `response` (or `completion`) or chat `messages`, optionally
+with token ids, rewards and metadata (an rftweb experience export is such a file). DPO: one
+preference pair a row, `prompt` + `chosen` + `rejected`, or chat `chosen` + `rejected` whose shared
+leading turns are the prompt. A chat prompt is stored as the experience's `messages` (the reply
+appended), from which a run applies its model's chat template when it copies the dataset
+(expert_data.py), as it does for a taskset's chat prompts. The files are read by the shared readers
 (apps.core.files), so they stream in constant memory and every problem is a `FileImportError`
 naming the file, the line (or Parquet row) and the field. Nothing here touches the database.
 """
@@ -29,16 +33,20 @@ from apps.core.files import (
     text,
 )
 
-FORMATS = ("jsonl", "parquet")  # CSV cannot hold chat messages or token arrays
+FORMATS = ("jsonl", "parquet")  # what expert data is read from: CSV cannot hold chat messages or token arrays
 LAYOUTS = ("sft", "dpo")
 # An exported experience is one line: its token ids and logprobs make it far longer than a task.
 MAX_LINE_BYTES = 64 * 1024 * 1024
 INT32 = np.iinfo(np.int32)
+# The roles of chat turns that chat templates know (Hugging Face's, OpenAI's): another is a typo
+# the template would drop or refuse only when a run starts.
+ROLES = ("system", "user", "assistant", "tool")
 
 # The columns a Parquet reader asks for (the others are not read); JSONL rows simply ignore them.
 SFT_COLUMNS = (
     "prompt",
     "response",
+    "completion",
     "messages",
     "prompt_ids",
     "response_ids",
@@ -76,12 +84,7 @@ class ExperienceFields:
 
 
 def detect_expert_format(filename: str) -> str:
-    fmt = detect_format(filename)
-    if fmt not in FORMATS:
-        raise FileImportError(
-            Path(filename).name, None, f"{fmt} files cannot hold expert data; use JSONL or Parquet"
-        )
-    return fmt
+    return detect_format(filename, FORMATS, "expert data")
 
 
 def read_expert_data(
@@ -128,21 +131,29 @@ def _parquet_columns(path: Path, name: str, wanted: tuple[str, ...]) -> list[str
 
 def _sft_row(record: dict) -> tuple[ExperienceFields]:
     messages = _chat(record["messages"], "messages") if _given(record, "messages") else None
-    if _given(record, "response"):
+    reply_key = _reply_key(record)
+    if reply_key:
         if not _given(record, "prompt"):
-            raise ValueError("a row with a 'response' needs a 'prompt'")
+            raise ValueError(f"a row with a {reply_key!r} needs a 'prompt'")
         prompt = _prompt(record["prompt"], "prompt")
-        response = _taught(_string(record["response"], "response"), "'response'")
+        response = _taught(_reply(record[reply_key], reply_key), repr(reply_key))
         if messages is None and isinstance(prompt, list):
             messages = [*prompt, {"role": "assistant", "content": response}]
         prompt_text = _render(prompt)
     elif messages is not None:
-        if messages[-1]["role"] != "assistant" or len(messages) < 2:
-            raise ValueError("'messages' must end with the assistant's reply after at least one prompt message")
+        last = max((n for n, turn in enumerate(messages) if turn["role"] == "assistant"), default=None)
+        if last is None:
+            raise ValueError("'messages' has no assistant turn: the last one is the response to learn")
+        if last < len(messages) - 1:
+            raise ValueError(f"'messages' goes on after its last assistant turn (turn {last + 1}) with a "
+                             f"{messages[-1]['role']} turn that nothing would learn from; end it with the reply")
+        if last == 0:
+            raise ValueError("'messages' has no prompt: its assistant reply is its first turn")
         response = _taught(messages[-1]["content"], "the assistant's reply in 'messages'")
         prompt_text = _prompt_text_from(record, messages[:-1])
     else:
-        raise ValueError("needs 'prompt' and 'response', or chat 'messages' ending with the assistant's reply")
+        raise ValueError("needs 'prompt' and 'response' (or 'completion'), or chat 'messages' ending with the "
+                         "assistant's reply")
 
     experience = ExperienceFields(prompt_text=prompt_text, response_text=response, messages=messages)
     experience.prompt_ids = _token_ids(record, "prompt_ids")
@@ -162,15 +173,26 @@ def _sft_row(record: dict) -> tuple[ExperienceFields]:
 
 
 def _dpo_row(record: dict) -> tuple[ExperienceFields, ExperienceFields]:
-    missing = [key for key in ("prompt", "chosen", "rejected") if not _given(record, key)]
+    missing = [key for key in ("chosen", "rejected") if not _given(record, key)]
+    if not missing and isinstance(record["chosen"], list) != isinstance(record["rejected"], list):
+        raise ValueError("'chosen' and 'rejected' must both be text or both be chat turns")
+    conversational = not missing and isinstance(record["chosen"], list)
+    if not conversational and not _given(record, "prompt"):
+        missing.insert(0, "prompt")  # only chat chosen and rejected carry an implicit prompt
     if missing:
         raise ValueError(
-            f"missing {', '.join(repr(key) for key in missing)} (a DPO row has prompt, chosen and rejected)"
+            f"missing {', '.join(repr(key) for key in missing)} (a DPO row has prompt, chosen and rejected, "
+            "or chat chosen and rejected that begin with the same prompt turns)"
         )
-    prompt = _prompt(record["prompt"], "prompt")
+    if _given(record, "prompt"):
+        prompt = _prompt(record["prompt"], "prompt")
+        chosen, rejected = (_reply(record[key], key) for key in ("chosen", "rejected"))
+    else:
+        prompt, chosen, rejected = _implicit_prompt(_chat(record["chosen"], "chosen"),
+                                                    _chat(record["rejected"], "rejected"))
     prompt_ids = _token_ids(record, "prompt_ids")
     metadata = _object(record.get("metadata"), "metadata")
-    chosen, rejected = _taught(_string(record["chosen"], "chosen"), "'chosen'"), _string(record["rejected"], "rejected")
+    chosen = _taught(chosen, "'chosen'")
     if chosen == rejected:
         # DPO's loss of a pair is -log sigmoid(beta * (margin of chosen - margin of rejected)): with
         # one response on both sides it is ln 2 whatever the model, and its gradient 0.
@@ -190,6 +212,50 @@ def _dpo_row(record: dict) -> tuple[ExperienceFields, ExperienceFields]:
             )
         )
     return tuple(pair)
+
+
+def _implicit_prompt(chosen: list[dict], rejected: list[dict]) -> tuple[list[dict], str, str]:
+    """TRL's implicit prompt: the turns chat `chosen` and `rejected` begin with, each then going on
+    with its one assistant reply. Returns (prompt turns, chosen reply, rejected reply)."""
+    if chosen == rejected:
+        raise ValueError("'chosen' and 'rejected' are the same response: the pair prefers nothing")
+    shared = 0
+    while shared < min(len(chosen), len(rejected)) and chosen[shared] == rejected[shared]:
+        shared += 1
+    if shared == 0:
+        raise ValueError("'chosen' and 'rejected' do not begin with the same turns, which would be their prompt "
+                         "(or give the 'prompt' apart)")
+    for key, turns in (("chosen", chosen), ("rejected", rejected)):
+        rest = turns[shared:]
+        if len(rest) != 1 or rest[0]["role"] != "assistant":
+            found = f"{len(rest)} turns" if len(rest) != 1 else f"a {rest[0]['role']} turn"
+            begun = f"{shared} turn{'s' * (shared != 1)}"
+            raise ValueError(
+                f"'chosen' and 'rejected' do not share the implicit prompt: after the {begun} they begin with, "
+                f"{key!r} has {found} where its one assistant reply should be"
+            )
+    return chosen[:shared], chosen[-1]["content"], rejected[-1]["content"]
+
+
+def _reply_key(record: dict) -> str | None:
+    """The SFT row's response: `response`, or TRL's `completion`."""
+    given = [key for key in ("response", "completion") if _given(record, key)]
+    if len(given) == 2:
+        raise ValueError("give 'response' or 'completion', not both")
+    return given[0] if given else None
+
+
+def _reply(value, key: str) -> str:
+    """A response: text, or TRL's conversational form, a list of one assistant turn."""
+    if isinstance(value, str):
+        return _string(value, key)
+    if not isinstance(value, list):
+        raise ValueError(f"{key!r} must be text or a list of one assistant turn, got {json_type(value)}")
+    turns = _turns(value, key)
+    if len(turns) != 1 or turns[0]["role"] != "assistant":
+        found = f"{len(turns)} turns" if len(turns) != 1 else f"a {turns[0]['role']} turn"
+        raise ValueError(f"{key!r} must be one assistant turn (the prompt goes in 'prompt'), got {found}")
+    return turns[0]["content"]
 
 
 def _taught(response: str, what: str) -> str:
@@ -236,12 +302,26 @@ def _chat(value, key: str) -> list[dict]:
         raise ValueError(
             f"{key!r} must be text or a non-empty list of chat messages {{role, content}}, got {json_type(value)}"
         )
+    return _turns(value, key)
+
+
+def _turns(value: list, key: str) -> list[dict]:
+    """Each turn a {role, content} object of a known role and text content (a chat template reads
+    nothing else of a list of content parts)."""
+    if not value:
+        raise ValueError(f"{key!r} is an empty list of chat turns")
     for number, message in enumerate(value, 1):
         if not isinstance(message, dict):
             raise ValueError(f"{key!r}: message {number} is {json_type(message)}, not a {{role, content}} object")
         for part in ("role", "content"):
-            if not isinstance(message.get(part), str):
+            if part not in message or message[part] is None:
                 raise ValueError(f"{key!r}: message {number} has no string {part!r}")
+            if not isinstance(message[part], str):
+                raise ValueError(f"{key!r}: message {number} has no string {part!r}: it is "
+                                 f"{json_type(message[part])}")
+        if message["role"] not in ROLES:
+            raise ValueError(f"{key!r}: message {number} has the unknown role {message['role']!r} "
+                             f"(known: {', '.join(ROLES)})")
     return [json_value(message) for message in value]
 
 

@@ -83,6 +83,13 @@ def delete_rows(ids: list[int]) -> int:
 # ---- import and export ----
 
 IMPORT_BATCH_ROWS = 2_000
+IMPORTED_UNIT = {"sft": "rows", "dpo": "pairs"}  # what a row of an import file is, by layout
+
+
+def counted(count: int, layout: str) -> str:
+    """An import's rows as their author counts them: "3 rows", "1 pair" (5 pairs are 10 experiences)."""
+    unit = IMPORTED_UNIT[layout]
+    return f"{count:,} {unit if count != 1 else unit.removesuffix('s')}"
 
 
 def import_expert_data(
@@ -105,7 +112,8 @@ def import_expert_data(
     imitated) and `user`'s preference between them.
     `progress(rows, bytes_done, bytes_total)` is called after every batch, and
     `stop_if_cancelled()` too, inside the transaction: what it raises rolls the import back.
-    Returns the number of experiences created. Raises FileImportError."""
+    Returns the number of the file's rows imported, what its author counts: SFT rows, DPO pairs
+    (two experiences each). Raises FileImportError."""
     path = Path(path)
     source = source or path.name
     fmt = fmt or importers.detect_expert_format(path.name)
@@ -113,7 +121,7 @@ def import_expert_data(
         raise FileImportError(source, None, "a DPO import needs a user: each pair becomes their preference")
     rows = importers.read_expert_data(path, fmt, layout, display_name=source)
     pair_prefix = f"pair-{uuid.uuid4().hex[:12]}"  # each pair is a group of two, so the admin shows them side by side
-    batch, created, read = [], 0, None
+    batch, imported, read = [], 0, None
     with transaction.atomic():
         into = _dataset_to_fill(dataset or default_dataset_name(source), layout, user, source)
         for number, (experiences, read) in enumerate(rows):
@@ -126,15 +134,15 @@ def import_expert_data(
             else:
                 batch.append([_expert_row(experiences[0], into)])
             if len(batch) == batch_size:
-                created += _insert_imported(batch, layout, user, source)
+                imported += _insert_imported(batch, layout, user, source)
                 if progress:
-                    progress(created, read.bytes_read, read.bytes_total)
+                    progress(imported, read.bytes_read, read.bytes_total)
                 if stop_if_cancelled:
                     stop_if_cancelled()
-        created += _insert_imported(batch, layout, user, source)
+        imported += _insert_imported(batch, layout, user, source)
     if progress:
-        progress(created, read.bytes_total, read.bytes_total)
-    return created
+        progress(imported, read.bytes_total, read.bytes_total)
+    return imported
 
 
 def default_dataset_name(filename) -> str:
@@ -187,7 +195,8 @@ def _expert_row(
 
 
 def _insert_imported(batch: list[list[Experience]], layout: str, user, source: str) -> int:
-    rows = Experience.objects.bulk_create([row for experiences in batch for row in experiences])
+    """Insert a batch of the file's rows (each one experience, or a DPO pair's two); returns how many rows."""
+    Experience.objects.bulk_create([row for experiences in batch for row in experiences])
     if layout == "dpo":
         # New pairs of new rows: created in bulk here rather than one give_feedback call each.
         Feedback.objects.bulk_create(
@@ -201,10 +210,11 @@ def _insert_imported(batch: list[list[Experience]], layout: str, user, source: s
             )
             for chosen, rejected in batch
         )
+    rows = len(batch)
     batch.clear()
     # With DEBUG on, Django keeps the SQL of every query; a million-row import would keep it all.
     connection.queries_log.clear()
-    return len(rows)
+    return rows
 
 
 class DatasetInUse(Exception):
@@ -381,7 +391,7 @@ def selected_rows(job: BufferJob, rows) -> Iterator[tuple[int, list]]:
 def _run_import(job: BufferJob, progress) -> dict:
     # A job queued before datasets had names takes its file's (the upload's own name is random).
     dataset = job.params.get("dataset") or default_dataset_name(job.original_filename)
-    created = import_expert_data(
+    imported = import_expert_data(
         job.upload.path,
         dataset=dataset,
         layout=job.params["layout"],
@@ -391,8 +401,9 @@ def _run_import(job: BufferJob, progress) -> dict:
         progress=lambda rows, bytes_done, bytes_total: progress(rows, bytes_done),
         stop_if_cancelled=lambda: jobs.stop_if_cancelled(job),
     )
-    job.rows_total = created
-    return {"imported": created, "dataset": dataset}
+    job.rows_total = imported
+    # Counted as the file's author counts: 5 pairs, not the 10 experiences they became.
+    return {IMPORTED_UNIT[job.params["layout"]]: imported, "dataset": dataset}
 
 
 def delete_jobs(queryset) -> int:

@@ -57,14 +57,24 @@ class Record(NamedTuple):
     progress: ReadProgress
 
 
-def detect_format(filename: str) -> str:
+def detect_format(filename: str, formats: tuple[str, ...], what: str) -> str:
+    """The format of `filename` by its extension, one of `formats`: those the importer of `what`
+    (expert data, a taskset) reads. Each importer's FORMATS is the one list of what it accepts,
+    so the error names only extensions that importer would take."""
     fmt = FORMAT_BY_EXTENSION.get(Path(filename).suffix.lower())
+    if fmt in formats:
+        return fmt
+    accepted = ", ".join(extensions(formats))
     if fmt is None:
-        known = ", ".join(sorted(FORMAT_BY_EXTENSION))
-        raise FileImportError(
-            Path(filename).name, None, f"unknown format: cannot tell it from the extension (known: {known})"
-        )
-    return fmt
+        message = f"unknown format: cannot tell it from the extension ({what} is read from {accepted})"
+    else:
+        message = f"{fmt.upper()} files cannot hold {what}: use {accepted}"
+    raise FileImportError(Path(filename).name, None, message)
+
+
+def extensions(formats: tuple[str, ...]) -> list[str]:
+    """The file extensions of `formats`, in the order FORMAT_BY_EXTENSION lists them."""
+    return [extension for extension, fmt in FORMAT_BY_EXTENSION.items() if fmt in formats]
 
 
 def read_jsonl(path: Path, name: str, max_line_bytes: int) -> Iterator[Record]:

@@ -2,12 +2,12 @@ from django import forms
 from django.conf import settings
 from django.template.defaultfilters import filesizeformat
 
-from apps.core.files import FileImportError, detect_format
+from apps.core.files import FileImportError
 from workers.rft.rewards import REWARD_FNS
 from workers.rft.workflows import WORKFLOWS
 
 from . import staging
-from .importers import FORMATS, FieldMapping
+from .importers import FORMATS, FieldMapping, detect_task_format
 from .services import DEFAULT_REWARD_FN, DEFAULT_WORKFLOW, check_new_taskset_name
 
 
@@ -86,7 +86,7 @@ class TasksetUploadForm(forms.Form):
         file_name = cleaned["file"].name if cleaned.get("file") else self.kept.name if self.kept else None
         if cleaned.get("format") == "auto" and file_name:
             try:
-                cleaned["format"] = detect_format(file_name)
+                cleaned["format"] = detect_task_format(file_name)
             except FileImportError:
                 self.add_error("format", f"Cannot tell the format of {file_name!r} from its extension; choose one.")
         return cleaned

@@ -14,6 +14,7 @@ from pathlib import Path
 from apps.core.files import (
     FileImportError,
     ReadProgress,
+    detect_format,
     json_type,
     json_value,
     quoted,
@@ -25,6 +26,10 @@ from apps.core.files import (
 
 FORMATS = ("jsonl", "csv", "parquet")
 DEFAULT_MAX_LINE_BYTES = 1024 * 1024
+
+
+def detect_task_format(filename: str) -> str:
+    return detect_format(filename, FORMATS, "a taskset")
 
 
 @dataclass(frozen=True)

@@ -13,14 +13,14 @@ from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
 
 from apps.core import jobs
-from apps.core.files import FileImportError, ReadProgress, detect_format
+from apps.core.files import FileImportError, ReadProgress
 from apps.runs.models import Run
 from workers.rft import datasets
 from workers.rft.memory import held_out_split, parse_taskset_spec
 from workers.rft.rewards import REWARD_FNS
 from workers.rft.workflows import WORKFLOWS
 
-from .importers import DEFAULT_MAX_LINE_BYTES, FieldMapping, TaskFields, read_tasks
+from .importers import DEFAULT_MAX_LINE_BYTES, FieldMapping, TaskFields, detect_task_format, read_tasks
 from .models import Task, Taskset, TasksetImport
 
 IMPORT_BATCH_SIZE = 2_000
@@ -78,7 +78,7 @@ def import_taskset(
     """
     path = Path(path)
     source = source or path.name
-    fmt = fmt or detect_format(path.name)
+    fmt = fmt or detect_task_format(path.name)
     if max_line_bytes is None:
         max_line_bytes = getattr(settings, "TASKSET_IMPORT_MAX_LINE_BYTES", DEFAULT_MAX_LINE_BYTES)
     check_new_taskset_name(name, source)

@@ -2,11 +2,13 @@
 Imports make them (the experiences page's Import expert data); here a curator looks and deletes."""
 
 from django.contrib import admin, messages
-from django.db.models import Count
+from django.db.models import Count, IntegerField, OuterRef, Subquery
+from django.db.models.functions import Coalesce
 from django.urls import reverse
 from django.utils.html import format_html
 
 from apps.core.admin_selection import CheckedSelectionMixin
+from apps.feedback.models import Feedback
 
 from .. import services
 from ..models import ExpertDataset
@@ -24,7 +26,15 @@ class ExpertDatasetAdmin(CheckedSelectionMixin, admin.ModelAdmin):
     readonly_fields = fields
 
     def get_queryset(self, request):
-        return super().get_queryset(request).annotate(row_count=Count("experiences"))
+        # A DPO dataset's pairs are the preferences between its rows (what a run trains on), each
+        # two experiences: counted as experiences, 5 pairs read "10".
+        pairs = (
+            Feedback.objects.filter(kind=Feedback.Kind.PREFERENCE, value=1.0, experience__dataset=OuterRef("pk"))
+            .order_by().values("experience__dataset").annotate(count=Count("pk")).values("count")
+        )
+        return super().get_queryset(request).annotate(
+            row_count=Count("experiences"), pair_count=Coalesce(Subquery(pairs, output_field=IntegerField()), 0)
+        )
 
     def has_add_permission(self, request):
         return False  # an import makes a dataset: Experiences, Import expert data
@@ -32,10 +42,12 @@ class ExpertDatasetAdmin(CheckedSelectionMixin, admin.ModelAdmin):
     def has_change_permission(self, request, obj=None):
         return False  # runs name it: renamed, they would train on nothing
 
-    @admin.display(description="experiences", ordering="row_count")
+    @admin.display(description="size", ordering="row_count")
     def rows(self, dataset):
+        """What its files held: SFT rows, or DPO pairs (links to their experiences, two a pair)."""
         url = reverse("admin:buffer_experience_changelist") + f"?dataset__id__exact={dataset.pk}"
-        return format_html('<a href="{}">{}</a>', url, f"{dataset.row_count:,}")
+        count = dataset.pair_count if dataset.layout == ExpertDataset.Layout.DPO else dataset.row_count
+        return format_html('<a href="{}">{}</a>', url, services.counted(count, dataset.layout))
 
     @admin.display(description="runs that name it")
     def runs(self, dataset):

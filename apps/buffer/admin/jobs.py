@@ -106,8 +106,13 @@ class BufferJobAdmin(CheckedSelectionMixin, JobAdminMixin, admin.ModelAdmin):
 
     @admin.display(description="result")
     def result_summary(self, job):
+        result, imported = dict(job.result), []
+        if job.kind == BufferJob.Kind.IMPORT:  # its count first, in its file's unit: "imported: 5 pairs"
+            imported = [f"imported: {services.counted(result.pop(unit), layout)}"
+                        for layout, unit in services.IMPORTED_UNIT.items() if unit in result]
         # In a fixed order: Postgres's jsonb keeps keys by length, SQLite as written.
-        return ", ".join(f"{key.replace('_', ' ')}: {_value(value)}" for key, value in sorted(job.result.items()))
+        rest = [f"{key.replace('_', ' ')}: {_value(value)}" for key, value in sorted(result.items())]
+        return ", ".join(imported + rest)
 
     @admin.display(description="file")
     def download(self, job):

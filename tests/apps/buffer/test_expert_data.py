@@ -3,6 +3,7 @@ run's trainer copies it in tokenized for its model (apps/buffer/expert_data.py),
 copied pairs beside its annotators' preferences, a launch checks the name and the layout, and a
 dataset a run still has to copy is not deleted. On Postgres and on SQLite (`make test-sqlite`)."""
 import json
+from io import StringIO
 
 import pytest
 from django.db import connection
@@ -101,6 +102,30 @@ def test_an_sft_dataset_is_copied_into_the_run_tokenized_for_its_model(sft_datas
                                          use_chat_template=False)
     assert DjangoExpertData(other.pk, "expert").seed(plain.written_experience) == 2
     assert copies(other)[0].prompt_text == "What is 1 + 1?"
+
+
+def test_trl_conversational_files_train_as_the_same_chat_rows_do(tmp_path, researcher, curator, flow):
+    """A conversation is stored as its turns, and the run's chat template formats them when it
+    copies the dataset: TRL's implicit-prompt pairs and `messages` rows give the run the very tokens
+    of the same rows written as prompt turns and text replies."""
+    reply = {"role": "assistant", "content": "4"}
+    layouts = {
+        "sft": [{"prompt": CHAT, "response": "4"}, {"messages": [*CHAT, reply]},
+                {"prompt": CHAT, "completion": [reply]}],
+        "dpo": [{"prompt": CHAT, "chosen": "4", "rejected": "5"},
+                {"chosen": [*CHAT, reply], "rejected": [*CHAT, {"role": "assistant", "content": "5"}]}],
+    }
+    for layout, rows in layouts.items():
+        for number, row in enumerate(rows):
+            services.import_expert_data(write_jsonl(tmp_path / f"{layout}{number}.jsonl", [row]), layout=layout,
+                                        user=curator)
+        tokens = []
+        for number in range(len(rows)):
+            run = make_run(researcher, f"{layout} {number}", algorithm=layout, dataset=f"{layout}{number}")
+            DjangoExpertData(run.pk, f"{layout}{number}").seed(flow.written_experience)
+            tokens.append([(copy.prompt_text, copy.prompt_ids, copy.response_ids) for copy in copies(run)])
+        assert tokens[0][0][0].startswith("<|im_start|>system\nTerse.")  # the template, the row's system turn
+        assert all(copied == tokens[0] for copied in tokens), layout
 
 
 def test_a_copy_that_fails_names_the_row_and_a_restart_carries_it_on(tmp_path, researcher, flow, monkeypatch):
@@ -223,7 +248,7 @@ def test_the_datasets_page_lists_rows_and_runs_and_asks_before_deleting(sft_data
     client.force_login(curator)
     run = make_run(researcher, "trains on it", status=Run.Status.QUEUED)
     listing = client.get(reverse("admin:buffer_expertdataset_changelist")).content.decode()
-    assert "expert" in listing and ">4<" in listing and "trains on it" in listing
+    assert "expert" in listing and ">4 rows<" in listing and "trains on it" in listing
     delete = reverse("admin:buffer_expertdataset_delete", args=[sft_dataset.pk])
     refused = client.get(delete).content.decode()
     assert "Cannot delete expert dataset" in refused and f"Run trains on it (#{run.pk}), which names" in refused
@@ -283,6 +308,10 @@ def test_the_import_command_names_the_dataset_and_refuses_what_the_page_refuses(
                  verbosity=0)
     assert dict(ExpertDataset.objects.values_list("name", "layout")) == {"answers": "sft", "prefs": "dpo"}
     assert Feedback.objects.get().user == curator
+    out = StringIO()
+    call_command("import_expert_data", str(pairs), "--dataset", "prefs", "--layout", "dpo", "--user", "cur",
+                 stdout=out, verbosity=0)
+    assert "Imported 1 pair into expert dataset 'prefs'." in out.getvalue()
     with pytest.raises(CommandError, match="a DPO import needs a user"):
         call_command("import_expert_data", str(pairs), "--layout", "dpo", verbosity=0)
     with pytest.raises(CommandError, match="no user named 'nobody'"):
@@ -290,4 +319,4 @@ def test_the_import_command_names_the_dataset_and_refuses_what_the_page_refuses(
     with pytest.raises(CommandError, match="the dataset 'answers' holds SFT data"):
         call_command("import_expert_data", str(pairs), "--dataset", "answers", "--layout", "dpo", "--user", "cur",
                      verbosity=0)
-    assert Experience.objects.count() == 5
+    assert Experience.objects.count() == 7

@@ -201,7 +201,7 @@ def test_feedback_export_and_dpo_pairs_import_back(make_experience, annotator, c
     assert (tie["value"], tie["chosen"], tie["rejected"]) == (0.5, None, None)  # a tie is no DPO pair
 
     pairs_only = export(Feedback.objects.filter(kind="preference", value=1.0), fmt, tmp_path)
-    assert services.import_expert_data(pairs_only, layout="dpo", user=curator) == 2
+    assert services.import_expert_data(pairs_only, layout="dpo", user=curator) == 1  # one pair (two experiences)
     imported = Feedback.objects.get(user=curator)
     assert (imported.experience.response_text, imported.other.response_text, imported.value) == ("good", "bad", 1.0)
 

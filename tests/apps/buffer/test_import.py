@@ -122,7 +122,7 @@ def test_dpo_rows_become_two_experiences_and_a_preference(tmp_path, curator, suf
             path,
         )
 
-    assert services.import_expert_data(path, layout="dpo", user=curator) == 4
+    assert services.import_expert_data(path, layout="dpo", user=curator) == 2  # pairs, as the file counts them
 
     chosen, rejected, chat_chosen, chat_rejected = imported()
     assert (chosen.response_text, chosen.status, rejected.response_text, rejected.status) == (
@@ -152,8 +152,8 @@ BAD_SFT_ROWS = [
     ({"prompt": "p"}, "needs 'prompt' and 'response'"),
     ({"response": "r"}, "needs a 'prompt'"),
     ({"prompt": "", "response": "r"}, "'prompt' is empty"),
-    ({"prompt": "p", "response": 4}, "'response' must be a string, got a number"),
-    ({"messages": [{"role": "user", "content": "hi"}]}, "must end with the assistant's reply"),
+    ({"prompt": "p", "response": 4}, "'response' must be text or a list of one assistant turn, got a number"),
+    ({"messages": [{"role": "user", "content": "hi"}]}, "'messages' has no assistant turn"),
     ({"messages": [{"role": "user"}, {"role": "assistant", "content": "x"}]}, "message 1 has no string 'content'"),
     ({"messages": "[not json"}, "'messages' is text but not valid JSON"),
     ({"prompt": "p", "response": "r", "response_ids": [1, 2.5]}, "'response_ids'[1] is 2.5, not a 32-bit integer"),
@@ -215,7 +215,8 @@ def test_a_dpo_row_that_teaches_nothing_is_named_and_nothing_is_kept(tmp_path, c
         (b'{"prompt": "p", "response": "r"}\n{"prompt": \n', "data.jsonl", "sft", "line 2: invalid JSON"),
         (b"[1, 2]\n", "data.jsonl", "sft", "line 1: expected a JSON object, got an array"),
         (b"", "data.jsonl", "sft", "the file has no rows"),
-        (b"prompt,response\np,r\n", "data.csv", "sft", "csv files cannot hold expert data"),
+        (b"prompt,response\np,r\n", "data.csv", "sft", "CSV files cannot hold expert data: use .jsonl, .ndjson, "
+         ".parquet, .pq$"),
         (b"not parquet", "data.parquet", "sft", "not a readable Parquet file"),
         (b'{"prompt": "p", "chosen": "a"}\n', "pairs.jsonl", "dpo", "line 1: missing 'rejected'"),
         (b'{"prompt": "p", "response": "\xff"}\n', "data.jsonl", "sft", "not valid UTF-8"),
@@ -253,7 +254,7 @@ def test_import_job_imports_and_deletes_its_upload(curator):
 
     assert (job.status, job.result, job.rows_done, job.bytes_done, job.percent) == (
         "succeeded",
-        {"imported": 3, "dataset": "expert"},
+        {"rows": 3, "dataset": "expert"},
         3,
         job.bytes_total,  # the whole file read
         100,
@@ -278,7 +279,9 @@ def test_upload_page(curator_client, curator):
     assert "Import expert data" in curator_client.get("/admin/buffer/experience/").content.decode()
 
     bad = curator_client.post(url, {"file": SimpleUploadedFile("x.txt", b"{}"), "layout": "sft", "format": "auto"})
-    assert bad.status_code == 200 and "unknown format" in bad.content.decode()
+    # Only what expert data is read from: a CSV named here would then be refused.
+    assert bad.status_code == 200 and "unknown format: cannot tell it from the extension (expert data is read from " \
+        ".jsonl, .ndjson, .parquet, .pq)" in bad.content.decode()
 
     response = curator_client.post(
         url,
@@ -296,5 +299,22 @@ def test_upload_page(curator_client, curator):
         "pairs.jsonl",
         curator,
     )
-    assert run_job("buffer.bufferjob", job.pk).result == {"imported": 2, "dataset": "pairs"}
+    assert run_job("buffer.bufferjob", job.pk).result == {"pairs": 1, "dataset": "pairs"}
     assert "pairs.jsonl" in curator_client.get(response["Location"]).content.decode()
+
+
+def test_the_job_page_counts_pairs_and_rows_as_the_file_does(curator_client, curator):
+    """5 DPO pairs are 10 experiences; their author counts 5 pairs, and so do the job page and the
+    datasets page."""
+    pairs = [{"prompt": f"p{i}", "chosen": "a", "rejected": "b"} for i in range(5)]
+    for name, rows, layout in (("pairs.jsonl", pairs, "dpo"), ("answers.jsonl", pairs[:3], "sft")):
+        if layout == "sft":
+            rows = [{"prompt": row["prompt"], "response": row["chosen"]} for row in rows]
+        job = services.start_import(upload=upload(name, rows), layout=layout, fmt="jsonl", user=curator)
+        job = run_job("buffer.bufferjob", job.pk)
+        page = curator_client.get(reverse("admin:buffer_bufferjob_change", args=[job.pk])).content.decode()
+        imported = {"dpo": "imported: 5 pairs, dataset: pairs", "sft": "imported: 3 rows, dataset: answers"}[layout]
+        assert imported in page and job.rows_done == len(rows)
+    assert Experience.objects.count() == 13
+    listing = curator_client.get(reverse("admin:buffer_expertdataset_changelist")).content.decode()
+    assert ">5 pairs<" in listing and ">3 rows<" in listing

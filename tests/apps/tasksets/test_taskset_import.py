@@ -224,7 +224,9 @@ BAD_FILES = {
         5,
         "prompt 'question' must be a non-empty string or a list of chat messages {role, content}, got null",
     ),
-    "unknown format": (lambda f: f.raw(GOOD_CSV, "tasks.txt"), "tasks.txt", None, "unknown format"),
+    "unknown format": (lambda f: f.raw(GOOD_CSV, "tasks.txt"), "tasks.txt", None,
+                       "unknown format: cannot tell it from the extension (a taskset is read from .jsonl, .ndjson, "
+                       ".csv, .parquet, .pq)"),
 }
 
 

@@ -41,4 +41,5 @@ class Command(BaseCommand):
             except FileImportError as exc:
                 raise CommandError(str(exc)) from None
         name = options["dataset"] or services.default_dataset_name(options["file"])
-        self.stdout.write(self.style.SUCCESS(f"Imported {created:,} experiences into expert dataset {name!r}."))
+        imported = services.counted(created, options["layout"])
+        self.stdout.write(self.style.SUCCESS(f"Imported {imported} into expert dataset {name!r}."))
