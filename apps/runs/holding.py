@@ -35,7 +35,7 @@ def hand_back(run: Run, duty: str, by: str) -> None:
     for a run not served, a duty no live worker holds, or a trainer machine's duty (it leaves with
     the trainer's group: hand back the trainer)."""
     with transaction.atomic():
-        locked = Run.objects.select_for_update().get(pk=run.pk)
+        locked = Run.objects.select_for_update(no_key=True).get(pk=run.pk)
         if locked.status not in Run.SERVED:
             raise services.InvalidTransition(f"run {locked.name!r} is {locked.status}: no duty of it to hand back")
         if duty.startswith(NODE_DUTY):

@@ -185,7 +185,7 @@ def mark_started(run: Run, duty: str, worker: str, from_checkpoint: dict | None 
     state goes from starting to running) and which checkpoint it went on from ({version, step}),
     and the run goes starting -> running, once (another of its duties may be first)."""
     with transaction.atomic():
-        locked = Run.objects.select_for_update().get(pk=run.pk)
+        locked = Run.objects.select_for_update(no_key=True).get(pk=run.pk)
         beat = locked.heartbeats.get(duty)
         if beat is not None and beat.get("worker") == worker and not beat.get("ended"):
             started = {"started": timezone.now().isoformat(), **({"from_checkpoint": from_checkpoint}
@@ -208,7 +208,7 @@ def resume_run(run: Run) -> Run:
     Refused while a worker still holds one of its duties (it lets go within a step), and for good
     once buffer retention archived or dropped its buffer (buffer_retired)."""
     with transaction.atomic():
-        locked = Run.objects.select_for_update().get(pk=run.pk)
+        locked = Run.objects.select_for_update(no_key=True).get(pk=run.pk)
         if locked.status == Status.PAUSED:
             return set_status(run, Status.RUNNING)
         if locked.status not in (Status.FAILED, Status.STOPPED):
@@ -275,7 +275,7 @@ def stop_run(run: Run) -> Run:
     (workers/rft/stopping.py). A run no worker holds (not started yet, or its workers died) stops
     at once."""
     with transaction.atomic():
-        locked = Run.objects.select_for_update().get(pk=run.pk)
+        locked = Run.objects.select_for_update(no_key=True).get(pk=run.pk)
         if locked.is_finished:
             raise InvalidTransition(f"run {locked.pk} is already {locked.status}")
         if not workers_holding(locked):
@@ -311,7 +311,7 @@ def drop_queued(run_id: int) -> None:
     finished; those beyond a lowered explorer.engine_num) and forget them: a resumed run sends
     afresh. One a worker already has stays noted until it comes (claim_duty) and exits."""
     with transaction.atomic():
-        locked = Run.objects.select_for_update().get(pk=run_id)
+        locked = Run.objects.select_for_update(no_key=True).get(pk=run_id)
         needed = () if locked.is_finished else duties_of_run(locked)
         unneeded = [sent for duty, sent in locked.queued_tasks.items() if duty not in needed]
         gone = set()
@@ -350,7 +350,7 @@ def claim_duty(run: Run, duty: str, worker: str, timeout: float, node: str | Non
     or any task of a run stopping or finished (hundreds may be queued), then exits at once. The
     claiming Celery `task` goes on the heartbeat, and out of Run.queued_tasks, claimed or not."""
     with transaction.atomic():
-        locked = Run.objects.select_for_update().get(pk=run.pk)
+        locked = Run.objects.select_for_update(no_key=True).get(pk=run.pk)
         entry = locked.queued_tasks.get(duty, {})
         came = task is not None and entry.get("task") == task
         if came:
@@ -371,7 +371,7 @@ def heartbeat(run: Run, duty: str, worker: str, doing: list | None = None) -> bo
     engine does now, for the duty line). False, writing nothing, once it does not: the duty was
     handed to another worker or the run was resumed since."""
     with transaction.atomic():
-        locked = Run.objects.select_for_update().only("heartbeats").get(pk=run.pk)
+        locked = Run.objects.select_for_update(no_key=True).only("heartbeats").get(pk=run.pk)
         if holder(locked, duty) != worker:
             return False
         _write_beat(locked, duty, worker)
@@ -386,7 +386,7 @@ def hand_over(run: Run, duty: str, limit: int) -> bool:
     holds it. After `limit` hand-overs in a row with no trainer step between (a worker killed at
     the same step each time), the run fails instead, for its user to resume: returns False."""
     with transaction.atomic():
-        return _hand_over(Run.objects.select_for_update().get(pk=run.pk), duty, limit)
+        return _hand_over(Run.objects.select_for_update(no_key=True).get(pk=run.pk), duty, limit)
 
 
 def worker_lost(run: Run, duty: str, task: str, cause: str) -> bool:
@@ -395,7 +395,7 @@ def worker_lost(run: Run, duty: str, task: str, cause: str) -> bool:
     KILLS_BEFORE_FAILING-th time in a row with no trainer step between, the run fails saying so.
     False, changing nothing, for a task that held nothing or a run no longer served."""
     with transaction.atomic():
-        locked = Run.objects.select_for_update().get(pk=run.pk)
+        locked = Run.objects.select_for_update(no_key=True).get(pk=run.pk)
         beat = locked.heartbeats.get(duty, {})
         queued = locked.queued_tasks.get(duty, {}).get("task") == task  # killed before it claimed
         if locked.status not in Run.SERVED or not (queued or beat.get("task") == task and not beat.get("ended")):
@@ -475,7 +475,7 @@ def release_duty(run: Run, duty: str, worker: str, *, error: str | None = None, 
     have left, not at the watchdog's next tick). False, changing nothing, when the worker no
     longer held the duty."""
     with transaction.atomic():
-        locked = Run.objects.select_for_update().get(pk=run.pk)
+        locked = Run.objects.select_for_update(no_key=True).get(pk=run.pk)
         if holder(locked, duty) != worker:
             return False
         beat = {**locked.heartbeats[duty], "ended": timezone.now().isoformat()}
@@ -499,7 +499,7 @@ def open_rendezvous(run: Run, group: str, host: str, port: int, world_size: int)
     "weights", the trainer's weight group for synchronizer.method nccl (world_size: its explorers).
     Returns its generation."""
     with transaction.atomic():
-        locked = Run.objects.select_for_update().only("rendezvous").get(pk=run.pk)
+        locked = Run.objects.select_for_update(no_key=True).only("rendezvous").get(pk=run.pk)
         generation = locked.rendezvous.get(group, {}).get("generation", 0) + 1
         opened = {"generation": generation, "host": host, "port": port, "world_size": world_size}
         locked.rendezvous = {**locked.rendezvous, group: opened}
@@ -510,7 +510,7 @@ def open_rendezvous(run: Run, group: str, host: str, port: int, world_size: int)
 def close_rendezvous(run: Run, group: str, generation: int) -> None:
     """The group of that generation is over: no one joins it any more."""
     with transaction.atomic():
-        locked = Run.objects.select_for_update().only("rendezvous").get(pk=run.pk)
+        locked = Run.objects.select_for_update(no_key=True).only("rendezvous").get(pk=run.pk)
         if locked.rendezvous.get(group, {}).get("generation") == generation:
             locked.rendezvous = {**locked.rendezvous, group: {"generation": generation}}
             locked.save(update_fields=["rendezvous"])

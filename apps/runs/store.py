@@ -97,7 +97,7 @@ class DjangoStepClaims:
 
     def open(self, step, select):
         with transaction.atomic():
-            Run.objects.select_for_update().only("pk").get(pk=self.run.pk)  # one opener at a time
+            Run.objects.select_for_update(no_key=True).only("pk").get(pk=self.run.pk)  # one opener at a time
             opened = ExplorerStep.objects.filter(run=self.run, step=step).first()
             if opened is None:
                 opened = ExplorerStep.objects.create(run=self.run, step=step, task_ids=list(select()))

@@ -90,7 +90,7 @@ def set_explorers(run: Run, count: int) -> Run:
     from workers.rft.config import ConfigError, ConfigIssue, RunConfig
 
     with transaction.atomic():
-        locked = Run.objects.select_for_update().get(pk=run.pk)
+        locked = Run.objects.select_for_update(no_key=True).get(pk=run.pk)
         if locked.status not in (Status.RUNNING, Status.PAUSED):
             raise services.InvalidTransition(
                 f"run {locked.name!r} is {locked.status}: explorers are added or removed while it runs or is paused")
@@ -117,7 +117,7 @@ def send(run: Run, wanted) -> list[str]:
     Which task a worker takes does not decide which duty it serves: the one of its queue that
     asked first does (turns.py)."""
     with transaction.atomic():
-        locked = Run.objects.select_for_update().get(pk=run.pk)
+        locked = Run.objects.select_for_update(no_key=True).get(pk=run.pk)
         timeout, now = settings.RFTWEB_HEARTBEAT_TIMEOUT, timezone.now().isoformat()
         new = {duty: {"task": str(uuid4()), "queue": duties.queue_of(duty), "at": now,
                       "asked": turns.asked_at(locked, duty)} for duty in wanted
@@ -135,7 +135,7 @@ def start_run(run_id: int) -> None:
     """A queued run starts: one task per duty (but none for a duty whose task is still queued: a
     stopped run's task that a worker had taken when the stop withdrew the others)."""
     with transaction.atomic():
-        run = Run.objects.select_for_update().get(pk=run_id)
+        run = Run.objects.select_for_update(no_key=True).get(pk=run_id)
         if run.status != Status.QUEUED:
             return
         services.set_status(run, Status.STARTING)
@@ -439,7 +439,7 @@ def watchdog() -> list[tuple[int, str]]:
         lapsed = []
         if any(sent.get("taken") for sent in run.queued_tasks.values()):  # turned to, and never claimed?
             with transaction.atomic():
-                lapsed = turns.untaken(Run.objects.select_for_update().get(pk=run.pk), timeout)
+                lapsed = turns.untaken(Run.objects.select_for_update(no_key=True).get(pk=run.pk), timeout)
         if lapsed:
             run.refresh_from_db()
             resumed += [(run.pk, sent) for sent in send(run, lapsed)]

@@ -87,7 +87,8 @@ def turn(run_id: int, duty: str, task: str) -> tuple[int, str]:
     with transaction.atomic():
         # Every run that may be swapped with, locked in one order (two workers turning at once
         # must not wait on each other's locks).
-        runs = {run.pk: run for run in Run.objects.select_for_update().filter(pk__in=candidates).order_by("pk")}
+        locked = Run.objects.select_for_update(no_key=True).filter(pk__in=candidates).order_by("pk")
+        runs = {run.pk: run for run in locked}
         mine = next((w for run in runs.values() if run.status in Run.SERVED
                      for w in _waiting_of(run) if w.task == task), None)
         if mine is None:

@@ -116,6 +116,18 @@ def test_moving_a_runs_status_never_holds_its_writers(make_run, write):
 
 
 
+@pytest.mark.postgres("row lock strengths: SQLite locks the whole database")
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("write", [_point, _experience], ids=["metric point", "experience"])
+def test_a_heartbeat_never_holds_the_runs_writers(make_run, write):
+    """Every duty beats every few seconds: under FOR UPDATE a beat and an explorer's write of its
+    experiences waited on each other, the beat for the write's whole transaction."""
+    run = make_run(status=Run.Status.RUNNING, heartbeats={"trainer": {"worker": "w@h"}})
+    beats = []
+    _while_locked(lambda: beats.append(services.heartbeat(run, "trainer", "w@h")), write(run))
+    assert beats == [True]
+
+
 @pytest.mark.django_db(transaction=True)
 def test_two_status_changes_of_one_run_take_turns(make_run):
     """A pause sent while a completion holds the run's row reads the run completed once it may go
