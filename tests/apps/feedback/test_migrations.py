@@ -2,8 +2,7 @@
 import pytest
 
 from apps.runs.models import Run
-from tests.apps.buffer.test_migrations import migrate
-from tests.support import migrate_to_newest
+from tests.support import migrate_to, migrate_to_newest
 
 BEFORE, AFTER = ("feedback", "0006_preference_use_count"), ("feedback", "0007_pair_use_per_run")
 
@@ -12,7 +11,7 @@ BEFORE, AFTER = ("feedback", "0006_preference_use_count"), ("feedback", "0007_pa
 def test_a_preferences_uses_become_those_of_the_run_it_was_made_on(researcher):
     """Feedback.use_count counted every run's uses together; PairUse counts them per run. Who used
     a pair was not recorded: the run it was made on is the usual reader (a mode both DPO run)."""
-    old = migrate(BEFORE)
+    old = migrate_to(BEFORE)
     Experience, Feedback = old.get_model("buffer", "Experience"), old.get_model("feedback", "Feedback")
     run = Run.objects.create(name="r", owner=researcher, config={}, mode="both")  # runs stays migrated
     a, b, c, d = (Experience.objects.create(run_id=run.pk if i < 3 else None, rollout_index=i, source="rollout")
@@ -23,7 +22,7 @@ def test_a_preferences_uses_become_those_of_the_run_it_was_made_on(researcher):
     Feedback.objects.create(experience=d, other=d, user_id=researcher.pk, kind="preference", value=1.0,
                             use_count=1)  # imported data: trained on in the runs' copies
     try:
-        PairUse = migrate(AFTER).get_model("feedback", "PairUse")
+        PairUse = migrate_to(AFTER).get_model("feedback", "PairUse")
         assert list(PairUse.objects.values_list("run", "preference", "uses")) == [(run.pk, used.pk, 2)]
     finally:
         migrate_to_newest()
