@@ -5,6 +5,10 @@
 // text too (tests/e2e/test_long_names.py measures the hover's width with and without them).
 "use strict";
 function isolate(name) {
+  return "\u2068" + balanced(name) + "\u2069";
+}
+// The name's own isolates balanced, what a <bdi> holds (a stray PDI closed the <bdi> in Chromium).
+function balanced(name) {
   let open = 0, kept = "";
   for (const character of String(name)) {
     if (character === "\u2066" || character === "\u2067" || character === "\u2068") open += 1; // LRI, RLI, FSI
@@ -14,5 +18,5 @@ function isolate(name) {
     }
     kept += character;
   }
-  return "\u2068" + kept + "\u2069".repeat(open) + "\u2069";
+  return kept + "\u2069".repeat(open);
 }

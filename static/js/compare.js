@@ -23,7 +23,7 @@
     const line = item.querySelector("line");
     line.setAttribute("stroke", color);
     if (dashArray) line.setAttribute("stroke-dasharray", dashArray);
-    item.querySelector("bdi").textContent = isolate(run.name); // isolated and balanced, as the page's names are (app.css)
+    item.querySelector("bdi").textContent = balanced(run.name); // isolated and balanced, as the page's names are (app.css)
     item.querySelector("span").append(" #" + run.id);
     const box = item.querySelector("input");
     box.addEventListener("change", () => board.setHidden(label(run), !box.checked));

@@ -17,6 +17,7 @@ import pytest
 from django.db.models import DateTimeField, ExpressionWrapper, F, Value
 from playwright.sync_api import expect
 
+from apps.runs import summaries
 from apps.runs.models import MetricPoint, Run
 
 from .test_dashboard import DEMO_CONFIG, seed_history
@@ -41,7 +42,7 @@ def seeded_run(name, owner, *, lr, seconds_a_step, **fields) -> Run:
     seed_history(run, steps=STEPS)
     # No system points: they are numbered by times of their own. The others were recorded a step
     # every `seconds_a_step` from START.
-    run.metrics.filter(role="system").delete()
+    summaries.forget(run.metrics.filter(role="system"))
     run.metrics.update(time=ExpressionWrapper(
         Value(START) + F("step") * Value(timedelta(seconds=seconds_a_step)), output_field=DateTimeField()))
     return run
@@ -290,7 +291,7 @@ def test_a_run_that_is_still_training_grows_on_the_compare_page_as_it_does_on_it
     login(researcher, f"/runs/compare/?runs={done.pk}&runs={training.pk}")
     points = """([id, name]) => { const el = document.querySelector(`[data-chart="${id}"]`);
         return el && el.data ? Math.max(0, ...el.data.filter((t) => t.name === name).map((t) => t.x.length)) : 0; }"""
-    line = ["trainer/loss", f"still training #{training.pk}"]
+    line = ["trainer/loss", f"\u2068still training\u2069 #{training.pk}"]  # the name isolated (bidi.js)
     page.locator('[data-chart="trainer/loss"]').scroll_into_view_if_needed()
     page.wait_for_function(f"(arg) => ({points})(arg) > 0", arg=line)
     before = page.evaluate(points, line)

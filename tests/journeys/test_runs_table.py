@@ -58,8 +58,8 @@ def test_a_researcher_picks_columns_sorts_by_best_reward_shares_and_downloads(re
     page.locator("#column-picker summary").click()
     search = page.get_by_label("find a column")
     search.fill("reward_mean")
-    # its latest and best, and the Reward column that reads it (its help says so)
-    expect(page.locator("#column-picker label:visible")).to_have_count(3)
+    # its latest, best, lowest and highest, and the Reward column that reads it (its help says so)
+    expect(page.locator("#column-picker label:visible")).to_have_count(5)
     page.locator("#column-picker").get_by_label("explorer/reward_mean (best)").check()
     search.fill("")
     for shown in ("progress", "reward", "algorithm.name", "model.path", "owner", "created"):
