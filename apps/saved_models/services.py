@@ -141,14 +141,9 @@ def _link_or_copy(source: Path, target: Path) -> int:
     return size
 
 
-def naming_runs(saved: SavedModel, statuses=None) -> list[Run]:
-    """The runs whose config names the model's directory, as any model a run loads (model.path,
-    ref_path, critic_path, a reward fn's model), in id order."""
-    return runs_naming([saved], statuses)[saved.pk]
-
-
 def runs_naming(saved_models, statuses=None) -> dict[int, list[Run]]:
-    """{saved model id: the runs whose config names its directory}, in one query: a launch stores
+    """{saved model id: the runs whose config names its directory, as any model a run loads
+    (model.path, ref_path, critic_path, a reward fn's model), in id order}, in one query: a launch stores
     each model a run loads resolved, absolute (apps.runs.services.validate_config). Narrowed in the
     database by the names (ASCII, so the same text in either database's JSON), then checked value
     by value. The Models page's "Trained from it" and the deletion's refusal ask this one question."""
@@ -196,7 +191,7 @@ def delete_model(saved: SavedModel, user) -> None:
     if not may_delete(user, saved):
         raise PermissionDenied(f"only {saved.created_by or 'its saver'}, who saved {saved.name}, or a curator may "
                                "delete it")
-    waiting = naming_runs(saved, STILL_LOADS)
+    waiting = runs_naming([saved], STILL_LOADS)[saved.pk]
     if waiting:
         raise SaveError(
             f"Not deleted: {', '.join(f'run {run.name} (#{run.pk}, {run.status})' for run in waiting)} "

@@ -144,7 +144,7 @@ def test_a_run_trains_from_it_and_it_is_kept_while_a_run_that_may_load_it_names_
     # As the KL's reference only, in a run of another model: it still loads it, and is listed as trained from it.
     models = {"path": "tiny", "ref_path": "models/sft-warm"}
     reference = launch_run(researcher, "kl to sft", {**config, "model": models})
-    assert services.naming_runs(saved) == [grpo, reference]
+    assert services.runs_naming([saved])[saved.pk] == [grpo, reference]
     assert services.runs_naming([saved]) == {saved.pk: [grpo, reference]}
 
     for status in (Run.Status.QUEUED, Run.Status.RUNNING, Run.Status.STOPPED, Run.Status.FAILED):
