@@ -104,7 +104,9 @@ class Experience(models.Model):
     # source run's edit, claimed by a trainer that then crashed, was held for ever). Not indexed:
     # read only at a restart, and a claim then changes no indexed value (migration 0006).
     claimed_by = models.PositiveIntegerField(null=True, blank=True)
-    consumed_at = models.DateTimeField(null=True, blank=True)  # lets a resumed run rewind what it lost
+    # The last trainer step's use: of a consumed row, or of a reused one that stays ready (expert
+    # data, an imported pair's chosen copy); lets a resumed run rewind what it lost (store.rewind).
+    consumed_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

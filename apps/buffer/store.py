@@ -374,30 +374,34 @@ class DjangoExperienceBuffer:
         """One UPDATE for the step's rows. A flag that came while the step held a row keeps it
         rejected: never sampled again."""
         consumed_ids, reused_ids = [e.id for e in consumed], [e.id for e in reused]
-        changes = {"use_count": F("use_count") + 1, "claimed_at": None, "claimed_by": None}
+        # consumed_at on a reused row (expert data, which stays ready) is its last use: what a
+        # resume's rewind gives back.
+        changes = {"use_count": F("use_count") + 1, "claimed_at": None, "claimed_by": None,
+                   "consumed_at": timezone.now()}
         if consumed_ids:
-            now, consuming = timezone.now(), ~Q(status=ExperienceRow.Status.REJECTED)
+            consuming = ~Q(status=ExperienceRow.Status.REJECTED)
             if reused_ids:  # a MIX step: only its rollouts are consumed
                 consuming &= Q(pk__in=consumed_ids)
-                now = Case(When(pk__in=consumed_ids, then=Value(now)), default=F("consumed_at"))
-            changes |= {
-                "status": Case(When(consuming, then=Value(ExperienceRow.Status.CONSUMED)), default=F("status")),
-                "consumed_at": now,
-            }
+            changes["status"] = Case(When(consuming, then=Value(ExperienceRow.Status.CONSUMED)), default=F("status"))
         ExperienceRow.objects.filter(pk__in=consumed_ids + reused_ids).update(**changes)
 
     def rewind(self, checkpoint_time) -> int:
         """Resuming from a checkpoint taken at `checkpoint_time` (None: from the start): rows the
         lost trainer steps consumed or claimed go back to the pool, so the replayed steps train on
         them again: the rows this run held, whichever run's they are (a source run's human edits),
-        and none another run holds; and the preference pairs they used, once more usable by this
+        and none another run holds; the run's expert rows and imported pairs they used, one use
+        fewer each (under algorithm.dpo.max_pair_uses 1, mode both's, a lost step's imported pairs
+        were never trained on again); and the preference pairs they used, once more usable by this
         run (PairUse). Returns how many rows came back."""
         with transaction.atomic():
             released = ExperienceRow.objects.filter(claimed_by=self.run_id).update(claimed_at=None, claimed_by=None)
-            lost = self._rows().filter(status=ExperienceRow.Status.CONSUMED)
-            if checkpoint_time is not None:
-                lost = lost.filter(consumed_at__gt=checkpoint_time)
+            since = {} if checkpoint_time is None else {"consumed_at__gt": checkpoint_time}
+            lost = self._rows().filter(status=ExperienceRow.Status.CONSUMED, **since)
             returned = lost.update(status=ExperienceRow.Status.READY, consumed_at=None, use_count=F("use_count") - 1)
+            # Reused rows stay ready: one use fewer (a row used more than once since the checkpoint
+            # keeps the other uses, as a pair below does).
+            self._rows().filter(status=ExperienceRow.Status.READY, consumed_at__isnull=False, **since).update(
+                consumed_at=None, use_count=F("use_count") - 1)
             # The lost steps' preference pairs: one use fewer each (exact under max_pair_uses 1, mode
             # both's; a pair used more than once since the checkpoint keeps the other uses, which
             # only moves it back in the least-used-first order).
@@ -419,7 +423,7 @@ class DjangoExperienceBuffer:
         picked = sorted(judged + imported, key=lambda pick: pick[:3])[:n]
         self._count_pair_uses([pk for _, kind, pk, _ in picked if kind == 0])
         copies = [pk for _, kind, pk, _ in picked if kind == 1]
-        ExperienceRow.objects.filter(pk__in=copies).update(use_count=F("use_count") + 1)
+        ExperienceRow.objects.filter(pk__in=copies).update(use_count=F("use_count") + 1, consumed_at=timezone.now())
         return [pair for *_, pair in picked]
 
     def _count_pair_uses(self, preferences: list[int]) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from django.conf import settings
+from django.db.models import Count, Q
 
 from apps.buffer.models import ExpertDataset
 from workers.rft.algorithms import resolve
@@ -158,7 +159,8 @@ def source_run_warnings(config) -> list[str]:
         given = set(Experience.objects.filter(run__in=feedback.source_runs, source=Experience.Source.HUMAN_EDIT,
                                               status=Experience.Status.READY).values_list("run", flat=True))
     names = dict(Run.objects.filter(pk__in=feedback.source_runs).values_list("pk", "name"))
-    empty = [f"run {run_id} ({names[run_id]!r})" for run_id in feedback.source_runs
+    waiting = _waiting_for_review(feedback.source_runs, pairs)
+    empty = [f"run {run_id} ({names[run_id]!r}{waiting.get(run_id, '')})" for run_id in feedback.source_runs
              if run_id not in given and run_id in names]
     if not empty:
         return []
@@ -177,6 +179,21 @@ def source_run_warnings(config) -> list[str]:
     own = " or from annotators' judgements of this run's answers" if config.mode == "both" else ""
     return [f"{said}: this run's trainer waits for the first {one} from {'them' if plural else 'it'}{own}, counting "
             "no step, and its duty line says so."]
+
+
+def _waiting_for_review(run_ids, pairs: bool) -> dict[int, str]:
+    """Of the source runs that require review, what their reviewers have yet to accept of what this
+    run takes (verdicts, or edits), as said after a run's name: ", 3 comparisons waiting for a
+    reviewer". Accepted, they train; said, so the researcher knows whom to ask."""
+    from apps.feedback.models import Feedback
+
+    kind = Feedback.Kind.PREFERENCE if pairs else Feedback.Kind.EDIT
+    pending = Feedback.objects.filter(experience__run_id__in=run_ids, kind=kind, review=Feedback.Review.PENDING)
+    if pairs:
+        pending = pending.filter(Q(value=1.0) | Q(value__isnull=True))  # a verdict; a tie is no pair
+    one = "comparison" if pairs else "edit"
+    return {run_id: f", {n} {one}{'s' if n > 1 else ''} waiting for a reviewer"
+            for run_id, n in pending.values_list("experience__run_id").annotate(n=Count("pk"))}
 
 
 def expert_dataset_issue(config) -> ConfigIssue | None:

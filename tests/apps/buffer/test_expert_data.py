@@ -200,6 +200,25 @@ def test_dpo_samples_the_copied_pairs_beside_its_annotators_least_used_first(tmp
     assert [p.chosen_ids for p in buffer.sample_pairs(5)] == [[2], first_chosen.response_ids]
 
 
+def test_a_resume_gives_back_the_imported_pairs_its_lost_steps_used(tmp_path, researcher, curator, flow):
+    """Under algorithm.dpo.max_pair_uses 1 (mode both's default) a pair trains once: the pairs a
+    step lost to a crash used must be usable again by the replayed step, as judged pairs are."""
+    services.import_expert_data(write_jsonl(tmp_path / "prefs.jsonl", [
+        {"prompt": f"Say {word}", "chosen": word, "rejected": "no"} for word in ("hi", "yo", "hey")
+    ]), layout="dpo", user=curator)
+    run = make_run(researcher, "dpo", algorithm="dpo", dataset="prefs")
+    DjangoExpertData(run.pk, "prefs").seed(flow.written_experience)
+    buffer = DjangoExperienceBuffer(run.pk)
+    first, _, third = [c.response_ids for c in copies(run) if c.rollout_index == 0]
+    assert [p.chosen_ids for p in buffer.sample_pairs(1, max_uses=1)] == [first]
+    checkpoint_time = timezone.now()
+    [lost] = buffer.sample_pairs(1, max_uses=1)
+    buffer.rewind(checkpoint_time)
+    assert [p.chosen_ids for p in buffer.sample_pairs(3, max_uses=1)] == [lost.chosen_ids, third]
+    buffer.rewind(None)  # from the start: every pair usable again
+    assert len(buffer.sample_pairs(3, max_uses=1)) == 3
+
+
 def test_an_import_adds_to_a_dataset_of_its_own_layout_only(tmp_path, curator):
     path = write_jsonl(tmp_path / "one.jsonl", [{"prompt": "p", "response": "r"}])
     services.import_expert_data(path, dataset="shared")

@@ -157,8 +157,28 @@ def test_a_mix_steps_rows_are_marked_in_one_statement(run, task_ids):
             in marked.values_list("pk", "status", "use_count", "consumed_at", "claimed_at")}
     assert rows == {
         usual[0].id: ("rejected", 1, True, None), usual[1].id: ("consumed", 1, True, None),
-        expert[0].id: ("ready", 1, False, None), expert[1].id: ("ready", 1, False, None),
+        expert[0].id: ("ready", 1, True, None), expert[1].id: ("ready", 1, True, None),
     }
+
+
+def test_rewind_gives_back_the_uses_lost_steps_made_of_expert_rows(run, task_ids):
+    """A MIX step reuses expert rows (they stay ready): a resume takes back the lost steps' uses,
+    so the replayed steps sample the same expert rows first again."""
+    from django.utils import timezone
+
+    buffer = DjangoExperienceBuffer(run.pk)
+    buffer.write([replace(rollout(t), source="expert", group_id=f"expert-{t}") for t in task_ids])
+    early = buffer.sample(2, sources=["expert"])
+    buffer.mark_used(reused=early)
+    checkpoint_time = timezone.now()
+    late = buffer.sample(2, sources=["expert"])
+    buffer.mark_used(reused=late)
+    buffer.rewind(checkpoint_time)
+    uses = dict(ExperienceRow.objects.filter(run=run).values_list("pk", "use_count"))
+    assert uses == {e.id: 1 for e in early} | {e.id: 0 for e in late}
+    assert {e.id for e in buffer.sample(2, sources=["expert"])} == {e.id for e in late}
+    buffer.rewind(None)  # from the start: every use given back
+    assert set(ExperienceRow.objects.filter(run=run).values_list("use_count", flat=True)) == {0}
 
 
 def test_a_fresh_human_edit_is_sampled_before_the_seeded_expert_rows(run, task_ids):

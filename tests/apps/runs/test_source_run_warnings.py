@@ -80,3 +80,20 @@ def test_a_mode_both_dpo_run_waits_for_its_own_annotators_too(researcher, taskse
         f"feedback.source_runs: run {demo.pk} ('demo') has no preference pairs yet (comparisons with a verdict): "
         "this run's trainer waits for the first pair from it or from annotators' judgements of this run's answers, "
         "counting no step, and its duty line says so."]
+
+
+def test_the_warning_counts_what_a_source_runs_reviewers_have_yet_to_accept(researcher, tasksets, worker_queue):
+    """A source run that requires review holds verdicts no reviewer accepted yet: they train once
+    accepted, and the warning says how many wait, so the researcher knows whom to ask."""
+    demo = source_run(researcher)
+    dpo = {**SAME, "algorithm": {"name": "dpo"}, "feedback": {"source_runs": [demo.pk]}}
+    chosen, rejected, third = answers(demo, 3)
+    for other in (rejected, third):
+        Feedback.objects.create(experience=chosen, other=other, user=researcher, kind="preference", value=1.0,
+                                review="pending")
+    Feedback.objects.create(experience=rejected, other=third, user=researcher, kind="preference", value=0.5,
+                            review="pending")  # a tie waits too, and is no pair
+    assert api(researcher, dpo).json()["warnings"] == [
+        f"feedback.source_runs: run {demo.pk} ('demo', 2 comparisons waiting for a reviewer) has no preference pairs "
+        "yet (comparisons with a verdict, neither response flagged): this run's trainer waits for the first pair "
+        "from it, counting no step, and its duty line says so."]
