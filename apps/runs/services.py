@@ -9,7 +9,7 @@ from django.utils.dateparse import parse_datetime
 
 from apps.alerts import services as alerts
 from apps.tasksets.models import Taskset
-from apps.tasksets.services import missing_taskset
+from apps.tasksets.services import TASKSET_KEYS, missing_taskset
 from rftweb.celery import enqueue, withdraw
 from workers.rft.config import ConfigError, ConfigIssue, RunConfig
 from workers.rft.config_rules import data_issues
@@ -217,6 +217,11 @@ def resume_run(run: Run) -> Run:
             )
         if locked.buffer_retired_at is not None:
             raise InvalidTransition(f"run {locked.pk} cannot be resumed: {buffer_retired(locked)}")
+        gone = [f"buffer.{key}: {missing_taskset(name)} (renamed or deleted since it launched?)"
+                for key, name in (locked.config.get("buffer") or {}).items()
+                if key in TASKSET_KEYS and name and not Taskset.objects.filter(name=name).exists()]
+        if gone:  # it would queue, then fail at its first step
+            raise InvalidTransition(f"run {locked.pk} cannot be resumed: {'; '.join(gone)}")
         busy = workers_holding(locked)
         if busy:
             duty, worker = next(iter(busy.items()))

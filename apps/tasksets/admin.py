@@ -1,3 +1,4 @@
+from django import forms
 from django.contrib import admin
 from django.urls import reverse
 from django.utils.html import format_html
@@ -8,11 +9,25 @@ from apps.core.job_admin import JobAdminMixin
 from apps.runs.models import Run
 
 from .models import Task, Taskset, TasksetImport
-from .services import runs_needing
+from .services import name_taken, rename_problem, runs_needing
+
+
+class TasksetForm(forms.ModelForm):
+    class Meta:
+        model = Taskset
+        fields = "__all__"
+
+    def clean_name(self):
+        name = self.cleaned_data["name"]
+        problem = rename_problem(self.instance, name) if self.instance.pk is not None else name_taken(name)
+        if problem:
+            raise forms.ValidationError(problem)
+        return name
 
 
 @admin.register(Taskset)
 class TasksetAdmin(CheckedSelectionMixin, admin.ModelAdmin):
+    form = TasksetForm
     list_display = (
         "name",
         "task_count",

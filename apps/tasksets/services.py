@@ -106,8 +106,38 @@ def check_new_taskset_name(name: str, source: str = "") -> None:
         raise FileImportError(
             source, None, f"{name!r} is not a valid taskset name (letters, digits, - and _)"
         ) from None
-    if Taskset.objects.filter(name=name).exists():
-        raise FileImportError(source, None, f"a taskset named {name!r} already exists")
+    taken = name_taken(name)
+    if taken:
+        raise FileImportError(source, None, taken)
+
+
+def name_taken(name: str, instead_of: Taskset | None = None) -> str | None:
+    """Why `name` cannot be a new taskset's (or `instead_of`'s new name): another taskset has it,
+    in any case: 'good-csv' beside 'Good-CSV' looked like one taskset in the launch form's list."""
+    others = Taskset.objects.filter(name__iexact=name)
+    if instead_of is not None:
+        others = others.exclude(pk=instead_of.pk)
+    other = others.values_list("name", flat=True).first()
+    if other is None:
+        return None
+    return f"a taskset named {other!r} already exists" + (" (names differ only in case)" if other != name else "")
+
+
+def rename_problem(taskset: Taskset, name: str) -> str | None:
+    """Why `taskset` may not be renamed `name`: a run that may still read it (every run but a
+    completed one: a stopped or failed run is resumed) finds its tasksets by name, so it would
+    fail at its next step or resume (runs_needing, as a delete is refused)."""
+    if name == taskset.name:
+        return None
+    taken = name_taken(name, instead_of=taskset)
+    if taken:
+        return taken
+    runs = runs_needing([taskset])
+    if runs:
+        named = ", ".join(f"run {run.pk} {run.name!r} ({run.status})" for run, _ in runs)
+        return (f"{named} {'read' if len(runs) > 1 else 'reads'} taskset {taskset.name!r} by its name: renamed, it "
+                "would fail at its next step or resume; rename it once those runs are completed or deleted")
+    return None
 
 
 def check_defaults(workflow: str, reward_fn: str, source: str = "") -> None:

@@ -57,7 +57,7 @@
 
   function counts(job) {
     const bytes = job.bytes_total ? " · " + fileSize(job.bytes_done) + " of " + fileSize(job.bytes_total) : "";
-    return job.rows_text + " rows" + bytes;
+    return job.rows_text + ((job.rows_total || job.rows_done) === 1 ? " row" : " rows") + bytes;
   }
 
   function show(job) {

@@ -312,3 +312,16 @@ def test_embedded_the_watchdog_leaves_this_servers_own_slow_duties_alone(make_ru
     assert supervision.watchdog() == [(gone.pk, "loop")]
     mine.refresh_from_db()
     assert mine.heartbeats["loop"]["worker"] == supervision.worker_id()
+
+
+def test_a_run_whose_taskset_is_gone_is_not_queued_to_fail(make_run, worker_queue):
+    """A taskset renamed or deleted since the launch: the resume queued the run, which failed a
+    second later ("Taskset matching query does not exist"). Now it is refused, naming the key."""
+    from apps.tasksets.models import Taskset
+
+    Taskset.objects.create(name="addition")
+    run = make_run(status=Status.STOPPED, config={"buffer": {"taskset": "addition", "eval_taskset": "good-csv"}})
+    gone = r"cannot be resumed: buffer.eval_taskset: no taskset named 'good-csv'.*renamed or deleted"
+    with pytest.raises(services.InvalidTransition, match=gone):
+        services.resume_run(run)
+    assert Run.objects.get(pk=run.pk).status == Status.STOPPED and worker_queue == []

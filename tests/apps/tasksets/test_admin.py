@@ -58,3 +58,31 @@ def test_the_confirmation_counts_with_thousands_separators(curator_client, tasks
     Taskset.objects.filter(pk=taskset.pk).update(task_count=90_000)
     page = delete_selected(curator_client, taskset, confirm=False).content.decode()
     assert "Taskset math, with its 90,000 tasks" in page and "Tasks: 90,000" in page
+
+
+def rename(client, taskset, name):
+    form = {"name": name, "description": "", "default_workflow": taskset.default_workflow,
+            "default_reward_fn": taskset.default_reward_fn, "source": taskset.source}
+    return client.post(reverse("admin:tasksets_taskset_change", args=[taskset.pk]), form)
+
+
+@pytest.mark.parametrize("status", [Run.Status.STOPPED, Run.Status.RUNNING, Run.Status.FAILED])
+def test_a_taskset_a_run_may_still_read_is_not_renamed(curator_client, curator, taskset, status):
+    """Runs find their tasksets by name: a rename a review made was accepted, and the stopped run
+    it left behind failed at once when resumed ("Taskset matching query does not exist")."""
+    run = run_on(curator, status, eval_taskset="math")
+    page = rename(curator_client, taskset, "renamed")
+    assert page.status_code == 200  # the form again, with the error
+    assert (f"run {run.pk} &#x27;r-{status}&#x27; ({status}) reads taskset &#x27;math&#x27; by its name"
+            in page.content.decode())
+    assert Taskset.objects.get(pk=taskset.pk).name == "math"
+
+
+def test_a_taskset_no_live_run_reads_is_renamed_and_no_name_is_taken_twice_in_any_case(curator_client, curator,
+                                                                                      taskset):
+    run_on(curator, Run.Status.COMPLETED, taskset="math")
+    Taskset.objects.create(name="Other")
+    page = rename(curator_client, taskset, "OTHER")
+    assert "a taskset named &#x27;Other&#x27; already exists (names differ only in case)" in page.content.decode()
+    assert rename(curator_client, taskset, "Math").status_code == 302  # its own name in another case
+    assert Taskset.objects.get(pk=taskset.pk).name == "Math"

@@ -269,6 +269,14 @@ def test_duplicate_name_is_rejected_before_reading(files, mapping):
     assert Task.objects.count() == 0
 
 
+def test_a_name_taken_in_another_case_is_refused(files, mapping):
+    Taskset.objects.create(name="good-csv")  # 'Good-CSV' beside it looked like the same taskset in the launch form
+    taken = r"a taskset named 'good-csv' already exists \(names differ only in case\)"
+    with pytest.raises(FileImportError, match=taken):
+        import_taskset(files.jsonl([good(0)]), name="Good-CSV", mapping=mapping)
+    assert Taskset.objects.count() == 1
+
+
 def test_name_must_be_a_slug(files, mapping):
     with pytest.raises(FileImportError, match="'my set' is not a valid taskset name"):
         import_taskset(files.jsonl([good(0)]), name="my set", mapping=mapping)
