@@ -23,6 +23,8 @@ from apps.core.numbers import whole_number
 from apps.runs.models import Run
 
 from . import history, queue, views
+from .queue_filter import FIELDS as FILTER_FIELDS
+from .queue_filter import QueueFilter
 from .services import FeedbackError, NeedsConfirmation, NotAnnotator
 
 MAX_BODY_CHARS = 64_000  # an edit (20,000 characters) and a comment, with room for JSON escapes
@@ -115,8 +117,9 @@ def item(request, pk):
 @role_required(ANNOTATOR)
 def next_item(request):
     """The next item of the session's run, taken for the user, leaving out those the page has
-    (`exclude`: comma-separated ids); null when the queue has nothing more (the page then shows the
-    queue's empty page, which says why)."""
+    (`exclude`: comma-separated ids), of those the filter keeps (`_queue_filter`); null when the
+    queue has nothing more (the page then shows the queue's empty page, which says why). With it,
+    the filter applied and how many items are left ("37 of 412 left match")."""
     run = _run(request)
     if run is None:
         return _error("no run chosen: choose one on the annotation page", 400)
@@ -125,14 +128,27 @@ def next_item(request):
     except ValueError:
         return _error("exclude must be experience ids separated by commas", 400)
     try:
+        queue_filter = _queue_filter(request)
         experience = queue.next_item(
-            run, request.user, request.session.get(views.SESSION_STRATEGY, queue.NEWEST), exclude=exclude
+            run, request.user, request.session.get(views.SESSION_STRATEGY, queue.NEWEST), exclude=exclude,
+            queue_filter=queue_filter,
         )
     except NotAnnotator as exc:
         return _error(str(exc), 403)
     except FeedbackError as exc:
         return _error(str(exc), 400)
-    return JsonResponse({"item": _item(request, _experience(experience.pk)) if experience else None})
+    return JsonResponse({
+        "item": _item(request, _experience(experience.pk)) if experience else None,
+        "filter": queue_filter.as_query(), "left": queue.left_note(run, request.user, queue_filter),
+    })
+
+
+def _queue_filter(request) -> QueueFilter:
+    """The filter the query names (a script's own: reward_min=0.2&source=synthetic ...), else the
+    one the session's queue was started with; a bad value raises FilterError naming its field."""
+    if any(name in request.GET for name in FILTER_FIELDS):
+        return QueueFilter.from_query(request.GET)
+    return views.session_filter(request)
 
 
 def _seconds(fields) -> float:

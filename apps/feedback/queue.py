@@ -18,6 +18,7 @@ from apps.buffer.models import Experience
 
 from . import live
 from .models import AnnotationLock, Feedback, SetAside
+from .queue_filter import NO_FILTER, QueueFilter
 from .services import (
     FeedbackError,
     _check_may_judge,
@@ -51,23 +52,27 @@ def _lock_expiry():
     return timezone.now() + timedelta(seconds=settings.RFTWEB_ANNOTATION_LOCK_SECONDS)
 
 
-def next_item(run, user, strategy: str = NEWEST, *, exclude=()) -> Experience | None:
+def next_item(
+    run, user, strategy: str = NEWEST, *, exclude=(), queue_filter: QueueFilter = NO_FILTER
+) -> Experience | None:
     """The experience of `run` the user should judge now, locked for them; None when nothing is left.
     An item the user already holds comes back first (a reload, the back button), while it can
     still be judged. `exclude`: ids the page has already (the item shown, when it fetches the
-    next one ahead)."""
+    next one ahead). `queue_filter` narrows what is handed out, held items included; the locking
+    rules are the same, so annotators with different filters share out the items as any others."""
     if strategy not in STRATEGIES:
         raise FeedbackError(f"unknown strategy {strategy!r}: choose one of {', '.join(STRATEGIES)}")
     check_may_annotate(run, user)
+    wanted = queue_filter.q()  # before the transaction: a text filter may index recent writes first
     with transaction.atomic():
-        held = _held_item(run, user, exclude)
+        held = _held_item(run, user, exclude, wanted)
         if held is not None:
             return held
         # Candidates were counted before their rows were locked: one can fill up meanwhile, so the
         # count is redone under the lock, and a fresh batch is tried if a whole batch filled up.
         for _ in range(3):
             candidates = list(
-                _candidates(run, user, strategy)
+                _candidates(run, user, strategy, wanted)
                 .exclude(pk__in=exclude)
                 .select_related("run")
                 .select_for_update(skip_locked=True, of=("self",))[:CANDIDATES]
@@ -81,9 +86,9 @@ def next_item(run, user, strategy: str = NEWEST, *, exclude=()) -> Experience | 
     return None
 
 
-def _held_item(run, user, exclude=()) -> Experience | None:
+def _held_item(run, user, exclude, wanted: Q) -> Experience | None:
     mine = AnnotationLock.objects.filter(experience_id=OuterRef("pk"), user=user, expires_at__gt=timezone.now())
-    held = _open_items(run, user).filter(Exists(mine)).exclude(pk__in=exclude).select_related("run").first()
+    held = _open_items(run, user).filter(wanted, Exists(mine)).exclude(pk__in=exclude).select_related("run").first()
     if held is not None:
         AnnotationLock.objects.filter(experience=held, user=user).update(expires_at=_lock_expiry())
     return held
@@ -121,8 +126,8 @@ def _open_items(run, user):
     return items
 
 
-def _candidates(run, user, strategy: str):
-    items = _open_items(run, user).annotate(
+def _candidates(run, user, strategy: str, wanted: Q):
+    items = _open_items(run, user).filter(wanted).annotate(
         postponed=Exists(SetAside.objects.filter(experience=OuterRef("pk"), user=user, postponed=True))
     )
     newest = (F("explorer_step").desc(), F("pk").desc())
@@ -141,10 +146,19 @@ def _candidates(run, user, strategy: str):
 ITEMS_LEFT_COUNTED = 1000  # counting a big run's queue exactly would cost every page more than it tells
 
 
-def items_left(run, user) -> int:
+def items_left(run, user, queue_filter: QueueFilter = NO_FILTER) -> int:
     """How many items of the run the user may still judge (an item another annotator holds now
-    counts while places are left on it), counted up to ITEMS_LEFT_COUNTED + 1: more reads "1000+"."""
-    return _open_items(run, user)[: ITEMS_LEFT_COUNTED + 1].count()
+    counts while places are left on it), of those the filter keeps, counted up to
+    ITEMS_LEFT_COUNTED + 1: more reads "1000+"."""
+    return _open_items(run, user).filter(queue_filter.q())[: ITEMS_LEFT_COUNTED + 1].count()
+
+
+def left_note(run, user, queue_filter: QueueFilter) -> str:
+    """What the page says of the queue: "412 left to judge", or with a filter "37 of 412 left match"."""
+    left = items_left_label(items_left(run, user))
+    if not queue_filter:
+        return f"{left} left to judge"
+    return f"{items_left_label(items_left(run, user, queue_filter))} of {left} left match"
 
 
 def items_left_label(count: int) -> str:

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from . import api, views, views_review
+from . import api, views, views_bulk, views_review
 
 urlpatterns = [
     path("", views.start, name="annotate-start"),
@@ -9,6 +9,9 @@ urlpatterns = [
     path("runs/<int:run_id>/feedback.jsonl", views.export, name="annotate-export"),
     path("runs/<int:run_id>/summary.json", views.run_summary, name="annotate-run-summary"),
     path("runs/<int:run_id>/annotators/", views.assign_annotators, name="annotate-assign"),
+    path("runs/<int:run_id>/bulk-flag/", views_bulk.bulk_flag, name="annotate-bulk-flag"),
+    path("runs/<int:run_id>/bulk-flag/confirm/", views_bulk.bulk_flag_confirmed, name="annotate-bulk-flag-confirm"),
+    path("runs/<int:run_id>/bulk-flag/undo/", views_bulk.bulk_flag_undo, name="annotate-bulk-flag-undo"),
     path("experience/<int:pk>/", views.experience, name="annotate-experience"),
     path("review/", views_review.review_start, name="review-start"),
     path("review/runs/<int:run_id>/", views_review.review_next, name="review-next"),

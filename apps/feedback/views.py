@@ -1,9 +1,11 @@
 """The annotation queue's pages: pick a run and a strategy, then judge one item after another."""
 import time
+from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.http import JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.utils import timezone
 from django.views.decorators.http import require_POST
 
@@ -19,38 +21,79 @@ from rftweb.errors import form_checks_nul
 from . import queue, review, services, stats
 from .history import describe
 from .models import RunAnnotators
+from .queue_filter import FIELDS as FILTER_FIELDS
+from .queue_filter import MAX_TEXT_CHARS as MAX_FILTER_TEXT_CHARS
+from .queue_filter import NO_FILTER, FilterError, QueueFilter
+from .queue_filter import SOURCES as FILTER_SOURCES
 from .services import FeedbackError, NeedsConfirmation, NotAnnotator
 
 RUN_CHOICES = 50
 SESSION_RUN, SESSION_STRATEGY = "annotate_run", "annotate_strategy"
 SESSION_SINCE = "annotate_since"  # when this login session's count of judgements began (api.py)
+SESSION_FILTER = "annotate_filter"  # the queue's filter, as its URL query (queue_filter.py)
+
+
+def session_filter(request) -> QueueFilter:
+    """The filter the session's queue was started with (checked then: read back as it was)."""
+    try:
+        return QueueFilter.from_query(request.session.get(SESSION_FILTER) or {})
+    except FilterError:  # written by an older version: no filter rather than a broken queue
+        return NO_FILTER
+
+
+def queue_link(run_id, strategy: str, queue_filter: QueueFilter) -> str:
+    """The start page's URL that starts this queue: what a person shares to hand theirs on."""
+    query = {"run": run_id, "strategy": strategy, **queue_filter.as_query()}
+    return f"{reverse('annotate-start')}?{urlencode(query)}"
+
+
+def filter_context(request, run_id) -> dict:
+    """The active filter for a queue page: in words, the link that shares it, the one that clears it."""
+    queue_filter = session_filter(request)
+    strategy = request.session.get(SESSION_STRATEGY, queue.NEWEST)
+    return {
+        "queue_filter": queue_filter.describe(), "share_link": queue_link(run_id, strategy, queue_filter),
+        "clear_link": queue_link(run_id, strategy, NO_FILTER),
+    }
 
 
 @role_required(ANNOTATOR)
 def start(request):
-    """Choose the run and the strategy; the queue remembers them for the session."""
+    """Choose the run, the strategy and a filter; the queue remembers them for the session. The
+    page's URL with them in it (a link shared) starts that queue at once."""
+    chosen_filter = session_filter(request)
     if "run" in request.GET:
         run_id = whole_number(request.GET["run"])
         run = get_object_or_404(Run, pk=run_id) if run_id is not None else None
         strategy = request.GET.get("strategy", queue.NEWEST)
-        if run is None or strategy not in queue.STRATEGIES:
-            messages.error(request, "Choose a run and one of the strategies.")
-        elif not services.may_annotate(run, request.user):
-            messages.error(request, f"You are not an annotator of run {isolate(run.name)}: "
-                                    "its owner assigns who annotates it.")
+        try:
+            chosen_filter = QueueFilter.from_query(request.GET)
+        except FilterError as exc:  # nothing applied: the form comes back with what was sent
+            messages.error(request, f"Filter not applied: {exc}.")
+            chosen_filter = None
         else:
-            request.session[SESSION_RUN], request.session[SESSION_STRATEGY] = run.pk, strategy
-            return redirect("annotate-next")
+            if run is None or strategy not in queue.STRATEGIES:
+                messages.error(request, "Choose a run and one of the strategies.")
+            elif not services.may_annotate(run, request.user):
+                messages.error(request, f"You are not an annotator of run {isolate(run.name)}: "
+                                        "its owner assigns who annotates it.")
+            else:
+                request.session[SESSION_RUN], request.session[SESSION_STRATEGY] = run.pk, strategy
+                request.session[SESSION_FILTER] = chosen_filter.as_query()
+                return redirect("annotate-next")
     runs = services.annotatable_runs(Run.objects.filter(experiences__isnull=False), request.user)
     choices = []  # (run, items left to the user, how many that reads as)
     for run in runs.distinct().order_by("-created_at")[:RUN_CHOICES]:
         left = queue.items_left(run, request.user)
         choices.append((run, left, queue.items_left_label(left)))
+    sent = {name: request.GET.get(name, "") for name in FILTER_FIELDS} if chosen_filter is None else None
     return render(
         request, "feedback/start.html",
         {"runs": choices, "strategies": queue.STRATEGIES,
-         "chosen_run": request.session.get(SESSION_RUN),
-         "chosen_strategy": request.session.get(SESSION_STRATEGY, queue.NEWEST)},
+         "chosen_run": whole_number(request.GET.get("run", "")) or request.session.get(SESSION_RUN),
+         "chosen_strategy": request.GET.get("strategy") or request.session.get(SESSION_STRATEGY, queue.NEWEST),
+         "filter": sent if sent is not None else chosen_filter.as_query(),
+         "sources": FILTER_SOURCES, "max_text_chars": MAX_FILTER_TEXT_CHARS},
     )
 
 
@@ -59,15 +102,24 @@ def next_item(request):
     run = Run.objects.filter(pk=request.session.get(SESSION_RUN)).first()
     if run is None:
         return redirect("annotate-start")
+    queue_filter = session_filter(request)
     try:
-        item = queue.next_item(run, request.user, request.session.get(SESSION_STRATEGY, queue.NEWEST))
+        item = queue.next_item(
+            run, request.user, request.session.get(SESSION_STRATEGY, queue.NEWEST), queue_filter=queue_filter
+        )
     except FeedbackError as exc:
         messages.error(request, str(exc))
         return redirect("annotate-start")
     if item is None:
         # While the run goes on, the page waits on its channel and comes back here when new
-        # experiences arrive; a finished run writes none, and the page says so.
-        return render(request, "feedback/empty.html", {"run": run, "reasons": queue.why_empty(run, request.user)})
+        # experiences arrive; a finished run writes none, and the page says so. When the filter
+        # is what leaves nothing, the page says that, and how many are left without it.
+        unfiltered = queue.items_left(run, request.user) if queue_filter else 0
+        return render(request, "feedback/empty.html", {
+            "run": run, "reasons": queue.why_empty(run, request.user),
+            "left_unfiltered": queue.items_left_label(unfiltered) if unfiltered else None,
+            **filter_context(request, run.pk),
+        })
     return redirect("annotate-experience", pk=item.pk)
 
 
@@ -121,9 +173,8 @@ def item_context(request, item, *, error=None, confirm=None, edited_text=None) -
         "answer": item.task.answer if item.task_id else "", "rubric": services.feedback_settings(item.run).rubric,
         "scale": services.scale_labels(item.run), "verdicts": services.VERDICTS,
         "flag_reasons": services.FLAG_REASONS, "holders": queue.holders(item, request.user),
-        "items_left": (
-            queue.items_left_label(queue.items_left(item.run, request.user)) if item.run_id else None
-        ),
+        "left_note": queue.left_note(item.run, request.user, session_filter(request)) if item.run_id else None,
+        **(filter_context(request, item.run_id) if item.run_id else {}),
         "mine": [describe(f) for f in mine],  # what the user already said of it (a reopened item)
         "max_edit_chars": services.MAX_EDIT_CHARS, "max_comment_chars": services.MAX_COMMENT_CHARS,
         "edited_text": edited_text,

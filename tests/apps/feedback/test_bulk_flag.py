@@ -1,0 +1,104 @@
+"""Flagging every item a filter matches in one confirmed action (apps/feedback/bulk.py): for the
+run's owner or a curator only; the count seen is the count flagged; each item flagged as the
+one-item flag does (training leaves it out the same way); undone as that flag's undo does."""
+import pytest
+from django.urls import reverse
+
+from apps.accounts.roles import RESEARCHER
+from apps.accounts.services import create_user
+from apps.buffer.models import Experience
+from apps.feedback import bulk, services
+from apps.feedback.models import AnnotationLock, Feedback
+from apps.feedback.queue_filter import QueueFilter
+
+pytestmark = pytest.mark.django_db
+
+
+def page(run):
+    return reverse("annotate-bulk-flag", args=[run.pk])
+
+
+def confirm(client, run, count, reason="garbled", **query):
+    return client.post(reverse("annotate-bulk-flag-confirm", args=[run.pk]),
+                       {**query, "count": str(count), "reason": reason})
+
+
+@pytest.fixture
+def items(make_experience):
+    """Six items: rewards 0, 0.2 ... 1.0; the filter reward_max=0.3 matches the first two."""
+    return [make_experience(reward=n / 5, explorer_step=n) for n in range(6)]
+
+
+def test_the_owner_sees_the_count_then_flags_exactly_those(researcher_client, researcher, run, items):
+    html = researcher_client.get(page(run), {"reward_max": "0.3"}).content.decode()
+    assert "<strong>2</strong> items not flagged yet match <strong>reward ≤ 0.3</strong>" in html
+    assert 'name="count" value="2"' in html and "Flag these 2 items" in html
+    response = confirm(researcher_client, run, 2, reward_max="0.3")
+    assert response.url == page(run) + "?reward_max=0.3"
+    flagged = {e.pk for e in items[:2]}
+    assert set(Experience.objects.filter(status="rejected").values_list("pk", flat=True)) == flagged
+    flags = Feedback.objects.filter(kind="flag")
+    assert {(f.experience_id, f.user_id, f.label, f.status_before) for f in flags} == {
+        (pk, researcher.pk, "garbled", "ready") for pk in flagged
+    }
+    assert "Flagged 2 items." in researcher_client.get(response.url).content.decode()
+
+
+def test_a_count_that_changed_since_it_was_seen_flags_nothing(researcher_client, run, items, make_experience):
+    make_experience(reward=0.1)  # written after the page counted 2
+    confirm(researcher_client, run, 2, reward_max="0.3")
+    assert not Experience.objects.filter(status="rejected").exists() and not Feedback.objects.exists()
+    html = researcher_client.get(page(run)).content.decode()
+    assert "Nothing flagged: the filter matches 3 items now, not the 2 you confirmed" in html
+
+
+@pytest.mark.parametrize(
+    "query, said",
+    [
+        ({}, "choose a filter first"),
+        ({"reward_min": "nan"}, "reward_min must be a finite number"),
+        ({"reward_max": "0.3", "reason": "ugly"}, "unknown flag &#x27;ugly&#x27;"),
+    ],
+)
+def test_bad_requests_flag_nothing_and_say_why(researcher_client, run, items, query, said):
+    reason = query.pop("reason", "garbled")
+    confirm(researcher_client, run, 2, reason=reason, **query)
+    assert not Feedback.objects.exists()
+    assert f"Nothing flagged: {said}" in researcher_client.get(page(run)).content.decode()
+
+
+def test_more_than_one_action_may_flag_is_refused(run, researcher, items, monkeypatch):
+    monkeypatch.setattr(bulk, "MAX_ITEMS", 3)
+    with pytest.raises(bulk.FeedbackError, match="matches more than 3 items"):
+        bulk.flag_all(run, researcher, QueueFilter(reward_min=0.0), "wrong", confirmed_count=6)
+    assert not Feedback.objects.exists()
+
+
+def test_annotators_and_other_researchers_may_not(annotator_client, client, run, items):
+    assert annotator_client.get(page(run), {"reward_max": "0.3"}).status_code == 403
+    assert confirm(annotator_client, run, 2, reward_max="0.3").status_code == 403
+    client.force_login(create_user("other", "pw-for-tests-123", roles=(RESEARCHER,)))
+    assert client.get(page(run), {"reward_max": "0.3"}).status_code == 403
+    assert confirm(client, run, 2, reward_max="0.3").status_code == 403
+    assert not Feedback.objects.exists()
+
+
+def test_a_curator_may_and_items_the_one_item_flag_refuses_are_counted(
+    client, curator, run, items, make_annotator, settings
+):
+    settings.RFTWEB_JUDGEMENTS_PER_ITEM = 1
+    services.rate(items[0].pk, make_annotator("busy"), "2")  # its one judgement is taken
+    client.force_login(curator)
+    confirm(client, run, 2, reward_max="0.3")
+    assert list(Experience.objects.filter(status="rejected").values_list("pk", flat=True)) == [items[1].pk]
+    html = client.get(page(run)).content.decode()
+    assert "Flagged 1 item. Left as they were: 1 (has all the judgements it needs)." in html
+
+
+def test_undo_takes_the_flags_back_and_leaves_the_items_free(researcher_client, researcher, run, items):
+    confirm(researcher_client, run, 2, reward_max="0.3")
+    assert "Undo your last bulk flag (2 items)" in researcher_client.get(page(run)).content.decode()
+    researcher_client.post(reverse("annotate-bulk-flag-undo", args=[run.pk]))
+    assert not Experience.objects.filter(status="rejected").exists() and not Feedback.objects.exists()
+    assert not AnnotationLock.objects.filter(user=researcher).exists()  # not held from the annotators
+    assert "Undid 2 flags of your last bulk flag." in researcher_client.get(page(run)).content.decode()
