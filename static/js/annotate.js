@@ -396,6 +396,11 @@ class AnnotationPage {
       this.setText("queue-note", this.runNote);
       return;
     }
+    if (message.type === "run_status" && this.runNote) { // resumed: the note was kept until a reload
+      this.runNote = null;
+      this.setText("queue-note", `the run is ${message.status} again: new items will come`);
+      return;
+    }
     if (message.type === "new_experiences") {
       // New experiences are a quiet count beside the queue's size, not a notice: the item at hand matters more.
       const steps = message.explorer_step - Number(this.page.dataset.step);

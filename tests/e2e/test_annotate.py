@@ -175,6 +175,12 @@ def test_an_annotator_rates_edits_compares_and_flags_with_the_keyboard_while_ano
     Experience.objects.filter(pk=old.pk).update(status="consumed")
     run_services.set_status(run, Run.Status.FAILED, error="a worker died")
     expect(page.locator("#queue-note")).to_have_text("the run has failed: no new items will come")
+    # Resumed, the note says so at once (it stayed on every next item until a reload), and again
+    # when it fails.
+    run_services.set_status(run, Run.Status.QUEUED)
+    expect(page.locator("#queue-note")).to_have_text("the run is queued again: new items will come")
+    run_services.set_status(run, Run.Status.FAILED, error="a worker died")
+    expect(page.locator("#queue-note")).to_have_text("the run has failed: no new items will come")
     page.keyboard.press("3")
     page.keyboard.press("Enter")
     expect(page.locator("#refusal")).to_contain_text("already trained on and its run is failed")
