@@ -137,6 +137,7 @@ def set_annotators(run, user, *, open_to_all: bool, usernames: list[str]) -> Run
     access, _ = RunAnnotators.objects.update_or_create(run=run, defaults={"open_to_all": open_to_all})
     access.users.set(users)
     recheck(live.annotate_group(run.pk))  # the run's open sockets of those left out are closed
+    release_lost_locks(run=run)  # and the items they held are handed to others
     return access
 
 
@@ -154,6 +155,7 @@ def assign_annotator(run, annotator, by, *, assigned: bool) -> RunAnnotators:
     else:
         access.users.remove(annotator)
         recheck(live.annotate_group(run.pk))  # their open sockets on the run check again
+        release_lost_locks(user_ids=[annotator.pk], run=run)
     return access
 
 
@@ -229,6 +231,24 @@ def _judgement_done(experience: Experience, user) -> None:
     """The user has judged the item: their lock goes, and the others watching the run hear of it."""
     AnnotationLock.objects.filter(experience=experience, user=user).delete()
     live.broadcast(experience.run_id, {"type": "judged", "experience": experience.pk, "user": user.username})
+
+
+def release_lost_locks(*, user_ids=None, run=None) -> int:
+    """Let go of the items held by people who may no longer judge them (deactivated, their
+    annotator role taken away, left off the run's annotators), so others are handed them now:
+    their sockets close at once (apps.accounts.revocation), and their items stayed taken for
+    RFTWEB_ANNOTATION_LOCK_SECONDS (300 s) before. Returns how many were let go."""
+    locks = AnnotationLock.objects.select_related("experience__run", "user")
+    if user_ids is not None:
+        locks = locks.filter(user_id__in=user_ids)
+    if run is not None:
+        locks = locks.filter(experience__run=run)
+    lost = [lock for lock in locks if not (lock.user.is_active and may_annotate(lock.experience.run, lock.user))]
+    for lock in lost:
+        lock.delete()
+        live.broadcast(lock.experience.run_id,
+                       {"type": "released", "experience": lock.experience_id, "user": lock.user.username})
+    return len(lost)
 
 
 def checked_comment(comment: str) -> str:
