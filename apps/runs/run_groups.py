@@ -180,8 +180,9 @@ def spread(column: Column, numbers: list) -> dict:
     short = comparison.short_number
     of = f"{len(found)} of {len(numbers)} runs" if len(found) < len(numbers) else f"{len(found)} runs"
     return {"mean": mean, "std": std, "min": low, "max": high, "count": len(found), "text": short(mean),
-            "spread": f"± {short(std)}" if len(found) > 1 else "",
-            "range": f"{short(low)} – {short(high)}" if len(found) > 1 else "",
+            # one value (one run, or the key the groups are by): the value alone, no spread to read
+            "spread": f"± {short(std)}" if low != high else "",
+            "range": f"{short(low)} – {short(high)}" if low != high else "",
             "title": f"{column.label} over {of}: mean {mean!r}, std {std!r}, min {low!r}, max {high!r}"}
 
 
