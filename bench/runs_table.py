@@ -6,8 +6,9 @@ Runs in a throwaway Postgres database (<DATABASE_URL's database>_bench_runs_tabl
 `--runs` runs of `--steps` explorer and trainer steps each (and an eval point every 50 steps) and
 their metric summaries (timed: what the data migration 0020 takes for as many points), then times
 a page of the list (50 runs, with the default columns and two metric summaries) sorted by each
-case, the list grouped by config keys (?group=), and the CSVs of them all. Figures, not pass/fail: they depend on the machine and its
-load. The slow test in tests/apps/runs/test_run_table_scale.py uses the same generator.
+case, the list grouped by config keys (?group=), and the CSVs of them all. Figures, not
+pass/fail: they depend on the machine and its load. The slow test in
+tests/apps/runs/test_run_table_scale.py uses the same generator.
 """
 
 import argparse

@@ -11,6 +11,8 @@ import unicodedata
 from django.db import IntegrityError, transaction
 from django.http import QueryDict
 
+from . import run_table
+from .forms import RunFilterForm
 from .models import RunListView
 
 MAX_VIEWS = 50  # a researcher's; past it a save is refused (delete one)
@@ -50,6 +52,16 @@ def save_view(user, name: str, query: str) -> RunListView:
             return RunListView.objects.create(user=user, name=name, query=query)
     except IntegrityError:  # the same name saved at the same moment from another tab
         raise BadView(f"You have a view named {name!r} already") from None
+
+
+def save_from_list(user, name: str, query) -> tuple[RunListView, QueryDict, list[str]]:
+    """Save the list of `query` (its address) as `user`'s view `name`: (the view, the query kept,
+    what of it was not applied and is left out, a line each)."""
+    filters = RunFilterForm(query)
+    view = run_table.table_view(query, run_table.saved_columns(user))
+    kept = QueryDict(run_table.csv_query(query, filters, view), mutable=True)  # a bad filter left out
+    saved = save_view(user, name, kept.urlencode(safe=",/:"))
+    return saved, kept, [f"{field}: {' '.join(errors)}" for field, errors in filters.errors.items()] + view.errors
 
 
 def delete_view(user, view_id) -> str:

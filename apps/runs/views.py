@@ -171,15 +171,9 @@ def run_list_views(request):
             name = saved_views.delete_view(request.user, request.POST["delete"])
             messages.success(request, f"Deleted the view {isolate(name)}.")
         else:
-            filters = RunFilterForm(query)
-            view = run_table.table_view(query, run_table.saved_columns(request.user))
-            filters.filter(Run.objects.none())  # validates: a bad filter is left out of the view, and said
-            kept = QueryDict(run_table.csv_query(query, filters, view), mutable=True)
-            saved = saved_views.save_view(request.user, request.POST.get("name", ""), kept.urlencode(safe=",/:"))
-            left_out = [f"{name}: {' '.join(errors)}" for name, errors in filters.errors.items()] + view.errors
+            saved, back, left_out = saved_views.save_from_list(request.user, request.POST.get("name", ""), query)
             messages.success(request, f"Saved the view {isolate(saved.name)}" + (
                 f", without what was not applied ({'; '.join(left_out)})." if left_out else "."))
-            back = kept
     except saved_views.BadView as err:
         messages.error(request, str(err))
     back.pop("page", None)
