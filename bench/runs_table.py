@@ -6,8 +6,9 @@ Runs in a throwaway Postgres database (<DATABASE_URL's database>_bench_runs_tabl
 `--runs` runs of `--steps` explorer and trainer steps each (and an eval point every 50 steps) and
 their metric summaries (timed: what the data migration 0020 takes for as many points), then times
 a page of the list (50 runs, with the default columns and two metric summaries) sorted by each
-case, and the CSV of them all. Figures, not pass/fail: they depend on the machine and its
-load. The slow test in tests/apps/runs/test_run_table_scale.py uses the same generator.
+case, the list grouped by config keys (?group=), and the CSVs of them all. Figures, not
+pass/fail: they depend on the machine and its load. The slow test in
+tests/apps/runs/test_run_table_scale.py uses the same generator.
 """
 
 import argparse
@@ -108,6 +109,10 @@ def list_cases() -> dict[str, str]:
         "best loss (best:trainer/loss), page 3": f"{base}&sort=best:trainer/loss&page=3",
         "reward, filtered by lr and reward": f"{base}&sort=-reward&where=trainer.lr%3D1e-5&where=reward%3E%3D0.2",
         "CSV of every run, sorted by best reward": f"/runs/list.csv?cols={COLUMNS}&sort=-best:explorer/reward_mean",
+        "grouped by algorithm.name, by best reward": f"{base}&group=algorithm.name&sort=-best:explorer/reward_mean",
+        "grouped by algorithm.name,trainer.lr, one open": (
+            f"{base}&group=algorithm.name,trainer.lr&expand=%5B%22grpo%22%2C1e-05%5D"),
+        "CSV of the groups by algorithm.name": f"/runs/list.csv?cols={COLUMNS}&group=algorithm.name",
     }
 
 

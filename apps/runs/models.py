@@ -168,6 +168,26 @@ class RunListColumns(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
 
+class RunListView(models.Model):
+    """A view of the runs list a researcher saved under a name, as W&B's saved views: its columns,
+    grouping, sort and filters, kept as the list's query (apps/runs/saved_views.py), which opens it.
+    Their own: a name once per researcher."""
+
+    MAX_NAME = 100
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="run_list_views")
+    name = models.CharField(max_length=MAX_NAME)
+    query = models.TextField()  # cols=...&group=...&sort=...&where=...: what the list reads
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name", "pk"]
+        constraints = [models.UniqueConstraint(fields=["user", "name"], name="run_list_view_unique")]
+
+    def __str__(self):
+        return f"{self.name} ({self.user})"
+
+
 class MetricPoint(models.Model):
     """All scalars of one role at one step, in one row."""
 

@@ -14,17 +14,21 @@ A column's id is what ?cols=, ?sort= and ?where= name (docs/runs-list.md):
 
 import json
 import math
+import posixpath
 import re
 from dataclasses import dataclass
 from functools import cache
 from itertools import product
+from pathlib import Path
 
+from django.conf import settings
 from django.db import NotSupportedError
 from django.db.models import Case, F, FloatField, Func, OuterRef, Q, Subquery, TextField, Value, When
 from django.db.models.functions import Cast, Coalesce, Lower, NullIf
 
+from workers.rft.config import ModelConfig
 from workers.rft.config_docs import rows as config_rows
-from workers.rft.config_issues import hint
+from workers.rft.config_issues import architectures_of, hint
 
 from . import queries
 from .config_keys import get_key, shown
@@ -290,8 +294,38 @@ def metric_values(runs: list[Run], columns: list[Column]) -> dict[int, dict[str,
     return {row["pk"]: {column_id: row[name] for column_id, name in names.items()} for row in rows}
 
 
+# The config keys that name a model directory. A launch stores each resolved, absolute
+# (services.validate_config: what the workers load is what was checked), while people wrote it
+# relative to the data dir: `model.path: models/con` (a saved model). The table shows and matches
+# the written form; the engine's stored value is left as it is.
+MODEL_PATH_KEYS = frozenset(f"model.{name}" for name, field in ModelConfig.model_fields.items()
+                            if architectures_of(field))
+
+
+def data_dir() -> str:
+    return str(Path(settings.DATA_DIR).resolve())
+
+
+def written(column: Column, value):
+    """A config value as the run's config wrote it: a model directory under the data dir relative
+    to it (as config_checks.shown says it), any other value as stored."""
+    if column.key in MODEL_PATH_KEYS and isinstance(value, str) and posixpath.isabs(value):
+        root = data_dir()
+        if value.startswith(root.rstrip("/") + "/"):
+            return value[len(root.rstrip("/")) + 1:]
+    return value
+
+
+def stored_paths(value: str) -> list[str]:
+    """What a model directory typed in a filter (models/con, ./models/con/, or absolute) is stored
+    as: the absolute directory under the data dir, and the text itself (a built-in's name: tiny)."""
+    typed = posixpath.normpath(value) if value else value
+    found = [value, typed, posixpath.normpath(posixpath.join(data_dir(), typed))]
+    return list(dict.fromkeys(found))
+
+
 def config_value(run: Run, column: Column):
-    return get_key(run.config, column.key)
+    return written(column, get_key(run.config, column.key))
 
 
 def config_text(value) -> str | None:
@@ -338,7 +372,10 @@ class Condition:
         keeps the runs without a value, as "differs from"; the comparisons never do."""
         if self.column.kind == CONFIG and self.operator in ("=", "!="):
             # JSON equality, any type: 1e-5 matches 0.00001 and 1e-05; "grpo" a string; true a boolean.
-            equal = Q(**{"config__" + "__".join(self.column.key.split(".")): self.value})
+            lookup = "config__" + "__".join(self.column.key.split("."))
+            equal = Q(**{lookup: self.value})
+            if self.column.key in MODEL_PATH_KEYS and isinstance(self.value, str):
+                equal = Q(**{f"{lookup}__in": stored_paths(self.value)})  # as written, or as stored
             if self.operator == "!=":  # by id: NOT (x = v) is NULL, not true, where the key is missing
                 return runs.exclude(pk__in=Run.objects.filter(equal).values("pk"))
             return runs.filter(equal)

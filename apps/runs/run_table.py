@@ -13,7 +13,7 @@ from django.db.models import F, OrderBy
 
 from workers.rft.config_issues import MAX_REPORTED_ISSUES, hint, unknown_hint
 
-from . import comparison, queries, run_columns, waits
+from . import comparison, queries, run_columns, run_groups, waits
 from .models import MetricSummary, Run, RunListColumns
 from .notes import shown_tags
 from .run_columns import CONFIG, DEFAULT_COLUMNS, METRIC, NAME, RUN, Column, UnknownColumn
@@ -29,7 +29,7 @@ HOME_COLUMNS = ("status", "progress", "reward", "mode", "owner", "created")  # t
 # What the list reads of its query (RunFilterForm's fields, the view's, the page): the CSV, which
 # scripts fetch, refuses any other as the API does (api.routes.reads_only_its_query).
 FILTERS = ("q", "status", "owner", "tag", "where")
-QUERY_PARAMETERS = (*FILTERS, "cols", "sort", "page")
+QUERY_PARAMETERS = (*FILTERS, "cols", "sort", "group", "expand", "page")
 
 
 @dataclass
@@ -41,6 +41,11 @@ class TableView:
     descending: bool = True
     errors: list[str] = field(default_factory=list)
     offered: list[str] = field(default_factory=list)  # the metrics the picker offers ("role/key")
+    group: list[Column] = field(default_factory=list)  # the config keys the runs are grouped by (run_groups)
+
+    @property
+    def group_text(self) -> str:
+        return ",".join(column.id for column in self.group)
 
     @property
     def cols(self) -> str:
@@ -102,6 +107,8 @@ def table_view(query, saved: list[str] | None = None) -> TableView:
         view.sort, view.descending = run_columns.column(sort.removeprefix("-")), sort.startswith("-")
     except UnknownColumn as err:
         view.errors.append(f"Sort: {err}; sorted newest first")
+    view.group, errors = run_groups.parse_group(query.get("group", ""))
+    view.errors += [f"Group: {error}; not grouped" for error in errors]
     return view
 
 
@@ -149,9 +156,16 @@ def _without(query, *names, where: str | None = None):
 def csv_query(query, filters, view: TableView) -> str:
     """The CSV's query for the page's view: its valid filters (the page left the others out), its
     columns and sort."""
-    params = _without(query, *filters.errors)
+    params = _without(query, "expand", "group", *filters.errors)
     params["cols"], params["sort"] = view.cols, view.sort_text
+    if view.group:  # a bad ?group= the page left out is left out here too
+        params["group"] = view.group_text
     return params.urlencode(safe=",/:")
+
+
+def group_keys() -> list[str]:
+    """What the Group box offers: every config key (run_groups.parse_group takes no other)."""
+    return list(run_columns.config_columns())
 
 
 def where_chips(query) -> list[dict]:
@@ -328,3 +342,68 @@ def _csv_value(run: Run, column: Column, metrics: dict):
         return run.status
     return getattr(run, column.id)
 
+
+
+# ---- grouped (?group=) -----------------------------------------------------------------------------
+
+
+def groups(runs, view: TableView) -> list[run_groups.Group]:
+    """The view's groups of `runs` (ordered by the view), sorted as the view says."""
+    with without_jit():
+        found = run_groups.grouped(runs, view.group, view.columns, view.sort)
+    return run_groups.sort_groups(found, view.sort, view.descending)
+
+
+def ungrouped(query) -> str:
+    return _without(query, "group", "expand").urlencode(safe=",/:")
+
+
+def group_links(query, groups_shown: list[run_groups.Group], view: TableView) -> None:
+    """Each group's .expand (the query opening it, or closing it where it is open), .is_open, and
+    .listed (the list of its runs alone: not grouped, a ?where= for each key; None for "(not set)")."""
+    open_token = query.get("expand")
+    for group in groups_shown:
+        group.is_open = group.token == open_token
+        params = _without(query, "expand")
+        if not group.is_open:
+            params["expand"] = group.token
+        group.expand = params.urlencode(safe=",/:")
+        conditions = group.conditions(view.group)
+        if conditions is None:
+            group.listed = None
+            continue
+        params = _without(query, "expand", "group")
+        params.setlist("where", [*params.getlist("where"), *conditions])
+        group.listed = params.urlencode(safe=",/:")
+
+
+def expanded(query, found: list[run_groups.Group], view: TableView, most: int):
+    """(the group ?expand= opens, its first `most` runs with their cells), (None, []) if none is
+    asked; a token naming no group of the view is said in the view's errors."""
+    token = query.get("expand")
+    if not token:
+        return None, []
+    group = next((group for group in found if group.token == token), None)
+    if group is None:
+        view.errors.append(f"Expand: no group {token[:100]!r} in this view")
+        return None, []
+    ids = group.runs[:most]
+    listed = queries.with_latest_explorer_metrics(Run.objects.filter(pk__in=ids).select_related("owner")).in_bulk()
+    return group, with_cells([listed[pk] for pk in ids if pk in listed], view.columns)
+
+
+def groups_csv(found: list[run_groups.Group], view: TableView):
+    """The grouped view as CSV: each key's value (empty: not set), the runs, then per column its
+    mean, std, min and max for a number, else what the group's cell says."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    header = [*(key.id for key in view.group), "runs"]
+    for column in view.columns:
+        header += [f"{column.id} {figure}" for figure in run_groups.FIGURES] if column.numeric else [column.id]
+    writer.writerow(header)
+    for group in found:
+        row = [*("" if value is None else run_columns.config_text(value) for value in group.values), len(group.runs)]
+        for column, cell in group.cells:
+            row += [cell[figure] for figure in run_groups.FIGURES] if column.numeric else [cell["text"]]
+        writer.writerow([comparison.safe_cell(value) for value in row])
+    yield buffer.getvalue()

@@ -9,6 +9,7 @@ urlpatterns = [
     path("runs/stop/", views.run_bulk_stop, name="run-bulk-stop"),
     path("runs/list.csv", views.run_list_csv, name="run-list-csv"),
     path("runs/columns/", views.run_list_columns, name="run-list-columns"),
+    path("runs/views/", views.run_list_views, name="run-list-views"),
     path("runs/plotly.min.js", views.plotly_js, name="plotly-js"),
     path("runs/<int:pk>/", views.run_detail, name="run-detail"),
     path("runs/<int:pk>/live.json", views.run_live, name="run-live"),

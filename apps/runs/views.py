@@ -27,7 +27,7 @@ from apps.tasksets.models import Task, Taskset
 from rftweb.errors import bad_request_response, form_checks_nul
 from workers.rft.config import ConfigError
 
-from . import duties, queries, run_table, services, supervision, sweeps, waits
+from . import duties, queries, run_table, saved_views, services, supervision, sweeps, waits
 from .api import token_for, token_or_session, workers_json
 from .checkpoints import run_checkpoint_dir, tar_stream
 from .compression import gzip_json
@@ -94,15 +94,26 @@ def _listed(request) -> tuple[RunFilterForm, run_table.TableView, object]:
 @role_required(RESEARCHER)
 def run_list(request):
     """The runs table (docs/runs-list.md): the columns picked, sorted by any of them, filtered,
-    a page at a time; the same query downloads every matching run as CSV (run_list_csv)."""
+    a page at a time, or grouped by config keys (?group=: a page of groups, one open with
+    ?expand=); the same query downloads every matching run, or group, as CSV (run_list_csv)."""
     filters, view, runs = _listed(request)
-    page = Paginator(queries.with_latest_explorer_metrics(runs.select_related("owner")),
-                     RUNS_PER_PAGE).get_page(request.GET.get("page"))
-    page.object_list = run_table.with_cells(page.object_list, view.columns)
+    views = saved_views.views_of(request.user)
+    context = {"filters": filters, "table": view, "picker": run_table.picker(view),
+               "where": run_table.where_chips(request.GET), "group_keys": run_table.group_keys(),
+               "saved_views": views, "current_view": saved_views.current(views, request.GET)}
+    if view.group:
+        found = run_table.groups(runs, view)
+        context["open_group"], context["runs"] = run_table.expanded(request.GET, found, view, RUNS_PER_PAGE)
+        page = Paginator(found, RUNS_PER_PAGE).get_page(request.GET.get("page"))
+        run_table.group_links(request.GET, page.object_list, view)
+        context.update(page=page, groups=page.object_list, runs_grouped=sum(len(group.runs) for group in found),
+                       ungrouped=run_table.ungrouped(request.GET))
+    else:
+        page = Paginator(queries.with_latest_explorer_metrics(runs.select_related("owner")),
+                         RUNS_PER_PAGE).get_page(request.GET.get("page"))
+        context.update(page=page, runs=run_table.with_cells(page.object_list, view.columns))
     return render(request, "runs/list.html", {
-        "filters": filters, "page": page, "runs": page.object_list, "table": view,
-        "headers": view.headers(request.GET), "picker": run_table.picker(view),
-        "where": run_table.where_chips(request.GET),
+        **context, "headers": view.headers(request.GET),
         "csv_query": run_table.csv_query(request.GET, filters, view),
     })
 
@@ -111,8 +122,9 @@ def run_list(request):
 @role_required(RESEARCHER)
 def run_list_csv(request):
     """The runs list's CSV: its columns for every run its filters match (not the page alone), in
-    its order. A bad column, sort or filter, or a parameter the list does not read, is a 400
-    naming it: a file missing a column, or of other runs, would pass unnoticed."""
+    its order; grouped (?group=), a row per group. A bad column, sort, group or filter, or a
+    parameter the list does not read, is a 400 naming it: a file missing a column, or of other
+    runs, would pass unnoticed."""
     unknown = [name for name in request.GET if name not in run_table.QUERY_PARAMETERS]
     if unknown:
         return bad_request_response(request, run_table.unknown_parameters(unknown))
@@ -120,7 +132,11 @@ def run_list_csv(request):
     problems = [f"{name}: {' '.join(errors)}" for name, errors in filters.errors.items()] + view.errors
     if problems:
         return bad_request_response(request, "\n".join(problems))  # a line each
-    response = streaming(run_table.csv_chunks(runs, view.columns), content_type="text/csv; charset=utf-8")
+    if view.group:
+        chunks = run_table.groups_csv(run_table.groups(runs, view), view)
+    else:
+        chunks = run_table.csv_chunks(runs, view.columns)
+    response = streaming(chunks, content_type="text/csv; charset=utf-8")
     response["Content-Disposition"] = content_disposition_header(as_attachment=True, filename="runs.csv")
     return response
 
@@ -141,6 +157,27 @@ def run_list_columns(request):
             messages.error(request, f"Columns: {problem}")
         query["cols"] = ",".join(run_table.save_columns(request.user, picked))
     return redirect(reverse("run-list") + (f"?{query.urlencode(safe=',/:')}" if query else ""))
+
+
+@require_POST
+@role_required(RESEARCHER)
+def run_list_views(request):
+    """Save the list as the user sees it under a name (its columns, grouping, sort and valid
+    filters: saved_views), or delete one of theirs; back to the list, the saved view open."""
+    query = QueryDict(request.POST.get("query", ""), mutable=True)
+    back = query
+    try:
+        if "delete" in request.POST:
+            name = saved_views.delete_view(request.user, request.POST["delete"])
+            messages.success(request, f"Deleted the view {isolate(name)}.")
+        else:
+            saved, back, left_out = saved_views.save_from_list(request.user, request.POST.get("name", ""), query)
+            messages.success(request, f"Saved the view {isolate(saved.name)}" + (
+                f", without what was not applied ({'; '.join(left_out)})." if left_out else "."))
+    except saved_views.BadView as err:
+        messages.error(request, str(err))
+    back.pop("page", None)
+    return redirect(reverse("run-list") + (f"?{back.urlencode(safe=',/:')}" if back else ""))
 
 
 @require_POST

@@ -1,19 +1,23 @@
 // The runs list: a select-all box, "Compare selected" (a GET, so outside the stop form's POST),
-// the column picker's search box, and the address kept shareable: a list opened without ?cols=
-// shows the user's saved columns, and the address gets them, so that a link copied from it opens
-// the same table for whoever follows it.
+// the column picker's search box, the column and view pickers closing on Escape or a click
+// outside, and the address kept shareable: a list opened without ?cols= shows the user's saved
+// columns, and the address gets them, so that a link copied from it opens the same table for
+// whoever follows it.
 "use strict";
 (function () {
   const form = document.getElementById("runs-form");
   const boxes = () => [...form.querySelectorAll('input[name="runs"]')];
-  form.querySelector("[data-select-all]").addEventListener("change", (event) => {
-    boxes().forEach((box) => { box.checked = event.target.checked; });
-  });
+  const selectAll = form.querySelector("[data-select-all]");
   const compare = form.querySelector("[data-compare-url]");
-  compare.addEventListener("click", () => {
-    const query = new URLSearchParams(boxes().filter((box) => box.checked).map((box) => ["runs", box.value]));
-    location.href = compare.dataset.compareUrl + "?" + query;
-  });
+  if (selectAll) {  // a grouped list (?group=) has no bulk actions
+    selectAll.addEventListener("change", (event) => {
+      boxes().forEach((box) => { box.checked = event.target.checked; });
+    });
+    compare.addEventListener("click", () => {
+      const query = new URLSearchParams(boxes().filter((box) => box.checked).map((box) => ["runs", box.value]));
+      location.href = compare.dataset.compareUrl + "?" + query;
+    });
+  }
 
   const address = new URLSearchParams(location.search);
   if (!address.has("cols")) {
@@ -41,10 +45,11 @@
     if (event.key === "Enter") event.preventDefault();  // Enter finds; the button shows the columns
   });
   picker.addEventListener("toggle", () => { if (picker.open) search.focus(); });
+  const pops = [picker, document.getElementById("saved-views")];
   document.addEventListener("keydown", (event) => {
-    if (event.key === "Escape" && picker.open) picker.open = false;
+    if (event.key === "Escape") pops.forEach((pop) => { pop.open = false; });
   });
   document.addEventListener("click", (event) => {
-    if (picker.open && !picker.contains(event.target)) picker.open = false;
+    pops.forEach((pop) => { if (pop.open && !pop.contains(event.target)) pop.open = false; });
   });
 })();

@@ -142,3 +142,58 @@ def test_embedded_the_same_through_the_same_views(researcher, settings):
     assert [(row["name"], row["best:explorer/reward_mean"]) for row in rows] == [("lr-mid-b", "0.6"),
                                                                                   ("lr-mid-a", "0.7")]
     assert client.get(reverse("run-list")).context["table"].cols == COLUMNS  # saved
+
+
+# ---- grouped (?group=) ------------------------------------------------------------------------------
+
+
+def test_a_researcher_groups_runs_by_learning_rate_reads_each_groups_mean_and_opens_one(researcher, page, login):
+    make_runs(researcher)
+    login(researcher, f"/runs/?cols={COLUMNS}")
+    page.get_by_label("group by config keys").fill("trainer.lr")
+    page.get_by_role("button", name="Filter").click()
+    page.wait_for_url(re.compile(r"group=trainer.lr"))
+    expect(page.locator("#runs-form")).to_contain_text("3 groups by trainer.lr")
+    rows = page.locator("table.runs.grouped > tbody > tr.group-row")
+    expect(rows).to_have_count(3)
+    # newest run first: lr-high's group, then the two runs of 1e-05 (best rewards 0.7 and 0.6), then lr-low's
+    assert [text.split()[1] for text in rows.locator("td.group-name").all_inner_texts()] == ["0.0001", "1e-05", "1e-06"]
+    middle = rows.nth(1)
+    expect(middle.locator("td").nth(1)).to_have_text("2")
+    expect(middle).to_contain_text("0.65 ± 0.05")  # the mean of the group's bests, ± their std
+    expect(middle).to_contain_text("0.6 – 0.7")  # and their range
+
+    page.get_by_role("link", name="explorer/reward_mean (best)").click()  # groups by their mean, highest first
+    expect(page.locator("th[aria-sort=descending]")).to_contain_text("explorer/reward_mean (best)")
+    assert [text.split()[1] for text in rows.locator("td.group-name").all_inner_texts()] == ["0.0001", "1e-05", "1e-06"]
+    page.locator("tr.group-row", has_text="1e-05").locator("td.group-name a").first.click()  # opens in place
+    opened = page.locator("tr.group-runs table.runs")
+    expect(opened).to_be_visible()
+    assert sorted(opened.locator("tbody td.run-name > a").all_inner_texts()) == ["lr-mid-a", "lr-mid-b"]
+    page.set_viewport_size({"width": 1366, "height": 768})
+    page.screenshot(path="/tmp/runsgroup-grouped.png", full_page=True)
+
+    page.locator("tr.group-row", has_text="1e-05").get_by_role("link", name="list").click()  # its runs alone
+    expect(page.locator(".run-filters-applied")).to_contain_text("trainer.lr = 1e-05")
+    assert sorted(names_in(page)) == ["lr-mid-a", "lr-mid-b"]
+
+
+def test_embedded_groups_through_the_same_views(researcher, settings):
+    settings.RFTWEB_EMBEDDED = True
+    make_runs(researcher)
+    client = Client()
+    client.force_login(researcher)
+    response = client.get(reverse("run-list"), {"cols": COLUMNS, "group": "trainer.lr",
+                                                "sort": "-best:explorer/reward_mean"})
+    groups = response.context["groups"]
+    assert [(group.values, len(group.runs)) for group in groups] == [((1e-4,), 1), ((1e-5,), 2), ((1e-6,), 1)]
+    best = dict((column.id, cell) for column, cell in groups[1].cells)["best:explorer/reward_mean"]
+    assert (round(best["mean"], 6), round(best["std"], 6), best["min"], best["max"]) == (0.65, 0.05, 0.6, 0.7)
+    opened = client.get(f"{reverse('run-list')}?{groups[1].expand}")
+    assert sorted(run.name for run in opened.context["runs"]) == ["lr-mid-a", "lr-mid-b"]
+    alone = client.get(f"{reverse('run-list')}?{groups[1].listed}")
+    assert sorted(run.name for run in alone.context["runs"]) == ["lr-mid-a", "lr-mid-b"]
+    rows = list(csv.DictReader(io.StringIO(body(client.get(f"{reverse('run-list-csv')}?"
+                                                            f"{response.context['csv_query']}")))))
+    assert [(row["trainer.lr"], row["runs"], row["best:explorer/reward_mean max"]) for row in rows] == [
+        ("0.0001", "1", "0.9"), ("1e-05", "2", "0.7"), ("1e-06", "1", "0.3")]
