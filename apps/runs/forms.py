@@ -436,8 +436,10 @@ class ReportForm(forms.ModelForm):
     """A comparison saved as a report (views_reports): the compare page's runs, charts' filter and
     smoothing, and samples, with a name and a note."""
 
-    MAX_RUNS = 20
-    runs = forms.CharField(widget=forms.HiddenInput, max_length=400)
+    # More than a whole sweep (sweeps.MAX_RUNS): "Compare these runs" of a 24-run sweep could not
+    # be saved at 20. 50 ids of up to 10 digits fit the field.
+    MAX_RUNS = 50
+    runs = forms.CharField(widget=forms.HiddenInput, max_length=600)
 
     class Meta:
         model = Report

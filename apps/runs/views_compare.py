@@ -97,6 +97,8 @@ def compare_context(picked: list[Run], *, view: dict, search: str = "", task: in
         **view,
         "sample_step": step, "sample_task": task, "sample_tasks": tasks,
         "sample_columns": samples.columns(picked, task, step) if task is not None and picked else [],
+        "report_max_runs": ReportForm.MAX_RUNS,
+        "report_excess": max(0, len(picked) - ReportForm.MAX_RUNS),  # said before a name is typed
         "report_form": ReportForm(initial={
             "runs": ",".join(str(run.pk) for run in picked), "sample_task": task,
             "sample_step": step if task is not None else None,

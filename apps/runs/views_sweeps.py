@@ -32,9 +32,11 @@ def sweep_detail(request, pk):
     for row in shown["rows"]:
         row["run"].shown_status = waits.shown_status(row["run"])
     runs = sorted((row["run"] for row in shown["rows"]), key=lambda run: run.pk)
-    unfinished = [run for run in runs if not run.is_finished]
+    # A stopping run is on its way (its last checkpoint): Stop offered again did nothing more.
+    unfinished = [run for run in runs if not run.is_finished and run.status != Run.Status.STOPPING]
     return render(request, "sweeps/detail.html", {
         "sweep": sweep, "table": shown, "space": sweeps.space_text(sweep),
+        "runs_left": len(runs), "runs_deleted": max(0, sweep.count - len(runs)),  # a curator deletes runs
         "chart": sweeps.chart_data(shown),
         "compare_url": reverse("run-compare") + "?" + "&".join(f"runs={run.pk}" for run in runs),
         "unfinished": unfinished, "may_stop": unfinished and may_control(request.user, runs[0]),

@@ -10,7 +10,8 @@ from django.utils.html import escape
 from apps.accounts.roles import RESEARCHER
 from apps.accounts.services import create_user
 from apps.buffer.models import Experience
-from apps.runs import samples
+from apps.runs import samples, sweeps
+from apps.runs.forms import ReportForm
 from apps.runs.models import Report, Run
 from apps.tasksets.models import Task, Taskset
 
@@ -182,10 +183,25 @@ def test_a_refused_edit_comes_back_with_what_was_typed(researcher_client, compar
 
 
 @pytest.mark.parametrize(("runs", "problem"), [("", "runs"), ("999", "no run with id 999"),
-                                                (",".join(str(i) for i in range(1, 30)), "1 to 20 runs")])
+                                                (",".join(str(i) for i in range(1, 60)), "1 to 50 runs")])
 def test_a_report_of_no_runs_or_unknown_ones_is_refused(researcher_client, compared, runs, problem):
     response = researcher_client.post(reverse("report-save"), {"runs": runs, "name": "r"}, follow=True)
     assert not Report.objects.exists() and problem in response.content.decode()
+
+
+def test_a_whole_sweep_is_saved_and_a_comparison_past_the_limit_says_so_before_a_name_is_typed(researcher_client,
+                                                                                              make_run):
+    """A 24-run sweep (sweeps allow 32) opened in Compare offered Save, then refused it: "a report
+    compares 1 to 20 runs"."""
+    sweep = [make_run(f"s{i}", status=Run.Status.COMPLETED).pk for i in range(ReportForm.MAX_RUNS + 2)]
+    within = sweep[:sweeps.MAX_RUNS]
+    page = researcher_client.get(reverse("run-compare"), {"runs": within}).content.decode()
+    assert 'id="report-too-many"' not in page
+    saved = researcher_client.post(reverse("report-save"), {"runs": ",".join(map(str, within)), "name": "sweep"})
+    assert saved.status_code == 302 and Report.objects.get().run_ids == within
+    page = researcher_client.get(reverse("run-compare"), {"runs": sweep}).content.decode()
+    assert (f"A report keeps at most {ReportForm.MAX_RUNS} runs, and {len(sweep)} are compared: untick 2 to save one"
+            in page)
 
 
 def test_a_report_whose_run_is_gone_says_so(researcher_client, researcher, compared):

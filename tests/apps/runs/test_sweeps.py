@@ -218,8 +218,15 @@ def test_the_launch_form_launches_a_sweep_and_its_page_tables_the_results(
     assert chart["runs"][0]["values"] == [1e-4, 0, 0.75] and chart["runs"][-1]["values"][-1] is None
     text = page.content.decode()
     assert "Stop the sweep" in text and f"runs={runs[0].pk}&amp;runs={runs[1].pk}" in text
+    assert " · 6 runs · " in text
     listed = researcher_client.get(reverse("sweep-list")).content.decode()
     assert "lr x kl" in listed and "grid over" in listed
+    # A curator deletes a run: the page counts what is left, as the list does (it said 6, listing 5);
+    # its runs stopping, Stop is no longer offered (it was, and did nothing more).
+    runs.pop().delete()
+    Run.objects.filter(pk__in=[run.pk for run in runs]).update(status=Run.Status.STOPPING)
+    text = researcher_client.get(response.url).content.decode()
+    assert " · 5 runs (1 deleted) · " in text and "Stop the sweep" not in text
     detail = researcher_client.get(reverse("run-detail", args=[runs[0].pk])).content.decode()
     assert "in sweep" in detail and "trainer.lr=1e-05" in detail
 
