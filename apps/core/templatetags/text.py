@@ -6,12 +6,15 @@ gave, as a <bdi>. `isolate`: a name people gave where no element may hold it (a 
 <option>, an attribute's text). `thousands`:
 a count as 15,696, not 15696 (USE_THOUSAND_SEPARATOR would put commas in every id in a URL too).
 `breakable`: a dotted or slashed name (algorithm.repeat_times, eval/exact_match) that may wrap
-after its dots, slashes and colons, so that a table's header does not widen its column past its values."""
+after its dots, slashes and colons, so that a table's header does not widen its column past its values.
+`ago`: how long ago, "just now" under a minute (timesince said "0 minutes ago")."""
 import re
 
 from django import template
+from django.utils import timezone
 from django.utils.html import escape
 from django.utils.safestring import mark_safe
+from django.utils.timesince import timesince
 
 from apps.core.bidi import balanced, isolate, split_isolated
 
@@ -45,3 +48,10 @@ def thousands(number) -> str:
 @register.filter
 def breakable(text) -> str:
     return mark_safe(BREAK_AFTER.sub(r"\1<wbr>", escape(str(text))))  # escaped first: only <wbr> is ours
+
+
+@register.filter
+def ago(moment) -> str:
+    if not moment:
+        return ""
+    return "just now" if (timezone.now() - moment).total_seconds() < 60 else f"{timesince(moment)} ago"
