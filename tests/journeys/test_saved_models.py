@@ -7,6 +7,10 @@ launch, and the second run starts where the first ended: its first loss is the f
 not its first. The Models page then names the second run as trained from
 it, and deleting the model while nothing may load it again removes it and its files.
 
+A researcher then scores a saved model: the quick demo's last checkpoint, saved, has its *Evaluate*
+open a mode-bench run of it on the demo's eval taskset; launched, it scores the model as the demo
+scored it at that step, and the Models page shows that score, linked to the bench run, sorted by it.
+
 Full stack in Chromium at 1366x768 (daphne, Celery workers on default and train); embedded through
 the same views (the runs on threads of this process). With RFTWEB_JOURNEY_SHOTS=DIR the journey
 leaves its screenshots there."""
@@ -229,7 +233,7 @@ def test_a_researcher_evaluates_a_saved_model_and_sees_its_score_on_the_models_p
     expect(cell.locator("a.score-value")).to_have_text(f"{score:.3f}")
     expect(cell.locator("a.score-value")).to_have_attribute("href", f"/runs/{bench.pk}/")
     expect(page.locator("#model-sums-demo")).to_contain_text("eval sums-demo on addition-eval evaluated completed")
-    page.get_by_role("link", name="addition-eval").click()
+    page.locator("#saved-models thead").get_by_role("link", name="addition-eval").click()
     page.wait_for_url("**/models/?sort=addition-eval")
     expect(page.locator("#saved-models th.sorted")).to_contain_text("addition-eval")
     shot(page, "models-scores")
