@@ -21,6 +21,7 @@ from apps.accounts.roles import CURATOR, RESEARCHER, has_role, role_required
 from apps.core.bidi import isolate
 from apps.core.numbers import whole_number, whole_numbers
 from apps.core.streaming import streaming
+from apps.saved_models.evaluation import evaluation
 from apps.saved_models.models import SavedModel
 from apps.saved_models.services import train_from
 from apps.tasksets.models import Task, Taskset
@@ -267,13 +268,19 @@ def _starting_point(request) -> tuple[dict, str, str | None]:
     preset (?preset=<name>), or the default preset; ?taskset=<name> (the taskset page's link) puts
     that taskset in it, and ?model=<name> (the Models page's "Train from it") that saved model as
     model.path: the settings of the run it was saved from unless a preset is named
-    (saved_models.services.train_from), said on the page."""
+    (saved_models.services.train_from), said on the page. ?evaluate=<name> (the Models page's
+    "Evaluate") opens a mode-bench run of that saved model (saved_models.evaluation.evaluation)."""
     source = whole_number(request.GET.get("from"))
     if source is not None:
         run = get_object_or_404(Run, pk=source)
         return run.config, f"{run.name} (again)", None
+    evaluated = request.GET.get("evaluate") or ""
+    if evaluated and (model := SavedModel.objects.filter(name=evaluated).first()):
+        config, name, said = evaluation(model)
+        messages.info(request, said)
+        return config, name, None
     taskset = Taskset.objects.filter(name=request.GET.get("taskset") or "").first()
-    wanted = request.GET.get("model") or ""
+    wanted = request.GET.get("model") or evaluated  # a stale Evaluate link is said so as a stale model link
     saved = SavedModel.objects.filter(name=wanted).first()
     if saved and request.GET.get("preset") not in PRESETS:
         config, preset, said = train_from(saved, taskset)

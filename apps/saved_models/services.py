@@ -164,6 +164,21 @@ def runs_naming(saved_models, statuses=None) -> dict[int, list[Run]]:
     return found
 
 
+def model_uses(run: Run, saved: SavedModel) -> list[str]:
+    """How `run` (one of runs_naming's) loads the model, in words: the policy it trains (model.path;
+    "evaluated" for a mode-bench run, which trains nothing), its reference (ref_path), its critic
+    (critic_path), a reward fn's model."""
+    directory, model = str(model_dir(saved)), run.config.get("model") or {}
+    uses = []
+    if model.get("path") == directory:
+        uses.append("evaluated" if run.config.get("mode") == Run.Mode.BENCH else "policy")
+    uses += [use for key, use in (("ref_path", "reference"), ("critic_path", "critic")) if model.get(key) == directory]
+    rest = {key: value for key, value in run.config.items() if key != "model"}
+    if directory in set(_strings(rest)):
+        uses.append("reward model")
+    return uses
+
+
 def _strings(value):
     if isinstance(value, str):
         yield value

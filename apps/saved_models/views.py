@@ -12,19 +12,27 @@ from apps.runs.checkpoints import tar_stream
 from apps.runs.models import Checkpoint, Run
 from rftweb.errors import form_checks_nul
 
-from . import services
+from . import evaluation, services
 from .forms import SaveModelForm
 from .models import SavedModel
 
 
 @role_required(RESEARCHER)
 def model_list(request):
+    """The saved models with their lineage, the runs that load them (and how), and their eval
+    scores as a leaderboard: ?sort=<eval taskset> puts the best on it first."""
     saved = list(SavedModel.objects.select_related("run", "created_by"))
-    trained = services.runs_naming(saved)
+    naming = services.runs_naming(saved)
     for model in saved:
-        model.trained = trained[model.pk]
+        model.trained = [(run, services.model_uses(run, model)) for run in naming[model.pk]]
         model.deletable = services.may_delete(request.user, model)
-    return render(request, "saved_models/list.html", {"models": saved})
+    sort = request.GET.get("sort") or ""
+    tasksets, ordered = evaluation.leaderboard(saved, evaluation.scores(saved, naming), sort)
+    if sort and sort not in tasksets:  # a stale link (its scores' runs deleted) or a typo
+        messages.error(request, f"No model has a score on {isolate(sort)} to sort by: the models are in the order "
+                                "they were saved.")
+    return render(request, "saved_models/list.html", {"models": ordered, "tasksets": tasksets,
+                                                      "sort": sort if sort in tasksets else ""})
 
 
 @form_checks_nul

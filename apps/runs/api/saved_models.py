@@ -1,12 +1,13 @@
 """The API's saved models (apps/saved_models): list them, save a run's checkpoint as one, delete
 one. The Models page's actions, through the same services and the same checks."""
 from datetime import datetime
+from urllib.parse import urlencode
 
 from django.shortcuts import get_object_or_404
 from django.urls import reverse
 from ninja import Field, Query, Router, Schema, Status
 
-from apps.saved_models import services
+from apps.saved_models import evaluation, services
 from apps.saved_models.models import MAX_NOTE, SavedModel
 from workers.rft.json_values import text_problem
 
@@ -32,6 +33,26 @@ class SaveIn(Schema):
     note: str | None = Field(None, description=f"at most {MAX_NOTE} characters")
 
 
+class ScoreOut(Schema):
+    eval_taskset: str
+    metric: str = Field(description="the eval key: an accuracy (exact_match, accuracy, ...) where the reward fn "
+                                    "scores 1 or 0, else the mean eval reward (reward_mean)")
+    value: float
+    run: int = Field(description="the run that recorded it")
+    run_name: str
+    step: int
+    source: str = Field(description="bench: a finished mode-bench run of the model; at save: its source run's own "
+                                    "eval at the checkpoint's step")
+
+
+class UseOut(Schema):
+    run: int
+    name: str
+    status: str
+    uses: list[str] = Field(description="how it loads the model: policy, evaluated (mode bench), reference, critic, "
+                                        "reward model")
+
+
 class ModelOut(Schema):
     name: str
     model_path: str = Field(description="what a run's config names it by: model.path: models/<name>")
@@ -45,6 +66,10 @@ class ModelOut(Schema):
     created_at: datetime
     trained_from_it: list[int] = Field(description="the runs that load it: as their model.path, ref_path, "
                                                    "critic_path or a reward model")
+    runs: list[UseOut] = Field(description="those runs, each with its status and how it loads the model")
+    scores: list[ScoreOut] = Field(description="its eval scores: each finished bench run's, newest first, then its "
+                                               "source run's at the checkpoint's step where it evaluated then")
+    evaluate_url: str = Field(description="the launch form on a mode bench run of it (the Models page's Evaluate)")
     download_url: str
 
 
@@ -55,22 +80,27 @@ class ModelPage(Schema):
     results: list[ModelOut]
 
 
-def model_json(saved: SavedModel, trained: list[Run]) -> dict:
+def model_json(saved: SavedModel, trained: list[Run], scores: list) -> dict:
     return {"name": saved.name, "model_path": saved.model_path, "run": saved.run_id, "run_name": saved.run_name,
             "checkpoint_version": saved.checkpoint_version, "step": saved.step, "size_bytes": saved.size_bytes,
             "note": saved.note, "created_by": saved.created_by.username if saved.created_by else None,
             "created_at": saved.created_at, "trained_from_it": [run.pk for run in trained],
+            "runs": [{"run": run.pk, "name": run.name, "status": run.status, "uses": services.model_uses(run, saved)}
+                     for run in trained],
+            "scores": [score.as_json() for score in scores],
+            "evaluate_url": f"{reverse('run-launch')}?{urlencode({'evaluate': saved.name})}",
             "download_url": reverse("model-download", args=[saved.name])}
 
 
 @router.get("/", response={200: ModelPage, 400: ErrorOut, **REFUSED}, url_name="api-models",
             summary="List saved models")
 def list_models(request, paging: Query[Paging]):
-    """Newest first, each with the runs trained from it."""
-    page = page_of(SavedModel.objects.select_related("created_by"), paging.page, paging.page_size)
+    """Newest first, each with the runs that load it (and how) and its eval scores."""
+    page = page_of(SavedModel.objects.select_related("run", "created_by"), paging.page, paging.page_size)
     saved = list(page["results"])
     trained = services.runs_naming(saved)
-    return {**page, "results": [model_json(model, trained[model.pk]) for model in saved]}
+    scores = evaluation.scores(saved, trained)
+    return {**page, "results": [model_json(model, trained[model.pk], scores[model.pk]) for model in saved]}
 
 
 @router.post(
@@ -100,7 +130,7 @@ def save_model(request):
         saved = services.save_model(run, body["version"], name, request.user, body.get("note") or "")
     except services.SaveError as err:
         raise ApiError(400, str(err), errors=[{"key": err.key, "message": str(err)}]) from None
-    return Status(201, model_json(saved, []))
+    return Status(201, model_json(saved, [], []))
 
 
 @router.delete("/{name}/", response={204: None, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut, **REFUSED},
