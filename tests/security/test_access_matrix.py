@@ -25,7 +25,7 @@ from apps.accounts.services import create_user
 from apps.buffer.models import Experience
 from apps.feedback.models import Feedback, RunAnnotators
 from apps.runs.api import token_for
-from apps.runs.models import Checkpoint, Report, Run, RunListColumns, Sweep
+from apps.runs.models import Checkpoint, Report, Run, RunListColumns, RunListView, Sweep
 from apps.runs.supervision import run_dir
 from apps.saved_models.models import SavedModel
 from apps.saved_models.services import models_root, save_model
@@ -109,6 +109,13 @@ MATRIX = {
     "review-reject": Entry("LDDDA", method="post", kwargs=lambda o: {"pk": o.feedback.pk}),
     "annotate-export": Entry("LDAAA", kwargs=run_id),
     "annotate-run-summary": Entry("LDAAA", kwargs=run_id),
+    # bulk flag: the run's owner and curators, as who assigns its annotators
+    "annotate-bulk-flag": Entry("LDADA", kwargs=run_id),
+    # (the world's one item has the judgement it needs: refused by the flag, tests/apps/feedback/test_bulk_flag.py)
+    "annotate-bulk-flag-confirm": Entry(
+        "LDADA", method="post", kwargs=run_id, data=lambda o: {"source": "rollout", "count": "1", "reason": "garbled"},
+    ),
+    "annotate-bulk-flag-undo": Entry("LDADA", method="post", kwargs=run_id),
     "annotate-assign": Entry(
         "LDARA", method="post", kwargs=run_id, data=lambda o: {"usernames": "ann"},
         changed=lambda o: RunAnnotators.objects.filter(run=o.run).exists(),
@@ -138,6 +145,10 @@ MATRIX = {
     "run-explorers": Entry(
         "LDADA", method="post", kwargs=run, data=lambda o: {"engine_num": "1"},
         changed=lambda o: Run.objects.get(pk=o.run.pk).config.get("explorer", {}).get("engine_num") == 1,
+    ),
+    "run-list-views": Entry(  # each researcher's own saved views of the runs list
+        "LDAAA", method="post", data=lambda o: {"name": "mine", "query": "sort=name"},
+        changed=lambda o: RunListView.objects.filter(name="mine").exists(),
     ),
     "run-bulk-stop": Entry(
         "LDARA", method="post", data=lambda o: {"runs": [o.run.pk]}, changed=status_is(Status.STOPPING)

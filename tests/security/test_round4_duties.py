@@ -22,6 +22,7 @@ from django.utils import timezone
 from apps.runs import duties, services, supervision
 from apps.runs.models import Run
 from apps.runs.store import DjangoMetricSink
+from apps.tasksets.models import Taskset
 from rftweb.celery import app
 from tests.support import wait_for
 from tests.workers.test_tasks import grpo_config, make_taskset
@@ -58,6 +59,8 @@ def beat(worker: str, **extra) -> dict:
 
 def split_run(owner, explorers: int, status=Status.QUEUED, **fields) -> Run:
     config = RunConfig.from_dict(grpo_config(500, method="checkpoint")).to_dict()
+    if not Taskset.objects.filter(name=config["buffer"]["taskset"]).exists():
+        make_taskset(config["buffer"]["taskset"])  # a resume refuses a run whose taskset is gone
     config["explorer"]["engine_num"] = explorers
     return Run.objects.create(name="explorers", owner=owner, config=config, status=status, **fields)
 
