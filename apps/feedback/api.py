@@ -19,7 +19,7 @@ from django.views.decorators.http import require_GET, require_POST
 from apps.accounts.roles import ANNOTATOR, role_required
 from apps.buffer.models import Experience
 from apps.core.files import parse_json
-from apps.core.numbers import whole_number
+from apps.core.numbers import whole_number, whole_numbers
 from apps.runs.models import Run
 
 from . import history, queue, views
@@ -75,8 +75,8 @@ def _since(request):
     return since
 
 
-def _item(request, item: Experience, *, error=None, confirm=None, text=None) -> dict:
-    context = views.item_context(request, item, error=error, confirm=confirm, edited_text=text)
+def _item(request, item: Experience, *, error=None, confirm=None, text=None, **queue) -> dict:
+    context = views.item_context(request, item, error=error, confirm=confirm, edited_text=text, **queue)
     return {"id": item.pk, "judgeable": context["refusal"] is None,
             "html": render_to_string("feedback/_item.html", context, request=request)}
 
@@ -119,26 +119,35 @@ def next_item(request):
     """The next item of the session's run, taken for the user, leaving out those the page has
     (`exclude`: comma-separated ids), of those the filter keeps (`_queue_filter`); null when the
     queue has nothing more (the page then shows the queue's empty page, which says why). With it,
-    the filter applied and how many items are left ("37 of 412 left match")."""
-    run = _run(request)
+    the filter applied and how many items are left ("37 of 412 left match").
+    A query naming the `run` is the whole queue (run, `strategy`, filter): the item page's own, so
+    that a tab goes on with its queue while another tab starts another (views.queue_query)."""
+    own = "run" in request.GET
+    if own:
+        run_id = whole_number(request.GET["run"])
+        if run_id is None:
+            return _error(f"run must be a run id, not {request.GET['run'][:50]!r}", 400)
+        run = Run.objects.filter(pk=run_id).first()
+    else:
+        run = _run(request)
     if run is None:
         return _error("no run chosen: choose one on the annotation page", 400)
-    try:
-        exclude = [int(pk) for pk in request.GET.get("exclude", "").split(",") if pk.strip()]
-    except ValueError:
+    ids = [pk for pk in request.GET.get("exclude", "").split(",") if pk.strip()]
+    exclude = whole_numbers(ids)
+    if len(exclude) != len(ids):  # 10^22 was a 500 on SQLite (an integer too large for it)
         return _error("exclude must be experience ids separated by commas", 400)
+    strategy = (request.GET.get("strategy") if own else None) or request.session.get(views.SESSION_STRATEGY,
+                                                                                    queue.NEWEST)
     try:
-        queue_filter = _queue_filter(request)
-        experience = queue.next_item(
-            run, request.user, request.session.get(views.SESSION_STRATEGY, queue.NEWEST), exclude=exclude,
-            queue_filter=queue_filter,
-        )
+        queue_filter = QueueFilter.from_query(request.GET) if own else _queue_filter(request)
+        experience = queue.next_item(run, request.user, strategy, exclude=exclude, queue_filter=queue_filter)
     except NotAnnotator as exc:
         return _error(str(exc), 403)
     except FeedbackError as exc:
         return _error(str(exc), 400)
+    shown = {"strategy": strategy, "queue_filter": queue_filter}
     return JsonResponse({
-        "item": _item(request, _experience(experience.pk)) if experience else None,
+        "item": _item(request, _experience(experience.pk), **shown) if experience else None,
         "filter": queue_filter.as_query(), "left": queue.left_note(run, request.user, queue_filter),
     })
 

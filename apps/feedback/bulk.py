@@ -9,12 +9,15 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from django.db import transaction
+from django.db.models import Count, Exists, OuterRef, Q, Subquery, Value
+from django.db.models.functions import Coalesce
+from django.utils import timezone
 
 from apps.accounts.roles import CURATOR, RESEARCHER, has_role
 from apps.buffer.models import Experience
 
 from . import history, services
-from .models import AnnotationLock
+from .models import AnnotationLock, Feedback
 from .queue import QUEUED_SOURCES
 from .queue_filter import QueueFilter
 from .services import FeedbackError
@@ -46,14 +49,28 @@ def check_may_bulk_flag(run, user) -> None:
         raise NotAllowed(f"only the owner of run {run.name!r} or a curator may flag its items in bulk")
 
 
-def matching(run, queue_filter: QueueFilter):
-    """The run's items the filter matches that a flag would still change (not rejected already)."""
-    return (
-        Experience.objects.filter(run=run, source__in=QUEUED_SOURCES)
-        .exclude(status=Experience.Status.REJECTED)
-        .filter(queue_filter.q())
-        .order_by("-explorer_step", "-pk")
-    )
+def matching(run, queue_filter: QueueFilter, user):
+    """The run's items the filter matches that `user`'s flag would change, as the page counts them
+    before the flag: not rejected already, and none the one-item flag refuses
+    (services._check_may_judge): a finished run's consumed item, one that others' judgements and
+    live locks leave no place for, unless the user judged or holds it. The page counted those too:
+    "Flag these 128 items", then "Flagged 0 items"."""
+    items = (Experience.objects.filter(run=run, source__in=QUEUED_SOURCES)
+             .exclude(status=Experience.Status.REJECTED).filter(queue_filter.q()))
+    if run.is_finished:
+        items = items.exclude(status=Experience.Status.CONSUMED)
+    judged = Feedback.objects.filter(Q(experience=OuterRef("pk")) | Q(other=OuterRef("pk")))
+    live = AnnotationLock.objects.filter(experience=OuterRef("pk"), expires_at__gt=timezone.now())
+    judges = _count(judged.exclude(user=user), Count("user", distinct=True))
+    holders = _count(live.exclude(user=user).exclude(user__in=judged.values("user")), Count("pk"))
+    places = services.judgements_per_item(run) - Coalesce(judges, 0) - Coalesce(holders, 0)
+    return (items.annotate(places=places)
+            .filter(Q(places__gt=0) | Exists(judged.filter(user=user)) | Exists(live.filter(user=user)))
+            .order_by("-explorer_step", "-pk"))
+
+
+def _count(rows, count) -> Subquery:
+    return Subquery(rows.order_by().annotate(one=Value(1)).values("one").annotate(n=count).values("n"))
 
 
 def flag_all(run, user, queue_filter: QueueFilter, reason: str, *, confirmed_count: int) -> Flagged:
@@ -64,7 +81,7 @@ def flag_all(run, user, queue_filter: QueueFilter, reason: str, *, confirmed_cou
         raise FeedbackError("choose a filter first: a bulk flag without one would flag the whole run")
     if reason not in services.FLAG_REASONS:
         raise FeedbackError(f"unknown flag {reason!r}: choose one of {', '.join(services.FLAG_REASONS)}")
-    ids = list(matching(run, queue_filter).values_list("pk", flat=True)[: MAX_ITEMS + 1])
+    ids = list(matching(run, queue_filter, user).values_list("pk", flat=True)[: MAX_ITEMS + 1])
     if len(ids) > MAX_ITEMS:
         raise FeedbackError(f"the filter matches more than {MAX_ITEMS} items: narrow it to flag them in one action")
     if len(ids) != confirmed_count:

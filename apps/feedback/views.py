@@ -41,19 +41,26 @@ def session_filter(request) -> QueueFilter:
         return NO_FILTER
 
 
+def queue_query(run_id, strategy: str, queue_filter: QueueFilter) -> str:
+    """A queue as a query string: the start page's link to it, and the item page's own queue,
+    which its next items come from (api.next_item), whatever another tab starts meanwhile."""
+    return urlencode({"run": run_id, "strategy": strategy, **queue_filter.as_query()})
+
+
 def queue_link(run_id, strategy: str, queue_filter: QueueFilter) -> str:
     """The start page's URL that starts this queue: what a person shares to hand theirs on."""
-    query = {"run": run_id, "strategy": strategy, **queue_filter.as_query()}
-    return f"{reverse('annotate-start')}?{urlencode(query)}"
+    return f"{reverse('annotate-start')}?{queue_query(run_id, strategy, queue_filter)}"
 
 
-def filter_context(request, run_id) -> dict:
-    """The active filter for a queue page: in words, the link that shares it, the one that clears it."""
-    queue_filter = session_filter(request)
-    strategy = request.session.get(SESSION_STRATEGY, queue.NEWEST)
+def filter_context(request, run_id, strategy: str | None = None, queue_filter: QueueFilter | None = None) -> dict:
+    """The active filter for a queue page: in words, the link that shares it, the one that clears
+    it, and the queue as a query. The session's queue unless the page has its own (api.next_item)."""
+    queue_filter = session_filter(request) if queue_filter is None else queue_filter
+    strategy = strategy or request.session.get(SESSION_STRATEGY, queue.NEWEST)
     return {
         "queue_filter": queue_filter.describe(), "share_link": queue_link(run_id, strategy, queue_filter),
         "clear_link": queue_link(run_id, strategy, NO_FILTER),
+        "queue_query": queue_query(run_id, strategy, queue_filter),
     }
 
 
@@ -159,9 +166,12 @@ def _item_page(request, item, *, error=None, confirm=None, status=200):
     return render(request, "feedback/experience.html", context, status=status)
 
 
-def item_context(request, item, *, error=None, confirm=None, edited_text=None) -> dict:
+def item_context(request, item, *, error=None, confirm=None, edited_text=None, strategy=None,
+                 queue_filter=None) -> dict:
     """What templates/feedback/_item.html draws an item from: the page and its JSON fragments
-    (api.py) alike. The caller has checked that the user may annotate the item's run."""
+    (api.py) alike; `strategy` and `queue_filter`: the page's queue, where not the session's. The
+    caller has checked that the user may annotate the item's run."""
+    queue_filter = session_filter(request) if queue_filter is None else queue_filter
     refusal = services.refusal(item, request.user)
     prompt_turns, response_turns = _split_conversation(item.messages)
     mine = list(item.feedback.filter(user=request.user).order_by("-updated_at")) if item.pk else []
@@ -173,8 +183,8 @@ def item_context(request, item, *, error=None, confirm=None, edited_text=None) -
         "answer": item.task.answer if item.task_id else "", "rubric": services.feedback_settings(item.run).rubric,
         "scale": services.scale_labels(item.run), "verdicts": services.VERDICTS,
         "flag_reasons": services.FLAG_REASONS, "holders": queue.holders(item, request.user),
-        "left_note": queue.left_note(item.run, request.user, session_filter(request)) if item.run_id else None,
-        **(filter_context(request, item.run_id) if item.run_id else {}),
+        "left_note": queue.left_note(item.run, request.user, queue_filter) if item.run_id else None,
+        **(filter_context(request, item.run_id, strategy, queue_filter) if item.run_id else {}),
         "mine": [describe(f) for f in mine],  # what the user already said of it (a reopened item)
         "max_edit_chars": services.MAX_EDIT_CHARS, "max_comment_chars": services.MAX_COMMENT_CHARS,
         "edited_text": edited_text,

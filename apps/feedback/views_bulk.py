@@ -37,7 +37,7 @@ def bulk_flag(request, run_id):
         error = None
     except FilterError as exc:
         chosen, error = NO_FILTER, f"Filter not applied: {exc}."
-    items = bulk.matching(run, chosen) if chosen else None
+    items = bulk.matching(run, chosen, request.user) if chosen else None
     count = items[: bulk.MAX_ITEMS + 1].count() if items is not None else 0
     last = request.session.get(SESSION_LAST) or {}
     return render(request, "feedback/bulk_flag.html", {

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 
 from django.db import NotSupportedError
 from django.db.models import F, Func, TextField
-from django.utils.timesince import timesince
+
+from apps.core.templatetags.text import ago
 
 from . import comparison, run_columns
 from .run_columns import CONFIG, Column, UnknownColumn
@@ -153,7 +154,7 @@ def _cell(column: Column, index: int, rows: list[dict]) -> dict:
         return spread(column, [row[f"n{index}"] for row in rows])
     if column.id == "created":
         newest = max(row["created_at"] for row in rows)
-        return {"text": f"newest {timesince(newest)} ago", "title": str(newest)}
+        return {"text": f"newest {ago(newest)}", "title": str(newest), "csv": newest.isoformat()}  # as the list's
     if column.kind == CONFIG:
         values = [run_columns.config_text(_loaded(column, row[f"t{index}"])) for row in rows]
     else:

@@ -404,6 +404,7 @@ def groups_csv(found: list[run_groups.Group], view: TableView):
     for group in found:
         row = [*("" if value is None else run_columns.config_text(value) for value in group.values), len(group.runs)]
         for column, cell in group.cells:
-            row += [cell[figure] for figure in run_groups.FIGURES] if column.numeric else [cell["text"]]
+            figures = [cell[figure] for figure in run_groups.FIGURES] if column.numeric else None
+            row += figures or [cell.get("csv", cell["text"])]  # a time as the list's CSV writes it
         writer.writerow([comparison.safe_cell(value) for value in row])
     yield buffer.getvalue()

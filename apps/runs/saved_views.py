@@ -26,6 +26,9 @@ def views_of(user) -> list[RunListView]:
     return list(RunListView.objects.filter(user=user))
 
 
+JOINERS = "\u200c\u200d"  # zero-width non-joiner and joiner
+
+
 def clean_name(name: str) -> str:
     """The name as saved (spaces around it dropped); BadView says what is wrong with it."""
     name = name.strip()
@@ -35,6 +38,11 @@ def clean_name(name: str) -> str:
         raise BadView(f"A view's name of {len(name):,} characters: at most {RunListView.MAX_NAME}")
     if any(unicodedata.category(char) in ("Cc", "Cs") for char in name):
         raise BadView("A view's name holds a control character: write it as text")
+    # Invisible ones too: "lr groups" and "lr groups" + U+200B were two views that read the same.
+    # Joiners stay: scripts and emoji are written with them.
+    hidden = next((char for char in name if unicodedata.category(char) == "Cf" and char not in JOINERS), None)
+    if hidden is not None:
+        raise BadView(f"A view's name holds an invisible character (U+{ord(hidden):04X}): write it as text")
     return name
 
 

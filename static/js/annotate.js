@@ -91,6 +91,14 @@ class AnnotationPage {
     this.bindItem();
   }
 
+  // The page's own queue (run, strategy, filter: its data-next-url), leaving out `exclude`: another
+  // tab starting another queue changes the session's, not this page's.
+  nextUrl(exclude) {
+    const url = new URL(this.page.dataset.nextUrl, location.href);
+    url.searchParams.set("exclude", exclude);
+    return url.pathname + url.search;
+  }
+
   setText(id, text) {
     const element = document.getElementById(id);
     if (element) element.textContent = text;
@@ -237,7 +245,7 @@ class AnnotationPage {
   itemUrl(id) { return this.page.dataset.itemUrl.replace("/0/", `/${id}/`); }
 
   prefetchNext() {
-    const url = `${this.page.dataset.nextUrl}?exclude=${this.itemId}`;
+    const url = this.nextUrl(this.itemId);
     this.prefetch = this.request("GET", url).then(({ ok, data }) => (ok ? data.item : null));
   }
 
@@ -296,7 +304,7 @@ class AnnotationPage {
     this.busy = true;
     let next = await this.prefetch;
     if (!next || next.id === judged) {
-      next = (await this.request("GET", `${this.page.dataset.nextUrl}?exclude=${this.itemId},${judged || ""}`)).data.item;
+      next = (await this.request("GET", this.nextUrl(`${this.itemId},${judged || ""}`))).data.item;
     }
     if (!next) { location.assign(this.page.dataset.queueUrl); return; } // the queue's page says why it is empty
     this.render(next);

@@ -7,9 +7,10 @@ from django.urls import reverse
 from apps.accounts.roles import RESEARCHER
 from apps.accounts.services import create_user
 from apps.buffer.models import Experience
-from apps.feedback import bulk, services
+from apps.feedback import bulk, queue, services
 from apps.feedback.models import AnnotationLock, Feedback
 from apps.feedback.queue_filter import QueueFilter
+from apps.runs.models import Run
 
 pytestmark = pytest.mark.django_db
 
@@ -83,16 +84,23 @@ def test_annotators_and_other_researchers_may_not(annotator_client, client, run,
     assert not Feedback.objects.exists()
 
 
-def test_a_curator_may_and_items_the_one_item_flag_refuses_are_counted(
+def test_a_curator_may_and_the_count_leaves_out_what_the_one_item_flag_refuses(
     client, curator, run, items, make_annotator, settings
 ):
+    """The page counted items the flag then refused: "Flag these 128 items", then "Flagged 0
+    items. Left as they were: 128 (was already trained on ...)"."""
     settings.RFTWEB_JUDGEMENTS_PER_ITEM = 1
     services.rate(items[0].pk, make_annotator("busy"), "2")  # its one judgement is taken
+    queue.take(items[2].pk, make_annotator("holding"))  # held by an annotator now
     client.force_login(curator)
-    confirm(client, run, 2, reward_max="0.3")
+    assert 'name="count" value="1"' in client.get(page(run), {"reward_max": "0.5"}).content.decode()
+    confirm(client, run, 1, reward_max="0.5")
     assert list(Experience.objects.filter(status="rejected").values_list("pk", flat=True)) == [items[1].pk]
-    html = client.get(page(run)).content.decode()
-    assert "Flagged 1 item. Left as they were: 1 (has all the judgements it needs)." in html
+    assert "Flagged 1 item." in client.get(page(run)).content.decode()
+    # A finished run's consumed items were trained on: no flag changes them.
+    Experience.objects.filter(pk=items[3].pk).update(status="consumed")
+    Run.objects.filter(pk=run.pk).update(status=Run.Status.COMPLETED)
+    assert 'name="count" value="2"' in client.get(page(run), {"reward_min": "0.5"}).content.decode()
 
 
 def test_undo_takes_the_flags_back_and_leaves_the_items_free(researcher_client, researcher, run, items):

@@ -2,8 +2,10 @@
 every strategy, on the start page, the queue's pages and the JSON API; bad values refused naming
 the field, nothing applied; annotators with different filters never share an item beyond the run's
 judgements per item."""
+import re
 import threading
 from collections import Counter
+from urllib.parse import parse_qsl
 
 import pytest
 from django.db import connection
@@ -158,6 +160,29 @@ def test_the_api_takes_the_sessions_filter_or_its_own(annotator_client, run, mak
     assert (data["item"]["id"], data["filter"], data["left"]) == (low.pk, {"reward_max": "0.5"}, "1 of 2 left match")
     data = annotator_client.get(reverse("annotate-api-next"), {"reward_min": "0.5", "exclude": low.pk}).json()
     assert (data["item"]["id"], data["left"]) == (high.pk, "1 of 2 left match")
+
+
+def test_an_item_page_goes_on_with_its_own_queue_when_another_tab_starts_another(annotator_client, run,
+                                                                                make_experience):
+    """Tab A filters to step 3, tab B starts the run unfiltered: A's next items came from B's queue
+    (a review saw steps 11 and 10 follow a step-3 filter, the "Filtered:" line gone)."""
+    late, early = make_experience(explorer_step=11), make_experience(explorer_step=3)
+    page_a = annotator_client.get(reverse("annotate-start"), {"run": run.pk, "strategy": "newest", "step_min": "3",
+                                                              "step_max": "3"}, follow=True)
+    next_url = re.search(r'data-next-url="([^"]+)"', page_a.content.decode()).group(1).replace("&amp;", "&")
+    assert page_a.context["item"] == early
+    annotator_client.get(reverse("annotate-start"), {"run": run.pk, "strategy": "newest"})  # tab B
+    path, query = next_url.split("?")
+    data = annotator_client.get(path, {**dict(parse_qsl(query)), "exclude": str(early.pk)}).json()
+    assert (data["item"], data["filter"], data["left"]) == (None, {"step_min": "3", "step_max": "3"},
+                                                            "1 of 2 left match")
+    data = annotator_client.get(path, dict(parse_qsl(query))).json()
+    assert data["item"]["id"] == early.pk and "step 3" in data["item"]["html"]
+    b_next = annotator_client.get(reverse("annotate-api-next"), {"exclude": str(early.pk)}).json()
+    assert b_next["item"]["id"] == late.pk  # tab B's queue: the session's
+    for bad, error in (({"run": "x"}, "run must be a run id"), ({"exclude": "9" * 23}, "exclude must be")):
+        response = annotator_client.get(path, {**dict(parse_qsl(query)), **bad})
+        assert response.status_code == 400 and response.json()["error"].startswith(error)
 
 
 def test_the_api_refuses_a_bad_filter_naming_the_field(annotator_client, annotator, run, make_experience):

@@ -164,6 +164,10 @@ def test_the_grouped_csv_has_a_row_per_group_for_researchers_alone(researcher_cl
     assert (grpo["best:explorer/reward_mean min"], grpo["best:explorer/reward_mean max"]) == ("0.3", "0.9")
     assert grpo["status"] == "completed 2 · failed 1"
     assert rows[2]["best:explorer/reward_mean mean"] == ""
+    newest = max(Run.objects.filter(config__algorithm__name="grpo").values_list("created_at", flat=True))
+    dated = read_csv(researcher_client.get(reverse("run-list-csv"), {"group": "algorithm.name", "cols": "created"}))
+    # as the list's CSV writes it, not "newest 0 minutes ago"
+    assert next(row["created"] for row in dated if row["algorithm.name"] == "grpo") == newest.isoformat()
     researcher_client.force_login(annotator)  # an annotator reads neither the grouped page nor its CSV
     assert researcher_client.get(reverse("run-list"), {"group": "algorithm.name"}).status_code == 403
     assert researcher_client.get(reverse("run-list-csv"), {"group": "algorithm.name"}).status_code == 403

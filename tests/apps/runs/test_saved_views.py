@@ -72,6 +72,8 @@ def test_a_view_is_deleted_by_its_owner_alone(researcher_client, researcher, dja
     ("   ", "Name the view to save it"),
     ("x" * 101, "A view's name of 101 characters: at most 100"),
     ("a\x07b", "A view's name holds a control character"),
+    ("lr groups\u200b", "A view's name holds an invisible character (U+200B)"),  # read as "lr groups"
+    ("evil\u202eweiv", "A view's name holds an invisible character (U+202E)"),
 ])
 def test_a_bad_name_is_refused_and_nothing_saved(researcher_client, name, message):
     assert message in page_text(save(researcher_client, name))
