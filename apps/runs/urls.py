@@ -1,15 +1,15 @@
 from django.urls import include, path
 
-from . import api, views, views_compare, views_distributions, views_logs, views_reports, views_sweeps
+from . import api, views, views_compare, views_distributions, views_list, views_logs, views_reports, views_sweeps
 
 urlpatterns = [
-    path("", views.home, name="home"),
-    path("runs/", views.run_list, name="run-list"),
+    path("", views_list.home, name="home"),
+    path("runs/", views_list.run_list, name="run-list"),
     path("runs/new/", views.run_launch, name="run-launch"),
-    path("runs/stop/", views.run_bulk_stop, name="run-bulk-stop"),
-    path("runs/list.csv", views.run_list_csv, name="run-list-csv"),
-    path("runs/columns/", views.run_list_columns, name="run-list-columns"),
-    path("runs/views/", views.run_list_views, name="run-list-views"),
+    path("runs/stop/", views_list.run_bulk_stop, name="run-bulk-stop"),
+    path("runs/list.csv", views_list.run_list_csv, name="run-list-csv"),
+    path("runs/columns/", views_list.run_list_columns, name="run-list-columns"),
+    path("runs/views/", views_list.run_list_views, name="run-list-views"),
     path("runs/plotly.min.js", views.plotly_js, name="plotly-js"),
     path("runs/<int:pk>/", views.run_detail, name="run-detail"),
     path("runs/<int:pk>/live.json", views.run_live, name="run-live"),
