@@ -18,15 +18,11 @@ from apps.saved_models.models import SavedModel
 from apps.tasksets.models import Taskset
 from workers.rft.config import RunConfig
 
+from .test_pages_and_api import full_config
+
 pytestmark = pytest.mark.django_db
 PROMPT = {"system_prompt": "Answer with the number.", "use_chat_template": False, "reward_fn": "numeric",
           "max_new_tokens": 6}
-
-
-def full_config(**sections) -> dict:
-    config = RunConfig.from_dict(sections).to_dict()
-    config["model"]["path"] = "/data/models/base"
-    return config
 
 
 @pytest.fixture
