@@ -52,4 +52,13 @@
   document.addEventListener("click", (event) => {
     pops.forEach((pop) => { if (pop.open && !pop.contains(event.target)) pop.open = false; });
   });
+  // A menu opens toward the side with room: grouped, the toolbar wraps and puts Views at the page's
+  // left edge, where a menu opening to the left began off-screen (-309 px at 1366x768).
+  pops.forEach((menu) => menu.addEventListener("toggle", () => {
+    const pop = menu.querySelector(".column-picker-pop");
+    if (!menu.open || !pop) return;
+    const leftward = menu.getBoundingClientRect().right - pop.offsetWidth >= 8;
+    pop.style.left = leftward ? "auto" : "0";
+    pop.style.right = leftward ? "0" : "auto";
+  }));
 })();

@@ -172,6 +172,13 @@ def test_a_researcher_groups_runs_by_learning_rate_reads_each_groups_mean_and_op
     assert sorted(opened.locator("tbody td.run-name > a").all_inner_texts()) == ["lr-mid-a", "lr-mid-b"]
     page.set_viewport_size({"width": 1366, "height": 768})
     page.screenshot(path="/tmp/runsgroup-grouped.png", full_page=True)
+    # Grouped, the toolbar wraps and Views sits at the left edge: its menu opens on screen (it began
+    # at -309 px), with the name box to save this grouping under.
+    page.locator("#saved-views summary").click()
+    menu = page.locator("#saved-views .column-picker-pop").bounding_box()
+    assert menu["x"] >= 0 and menu["x"] + menu["width"] <= 1366
+    expect(page.get_by_label("view name")).to_be_in_viewport()
+    page.keyboard.press("Escape")
 
     page.locator("tr.group-row", has_text="1e-05").get_by_role("link", name="list").click()  # its runs alone
     expect(page.locator(".run-filters-applied")).to_contain_text("trainer.lr = 1e-05")
