@@ -5,6 +5,7 @@ judgement recorded in the person's name, so training and the run's statistics se
 and each is undone by `history.undo`, as that flag's undo is. An item the one-item flag would
 refuse (all the judgements it needs, a finished run's consumed item) is left as it is and counted.
 """
+import hashlib
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -73,9 +74,17 @@ def _count(rows, count) -> Subquery:
     return Subquery(rows.order_by().annotate(one=Value(1)).values("one").annotate(n=count).values("n"))
 
 
-def flag_all(run, user, queue_filter: QueueFilter, reason: str, *, confirmed_count: int) -> Flagged:
-    """Flag every item the filter matches, once the person has seen how many: `confirmed_count`
-    must be the number matching now, or nothing is flagged (items came or went since)."""
+def seen(ids) -> str:
+    """The items a page showed as matching, as it posts them back: a digest of their ids."""
+    return hashlib.sha256(",".join(map(str, sorted(ids))).encode()).hexdigest()[:32]
+
+
+def flag_all(run, user, queue_filter: QueueFilter, reason: str, *, confirmed_count: int,
+             confirmed: str | None = None) -> Flagged:
+    """Flag every item the filter matches, once the person has seen them: `confirmed_count` must
+    be the number matching now and `confirmed` (the page's `seen`) these items, or nothing is
+    flagged (items came or went since: as many others as went came, and the count alone let the
+    flag through)."""
     check_may_bulk_flag(run, user)
     if not queue_filter:
         raise FeedbackError("choose a filter first: a bulk flag without one would flag the whole run")
@@ -88,6 +97,9 @@ def flag_all(run, user, queue_filter: QueueFilter, reason: str, *, confirmed_cou
         raise FeedbackError(
             f"the filter matches {len(ids)} items now, not the {confirmed_count} you confirmed: look again and confirm"
         )
+    if confirmed is not None and seen(ids) != confirmed:
+        raise FeedbackError(f"the filter matches {len(ids)} items now, not the same ones you confirmed (some went, "
+                            "others came): look again and confirm")
     flagged = Flagged(feedback_ids=[])
     with transaction.atomic():
         for pk in sorted(ids):  # rows are locked in id order, as every other service locks them

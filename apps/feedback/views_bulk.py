@@ -38,12 +38,13 @@ def bulk_flag(request, run_id):
     except FilterError as exc:
         chosen, error = NO_FILTER, f"Filter not applied: {exc}."
     items = bulk.matching(run, chosen, request.user) if chosen else None
-    count = items[: bulk.MAX_ITEMS + 1].count() if items is not None else 0
+    ids = list(items.values_list("pk", flat=True)[: bulk.MAX_ITEMS + 1]) if items is not None else []
+    count = len(ids)
     last = request.session.get(SESSION_LAST) or {}
     return render(request, "feedback/bulk_flag.html", {
         "run": run, "error": error, "filter": {n: request.GET.get(n, "") for n in FILTER_FIELDS},
         "chosen": chosen.as_query(), "described": chosen.describe(), "count": count,
-        "too_many": count > bulk.MAX_ITEMS, "max_items": bulk.MAX_ITEMS,
+        "too_many": count > bulk.MAX_ITEMS, "max_items": bulk.MAX_ITEMS, "seen": bulk.seen(ids),
         "shown": list(items[: bulk.SHOWN_ITEMS]) if items is not None else [],
         "reasons": services.FLAG_REASONS, "sources": SOURCES, "max_text_chars": MAX_TEXT_CHARS,
         "undoable": len(last.get("feedback", [])) if last.get("run") == run.pk else 0,
@@ -61,7 +62,8 @@ def bulk_flag_confirmed(request, run_id):
         count = whole_number(request.POST.get("count", ""))
         if count is None:
             raise FilterError("count: the number of items confirmed is missing: look at the list and confirm")
-        flagged = bulk.flag_all(run, request.user, chosen, request.POST.get("reason", ""), confirmed_count=count)
+        flagged = bulk.flag_all(run, request.user, chosen, request.POST.get("reason", ""), confirmed_count=count,
+                                confirmed=request.POST.get("seen", ""))
     except services.FeedbackError as exc:
         messages.error(request, f"Nothing flagged: {exc}.")
     else:

@@ -1,6 +1,8 @@
 """Flagging every item a filter matches in one confirmed action (apps/feedback/bulk.py): for the
 run's owner or a curator only; the count seen is the count flagged; each item flagged as the
 one-item flag does (training leaves it out the same way); undone as that flag's undo does."""
+import re
+
 import pytest
 from django.urls import reverse
 
@@ -19,9 +21,13 @@ def page(run):
     return reverse("annotate-bulk-flag", args=[run.pk])
 
 
-def confirm(client, run, count, reason="garbled", **query):
+def confirm(client, run, count, reason="garbled", seen=None, **query):
+    """Post the confirm form as the page shows it now (its `seen`, unless given)."""
+    if seen is None:
+        found = re.search(r'name="seen" value="(\w+)"', client.get(page(run), query).content.decode())
+        seen = found.group(1) if found else ""
     return client.post(reverse("annotate-bulk-flag-confirm", args=[run.pk]),
-                       {**query, "count": str(count), "reason": reason})
+                       {**query, "count": str(count), "reason": reason, "seen": seen})
 
 
 @pytest.fixture
@@ -51,6 +57,17 @@ def test_a_count_that_changed_since_it_was_seen_flags_nothing(researcher_client,
     assert not Experience.objects.filter(status="rejected").exists() and not Feedback.objects.exists()
     html = researcher_client.get(page(run)).content.decode()
     assert "Nothing flagged: the filter matches 3 items now, not the 2 you confirmed" in html
+
+
+def test_as_many_other_items_as_went_flag_nothing(researcher_client, researcher, run, items, make_experience):
+    """A reviewer's count came back to what the page said with other items: the flag went ahead."""
+    seen = re.search(r'name="seen" value="(\w+)"',
+                     researcher_client.get(page(run), {"reward_max": "0.3"}).content.decode()).group(1)
+    services.flag(items[0].pk, researcher, "garbled")  # one goes...
+    make_experience(reward=0.1)  # ...another comes
+    confirm(researcher_client, run, 2, seen=seen, reward_max="0.3")
+    assert Feedback.objects.count() == 1
+    assert "not the same ones you confirmed" in researcher_client.get(page(run)).content.decode()
 
 
 @pytest.mark.parametrize(
