@@ -145,10 +145,10 @@ def next_item(request):
         return _error(str(exc), 403)
     except FeedbackError as exc:
         return _error(str(exc), 400)
-    shown = {"strategy": strategy, "queue_filter": queue_filter}
+    shown = {"strategy": strategy, "queue_filter": queue_filter, "leaving": exclude}
     return JsonResponse({
         "item": _item(request, _experience(experience.pk), **shown) if experience else None,
-        "filter": queue_filter.as_query(), "left": queue.left_note(run, request.user, queue_filter),
+        "filter": queue_filter.as_query(), "left": queue.left_note(run, request.user, queue_filter, exclude),
     })
 
 

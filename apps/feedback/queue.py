@@ -146,19 +146,22 @@ def _candidates(run, user, strategy: str, wanted: Q):
 ITEMS_LEFT_COUNTED = 1000  # counting a big run's queue exactly would cost every page more than it tells
 
 
-def items_left(run, user, queue_filter: QueueFilter = NO_FILTER) -> int:
+def items_left(run, user, queue_filter: QueueFilter = NO_FILTER, leaving=()) -> int:
     """How many items of the run the user may still judge (an item another annotator holds now
-    counts while places are left on it), of those the filter keeps, counted up to
+    counts while places are left on it), of those the filter keeps, but those the page is leaving
+    (`leaving`: the item being judged while the next is fetched ahead), counted up to
     ITEMS_LEFT_COUNTED + 1: more reads "1000+"."""
-    return _open_items(run, user).filter(queue_filter.q())[: ITEMS_LEFT_COUNTED + 1].count()
+    items = _open_items(run, user).filter(queue_filter.q()).exclude(pk__in=leaving)
+    return items[: ITEMS_LEFT_COUNTED + 1].count()
 
 
-def left_note(run, user, queue_filter: QueueFilter) -> str:
-    """What the page says of the queue: "412 left to judge", or with a filter "37 of 412 left match"."""
-    left = items_left_label(items_left(run, user))
+def left_note(run, user, queue_filter: QueueFilter, leaving=()) -> str:
+    """What the page says of the queue: "412 left to judge", or with a filter "37 of 412 left
+    match". Fetched ahead, it counted the item still on screen: one more than was left."""
+    left = items_left_label(items_left(run, user, leaving=leaving))
     if not queue_filter:
         return f"{left} left to judge"
-    return f"{items_left_label(items_left(run, user, queue_filter))} of {left} left match"
+    return f"{items_left_label(items_left(run, user, queue_filter, leaving))} of {left} left match"
 
 
 def items_left_label(count: int) -> str:

@@ -167,10 +167,11 @@ def _item_page(request, item, *, error=None, confirm=None, status=200):
 
 
 def item_context(request, item, *, error=None, confirm=None, edited_text=None, strategy=None,
-                 queue_filter=None) -> dict:
+                 queue_filter=None, leaving=()) -> dict:
     """What templates/feedback/_item.html draws an item from: the page and its JSON fragments
-    (api.py) alike; `strategy` and `queue_filter`: the page's queue, where not the session's. The
-    caller has checked that the user may annotate the item's run."""
+    (api.py) alike; `strategy` and `queue_filter`: the page's queue, where not the session's;
+    `leaving`: what the page is done with (queue.left_note). The caller has checked that the user
+    may annotate the item's run."""
     queue_filter = session_filter(request) if queue_filter is None else queue_filter
     refusal = services.refusal(item, request.user)
     prompt_turns, response_turns = _split_conversation(item.messages)
@@ -183,7 +184,7 @@ def item_context(request, item, *, error=None, confirm=None, edited_text=None, s
         "answer": item.task.answer if item.task_id else "", "rubric": services.feedback_settings(item.run).rubric,
         "scale": services.scale_labels(item.run), "verdicts": services.VERDICTS,
         "flag_reasons": services.FLAG_REASONS, "holders": queue.holders(item, request.user),
-        "left_note": queue.left_note(item.run, request.user, queue_filter) if item.run_id else None,
+        "left_note": queue.left_note(item.run, request.user, queue_filter, leaving) if item.run_id else None,
         **(filter_context(request, item.run_id, strategy, queue_filter) if item.run_id else {}),
         "mine": [describe(f) for f in mine],  # what the user already said of it (a reopened item)
         "max_edit_chars": services.MAX_EDIT_CHARS, "max_comment_chars": services.MAX_COMMENT_CHARS,

@@ -63,6 +63,7 @@ def test_an_annotator_filters_the_queue_in_the_browser_and_judges_what_matches(p
     expect(page.locator("#annotate")).not_to_have_attribute("data-experience", str(first))
     second = int(page.locator("#annotate").get_attribute("data-experience"))
     assert second in wanted and second != first
+    expect(page.locator("#queue-note")).to_have_text("1 of 7 left match")  # fetched ahead, it said 2 of 8
     page.keyboard.press("3")
     page.keyboard.press("Enter")
     # Nothing more matches: the page says the filter is why, and clearing it goes on with the rest.
