@@ -108,8 +108,12 @@ def websearch_q(term: str) -> Q:
     tighter than `or`: "a b or c" is (a and b) or c. Over 41,680 demo rows the two modes agreed on
     every query tried but a sign glued to a number: Postgres reads "3+4" as 3 and +4, finding none."""
     alternatives, terms = [], []
-    for negated, phrase, word in _TERM.findall(term):
-        if not negated and word.lower() == "or":
+    tokens = _TERM.findall(term)
+    operator = [not negated and word.lower() == "or" for negated, _, word in tokens]
+    for i, (negated, phrase, word) in enumerate(tokens):
+        # `or` between two terms; alone or at an end it is the word, as Postgres reads it ("or"
+        # found nothing here and 23 rows there).
+        if operator[i] and terms and not all(operator[i + 1:]):
             alternatives.append(terms)
             terms = []
             continue
