@@ -179,6 +179,9 @@ def test_a_run_resumed_from_elsewhere_shows_the_resumed_duty_on_the_open_page(pa
     expect(lines.first).to_contain_text("stopped at trainer step 5")
     expect(page.locator("#run-duties")).to_be_hidden()
 
+    for key in ("taskset", "eval_taskset", "expert_taskset"):  # a resume refuses a run whose tasksets are gone
+        if name := run.config["buffer"].get(key):
+            Taskset.objects.get_or_create(name=name)
     services.resume_run(run)  # not from this page: it does not reload
     supervision.start_run(run.pk)
     take_duty(run, "gpu-2:12", "train@two", f"run {run.pk} (loop): resumed from checkpoint v5 (trainer step 5)")
