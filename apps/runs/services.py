@@ -128,6 +128,16 @@ def _write_point(point: MetricPoint) -> dict | None:
             return held[1]
 
 
+def taskset_issues(buffer) -> list[ConfigIssue]:
+    """The buffer section's taskset keys (TASKSET_KEYS) that name no taskset here: a launch's
+    refusal, and a resume's (a taskset renamed or deleted since)."""
+    return [
+        ConfigIssue(f"buffer.{key}", missing_taskset(name))
+        for key in TASKSET_KEYS
+        if (name := buffer.get(key)) and not Taskset.objects.filter(name=name).exists()  # NUL: refused by from_dict
+    ]
+
+
 def validate_config(config: dict) -> RunConfig:
     """The engine's schema, plus what a shared server adds: model directories confined to the
     allowed roots (stored resolved), tasksets that exist, feedback source runs that exist and whose
@@ -137,13 +147,7 @@ def validate_config(config: dict) -> RunConfig:
     (Whoever may launch may name any run: launching needs the researcher role, and researchers
     watch every run, docs/security.md.)"""
     parsed = RunConfig.from_dict(config)
-    buffer = parsed.buffer
-    named = {"taskset": buffer.taskset, "expert_taskset": buffer.expert_taskset, "eval_taskset": buffer.eval_taskset}
-    issues = [
-        ConfigIssue(f"buffer.{key}", missing_taskset(name))
-        for key, name in named.items()
-        if name and not Taskset.objects.filter(name=name).exists()  # NUL and surrogates: refused by from_dict
-    ]
+    issues = taskset_issues({key: getattr(parsed.buffer, key) for key in TASKSET_KEYS})
     dataset_issue = expert_dataset_issue(parsed)
     issues += [dataset_issue] if dataset_issue else []
     # A trainer nothing could ever reach trained nothing for its whole run (a mode 'train' grpo, sft
@@ -217,11 +221,10 @@ def resume_run(run: Run) -> Run:
             )
         if locked.buffer_retired_at is not None:
             raise InvalidTransition(f"run {locked.pk} cannot be resumed: {buffer_retired(locked)}")
-        gone = [f"buffer.{key}: {missing_taskset(name)} (renamed or deleted since it launched?)"
-                for key, name in (locked.config.get("buffer") or {}).items()
-                if key in TASKSET_KEYS and name and not Taskset.objects.filter(name=name).exists()]
+        gone = taskset_issues(locked.config.get("buffer") or {})
         if gone:  # it would queue, then fail at its first step
-            raise InvalidTransition(f"run {locked.pk} cannot be resumed: {'; '.join(gone)}")
+            raise InvalidTransition(f"run {locked.pk} cannot be resumed: " + "; ".join(
+                f"{issue.key}: {issue.message} (renamed or deleted since it launched?)" for issue in gone))
         busy = workers_holding(locked)
         if busy:
             duty, worker = next(iter(busy.items()))
