@@ -26,7 +26,7 @@ def close_request_connections(**kwargs):
     """Under ASGI each HTTP request runs in a context of its own, and a connection kept open there
     outlives it: 20 busy dashboard users used up Postgres's 100 connections. Close the request's
     connections when it ends. Websocket consumers (no request_finished) keep sharing theirs, so a
-    burst of 100 page loads does not open 200 connections within daphne's 5 s handshake limit."""
+    burst of 100 page loads does not open 200 connections within daphne's handshake limit."""
     connections.close_all()
 
 

@@ -231,9 +231,11 @@ def forget_login_failures() -> None:
         redis_client.delete(key)
 
 
-def listen_endpoint(interface: str, port: int) -> str:
-    """daphne's listening socket as docker/Dockerfile starts it: Twisted's default backlog is 50
-    pending connections, and 200 feedback posts at once on a loaded 2-core machine overflowed it
-    (18 of /proc/net/netstat's ListenOverflows in one run: dropped handshakes, retried a second or
-    more later)."""
-    return f"tcp:port={port}:interface={interface}:backlog=1024"
+def daphne_command(port: int, interface: str = "127.0.0.1") -> list[str]:
+    """daphne serving rftweb.asgi as docker/Dockerfile starts it. A listen backlog of 1024: Twisted's
+    default is 50 pending connections, and 200 feedback posts at once on a loaded 2-core machine
+    overflowed it (18 of /proc/net/netstat's ListenOverflows in one run: dropped handshakes, retried a
+    second or more later). A websocket handshake may take 30 s: daphne's 5 s dropped 33 of 100 sockets
+    opening at once while CI loaded the machine (they all opened within 1.1 s on it alone)."""
+    return [sys.executable, "-m", "daphne", "-e", f"tcp:port={port}:interface={interface}:backlog=1024",
+            "--websocket_connect_timeout", "30", "rftweb.asgi:application"]

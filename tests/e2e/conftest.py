@@ -16,13 +16,12 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.support import database_url, listen_endpoint
+from tests.support import daphne_command, database_url
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
@@ -111,7 +110,7 @@ def asgi_server(django_db_setup, asgi_server_log):
     port = _free_port()
     with open(asgi_server_log, "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-e", listen_endpoint("127.0.0.1", port), "rftweb.asgi:application"],
+            daphne_command(port),
             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
     try:

@@ -8,7 +8,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 
 import httpx
@@ -22,7 +21,7 @@ from apps.accounts.roles import RESEARCHER
 from apps.accounts.services import create_user
 from apps.runs import services
 from apps.runs.models import Run
-from tests.support import listen_endpoint, service_env
+from tests.support import daphne_command, service_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -49,9 +48,7 @@ def server(tmp_path):
         port = sock.getsockname()[1]
     env = service_env(DB_CONN_MAX_AGE="60")  # the production default, not the tests' 0
     log = open(tmp_path / "daphne.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "daphne", "-e", listen_endpoint("127.0.0.1", port),
-                             "rftweb.asgi:application"],
-                            env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    proc = subprocess.Popen(daphne_command(port), env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     deadline = time.time() + 90
     while time.time() < deadline:
@@ -89,7 +86,7 @@ def test_100_websocket_clients_on_one_run_get_every_update(server, server_log, s
 
     async def client(ready: asyncio.Event, all_connected: asyncio.Event, connected: list, received: list):
         async with connect(ws_url, origin=server, additional_headers={"Cookie": session}, open_timeout=60) as ws:
-            connected.append(1)
+            connected.append(time.perf_counter() - started)
             if len(connected) == WS_CLIENTS:
                 all_connected.set()
             seen, steps = [], []
@@ -111,6 +108,7 @@ def test_100_websocket_clients_on_one_run_get_every_update(server, server_log, s
             connection.close()  # this executor thread's own
 
     async def scenario():
+        nonlocal connect_s
         connected, received = [], []
         all_connected = asyncio.Event()
         clients = [asyncio.create_task(client(None, all_connected, connected, received)) for _ in range(WS_CLIENTS)]
@@ -123,6 +121,7 @@ def test_100_websocket_clients_on_one_run_get_every_update(server, server_log, s
                 task.cancel()
             raise AssertionError(f"{len(connected)} of {WS_CLIENTS} clients connected; first failures: {failed[:3]}; "
                                  f"daphne log: {server_log.read_text()[-3000:]}")
+        connect_s = max(connected)
         await asyncio.sleep(1)  # every consumer has joined the group
         for step in range(1, UPDATES + 1):
             await asyncio.to_thread(record, step)
@@ -130,10 +129,11 @@ def test_100_websocket_clients_on_one_run_get_every_update(server, server_log, s
         results = await asyncio.gather(*clients, return_exceptions=True)
         return received, [r for r in results if isinstance(r, BaseException)]
 
+    connect_s, started = None, time.perf_counter()
     received, errors = asyncio.run(scenario())
     latencies = [latency for _, _, client_latencies in received for latency in client_latencies]
     record_figures(websocket={
-        "clients": WS_CLIENTS, "updates_each": UPDATES, "errors": len(errors),
+        "clients": WS_CLIENTS, "all_connected_s": round(connect_s, 2), "updates_each": UPDATES, "errors": len(errors),
         "updates_received": len(latencies), "p95_update_latency_s": round(p95(latencies), 3),
         "max_update_latency_s": round(max(latencies), 3),
     })

@@ -8,7 +8,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 
 import httpx
@@ -31,7 +30,7 @@ from apps.feedback.models import AnnotationLock, Feedback, SetAside
 from apps.runs.models import Run
 from apps.tasksets.models import Task, Taskset
 from rftweb.asgi import application
-from tests.support import service_env, websocket_connects
+from tests.support import daphne_command, service_env, websocket_connects
 
 PROMPT, RESPONSE, OTHER_RESPONSE = "secret prompt 7431", "secret response 7431", "secret other response 7431"
 JUDGEMENT_FORMS = {
@@ -281,7 +280,7 @@ def daphne_server(tmp_path):
         port = sock.getsockname()[1]
     with open(tmp_path / "daphne.log", "w") as log:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "rftweb.asgi:application"],
+            daphne_command(port),
             env=service_env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
     try:

@@ -7,7 +7,6 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import time
 
 import httpx
@@ -18,7 +17,7 @@ from django.test import Client
 from apps.accounts.roles import RESEARCHER
 from apps.accounts.services import create_user
 from apps.runs.models import Run
-from tests.support import forget_login_failures, service_env
+from tests.support import daphne_command, forget_login_failures, service_env
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
@@ -42,7 +41,7 @@ def server(tmp_path):
     log = tmp_path / "daphne.log"
     with open(log, "w") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "rftweb.asgi:application"],
+            daphne_command(port),
             env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
         )
     base = f"http://127.0.0.1:{port}"
