@@ -168,12 +168,12 @@ def main() -> None:
               f"(database {database}); their summaries made from them in {summarize(runs):.1f} s")
         client = Client()
         client.force_login(researcher)
-        print(f"{'runs list':44} {'server ms (median)':>18} {'queries':>8}")
+        print(f"{'runs list':48} {'server ms (median)':>18} {'queries':>8}")
         for name, url in list_cases().items():
             client.get(url)  # warm: the first request also loads templates and the session
             seconds, queries, status = time_list(client, url, args.repeat)
             assert status == 200, (url, status)
-            print(f"{name:44} {seconds * 1000:18.0f} {queries:8d}")
+            print(f"{name:48} {seconds * 1000:18.0f} {queries:8d}")
     finally:
         connection.creation.destroy_test_db(database, verbosity=0)
 
