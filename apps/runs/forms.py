@@ -289,8 +289,9 @@ class LaunchForm(forms.Form):
         return [axis.to_json() for axis in sweeps.parse_space(self.cleaned_data.get("sweep", ""))]
 
     def add_sweep_errors(self, error) -> None:
-        """A sweep's problems: its own next to its box, a config key's as a launch's are."""
-        own = [issue for issue in error.errors if issue.key == "sweep" or not self._has_field(issue.key)]
+        """A sweep's problems: its space's next to its box, a config's as a launch's are."""
+        own = [issue for issue in error.errors
+               if not error.of_configs or issue.key == "sweep" or not self._has_field(issue.key)]
         for issue in own:
             self.add_error("sweep", issue.message if issue.key == "sweep" else f"{issue.key}: {issue.message}")
         rest = [issue for issue in error.errors if issue not in own]

@@ -34,10 +34,12 @@ RANGE = re.compile(r"^\s*(\S+)\s*\.\.\s*(\S+)\s*(log|linear)?\s*$")
 
 class SweepError(ValueError):
     """What is wrong with a sweep's space (`key` is "sweep" or the swept key), or with the configs it
-    makes (ConfigIssues of the launch's own keys)."""
+    makes (`of_configs`: ConfigIssues of the launch's own keys). The form shows the first beside the
+    sweep box and the second where a launch's are (a grid's range beside a valid repeat_times
+    field sent the person looking in the config)."""
 
-    def __init__(self, issues: list[ConfigIssue]):
-        self.errors = issues
+    def __init__(self, issues: list[ConfigIssue], of_configs: bool = False):
+        self.errors, self.of_configs = issues, of_configs
         super().__init__("\n".join(f"{issue.key}: {issue.message}" for issue in issues))
 
 
@@ -335,7 +337,7 @@ def launch_sweep(owner, name: str, base: dict, space, method: str, count: int | 
                                   ConfigIssue(issue.key, f"{issue.message} (with {made_by})"))
         configs.append(config)
     if issues:
-        raise SweepError(list(issues.values())[:50])
+        raise SweepError(list(issues.values())[:50], of_configs=True)
     with transaction.atomic():
         sweep = Sweep.objects.create(name=name, owner=owner, method=method, space=[a.to_json() for a in axes],
                                      count=len(swept), seed=seed, base_config=base)

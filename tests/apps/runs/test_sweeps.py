@@ -243,6 +243,15 @@ def test_the_launch_form_shows_a_sweeps_problems_where_they_are(researcher_clien
         LaunchForm.for_config(base()), sweep="trainer.lr: 1e-5 .. 1e-3 log", sweep_method="random", sweep_count="",
         launch_sweep=""))
     assert "count is 1 to 32" in str(random_without_count.context["form"].errors["sweep"])
+    # A problem of the space itself, though it names a config key, is the sweep box's: a range in a
+    # grid was shown on the valid repeat_times field (and around the whole YAML box).
+    for editor in ("form", "yaml"):
+        ranged_grid = researcher_client.post(reverse("run-launch"), posted(
+            LaunchForm.for_config(base()), sweep="algorithm.repeat_times: 2 .. 8", sweep_method="grid",
+            launch_sweep="", **({"editor": "yaml"} if editor == "yaml" else {})))
+        errors = ranged_grid.context["form"].errors
+        assert "algorithm.repeat_times: a grid takes listed values" in str(errors["sweep"]), editor
+        assert set(errors) == {"sweep"}, (editor, errors)
 
 
 def test_an_annotator_sees_no_sweep(annotator_client, researcher, tasksets, worker_queue):
