@@ -52,3 +52,21 @@ def test_every_admin_checks_its_selection_before_any_action(db):
             tried.append((model.__name__, action))
     assert ("Experience", "mark_rejected") in tried and ("User", "delete_selected") in tried
     assert len({model for model, _ in tried}) == len(admin.site._registry)
+
+
+def test_a_filter_by_an_id_past_a_bigint_goes_back_to_the_unfiltered_list(curator):
+    """`?run=<20 digits>` on the experiences' changelist was a 500 on SQLite (OverflowError: Django
+    guards an integer field's own exact lookup, not a foreign key's); now it is a wrong lookup, as
+    `?run=abc` is (Django's ?e=1), on every id filter. A filter that fits still filters."""
+    run = Run.objects.create(name="r", owner=curator, config={})
+    Experience.objects.create(run=run, explorer_step=1, group_id="g", rollout_index=0, response_text="x")
+    client = Client(raise_request_exception=False)
+    client.force_login(curator)
+    for query in (f"run={HUGE}", f"run__id__exact={HUGE}", f"id__in=1,{HUGE}", f"run=-{HUGE}", "run=abc",
+                  f"explorer_step={HUGE}"):
+        response = client.get(f"/admin/buffer/experience/?{query}")
+        assert (response.status_code, response["Location"]) == (302, "/admin/buffer/experience/?e=1"), query
+    fits = client.get(f"/admin/buffer/experience/?run={run.pk}")
+    assert fits.status_code == 200 and fits.context["cl"].result_count == 1
+    text = client.get(f"/admin/buffer/experience/?q={HUGE}")  # the search box takes any text
+    assert text.status_code == 200
