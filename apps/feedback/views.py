@@ -291,7 +291,8 @@ def run_feedback(request, run_id):
     access = RunAnnotators.objects.filter(run=run).first()
     return render(
         request, "feedback/stats.html",
-        {"run": run, "annotators": stats.per_annotator(run), "agreement": stats.agreement(run),
+        {"run": run, "annotators": stats.per_annotator(run), "reviewers": stats.per_reviewer(run),
+         "agreement": stats.agreement(run),
          "pairwise": stats.pairwise_agreement(run), "require_review": services.needs_review(run),
          "waiting": review.pending(run).count(),
          "open_to_all": access is None or access.open_to_all,

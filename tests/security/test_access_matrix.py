@@ -107,6 +107,10 @@ MATRIX = {
     "review-next": Entry("LDDDA", kwargs=run_id),
     "review-accept": Entry("LDDDA", method="post", kwargs=lambda o: {"pk": o.feedback.pk}),
     "review-reject": Entry("LDDDA", method="post", kwargs=lambda o: {"pk": o.feedback.pk}),
+    "review-history": Entry("LDDDA", kwargs=run_id),
+    # a change of the curator's own decision only: the world's judgement was never reviewed (refused, a message)
+    "review-change": Entry("LDDDA", method="post", kwargs=lambda o: {"pk": o.feedback.pk},
+                           data=lambda o: {"to": "accept"}),
     "annotate-export": Entry("LDAAA", kwargs=run_id),
     "annotate-run-summary": Entry("LDAAA", kwargs=run_id),
     # bulk flag: the run's owner and curators, as who assigns its annotators

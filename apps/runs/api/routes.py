@@ -221,7 +221,8 @@ def run_annotation(request, pk: Id):
     run = get_object_or_404(Run, pk=pk)
     done = stats.summary(run)
     done.pop("human_reward_by_step")
-    return {"run": run.pk, **done, "per_annotator": stats.per_annotator(run), "agreement": stats.agreement(run),
+    return {"run": run.pk, **done, "per_annotator": stats.per_annotator(run), "per_reviewer": stats.per_reviewer(run),
+            "agreement": stats.agreement(run),
             "pairwise": stats.pairwise_agreement(run)}
 
 
