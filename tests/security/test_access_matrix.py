@@ -233,6 +233,9 @@ MATRIX = {
     "api-run-metrics": Entry("UDAAA", api=True, kwargs=run),
     "api-run-experiences": Entry("UDAAA", api=True, kwargs=run),
     "api-run-annotation": Entry("UDAAA", api=True, kwargs=run),
+    # the bulk flag's count (the POST flags with the same check, tests/apps/feedback/test_bulk_flag_api.py)
+    "api-run-bulk-flag": Entry("UDADA", api=True, kwargs=run, data=lambda o: {"reward_max": "0.5"}),
+    "api-run-bulk-flag-undo": Entry("UDADA", api=True, method="post", kwargs=run),
     "api-run-pause": Entry("UDADA", api=True, method="post", kwargs=run, changed=status_is(Status.PAUSED)),
     "api-run-resume": Entry(
         "UDADA", api=True, method="post", kwargs=run, run_status=Status.PAUSED, changed=status_is(Status.RUNNING)
