@@ -310,7 +310,9 @@ class AnnotationPage {
     if (!next || next.id === judged) {
       next = (await this.request("GET", this.nextUrl(`${this.itemId},${judged || ""}`))).data.item;
     }
-    if (!next) { location.assign(this.page.dataset.queueUrl); return; } // the queue's page says why it is empty
+    // The queue's page says why it is empty: this page's queue (data-queue-url starts it again), not
+    // the session's, which another tab may have moved to another run or filter.
+    if (!next) { location.assign(this.page.dataset.queueUrl); return; }
     this.render(next);
     this.prefetchNext();
     this.release();

@@ -20,7 +20,7 @@ def shown(page, item):
 
 def test_a_reloaded_tab_keeps_its_queue(page, login, researcher, page_errors):
     run = Run.objects.create(name="two tabs", owner=researcher, status=Run.Status.RUNNING, config={})
-    _high, low, lower = (
+    high, low, lower = (
         Experience.objects.create(run=run, explorer_step=step, rollout_index=0, group_id=f"g{step}",
                                   prompt_text=f"{step} + 1?", response_text=str(step), prompt_ids=[1],
                                   response_ids=[2], action_mask=[1], reward=reward, model_version=1)
@@ -47,4 +47,10 @@ def test_a_reloaded_tab_keeps_its_queue(page, login, researcher, page_errors):
     shown(page, lower)  # A's filter keeps it; B's queue would not skip the newest
     wait_for(lambda: Feedback.objects.filter(user=annotator, experience=low).exists(), 10, "the rating")
     assert page.url.endswith(f"/annotate/experience/{lower.pk}/?run={run.pk}&strategy=newest&reward_max=0.5")
+    # A's queue ends: its empty page says its filter leaves nothing (the session's queue was B's, whose
+    # next item is the newest).
+    page.keyboard.press("3")
+    page.keyboard.press("Enter")
+    expect(page.locator("#filter-empty")).to_contain_text("reward ≤ 0.5")
+    assert not Feedback.objects.filter(experience=high).exists()
     assert not page_errors
