@@ -31,6 +31,10 @@ class NotAllowed(FeedbackError):
     """The person may not flag a run's items in bulk."""
 
 
+class Changed(FeedbackError):
+    """The items the filter matches are not those the person confirmed: nothing flagged."""
+
+
 @dataclass
 class Flagged:
     feedback_ids: list[int]
@@ -74,6 +78,11 @@ def _count(rows, count) -> Subquery:
     return Subquery(rows.order_by().annotate(one=Value(1)).values("one").annotate(n=count).values("n"))
 
 
+def matching_ids(run, queue_filter: QueueFilter, user) -> list[int]:
+    """The ids of `matching`, newest first, at most MAX_ITEMS + 1: one more says the filter is too wide."""
+    return list(matching(run, queue_filter, user).values_list("pk", flat=True)[: MAX_ITEMS + 1])
+
+
 def seen(ids) -> str:
     """The items a page showed as matching, as it posts them back: a digest of their ids."""
     return hashlib.sha256(",".join(map(str, sorted(ids))).encode()).hexdigest()[:32]
@@ -90,15 +99,15 @@ def flag_all(run, user, queue_filter: QueueFilter, reason: str, *, confirmed_cou
         raise FeedbackError("choose a filter first: a bulk flag without one would flag the whole run")
     if reason not in services.FLAG_REASONS:
         raise FeedbackError(f"unknown flag {reason!r}: choose one of {', '.join(services.FLAG_REASONS)}")
-    ids = list(matching(run, queue_filter, user).values_list("pk", flat=True)[: MAX_ITEMS + 1])
+    ids = matching_ids(run, queue_filter, user)
     if len(ids) > MAX_ITEMS:
         raise FeedbackError(f"the filter matches more than {MAX_ITEMS} items: narrow it to flag them in one action")
     if len(ids) != confirmed_count:
-        raise FeedbackError(
+        raise Changed(
             f"the filter matches {len(ids)} items now, not the {confirmed_count} you confirmed: look again and confirm"
         )
     if confirmed is not None and seen(ids) != confirmed:
-        raise FeedbackError(f"the filter matches {len(ids)} items now, not the same ones you confirmed (some went, "
+        raise Changed(f"the filter matches {len(ids)} items now, not the same ones you confirmed (some went, "
                             "others came): look again and confirm")
     flagged = Flagged(feedback_ids=[])
     with transaction.atomic():
@@ -124,6 +133,13 @@ def undo_all(feedback_ids: list[int], user) -> int:
             AnnotationLock.objects.filter(experience=done.experience, user=user).delete()
             undone += 1
     return undone
+
+
+def undo_flags(run, feedback_ids: list[int], user) -> int:
+    """undo_all for the ids a script names (the API's undo): only the person's own flags of the
+    run's items; another judgement's id undoes nothing here (its undo is the annotation page's)."""
+    own = Feedback.objects.filter(pk__in=feedback_ids, user=user, kind=Feedback.Kind.FLAG, experience__run=run)
+    return undo_all(list(own.values_list("pk", flat=True)), user)
 
 
 def _why(refusal: str) -> str:

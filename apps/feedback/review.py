@@ -4,7 +4,8 @@ reviewer role, or a curator) accepts it, and only then reaches training, as it w
 without review: a rating counts in the `human` reward, an edit becomes a `human_edit` row, a
 comparison becomes a DPO pair. A rejected one never does. Flags act at once (they only keep a row
 out of training). Nobody reviews their own judgement; judging again sends it back to review.
-A decision can be changed while what it let through is untrained."""
+A decision can be changed while what it let through is untrained, by the reviewer who made it
+(a judgement has one reviewer: `Feedback.reviewer`); review_history.py lists the decisions."""
 from django.db import transaction
 from django.db.models import Count, Q
 from django.utils import timezone
@@ -17,6 +18,7 @@ from . import history, services
 from .models import Feedback
 
 Review = Feedback.Review
+DECIDED = (Review.ACCEPTED, Review.REJECTED)
 
 
 class ReviewError(services.FeedbackError):
@@ -75,6 +77,10 @@ def decide(feedback_id: int, reviewer, *, accept: bool, note: str = "", seen_as:
         raise ReviewError("a judgement is reviewed by someone else than its annotator")
     if seen_as is not None and seen_as != seen(feedback):
         raise ReviewError(_moved_since(feedback))
+    if feedback.review in DECIDED and feedback.reviewer_id not in (None, reviewer.pk):
+        # A judgement keeps one reviewer (Feedback.reviewer): another's decision is theirs to change.
+        raise ReviewError(f"{isolate(feedback.reviewer)} {feedback.review} this {feedback.get_kind_display().lower()}: "
+                          "only they change their decision")
     withdrawn = feedback.review == Review.ACCEPTED and not accept
     if withdrawn and (step := history.trained_on(feedback)) is not None:
         raise ReviewError(f"accepted and trained on at step {step}: it can no longer be rejected")
@@ -92,6 +98,22 @@ def decide(feedback_id: int, reviewer, *, accept: bool, note: str = "", seen_as:
     elif feedback.kind == Feedback.Kind.EDIT and withdrawn and (row := history.edit_row(feedback)) is not None:
         row.delete()
     return feedback
+
+
+def change(feedback_id: int, reviewer, *, accept: bool, note: str = "", seen_as: str | None = None) -> Feedback:
+    """The reviewer turns their own decision round (the history page's Change): accepted to
+    rejected while no trainer step has used the judgement (decide refuses then, naming the step),
+    rejected to accepted at any time (a rejected judgement never trained)."""
+    feedback = Feedback.objects.select_related("reviewer").filter(pk=feedback_id).first()
+    if feedback is None:
+        raise ReviewError(f"no judgement {feedback_id}: its annotator may have undone it")
+    if feedback.review not in DECIDED or feedback.reviewer_id != reviewer.pk:
+        raise ReviewError(f"judgement {feedback_id} has no decision of yours to change"
+                          + (": its annotator judged it again, and it waits for review" if
+                             feedback.review == Review.PENDING else ""))
+    if (feedback.review == Review.ACCEPTED) == accept:
+        raise ReviewError(f"you {feedback.review} judgement {feedback_id} already; nothing changed")
+    return decide(feedback_id, reviewer, accept=accept, note=note, seen_as=seen_as)
 
 
 def _moved_since(feedback: Feedback) -> str:

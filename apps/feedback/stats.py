@@ -33,6 +33,24 @@ def per_annotator(run) -> list[dict]:
 
 
 REVIEWS = ("pending", "accepted", "rejected")  # Feedback.Review values
+
+
+def per_reviewer(run) -> list[dict]:
+    """Decisions per reviewer on the run's judgements: accepted, rejected, and the accept rate.
+    Counted as they stand (a decision changed counts once, as it is now; one whose judgement was
+    judged again is pending, no one's). One reviewer per judgement (review.decide): no agreement
+    between reviewers to measure."""
+    rows = (
+        Feedback.objects.filter(experience__run=run, review__in=REVIEWS[1:], reviewer__isnull=False)
+        .values("reviewer__username")
+        .annotate(decisions=Count("pk"), accepted=Count("pk", filter=Q(review="accepted")))
+        .order_by("reviewer__username")
+    )
+    return [
+        {"reviewer": r["reviewer__username"], "decisions": r["decisions"], "accepted": r["accepted"],
+         "rejected": r["decisions"] - r["accepted"], "accept_rate": r["accepted"] / r["decisions"]}
+        for r in rows
+    ]
 REVIEWED_KINDS = (Feedback.Kind.RATING, Feedback.Kind.EDIT, Feedback.Kind.PREFERENCE)  # flags act at once
 
 

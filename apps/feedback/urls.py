@@ -15,6 +15,8 @@ urlpatterns = [
     path("experience/<int:pk>/", views.experience, name="annotate-experience"),
     path("review/", views_review.review_start, name="review-start"),
     path("review/runs/<int:run_id>/", views_review.review_next, name="review-next"),
+    path("review/runs/<int:run_id>/history/", views_review.review_history_page, name="review-history"),
+    path("review/judgement/<int:pk>/change/", views_review.review_change, name="review-change"),
     path("review/judgement/<int:pk>/accept/", views_review.review_decide, {"decision": "accept"},
          name="review-accept"),
     path("review/judgement/<int:pk>/reject/", views_review.review_decide, {"decision": "reject"},

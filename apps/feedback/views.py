@@ -130,6 +130,18 @@ def next_item(request):
     return redirect("annotate-experience", pk=item.pk)
 
 
+def page_queue(request, item) -> tuple[str | None, QueueFilter | None]:
+    """The queue the item page's address names (run, strategy, filter: annotate.js keeps it there
+    as items change in place), so a reloaded tab goes on with its own queue; (None, None) for the
+    session's: no queue named, or another run's. A bad strategy or filter raises FilterError."""
+    if item.run_id is None or whole_number(request.GET.get("run", "")) != item.run_id:
+        return None, None
+    strategy = request.GET.get("strategy") or queue.NEWEST
+    if strategy not in queue.STRATEGIES:
+        raise FilterError(f"strategy must be one of {', '.join(queue.STRATEGIES)}, not {strategy[:40]!r}")
+    return strategy, QueueFilter.from_query(request.GET)
+
+
 def _refused(request, exc: NotAnnotator):
     """The answer to someone who may not annotate the item's run: why, and nothing of the item."""
     return render(request, "feedback/refused.html", {"reason": str(exc)}, status=403)
@@ -150,10 +162,15 @@ def experience(request, pk):
         request.session[SESSION_RUN] = item.run_id  # after this item the queue goes on with its run
         if error is None:
             services.prepare_edits(item.run)
-    return _item_page(request, item, error=error)
+    try:
+        strategy, queue_filter = page_queue(request, item)
+    except FilterError as exc:  # the session's queue instead, saying why
+        messages.error(request, f"Filter not applied: {exc}.")
+        strategy, queue_filter = None, None
+    return _item_page(request, item, error=error, strategy=strategy, queue_filter=queue_filter)
 
 
-def _item_page(request, item, *, error=None, confirm=None, status=200):
+def _item_page(request, item, *, error=None, confirm=None, status=200, strategy=None, queue_filter=None):
     # Checked here too, as the last word before any text of the item is shown: a form refused
     # before its service ran (no other response named, say) must not show an outsider the item.
     try:
@@ -161,7 +178,8 @@ def _item_page(request, item, *, error=None, confirm=None, status=200):
     except NotAnnotator as exc:
         return _refused(request, exc)
     context = item_context(
-        request, item, error=error, confirm=confirm, edited_text=request.POST.get("text") if error else None
+        request, item, error=error, confirm=confirm, edited_text=request.POST.get("text") if error else None,
+        strategy=strategy, queue_filter=queue_filter,
     )
     return render(request, "feedback/experience.html", context, status=status)
 
@@ -291,7 +309,8 @@ def run_feedback(request, run_id):
     access = RunAnnotators.objects.filter(run=run).first()
     return render(
         request, "feedback/stats.html",
-        {"run": run, "annotators": stats.per_annotator(run), "agreement": stats.agreement(run),
+        {"run": run, "annotators": stats.per_annotator(run), "reviewers": stats.per_reviewer(run),
+         "agreement": stats.agreement(run),
          "pairwise": stats.pairwise_agreement(run), "require_review": services.needs_review(run),
          "waiting": review.pending(run).count(),
          "open_to_all": access is None or access.open_to_all,

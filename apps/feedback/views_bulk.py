@@ -38,7 +38,7 @@ def bulk_flag(request, run_id):
     except FilterError as exc:
         chosen, error = NO_FILTER, f"Filter not applied: {exc}."
     items = bulk.matching(run, chosen, request.user) if chosen else None
-    ids = list(items.values_list("pk", flat=True)[: bulk.MAX_ITEMS + 1]) if items is not None else []
+    ids = bulk.matching_ids(run, chosen, request.user) if chosen else []
     count = len(ids)
     last = request.session.get(SESSION_LAST) or {}
     return render(request, "feedback/bulk_flag.html", {

@@ -1,14 +1,18 @@
 """The reviewer's pages (apps/feedback/review.py): the runs with judgements waiting, and a run's
-review queue, one judgement at a time, accepted or rejected by key (a, x) as annotators judge."""
+review queue, one judgement at a time, accepted or rejected by key (a, x) as annotators judge; the
+run's decisions (review_history.py), where a reviewer changes their own."""
+from urllib.parse import urlencode
+
 from django.contrib import messages
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from apps.accounts.roles import REVIEWER, role_required
 from apps.core.bidi import isolate
 from apps.runs.models import Run
 
-from . import review, services
+from . import review, review_history, services
 from .models import Feedback
 
 
@@ -52,3 +56,49 @@ def review_decide(request, pk, decision):
                                   f"{isolate(judgement.user)}'s {judgement.get_kind_display().lower()} "
                                   f"of experience {judgement.experience_id}.")
     return redirect("review-next", run_id=run_id) if run_id else redirect("review-start")
+
+
+@role_required(REVIEWER)
+def review_history_page(request, run_id):
+    run = get_object_or_404(Run, pk=run_id)
+    try:
+        chosen, error = review_history.DecisionFilter.from_query(run, request.GET), None
+    except review.ReviewError as exc:
+        chosen, error = review_history.DecisionFilter(), f"Filter not applied: {exc}."
+    shown, rows = review_history.page(run, request.user, chosen, request.GET.get("page"))
+    for row in rows:
+        row["seen"] = review.seen(row["judgement"])
+    return render(request, "feedback/review_history.html", {
+        "run": run, "page": shown, "rows": rows, "chosen": chosen, "error": error,
+        "reviewers": review_history.reviewers(run), "decisions": review.DECIDED,
+        "filter_query": urlencode(chosen.as_query()),
+    })
+
+
+@require_POST
+@role_required(REVIEWER)
+def review_change(request, pk):
+    """Turn the reviewer's own decision round; back to the history page as it was filtered."""
+    judgement = get_object_or_404(Feedback.objects.select_related("experience", "user"), pk=pk)
+    # `to`, not `decision`: the form carries the history's filter back, whose `decision` is accepted or rejected.
+    accept = request.POST.get("to") == "accept"
+    try:
+        if request.POST.get("to") not in ("accept", "reject"):
+            raise review.ReviewError("to must be accept or reject")
+        review.change(pk, request.user, accept=accept, note=request.POST.get("note", ""),
+                      seen_as=request.POST.get("seen"))
+    except services.FeedbackError as exc:
+        messages.error(request, f"Nothing changed: {exc}.")
+    else:
+        messages.success(request, f"{'Accepted' if accept else 'Rejected'} {isolate(judgement.user)}'s "
+                                  f"{judgement.get_kind_display().lower()} of experience {judgement.experience_id} "
+                                  "instead.")
+    run_id = judgement.experience.run_id
+    if run_id is None:
+        return redirect("review-start")
+    try:
+        chosen = review_history.DecisionFilter.from_query(judgement.experience.run, request.POST)
+    except review.ReviewError:
+        chosen = review_history.DecisionFilter()
+    query = urlencode(chosen.as_query())
+    return redirect(reverse("review-history", args=[run_id]) + (f"?{query}" if query else ""))

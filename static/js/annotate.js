@@ -47,6 +47,10 @@ class AnnotationPage {
     this.queue = []; // keys pressed meanwhile, for the next item shown
     this.runNote = null; // "the run has failed ..." once heard: every item shown keeps saying it
     this.prefetch = null; // a Promise of the next item ({id, html, judgeable} or null)
+    // The address names the page's queue (data-next-url's query: run, strategy, filter), so a reload
+    // takes this tab's queue, not the session's that another tab may have started since.
+    this.queueSearch = new URL(page.dataset.nextUrl, location.href).search;
+    history.replaceState(null, "", location.pathname + this.queueSearch);
     this.bindItem();
     document.addEventListener("keydown", (event) => this.onKey(event));
     this.container.addEventListener("submit", (event) => this.onSubmit(event));
@@ -85,7 +89,7 @@ class AnnotationPage {
 
   render(item) {
     this.container.innerHTML = item.html;
-    history.replaceState(null, "", this.page.dataset.pageUrl.replace("/0/", `/${item.id}/`));
+    history.replaceState(null, "", this.page.dataset.pageUrl.replace("/0/", `/${item.id}/`) + this.queueSearch);
     document.title = `Experience ${item.id}`;
     window.scrollTo(0, 0);
     this.bindItem();
@@ -306,7 +310,9 @@ class AnnotationPage {
     if (!next || next.id === judged) {
       next = (await this.request("GET", this.nextUrl(`${this.itemId},${judged || ""}`))).data.item;
     }
-    if (!next) { location.assign(this.page.dataset.queueUrl); return; } // the queue's page says why it is empty
+    // The queue's page says why it is empty: this page's queue (data-queue-url starts it again), not
+    // the session's, which another tab may have moved to another run or filter.
+    if (!next) { location.assign(this.page.dataset.queueUrl); return; }
     this.render(next);
     this.prefetchNext();
     this.release();

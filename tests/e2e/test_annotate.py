@@ -26,7 +26,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.slow, pytest.mark.django_db(transacti
 
 
 def experience_url(experience) -> re.Pattern:
-    return re.compile(rf"/annotate/experience/{experience.pk}/$")
+    return re.compile(rf"/annotate/experience/{experience.pk}/(\?[^#]*)?$")  # its queue in the query (annotate.js)
 
 
 def sign_in(page, user, next_path):

@@ -73,7 +73,7 @@ def test_keys_typed_ahead_are_applied_to_the_next_items_and_undo_and_history_wor
     expect(page.locator("#notice")).to_have_text(f"Undid your judgement of experience {items[2].pk} (rated 5).")
     expect(page.locator("#session-count")).to_have_text("2 judged this session")
     assert not Feedback.objects.filter(experience=items[2]).exists()
-    assert page.url.endswith(f"/annotate/experience/{items[2].pk}/")
+    assert page.url.endswith(f"/annotate/experience/{items[2].pk}/?run={run.pk}&strategy=newest")  # its queue
 
     # The history panel: newest first, and an entry reopens its item, saying what was said of it.
     page.keyboard.press("h")

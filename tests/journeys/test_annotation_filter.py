@@ -20,7 +20,7 @@ from apps.tasksets.models import Task, Taskset
 from tests.e2e.conftest import PASSWORD
 
 pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
-ITEM = re.compile(r"/annotate/experience/(\d+)/$")
+ITEM = re.compile(r"/annotate/experience/(\d+)/(\?[^#]*)?$")  # the page's queue in its query (annotate.js)
 
 
 def a_run_to_judge(owner) -> tuple[Run, list[Experience]]:

@@ -51,7 +51,7 @@ CONFIG = {
     },
 }
 RUN_DEADLINE_S = 900  # a loaded 2-core machine: seconds a step
-ITEM = re.compile(r"/annotate/experience/(\d+)/$")
+ITEM = re.compile(r"/annotate/experience/(\d+)/(\?[^#]*)?$")  # the page's queue in its query (annotate.js)
 
 
 def shown_item(page, previous: int | None = None) -> int:

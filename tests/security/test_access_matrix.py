@@ -107,6 +107,10 @@ MATRIX = {
     "review-next": Entry("LDDDA", kwargs=run_id),
     "review-accept": Entry("LDDDA", method="post", kwargs=lambda o: {"pk": o.feedback.pk}),
     "review-reject": Entry("LDDDA", method="post", kwargs=lambda o: {"pk": o.feedback.pk}),
+    "review-history": Entry("LDDDA", kwargs=run_id),
+    # a change of the curator's own decision only: the world's judgement was never reviewed (refused, a message)
+    "review-change": Entry("LDDDA", method="post", kwargs=lambda o: {"pk": o.feedback.pk},
+                           data=lambda o: {"to": "accept"}),
     "annotate-export": Entry("LDAAA", kwargs=run_id),
     "annotate-run-summary": Entry("LDAAA", kwargs=run_id),
     # bulk flag: the run's owner and curators, as who assigns its annotators
@@ -229,6 +233,9 @@ MATRIX = {
     "api-run-metrics": Entry("UDAAA", api=True, kwargs=run),
     "api-run-experiences": Entry("UDAAA", api=True, kwargs=run),
     "api-run-annotation": Entry("UDAAA", api=True, kwargs=run),
+    # the bulk flag's count (the POST flags with the same check, tests/apps/feedback/test_bulk_flag_api.py)
+    "api-run-bulk-flag": Entry("UDADA", api=True, kwargs=run, data=lambda o: {"reward_max": "0.5"}),
+    "api-run-bulk-flag-undo": Entry("UDADA", api=True, method="post", kwargs=run),
     "api-run-pause": Entry("UDADA", api=True, method="post", kwargs=run, changed=status_is(Status.PAUSED)),
     "api-run-resume": Entry(
         "UDADA", api=True, method="post", kwargs=run, run_status=Status.PAUSED, changed=status_is(Status.RUNNING)

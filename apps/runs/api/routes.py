@@ -19,6 +19,7 @@ from ..forms import RolloutFilterForm, RunFilterForm
 from ..models import MetricPoint, Run
 from .auth import ApiError, BearerToken, Session, add_error_handlers
 from .bodies import config_of, invalid, json_body, known_fields, known_query, name_of
+from .bulk_flag import router as bulk_flag_router
 from .judgements import with_judgements
 from .paging import MAX_METRIC_POINTS, count_parameter, number_parameter, page_after, page_of
 from .saved_models import router as models_router
@@ -98,6 +99,7 @@ api.add_decorator(reads_only_its_query)  # before the routers: they inherit it
 api.add_router("/tasksets/", tasksets_router)
 api.add_router("/sweeps/", sweeps_router)
 api.add_router("/models/", models_router)
+api.add_router("/runs/", bulk_flag_router)  # /runs/<id>/bulk-flag/: apps/feedback's bulk flag
 
 REFUSED = {401: ErrorOut, 403: ErrorOut}  # no token or session; not a researcher, or no CSRF token
 RUN_REFUSED = {**REFUSED, 404: ErrorOut}  # no such run
@@ -221,7 +223,8 @@ def run_annotation(request, pk: Id):
     run = get_object_or_404(Run, pk=pk)
     done = stats.summary(run)
     done.pop("human_reward_by_step")
-    return {"run": run.pk, **done, "per_annotator": stats.per_annotator(run), "agreement": stats.agreement(run),
+    return {"run": run.pk, **done, "per_annotator": stats.per_annotator(run), "per_reviewer": stats.per_reviewer(run),
+            "agreement": stats.agreement(run),
             "pairwise": stats.pairwise_agreement(run)}
 
 

@@ -225,6 +225,14 @@ class AnnotatorWorkOut(Schema):
     rejected: int
 
 
+class ReviewerWorkOut(Schema):
+    reviewer: str
+    decisions: int = Field(description="judgements the reviewer decides now (a changed decision counts as it is)")
+    accepted: int
+    rejected: int
+    accept_rate: float = Field(description="accepted / decisions")
+
+
 class AnnotationOut(Schema):
     run: int
     judgements: dict[str, int] = Field(description="by kind: rating, edit, preference (a comparison), flag")
@@ -244,6 +252,8 @@ class AnnotationOut(Schema):
     human_reward: float | None = Field(description="the mean normalised rating of the rated experiences that "
                                                    "training reads (rated_experiences)")
     per_annotator: list[AnnotatorWorkOut] = Field(description="judgements and mean seconds, per annotator and kind")
+    per_reviewer: list[ReviewerWorkOut] = Field(description="on a run that requires review: decisions per reviewer "
+                                                            "and their accept rate")
     agreement: dict[str, float | int | None] = Field(
         description="over the items rated more than once: their count, percent agreement and Krippendorff's "
                     "alpha (interval metric); over the pairs compared more than once: their count, percent "

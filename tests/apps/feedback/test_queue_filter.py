@@ -231,3 +231,35 @@ def test_annotators_with_different_filters_never_judge_an_item_beyond_the_overla
     assert errors == []
     judged = Counter(Feedback.objects.values_list("experience_id", flat=True))
     assert max(judged.values()) <= per_item and len(judged) == 24  # every item judged, none beyond the overlap
+
+
+def test_a_reloaded_item_page_keeps_its_own_queue(annotator_client, run, make_experience):
+    """Tab A filters to step 3; tab B starts the run unfiltered; tab A is reloaded: its page had
+    taken the session's queue, B's (the filter gone from its next items and its head)."""
+    make_experience(explorer_step=11)
+    early = make_experience(explorer_step=3)
+    page_a = annotator_client.get(reverse("annotate-start"), {"run": run.pk, "strategy": "newest", "step_min": "3",
+                                                              "step_max": "3"}, follow=True)
+    # annotate.js puts the page's queue (its data-next-url's query) in the address: what a reload asks for.
+    next_url = re.search(r'data-next-url="([^"]+)"', page_a.content.decode()).group(1).replace("&amp;", "&")
+    address = reverse("annotate-experience", args=[early.pk]) + "?" + next_url.split("?")[1]
+    annotator_client.get(reverse("annotate-start"), {"run": run.pk, "strategy": "random"})  # tab B
+    reloaded = annotator_client.get(address).content.decode()
+    next_url = re.search(r'data-next-url="([^"]+)"', reloaded).group(1).replace("&amp;", "&")
+    assert dict(parse_qsl(next_url.split("?")[1])) == {"run": str(run.pk), "strategy": "newest", "step_min": "3",
+                                                       "step_max": "3"}
+    assert "1 of 2 left match" in reloaded and "step 3" in reloaded
+    # Without a queue in its address (a link to the item), the page takes the session's, B's.
+    plain = annotator_client.get(reverse("annotate-experience", args=[early.pk])).content.decode()
+    assert "strategy=random" in plain and "step_min" not in plain.split('data-next-url="')[1].split('"')[0]
+    # A queue in the address that is not the item's run, or not a queue, is the session's; a bad
+    # filter is said and not applied.
+    other_run = annotator_client.get(reverse("annotate-experience", args=[early.pk]),
+                                     {"run": str(run.pk + 1), "strategy": "newest", "step_min": "3"})
+    assert "strategy=random" in other_run.content.decode()
+    bad = annotator_client.get(reverse("annotate-experience", args=[early.pk]),
+                               {"run": str(run.pk), "strategy": "newest", "step_min": "x"}).content.decode()
+    assert "Filter not applied: step_min" in bad and "strategy=random" in bad
+    odd = annotator_client.get(reverse("annotate-experience", args=[early.pk]),
+                               {"run": str(run.pk), "strategy": "sideways"}).content.decode()
+    assert "strategy must be one of" in odd and "strategy=random" in odd

@@ -118,12 +118,18 @@ def request_body(path, method, operation, run) -> dict | None:
               ("post", "/api/tasksets/"): None,  # multipart, sent by the test below
               ("post", "/api/sweeps/"): {"name": "documented sweep", "config": preset_config("quick-demo"),
                                          "space": [{"key": "trainer.lr", "values": [1e-4, 1e-3]}]},
-              ("post", "/api/models/"): {"run": run.pk, "version": 1, "name": MODEL}}
+              ("post", "/api/models/"): {"run": run.pk, "version": 1, "name": MODEL},
+              # the items GET /api/runs/{pk}/bulk-flag/?reward_min=0 names: the run's two, newest first
+              ("post", "/api/runs/{pk}/bulk-flag/"): {"filter": BULK_FILTER, "reason": "wrong", "items": list(
+                  run.experiences.order_by("-explorer_step", "-pk").values_list("pk", flat=True))},
+              ("post", "/api/runs/{pk}/bulk-flag/undo/"): {"feedback": []}}
     if "requestBody" in operation:
         return bodies[(method, path)]
     return None
 
 
+BULK_FILTER = {"reward_min": "0"}  # a bulk flag's count needs a filter
+QUERIES = {("get", "/api/runs/{pk}/bulk-flag/"): BULK_FILTER}
 MODEL = "documented-model"  # saved from busy_run's checkpoint by POST /api/models/, then deleted
 
 # What each control needs the run to be in to be offered.
@@ -153,8 +159,11 @@ def test_each_documented_operation_answers_a_token_as_documented(spec, script, b
             response = script.post(url, {"file": upload, "name": "documented-upload"})
         else:
             body = request_body(path, method, operation, busy_run)
-            response = getattr(script, method)(url, json.dumps(body) if body else None,
-                                               content_type="application/json")
+            if method == "get":
+                response = script.get(url, QUERIES.get((method, path)))
+            else:
+                response = getattr(script, method)(url, json.dumps(body) if body else None,
+                                                   content_type="application/json")
         assert_documented(spec, operation, response, (method, path))
         called += 1
     assert called == len(list(operations(spec))) >= 11
