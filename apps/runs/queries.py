@@ -53,7 +53,10 @@ class Progress:
 
 
 def run_progress(run: Run) -> Progress:
-    """Trainer steps out of trainer.total_steps (explorer steps for a run that only explores)."""
+    """Trainer steps out of trainer.total_steps (explorer steps for a run that only explores); a
+    bench run's evaluation, done or not (it trains nothing: a completed one read "0 / 100")."""
+    if run.mode == Run.Mode.BENCH:
+        return Progress(int(run.status == Run.Status.COMPLETED), 1)
     total = (run.config.get("trainer") or {}).get("total_steps") or 0
     done = run.explorer_step if run.mode == Run.Mode.EXPLORE else run.trainer_step
     return Progress(done, total if isinstance(total, int) else 0)

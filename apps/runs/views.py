@@ -166,7 +166,8 @@ def run_detail(request, pk):
     run.progress = queries.run_progress(run)
     run.shown_tags = shown_tags(run.tags)
     figures = queries.key_figures(run)
-    progress_counter = "explorer_step" if run.mode == Run.Mode.EXPLORE else "trainer_step"  # as run_progress counts
+    # The counter live updates move, as run_progress counts (a bench run's with its status: run_page.js).
+    progress_counter = {Run.Mode.EXPLORE: "explorer_step", Run.Mode.BENCH: "evaluation"}.get(run.mode, "trainer_step")
     shown = waits.duties_json(run)
     run.shown_status = shown["shown_status"]  # as the runs list says it: queued until a worker takes it
     controls = control_statuses()

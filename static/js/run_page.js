@@ -137,6 +137,7 @@
     const changed = newStatus !== status;
     status = newStatus;
     badge.dataset.status = status;
+    if (status === "completed") showCounter("evaluation", 1); // a bench run's one (views.run_detail)
     if (changed) { // unchanged, the badge keeps what the runs list says ("queued": run_duties.js)
       badge.textContent = status;
       badge.className = "status " + status;
