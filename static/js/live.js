@@ -81,7 +81,9 @@ class LiveRun {
   connect() {
     const socket = new WebSocket(this.socketUrl);
     let pinger = null;
+    let opened = false;
     socket.onopen = () => {
+      opened = true;
       if (this.everOpened) this.refetch(); // a reconnect: messages may have been missed meanwhile
       this.everOpened = true;
       this.retryMs = LIVE_RETRY_MS[0];
@@ -96,8 +98,21 @@ class LiveRun {
         return;
       }
       this.onConnection("offline");
-      setTimeout(() => this.connect(), this.retryMs);
-      this.retryMs = Math.min(this.retryMs * 2, LIVE_RETRY_MS[1]);
+      const retry = () => {
+        setTimeout(() => this.connect(), this.retryMs);
+        this.retryMs = Math.min(this.retryMs * 2, LIVE_RETRY_MS[1]);
+      };
+      if (opened) {
+        retry();
+        return;
+      }
+      // A refused handshake shows the browser 1006, as a network gone does (never the consumer's
+      // 4403): the page's own snapshot tells them apart. A researcher whose role was taken away
+      // read "reconnecting…" for good.
+      fetch(this.snapshotUrl, { headers: { Accept: "application/json" }, cache: "no-store", redirect: "manual" }).then(
+        (response) => (response.status === 403 || response.type === "opaqueredirect" ? this.onConnection("forbidden") : retry()),
+        retry,
+      );
     };
   }
 }

@@ -301,3 +301,18 @@ def test_the_rollout_browser_shows_each_response_full_width_with_the_reference_b
     assert float(first.locator(".text").evaluate("e => getComputedStyle(e).fontSize")[:-2]) >= 14
     page.screenshot(path=SHOTS / "rollouts.png")
     assert page_errors == []
+
+
+def test_a_researcher_whose_role_is_taken_away_reads_not_allowed_not_reconnecting(page, login, researcher, curator,
+                                                                                  page_errors):
+    """The socket closes (4401) and the page reconnects: the refused handshake shows the browser only
+    1006, as a network gone does, and the page read "reconnecting…" for good. Its snapshot's 403 says
+    which; a page whose socket dropped for other reasons reconnects as before (test_dashboard)."""
+    from apps.accounts.services import set_roles
+
+    run = running_run(researcher)
+    login(researcher, f"/runs/{run.pk}/")
+    expect(page.locator("#live-dot")).to_have_text("live")
+    set_roles(researcher, [], by=curator)
+    expect(page.locator("#live-dot")).to_have_text("not allowed to watch", timeout=20_000)
+    assert [error for error in page_errors if "403" not in error] == []
