@@ -10,7 +10,7 @@ from django.core.cache import cache as shared_cache
 from workers.rft.config import ConfigError
 
 from . import config_fit, duties, turns
-from .capacity import STARTING_KEY, WorkerState, overview
+from .capacity import STARTING_KEY, WorkerState, overview, worker_url
 from .config_checks import source_run_warnings
 from .config_keys import stored_config
 from .models import Run, Worker
@@ -39,7 +39,7 @@ class DutyState:
     where: str = ""
 
     def as_json(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "node_url": self.node and worker_url(self.node)}
 
 
 def duty_states(run: Run, live: list[WorkerState] | None = None) -> list[DutyState]:
