@@ -148,6 +148,11 @@ def _waiting_for(run: Run, duty: str, queue: str, live: list[WorkerState], waiti
     if not serving:
         return (f"waiting for {_a(queue)} worker: none is live. Start one on a machine that reaches this "
                 f"server's database and Redis: celery -A rftweb worker -Q {queue} (docs/scale.md)")
+    drained = [worker.name for worker in serving if worker.drain]
+    serving = [worker for worker in serving if not worker.drain]  # they take nothing (capacity.set_drain)
+    if not serving:
+        return (f"waiting for {_a(queue)} worker: every live one is drained ({', '.join(drained)}); a curator "
+                "undrains one on its page, or start another (docs/scale.md)")
     if any(worker.free is None or worker.free > 0 for worker in serving):
         return f"waiting for {_a(queue)} worker: one has a free slot and takes it next"
     slots = sum(worker.slots or 0 for worker in serving)

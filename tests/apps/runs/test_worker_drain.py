@@ -13,7 +13,7 @@ from django.utils import timezone
 
 from apps.runs import capacity, supervision, waits
 from apps.runs.capacity import DrainRefused
-from apps.runs.models import Worker
+from apps.runs.models import Run, Worker
 
 NAME = "train@gpu 1/ü"
 
@@ -93,3 +93,12 @@ def test_drain_is_a_curators_post_and_a_refusal_says_why(db, client, curator, re
     assert response.redirect_chain[0][0] == reverse("worker-detail", args=[NAME])
     assert "is not live" in response.content.decode()
     assert Worker.objects.get(name=NAME).drain == {}
+
+
+def test_a_duty_waiting_while_every_worker_of_its_queue_is_drained_says_so(db, make_run):
+    worker(drain=DRAINED)
+    run = make_run("waits", status=Run.Status.STARTING, heartbeats={})
+    (loop,) = waits.duty_states(run)
+    assert loop.state == "waiting" and f"every live one is drained ({NAME})" in loop.detail
+    Worker.objects.filter(name=NAME).update(drain={})
+    assert "one has a free slot" in waits.duty_states(run)[0].detail
