@@ -252,7 +252,7 @@ class DrainRefused(Exception):
 
 def draining(node: str | None) -> bool:
     """Whether the Celery worker `node` (this_node()) is drained: a duty's task that reached it
-    anyway (taken as the drain came) goes back to its queue (supervision.turn_away)."""
+    anyway (taken as the drain came) goes back to its queue (turns.turn_away)."""
     return node is not None and not settings.RFTWEB_EMBEDDED and Worker.objects.filter(
         name=node, stopped_at__isnull=True).exclude(drain={}).exists()
 

@@ -63,10 +63,10 @@ from .live import publisher
 from .logs import DutyLog
 from .models import MetricPoint, Run
 from .ranks import serve_node, trainer_ranks
+from .turns import SERVE_TASK
 
 log = logging.getLogger(__name__)
 Status = Run.Status
-SERVE_TASK = "workers.tasks.serve_duty"
 DATABASE_LOST = (OperationalError, InterfaceError)
 
 
@@ -191,7 +191,7 @@ def serve(run_id: int, duty: str, task: str | None = None) -> str:
     a database outage), and let it go, failing the run with the error if there was one. `task`:
     the Celery task serving it (what its queued entry and its heartbeat name): it serves the
     waiting duty of its queue that asked first (turns.turn), which may be another run's."""
-    if turn_away(capacity.this_node(), run_id, duty, task):
+    if turns.turn_away(capacity.this_node(), run_id, duty, task):
         return "draining"
     if task is not None and not settings.RFTWEB_EMBEDDED:  # embedded: every duty has a thread of its own
         run_id, duty = turns.turn(run_id, duty, task)
@@ -208,17 +208,6 @@ def serve(run_id: int, duty: str, task: str | None = None) -> str:
     # What this duty's threads log while it serves goes to the run page's Logs panel (logs.py).
     with DutyLog(run_dir(run), run_id, duty, secrets=[run.secret], clean=without_server_paths):
         return serve_claimed(run, duty, me)
-
-
-def turn_away(node: str | None, run_id: int, duty: str, task: str | None) -> bool:
-    """A task that reached a drained worker (capacity.set_drain: taken as the drain came) goes back
-    to its queue under the same id, which the waiting duty's entry still counts (turns.py), for
-    another worker: True. It had turned to no duty yet, so nothing else changes."""
-    if task is None or not capacity.draining(node):
-        return False
-    log.info("worker %s is drained: task %s (run %s, %s) goes back to its queue", node, task, run_id, duty)
-    enqueue(SERVE_TASK, run_id, duty, queue=duties.queue_of(duty), task_id=task)
-    return True
 
 
 def log_for_run(run: Run, duty: str, level: int, message: str, *args) -> None:

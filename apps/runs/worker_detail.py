@@ -17,7 +17,8 @@ from django.utils import timezone
 
 from . import capacity, duties, logs, waits
 from .models import Run, TaskRun
-from .supervision import SERVE_TASK, run_dir
+from .supervision import run_dir
+from .turns import SERVE_TASK
 
 HISTORY_SHOWN = 50
 LOG_DUTIES = 5  # the newest holdings whose lines the page shows: 5 files' tails, read every 5 s
@@ -49,7 +50,7 @@ def _life(name: str, now: datetime) -> tuple[capacity.WorkerState | None, list[c
 
 def _from_tasks(name: str, current: capacity.WorkerState) -> list[Held]:
     """The serve_duty tasks it ran (task_log), but those that held nothing ("skipped": a run
-    stopped, a duty another worker held; "draining": sent back to its queue, supervision.turn_away)."""
+    stopped, a duty another worker held; "draining": sent back to its queue, turns.turn_away)."""
     held = []
     for row in TaskRun.objects.filter(worker=name, name=SERVE_TASK).exclude(
             result__in=("skipped", "draining"))[:HISTORY_SHOWN]:
@@ -113,7 +114,8 @@ def detail(name: str, now: datetime | None = None) -> dict | None:
         "embedded": settings.RFTWEB_EMBEDDED,
         "heartbeat_timeout_s": settings.RFTWEB_HEARTBEAT_TIMEOUT,
         "worker": current.as_json(),
-        "heartbeat_age_s": None if settings.RFTWEB_EMBEDDED else round((now - current.last_seen).total_seconds(), 1),
+        "heartbeat_age_s": None if settings.RFTWEB_EMBEDDED or current.last_seen is None  # a worker never registered
+        else round((now - current.last_seen).total_seconds(), 1),
         "earlier": [life.as_json() for life in earlier],
         "holds": [_hold_json(hold, runs.get(hold.run_id), live) for hold in current.holds],
         "history": [_held_json(one, runs.get(one.run_id)) for one in held],

@@ -173,3 +173,11 @@ def test_a_curators_action_from_a_worker_page_comes_back_to_it(history, client, 
     for elsewhere in ("https://evil.example/workers/", "//evil.example/workers/", "/runs/"):
         response = client.post(reverse("worker-duty", args=[history["now"].pk, "loop", "stop"]), {"next": elsewhere})
         assert response["Location"] == reverse("worker-list")
+
+
+def test_a_worker_that_never_registered_has_a_page_of_what_it_holds(make_run):
+    """Started before workers registered (capacity.overview still shows what it holds): no heartbeat of its own."""
+    make_run("old worker", status=Run.Status.RUNNING, heartbeats={"loop": beat("legacy@gpu-9")})
+    shown = worker_detail.detail("legacy@gpu-9")
+    assert shown["heartbeat_age_s"] is None and [h["run_name"] for h in shown["holds"]] == ["old worker"]
+    assert [one["how"] for one in shown["history"]] == ["holding"]

@@ -11,7 +11,7 @@ from django.conf import settings
 from django.urls import reverse
 from django.utils import timezone
 
-from apps.runs import capacity, supervision, waits
+from apps.runs import capacity, turns, waits
 from apps.runs.capacity import DrainRefused
 from apps.runs.models import Run, Worker
 
@@ -72,10 +72,10 @@ def test_a_task_that_reaches_a_drained_worker_goes_back_to_its_queue(db):
     worker("train@gpu-2")
     client = redis.Redis.from_url(settings.REDIS_URL)
     client.delete("train")
-    assert not supervision.turn_away("train@gpu-2", 7, "trainer", "task-1")  # not drained: it serves
-    assert not supervision.turn_away(NAME, 7, "trainer", None)  # embedded-style, no task: serves
+    assert not turns.turn_away("train@gpu-2", 7, "trainer", "task-1")  # not drained: it serves
+    assert not turns.turn_away(NAME, 7, "trainer", None)  # embedded-style, no task: serves
     assert client.llen("train") == 0
-    assert supervision.turn_away(NAME, 7, "trainer", "task-1")
+    assert turns.turn_away(NAME, 7, "trainer", "task-1")
     (message,) = [json.loads(raw) for raw in client.lrange("train", 0, -1)]
     assert message["headers"]["id"] == "task-1" and message["headers"]["argsrepr"] == "(7, 'trainer')"
     client.delete("train")
