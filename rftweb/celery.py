@@ -119,3 +119,18 @@ def queue_lengths(queues) -> dict[str, int] | None:
 
 def _task_id(message: dict) -> str | None:
     return message.get("headers", {}).get("id")
+
+
+CONTROL_TIMEOUT_S = 3.0  # a live worker answers a broadcast within milliseconds, between two tasks too
+
+
+def set_consuming(worker: str, queues, consume: bool) -> bool:
+    """Have Celery worker `worker` stop consuming `queues` (Flower's "cancel consumer": a message
+    stays in the broker for the other workers) or consume them again. True once it answered for
+    every queue; False when it did not (gone, or the broker is down), having changed what it did answer for."""
+    command = app.control.add_consumer if consume else app.control.cancel_consumer
+    try:
+        return all(command(queue, destination=[worker], reply=True, timeout=CONTROL_TIMEOUT_S) for queue in queues)
+    except OperationalError as err:
+        log.warning("could not reach worker %s: %s", worker, err)
+        return False

@@ -26,6 +26,7 @@ from django.conf import settings
 from django.core.cache import cache as shared_cache
 from django.db import Error as DatabaseError
 from django.db import connection
+from django.urls import reverse
 from django.utils import timezone
 
 from . import duties
@@ -69,14 +70,19 @@ class WorkerState:
     stopped_at: datetime | None = None
     restarted_at: datetime | None = None  # an earlier life: when the same name started again
     usage: dict = field(default_factory=dict)  # what its processes used at its last beat (hosts.ProcessUsage)
+    drain: dict = field(default_factory=dict)  # {"by", "at"} while a curator has it drained (drain)
 
     @property
     def free(self) -> int | None:
-        return None if self.slots is None else max(0, self.slots - len(self.holds))
+        """Slots that would take a duty: none while it drains (what it waits for counts it out)."""
+        if self.slots is None:
+            return None
+        return 0 if self.drain else max(0, self.slots - len(self.holds))
 
     def as_json(self) -> dict:
         data = asdict(self)
         data["free"] = self.free
+        data["url"] = worker_url(self.name)
         for key in ("started_at", "last_seen", "stopped_at", "restarted_at"):
             data[key] = data[key] and data[key].isoformat()
         for hold in data["holds"]:
@@ -84,6 +90,12 @@ class WorkerState:
             hold["last_beat"] = hold["last_beat"].isoformat()
             hold["run_url"] = f"/runs/{hold['run_id']}/"
         return data
+
+
+def worker_url(name: str) -> str:
+    """Its page (/workers/<name>/): any name a worker was started with (`-n`), its odd characters
+    quoted (a test's has "@", "/", "?", "#", a space and "ü")."""
+    return reverse("worker-detail", args=[name])
 
 
 def embedded_name() -> str:
@@ -144,7 +156,7 @@ def register(name: str, queues: list[str], slots: int) -> None:
         "earlier": earlier,
         "host": socket.gethostname(), "pid": os.getpid(), "queues": sorted(queues), "slots": slots,
         "gpus": gpus(), "memory_gb": round(memory_bytes() / GB, 1), "cpus": cpu_count(), "version": code_version(),
-        "started_at": now, "last_seen": now, "stopped_at": None,
+        "started_at": now, "last_seen": now, "stopped_at": None, "drain": {},  # a new life consumes its queues
     })
 
 
@@ -231,6 +243,50 @@ def worker_stopping(name: str) -> None:
         connection.close()
 
 
+# ---- a curator drains a worker ------------------------------------------------------------------
+
+
+class DrainRefused(Exception):
+    """Not drained or undrained, changing nothing; the message says why."""
+
+
+def draining(node: str | None) -> bool:
+    """Whether the Celery worker `node` (this_node()) is drained: a duty's task that reached it
+    anyway (taken as the drain came) goes back to its queue (turns.turn_away)."""
+    return node is not None and not settings.RFTWEB_EMBEDDED and Worker.objects.filter(
+        name=node, stopped_at__isnull=True).exclude(drain={}).exists()
+
+
+def set_drain(name: str, by: str, drain: bool) -> Worker:
+    """Drain the live worker `name` (it finishes what it holds and takes no new duty: it stops
+    consuming its queues, as Flower's "cancel consumer", so their tasks wait in the broker for the
+    other workers) or undrain it (it consumes them again). Marked first, so that a task it had
+    taken as the drain came goes back (draining); put back when the worker does not answer.
+    DrainRefused embedded, for a worker not live, or one that does not answer."""
+    from rftweb.celery import set_consuming
+
+    if settings.RFTWEB_EMBEDDED:
+        raise DrainRefused("the embedded server serves every duty on threads of its own: there is no worker to "
+                           "drain (docs/scale.md: Celery workers)")
+    worker = Worker.objects.filter(name=name).first()
+    live = next((w for w in overview()["workers"] if w.name == name and w.slots is not None), None)
+    if worker is None or live is None:
+        raise DrainRefused(f"worker {name!r} is not live: it takes no duty already")
+    if bool(worker.drain) == drain:
+        return worker  # already so: a second click, or another curator's
+    before = worker.drain
+    worker.drain = {"by": by, "at": timezone.now().isoformat()} if drain else {}
+    worker.save(update_fields=["drain"])
+    if not set_consuming(name, worker.queues, consume=not drain):
+        set_consuming(name, worker.queues, consume=not before)  # whatever it did answer for, back
+        worker.drain = before
+        worker.save(update_fields=["drain"])
+        raise DrainRefused(f"worker {name!r} did not answer (stopping, or the broker is down): nothing changed; "
+                           "try again")
+    log.info("worker %s %s by %s", name, "drained" if drain else "undrained", by)
+    return worker
+
+
 # ---- what the page shows ----------------------------------------------------------------------
 
 
@@ -274,6 +330,7 @@ def overview(now: datetime | None = None) -> dict[str, list[WorkerState]]:
             worker.name, worker.host, worker.pid, worker.queues, worker.slots, worker.gpus, worker.version,
             worker.started_at, worker.last_seen, state, held.pop(worker.name, []) if state == "live" else [],
             worker.memory_gb, worker.cpus, worker.stopped_at, usage=worker.usage if state == "live" else {},
+            drain=worker.drain if state == "live" else {},
         )
         out["workers" if state == "live" else state].append(shown)
         restarted = worker.started_at

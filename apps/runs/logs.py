@@ -222,3 +222,31 @@ def number(line: dict) -> int:
 def tier(line: dict) -> int:
     """2 for errors (and critical), 1 for warnings, 0 for the rest: the order a read shows them in."""
     return 2 if number(line) >= logging.ERROR else int(number(line) >= logging.WARNING)
+
+
+TAIL_BYTES = 64 * 1024  # of each duty file a worker's page reads: ~250 lines, not the 512 KB a duty keeps
+
+
+def tail(work_dir: Path, duty: str, since: float, until: float | None, limit: int) -> list[dict]:
+    """The newest `limit` lines of one duty's file (and its rotated one) logged from `since` to
+    `until` (Unix seconds; None: now), oldest first: what one worker logged while it held the duty
+    (the file is the duty's, whoever served it). Only the files' last TAIL_BYTES are read: the
+    Workers page asks every 5 s."""
+    found = []
+    directory = log_dir(work_dir)
+    for path in (directory / f"{duty}.jsonl.1", directory / f"{duty}.jsonl"):
+        try:
+            with path.open("rb") as file:
+                start = max(0, file.seek(0, os.SEEK_END) - TAIL_BYTES)
+                file.seek(start)
+                lines = file.read().decode("utf-8", errors="replace").splitlines()
+        except OSError:  # no such file yet
+            continue
+        for raw in lines[1:] if start else lines:  # the first, cut by the seek
+            try:
+                line = json.loads(raw)
+            except ValueError:
+                continue  # a line a dying worker cut short
+            if isinstance(line, dict) and since <= line.get("time", 0) <= (until or float("inf")):
+                found.append(line)
+    return found[-limit:]

@@ -299,6 +299,9 @@ class Worker(models.Model):
     # row): {"host", "pid", "version", "started_at", "last_seen", "stopped_at": null if lost}. The
     # Workers page's Stopped and Lost lists had lost every worker restarted since (#42, finding 8).
     earlier = models.JSONField(default=list, blank=True)
+    # A curator drained it (capacity.drain): {"by", "at"}; {} when it takes duties. It finishes what
+    # it holds and consumes no queue meanwhile; a restart (a new life) takes duties again.
+    drain = models.JSONField(default=dict, blank=True)
 
     class Meta:
         ordering = ["name"]

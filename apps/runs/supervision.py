@@ -63,10 +63,10 @@ from .live import publisher
 from .logs import DutyLog
 from .models import MetricPoint, Run
 from .ranks import serve_node, trainer_ranks
+from .turns import SERVE_TASK
 
 log = logging.getLogger(__name__)
 Status = Run.Status
-SERVE_TASK = "workers.tasks.serve_duty"
 DATABASE_LOST = (OperationalError, InterfaceError)
 
 
@@ -191,6 +191,8 @@ def serve(run_id: int, duty: str, task: str | None = None) -> str:
     a database outage), and let it go, failing the run with the error if there was one. `task`:
     the Celery task serving it (what its queued entry and its heartbeat name): it serves the
     waiting duty of its queue that asked first (turns.turn), which may be another run's."""
+    if turns.turn_away(capacity.this_node(), run_id, duty, task):
+        return "draining"
     if task is not None and not settings.RFTWEB_EMBEDDED:  # embedded: every duty has a thread of its own
         run_id, duty = turns.turn(run_id, duty, task)
     run = Run.objects.get(pk=run_id)

@@ -14,16 +14,23 @@ waiting duty keeps exactly one task, and a task withdrawn later (drop_queued) is
 counts. Ties (one launch's duties) go by run, then by the order of the run's duties. A duty a
 task has turned to is `taken` (since when) until its claim (claim_duty) drops the entry; one
 taken longer than the heartbeat timeout and never claimed (its machine died in between) is sent
-again by the watchdog (`untaken`).
+again by the watchdog (`untaken`). A task that reached a drained worker goes back to its queue
+before it turns to any duty (`turn_away`).
 """
+import logging
 from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import transaction
 from django.utils import timezone
 
-from . import duties, task_log
+from rftweb.celery import enqueue
+
+from . import capacity, duties, task_log
 from .models import Run
+
+log = logging.getLogger(__name__)
+SERVE_TASK = "workers.tasks.serve_duty"  # a duty's ticket (supervision.send)
 
 
 @dataclass(frozen=True)
@@ -137,3 +144,14 @@ def untaken(run: Run, timeout: float) -> list[str]:
         run.queued_tasks = {duty: sent for duty, sent in run.queued_tasks.items() if duty not in stale}
         run.save(update_fields=["queued_tasks"])
     return stale
+
+
+def turn_away(node: str | None, run_id: int, duty: str, task: str | None) -> bool:
+    """A task that reached a drained worker (capacity.set_drain: taken as the drain came) goes back
+    to its queue under the same id, which the waiting duty's entry still counts, for another
+    worker: True. It had turned to no duty yet, so nothing else changes."""
+    if task is None or not capacity.draining(node):
+        return False
+    log.info("worker %s is drained: task %s (run %s, %s) goes back to its queue", node, task, run_id, duty)
+    enqueue(SERVE_TASK, run_id, duty, queue=duties.queue_of(duty), task_id=task)
+    return True

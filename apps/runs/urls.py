@@ -21,6 +21,11 @@ urlpatterns = [
     path("runs/<int:pk>/checkpoints/<int:version>/download/", views.checkpoint_download, name="checkpoint-download"),
     path("workers/", views.worker_list, name="worker-list"),
     path("workers/runs/<int:pk>/<str:duty>/<str:action>/", views.worker_duty, name="worker-duty"),
+    # Any name a worker was started with (`celery worker -n`), "/" too: after the actions above and
+    # its own (a name ending in "/drain" has no page: no Celery hostname does).
+    path("workers/<path:name>/drain/", views.worker_drain, {"drain": True}, name="worker-drain"),
+    path("workers/<path:name>/undrain/", views.worker_drain, {"drain": False}, name="worker-undrain"),
+    path("workers/<path:name>/", views.worker_page, name="worker-detail"),
     path("sweeps/", views_sweeps.sweep_list, name="sweep-list"),
     path("sweeps/<int:pk>/", views_sweeps.sweep_detail, name="sweep-detail"),
     # [runs-compare helper: compare, downloads, tags]

@@ -13,7 +13,7 @@ from django.http import FileResponse, Http404, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.cache import patch_vary_headers
-from django.utils.http import content_disposition_header
+from django.utils.http import content_disposition_header, url_has_allowed_host_and_scheme
 from django.utils.text import slugify
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
@@ -29,8 +29,9 @@ from apps.tasksets.models import Task, Taskset
 from rftweb.errors import form_checks_nul
 from workers.rft.config import ConfigError
 
-from . import duties, queries, services, supervision, sweeps, waits
+from . import duties, queries, services, supervision, sweeps, waits, worker_detail
 from .api import token_for, token_or_session, workers_json
+from .capacity import DrainRefused, set_drain
 from .checkpoints import run_checkpoint_dir, tar_stream
 from .compression import gzip_json
 from .controls import control_run, control_statuses, may_control
@@ -325,6 +326,32 @@ def worker_list(request):
                                                  "may_act": has_role(request.user, CURATOR)})
 
 
+@role_required(RESEARCHER)
+def worker_page(request, name):
+    """One worker (apps/runs/worker_detail.py): what it holds, the duties it held in the last day
+    and how each ended, and its log's tail; the page polls /api/workers/<name>/ for the same JSON."""
+    shown = worker_detail.detail(name)
+    if shown is None:
+        raise Http404(f"no worker named {name!r} was seen in the last day")
+    return render(request, "runs/worker.html", {"worker_data": shown, "name": name,
+                                                "may_act": has_role(request.user, CURATOR)})
+
+
+@require_POST
+@role_required(CURATOR)
+def worker_drain(request, name, drain):
+    """A curator drains a worker (it finishes what it holds and takes no new duty) or undrains it
+    (capacity.set_drain), from its page."""
+    try:
+        set_drain(name, request.user.get_username(), drain)
+    except DrainRefused as err:
+        messages.error(request, str(err))
+    else:
+        messages.success(request, f"Draining {isolate(name)}: it finishes what it holds and takes no new duty."
+                         if drain else f"{isolate(name)} takes duties again.")
+    return redirect("worker-detail", name=name)
+
+
 DUTY_ACTIONS = ("hand-back", "stop")
 
 
@@ -347,7 +374,10 @@ def worker_duty(request, pk, duty, action):
             messages.success(request, f"Stopping {isolate(run.name)}.")
     except services.InvalidTransition as err:
         messages.error(request, str(err))
-    return redirect("worker-list")
+    # Back to the page it was asked from: a worker's own page sends `next` (its URL).
+    back = request.POST.get("next", "")
+    return redirect(back if url_has_allowed_host_and_scheme(back, allowed_hosts=None) and back.startswith("/workers/")
+                    else "worker-list")
 
 
 @never_cache  # the token is a password: no cache, shared or the browser's, may keep the page

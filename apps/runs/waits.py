@@ -10,7 +10,7 @@ from django.core.cache import cache as shared_cache
 from workers.rft.config import ConfigError
 
 from . import config_fit, duties, turns
-from .capacity import STARTING_KEY, WorkerState, overview
+from .capacity import STARTING_KEY, WorkerState, overview, worker_url
 from .config_checks import source_run_warnings
 from .config_keys import stored_config
 from .models import Run, Worker
@@ -39,7 +39,7 @@ class DutyState:
     where: str = ""
 
     def as_json(self) -> dict:
-        return asdict(self)
+        return {**asdict(self), "node_url": self.node and worker_url(self.node)}
 
 
 def duty_states(run: Run, live: list[WorkerState] | None = None) -> list[DutyState]:
@@ -148,6 +148,11 @@ def _waiting_for(run: Run, duty: str, queue: str, live: list[WorkerState], waiti
     if not serving:
         return (f"waiting for {_a(queue)} worker: none is live. Start one on a machine that reaches this "
                 f"server's database and Redis: celery -A rftweb worker -Q {queue} (docs/scale.md)")
+    drained = [worker.name for worker in serving if worker.drain]
+    serving = [worker for worker in serving if not worker.drain]  # they take nothing (capacity.set_drain)
+    if not serving:
+        return (f"waiting for {_a(queue)} worker: every live one is drained ({', '.join(drained)}); a curator "
+                "undrains one on its page, or start another (docs/scale.md)")
     if any(worker.free is None or worker.free > 0 for worker in serving):
         return f"waiting for {_a(queue)} worker: one has a free slot and takes it next"
     slots = sum(worker.slots or 0 for worker in serving)

@@ -55,6 +55,13 @@
     text.className = "duty-detail";
     withTicks(text, detail(duty) + (duty.since && duty.state !== "waiting" ? " · since " + clock(duty.since) : ""));
     line.append(name, state, text);
+    if (duty.node_url) { // the page of the worker holding it
+      const worker = document.createElement("a");
+      worker.className = "duty-worker";
+      worker.href = duty.node_url;
+      worker.textContent = duty.node;
+      line.append(worker);
+    }
     return line;
   }
 

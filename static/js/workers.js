@@ -24,7 +24,13 @@
 
   function nameCell(worker) {
     const cell = el("td");
-    cell.append(el("strong", worker.name));
+    const name = el("strong");
+    name.append(el("a", worker.name, {href: worker.url, "data-worker-link": ""})); // its own page
+    cell.append(name);
+    if (worker.drain && Object.keys(worker.drain).length) { // capacity.set_drain: finishes what it holds, takes nothing
+      cell.append(" ", el("span", "draining", {class: "status paused", "data-draining": "",
+        title: "drained by " + worker.drain.by + " " + ago(worker.drain.at)}));
+    }
     if (worker.host) cell.append(el("div", worker.host + (worker.pid ? " · pid " + worker.pid : ""), {class: "muted small"}));
     // An earlier life of a worker restarted under the same name (capacity.register keeps it).
     if (worker.restarted_at) cell.append(el("div", "started again " + ago(worker.restarted_at), {class: "muted small"}));
@@ -93,7 +99,7 @@
     const tr = el("tr", null, {"data-worker": worker.name});
     tr.append(nameCell(worker), el("td", worker.queues.join(", ")));
     const slots = worker.slots === null ? "no limit"
-      : live ? (worker.slots - worker.free) + " / " + worker.slots + " busy" : String(worker.slots);
+      : live ? worker.holds.length + " / " + worker.slots + " busy" : String(worker.slots);
     tr.append(el("td", slots, {class: "num"}));
     if (live) tr.append(holdsCell(worker));
     const when = worker.state === "stopped" ? worker.stopped_at : worker.last_seen;

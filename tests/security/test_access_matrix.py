@@ -10,6 +10,7 @@ the matrix fails `test_every_url_has_a_matrix_entry`. Expected outcomes:
 """
 import shutil
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Callable
 
 import pytest
@@ -25,7 +26,7 @@ from apps.accounts.services import create_user
 from apps.buffer.models import Experience
 from apps.feedback.models import Feedback, RunAnnotators
 from apps.runs.api import token_for
-from apps.runs.models import Checkpoint, Report, Run, RunListColumns, RunListView, Sweep
+from apps.runs.models import Checkpoint, Report, Run, RunListColumns, RunListView, Sweep, Worker
 from apps.runs.supervision import run_dir
 from apps.saved_models.models import SavedModel
 from apps.saved_models.services import models_root, save_model
@@ -219,6 +220,12 @@ MATRIX = {
     "worker-duty": Entry("LDDDA", method="post", kwargs=lambda o: {"pk": o.run.pk, "duty": "loop",
                                                                    "action": "hand-back"}),
     "api-workers": Entry("UDAAA", api=True),
+    # one worker's page and its JSON: as the Workers page (a name with odd characters, quoted)
+    "worker-detail": Entry("LDAAA", kwargs=lambda o: {"name": o.worker.name}),
+    "api-worker": Entry("UDAAA", api=True, kwargs=lambda o: {"name": o.worker.name}),
+    # a curator drains or undrains a worker (this one is lost: a message says so, and its page comes back)
+    "worker-drain": Entry("LDDDA", method="post", kwargs=lambda o: {"name": o.worker.name}),
+    "worker-undrain": Entry("LDDDA", method="post", kwargs=lambda o: {"name": o.worker.name}),
     # tasksets through the API: researchers; an import is its uploader's (and curators'), as on the pages
     "api-tasksets": Entry("UDAAA", api=True),
     "api-taskset": Entry("UDAAA", api=True, kwargs=lambda o: {"name": o.taskset.name}),
@@ -299,6 +306,10 @@ def world(db, settings):
     beat = {"at": timezone.now().isoformat(), "worker": "test-worker"}
     o.sweep = Sweep.objects.create(name="s", owner=o.users["owner"], method="grid", space=[], count=1, base_config={})
     o.run = Run.objects.create(name="r", owner=o.users["owner"], config={}, heartbeats={"loop": beat}, sweep=o.sweep)
+    # Lost an hour ago: shown for a day, and counted by no launch or stop.
+    seen = timezone.now() - timedelta(hours=1)
+    o.worker = Worker.objects.create(name="train@gpu 1/ü", host="elsewhere", pid=1, queues=["train"], slots=1,
+                                     started_at=seen, last_seen=seen)
     o.report = Report.objects.create(name="report", owner=o.users["owner"], run_ids=[o.run.pk])
     o.experience = Experience.objects.create(
         run=o.run, task=task, explorer_step=0, rollout_index=0, group_id="g0", prompt_text="1+1?", response_text="2",

@@ -4,6 +4,7 @@ of apps/runs; `schemas.py` says what each answers, `auth.py` who may call it."""
 
 from functools import cache, wraps
 
+from django.http import Http404
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.views.decorators.cache import never_cache
@@ -13,7 +14,7 @@ from apps.accounts.roles import RESEARCHER, role_required
 from apps.feedback import stats
 from workers.rft.config import ConfigError
 
-from .. import queries, services, waits
+from .. import queries, services, waits, worker_detail
 from ..controls import control_run
 from ..forms import RolloutFilterForm, RunFilterForm
 from ..models import MetricPoint, Run
@@ -40,6 +41,7 @@ from .schemas import (
     RunFilters,
     RunOut,
     RunPage,
+    WorkerDetailOut,
     WorkersOut,
     experience_json,
     run_json,
@@ -286,3 +288,12 @@ def stop_run(request, pk: Id):
 def workers(request):
     """The live workers, what each holds, and those lost or stopped in the last day (the Workers page's data)."""
     return workers_json()
+
+
+@api.get("/workers/{path:name}/", response={200: WorkerDetailOut, **RUN_REFUSED}, url_name="api-worker",
+         summary="One worker")
+def worker(request, name: str):
+    """What it holds, the duties it held in the last day and how each ended, and its log's tail (its page's data)."""
+    if (shown := worker_detail.detail(name)) is None:
+        raise Http404(f"no worker named {name!r} was seen in the last day")
+    return shown

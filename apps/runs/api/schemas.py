@@ -154,6 +154,7 @@ class DutyOut(Schema):
                                         'each part {"role", "what", "since": Unix seconds}; the start of detail')
     where: str = Field(description="a running duty: its detail after what it does (the worker, the checkpoint "
                                    "it went on from)")
+    node_url: str | None = Field(description="the page of the worker holding it (/workers/<name>/)")
 
 
 class RunDetailOut(RunOut):
@@ -405,6 +406,9 @@ class WorkerOut(Schema):
     holds: list[HoldOut]
     stopped_at: str | None = Field(description="when it stopped in order (stopped only)")
     restarted_at: str | None = Field(description="an earlier life of a worker of this name: when it started again")
+    url: str = Field(description="its page, /workers/<name>/ (the name quoted)")
+    drain: dict[str, Any] = Field(description='{"by", "at"} while a curator has it drained (it finishes what it '
+                                              "holds and takes no new duty; its free is 0); {} otherwise")
     usage: dict[str, Any] = Field(description='what its processes used at its last beat, {"rss_gb", "cpu_percent"} '
                                               "(percent of one core; null at its first beat); {} when not live")
 
@@ -438,6 +442,39 @@ class WorkersOut(Schema):
     queued: dict[str, int] | None = Field(
         description="per queue, the tasks waiting in the broker (Celery's queue length); null embedded or when "
                     "the broker does not answer")
+
+
+class WorkerHoldOut(HoldOut):
+    state: str = Field(description="where the duty stands, as the run page's duty line says it (running, paused...)")
+    detail: str = Field(description="the run page's duty line: what its engine does, the step")
+    explorer_step: int | None
+    trainer_step: int | None
+    total_steps: int | None = Field(description="the run's trainer.total_steps")
+
+
+class HeldOut(Schema):
+    run_id: int
+    run_name: str = Field(description='"(deleted)" for a run deleted since')
+    run_url: str | None
+    duty: str
+    started_at: str
+    ended_at: str | None = Field(description="null while it holds it, or when its worker died under it")
+    runtime_s: float
+    how: str = Field(description="how it ended: holding (still), completed, stopped, handed back, taken over, "
+                                 "group broke, failed, lost the database, lost (its process was killed), let go")
+
+
+class WorkerDetailOut(Schema):
+    embedded: bool
+    heartbeat_timeout_s: float
+    worker: WorkerOut
+    heartbeat_age_s: float | None = Field(description="seconds since its last heartbeat; null embedded")
+    earlier: list[WorkerOut] = Field(description="its earlier lives under this name, in the last day")
+    holds: list[WorkerHoldOut]
+    history: list[HeldOut] = Field(description="the duties it held in the last day, newest first (at most 50)")
+    logs: list[dict[str, Any]] = Field(
+        description="the newest lines (at most 100, oldest first) it logged while it held its 5 newest duties, "
+                    "each as the run's log lines with run_id and run_name")
 
 
 def workers_json() -> dict:

@@ -147,12 +147,16 @@ def test_each_documented_operation_answers_a_token_as_documented(spec, script, b
                                        created_by=researcher)
     sweep = Sweep.objects.create(name="s", owner=researcher, method="grid", space=[], count=0, base_config={})
     ids = {"/api/tasksets/imports/{pk}/": job.pk, "/api/sweeps/{pk}/": sweep.pk}
+    now = timezone.now()
+    worker = Worker.objects.create(name="train@gpu-1", host="elsewhere", pid=1, queues=["train"], started_at=now,
+                                   last_seen=now)
     called = 0
     for path, method, operation in operations(spec):
         action = path.rstrip("/").rsplit("/", 1)[-1]
         if action in STATUS_BEFORE:
             Run.objects.filter(pk=busy_run.pk).update(status=STATUS_BEFORE[action])
-        name = MODEL if path.startswith("/api/models/") else tasksets[0].name
+        name = (MODEL if path.startswith("/api/models/") else worker.name if path.startswith("/api/workers/")
+                else tasksets[0].name)
         url = path.replace("{pk}", str(ids.get(path, busy_run.pk))).replace("{name}", name)
         if (method, path) == ("post", "/api/tasksets/"):  # multipart: a file and its form fields
             upload = SimpleUploadedFile("sums.jsonl", b'{"prompt": "1+1?", "answer": "2"}\n')
