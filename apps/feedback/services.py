@@ -512,3 +512,14 @@ def flag(experience_id: int, user, reason: str, *, seconds_spent: float = 0.0, c
         experience.save(update_fields=["status"])
     _judgement_done(experience, user)
     return feedback
+
+
+def split_conversation(messages) -> tuple[list, list]:
+    """The item's chat messages as (prompt, response) turns: the prompt is what precedes the
+    model's first turn; the response turns are shown only for a multi-turn episode (for one
+    model turn, the response text is the response)."""
+    first = next((i for i, m in enumerate(messages or []) if m.get("role") == "assistant"), None)
+    if first is None:
+        return [], []
+    rest = messages[first:]
+    return messages[:first], rest if len(rest) > 1 else []

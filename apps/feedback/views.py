@@ -192,7 +192,7 @@ def item_context(request, item, *, error=None, confirm=None, edited_text=None, s
     may annotate the item's run."""
     queue_filter = session_filter(request) if queue_filter is None else queue_filter
     refusal = services.refusal(item, request.user)
-    prompt_turns, response_turns = _split_conversation(item.messages)
+    prompt_turns, response_turns = services.split_conversation(item.messages)
     mine = list(item.feedback.filter(user=request.user).order_by("-updated_at")) if item.pk else []
     return {
         "item": item, "error": error if error != refusal else None, "refusal": refusal, "shown_at": time.time(),
@@ -209,17 +209,6 @@ def item_context(request, item, *, error=None, confirm=None, edited_text=None, s
         "edited_text": edited_text,
         "not_editable": services.EPISODE_EDIT if item.pk and services.has_environment_turns(item) else None,
     }
-
-
-def _split_conversation(messages) -> tuple[list, list]:
-    """The item's chat messages as (prompt, response) turns: the prompt is what precedes the
-    model's first turn; the response turns are shown only for a multi-turn episode (for one
-    model turn, the response text is the response)."""
-    first = next((i for i, m in enumerate(messages or []) if m.get("role") == "assistant"), None)
-    if first is None:
-        return [], []
-    rest = messages[first:]
-    return messages[:first], rest if len(rest) > 1 else []
 
 
 def _seconds_spent(request) -> float:

@@ -30,7 +30,7 @@ def review_next(request, run_id):
     if judgement is not None:
         item = judgement.experience
         context |= {
-            "item": item, "seen": review.seen(judgement),
+            "item": item, "seen": review.seen(judgement), "prompt_turns": services.split_conversation(item.messages)[0],
             "rating_label": dict(services.scale_labels(run)).get(judgement.label, ""),
             "verdict": services.VERDICTS.get(judgement.label, judgement.label),
             # What the annotator saw beside the response, to check the judgement against.

@@ -213,6 +213,21 @@ def test_the_review_pages_take_one_judgement_after_another(reviewed_run, make_ex
     assert annotator_client.get(reverse("review-start")).status_code == 403
 
 
+def test_the_review_page_shows_the_prompt_as_the_annotator_saw_it(reviewed_run, make_experience, make_annotator,
+                                                                   reviewer):
+    """Its chat turns, not the chat template's text: the review page printed prompt_text
+    ("<|im_start|>user ..."), where the item page shows "What is 8 + 5?"."""
+    item = make_experience(prompt_text="<|im_start|>user\nWhat is 8 + 5?<|im_end|>\n<|im_start|>assistant\n",
+                           messages=[{"role": "user", "content": "What is 8 + 5?"},
+                                     {"role": "assistant", "content": "13"}])
+    services.rate(item.pk, make_annotator("a"), 4)
+    client = Client()
+    client.force_login(reviewer)
+    text = client.get(reverse("review-next", args=[reviewed_run.pk])).content.decode()
+    assert '<div class="text mono pre item-text" id="prompt">What is 8 + 5?</div>' in text
+    assert "im_start" not in text
+
+
 def test_a_stale_review_page_changes_nothing_another_reviewer_or_the_annotator_did(
         reviewed_run, make_experience, make_annotator, reviewer):
     """A reviewer's finding: demo rejected a rating with a note; rev1, on a page opened before, then
