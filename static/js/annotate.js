@@ -168,10 +168,12 @@ class AnnotationPage {
     if (this.editing && (key.inEditor || replayed)) return this.editorKey(key, replayed);
     if (key.ctrl || key.alt) return false;
     if (this.confirming()) {
-      if (key.key === "Enter") this.editForm.requestSubmit();
-      else if (key.key === "Escape") { this.confirmBox.hidden = true; this.editor.focus(); }
-      else return false;
-      return true;
+      if (key.key === "Enter") { this.editForm.requestSubmit(); return true; }
+      if (MODIFIERS.includes(key.key)) return false;
+      // Any other key answers no and does what it does: "f 3 Enter", meant to flag the item
+      // instead, saved the edit (f and 3 were ignored, Enter said yes).
+      this.confirmBox.hidden = true;
+      if (key.key === "Escape") { this.editor.focus(); return true; }
     }
     if (key.key === "u") { this.undo(); return true; }
     if (key.key === "h") { this.toggleHistory(); return true; }

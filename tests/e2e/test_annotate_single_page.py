@@ -113,7 +113,15 @@ def test_keys_typed_ahead_are_applied_to_the_next_items_and_undo_and_history_wor
         "The reference answer is 10; your edit's answer differs. Save anyway?"
     )
     shot(page, "single-page-confirm")
+    # Any other key answers no and does what it does: "f 3 Enter", meant to flag instead, saved
+    # the edit (f and 3 were ignored and Enter said yes).
+    page.keyboard.press("f")
+    expect(page.locator("#confirm")).to_be_hidden()
+    page.keyboard.press("Enter")  # no flag reason chosen yet: nothing
     assert not Feedback.objects.filter(kind="edit").exists()
+    page.locator("#edit-text").focus()
+    page.keyboard.press("Control+Enter")
+    expect(page.locator("#confirm")).to_be_visible()
     page.keyboard.press("Enter")
     wait_for(lambda: Feedback.objects.filter(kind="edit").exists(), 10, "the confirmed edit")
     assert Experience.objects.get(parent=items[1]).response_text == "7"
