@@ -283,6 +283,12 @@ class AnnotationPage {
       await this.showNext(action === "compare" ? Number(fields.other) : null);
       return;
     }
+    if (status === 404) { // the item went (a curator deleted it): the panels stayed live on it
+      this.dropQueue("the item is gone");
+      this.notify(`${data.error}: on to the next item.`, "warning");
+      await this.showNext(this.itemId);
+      return;
+    }
     if (status === 409 && data.confirm) { // asked once: Enter again saves
       this.dropQueue("the edit needs confirming");
       this.setText("confirm-question", data.confirm);

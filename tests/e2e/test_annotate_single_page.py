@@ -129,3 +129,27 @@ def test_keys_typed_ahead_are_applied_to_the_next_items_and_undo_and_history_wor
     # The undo's notice went with the next judgement saved (it stayed up for 17 items, issue #42, 12).
     expect(page.locator("#notice")).to_be_hidden()
     assert page_errors == []
+
+
+def test_an_item_deleted_while_shown_gives_way_to_the_next(page, login, researcher, page_errors):
+    """A curator deletes the item on screen; the annotator's rating is answered 404, and the page
+    goes on to the next item saying why (it stayed on the gone item with its panels live)."""
+    run = Run.objects.create(name="deleted under", owner=researcher, status=Run.Status.RUNNING, config={})
+    items = [
+        Experience.objects.create(run=run, explorer_step=10 - i, rollout_index=0, group_id=f"g{i}",
+                                  prompt_text=f"What is {i} + 1?", response_text=str(i), prompt_ids=[1],
+                                  response_ids=[2], action_mask=[1], reward=0.0, model_version=1)
+        for i in range(3)
+    ]
+    annotator = create_user("slow", "pw-for-tests-123", roles=(ANNOTATOR,))
+    login(annotator, f"/annotate/?run={run.pk}&strategy=newest")
+    shown(page, items[0])
+    Experience.objects.filter(pk=items[0].pk).delete()
+    page.keyboard.press("3")
+    page.keyboard.press("Enter")
+    expect(page.locator("#notice")).to_have_text(f"experience {items[0].pk} does not exist: on to the next item.")
+    expect(page.locator("#annotate")).not_to_have_attribute("data-experience", str(items[0].pk))
+    page.keyboard.press("3")
+    page.keyboard.press("Enter")
+    wait_for(lambda: Feedback.objects.filter(kind="rating").count() == 1, 10, "the next item's rating")
+    assert [error for error in page_errors if "404" not in error] == []
