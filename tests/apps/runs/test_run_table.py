@@ -273,6 +273,10 @@ def test_each_filter_is_a_chip_that_removes_it_and_the_bad_one_is_marked(researc
     assert QueryDict(chips[0]["remove"]).lists() and QueryDict(chips[0]["remove"]).getlist("where") == [
         "trainer.lr > x"]
     assert "page" not in QueryDict(chips[1]["remove"])
+    # In words, not only in colour: a reviewer read the pink chip as a filter applied.
+    text = response.content.decode()
+    assert '<span class="chip bad">trainer.lr &gt; x · not applied <a' in text
+    assert '<span class="chip">trainer.lr &gt; 0 <a' in text
 
 
 def test_eleven_filters_are_too_many(researcher_client, lr_runs):
