@@ -84,6 +84,17 @@ class AnnotationPage {
     if (this.editing) this.editor.focus();
     // A changed edit is a new question: the reference check asks again when it is saved.
     this.editor?.addEventListener("input", () => { this.confirmBox.hidden = true; });
+    // The browser cuts a paste at the box's maxlength without a word (27,000 characters pasted
+    // kept 20,000): say so.
+    this.editor?.addEventListener("paste", (event) => {
+      const editor = this.editor;
+      const after = editor.value.length - (editor.selectionEnd - editor.selectionStart)
+        + event.clipboardData.getData("text").length;
+      if (after > editor.maxLength) {
+        this.notify(`An edit keeps at most ${editor.maxLength.toLocaleString("en-US")} characters: the paste was cut `
+          + `to fit (it made ${after.toLocaleString("en-US")}).`, "warning");
+      }
+    });
     this.show();
   }
 

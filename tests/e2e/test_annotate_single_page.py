@@ -153,3 +153,25 @@ def test_an_item_deleted_while_shown_gives_way_to_the_next(page, login, research
     page.keyboard.press("Enter")
     wait_for(lambda: Feedback.objects.filter(kind="rating").count() == 1, 10, "the next item's rating")
     assert [error for error in page_errors if "404" not in error] == []
+
+
+def test_a_paste_past_an_edits_limit_says_it_was_cut(page, login, researcher):
+    """The browser cuts a paste at the edit box's maxlength without a word (27,000 characters kept
+    20,000): the page says so."""
+    run = Run.objects.create(name="long paste", owner=researcher, status=Run.Status.RUNNING, config={})
+    Experience.objects.create(run=run, explorer_step=1, rollout_index=0, group_id="g", prompt_text="Write a lot.",
+                              response_text="short", prompt_ids=[1], response_ids=[2], action_mask=[1], reward=0.0,
+                              model_version=1)
+    annotator = create_user("paster", "pw-for-tests-123", roles=(ANNOTATOR,))
+    login(annotator, f"/annotate/?run={run.pk}")
+    page.keyboard.press("e")
+    editor = page.locator("#edit-text")
+    limit = int(editor.get_attribute("maxlength"))
+    page.keyboard.press("Control+a")
+    editor.evaluate("""(box, text) => {
+        const data = new DataTransfer();
+        data.setData("text/plain", text);
+        box.dispatchEvent(new ClipboardEvent("paste", {clipboardData: data, bubbles: true, cancelable: true}));
+    }""", "x" * (limit + 7000))
+    expect(page.locator("#notice")).to_have_text(
+        f"An edit keeps at most {limit:,} characters: the paste was cut to fit (it made {limit + 7000:,}).")
