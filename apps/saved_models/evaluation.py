@@ -49,28 +49,34 @@ class Score:
                 "run_name": self.run_name, "step": self.step, "source": "at save" if self.at_save else "bench"}
 
 
-def evaluation(saved: SavedModel) -> tuple[dict, str, str]:
+def evaluation(saved: SavedModel, preset: str | None = None) -> tuple[dict, str, str]:
     """(config, run name, what the launch form says of it) for "Evaluate": a mode-bench run of the
     model with the source run's model settings, explorer (prompt format, workflow, reward, lengths)
     and eval taskset over the schema's defaults, so no training key of the source is left to do
-    nothing (config_rules refuses those). Where the source had no eval taskset, the form leaves it
-    empty for its user to pick (a launch refuses mode bench without one); a deleted source leaves
-    CONTINUE_PRESET's prompt format, said."""
-    source = saved.run
-    base = source.config if source is not None else PRESETS[CONTINUE_PRESET].config
+    nothing (config_rules refuses those). `preset` (a preset link on the Evaluate form) takes those
+    from that preset instead, its eval taskset too: still a bench of the model, never a training run.
+    Where the source had no eval taskset, the form leaves it empty for its user to pick (a launch
+    refuses mode bench without one); a deleted source leaves CONTINUE_PRESET's prompt format, said."""
+    source = None if preset else saved.run
+    base = source.config if source is not None else PRESETS[preset or CONTINUE_PRESET].config
     defaults = RunConfig().to_dict()
     model = {**defaults["model"], **base.get("model", {}), "path": saved.model_path,
              "ref_path": None, "critic_path": None, "lora": None}  # bench loads the policy alone
     # One explorer in the run's own worker, every task once: no pipeline, no evals between steps.
     explorer = {**defaults["explorer"], **base.get("explorer", {}), "engine_num": 1, "pipeline": [],
                 "eval_interval": 0}
-    eval_taskset = (base.get("buffer") or {}).get("eval_taskset") if source is not None else None
+    eval_taskset = (base.get("buffer") or {}).get("eval_taskset") if source is not None or preset else None
     buffer = {**defaults["buffer"], "taskset": eval_taskset or (base.get("buffer") or {}).get("taskset")
               or defaults["buffer"]["taskset"], "eval_taskset": eval_taskset}
     config = {**defaults, "mode": "bench", "seed": base.get("seed", defaults["seed"]), "model": model,
               "explorer": explorer, "buffer": buffer}
     name = f"eval {saved.name}" + (f" on {eval_taskset}" if eval_taskset else "")
-    if source is None:
+    if preset:
+        said = (f"Evaluates {saved.name}" + (f" on {isolate(eval_taskset)}" if eval_taskset else "")
+                + f" (mode bench: it trains nothing) with the prompt format, workflow and reward of the "
+                f"{PRESETS[preset].title} preset."
+                + ("" if eval_taskset else " Pick buffer.eval_taskset: the held-out tasks it is scored on."))
+    elif saved.run is None:
         said = (f"Evaluates {saved.name} (mode bench: it trains nothing). Run {isolate(saved.run_name)}, which it "
                 f"was saved from, is deleted: the prompt format, workflow and reward are the "
                 f"{PRESETS[CONTINUE_PRESET].title} preset's, not that run's. Pick buffer.eval_taskset: the held-out "
