@@ -23,7 +23,7 @@ from .services import SaveError, may_change, model_dir
 ALIAS = re.compile(rf"[a-z0-9][a-z0-9_-]{{0,{ModelAlias.MAX_NAME - 1}}}")
 
 
-def _check_may_change(user, saved: SavedModel, doing: str) -> None:
+def check_may_change(user, saved: SavedModel, doing: str) -> None:
     if not may_change(user, saved):
         raise PermissionDenied(f"only {saved.created_by or 'its saver'}, who saved {saved.name}, or a curator may "
                                f"{doing} it")
@@ -33,7 +33,7 @@ def rename_model(saved: SavedModel, name: str, user) -> SavedModel:
     """Rename the model and its directory to `name`, for who saved it or a curator
     (PermissionDenied for anyone else). SaveError names the problem and changes nothing: a bad or
     taken name, the same name, or a run that would still load it from its directory."""
-    _check_may_change(user, saved, "rename")
+    check_may_change(user, saved, "rename")
     name = (name or "").strip()
     if name == saved.name:
         raise SaveError(f"it is already named {name!r}: nothing to rename")
@@ -76,7 +76,7 @@ def set_alias(saved: SavedModel, alias: str, user) -> SavedModel | None:
     """Give the model the alias, for who saved it or a curator. An owner's alias labels one of
     their models: the model that carried it loses it. Returns that model (None if none did).
     SaveError names the problem (a bad alias, or the model carries it already)."""
-    _check_may_change(user, saved, "alias")
+    check_may_change(user, saved, "alias")
     alias = (alias or "").strip()
     if problem := alias_problem(alias):
         raise SaveError(problem, key="alias")
@@ -101,7 +101,7 @@ def set_alias(saved: SavedModel, alias: str, user) -> SavedModel | None:
 def remove_alias(saved: SavedModel, alias: str, user) -> bool:
     """Take the alias off the model, for who saved it or a curator: whether it carried it (a
     second click, or another tab, finds it gone)."""
-    _check_may_change(user, saved, "alias")
+    check_may_change(user, saved, "alias")
     deleted, _ = ModelAlias.objects.filter(model=saved, name=alias).delete()
     return bool(deleted)
 

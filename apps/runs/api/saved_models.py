@@ -158,9 +158,11 @@ def rename_model(request, name: str):
     """200 with the model under its new name (and directory, models/<new name>). 403 for anyone but
     who saved it or a curator; 400 names a bad or taken name; 409 while a run that may still load
     it names its directory (queued, training, or stopped or failed: a resume loads it again)."""
+    saved = _named(name)
+    naming.check_may_change(request.user, saved, "rename")  # a 403 before anything the body holds
     body = json_body(request)
     known_fields(body, RenameIn.model_fields)
-    saved, new = _named(name), _text(body, "name")
+    new = _text(body, "name")
     try:
         naming.rename_model(saved, new, request.user)
     except services.SaveError as err:
@@ -178,9 +180,11 @@ def rename_model(request, name: str):
 def set_alias(request, name: str):
     """200 once the model carries it, and which of its saver's models lost it (moved_from). 403
     for anyone but who saved it or a curator; 400 names a bad alias, or one it carries already."""
+    saved = _named(name)
+    naming.check_may_change(request.user, saved, "alias")
     body = json_body(request)
     known_fields(body, AliasIn.model_fields)
-    saved, alias = _named(name), _text(body, "alias")
+    alias = _text(body, "alias")
     try:
         moved_from = naming.set_alias(saved, alias, request.user)
     except services.SaveError as err:
