@@ -31,12 +31,13 @@ def check_may_change(user, saved: SavedModel, doing: str) -> None:
 
 def rename_model(saved: SavedModel, name: str, user) -> SavedModel:
     """Rename the model and its directory to `name`, for who saved it or a curator
-    (PermissionDenied for anyone else). SaveError names the problem and changes nothing: a bad or
-    taken name, the same name, or a run that would still load it from its directory."""
+    (PermissionDenied for anyone else); its own name changes nothing (a PATCH sent twice). SaveError
+    names the problem and changes nothing: a bad or taken name, or a run that would still load it
+    from its directory."""
     check_may_change(user, saved, "rename")
     name = (name or "").strip()
     if name == saved.name:
-        raise SaveError(f"it is already named {name!r}: nothing to rename")
+        return saved
     if problem := services.name_problem(name, instead_of=saved):
         raise SaveError(problem)
     if waiting := services.still_loading(saved):

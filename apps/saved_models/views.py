@@ -96,6 +96,9 @@ def model_rename(request, name):
     saved = _changed(request, name)
     if saved is None:
         return redirect("model-list")
+    if (request.POST.get("name") or "").strip() == saved.name and services.may_change(request.user, saved):
+        messages.info(request, f"{isolate(name)} is its name already: nothing renamed.")
+        return redirect("model-detail", name=name)
     try:
         naming_services.rename_model(saved, request.POST.get("name", ""), request.user)
     except services.SaveError as err:

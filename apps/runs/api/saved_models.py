@@ -148,29 +148,6 @@ def _text(body: dict, key: str) -> str:
     return value
 
 
-@router.patch(
-    "/{name}/", response={200: ModelOut, 400: ErrorOut, 404: ErrorOut, 409: ErrorOut, **REFUSED},
-    url_name="api-model", summary="Rename a saved model",
-    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
-        "schema": RenameIn.model_json_schema()}}}},
-)
-def rename_model(request, name: str):
-    """200 with the model under its new name (and directory, models/<new name>). 403 for anyone but
-    who saved it or a curator; 400 names a bad or taken name; 409 while a run that may still load
-    it names its directory (queued, training, or stopped or failed: a resume loads it again)."""
-    saved = _named(name)
-    naming.check_may_change(request.user, saved, "rename")  # a 403 before anything the body holds
-    body = json_body(request)
-    known_fields(body, RenameIn.model_fields)
-    new = _text(body, "name")
-    try:
-        naming.rename_model(saved, new, request.user)
-    except services.SaveError as err:
-        loading = services.still_loading(saved) is not None
-        raise ApiError(409 if loading else 400, str(err), errors=[{"key": "name", "message": str(err)}]) from None
-    return described([saved])[0]
-
-
 @router.post(
     "/{name}/aliases/", response={200: AliasOut, 400: ErrorOut, 404: ErrorOut, **REFUSED},
     url_name="api-model-aliases", summary="Set an alias on a saved model",
@@ -229,6 +206,29 @@ def save_model(request):
     except services.SaveError as err:
         raise ApiError(400, str(err), errors=[{"key": err.key, "message": str(err)}]) from None
     return Status(201, model_json(saved, [], [], []))
+
+
+@router.patch(
+    "/{name}/", response={200: ModelOut, 400: ErrorOut, 404: ErrorOut, 409: ErrorOut, **REFUSED},
+    url_name="api-model", summary="Rename a saved model",
+    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {
+        "schema": RenameIn.model_json_schema()}}}},
+)
+def rename_model(request, name: str):
+    """200 with the model under its new name (and directory, models/<new name>). 403 for anyone but
+    who saved it or a curator; 400 names a bad or taken name; 409 while a run that may still load
+    it names its directory (queued, training, or stopped or failed: a resume loads it again)."""
+    saved = _named(name)
+    naming.check_may_change(request.user, saved, "rename")  # a 403 before anything the body holds
+    body = json_body(request)
+    known_fields(body, RenameIn.model_fields)
+    new = _text(body, "name")
+    try:
+        naming.rename_model(saved, new, request.user)
+    except services.SaveError as err:
+        loading = services.still_loading(saved) is not None
+        raise ApiError(409 if loading else 400, str(err), errors=[{"key": "name", "message": str(err)}]) from None
+    return described([saved])[0]
 
 
 @router.delete("/{name}/", response={204: None, 403: ErrorOut, 404: ErrorOut, 409: ErrorOut, **REFUSED},

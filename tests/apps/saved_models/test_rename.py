@@ -71,7 +71,7 @@ def test_the_owner_renames_it_on_its_page_and_its_directory_old_links_and_finish
     ("warm\u200b", "holds an invisible character (U+200B)"),
     ("warm\u202e", "holds an invisible character (U+202E)"),
     ("warm\x1b", "holds a control character (U+001B)"),
-    ("warm", "it is already named &#x27;warm&#x27;: nothing to rename"),
+    ("warm", "warm</bdi> is its name already: nothing renamed"),
     ("no spaces", "1 to 100 letters"),
     ("tiny", "a built-in model&#x27;s name"),
 ])
@@ -81,7 +81,7 @@ def test_a_bad_new_name_is_refused_naming_the_problem_and_nothing_changes(
     done = researcher_client.post(reverse("model-rename", args=["warm"]), {"name": name}, follow=True)
     assert done.redirect_chain[-1][0] == reverse("model-detail", args=["warm"])
     said = done.content.decode()
-    assert "Not renamed: " in said and problem in said
+    assert ("Not renamed: " in said or name == "warm") and problem in said
     assert sorted(SavedModel.objects.values_list("name", flat=True)) == ["warm", "warm-taken"]
     assert SavedModel.objects.get(name="warm").former_names == []
     assert services.model_dir(warm).exists()
