@@ -42,7 +42,7 @@ def rename_model(saved: SavedModel, name: str, user) -> SavedModel:
         raise SaveError(problem)
     if waiting := services.still_loading(saved):
         raise SaveError(f"{waiting} (a run names a saved model by its directory). Rename it once they have "
-                        "completed or been deleted.")
+                        "completed or been deleted.", key="runs")
     old, before, source = saved.name, list(saved.former_names), model_dir(saved)
     try:
         with transaction.atomic():

@@ -45,8 +45,9 @@ PROVENANCE = "saved_from.json"  # in the directory, so a download says where it 
 
 
 class SaveError(Exception):
-    """A model that cannot be saved or deleted as asked; the message says why, to its user, and
-    `key` which of what they sent it is about (a form's field, an API body's key)."""
+    """A model that cannot be saved, renamed, aliased or deleted as asked; the message says why, to
+    its user, and `key` which of what they sent it is about (a form's field, an API body's key), or
+    "runs" where runs that would still load it are in the way (the API's 409)."""
 
     def __init__(self, message: str, key: str = "name"):
         super().__init__(message)

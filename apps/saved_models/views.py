@@ -81,8 +81,8 @@ def model_detail(request, name):
 
 
 def _changed(request, name):
-    """The model to change by a POST (role and owner are the service's to check), or a redirect to
-    the list where it is gone."""
+    """The model to change by a POST (who may is the service's to check), or None, said, where it
+    is gone: the view then goes back to the list."""
     saved = SavedModel.objects.select_related("created_by").filter(name=name).first()
     if saved is None:
         messages.error(request, f"No saved model named {isolate(name)}: deleted or renamed meanwhile.")

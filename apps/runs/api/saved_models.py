@@ -226,8 +226,9 @@ def rename_model(request, name: str):
     try:
         naming.rename_model(saved, new, request.user)
     except services.SaveError as err:
-        loading = services.still_loading(saved) is not None
-        raise ApiError(409 if loading else 400, str(err), errors=[{"key": "name", "message": str(err)}]) from None
+        if err.key == "runs":
+            raise ApiError(409, str(err)) from None
+        raise ApiError(400, str(err), errors=[{"key": "name", "message": str(err)}]) from None
     return described([saved])[0]
 
 
