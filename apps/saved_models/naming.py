@@ -64,6 +64,12 @@ def rename_model(saved: SavedModel, name: str, user) -> SavedModel:
     return saved
 
 
+def renamed_from(name: str) -> SavedModel | None:
+    """The model named `name` before a rename (a link or bookmark from before it), or None: no two
+    models share a former name (services.name_problem)."""
+    return next((saved for saved in SavedModel.objects.all() if name in saved.former_names), None)
+
+
 def alias_problem(alias: str) -> str | None:
     if problem := services.text_problem(alias, "an alias"):
         return problem

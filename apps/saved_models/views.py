@@ -57,8 +57,7 @@ def _model_or_redirect(request, name):
     saved = SavedModel.objects.select_related("run", "created_by").filter(name=name).first()
     if saved is not None:
         return saved, None
-    renamed = next((model for model in SavedModel.objects.only("name", "former_names")
-                    if name in model.former_names), None)
+    renamed = naming_services.renamed_from(name)
     if renamed is not None:
         messages.info(request, f"{isolate(name)} was renamed {isolate(renamed.name)}.")
         return None, redirect("model-detail", name=renamed.name)

@@ -59,6 +59,12 @@ def test_the_owner_renames_it_on_its_page_and_its_directory_old_links_and_finish
     assert "\u2068warm\u2069 was renamed \u2068warm-v2\u2069." in flashes(old)
     launch = researcher_client.get(reverse("run-launch"), {"model": "warm-v2"})
     assert launch.context["form"]["model.path"].value() == "models/warm-v2"
+    # So do Train from it and Evaluate links from before the rename, said so.
+    for key, mode in (("model", "both"), ("evaluate", "bench")):
+        stale = researcher_client.get(reverse("run-launch"), {key: "warm"})
+        form = stale.context["form"]
+        assert (form["model.path"].value(), form["mode"].value()) == ("models/warm-v2", mode)
+        assert "Model \u2068warm\u2069 was renamed \u2068warm-v2\u2069: the form names it so." in flashes(stale)
     # Renamed back, the old name is its own again: no other model's.
     naming.rename_model(saved, "warm", saved.created_by)
     assert (SavedModel.objects.get().name, SavedModel.objects.get().former_names) == ("warm", ["warm-v2"])
