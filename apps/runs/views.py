@@ -24,6 +24,7 @@ from apps.core.numbers import whole_number
 from apps.core.streaming import streaming
 from apps.saved_models.evaluation import evaluation
 from apps.saved_models.models import SavedModel
+from apps.saved_models.naming import renamed_from
 from apps.saved_models.services import train_from
 from apps.tasksets.models import Task, Taskset
 from rftweb.errors import form_checks_nul
@@ -111,7 +112,8 @@ def run_launch(request):
         form = LaunchForm.for_config(config, name=name)
     return render(request, "runs/launch.html", {"form": form, "presets": PRESETS, "preset_name": preset,
                                                 "capacity": waits.free_slots(),
-                                                "carried": {key: request.GET[key] for key in ("taskset", "model")
+                                                "carried": {key: request.GET[key]
+                                                            for key in ("taskset", "model", "evaluate")
                                                             if request.GET.get(key)}})
 
 
@@ -124,25 +126,38 @@ def with_saved_models(run: Run) -> list[Checkpoint]:
     return checkpoints
 
 
+def _saved_model(request, name: str) -> SavedModel | None:
+    """The saved model named `name`, else the one renamed from it (a link from before the rename,
+    said), else None."""
+    saved = SavedModel.objects.filter(name=name).first()
+    if saved is None and (saved := renamed_from(name)) is not None:
+        messages.info(request, f"Model {isolate(name)} was renamed {isolate(saved.name)}: the form names it so.")
+    return saved
+
+
 def _starting_point(request) -> tuple[dict, str, str | None]:
     """(config, run name, preset) to open the launch form with: a run to copy (?from=<id>), a
     preset (?preset=<name>), or the default preset; ?taskset=<name> (the taskset page's link) puts
     that taskset in it, and ?model=<name> (the Models page's "Train from it") that saved model as
     model.path: the settings of the run it was saved from unless a preset is named
     (saved_models.services.train_from), said on the page. ?evaluate=<name> (the Models page's
-    "Evaluate") opens a mode-bench run of that saved model (saved_models.evaluation.evaluation)."""
+    "Evaluate") opens a mode-bench run of that saved model (saved_models.evaluation.evaluation),
+    with a named preset's prompt format and reward where its preset links add ?preset=."""
     source = whole_number(request.GET.get("from"))
     if source is not None:
         run = get_object_or_404(Run, pk=source)
         return run.config, f"{run.name} (again)", None
     evaluated = request.GET.get("evaluate") or ""
-    if evaluated and (model := SavedModel.objects.filter(name=evaluated).first()):
-        config, name, said = evaluation(model)
+    if evaluated and (model := _saved_model(request, evaluated)):
+        # A preset link on this form carries ?evaluate=: it changes the prompt format and reward
+        # the model is scored with, not what the run does (it had opened a training run).
+        preset = request.GET.get("preset") if request.GET.get("preset") in PRESETS else None
+        config, name, said = evaluation(model, preset)
         messages.info(request, said)
-        return config, name, None
+        return config, name, preset
     taskset = Taskset.objects.filter(name=request.GET.get("taskset") or "").first()
     wanted = request.GET.get("model") or evaluated  # a stale Evaluate link is said so as a stale model link
-    saved = SavedModel.objects.filter(name=wanted).first()
+    saved = _saved_model(request, wanted) if wanted != evaluated else None
     if saved and request.GET.get("preset") not in PRESETS:
         config, preset, said = train_from(saved, taskset)
         messages.info(request, said)

@@ -24,7 +24,7 @@ from apps.runs.summaries import numbers
 from workers.rft.config import RunConfig
 
 from .models import SavedModel
-from .services import CONTINUE_PRESET, model_dir
+from .services import CONTINUE_PRESET, model_dirs
 
 # The first a run records is its score: HELD_OUT's order (accuracy, else the mean eval reward).
 SCORE_KEYS = (*ACCURACY_KEYS, *REWARD_KEYS)
@@ -49,28 +49,34 @@ class Score:
                 "run_name": self.run_name, "step": self.step, "source": "at save" if self.at_save else "bench"}
 
 
-def evaluation(saved: SavedModel) -> tuple[dict, str, str]:
+def evaluation(saved: SavedModel, preset: str | None = None) -> tuple[dict, str, str]:
     """(config, run name, what the launch form says of it) for "Evaluate": a mode-bench run of the
     model with the source run's model settings, explorer (prompt format, workflow, reward, lengths)
     and eval taskset over the schema's defaults, so no training key of the source is left to do
-    nothing (config_rules refuses those). Where the source had no eval taskset, the form leaves it
-    empty for its user to pick (a launch refuses mode bench without one); a deleted source leaves
-    CONTINUE_PRESET's prompt format, said."""
-    source = saved.run
-    base = source.config if source is not None else PRESETS[CONTINUE_PRESET].config
+    nothing (config_rules refuses those). `preset` (a preset link on the Evaluate form) takes those
+    from that preset instead, its eval taskset too: still a bench of the model, never a training run.
+    Where the source had no eval taskset, the form leaves it empty for its user to pick (a launch
+    refuses mode bench without one); a deleted source leaves CONTINUE_PRESET's prompt format, said."""
+    source = None if preset else saved.run
+    base = source.config if source is not None else PRESETS[preset or CONTINUE_PRESET].config
     defaults = RunConfig().to_dict()
     model = {**defaults["model"], **base.get("model", {}), "path": saved.model_path,
              "ref_path": None, "critic_path": None, "lora": None}  # bench loads the policy alone
     # One explorer in the run's own worker, every task once: no pipeline, no evals between steps.
     explorer = {**defaults["explorer"], **base.get("explorer", {}), "engine_num": 1, "pipeline": [],
                 "eval_interval": 0}
-    eval_taskset = (base.get("buffer") or {}).get("eval_taskset") if source is not None else None
+    eval_taskset = (base.get("buffer") or {}).get("eval_taskset") if source is not None or preset else None
     buffer = {**defaults["buffer"], "taskset": eval_taskset or (base.get("buffer") or {}).get("taskset")
               or defaults["buffer"]["taskset"], "eval_taskset": eval_taskset}
     config = {**defaults, "mode": "bench", "seed": base.get("seed", defaults["seed"]), "model": model,
               "explorer": explorer, "buffer": buffer}
     name = f"eval {saved.name}" + (f" on {eval_taskset}" if eval_taskset else "")
-    if source is None:
+    if preset:
+        said = (f"Evaluates {saved.name}" + (f" on {isolate(eval_taskset)}" if eval_taskset else "")
+                + f" (mode bench: it trains nothing) with the prompt format, workflow and reward of the "
+                f"{PRESETS[preset].title} preset."
+                + ("" if eval_taskset else " Pick buffer.eval_taskset: the held-out tasks it is scored on."))
+    elif saved.run is None:
         said = (f"Evaluates {saved.name} (mode bench: it trains nothing). Run {isolate(saved.run_name)}, which it "
                 f"was saved from, is deleted: the prompt format, workflow and reward are the "
                 f"{PRESETS[CONTINUE_PRESET].title} preset's, not that run's. Pick buffer.eval_taskset: the held-out "
@@ -89,7 +95,7 @@ def evaluation(saved: SavedModel) -> tuple[dict, str, str]:
 def is_bench_of(run: Run, saved: SavedModel) -> bool:
     """Whether `run` (from services.runs_naming) is a bench run of the model as its policy."""
     config = run.config or {}
-    return config.get("mode") == Run.Mode.BENCH and (config.get("model") or {}).get("path") == str(model_dir(saved))
+    return config.get("mode") == Run.Mode.BENCH and (config.get("model") or {}).get("path") in model_dirs(saved)
 
 
 def scores(saved_models, naming: dict[int, list[Run]]) -> dict[int, list[Score]]:
@@ -139,13 +145,35 @@ def _at_save(saved_models) -> list[tuple[SavedModel, Score]]:
     return found
 
 
-def leaderboard(saved_models, found: dict[int, list[Score]], sort: str | None) -> tuple[list[str], list]:
-    """(the eval tasksets any model has a score on, by name; the models in order). Each model gets
-    .scores ({eval taskset: (its newest bench score or None, the score at save or None)}) and
-    .cells (those pairs in the tasksets' order, for the table's columns); sorted by
-    `sort` (an eval taskset) its best first, by the newest bench score else the one at save, the
-    models without one after them in their own order. Any other `sort` leaves the order as it is."""
-    tasksets = sorted({score.eval_taskset for scores_of in found.values() for score in scores_of})
+# A bench run that will score the model yet: waiting for its slot, or evaluating.
+PENDING = (Run.Status.QUEUED, *Run.ACTIVE)
+
+
+def pending(saved_models, naming: dict[int, list[Run]]) -> dict[int, dict[str, list[Run]]]:
+    """{saved model id: {eval taskset: its bench runs not finished yet (PENDING), newest first}}, from
+    services.runs_naming's answer: no query. A bench logs its one eval point when it has answered
+    every task (Explorer.evaluate), so until then its status is all there is to say of it."""
+    found = {}
+    for saved in saved_models:
+        for run in sorted(naming.get(saved.pk, []), key=lambda run: -run.pk):
+            eval_taskset = ((run.config or {}).get("buffer") or {}).get("eval_taskset")
+            if run.status in PENDING and eval_taskset and is_bench_of(run, saved):
+                found.setdefault(saved.pk, {}).setdefault(eval_taskset, []).append(run)
+    return found
+
+
+def leaderboard(saved_models, found: dict[int, list[Score]], sort: str | None,
+                waiting: dict[int, dict[str, list[Run]]] | None = None) -> tuple[list[str], list]:
+    """(the eval tasksets any model has a score or a pending bench run on, by name; the models in
+    order). Each model gets .scores ({eval taskset: (its newest bench score or None, the score at
+    save or None)}), .pending (`waiting`'s, pending's answer: {eval taskset: its unfinished bench
+    runs}) and .cells ((bench, at save, unfinished runs) in the tasksets' order, for the table's
+    columns); sorted by `sort` (an eval taskset) its best first, by the newest bench score else the
+    one at save, the models without one after them in their own order. Any other `sort` leaves the
+    order as it is."""
+    waiting = waiting or {}
+    tasksets = sorted({score.eval_taskset for scores_of in found.values() for score in scores_of}
+                      | {taskset for runs in waiting.values() for taskset in runs})
     for saved in saved_models:
         saved.scores = {}
         for score in found.get(saved.pk, []):
@@ -155,7 +183,9 @@ def leaderboard(saved_models, found: dict[int, list[Score]], sort: str | None) -
             else:
                 bench = bench or score  # the newest comes first
             saved.scores[score.eval_taskset] = (bench, at_save)
-        saved.cells = [saved.scores.get(taskset, (None, None)) for taskset in tasksets]
+        saved.pending = waiting.get(saved.pk, {})
+        saved.cells = [(*saved.scores.get(taskset, (None, None)), saved.pending.get(taskset, []))
+                       for taskset in tasksets]
     ordered = list(saved_models)
     if sort in tasksets:
         def value(saved):

@@ -21,6 +21,10 @@ class SavedModel(models.Model):
     note = models.TextField(blank=True, max_length=MAX_NOTE)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     created_at = models.DateTimeField(auto_now_add=True)
+    # The names it had before a rename (services.rename_model), oldest first: a run stores the
+    # directory it loaded (<data dir>/models/<name>), so a finished run that loaded it under one
+    # is still its run ("Trained from it", its scores), and no other model may take one.
+    former_names = models.JSONField(default=list, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-pk"]
@@ -32,3 +36,30 @@ class SavedModel(models.Model):
     def model_path(self) -> str:
         """What a run's config names it by (relative paths are taken from the data dir)."""
         return f"models/{self.name}"
+
+
+class ModelAlias(models.Model):
+    """A label such as "champion" or "challenger" that one of an owner's saved models carries (as
+    MLflow's model registry aliases a version): unique among that owner's models, so setting it on
+    one moves it from another (services.set_alias). The owner is the model's saver, whoever sets it."""
+
+    MAX_NAME = 32
+
+    name = models.CharField(max_length=MAX_NAME)
+    model = models.ForeignKey(SavedModel, on_delete=models.CASCADE, related_name="aliases")
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.CASCADE,
+                              related_name="model_aliases")
+    set_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL,
+                               related_name="+")
+    set_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["name"]
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "name"], name="model_alias_unique_per_owner"),
+            # A model whose saver is deleted keeps its aliases; NULL owners are distinct to Postgres.
+            models.UniqueConstraint(fields=["name"], condition=models.Q(owner=None), name="model_alias_unique_unowned"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name

@@ -15,6 +15,7 @@ import json
 import os
 import re
 import shutil
+import unicodedata
 import uuid
 from pathlib import Path
 
@@ -44,8 +45,9 @@ PROVENANCE = "saved_from.json"  # in the directory, so a download says where it 
 
 
 class SaveError(Exception):
-    """A model that cannot be saved or deleted as asked; the message says why, to its user, and
-    `key` which of what they sent it is about (a form's field, an API body's key)."""
+    """A model that cannot be saved, renamed, aliased or deleted as asked; the message says why, to
+    its user, and `key` which of what they sent it is about (a form's field, an API body's key), or
+    "runs" where runs that would still load it are in the way (the API's 409)."""
 
     def __init__(self, message: str, key: str = "name"):
         super().__init__(message)
@@ -64,18 +66,54 @@ def default_name(run: Run, version: int) -> str:
     return f"{slugify(run.name)[:80] or 'run'}-{run.pk}-v{version}"
 
 
-def name_problem(name: str) -> str | None:
-    """Why `name` cannot name a new saved model, or None."""
+def model_dirs(saved: SavedModel) -> set[str]:
+    """Every directory a run may name it by: its own, and those of its former names (a finished
+    run keeps the path it loaded; rename_model)."""
+    return {str(models_root() / name) for name in (saved.name, *saved.former_names)}
+
+
+JOINERS = "\u200c\u200d"  # zero-width non-joiner and joiner: as apps/runs/saved_views.py lets them be
+
+
+def text_problem(name: str, what: str) -> str | None:
+    """Why `name` cannot be `what` (a model's name, an alias) for a character it holds, or None:
+    an empty one, a control character, an invisible one ("warm" and "warm" + U+200B would read
+    the same; apps/runs/saved_views.py refuses them in a view's name for that)."""
+    if not name:
+        return f"{what} is required: it was empty"
+    control = next((char for char in name if unicodedata.category(char) in ("Cc", "Cs")), None)
+    if control is not None:
+        return f"{what} holds a control character (U+{ord(control):04X}): write it as text"
+    hidden = next((char for char in name if unicodedata.category(char) == "Cf" and char not in JOINERS), None)
+    if hidden is not None:
+        return f"{what} holds an invisible character (U+{ord(hidden):04X}): write it as text"
+    return None
+
+
+def name_problem(name: str, instead_of: SavedModel | None = None) -> str | None:
+    """Why `name` cannot name a new saved model (or `instead_of`, renamed), or None. Taken is
+    case-insensitive: "Warm" beside "warm" reads as one model in a list, and would be one
+    directory on a case-insensitive filesystem. A former name of another model is taken too: runs
+    that loaded that model name its directory so."""
     from workers.rft.models import BUILTIN_MODELS
 
-    if not NAME.fullmatch(name or ""):
+    if problem := text_problem(name, "a model's name"):
+        return problem
+    if not NAME.fullmatch(name):
         return ("a model's name is 1 to 100 letters, digits, '.', '_' and '-', starting with a letter or digit: "
                 f"{name!r} is not")
     if name in BUILTIN_MODELS:
         return f"{name!r} is a built-in model's name"
-    if SavedModel.objects.filter(name=name).exists():
-        return f"a saved model is already named {name!r}"
-    if (models_root() / name).exists():
+    others = SavedModel.objects.exclude(pk=instead_of.pk) if instead_of is not None else SavedModel.objects.all()
+    for other, former in others.values_list("name", "former_names"):  # a few hundred at most: no index to use
+        if other.lower() == name.lower():
+            case = "" if other == name else " (names that differ in case only are one name)"
+            return f"a saved model is already named {other!r}{case}"
+        if name.lower() in (old.lower() for old in former):
+            return (f"{name!r} was saved model {other!r}'s name until it was renamed: runs that loaded it name it "
+                    "so, so no other model may take it")
+    own = instead_of is not None and name.lower() == instead_of.name.lower()  # a change of case: its own directory
+    if (models_root() / name).exists() and not own:
         return f"models/{name} already exists in the data directory (a model someone put there)"
     return None
 
@@ -147,17 +185,18 @@ def runs_naming(saved_models, statuses=None) -> dict[int, list[Run]]:
     each model a run loads resolved, absolute (apps.runs.services.validate_config). Narrowed in the
     database by the names (ASCII, so the same text in either database's JSON), then checked value
     by value. The Models page's "Trained from it" and the deletion's refusal ask this one question."""
-    by_dir = {str(model_dir(saved)): saved.pk for saved in saved_models}
+    by_dir = {directory: saved.pk for saved in saved_models for directory in model_dirs(saved)}
     found = {pk: [] for pk in by_dir.values()}
     if not found:
         return found
     mentions = Q()
     for saved in saved_models:
-        mentions |= Q(text__contains=f"/models/{saved.name}")
+        for name in (saved.name, *saved.former_names):
+            mentions |= Q(text__contains=f"/models/{name}")
     runs = Run.objects.annotate(text=Cast("config", TextField())).filter(mentions)
     if statuses is not None:
         runs = runs.filter(status__in=statuses)
-    for run in runs.only("pk", "name", "status", "config").order_by("pk"):
+    for run in runs.only("pk", "name", "status", "config", "created_at", "started_at").order_by("pk"):
         named = set(_strings(run.config))
         for directory in named & by_dir.keys():
             found[by_dir[directory]].append(run)
@@ -168,13 +207,14 @@ def model_uses(run: Run, saved: SavedModel) -> list[str]:
     """How `run` (one of runs_naming's) loads the model, in words: the policy it trains (model.path;
     "evaluated" for a mode-bench run, which trains nothing), its reference (ref_path), its critic
     (critic_path), a reward fn's model."""
-    directory, model = str(model_dir(saved)), run.config.get("model") or {}
+    directories, model = model_dirs(saved), run.config.get("model") or {}
     uses = []
-    if model.get("path") == directory:
+    if model.get("path") in directories:
         uses.append("evaluated" if run.config.get("mode") == Run.Mode.BENCH else "policy")
-    uses += [use for key, use in (("ref_path", "reference"), ("critic_path", "critic")) if model.get(key) == directory]
+    uses += [use for key, use in (("ref_path", "reference"), ("critic_path", "critic"))
+             if model.get(key) in directories]
     rest = {key: value for key, value in run.config.items() if key != "model"}
-    if directory in set(_strings(rest)):
+    if directories & set(_strings(rest)):
         uses.append("reward model")
     return uses
 
@@ -194,7 +234,19 @@ def _strings(value):
 STILL_LOADS = (Run.Status.QUEUED, *Run.ACTIVE, Run.Status.STOPPED, Run.Status.FAILED)
 
 
-def may_delete(user, saved: SavedModel) -> bool:
+def still_loading(saved: SavedModel) -> str | None:
+    """The runs that would load the model from its directory yet (STILL_LOADS), in words, or None:
+    neither a deletion nor a rename may take that directory from under them."""
+    waiting = runs_naming([saved], STILL_LOADS)[saved.pk]
+    if not waiting:
+        return None
+    return (f"{', '.join(f'run {run.name} (#{run.pk}, {run.status})' for run in waiting)} "
+            f"name{'s' if len(waiting) == 1 else ''} models/{saved.name} and would load it when "
+            f"{'it starts or is resumed' if len(waiting) == 1 else 'they start or are resumed'}")
+
+
+def may_change(user, saved: SavedModel) -> bool:
+    """Who may delete, rename or alias it: who saved it, or a curator."""
     return saved.created_by_id == user.pk or has_role(user, CURATOR)
 
 
@@ -203,17 +255,11 @@ def delete_model(saved: SavedModel, user) -> None:
     for anyone else). Refused (SaveError, nothing deleted) while a run that may still load it names
     it: a queued or unfinished run starts from it, and a stopped or failed one loads it again when
     resumed (its reference model for the KL, at least)."""
-    if not may_delete(user, saved):
+    if not may_change(user, saved):
         raise PermissionDenied(f"only {saved.created_by or 'its saver'}, who saved {saved.name}, or a curator may "
                                "delete it")
-    waiting = runs_naming([saved], STILL_LOADS)[saved.pk]
-    if waiting:
-        raise SaveError(
-            f"Not deleted: {', '.join(f'run {run.name} (#{run.pk}, {run.status})' for run in waiting)} "
-            f"name{'s' if len(waiting) == 1 else ''} models/{saved.name} and would load it when "
-            f"{'it starts or is resumed' if len(waiting) == 1 else 'they start or are resumed'}. "
-            "Delete it once they have completed or been deleted."
-        )
+    if waiting := still_loading(saved):
+        raise SaveError(f"Not deleted: {waiting}. Delete it once they have completed or been deleted.")
     directory = model_dir(saved)
     with transaction.atomic():
         saved.delete()

@@ -8,6 +8,7 @@ the matrix fails `test_every_url_has_a_matrix_entry`. Expected outcomes:
   R  refused by the view with a message, and nothing changed (a redirect back)
   N  404, as if it did not exist: someone else's thing whose ids must not be probed
 """
+import json
 import shutil
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -28,7 +29,8 @@ from apps.feedback.models import Feedback, RunAnnotators
 from apps.runs.api import token_for
 from apps.runs.models import Checkpoint, Report, Run, RunListColumns, RunListView, Sweep, Worker
 from apps.runs.supervision import run_dir
-from apps.saved_models.models import SavedModel
+from apps.saved_models.models import ModelAlias, SavedModel
+from apps.saved_models.naming import set_alias
 from apps.saved_models.services import models_root, save_model
 from apps.tasksets.models import Task, Taskset, TasksetImport
 from rftweb.routing import websocket_urlpatterns
@@ -48,7 +50,7 @@ class Entry:
     run_status: str = Status.RUNNING
     changed: Callable | None = None  # for a change: did it happen? (it must exactly when allowed)
     api: bool = False  # called with the user's bearer token instead of the session
-    extra: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)  # more of the client call's arguments: a JSON body's content_type
 
 
 run = lambda o: {"pk": o.run.pk}  # noqa: E731
@@ -180,6 +182,26 @@ MATRIX = {
         changed=lambda o: SavedModel.objects.filter(name="m1").exists(),
     ),
     "model-download": Entry("LDAAA", kwargs=lambda o: {"name": o.saved.name}),
+    "model-detail": Entry("LDAAA", kwargs=lambda o: {"name": o.saved.name}),
+    # renaming and aliasing one: as deleting it (PATCH /api/models/<name>/, the rename's API, shares
+    # api-model's URL: tests/apps/saved_models/test_rename.py checks who may)
+    "model-rename": Entry(
+        "LDADA", method="post", kwargs=lambda o: {"name": o.saved.name}, data=lambda o: {"name": "renamed-m"},
+        changed=lambda o: SavedModel.objects.filter(pk=o.saved.pk, name="renamed-m").exists(),
+    ),
+    "model-alias": Entry(
+        "LDADA", method="post", kwargs=lambda o: {"name": o.saved.name}, data=lambda o: {"alias": "challenger"},
+        changed=lambda o: ModelAlias.objects.filter(model=o.saved, name="challenger").exists(),
+    ),
+    "api-model-aliases": Entry(
+        "UDADA", api=True, method="post", kwargs=lambda o: {"name": o.saved.name},
+        data=lambda o: json.dumps({"alias": "challenger"}), extra={"content_type": "application/json"},
+        changed=lambda o: ModelAlias.objects.filter(model=o.saved, name="challenger").exists(),
+    ),
+    "api-model-alias": Entry(  # the world's model is champion
+        "UDADA", api=True, method="delete", kwargs=lambda o: {"name": o.saved.name, "alias": "champion"},
+        changed=lambda o: not ModelAlias.objects.filter(model=o.saved, name="champion").exists(),
+    ),
     "model-delete": Entry(
         "LDADA", method="post", kwargs=lambda o: {"name": o.saved.name},
         changed=lambda o: not SavedModel.objects.filter(pk=o.saved.pk).exists(),
@@ -322,13 +344,14 @@ def world(db, settings):
     (directory / "weights.bin").write_bytes(b"w")
     Checkpoint.objects.create(run=o.run, version=1, step=1, path=str(directory))
     o.saved = save_model(o.run, 1, "saved-by-owner", o.users["owner"])
+    set_alias(o.saved, "champion", o.users["owner"])
     o.job = TasksetImport.objects.create(
         original_filename="t.jsonl", name="new-ts", format="jsonl", default_workflow="single_turn",
         default_reward_fn="exact_match", created_by=o.users["owner"],
     )
     yield o
     shutil.rmtree(directory, ignore_errors=True)
-    for name in ("saved-by-owner", "m1"):
+    for name in ("saved-by-owner", "m1", "renamed-m"):
         shutil.rmtree(models_root() / name, ignore_errors=True)
 
 
@@ -355,7 +378,7 @@ def call(o, principal: str, entry: Entry, url: str):
         headers["HTTP_AUTHORIZATION"] = f"Bearer {token_for(user)}"
     elif user is not None:
         client.force_login(user)
-    return getattr(client, entry.method)(url, entry.data(o), **headers)
+    return getattr(client, entry.method)(url, entry.data(o), **headers, **entry.extra)
 
 
 @pytest.mark.parametrize("principal", PRINCIPALS)

@@ -122,7 +122,9 @@ def request_body(path, method, operation, run) -> dict | None:
               # the items GET /api/runs/{pk}/bulk-flag/?reward_min=0 names: the run's two, newest first
               ("post", "/api/runs/{pk}/bulk-flag/"): {"filter": BULK_FILTER, "reason": "wrong", "items": list(
                   run.experiences.order_by("-explorer_step", "-pk").values_list("pk", flat=True))},
-              ("post", "/api/runs/{pk}/bulk-flag/undo/"): {"feedback": []}}
+              ("post", "/api/runs/{pk}/bulk-flag/undo/"): {"feedback": []},
+              ("post", "/api/models/{name}/aliases/"): {"alias": "champion"},
+              ("patch", "/api/models/{name}/"): {"name": MODEL}}  # its own name: changes nothing
     if "requestBody" in operation:
         return bodies[(method, path)]
     return None
@@ -157,7 +159,8 @@ def test_each_documented_operation_answers_a_token_as_documented(spec, script, b
             Run.objects.filter(pk=busy_run.pk).update(status=STATUS_BEFORE[action])
         name = (MODEL if path.startswith("/api/models/") else worker.name if path.startswith("/api/workers/")
                 else tasksets[0].name)
-        url = path.replace("{pk}", str(ids.get(path, busy_run.pk))).replace("{name}", name)
+        url = path.replace("{pk}", str(ids.get(path, busy_run.pk))).replace("{name}", name).replace(
+            "{alias}", "champion")  # set by the POST before
         if (method, path) == ("post", "/api/tasksets/"):  # multipart: a file and its form fields
             upload = SimpleUploadedFile("sums.jsonl", b'{"prompt": "1+1?", "answer": "2"}\n')
             response = script.post(url, {"file": upload, "name": "documented-upload"})

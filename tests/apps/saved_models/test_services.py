@@ -82,7 +82,9 @@ def test_where_links_fail_the_files_are_copied(checkpointed, researcher, monkeyp
 
 
 @pytest.mark.parametrize("name, problem", [
-    ("", "1 to 100 letters"),
+    ("", "a model's name is required"),
+    ("warm\u200b", r"invisible character \(U\+200B\)"),
+    ("warm\x07", r"control character \(U\+0007\)"),
     ("../escape", "1 to 100 letters"),
     ("a/b", "1 to 100 letters"),
     ("-leading", "1 to 100 letters"),
