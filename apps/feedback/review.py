@@ -14,7 +14,7 @@ from apps.accounts.roles import REVIEWER, has_role
 from apps.buffer.models import Experience
 from apps.core.bidi import isolate
 
-from . import history, services
+from . import edit_rows, history, services
 from .models import Feedback
 
 Review = Feedback.Review
@@ -94,7 +94,7 @@ def decide(feedback_id: int, reviewer, *, accept: bool, note: str = "", seen_as:
     if feedback.kind == Feedback.Kind.RATING:
         services.set_human_reward(experience)
     elif feedback.kind == Feedback.Kind.EDIT and accept:
-        services.store_human_edit(experience, feedback.user, feedback.edited_text)
+        edit_rows.store_human_edit(experience, feedback.user, feedback.edited_text)
     elif feedback.kind == Feedback.Kind.EDIT and withdrawn and (row := history.edit_row(feedback)) is not None:
         row.delete()
     return feedback

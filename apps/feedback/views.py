@@ -18,7 +18,7 @@ from apps.runs.api import token_or_session
 from apps.runs.models import Run
 from rftweb.errors import form_checks_nul
 
-from . import queue, review, services, stats
+from . import edit_rows, queue, review, services, stats
 from .history import describe
 from .models import RunAnnotators
 from .queue_filter import FIELDS as FILTER_FIELDS
@@ -161,7 +161,7 @@ def experience(request, pk):
     if item.run_id:
         request.session[SESSION_RUN] = item.run_id  # after this item the queue goes on with its run
         if error is None:
-            services.prepare_edits(item.run)
+            edit_rows.prepare_edits(item.run)
     try:
         strategy, queue_filter = page_queue(request, item)
     except FilterError as exc:  # the session's queue instead, saying why

@@ -5,7 +5,7 @@ import pytest
 from django.utils import timezone
 
 from apps.buffer.models import Experience
-from apps.feedback import queue, services
+from apps.feedback import edit_rows, queue, services
 from apps.feedback.models import AnnotationLock, Feedback, SetAside
 from apps.feedback.services import FeedbackError
 from apps.runs.models import Run
@@ -62,7 +62,7 @@ def test_an_edit_becomes_a_ready_expert_experience_tokenized_for_the_run(make_ex
     original = make_experience()
     services.edit(original.pk, annotator, "The answer is 0.", seconds_spent=12)
     child = Experience.objects.get(parent=original)
-    tokenizer = services._tokenizer("tiny")
+    tokenizer = edit_rows._tokenizer("tiny")
     assert (child.source, child.status, child.run_id, child.task_id) == (
         "human_edit", "ready", run.pk, original.task_id
     )

@@ -164,17 +164,17 @@ def test_the_start_page_says_what_each_run_has_left_to_judge(annotator_client, m
 
 @pytest.mark.slow  # imports transformers
 def test_showing_an_item_starts_loading_the_runs_tokenizer_for_the_first_edit(annotator_client, make_experience, run):
-    from apps.feedback import services
+    from apps.feedback import edit_rows
 
     run.config = {"model": {"path": "tiny"}}
     run.save()
-    services._loaded_tokenizer.cache_clear()
-    services._tokenizers_asked.clear()
+    edit_rows._loaded_tokenizer.cache_clear()
+    edit_rows._tokenizers_asked.clear()
     experience = make_experience()
     annotator_client.get(reverse("annotate-experience", args=[experience.pk]))
-    assert services._tokenizers_asked == {"tiny"}  # loading on a thread of its own
+    assert edit_rows._tokenizers_asked == {"tiny"}  # loading on a thread of its own
     # An edit at once waits for the load under way (two threads importing transformers at once fail).
     response = annotator_client.post(reverse("annotate-edit", args=[experience.pk]), {"text": "The answer is 0."})
     assert response.status_code == 302
-    assert services._loaded_tokenizer.cache_info().currsize == 1
-    assert Experience.objects.get(parent=experience).response_ids[-1] == services._tokenizer("tiny").eos_token_id
+    assert edit_rows._loaded_tokenizer.cache_info().currsize == 1
+    assert Experience.objects.get(parent=experience).response_ids[-1] == edit_rows._tokenizer("tiny").eos_token_id
