@@ -4,22 +4,7 @@
 
 (function () {
   const script = document.currentScript;
-  const POLL_MS = 5000;
-
-  function el(tag, text, attrs) {
-    const node = document.createElement(tag);
-    if (text !== undefined && text !== null) node.textContent = text;
-    Object.entries(attrs || {}).forEach(([key, value]) => node.setAttribute(key, value));
-    return node;
-  }
-
-  function ago(iso) {
-    if (!iso) return "—";
-    const seconds = Math.max(0, Math.round((Date.now() - Date.parse(iso)) / 1000));
-    if (seconds < 90) return seconds + " s ago";
-    if (seconds < 5400) return Math.round(seconds / 60) + " min ago";
-    return Math.round(seconds / 3600) + " h ago";
-  }
+  const {el, ago, dutyActions, drawAndPoll} = WorkerTables;
 
   function duration(s) {
     return s < 90 ? Math.round(s) + " s" : s < 5400 ? Math.round(s / 60) + " min" : (s / 3600).toFixed(1) + " h";
@@ -76,24 +61,6 @@
     });
   }
 
-  // A curator's actions on a held duty (views.worker_duty), coming back to this page.
-  function dutyActions(hold) {
-    const actions = el("span", null, {class: "duty-actions"});
-    [["hand-back", "Hand back", "Hand " + hold.duty + " of " + hold.run_name + " back to its queue? It saves at its " +
-      "next step; a free slot takes it, keeping its place."],
-     ["stop", "Stop run", "Stop " + hold.run_name + "? The trainer saves a checkpoint at its current step and the " +
-      "run ends; Resume carries it on from there."]].forEach(([action, label, question]) => {
-      const form = el("form", null, {method: "post", action: script.dataset.act + hold.run_id + "/" +
-        encodeURIComponent(hold.duty) + "/" + action + "/", "data-confirm": question, "data-confirm-button": label,
-        "data-duty-action": action});
-      form.append(el("input", null, {type: "hidden", name: "csrfmiddlewaretoken", value: script.dataset.csrf}));
-      form.append(el("input", null, {type: "hidden", name: "next", value: window.location.pathname}));
-      form.append(el("button", label, {type: "submit", class: "btn small " + (action === "stop" ? "danger" : "secondary")}));
-      actions.append(form);
-    });
-    return actions;
-  }
-
   function empty(columns, text) {
     const tr = el("tr");
     tr.append(el("td", text, {colspan: columns, class: "muted"}));
@@ -105,7 +72,7 @@
       const tr = el("tr", null, {"data-hold": hold.run_id + "/" + hold.duty});
       const run = el("td");
       run.append(runLink(hold));
-      if (script.dataset.act) run.append(dutyActions(hold));
+      if (script.dataset.act) run.append(dutyActions(hold, script, window.location.pathname));
       const state = el("td");
       state.append(el("strong", hold.state || "—"), el("div", hold.detail, {class: "muted small"}));
       const step = hold.duty.startsWith("explorer") ? "explorer " + hold.explorer_step
@@ -170,14 +137,5 @@
     document.querySelector("[data-worker-updated]").textContent = "updated " + new Date().toLocaleTimeString();
   }
 
-  function poll() {
-    fetch(script.dataset.url, {credentials: "same-origin", headers: {Accept: "application/json"}})
-      .then((response) => (response.ok ? response.json() : null))
-      .then((data) => data && draw(data))
-      .catch(() => {})
-      .finally(() => setTimeout(poll, POLL_MS));
-  }
-
-  draw(JSON.parse(document.getElementById("worker-data").textContent));
-  setTimeout(poll, POLL_MS);
+  drawAndPoll(script.dataset.url, "worker-data", draw);
 })();

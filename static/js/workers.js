@@ -5,22 +5,7 @@
 
 (function () {
   const script = document.currentScript;
-  const POLL_MS = 5000;
-
-  function el(tag, text, attrs) {
-    const node = document.createElement(tag);
-    if (text !== undefined && text !== null) node.textContent = text;
-    Object.entries(attrs || {}).forEach(([key, value]) => node.setAttribute(key, value));
-    return node;
-  }
-
-  function ago(iso) {
-    if (!iso) return "—";
-    const seconds = Math.max(0, Math.round((Date.now() - Date.parse(iso)) / 1000));
-    if (seconds < 90) return seconds + " s ago";
-    if (seconds < 5400) return Math.round(seconds / 60) + " min ago";
-    return Math.round(seconds / 3600) + " h ago";
-  }
+  const {el, ago, dutyActions, drawAndPoll} = WorkerTables;
 
   function nameCell(worker) {
     const cell = el("td");
@@ -59,23 +44,6 @@
     return cell;
   }
 
-  // A curator's actions on a held duty (views.worker_duty): hand it back to its queue, or stop its run.
-  function dutyActions(hold) {
-    const actions = el("span", null, {class: "duty-actions"});
-    [["hand-back", "Hand back", "Hand " + hold.duty + " of " + hold.run_name + " back to its queue? It saves at its " +
-      "next step; a free slot takes it, keeping its place.", "Hand back"],
-     ["stop", "Stop run", "Stop " + hold.run_name + "? The trainer saves a checkpoint at its current step and the " +
-      "run ends; Resume carries it on from there.", "Stop run"]].forEach(([action, label, question, confirm]) => {
-      const form = el("form", null, {method: "post", action: script.dataset.act + hold.run_id + "/" +
-        encodeURIComponent(hold.duty) + "/" + action + "/", "data-confirm": question, "data-confirm-button": confirm,
-        "data-duty-action": action});
-      form.append(el("input", null, {type: "hidden", name: "csrfmiddlewaretoken", value: script.dataset.csrf}));
-      form.append(el("button", label, {type: "submit", class: "btn small " + (action === "stop" ? "danger" : "secondary")}));
-      actions.append(form);
-    });
-    return actions;
-  }
-
   function holdsCell(worker) {
     const cell = el("td");
     if (!worker.holds.length) {
@@ -88,7 +56,7 @@
       const link = el("a", "run " + hold.run_id + " " + hold.run_name, {href: hold.run_url});
       item.append(link, " · ", el("code", hold.duty), " · ");
       item.append(el("span", "since " + ago(hold.since) + ", beat " + ago(hold.last_beat), {class: "muted small"}));
-      if (script.dataset.act) item.append(dutyActions(hold));
+      if (script.dataset.act) item.append(dutyActions(hold, script));
       list.append(item);
     });
     cell.append(list);
@@ -209,14 +177,5 @@
     document.querySelector("[data-workers-updated]").textContent = "updated " + new Date().toLocaleTimeString();
   }
 
-  function poll() {
-    fetch(script.dataset.url, {credentials: "same-origin", headers: {Accept: "application/json"}})
-      .then((response) => (response.ok ? response.json() : null))
-      .then((data) => data && draw(data))
-      .catch(() => {})
-      .finally(() => setTimeout(poll, POLL_MS));
-  }
-
-  draw(JSON.parse(document.getElementById("workers-data").textContent));
-  setTimeout(poll, POLL_MS);
+  drawAndPoll(script.dataset.url, "workers-data", draw);
 })();
