@@ -16,8 +16,8 @@ from apps.buffer.expert_data import DjangoExpertData
 from apps.buffer.models import IMPORTED_GROUP, Experience, ExpertDataset
 from apps.buffer.store import DjangoExperienceBuffer
 from apps.core.files import FileImportError
-from apps.feedback.models import Feedback, PairUse
 from apps.feedback.edit_rows import _tokenizer
+from apps.feedback.models import Feedback, PairUse
 from apps.runs.models import Run
 from apps.runs.services import validate_config
 from apps.tasksets.models import Taskset
