@@ -95,13 +95,13 @@ def model_rename(request, name):
     saved = _changed(request, name)
     if saved is None:
         return redirect("model-list")
-    if (request.POST.get("name") or "").strip() == saved.name and services.may_change(request.user, saved):
-        messages.info(request, f"{isolate(name)} is its name already: nothing renamed.")
-        return redirect("model-detail", name=name)
     try:
         naming_services.rename_model(saved, request.POST.get("name", ""), request.user)
     except services.SaveError as err:
         messages.error(request, f"Not renamed: {err}")
+        return redirect("model-detail", name=name)
+    if saved.name == name:  # its own name: the service changed nothing
+        messages.info(request, f"{isolate(name)} is its name already: nothing renamed.")
         return redirect("model-detail", name=name)
     messages.success(request, f"Renamed {isolate(name)} to {isolate(saved.name)}: a run names it as model.path "
                               f"{isolate(saved.model_path)} now; the runs that loaded it as models/{isolate(name)} "
