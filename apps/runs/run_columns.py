@@ -370,6 +370,9 @@ class Condition:
     def apply(self, runs, name: str):
         """`runs` narrowed to those meeting it; `name`: an alias of its own for the value. "!="
         keeps the runs without a value, as "differs from"; the comparisons never do."""
+        if self.column.id == "mode":  # the run's field: every run has one
+            equal = Q(mode=self.value)
+            return runs.exclude(equal) if self.operator == "!=" else runs.filter(equal)
         if self.column.kind == CONFIG and self.operator in ("=", "!="):
             # JSON equality, any type: 1e-5 matches 0.00001 and 1e-05; "grpo" a string; true a boolean.
             lookup = "config__" + "__".join(self.column.key.split("."))
@@ -410,10 +413,14 @@ def condition(text: str) -> Condition:
         found = column(match["column"])
     except UnknownColumn as err:
         raise BadCondition(str(err)) from None
-    if found.kind == RUN and not found.numeric:
+    if found.kind == RUN and not found.numeric and found.id != "mode":
         raise BadCondition(f"{found.id} is not filtered here {where}: use the search box and the status and owner "
-                           "menus for the run's own fields; config keys and metrics are filtered here")
+                           "menus for the run's own fields; config keys, mode and metrics are filtered here")
     value = _value(typed, where)
+    if found.id == "mode":  # the run's (no menu has it): what a group by mode lists (run_groups)
+        if operator not in ("=", "!=") or value not in Run.Mode.values:
+            raise BadCondition(f"mode takes = or != and one of {', '.join(Run.Mode.values)} {where}")
+        return Condition(found, operator, value)
     if found.kind == CONFIG and operator in ("=", "!="):
         return Condition(found, operator, _config_value(found, value, typed, where))
     if not found.numeric:

@@ -1,6 +1,7 @@
-"""The runs list grouped by one or two config keys (?group=algorithm.name,trainer.lr), as W&B's runs
-table groups: a row per distinct value (or pair), how many runs hold it, and for each numeric column
-the mean and the spread (std, min-max) over them; a row opens to its runs (?expand=). A metric's
+"""The runs list grouped by one or two keys (?group=algorithm.name,trainer.lr): config keys, or the
+run's status, mode or owner, as W&B's runs table groups by config, state or user: a row per
+distinct value (or pair), how many runs hold it, and for each numeric column the mean and the
+spread (std, min-max) over them; a row opens to its runs (?expand=). A metric's
 figures are its runs' summaries (MetricSummary, through Column.number), never their points.
 
 The runs are grouped in Python from one query (a row per matching run: its group values and its
@@ -23,6 +24,9 @@ from . import comparison, run_columns
 from .run_columns import CONFIG, Column, UnknownColumn
 
 MAX_GROUP_KEYS = 2
+# The run's own columns a list groups by, and the row field each reads. Not name, created (a group
+# a run), progress or reward (numbers: their mean is the group's figure).
+RUN_KEYS = {"status": "status", "mode": "mode", "owner": "owner__username"}
 NOT_SET = "(not set)"
 FIGURES = ("mean", "std", "min", "max")  # a numeric column's, per group (the CSV's columns)
 SHOWN_VALUES = 3  # a non-numeric column of a group names this many of its values, then counts the rest
@@ -51,8 +55,8 @@ class JSONText(Func):
 
 
 def parse_group(text: str) -> tuple[list[Column], list[str]]:
-    """The config keys of "a,b" to group by, and what was wrong (each naming the key): a key that
-    is no column, a column that is no config key, more than MAX_GROUP_KEYS."""
+    """The keys of "a,b" to group by, and what was wrong (each naming the key): a key that is no
+    column, a column that is neither a config key nor one of RUN_KEYS, more than MAX_GROUP_KEYS."""
     keys, errors = [], []
     for key in dict.fromkeys(part.strip() for part in text.split(",") if part.strip()):
         try:
@@ -60,9 +64,9 @@ def parse_group(text: str) -> tuple[list[Column], list[str]]:
         except UnknownColumn as err:
             errors.append(str(err))
             continue
-        if found.kind != CONFIG:
-            errors.append(f"{key[:100]!r} is not a config key: runs are grouped by one (algorithm.name, trainer.lr, "
-                          "model.path)")
+        if found.kind != CONFIG and found.id not in RUN_KEYS:
+            errors.append(f"{key[:100]!r} is not a key runs are grouped by: a config key (algorithm.name, trainer.lr, "
+                          f"model.path) or the run's {', '.join(RUN_KEYS)}")
         else:
             keys.append(found)
     if len(keys) > MAX_GROUP_KEYS:
@@ -72,7 +76,7 @@ def parse_group(text: str) -> tuple[list[Column], list[str]]:
 
 @dataclass
 class Group:
-    values: tuple  # each key's value in the runs' config (None: not set), shown as the config wrote it
+    values: tuple  # each key's value: in the runs' config (None: not set), shown as the config wrote it; or the run's
     runs: list[int] = field(default_factory=list)  # their ids, in the view's order
     cells: list = field(default_factory=list)  # (column, cell) as the template draws them
     newest: object = None  # the newest run's created_at
@@ -89,10 +93,18 @@ class Group:
         return [{"text": NOT_SET, "set": False} if value is None else
                 {"text": run_columns.config_text(value), "set": True} for value in self.values]
 
-    def conditions(self, keys: list[Column]) -> list[str] | None:
-        """The ?where= that list its runs, None where a filter cannot (a key not set, a list)."""
-        found = [where_text(key, value) for key, value in zip(keys, self.values)]
+    def filters(self, keys: list[Column]) -> list[tuple[str, str]] | None:
+        """The list's filters that list its runs, (parameter, value) each: the status and owner
+        menus, else a ?where=; None where a filter cannot (a key not set, a list)."""
+        found = [filter_of(key, value) for key, value in zip(keys, self.values)]
         return None if None in found else found
+
+
+def filter_of(key: Column, value) -> tuple[str, str] | None:
+    if key.id in ("status", "owner"):  # the list's menus (forms.RunFilterForm)
+        return None if value is None else (key.id, value)
+    text = where_text(key, value)
+    return None if text is None else ("where", text)
 
 
 def token(values) -> str:
@@ -117,17 +129,18 @@ def grouped(runs, keys: list[Column], columns: list[Column], sort: Column) -> li
     """The groups of `runs` (ordered: each group's runs keep that order; the groups are in the
     order their first run comes) by `keys`, with their cells for `columns` and the mean of `sort`
     where it is numeric. One query."""
-    names = {f"g{index}": JSONText(F("config"), key.key.split(".")) for index, key in enumerate(keys)}
+    names = {key.id: f"g{index}" if key.kind == CONFIG else RUN_KEYS[key.id] for index, key in enumerate(keys)}
+    configs = {names[key.id]: JSONText(F("config"), key.key.split(".")) for key in keys if key.kind == CONFIG}
     numbers = {f"n{index}": column.number() for index, column in enumerate(columns) if column.numeric}
     if sort.numeric:
         numbers["sort"] = sort.number()
     texts = {f"t{index}": JSONText(F("config"), column.key.split("."))
              for index, column in enumerate(columns) if column.kind == CONFIG and not column.numeric}
-    rows = runs.values("pk", "status", "mode", "owner__username", "created_at", **names, **numbers, **texts)
+    rows = runs.values("pk", "status", "mode", "owner__username", "created_at", **configs, **numbers, **texts)
     groups: dict[str, Group] = {}
     members: dict[str, list[dict]] = {}
     for row in rows:
-        values = tuple(_loaded(key, row[name]) for key, name in zip(keys, names))
+        values = tuple(_loaded(key, row[names[key.id]]) if key.kind == CONFIG else row[names[key.id]] for key in keys)
         found = groups.setdefault(token(values), Group(values))
         found.runs.append(row["pk"])
         members.setdefault(found.token, []).append(row)
@@ -158,7 +171,7 @@ def _cell(column: Column, index: int, rows: list[dict]) -> dict:
     if column.kind == CONFIG:
         values = [run_columns.config_text(_loaded(column, row[f"t{index}"])) for row in rows]
     else:
-        values = [row[{"owner": "owner__username"}.get(column.id, column.id)] for row in rows]
+        values = [row[RUN_KEYS.get(column.id, column.id)] for row in rows]
     counts = Counter(value for value in values if value is not None)
     if not counts:
         return {"text": None, "title": ""}

@@ -41,7 +41,7 @@ class TableView:
     descending: bool = True
     errors: list[str] = field(default_factory=list)
     offered: list[str] = field(default_factory=list)  # the metrics the picker offers ("role/key")
-    group: list[Column] = field(default_factory=list)  # the config keys the runs are grouped by (run_groups)
+    group: list[Column] = field(default_factory=list)  # the keys the runs are grouped by (run_groups)
 
     @property
     def group_text(self) -> str:
@@ -164,8 +164,9 @@ def csv_query(query, filters, view: TableView) -> str:
 
 
 def group_keys() -> list[str]:
-    """What the Group box offers: every config key (run_groups.parse_group takes no other)."""
-    return list(run_columns.config_columns())
+    """What the Group box offers: the run's status, mode and owner, and every config key
+    (run_groups.parse_group takes no other)."""
+    return list(dict.fromkeys([*run_groups.RUN_KEYS, *run_columns.config_columns()]))
 
 
 def where_chips(query) -> list[dict]:
@@ -360,7 +361,7 @@ def ungrouped(query) -> str:
 
 def group_links(query, groups_shown: list[run_groups.Group], view: TableView) -> None:
     """Each group's .expand (the query opening it, or closing it where it is open), .is_open, and
-    .listed (the list of its runs alone: not grouped, a ?where= for each key; None for "(not set)")."""
+    .listed (the list of its runs alone: not grouped, a filter for each key; None for "(not set)")."""
     open_token = query.get("expand")
     for group in groups_shown:
         group.is_open = group.token == open_token
@@ -368,12 +369,16 @@ def group_links(query, groups_shown: list[run_groups.Group], view: TableView) ->
         if not group.is_open:
             params["expand"] = group.token
         group.expand = params.urlencode(safe=",/:")
-        conditions = group.conditions(view.group)
-        if conditions is None:
+        filters = group.filters(view.group)
+        if filters is None:
             group.listed = None
             continue
         params = _without(query, "expand", "group")
-        params.setlist("where", [*params.getlist("where"), *conditions])
+        for name, value in filters:
+            if name == "where":
+                params.appendlist(name, value)
+            else:  # the group's own status or owner: the filters' one, if any, is the same
+                params[name] = value
         group.listed = params.urlencode(safe=",/:")
 
 

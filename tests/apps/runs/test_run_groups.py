@@ -131,6 +131,41 @@ def test_a_group_opens_to_its_runs_and_lists_them_alone(researcher_client, runs)
     assert [run.name for run in opened.context["runs"]] == ["bare"]
 
 
+def test_runs_group_by_their_own_status_mode_and_owner_and_each_group_lists_alone(researcher_client, runs, make_run,
+                                                                                  django_user_model):
+    other = django_user_model.objects.create_user("other-owner")
+    make_run("theirs", owner=other, status=Run.Status.COMPLETED, mode=Run.Mode.BENCH)
+    response = grouped(researcher_client, group="owner,status", sort="name")
+    groups = {group.values: group for group in response.context["groups"]}
+    me = runs["g1"].owner.username
+    assert {values: len(group.runs) for values, group in groups.items()} == {
+        (me, "completed"): 4, (me, "failed"): 1, ("other-owner", "completed"): 1}
+    # "list" opens them through the menus the list has for these two
+    alone = parse_qs(groups[(me, "failed")].listed)
+    assert (alone["owner"], alone["status"], "where" in alone) == ([me], ["failed"], False)
+    assert listed(researcher_client, **{k: v[0] for k, v in alone.items()}) == ["g3"]
+    # mode is the run's own (config keys hold it too; it was refused as "not a config key")
+    by_mode = {group.values: group for group in grouped(researcher_client, group="mode").context["groups"]}
+    assert {values: len(group.runs) for values, group in by_mode.items()} == {("both",): 5, ("bench",): 1}
+    alone = parse_qs(by_mode[("bench",)].listed)
+    assert alone["where"] == ["mode = bench"]
+    assert listed(researcher_client, **{k: v[0] for k, v in alone.items()}) == ["theirs"]
+    rows = read_csv(researcher_client.get(reverse("run-list-csv"), {"group": "owner,status", "cols": "progress"}))
+    assert sorted((row["owner"], row["status"], row["runs"]) for row in rows) == sorted([
+        (me, "completed", "4"), (me, "failed", "1"), ("other-owner", "completed", "1")])
+    offered = response.context["group_keys"]
+    assert offered[:3] == ["status", "mode", "owner"] and offered.count("mode") == 1
+
+
+def test_mode_is_filtered_by_the_filter_box(researcher_client, runs, make_run):
+    make_run("scored", status=Run.Status.COMPLETED, mode=Run.Mode.BENCH)
+    assert listed(researcher_client, where="mode = bench") == ["scored"]
+    assert sorted(listed(researcher_client, where="mode != bench")) == sorted(runs)
+    for typed in ("mode = scoring", "mode >= 1"):
+        response = researcher_client.get(reverse("run-list"), {"where": typed})
+        assert "mode takes = or != and one of both, explore, train, bench" in html.unescape(response.content.decode())
+
+
 def test_an_expand_naming_no_group_is_said(researcher_client, runs):
     response = grouped(researcher_client, group="algorithm.name", expand='["ppo"]')
     assert response.context["open_group"] is None
@@ -139,8 +174,8 @@ def test_an_expand_naming_no_group_is_said(researcher_client, runs):
 
 @pytest.mark.parametrize("group, message", [
     ("algorithm.nam", "Group: unknown column 'algorithm.nam'; did you mean 'algorithm.name'?"),
-    ("status", "Group: 'status' is not a config key"),
-    ("best:explorer/reward_mean", "Group: 'best:explorer/reward_mean' is not a config key"),
+    ("progress", "Group: 'progress' is not a key runs are grouped by: a config key"),
+    ("best:explorer/reward_mean", "Group: 'best:explorer/reward_mean' is not a key runs are grouped by"),
     ("algorithm.name,trainer.lr,model.path", "Group: 3 keys: runs are grouped by at most 2"),
 ])
 def test_a_bad_group_key_is_named_on_the_page_not_applied_and_a_400_in_the_csv(researcher_client, runs, group,
