@@ -150,7 +150,7 @@ def test_embedded_the_same_through_the_same_views(researcher, settings):
 def test_a_researcher_groups_runs_by_learning_rate_reads_each_groups_mean_and_opens_one(researcher, page, login):
     make_runs(researcher)
     login(researcher, f"/runs/?cols={COLUMNS}")
-    page.get_by_label("group by config keys").fill("trainer.lr")
+    page.get_by_label("group by keys").fill("trainer.lr")
     page.get_by_role("button", name="Filter").click()
     page.wait_for_url(re.compile(r"group=trainer.lr"))
     expect(page.locator("#runs-form")).to_contain_text("3 groups by trainer.lr")
