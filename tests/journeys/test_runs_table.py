@@ -167,10 +167,17 @@ def test_a_researcher_groups_runs_by_learning_rate_reads_each_groups_mean_and_op
     expect(page.locator("th[aria-sort=descending]")).to_contain_text("explorer/reward_mean (best)")
     assert [text.split()[1] for text in rows.locator("td.group-name").all_inner_texts()] == ["0.0001", "1e-05", "1e-06"]
     page.locator("tr.group-row", has_text="1e-05").locator("td.group-name a").first.click()  # opens in place
-    opened = page.locator("tr.group-runs table.runs")
-    expect(opened).to_be_visible()
-    assert sorted(opened.locator("tbody td.run-name > a").all_inner_texts()) == ["lr-mid-a", "lr-mid-b"]
+    opened = page.locator("tr.group-member")
+    expect(opened).to_have_count(2)
+    assert sorted(opened.locator("td.run-name > a").all_inner_texts()) == ["lr-mid-a", "lr-mid-b"]
     page.set_viewport_size({"width": 1366, "height": 768})
+    # its runs sit in the group's columns (they were a table of their own, its columns elsewhere):
+    # the group's value and count above a run's name, then a cell of each column under the group's
+    group_cells = page.locator("tr.group-row.open > td")
+    run_cells = opened.first.locator("td")
+    assert group_cells.count() == run_cells.count() + 1
+    for index in range(1, run_cells.count()):
+        assert run_cells.nth(index).bounding_box()["x"] == group_cells.nth(index + 1).bounding_box()["x"]
     page.screenshot(path="/tmp/runsgroup-grouped.png", full_page=True)
     # Grouped, the toolbar wraps and Views sits at the left edge: its menu opens on screen (it began
     # at -309 px), with the name box to save this grouping under.
