@@ -500,6 +500,10 @@ class WorkerDetailOut(Schema):
                     "each as the run's log lines with run_id and run_name")
 
 
+class DrainedOut(WorkerDetailOut):
+    message: str = Field(description="what the worker does now")
+
+
 def workers_json() -> dict:
     """What the Workers page shows and /api/workers/ answers: capacity.overview(), turns.queues(),
     the broker's queue lengths and the newest tasks."""
