@@ -22,7 +22,7 @@ from apps.accounts.roles import CURATOR, RESEARCHER, has_role, role_required
 from apps.core.bidi import isolate
 from apps.core.numbers import whole_number
 from apps.core.streaming import streaming
-from apps.saved_models.evaluation import evaluation
+from apps.saved_models.evaluation import bench_config, bench_results, evaluation
 from apps.saved_models.models import SavedModel
 from apps.saved_models.naming import renamed_from
 from apps.saved_models.services import train_from
@@ -190,13 +190,20 @@ def run_detail(request, pk):
     retired_job = run.buffer_retired_at and run.buffer_retirement.get("job")
     if run.buffer_retired_at:
         controls.pop("resume")  # refused for good: its buffer is gone (services.buffer_retired)
+    # A bench run is an evaluation: the page shows what it scored, not the training it never did.
+    bench = bench_results(run)
+    if bench:  # the metrics table's rows: each key any version recorded, its value a version ("—": none)
+        keys = dict.fromkeys(key for result in bench["results"] for key in result["metrics"])
+        bench["metric_rows"] = [(key, [f"{result['metrics'][key]:.4g}" if key in result["metrics"] else "—"
+                                       for result in bench["results"]]) for key in keys]
     return render(
         request,
         "runs/detail.html",
         {
             "run": run,
-            "config_yaml": dump_config_yaml(run.config),
-            "checkpoints": with_saved_models(run),
+            "config_yaml": dump_config_yaml(bench_config(run.config) if bench else run.config),
+            "bench": bench,
+            "checkpoints": [] if bench else with_saved_models(run),
             "checkpoint_schedule": queries.checkpoint_schedule(run),
             "skipped": queries.skipped_steps(run),
             "figures": figures,
@@ -225,10 +232,11 @@ def run_detail(request, pk):
                 "progress_counter": progress_counter,
                 "finished_statuses": Run.FINISHED,
                 "figures": figures,
-                "overview": queries.overview_charts(),
+                "overview": queries.overview_charts(bench=bool(bench)),
                 "duties": shown,
                 "duties_url": reverse("api-run-duties", args=[run.pk]),
                 "algorithm": run.config.get("algorithm", {}).get("name"),
+                "bench": bool(bench),
             },
         },
     )

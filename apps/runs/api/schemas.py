@@ -13,6 +13,7 @@ from ninja import Field, Schema
 from pydantic import BeforeValidator, ConfigDict
 
 from apps.core.numbers import whole_number
+from apps.saved_models.evaluation import bench_results
 from rftweb.celery import queue_lengths
 from workers.rft.config_docs import json_schema as config_schema
 
@@ -157,6 +158,25 @@ class DutyOut(Schema):
     node_url: str | None = Field(description="the page of the worker holding it (/workers/<name>/)")
 
 
+class BenchResultOut(Schema):
+    step: int = Field(description="0 for the model as loaded; with checkpoint sync, each published version's")
+    model_version: int | None
+    metric: str | None = Field(description="the score's key: the held-out accuracy's (exact_match, numeric...) "
+                                           "where the reward fn scores 1 or 0, else reward_mean")
+    score: float | None
+    tasks: int | None = Field(description="eval tasks answered")
+    failed_tasks: int | None
+    metrics: dict[str, float] = Field(description="every number the eval recorded (role eval in /metrics/)")
+
+
+class BenchOut(Schema):
+    model_path: str = Field(description="model.path as launched")
+    saved_model: str | None = Field(description="the saved model it names (/api/models/), or null")
+    eval_taskset: str | None
+    results: list[BenchResultOut] = Field(description="each eval point in step order; empty until it has answered "
+                                                      "every task")
+
+
 class RunDetailOut(RunOut):
     duties: list[DutyOut]
     config: dict[str, Any] = Field(description="the run config as launched (docs/config.md)",
@@ -169,6 +189,8 @@ class RunDetailOut(RunOut):
                     '(cancelling it puts the run back), "partial" when the job stopped after deleting some rows '
                     '(with "deleted" and "archive"), else done'
     )
+    evaluation: BenchOut | None = Field(description="a mode bench run's: the model it scores, on which tasks, and "
+                                                    "its scores; null for a run that trains")
 
 
 class LaunchedOut(RunDetailOut):
@@ -352,6 +374,7 @@ def run_json(run: Run, *, detail: bool = False) -> dict:
             }
             for checkpoint in run.checkpoints.order_by("version")
         ]
+        data["evaluation"] = bench_results(run)
     return data
 
 
@@ -475,6 +498,10 @@ class WorkerDetailOut(Schema):
     logs: list[dict[str, Any]] = Field(
         description="the newest lines (at most 100, oldest first) it logged while it held its 5 newest duties, "
                     "each as the run's log lines with run_id and run_name")
+
+
+class DrainedOut(WorkerDetailOut):
+    message: str = Field(description="what the worker does now")
 
 
 def workers_json() -> dict:
