@@ -246,6 +246,14 @@ def worker_stopping(name: str) -> None:
 # ---- a curator drains a worker ------------------------------------------------------------------
 
 
+SHOWN_NAME = 100  # a worker's name is quoted back this far in a refusal: a URL may carry a whole paste
+
+
+def shown_name(name: str) -> str:
+    """`name` as a message quotes it: repr, cut at SHOWN_NAME characters."""
+    return repr(name[:SHOWN_NAME]) + ("…" if len(name) > SHOWN_NAME else "")
+
+
 class DrainRefused(Exception):
     """Not drained or undrained, changing nothing; the message says why (the API answers each kind
     with its own status: api/workers.py)."""
@@ -280,10 +288,10 @@ def set_drain(name: str, by: str, drain: bool) -> Worker:
                            "drain (docs/scale.md: Celery workers)")
     worker = Worker.objects.filter(name=name).first()
     if worker is None:
-        raise NoSuchWorker(f"worker {name!r} is not live: no worker of that name has registered")
+        raise NoSuchWorker(f"worker {shown_name(name)} is not live: no worker of that name has registered")
     live = next((w for w in overview()["workers"] if w.name == name and w.slots is not None), None)
     if live is None:
-        raise DrainRefused(f"worker {name!r} is not live: it takes no duty already")
+        raise DrainRefused(f"worker {shown_name(name)} is not live: it takes no duty already")
     if bool(worker.drain) == drain:
         return worker  # already so: a second click, or another curator's
     before = worker.drain
@@ -293,7 +301,7 @@ def set_drain(name: str, by: str, drain: bool) -> Worker:
         set_consuming(name, worker.queues, consume=not before)  # whatever it did answer for, back
         worker.drain = before
         worker.save(update_fields=["drain"])
-        raise NoAnswer(f"worker {name!r} did not answer (stopping, or the broker is down): nothing changed; "
+        raise NoAnswer(f"worker {shown_name(name)} did not answer (stopping, or the broker is down): nothing changed; "
                        "try again")
     log.info("worker %s %s by %s", name, "drained" if drain else "undrained", by)
     return worker

@@ -32,7 +32,7 @@ from workers.rft.config import ConfigError
 
 from . import duties, queries, services, supervision, sweeps, waits, worker_detail
 from .api import token_for, token_or_session, workers_json
-from .capacity import DrainRefused, set_drain
+from .capacity import DrainRefused, NoSuchWorker, set_drain, shown_name
 from .checkpoints import run_checkpoint_dir, tar_stream
 from .compression import gzip_json
 from .controls import control_run, control_statuses, may_control
@@ -355,7 +355,7 @@ def worker_page(request, name):
     and how each ended, and its log's tail; the page polls /api/workers/<name>/ for the same JSON."""
     shown = worker_detail.detail(name)
     if shown is None:
-        raise Http404(f"no worker named {name!r} was seen in the last day")
+        raise Http404(f"no worker named {shown_name(name)} was seen in the last day")
     return render(request, "runs/worker.html", {"worker_data": shown, "name": name,
                                                 "may_act": has_role(request.user, CURATOR)})
 
@@ -367,6 +367,9 @@ def worker_drain(request, name, drain):
     (capacity.set_drain), from its page."""
     try:
         set_drain(name, request.user.get_username(), drain)
+    except NoSuchWorker as err:  # its page is a 404, which shows no message: the list says it
+        messages.error(request, str(err))
+        return redirect("worker-list")
     except DrainRefused as err:
         messages.error(request, str(err))
     else:

@@ -16,7 +16,7 @@ from apps.feedback import stats
 from workers.rft.config import ConfigError
 
 from .. import queries, services, waits, worker_detail
-from ..capacity import DrainRefused, NoAnswer, NoSuchWorker, set_drain
+from ..capacity import DrainRefused, NoAnswer, NoSuchWorker, set_drain, shown_name
 from ..controls import control_run
 from ..forms import RolloutFilterForm, RunFilterForm
 from ..models import MetricPoint, Run
@@ -336,5 +336,5 @@ def undrain_worker(request, name: str):
 def worker(request, name: str):
     """What it holds, the duties it held in the last day and how each ended, and its log's tail (its page's data)."""
     if (shown := worker_detail.detail(name)) is None:
-        raise Http404(f"no worker named {name!r} was seen in the last day")
+        raise Http404(f"no worker named {shown_name(name)} was seen in the last day")
     return shown
