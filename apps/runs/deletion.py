@@ -107,14 +107,14 @@ def checkpoint_summary(checkpoints) -> list[str]:
         who = f"Run {run.pk} '{run.name}' ({run.status})"
         if then == newest:
             lines.append(f"{who} still resumes from {_named(newest)}")
-        elif run.status == Run.Status.COMPLETED:
-            lines.append(f"{who}: its newest checkpoint (its trained model) becomes {_named(then)}, not "
-                         f"{_named(newest)}")
+        elif run.status == Run.Status.COMPLETED or run.buffer_retired_at is not None:  # never resumed
+            why = ("is not resumed again" if run.status == Run.Status.COMPLETED
+                   else "cannot be resumed (its buffer was retired)")
+            left = f"becomes {_named(then)}" if then else "is gone: none is left"
+            lines.append(f"{who} {why}; its newest checkpoint (its trained model) {left}, not {_named(newest)}")
         else:
             lines.append(f"{who} would resume from {_named(then)}, not {_named(newest)}: its counters, charts "
                          "and trainer steps after it go back there")
-            if run.buffer_retired_at is not None:
-                lines[-1] += " (it cannot be resumed anyway: its buffer was retired)"
     for checkpoint in checkpoints:
         directory, why = _directory(checkpoint)
         files = f"its directory {directory} is deleted with it" if directory else f"its directory {why}"
