@@ -105,13 +105,18 @@ def checkpoint_summary(checkpoints) -> list[str]:
     for run, doomed in by_run.values():
         newest, then = resume_point(run), resume_point(run, without=doomed)
         who = f"Run {run.pk} '{run.name}' ({run.status})"
-        if then == newest:
-            lines.append(f"{who} still resumes from {_named(newest)}")
-        elif run.status == Run.Status.COMPLETED or run.buffer_retired_at is not None:  # never resumed
+        if run.status == Run.Status.COMPLETED or run.buffer_retired_at is not None:  # never resumed
             why = ("is not resumed again" if run.status == Run.Status.COMPLETED
                    else "cannot be resumed (its buffer was retired)")
-            left = f"becomes {_named(then)}" if then else "is gone: none is left"
-            lines.append(f"{who} {why}; its newest checkpoint (its trained model) {left}, not {_named(newest)}")
+            if then == newest:
+                lines.append(f"{who} {why}; its newest checkpoint (its trained model) {_named(newest)} stays")
+            elif then:
+                lines.append(f"{who} {why}; its newest checkpoint (its trained model) becomes {_named(then)}, not "
+                             f"{_named(newest)}")
+            else:
+                lines.append(f"{who} {why}; no checkpoint of it is left: {_named(newest)}, its trained model, goes too")
+        elif then == newest:
+            lines.append(f"{who} still resumes from {_named(newest)}")
         else:
             lines.append(f"{who} would resume from {_named(then)}, not {_named(newest)}: its counters, charts "
                          "and trainer steps after it go back there")

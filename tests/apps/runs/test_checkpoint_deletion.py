@@ -47,21 +47,21 @@ def test_the_page_says_where_each_run_would_resume_from_and_the_delete_takes_the
     assert f"Run {stopped.pk} &#x27;r-stopped&#x27; (stopped) would resume from v3 (step 30), not v5 (step 50)" in page
     assert (f"Run {failed.pk} &#x27;r-failed&#x27; (failed) would resume from the start (step 0), not v2 (step 20)"
             in page)
-    assert f"Run {completed.pk} &#x27;r-completed&#x27; (completed) still resumes from v6 (step 60)" in page
+    assert (f"Run {completed.pk} &#x27;r-completed&#x27; (completed) is not resumed again; its newest checkpoint (its "
+            "trained model) v6 (step 60) stays") in page
     assert f"its directory {run_dir(stopped) / 'checkpoints' / 'step_50'} is deleted with it" in page
-    completed.checkpoints.get(step=60).delete()
     Run.objects.filter(pk=failed.pk).update(buffer_retired_at=timezone.now())  # never resumed again
-    page = delete_selected(curator_client, [older, only], confirm=False).content.decode()
+    page = delete_selected(curator_client, [completed.checkpoints.get(step=60), only], confirm=False).content.decode()
     assert (f"Run {completed.pk} &#x27;r-completed&#x27; (completed) is not resumed again; its newest checkpoint "
-            "(its trained model) is gone: none is left, not v4 (step 40)") in page
-    assert ("(failed) cannot be resumed (its buffer was retired); its newest checkpoint (its trained model) is gone: "
-            "none is left, not v2 (step 20)") in page
+            "(its trained model) becomes v4 (step 40), not v6 (step 60)") in page
+    assert ("(failed) cannot be resumed (its buffer was retired); no checkpoint of it is left: v2 (step 20), its "
+            "trained model, goes too") in page
     Run.objects.filter(pk=failed.pk).update(buffer_retired_at=None)
-    assert Checkpoint.objects.count() == 4  # the pages deleted nothing
+    assert Checkpoint.objects.count() == 5  # the pages deleted nothing
 
     with django_capture_on_commit_callbacks(execute=True):  # the directories go once the rows have
         assert delete_selected(curator_client, [newest, only, older], confirm=True).status_code == 302
-    assert sorted(Checkpoint.objects.values_list("step", flat=True)) == [30]
+    assert sorted(Checkpoint.objects.values_list("step", flat=True)) == [30, 60]
     assert not (run_dir(stopped) / "checkpoints" / "step_50").exists()
     assert not (run_dir(failed) / "checkpoints" / "step_20").exists()
     assert (run_dir(stopped) / "checkpoints" / "step_30").exists()
