@@ -309,7 +309,7 @@ def run_engine(run: Run, duty: str, worker: str) -> str:
                                                                  ranks=ranks) as loop:
         resumed = None  # the checkpoint it goes on from, for the run page's duty line
         if loop.trainer is not None:
-            checkpoint = resume_point(run)  # its newest with files: a curator may have deleted newer ones
+            checkpoint = resume_point(run)  # its newest left: a curator may have deleted newer ones
             if checkpoint is not None:
                 resumed = {"version": checkpoint.version, "step": checkpoint.step}
                 log.info("run %s (%s): resumed from checkpoint v%s (trainer step %s)",
