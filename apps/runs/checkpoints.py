@@ -61,6 +61,18 @@ def resume_point(run, without=()):
     return run.checkpoints.exclude(pk__in=[c.pk for c in without]).order_by("-step").first()
 
 
+def forget_versions_after(run, version: int) -> None:
+    """Drop the weight versions past `version` that the run's earlier life published (checkpoint
+    sync: <run dir>/versions/v<n>), before a resume queues its duties: its trainer publishes them
+    again as it replays. The trainer drops them too (Checkpointing.resume, start_over), but only
+    once its model has loaded, and an explorer that started first could roll out on the old ones."""
+    from workers.rft.synchronizer import Synchronizer  # the engine's module, with torch: only when resuming
+
+    directory = run_dir(run) / "versions"
+    if directory.is_dir():
+        Synchronizer("checkpoint", directory=directory).discard_after(version)
+
+
 def _members(root: Path, arcroot: str) -> Iterator[tuple[Path, tarfile.TarInfo]]:
     for dirpath, dirnames, filenames in os.walk(root):  # does not descend into linked directories
         directory = Path(dirpath)

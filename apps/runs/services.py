@@ -15,7 +15,7 @@ from workers.rft.config import ConfigError, ConfigIssue, RunConfig
 from workers.rft.config_rules import data_issues
 
 from . import summaries
-from .checkpoints import resume_point
+from .checkpoints import forget_versions_after, resume_point
 from .config_checks import expert_dataset_issue, model_issues, source_run_issues
 from .config_fit import fit_issues
 from .duties import HANDED_OVER, NODE_DUTY, duties_of_run, holder, queue_of, workers_holding
@@ -243,6 +243,7 @@ def resume_run(run: Run) -> Run:
         locked.heartbeats = {}  # the workers that served it are gone; whoever starts it now holds it
         locked.save(update_fields=["resumes", "heartbeats", "updated_at"])
         set_status(locked, Status.QUEUED, error="")
+        forget_versions_after(locked, checkpoint.version if checkpoint else 0)  # no worker holds it (busy above)
         transaction.on_commit(lambda: enqueue("workers.tasks.start_run", locked.pk))
     run.refresh_from_db()
     return run

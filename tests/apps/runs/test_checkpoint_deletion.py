@@ -94,3 +94,20 @@ def test_a_checkpoint_of_a_run_that_has_not_ended_is_not_deleted(curator_client,
     assert page.redirect_chain == [(reverse("admin:runs_checkpoint_change", args=[checkpoints[0].pk]), 302)]
     assert f"Not deleted: {refusal}." in page.content.decode()
     assert Checkpoint.objects.count() == 3
+
+
+def test_resume_drops_the_weight_versions_past_where_its_trainer_goes_on(curator):
+    """Checkpoint sync: the versions an earlier life published past the resume point go before any
+    duty is queued (the trainer dropped them only once its model had loaded, and an explorer that
+    started first rolled out on the old v5 beside a trainer at step 30)."""
+    stopped, failed = make_run(curator, "stopped", 30), make_run(curator, "failed")
+    for run in (stopped, failed):
+        for version in range(6):
+            (run_dir(run) / "versions" / f"v{version}").mkdir(parents=True)
+    services.resume_run(stopped)
+    services.resume_run(failed)
+    assert sorted(path.name for path in (run_dir(stopped) / "versions").iterdir()) == ["v0", "v1", "v2", "v3"]
+    assert [path.name for path in (run_dir(failed) / "versions").iterdir()] == ["v0"]
+    resumed = make_run(curator, "stopped", 20)  # memory sync: no versions directory, none made
+    services.resume_run(resumed)
+    assert not (run_dir(resumed) / "versions").exists()
