@@ -263,7 +263,12 @@ class AnnotationOut(Schema):
                                                "requires review: from accepted ratings): not flagged")
     rated_flagged: int = Field(description="rated rollouts flagged since (by an annotator, a curator or a buffer "
                                            "operator): kept out of training, in no other rated figure")
-    flagged_experiences: int
+    flagged_experiences: int = Field(description="rollouts flagged, each once whatever flagged it (flagged_by)")
+    flagged_by: dict[str, int] = Field(
+        description="the flagged rollouts by what flagged them: judgement (a flag judgement: an annotator's, or a "
+                    "bulk flag's in its owner's or curator's name; it keeps the rollout out of training unless "
+                    "feedback.exclude_flagged is off), pipeline (a buffer operator dropped it), admin (a curator set "
+                    "it rejected); one flagged two ways counts under each")
     human_edits: int = Field(description="edits that are expert data: accepted where the run requires review, "
                                          "not flagged")
     dpo_pairs: int = Field(description="comparisons with a verdict that a DPO step samples: accepted where the run "
