@@ -130,7 +130,8 @@ def next_item(request):
         return _error(str(exc), 400)
     run = Run.objects.filter(pk=own.run_id).first() if own else _run(request)
     if run is None:
-        return _error("no run chosen: choose one on the annotation page", 400)
+        return _error(f"there is no run {own.run_id}: choose one on the annotation page" if own else
+                      "no run chosen: choose one on the annotation page", 400)
     ids = [pk for pk in request.GET.get("exclude", "").split(",") if pk.strip()]
     exclude = whole_numbers(ids)
     if len(exclude) != len(ids):  # 10^22 was a 500 on SQLite (an integer too large for it)

@@ -92,7 +92,8 @@ def start(request):
     chosen_filter = session_filter(request)
     if "run" in request.GET:
         run_id = whole_number(request.GET["run"])
-        run = get_object_or_404(Run, pk=run_id) if run_id is not None else None
+        # a link to a deleted run (a bookmark, a shared queue) is said here, not a bare 404
+        run = Run.objects.filter(pk=run_id).first() if run_id is not None else None
         strategy = request.GET.get("strategy", queue.NEWEST)
         try:
             chosen_filter = QueueFilter.from_query(request.GET)
@@ -100,8 +101,12 @@ def start(request):
             messages.error(request, f"Filter not applied: {exc}.")
             chosen_filter = None
         else:
-            if run is None or strategy not in queue.STRATEGIES:
-                messages.error(request, "Choose a run and one of the strategies.")
+            if run is None:
+                messages.error(request, f"There is no run {request.GET['run'][:40]!r}: choose one."
+                               if request.GET["run"].strip() else "Choose a run.")
+            elif strategy not in queue.STRATEGIES:
+                messages.error(request, f"Unknown strategy {strategy[:40]!r}: choose one of "
+                                        f"{', '.join(queue.STRATEGIES)}.")
             elif not services.may_annotate(run, request.user):
                 messages.error(request, f"You are not an annotator of run {isolate(run.name)}: "
                                         "its owner assigns who annotates it.")

@@ -120,3 +120,15 @@ def test_a_bad_queue_in_a_forms_address_is_said_and_the_sessions_queue_follows(a
     # The next page named with it directly says so too, and goes on with the session's queue.
     item, page = shown(annotator_client, annotator_client.get(reverse("annotate-next") + "?" + query))
     assert item.run.name == "b" and f"Filter not applied: {said}" in page.content.decode()
+
+
+def test_a_queue_link_to_a_deleted_run_or_an_unknown_strategy_is_said_on_the_start_page(annotator_client, run):
+    """A bookmark or a shared queue link of a run deleted since was a bare 404 ("No Run matches the
+    given query"); a strategy no queue has was "Choose a run and one of the strategies", naming neither."""
+    gone = run.pk + 1000
+    page = annotator_client.get(reverse("annotate-start"), {"run": gone, "strategy": "newest"})
+    assert page.status_code == 200 and f"There is no run &#x27;{gone}&#x27;: choose one." in page.content.decode()
+    page = annotator_client.get(reverse("annotate-start"), {"run": run.pk, "strategy": "bogus"})
+    assert "Unknown strategy &#x27;bogus&#x27;: choose one of" in page.content.decode()
+    refused = annotator_client.get(reverse("annotate-api-next"), {"run": gone, "strategy": "newest"})
+    assert refused.status_code == 400 and refused.json()["error"].startswith(f"there is no run {gone}")
