@@ -76,7 +76,7 @@ def decide(feedback_id: int, reviewer, *, accept: bool, note: str = "", seen_as:
     if feedback.user_id == reviewer.pk:
         raise ReviewError("a judgement is reviewed by someone else than its annotator")
     if seen_as is not None and seen_as != seen(feedback):
-        raise ReviewError(_moved_since(feedback))
+        raise ReviewError(_moved_since(feedback, reviewer))
     if feedback.review in DECIDED and feedback.reviewer_id not in (None, reviewer.pk):
         # A judgement keeps one reviewer (Feedback.reviewer): another's decision is theirs to change.
         raise ReviewError(f"{isolate(feedback.reviewer)} {feedback.review} this {feedback.get_kind_display().lower()}: "
@@ -116,9 +116,13 @@ def change(feedback_id: int, reviewer, *, accept: bool, note: str = "", seen_as:
     return decide(feedback_id, reviewer, accept=accept, note=note, seen_as=seen_as)
 
 
-def _moved_since(feedback: Feedback) -> str:
+def _moved_since(feedback: Feedback, reviewer) -> str:
     if feedback.review in (Review.ACCEPTED, Review.REJECTED):
+        kind = feedback.get_kind_display().lower()
+        if feedback.reviewer_id == reviewer.pk:  # another tab of theirs, or a second click
+            said = f" (your note: {feedback.review_note!r})" if feedback.review_note else ""
+            return f"you {feedback.review} this {kind} since this page showed it (another tab?){said}; nothing changed"
         said = f" (their note: {feedback.review_note!r})" if feedback.review_note else ""
-        who, kind = isolate(feedback.reviewer), feedback.get_kind_display().lower()
+        who = isolate(feedback.reviewer)
         return f"{who} {feedback.review} this {kind} while you looked at it{said}; nothing changed"
     return "its annotator judged it again while you looked at it; nothing changed: review what they judged now"

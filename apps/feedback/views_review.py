@@ -10,6 +10,7 @@ from django.views.decorators.http import require_POST
 
 from apps.accounts.roles import REVIEWER, role_required
 from apps.core.bidi import isolate
+from apps.core.numbers import whole_number
 from apps.runs.models import Run
 
 from . import review, review_history, services
@@ -100,5 +101,6 @@ def review_change(request, pk):
         chosen = review_history.DecisionFilter.from_query(judgement.experience.run, request.POST)
     except review.ReviewError:
         chosen = review_history.DecisionFilter()
-    query = urlencode(chosen.as_query())
+    page = whole_number(request.POST.get("page", ""))  # the page it was on (the form's), not the first
+    query = urlencode({**chosen.as_query(), **({"page": page} if page and page > 1 else {})})
     return redirect(reverse("review-history", args=[run_id]) + (f"?{query}" if query else ""))

@@ -115,6 +115,26 @@ def test_a_reviewer_changes_their_own_decision_on_the_history_page(reviewed_run,
     assert rejected.review == "accepted"
 
 
+def test_a_change_comes_back_to_the_page_it_was_on_and_a_stale_one_says_who_moved_it(reviewed_run, decided,
+                                                                                      reviewers, monkeypatch):
+    from apps.feedback import review_history
+    monkeypatch.setattr(review_history, "PAGE_SIZE", 1)  # three decisions: three pages
+    rev1 = reviewers[0]
+    client = client_of(rev1)
+    url = reverse("review-history", args=[reviewed_run.pk])
+    second = client.get(url, {"page": 2})
+    rejected = second.context["rows"][0]["judgement"]
+    assert rejected.user == decided["b"] and 'name="page" value="2"' in second.content.decode()
+    seen_before = review.seen(rejected)
+    done = client.post(reverse("review-change", args=[rejected.pk]), {"to": "accept", "seen": seen_before,
+                                                                       "page": "2"}, follow=True)
+    assert done.redirect_chain[-1][0] == f"{url}?page=2"  # it was page 1
+    # A page drawn before it (another tab of theirs) decides again: their own change, said as theirs
+    # (it read "rev1 accepted this rating while you looked at it", to rev1).
+    with pytest.raises(review.ReviewError, match=r"^you accepted this rating since this page showed it \(another "):
+        review.decide(rejected.pk, rev1, accept=False, seen_as=seen_before)
+
+
 def test_a_decision_training_used_cannot_be_changed(reviewed_run, decided, reviewers):
     rev2 = reviewers[1]
     edit = Feedback.objects.get(kind="edit")
