@@ -59,9 +59,12 @@ def bulk_flag_confirmed(request, run_id):
     chosen = NO_FILTER
     try:
         chosen = QueueFilter.from_query(request.POST)
-        count = whole_number(request.POST.get("count", ""))
+        sent = request.POST.get("count", "")
+        count = whole_number(sent)
         if count is None:
-            raise FilterError("count: the number of items confirmed is missing: look at the list and confirm")
+            raise FilterError("count: the number of items confirmed is missing: look at the list and confirm"
+                              if not sent.strip() else f"count: {sent[:40]!r} is not a number of items (a whole "
+                              "number): look at the list and confirm")
         flagged = bulk.flag_all(run, request.user, chosen, request.POST.get("reason", ""), confirmed_count=count,
                                 confirmed=request.POST.get("seen", ""))
     except services.FeedbackError as exc:

@@ -85,6 +85,17 @@ def test_bad_requests_flag_nothing_and_say_why(researcher_client, run, items, qu
     assert f"Nothing flagged: {said}" in researcher_client.get(page(run)).content.decode()
 
 
+@pytest.mark.parametrize("count, said", [
+    ("", "count: the number of items confirmed is missing"),
+    ("99999999999999999999999", "count: &#x27;99999999999999999999999&#x27; is not a number of items"),
+    ("two", "count: &#x27;two&#x27; is not a number of items"),  # both were said to be "missing"
+])
+def test_a_bad_count_is_named_and_flags_nothing(researcher_client, run, items, count, said):
+    confirm(researcher_client, run, count, reward_max="0.3")
+    assert not Feedback.objects.exists()
+    assert f"Nothing flagged: {said}" in researcher_client.get(page(run)).content.decode()
+
+
 def test_more_than_one_action_may_flag_is_refused(run, researcher, items, monkeypatch):
     monkeypatch.setattr(bulk, "MAX_ITEMS", 3)
     with pytest.raises(bulk.FeedbackError, match="matches more than 3 items"):
