@@ -10,7 +10,7 @@ from django.db import transaction
 from django.db.models import Count, Q
 from django.utils import timezone
 
-from apps.accounts.roles import REVIEWER, has_role
+from apps.accounts.roles import CURATOR, REVIEWER, has_role
 from apps.buffer.models import Experience
 from apps.core.bidi import isolate
 
@@ -27,6 +27,15 @@ class ReviewError(services.FeedbackError):
 
 def may_review(user) -> bool:
     return has_role(user, REVIEWER)
+
+
+def may_take_over(feedback: Feedback, user) -> bool:
+    """A curator takes over the decision of a reviewer who has left (account deactivated, or no
+    reviewer role any more): it stays one reviewer's, and without this no one could change it
+    (a wrong acceptance not yet trained could only be withdrawn in the admin)."""
+    left = feedback.reviewer
+    return (has_role(user, CURATOR) and left is not None and left.pk != user.pk
+            and (not left.is_active or not may_review(left)))
 
 
 def pending(run):
@@ -77,7 +86,8 @@ def decide(feedback_id: int, reviewer, *, accept: bool, note: str = "", seen_as:
         raise ReviewError("a judgement is reviewed by someone else than its annotator")
     if seen_as is not None and seen_as != seen(feedback):
         raise ReviewError(_moved_since(feedback, reviewer))
-    if feedback.review in DECIDED and feedback.reviewer_id not in (None, reviewer.pk):
+    if (feedback.review in DECIDED and feedback.reviewer_id not in (None, reviewer.pk)
+            and not may_take_over(feedback, reviewer)):
         # A judgement keeps one reviewer (Feedback.reviewer): another's decision is theirs to change.
         raise ReviewError(f"{isolate(feedback.reviewer)} {feedback.review} this {feedback.get_kind_display().lower()}: "
                           "only they change their decision")
@@ -107,12 +117,14 @@ def change(feedback_id: int, reviewer, *, accept: bool, note: str = "", seen_as:
     feedback = Feedback.objects.select_related("reviewer").filter(pk=feedback_id).first()
     if feedback is None:
         raise ReviewError(f"no judgement {feedback_id}: its annotator may have undone it")
-    if feedback.review not in DECIDED or feedback.reviewer_id != reviewer.pk:
+    theirs = feedback.reviewer_id == reviewer.pk or may_take_over(feedback, reviewer)
+    if feedback.review not in DECIDED or not theirs:
         raise ReviewError(f"judgement {feedback_id} has no decision of yours to change"
                           + (": its annotator judged it again, and it waits for review" if
                              feedback.review == Review.PENDING else ""))
     if (feedback.review == Review.ACCEPTED) == accept:
-        raise ReviewError(f"you {feedback.review} judgement {feedback_id} already; nothing changed")
+        who = "you" if feedback.reviewer_id == reviewer.pk else isolate(feedback.reviewer)
+        raise ReviewError(f"{who} {feedback.review} judgement {feedback_id} already; nothing changed")
     return decide(feedback_id, reviewer, accept=accept, note=note, seen_as=seen_as)
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from django.contrib.auth import get_user_model
 from django.core.paginator import Paginator
 
-from . import history
+from . import history, review
 from .models import Feedback
 from .review import DECIDED, ReviewError
 
@@ -63,5 +63,6 @@ def page(run, viewer, chosen: DecisionFilter, number) -> tuple:
         step = history.trained_on(feedback, readers)
         rows.append({"judgement": feedback, "summary": history.describe(feedback), "trained_on_step": step,
                      "item": history.shown_item_id(feedback),
-                     "may_change": feedback.reviewer_id == viewer.pk and step is None})
+                     "may_change": step is None and (feedback.reviewer_id == viewer.pk
+                                                     or review.may_take_over(feedback, viewer))})
     return shown, rows

@@ -135,6 +135,29 @@ def test_a_change_comes_back_to_the_page_it_was_on_and_a_stale_one_says_who_move
         review.decide(rejected.pk, rev1, accept=False, seen_as=seen_before)
 
 
+def test_a_curator_takes_over_the_decisions_of_a_reviewer_who_has_left(reviewed_run, decided, reviewers, curator):
+    """One reviewer a judgement, only they change it: once they left (deactivated, or the role taken
+    away), no one could, and a wrong acceptance not yet trained stayed until someone used the admin."""
+    rev1, rev2 = reviewers
+    accepted = Feedback.objects.get(user=decided["a"], kind="rating")
+    curator_page = client_of(curator).get(reverse("review-history", args=[reviewed_run.pk]))
+    assert not any(row["may_change"] for row in curator_page.context["rows"])  # both reviewers are here
+    with pytest.raises(review.ReviewError, match="only they change their decision"):
+        review.decide(accepted.pk, rev2, accept=False)  # another reviewer may not, left or not
+    rev1.is_active = False
+    rev1.save()
+    curator_page = client_of(curator).get(reverse("review-history", args=[reviewed_run.pk]))
+    assert [(r["judgement"].reviewer.username, r["may_change"]) for r in curator_page.context["rows"]] == [
+        ("rev2", False), ("rev1", True), ("rev1", True)]
+    with pytest.raises(review.ReviewError, match="has no decision of yours to change"):
+        review.change(accepted.pk, rev2, accept=False)  # a reviewer is no curator
+    done = client_of(curator).post(reverse("review-change", args=[accepted.pk]),
+                                   {"to": "reject", "seen": review.seen(accepted), "note": "rev1 erred"}, follow=True)
+    assert "Rejected <bdi>a</bdi>&#x27;s rating of experience" in done.content.decode()
+    accepted.refresh_from_db()
+    assert (accepted.review, accepted.reviewer, accepted.review_note) == ("rejected", curator, "rev1 erred")
+
+
 def test_a_decision_training_used_cannot_be_changed(reviewed_run, decided, reviewers):
     rev2 = reviewers[1]
     edit = Feedback.objects.get(kind="edit")
