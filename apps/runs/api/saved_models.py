@@ -142,14 +142,6 @@ def _named(name: str) -> SavedModel:
     return saved
 
 
-@router.get("/{name}/", response={200: ModelOut, 404: ErrorOut, **REFUSED}, url_name="api-model",
-            summary="Get a saved model")
-def get_model(request, name: str):
-    """The model, as the list gives it. 404 for no model of that name (one renamed says its new
-    name: no redirect, so a client sees that its name is out of date)."""
-    return described([_named(name)])[0]
-
-
 def _text(body: dict, key: str) -> str:
     value = body.get(key)
     if not isinstance(value, str):
@@ -217,6 +209,14 @@ def save_model(request):
     except services.SaveError as err:
         raise ApiError(400, str(err), errors=[{"key": err.key, "message": str(err)}]) from None
     return Status(201, model_json(saved, [], [], []))
+
+
+@router.get("/{name}/", response={200: ModelOut, 404: ErrorOut, **REFUSED}, url_name="api-model",
+            summary="Get a saved model")
+def get_model(request, name: str):
+    """The model, as the list gives it. 404 for no model of that name (one renamed says its new
+    name: no redirect, so a client sees that its name is out of date)."""
+    return described([_named(name)])[0]
 
 
 @router.patch(
