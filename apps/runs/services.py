@@ -8,7 +8,7 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from apps.alerts import services as alerts
-from apps.saved_models.directories import lock_named, missing, strings
+from apps.saved_models.directories import lock_named, not_resumable
 from apps.tasksets.models import Taskset
 from apps.tasksets.services import TASKSET_KEYS, missing_taskset
 from rftweb.celery import enqueue, withdraw
@@ -230,10 +230,9 @@ def resume_run(run: Run) -> Run:
         if gone:  # it would queue, then fail at its first step
             raise InvalidTransition(f"run {locked.pk} cannot be resumed: " + "; ".join(
                 f"{issue.key}: {issue.message} (renamed or deleted since it launched?)" for issue in gone))
-        moved = list(dict.fromkeys(problem for path in strings(locked.config) if (problem := missing(path))))
-        if moved:  # a saved model renamed or deleted since: it would fail the same way at start
-            raise InvalidTransition(f"run {locked.pk} cannot be resumed: {'; '.join(moved)} (rename the model back, "
-                                    "or Launch again naming it)")
+        moved = not_resumable(locked.config)
+        if moved:  # it would queue, then fail at start on a directory that is not there
+            raise InvalidTransition(f"run {locked.pk} cannot be resumed: " + "; ".join(moved))
         busy = workers_holding(locked)
         if busy:
             duty, worker = next(iter(busy.items()))

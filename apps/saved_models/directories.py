@@ -68,3 +68,18 @@ def moved_to(path: str) -> SavedModel | None:
     if name is None or (models_root() / name).is_dir():
         return None
     return renamed_from(name)
+
+
+def not_resumable(config: dict) -> list[str]:
+    """Why a stopped or failed run with this (stored) config cannot be resumed as it is: a saved
+    model it loads renamed or deleted since it launched (it would fail again at start), each said
+    once, with what mends it."""
+    said = []
+    for path in dict.fromkeys(strings(config)):
+        if (name := saved_name(path)) is None or (models_root() / name).is_dir():
+            continue
+        renamed = renamed_from(name)
+        said.append(f"models/{name} was renamed to {renamed.name} since it launched: rename it back to {name} to "
+                    f"resume this run, or Launch again (the form names it models/{renamed.name})" if renamed else
+                    f"no model directory at models/{name} (deleted since it launched?)")
+    return said

@@ -228,7 +228,8 @@ def get_model(request, name: str):
 def rename_model(request, name: str):
     """200 with the model under its new name (and directory, models/<new name>). 403 for anyone but
     who saved it or a curator; 400 names a bad or taken name; 409 while a run that may still load
-    it names its directory (queued, training, or stopped or failed: a resume loads it again)."""
+    it names its directory (queued, training, or stopped or failed: a resume loads it again), or
+    when another rename or a deletion came first (renamed meanwhile to ...)."""
     saved = _named(name)
     naming.check_may_change(request.user, saved, "rename")  # a 403 before anything the body holds
     body = json_body(request)

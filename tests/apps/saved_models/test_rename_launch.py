@@ -122,10 +122,16 @@ def test_a_run_naming_a_former_directory_is_not_resumed_and_renaming_back_mends_
     # Left so by the race before the launch took the lock (or by a run the worker failed on).
     stale = make_run("race0", status=Run.Status.FAILED, config={
         **CONFIG, "model": {"path": str(services.models_root() / "hot")}})
-    refusal = rf"run {stale.pk} cannot be resumed: models/hot was renamed to hot2: name models/hot2 \(rename the model"
+    refusal = (rf"^run {stale.pk} cannot be resumed: models/hot was renamed to hot2 since it launched: rename it back "
+               r"to hot to resume this run, or Launch again \(the form names it models/hot2\)$")
     with pytest.raises(run_services.InvalidTransition, match=refusal):
         run_services.resume_run(stale)
     assert Run.objects.get(pk=stale.pk).status == Run.Status.FAILED
+    removed = make_run("by hand", status=Run.Status.STOPPED, config={
+        **CONFIG, "model": {"path": str(services.models_root() / "gone")}})
+    with pytest.raises(run_services.InvalidTransition, match=rf"^run {removed.pk} cannot be resumed: no model "
+                                                             r"directory at models/gone \(deleted since it launched"):
+        run_services.resume_run(removed)
     # Its deletion is refused naming the directory the run names, not the model's name now.
     with pytest.raises(services.SaveError, match=rf"run race0 \(#{stale.pk}, failed\) names models/hot and"):
         services.delete_model(SavedModel.objects.get(), researcher)
