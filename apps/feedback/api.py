@@ -23,6 +23,7 @@ from apps.core.numbers import whole_number, whole_numbers
 from apps.runs.models import Run
 
 from . import history, queue, views
+from .page_queue import PageQueue
 from .queue_filter import FIELDS as FILTER_FIELDS
 from .queue_filter import QueueFilter
 from .services import FeedbackError, NeedsConfirmation, NotAnnotator
@@ -120,26 +121,23 @@ def next_item(request):
     (`exclude`: comma-separated ids), of those the filter keeps (`_queue_filter`); null when the
     queue has nothing more (the page then shows the queue's empty page, which says why). With it,
     the filter applied and how many items are left ("37 of 412 left match").
-    A query naming the `run` is the whole queue (run, `strategy`, filter): the item page's own, so
-    that a tab goes on with its queue while another tab starts another (views.queue_query)."""
-    own = "run" in request.GET
-    if own:
-        run_id = whole_number(request.GET["run"])
-        if run_id is None:
-            return _error(f"run must be a run id, not {request.GET['run'][:50]!r}", 400)
-        run = Run.objects.filter(pk=run_id).first()
-    else:
-        run = _run(request)
+    A query naming the `run` is the whole queue (run, `strategy`, filter: page_queue.py, the rules
+    the item page and its forms read it by): the item page's own, so that a tab goes on with its
+    queue while another tab starts another; a bad one is refused."""
+    try:
+        own = PageQueue.from_query(request.GET)
+    except FeedbackError as exc:
+        return _error(str(exc), 400)
+    run = Run.objects.filter(pk=own.run_id).first() if own else _run(request)
     if run is None:
         return _error("no run chosen: choose one on the annotation page", 400)
     ids = [pk for pk in request.GET.get("exclude", "").split(",") if pk.strip()]
     exclude = whole_numbers(ids)
     if len(exclude) != len(ids):  # 10^22 was a 500 on SQLite (an integer too large for it)
         return _error("exclude must be experience ids separated by commas", 400)
-    strategy = (request.GET.get("strategy") if own else None) or request.session.get(views.SESSION_STRATEGY,
-                                                                                    queue.NEWEST)
+    strategy = own.strategy if own else request.session.get(views.SESSION_STRATEGY, queue.NEWEST)
     try:
-        queue_filter = QueueFilter.from_query(request.GET) if own else _queue_filter(request)
+        queue_filter = own.queue_filter if own else _queue_filter(request)
         experience = queue.next_item(run, request.user, strategy, exclude=exclude, queue_filter=queue_filter)
     except NotAnnotator as exc:
         return _error(str(exc), 403)

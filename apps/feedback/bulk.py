@@ -120,6 +120,13 @@ def flag_all(run, user, queue_filter: QueueFilter, reason: str, *, confirmed_cou
     return flagged
 
 
+def flagged_already(run, user, item_ids: list[int]) -> bool:
+    """Whether every item named carries `user`'s flag already (a confirmed flag sent twice)."""
+    wanted = set(item_ids)
+    mine = Feedback.objects.filter(experience__run=run, experience_id__in=wanted, user=user, kind=Feedback.Kind.FLAG)
+    return bool(wanted) and set(mine.values_list("experience_id", flat=True)) == wanted
+
+
 def undo_all(feedback_ids: list[int], user) -> int:
     """Undo the flags of one bulk action, each as its one-item undo does; the items undo would
     lock for the person again (to judge once more) are let go, for the annotators."""

@@ -4,7 +4,7 @@ import itertools
 import json
 from collections import defaultdict
 
-from django.db.models import Avg, Count, FloatField, Q
+from django.db.models import Avg, Count, Exists, FloatField, OuterRef, Q
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast
 
@@ -12,6 +12,7 @@ from apps.buffer.models import Experience
 from apps.buffer.store import judged_pairs, trained_ratings
 
 from .models import Feedback
+from .queue import QUEUED_SOURCES
 from .services import HUMAN_REWARD, feedback_settings
 
 
@@ -184,6 +185,35 @@ def export_jsonl(run):
         yield json.dumps(record) + "\n"
 
 
+# What flags an experience of a run, by the trace each leaves: a flag judgement (the item page's
+# one-item flag; the bulk flag, page and API, flags each item through the same service in its
+# owner's or curator's name), a buffer operator that dropped it in a curation job (its status
+# "rejected", `rejected_by` in its metadata: apps/buffer/curation.py), and the admin (a curator
+# set its status to rejected: apps/buffer/services.set_status, which leaves no other trace).
+FLAGGED_BY = ("judgement", "pipeline", "admin")
+
+
+def flagged(run) -> dict:
+    """How many of the run's rollouts are flagged, each once whatever flagged it, and by what
+    (FLAGGED_BY; one flagged by a judgement and a pipeline counts under both). A flag judgement
+    keeps its row out of training unless the run's `feedback.exclude_flagged` is off; the others
+    reject it. Counted among what the queue hands out (QUEUED_SOURCES): human edits are the
+    annotators' own rows (human_edits)."""
+    judged = Exists(Feedback.objects.filter(experience_id=OuterRef("pk"), kind=Feedback.Kind.FLAG))
+    rejected, by_operator = Q(status=Experience.Status.REJECTED), Q(metadata__has_key="rejected_by")
+    counts = (
+        Experience.objects.filter(run=run, source__in=QUEUED_SOURCES)
+        .alias(judged=judged)
+        .aggregate(
+            total=Count("pk", filter=Q(judged=True) | rejected),
+            judgement=Count("pk", filter=Q(judged=True)),
+            pipeline=Count("pk", filter=rejected & by_operator),
+            admin=Count("pk", filter=rejected & ~by_operator & Q(judged=False)),
+        )
+    )
+    return {"flagged_experiences": counts.pop("total"), "flagged_by": {name: counts[name] for name in FLAGGED_BY}}
+
+
 def summary(run) -> dict:
     """What the run page shows of human feedback: judgements by kind; what reaches training (rated,
     flagged, edits, DPO pairs) as the trainer takes it, through the trainer's own queries
@@ -214,7 +244,7 @@ def summary(run) -> dict:
         "judgements": counts,
         "rated_experiences": total,
         "rated_flagged": rows.filter(reward_components__has_key=HUMAN_REWARD).count() - total,
-        "flagged_experiences": feedback.filter(kind=Feedback.Kind.FLAG).values("experience").distinct().count(),
+        **flagged(run),
         "human_edits": edits.count(),
         "dpo_pairs": pairs,
         # Without exclude_flagged a flag is only recorded: every pair trains, none is set apart.

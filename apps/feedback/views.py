@@ -1,6 +1,5 @@
 """The annotation queue's pages: pick a run and a strategy, then judge one item after another."""
 import time
-from urllib.parse import urlencode
 
 from django.contrib import messages
 from django.http import JsonResponse
@@ -21,6 +20,7 @@ from rftweb.errors import form_checks_nul
 from . import edit_rows, queue, review, services, stats
 from .history import describe
 from .models import RunAnnotators
+from .page_queue import PageQueue
 from .queue_filter import FIELDS as FILTER_FIELDS
 from .queue_filter import MAX_TEXT_CHARS as MAX_FILTER_TEXT_CHARS
 from .queue_filter import NO_FILTER, FilterError, QueueFilter
@@ -41,15 +41,36 @@ def session_filter(request) -> QueueFilter:
         return NO_FILTER
 
 
-def queue_query(run_id, strategy: str, queue_filter: QueueFilter) -> str:
-    """A queue as a query string: the start page's link to it, and the item page's own queue,
-    which its next items come from (api.next_item), whatever another tab starts meanwhile."""
-    return urlencode({"run": run_id, "strategy": strategy, **queue_filter.as_query()})
+def session_queue(request) -> PageQueue | None:
+    """The queue the session started last (start): another tab's, perhaps. None before any."""
+    run_id = request.session.get(SESSION_RUN)
+    if run_id is None:
+        return None
+    return PageQueue(run_id, request.session.get(SESSION_STRATEGY, queue.NEWEST), session_filter(request))
+
+
+def own_queue(request, run_id=None) -> PageQueue | None:
+    """The queue the request's address names (page_queue.py: an item page's, the forms it posts,
+    the next item they lead to), so a tab goes on with its queue whatever another tab starts;
+    None for the session's: none named, another run's than `run_id`, or a bad one (said)."""
+    try:
+        named = PageQueue.from_query(request.GET)
+    except FilterError as exc:
+        messages.error(request, f"Filter not applied: {exc}.")
+        return None
+    if named is None or (run_id is not None and named.run_id != run_id):
+        return None
+    return named
+
+
+def with_queue(url: str, chosen: PageQueue | None) -> str:
+    """`url` naming the queue `chosen` (None: the session's, named by nothing)."""
+    return f"{url}?{chosen.as_query()}" if chosen is not None else url
 
 
 def queue_link(run_id, strategy: str, queue_filter: QueueFilter) -> str:
     """The start page's URL that starts this queue: what a person shares to hand theirs on."""
-    return f"{reverse('annotate-start')}?{queue_query(run_id, strategy, queue_filter)}"
+    return with_queue(reverse("annotate-start"), PageQueue(run_id, strategy, queue_filter))
 
 
 def filter_context(request, run_id, strategy: str | None = None, queue_filter: QueueFilter | None = None) -> dict:
@@ -60,7 +81,7 @@ def filter_context(request, run_id, strategy: str | None = None, queue_filter: Q
     return {
         "queue_filter": queue_filter.describe(), "share_link": queue_link(run_id, strategy, queue_filter),
         "clear_link": queue_link(run_id, strategy, NO_FILTER),
-        "queue_query": queue_query(run_id, strategy, queue_filter),
+        "queue_query": PageQueue(run_id, strategy, queue_filter).as_query(),
     }
 
 
@@ -87,7 +108,7 @@ def start(request):
             else:
                 request.session[SESSION_RUN], request.session[SESSION_STRATEGY] = run.pk, strategy
                 request.session[SESSION_FILTER] = chosen_filter.as_query()
-                return redirect("annotate-next")
+                return redirect(with_queue(reverse("annotate-next"), session_queue(request)))
     runs = services.annotatable_runs(Run.objects.filter(experiences__isnull=False), request.user)
     choices = []  # (run, items left to the user, how many that reads as)
     for run in runs.distinct().order_by("-created_at")[:RUN_CHOICES]:
@@ -106,14 +127,17 @@ def start(request):
 
 @role_required(ANNOTATOR)
 def next_item(request):
-    run = Run.objects.filter(pk=request.session.get(SESSION_RUN)).first()
+    """The next item of the queue the address names (a tab's own, kept by its forms), else of the
+    session's; its page's address names that queue, so that tab goes on with it."""
+    chosen = own_queue(request) or session_queue(request)
+    run = Run.objects.filter(pk=chosen.run_id).first() if chosen is not None else None
     if run is None:
+        if chosen is not None:  # deleted since, or never was
+            messages.error(request, f"There is no run {chosen.run_id}: choose one.")
         return redirect("annotate-start")
-    queue_filter = session_filter(request)
+    queue_filter = chosen.queue_filter
     try:
-        item = queue.next_item(
-            run, request.user, request.session.get(SESSION_STRATEGY, queue.NEWEST), queue_filter=queue_filter
-        )
+        item = queue.next_item(run, request.user, chosen.strategy, queue_filter=queue_filter)
     except FeedbackError as exc:
         messages.error(request, str(exc))
         return redirect("annotate-start")
@@ -125,21 +149,17 @@ def next_item(request):
         return render(request, "feedback/empty.html", {
             "run": run, "reasons": queue.why_empty(run, request.user),
             "left_unfiltered": queue.items_left_label(unfiltered) if unfiltered else None,
-            **filter_context(request, run.pk),
+            **filter_context(request, run.pk, chosen.strategy, queue_filter),
         })
-    return redirect("annotate-experience", pk=item.pk)
+    return redirect(with_queue(reverse("annotate-experience", args=[item.pk]), chosen))
 
 
-def page_queue(request, item) -> tuple[str | None, QueueFilter | None]:
-    """The queue the item page's address names (run, strategy, filter: annotate.js keeps it there
-    as items change in place), so a reloaded tab goes on with its own queue; (None, None) for the
-    session's: no queue named, or another run's. A bad strategy or filter raises FilterError."""
-    if item.run_id is None or whole_number(request.GET.get("run", "")) != item.run_id:
-        return None, None
-    strategy = request.GET.get("strategy") or queue.NEWEST
-    if strategy not in queue.STRATEGIES:
-        raise FilterError(f"strategy must be one of {', '.join(queue.STRATEGIES)}, not {strategy[:40]!r}")
-    return strategy, QueueFilter.from_query(request.GET)
+def page_queue(request, item) -> dict:
+    """The item's page's queue as item_context takes it: the one its address names (annotate.js
+    keeps it there as items change in place; the forms post it), so a reloaded tab, or one
+    without JavaScript, goes on with its own queue; {} for the session's."""
+    chosen = own_queue(request, item.run_id) if item.run_id else None
+    return {"strategy": chosen.strategy, "queue_filter": chosen.queue_filter} if chosen else {}
 
 
 def _refused(request, exc: NotAnnotator):
@@ -162,12 +182,7 @@ def experience(request, pk):
         request.session[SESSION_RUN] = item.run_id  # after this item the queue goes on with its run
         if error is None:
             edit_rows.prepare_edits(item.run)
-    try:
-        strategy, queue_filter = page_queue(request, item)
-    except FilterError as exc:  # the session's queue instead, saying why
-        messages.error(request, f"Filter not applied: {exc}.")
-        strategy, queue_filter = None, None
-    return _item_page(request, item, error=error, strategy=strategy, queue_filter=queue_filter)
+    return _item_page(request, item, error=error, **page_queue(request, item))
 
 
 def _item_page(request, item, *, error=None, confirm=None, status=200, strategy=None, queue_filter=None):
@@ -265,12 +280,18 @@ def judge(request, pk, action):
     except NotAnnotator as exc:
         return _refused(request, exc)
     except NeedsConfirmation as exc:  # asked once: the form comes back with the question and `confirm` set
-        return _item_page(request, item, confirm=str(exc), error=str(exc), status=400)
+        return _item_page(request, item, confirm=str(exc), error=str(exc), status=400, **page_queue(request, item))
     except FeedbackError as exc:
         item.refresh_from_db()
-        return _item_page(request, item, error=str(exc), status=400)
+        return _item_page(request, item, error=str(exc), status=400, **page_queue(request, item))
     messages.success(request, saved_message(action, item.pk, feedback.replaced))
-    return redirect("annotate-next")
+    return _next_of_page(request, item)
+
+
+def _next_of_page(request, item):
+    """Without JavaScript a form posts to its page's queue (in the form's address): the next item
+    is that queue's, not the session's, which another tab may have changed since."""
+    return redirect(with_queue(reverse("annotate-next"), own_queue(request, item.run_id) if item.run_id else None))
 
 
 def saved_message(action: str, pk: int, replaced: str | None) -> str:
@@ -287,7 +308,7 @@ def set_aside(request, pk, postpone):
         queue.set_aside(item.pk, request.user, postpone=postpone)
     except NotAnnotator as exc:
         return _refused(request, exc)
-    return redirect("annotate-next")
+    return _next_of_page(request, item)
 
 
 @role_required(RESEARCHER, REVIEWER)

@@ -218,7 +218,9 @@ class MetricPointAdmin(CheckedSelectionMixin, admin.ModelAdmin):
 @admin.register(Checkpoint)
 class CheckpointAdmin(CheckedSelectionMixin, admin.ModelAdmin):
     """Checkpoints are the trainer's record of what it saved: a worker resumes from `path` and
-    researchers download it, so nothing here changes them (deleting one is allowed)."""
+    researchers download it, so nothing here changes them. Deleting one (apps/runs/deletion.py)
+    is for ended runs only; its page says where each run would then resume from, and the
+    checkpoint's directory goes with it."""
 
     list_display = ("run", "version", "step", "path", "created_at")
     list_filter = ("run",)
@@ -227,6 +229,25 @@ class CheckpointAdmin(CheckedSelectionMixin, admin.ModelAdmin):
 
     def has_add_permission(self, request):
         return False
+
+    def delete_view(self, request, object_id, extra_context=None):
+        """A checkpoint of a run that has not ended: back to its page, saying why."""
+        checkpoint = self.get_object(request, unquote(object_id))
+        if checkpoint is not None and (reasons := deletion.checkpoint_refusals([checkpoint])):
+            self.message_user(request, "Not deleted: " + sentence(reasons), messages.ERROR)
+            return HttpResponseRedirect(reverse("admin:runs_checkpoint_change", args=[checkpoint.pk]))
+        return super().delete_view(request, object_id, extra_context)
+
+    def get_deleted_objects(self, objs, request):
+        checkpoints = list(objs)
+        counts = {"checkpoints": f"{len(checkpoints):,}"}
+        return deletion.checkpoint_summary(checkpoints), counts, set(), deletion.checkpoint_refusals(checkpoints)
+
+    def delete_queryset(self, request, queryset):
+        deletion.delete_checkpoints(queryset.select_related("run"))
+
+    def delete_model(self, request, obj):
+        deletion.delete_checkpoints([obj])
 
 
 @admin.register(Sweep)

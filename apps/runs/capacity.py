@@ -246,8 +246,25 @@ def worker_stopping(name: str) -> None:
 # ---- a curator drains a worker ------------------------------------------------------------------
 
 
+SHOWN_NAME = 100  # a worker's name is quoted back this far in a refusal: a URL may carry a whole paste
+
+
+def shown_name(name: str) -> str:
+    """`name` as a message quotes it: repr, cut at SHOWN_NAME characters."""
+    return repr(name[:SHOWN_NAME]) + ("…" if len(name) > SHOWN_NAME else "")
+
+
 class DrainRefused(Exception):
-    """Not drained or undrained, changing nothing; the message says why."""
+    """Not drained or undrained, changing nothing; the message says why (the API answers each kind
+    with its own status: api/workers.py)."""
+
+
+class NoSuchWorker(DrainRefused):
+    """No worker of that name ever registered."""
+
+
+class NoAnswer(DrainRefused):
+    """The worker did not answer the broker's command in time (stopping, or the broker is down)."""
 
 
 def draining(node: str | None) -> bool:
@@ -262,16 +279,19 @@ def set_drain(name: str, by: str, drain: bool) -> Worker:
     consuming its queues, as Flower's "cancel consumer", so their tasks wait in the broker for the
     other workers) or undrain it (it consumes them again). Marked first, so that a task it had
     taken as the drain came goes back (draining); put back when the worker does not answer.
-    DrainRefused embedded, for a worker not live, or one that does not answer."""
+    DrainRefused embedded, or for a worker not live; NoSuchWorker for a name no worker registered;
+    NoAnswer for one that does not answer."""
     from rftweb.celery import set_consuming
 
     if settings.RFTWEB_EMBEDDED:
         raise DrainRefused("the embedded server serves every duty on threads of its own: there is no worker to "
                            "drain (docs/scale.md: Celery workers)")
     worker = Worker.objects.filter(name=name).first()
+    if worker is None:
+        raise NoSuchWorker(f"worker {shown_name(name)} is not live: no worker of that name has registered")
     live = next((w for w in overview()["workers"] if w.name == name and w.slots is not None), None)
-    if worker is None or live is None:
-        raise DrainRefused(f"worker {name!r} is not live: it takes no duty already")
+    if live is None:
+        raise DrainRefused(f"worker {shown_name(name)} is not live: it takes no duty already")
     if bool(worker.drain) == drain:
         return worker  # already so: a second click, or another curator's
     before = worker.drain
@@ -281,8 +301,8 @@ def set_drain(name: str, by: str, drain: bool) -> Worker:
         set_consuming(name, worker.queues, consume=not before)  # whatever it did answer for, back
         worker.drain = before
         worker.save(update_fields=["drain"])
-        raise DrainRefused(f"worker {name!r} did not answer (stopping, or the broker is down): nothing changed; "
-                           "try again")
+        raise NoAnswer(f"worker {shown_name(name)} did not answer (stopping, or the broker is down): nothing changed; "
+                       "try again")
     log.info("worker %s %s by %s", name, "drained" if drain else "undrained", by)
     return worker
 

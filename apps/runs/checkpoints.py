@@ -1,4 +1,5 @@
-"""Checkpoint downloads: a checkpoint directory streamed as an uncompressed tar.
+"""A run's checkpoints: where their directories may lie, the one a resumed run goes on from, and
+downloads (a checkpoint directory streamed as an uncompressed tar).
 
 Weights barely compress, so the tar is not gzipped: that keeps the CPU free and lets the response
 announce its exact length (browsers show progress). Files are read in chunks, never whole, and
@@ -17,6 +18,12 @@ from django.http import Http404
 
 CHUNK_BYTES = 1 << 20
 BLOCK = tarfile.BLOCKSIZE
+
+
+def run_dir(run) -> Path:
+    """The run's work dir (weights versions, checkpoints). Named by id *and* creation time: ids are
+    reused after a database reset, and a new run must never resume from an old run's files."""
+    return settings.DATA_DIR / "runs" / f"{run.pk}-{run.created_at:%Y%m%dT%H%M%S%f}"
 
 
 def checkpoint_dir(path: str) -> Path:
@@ -45,6 +52,25 @@ def run_checkpoint_dir(checkpoint, run_directory: Path) -> Path:
         raise PermissionDenied(f"checkpoint v{checkpoint.version} of run {checkpoint.run_id} lies outside that run's "
                                "own directory")
     return directory
+
+
+def resume_point(run, without=()):
+    """The checkpoint a resumed run's trainer goes on from: its newest one by step, leaving out
+    the checkpoints `without` (those a curator is about to delete: deletion.checkpoint_summary);
+    None: it starts again from step 0."""
+    return run.checkpoints.exclude(pk__in=[c.pk for c in without]).order_by("-step").first()
+
+
+def forget_versions_after(run, version: int) -> None:
+    """Drop the weight versions past `version` that the run's earlier life published (checkpoint
+    sync: <run dir>/versions/v<n>), before a resume queues its duties: its trainer publishes them
+    again as it replays. The trainer drops them too (Checkpointing.resume, start_over), but only
+    once its model has loaded, and an explorer that started first could roll out on the old ones."""
+    from workers.rft.synchronizer import Synchronizer  # the engine's module, with torch: only when resuming
+
+    directory = run_dir(run) / "versions"
+    if directory.is_dir():
+        Synchronizer("checkpoint", directory=directory).discard_after(version)
 
 
 def _members(root: Path, arcroot: str) -> Iterator[tuple[Path, tarfile.TarInfo]]:

@@ -1,23 +1,29 @@
-"""Deleting runs (the admin's Delete): only ended runs that no other run still reads, their rows in
-SQL chunks, and their directories with them.
+"""Deleting runs and checkpoints (the admin's Delete): only those of ended runs (a running trainer
+may resume from any checkpoint of its run at a hand-over), runs that no other run still reads, their
+rows in SQL chunks, and their directories with them.
 
 Django's own delete let a curator delete a running run: its worker failed on its next write
 (IntegrityError, then Run.DoesNotExist), and the embedded server waited 60 s at shutdown for a
 run that no longer trained. It also loaded every experience of the run first (8.5 s for the
 confirmation page of 11,624, 17.5 s for the delete, on SQLite) and left the run's 79 MB of
-checkpoints on disk."""
+checkpoints on disk. Deleting a checkpoint said nothing of what it meant: a researcher's Resume
+then started the run over from step 0, its page still saying "explorer 25 · model v5"."""
 import logging
 import shutil
 
+from django.core.exceptions import PermissionDenied
 from django.db import transaction
 from django.db.models import Count, Q
+from django.http import Http404
 
 from apps.buffer.models import Experience
 from apps.buffer.services import delete_experiences
 from apps.feedback.models import Feedback
 
-from .models import Run
-from .supervision import run_dir
+from . import services
+from .checkpoints import resume_point, run_checkpoint_dir, run_dir
+from .live import checkpoints_update
+from .models import Checkpoint, Run
 
 logger = logging.getLogger(__name__)
 
@@ -71,4 +77,77 @@ def _remove(directory) -> None:
     except FileNotFoundError:
         pass
     except OSError as exc:  # the rows are gone; the files are the server's to clean up
-        logger.error("the directory of a deleted run was not removed: %s (%r)", directory, exc)
+        logger.error("the directory of a deleted run or checkpoint was not removed: %s (%r)", directory, exc)
+
+
+# -- checkpoints --
+
+def checkpoint_refusals(checkpoints) -> list[str]:
+    """Why `checkpoints` may not be deleted: a run that has not ended may be using one (its trainer
+    goes on from its newest at a hand-over or a restart, a paused one holds its step)."""
+    runs = {checkpoint.run_id: checkpoint.run for checkpoint in checkpoints}
+    return [f"run {run.pk} '{run.name}' is {run.status}: its trainer may go on from its checkpoints at any "
+            "moment (a hand-over, a restart); stop it first" for run in runs.values() if run.status not in Run.FINISHED]
+
+
+def _named(checkpoint) -> str:
+    return f"v{checkpoint.version} (step {checkpoint.step})" if checkpoint else "the start (step 0)"
+
+
+def checkpoint_summary(checkpoints) -> list[str]:
+    """For the confirmation page: per run, the checkpoint Resume would go on from once these are
+    gone (resume_point), then each checkpoint with its directory."""
+    checkpoints = list(checkpoints)
+    by_run = {}
+    for checkpoint in checkpoints:
+        by_run.setdefault(checkpoint.run_id, (checkpoint.run, []))[1].append(checkpoint)
+    lines = []
+    for run, doomed in by_run.values():
+        newest, then = resume_point(run), resume_point(run, without=doomed)
+        who = f"Run {run.pk} '{run.name}' ({run.status})"
+        if run.status == Run.Status.COMPLETED or run.buffer_retired_at is not None:  # never resumed
+            why = ("is not resumed again" if run.status == Run.Status.COMPLETED
+                   else "cannot be resumed (its buffer was retired)")
+            if then == newest:
+                lines.append(f"{who} {why}; its newest checkpoint (its trained model) {_named(newest)} stays")
+            elif then:
+                lines.append(f"{who} {why}; its newest checkpoint (its trained model) becomes {_named(then)}, not "
+                             f"{_named(newest)}")
+            else:
+                lines.append(f"{who} {why}; no checkpoint of it is left: {_named(newest)}, its trained model, goes too")
+        elif then == newest:
+            lines.append(f"{who} still resumes from {_named(newest)}")
+        else:
+            lines.append(f"{who} would resume from {_named(then)}, not {_named(newest)}: its counters, charts "
+                         "and trainer steps after it go back there")
+    for checkpoint in checkpoints:
+        directory, why = _directory(checkpoint)
+        files = f"its directory {directory} is deleted with it" if directory else f"its directory {why}"
+        lines.append(f"Checkpoint {_named(checkpoint)} of run {checkpoint.run_id}: {files}")
+    return lines
+
+
+def _directory(checkpoint):
+    """(the checkpoint's directory to delete, None) or (None, why none is)."""
+    try:
+        return run_checkpoint_dir(checkpoint, run_dir(checkpoint.run)), ""
+    except Http404:
+        return None, f"{checkpoint.path} is gone already"
+    except PermissionDenied as exc:  # the path is a row, not a place any file may be deleted from
+        return None, f"{checkpoint.path} stays: {exc}"
+
+
+def delete_checkpoints(checkpoints) -> int:
+    """Delete checkpoints of ended runs, all or none (ValueError naming the refusals), then their
+    directories, as a run's deletion takes its own (only one inside its run's checkpoints:
+    _directory)."""
+    checkpoints = list(checkpoints)
+    if reasons := checkpoint_refusals(checkpoints):
+        raise ValueError("; ".join(reasons))
+    directories = [directory for directory, _ in map(_directory, checkpoints) if directory]
+    with transaction.atomic():
+        Checkpoint.objects.filter(pk__in=[checkpoint.pk for checkpoint in checkpoints]).delete()
+        for run_id in {checkpoint.run_id for checkpoint in checkpoints}:
+            services.broadcast(run_id, checkpoints_update(run_id))  # the run page's table
+        transaction.on_commit(lambda: [_remove(directory) for directory in directories])
+    return len(checkpoints)

@@ -85,9 +85,10 @@ TRAIN_REWARD = [(f"{role}/{key}", "Train reward") for role in ("explorer", "trai
 THROUGHPUT = [("trainer/tokens_per_s", "Throughput"), ("explorer/tokens_per_s", "Throughput")]
 
 
-def overview_charts() -> list[list[str]]:
-    """The chart groups the pages show first (static/js/charts.js adds loss, KL, entropy, length)."""
-    return [[chart for chart, _ in candidates] for candidates in (HELD_OUT, TRAIN_REWARD)]
+def overview_charts(*, bench: bool = False) -> list[list[str]]:
+    """The chart groups the pages show first (static/js/charts.js adds loss, KL, entropy, length);
+    a bench run's its score alone (it trains nothing)."""
+    return [[chart for chart, _ in candidates] for candidates in ((HELD_OUT,) if bench else (HELD_OUT, TRAIN_REWARD))]
 
 
 def key_figures(run: Run) -> list[dict]:
@@ -95,7 +96,10 @@ def key_figures(run: Run) -> list[dict]:
     reports, with that candidate's label. The page fills in values and sparklines from the live
     snapshot (static/js/run_page.js); "step" is the run's own counter, not a chart."""
     eval_interval = (run.config.get("explorer") or {}).get("eval_interval") or 0
-    has_eval = eval_interval or run.mode == Run.Mode.BENCH or run.metrics.filter(role="eval").exists()
+    if run.mode == Run.Mode.BENCH:  # an evaluation: its score and whether it is done (no training figures)
+        return [{"id": "heldout", "candidates": HELD_OUT, "format": "fraction",
+                 "pending": "scored once every eval task is answered"}, {"id": "step"}]
+    has_eval = eval_interval or run.metrics.filter(role="eval").exists()
     figures = [
         {
             "id": "heldout",

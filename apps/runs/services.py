@@ -16,6 +16,7 @@ from workers.rft.config import ConfigError, ConfigIssue, RunConfig, model_paths
 from workers.rft.config_rules import data_issues
 
 from . import summaries
+from .checkpoints import forget_versions_after, resume_point
 from .config_checks import expert_dataset_issue, model_issues, source_run_issues
 from .config_fit import fit_issues
 from .duties import HANDED_OVER, NODE_DUTY, duties_of_run, holder, queue_of, workers_holding
@@ -240,7 +241,7 @@ def resume_run(run: Run) -> Run:
                 f"run {locked.pk} cannot be resumed yet: worker {worker} still holds its {duty} duty "
                 "and lets go within a step; try again in a moment"
             )
-        checkpoint = locked.checkpoints.order_by("-step").first()
+        checkpoint = resume_point(locked)  # what its trainer will go on from (run_engine)
         locked.resumes = [*locked.resumes, {
             "at": timezone.now().isoformat(),
             "after": locked.status,
@@ -250,6 +251,7 @@ def resume_run(run: Run) -> Run:
         locked.heartbeats = {}  # the workers that served it are gone; whoever starts it now holds it
         locked.save(update_fields=["resumes", "heartbeats", "updated_at"])
         set_status(locked, Status.QUEUED, error="")
+        forget_versions_after(locked, checkpoint.version if checkpoint else 0)  # no worker holds it (busy above)
         transaction.on_commit(lambda: enqueue("workers.tasks.start_run", locked.pk))
     run.refresh_from_db()
     return run
@@ -281,7 +283,7 @@ def describe_resume(run: Run, was: str) -> str:
         return f"run {run.pk} carries on where it was paused"
     checkpoint = run.resumes[-1]["checkpoint"]
     if checkpoint is None:
-        return (f"run {run.pk} has no checkpoint yet: it starts again from step 0 "
+        return (f"run {run.pk} has no checkpoint (none yet, or deleted): it starts again from step 0 "
                 "(the same run: replayed steps replace their metrics)")
     return f"run {run.pk} resumes from checkpoint v{checkpoint['version']} (trainer step {checkpoint['step']})"
 

@@ -42,23 +42,31 @@ class DjangoMetricSink:
         or a resume) and are replayed. The run's step and version go back to the checkpoint's, and
         the lost steps' trainer points go (no model of the run holds their updates; the replay
         records each step again); with `explorer_step` (a single loop: its explorer goes back too
-        and evaluates the replayed steps again), the eval points after it too. Explorer points
-        stay: those steps' rollouts are stored and replayed as they are. Kept, a run stopped at
+        and evaluates the replayed steps again), the run's explorer step goes back to it and the
+        eval points after it go too. Explorer points stay: those steps' rollouts are stored and
+        replayed as they are (`replayed` moves the explorer step on again). Kept, a run stopped at
         replayed step 70 said "stopped at trainer step 92, checkpoint v70", and its open page drew
-        the replayed points inside a line that ended at step 92 until the replay got past it."""
+        the replayed points inside a line that ended at step 92 until the replay got past it; one
+        whose checkpoints a curator had deleted said "explorer 25 · model v5" at trainer step 0."""
         lost = Q(role=MetricPoint.Role.TRAINER, step__gt=trainer_step)
+        back = {"trainer_step": trainer_step, "model_version": model_version}
         if explorer_step is not None:
             lost |= Q(role=MetricPoint.Role.EVAL, step__gt=explorer_step)
+            back["explorer_step"] = explorer_step
         with transaction.atomic():
             deleted = summaries.forget(self.run.metrics.filter(lost))  # and out of the run's summaries
-            ahead = Q(trainer_step__gt=trainer_step) | Q(model_version__gt=model_version)
+            ahead = Q()
+            for field, value in back.items():
+                ahead |= Q(**{f"{field}__gt": value})
             moved = Run.objects.filter(ahead, pk=self.run.pk).update(
-                trainer_step=Least("trainer_step", Value(trainer_step)),
-                model_version=Least("model_version", Value(model_version)),
-            )
+                **{field: Least(field, Value(value)) for field, value in back.items()})
             if deleted or moved:  # the open pages start again from the snapshot (live.js)
-                services.broadcast(self.run.pk, {"type": "rewind", "trainer_step": trainer_step,
-                                                 "model_version": model_version})
+                services.broadcast(self.run.pk, {"type": "rewind", **back})
+
+    def replayed(self, role: str, step: int) -> None:
+        """A step done again from what is stored (a single loop's explorer after a rewind): no
+        point, its own stays; the run's step moves on as it did the first time."""
+        services.set_progress(self.run, **{PROGRESS_OF_ROLE[role]: step})
 
 
 class DjangoCheckpointStore:

@@ -43,7 +43,6 @@ import os
 import socket
 import threading
 import time
-from pathlib import Path
 from uuid import uuid4
 
 from django.conf import settings
@@ -53,7 +52,7 @@ from django.utils import timezone
 from rftweb.celery import enqueue
 
 from . import capacity, duties, services, system, turns
-from .checkpoints import run_checkpoint_dir
+from .checkpoints import resume_point, run_checkpoint_dir, run_dir
 from .config_keys import stored_config
 from .duties import HANDED_OVER, NODE_DUTY, duties_of_run
 from .failures import MAX_CAUSE_CHARS, describe_failure, is_rank_failure, without_server_paths
@@ -72,12 +71,6 @@ DATABASE_LOST = (OperationalError, InterfaceError)
 
 def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def run_dir(run: Run) -> Path:
-    """The run's work dir (weights versions, checkpoints). Named by id *and* creation time: ids are
-    reused after a database reset, and a new run must never resume from an old run's files."""
-    return settings.DATA_DIR / "runs" / f"{run.pk}-{run.created_at:%Y%m%dT%H%M%S%f}"
 
 
 def set_explorers(run: Run, count: int) -> Run:
@@ -316,7 +309,7 @@ def run_engine(run: Run, duty: str, worker: str) -> str:
                                                                  ranks=ranks) as loop:
         resumed = None  # the checkpoint it goes on from, for the run page's duty line
         if loop.trainer is not None:
-            checkpoint = stores.checkpoints.latest()
+            checkpoint = resume_point(run)  # its newest left: a curator may have deleted newer ones
             if checkpoint is not None:
                 resumed = {"version": checkpoint.version, "step": checkpoint.step}
                 log.info("run %s (%s): resumed from checkpoint v%s (trainer step %s)",
@@ -324,8 +317,12 @@ def run_engine(run: Run, duty: str, worker: str) -> str:
                 # Only from the run's own directory: the path is a row a worker trusts, not a place
                 # any file may be loaded from.
                 loop.resume(run_checkpoint_dir(checkpoint, run_dir(run)))
-            elif run.trainer_step:
-                log.info("run %s (%s): resumed with no checkpoint yet: from step 0 (same run)", run.pk, duty)
+            else:
+                loop.start_over()
+                if run.trainer_step or run.model_version:  # a restart, not the run's first start
+                    resumed = {"version": 0, "step": 0}
+                    log.info("run %s (%s): resumed with no checkpoint (none yet, or deleted): from step 0 "
+                             "(same run)", run.pk, duty)
             # Steps after the checkpoint are replayed: give them back the rows the lost steps took,
             # and take the run's step and charts back to where this trainer is.
             stores.buffer.rewind(checkpoint.created_at if checkpoint else None)

@@ -24,7 +24,7 @@ from apps.core.bidi import isolate
 from apps.core.numbers import whole_number
 from apps.core.streaming import streaming
 from apps.saved_models.directories import moved_to, renamed_from
-from apps.saved_models.evaluation import evaluation
+from apps.saved_models.evaluation import bench_config, bench_results, evaluation
 from apps.saved_models.models import SavedModel
 from apps.saved_models.services import train_from
 from apps.tasksets.models import Task, Taskset
@@ -33,7 +33,7 @@ from workers.rft.config import ConfigError
 
 from . import duties, queries, services, supervision, sweeps, waits, worker_detail
 from .api import token_for, token_or_session, workers_json
-from .capacity import DrainRefused, set_drain
+from .capacity import DrainRefused, NoSuchWorker, set_drain, shown_name
 from .checkpoints import run_checkpoint_dir, tar_stream
 from .compression import gzip_json
 from .controls import control_run, control_statuses, may_control
@@ -203,13 +203,20 @@ def run_detail(request, pk):
     retired_job = run.buffer_retired_at and run.buffer_retirement.get("job")
     if run.buffer_retired_at:
         controls.pop("resume")  # refused for good: its buffer is gone (services.buffer_retired)
+    # A bench run is an evaluation: the page shows what it scored, not the training it never did.
+    bench = bench_results(run)
+    if bench:  # the metrics table's rows: each key any version recorded, its value a version ("—": none)
+        keys = dict.fromkeys(key for result in bench["results"] for key in result["metrics"])
+        bench["metric_rows"] = [(key, [f"{result['metrics'][key]:.4g}" if key in result["metrics"] else "—"
+                                       for result in bench["results"]]) for key in keys]
     return render(
         request,
         "runs/detail.html",
         {
             "run": run,
-            "config_yaml": dump_config_yaml(run.config),
-            "checkpoints": with_saved_models(run),
+            "config_yaml": dump_config_yaml(bench_config(run.config) if bench else run.config),
+            "bench": bench,
+            "checkpoints": [] if bench else with_saved_models(run),
             "checkpoint_schedule": queries.checkpoint_schedule(run),
             "skipped": queries.skipped_steps(run),
             "figures": figures,
@@ -238,10 +245,11 @@ def run_detail(request, pk):
                 "progress_counter": progress_counter,
                 "finished_statuses": Run.FINISHED,
                 "figures": figures,
-                "overview": queries.overview_charts(),
+                "overview": queries.overview_charts(bench=bool(bench)),
                 "duties": shown,
                 "duties_url": reverse("api-run-duties", args=[run.pk]),
                 "algorithm": run.config.get("algorithm", {}).get("name"),
+                "bench": bool(bench),
             },
         },
     )
@@ -360,7 +368,7 @@ def worker_page(request, name):
     and how each ended, and its log's tail; the page polls /api/workers/<name>/ for the same JSON."""
     shown = worker_detail.detail(name)
     if shown is None:
-        raise Http404(f"no worker named {name!r} was seen in the last day")
+        raise Http404(f"no worker named {shown_name(name)} was seen in the last day")
     return render(request, "runs/worker.html", {"worker_data": shown, "name": name,
                                                 "may_act": has_role(request.user, CURATOR)})
 
@@ -372,6 +380,9 @@ def worker_drain(request, name, drain):
     (capacity.set_drain), from its page."""
     try:
         set_drain(name, request.user.get_username(), drain)
+    except NoSuchWorker as err:  # its page is a 404, which shows no message: the list says it
+        messages.error(request, str(err))
+        return redirect("worker-list")
     except DrainRefused as err:
         messages.error(request, str(err))
     else:

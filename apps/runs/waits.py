@@ -111,7 +111,10 @@ def duty_states(run: Run, live: list[WorkerState] | None = None) -> list[DutySta
                                     f"its steps wait for Resume · on {node or beat['worker']}"))
         else:
             went_on = beat.get("from_checkpoint")  # a restart said so only on the worker's console (#42, 6)
-            since = f", from checkpoint v{went_on['version']} (trainer step {went_on['step']})" if went_on else ""
+            since = (f", from checkpoint v{went_on['version']} (trainer step {went_on['step']})" if went_on
+                     else "")
+            if went_on and not went_on["step"]:  # restarted with no checkpoint left: no "v0 (step 0)"
+                since = ", from the start (no checkpoint to go on from)"
             doing = _doing(beat, duties.heartbeat_age(run, duty))
             where = f"on {node or beat['worker']}{since}"
             states.append(DutyState(duty, queue, "running", node, beat["started"],

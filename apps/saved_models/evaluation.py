@@ -13,6 +13,7 @@ first figure picks it (apps.runs.queries.HELD_OUT). A finished bench run's is it
 checkpoint's step, where it evaluated then."""
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from django.db.models import Q
 
@@ -24,7 +25,8 @@ from apps.runs.summaries import numbers
 from workers.rft.config import RunConfig
 
 from .models import SavedModel
-from .services import CONTINUE_PRESET, model_dirs
+from .naming import renamed_from
+from .services import CONTINUE_PRESET, model_dirs, models_root
 
 # The first a run records is its score: HELD_OUT's order (accuracy, else the mean eval reward).
 SCORE_KEYS = (*ACCURACY_KEYS, *REWARD_KEYS)
@@ -194,3 +196,54 @@ def leaderboard(saved_models, found: dict[int, list[Score]], sort: str | None,
             return (0, -shown.value) if shown else (1, 0)
         ordered.sort(key=value)  # stable: the unscored keep their order
     return tasksets, ordered
+
+
+# What a bench run's config holds that it never reads: it trains nothing (config_rules refuses
+# these keys' changes in mode bench, but the schema's defaults stay in every stored config).
+TRAINING_SECTIONS = ("algorithm", "trainer", "feedback")
+
+
+def bench_config(config: dict) -> dict:
+    """A bench run's config as its page shows it: without the training sections (TRAINING_SECTIONS;
+    its page listed trainer.lr and the algorithm it never ran), and without the synchronizer where it
+    is memory's (only checkpoint sync gives a bench run more versions to score: Loop.bench). The API
+    answers the whole config, as launched."""
+    shown = {key: value for key, value in config.items() if key not in TRAINING_SECTIONS}
+    if (shown.get("synchronizer") or {}).get("method", "memory") == "memory":
+        shown.pop("synchronizer", None)
+    return shown
+
+
+def evaluated_model(path: str) -> SavedModel | None:
+    """The saved model a model.path names (as a launch stores it: models_root()/<name>, or a name it
+    had before a rename), else None (a built-in model, a directory of RFTWEB_MODEL_DIRS)."""
+    directory = Path(path or "")
+    if not directory.is_absolute() or directory.parent != models_root():
+        return None
+    return SavedModel.objects.filter(name=directory.name).first() or renamed_from(directory.name)
+
+
+def bench_results(run: Run) -> dict | None:
+    """What a mode-bench run evaluated and what it scored, for its page and the API (an evaluation's
+    page, as MLflow's and W&B's show one), or None for a run of another mode: {model_path,
+    saved_model (its name, or None), eval_taskset, results}. `results` are its eval points in step
+    order (Loop.bench: the starting model's at step 0, then each published version's), each
+    {step, model_version, metric, score, tasks, failed_tasks, metrics}: `metric` the score's key
+    (SCORE_KEYS' first it recorded, as the Models page ranks it), `metrics` every number it
+    recorded. Each task's answer is not kept (Explorer.evaluate stores only these means)."""
+    if run.mode != Run.Mode.BENCH:
+        return None
+    config = run.config or {}
+    path = (config.get("model") or {}).get("path") or ""
+    saved = evaluated_model(path)
+    results = []
+    points = run.metrics.filter(role=MetricPoint.Role.EVAL).order_by("step").values_list("step", "values")
+    for step, values in points:
+        recorded = numbers(values)
+        metric = next((key for key in SCORE_KEYS if key in recorded), None)
+        counts = {key: None if recorded.get(key) is None else int(recorded[key])  # counts, stored as numbers
+                  for key in ("model_version", "tasks", "failed_tasks")}
+        results.append({"step": step, "metric": metric, "score": recorded.get(metric), **counts,
+                        "metrics": recorded})
+    return {"model_path": path, "saved_model": saved and saved.name,
+            "eval_taskset": (config.get("buffer") or {}).get("eval_taskset"), "results": results}

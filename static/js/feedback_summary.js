@@ -15,11 +15,20 @@
     fields.rated_experiences.textContent = summary.rated_experiences
       + (summary.rated_flagged ? ` (${summary.rated_flagged} more flagged: not trained on)` : "");
     fields.judgements.textContent = `${j.rating} · ${j.edit} · ${j.preference} · ${j.flag}`;
-    fields.data.textContent = `${summary.human_edits} · ${summary.dpo_pairs}${summary.dpo_pairs_flagged ? ` (+${summary.dpo_pairs_flagged} flagged)` : ""} · ${summary.flagged_experiences}`;
+    fields.data.textContent = `${summary.human_edits} · ${summary.dpo_pairs}${summary.dpo_pairs_flagged ? ` (+${summary.dpo_pairs_flagged} flagged)` : ""} · ${flagged(summary)}`;
     const waiting = summary.waiting_for_review;
     // Shown on a run that requires review: what a reviewer has yet to let into the counts above.
     if (fields.waiting_for_review) fields.waiting_for_review.textContent = `${waiting.rating} · ${waiting.edit} · ${waiting.preference}`;
     draw(summary.human_reward_by_step);
+  }
+
+  // Flagged rollouts, each once, and by what when more than flag judgements flagged them (a
+  // pipeline, a curator in the admin): the one number alone read as the annotators' flags.
+  const FLAGGED_BY = { judgement: "by judgement", pipeline: "by a pipeline", admin: "in the admin" };
+  function flagged(summary) {
+    const by = Object.entries(summary.flagged_by).filter(([, n]) => n);
+    if (!by.length || (by.length === 1 && by[0][0] === "judgement")) return `${summary.flagged_experiences}`;
+    return `${summary.flagged_experiences} (${by.map(([name, n]) => `${n} ${FLAGGED_BY[name]}`).join(", ")})`;
   }
 
   function draw(steps) {

@@ -72,6 +72,8 @@
   function figureNote(figure, id, series) {
     const role = id.slice(0, id.indexOf("/"));
     const step = series.steps[series.steps.length - 1];
+    // A bench run's score is of a model version, not of an explorer step (Loop.bench).
+    if (figure.id === "heldout" && page.bench) return `${id.slice(id.indexOf("/") + 1)} · model v${step}`;
     if (figure.id === "heldout") return `explorer step ${step} · best ${formatFigure(Math.max(...series.values), figure.format)}`;
     if (figure.id === "throughput") {
       const seconds = board.series(role + "/seconds", SERIES);
@@ -158,6 +160,7 @@
     if (changed) {
       window.rftRunLogs?.load();
       window.rftRunDuties?.poll();
+      if (page.bench) reloadBenchResults();
     }
   }
 
@@ -165,6 +168,7 @@
   // models: the names of the models saved from it} each).
   function showCheckpoints(checkpoints) {
     const table = document.getElementById("run-checkpoints");
+    if (!table) return; // a bench run's page has none: it trains nothing
     const rows = checkpoints.map(({ version, step, saved, url, save_url, models }) => {
       const row = document.createElement("tr");
       row.innerHTML = "<td></td><td></td><td class=\"muted\"></td><td><a download>Download .tar</a></td>";
@@ -189,6 +193,17 @@
       rows[0].cells[0].textContent = table.dataset.empty;
     }
     table.tBodies[0].replaceChildren(...rows);
+  }
+
+  // A bench run's Evaluation card (templates/runs/_bench_results.html) is the server's: read again
+  // from the page when its scores arrive or its status changes (it said "No score yet" to the end).
+  async function reloadBenchResults() {
+    const card = document.getElementById("bench-results");
+    if (!card) return;
+    const response = await fetch(location.pathname, { credentials: "same-origin" });
+    if (!response.ok) return;
+    const fresh = new DOMParser().parseFromString(await response.text(), "text/html").getElementById("bench-results");
+    if (fresh) card.replaceWith(document.importNode(fresh, true));
   }
 
   // "12 s ago", "4 min ago", "3 h ago", "2 days ago".
@@ -274,6 +289,7 @@
     for (const chart of charts.values()) {
       board.appendPoints(chart.id, chart.section, chart.title, chart.line, chart.steps, chart.values, chart.times);
     }
+    if (page.bench && updates.some((update) => update.type === "metrics" && update.role === "eval")) reloadBenchResults();
     if (charts.size) {
       showFigures();
       showZeroVarianceHint();

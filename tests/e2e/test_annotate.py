@@ -223,3 +223,22 @@ def test_an_annotator_rates_edits_compares_and_flags_with_the_keyboard_while_ano
     expect(run_page.locator("#human-reward-chart .main-svg").first).to_be_visible()
     researcher_context.close()
     assert page_errors == []
+
+
+def test_the_run_page_counts_each_flagged_rollout_once_and_says_by_what(page, login, researcher, annotator,
+                                                                       page_errors):
+    """A flag judgement and a curator's rejection in the admin: the tile said 1 (the flags alone)."""
+    from apps.buffer import services as buffer
+    from apps.feedback import services as feedback
+
+    run = Run.objects.create(name="flags", owner=researcher, config={}, status=Run.Status.RUNNING)
+    task = Task.objects.create(taskset=Taskset.objects.create(name="flags"), index=0, prompt="Say hi.", answer="")
+    rows = [Experience.objects.create(run=run, task=task, explorer_step=n, rollout_index=n, group_id=f"g{n}",
+                                      prompt_text=task.prompt, response_text=f"hi {n}", prompt_ids=[1],
+                                      response_ids=[2], action_mask=[1], model_version=1) for n in range(3)]
+    feedback.flag(rows[0].pk, annotator, "wrong")
+    buffer.set_status(Experience.objects.filter(pk=rows[1].pk), Experience.Status.REJECTED)
+    login(researcher, f"/runs/{run.pk}/")
+    tile = page.locator('#human-feedback [data-feedback="data"]')
+    expect(tile).to_have_text("0 · 0 · 2 (1 by judgement, 1 in the admin)")
+    assert page_errors == []

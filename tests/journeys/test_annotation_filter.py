@@ -94,3 +94,41 @@ def test_embedded_the_same_filtered_queue_through_the_same_views(researcher, set
     assert second in wanted and second != pk
     client.post(reverse("annotate-rate", args=[second]), {"point": "3", "shown_at": "0"})
     assert "Nothing left matches your filter" in client.get(reverse("annotate-next")).content.decode()
+
+
+def test_without_javascript_each_tab_goes_on_with_its_own_queue(browser, asgi_server, researcher):
+    """Two tabs of one session, no JavaScript: tab 1 the filtered queue, then tab 2 the whole run
+    newest first. Rating in tab 1 (a plain form post) leads to the next item of tab 1's queue; it
+    led to tab 2's (the session's, changed by tab 2's start)."""
+    run, items = a_run_to_judge(researcher)
+    wanted = matching(items)
+    annotator = create_user("picky", PASSWORD, roles=(ANNOTATOR,))
+    context = browser.new_context(base_url=asgi_server, java_script_enabled=False)
+    context.set_default_timeout(15_000)
+    try:
+        tab_1, tab_2 = context.new_page(), context.new_page()
+        tab_1.goto("/accounts/login/?next=/annotate/")
+        tab_1.get_by_label("Username").fill(annotator.username)
+        tab_1.get_by_label("Password").fill(PASSWORD)
+        tab_1.get_by_role("button", name="Log in").click()
+        tab_1.wait_for_url(re.compile(r"/annotate/$"))
+        tab_1.get_by_label("Run").select_option(str(run.pk))
+        tab_1.get_by_label("Reward from").fill("0.5")
+        tab_1.get_by_label("Prompt or response contains").fill("apple")
+        tab_1.get_by_role("button", name="Start").click()
+        tab_1.wait_for_url(ITEM)
+        first = int(ITEM.search(tab_1.url).group(1))
+        assert first in wanted
+        # The session's queue is tab 2's now (its first item is the one tab 1 holds: held items come first).
+        tab_2.goto(f"/annotate/?run={run.pk}&strategy=newest")
+        tab_2.wait_for_url(ITEM)
+        tab_1.locator(".rate-choices button[value='4']").click()
+        tab_1.wait_for_url(lambda url: ITEM.search(url) is not None and int(ITEM.search(url).group(1)) != first)
+        second = int(ITEM.search(tab_1.url).group(1))
+        assert second in wanted, f"tab 1 went on with tab 2's queue: item {second}"
+        expect(tab_1.locator("#queue-filter")).to_contain_text("reward ≥ 0.5 · text “apple”")
+        tab_1.locator(".panel[data-panel='flag'] button").first.click()
+        expect(tab_1.locator("h1")).to_have_text("Nothing left matches your filter")  # tab 1's queue, done
+        assert Feedback.objects.filter(user=annotator, experience_id__in=wanted).count() == 2
+    finally:
+        context.close()

@@ -402,7 +402,7 @@ def test_a_full_checkpoint_disk_fails_the_run_with_a_readable_error(celery_worke
     subprocess.run(["umount", "-l", str(supervision.run_dir(run))], check=True)  # space again
     services.resume_run(run)
     assert services.describe_resume(run, "failed").startswith(
-        f"run {run.pk} has no checkpoint yet: it starts again from step 0"
+        f"run {run.pk} has no checkpoint (none yet, or deleted): it starts again from step 0"
     )
     wait_for(lambda: Run.objects.get(pk=run.pk).is_finished, what="completion after the resume")
     run.refresh_from_db()

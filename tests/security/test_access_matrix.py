@@ -245,6 +245,9 @@ MATRIX = {
     # one worker's page and its JSON: as the Workers page (a name with odd characters, quoted)
     "worker-detail": Entry("LDAAA", kwargs=lambda o: {"name": o.worker.name}),
     "api-worker": Entry("UDAAA", api=True, kwargs=lambda o: {"name": o.worker.name}),
+    # a curator drains or undrains one through the API too (this one is lost: a 409 says so, nothing changed)
+    "api-worker-drain": Entry("UDDDA", api=True, method="post", kwargs=lambda o: {"name": o.worker.name}),
+    "api-worker-undrain": Entry("UDDDA", api=True, method="post", kwargs=lambda o: {"name": o.worker.name}),
     # a curator drains or undrains a worker (this one is lost: a message says so, and its page comes back)
     "worker-drain": Entry("LDDDA", method="post", kwargs=lambda o: {"name": o.worker.name}),
     "worker-undrain": Entry("LDDDA", method="post", kwargs=lambda o: {"name": o.worker.name}),

@@ -121,6 +121,8 @@ class Explorer:
         if self.buffer.has_explorer_step(self.step):
             # A restarted run replays the steps after its checkpoint; this one's rollouts are stored.
             self.step += 1
+            if self.metrics is not None:
+                self.metrics.replayed("explorer", self.step)
             return {"replayed": 1}
         started = time.perf_counter()
         tasks = self.select_tasks()

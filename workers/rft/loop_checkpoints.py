@@ -88,6 +88,13 @@ class Checkpointing:
             shutil.rmtree(half_written, ignore_errors=True)
         return [step for step, _ in doomed]
 
+    def start_over(self) -> None:
+        """No checkpoint to go on from (none saved yet, or a curator deleted them): the trainer
+        starts at step 0 with the starting model, and the versions an earlier life of the run
+        published are not its own. Kept, an explorer rolled out "step 6 with v5", the old v5,
+        beside a trainer at step 0; the trainer publishes them again as it replays."""
+        self.sync.discard_after(0)
+
     def resume(self, path: str | Path) -> None:
         """Continue from a checkpoint this loop saved (the stores must be the run's own)."""
         extra = self.trainer.load_checkpoint(path)

@@ -223,6 +223,9 @@ class InMemoryMetrics:
             if self.echo:
                 self.echo(format_metrics(role, step, values))
 
+    def replayed(self, role: str, step: int) -> None:
+        pass  # the point stays; nothing here counts steps
+
     def series(self, role: str, name: str) -> list[tuple[int, float]]:
         with self._lock:
             return sorted((step, v[name]) for (r, step), v in self.points.items() if r == role and name in v)

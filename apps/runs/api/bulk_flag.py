@@ -5,6 +5,7 @@ The run's owner or a curator, as on the page (403 for another researcher); the s
 from django.shortcuts import get_object_or_404
 from ninja import Field, Query, Router, Schema
 
+from apps.core.numbers import MAX_ID
 from apps.feedback import bulk, services
 from apps.feedback.queue_filter import FIELDS as FILTER_FIELDS
 from apps.feedback.queue_filter import FilterError, QueueFilter
@@ -58,6 +59,9 @@ class UndoIn(Schema):
 
 class UndoneOut(Schema):
     undone: int
+    skipped: int = Field(description="ids named that undid nothing: not the caller's flag of this run's items, or "
+                                     "undone already")
+    message: str
 
 
 def _run(request, pk) -> Run:
@@ -81,9 +85,10 @@ def _filter(values) -> QueueFilter:
 
 def _ids(body: dict, key: str) -> list[int]:
     ids = body.get(key)
-    if not isinstance(ids, list) or not all(isinstance(pk, int) and not isinstance(pk, bool) and pk > 0
+    if not isinstance(ids, list) or not all(isinstance(pk, int) and not isinstance(pk, bool) and 0 < pk <= MAX_ID
                                             for pk in ids):
-        problem = "must be a list of ids (whole numbers from 1)"
+        # past a bigint, SQLite's driver raised OverflowError (a 500) where Postgres matched nothing
+        problem = f"must be a list of ids (whole numbers from 1 to {MAX_ID})"
         raise ApiError(400, f"{key} {problem}", errors=[{"key": key, "message": problem}])
     return ids
 
@@ -118,8 +123,10 @@ def flag(request, pk: Id):
         raise ApiError(400, "filter must be an object: the GET's `filter`",
                        errors=[{"key": "filter", "message": "an object"}])
     refuse_unknown(given, FILTER_FIELDS, "filter field")
-    # JSON's true/false and numbers read as the query's text (unscored=true, reward_max=0.3).
-    chosen = _filter({name: str(value).lower() if isinstance(value, bool) else value for name, value in given.items()})
+    # JSON's true/false and numbers read as the query's text (unscored=true, reward_max=0.3); a
+    # null as the field left out, as the GET's query leaves it (it read as the text "None").
+    chosen = _filter({name: str(value).lower() if isinstance(value, bool) else value
+                      for name, value in given.items() if value is not None})
     items = _ids(body, "items")
     if not isinstance(body.get("reason"), str):
         raise ApiError(400, f"reason must be one of {', '.join(services.FLAG_REASONS)}")
@@ -127,6 +134,9 @@ def flag(request, pk: Id):
         flagged = bulk.flag_all(run, request.user, chosen, body["reason"], confirmed_count=len(items),
                                 confirmed=bulk.seen(items))
     except bulk.Changed as exc:
+        if bulk.flagged_already(run, request.user, items):  # sent twice: the first did it
+            return {"flagged": 0, "feedback": [], "refused": {},
+                    "message": f"The {len(set(items))} items carry your flag already (sent twice?): nothing changed."}
         raise ApiError(409, str(exc)) from None
     except services.FeedbackError as exc:
         raise ApiError(400, str(exc)) from None
@@ -145,4 +155,10 @@ def undo(request, pk: Id):
     run = _run(request, pk)
     body = json_body(request)
     known_fields(body, UndoIn.model_fields)
-    return {"undone": bulk.undo_flags(run, _ids(body, "feedback"), request.user)}
+    named = set(_ids(body, "feedback"))
+    undone = bulk.undo_flags(run, list(named), request.user)
+    skipped = len(named) - undone
+    message = f"Undid {undone} flag{'s' * (undone != 1)}." + (
+        f" {skipped} id{'s' * (skipped != 1)} undid nothing: not your flag of run {run.pk}'s items, or undone already."
+        if skipped else "")
+    return {"undone": undone, "skipped": skipped, "message": message}

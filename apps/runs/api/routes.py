@@ -1,6 +1,7 @@
 """The routes of the JSON API (docs/api.md), on django-ninja: runs, their duties, metrics and
-experiences; launch and control; the workers. Each is a thin call into the services and queries
-of apps/runs; `schemas.py` says what each answers, `auth.py` who may call it."""
+experiences; launch and control; the workers, and a curator's drain of one. Each is a thin call
+into the services and queries of apps/runs; `schemas.py` says what each answers, `auth.py` who may
+call it."""
 
 from functools import cache, wraps
 
@@ -10,11 +11,12 @@ from django.urls import reverse
 from django.views.decorators.cache import never_cache
 from ninja import NinjaAPI, Query, Status, Swagger
 
-from apps.accounts.roles import RESEARCHER, role_required
+from apps.accounts.roles import CURATOR, RESEARCHER, has_role, role_required
 from apps.feedback import stats
 from workers.rft.config import ConfigError
 
 from .. import queries, services, waits, worker_detail
+from ..capacity import DrainRefused, NoAnswer, NoSuchWorker, set_drain, shown_name
 from ..controls import control_run
 from ..forms import RolloutFilterForm, RunFilterForm
 from ..models import MetricPoint, Run
@@ -26,6 +28,7 @@ from .paging import MAX_METRIC_POINTS, count_parameter, number_parameter, page_a
 from .saved_models import router as models_router
 from .schemas import (
     AnnotationOut,
+    DrainedOut,
     DutiesOut,
     ErrorOut,
     ExperienceFilters,
@@ -290,10 +293,48 @@ def workers(request):
     return workers_json()
 
 
+def _drain(request, name: str, drain: bool) -> dict:
+    """A curator drains or undrains a worker, as on its page (capacity.set_drain): 200 with its
+    page's data and `message`; 404 for a name no worker registered, 409 for one not live (or the
+    embedded server's threads), 503 when it did not answer within 3 s, nothing changed."""
+    if not has_role(request.user, CURATOR):
+        raise ApiError(403, f"only a curator may {'drain' if drain else 'undrain'} a worker")
+    try:
+        set_drain(name, request.user.get_username(), drain)
+    except NoSuchWorker as err:
+        raise ApiError(404, str(err)) from None
+    except NoAnswer as err:
+        raise ApiError(503, str(err)) from None
+    except DrainRefused as err:
+        raise ApiError(409, str(err)) from None
+    said = (f"draining {name}: it finishes what it holds and takes no new duty" if drain
+            else f"{name} takes duties again")
+    return {**worker_detail.detail(name), "message": said}
+
+
+DRAIN_REFUSED = {**REFUSED, 404: ErrorOut, 409: ErrorOut, 503: ErrorOut}
+
+
+# Before "One worker": its path takes any name, "/" too, so it would take these paths first.
+@api.post("/workers/{path:name}/drain/", response={200: DrainedOut, **DRAIN_REFUSED}, url_name="api-worker-drain",
+          summary="Drain a worker")
+def drain_worker(request, name: str):
+    """It finishes the duties it holds and takes no new one (it stops consuming its queues) until
+    undrained or restarted. Curators only."""
+    return _drain(request, name, True)
+
+
+@api.post("/workers/{path:name}/undrain/", response={200: DrainedOut, **DRAIN_REFUSED},
+          url_name="api-worker-undrain", summary="Undrain a worker")
+def undrain_worker(request, name: str):
+    """It consumes its queues again. Curators only."""
+    return _drain(request, name, False)
+
+
 @api.get("/workers/{path:name}/", response={200: WorkerDetailOut, **RUN_REFUSED}, url_name="api-worker",
          summary="One worker")
 def worker(request, name: str):
     """What it holds, the duties it held in the last day and how each ended, and its log's tail (its page's data)."""
     if (shown := worker_detail.detail(name)) is None:
-        raise Http404(f"no worker named {name!r} was seen in the last day")
+        raise Http404(f"no worker named {shown_name(name)} was seen in the last day")
     return shown

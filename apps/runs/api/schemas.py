@@ -13,6 +13,7 @@ from ninja import Field, Schema
 from pydantic import BeforeValidator, ConfigDict
 
 from apps.core.numbers import whole_number
+from apps.saved_models.evaluation import bench_results
 from rftweb.celery import queue_lengths
 from workers.rft.config_docs import json_schema as config_schema
 
@@ -157,6 +158,25 @@ class DutyOut(Schema):
     node_url: str | None = Field(description="the page of the worker holding it (/workers/<name>/)")
 
 
+class BenchResultOut(Schema):
+    step: int = Field(description="0 for the model as loaded; with checkpoint sync, each published version's")
+    model_version: int | None
+    metric: str | None = Field(description="the score's key: the held-out accuracy's (exact_match, numeric...) "
+                                           "where the reward fn scores 1 or 0, else reward_mean")
+    score: float | None
+    tasks: int | None = Field(description="eval tasks answered")
+    failed_tasks: int | None
+    metrics: dict[str, float] = Field(description="every number the eval recorded (role eval in /metrics/)")
+
+
+class BenchOut(Schema):
+    model_path: str = Field(description="model.path as launched")
+    saved_model: str | None = Field(description="the saved model it names (/api/models/), or null")
+    eval_taskset: str | None
+    results: list[BenchResultOut] = Field(description="each eval point in step order; empty until it has answered "
+                                                      "every task")
+
+
 class RunDetailOut(RunOut):
     duties: list[DutyOut]
     config: dict[str, Any] = Field(description="the run config as launched (docs/config.md)",
@@ -169,6 +189,8 @@ class RunDetailOut(RunOut):
                     '(cancelling it puts the run back), "partial" when the job stopped after deleting some rows '
                     '(with "deleted" and "archive"), else done'
     )
+    evaluation: BenchOut | None = Field(description="a mode bench run's: the model it scores, on which tasks, and "
+                                                    "its scores; null for a run that trains")
 
 
 class LaunchedOut(RunDetailOut):
@@ -241,7 +263,12 @@ class AnnotationOut(Schema):
                                                "requires review: from accepted ratings): not flagged")
     rated_flagged: int = Field(description="rated rollouts flagged since (by an annotator, a curator or a buffer "
                                            "operator): kept out of training, in no other rated figure")
-    flagged_experiences: int
+    flagged_experiences: int = Field(description="rollouts flagged, each once whatever flagged it (flagged_by)")
+    flagged_by: dict[str, int] = Field(
+        description="the flagged rollouts by what flagged them: judgement (a flag judgement: an annotator's, or a "
+                    "bulk flag's in its owner's or curator's name; it keeps the rollout out of training unless "
+                    "feedback.exclude_flagged is off), pipeline (a buffer operator dropped it), admin (a curator set "
+                    "it rejected); one flagged two ways counts under each")
     human_edits: int = Field(description="edits that are expert data: accepted where the run requires review, "
                                          "not flagged")
     dpo_pairs: int = Field(description="comparisons with a verdict that a DPO step samples: accepted where the run "
@@ -352,6 +379,7 @@ def run_json(run: Run, *, detail: bool = False) -> dict:
             }
             for checkpoint in run.checkpoints.order_by("version")
         ]
+        data["evaluation"] = bench_results(run)
     return data
 
 
@@ -475,6 +503,10 @@ class WorkerDetailOut(Schema):
     logs: list[dict[str, Any]] = Field(
         description="the newest lines (at most 100, oldest first) it logged while it held its 5 newest duties, "
                     "each as the run's log lines with run_id and run_name")
+
+
+class DrainedOut(WorkerDetailOut):
+    message: str = Field(description="what the worker does now")
 
 
 def workers_json() -> dict:

@@ -57,9 +57,17 @@ def test_the_owner_counts_then_flags_exactly_the_items_counted_and_undoes_them(r
     assert {(f.user_id, f.label, f.comment) for f in flags} == {(researcher.pk, "garbled", "bulk flag")}
     # Counted again: nothing left to flag.
     assert api.count(run, reward_max="0.3").json() | {"items": None} == answer | {"count": 0, "items": None}
+    # Sent twice (a script's retry): the first flagged them; the second says so, not "look again".
+    resent = api.flag(run, {"filter": {"reward_max": 0.3}, "reason": "garbled", "items": answer["items"]})
+    assert resent.status_code == 200, resent.content
+    assert resent.json() == {"flagged": 0, "feedback": [], "refused": {},
+                             "message": "The 2 items carry your flag already (sent twice?): nothing changed."}
     undone = api.flag(run, {"feedback": flagged["feedback"]}, path="api-run-bulk-flag-undo")
-    assert undone.status_code == 200 and undone.json() == {"undone": 2}
+    assert undone.status_code == 200
+    assert undone.json() == {"undone": 2, "skipped": 0, "message": "Undid 2 flags."}
     assert rejected() == set() and not Feedback.objects.exists()
+    again = api.flag(run, {"feedback": flagged["feedback"]}, path="api-run-bulk-flag-undo").json()
+    assert (again["undone"], again["skipped"]) == (0, 2) and "undone already" in again["message"]
 
 
 def test_items_that_moved_since_the_count_flag_nothing(researcher, run, items, make_experience):
@@ -89,12 +97,29 @@ def test_items_that_moved_since_the_count_flag_nothing(researcher, run, items, m
     ({"filter": {"reward_max": "0.3"}, "reason": "rude", "items": []}, "unknown flag 'rude'"),
     ({"filter": {"reward_max": "0.3"}, "reason": "wrong", "items": "all"}, "items must be a list of ids"),
     ({"filter": {"reward_max": "0.3"}, "reason": "wrong", "items": [1, True]}, "items must be a list of ids"),
+    # past a bigint: SQLite's driver raised OverflowError (a 500); Postgres matched nothing
+    ({"filter": {"reward_max": "0.3"}, "reason": "wrong", "items": [2**63]},
+     "whole numbers from 1 to 9223372036854775807"),
     ({"filter": {"reward_max": "0.3"}, "reason": "wrong", "items": [], "count": 2}, "unknown field in the body"),
 ])
 def test_bad_input_is_refused_naming_it_and_flags_nothing(researcher, run, items, body, said):
     answer = Api(researcher).flag(run, body)
     assert answer.status_code == 400 and said in answer.json()["error"], answer.content
     assert rejected() == set() and not Feedback.objects.exists()
+
+
+def test_undo_of_ids_past_a_bigint_is_a_400_on_either_database(researcher, run, items):
+    for ids in ([2**63], [99999999999999999999]):
+        answer = Api(researcher).flag(run, {"feedback": ids}, path="api-run-bulk-flag-undo")
+        assert answer.status_code == 400 and "feedback must be a list of ids" in answer.json()["error"]
+
+
+def test_a_null_filter_field_is_left_out_as_the_count_leaves_it(researcher, run, items):
+    api = Api(researcher)
+    shown = api.count(run, reward_max="0.3").json()["items"]
+    done = api.flag(run, {"filter": {"reward_max": "0.3", "task": None}, "reason": "wrong", "items": shown})
+    assert done.status_code == 200, done.content  # it was "task: not 'None'"
+    assert rejected() == {items[0].pk, items[1].pk}
 
 
 def test_a_bad_count_query_is_a_400_naming_it(researcher, run, items):
@@ -121,7 +146,8 @@ def test_only_the_owner_and_curators_flag_in_bulk(researcher, curator, run, item
     assert flagged.status_code == 200 and rejected() == {items[0].pk, items[1].pk}
     # The owner's undo names the curator's flags: not theirs, nothing undone.
     undone = Api(researcher).flag(run, {"feedback": flagged.json()["feedback"]}, path="api-run-bulk-flag-undo")
-    assert undone.json() == {"undone": 0} and rejected() == {items[0].pk, items[1].pk}
+    assert (undone.json()["undone"], undone.json()["skipped"]) == (0, 2) and rejected() == {items[0].pk, items[1].pk}
+    assert "not your flag of run" in undone.json()["message"]
     assert Api(researcher).count(run, reward_max="0.3").status_code == 200
     assert Client().get(reverse("api-run-bulk-flag", args=[99999]), {"reward_max": "0.3"},
                         HTTP_AUTHORIZATION=f"Bearer {token_for(curator)}").status_code == 404

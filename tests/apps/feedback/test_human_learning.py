@@ -83,7 +83,8 @@ async def scripted_annotator(base_url: str, run: Run, cookies: dict) -> dict[int
             if await asyncio.to_thread(run_finished, run.pk):
                 break
             response = await http.get("/annotate/next/")
-            item = re.fullmatch(r"/annotate/experience/(\d+)/", response.headers.get("location", ""))
+            # The item page's address names its queue (?run=&strategy=): the next page's forms post it.
+            item = re.fullmatch(r"/annotate/experience/(\d+)/(\?.*)?", response.headers.get("location", ""))
             if item is None:
                 assert response.status_code == 200 and b"Nothing to judge" in response.content, response.text
                 new_experiences.clear()
@@ -95,7 +96,8 @@ async def scripted_annotator(base_url: str, run: Run, cookies: dict) -> dict[int
             page = await http.get(item.group(0))
             text = html.unescape(RESPONSE.search(page.text).group(1))
             point = preferred_rating(text)
-            response = await http.post(f"{item.group(0)}rate/", data={"point": point, "csrfmiddlewaretoken": "t" * 32})
+            response = await http.post(f"/annotate/experience/{item.group(1)}/rate/",
+                                       data={"point": point, "csrfmiddlewaretoken": "t" * 32})
             assert response.status_code == 302, response.text
             ratings[int(item.group(1))] = point
         listener.cancel()

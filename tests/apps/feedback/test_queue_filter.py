@@ -113,15 +113,17 @@ def test_the_start_page_applies_a_filter_and_the_queue_keeps_to_it(annotator_cli
     items = [make_experience(reward=r / 10, explorer_step=r) for r in range(10)]
     response = annotator_client.get(reverse("annotate-start"),
                                     {"run": run.pk, "strategy": "newest", "reward_min": "0.3", "reward_max": "0.5"})
-    assert response.url == reverse("annotate-next")
+    mine = f"?run={run.pk}&strategy=newest&reward_min=0.3&reward_max=0.5"
+    assert response.url == reverse("annotate-next") + mine
     first = annotator_client.get(response.url).url
-    assert first == reverse("annotate-experience", args=[items[5].pk])
+    assert first == reverse("annotate-experience", args=[items[5].pk]) + mine
     html = annotator_client.get(first).content.decode()
     assert "3 of 10 left match" in html and "reward 0.3 to 0.5" in html
     share = f"/annotate/?run={run.pk}&amp;strategy=newest&amp;reward_min=0.3&amp;reward_max=0.5"
     assert share in html  # the link that starts this queue for someone else
     annotator_client.post(reverse("annotate-rate", args=[items[5].pk]), {"point": "4", "shown_at": "0"})
-    assert annotator_client.get(reverse("annotate-next")).url == reverse("annotate-experience", args=[items[4].pk])
+    assert annotator_client.get(reverse("annotate-next")).url == reverse("annotate-experience",
+                                                                         args=[items[4].pk]) + mine
 
 
 def test_a_bad_filter_is_refused_naming_the_field_and_the_queue_stays_as_it_was(annotator_client, run, make_experience):
@@ -146,8 +148,10 @@ def test_a_filter_that_leaves_nothing_says_so_with_a_link_to_clear_it(annotator_
     assert "matches <strong>unscored</strong>;\n  1 is left without it." in html
     clear = f'href="/annotate/?run={run.pk}&amp;strategy=newest" id="filter-clear"'
     assert clear in html
-    assert annotator_client.get(f"/annotate/?run={run.pk}&strategy=newest").url == reverse("annotate-next")
-    assert annotator_client.get(reverse("annotate-next")).url == reverse("annotate-experience", args=[item.pk])
+    unfiltered = f"?run={run.pk}&strategy=newest"
+    assert annotator_client.get(f"/annotate/?run={run.pk}&strategy=newest").url == reverse("annotate-next") + unfiltered
+    item_page = reverse("annotate-experience", args=[item.pk])
+    assert annotator_client.get(reverse("annotate-next")).url == item_page + unfiltered
 
 
 # -- the JSON API ----------------------------------------------------------------------------------

@@ -89,7 +89,8 @@ def test_the_trained_figures_leave_out_what_was_flagged_after_it_was_judged_as_t
     assert (summary["rated_experiences"], summary["rated_flagged"]) == (1, 2)
     assert summary["human_reward"] == 1.0
     assert summary["human_reward_by_step"] == [{"explorer_step": 0, "human_reward": 1.0, "rated": 1}]
-    assert (summary["dpo_pairs"], summary["dpo_pairs_flagged"], summary["flagged_experiences"]) == (0, 1, 1)
+    # Flagged: one by a flag judgement, one rejected by a curator in the admin.
+    assert (summary["dpo_pairs"], summary["dpo_pairs_flagged"], summary["flagged_experiences"]) == (0, 1, 2)
     api = researcher_client.get(reverse("api-run-annotation", args=[run.pk])).json()
     assert {key: api[key] for key in summary if key != "human_reward_by_step"} == {
         key: value for key, value in summary.items() if key != "human_reward_by_step"}
@@ -115,3 +116,40 @@ def test_without_exclude_flagged_a_flag_is_recorded_and_everything_still_counts(
     summary = stats.summary(run)
     assert (summary["rated_experiences"], summary["rated_flagged"]) == (1, 0)
     assert (summary["dpo_pairs"], summary["dpo_pairs_flagged"], summary["flagged_experiences"]) == (1, 0, 1)
+
+
+def test_flagged_experiences_counts_every_flag_once_whatever_flagged_it(
+    researcher_client, run, make_experience, make_annotator, tasks
+):
+    """An annotator's flag, a bulk flag (page and API: the same service), a curator's rejection in
+    the admin and a buffer operator's each flag a rollout; counted once each, and by what. The
+    count was of flag judgements alone: 3 here, as if nothing else had flagged anything."""
+    from apps.buffer import services as buffer
+    from apps.buffer.curation import start_pipeline
+    from apps.buffer.models import Experience
+    from apps.core.jobs import run_job
+    from apps.feedback import bulk
+    from apps.feedback.queue_filter import QueueFilter
+
+    annotator = make_annotator("a")
+    by_annotator, by_bulk, by_curator, twice, untouched = (make_experience(explorer_step=step) for step in range(5))
+    kept, dropped = (make_experience(task=tasks[3], response_ids=[7, 7], explorer_step=9) for _ in range(2))
+    services.flag(by_annotator.pk, annotator, "wrong")
+    flagged = bulk.flag_all(run, run.owner, QueueFilter(step_min=1, step_max=1), "garbled", confirmed_count=1)
+    assert len(flagged.feedback_ids) == 1
+    buffer.set_status(Experience.objects.filter(pk__in=[by_curator.pk, twice.pk]), Experience.Status.REJECTED)
+    services.flag(twice.pk, annotator, "harmful")  # rejected already: the flag is recorded beside it
+    job = run_job("buffer.bufferjob", start_pipeline(Experience.objects.filter(pk__in=[kept.pk, dropped.pk]),
+                                                     operator="dedupe", params={}).pk)
+    assert job.status == "succeeded", job.error
+    assert Experience.objects.get(pk=dropped.pk).metadata["rejected_by"] == "dedupe"
+    # Not a rollout of the run: a human edit's row rejected (an undone edit that had trained) is no flag.
+    make_experience(source=Experience.Source.HUMAN_EDIT, status=Experience.Status.REJECTED)
+
+    summary = researcher_client.get(reverse("annotate-run-summary", args=[run.pk])).json()
+    assert summary["flagged_experiences"] == 5  # by_annotator, by_bulk, by_curator, twice, dropped
+    assert summary["flagged_by"] == {"judgement": 3, "pipeline": 1, "admin": 1}
+    assert summary["judgements"]["flag"] == 3
+    api = researcher_client.get(reverse("api-run-annotation", args=[run.pk])).json()
+    assert (api["flagged_experiences"], api["flagged_by"]) == (5, summary["flagged_by"])
+    assert untouched.pk not in flagged.feedback_ids

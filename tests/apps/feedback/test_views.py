@@ -21,16 +21,17 @@ def test_anonymous_users_are_sent_to_log_in(client):
 
 def test_an_annotator_rates_one_item_after_another(annotator_client, run, make_experience):
     older, newer = make_experience(explorer_step=0), make_experience(explorer_step=1)
-    assert start(annotator_client, run).url == reverse("annotate-next")
+    mine = f"?run={run.pk}&strategy=newest"  # every address of the flow names its queue
+    assert start(annotator_client, run).url == reverse("annotate-next") + mine
     response = annotator_client.get(reverse("annotate-next"))
-    assert response.url == reverse("annotate-experience", args=[newer.pk])
+    assert response.url == reverse("annotate-experience", args=[newer.pk]) + mine
     page = annotator_client.get(response.url)
     assert page.status_code == 200
     html = page.content.decode()
     assert "response number 1" in html and "<kbd>Enter</kbd>" in html and "js/annotate.js" in html
     response = annotator_client.post(reverse("annotate-rate", args=[newer.pk]), {"point": "4", "shown_at": "0"})
-    assert response.url == reverse("annotate-next")
-    assert annotator_client.get(reverse("annotate-next")).url == reverse("annotate-experience", args=[older.pk])
+    assert response.url == reverse("annotate-next")  # a form posted without its page's queue: the session's
+    assert annotator_client.get(reverse("annotate-next")).url == reverse("annotate-experience", args=[older.pk]) + mine
     rating = Feedback.objects.get()
     assert (rating.experience_id, rating.value, rating.seconds_spent) == (newer.pk, 0.75, 3600.0)
 

@@ -138,20 +138,28 @@ MODEL = "documented-model"  # saved from busy_run's checkpoint by POST /api/mode
 STATUS_BEFORE = {"pause": Status.RUNNING, "resume": Status.PAUSED, "stop": Status.RUNNING}
 
 
+# A curator's: draining a worker is theirs alone.
+CURATORS = {("post", "/api/workers/{name}/drain/"), ("post", "/api/workers/{name}/undrain/")}
+
+
 def test_each_documented_operation_answers_a_token_as_documented(spec, script, busy_run, tasksets, worker_queue,
-                                                                 researcher, monkeypatch):
+                                                                 researcher, curator, monkeypatch):
+    import rftweb.celery
     from apps.core import jobs
     from apps.tasksets.models import TasksetImport
 
     monkeypatch.setattr(jobs, "enqueue_job", lambda job: None)  # the upload's import is not run here
+    # The worker's answer to a drain (tests/workers/test_drain.py drains a real one).
+    monkeypatch.setattr(rftweb.celery, "set_consuming", lambda worker, queues, consume: True)
+    curators = Client(enforce_csrf_checks=True, HTTP_AUTHORIZATION=f"Bearer {token_for(curator)}")
     job = TasksetImport.objects.create(original_filename="a.jsonl", name="uploaded", format="jsonl",
                                        default_workflow="single_turn", default_reward_fn="exact_match",
                                        created_by=researcher)
     sweep = Sweep.objects.create(name="s", owner=researcher, method="grid", space=[], count=0, base_config={})
     ids = {"/api/tasksets/imports/{pk}/": job.pk, "/api/sweeps/{pk}/": sweep.pk}
     now = timezone.now()
-    worker = Worker.objects.create(name="train@gpu-1", host="elsewhere", pid=1, queues=["train"], started_at=now,
-                                   last_seen=now)
+    worker = Worker.objects.create(name="train@gpu-1", host="elsewhere", pid=1, queues=["train"], slots=1,
+                                   started_at=now, last_seen=now)
     called = 0
     for path, method, operation in operations(spec):
         action = path.rstrip("/").rsplit("/", 1)[-1]
@@ -169,7 +177,8 @@ def test_each_documented_operation_answers_a_token_as_documented(spec, script, b
             if method == "get":
                 response = script.get(url, QUERIES.get((method, path)))
             else:
-                response = getattr(script, method)(url, json.dumps(body) if body else None,
+                client = curators if (method, path) in CURATORS else script
+                response = getattr(client, method)(url, json.dumps(body) if body else None,
                                                    content_type="application/json")
         assert_documented(spec, operation, response, (method, path))
         called += 1

@@ -75,7 +75,8 @@ def test_a_stopped_run_without_a_checkpoint_starts_again_from_step_0(make_run, w
     with after_commit():
         services.resume_run(run)
     assert run.status == Status.QUEUED and run.resumes[0]["checkpoint"] is None
-    assert "no checkpoint yet: it starts again from step 0" in services.describe_resume(run, "stopped")
+    assert "no checkpoint (none yet, or deleted): it starts again from step 0" in services.describe_resume(
+        run, "stopped")
     assert worker_queue == [run.pk]
 
 

@@ -68,10 +68,16 @@ def test_a_trainer_back_at_its_checkpoint_takes_the_run_and_its_points_back_once
         DjangoMetricSink(run).rewind(5, 5, explorer_step=4)  # a single loop: its explorer back at step 4
         DjangoMetricSink(run).rewind(5, 5, explorer_step=4)  # there already: nothing to say
     run.refresh_from_db()
-    assert (run.trainer_step, run.model_version, run.explorer_step) == (5, 5, 8)  # explorer steps stand
+    # The run is where its loop is (it said "explorer 8" at trainer step 5); the explorer points stand.
+    assert (run.trainer_step, run.model_version, run.explorer_step) == (5, 5, 4)
     steps = lambda role: list(run.metrics.filter(role=role).order_by("step").values_list("step", flat=True))  # noqa: E731
     assert (steps("trainer"), steps("eval"), steps("explorer")) == ([1, 2, 3, 4, 5], [0, 4], list(range(1, 9)))
-    assert heard == [{"type": "rewind", "trainer_step": 5, "model_version": 5}]
+    assert heard == [{"type": "rewind", "trainer_step": 5, "model_version": 5, "explorer_step": 4}]
+    # Its explorer replays step 5 from the stored rollouts: the run is at step 5 again, the point as it was.
+    point = run.metrics.get(role="explorer", step=5)
+    DjangoMetricSink(run).replayed("explorer", 5)
+    run.refresh_from_db()
+    assert run.explorer_step == 5 and run.metrics.get(role="explorer", step=5).values == point.values
     DjangoMetricSink(run).rewind(0, 0)  # a split run's trainer, with no checkpoint yet: its explorers' evals stay
     run.refresh_from_db()
     assert (run.trainer_step, run.model_version, steps("trainer"), steps("eval")) == (0, 0, [], [0, 4])

@@ -152,6 +152,11 @@ def test_an_unknown_worker_is_a_404_that_names_it(researcher_client, researcher,
         answer = researcher_client.get(reverse("api-worker", args=[name]),
                                        HTTP_AUTHORIZATION=f"Bearer {token_for(researcher)}")
         assert answer.status_code == 404 and name in answer.json()["error"]
+    pasted = "w" * 5000  # a name is quoted back cut, not whole
+    answer = researcher_client.get(reverse("api-worker", args=[pasted]),
+                                   HTTP_AUTHORIZATION=f"Bearer {token_for(researcher)}")
+    assert answer.status_code == 404 and len(answer.json()["error"]) < 200
+    assert f"'{'w' * 100}'…" in answer.json()["error"]
 
 
 def test_the_workers_page_and_a_runs_duties_link_the_worker(history, researcher_client):

@@ -93,6 +93,11 @@ def test_drain_is_a_curators_post_and_a_refusal_says_why(db, client, curator, re
     assert response.redirect_chain[0][0] == reverse("worker-detail", args=[NAME])
     assert "is not live" in response.content.decode()
     assert Worker.objects.get(name=NAME).drain == {}
+    # A name no worker registered: its page is a 404, which shows no message (the message waited
+    # for a later page); the Workers page says it.
+    response = client.post(reverse("worker-drain", args=["nobody@nowhere"]), follow=True)
+    assert response.redirect_chain[-1][0] == reverse("worker-list") and response.status_code == 200
+    assert "no worker of that name has registered" in response.content.decode()
 
 
 def test_a_duty_waiting_while_every_worker_of_its_queue_is_drained_says_so(db, make_run):

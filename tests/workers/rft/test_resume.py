@@ -48,3 +48,23 @@ def test_resumed_run_matches_an_uninterrupted_one(method, offset, tmp_path):
     expected = trainer_losses(straight)
     assert len(expected) == TOTAL and trainer_losses(stores) == expected  # bitwise: same seeds, same data
     assert [e.response_ids for e in stores.buffer.all()] == [e.response_ids for e in straight.buffer.all()]
+
+
+def test_a_run_whose_checkpoints_were_deleted_starts_over_on_its_own_versions(tmp_path):
+    """Resumed with no checkpoint left (a curator deleted them), the trainer starts at step 0: the
+    versions its first life published are not its own. Kept, an explorer of a split run rolled out
+    on the old life's newest one ("rolling out step 6 with v5" beside trainer step 0)."""
+    cfg = config("checkpoint", 1)
+    stores = memory_stores(cfg)
+    first = Loop(cfg, stores, tmp_path / "resumed")
+    stop = lambda: first.trainer.step >= STOP_AT  # noqa: E731, F821 - called in run(), before the del below
+    assert first.run(should_stop=stop) == "stopped"
+    del first
+    stores.checkpoints.records.clear()  # the curator's delete
+
+    second = Loop(cfg, stores, tmp_path / "resumed")
+    assert second.sync.latest_version() == STOP_AT  # the first life's
+    second.start_over()
+    assert second.sync.latest_version() == 0 and second.trainer.step == 0
+    assert second.run() == "completed"
+    assert [step for (role, step) in stores.metrics.points if role == "trainer"] == list(range(1, TOTAL + 1))
