@@ -16,6 +16,7 @@ from django.conf import settings
 from django.db.models import Count, Q
 
 from apps.buffer.models import ExpertDataset
+from apps.saved_models.directories import missing as missing_saved_model
 from workers.rft.algorithms import resolve
 from workers.rft.config import (
     ConfigError,
@@ -394,7 +395,7 @@ def _model_dir_problem(path: str, architectures: tuple[str, ...]) -> tuple[str |
             None,
         )
     if not directory.is_dir():
-        return f"no model directory at {shown(directory)}", None
+        return missing_saved_model(str(directory)) or f"no model directory at {shown(directory)}", None
     config_file = directory / "config.json"
     if not config_file.is_file():
         return f"{shown(directory)} has no config.json; is it a Hugging Face model directory (save_pretrained)?", None

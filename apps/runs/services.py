@@ -8,10 +8,11 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
 from apps.alerts import services as alerts
+from apps.saved_models.directories import lock_named, not_resumable
 from apps.tasksets.models import Taskset
 from apps.tasksets.services import TASKSET_KEYS, missing_taskset
 from rftweb.celery import enqueue, withdraw
-from workers.rft.config import ConfigError, ConfigIssue, RunConfig
+from workers.rft.config import ConfigError, ConfigIssue, RunConfig, model_paths
 from workers.rft.config_rules import data_issues
 
 from . import summaries
@@ -179,6 +180,10 @@ def launch_run(owner, name: str, config: dict) -> Run:
     """Validate, create the run and, once that commits, hand it to the workers."""
     parsed = validate_config(config)
     with transaction.atomic():
+        # A saved model renamed since validate_config looked: refused, not a run that fails at start.
+        gone = lock_named({key: path for key, (path, _) in model_paths(parsed).items()})
+        if gone:
+            raise ConfigError([ConfigIssue(key, problem) for key, problem in gone])
         run = Run.objects.create(name=name, owner=owner, config=parsed.to_dict(), mode=parsed.mode)
         transaction.on_commit(lambda: enqueue("workers.tasks.start_run", run.pk))
     return run
@@ -226,6 +231,9 @@ def resume_run(run: Run) -> Run:
         if gone:  # it would queue, then fail at its first step
             raise InvalidTransition(f"run {locked.pk} cannot be resumed: " + "; ".join(
                 f"{issue.key}: {issue.message} (renamed or deleted since it launched?)" for issue in gone))
+        moved = not_resumable(locked.config)
+        if moved:  # it would queue, then fail at start on a directory that is not there
+            raise InvalidTransition(f"run {locked.pk} cannot be resumed: " + "; ".join(moved))
         busy = workers_holding(locked)
         if busy:
             duty, worker = next(iter(busy.items()))

@@ -4,6 +4,7 @@ views_list.py; compare: views_compare.py)."""
 import functools
 import gzip
 import re
+from pathlib import Path
 
 from django.conf import settings
 from django.contrib import messages
@@ -22,9 +23,9 @@ from apps.accounts.roles import CURATOR, RESEARCHER, has_role, role_required
 from apps.core.bidi import isolate
 from apps.core.numbers import whole_number
 from apps.core.streaming import streaming
+from apps.saved_models.directories import moved_to, renamed_from
 from apps.saved_models.evaluation import bench_config, bench_results, evaluation
 from apps.saved_models.models import SavedModel
-from apps.saved_models.naming import renamed_from
 from apps.saved_models.services import train_from
 from apps.tasksets.models import Task, Taskset
 from rftweb.errors import form_checks_nul
@@ -135,6 +136,18 @@ def _saved_model(request, name: str) -> SavedModel | None:
     return saved
 
 
+def _models_now(request, config: dict) -> dict:
+    """The config with each model it loads from a saved model's former directory named as that
+    model is now (a run that loaded it before a rename, launched again), said."""
+    model = dict(config.get("model") or {})
+    for key, path in model.items():
+        if isinstance(path, str) and (saved := moved_to(path)) is not None:
+            model[key] = saved.model_path
+            messages.info(request, f"Model {isolate(Path(path).name)} was renamed {isolate(saved.name)}: the form "
+                                   f"names it so (model.{key}).")
+    return {**config, "model": model}
+
+
 def _starting_point(request) -> tuple[dict, str, str | None]:
     """(config, run name, preset) to open the launch form with: a run to copy (?from=<id>), a
     preset (?preset=<name>), or the default preset; ?taskset=<name> (the taskset page's link) puts
@@ -146,7 +159,7 @@ def _starting_point(request) -> tuple[dict, str, str | None]:
     source = whole_number(request.GET.get("from"))
     if source is not None:
         run = get_object_or_404(Run, pk=source)
-        return run.config, f"{run.name} (again)", None
+        return _models_now(request, run.config), f"{run.name} (again)", None
     evaluated = request.GET.get("evaluate") or ""
     if evaluated and (model := _saved_model(request, evaluated)):
         # A preset link on this form carries ?evaluate=: it changes the prompt format and reward

@@ -24,8 +24,8 @@ from apps.runs.queries import ACCURACY_KEYS, REWARD_KEYS
 from apps.runs.summaries import numbers
 from workers.rft.config import RunConfig
 
+from .directories import renamed_from
 from .models import SavedModel
-from .naming import renamed_from
 from .services import CONTINUE_PRESET, model_dirs, models_root
 
 # The first a run records is its score: HELD_OUT's order (accuracy, else the mean eval reward).

@@ -41,7 +41,10 @@ class SavedModel(models.Model):
 class ModelAlias(models.Model):
     """A label such as "champion" or "challenger" that one of an owner's saved models carries (as
     MLflow's model registry aliases a version): unique among that owner's models, so setting it on
-    one moves it from another (services.set_alias). The owner is the model's saver, whoever sets it."""
+    one moves it from another (services.set_alias). The owner is the model's saver, whoever sets it.
+    Deleting the owner deletes their aliases (their labels, CASCADE); their models stay, unowned.
+    SET_NULL would keep them, but two deleted owners' "champion"s would then collide in the
+    unowned-unique constraint, and the second deletion fail."""
 
     MAX_NAME = 32
 
@@ -57,7 +60,8 @@ class ModelAlias(models.Model):
         ordering = ["name"]
         constraints = [
             models.UniqueConstraint(fields=["owner", "name"], name="model_alias_unique_per_owner"),
-            # A model whose saver is deleted keeps its aliases; NULL owners are distinct to Postgres.
+            # A model no one owns (its saver deleted: created_by is SET_NULL) may be aliased anew,
+            # each alias once among those; NULL owners are distinct to Postgres.
             models.UniqueConstraint(fields=["name"], condition=models.Q(owner=None), name="model_alias_unique_unowned"),
         ]
 

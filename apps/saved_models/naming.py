@@ -32,25 +32,36 @@ def check_may_change(user, saved: SavedModel, doing: str) -> None:
 def rename_model(saved: SavedModel, name: str, user) -> SavedModel:
     """Rename the model and its directory to `name`, for who saved it or a curator
     (PermissionDenied for anyone else); its own name changes nothing (a PATCH sent twice). SaveError
-    names the problem and changes nothing: a bad or taken name, or a run that would still load it
-    from its directory."""
+    names the problem and changes nothing: a bad or taken name, a run that would still load it
+    from its directory, or a rename or deletion that came first (a conflict).
+
+    It holds the model's row locked from its check of the runs to the move, as a launch that names
+    the model does from its check of the directory to its run's creation (directories.lock_named):
+    one waits for the other, so no run is left naming a directory moved from under it. Only runs
+    naming its directory now are in the way: one naming a former name's could not load it anyway,
+    and a rename back to that name is what mends it."""
     check_may_change(user, saved, "rename")
     name = (name or "").strip()
     if name == saved.name:
         return saved
     if problem := services.name_problem(name, instead_of=saved):
         raise SaveError(problem)
-    if waiting := services.still_loading(saved):
-        raise SaveError(f"{waiting} (a run names a saved model by its directory). Rename it once they have "
-                        "completed or been deleted.", key="runs")
-    old, before, source = saved.name, list(saved.former_names), model_dir(saved)
+    old, before = saved.name, list(saved.former_names)
     try:
         with transaction.atomic():
-            saved.former_names = [*(former for former in saved.former_names if former != name), old]
+            locked = SavedModel.objects.select_for_update().filter(pk=saved.pk).first()
+            if locked is None:
+                raise SaveError(f"{old} was deleted meanwhile", conflict=True)
+            if locked.name != old:
+                raise SaveError(f"{old} was renamed meanwhile to {locked.name}", conflict=True)
+            if waiting := services.still_loading(locked, {str(model_dir(locked))}):
+                raise SaveError(f"{waiting} (a run names a saved model by its directory). Rename it once they "
+                                "have completed or been deleted.", key="runs")
+            saved.former_names = [*(former for former in locked.former_names if former != name), old]
             saved.name = name
             saved.save(update_fields=["name", "former_names"])
             # Last, inside the transaction: a failure leaves the row and the directory as they were.
-            os.rename(source, services.models_root() / name)
+            os.rename(services.models_root() / old, services.models_root() / name)
     except IntegrityError:  # another rename or save took it meanwhile
         saved.name, saved.former_names = old, before
         raise SaveError(f"a saved model is already named {name!r}") from None
@@ -62,12 +73,6 @@ def rename_model(saved: SavedModel, name: str, user) -> SavedModel:
         record = json.loads(provenance.read_text())
         provenance.write_text(json.dumps({**record, "name": name, "former_names": saved.former_names}, indent=1))
     return saved
-
-
-def renamed_from(name: str) -> SavedModel | None:
-    """The model named `name` before a rename (a link or bookmark from before it), or None: no two
-    models share a former name (services.name_problem)."""
-    return next((saved for saved in SavedModel.objects.all() if name in saved.former_names), None)
 
 
 def alias_problem(alias: str) -> str | None:

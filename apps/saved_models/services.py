@@ -19,7 +19,6 @@ import unicodedata
 import uuid
 from pathlib import Path
 
-from django.conf import settings
 from django.core.exceptions import PermissionDenied
 from django.db import IntegrityError, transaction
 from django.db.models import Q, TextField
@@ -36,6 +35,7 @@ from apps.runs.presets import PRESETS, on_taskset, preset_config
 from apps.runs.supervision import run_dir
 from apps.tasksets.models import Taskset
 
+from .directories import models_root, strings
 from .models import MAX_NOTE, SavedModel
 
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
@@ -49,13 +49,11 @@ class SaveError(Exception):
     its user, and `key` which of what they sent it is about (a form's field, an API body's key), or
     "runs" where runs that would still load it are in the way (the API's 409)."""
 
-    def __init__(self, message: str, key: str = "name"):
+    def __init__(self, message: str, key: str = "name", conflict: bool = False):
         super().__init__(message)
         self.key = key
-
-
-def models_root() -> Path:
-    return Path(settings.DATA_DIR).resolve() / "models"
+        # The API's 409: runs in the way, or another's change that came first (a rename, a deletion).
+        self.conflict = conflict or key == "runs"
 
 
 def model_dir(saved: SavedModel) -> Path:
@@ -102,8 +100,10 @@ def name_problem(name: str, instead_of: SavedModel | None = None) -> str | None:
     if not NAME.fullmatch(name):
         return ("a model's name is 1 to 100 letters, digits, '.', '_' and '-', starting with a letter or digit: "
                 f"{name!r} is not")
-    if name in BUILTIN_MODELS:
-        return f"{name!r} is a built-in model's name"
+    builtin = next((builtin for builtin in BUILTIN_MODELS if builtin.lower() == name.lower()), None)
+    if builtin is not None:  # models/TINY would be models/tiny on a case-insensitive filesystem
+        case = "" if builtin == name else " (names that differ in case only are one name)"
+        return f"{builtin!r} is a built-in model's name{case}"
     others = SavedModel.objects.exclude(pk=instead_of.pk) if instead_of is not None else SavedModel.objects.all()
     for other, former in others.values_list("name", "former_names"):  # a few hundred at most: no index to use
         if other.lower() == name.lower():
@@ -197,7 +197,7 @@ def runs_naming(saved_models, statuses=None) -> dict[int, list[Run]]:
     if statuses is not None:
         runs = runs.filter(status__in=statuses)
     for run in runs.only("pk", "name", "status", "config", "created_at", "started_at").order_by("pk"):
-        named = set(_strings(run.config))
+        named = set(strings(run.config))
         for directory in named & by_dir.keys():
             found[by_dir[directory]].append(run)
     return found
@@ -214,35 +214,34 @@ def model_uses(run: Run, saved: SavedModel) -> list[str]:
     uses += [use for key, use in (("ref_path", "reference"), ("critic_path", "critic"))
              if model.get(key) in directories]
     rest = {key: value for key, value in run.config.items() if key != "model"}
-    if directories & set(_strings(rest)):
+    if directories & set(strings(rest)):
         uses.append("reward model")
     return uses
-
-
-def _strings(value):
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, dict):
-        for item in value.values():
-            yield from _strings(item)
-    elif isinstance(value, list):
-        for item in value:
-            yield from _strings(item)
 
 
 # A run that may still load its models: it has not started, is training, or can be resumed.
 STILL_LOADS = (Run.Status.QUEUED, *Run.ACTIVE, Run.Status.STOPPED, Run.Status.FAILED)
 
 
-def still_loading(saved: SavedModel) -> str | None:
-    """The runs that would load the model from its directory yet (STILL_LOADS), in words, or None:
-    neither a deletion nor a rename may take that directory from under them."""
-    waiting = runs_naming([saved], STILL_LOADS)[saved.pk]
+def still_loading(saved: SavedModel, directories: set[str] | None = None) -> str | None:
+    """The runs that would load the model from one of its directories yet (STILL_LOADS), each with
+    the directory it names, in words, or None: neither a deletion nor a rename may take that
+    directory from under them. `directories`: only these of its own (model_dirs, by default)."""
+    directories = model_dirs(saved) if directories is None else directories
+    waiting = [(run, sorted(set(strings(run.config)) & directories))
+               for run in runs_naming([saved], STILL_LOADS)[saved.pk]]
+    waiting = [(run, named) for run, named in waiting if named]
     if not waiting:
         return None
-    return (f"{', '.join(f'run {run.name} (#{run.pk}, {run.status})' for run in waiting)} "
-            f"name{'s' if len(waiting) == 1 else ''} models/{saved.name} and would load it when "
+    runs = ", ".join(f"run {run.name} (#{run.pk}, {run.status}) names {', '.join(map(shown, named))}"
+                     for run, named in waiting)
+    return (f"{runs} and would load it when "
             f"{'it starts or is resumed' if len(waiting) == 1 else 'they start or are resumed'}")
+
+
+def shown(directory: str) -> str:
+    """A model directory as a run's config names it on the form: models/<name>."""
+    return f"models/{Path(directory).name}"
 
 
 def may_change(user, saved: SavedModel) -> bool:

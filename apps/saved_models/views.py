@@ -14,6 +14,7 @@ from rftweb.errors import form_checks_nul
 
 from . import evaluation, services
 from . import naming as naming_services
+from .directories import renamed_from
 from .forms import AliasForm, RenameForm, SaveModelForm
 from .models import ModelAlias, SavedModel
 
@@ -57,7 +58,7 @@ def _model_or_redirect(request, name):
     saved = SavedModel.objects.select_related("run", "created_by").filter(name=name).first()
     if saved is not None:
         return saved, None
-    renamed = naming_services.renamed_from(name)
+    renamed = renamed_from(name)
     if renamed is not None:
         messages.info(request, f"{isolate(name)} was renamed {isolate(renamed.name)}.")
         return None, redirect("model-detail", name=renamed.name)
@@ -92,21 +93,35 @@ def _changed(request, name):
 @require_POST
 @role_required(RESEARCHER)
 def model_rename(request, name):
-    saved = _changed(request, name)
-    if saved is None:
-        return redirect("model-list")
+    saved = SavedModel.objects.select_related("created_by").filter(name=name).first()
+    if saved is None:  # renamed (or deleted) by someone else since the form was drawn
+        return _gone(request, name)
     try:
         naming_services.rename_model(saved, request.POST.get("name", ""), request.user)
     except services.SaveError as err:
         messages.error(request, f"Not renamed: {err}")
-        return redirect("model-detail", name=name)
+        now = SavedModel.objects.filter(pk=saved.pk).values_list("name", flat=True).first()
+        return redirect("model-detail", name=now) if now else redirect("model-list")
     if saved.name == name:  # its own name: the service changed nothing
         messages.info(request, f"{isolate(name)} is its name already: nothing renamed.")
         return redirect("model-detail", name=name)
+    loaded = any(str(services.models_root() / name) in services.strings(run.config)
+                 for run in services.runs_naming([saved])[saved.pk])
+    still = (f"; the runs that loaded it as models/{isolate(name)} are still listed as trained from it"
+             if loaded else "")
     messages.success(request, f"Renamed {isolate(name)} to {isolate(saved.name)}: a run names it as model.path "
-                              f"{isolate(saved.model_path)} now; the runs that loaded it as models/{isolate(name)} "
-                              "are still listed as trained from it.")
+                              f"{isolate(saved.model_path)} now{still}.")
     return redirect("model-detail", name=saved.name)
+
+
+def _gone(request, name):
+    """Back to the model's page under its new name where another renamed it, said; else the list."""
+    renamed = renamed_from(name)
+    if renamed is None:
+        messages.error(request, f"Not renamed: no saved model named {isolate(name)} (deleted meanwhile?).")
+        return redirect("model-list")
+    messages.error(request, f"Not renamed: {isolate(name)} was renamed meanwhile to {isolate(renamed.name)}.")
+    return redirect("model-detail", name=renamed.name)
 
 
 @form_checks_nul

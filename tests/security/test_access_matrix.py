@@ -400,6 +400,21 @@ def test_access(world, name, principal):
         assert entry.changed(world) == (expected == "A"), (name, principal, "change")
 
 
+# Routes whose URL name MATRIX holds for another method: one entry per name there.
+OTHER_METHODS = {
+    # GET /api/models/<name>/ (api-model's entry is its DELETE): every researcher reads every model
+    "api-model": Entry("UDAAA", api=True, kwargs=lambda o: {"name": o.saved.name}),
+}
+
+
+@pytest.mark.parametrize("principal", PRINCIPALS)
+@pytest.mark.parametrize("name", sorted(OTHER_METHODS))
+def test_access_by_another_method(world, name, principal):
+    entry = OTHER_METHODS[name]
+    response = call(world, principal, entry, reverse(name, kwargs=entry.kwargs(world)))
+    assert outcome(response) == entry.expected[PRINCIPALS.index(principal)], (name, principal, response.status_code)
+
+
 ITEM_ROUTES = ("annotate-experience", "annotate-skip", "annotate-postpone", "annotate-rate", "annotate-edit",
                "annotate-compare", "annotate-flag")
 

@@ -61,8 +61,12 @@ def pick_dtype(device: torch.device, name: str = "auto") -> torch.dtype:
 
 
 def resolve_model_path(path: str) -> Path:
-    """A built-in name becomes its directory under the data dir, built on first use."""
+    """A built-in name becomes its directory under the data dir, built on first use. Any other
+    path must be a directory: transformers takes a missing one for a hub repo id and fails with
+    "Repo id must be in the form 'repo_name'..." (a saved model renamed or deleted since launch)."""
     if path not in BUILTIN_MODELS:
+        if not Path(path).is_dir():
+            raise FileNotFoundError(f"no model directory at {path} (renamed or deleted since the run launched?)")
         return Path(path)
     target = data_dir() / "models" / path
     if not (target / "config.json").exists():

@@ -1,4 +1,4 @@
-"""The API's saved models (apps/saved_models): list them (by alias too), save a run's checkpoint as
+"""The API's saved models (apps/saved_models): list them (by alias too) or get one, save a run's checkpoint as
 one, rename one, set and take off its aliases, delete one. The Models page's actions, through the
 same services and the same checks."""
 from datetime import datetime
@@ -9,6 +9,7 @@ from django.urls import reverse
 from ninja import Field, Query, Router, Schema, Status
 
 from apps.saved_models import evaluation, naming, services
+from apps.saved_models.directories import renamed_from
 from apps.saved_models.models import MAX_NOTE, ModelAlias, SavedModel
 from workers.rft.json_values import text_problem
 
@@ -135,7 +136,9 @@ def described(saved: list[SavedModel]) -> list[dict]:
 def _named(name: str) -> SavedModel:
     saved = SavedModel.objects.select_related("run", "created_by").filter(name=name).first()
     if saved is None:
-        raise ApiError(404, f"no saved model named {name} (deleted or renamed?)")
+        renamed = renamed_from(name)
+        raise ApiError(404, f"no saved model named {name} (renamed to {renamed.name})" if renamed else
+                       f"no saved model named {name} (deleted?)")
     return saved
 
 
@@ -208,6 +211,14 @@ def save_model(request):
     return Status(201, model_json(saved, [], [], []))
 
 
+@router.get("/{name}/", response={200: ModelOut, 404: ErrorOut, **REFUSED}, url_name="api-model",
+            summary="Get a saved model")
+def get_model(request, name: str):
+    """The model, as the list gives it. 404 for no model of that name (one renamed says its new
+    name: no redirect, so a client sees that its name is out of date)."""
+    return described([_named(name)])[0]
+
+
 @router.patch(
     "/{name}/", response={200: ModelOut, 400: ErrorOut, 404: ErrorOut, 409: ErrorOut, **REFUSED},
     url_name="api-model", summary="Rename a saved model",
@@ -217,7 +228,8 @@ def save_model(request):
 def rename_model(request, name: str):
     """200 with the model under its new name (and directory, models/<new name>). 403 for anyone but
     who saved it or a curator; 400 names a bad or taken name; 409 while a run that may still load
-    it names its directory (queued, training, or stopped or failed: a resume loads it again)."""
+    it names its directory (queued, training, or stopped or failed: a resume loads it again), or
+    when another rename or a deletion came first (renamed meanwhile to ...)."""
     saved = _named(name)
     naming.check_may_change(request.user, saved, "rename")  # a 403 before anything the body holds
     body = json_body(request)
@@ -226,7 +238,7 @@ def rename_model(request, name: str):
     try:
         naming.rename_model(saved, new, request.user)
     except services.SaveError as err:
-        if err.key == "runs":
+        if err.conflict:
             raise ApiError(409, str(err)) from None
         raise ApiError(400, str(err), errors=[{"key": "name", "message": str(err)}]) from None
     return described([saved])[0]

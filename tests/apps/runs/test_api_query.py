@@ -47,7 +47,7 @@ def test_every_route_refuses_a_query_parameter_it_does_not_read(script, urls):
         assert answer["error"] == "unknown query parameter: 'bogus_key'", (name, answer)
         assert answer["errors"][0]["key"] == "bogus_key"
         answered.append(name)
-    assert len(answered) == 17, answered  # every GET route, the index and the schema included
+    assert len(answered) == 18, answered  # every GET route, the index and the schema included
 
 
 def test_a_control_refuses_a_query_parameter_and_changes_nothing(script, urls):

@@ -110,3 +110,21 @@ def test_the_api_lists_aliases_filters_by_one_and_sets_and_removes_them(two, res
     assert gone.status_code == 204
     assert api(http, researcher, "delete", reverse("api-model-alias", args=["first", "champion"])).status_code == 404
     assert aliases() == {"first": [], "second": []}
+
+
+def test_deleting_an_owner_deletes_their_aliases_and_keeps_their_models_which_may_be_aliased_anew(
+        checkpointed):  # noqa: F811
+    one, other = (create_user(name, "pw-for-tests-123", roles=[RESEARCHER]) for name in ("one-res", "other-res"))
+    mine = services.save_model(checkpointed, 5, "mine", one)
+    theirs = services.save_model(checkpointed, 5, "theirs", other)
+    naming.set_alias(mine, "champion", one)
+    naming.set_alias(theirs, "champion", other)
+    # Two owners' "champion"s: kept unowned (SET_NULL), the second deletion would collide.
+    one.delete()
+    other.delete()
+    assert ModelAlias.objects.count() == 0
+    assert sorted(SavedModel.objects.filter(created_by=None).values_list("name", flat=True)) == ["mine", "theirs"]
+    curator = create_user("cur2", "pw-for-tests-123", roles=["curator"])
+    naming.set_alias(SavedModel.objects.get(name="mine"), "champion", curator)
+    assert naming.set_alias(SavedModel.objects.get(name="theirs"), "champion", curator).name == "mine"
+    assert aliases() == {"mine": [], "theirs": ["champion"]}

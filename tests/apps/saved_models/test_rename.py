@@ -143,3 +143,52 @@ def test_the_api_refuses_a_bad_name_400_and_a_loading_run_409_and_a_missing_mode
     gone = api(Client(), researcher, "patch", reverse("api-model", args=["gone"]), {"name": "x"})
     assert gone.status_code == 404
     assert SavedModel.objects.get().name == "warm"
+
+
+def test_a_rename_that_lost_to_another_is_a_conflict_naming_the_winner(warm, researcher):
+    # Two renames of one model at once: the second read the row before the first committed.
+    first, second = SavedModel.objects.get(), SavedModel.objects.get()
+    naming.rename_model(first, "n0a", researcher)
+    with pytest.raises(services.SaveError, match="^warm was renamed meanwhile to n0a$") as refused:
+        naming.rename_model(second, "n0b", researcher)
+    assert refused.value.conflict and second.name == "warm"
+    assert SavedModel.objects.get().name == "n0a" and (services.models_root() / "n0a").is_dir()
+    assert not (services.models_root() / "n0b").exists()
+
+
+def test_the_rename_form_posted_after_another_renamed_it_lands_on_its_page_under_its_new_name(
+        researcher_client, warm, researcher):
+    naming.rename_model(SavedModel.objects.get(), "by-another", researcher)  # in another tab
+    done = researcher_client.post(reverse("model-rename", args=["warm"]), {"name": "mine"}, follow=True)
+    assert done.redirect_chain[-1][0] == reverse("model-detail", args=["by-another"])
+    assert flashes(done) == ["Not renamed: \u2068warm\u2069 was renamed meanwhile to \u2068by-another\u2069."]
+    assert SavedModel.objects.get().name == "by-another"
+
+
+def test_the_rename_says_runs_that_loaded_it_are_still_listed_only_when_some_did(
+        researcher_client, warm, make_run):
+    done = researcher_client.post(reverse("model-rename", args=["warm"]), {"name": "warm-v2"}, follow=True)
+    assert flashes(done) == ["Renamed \u2068warm\u2069 to \u2068warm-v2\u2069: a run names it as model.path "
+                             "\u2068models/warm-v2\u2069 now."]
+    loading(make_run, SavedModel.objects.get(), Run.Status.COMPLETED)
+    again = researcher_client.post(reverse("model-rename", args=["warm-v2"]), {"name": "warm-v3"}, follow=True)
+    assert "the runs that loaded it as models/\u2068warm-v2\u2069 are still listed" in flashes(again)[0]
+
+
+@pytest.mark.parametrize("name", ["TINY", "Tiny", "SmolLM2-135M"])
+def test_a_built_in_models_name_is_taken_in_any_case(warm, researcher, name):
+    with pytest.raises(services.SaveError, match="is a built-in model's name \\(names that differ in case only"):
+        naming.rename_model(SavedModel.objects.get(), name, researcher)
+    assert services.name_problem("tiny") == "'tiny' is a built-in model's name"
+
+
+def test_the_api_gets_one_model_as_the_list_gives_it_and_a_former_name_says_the_new_one(
+        warm, researcher, make_run):
+    loading(make_run, warm, Run.Status.COMPLETED)
+    one = api(Client(), researcher, "get", reverse("api-model", args=["warm"]))
+    assert one.status_code == 200
+    assert one.json() == api(Client(), researcher, "get", reverse("api-models")).json()["results"][0]
+    naming.rename_model(SavedModel.objects.get(), "warm-v2", researcher)
+    gone = api(Client(), researcher, "get", reverse("api-model", args=["warm"]))
+    assert gone.status_code == 404 and gone.json()["error"] == "no saved model named warm (renamed to warm-v2)"
+    assert Client().get(reverse("api-model", args=["warm-v2"])).status_code == 401

@@ -48,7 +48,16 @@ def test_builtin_names_resolve_into_the_data_dir_once(data_dir):
         t.join()
     assert results == [data_dir / "models" / "tiny"] * 2
     assert not [p for p in (data_dir / "models").iterdir() if p.name.startswith(".")]  # no leftovers
-    assert models.resolve_model_path("/some/dir") == models.Path("/some/dir")
+    assert models.resolve_model_path(str(data_dir)) == data_dir
+
+
+def test_a_missing_model_directory_is_named_not_taken_for_a_hub_repo_id(data_dir):
+    # A saved model renamed since launch: transformers had said "Repo id must be in the form ...".
+    gone = data_dir / "models" / "hot"
+    with pytest.raises(FileNotFoundError, match=f"no model directory at {gone} \\(renamed or deleted"):
+        models.resolve_model_path(str(gone))
+    with pytest.raises(FileNotFoundError, match="no model directory at"):
+        models.load_tokenizer(gone)
 
 
 def test_device_and_dtype_on_cpu():
