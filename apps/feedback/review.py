@@ -119,7 +119,9 @@ def change(feedback_id: int, reviewer, *, accept: bool, note: str = "", seen_as:
         raise ReviewError(f"no judgement {feedback_id}: its annotator may have undone it")
     theirs = feedback.reviewer_id == reviewer.pk or may_take_over(feedback, reviewer)
     if feedback.review not in DECIDED or not theirs:
-        raise ReviewError(f"judgement {feedback_id} has no decision of yours to change"
+        whose = (f": {isolate(feedback.reviewer)} decided it, and only they change it"
+                 if feedback.review in DECIDED and feedback.reviewer else "")
+        raise ReviewError(f"judgement {feedback_id} has no decision of yours to change{whose}"
                           + (": its annotator judged it again, and it waits for review" if
                              feedback.review == Review.PENDING else ""))
     if (feedback.review == Review.ACCEPTED) == accept:

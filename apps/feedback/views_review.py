@@ -83,6 +83,7 @@ def review_change(request, pk):
     judgement = get_object_or_404(Feedback.objects.select_related("experience", "user"), pk=pk)
     # `to`, not `decision`: the form carries the history's filter back, whose `decision` is accepted or rejected.
     accept = request.POST.get("to") == "accept"
+    page = whole_number(request.POST.get("page", ""))  # the page it was on: the reviewer goes on there
     try:
         if request.POST.get("to") not in ("accept", "reject"):
             raise review.ReviewError("to must be accept or reject")
@@ -91,9 +92,11 @@ def review_change(request, pk):
     except services.FeedbackError as exc:
         messages.error(request, f"Nothing changed: {exc}.")
     else:
+        # The row is the newest decision now: it left a later page for the top of the first.
+        moved = " It is the newest decision now: at the top of page 1." if page and page > 1 else ""
         messages.success(request, f"{'Accepted' if accept else 'Rejected'} {isolate(judgement.user)}'s "
                                   f"{judgement.get_kind_display().lower()} of experience {judgement.experience_id} "
-                                  "instead.")
+                                  f"instead.{moved}")
     run_id = judgement.experience.run_id
     if run_id is None:
         return redirect("review-start")
@@ -101,6 +104,5 @@ def review_change(request, pk):
         chosen = review_history.DecisionFilter.from_query(judgement.experience.run, request.POST)
     except review.ReviewError:
         chosen = review_history.DecisionFilter()
-    page = whole_number(request.POST.get("page", ""))  # the page it was on (the form's), not the first
     query = urlencode({**chosen.as_query(), **({"page": page} if page and page > 1 else {})})
     return redirect(reverse("review-history", args=[run_id]) + (f"?{query}" if query else ""))

@@ -185,10 +185,14 @@ class Column:
 
 
 def _progress():
-    """Steps done over trainer.total_steps (explorer steps for a run that only explores)."""
+    """Steps done over trainer.total_steps (explorer steps for a run that only explores); a bench
+    run's evaluation, 1 once completed, else 0: as queries.run_progress, which its row shows (a
+    completed one was 0 here, grouped, filtered and sorted, and 1 / 1 in its row)."""
     done = Case(When(mode=Run.Mode.EXPLORE, then=F("explorer_step")), default=F("trainer_step"))
     total = NullIf(JSONScalar(F("config"), ["trainer", "total_steps"], "number"), Value(0.0))
-    return Cast(done, FloatField()) / total
+    return Case(When(mode=Run.Mode.BENCH, status=Run.Status.COMPLETED, then=Value(1.0)),
+                When(mode=Run.Mode.BENCH, then=Value(0.0)),
+                default=Cast(done, FloatField()) / total, output_field=FloatField())
 
 
 def _reward():

@@ -63,10 +63,12 @@ class DjangoMetricSink:
             if deleted or moved:  # the open pages start again from the snapshot (live.js)
                 services.broadcast(self.run.pk, {"type": "rewind", **back})
 
-    def replayed(self, role: str, step: int) -> None:
+    def replayed(self, role: str, step: int, model_version: int | None = None) -> None:
         """A step done again from what is stored (a single loop's explorer after a rewind): no
-        point, its own stays; the run's step moves on as it did the first time."""
-        services.set_progress(self.run, **{PROGRESS_OF_ROLE[role]: step})
+        point, its own stays; the run's step and model version move on as they did the first
+        time (the version stayed at the rewind's v0 until the replay got past the old steps)."""
+        version = {} if model_version is None else {"model_version": int(model_version)}
+        services.set_progress(self.run, **{PROGRESS_OF_ROLE[role]: step}, **version)
 
 
 class DjangoCheckpointStore:

@@ -13,6 +13,7 @@ const MODIFIERS = ["Control", "Shift", "Alt", "Meta", "CapsLock"];
 
 function annotateSocket(path, onMessage) {
   const dot = document.getElementById("live");
+  dot.hidden = false;  // hidden without JavaScript: no socket then, and "connecting" would stay for good
   let retryMs = ANNOTATE_RETRY_MS[0];
   const connect = () => {
     const socket = new WebSocket((location.protocol === "https:" ? "wss://" : "ws://") + location.host + path);

@@ -119,6 +119,8 @@ def test_without_javascript_each_tab_goes_on_with_its_own_queue(browser, asgi_se
         tab_1.wait_for_url(ITEM)
         first = int(ITEM.search(tab_1.url).group(1))
         assert first in wanted
+        # no socket without JavaScript: no "connecting" dot that never connects
+        expect(tab_1.locator("#live")).to_be_hidden()
         # The session's queue is tab 2's now (its first item is the one tab 1 holds: held items come first).
         tab_2.goto(f"/annotate/?run={run.pk}&strategy=newest")
         tab_2.wait_for_url(ITEM)

@@ -122,7 +122,8 @@ class Explorer:
             # A restarted run replays the steps after its checkpoint; this one's rollouts are stored.
             self.step += 1
             if self.metrics is not None:
-                self.metrics.replayed("explorer", self.step)
+                # the weights it holds now: the trainer publishes them again as it replays
+                self.metrics.replayed("explorer", self.step, self.engine.model_version)
             return {"replayed": 1}
         started = time.perf_counter()
         tasks = self.select_tasks()

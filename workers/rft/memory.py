@@ -223,7 +223,7 @@ class InMemoryMetrics:
             if self.echo:
                 self.echo(format_metrics(role, step, values))
 
-    def replayed(self, role: str, step: int) -> None:
+    def replayed(self, role: str, step: int, model_version: int | None = None) -> None:
         pass  # the point stays; nothing here counts steps
 
     def series(self, role: str, name: str) -> list[tuple[int, float]]:

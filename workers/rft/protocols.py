@@ -99,9 +99,10 @@ class MetricSink(Protocol):
         """One point per role ('explorer' | 'trainer' | 'eval' | 'system') and step, all scalars
         together. Logging a (role, step) again replaces the point."""
 
-    def replayed(self, role: str, step: int) -> None:
+    def replayed(self, role: str, step: int, model_version: int | None = None) -> None:
         """The role did `step` again from what is stored (a resumed run replays the steps after
-        its checkpoint): its point stays as it is; the role is at that step again."""
+        its checkpoint): its point stays as it is; the role is at that step again, holding
+        `model_version` (the explorer's weights), as a point would have said."""
 
 
 class CheckpointStore(Protocol):

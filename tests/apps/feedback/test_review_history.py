@@ -103,6 +103,7 @@ def test_a_reviewer_changes_their_own_decision_on_the_history_page(reviewed_run,
     again = client.post(reverse("review-change", args=[edit.pk]), {"to": "reject", "seen": review.seen(edit)},
                         follow=True)
     assert "Nothing changed: judgement" in again.content.decode() and "no decision of yours" in again.content.decode()
+    assert "<bdi>rev2</bdi> decided it, and only they change it" in again.content.decode()
     with pytest.raises(review.ReviewError, match="rev2.* accepted this edit: only they change their decision"):
         review.decide(edit.pk, rev1, accept=False)
     edit.refresh_from_db()
@@ -129,6 +130,7 @@ def test_a_change_comes_back_to_the_page_it_was_on_and_a_stale_one_says_who_move
     done = client.post(reverse("review-change", args=[rejected.pk]), {"to": "accept", "seen": seen_before,
                                                                        "page": "2"}, follow=True)
     assert done.redirect_chain[-1][0] == f"{url}?page=2"  # it was page 1
+    assert "It is the newest decision now: at the top of page 1." in done.content.decode()
     # A page drawn before it (another tab of theirs) decides again: their own change, said as theirs
     # (it read "rev1 accepted this rating while you looked at it", to rev1).
     with pytest.raises(review.ReviewError, match=r"^you accepted this rating since this page showed it \(another "):

@@ -157,6 +157,19 @@ def test_runs_group_by_their_own_status_mode_and_owner_and_each_group_lists_alon
     assert offered[:3] == ["status", "mode", "owner"] and offered.count("mode") == 1
 
 
+def test_a_bench_runs_progress_is_its_evaluation_everywhere(researcher_client, make_run):
+    """1 once completed, 0 before: as its row shows it (queries.run_progress). Grouped, filtered,
+    sorted and in the grouped CSV it was trainer_step / total_steps: 0 for a completed one."""
+    for name, status in (("scored-1", Run.Status.COMPLETED), ("scored-2", Run.Status.COMPLETED),
+                         ("scoring", Run.Status.QUEUED)):
+        make_run(name, status=status, mode=Run.Mode.BENCH, config={"mode": "bench", "trainer": {"total_steps": 100}})
+    assert sorted(listed(researcher_client, where="progress >= 1")) == ["scored-1", "scored-2"]
+    assert listed(researcher_client, where="progress = 0") == ["scoring"]
+    group = grouped(researcher_client, group="mode", cols="progress").context["groups"][0]
+    assert cells(group)["progress"]["mean"] == pytest.approx(2 / 3)
+    assert listed(researcher_client, sort="-progress")[-1] == "scoring"
+
+
 def test_mode_is_filtered_by_the_filter_box(researcher_client, runs, make_run):
     make_run("scored", status=Run.Status.COMPLETED, mode=Run.Mode.BENCH)
     assert listed(researcher_client, where="mode = bench") == ["scored"]

@@ -78,6 +78,11 @@ def test_a_trainer_back_at_its_checkpoint_takes_the_run_and_its_points_back_once
     DjangoMetricSink(run).replayed("explorer", 5)
     run.refresh_from_db()
     assert run.explorer_step == 5 and run.metrics.get(role="explorer", step=5).values == point.values
+    # The weights it holds as it replays the next: the model version follows (it stayed at the
+    # rewind's until the replay got past the stored steps, as no point is logged).
+    DjangoMetricSink(run).replayed("explorer", 6, 6)
+    run.refresh_from_db()
+    assert (run.explorer_step, run.model_version) == (6, 6)
     DjangoMetricSink(run).rewind(0, 0)  # a split run's trainer, with no checkpoint yet: its explorers' evals stay
     run.refresh_from_db()
     assert (run.trainer_step, run.model_version, steps("trainer"), steps("eval")) == (0, 0, [], [0, 4])
