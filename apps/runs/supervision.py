@@ -396,9 +396,10 @@ def finish(run: Run, status: str, checkpoint, duty: str) -> None:
         return
     ended = Status.STOPPED if status == Status.STOPPING else Status.COMPLETED
     run.refresh_from_db(fields=["explorer_step", "trainer_step"])
-    step = f"explorer step {run.explorer_step}" if run.mode == Run.Mode.EXPLORE else f"trainer step {run.trainer_step}"
+    step = {Run.Mode.EXPLORE: f"at explorer step {run.explorer_step}",  # a bench run trains nothing
+            Run.Mode.BENCH: "its evaluation"}.get(run.mode, f"at trainer step {run.trainer_step}")
     saved = f", checkpoint v{checkpoint.version}" if checkpoint else ""
-    log.info("run %s (%s): %s at %s%s", run.pk, duty, ended, step, saved)
+    log.info("run %s (%s): %s %s%s", run.pk, duty, ended, step, saved)
     services.set_status(run, ended)
 
 

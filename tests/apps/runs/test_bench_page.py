@@ -80,3 +80,15 @@ def test_a_grpo_runs_page_keeps_its_training_parts(researcher_client, make_run):
         assert training in page, training
     assert 'id="bench-results"' not in page and 'id="bench-meta"' not in page
     assert researcher_client.get(reverse("api-run", args=[run.pk])).json()["evaluation"] is None
+
+
+def test_a_bench_runs_log_ends_with_its_evaluation_not_a_trainer_step(make_run, saved, caplog):
+    """It trains nothing: its last line read "completed at trainer step 0" (the run's log file
+    takes the line while a worker serves it: test_logs_served)."""
+    from apps.runs import supervision
+
+    run = bench_run(make_run, "models/warm", status=Run.Status.RUNNING)
+    with caplog.at_level("INFO", logger=supervision.log.name):
+        supervision.finish(run, Run.Status.RUNNING, None, "loop")
+    assert f"run {run.pk} (loop): completed its evaluation" in caplog.messages
+    assert Run.objects.get(pk=run.pk).status == Run.Status.COMPLETED
