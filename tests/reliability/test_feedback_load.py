@@ -145,7 +145,8 @@ async def annotate_for(base_url: str, cookie: dict, seconds: float, confirmed: C
     async with httpx.AsyncClient(base_url=base_url, cookies=cookie, timeout=TIMEOUT_S) as http:
         while time.monotonic() < deadline:
             response = await http.get("/annotate/next/")
-            found = re.fullmatch(r"/annotate/experience/(\d+)/", response.headers.get("location", ""))
+            # the item's page, its queue after "?" (the page's forms carry it: page_queue.py)
+            found = re.fullmatch(r"/annotate/experience/(\d+)/(\?.*)?", response.headers.get("location", ""))
             if response.status_code == 200 and b"Nothing to judge" in response.content:
                 return
             if found is None:
