@@ -26,13 +26,21 @@ def saved_name(path: str) -> str | None:
     return path.name if path.is_absolute() and path.parent == models_root() else None
 
 
-def missing(path: str) -> str | None:
-    """Why a run cannot load the saved-model directory `path`, or None: it is there, or it is no
-    saved model's. A model renamed since is named ("models/warm was renamed to hot")."""
+def _gone(path: str) -> tuple[str, SavedModel | None] | None:
+    """(its name, the model renamed from it or None) where `path` is a saved-model directory that
+    is not there; None where it is there, or is no saved model's."""
     name = saved_name(path)
     if name is None or (models_root() / name).is_dir():
         return None
-    renamed = renamed_from(name)
+    return name, renamed_from(name)
+
+
+def missing(path: str) -> str | None:
+    """Why a run cannot load the saved-model directory `path`, or None: it is there, or it is no
+    saved model's. A model renamed since is named ("models/warm was renamed to hot")."""
+    if (gone := _gone(path)) is None:
+        return None
+    name, renamed = gone
     if renamed is not None:
         return f"models/{name} was renamed to {renamed.name}: name models/{renamed.name}"
     return f"no model directory at models/{name}"
@@ -64,10 +72,8 @@ def lock_named(paths: dict[str, str]) -> list[tuple[str, str]]:
 def moved_to(path: str) -> SavedModel | None:
     """The saved model whose former directory `path` is, now named otherwise, or None ("Launch
     again" of a run that loaded it before a rename: the form names it as it is now)."""
-    name = saved_name(path)
-    if name is None or (models_root() / name).is_dir():
-        return None
-    return renamed_from(name)
+    gone = _gone(path)
+    return gone and gone[1]
 
 
 def not_resumable(config: dict) -> list[str]:
@@ -76,9 +82,9 @@ def not_resumable(config: dict) -> list[str]:
     once, with what mends it."""
     said = []
     for path in dict.fromkeys(strings(config)):
-        if (name := saved_name(path)) is None or (models_root() / name).is_dir():
+        if (gone := _gone(path)) is None:
             continue
-        renamed = renamed_from(name)
+        name, renamed = gone
         said.append(f"models/{name} was renamed to {renamed.name} since it launched: rename it back to {name} to "
                     f"resume this run, or Launch again (the form names it models/{renamed.name})" if renamed else
                     f"no model directory at models/{name} (deleted since it launched?)")
