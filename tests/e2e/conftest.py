@@ -162,6 +162,12 @@ def page(request, browser, asgi_server, asgi_server_log, page_errors, tmp_path):
     On failure: screenshot, trace, console and logs in test-artifacts/<test>/."""
     context = browser.new_context(base_url=asgi_server, viewport={"width": 1400, "height": 1000})
     context.set_default_timeout(15_000)
+    # Assertions wait as long as actions: under CI's load (two xdist workers training beside the
+    # browser on 2 cores) the compare page of a 6-run sweep answered Show after Playwright's
+    # default 5 s, and test_sweeps failed on a page that was still loading.
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=15_000)
     tracing = os.environ.get("RFTWEB_E2E_TRACE", "1") != "0"
     if tracing:
         # DOM snapshots, no screencast: the frames of a tall live page (1280x4000, charts redrawn

@@ -82,6 +82,7 @@ def test_a_researcher_sweeps_lr_and_kl_from_the_browser_and_is_emailed_when_it_e
     page.locator("[data-chart-filter]").fill("reward")
     page.locator("#compare-samples select[name=task]").select_option(index=1)
     page.locator("#compare-samples").get_by_role("button", name="Show").click()
+    page.wait_for_url(re.compile(r"[?&]task=\d+"))
     expect(page.locator(".sample-column")).to_have_count(6)
     page.locator("#save-report").get_by_label("Name").fill("lr x kl: what it showed")
     page.locator("#save-report").get_by_label("Note").fill("the highest lr wins on held-out")
