@@ -30,7 +30,7 @@ from apps.tasksets.models import Taskset, TasksetImport
 from rftweb.asgi import application
 from tests.workers.test_tasks import grpo_config, make_taskset
 from workers.rft.config import RunConfig
-from workers.rft.trainer import UnsafeCheckpoint, load_tensors
+from workers.rft.trainer_checkpoints import UnsafeCheckpoint, load_tensors
 
 PASSWORD = "pw-for-tests-123"  # the password tests/conftest.py gives its users
 

@@ -8,7 +8,8 @@ from workers.rft.memory import InMemoryBuffer, InMemoryMetrics
 from workers.rft.micro_batches import collate
 from workers.rft.models import load_critic, load_policy, load_reference
 from workers.rft.sampling import TrainBatch
-from workers.rft.trainer import Trainer, UnsafeCheckpoint
+from workers.rft.trainer import Trainer
+from workers.rft.trainer_checkpoints import UnsafeCheckpoint
 
 from .conftest import make_config
 
