@@ -4,15 +4,24 @@ from urllib.parse import urlsplit
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "rftweb.settings")
 
-from django.core.asgi import get_asgi_application  # noqa: E402
+import django  # noqa: E402
+from django.apps import apps  # noqa: E402
+from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 
-django_asgi_app = get_asgi_application()  # before importing code that touches models
+# Django is set up before importing code that touches models, unless this process has set it up
+# already: runserver (and `manage.py demo`, which starts the demo run's duty on a thread first) imports this
+# module after its own setup, and setting up again configured logging again, whose dictConfig
+# drops every handler of the root logger. A duty already serving lost its DutyLog so: the demo
+# run's Logs panel stayed empty for the run's whole life (CI's embedded newcomer journey, under
+# load, when the run's thread opened its log before the server loaded this module).
+if not apps.ready:
+    django.setup(set_prefix=False)  # what get_asgi_application() does, first
+django_asgi_app = ASGIHandler()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import WebsocketDenier  # noqa: E402
 from django.conf import settings  # noqa: E402
-from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 from django.core.signals import request_finished  # noqa: E402
 from django.db import connections  # noqa: E402
 from django.http.request import is_same_domain, split_domain_port, validate_host  # noqa: E402

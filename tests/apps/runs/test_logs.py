@@ -117,6 +117,30 @@ def test_a_worker_whose_console_prints_warnings_only_still_logs_its_duties_info_
     assert console.stream.getvalue() == "run 3 (loop): a warning\n"
 
 
+def test_a_duty_serving_when_the_server_loads_its_asgi_application_keeps_its_lines(tmp_path):
+    """`manage.py demo` starts the demo run's duty on a thread, then runserver loads rftweb.asgi
+    (daphne's get_application). Loading it set Django up again, whose logging config dropped the
+    root logger's handlers, the duty's DutyLog among them: under CI's load the run's thread opened
+    its log first, and its Logs panel showed no line for the run's whole life."""
+    import sys
+
+    from daphne.management.commands.runserver import Command as Runserver
+
+    import rftweb
+
+    root = logging.getLogger()
+    before = sys.modules.pop("rftweb.asgi", None), root.handlers[:], root.level
+    try:
+        with DutyLog(tmp_path, 1, "loop"):
+            Runserver().get_application({})  # a fresh import of the module, as the server's first
+            log.info("rollout engine: transformers")
+    finally:
+        if before[0] is not None:
+            sys.modules["rftweb.asgi"] = rftweb.asgi = before[0]
+        root.handlers[:], root.level = before[1], before[2]
+    assert messages(tmp_path) == ["rollout engine: transformers"]
+
+
 def test_a_duty_log_stays_bounded_and_keeps_its_newest_lines(tmp_path, monkeypatch):
     monkeypatch.setattr(logs, "MAX_FILE_BYTES", 4000)
     with DutyLog(tmp_path, 1, "loop"):
