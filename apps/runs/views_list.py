@@ -110,9 +110,13 @@ def run_list_columns(request):
         run_table.forget_columns(request.user)
     else:
         picked = ",".join(request.POST.getlist("cols"))
-        for problem in run_table.parse_columns(picked)[1]:
+        columns, problems = run_table.parse_columns(picked)
+        for problem in problems:
             messages.error(request, f"Columns: {problem}")
-        query["cols"] = ",".join(run_table.save_columns(request.user, picked))
+        if columns or not problems:  # names alone, picked so, are a choice; none of the asked ones is not
+            query["cols"] = ",".join(run_table.save_columns(request.user, picked))
+        else:
+            messages.error(request, "Columns: none of the picked columns exists; your columns are as they were.")
     return redirect(reverse("run-list") + (f"?{query.urlencode(safe=',/:')}" if query else ""))
 
 

@@ -305,6 +305,20 @@ def test_the_picker_saves_the_columns_and_the_list_opens_with_them(researcher_cl
     assert tuple(column.id for column in default.columns) == run_columns.DEFAULT_COLUMNS
 
 
+def test_a_pick_of_unknown_columns_only_keeps_the_saved_columns(researcher_client, researcher, metric_runs):
+    """It saved an empty pick: the list showed names alone ("Columns 0") though nobody chose that."""
+    researcher_client.post(reverse("run-list-columns"), {"cols": ["trainer.lr"], "query": ""})
+    response = researcher_client.post(reverse("run-list-columns"), {"cols": ["bogus", "nope"], "query": "q=e"},
+                                      follow=True)
+    assert RunListColumns.objects.get(user=researcher).columns == ["trainer.lr"]
+    assert [column.id for column in response.context["table"].columns] == ["trainer.lr"]
+    said = [str(message) for message in response.context["messages"]]
+    assert "Columns: none of the picked columns exists; your columns are as they were." in said
+    assert any("bogus" in message for message in said)
+    nothing = researcher_client.post(reverse("run-list-columns"), {"query": ""})  # every box unticked: names alone
+    assert nothing.status_code == 302 and RunListColumns.objects.get(user=researcher).columns == []
+
+
 def test_the_picker_offers_the_runs_metrics_latest_and_best(researcher_client, metric_runs):
     picker = researcher_client.get(reverse("run-list"), {"cols": "trainer.lr"}).context["picker"]
     groups = {group["title"]: [item["id"] for item in group["items"]] for group in picker}
