@@ -88,11 +88,9 @@ def set_explorers(run: Run, count: int) -> Run:
             raise services.InvalidTransition(
                 f"run {locked.name!r} is {locked.status}: explorers are added or removed while it runs or is paused")
         before = duties_of_run(locked)
-        if (locked.config.get("synchronizer", {}).get("method") == "nccl"
-                and count != locked.config.get("explorer", {}).get("engine_num", 1)):
-            raise ConfigError([ConfigIssue("explorer.engine_num", "synchronizer.method 'nccl' sends the weights to a "
-                                           "group of a fixed size: this run keeps its explorers (checkpoint sync "
-                                           "adds and removes them)")])
+        changed = count != locked.config.get("explorer", {}).get("engine_num", 1)
+        if changed and (fixed := fixed_explorers(locked)):
+            raise ConfigError([ConfigIssue("explorer.engine_num", fixed)])
         config = {**locked.config, "explorer": {**locked.config.get("explorer", {}), "engine_num": count}}
         locked.config = RunConfig.from_dict(config).to_dict()
         locked.save(update_fields=["config", "updated_at"])
@@ -101,6 +99,23 @@ def set_explorers(run: Run, count: int) -> Run:
         transaction.on_commit(lambda: services.drop_queued(locked.pk))
     run.refresh_from_db()
     return run
+
+
+def fixed_explorers(run: Run) -> str | None:
+    """Why the run's explorers cannot be added or removed while it trains (None: they can). The
+    config rule for a launch said "set mode 'both' and synchronizer.method 'checkpoint'", which a
+    launched run cannot do: what is left is to launch it again with them."""
+    mode, method = run.config.get("mode", "both"), run.config.get("synchronizer", {}).get("method", "memory")
+    if method == "nccl":
+        return ("synchronizer.method 'nccl' sends the weights to a group of a fixed size: this run keeps its "
+                "explorers (checkpoint sync adds and removes them)")
+    if "trainer" in duties_of_run(run):
+        return None
+    why, wanted = ((f"mode '{mode}' runs no explorers in workers of their own", "mode 'both' and ")
+                   if mode != "both" else
+                   (f"synchronizer.method '{method}' runs the explorer inside the trainer's worker", ""))
+    return (f"{why}, and a launched run keeps its mode and sync method: Launch again, with {wanted}synchronizer.method "
+            "'checkpoint', for a run whose explorers are added and removed while it trains")
 
 
 def send(run: Run, wanted) -> list[str]:

@@ -21,7 +21,7 @@ from django.views.decorators.http import require_POST
 
 from apps.accounts.roles import CURATOR, RESEARCHER, has_role, role_required
 from apps.core.bidi import isolate
-from apps.core.numbers import whole_number
+from apps.core.numbers import SHOWN_CHARS, whole_number
 from apps.core.streaming import streaming
 from apps.saved_models.directories import moved_to, renamed_from
 from apps.saved_models.evaluation import bench_config, bench_results, evaluation
@@ -235,7 +235,7 @@ def run_detail(request, pk):
             "sync_method": run.config.get("synchronizer", {}).get("method", "memory"),
             "explorers_editable": may_control(request.user, run) and run.status in (Run.Status.RUNNING,
                                                                                      Run.Status.PAUSED)
-            and run.config.get("synchronizer", {}).get("method") != "nccl",
+            and supervision.fixed_explorers(run) is None,
             "plotly_version": PLOTLY_VERSION,
             **chart_view(request.GET),
             "page_data": {
@@ -302,10 +302,14 @@ def run_explorers(request, pk):
     run = get_object_or_404(Run, pk=pk)
     if not may_control(request.user, run):
         raise PermissionDenied(f"only the owner of run {run.name!r} ({run.owner}) or a curator may change explorers")
-    try:
-        count = int(request.POST.get("engine_num", ""))
-    except ValueError:
-        messages.error(request, "explorer.engine_num must be a whole number")
+    # whole_number, as every other number people send: int() read "1_0" as 10 and a full-width "１" as 1.
+    sent = request.POST.get("engine_num", "")
+    count = whole_number(sent)
+    if count is None:
+        shown = sent.strip()[:SHOWN_CHARS]
+        messages.error(request, f"explorer.engine_num: {shown!r} is not a whole number: type the explorers "
+                                "wanted in digits 0-9, e.g. 2" if shown else "explorer.engine_num: type how many "
+                                "explorers the run should have, e.g. 2")
         return redirect("run-detail", pk=pk)
     try:
         supervision.set_explorers(run, count)

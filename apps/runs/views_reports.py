@@ -96,7 +96,17 @@ def report_edit(request, pk):
         report.delete()
         messages.success(request, f"Deleted report {isolate(report.name)} (its runs stay).")
         return redirect("report-list")
-    data = {**request.POST.dict(), "runs": ",".join(map(str, report.run_ids)), "chart_filter": report.chart_filter,
+    # Runs deleted since it was saved are dropped (as a new report's save offers the rest): kept,
+    # they refused every rename ("runs: no run with id 2"), and only deleting the report was left.
+    there = set(Run.objects.filter(pk__in=report.run_ids).values_list("pk", flat=True))
+    kept, gone = [pk for pk in report.run_ids if pk in there], [pk for pk in report.run_ids if pk not in there]
+    if not kept:
+        messages.error(request, f"Report not saved: {runs_named(gone)} {'was' if len(gone) == 1 else 'were'} "
+                                "deleted, every run it compared: it has nothing left to show. Delete it, or open "
+                                "Compare to save a new report.")
+        typed = ReportForm(instance=report, initial={key: request.POST.get(key) for key in ("name", "note")})
+        return _report_page(request, report, typed, status=400)
+    data = {**request.POST.dict(), "runs": ",".join(map(str, kept)), "chart_filter": report.chart_filter,
             "chart_smoothing": "" if report.chart_smoothing is None else report.chart_smoothing,
             "sample_task": report.sample_task or "", "sample_step": report.sample_step or ""}
     form = ReportForm(data, instance=report)
@@ -105,5 +115,12 @@ def report_edit(request, pk):
         messages.error(request, "Report not saved: " + sentence(form_problems(form)))
         return _report_page(request, report, form, status=400)
     form.save()
-    messages.success(request, f"Saved report {isolate(report.name)}.")
+    dropped = (f": {runs_named(gone)} {'was' if len(gone) == 1 else 'were'} deleted; the report now holds "
+               f"{runs_named(kept)}" if gone else "")
+    messages.success(request, f"Saved report {isolate(report.name)}{dropped}.")
     return redirect("report-detail", pk=report.pk)
+
+
+def runs_named(ids: list[int]) -> str:
+    """"run #2", "runs #1, #3": as the messages of a report's runs name them."""
+    return f"run{'s' if len(ids) != 1 else ''} " + ", ".join(f"#{pk}" for pk in ids)

@@ -48,6 +48,7 @@ class AnnotationPage {
     this.queue = []; // keys pressed meanwhile, for the next item shown
     this.runNote = null; // "the run has failed ..." once heard: every item shown keeps saying it
     this.prefetch = null; // a Promise of the next item ({id, html, judgeable} or null)
+    this.recheckDue = false; // the run's status changed while busy: ask whether the item is still open after
     // The address names the page's queue (data-next-url's query: run, strategy, filter), so a reload
     // takes this tab's queue, not the session's that another tab may have started since.
     this.queueSearch = new URL(page.dataset.nextUrl, location.href).search;
@@ -71,6 +72,7 @@ class AnnotationPage {
     const root = document.getElementById("annotate");
     this.itemId = Number(root.dataset.experience);
     this.panels = [...root.querySelectorAll(".panel")];
+    this.judgeable = !("refused" in root.dataset); // the server's word (services.refusal) when it drew the item
     this.editForm = document.getElementById("edit-form");
     this.editor = document.getElementById("edit-text");
     this.response = document.getElementById("response");
@@ -233,6 +235,7 @@ class AnnotationPage {
   // The queue's keys, in order, until one starts a judgement (the rest wait for the item after).
   release() {
     this.busy = false;
+    if (this.recheckDue) { this.recheck(); return; } // the keys wait for its answer: they may be refused
     while (!this.busy && this.queue.length) this.handle(this.queue.shift(), true);
   }
 
@@ -345,6 +348,26 @@ class AnnotationPage {
     this.release();
   }
 
+  // The run stopped, failed, completed or came back: whether this item may be judged can have
+  // changed with it (one trained on is refused once its run has finished), so the server is asked,
+  // as it answers a judgement, and the item drawn again where its answer changed: the rating
+  // buttons stayed on an item the server refused. An edit under way is kept to copy.
+  async recheck() {
+    this.recheckDue = false;
+    this.busy = true;
+    const { ok, data } = await this.request("GET", this.itemUrl(this.itemId));
+    if (ok && data.item.id === this.itemId && data.item.judgeable !== this.judgeable) {
+      const typed = this.editing ? this.editor.value : null;
+      this.render(data.item);
+      const unsaved = document.getElementById("unsaved-edit");
+      if (typed !== null && unsaved) {
+        unsaved.querySelector("textarea").value = typed;
+        unsaved.hidden = false;
+      }
+    }
+    this.release();
+  }
+
   async undo(feedbackId) {
     this.busy = true;
     const body = feedbackId === undefined ? {} : { feedback: feedbackId };
@@ -423,16 +446,18 @@ class AnnotationPage {
   // -- the run's channel ------------------------------------------------------------------------------
 
   onMessage(message) {
-    if (message.type === "run_status" && RUN_FINISHED.includes(message.status)) {
-      // Not a reload: the annotator may be halfway through an edit. The server says at submit
-      // whether this item can still be judged.
-      this.runNote = `the run has ${message.status}: no new items will come`;
-      this.setText("queue-note", this.runNote);
-      return;
-    }
-    if (message.type === "run_status" && this.runNote) { // resumed: the note was kept until a reload
-      this.runNote = null;
-      this.setText("queue-note", `the run is ${message.status} again: new items will come`);
+    if (message.type === "run_status") {
+      if (RUN_FINISHED.includes(message.status)) {
+        // Not a reload: the annotator may be halfway through an edit (recheck keeps it).
+        this.runNote = `the run has ${message.status}: no new items will come`;
+        this.setText("queue-note", this.runNote);
+      } else if (this.runNote) { // resumed: the note was kept until a reload
+        this.runNote = null;
+        this.setText("queue-note", `the run is ${message.status} again: new items will come`);
+      }
+      this.prefetchNext(); // the one fetched ahead was drawn before: it may be refused now
+      this.recheckDue = true;
+      if (!this.busy) this.recheck();
       return;
     }
     if (message.type === "new_experiences") {

@@ -170,21 +170,25 @@ def test_an_annotator_rates_edits_compares_and_flags_with_the_keyboard_while_ano
     # Flag: f, then 3 is "garbled".
     judge("flag", ["f", "3"], old, before_enter=lambda: shot(page, "flag"))
     # The run fails while the annotator looks at an item it had trained on: the page says so
-    # quietly (no reload: they might be editing), the judgement is refused with the reason and no
-    # more choices, and the queue then says why nothing is left.
+    # (no reload: they might be editing) and, as the server now refuses the item, takes its
+    # choices away with the reason (they stayed, to be refused at submit); the queue then says
+    # why nothing is left.
     Experience.objects.filter(pk=old.pk).update(status="consumed")
     run_services.set_status(run, Run.Status.FAILED, error="a worker died")
     expect(page.locator("#queue-note")).to_have_text("the run has failed: no new items will come")
-    # Resumed, the note says so at once (it stayed on every next item until a reload), and again
-    # when it fails.
-    run_services.set_status(run, Run.Status.QUEUED)
-    expect(page.locator("#queue-note")).to_have_text("the run is queued again: new items will come")
-    run_services.set_status(run, Run.Status.FAILED, error="a worker died")
-    expect(page.locator("#queue-note")).to_have_text("the run has failed: no new items will come")
-    page.keyboard.press("3")
-    page.keyboard.press("Enter")
     expect(page.locator("#refusal")).to_contain_text("already trained on and its run is failed")
     expect(page.locator('[data-panel="rate"]')).to_have_count(0)
+    # Resumed, the note says so at once (it stayed on every next item until a reload), the item
+    # is open again, and refused again when it fails.
+    run_services.set_status(run, Run.Status.QUEUED)
+    expect(page.locator("#queue-note")).to_have_text("the run is queued again: new items will come")
+    expect(page.locator('[data-panel="rate"]')).to_be_visible()
+    run_services.set_status(run, Run.Status.FAILED, error="a worker died")
+    expect(page.locator("#queue-note")).to_have_text("the run has failed: no new items will come")
+    expect(page.locator("#refusal")).to_contain_text("already trained on and its run is failed")
+    expect(page.locator('[data-panel="rate"]')).to_have_count(0)
+    page.keyboard.press("3")  # no choices left: a digit does nothing
+    expect(page.locator("#annotate")).to_have_attribute("data-experience", str(old.pk))
     shot(page, "refused")
     with page.expect_navigation():
         page.keyboard.press("Enter")  # on to the next item: there is none

@@ -154,3 +154,22 @@ def test_a_missing_route_under_the_annotation_api_answers_json(annotator_client)
     response = annotator_client.get("/annotate/api/no-such-thing/")
     assert response.status_code == 404 and response["Content-Type"] == "application/json"
     assert "error" in response.json()
+
+
+def test_an_edit_refused_as_the_run_finished_shows_the_response_and_keeps_the_edit(annotator_client, page):
+    """The item came back with the response hidden (as while editing) and no editor: neither the
+    response nor the edit typed was on the page."""
+    item = page[2]
+    Experience.objects.filter(pk=item.pk).update(status="consumed")
+    item.run.status = "stopped"
+    item.run.save()
+    refused = post(annotator_client, judge_url(item.pk, "edit"), {"text": "my <fix>"})
+    assert refused.status_code == 400 and refused.json()["item"]["judgeable"] is False
+    html = refused.json()["item"]["html"]
+    assert f'id="annotate" data-experience="{item.pk}" data-refused' in html
+    assert f'id="response">{item.response_text}</div>' in html and 'id="edit-form"' not in html
+    assert '<div id="unsaved-edit"><p class="muted small">Your edit, not saved:</p>' in html
+    assert "my &lt;fix&gt;</textarea>" in html and not Feedback.objects.exists()
+    # Asked again (annotate.js does when the run's status changes): refused, the edit slot empty and hidden.
+    again = annotator_client.get(reverse("annotate-api-item", args=[item.pk])).json()["item"]
+    assert again["judgeable"] is False and '<div id="unsaved-edit" hidden>' in again["html"]

@@ -13,7 +13,7 @@ from apps.runs import duties, holding, supervision
 from apps.runs.models import ExplorerGroup, ExplorerStep, Run
 from apps.runs.presets import preset_config
 from apps.runs.store import DjangoStepClaims
-from workers.rft.config import RunConfig
+from workers.rft.config import ConfigError, RunConfig
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -163,7 +163,12 @@ def test_explorers_are_added_and_removed_from_the_run_page(researcher_client, ma
 
 
 @pytest.mark.parametrize("sync, status, says", [
-    ("memory", "running", "explorer.engine_num: 2 explorers run in workers of their own"),
+    # It said "set mode 'both' and synchronizer.method 'checkpoint'", which a launched run cannot do.
+    ("memory", "running", "explorer.engine_num: synchronizer.method &#x27;memory&#x27; runs the explorer inside the "
+                          "trainer&#x27;s worker, and a launched run keeps its mode and sync method: Launch again, "
+                          "with synchronizer.method &#x27;checkpoint&#x27;, for a run whose explorers are added and "
+                          "removed while it trains"),
+    ("nccl", "running", "synchronizer.method &#x27;nccl&#x27; sends the weights to a group of a fixed size"),
     ("checkpoint", "completed", "is completed: explorers are added or removed while it runs or is paused"),
 ])
 def test_a_count_the_run_cannot_take_is_refused_and_changes_nothing(researcher_client, make_run, sent, sync, status,
@@ -173,6 +178,32 @@ def test_a_count_the_run_cannot_take_is_refused_and_changes_nothing(researcher_c
     assert says in response.content.decode()
     run.refresh_from_db()
     assert run.config["explorer"]["engine_num"] == 1 and sent == []
+
+
+def test_a_run_in_one_worker_says_it_is_launched_again_to_add_explorers(make_run, sent):
+    demo = preset_config("quick-demo")  # its eval_interval has no effect in mode explore: left out
+    explorer = {key: value for key, value in demo["explorer"].items() if key != "eval_interval"}
+    config = {**demo, "mode": "explore", "explorer": explorer}
+    run = make_run(status="running", config=RunConfig.from_dict(config).to_dict())
+    with pytest.raises(ConfigError) as refused:
+        supervision.set_explorers(run, 2)
+    assert refused.value.errors[0].message.startswith(
+        "mode 'explore' runs no explorers in workers of their own, and a launched run keeps its mode and sync method: "
+        "Launch again, with mode 'both' and synchronizer.method 'checkpoint',")
+    assert supervision.set_explorers(run, 1).config["explorer"]["engine_num"] == 1 and sent == []  # no change
+
+
+@pytest.mark.parametrize("typed", ["1_0", "\uff11", "+2", "2.0", "-1", "99999999999999999999999", "two"])
+def test_a_count_not_in_plain_digits_is_refused_as_everywhere_else(researcher_client, make_run, sent, typed):
+    """int() read "1_0" as 10 and a full-width "１" as 1 (apps.core.numbers.whole_number refuses both)."""
+    run = shared_run(make_run)
+    response = researcher_client.post(reverse("run-explorers", args=[run.pk]), {"engine_num": typed}, follow=True)
+    assert f"explorer.engine_num: {typed!r} is not a whole number: type the explorers wanted in digits 0-9, e.g. 2" \
+        in response.content.decode().replace("&#x27;", "'")
+    run.refresh_from_db()
+    assert run.config["explorer"]["engine_num"] == 2 and sent == []
+    blank = researcher_client.post(reverse("run-explorers", args=[run.pk]), {"engine_num": " "}, follow=True)
+    assert "explorer.engine_num: type how many explorers the run should have, e.g. 2" in blank.content.decode()
 
 
 def test_only_the_owner_or_a_curator_changes_the_explorers(client, annotator_client, make_run, sent, researcher):

@@ -211,7 +211,54 @@ def test_a_report_whose_run_is_gone_says_so(researcher_client, researcher, compa
     b.delete()
     page = researcher_client.get(reverse("report-detail", args=[report.pk]))
     assert [run.pk for run in page.context["picked_runs"]] == [a.pk] and page.context["gone"] == [report.run_ids[1]]
-    assert "no longer exist" in page.content.decode()
+    assert f"Run #{report.run_ids[1]} no longer exists" in page.content.decode()
     listed = researcher_client.get(reverse("report-list"))
     assert (listed.context["page"].object_list[0].runs_there, listed.context["page"].object_list[0].runs_gone) == (1, 1)
     assert '<td class="num">1 <span class="muted">(1 deleted)</span></td>' in listed.content.decode()  # was "2"
+
+
+def deleted(run):
+    Experience.objects.filter(run=run).delete()
+    run.delete()
+
+
+def test_a_report_whose_run_was_deleted_is_still_renamed_and_drops_it(researcher_client, researcher, compared):
+    """Its edit sent the saved ids back to the form, which refused the deleted one: "Report not
+    saved: runs: no run with id 2.", and deleting the report was the only way out."""
+    a, b, c = compared
+    report = Report.objects.create(name="r", note="n", owner=researcher, run_ids=[a.pk, b.pk, c.pk])
+    gone_pk = b.pk
+    deleted(b)
+    page = researcher_client.get(reverse("report-detail", args=[report.pk])).content.decode()
+    assert (f"Run #{gone_pk} no longer exists: deleted since the report was saved, it is left out below "
+            "(saving the report drops it).") in page
+    saved = researcher_client.post(reverse("report-edit", args=[report.pk]), {"name": "renamed", "note": "re-noted"},
+                                   follow=True)
+    report.refresh_from_db()
+    assert saved.status_code == 200 and (report.name, report.note, report.run_ids) == ("renamed", "re-noted",
+                                                                                       [a.pk, c.pk])
+    assert shown_messages(saved) == [f"Saved report \u2068renamed\u2069: run #{gone_pk} was deleted; the report now "
+                                     f"holds runs #{a.pk}, #{c.pk}."]
+    assert 'id="report-gone"' not in saved.content.decode()  # nothing of it is gone now
+
+
+def test_a_report_whose_every_run_was_deleted_says_so_and_keeps_what_it_held(researcher_client, researcher, compared):
+    a, b, _ = compared
+    report = Report.objects.create(name="r", note="n", owner=researcher, run_ids=[a.pk, b.pk])
+    ids = report.run_ids
+    deleted(a)
+    deleted(b)
+    page = researcher_client.get(reverse("report-detail", args=[report.pk])).content.decode()
+    assert (f"Every run of this report was deleted (#{ids[0]}, #{ids[1]}): it has nothing left to show. Delete it "
+            "below, or open Compare to save a new report.") in page
+    assert "Pick two or more runs" not in page and "Nothing to show: every run of this report was deleted." in page
+    refused = researcher_client.post(reverse("report-edit", args=[report.pk]), {"name": "renamed", "note": "typed"})
+    report.refresh_from_db()
+    assert refused.status_code == 400 and (report.name, report.note, report.run_ids) == ("r", "n", ids)
+    assert shown_messages(refused) == [f"Report not saved: runs #{ids[0]}, #{ids[1]} were deleted, every run it "
+                                       "compared: it has nothing left to show. Delete it, or open Compare to save a "
+                                       "new report."]
+    text = refused.content.decode()
+    assert 'value="renamed"' in text and "typed</textarea>" in text and "<h1><bdi>r</bdi></h1>" in text
+    researcher_client.post(reverse("report-edit", args=[report.pk]), {"delete": "1"})
+    assert not Report.objects.exists()
