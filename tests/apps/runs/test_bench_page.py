@@ -51,6 +51,9 @@ def test_a_bench_runs_page_is_an_evaluations(researcher_client, make_run, saved)
     assert '<div class="label">Evaluation</div>' in page
     figures = json.loads(page.split('id="run-page-data" type="application/json">')[1].split("</script>")[0])
     assert [figure["id"] for figure in figures["figures"]] == ["heldout", "step"] and figures["bench"]
+    # Its eval points are numbered by the model version they scored: its charts' x axis says so
+    # (chart_axes.js), not "explorer step".
+    assert figures["step_titles"] == {"eval": "model version evaluated"}
 
     api = researcher_client.get(reverse("api-run", args=[bench.pk])).json()
     assert api["config"]["trainer"]["lr"] == bench.config["trainer"]["lr"]  # the config as launched
@@ -79,6 +82,8 @@ def test_a_grpo_runs_page_keeps_its_training_parts(researcher_client, make_run):
                      "both · grpo", ">Rollouts</a>"):
         assert training in page, training
     assert 'id="bench-results"' not in page and 'id="bench-meta"' not in page
+    data = json.loads(page.split('id="run-page-data" type="application/json">')[1].split("</script>")[0])
+    assert data["step_titles"] == {}  # its axes: chart_axes.js's explorer and trainer steps
     assert researcher_client.get(reverse("api-run", args=[run.pk])).json()["evaluation"] is None
 
 
