@@ -198,17 +198,12 @@ def leaderboard(saved_models, found: dict[int, list[Score]], sort: str | None,
     return tasksets, ordered
 
 
-# What a bench run's config holds that it never reads: it trains nothing (config_rules refuses
-# these keys' changes in mode bench, but the schema's defaults stay in every stored config).
-TRAINING_SECTIONS = ("algorithm", "trainer", "feedback")
-
-
 def bench_config(config: dict) -> dict:
-    """A bench run's config as its page shows it: without the training sections (TRAINING_SECTIONS;
+    """A bench run's config as its page shows it: without the training sections (Run.TRAINING_SECTIONS;
     its page listed trainer.lr and the algorithm it never ran), and without the synchronizer where it
     is memory's (only checkpoint sync gives a bench run more versions to score: Loop.bench). The API
     answers the whole config, as launched."""
-    shown = {key: value for key, value in config.items() if key not in TRAINING_SECTIONS}
+    shown = {key: value for key, value in config.items() if key not in Run.TRAINING_SECTIONS}
     if (shown.get("synchronizer") or {}).get("method", "memory") == "memory":
         shown.pop("synchronizer", None)
     return shown
