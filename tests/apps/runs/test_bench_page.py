@@ -56,9 +56,12 @@ def test_a_bench_runs_page_is_an_evaluations(researcher_client, make_run, saved)
     assert figures["step_titles"] == {"eval": "model version evaluated"}
 
     api = researcher_client.get(reverse("api-run", args=[bench.pk])).json()
+    # The model as the runs list and this page name it, relative to the data dir: the stored
+    # path is the server's own layout (/srv/.../data/models/warm-v1).
+    assert bench.config["model"]["path"] == str(services.models_root() / "warm-v1")
     assert api["config"]["trainer"]["lr"] == bench.config["trainer"]["lr"]  # the config as launched
     assert api["evaluation"] == {
-        "model_path": bench.config["model"]["path"], "saved_model": "warm", "eval_taskset": "sums-eval",
+        "model_path": "models/warm-v1", "saved_model": "warm", "eval_taskset": "sums-eval",
         "results": [{"step": 0, "model_version": 0, "metric": "exact_match", "score": 0.625, "tasks": 40,
                      "failed_tasks": 1, "metrics": {"exact_match": 0.625, "reward_mean": 0.7, "tasks": 40,
                                                     "failed_tasks": 1, "model_version": 0,
@@ -71,7 +74,7 @@ def test_a_bench_run_not_scored_yet_says_so_and_a_built_in_model_is_named_unlink
     assert "bench · evaluates <bdi>tiny-gpt2</bdi> on <bdi>sums-eval</bdi>" in page
     assert "No score yet: a bench run records its scores once it has answered every task" in page
     api = researcher_client.get(reverse("api-run", args=[bench.pk])).json()["evaluation"]
-    assert (api["saved_model"], api["results"]) == (None, [])
+    assert (api["model_path"], api["saved_model"], api["results"]) == ("tiny-gpt2", None, [])
 
 
 def test_a_grpo_runs_page_keeps_its_training_parts(researcher_client, make_run):
