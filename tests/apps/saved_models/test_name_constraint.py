@@ -55,8 +55,11 @@ def saved_meanwhile(checkpointed, researcher, monkeypatch):  # noqa: F811
 
 
 def model_dirs() -> list[str]:
+    """This test's directories under models/, a save's temporary ones (.warm.<hex>) too; other
+    tests' (models/tiny) are not its to count."""
     root = services.models_root()
-    return sorted(path.name for path in root.iterdir()) if root.exists() else []
+    mine = ("warm", "cold", ".warm.", ".cold.")
+    return sorted(path.name for path in root.iterdir() if path.name.lower().startswith(mine)) if root.exists() else []
 
 
 @pytest.mark.parametrize("other, said", [("Warm", IN_CASE), ("warm", "a saved model is already named 'warm'")])
