@@ -130,3 +130,8 @@ class LivePublisher:
 
 
 publisher = LivePublisher()
+
+
+def broadcast(run_id: int, update: dict) -> None:
+    """Publish to the run's live channel once the current transaction commits (never a rolled-back change)."""
+    transaction.on_commit(lambda: publisher.publish(run_id, update))

@@ -69,6 +69,10 @@ class Run(models.Model):
 
     FINISHED = (Status.STOPPED, Status.COMPLETED, Status.FAILED)
     ACTIVE = (Status.STARTING, Status.RUNNING, Status.PAUSED, Status.STOPPING)  # not finished
+    # What a bench run's config holds that it never reads: it trains nothing (config_rules refuses
+    # these keys' changes in mode bench, but the schema's defaults stay in every stored config).
+    # Its page leaves them out (saved_models.evaluation.bench_config); the runs list shows none.
+    TRAINING_SECTIONS = ("algorithm", "trainer", "feedback")
     # Still to be served: a duty is claimed, waited for and kept only in these. A stopping run's
     # duties leave (the trainer saving its last checkpoint on the way) and its queued ones exit.
     SERVED = (Status.STARTING, Status.RUNNING, Status.PAUSED)

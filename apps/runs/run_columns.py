@@ -23,7 +23,7 @@ from pathlib import Path
 
 from django.conf import settings
 from django.db import NotSupportedError
-from django.db.models import Case, F, FloatField, Func, OuterRef, Q, Subquery, TextField, Value, When
+from django.db.models import Case, F, FloatField, Func, JSONField, OuterRef, Q, Subquery, TextField, Value, When
 from django.db.models.functions import Cast, Coalesce, Lower, NullIf
 
 from workers.rft.config import ModelConfig
@@ -160,6 +160,20 @@ class Column:
         return self.numeric or self.id == "created"
 
     @property
+    def training_only(self) -> bool:
+        """A config key only training reads (Run.TRAINING_SECTIONS): a bench run has none."""
+        return self.kind == CONFIG and self.key.split(".")[0] in Run.TRAINING_SECTIONS
+
+    def config(self):
+        """The config a config column reads in SQL: none (NULL) for a bench run where the key is
+        training_only, so that it sorts last, groups as not set and matches no filter's value, as
+        its row shows it (config_value). A bench run's stored config keeps the schema's
+        defaults there (algorithm.name grpo, trainer.lr 1e-6), which it never used."""
+        if not self.training_only:
+            return F("config")
+        return Case(When(mode=Run.Mode.BENCH, then=Value(None)), default=F("config"), output_field=JSONField())
+
+    @property
     def direction(self) -> str:
         """A metric's "min" or "max": which value is its best."""
         return metric_direction(f"{self.role}/{self.key}")
@@ -167,13 +181,13 @@ class Column:
     def sort_keys(self) -> list:
         """The expressions that order runs by this column, each sorted with nulls last."""
         if self.kind == CONFIG:
-            return json_sort_keys(F("config"), self.key.split("."))
+            return json_sort_keys(self.config(), self.key.split("."))
         return [self.number()] if self.numeric else [RUN_SORT_KEYS[self.id]()]
 
     def number(self):
         """The column's value as a float, NULL where it has none (a numeric column)."""
         if self.kind == CONFIG:
-            return JSONScalar(F("config"), self.key.split("."), "number")
+            return JSONScalar(self.config(), self.key.split("."), "number")
         if self.kind == RUN:
             return RUN_SORT_KEYS[self.id]()
         # The run's summary (summaries.py), one row by the unique index. The best read every point
@@ -328,7 +342,15 @@ def stored_paths(value: str) -> list[str]:
     return list(dict.fromkeys(found))
 
 
+# A training_only column's cell in a bench run's row, where it has no value.
+NOT_TRAINED = "a bench run trains nothing"
+
+
 def config_value(run: Run, column: Column):
+    """The run's value of a config column as its config wrote it; None for a bench run's
+    training_only key (Column.config: the SQL reads it so)."""
+    if column.training_only and run.mode == Run.Mode.BENCH:
+        return None
     return written(column, get_key(run.config, column.key))
 
 
@@ -383,6 +405,8 @@ class Condition:
             equal = Q(**{lookup: self.value})
             if self.column.key in MODEL_PATH_KEYS and isinstance(self.value, str):
                 equal = Q(**{f"{lookup}__in": stored_paths(self.value)})  # as written, or as stored
+            if self.column.training_only:  # a bench run holds none (Column.config)
+                equal &= ~Q(mode=Run.Mode.BENCH)
             if self.operator == "!=":  # by id: NOT (x = v) is NULL, not true, where the key is missing
                 return runs.exclude(pk__in=Run.objects.filter(equal).values("pk"))
             return runs.filter(equal)

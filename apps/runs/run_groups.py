@@ -16,7 +16,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from django.db import NotSupportedError
-from django.db.models import F, Func, TextField
+from django.db.models import Func, TextField
 
 from apps.core.templatetags.text import ago
 
@@ -130,11 +130,11 @@ def grouped(runs, keys: list[Column], columns: list[Column], sort: Column) -> li
     order their first run comes) by `keys`, with their cells for `columns` and the mean of `sort`
     where it is numeric. One query."""
     names = {key.id: f"g{index}" if key.kind == CONFIG else RUN_KEYS[key.id] for index, key in enumerate(keys)}
-    configs = {names[key.id]: JSONText(F("config"), key.key.split(".")) for key in keys if key.kind == CONFIG}
+    configs = {names[key.id]: JSONText(key.config(), key.key.split(".")) for key in keys if key.kind == CONFIG}
     numbers = {f"n{index}": column.number() for index, column in enumerate(columns) if column.numeric}
     if sort.numeric:
         numbers["sort"] = sort.number()
-    texts = {f"t{index}": JSONText(F("config"), column.key.split("."))
+    texts = {f"t{index}": JSONText(column.config(), column.key.split("."))
              for index, column in enumerate(columns) if column.kind == CONFIG and not column.numeric}
     rows = runs.values("pk", "status", "mode", "owner__username", "created_at", **configs, **numbers, **texts)
     groups: dict[str, Group] = {}

@@ -284,6 +284,8 @@ def _cell(run: Run, column: Column, metrics: dict):
         return None
     if column.kind == CONFIG:
         text = run_columns.config_text(run_columns.config_value(run, column))
+        if text is None and column.training_only and run.mode == Run.Mode.BENCH:
+            return {"text": None, "title": f"{column.id}: none, {run_columns.NOT_TRAINED}"}
         return {"text": text, "title": f"{column.id}: {text}" if text is not None else ""}
     value = metrics.get(column.id)
     return {"text": None if value is None else comparison.short_number(value),

@@ -22,9 +22,10 @@ from .config_fit import fit_issues
 from .duties import HANDED_OVER, NODE_DUTY, duties_of_run, holder, queue_of, workers_holding
 from .failures import describe_lost_worker
 from .hosts import serving
-from .live import publisher
+from .live import broadcast
 from .models import MetricPoint, Run
 from .queries import unix_time
+from .rewind import resume_counters, rewind
 
 Status = Run.Status
 logger = logging.getLogger(__name__)
@@ -45,11 +46,6 @@ TRANSITIONS: dict[str, set[str]] = {
 
 class InvalidTransition(Exception):
     pass
-
-
-def broadcast(run_id: int, update: dict) -> None:
-    """Publish to the run's live channel once the current transaction commits (never a rolled-back change)."""
-    transaction.on_commit(lambda: publisher.publish(run_id, update))
 
 
 @transaction.atomic
@@ -214,7 +210,8 @@ def resume_run(run: Run) -> Run:
     """Continue the run. A paused run's workers carry on in place. A failed or stopped run is queued
     again: its duties restart from its newest checkpoint (from step 0 when it has none) on the same
     run, metrics and buffer (replayed steps replace their metrics; the buffer gives back what the
-    lost steps consumed). Its error moves to `resumes`, so the run no longer shows it as current.
+    lost steps consumed), and its counters go back to that checkpoint's at once (rewind). Its
+    error moves to `resumes`, so the run no longer shows it as current.
     Refused while a worker still holds one of its duties (it lets go within a step), and for good
     once buffer retention archived or dropped its buffer (buffer_retired)."""
     with transaction.atomic():
@@ -251,6 +248,11 @@ def resume_run(run: Run) -> Run:
         locked.heartbeats = {}  # the workers that served it are gone; whoever starts it now holds it
         locked.save(update_fields=["resumes", "heartbeats", "updated_at"])
         set_status(locked, Status.QUEUED, error="")
+        # Its counters and charts go back to where its trainer goes on from now, as its worker will
+        # take them back when it starts: this answer and its page said the old ones until then.
+        counters = resume_counters(locked, checkpoint)
+        if counters is not None:
+            rewind(locked, **counters)
         forget_versions_after(locked, checkpoint.version if checkpoint else 0)  # no worker holds it (busy above)
         transaction.on_commit(lambda: enqueue("workers.tasks.start_run", locked.pk))
     run.refresh_from_db()

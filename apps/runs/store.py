@@ -3,8 +3,7 @@ import math
 
 from django.conf import settings
 from django.db import connection, connections, transaction
-from django.db.models import Q, Value
-from django.db.models.functions import Least
+from django.db.models import Q
 from django.utils import timezone
 
 from apps.buffer.expert_data import DjangoExpertData
@@ -13,9 +12,10 @@ from apps.tasksets.models import Taskset
 from apps.tasksets.store import DjangoTaskSource
 from workers.rft.protocols import Stores
 
-from . import duties, services, summaries
+from . import duties, services
 from .live import checkpoints_update
-from .models import Checkpoint, ExplorerGroup, ExplorerStep, MetricPoint, Run
+from .models import Checkpoint, ExplorerGroup, ExplorerStep, Run
+from .rewind import rewind
 
 PROGRESS_OF_ROLE = {"explorer": "explorer_step", "trainer": "trainer_step"}
 
@@ -37,31 +37,8 @@ class DjangoMetricSink:
                 services.set_progress(self.run, **progress)
 
     def rewind(self, trainer_step: int, model_version: int, explorer_step: int | None = None) -> None:
-        """The run's trainer goes on from its checkpoint's `trainer_step` and `model_version` (0, 0
-        without one): the steps it had trained past them were lost with their worker (a hand-over
-        or a resume) and are replayed. The run's step and version go back to the checkpoint's, and
-        the lost steps' trainer points go (no model of the run holds their updates; the replay
-        records each step again); with `explorer_step` (a single loop: its explorer goes back too
-        and evaluates the replayed steps again), the run's explorer step goes back to it and the
-        eval points after it go too. Explorer points stay: those steps' rollouts are stored and
-        replayed as they are (`replayed` moves the explorer step on again). Kept, a run stopped at
-        replayed step 70 said "stopped at trainer step 92, checkpoint v70", and its open page drew
-        the replayed points inside a line that ended at step 92 until the replay got past it; one
-        whose checkpoints a curator had deleted said "explorer 25 · model v5" at trainer step 0."""
-        lost = Q(role=MetricPoint.Role.TRAINER, step__gt=trainer_step)
-        back = {"trainer_step": trainer_step, "model_version": model_version}
-        if explorer_step is not None:
-            lost |= Q(role=MetricPoint.Role.EVAL, step__gt=explorer_step)
-            back["explorer_step"] = explorer_step
-        with transaction.atomic():
-            deleted = summaries.forget(self.run.metrics.filter(lost))  # and out of the run's summaries
-            ahead = Q()
-            for field, value in back.items():
-                ahead |= Q(**{f"{field}__gt": value})
-            moved = Run.objects.filter(ahead, pk=self.run.pk).update(
-                **{field: Least(field, Value(value)) for field, value in back.items()})
-            if deleted or moved:  # the open pages start again from the snapshot (live.js)
-                services.broadcast(self.run.pk, {"type": "rewind", **back})
+        """The run back to where its trainer goes on from (rewind.rewind)."""
+        rewind(self.run, trainer_step, model_version, explorer_step)
 
     def replayed(self, role: str, step: int, model_version: int | None = None) -> None:
         """A step done again from what is stored (a single loop's explorer after a rewind): no

@@ -334,7 +334,9 @@ def run_engine(run: Run, duty: str, worker: str) -> str:
                 loop.resume(run_checkpoint_dir(checkpoint, run_dir(run)))
             else:
                 loop.start_over()
-                if run.trainer_step or run.model_version:  # a restart, not the run's first start
+                # A restart, not the run's first start (a Resume took its counters back to 0 already:
+                # services.resume_run).
+                if run.trainer_step or run.model_version or run.resumes:
                     resumed = {"version": 0, "step": 0}
                     log.info("run %s (%s): resumed with no checkpoint (none yet, or deleted): from step 0 "
                              "(same run)", run.pk, duty)

@@ -189,6 +189,9 @@ def _starting_point(request) -> tuple[dict, str, str | None]:
     return config, "", preset
 
 
+BENCH_STEP_TITLE = "model version evaluated"
+
+
 @role_required(RESEARCHER)
 def run_detail(request, pk):
     run = get_object_or_404(_runs(), pk=pk)
@@ -250,6 +253,9 @@ def run_detail(request, pk):
                 "duties_url": reverse("api-run-duties", args=[run.pk]),
                 "algorithm": run.config.get("algorithm", {}).get("name"),
                 "bench": bool(bench),
+                # A bench run's eval points are numbered by the model version they scored (Loop.bench:
+                # v0 as loaded, then each published one), not by an explorer step: its axis says so.
+                "step_titles": {"eval": BENCH_STEP_TITLE} if bench else {},
             },
         },
     )

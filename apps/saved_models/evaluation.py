@@ -18,6 +18,7 @@ from pathlib import Path
 from django.db.models import Q
 
 from apps.core.bidi import isolate
+from apps.runs.config_checks import shown as shown_path
 from apps.runs.models import MetricPoint, MetricSummary, Run
 from apps.runs.presets import PRESETS
 from apps.runs.queries import ACCURACY_KEYS, REWARD_KEYS
@@ -198,17 +199,12 @@ def leaderboard(saved_models, found: dict[int, list[Score]], sort: str | None,
     return tasksets, ordered
 
 
-# What a bench run's config holds that it never reads: it trains nothing (config_rules refuses
-# these keys' changes in mode bench, but the schema's defaults stay in every stored config).
-TRAINING_SECTIONS = ("algorithm", "trainer", "feedback")
-
-
 def bench_config(config: dict) -> dict:
-    """A bench run's config as its page shows it: without the training sections (TRAINING_SECTIONS;
+    """A bench run's config as its page shows it: without the training sections (Run.TRAINING_SECTIONS;
     its page listed trainer.lr and the algorithm it never ran), and without the synchronizer where it
     is memory's (only checkpoint sync gives a bench run more versions to score: Loop.bench). The API
     answers the whole config, as launched."""
-    shown = {key: value for key, value in config.items() if key not in TRAINING_SECTIONS}
+    shown = {key: value for key, value in config.items() if key not in Run.TRAINING_SECTIONS}
     if (shown.get("synchronizer") or {}).get("method", "memory") == "memory":
         shown.pop("synchronizer", None)
     return shown
@@ -225,8 +221,9 @@ def evaluated_model(path: str) -> SavedModel | None:
 
 def bench_results(run: Run) -> dict | None:
     """What a mode-bench run evaluated and what it scored, for its page and the API (an evaluation's
-    page, as MLflow's and W&B's show one), or None for a run of another mode: {model_path,
-    saved_model (its name, or None), eval_taskset, results}. `results` are its eval points in step
+    page, as MLflow's and W&B's show one), or None for a run of another mode: {model_path (as a
+    config writes it: models/<name> under the data dir), saved_model (its name, or None),
+    eval_taskset, results}. `results` are its eval points in step
     order (Loop.bench: the starting model's at step 0, then each published version's), each
     {step, model_version, metric, score, tasks, failed_tasks, metrics}: `metric` the score's key
     (SCORE_KEYS' first it recorded, as the Models page ranks it), `metrics` every number it
@@ -245,5 +242,8 @@ def bench_results(run: Run) -> dict | None:
                   for key in ("model_version", "tasks", "failed_tasks")}
         results.append({"step": step, "metric": metric, "score": recorded.get(metric), **counts,
                         "metrics": recorded})
-    return {"model_path": path, "saved_model": saved and saved.name,
+    # As the runs list and the run page name it (models/warm): the launch stored it resolved, the
+    # server's own layout, which the API showed (/srv/rftweb/data/models/warm).
+    shown = shown_path(Path(path)) if Path(path).is_absolute() else path
+    return {"model_path": shown, "saved_model": saved and saved.name,
             "eval_taskset": (config.get("buffer") or {}).get("eval_taskset"), "results": results}

@@ -1,5 +1,6 @@
 from django.conf import settings
 from django.db import models
+from django.db.models.functions import Lower
 
 MAX_NOTE = 2000  # characters; the save form's box and the API refuse a longer note (services.save_model)
 
@@ -28,6 +29,12 @@ class SavedModel(models.Model):
 
     class Meta:
         ordering = ["-created_at", "-pk"]
+        constraints = [
+            # "Warm" beside "warm" reads as one model, and is one directory on a case-insensitive
+            # filesystem: services.name_problem refuses it, and this refuses a save or rename that
+            # checked before another's committed (services.taken_problem says which took it).
+            models.UniqueConstraint(Lower("name"), name="saved_model_name_unique_any_case"),
+        ]
 
     def __str__(self) -> str:
         return self.name

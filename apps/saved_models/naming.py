@@ -62,9 +62,10 @@ def rename_model(saved: SavedModel, name: str, user) -> SavedModel:
             saved.save(update_fields=["name", "former_names"])
             # Last, inside the transaction: a failure leaves the row and the directory as they were.
             os.rename(services.models_root() / old, services.models_root() / name)
-    except IntegrityError:  # another rename or save took it meanwhile
+    except IntegrityError:  # another rename or save took it (or it in another case) meanwhile
         saved.name, saved.former_names = old, before
-        raise SaveError(f"a saved model is already named {name!r}") from None
+        raise SaveError(services.taken_problem(name, instead_of=saved)
+                        or f"a saved model is already named {name!r}") from None
     except OSError as err:
         saved.name, saved.former_names = old, before
         raise SaveError(f"could not move models/{old} to models/{name}: {err.strerror or err}") from None

@@ -104,6 +104,18 @@ def name_problem(name: str, instead_of: SavedModel | None = None) -> str | None:
     if builtin is not None:  # models/TINY would be models/tiny on a case-insensitive filesystem
         case = "" if builtin == name else " (names that differ in case only are one name)"
         return f"{builtin!r} is a built-in model's name{case}"
+    if problem := taken_problem(name, instead_of):
+        return problem
+    own = instead_of is not None and name.lower() == instead_of.name.lower()  # a change of case: its own directory
+    if (models_root() / name).exists() and not own:
+        return f"models/{name} already exists in the data directory (a model someone put there)"
+    return None
+
+
+def taken_problem(name: str, instead_of: SavedModel | None = None) -> str | None:
+    """Why another saved model's name or former name takes `name` (case-insensitively), or None.
+    name_problem's check, and what a save or rename that lost a race to another says: the database's
+    constraint on Lower(name) (models.SavedModel) refuses it then, as this check would have."""
     others = SavedModel.objects.exclude(pk=instead_of.pk) if instead_of is not None else SavedModel.objects.all()
     for other, former in others.values_list("name", "former_names"):  # a few hundred at most: no index to use
         if other.lower() == name.lower():
@@ -112,9 +124,6 @@ def name_problem(name: str, instead_of: SavedModel | None = None) -> str | None:
         if name.lower() in (old.lower() for old in former):
             return (f"{name!r} was saved model {other!r}'s name until it was renamed: runs that loaded it name it "
                     "so, so no other model may take it")
-    own = instead_of is not None and name.lower() == instead_of.name.lower()  # a change of case: its own directory
-    if (models_root() / name).exists() and not own:
-        return f"models/{name} already exists in the data directory (a model someone put there)"
     return None
 
 
@@ -149,8 +158,8 @@ def save_model(run: Run, version: int, name: str, user, note: str = "") -> Saved
             }, indent=1))
             saved.save(update_fields=["size_bytes"])
             os.rename(tmp, target)  # on one filesystem: atomic, and refused if another save got there first
-    except IntegrityError:  # two saves of one name at once: the other's row committed first
-        raise SaveError(f"a saved model is already named {name!r}") from None
+    except IntegrityError:  # two saves of one name (or of names differing in case) at once: the other's came first
+        raise SaveError(taken_problem(name) or f"a saved model is already named {name!r}") from None
     except FileNotFoundError:  # keep_checkpoints deleted it meanwhile
         raise SaveError(f"checkpoint v{version} of run {run.name} was deleted while it was being saved "
                         "(its run keeps only its newest trainer.keep_checkpoints): save a newer one") from None

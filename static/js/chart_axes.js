@@ -21,9 +21,12 @@ function loadXMode() {
 
 // A board's x axis. charts: the board's chart id -> chart map (ChartBoard.charts), read for the
 // default origin of relative time.
+// stepTitles: {role: its step axis's title} where a page's steps are not X_TITLES' (a bench run's
+// eval points are numbered by the model version they scored).
 class ChartXAxis {
-  constructor(charts) {
+  constructor(charts, stepTitles = {}) {
     this.charts = charts;
+    this.stepTitles = stepTitles;
     this.mode = "step"; // the toolbar sets the user's (bindXAxisControl)
     this.origins = new Map(); // series name -> Unix seconds its relative time counts from (setOrigin)
   }
@@ -54,6 +57,11 @@ class ChartXAxis {
   // When each point was recorded. System metrics are numbered by Unix time: their steps are it.
   times(chart, series) {
     return chart.time ? series.steps : series.times;
+  }
+
+  // What a chart's steps are where the page says (stepTitles), else undefined.
+  stepTitle(chart) {
+    return this.stepTitles[chart.role];
   }
 
   // The axis a chart is drawn on: system charts are always on a time axis (wall time for "step").
@@ -90,7 +98,7 @@ class ChartXAxis {
   layout(chart, look) {
     const steps = look.steps ? { tickmode: "linear", tick0: 0, dtick: 1, range: look.steps, autorange: false } : {};
     return {
-      step: { title: X_TITLES[chart.role] || "step", type: "linear", tickformat: "d", hoverformat: "d", rangemode: "nonnegative",
+      step: { title: this.stepTitle(chart) || X_TITLES[chart.role] || "step", type: "linear", tickformat: "d", hoverformat: "d", rangemode: "nonnegative",
         ...steps },
       wall: { title: "time", type: "date" },
       relative: { title: `time since start (${look.x.unit})`, type: "linear", tickformat: "~g", hoverformat: ".2f",

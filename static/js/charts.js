@@ -108,7 +108,7 @@ class ChartBoard {
   // pinned: groups of chart ids ("role/key"); the first chart of each group that exists goes to
   // the overview section, in group order, followed by OVERVIEW_CHARTS. legends: false where the
   // page names the lines itself (compare: long run names in each chart's title row hid its title).
-  constructor(container, { smoothing = 0.6, logScale = false, pinned = [], legends = true } = {}) {
+  constructor(container, { smoothing = 0.6, logScale = false, pinned = [], legends = true, stepTitles = {} } = {}) {
     this.container = container;
     this.legends = legends;
     this.smoothing = smoothing;
@@ -116,7 +116,7 @@ class ChartBoard {
     this.pinned = [...pinned, ...OVERVIEW_CHARTS];
     this.filter = "";
     this.charts = new Map(); // chart id -> {id, role, title, home, section, element, series: Map, drawn, look}
-    this.xAxis = new ChartXAxis(this.charts); // the toolbar sets the user's choice (bindChartControls)
+    this.xAxis = new ChartXAxis(this.charts, stepTitles); // the toolbar sets the user's choice (bindChartControls)
     this.sections = new Map(); // section title -> {element, grid, count, rank, charts}
     this.styles = new Map(); // series name -> {color, dash, dashArray}, the same in every chart (style)
     this.hidden = new Set(); // series names whose lines the user hid, in every chart (setHidden)
@@ -427,7 +427,8 @@ class ChartBoard {
   _traces(chart, look) {
     const traces = [];
     // On a time axis the hover still says which step a point is (each trace's customdata).
-    const hovertemplate = look.x.mode !== "step" && !chart.time ? "%{y:.4~g} · step %{customdata}" : undefined;
+    const hovertemplate = look.x.mode !== "step" && !chart.time
+      ? `%{y:.4~g} · ${this.xAxis.stepTitle(chart) || "step"} %{customdata}` : undefined;
     for (const series of chart.series.values()) {
       const { color, dash } = this.style(series.name);
       const shown = !this.hidden.has(series.name);

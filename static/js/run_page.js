@@ -5,7 +5,7 @@
 (function () {
   const page = JSON.parse(document.getElementById("run-page-data").textContent);
   const figureSpecs = page.figures.filter((figure) => figure.candidates);
-  const board = new ChartBoard(document.getElementById("charts"), { pinned: page.overview });
+  const board = new ChartBoard(document.getElementById("charts"), { pinned: page.overview, stepTitles: page.step_titles });
   bindChartControls(board, document.querySelector("[data-chart-controls]"));
   const badge = document.getElementById("run-status");
   const dot = document.getElementById("live-dot");

@@ -30,6 +30,8 @@ def test_a_bench_runs_score_arrives_live_and_its_page_ends_cleanly(page, login, 
     expect(figure.locator(".value")).to_have_text("0.625")
     expect(figure.locator(".sub")).to_have_text("exact_match · model v0")
     expect(page.locator("#bench-results [data-score]")).to_have_text("0.625")  # the card read again
+    # Its chart's x is the model version it scored (Loop.bench), not an explorer step.
+    expect(page.locator('[data-chart="eval/exact_match"] .g-xtitle')).to_have_text("model version evaluated")
     services.set_status(Run.objects.get(pk=run.pk), Run.Status.COMPLETED)
     expect(page.locator("#run-status")).to_have_text("completed")
     expect(page.locator('[data-state="evaluation"]')).to_have_text("1")

@@ -3,7 +3,7 @@ run starts over from step 0, and its page, its snapshot, its duty line and the A
 the trainer restarted from step 0 while the page said "explorer 25 · model v5" and the duty line
 "rolling out step 6 with v5": the run's explorer step never went back, and the weight versions the
 first life had published (checkpoint sync) were still there, so the explorer ran ahead of the
-trainer on the old run's v5.
+trainer on the old run's v5. The counters go back as soon as Resume is accepted.
 
 supervision.serve in this process, as a worker serves the duty; the admin and the run page through
 the test client, as the curator and the researcher use them."""
@@ -76,6 +76,12 @@ def test_a_run_whose_checkpoints_a_curator_deleted_resumes_from_the_start_and_sa
     answer = researcher_client.post(reverse("run-resume", args=[run.pk]), follow=True).content.decode()
     assert "has no checkpoint (none yet, or deleted): it starts again from step 0" in answer
     assert queued == [("workers.tasks.start_run", run.pk)]
+    # As soon as Resume is accepted, not once a worker has started it, the page it lands on and the
+    # API say where it goes on from: they said "explorer 6 · model v5" until then.
+    for state in ("trainer_step", "explorer_step", "model_version"):
+        assert f'<span data-state="{state}">0</span>' in answer, state
+    api = researcher_client.get(reverse("api-run", args=[run.pk])).json()
+    assert (api["status"], api["trainer_step"], api["explorer_step"], api["model_version"]) == ("queued", 0, 0, 0)
     services.set_status(Run.objects.get(pk=run.pk), Run.Status.STARTING)
     seen = []
     stop_after(run, 1, monkeypatch, seen)

@@ -170,7 +170,8 @@ class BenchResultOut(Schema):
 
 
 class BenchOut(Schema):
-    model_path: str = Field(description="model.path as launched")
+    model_path: str = Field(description="model.path as a config writes it: a saved model's models/<name> "
+                                        "(under the data dir), a built-in model's name")
     saved_model: str | None = Field(description="the saved model it names (/api/models/), or null")
     eval_taskset: str | None
     results: list[BenchResultOut] = Field(description="each eval point in step order; empty until it has answered "

@@ -51,11 +51,17 @@ def test_a_bench_runs_page_is_an_evaluations(researcher_client, make_run, saved)
     assert '<div class="label">Evaluation</div>' in page
     figures = json.loads(page.split('id="run-page-data" type="application/json">')[1].split("</script>")[0])
     assert [figure["id"] for figure in figures["figures"]] == ["heldout", "step"] and figures["bench"]
+    # Its eval points are numbered by the model version they scored: its charts' x axis says so
+    # (chart_axes.js), not "explorer step".
+    assert figures["step_titles"] == {"eval": "model version evaluated"}
 
     api = researcher_client.get(reverse("api-run", args=[bench.pk])).json()
+    # The model as the runs list and this page name it, relative to the data dir: the stored
+    # path is the server's own layout (/srv/.../data/models/warm-v1).
+    assert bench.config["model"]["path"] == str(services.models_root() / "warm-v1")
     assert api["config"]["trainer"]["lr"] == bench.config["trainer"]["lr"]  # the config as launched
     assert api["evaluation"] == {
-        "model_path": bench.config["model"]["path"], "saved_model": "warm", "eval_taskset": "sums-eval",
+        "model_path": "models/warm-v1", "saved_model": "warm", "eval_taskset": "sums-eval",
         "results": [{"step": 0, "model_version": 0, "metric": "exact_match", "score": 0.625, "tasks": 40,
                      "failed_tasks": 1, "metrics": {"exact_match": 0.625, "reward_mean": 0.7, "tasks": 40,
                                                     "failed_tasks": 1, "model_version": 0,
@@ -68,7 +74,7 @@ def test_a_bench_run_not_scored_yet_says_so_and_a_built_in_model_is_named_unlink
     assert "bench · evaluates <bdi>tiny-gpt2</bdi> on <bdi>sums-eval</bdi>" in page
     assert "No score yet: a bench run records its scores once it has answered every task" in page
     api = researcher_client.get(reverse("api-run", args=[bench.pk])).json()["evaluation"]
-    assert (api["saved_model"], api["results"]) == (None, [])
+    assert (api["model_path"], api["saved_model"], api["results"]) == ("tiny-gpt2", None, [])
 
 
 def test_a_grpo_runs_page_keeps_its_training_parts(researcher_client, make_run):
@@ -79,6 +85,8 @@ def test_a_grpo_runs_page_keeps_its_training_parts(researcher_client, make_run):
                      "both · grpo", ">Rollouts</a>"):
         assert training in page, training
     assert 'id="bench-results"' not in page and 'id="bench-meta"' not in page
+    data = json.loads(page.split('id="run-page-data" type="application/json">')[1].split("</script>")[0])
+    assert data["step_titles"] == {}  # its axes: chart_axes.js's explorer and trainer steps
     assert researcher_client.get(reverse("api-run", args=[run.pk])).json()["evaluation"] is None
 
 

@@ -3,11 +3,15 @@ which checkpoint Resume would go on from once they are gone, and that their dire
 a checkpoint of a run that has not ended (its trainer may go on from it at any moment) is refused.
 Django's own delete said nothing, left the directory on disk, and a researcher's Resume then started
 the run over from step 0 while its page still said "explorer 25 · model v5"."""
+import json
+from contextlib import contextmanager
+
 import pytest
 from django.urls import reverse
 from django.utils import timezone
 
 from apps.runs import services
+from apps.runs.live import publisher
 from apps.runs.models import Checkpoint, Run
 from apps.runs.supervision import run_dir
 
@@ -111,3 +115,75 @@ def test_resume_drops_the_weight_versions_past_where_its_trainer_goes_on(curator
     resumed = make_run(curator, "stopped", 20)  # memory sync: no versions directory, none made
     services.resume_run(resumed)
     assert not (run_dir(resumed) / "versions").exists()
+
+
+def with_points(run, explored: dict[int, int]):
+    """The trainer's and eval points of a run at trainer step 55, and its checkpoints' trainer
+    state as Loop.save writes it: `explored` {checkpoint step: the explorer step it recorded}."""
+    for step in range(1, 56):
+        services.record_metrics(run, "trainer", step, {"loss": 1.0})
+        services.record_metrics(run, "explorer", step, {"reward_mean": 0.5})
+    for step in (0, 30, 50):
+        services.record_metrics(run, "eval", step, {"accuracy": 0.5})
+    for checkpoint in run.checkpoints.all():
+        state = {"step": checkpoint.step, "extra": {"explorer_step": explored[checkpoint.step], "skipped_steps": 0}}
+        (run_dir(run) / "checkpoints" / f"step_{checkpoint.step}" / "trainer_state.json").write_text(json.dumps(state))
+    return run
+
+
+def steps(run, role) -> list[int]:
+    return list(run.metrics.filter(role=role).order_by("step").values_list("step", flat=True))
+
+
+@pytest.fixture
+def committed(django_capture_on_commit_callbacks):
+    """What a change leaves for after its commit (the directories' deletion, the live updates), run
+    now and sent at once, while this test's database is still there."""
+
+    @contextmanager
+    def commit():
+        with django_capture_on_commit_callbacks(execute=True):
+            yield
+        publisher.flush()
+
+    return commit
+
+
+def test_resume_answers_where_the_run_goes_on_from_at_once(curator_client, curator, worker_queue, committed):
+    """The Resume's answer and the run's page said "trainer 55 · explorer 56 · model v5", the
+    deleted checkpoint's, until a worker started the run and took it back to the one it loaded."""
+    run = with_points(make_run(curator, "stopped", 30, 50), {30: 31, 50: 51})
+    with committed():
+        delete_selected(curator_client, [run.checkpoints.get(step=50)], confirm=True)
+    with committed():
+        answer = curator_client.post(reverse("api-run-resume", args=[run.pk]), content_type="application/json")
+    assert answer.status_code == 200, answer.content
+    body = answer.json()
+    assert (body["status"], body["trainer_step"], body["explorer_step"], body["model_version"]) == ("queued", 30, 31, 3)
+    assert body["message"] == f"run {run.pk} resumes from checkpoint v3 (trainer step 30)"
+    # Its charts too: the trainer points past step 30 are replayed, the eval past explorer step 31 again.
+    assert (steps(run, "trainer"), steps(run, "eval"), len(steps(run, "explorer"))) == (list(range(1, 31)), [0, 30], 55)
+
+    # Every checkpoint deleted: the page's Resume, and the page it lands on, say step 0.
+    gone = with_points(make_run(curator, "failed", 20), {20: 21})
+    with committed():
+        delete_selected(curator_client, [gone.checkpoints.get()], confirm=True)
+    with committed():
+        page = curator_client.post(reverse("run-resume", args=[gone.pk]), follow=True).content.decode()
+    assert "has no checkpoint (none yet, or deleted): it starts again from step 0" in page
+    for state in ("trainer_step", "explorer_step", "model_version"):
+        assert f'<span data-state="{state}">0</span>' in page, state
+    assert (steps(gone, "trainer"), steps(gone, "eval")) == ([], [0])
+
+
+@pytest.mark.parametrize("config, after", [
+    # Split explorers (checkpoint sync) go on after the stored steps: only the trainer goes back.
+    ({"synchronizer": {"method": "checkpoint"}}, (30, 56, 3)),
+    ({"mode": "train"}, (30, 56, 3)),  # no explorer
+    ({"mode": "explore"}, (55, 56, 5)),  # no trainer: its worker takes nothing back
+])
+def test_resume_takes_back_what_the_runs_worker_will(curator, config, after):
+    run = make_run(curator, "stopped", 30)
+    Run.objects.filter(pk=run.pk).update(config=config)
+    resumed = services.resume_run(Run.objects.get(pk=run.pk))
+    assert (resumed.trainer_step, resumed.explorer_step, resumed.model_version) == after

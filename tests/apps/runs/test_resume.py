@@ -65,7 +65,9 @@ def test_a_failed_run_is_queued_again_from_its_newest_checkpoint(failed_run, wor
     assert resume["after"] == "failed" and resume["error"] == ERROR
     assert resume["checkpoint"] == {"version": 6, "step": 6}
     assert run.heartbeats == {}  # the dead worker's duty blocks nobody
-    assert run.trainer_step == 7 and run.explorer_step == 8  # same run: its progress is kept
+    # Same run, back at its checkpoint's trainer step at once, as its worker will take it (step 7 is
+    # replayed); the explorer step stays where the checkpoint's file does not say another.
+    assert run.trainer_step == 6 and run.explorer_step == 8
     assert worker_queue == [run.pk]  # start_run, once the resume committed
     assert services.describe_resume(run, "failed") == f"run {run.pk} resumes from checkpoint v6 (trainer step 6)"
 

@@ -5,6 +5,7 @@ import pytest
 from django.db import connection
 
 from apps.runs import services
+from apps.runs.live import publisher
 from apps.runs.models import Run
 from apps.runs.store import DjangoMetricSink
 
@@ -39,7 +40,7 @@ def test_record_metrics_updates_the_step_row(run):
 def test_progress_only_moves_forward_and_the_page_hears_what_moved(run, monkeypatch,
                                                                     django_capture_on_commit_callbacks):
     heard = []
-    monkeypatch.setattr(services.publisher, "publish", lambda run_id, update: heard.append(update))
+    monkeypatch.setattr(publisher, "publish", lambda run_id, update: heard.append(update))
     with django_capture_on_commit_callbacks(execute=True):
         services.set_progress(run, explorer_step=5, model_version=2)
         services.set_progress(run, explorer_step=3, model_version=4)  # a replayed step: its counter stays
@@ -56,7 +57,7 @@ def test_progress_only_moves_forward_and_the_page_hears_what_moved(run, monkeypa
 def test_a_trainer_back_at_its_checkpoint_takes_the_run_and_its_points_back_once(run, monkeypatch,
                                                                                     django_capture_on_commit_callbacks):
     heard = []
-    monkeypatch.setattr(services.publisher, "publish", lambda run_id, update: heard.append(update))
+    monkeypatch.setattr(publisher, "publish", lambda run_id, update: heard.append(update))
     for step in range(1, 9):  # the lost worker reached trainer step 8; its checkpoint is step 5
         services.record_metrics(run, "trainer", step, {"loss": 1.0})
         services.record_metrics(run, "explorer", step, {"reward_mean": 0.5})

@@ -10,8 +10,9 @@ import pytest
 from django.test import override_settings
 from django.utils import timezone
 
-from apps.runs import services, system
+from apps.runs import system
 from apps.runs.hosts import GpuUsage, ProcessUsage
+from apps.runs.live import publisher
 from apps.runs.models import MetricPoint, Run
 from apps.runs.supervision import Heartbeat
 
@@ -22,7 +23,7 @@ AT = 1_700_000_000.4
 def heard(monkeypatch):
     """What the run's live channel is sent (after commit)."""
     updates = []
-    monkeypatch.setattr(services.publisher, "publish", lambda run_id, update: updates.append(update))
+    monkeypatch.setattr(publisher, "publish", lambda run_id, update: updates.append(update))
     return updates
 
 

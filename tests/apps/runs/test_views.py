@@ -13,6 +13,7 @@ from django.urls import reverse
 from apps.buffer.models import Experience
 from apps.core.bidi import isolate
 from apps.runs import services
+from apps.runs.live import publisher
 from apps.runs.models import Checkpoint, MetricPoint, Run
 from apps.runs.store import DjangoCheckpointStore
 from apps.runs.supervision import run_dir
@@ -299,7 +300,7 @@ def test_live_snapshot(researcher_client, make_run, django_capture_on_commit_cal
 def test_a_live_metrics_update_says_when_its_point_was_recorded(make_run, monkeypatch,
                                                                  django_capture_on_commit_callbacks):
     sent = []
-    monkeypatch.setattr(services.publisher, "publish", lambda run_id, update: sent.append(update))
+    monkeypatch.setattr(publisher, "publish", lambda run_id, update: sent.append(update))
     run = make_run(status=Status.RUNNING)
     with django_capture_on_commit_callbacks(execute=True):
         point = services.record_metrics(run, "trainer", 3, {"loss": 0.5})
@@ -312,7 +313,7 @@ def test_checkpoints_come_with_the_snapshot_and_as_each_is_saved_or_deleted(rese
     """The table was the page's as first rendered: after a stop it listed v20 while v37 was saved,
     and a run completed since the page opened said "No checkpoints yet"."""
     sent = []
-    monkeypatch.setattr(services.publisher, "publish", lambda run_id, update: sent.append(update))
+    monkeypatch.setattr(publisher, "publish", lambda run_id, update: sent.append(update))
     run = make_run(status=Status.RUNNING)
     checkpoints = DjangoCheckpointStore(run)
     with django_capture_on_commit_callbacks(execute=True):
