@@ -24,7 +24,8 @@ class AlertSettingsForm(forms.ModelForm):
 
     def clean(self):
         cleaned = super().clean()
-        if cleaned.get("email") and not cleaned.get("address"):
+        # an address that is not one has its own error already ("Enter a valid email address")
+        if cleaned.get("email") and not cleaned.get("address") and "address" not in self.errors:
             self.add_error("address", "email alerts need an address")
         url = cleaned.get("webhook_url")
         if url and (problem := address_problem(url)):

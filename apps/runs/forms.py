@@ -215,7 +215,8 @@ class LaunchForm(forms.Form):
         required=False, max_length=sweeps.MAX_TEXT, label="Sweep over",
         widget=forms.Textarea(attrs={"rows": 3, "spellcheck": "false", "class": "sweep-space",
                                      "placeholder": "trainer.lr: 1e-5, 3e-5, 1e-4\nalgorithm.kl.coef: 0, 0.01"}),
-        help_text="a key a line: listed values (key: a, b, c), or for a random search a range (key: 1e-6 .. 1e-4 log)",
+        help_text="a key a line: listed values (key: a, b, c), or for a random search a range "
+                  "(key: 1e-6 .. 1e-4, linear, or key: 1e-6 .. 1e-4 log)",
     )
     sweep_method = forms.ChoiceField(choices=Sweep.Method.choices, initial=Sweep.Method.GRID, label="Search",
                                      required=False,

@@ -29,7 +29,13 @@ MAX_RUNS = 32  # what one sweep may ask of shared workers at once
 MAX_KEYS = 8
 MAX_VALUES = 32  # listed values per key
 MAX_TEXT = 4000  # the launch form's sweep box, in characters
-RANGE = re.compile(r"^\s*(\S+)\s*\.\.\s*(\S+)\s*(log|linear)?\s*$")
+RANGE = re.compile(r"^\s*(\S+)\s*\.\.\s*(\S+)\s*(log|linear)?\s*$", re.IGNORECASE)
+# A `..` after a digit, a space or the start and before one, a sign or the end: a line meant as a range
+# (`1 .. 2 .. 3`, `.. 1e-3`), which RANGE not matching makes a mistake, not a listed text value
+# (those three were each swept as one string, then "the space holds 1 distinct point");
+# `../data` and a list (a comma) or quoted text are values.
+MEANT_AS_RANGE = re.compile(r"(^|[\s\d])\.\.(?=[\s\d.+-]|$)")
+RANGE_SHAPE = "a range is `low .. high`, then `log` or `linear` if wanted: `1e-5 .. 1e-3 log`"
 
 
 class SweepError(ValueError):
@@ -95,7 +101,9 @@ def parse_space(text: str) -> list[Axis]:
         found = RANGE.match(rest)
         if found:
             axes.append({"key": key.strip(), "low": _scalar(found[1]), "high": _scalar(found[2]),
-                         "scale": found[3] or "linear"})
+                         "scale": (found[3] or "linear").lower()})
+        elif MEANT_AS_RANGE.search(rest) and not any(mark in rest for mark in ',"\''):
+            issues.append(ConfigIssue("sweep", f"line {number}: {RANGE_SHAPE}"))
         else:
             axes.append({"key": key.strip(), "values": [_scalar(value) for value in rest.split(",")]})
     if issues:
@@ -221,6 +229,12 @@ MAX_FIGURES = 15  # a double keeps 15 significant figures: more would not be dis
 def _random_points(axes: list[Axis], count: int, seed: int) -> list[dict]:
     """`count` distinct points, the same for the same seed; SweepError when the space holds fewer."""
     figures = {axis.key: _figures(axis, count) for axis in axes if not (axis.values or axis.integer)}
+    # 1e-5 .. 1.0000000000000002e-5 holds no number of 15 significant figures (a double's): it was
+    # "lower the count to 0"
+    empty = [axis for axis in axes if _size(axis, figures.get(axis.key), count) == 0]
+    if empty:
+        raise SweepError([ConfigIssue(axis.key, f"the range {shown(axis.low)} .. {shown(axis.high)} is too narrow to "
+                                                "draw from: widen it") for axis in empty])
     distinct = math.prod(_size(axis, figures.get(axis.key), count) for axis in axes)
     if distinct < count:
         raise SweepError([ConfigIssue("sweep", f"the space holds {distinct} distinct point{'s' * (distinct != 1)}, "
@@ -303,15 +317,28 @@ def _draw(axis: Axis, rng: random.Random, figures: int | None):
 # ---- launching -----------------------------------------------------------------------------------
 
 
-def run_name(name: str, swept: dict) -> str:
-    """"lr sweep · lr=1e-05 · kl.coef=0.01": each key by its last part, or by more where two share it."""
+NAME_MAX = Run._meta.get_field("name").max_length  # 200
+NAME_KEPT = 20  # of a sweep's name, at least, where it must be cut
+
+
+def run_name(name: str, swept: dict, number: int) -> str:
+    """"lr sweep · lr=1e-05 · kl.coef=0.01": each key by its last part, or by more where two share it.
+    Too long for a name (NAME_MAX), the sweep's name is cut, not the values that tell its runs apart
+    (a 200-character sweep name gave each run that name alone); values too long to fit then are cut
+    after the run's `number` in the sweep, which keeps the names distinct."""
     parts = []
     for key, value in swept.items():
         short = key.rsplit(".", 1)[-1]
         if sum(other.rsplit(".", 1)[-1] == short for other in swept) > 1:
             short = key
         parts.append(f"{short}={shown(value)}")
-    return f"{name} · {' · '.join(parts)}"[:200]
+    values = " · ".join(parts)
+    if len(name) + len(" · ") + len(values) <= NAME_MAX:
+        return f"{name} · {values}"
+    room = NAME_MAX - len("… · ") - len(values)
+    if room >= NAME_KEPT:
+        return f"{name[:room]}… · {values}"
+    return f"{name[:NAME_KEPT]}… #{number} · {values}"[:NAME_MAX - 1] + "…"
 
 
 def launch_sweep(owner, name: str, base: dict, space, method: str, count: int | None = None,
@@ -341,8 +368,8 @@ def launch_sweep(owner, name: str, base: dict, space, method: str, count: int | 
     with transaction.atomic():
         sweep = Sweep.objects.create(name=name, owner=owner, method=method, space=[a.to_json() for a in axes],
                                      count=len(swept), seed=seed, base_config=base)
-        for values, config in zip(swept, configs):
-            run = services.launch_run(owner, run_name(name, values), config)
+        for number, (values, config) in enumerate(zip(swept, configs), 1):
+            run = services.launch_run(owner, run_name(name, values, number), config)
             Run.objects.filter(pk=run.pk).update(sweep=sweep, swept=values)
     return sweep
 

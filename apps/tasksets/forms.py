@@ -8,6 +8,7 @@ from workers.rft.workflows import WORKFLOWS
 
 from . import staging
 from .importers import FORMATS, FieldMapping, detect_task_format
+from .models import Taskset
 from .services import DEFAULT_REWARD_FN, DEFAULT_WORKFLOW, check_new_taskset_name
 
 
@@ -36,7 +37,8 @@ class TasksetUploadForm(forms.Form):
         max_length=2000, required=False, help_text="Columns or keys copied into each task's metadata, comma-separated."
     )
     difficulty_field = forms.CharField(max_length=200, required=False, help_text="Numeric column or key (optional).")
-    description = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), required=False)
+    description = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}), required=False,
+                                  max_length=Taskset.MAX_DESCRIPTION)
     default_workflow = forms.ChoiceField(
         choices=[(name, name) for name in WORKFLOWS], initial=DEFAULT_WORKFLOW,
         help_text="How a run rolls a task out, unless its config says otherwise (docs/agents.md).",

@@ -12,8 +12,12 @@ from apps.core.models import Job
 class Taskset(models.Model):
     """A named collection of tasks. `field_mapping` records which source columns became which task fields."""
 
+    # A paragraph on its page and in the API: the built-ins' longest is under 130 characters; with no
+    # limit, a 100 KB description was taken from the API and shown whole.
+    MAX_DESCRIPTION = 2000
+
     name = models.SlugField(max_length=100, unique=True)
-    description = models.TextField(blank=True)
+    description = models.TextField(max_length=MAX_DESCRIPTION, blank=True)
     field_mapping = models.JSONField(default=dict, blank=True)
     default_workflow = models.CharField(max_length=100, default="single_turn")
     default_reward_fn = models.CharField(max_length=100, default="exact_match")
@@ -99,7 +103,7 @@ class TasksetImport(Job):
     name = models.SlugField(max_length=100, help_text="name of the taskset to create")
     format = models.CharField(max_length=10)
     field_mapping = models.JSONField(default=dict)
-    description = models.TextField(blank=True)
+    description = models.TextField(max_length=Taskset.MAX_DESCRIPTION, blank=True)
     default_workflow = models.CharField(max_length=100)
     default_reward_fn = models.CharField(max_length=100)
     taskset = models.ForeignKey(Taskset, null=True, blank=True, related_name="imports", on_delete=models.SET_NULL)

@@ -83,6 +83,9 @@ def import_taskset(
         max_line_bytes = getattr(settings, "TASKSET_IMPORT_MAX_LINE_BYTES", DEFAULT_MAX_LINE_BYTES)
     check_new_taskset_name(name, source)
     check_defaults(default_workflow, default_reward_fn, source)
+    if len(description) > Taskset.MAX_DESCRIPTION:  # the form checks it; manage.py import_taskset does not
+        raise FileImportError(source, None, f"the description is {len(description):,} characters; "
+                                            f"at most {Taskset.MAX_DESCRIPTION:,}")
     rows = read_tasks(path, fmt, mapping, display_name=source, max_line_bytes=max_line_bytes)
     with transaction.atomic():
         taskset = _create_taskset(

@@ -12,10 +12,11 @@ from playwright.sync_api import expect
 
 from apps.accounts.roles import ANNOTATOR
 from apps.accounts.services import create_user
+from apps.alerts.models import Alert
 from apps.buffer.models import Experience
 from apps.core.bidi import isolate
 from apps.feedback import services
-from apps.runs.models import MetricPoint, Run
+from apps.runs.models import MetricPoint, Run, Sweep
 from apps.tasksets.models import Task, Taskset
 
 from .conftest import ARTIFACTS
@@ -89,6 +90,35 @@ def test_long_names_and_notes_keep_the_pages_within_the_screen(page, login, rese
     name = page.locator("#compare-summary thead bdi", has_text="lr low")
     assert name.evaluate("(el) => el.getClientRects().length === 1 && el.offsetHeight < 30")
     assert page_errors == []
+
+
+def test_a_long_file_name_and_sweep_name_keep_tasksets_and_alerts_within_the_screen(page, login, researcher,
+                                                                                    page_errors):
+    """A 255-character upload file name (a taskset's Source) made the tasksets list 2,800 px wide; a
+    200-character sweep name made the alerts' "Sent lately" table 2,050 px in its 840 px card."""
+    shots = Path(os.environ.get("RFTWEB_SCREENSHOTS", ARTIFACTS))
+    shots.mkdir(parents=True, exist_ok=True)
+    taskset = Taskset.objects.create(name="long-source", source="s" * 251 + ".csv")
+    sweep = Sweep.objects.create(name=LONG_NAME, owner=researcher, method="grid", space=[], count=1, base_config={})
+    Alert.objects.create(user=researcher, event=Alert.Event.SWEEP_ENDED, channel=Alert.Channel.WEBHOOK, sweep=sweep,
+                         subject=f"sweep {LONG_NAME!r} ended: 1 completed", payload={}, status="failed",
+                         error=f"http://{'h' * 300}/ could not be reached: timed out")
+    page.set_viewport_size(SCREEN)
+    login(researcher, "/tasksets/")
+    too_wide = []  # every page's, then the screenshots of all
+    for path, shot in (("/tasksets/", "tasksets-list"), (f"/tasksets/{taskset.name}/", "taskset-detail"),
+                       ("/alerts/", "alerts")):
+        page.goto(path)
+        page.wait_for_load_state("load")
+        page.screenshot(path=shots / f"{shot}.png")
+        width = page.evaluate("() => document.scrollingElement.scrollWidth")
+        if width > SCREEN["width"]:
+            too_wide.append(f"{path} is {width} px wide: {page.evaluate(PAST_THE_EDGE)}")
+        for table in page.locator(".table-scroll").all():  # every column in view, none scrolled off
+            widths = table.evaluate("(box) => [box.scrollWidth, box.clientWidth]")
+            if widths[0] > widths[1]:
+                too_wide.append(f"{path}: a table {widths[0]} px wide in {widths[1]} px")
+    assert too_wide == [] and page_errors == []
 
 
 def test_a_right_to_left_override_in_a_run_name_stays_in_the_name(page, login, researcher, page_errors):

@@ -14,7 +14,7 @@ from django.db import transaction
 from django.urls import reverse
 from django.utils import timezone
 
-from apps.alerts import services
+from apps.alerts import services, webhook
 from apps.alerts.models import Alert, AlertSettings
 from apps.runs import services as runs
 from apps.runs.models import MetricPoint, Run, Sweep
@@ -206,6 +206,45 @@ def test_a_webhook_to_a_private_address_or_a_redirect_is_refused(researcher, rec
     assert "answered 302" in alert.error and len(Receiver.got) == 1
 
 
+@pytest.mark.parametrize("host, carried", [
+    ("[2002:7f00:1::]", "127.0.0.1"),  # 6to4
+    ("[64:ff9b::a00:1]", "10.0.0.1"),  # NAT64, the well-known prefix
+    ("[64:ff9b:1::a00:1]", "10.0.0.1"),  # NAT64 local-use, a /96 in it
+    ("[64:ff9b:1:a9fe:a9:fe00::]", "169.254.169.254"),  # NAT64 local-use as a /48 (RFC 6052 2.2)
+    ("[2001:0:4136:e378:8000:63bf:3fff:fdd2]", "192.0.2.45"),  # Teredo: its client
+    ("[::7f00:1]", "127.0.0.1"),  # IPv4-compatible
+])
+def test_an_ipv6_address_that_carries_a_private_ipv4_one_is_refused(host, carried):
+    problem = webhook.address_problem(f"http://{host}/hook")
+    assert "is a private address" in problem and carried in problem
+    with pytest.raises(webhook.WebhookError, match="private address"):
+        webhook.post(f"http://{host}/hook", b"{}", secret="", event="test")
+
+
+def test_an_ipv6_address_that_carries_a_public_ipv4_one_is_let_by():
+    assert webhook.address_problem("http://[2002:808:808::]/") is None
+    assert webhook.address_problem("http://[64:ff9b::808:808]/") is None
+
+
+def test_a_port_out_of_range_is_a_problem_not_a_crash(settings):
+    for private in (False, True):
+        settings.RFTWEB_WEBHOOK_PRIVATE = private
+        problem = webhook.address_problem("http://example.com:99999/")
+        assert "port 99999" in problem and "0 to 65535" in problem
+        with pytest.raises(webhook.WebhookError, match="port 99999"):
+            webhook.post("http://example.com:99999/", b"{}", secret="", event="test")
+
+
+@pytest.mark.django_db
+def test_a_stored_url_to_a_6to4_loopback_is_refused_when_sent(researcher, receiver, sent):
+    """Saved before the check knew 6to4: the send checks again."""
+    AlertSettings.objects.create(user=researcher, webhook_url="http://[2002:7f00:1::]/hook")
+    (alert,) = services.raise_alert(researcher, Alert.Event.TEST)
+    services.deliver(alert.pk)
+    alert.refresh_from_db()
+    assert "carries 127.0.0.1" in alert.error and Receiver.got == []
+
+
 # ---- the settings page ---------------------------------------------------------------------------
 
 
@@ -237,6 +276,23 @@ def test_the_settings_page_saves_checks_and_sends_a_test(researcher_client, rese
     assert "answered 500" in history and "could not be sent" in history
     researcher_client.post(reverse("alert-secret"))
     assert AlertSettings.objects.get(user=researcher).webhook_secret != prefs.webhook_secret
+
+
+@pytest.mark.django_db
+def test_the_settings_page_names_a_bad_port_or_a_private_address(researcher_client, researcher):
+    url = reverse("alert-settings")
+    for bad in ("http://example.com:99999/", "http://[2002:7f00:1::]/", "http://[64:ff9b::a00:1]/"):
+        page = researcher_client.post(url, {"webhook_url": bad})
+        assert page.status_code == 200 and list(page.context["form"].errors) == ["webhook_url"]
+    assert "port 99999" in researcher_client.post(url, {"webhook_url": "http://example.com:99999/"}
+                                                  ).context["form"].errors["webhook_url"][0]
+
+
+@pytest.mark.django_db
+def test_a_bad_email_address_is_said_once(researcher_client, researcher):
+    page = researcher_client.post(reverse("alert-settings"), {"email": "on", "address": "not-an-address"})
+    assert page.context["form"].errors == {"address": ["Enter a valid email address."]}
+    assert not AlertSettings.objects.filter(user=researcher, email=True).exists()
 
 
 @pytest.mark.django_db

@@ -139,6 +139,15 @@ def test_an_upload_sending_a_field_twice_is_refused_naming_it(script, no_import,
     assert not TasksetImport.objects.exists()
 
 
+def test_an_upload_with_a_description_over_2000_characters_is_a_400(script, no_import):
+    """100 KB was taken and kept: a description is a paragraph on the taskset's page."""
+    response = script.post(reverse("api-tasksets"), {"file": jsonl(), "name": "sums", "description": "d" * 100_000})
+    assert response.status_code == 400, response.content
+    assert response.json()["errors"] == {"description": ["Ensure this value has at most 2000 characters "
+                                                         "(it has 100000)."]}
+    assert not TasksetImport.objects.exists()
+
+
 def test_a_multipart_upload_still_starts_an_import(script, no_import):
     response = script.post(reverse("api-tasksets"), {"file": jsonl(), "name": "sums"})
     assert response.status_code == 202, response.content

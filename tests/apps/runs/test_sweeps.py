@@ -35,6 +35,12 @@ def test_the_box_reads_listed_values_and_ranges():
         {"key": "explorer.temperature", "low": 0.5, "high": 1.0, "scale": "linear"},
     ]
     assert sweeps.parse_space('mode: "both", true, null')[0].values == ("both", True, None)
+    # a scale in capitals is a scale, not a text value ("the space holds 1 distinct point")
+    assert [axis.scale for axis in sweeps.parse_space("trainer.lr: 1e-5 .. 1e-3 LOG\nx.y: 1 .. 2 Linear")] == \
+        ["log", "linear"]
+    # `..` inside a value, not between numbers, is text
+    assert sweeps.parse_space("a.path: ../data, b..c")[0].values == ("../data", "b..c")
+    assert sweeps.parse_space("a.path: ../data")[0].values == ("../data",)
 
 
 @pytest.mark.parametrize(("text", "message"), [
@@ -49,6 +55,10 @@ def test_the_box_reads_listed_values_and_ranges():
     ("\n".join(f"k{i}: 1" for i in range(9)), "at most 8 keys"),
     ("trainer.lr: " + ", ".join(str(i) for i in range(33)), "1 to 32 values"),
     ("x" * 4001, "at most 4000 characters"),
+    ("trainer.lr: 1 .. 2 .. 3", "line 1: a range is `low .. high`, then `log` or `linear`"),
+    ("# lr\ntrainer.lr: .. 1e-3", "line 2: a range is `low .. high`"),
+    ("trainer.lr: 1e-5 .. 1e-3 logg", "line 1: a range is"),
+    ("trainer.lr: 1e-5 ... 1e-3", "line 1: a range is"),
 ])
 def test_a_bad_space_names_what_is_wrong(text, message):
     with pytest.raises(sweeps.SweepError) as err:
@@ -92,6 +102,11 @@ def test_a_random_search_draws_distinct_points_and_refuses_a_space_too_small():
     with pytest.raises(sweeps.SweepError, match="the space holds 8 distinct points, and a random search draws "
                                                 "each of its 9 runs once: lower the count to 8"):
         sweeps.combinations(axes, "random", 9, 0)
+    narrow = sweeps.parse_space("trainer.lr: 1e-5 .. 1.0000000000000002e-5")  # no 15-figure number in it
+    with pytest.raises(sweeps.SweepError) as err:
+        sweeps.combinations(narrow, "random", 2, 0)
+    assert str(err.value).startswith("trainer.lr: the range 1e-05 .. 1.00000000000000") and \
+        str(err.value).endswith("is too narrow to draw from: widen it")
     two = sweeps.parse_space("algorithm.kl.fn: k1, k3\ntrainer.warmup_steps: 0 .. 2")  # 2 x 3 points
     drawn = sweeps.combinations(two, "random", 6, seed=4)
     assert len({json.dumps(run) for run in drawn}) == 6 and drawn == sweeps.combinations(two, "random", 6, seed=4)
@@ -143,10 +158,19 @@ def test_a_ranges_draws_stay_inside_it_and_distinct_with_the_fewest_figures_that
 
 
 def test_run_names_say_what_each_run_swept():
-    assert sweeps.run_name("lr sweep", {"trainer.lr": 1e-05, "algorithm.kl.coef": 0.01}) == \
+    assert sweeps.run_name("lr sweep", {"trainer.lr": 1e-05, "algorithm.kl.coef": 0.01}, 1) == \
         "lr sweep · lr=1e-05 · coef=0.01"
-    assert sweeps.run_name("s", {"trainer.batch_size": 8, "explorer.batch_size": 4}) == \
+    assert sweeps.run_name("s", {"trainer.batch_size": 8, "explorer.batch_size": 4}, 1) == \
         "s · trainer.batch_size=8 · explorer.batch_size=4"
+
+
+def test_a_long_sweep_name_is_cut_before_the_swept_values():
+    """A 200-character sweep name was all of each run's name: its runs were named alike."""
+    names = [sweeps.run_name("s" * 200, {"trainer.lr": lr}, n) for n, lr in enumerate((1e-5, 3e-5), 1)]
+    assert names == ["s" * 188 + "… · lr=1e-05", "s" * 188 + "… · lr=3e-05"] and len(names[0]) == 200
+    long_values = [sweeps.run_name("sweep", {"a.b": "v" * 300 + tail}, n) for n, tail in enumerate("xy", 1)]
+    assert long_values == [f"sweep… #{n} · b={'v' * (199 - len('sweep… #1 · b='))}…" for n in (1, 2)]
+    assert all(len(name) == 200 for name in long_values)
 
 
 # ---- launching -----------------------------------------------------------------------------------
@@ -163,6 +187,12 @@ def test_a_sweep_launches_each_run_with_its_values(researcher, tasksets, worker_
         assert (run.config["trainer"]["lr"], run.config["algorithm"]["kl"]["coef"]) == tuple(values.values())
         assert run.config["algorithm"]["name"] == "mix"  # the rest is the base's
     assert runs[0].name == "lr x kl · lr=1e-05 · coef=0"
+
+
+def test_a_sweep_with_the_longest_name_names_its_runs_apart(researcher, tasksets, worker_queue):
+    sweep = sweeps.launch_sweep(researcher, "n" * 200, base(), SPACE, "grid")
+    names = list(sweep.runs.values_list("name", flat=True))
+    assert len(set(names)) == 6 and all(len(name) <= 200 and "· lr=" in name for name in names)
 
 
 def test_a_sweep_with_one_bad_run_makes_no_run(researcher, tasksets, worker_queue):

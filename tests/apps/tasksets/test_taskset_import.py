@@ -282,6 +282,13 @@ def test_name_must_be_a_slug(files, mapping):
         import_taskset(files.jsonl([good(0)]), name="my set", mapping=mapping)
 
 
+def test_a_description_over_2000_characters_is_refused(files, mapping):
+    """manage.py import_taskset --description took any length, as the API did."""
+    with pytest.raises(FileImportError, match="tasks.jsonl: the description is 2,001 characters; at most 2,000"):
+        import_taskset(files.jsonl([good(0)]), name="described", mapping=mapping, description="d" * 2001)
+    assert not Taskset.objects.exists()
+
+
 # ---- large files ----
 
 

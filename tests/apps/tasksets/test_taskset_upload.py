@@ -162,6 +162,7 @@ def test_a_queued_job_shows_a_polling_progress_bar(researcher_client, media_root
             "file",
             "The file is 101 bytes; uploads are limited to 100 bytes.",
         ),
+        ({"description": "d" * 2001}, "description", "Ensure this value has at most 2000 characters (it has 2001)."),
     ],
 )
 def test_upload_form_errors(researcher_client, settings, overrides, field, error):
