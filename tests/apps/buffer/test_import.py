@@ -220,6 +220,9 @@ def test_a_dpo_row_that_teaches_nothing_is_named_and_nothing_is_kept(tmp_path, c
         (b"not parquet", "data.parquet", "sft", "not a readable Parquet file"),
         (b'{"prompt": "p", "chosen": "a"}\n', "pairs.jsonl", "dpo", "line 1: missing 'rejected'"),
         (b'{"prompt": "p", "response": "\xff"}\n', "data.jsonl", "sft", "not valid UTF-8"),
+        # Python's "Exceeds the limit (4300 digits) ... use sys.set_int_max_str_digits()" named no field
+        (b'{"prompt": "p", "response": "r", "metadata": {"id": ' + b"9" * 5_000 + b"}}\n", "data.jsonl", "sft",
+         r"line 1: 'metadata.id' is a whole number of 5,000 digits; at most 4,300 are read \(write it as a string"),
     ],
 )
 def test_bad_files(tmp_path, curator, content, name, layout, message):
