@@ -80,8 +80,13 @@ class ExpertDataUploadForm(forms.Form):
     file = forms.FileField(help_text="JSONL (one object per line) or Parquet, UTF-8.")
     dataset = forms.CharField(
         max_length=100, required=False,
-        help_text="What a run names as buffer.expert_dataset to train on these rows: a new name, or an existing "
-        "dataset of the same layout to add to. Empty: the file's name without its extension.",
+        help_text="What a run names as buffer.expert_dataset to train on these rows: a new name (or, ticking "
+        "below, an existing dataset of the same layout). Empty: the file's name without its extension.",
+    )
+    append = forms.BooleanField(
+        required=False, label=services.APPEND_LABEL,
+        help_text="Ticked, a dataset of this name gets this file's rows after its own (a file imported twice is "
+        "there twice); unticked, the import makes a new dataset, and a name that is taken is refused.",
     )
     layout = forms.ChoiceField(
         choices=[
@@ -111,8 +116,13 @@ class ExpertDataUploadForm(forms.Form):
         name, layout = cleaned.get("dataset", "").strip(), cleaned.get("layout")
         if name and "\x00" in name:
             self.add_error("dataset", "A dataset name cannot hold a NUL character.")
-        elif name and layout and ExpertDataset.objects.filter(name=name).exclude(layout=layout).exists():
-            self.add_error("dataset", f"The dataset {name!r} holds the other layout's data: name another one.")
+        elif name and layout and (existing := ExpertDataset.objects.filter(name=name).first()):
+            if existing.layout != layout:
+                self.add_error("dataset", f"The dataset {name!r} holds the other layout's data: name another one.")
+            elif not cleaned.get("append"):
+                how = f"tick “{services.APPEND_LABEL}” to add this file's rows to it."
+                problem = services.taken(existing, services.dataset_size(existing), how)
+                self.add_error("dataset", problem[0].upper() + problem[1:])
         if cleaned.get("format") == "auto" and upload:
             try:
                 cleaned["format"] = importers.detect_expert_format(cleaned["file"].name)

@@ -11,6 +11,7 @@ in `selected_rows` and between the import's batches), rolling back what it had d
 
 import uuid
 from collections.abc import Callable, Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -92,10 +93,45 @@ def counted(count: int, layout: str) -> str:
     return f"{count:,} {unit if count != 1 else unit.removesuffix('s')}"
 
 
+def dataset_size(dataset: ExpertDataset) -> int:
+    """What a dataset holds as its files counted it: SFT rows, or DPO pairs (the preferences between
+    its rows, as the datasets page counts them)."""
+    if dataset.layout == ExpertDataset.Layout.DPO:
+        return Feedback.objects.filter(kind=Feedback.Kind.PREFERENCE, value=1.0, experience__dataset=dataset).count()
+    return dataset.experiences.count()
+
+
+@dataclass(frozen=True)
+class Imported:
+    """What an import did, counted in its file's unit (`rows`: SFT rows or DPO pairs)."""
+
+    rows: int
+    dataset: str
+    layout: str
+    appended: bool  # to a dataset that was there before: a file imported twice is there twice
+    holds: int  # the dataset's size now
+
+    def result(self) -> dict:
+        """As an import job keeps it: its count under its unit, as the job page reads it ("pairs": 5)."""
+        return {IMPORTED_UNIT[self.layout]: self.rows, "dataset": self.dataset, "appended": self.appended,
+                "holds": self.holds}
+
+    @classmethod
+    def of_result(cls, result: dict, layout: str) -> "Imported":
+        return cls(result[IMPORTED_UNIT[layout]], result["dataset"], layout, result["appended"], result["holds"])
+
+    def __str__(self):
+        if self.appended:
+            return (f"added {counted(self.rows, self.layout)} to the existing dataset {self.dataset!r}, which now "
+                    f"holds {counted(self.holds, self.layout)}")
+        return f"imported {counted(self.rows, self.layout)} into the new dataset {self.dataset!r}"
+
+
 def import_expert_data(
     path,
     *,
     dataset: str | None = None,
+    append: bool = False,
     layout: str = "sft",
     fmt: str | None = None,
     user=None,
@@ -103,17 +139,20 @@ def import_expert_data(
     progress: Callable | None = None,
     batch_size: int = IMPORT_BATCH_ROWS,
     stop_if_cancelled: Callable[[], None] | None = None,
-) -> int:
+) -> Imported:
     """Import a JSONL or Parquet file of expert data into the expert dataset named `dataset` (the
-    file's name without its extension by default; a new one, or one of the same layout to add to)
-    as experiences of source `expert` with no run, all or nothing: rows are streamed and inserted
+    file's name without its extension by default): a new one, or with `append` one of the same
+    layout to add to (without it, a dataset of that name is refused: the same export imported as
+    .jsonl, then as .parquet, went twice into the dataset named after it, each row there twice
+    without a word), as experiences of source `expert` with no run, all or nothing: rows are streamed and inserted
     `batch_size` at a time inside one transaction, so a bad row anywhere leaves nothing behind.
     A DPO row becomes two experiences (chosen: ready; rejected: status rejected, so it is never
     imitated) and `user`'s preference between them.
     `progress(rows, bytes_done, bytes_total)` is called after every batch, and
     `stop_if_cancelled()` too, inside the transaction: what it raises rolls the import back.
-    Returns the number of the file's rows imported, what its author counts: SFT rows, DPO pairs
-    (two experiences each). Raises FileImportError."""
+    Returns what it did: the number of the file's rows imported, what its author counts (SFT
+    rows, DPO pairs of two experiences each), and whether it added them to rows already there.
+    Raises FileImportError."""
     path = Path(path)
     source = source or path.name
     fmt = fmt or importers.detect_expert_format(path.name)
@@ -123,7 +162,7 @@ def import_expert_data(
     pair_prefix = f"pair-{uuid.uuid4().hex[:12]}"  # each pair is a group of two, so the admin shows them side by side
     batch, imported, read = [], 0, None
     with transaction.atomic():
-        into = _dataset_to_fill(dataset or default_dataset_name(source), layout, user, source)
+        into, before = _dataset_to_fill(dataset or default_dataset_name(source), layout, user, source, append)
         for number, (experiences, read) in enumerate(rows):
             if layout == "dpo":
                 chosen, rejected = experiences
@@ -142,7 +181,7 @@ def import_expert_data(
         imported += _insert_imported(batch, layout, user, source)
     if progress:
         progress(imported, read.bytes_total, read.bytes_total)
-    return imported
+    return Imported(imported, into.name, layout, appended=before is not None, holds=(before or 0) + imported)
 
 
 def default_dataset_name(filename) -> str:
@@ -150,22 +189,36 @@ def default_dataset_name(filename) -> str:
     return Path(filename).stem[:100]
 
 
-def _dataset_to_fill(name: str, layout: str, user, source: str) -> ExpertDataset:
-    """The dataset an import adds to: a new one, or the one of that name if its layout is the
-    file's (a run trains on all of one dataset one way). Locked until the import commits, so a
-    deletion waits for it."""
+def _dataset_to_fill(name: str, layout: str, user, source: str, append: bool) -> tuple[ExpertDataset, int | None]:
+    """The dataset an import adds to: a new one, or with `append` the one of that name if its layout
+    is the file's (a run trains on all of one dataset one way), with its size before (None for a new
+    one). Locked until the import commits, so a deletion waits for it."""
     name = name.strip()
     if not name or len(name) > 100 or "\x00" in name:
         raise FileImportError(source, None, f"the dataset name {name[:100]!r} must be 1 to 100 characters")
-    dataset, _ = ExpertDataset.objects.select_for_update().get_or_create(
+    dataset, created = ExpertDataset.objects.select_for_update().get_or_create(
         name=name, defaults={"layout": layout, "created_by": user}
     )
+    if created:
+        return dataset, None
     if dataset.layout != layout:
         raise FileImportError(
             source, None, f"the dataset {name!r} holds {dataset.layout.upper()} data, and this file is a "
             f"{layout.upper()} import: name another dataset (a run trains on all of one dataset one way)",
         )
-    return dataset
+    size = dataset_size(dataset)
+    if not append:
+        raise FileImportError(source, None, taken(dataset, size))
+    return dataset, size
+
+
+APPEND_LABEL = "Add to an existing dataset"  # the upload page's choice; the command's is --append
+
+
+def taken(dataset: ExpertDataset, size: int,
+          how: str = f"ask to add this file's rows to it ('{APPEND_LABEL}'; import_expert_data --append)") -> str:
+    """Why an import that did not ask to add to a dataset is refused its name."""
+    return f"the dataset {dataset.name!r} exists and holds {counted(size, dataset.layout)}: name a new one, or {how}"
 
 
 def _expert_row(
@@ -265,12 +318,15 @@ def delete_datasets(queryset) -> int:
     return deleted
 
 
-def start_import(*, upload, layout: str, fmt: str, dataset: str | None = None, user=None) -> BufferJob:
+def start_import(
+    *, upload, layout: str, fmt: str, dataset: str | None = None, append: bool = False, user=None
+) -> BufferJob:
     """Save an uploaded file under MEDIA_ROOT and queue its import into `dataset` (the file's name
-    without its extension by default) once this transaction commits."""
+    without its extension by default; with `append`, one there already may be added to) once this
+    transaction commits."""
     job = BufferJob(
         kind=BufferJob.Kind.IMPORT,
-        params={"dataset": dataset, "layout": layout, "format": fmt},
+        params={"dataset": dataset, "append": append, "layout": layout, "format": fmt},
         original_filename=Path(upload.name).name,
         bytes_total=upload.size,
         created_by=user,
@@ -394,6 +450,7 @@ def _run_import(job: BufferJob, progress) -> dict:
     imported = import_expert_data(
         job.upload.path,
         dataset=dataset,
+        append=job.params.get("append", True),  # a job queued before the choice added, as imports did then
         layout=job.params["layout"],
         fmt=job.params["format"],
         user=job.created_by,
@@ -401,9 +458,9 @@ def _run_import(job: BufferJob, progress) -> dict:
         progress=lambda rows, bytes_done, bytes_total: progress(rows, bytes_done),
         stop_if_cancelled=lambda: jobs.stop_if_cancelled(job),
     )
-    job.rows_total = imported
+    job.rows_total = imported.rows
     # Counted as the file's author counts: 5 pairs, not the 10 experiences they became.
-    return {IMPORTED_UNIT[job.params["layout"]]: imported, "dataset": dataset}
+    return imported.result()
 
 
 def delete_jobs(queryset) -> int:

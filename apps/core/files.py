@@ -9,6 +9,7 @@ is wrong. What a record means (a task, an experience) is the importer's business
 import csv
 import json
 import math
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -326,6 +327,10 @@ def parse_json(text: str):
         value = json.loads(text)
     except RecursionError:  # thousands of levels: json's own recursion gave up
         raise too_deep from None
+    except json.JSONDecodeError:
+        raise
+    except ValueError as exc:  # json's only other one: Python's, for a whole number it will not read
+        raise ValueError(_long_number(text) or str(exc)) from None
     depth, level = 0, [value]  # the containers at one depth, looked at level by level (no recursion)
     while level := [item for item in level if isinstance(item, (dict, list))]:
         depth += 1
@@ -333,6 +338,35 @@ def parse_json(text: str):
             raise too_deep
         level = [child for item in level for child in (item.values() if isinstance(item, dict) else item)]
     return value
+
+
+class _LongNumber:
+    """Where json read a whole number of more digits than Python converts (a 5,000-digit one failed
+    with "Exceeds the limit (4300 digits) for integer string conversion ... use
+    sys.set_int_max_str_digits()", which named neither the field nor a way out)."""
+
+    def __init__(self, digits: str):
+        self.digits = len(digits.lstrip("-"))
+
+
+def _long_number(text: str) -> str | None:
+    """What is wrong with the first whole number of text too long to read, naming where it is. Only
+    read again once json refused the text: the hook is called for every integer (a token-id array of
+    an exported experience holds thousands)."""
+    limit = sys.get_int_max_str_digits()
+    value = json.loads(text, parse_int=lambda digits: _LongNumber(digits)
+                       if len(digits.lstrip("-")) > limit else int(digits))
+    found = [("", value)]
+    while found:
+        path, item = found.pop()
+        if isinstance(item, _LongNumber):
+            where = f"{path.removeprefix('.')!r} is" if path else "the value is"
+            return (f"{where} a whole number of {item.digits:,} digits; at most {limit:,} are read "
+                    "(write it as a string to keep it)")
+        children = item.items() if isinstance(item, dict) else enumerate(item) if isinstance(item, list) else ()
+        found.extend((f"{path}[{key}]" if isinstance(item, list) else f"{path}.{key}", child)
+                     for key, child in reversed(list(children)))
+    return None
 
 
 def json_value(value):

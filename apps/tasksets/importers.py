@@ -147,9 +147,16 @@ def _answer(value, key: str) -> str:
         raise ValueError(f"answer {key!r} is null")
     if isinstance(value, str):
         return text(value, f"answer {key!r}")
-    if isinstance(value, (dict, list)):
-        return json.dumps(value, ensure_ascii=False)  # escapes any NUL
-    return str(value)  # numbers and booleans: GSM8K-style files store answers as numbers
+    if not isinstance(value, (bool, int, float, dict, list)):  # a Parquet date or decimal: its text
+        return str(value)
+    # Anything else as JSON writes it (GSM8K-style files store answers as numbers): Python's str()
+    # stored `true` as "True", which exact_match compares as text and no reply writes.
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False)  # escapes any NUL
+    except ValueError:  # json reads 1e999 as infinity and takes NaN: stored as "inf" and "nan", matched by nothing
+        what = "is" if isinstance(value, float) else "holds a number that is"
+        raise ValueError(f"answer {key!r} {what} not finite (NaN, Infinity, or too large for a float, as 1e999 is): "
+                         "write it as a string if it is text") from None
 
 
 def _difficulty(value, key: str) -> float:

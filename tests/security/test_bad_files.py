@@ -102,4 +102,4 @@ def test_bad_expert_data_is_refused_whole(tmp_path, researcher, filename, layout
 def test_good_expert_data_imports(tmp_path):
     path = tmp_path / "e.jsonl"
     path.write_text(json.dumps(GOOD_SFT) + "\n")
-    assert import_expert_data(path, layout="sft") == 1
+    assert import_expert_data(path, layout="sft").rows == 1

@@ -400,6 +400,7 @@ class ExperienceAdmin(CheckedSelectionMixin, admin.ModelAdmin):
             job = services.start_import(
                 upload=form.cleaned_data["file"],
                 dataset=form.cleaned_data["dataset"],
+                append=form.cleaned_data["append"],
                 layout=form.cleaned_data["layout"],
                 fmt=form.cleaned_data["format"],
                 user=request.user,

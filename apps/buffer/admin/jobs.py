@@ -107,7 +107,9 @@ class BufferJobAdmin(CheckedSelectionMixin, JobAdminMixin, admin.ModelAdmin):
     @admin.display(description="result")
     def result_summary(self, job):
         result, imported = dict(job.result), []
-        if job.kind == BufferJob.Kind.IMPORT:  # its count first, in its file's unit: "imported: 5 pairs"
+        if job.kind == BufferJob.Kind.IMPORT and "appended" in result:  # in its file's unit: "imported 5 pairs"
+            return str(services.Imported.of_result(result, job.params["layout"]))
+        if job.kind == BufferJob.Kind.IMPORT:  # done before imports said whether they added to a dataset
             imported = [f"imported: {services.counted(result.pop(unit), layout)}"
                         for layout, unit in services.IMPORTED_UNIT.items() if unit in result]
         # In a fixed order: Postgres's jsonb keeps keys by length, SQLite as written.

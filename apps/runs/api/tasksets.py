@@ -15,6 +15,7 @@ from apps.tasksets.forms import TasksetUploadForm
 from apps.tasksets.models import Taskset, TasksetImport
 
 from .auth import ApiError
+from .bodies import refuse_unknown
 from .paging import page_of
 from .schemas import PAGE, PAGE_SIZE, ErrorOut, Id
 
@@ -126,7 +127,8 @@ def upload_taskset(request, fields: Form[UploadIn], file: File[UploadedFile] = N
     has them: `format` (auto), `prompt_field` (prompt), `answer_field` (answer), `metadata_fields`
     (comma-separated), `difficulty_field`, `description`, `default_workflow`, `default_reward_fn`.
     202 with the import, which runs as a job: follow its `url` until `status` is succeeded (or failed,
-    saying why). 400 names each field that is wrong (or sent twice); nothing is imported then. 415
+    saying why). 400 names each field that is wrong, sent twice or not one of these (with the closest
+    one that is); nothing is imported then. 415
     for a body that is not multipart/form-data."""
     _refuse_what_the_form_cannot_read(request)
     defaults = {name: field.initial for name, field in TasksetUploadForm.base_fields.items() if field.initial}
@@ -145,11 +147,14 @@ def upload_taskset(request, fields: Form[UploadIn], file: File[UploadedFile] = N
 
 def _refuse_what_the_form_cannot_read(request) -> None:
     """The upload is a form with a file: a JSON body (whose `name` the form never saw: it answered
-    "name: This field is required.") is a 415 saying how to send it, and a part sent twice, of
-    which the form would read one, a 400 naming it."""
+    "name: This field is required.") is a 415 saying how to send it; a part the form does not read
+    (`promt_field=question` was a 202 that imported the `prompt` column) and a part sent twice, of
+    which the form would read one, are a 400 naming it."""
     if request.content_type != "multipart/form-data":
         raise ApiError(415, f"send the upload as multipart/form-data, not {request.content_type or 'no body'}: "
                             f"a `file` part (JSONL, CSV or Parquet) and the form's fields: {', '.join(UPLOAD_FIELDS)}")
+    sent = [key for key in (*request.POST, *request.FILES) if key != "csrfmiddlewaretoken"]  # a session's form's
+    refuse_unknown(sent, ("file", *UPLOAD_FIELDS), "field", " in the form")
     twice = [field for field in ("file", *UPLOAD_FIELDS)
              if len(request.POST.getlist(field)) + len(request.FILES.getlist(field)) > 1]
     if twice:

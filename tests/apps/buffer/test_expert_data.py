@@ -222,11 +222,11 @@ def test_a_resume_gives_back_the_imported_pairs_its_lost_steps_used(tmp_path, re
 def test_an_import_adds_to_a_dataset_of_its_own_layout_only(tmp_path, curator):
     path = write_jsonl(tmp_path / "one.jsonl", [{"prompt": "p", "response": "r"}])
     services.import_expert_data(path, dataset="shared")
-    services.import_expert_data(path, dataset="shared")
+    services.import_expert_data(path, dataset="shared", append=True)
     assert ExpertDataset.objects.get().experiences.count() == 2
     pairs = write_jsonl(tmp_path / "pairs.jsonl", [{"prompt": "p", "chosen": "a", "rejected": "b"}])
     with pytest.raises(FileImportError, match="the dataset 'shared' holds SFT data, and this file is a DPO import"):
-        services.import_expert_data(pairs, dataset="shared", layout="dpo", user=curator)
+        services.import_expert_data(pairs, dataset="shared", layout="dpo", user=curator, append=True)
     assert Experience.objects.count() == 2 and ExpertDataset.objects.count() == 1
 
 
@@ -328,9 +328,17 @@ def test_the_import_command_names_the_dataset_and_refuses_what_the_page_refuses(
     assert dict(ExpertDataset.objects.values_list("name", "layout")) == {"answers": "sft", "prefs": "dpo"}
     assert Feedback.objects.get().user == curator
     out = StringIO()
-    call_command("import_expert_data", str(pairs), "--dataset", "prefs", "--layout", "dpo", "--user", "cur",
-                 stdout=out, verbosity=0)
-    assert "Imported 1 pair into expert dataset 'prefs'." in out.getvalue()
+    with pytest.raises(CommandError, match="the dataset 'prefs' exists and holds 1 pair: name a new one, or ask "
+                                           r"to add this file's rows to it \('Add to an existing dataset'; "
+                                           r"import_expert_data --append\)"):
+        call_command("import_expert_data", str(pairs), "--dataset", "prefs", "--layout", "dpo", "--user", "cur",
+                     verbosity=0)
+    call_command("import_expert_data", str(pairs), "--dataset", "prefs", "--append", "--layout", "dpo", "--user",
+                 "cur", stdout=out, verbosity=0)
+    assert "Added 1 pair to the existing dataset 'prefs', which now holds 2 pairs." in out.getvalue()
+    call_command("import_expert_data", str(pairs), "--dataset", "more-prefs", "--append", "--layout", "dpo", "--user",
+                 "cur", stdout=out, verbosity=0)  # --append: add to it if it is there, else make it
+    assert "Imported 1 pair into the new dataset 'more-prefs'." in out.getvalue()
     with pytest.raises(CommandError, match="a DPO import needs a user"):
         call_command("import_expert_data", str(pairs), "--layout", "dpo", verbosity=0)
     with pytest.raises(CommandError, match="no user named 'nobody'"):
@@ -338,4 +346,4 @@ def test_the_import_command_names_the_dataset_and_refuses_what_the_page_refuses(
     with pytest.raises(CommandError, match="the dataset 'answers' holds SFT data"):
         call_command("import_expert_data", str(pairs), "--dataset", "answers", "--layout", "dpo", "--user", "cur",
                      verbosity=0)
-    assert Experience.objects.count() == 7
+    assert Experience.objects.count() == 9

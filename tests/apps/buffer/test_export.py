@@ -91,7 +91,7 @@ def test_round_trip_gives_identical_experiences(varied, fmt, tmp_path, curator):
 
     created = services.import_expert_data(path, layout="sft", user=curator)
 
-    assert created == len(varied)
+    assert created.rows == len(varied)
     imported = list(Experience.objects.exclude(pk__in=[e.pk for e in varied]).order_by("pk"))
     for original, copy in zip(varied, imported, strict=True):
         original.refresh_from_db()
@@ -201,7 +201,7 @@ def test_feedback_export_and_dpo_pairs_import_back(make_experience, annotator, c
     assert (tie["value"], tie["chosen"], tie["rejected"]) == (0.5, None, None)  # a tie is no DPO pair
 
     pairs_only = export(Feedback.objects.filter(kind="preference", value=1.0), fmt, tmp_path)
-    assert services.import_expert_data(pairs_only, layout="dpo", user=curator) == 1  # one pair (two experiences)
+    assert services.import_expert_data(pairs_only, layout="dpo", user=curator).rows == 1  # one pair (two experiences)
     imported = Feedback.objects.get(user=curator)
     assert (imported.experience.response_text, imported.other.response_text, imported.value) == ("good", "bad", 1.0)
 

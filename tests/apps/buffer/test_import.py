@@ -50,7 +50,7 @@ def test_sft_rows_in_each_shape(tmp_path, db):
         ],
     )
 
-    assert services.import_expert_data(path) == 4
+    assert services.import_expert_data(path).rows == 4
 
     text, chat, messages_only, tokens = imported()
     for row in (text, chat, messages_only, tokens):
@@ -92,7 +92,7 @@ def test_sft_parquet_with_chat_structs_and_json_text(tmp_path, db):
         path,
     )
 
-    assert services.import_expert_data(path) == 2
+    assert services.import_expert_data(path).rows == 2
 
     chat, text = imported()
     assert (chat.response_text, chat.response_ids, chat.metadata) == ("4", [7, 8], {"k": [1, 2]})
@@ -122,7 +122,7 @@ def test_dpo_rows_become_two_experiences_and_a_preference(tmp_path, curator, suf
             path,
         )
 
-    assert services.import_expert_data(path, layout="dpo", user=curator) == 2  # pairs, as the file counts them
+    assert services.import_expert_data(path, layout="dpo", user=curator).rows == 2  # pairs, as the file counts them
 
     chosen, rejected, chat_chosen, chat_rejected = imported()
     assert (chosen.response_text, chosen.status, rejected.response_text, rejected.status) == (
@@ -220,6 +220,9 @@ def test_a_dpo_row_that_teaches_nothing_is_named_and_nothing_is_kept(tmp_path, c
         (b"not parquet", "data.parquet", "sft", "not a readable Parquet file"),
         (b'{"prompt": "p", "chosen": "a"}\n', "pairs.jsonl", "dpo", "line 1: missing 'rejected'"),
         (b'{"prompt": "p", "response": "\xff"}\n', "data.jsonl", "sft", "not valid UTF-8"),
+        # Python's "Exceeds the limit (4300 digits) ... use sys.set_int_max_str_digits()" named no field
+        (b'{"prompt": "p", "response": "r", "metadata": {"id": ' + b"9" * 5_000 + b"}}\n", "data.jsonl", "sft",
+         r"line 1: 'metadata.id' is a whole number of 5,000 digits; at most 4,300 are read \(write it as a string"),
     ],
 )
 def test_bad_files(tmp_path, curator, content, name, layout, message):
@@ -254,7 +257,7 @@ def test_import_job_imports_and_deletes_its_upload(curator):
 
     assert (job.status, job.result, job.rows_done, job.bytes_done, job.percent) == (
         "succeeded",
-        {"rows": 3, "dataset": "expert"},
+        {"rows": 3, "dataset": "expert", "appended": False, "holds": 3},
         3,
         job.bytes_total,  # the whole file read
         100,
@@ -295,11 +298,11 @@ def test_upload_page(curator_client, curator):
     assert response["Location"] == reverse("admin:buffer_bufferjob_change", args=[job.pk])
     assert (job.kind, job.params, job.original_filename, job.created_by) == (
         "import",
-        {"dataset": "pairs", "layout": "dpo", "format": "jsonl"},
+        {"dataset": "pairs", "append": False, "layout": "dpo", "format": "jsonl"},
         "pairs.jsonl",
         curator,
     )
-    assert run_job("buffer.bufferjob", job.pk).result == {"pairs": 1, "dataset": "pairs"}
+    assert run_job("buffer.bufferjob", job.pk).result == {"pairs": 1, "dataset": "pairs", "appended": False, "holds": 1}
     assert "pairs.jsonl" in curator_client.get(response["Location"]).content.decode()
 
 
@@ -313,8 +316,61 @@ def test_the_job_page_counts_pairs_and_rows_as_the_file_does(curator_client, cur
         job = services.start_import(upload=upload(name, rows), layout=layout, fmt="jsonl", user=curator)
         job = run_job("buffer.bufferjob", job.pk)
         page = curator_client.get(reverse("admin:buffer_bufferjob_change", args=[job.pk])).content.decode()
-        imported = {"dpo": "imported: 5 pairs, dataset: pairs", "sft": "imported: 3 rows, dataset: answers"}[layout]
+        imported = {"dpo": "imported 5 pairs into the new dataset &#x27;pairs&#x27;",
+                    "sft": "imported 3 rows into the new dataset &#x27;answers&#x27;"}[layout]
         assert imported in page and job.rows_done == len(rows)
     assert Experience.objects.count() == 13
     listing = curator_client.get(reverse("admin:buffer_expertdataset_changelist")).content.decode()
     assert ">5 pairs<" in listing and ">3 rows<" in listing
+
+
+# ---- importing into a dataset that is there ----
+
+
+def test_the_same_export_imported_again_is_refused_unless_asked_to_add_to_its_dataset(tmp_path, db):
+    """The same file as .jsonl, then as .parquet, went twice into the dataset named after it: each row
+    there twice, and the job said only 'imported: 3 rows'."""
+    rows = [{"prompt": f"p{i}", "response": "r"} for i in range(3)]
+    first = services.import_expert_data(write_jsonl(tmp_path / "export.jsonl", rows))
+    assert (first.appended, first.holds, str(first)) == (False, 3, "imported 3 rows into the new dataset 'export'")
+    again = tmp_path / "export.parquet"
+    pq.write_table(pa.Table.from_pylist(rows), again)
+
+    with pytest.raises(FileImportError, match="export.parquet: the dataset 'export' exists and holds 3 rows: name a "
+                                              "new one, or ask to add this file's rows to it"):
+        services.import_expert_data(again)
+    assert Experience.objects.count() == 3
+
+    added = services.import_expert_data(again, append=True)
+    assert (added.rows, added.appended, added.holds) == (3, True, 6)
+    assert str(added) == "added 3 rows to the existing dataset 'export', which now holds 6 rows"
+    assert services.import_expert_data(again, dataset="export-2").appended is False
+
+
+def test_the_upload_page_asks_before_adding_to_a_dataset_and_says_it_did(curator_client, curator):
+    url = reverse("admin:buffer_experience_import")
+    rows = [{"prompt": f"p{i}", "response": "r"} for i in range(3)]
+    first = curator_client.post(url, {"file": upload("answers.jsonl", rows), "layout": "sft", "format": "auto"})
+    assert first.status_code == 302
+    run_job("buffer.bufferjob", BufferJob.objects.get().pk)
+    page = curator_client.post(url, {"file": upload("answers.jsonl", rows), "layout": "sft", "format": "auto"})
+    assert page.status_code == 200 and BufferJob.objects.count() == 1, "the second upload was refused, no job"
+    assert ("The dataset &#x27;answers&#x27; exists and holds 3 rows: name a new one, or tick “Add to an existing "
+            "dataset” to add this file&#x27;s rows to it.") in page.content.decode()
+
+    added = curator_client.post(url, {"file": upload("answers.jsonl", rows), "layout": "sft", "format": "auto",
+                                      "append": "on"})
+    job = run_job("buffer.bufferjob", BufferJob.objects.latest("pk").pk)
+    assert job.params["append"] is True and Experience.objects.count() == 6
+    said = curator_client.get(added["Location"]).content.decode()
+    assert "added 3 rows to the existing dataset &#x27;answers&#x27;, which now holds 6 rows" in said
+
+
+def test_an_import_queued_before_the_choice_adds_to_its_dataset_as_it_did_then(curator):
+    """A job's params had no `append`: imports then added to a dataset of their name."""
+    rows = [{"prompt": "p", "response": "r"}]
+    for _ in range(2):
+        job = services.start_import(upload=upload("old.jsonl", rows), layout="sft", fmt="jsonl", user=curator)
+        BufferJob.objects.filter(pk=job.pk).update(params={"dataset": None, "layout": "sft", "format": "jsonl"})
+        job = run_job("buffer.bufferjob", job.pk)
+    assert job.result == {"rows": 1, "dataset": "old", "appended": True, "holds": 2}

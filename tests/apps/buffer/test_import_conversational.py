@@ -39,7 +39,7 @@ def test_sft_conversational_and_prompt_completion_rows(tmp_path, db):
         {"prompt": [ASK], "completion": [BLUE]},
         {"prompt": "The sky is", "completion": [{"role": "assistant", "content": " blue."}]},
     ])
-    assert services.import_expert_data(path) == 4
+    assert services.import_expert_data(path).rows == 4
     assert stored() == [
         ("Be brief.\n\nWhat color is the sky?\n\nIt is blue.\n\nAnd at night?", "Black.",
          [SYSTEM, ASK, BLUE, again, {"role": "assistant", "content": "Black."}]),
@@ -65,7 +65,7 @@ def test_dpo_conversational_pairs_with_explicit_and_implicit_prompts(tmp_path, c
         pq.write_table(pa.table({"prompt": [rows[0]["prompt"], None], "chosen": [r["chosen"] for r in rows],
                                  "rejected": [r["rejected"] for r in rows]}), path)
 
-    assert services.import_expert_data(path, layout="dpo", user=curator) == len(rows) + (suffix == "jsonl")
+    assert services.import_expert_data(path, layout="dpo", user=curator).rows == len(rows) + (suffix == "jsonl")
 
     chat = ("Be brief.\n\nWhat color is the sky?", "It is blue.", [SYSTEM, ASK, BLUE])
     chat_rejected = (chat[0], "It is green.", [SYSTEM, ASK, GREEN])

@@ -152,3 +152,28 @@ def test_a_multipart_upload_still_starts_an_import(script, no_import):
     response = script.post(reverse("api-tasksets"), {"file": jsonl(), "name": "sums"})
     assert response.status_code == 202, response.content
     assert TasksetImport.objects.get().name == "sums"
+
+
+@pytest.mark.parametrize("field, closest", [("promt_field", "prompt_field"), ("upload", None)])
+def test_an_upload_with_a_field_it_does_not_take_is_refused_naming_it(script, no_import, field, closest):
+    """`-F promt_field=question` was a 202 that imported the `prompt` column, the misspelt field ignored;
+    a file sent as `upload` is named too, rather than answered 'file: This field is required.'"""
+    data = {"name": "sums", field: jsonl() if field == "upload" else "question"}
+    if field != "upload":
+        data["file"] = jsonl()
+    response = script.post(reverse("api-tasksets"), data)
+    assert response.status_code == 400, response.content
+    body = response.json()
+    assert repr(field) in body["error"]
+    assert [problem["key"] for problem in body["errors"]] == [field]
+    message = body["errors"][0]["message"]
+    assert f"did you mean {closest!r}" in message if closest else "known fields: file, name" in message
+    assert not TasksetImport.objects.exists()
+
+
+def test_an_upload_from_a_session_form_may_carry_its_csrf_token(researcher, no_import):
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(researcher)
+    token = client.cookies["csrftoken"] = "t" * 32  # a CSRF secret, which Django takes as the token too
+    response = client.post(reverse("api-tasksets"), {"file": jsonl(), "name": "sums", "csrfmiddlewaretoken": token})
+    assert response.status_code == 202, response.content

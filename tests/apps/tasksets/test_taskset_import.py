@@ -8,6 +8,7 @@ from apps.core.files import FileImportError
 from apps.tasksets.importers import FieldMapping
 from apps.tasksets.models import Task, Taskset
 from apps.tasksets.services import import_taskset
+from workers.rft.rewards.answer import exact_match
 
 pytestmark = pytest.mark.django_db
 
@@ -109,6 +110,27 @@ def test_parquet_with_chat_prompts_metadata_and_difficulty(files):
     assert [t.answer for t in tasks] == ["4", "0", "9"]
     assert [t.metadata for t in tasks] == [{"tags": ["a"]}, {"tags": []}, {"tags": ["b", "c"]}]
     assert [t.difficulty for t in tasks] == [0.1, 0.2, 0.3]
+
+
+def test_an_answer_that_is_not_text_is_stored_as_the_file_wrote_it_in_json(files, mapping):
+    """str() stored `true` as "True" and `0.5e1` as "5.0"'s Python spelling: exact_match compares a
+    non-number as text, and no reply to a true/false question writes "True"."""
+    answers = ['true', 'false', '72', '-3', '0.25', '{"x": true, "y": null}', '[1, false]', '"yes"', '"True"']
+    path = files.jsonl([f'{{"question": "q{i}", "answer": {answer}}}' for i, answer in enumerate(answers)])
+
+    import_taskset(path, name="typed", mapping=mapping)
+
+    stored = [t.answer for t in tasks_of("typed")]
+    assert stored == ["true", "false", "72", "-3", "0.25", '{"x": true, "y": null}', "[1, false]", "yes", "True"]
+    assert exact_match("<answer>true</answer>", {"answer": stored[0]}) == 1.0
+
+
+def test_an_answer_from_a_parquet_boolean_column_is_json_too(files, mapping):
+    path = files.parquet({"question": ["a", "b"], "answer": [True, False]})
+
+    import_taskset(path, name="pq-bools", mapping=mapping)
+
+    assert [t.answer for t in tasks_of("pq-bools")] == ["true", "false"]
 
 
 # ---- the bad-file corpus: every case names the file, the line (or row) and the problem ----
@@ -223,6 +245,26 @@ BAD_FILES = {
         "tasks.parquet",
         5,
         "prompt 'question' must be a non-empty string or a list of chat messages {role, content}, got null",
+    ),
+    "answer too large for a float": (  # was stored as "inf", which no reply equals
+        lambda f: f.jsonl(after_good_rows('{"question": "q", "answer": 1e999}')),
+        "tasks.jsonl",
+        5,
+        "answer 'answer' is not finite (NaN, Infinity, or too large for a float, as 1e999 is)",
+    ),
+    "NaN answer": (
+        lambda f: f.jsonl(after_good_rows('{"question": "q", "answer": NaN}')), "tasks.jsonl", 5,
+        "answer 'answer' is not finite",
+    ),
+    "answer holding NaN": (
+        lambda f: f.jsonl(after_good_rows('{"question": "q", "answer": [1, NaN]}')), "tasks.jsonl", 5,
+        "answer 'answer' holds a number that is not finite",
+    ),
+    "5,000-digit answer": (  # Python's "Exceeds the limit (4300 digits) ... use sys.set_int_max_str_digits()"
+        lambda f: f.jsonl(after_good_rows('{"question": "q", "answer": ' + "7" * 5_000 + "}")),
+        "tasks.jsonl",
+        5,
+        "'answer' is a whole number of 5,000 digits; at most 4,300 are read (write it as a string to keep it)",
     ),
     "unknown format": (lambda f: f.raw(GOOD_CSV, "tasks.txt"), "tasks.txt", None,
                        "unknown format: cannot tell it from the extension (a taskset is read from .jsonl, .ndjson, "

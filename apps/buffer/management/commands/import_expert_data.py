@@ -12,8 +12,11 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("file")
-        parser.add_argument("--dataset", help="a new dataset, or one of the same layout to add to; "
-                                              "default: the file's name without its extension")
+        parser.add_argument("--dataset", help="a new dataset (with --append, one of the same layout may be added "
+                                              "to); default: the file's name without its extension")
+        parser.add_argument("--append", action="store_true",
+                            help="add the rows to the dataset if it exists (a file imported twice is there twice); "
+                                 "without it, a dataset of that name is refused")
         parser.add_argument("--layout", choices=importers.LAYOUTS, default="sft",
                             help="sft: prompt + response, or chat messages; dpo: prompt + chosen + rejected")
         parser.add_argument("--format", choices=importers.FORMATS, help="default: from the file's extension")
@@ -34,12 +37,11 @@ class Command(BaseCommand):
                 bar.set_postfix(rows=f"{rows:,}", refresh=False)
 
             try:
-                created = services.import_expert_data(
-                    options["file"], dataset=options["dataset"], layout=options["layout"], fmt=options["format"],
-                    user=user, progress=show_progress,
+                imported = services.import_expert_data(
+                    options["file"], dataset=options["dataset"], append=options["append"], layout=options["layout"],
+                    fmt=options["format"], user=user, progress=show_progress,
                 )
             except FileImportError as exc:
                 raise CommandError(str(exc)) from None
-        name = options["dataset"] or services.default_dataset_name(options["file"])
-        imported = services.counted(created, options["layout"])
-        self.stdout.write(self.style.SUCCESS(f"Imported {imported} into expert dataset {name!r}."))
+        said = str(imported)
+        self.stdout.write(self.style.SUCCESS(f"{said[0].upper()}{said[1:]}."))
