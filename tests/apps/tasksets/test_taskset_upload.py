@@ -11,6 +11,7 @@ from django.urls import reverse
 
 from apps.core import jobs
 from apps.tasksets.models import Task, Taskset, TasksetImport
+from apps.tasksets.services import IMPORT_BATCH_SIZE
 from rftweb.celery import app as celery_app
 
 UPLOAD_URL = reverse("taskset-upload")
@@ -230,7 +231,8 @@ def test_progress_is_visible_to_other_connections_while_the_import_runs(research
     finally:
         observer.close()
 
-    assert seen_by_others == [("running", 2_000, 0), ("running", 4_000, 0), ("running", 5_000, 1)]
+    batches = [("running", rows, 0) for rows in range(IMPORT_BATCH_SIZE, 5_001, IMPORT_BATCH_SIZE)]
+    assert seen_by_others == [*batches, ("running", 5_000, 1)]
     job.refresh_from_db()
     assert (job.status, job.rows_done, job.taskset.task_count) == ("succeeded", 5_000, 5_000)
 
