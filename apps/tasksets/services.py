@@ -145,10 +145,12 @@ def name_taken(name: str, instead_of: Taskset | None = None) -> str | None:
     others = Taskset.all_objects.filter(name__iexact=name)  # one being imported has its name too
     if instead_of is not None:
         others = others.exclude(pk=instead_of.pk)
-    other = others.values_list("name", flat=True).first()
-    if other is None:
+    found = others.values_list("name", "ready").first()
+    if found is None:
         return None
-    return f"a taskset named {other!r} already exists" + (" (names differ only in case)" if other != name else "")
+    other, ready = found
+    return (f"a taskset named {other!r} " + ("already exists" if ready else "is being imported")
+            + (" (names differ only in case)" if other != name else ""))
 
 
 def rename_problem(taskset: Taskset, name: str) -> str | None:

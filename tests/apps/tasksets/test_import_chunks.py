@@ -63,6 +63,7 @@ def test_others_write_while_a_big_import_runs_and_its_taskset_shows_only_when_co
 
     def write_and_look():
         Taskset.objects.create(name="written-meanwhile")  # a write, committed at once
+        assert services.name_taken("Big") == "a taskset named 'big' is being imported (names differ only in case)"
         return Taskset.objects.filter(name="big").exists(), Taskset.all_objects.filter(name="big").exists()
 
     def progress(update):
