@@ -145,8 +145,8 @@ def cancel_job(job: Job) -> Job:
                 else:
                     broadcast(locked)
     except OperationalError as exc:
-        # Embedded SQLite has one writer at a time: a job writing in one transaction (an import,
-        # a re-score) holds it until it ends, and the request gave up waiting.
+        # Embedded SQLite has one writer at a time: a job writing in one transaction (a re-score)
+        # holds it until it ends, and the request gave up waiting.
         raise JobError(f"{name} could not be cancelled now, the database is busy with its writes ({exc}); "
                        "try again in a moment") from exc
     return locked
@@ -240,13 +240,14 @@ def progress_writer(job: Job):
     """Yield progress(rows_done, bytes_done=None): the job's progress, shown at once, at most every
     PROGRESS_INTERVAL_SECONDS.
 
-    A job changes the database in one transaction on the default connection, so progress saved
-    there would stay invisible until the end (and be rolled back on failure). Each update goes
+    A job may change the database in one transaction on the default connection, where progress
+    saved would stay invisible until the end (and be rolled back on failure). Each update goes
     through a second connection, in autocommit mode, instead: safe because the job's transaction
     never touches the job row (the job is finished after it ends), so the two connections never
     wait on each other's locks. SQLite has one writer at a time, the job's own connection: there
-    progress is written by it between the job's transactions (retention's chunks, each committed),
-    and only broadcast within one. Inside an outer transaction (the tests) it is only broadcast."""
+    progress is written by it between the job's transactions (retention's chunks and a taskset
+    import's batches, each committed), and only broadcast within one; so a job that runs long on
+    SQLite commits in chunks. Inside an outer transaction (the tests) it is only broadcast."""
     writes = connection.vendor == "postgresql" and not connection.in_atomic_block
     progress_connection = connections.create_connection(DEFAULT_DB_ALIAS) if writes else None
     # Returning the cancel request: each live message shows whether one is waiting.

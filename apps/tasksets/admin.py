@@ -75,6 +75,9 @@ class TaskAdmin(CheckedSelectionMixin, admin.ModelAdmin):
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
 
+    def get_queryset(self, request):  # not the tasks of a taskset still being imported (Taskset.ready)
+        return super().get_queryset(request).filter(taskset__ready=True)
+
     @admin.display(description="prompt")
     def short_prompt(self, task):
         return task.prompt_text[:80]

@@ -9,6 +9,14 @@ from apps.accounts.roles import CURATOR, RESEARCHER, has_role
 from apps.core.models import Job
 
 
+class ReadyTasksets(models.Manager):
+    """Tasksets but those still being imported: `Taskset.objects`, so no list, form, API or run
+    sees (or launches on) a taskset whose tasks are still arriving."""
+
+    def get_queryset(self):
+        return super().get_queryset().filter(ready=True)
+
+
 class Taskset(models.Model):
     """A named collection of tasks. `field_mapping` records which source columns became which task fields."""
 
@@ -25,6 +33,13 @@ class Taskset(models.Model):
     task_count = models.PositiveIntegerField(default=0)
     created_by = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL)
     created_at = models.DateTimeField(auto_now_add=True)
+    # False while an import writes its tasks, in committed chunks (services.import_taskset): one
+    # transaction for a 200k-row file held embedded SQLite's only write lock for 20-45 s, and a
+    # training run's writes gave up after the 30 s busy timeout. Deleted if the import fails.
+    ready = models.BooleanField(default=True, editable=False)
+
+    objects = ReadyTasksets()  # the default manager: the admin and every query see ready ones only
+    all_objects = models.Manager()  # with those being imported: names taken, leftovers to delete
 
     class Meta:
         ordering = ["name"]
@@ -120,7 +135,7 @@ class TasksetImport(Job):
     def may_cancel(self, user) -> bool:
         """The researcher who uploaded the file (from the import's page), and whoever may delete
         imports in the admin: a pending or running one is cancelled instead (services.run_import
-        rolls it back at its next batch)."""
+        stops after its next batch and deletes what it wrote)."""
         if self.created_by_id == user.pk and has_role(user, RESEARCHER):
             return True
         return user.is_active and user.is_staff and user.has_perm("tasksets.delete_tasksetimport")

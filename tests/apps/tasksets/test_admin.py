@@ -86,3 +86,17 @@ def test_a_taskset_no_live_run_reads_is_renamed_and_no_name_is_taken_twice_in_an
     assert "a taskset named &#x27;Other&#x27; already exists (names differ only in case)" in page.content.decode()
     assert rename(curator_client, taskset, "Math").status_code == 302  # its own name in another case
     assert Taskset.objects.get(pk=taskset.pk).name == "Math"
+
+
+def test_a_taskset_being_imported_and_its_tasks_are_not_in_the_admin(curator_client, taskset):
+    """Its tasks arrive in committed batches (services.import_taskset): shown, a curator could edit
+    or delete tasks of a half import, which a failed import then deletes anyway."""
+    half = Taskset.all_objects.create(name="half-imported", ready=False)
+    Task.objects.create(taskset=half, index=0, prompt="p", answer="only-in-the-half-import")
+
+    tasksets = curator_client.get(reverse("admin:tasksets_taskset_changelist")).content.decode()
+    tasks = curator_client.get(reverse("admin:tasksets_task_changelist")).content.decode()
+
+    assert taskset.name in tasksets and "half-imported" not in tasksets
+    assert "only-in-the-half-import" not in tasks
+    assert curator_client.get(reverse("admin:tasksets_taskset_change", args=[half.pk])).status_code == 302

@@ -1,0 +1,134 @@
+"""A big taskset import writes in committed batches (services.import_taskset): embedded SQLite has
+one write lock, and one transaction for a 200k-row file held it 20-45 s, so a training run's
+writes and an annotator's rating gave up ("database is locked"), the job's progress stayed 0 and
+Cancel waited for the end. Each test here has another connection (a thread) write while the
+import is under way; the taskset stays hidden until its last batch, and a failed or cancelled
+import leaves nothing of it."""
+
+import json
+import threading
+
+import pytest
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.db import connection
+
+from apps.core import jobs
+from apps.tasksets import services
+from apps.tasksets.importers import FieldMapping
+from apps.tasksets.models import Task, Taskset, TasksetImport
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+ROWS = [{"q": f"What is {i} + 1?", "a": str(i + 1)} for i in range(50)]
+BATCH = 10
+WAIT_SECONDS = 5  # the other connection's write takes milliseconds; SQLite's busy timeout is 30 s
+
+
+@pytest.fixture(autouse=True)
+def small_batches(settings, tmp_path):
+    settings.TASKSET_IMPORT_BATCH_ROWS = BATCH
+    settings.MEDIA_ROOT = tmp_path / "media"
+
+
+def jsonl(tmp_path, rows):
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in rows))
+    return path
+
+
+def on_another_connection(work):
+    """What work() returns, run on a thread with its own connection, or raise if it took longer
+    than WAIT_SECONDS (it waited for the import's write lock)."""
+    outcome = {}
+
+    def run():
+        try:
+            outcome["value"] = work()
+        except Exception as exc:  # noqa: BLE001 - re-raised below
+            outcome["error"] = exc
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(WAIT_SECONDS)
+    assert not thread.is_alive(), f"the other connection waited over {WAIT_SECONDS} s for the import's write lock"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+def test_others_write_while_a_big_import_runs_and_its_taskset_shows_only_when_complete(tmp_path, researcher):
+    seen = []
+
+    def write_and_look():
+        Taskset.objects.create(name="written-meanwhile")  # a write, committed at once
+        assert services.name_taken("Big") == "a taskset named 'big' is being imported (names differ only in case)"
+        return Taskset.objects.filter(name="big").exists(), Taskset.all_objects.filter(name="big").exists()
+
+    def progress(update):
+        if update.rows_done == 2 * BATCH:
+            seen.append(on_another_connection(write_and_look))
+
+    taskset = services.import_taskset(jsonl(tmp_path, ROWS), name="big", mapping=FieldMapping("q", "a"),
+                                      user=researcher, progress=progress)
+
+    assert seen == [(False, True)], "hidden while its tasks arrive, its name taken"
+    assert Taskset.objects.filter(name="written-meanwhile").exists()
+    assert Taskset.objects.get(name="big") == taskset and taskset.task_count == len(ROWS)
+    assert list(taskset.tasks.values_list("index", flat=True)) == list(range(len(ROWS)))
+
+
+def test_a_bad_row_after_committed_batches_leaves_no_taskset_and_no_tasks(tmp_path):
+    rows = [*ROWS[:35], "{not json", *ROWS[35:]]
+    with pytest.raises(services.FileImportError, match="line 36"):
+        services.import_taskset(jsonl(tmp_path, rows), name="bad", mapping=FieldMapping("q", "a"))
+
+    assert not Taskset.all_objects.filter(name="bad").exists()
+    assert not Task.objects.exists()
+
+
+def start_import(user, rows=ROWS):
+    upload = SimpleUploadedFile("questions.jsonl", "".join(json.dumps(row) + "\n" for row in rows).encode())
+    return services.start_taskset_import(upload=upload, name="uploaded", fmt="jsonl",
+                                         mapping=FieldMapping("q", "a"), user=user)
+
+
+def test_a_running_import_saves_its_progress_per_batch_and_a_cancel_answers_at_once(researcher, monkeypatch):
+    job = start_import(researcher)
+    checks, seen = [], []
+    stop_if_cancelled = jobs.stop_if_cancelled
+
+    def cancel_after_two_batches(running):
+        checks.append(running.pk)
+        if len(checks) == 3:  # the runner's check before it starts, then after the first two batches
+            def look_and_cancel():
+                saved = TasksetImport.objects.get(pk=running.pk)
+                return saved.rows_done, jobs.cancel_job(saved).cancel_requested_at is not None
+
+            seen.append(on_another_connection(look_and_cancel))
+        stop_if_cancelled(running)
+
+    monkeypatch.setattr(jobs, "stop_if_cancelled", cancel_after_two_batches)
+    job = jobs.run_job("tasksets.tasksetimport", job.pk)
+
+    rows_saved, cancelled = seen[0]
+    # Written at most every PROGRESS_INTERVAL_SECONDS: the first batch's at least.
+    assert rows_saved >= BATCH and cancelled
+    assert job.status == "cancelled" and job.error.startswith("cancelled on request"), job.error
+    assert job.taskset is None and TasksetImport.objects.get(pk=job.pk).taskset is None
+    assert not Taskset.all_objects.filter(name="uploaded").exists() and not Task.objects.exists()
+    assert len(checks) == 3, "it stopped at the check after the cancel"
+
+
+def test_a_redelivered_import_deletes_its_killed_worker_half_and_starts_again(researcher):
+    job = start_import(researcher)
+    half = Taskset.all_objects.create(name="uploaded", ready=False)
+    Task.objects.bulk_create(Task(taskset=half, index=i, prompt="p") for i in range(BATCH))
+    TasksetImport.objects.filter(pk=job.pk).update(status="running", taskset=half)  # its worker was killed
+
+    job = jobs.run_job("tasksets.tasksetimport", job.pk)
+
+    assert job.status == "succeeded", job.error
+    taskset = Taskset.objects.get(name="uploaded")
+    assert taskset.pk != half.pk and taskset.task_count == len(ROWS) and Task.objects.count() == len(ROWS)
