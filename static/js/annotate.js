@@ -179,6 +179,8 @@ class AnnotationPage {
 
   // One key, live or replayed from the queue; true when the page used it.
   handle(key, replayed) {
+    // A click on Next made while busy: for the item it was made on only (not one shown since).
+    if ("next" in key) { if (key.next === this.itemId && document.getElementById("next")) this.showNext(); return true; }
     if (this.editing && (key.inEditor || replayed)) return this.editorKey(key, replayed);
     if (key.ctrl || key.alt) return false;
     if (this.confirming()) {
@@ -440,7 +442,12 @@ class AnnotationPage {
   onClick(event) {
     if (event.target.closest("#edit")) this.startEditing();
     else if (event.target.closest("#edit-cancel")) this.stopEditing();
-    else if (event.target.closest("#next")) { event.preventDefault(); if (!this.busy) this.showNext(); }
+    else if (event.target.closest("#next")) {
+      event.preventDefault();
+      // Busy asking whether the item is still open (recheck), the click waits for the answer as
+      // keys do: it was dropped, and the annotator stayed on a refused item (CI, under load).
+      if (this.busy) this.queue.push({ next: this.itemId }); else this.showNext();
+    }
   }
 
   // -- the run's channel ------------------------------------------------------------------------------

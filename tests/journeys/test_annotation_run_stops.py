@@ -73,6 +73,33 @@ def test_with_javascript_the_page_takes_the_choices_away_as_the_run_stops(page, 
     assert page_errors == []
 
 
+def test_a_click_on_next_while_the_page_asks_about_its_item_is_not_lost(page, login, researcher, page_errors):
+    """Each status message has the page ask the server about its item (busy meanwhile); a click on
+    Next made then was dropped, and the annotator stayed on the refused item (CI under load, the
+    test above). The item requests are held here, and let go one at a time, to make that order."""
+    run, trained, waiting = a_run_being_trained(researcher)
+    annotator = create_user("judge", PASSWORD, roles=(ANNOTATOR,))
+    login(annotator, f"/annotate/?run={run.pk}&strategy=newest")
+    page.wait_for_url(ITEM)
+    expect(page.locator("#live")).to_have_text("live")
+    held = []
+    page.route(re.compile(rf"/annotate/api/experience/{trained.pk}/$"), lambda route: held.append(route))
+
+    stopped(run, trained)  # two messages: stopping, then stopped
+    expect(page.locator("#queue-note")).to_have_text("the run has stopped: no new items will come")
+    held.pop().continue_()  # the first question answers: refused (the run has stopped by now)
+    expect(page.locator("#refusal")).to_have_text(f"experience {trained.pk} {REFUSED}")
+    for _ in range(50):  # the second question, for the second message, is asked and held
+        if held:
+            break
+        page.wait_for_timeout(100)
+    assert held, "the page did not ask again for the second status message"
+    page.locator("#next").click()  # while it waits for that answer
+    held.pop().continue_()
+    expect(page.locator("#annotate")).to_have_attribute("data-experience", str(waiting.pk))
+    assert page_errors == []
+
+
 def test_without_javascript_the_refused_post_comes_back_with_no_choices(browser, asgi_server, researcher):
     run, trained, waiting = a_run_being_trained(researcher)
     annotator = create_user("judge", PASSWORD, roles=(ANNOTATOR,))
