@@ -86,7 +86,7 @@ def test_a_curator_imports_expert_data_and_pairs_and_runs_train_on_them(curator,
                  what=f"the import of {name}")
         # The page reloads itself once the job has finished (job_progress.js: at once over its socket,
         # polled every 5 s behind it); a reload of the test's own aborted when the two met.
-        expect(page.locator("body")).to_contain_text(f"dataset: {name}", timeout=15_000)
+        expect(page.locator("body")).to_contain_text(f"into the new dataset '{name}'", timeout=15_000)
     page.goto("/admin/buffer/expertdataset/")
     expect(page.locator("#result_list")).to_contain_text("sums-expert")
     expect(page.locator("#result_list")).to_contain_text(f"{len(PAIRS)} pairs")  # not their 12 experiences
