@@ -101,9 +101,8 @@ def report_edit(request, pk):
     there = set(Run.objects.filter(pk__in=report.run_ids).values_list("pk", flat=True))
     kept, gone = [pk for pk in report.run_ids if pk in there], [pk for pk in report.run_ids if pk not in there]
     if not kept:
-        messages.error(request, f"Report not saved: {runs_named(gone)} {'was' if len(gone) == 1 else 'were'} "
-                                "deleted, every run it compared: it has nothing left to show. Delete it, or open "
-                                "Compare to save a new report.")
+        messages.error(request, f"Report not saved: {deleted(gone)}, every run it compared: it has nothing left "
+                                "to show. Delete it, or open Compare to save a new report.")
         typed = ReportForm(instance=report, initial={key: request.POST.get(key) for key in ("name", "note")})
         return _report_page(request, report, typed, status=400)
     data = {**request.POST.dict(), "runs": ",".join(map(str, kept)), "chart_filter": report.chart_filter,
@@ -115,10 +114,14 @@ def report_edit(request, pk):
         messages.error(request, "Report not saved: " + sentence(form_problems(form)))
         return _report_page(request, report, form, status=400)
     form.save()
-    dropped = (f": {runs_named(gone)} {'was' if len(gone) == 1 else 'were'} deleted; the report now holds "
-               f"{runs_named(kept)}" if gone else "")
+    dropped = f": {deleted(gone)}; the report now holds {runs_named(kept)}" if gone else ""
     messages.success(request, f"Saved report {isolate(report.name)}{dropped}.")
     return redirect("report-detail", pk=report.pk)
+
+
+def deleted(ids: list[int]) -> str:
+    """"run #2 was deleted", "runs #1, #2 were deleted"."""
+    return f"{runs_named(ids)} {'was' if len(ids) == 1 else 'were'} deleted"
 
 
 def runs_named(ids: list[int]) -> str:
