@@ -109,6 +109,8 @@ def _refusal(doomed) -> str:
 
 def _cancelled(job) -> str:
     name = f"{job._meta.verbose_name.capitalize()} {job.pk}"
-    if job.status == job.Status.CANCELLED:
+    if job.status == job.Status.CANCELLED and job.started_at is None:
         return f"{name} was cancelled before it started."
+    if job.status == job.Status.CANCELLED:  # nobody ran it any more (jobs.orphaned)
+        return f"{name} has ended, {job.error}."
     return f"{name} stops at its next safe point (between two chunks of rows); its page shows when it has."

@@ -14,6 +14,12 @@ pending job is cancelled at once; a running one is flagged, and stops where its 
 half done). A type whose job can leave something behind when it fails or is cancelled registers an
 `on_stop` hook, which puts back what it can and says what it cannot.
 
+A job whose process died (a killed worker, a killed embedded server) is run again from the start,
+as every type is written to be: on the full stack when Celery redelivers its task (acks_late), and
+embedded when the server's watchdog finds it (`rerun_orphaned`). Who runs a job is recorded when it
+is claimed (apps.core.job_owners), so a job a live process runs is never taken from it, and a
+cancel of one nobody runs ends it at once.
+
 Progress reaches the job's page over the websocket group `job_group(job)` (apps.core.consumers),
 and from the row, which its page polls (apps.core.views.job_progress) when it has no socket.
 """
@@ -25,13 +31,16 @@ from contextlib import contextmanager
 from time import monotonic
 
 from asgiref.sync import async_to_sync
+from celery import current_task
 from channels.layers import get_channel_layer
 from django.apps import apps
+from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, OperationalError, connection, connections, transaction
 from django.utils import timezone
 
 from rftweb.celery import enqueue
 
+from . import job_owners
 from .models import Job
 
 logger = logging.getLogger(__name__)
@@ -125,31 +134,52 @@ def cancellable(job: Job) -> bool:
 
 def cancel_job(job: Job) -> Job:
     """Cancel a job: a pending one is cancelled now (its worker, when the task arrives, leaves it),
-    a running one is asked to stop at its next safe point (job.cancel_requested_at). Returns the
-    job as it now is. Raises JobError, changing nothing, for a finished job or a running job whose
-    type cannot stop safely. Under the job's row lock: the worker's claim (run_job) waits for it."""
+    a running one is asked to stop at its next safe point (job.cancel_requested_at), and a running
+    one whose process is gone (`orphaned`) is ended now, its on_stop hook run here: nobody would
+    reach a safe point. Returns the job as it now is. Raises JobError, changing nothing, for a
+    finished job or a running job whose type cannot stop safely. Under the job's row lock: the
+    worker's claim (run_job) waits for it."""
     model = type(job)
     name = f"{model._meta.verbose_name} {job.pk}"
+    owner_gone = None
     try:
         with transaction.atomic():
             locked = model.objects.select_for_update().defer(*model.heavy_fields).get(pk=job.pk)
             if locked.is_finished:
                 raise JobError(f"{name} has already finished ({locked.status}): there is nothing to cancel")
-            if not cancellable(locked):
+            if locked.status == Job.Status.RUNNING and (owner_gone := orphaned(locked)):
+                # This process ends it: a second cancel or the embedded watchdog now finds its owner alive.
+                job_owners.record(label(locked), locked.pk, worker="")
+            elif not cancellable(locked):
                 raise JobError(f"{name} is running and cannot be stopped safely before it ends; it finishes on its own")
-            if locked.cancel_requested_at is None:
+            if locked.cancel_requested_at is None or owner_gone:
                 locked.cancel_requested_at = timezone.now()
                 locked.save(update_fields=["cancel_requested_at"])
                 if locked.status == Job.Status.PENDING:
                     _finish(locked, Job.Status.CANCELLED, error="cancelled before it started")
-                else:
+                elif not owner_gone:
                     broadcast(locked)
     except OperationalError as exc:
         # Embedded SQLite has one writer at a time: a job writing in one transaction (a re-score)
         # holds it until it ends, and the request gave up waiting.
         raise JobError(f"{name} could not be cancelled now, the database is busy with its writes ({exc}); "
                        "try again in a moment") from exc
+    if owner_gone:
+        # Outside the lock's transaction: a taskset import's hook deletes its hidden taskset in
+        # committed batches, which would otherwise hold SQLite's write lock for the whole delete.
+        _finish(locked, Job.Status.CANCELLED, error=f"cancelled after {locked.rows_text} rows: {owner_gone}")
     return locked
+
+
+def orphaned(job: Job) -> str:
+    """Why nobody runs the job any more ("" while somebody may): it is running, and the process that
+    claimed it has exited (apps.core.job_owners)."""
+    if job.status != Job.Status.RUNNING:
+        return ""
+    owner = job_owners.owner_of(label(job), job.pk)
+    if not job_owners.is_gone(owner):
+        return ""
+    return f"the process that ran it ({owner}) had stopped" if owner else "no process ran it any more"
 
 
 def refuse_unfinished(doomed: Iterable[Job]) -> None:
@@ -182,13 +212,19 @@ def run_job(job_label: str, job_id: int) -> Job:
 
     A finished job is left alone (a redelivered Celery task, a job cancelled while queued); one left
     `running` by a killed worker starts again, its transaction having been rolled back with the
-    worker's connection."""
+    worker's connection. On the full stack that is the redelivered task (Celery hands a task to one
+    worker at a time: acks_late); embedded only a pending job is claimed, so two threads sent for
+    one job (rerun_orphaned's beside its creator's) never both run it."""
     model = apps.get_model(job_label)
+    claimable = Job.ACTIVE if not settings.RFTWEB_EMBEDDED else (Job.Status.PENDING,)
     # One conditional UPDATE claims it: a cancel of the pending job (under its row lock) is either
     # before it (nothing claimed) or after it (a running job, asked to stop).
-    claimed = model.objects.filter(pk=job_id, status__in=Job.ACTIVE).update(
-        status=Job.Status.RUNNING, started_at=timezone.now(), rows_done=0, bytes_done=0
-    )
+    with transaction.atomic():
+        claimed = model.objects.filter(pk=job_id, status__in=claimable).update(
+            status=Job.Status.RUNNING, started_at=timezone.now(), rows_done=0, bytes_done=0
+        )
+        if claimed:
+            job_owners.record(job_label, job_id, worker=_celery_worker())
     job = model.objects.select_related("created_by").defer(*model.heavy_fields).get(pk=job_id)
     if not claimed:
         return job
@@ -209,6 +245,46 @@ def run_job(job_label: str, job_id: int) -> Job:
     else:
         _finish(job, Job.Status.SUCCEEDED, result=result)
     return job
+
+
+def rerun_orphaned() -> list[str]:
+    """Embedded, the demo server's watchdog (at its start and every RFTWEB_WATCHDOG_INTERVAL s): run
+    again from the start each job nobody runs, on a thread of this server, as Celery's redelivery
+    does on the full stack. Returns them ("tasksets.tasksetimport 3").
+
+    Nobody runs a running job whose process has exited (a server killed mid-import: its thread went
+    with it) nor a pending one no live process has claimed (its thread died before it could, or a
+    command that sends nothing sent it: rftweb.celery.serve_here). Re-running is safe for every
+    type, each written for Celery's redelivery: a taskset import deletes the hidden taskset it had
+    begun, an expert-data import its hidden staging dataset; a re-score, a promotion and a pipeline
+    apply their changes in one transaction, which the killed process's connection rolled back; an
+    export writes its file again; a retention goes on from its last committed chunk. A job whose
+    cancel was asked for ends cancelled at its first check, its on_stop hook run."""
+    rerun = []
+    for model in apps.get_models():
+        if not issubclass(model, Job):
+            continue
+        job_label = model._meta.label_lower
+        for job in model.objects.filter(status__in=Job.ACTIVE).only("pk", "status", "started_at"):
+            if not job_owners.is_gone(job_owners.owner_of(job_label, job.pk)):
+                continue
+            # Back to pending only as it was read: of two servers starting at once, one does it. A
+            # pending job's own thread and this one then race for its claim, which one wins.
+            requeued = model.objects.filter(pk=job.pk, status=job.status, started_at=job.started_at).update(
+                status=Job.Status.PENDING, started_at=None, rows_done=0, bytes_done=0)
+            if requeued:
+                logger.warning("job %s %s: nobody ran it any more (%s); running it again", job_label, job.pk,
+                               job.status)
+                enqueue("apps.core.tasks.run_job", job_label, job.pk, queue="default")
+                rerun.append(f"{job_label} {job.pk}")
+    return rerun
+
+
+def _celery_worker() -> str:
+    """The name of the Celery worker serving the current task ("" embedded, or outside a task)."""
+    if settings.RFTWEB_EMBEDDED:
+        return ""
+    return getattr(getattr(current_task, "request", None), "hostname", None) or ""
 
 
 def _finish(job: Job, status: str, *, error: str = "", result=None) -> None:
@@ -281,14 +357,23 @@ def progress_writer(job: Job):
             progress_connection.close()
 
 
-def snapshot(job: Job) -> dict:
-    """What a job's page shows of it: the progress endpoint's answer and every live message's."""
+def snapshot(job: Job, why_orphaned: str = "") -> dict:
+    """What a job's page shows of it: the progress endpoint's answer and every live message's.
+    `why_orphaned` (orphaned(job), read by the endpoint the page polls; the runner's own messages
+    need not: it runs) makes a job nobody runs say so, and offers its Cancel again, which ends it."""
+    status_text = job.status_text
+    if why_orphaned:
+        if settings.RFTWEB_EMBEDDED:  # the demo server's watchdog (rerun_orphaned)
+            then = f"the server starts it again within {settings.CELERY_BEAT_SCHEDULE['watchdog']['schedule']:g} s"
+        else:
+            then = "it starts again if Celery redelivers its task"
+        status_text = f"running, but {why_orphaned}: {then}, or Cancel ends it now"
     return {
         "id": job.pk,
         "status": job.status,
-        "status_text": job.status_text,
+        "status_text": status_text,
         "finished": job.is_finished,
-        "cancel_requested": job.cancel_requested_at is not None,
+        "cancel_requested": job.cancel_requested_at is not None and not why_orphaned,
         "cancellable": cancellable(job),
         "rows_done": job.rows_done,
         "rows_total": job.rows_total,

@@ -92,3 +92,28 @@ class Job(models.Model):
     def result_url(self) -> str | None:
         """Where to see what a succeeded job made, if anywhere."""
         return None
+
+
+class JobOwner(models.Model):
+    """The process running a job (apps.core.job_owners): written when a process claims the job
+    (jobs.run_job), read to tell a job whose process was killed (an embedded server's kill -9, a
+    Celery worker's) from one that runs, so that only the first is re-run or ended at once.
+
+    One table for every job model (a job is named by its model's label and its id): the job tables
+    keep only what their users see. A process is its host, its pid and when it started, so a pid
+    the system gave to a new process after a reboot or a wrap-around is not taken for the owner."""
+
+    job_label = models.CharField(max_length=100)  # "app_label.model_name", as jobs.label
+    job_id = models.PositiveBigIntegerField()
+    host = models.CharField(max_length=255)
+    pid = models.PositiveIntegerField()
+    process_started = models.FloatField()  # seconds since the epoch, as psutil's create_time
+    worker = models.CharField(max_length=255, blank=True)  # its Celery worker's name ("" embedded)
+    since = models.DateTimeField()
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["job_label", "job_id"], name="one_owner_per_job")]
+
+    def __str__(self):
+        where = f"{self.worker}, " if self.worker else ""
+        return f"{where}process {self.pid} on {self.host}"

@@ -2,9 +2,11 @@ import json
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.utils import timezone
 
 from apps.buffer import curation
 from apps.buffer.models import Experience
+from apps.core import job_owners, jobs
 from apps.runs.models import Run
 from apps.tasksets import services as taskset_services
 from apps.tasksets.importers import FieldMapping
@@ -44,3 +46,16 @@ def start_promotion(researcher, curator):
         return curation.start_promotion(Experience.objects.filter(pk__in=[r.pk for r in rows]), user=curator)
 
     return start
+
+
+@pytest.fixture
+def run_here(db):
+    """run_here(job): the job as a live process runs it, claimed by this one (what jobs.run_job's
+    claim records); a job marked running without an owner is one nobody runs (jobs.orphaned)."""
+
+    def claim(job):
+        type(job).objects.filter(pk=job.pk).update(status="running", started_at=timezone.now())
+        job_owners.record(jobs.label(job), job.pk, worker="")
+        return type(job).objects.get(pk=job.pk)
+
+    return claim

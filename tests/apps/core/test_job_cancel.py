@@ -89,11 +89,9 @@ def test_a_finished_job_is_not_cancelled(curator):
     assert refreshed(job).cancel_requested_at is None
 
 
-def test_a_running_job_of_a_type_that_cannot_stop_safely_is_refused(toy, monkeypatch):
+def test_a_running_job_of_a_type_that_cannot_stop_safely_is_refused(toy, monkeypatch, run_here):
     monkeypatch.setattr(jobs, "CANCELLABLE", jobs.CANCELLABLE - {PROMOTE})  # every product type can stop now
-    job = toy(3)
-    BufferJob.objects.filter(pk=job.pk).update(status="running")
-    job = refreshed(job)
+    job = run_here(toy(3))
     assert not jobs.cancellable(job)
     with pytest.raises(JobError, match="is running and cannot be stopped safely before it ends"):
         jobs.cancel_job(job)
@@ -175,10 +173,9 @@ def test_a_stop_hook_that_fails_still_ends_the_job_saying_so(toy, monkeypatch):
 # ---- what its page shows ----
 
 
-def test_the_progress_endpoint_shows_a_cancel_under_way(curator, client, toy):
+def test_the_progress_endpoint_shows_a_cancel_under_way(curator, client, toy, run_here):
     client.force_login(curator)
-    job = toy(3)
-    BufferJob.objects.filter(pk=job.pk).update(status="running")
+    job = run_here(toy(3))
     url = reverse("job-progress", args=["buffer.bufferjob", job.pk])
     assert client.get(url).json()["cancellable"] is True
 
@@ -194,7 +191,7 @@ def test_the_progress_endpoint_shows_a_cancel_under_way(curator, client, toy):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_a_progress_write_brings_back_the_cancel_request_for_the_live_message(toy, monkeypatch):
+def test_a_progress_write_brings_back_the_cancel_request_for_the_live_message(toy, monkeypatch, run_here):
     """On Postgres, outside a transaction, progress goes through a second connection: its write
     returns the cancel request, so live messages show it before the job reaches its safe point."""
     if connection.vendor != "postgresql":
@@ -202,8 +199,7 @@ def test_a_progress_write_brings_back_the_cancel_request_for_the_live_message(to
     sent = []
     monkeypatch.setattr(jobs, "PROGRESS_INTERVAL_SECONDS", 0)
     monkeypatch.setattr(jobs, "_send", lambda group, payload: sent.append(payload))
-    job = toy(3)
-    BufferJob.objects.filter(pk=job.pk).update(status="running")
+    job = run_here(toy(3))
 
     with jobs.progress_writer(job) as progress:
         progress(1)
@@ -233,9 +229,8 @@ def test_deleting_unfinished_jobs_is_refused_naming_them(curator):
     jobs.refuse_unfinished([done])
 
 
-def test_the_admin_offers_cancel_not_delete_while_a_job_runs(client, curator, django_user_model, toy):
-    job = toy(3)
-    BufferJob.objects.filter(pk=job.pk).update(status="running")
+def test_the_admin_offers_cancel_not_delete_while_a_job_runs(client, curator, django_user_model, toy, run_here):
+    job = run_here(toy(3))
     page_url = reverse("admin:buffer_bufferjob_change", args=[job.pk])
     cancel_url = reverse("admin:buffer_bufferjob_cancel", args=[job.pk])
     delete_url = reverse("admin:buffer_bufferjob_delete", args=[job.pk])

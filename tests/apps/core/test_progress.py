@@ -26,11 +26,11 @@ def other_researcher(db):
 
 
 @pytest.fixture
-def taskset_import(researcher):
-    return TasksetImport.objects.create(
+def taskset_import(researcher, run_here):
+    return run_here(TasksetImport.objects.create(
         original_filename="x.jsonl", name="x", format="jsonl", bytes_total=1_000, bytes_done=250, rows_done=40,
-        status="running", created_by=researcher,
-    )
+        created_by=researcher,
+    ))
 
 
 @pytest.fixture

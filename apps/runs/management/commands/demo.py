@@ -3,9 +3,10 @@
 Embedded (no REDIS_URL): the run trains on a thread of this process, which also serves the pages,
 so live updates travel through the in-memory channel layer, and threads do what beat does on the
 full stack: the watchdog, which here also starts the runs left queued (`pick_up`: rft_run and
-rft_resume leave theirs to this server), the alerts, and the buffer retention sweep
-(apps/buffer/retention.py) when RFTWEB_BUFFER_RETENTION_DAYS turns it on. With REDIS_URL, a
-Celery worker and beat are started beside the server and stopped with it.
+rft_resume leave theirs to this server) and re-runs the jobs a killed server left behind, the
+alerts, and the buffer retention sweep (apps/buffer/retention.py) when
+RFTWEB_BUFFER_RETENTION_DAYS turns it on. With REDIS_URL, a Celery worker and beat are started
+beside the server and stopped with it.
 """
 import logging
 import os
@@ -25,6 +26,7 @@ from django.db import connection
 from apps.accounts.services import create_user
 from apps.alerts import services as alerts
 from apps.buffer import retention
+from apps.core import jobs
 from apps.runs import capacity, services, supervision
 from apps.runs.models import Run
 from apps.runs.presets import PRESETS
@@ -133,10 +135,12 @@ def pick_up() -> None:
     """Embedded, beat's watchdog (every RFTWEB_WATCHDOG_INTERVAL seconds): start the runs left
     queued, which no thread of any process will start (rft_run and rft_resume leave theirs to this
     server: rftweb.celery.serve_here), and send on the duties whose thread is gone with its
-    process (supervision.watchdog: an `rft_run --wait` stopped with Ctrl-C). Not while this server
-    stops: its runs are handed back for its next start."""
+    process (supervision.watchdog: an `rft_run --wait` stopped with Ctrl-C), and run again the jobs
+    nobody runs (jobs.rerun_orphaned: an import this server's killed predecessor left running). Not
+    while this server stops: its runs are handed back for its next start."""
     if capacity.node_stopping(None):
         return
+    jobs.rerun_orphaned()
     for run_id in Run.objects.filter(status=Run.Status.QUEUED).values_list("pk", flat=True):
         supervision.start_run(run_id)  # one another thread started meanwhile is left as it is
     supervision.watchdog()

@@ -1,0 +1,71 @@
+"""Who runs a job, and whether that process is still there (apps.core.models.JobOwner).
+
+A job's process can die without ending it: an embedded server killed mid-import (kill -9, Ctrl-C
+twice, a laptop closed) takes the job's thread with it, and a Celery worker killed whole leaves its
+task unacknowledged until the broker's visibility timeout (6 h). The job then says `running` for
+good. Its owner, recorded when it claimed the job, tells whether anyone still runs it:
+
+- on this machine, exactly: the owner's pid is alive and started when the owner did;
+- on another machine, by its Celery worker (the Workers page's registry, apps.runs.capacity): the
+  same life of that worker (not restarted since the job started) still beating within
+  RFTWEB_HEARTBEAT_TIMEOUT. An owner with no worker there (an embedded server of another machine
+  on a shared Postgres) cannot be judged, and is taken as alive: a job is never taken from a
+  process that may still run it.
+"""
+
+import socket
+from datetime import timedelta
+
+import psutil
+from django.conf import settings
+from django.utils import timezone
+
+from apps.runs.models import Worker
+
+from .models import JobOwner
+
+# /proc/stat's boot time, which psutil adds to a process's start in ticks, moves with NTP
+# adjustments by up to a second between two reads: a start that close is the same process.
+SAME_START_S = 1.0
+
+
+def record(job_label: str, job_id: int, worker: str) -> None:
+    """This process runs the job from now on (`worker`: the Celery worker serving it, "" embedded).
+    Called in the transaction that claims it."""
+    me = psutil.Process()
+    JobOwner.objects.update_or_create(job_label=job_label, job_id=job_id, defaults={
+        "host": socket.gethostname(), "pid": me.pid, "process_started": me.create_time(), "worker": worker,
+        "since": timezone.now(),
+    })
+
+
+def owner_of(job_label: str, job_id: int) -> JobOwner | None:
+    return JobOwner.objects.filter(job_label=job_label, job_id=job_id).first()
+
+
+def is_gone(owner: JobOwner | None) -> bool:
+    """Whether the process that ran a job has certainly exited. No owner: the job was never claimed
+    by this version's runner (pending, or left running by an earlier version's), so nobody runs it."""
+    if owner is None:
+        return True
+    if owner.host == socket.gethostname():
+        return not _alive_here(owner.pid, owner.process_started)
+    if not owner.worker:
+        return False
+    worker = Worker.objects.filter(name=owner.worker).first()
+    if worker is None:
+        return False
+    silent = timezone.now() - worker.last_seen > timedelta(seconds=settings.RFTWEB_HEARTBEAT_TIMEOUT)
+    return worker.started_at > owner.since or silent
+
+
+def _alive_here(pid: int, started: float) -> bool:
+    try:
+        process = psutil.Process(pid)
+        # A killed process whose parent has not reaped it (a container's PID 1 may never) is a zombie:
+        # gone all the same.
+        return abs(process.create_time() - started) < SAME_START_S and process.status() != psutil.STATUS_ZOMBIE
+    except (psutil.NoSuchProcess, psutil.ZombieProcess):
+        return False
+    except psutil.AccessDenied:  # alive, another user's
+        return True

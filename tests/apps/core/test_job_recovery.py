@@ -1,0 +1,208 @@
+"""Jobs whose process died (apps.core.job_owners, jobs.rerun_orphaned, jobs.cancel_job).
+
+Embedded, a job runs on a thread of the server: a server killed mid-import left the job `running`
+for good, its progress bar still, its Cancel a request nobody would read, and its hidden taskset
+holding the name ("is being imported"). Now the process that claims a job is recorded, the demo
+server's watchdog runs again each job nobody runs, and a cancel of one ends it at once. A job a
+live process runs is never taken from it.
+
+A dead owner here is a real process: started, its start time read, then killed."""
+
+import signal
+import socket
+import subprocess
+from datetime import timedelta
+
+import psutil
+import pytest
+from django.urls import reverse
+from django.utils import timezone
+
+from apps.buffer.models import BufferJob
+from apps.core import job_owners, jobs
+from apps.core.models import JobOwner
+from apps.runs.models import Worker
+from apps.tasksets import services as taskset_services
+from apps.tasksets.importers import FieldMapping
+from apps.tasksets.models import Task, Taskset, TasksetImport
+from tests.apps.core.conftest import ROWS, jsonl_upload
+from tests.support import wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+LABEL = "tasksets.tasksetimport"
+
+
+@pytest.fixture
+def process():
+    """process(): a live process of this machine (killed after the test)."""
+    started = []
+
+    def start():
+        proc = subprocess.Popen(["sleep", "600"])
+        started.append(proc)
+        return proc
+
+    yield start
+    for proc in started:
+        proc.kill()
+        proc.wait()
+
+
+def owned_by(job, proc, *, started=None, host=None, worker="", since=None):
+    """Record `proc` (a Popen) as the job's owner, as run_job's claim does in that process."""
+    JobOwner.objects.update_or_create(job_label=jobs.label(job), job_id=job.pk, defaults={
+        "host": host or socket.gethostname(), "pid": proc.pid, "worker": worker, "since": since or timezone.now(),
+        "process_started": started if started is not None else psutil.Process(proc.pid).create_time(),
+    })
+
+
+def killed(proc):
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return proc
+
+
+@pytest.fixture
+def half_import(researcher, process):
+    """half_import(alive=False): an import of 30 rows whose process wrote 2 of them into its hidden
+    taskset, then was killed (or, alive, still runs it)."""
+
+    def make(alive=False):
+        job = TasksetImport(original_filename="questions.jsonl", name="uploaded", format="jsonl",
+                            field_mapping=FieldMapping("q", "a").to_dict(), created_by=researcher,
+                            default_workflow=taskset_services.DEFAULT_WORKFLOW,
+                            default_reward_fn=taskset_services.DEFAULT_REWARD_FN)
+        job.upload.save("questions.jsonl", jsonl_upload(ROWS), save=False)
+        job.bytes_total = job.upload.size
+        job.save()  # not queued: its process is the one below
+        hidden = Taskset.all_objects.create(name="uploaded", ready=False)
+        Task.objects.bulk_create([Task(taskset=hidden, index=i, prompt=f"q{i}", answer=str(i)) for i in range(2)])
+        TasksetImport.objects.filter(pk=job.pk).update(
+            status="running", started_at=timezone.now(), taskset=hidden, rows_done=2, bytes_done=40)
+        proc = process()
+        owned_by(job, proc)
+        if not alive:
+            killed(proc)
+        return TasksetImport.objects.get(pk=job.pk), hidden
+
+    return make
+
+
+def test_embedded_a_job_whose_server_was_killed_runs_again_from_the_start(half_import, settings):
+    settings.RFTWEB_EMBEDDED = True
+    job, hidden = half_import()
+    assert taskset_services.name_taken("uploaded") == "a taskset named 'uploaded' is being imported"
+
+    assert jobs.rerun_orphaned() == [f"{LABEL} {job.pk}"]
+
+    wait_for(lambda: TasksetImport.objects.get(pk=job.pk).is_finished, timeout=30, what="the import run again")
+    job.refresh_from_db()
+    assert (job.status, job.error, job.rows_done) == ("succeeded", "", 30)
+    assert not Taskset.all_objects.filter(pk=hidden.pk).exists(), "the killed attempt's hidden taskset went"
+    assert list(Taskset.all_objects.filter(name="uploaded").values_list("ready", "task_count")) == [(True, 30)]
+    assert job_owners.owner_of(LABEL, job.pk).pid == psutil.Process().pid, "this server ran it"
+    assert jobs.rerun_orphaned() == [], "a finished job is not run again"
+
+
+def test_a_job_a_live_process_runs_is_left_to_it(half_import, settings, client, researcher):
+    settings.RFTWEB_EMBEDDED = True
+    job, hidden = half_import(alive=True)  # another server, or a command, on the same database
+
+    assert jobs.rerun_orphaned() == []
+    client.force_login(researcher)
+    shown = client.get(reverse("job-progress", args=[LABEL, job.pk])).json()
+    assert (shown["status_text"], shown["rows_done"]) == ("running", 2)
+
+    job = jobs.cancel_job(job)
+    assert job.status == "running" and job.cancel_requested_at is not None, "asked to stop at its next batch"
+    assert Taskset.all_objects.filter(pk=hidden.pk).exists(), "its process deletes it when it stops"
+
+
+def test_a_pid_the_system_gave_to_another_process_is_not_the_owner(half_import, process):
+    job, _ = half_import(alive=True)
+    owner = job_owners.owner_of(LABEL, job.pk)
+    assert not job_owners.is_gone(owner)
+    owner.process_started -= 3600  # the owner started an hour before the process that has its pid now
+    assert job_owners.is_gone(owner)
+
+
+def test_a_cancel_of_a_job_nobody_runs_ends_it_and_frees_its_name(half_import, client, researcher):
+    """The full stack's case too: a Celery worker killed whole leaves its task unacknowledged until
+    the broker's visibility timeout (6 h), and the job running meanwhile."""
+    job, hidden = half_import()
+    dead = job_owners.owner_of(LABEL, job.pk)
+    client.force_login(researcher)
+    progress_url = reverse("job-progress", args=[LABEL, job.pk])
+    shown = client.get(progress_url).json()
+    assert shown["status_text"] == (
+        f"running, but the process that ran it (process {dead.pid} on {dead.host}) had stopped: it starts again "
+        "if Celery redelivers its task, or Cancel ends it now")
+    assert (shown["cancellable"], shown["cancel_requested"]) == (True, False)
+
+    answer = client.post(reverse("taskset-import-cancel", args=[job.pk]), follow=True)
+
+    assert "cancelled: no taskset" in answer.content.decode()  # (the names isolated: apps.core.bidi)
+    job.refresh_from_db()
+    assert job.status == "cancelled" and job.finished_at is not None and job.taskset is None
+    assert job.error == f"cancelled after 2 rows: the process that ran it ({dead}) had stopped"
+    assert not Taskset.all_objects.filter(pk=hidden.pk).exists() and not Task.objects.exists()
+    assert taskset_services.name_taken("uploaded") is None, "the name is free to upload again"
+    assert client.get(progress_url).json()["status_text"] == "cancelled"
+
+
+def test_a_job_cancelled_before_its_server_died_is_ended_when_cancelled_again(half_import, settings):
+    """Its page offers Cancel again: the first request waited for a safe point nobody reached."""
+    job, hidden = half_import()
+    TasksetImport.objects.filter(pk=job.pk).update(cancel_requested_at=timezone.now())
+
+    job = jobs.cancel_job(job)
+
+    assert job.status == "cancelled" and not Taskset.all_objects.filter(pk=hidden.pk).exists()
+
+
+def test_embedded_a_pending_job_nobody_claimed_runs(researcher, start_taskset_import, settings):
+    """A command that sends nothing (rftweb.celery.serve_here(False)) or a server killed between the
+    job's commit and its thread's claim left it pending."""
+    job = start_taskset_import(researcher)  # (the test settings' broker: queued, never delivered)
+    settings.RFTWEB_EMBEDDED = True
+
+    assert jobs.rerun_orphaned() == [f"{LABEL} {job.pk}"]
+
+    wait_for(lambda: TasksetImport.objects.get(pk=job.pk).is_finished, timeout=30, what="the import")
+    assert TasksetImport.objects.get(pk=job.pk).status == "succeeded"
+
+
+def test_a_second_thread_sent_for_a_job_leaves_it_to_the_first(curator, settings, monkeypatch):
+    """Embedded only a pending job is claimed: a rerun_orphaned beside the job's own thread never
+    runs it twice. On the full stack Celery hands a task to one worker at a time, and its
+    redelivery runs a killed worker's job again."""
+    settings.RFTWEB_EMBEDDED = True
+    runs = []
+    monkeypatch.setitem(jobs.JOB_TYPES, "buffer.promote", lambda job, progress: runs.append(job.pk) or {})
+    job = BufferJob.objects.create(kind=BufferJob.Kind.PROMOTE, status="running")
+    job_owners.record("buffer.bufferjob", job.pk, worker="")  # this process runs it
+
+    assert jobs.run_job("buffer.bufferjob", job.pk).status == "running" and runs == []
+    settings.RFTWEB_EMBEDDED = False
+    assert jobs.run_job("buffer.bufferjob", job.pk).status == "succeeded" and runs == [job.pk]
+
+
+def test_on_another_machine_its_celery_worker_tells_whether_the_owner_lives(half_import, process):
+    job, _ = half_import(alive=True)
+    now = timezone.now()
+    owner = job_owners.owner_of(LABEL, job.pk)
+    owner.host, owner.worker, owner.since = "gpu-7", "jobs@gpu-7", now - timedelta(minutes=5)
+    worker = Worker.objects.create(name="jobs@gpu-7", host="gpu-7", pid=4242, started_at=now - timedelta(hours=1),
+                                   last_seen=now)
+    assert not job_owners.is_gone(owner), "its worker beats"
+
+    worker.last_seen = now - timedelta(hours=1)
+    worker.save()
+    assert job_owners.is_gone(owner), "lost: silent past RFTWEB_HEARTBEAT_TIMEOUT"
+
+    worker.started_at = worker.last_seen = now
+    worker.save()
+    assert job_owners.is_gone(owner), "restarted since the job started: the worker's new life does not run it"
+
+    owner.worker = ""
+    assert not job_owners.is_gone(owner), "an embedded server of another machine: cannot tell, so left alone"
