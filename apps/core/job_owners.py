@@ -39,6 +39,11 @@ def record(job_label: str, job_id: int, worker: str) -> None:
     })
 
 
+def release(job_label: str, job_id: int) -> None:
+    """The job has ended: nobody runs it (a finished job is never run again)."""
+    JobOwner.objects.filter(job_label=job_label, job_id=job_id).delete()
+
+
 def owner_of(job_label: str, job_id: int) -> JobOwner | None:
     return JobOwner.objects.filter(job_label=job_label, job_id=job_id).first()
 

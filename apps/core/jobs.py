@@ -302,12 +302,14 @@ def _finish(job: Job, status: str, *, error: str = "", result=None) -> None:
     job.clean_up(failed=status != Job.Status.SUCCEEDED)
     if not type(job)._base_manager.filter(pk=job.pk).exists():  # deleted by other means than its admin
         logger.warning("job %s %s was deleted while it ran; it ended %s: %s", label(job), job.pk, status, job.error)
+        job_owners.release(label(job), job.pk)
         return
     # Every loaded field but the cancel request, which a curator may set meanwhile (a job loaded
     # without its heavy fields leaves them out).
     deferred = job.get_deferred_fields()
     job.save(update_fields=[field.name for field in job._meta.concrete_fields if not field.primary_key
                             and field.attname not in deferred and field.name != "cancel_requested_at"])
+    job_owners.release(label(job), job.pk)  # after the save: until then a cancel finds it run
     broadcast(job)
 
 
@@ -363,8 +365,9 @@ def snapshot(job: Job, why_orphaned: str = "") -> dict:
     need not: it runs) makes a job nobody runs say so, and offers its Cancel again, which ends it."""
     status_text = job.status_text
     if why_orphaned:
-        if settings.RFTWEB_EMBEDDED:  # the demo server's watchdog (rerun_orphaned)
-            then = f"the server starts it again within {settings.CELERY_BEAT_SCHEDULE['watchdog']['schedule']:g} s"
+        if settings.RFTWEB_EMBEDDED:  # the demo server's watchdog (rerun_orphaned); a bare runserver has none
+            every = settings.CELERY_BEAT_SCHEDULE["watchdog"]["schedule"]
+            then = f"the demo server runs it again from the start (at its start, then every {every:g} s)"
         else:
             then = "it starts again if Celery redelivers its task"
         status_text = f"running, but {why_orphaned}: {then}, or Cancel ends it now"

@@ -96,8 +96,9 @@ class Job(models.Model):
 
 class JobOwner(models.Model):
     """The process running a job (apps.core.job_owners): written when a process claims the job
-    (jobs.run_job), read to tell a job whose process was killed (an embedded server's kill -9, a
-    Celery worker's) from one that runs, so that only the first is re-run or ended at once.
+    (jobs.run_job), deleted when the job ends, read to tell a job whose process was killed (an
+    embedded server's kill -9, a Celery worker's) from one that runs, so that only the first is
+    re-run or ended at once.
 
     One table for every job model (a job is named by its model's label and its id): the job tables
     keep only what their users see. A process is its host, its pid and when it started, so a pid
