@@ -52,8 +52,10 @@ def dataset_size(dataset: ExpertDataset) -> int:
 
 def staged(via: str = "") -> Q:
     """Experiences an import is still writing (in a dataset not ready yet), which lists leave out,
-    or with `via` ("experience__") what points at them: a subquery of the few hidden datasets."""
-    return Q(**{f"{via}dataset__in": ExpertDataset.all_objects.filter(ready=False).values("pk")})
+    or with `via` ("experience__") what points at them. The hidden datasets' ids are read first: with
+    none (no import running) the list's SQL is what it was. A subquery instead made SQLite read every
+    row to count the list (no planner estimate there): 15 ms -> 280 ms at 4 x 10^5 rows."""
+    return Q(**{f"{via}dataset__in": list(ExpertDataset.all_objects.filter(ready=False).values_list("pk", flat=True))})
 
 
 @dataclass(frozen=True)
