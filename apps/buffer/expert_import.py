@@ -224,7 +224,8 @@ def _insert_rows(rows, hidden: ExpertDataset, layout: str, user, source: str, ba
                 progress(imported, read.bytes_read, read.bytes_total)
             if stop_if_cancelled:
                 stop_if_cancelled()
-    imported += _insert_batch(batch, layout, user, source)
+    if batch:
+        imported += _insert_batch(batch, layout, user, source)
     if progress and read is not None:
         progress(imported, read.bytes_total, read.bytes_total)
     return imported
