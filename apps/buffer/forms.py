@@ -8,7 +8,7 @@ from apps.core.files import FileImportError
 from apps.runs.config_checks import checked_reward_fn
 from workers.rft.config import ConfigError, parse_config_text, parse_reward_fn_text
 
-from . import curation, exporters, importers, services
+from . import curation, expert_import, exporters, importers
 from .models import ExpertDataset
 
 
@@ -84,7 +84,7 @@ class ExpertDataUploadForm(forms.Form):
         "below, an existing dataset of the same layout). Empty: the file's name without its extension.",
     )
     append = forms.BooleanField(
-        required=False, label=services.APPEND_LABEL,
+        required=False, label=expert_import.APPEND_LABEL,
         help_text="Ticked, a dataset of this name gets this file's rows after its own (a file imported twice is "
         "there twice); unticked, the import makes a new dataset, and a name that is taken is refused.",
     )
@@ -112,16 +112,18 @@ class ExpertDataUploadForm(forms.Form):
         cleaned = super().clean()
         upload = cleaned.get("file")
         if upload and not cleaned.get("dataset", "").strip():
-            cleaned["dataset"] = services.default_dataset_name(upload.name)
+            cleaned["dataset"] = expert_import.default_dataset_name(upload.name)
         name, layout = cleaned.get("dataset", "").strip(), cleaned.get("layout")
         if name and "\x00" in name:
             self.add_error("dataset", "A dataset name cannot hold a NUL character.")
+        elif name and (importing := expert_import.being_imported(name)):
+            self.add_error("dataset", importing[0].upper() + importing[1:] + ".")
         elif name and layout and (existing := ExpertDataset.objects.filter(name=name).first()):
             if existing.layout != layout:
                 self.add_error("dataset", f"The dataset {name!r} holds the other layout's data: name another one.")
             elif not cleaned.get("append"):
-                how = f"tick “{services.APPEND_LABEL}” to add this file's rows to it."
-                problem = services.taken(existing, services.dataset_size(existing), how)
+                how = f"tick “{expert_import.APPEND_LABEL}” to add this file's rows to it."
+                problem = expert_import.taken(existing, expert_import.dataset_size(existing), how)
                 self.add_error("dataset", problem[0].upper() + problem[1:])
         if cleaned.get("format") == "auto" and upload:
             try:

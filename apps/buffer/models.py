@@ -20,26 +20,48 @@ IMPORTED_GROUP = "imported-"
 IMPORTED_PAIR_GROUP = f"{IMPORTED_GROUP}pair-"
 
 
+class ReadyDatasets(models.Manager):
+    """Expert datasets but those an import is still filling (ready False): `ExpertDataset.objects`,
+    so no page, form, count or run sees (or launches on) a dataset whose rows are still arriving."""
+
+    def get_queryset(self):
+        return super().get_queryset().filter(ready=True)
+
+
 class ExpertDataset(models.Model):
     """Expert data imported from files under one name (the experiences page's *Import expert
     data*): its rows are experiences of source `expert` with no run. A run names it as
     `buffer.expert_dataset` and trains on a copy of its rows, tokenized for its model when its
     trainer starts (apps/buffer/expert_data.py): SFT and MIX imitate an `sft` dataset's
-    responses, DPO trains on a `dpo` dataset's pairs."""
+    responses, DPO trains on a `dpo` dataset's pairs.
+
+    An import fills a hidden one (ready False) in committed batches (expert_import.py), which then
+    becomes the dataset, or, with `appends`, gives its rows to the ready dataset of its name."""
 
     class Layout(models.TextChoices):
         SFT = "sft", "SFT: prompt and response"
         DPO = "dpo", "DPO: prompt, chosen and rejected"
 
-    name = models.CharField(max_length=100, unique=True)
+    name = models.CharField(max_length=100)  # unique but for imports appending: expert_dataset_name
     layout = models.CharField(max_length=3, choices=Layout.choices)
     created_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, related_name="+", on_delete=models.SET_NULL
     )
     created_at = models.DateTimeField(auto_now_add=True)
+    ready = models.BooleanField(default=True, editable=False)
+    # An import adding to the ready dataset of this name: its rows move there when it is done.
+    appends = models.BooleanField(default=False, editable=False)
+
+    objects = ReadyDatasets()  # the default manager: the admin and every query see ready ones only
+    all_objects = models.Manager()  # with those being imported: names taken, leftovers to delete
 
     class Meta:
         ordering = ["name"]
+        constraints = [
+            # A dataset's name, and a new dataset's import holds its name (another is refused);
+            # imports adding to one share its name.
+            models.UniqueConstraint(fields=["name"], condition=Q(appends=False), name="expert_dataset_name"),
+        ]
 
     def __str__(self):
         return self.name
@@ -187,6 +209,11 @@ class BufferJob(Job):
     original_filename = models.CharField(max_length=255, blank=True)
     output = models.FileField(upload_to=_job_file_path, blank=True, help_text="the export or archive file")
     result = models.JSONField(default=dict, blank=True, help_text="what the job did: rows changed, added, rejected")
+    # An import's dataset, hidden while its batches arrive: a redelivered job (its worker killed)
+    # deletes the half it finds here before it starts again.
+    dataset = models.ForeignKey(
+        ExpertDataset, null=True, blank=True, related_name="+", on_delete=models.SET_NULL, editable=False
+    )
 
     heavy_fields = ("selection",)  # read as packed bytes (services._selection), not as a list
 

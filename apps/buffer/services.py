@@ -2,16 +2,16 @@
 
 Curation acts on a selection (a queryset of experiences, typically the admin changelist's). Quick
 set-based changes (status, priority, delete) run in the request. Anything that reads every row
-in Python (import and export here; re-score, promote, a pipeline operator in `curation.py`) is a
-`BufferJob`, each kind a job type that apps.core.jobs runs on a Celery worker of the `default`
-queue: the job fixes the selected ids when the curator confirms, reports its progress as it goes,
-and changes the buffer all or nothing. Each kind stops when cancelled between two chunks of rows (jobs.stop_if_cancelled
-in `selected_rows` and between the import's batches), rolling back what it had done.
+in Python (export here; re-score, promote, a pipeline operator in `curation.py`; an import of
+expert data in `expert_import.py`) is a `BufferJob`, each kind a job type that apps.core.jobs runs
+on a Celery worker of the `default` queue: the job fixes the selected ids when the curator
+confirms, reports its progress as it goes, and changes the buffer all or nothing. Each kind stops
+when cancelled between two chunks of rows (jobs.stop_if_cancelled in `selected_rows`), rolling
+back what it had done.
 """
 
 import uuid
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -21,12 +21,11 @@ from django.db.models.fields.json import KT
 from django.db.models.functions import RowNumber
 
 from apps.core import jobs
-from apps.core.files import FileImportError
 from apps.feedback import history as feedback_history
 from apps.feedback.models import Feedback
 from apps.runs.models import Run
 
-from . import exporters, importers
+from . import exporters
 from .models import BufferJob, Experience, ExpertDataset
 
 CHUNK_ROWS = 2_000  # rows a job holds in memory at once
@@ -81,193 +80,7 @@ def delete_rows(ids: list[int]) -> int:
     return Experience.objects.filter(pk__in=ids)._raw_delete(DEFAULT_DB_ALIAS)
 
 
-# ---- import and export ----
-
-IMPORT_BATCH_ROWS = 2_000
-IMPORTED_UNIT = {"sft": "rows", "dpo": "pairs"}  # what a row of an import file is, by layout
-
-
-def counted(count: int, layout: str) -> str:
-    """An import's rows as their author counts them: "3 rows", "1 pair" (5 pairs are 10 experiences)."""
-    unit = IMPORTED_UNIT[layout]
-    return f"{count:,} {unit if count != 1 else unit.removesuffix('s')}"
-
-
-def dataset_size(dataset: ExpertDataset) -> int:
-    """What a dataset holds as its files counted it: SFT rows, or DPO pairs (the preferences between
-    its rows, as the datasets page counts them)."""
-    if dataset.layout == ExpertDataset.Layout.DPO:
-        return Feedback.objects.filter(kind=Feedback.Kind.PREFERENCE, value=1.0, experience__dataset=dataset).count()
-    return dataset.experiences.count()
-
-
-@dataclass(frozen=True)
-class Imported:
-    """What an import did, counted in its file's unit (`rows`: SFT rows or DPO pairs)."""
-
-    rows: int
-    dataset: str
-    layout: str
-    appended: bool  # to a dataset that was there before: a file imported twice is there twice
-    holds: int  # the dataset's size now
-
-    def result(self) -> dict:
-        """As an import job keeps it: its count under its unit, as the job page reads it ("pairs": 5)."""
-        return {IMPORTED_UNIT[self.layout]: self.rows, "dataset": self.dataset, "appended": self.appended,
-                "holds": self.holds}
-
-    @classmethod
-    def of_result(cls, result: dict, layout: str) -> "Imported":
-        return cls(result[IMPORTED_UNIT[layout]], result["dataset"], layout, result["appended"], result["holds"])
-
-    def __str__(self):
-        if self.appended:
-            return (f"added {counted(self.rows, self.layout)} to the existing dataset {self.dataset!r}, which now "
-                    f"holds {counted(self.holds, self.layout)}")
-        return f"imported {counted(self.rows, self.layout)} into the new dataset {self.dataset!r}"
-
-
-def import_expert_data(
-    path,
-    *,
-    dataset: str | None = None,
-    append: bool = False,
-    layout: str = "sft",
-    fmt: str | None = None,
-    user=None,
-    source: str | None = None,
-    progress: Callable | None = None,
-    batch_size: int = IMPORT_BATCH_ROWS,
-    stop_if_cancelled: Callable[[], None] | None = None,
-) -> Imported:
-    """Import a JSONL or Parquet file of expert data into the expert dataset named `dataset` (the
-    file's name without its extension by default): a new one, or with `append` one of the same
-    layout to add to (without it, a dataset of that name is refused: the same export imported as
-    .jsonl, then as .parquet, went twice into the dataset named after it, each row there twice
-    without a word), as experiences of source `expert` with no run, all or nothing: rows are streamed and inserted
-    `batch_size` at a time inside one transaction, so a bad row anywhere leaves nothing behind.
-    A DPO row becomes two experiences (chosen: ready; rejected: status rejected, so it is never
-    imitated) and `user`'s preference between them.
-    `progress(rows, bytes_done, bytes_total)` is called after every batch, and
-    `stop_if_cancelled()` too, inside the transaction: what it raises rolls the import back.
-    Returns what it did: the number of the file's rows imported, what its author counts (SFT
-    rows, DPO pairs of two experiences each), and whether it added them to rows already there.
-    Raises FileImportError."""
-    path = Path(path)
-    source = source or path.name
-    fmt = fmt or importers.detect_expert_format(path.name)
-    if layout == "dpo" and user is None:
-        raise FileImportError(source, None, "a DPO import needs a user: each pair becomes their preference")
-    rows = importers.read_expert_data(path, fmt, layout, display_name=source)
-    pair_prefix = f"pair-{uuid.uuid4().hex[:12]}"  # each pair is a group of two, so the admin shows them side by side
-    batch, imported, read = [], 0, None
-    with transaction.atomic():
-        into, before = _dataset_to_fill(dataset or default_dataset_name(source), layout, user, source, append)
-        for number, (experiences, read) in enumerate(rows):
-            if layout == "dpo":
-                chosen, rejected = experiences
-                group = f"{pair_prefix}-{number}"
-                batch.append([
-                    _expert_row(chosen, into, group), _expert_row(rejected, into, group, Experience.Status.REJECTED)
-                ])
-            else:
-                batch.append([_expert_row(experiences[0], into)])
-            if len(batch) == batch_size:
-                imported += _insert_imported(batch, layout, user, source)
-                if progress:
-                    progress(imported, read.bytes_read, read.bytes_total)
-                if stop_if_cancelled:
-                    stop_if_cancelled()
-        imported += _insert_imported(batch, layout, user, source)
-    if progress:
-        progress(imported, read.bytes_total, read.bytes_total)
-    return Imported(imported, into.name, layout, appended=before is not None, holds=(before or 0) + imported)
-
-
-def default_dataset_name(filename) -> str:
-    """The dataset an import goes into when none is named: the file's name without its extension."""
-    return Path(filename).stem[:100]
-
-
-def _dataset_to_fill(name: str, layout: str, user, source: str, append: bool) -> tuple[ExpertDataset, int | None]:
-    """The dataset an import adds to: a new one, or with `append` the one of that name if its layout
-    is the file's (a run trains on all of one dataset one way), with its size before (None for a new
-    one). Locked until the import commits, so a deletion waits for it."""
-    name = name.strip()
-    if not name or len(name) > 100 or "\x00" in name:
-        raise FileImportError(source, None, f"the dataset name {name[:100]!r} must be 1 to 100 characters")
-    dataset, created = ExpertDataset.objects.select_for_update().get_or_create(
-        name=name, defaults={"layout": layout, "created_by": user}
-    )
-    if created:
-        return dataset, None
-    if dataset.layout != layout:
-        raise FileImportError(
-            source, None, f"the dataset {name!r} holds {dataset.layout.upper()} data, and this file is a "
-            f"{layout.upper()} import: name another dataset (a run trains on all of one dataset one way)",
-        )
-    size = dataset_size(dataset)
-    if not append:
-        raise FileImportError(source, None, taken(dataset, size))
-    return dataset, size
-
-
-APPEND_LABEL = "Add to an existing dataset"  # the upload page's choice; the command's is --append
-
-
-def taken(dataset: ExpertDataset, size: int,
-          how: str = f"ask to add this file's rows to it ('{APPEND_LABEL}'; import_expert_data --append)") -> str:
-    """Why an import that did not ask to add to a dataset is refused its name."""
-    return f"the dataset {dataset.name!r} exists and holds {counted(size, dataset.layout)}: name a new one, or {how}"
-
-
-def _expert_row(
-    fields: importers.ExperienceFields, dataset: ExpertDataset, group_id: str | None = None,
-    status=Experience.Status.READY,
-) -> Experience:
-    return Experience(
-        run=None,
-        dataset=dataset,
-        source=Experience.Source.EXPERT,
-        status=status,
-        prompt_text=fields.prompt_text,
-        response_text=fields.response_text,
-        messages=fields.messages,
-        prompt_ids=fields.prompt_ids,
-        response_ids=fields.response_ids,
-        action_mask=fields.action_mask,
-        logprobs=fields.logprobs,
-        reward=fields.reward,
-        reward_components=fields.reward_components,
-        group_id=group_id or fields.group_id,
-        rollout_index=fields.rollout_index,
-        model_version=fields.model_version,
-        priority=fields.priority,
-        metadata=fields.metadata,
-    )
-
-
-def _insert_imported(batch: list[list[Experience]], layout: str, user, source: str) -> int:
-    """Insert a batch of the file's rows (each one experience, or a DPO pair's two); returns how many rows."""
-    Experience.objects.bulk_create([row for experiences in batch for row in experiences])
-    if layout == "dpo":
-        # New pairs of new rows: created in bulk here rather than one give_feedback call each.
-        Feedback.objects.bulk_create(
-            Feedback(
-                experience=chosen,
-                other=rejected,
-                user=user,
-                kind=Feedback.Kind.PREFERENCE,
-                value=1.0,  # chosen is better: a DPO pair
-                comment=f"imported from {source}",
-            )
-            for chosen, rejected in batch
-        )
-    rows = len(batch)
-    batch.clear()
-    # With DEBUG on, Django keeps the SQL of every query; a million-row import would keep it all.
-    connection.queries_log.clear()
-    return rows
+# ---- expert datasets (their import: expert_import.py) ----
 
 
 class DatasetInUse(Exception):
@@ -318,24 +131,7 @@ def delete_datasets(queryset) -> int:
     return deleted
 
 
-def start_import(
-    *, upload, layout: str, fmt: str, dataset: str | None = None, append: bool = False, user=None
-) -> BufferJob:
-    """Save an uploaded file under MEDIA_ROOT and queue its import into `dataset` (the file's name
-    without its extension by default; with `append`, one there already may be added to) once this
-    transaction commits."""
-    job = BufferJob(
-        kind=BufferJob.Kind.IMPORT,
-        params={"dataset": dataset, "append": append, "layout": layout, "format": fmt},
-        original_filename=Path(upload.name).name,
-        bytes_total=upload.size,
-        created_by=user,
-    )
-    job.upload.save(upload.name, upload, save=False)  # copied in chunks, never whole in memory
-    job.save()
-    jobs.enqueue_job(job)
-    return job
-
+# ---- export ----
 
 EXPORTS = {
     # what: (rows as they are read, the Parquet schema, one row -> one record)
@@ -441,26 +237,6 @@ def selected_rows(job: BufferJob, rows) -> Iterator[tuple[int, list]]:
         done += len(ids)
         yield done, [found[pk] for pk in ids if pk in found]
         connection.queries_log.clear()
-
-
-@jobs.register(f"buffer.{BufferJob.Kind.IMPORT}", cancellable=True)
-def _run_import(job: BufferJob, progress) -> dict:
-    # A job queued before datasets had names takes its file's (the upload's own name is random).
-    dataset = job.params.get("dataset") or default_dataset_name(job.original_filename)
-    imported = import_expert_data(
-        job.upload.path,
-        dataset=dataset,
-        append=job.params.get("append", True),  # a job queued before the choice added, as imports did then
-        layout=job.params["layout"],
-        fmt=job.params["format"],
-        user=job.created_by,
-        source=job.original_filename,
-        progress=lambda rows, bytes_done, bytes_total: progress(rows, bytes_done),
-        stop_if_cancelled=lambda: jobs.stop_if_cancelled(job),
-    )
-    job.rows_total = imported.rows
-    # Counted as the file's author counts: 5 pairs, not the 10 experiences they became.
-    return imported.result()
 
 
 def delete_jobs(queryset) -> int:

@@ -4,6 +4,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.text import Truncator
 
+from apps.buffer import expert_import
 from apps.buffer.admin import ExportActionForm, export_action
 from apps.core.admin_selection import CheckedSelectionMixin
 from apps.core.counts import EstimatedCountPaginator
@@ -36,6 +37,10 @@ class FeedbackAdmin(CheckedSelectionMixin, admin.ModelAdmin):
     undo, review: apps/feedback), which keep what training reads in step: the experience's human
     reward, a flag's rejection, an edit's row. The admin's plain delete or save left a deleted
     rating training and a changed one unread; a curator rejects a judgement in Review."""
+
+    def get_queryset(self, request):
+        # An imported DPO pair's preference shows with its rows, once their import has finished.
+        return super().get_queryset(request).exclude(expert_import.staged("experience__"))
 
     def has_add_permission(self, request):
         return False

@@ -10,7 +10,7 @@ from django.utils.html import format_html
 from apps.core.admin_selection import CheckedSelectionMixin
 from apps.feedback.models import Feedback
 
-from .. import services
+from .. import expert_import, services
 from ..models import ExpertDataset
 
 RUNS_SHOWN = 5  # a row names this many of the runs that name its dataset, then how many more
@@ -47,7 +47,7 @@ class ExpertDatasetAdmin(CheckedSelectionMixin, admin.ModelAdmin):
         """What its files held: SFT rows, or DPO pairs (links to their experiences, two a pair)."""
         url = reverse("admin:buffer_experience_changelist") + f"?dataset__id__exact={dataset.pk}"
         count = dataset.pair_count if dataset.layout == ExpertDataset.Layout.DPO else dataset.row_count
-        return format_html('<a href="{}">{}</a>', url, services.counted(count, dataset.layout))
+        return format_html('<a href="{}">{}</a>', url, expert_import.counted(count, dataset.layout))
 
     @admin.display(description="runs that name it")
     def runs(self, dataset):

@@ -18,7 +18,7 @@ from apps.core.admin_selection import CheckedSelectionMixin
 from apps.core.counts import EstimatedCountPaginator
 from apps.feedback.models import Feedback
 
-from .. import curation, search, services
+from .. import curation, expert_import, search, services
 from ..forms import ExpertDataUploadForm, PipelineForm, PriorityForm, RescoreForm
 from ..models import Experience
 from .actions import ExportActionForm, confirm_action, export_action
@@ -159,8 +159,9 @@ class ExperienceAdmin(CheckedSelectionMixin, admin.ModelAdmin):
         return ExperienceChangeList
 
     def get_queryset(self, request):
-        # Token arrays are read only when the detail page is asked for them (see _detail_context).
-        return super().get_queryset(request).defer(*TOKEN_ARRAYS)
+        # Token arrays are read only when the detail page is asked for them (see _detail_context);
+        # an import's rows only once it has finished (its actions, exports and search too).
+        return super().get_queryset(request).exclude(expert_import.staged()).defer(*TOKEN_ARRAYS)
 
     def get_search_results(self, request, queryset, search_term):
         if not search_term.strip():
@@ -397,7 +398,7 @@ class ExperienceAdmin(CheckedSelectionMixin, admin.ModelAdmin):
             raise PermissionDenied
         form = ExpertDataUploadForm(request.POST or None, request.FILES or None)
         if request.method == "POST" and form.is_valid():
-            job = services.start_import(
+            job = expert_import.start_import(
                 upload=form.cleaned_data["file"],
                 dataset=form.cleaned_data["dataset"],
                 append=form.cleaned_data["append"],

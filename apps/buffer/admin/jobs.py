@@ -14,7 +14,7 @@ from apps.core.admin_selection import CheckedSelectionMixin
 from apps.core.job_admin import JobAdminMixin
 from apps.core.streaming import file_response
 
-from .. import services
+from .. import expert_import, services
 from ..models import BufferJob
 
 
@@ -108,10 +108,10 @@ class BufferJobAdmin(CheckedSelectionMixin, JobAdminMixin, admin.ModelAdmin):
     def result_summary(self, job):
         result, imported = dict(job.result), []
         if job.kind == BufferJob.Kind.IMPORT and "appended" in result:  # in its file's unit: "imported 5 pairs"
-            return str(services.Imported.of_result(result, job.params["layout"]))
+            return str(expert_import.Imported.of_result(result, job.params["layout"]))
         if job.kind == BufferJob.Kind.IMPORT:  # done before imports said whether they added to a dataset
-            imported = [f"imported: {services.counted(result.pop(unit), layout)}"
-                        for layout, unit in services.IMPORTED_UNIT.items() if unit in result]
+            imported = [f"imported: {expert_import.counted(result.pop(unit), layout)}"
+                        for layout, unit in expert_import.IMPORTED_UNIT.items() if unit in result]
         # In a fixed order: Postgres's jsonb keeps keys by length, SQLite as written.
         rest = [f"{key.replace('_', ' ')}: {_value(value)}" for key, value in sorted(result.items())]
         return ", ".join(imported + rest)

@@ -239,8 +239,10 @@ def test_list_queries_do_not_grow_with_the_rows(curator_client, make_experience,
     for _ in range(60):
         Feedback.objects.create(experience=make_experience(), user=annotator, kind="rating", value=0.5)
     make_experience()
-    assert queries(url) == few <= 9  # the run and dataset filters list theirs: a query each
-    assert queries(CHANGELIST) <= 9
+    # The run and dataset filters list theirs, a query each; one reads the datasets an import is
+    # still writing (their rows are left out: expert_import.staged).
+    assert queries(url) == few <= 10
+    assert queries(CHANGELIST) <= 10
 
 
 @pytest.mark.postgres("the planner's row estimate; SQLite counts exactly")

@@ -11,7 +11,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
-from apps.buffer import expert_data, services
+from apps.buffer import expert_data, expert_import, services
 from apps.buffer.expert_data import DjangoExpertData
 from apps.buffer.models import IMPORTED_GROUP, Experience, ExpertDataset
 from apps.buffer.store import DjangoExperienceBuffer
@@ -67,7 +67,7 @@ def sft_dataset(tmp_path, db):
          "action_mask": [1, 0, 1]},
         {"prompt": "What is 3 + 3?", "response": "6", "metadata": {"source": "book"}},
     ])
-    services.import_expert_data(path)
+    expert_import.import_expert_data(path)
     rejected = Experience.objects.get(response_text="6")  # a curator took it out
     services.set_status(Experience.objects.filter(pk=rejected.pk), Experience.Status.REJECTED)
     return ExpertDataset.objects.get(name="expert")
@@ -117,7 +117,7 @@ def test_trl_conversational_files_train_as_the_same_chat_rows_do(tmp_path, resea
     }
     for layout, rows in layouts.items():
         for number, row in enumerate(rows):
-            services.import_expert_data(write_jsonl(tmp_path / f"{layout}{number}.jsonl", [row]), layout=layout,
+            expert_import.import_expert_data(write_jsonl(tmp_path / f"{layout}{number}.jsonl", [row]), layout=layout,
                                         user=curator)
         tokens = []
         for number in range(len(rows)):
@@ -129,7 +129,7 @@ def test_trl_conversational_files_train_as_the_same_chat_rows_do(tmp_path, resea
 
 
 def test_a_copy_that_fails_names_the_row_and_a_restart_carries_it_on(tmp_path, researcher, flow, monkeypatch):
-    services.import_expert_data(write_jsonl(tmp_path / "many.jsonl", [
+    expert_import.import_expert_data(write_jsonl(tmp_path / "many.jsonl", [
         {"prompt": f"What is {i} + {i}?", "response": str(2 * i)} for i in range(7)
     ]))
     monkeypatch.setattr(expert_data, "BATCH_ROWS", 2)
@@ -168,7 +168,7 @@ def test_a_dataset_a_queued_or_running_run_names_is_not_deleted(sft_dataset, res
 
 
 def test_dpo_samples_the_copied_pairs_beside_its_annotators_least_used_first(tmp_path, researcher, curator, flow):
-    services.import_expert_data(write_jsonl(tmp_path / "prefs.jsonl", [
+    expert_import.import_expert_data(write_jsonl(tmp_path / "prefs.jsonl", [
         {"prompt": "Say hi", "chosen": "Hi!", "rejected": "Go away."},
         {"prompt": CHAT, "chosen": "4", "rejected": "5"},
     ]), layout="dpo", user=curator)
@@ -203,7 +203,7 @@ def test_dpo_samples_the_copied_pairs_beside_its_annotators_least_used_first(tmp
 def test_a_resume_gives_back_the_imported_pairs_its_lost_steps_used(tmp_path, researcher, curator, flow):
     """Under algorithm.dpo.max_pair_uses 1 (mode both's default) a pair trains once: the pairs a
     step lost to a crash used must be usable again by the replayed step, as judged pairs are."""
-    services.import_expert_data(write_jsonl(tmp_path / "prefs.jsonl", [
+    expert_import.import_expert_data(write_jsonl(tmp_path / "prefs.jsonl", [
         {"prompt": f"Say {word}", "chosen": word, "rejected": "no"} for word in ("hi", "yo", "hey")
     ]), layout="dpo", user=curator)
     run = make_run(researcher, "dpo", algorithm="dpo", dataset="prefs")
@@ -221,12 +221,12 @@ def test_a_resume_gives_back_the_imported_pairs_its_lost_steps_used(tmp_path, re
 
 def test_an_import_adds_to_a_dataset_of_its_own_layout_only(tmp_path, curator):
     path = write_jsonl(tmp_path / "one.jsonl", [{"prompt": "p", "response": "r"}])
-    services.import_expert_data(path, dataset="shared")
-    services.import_expert_data(path, dataset="shared", append=True)
+    expert_import.import_expert_data(path, dataset="shared")
+    expert_import.import_expert_data(path, dataset="shared", append=True)
     assert ExpertDataset.objects.get().experiences.count() == 2
     pairs = write_jsonl(tmp_path / "pairs.jsonl", [{"prompt": "p", "chosen": "a", "rejected": "b"}])
     with pytest.raises(FileImportError, match="the dataset 'shared' holds SFT data, and this file is a DPO import"):
-        services.import_expert_data(pairs, dataset="shared", layout="dpo", user=curator, append=True)
+        expert_import.import_expert_data(pairs, dataset="shared", layout="dpo", user=curator, append=True)
     assert Experience.objects.count() == 2 and ExpertDataset.objects.count() == 1
 
 

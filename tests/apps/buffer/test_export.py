@@ -10,7 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 from django.urls import reverse
 
-from apps.buffer import services
+from apps.buffer import expert_import, services
 from apps.buffer.models import BufferJob, Experience
 from apps.core.jobs import run_job
 from apps.feedback.models import Feedback
@@ -89,7 +89,7 @@ def export(queryset, fmt, tmp_path) -> Path:
 def test_round_trip_gives_identical_experiences(varied, fmt, tmp_path, curator):
     path = export(Experience.objects.order_by("pk"), fmt, tmp_path)
 
-    created = services.import_expert_data(path, layout="sft", user=curator)
+    created = expert_import.import_expert_data(path, layout="sft", user=curator)
 
     assert created.rows == len(varied)
     imported = list(Experience.objects.exclude(pk__in=[e.pk for e in varied]).order_by("pk"))
@@ -201,7 +201,8 @@ def test_feedback_export_and_dpo_pairs_import_back(make_experience, annotator, c
     assert (tie["value"], tie["chosen"], tie["rejected"]) == (0.5, None, None)  # a tie is no DPO pair
 
     pairs_only = export(Feedback.objects.filter(kind="preference", value=1.0), fmt, tmp_path)
-    assert services.import_expert_data(pairs_only, layout="dpo", user=curator).rows == 1  # one pair (two experiences)
+    # one pair (two experiences)
+    assert expert_import.import_expert_data(pairs_only, layout="dpo", user=curator).rows == 1
     imported = Feedback.objects.get(user=curator)
     assert (imported.experience.response_text, imported.other.response_text, imported.value) == ("good", "bad", 1.0)
 

@@ -9,7 +9,7 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.urls import reverse
 
-from apps.buffer import services
+from apps.buffer import expert_import
 from apps.buffer.models import BufferJob, Experience
 from apps.core.files import FileImportError
 from apps.core.jobs import run_job
@@ -50,7 +50,7 @@ def test_sft_rows_in_each_shape(tmp_path, db):
         ],
     )
 
-    assert services.import_expert_data(path).rows == 4
+    assert expert_import.import_expert_data(path).rows == 4
 
     text, chat, messages_only, tokens = imported()
     for row in (text, chat, messages_only, tokens):
@@ -92,7 +92,7 @@ def test_sft_parquet_with_chat_structs_and_json_text(tmp_path, db):
         path,
     )
 
-    assert services.import_expert_data(path).rows == 2
+    assert expert_import.import_expert_data(path).rows == 2
 
     chat, text = imported()
     assert (chat.response_text, chat.response_ids, chat.metadata) == ("4", [7, 8], {"k": [1, 2]})
@@ -122,7 +122,8 @@ def test_dpo_rows_become_two_experiences_and_a_preference(tmp_path, curator, suf
             path,
         )
 
-    assert services.import_expert_data(path, layout="dpo", user=curator).rows == 2  # pairs, as the file counts them
+    # pairs, as the file counts them
+    assert expert_import.import_expert_data(path, layout="dpo", user=curator).rows == 2
 
     chosen, rejected, chat_chosen, chat_rejected = imported()
     assert (chosen.response_text, chosen.status, rejected.response_text, rejected.status) == (
@@ -145,7 +146,7 @@ def test_dpo_rows_become_two_experiences_and_a_preference(tmp_path, curator, suf
 def test_dpo_needs_a_user(tmp_path, db):
     path = write_jsonl(tmp_path / "pairs.jsonl", [{"prompt": "p", "chosen": "a", "rejected": "b"}])
     with pytest.raises(FileImportError, match="needs a user"):
-        services.import_expert_data(path, layout="dpo")
+        expert_import.import_expert_data(path, layout="dpo")
 
 
 BAD_SFT_ROWS = [
@@ -184,7 +185,7 @@ def test_a_bad_row_is_named_and_nothing_is_kept(tmp_path, db, bad_row, message):
     path = write_jsonl(tmp_path / "data.jsonl", [good, good, good, bad_row])
 
     with pytest.raises(FileImportError) as error:
-        services.import_expert_data(path, batch_size=2)  # the first two rows are already inserted when it fails
+        expert_import.import_expert_data(path, batch_size=2)  # the first two rows are already inserted when it fails
 
     assert (error.value.file, error.value.line) == ("data.jsonl", 4)
     assert message in error.value.message
@@ -203,7 +204,7 @@ def test_a_dpo_row_that_teaches_nothing_is_named_and_nothing_is_kept(tmp_path, c
     good = {"prompt": "p", "chosen": "a", "rejected": "b"}
     path = write_jsonl(tmp_path / "pairs.jsonl", [good, good, good, bad_row])
     with pytest.raises(FileImportError) as error:
-        services.import_expert_data(path, layout="dpo", user=curator, batch_size=2)
+        expert_import.import_expert_data(path, layout="dpo", user=curator, batch_size=2)
     assert (error.value.file, error.value.line) == ("pairs.jsonl", 4)
     assert message in error.value.message
     assert not Experience.objects.exists() and not Feedback.objects.exists()
@@ -229,7 +230,7 @@ def test_bad_files(tmp_path, curator, content, name, layout, message):
     path = tmp_path / name
     path.write_bytes(content)
     with pytest.raises(FileImportError, match=message):
-        services.import_expert_data(path, layout=layout, user=curator)
+        expert_import.import_expert_data(path, layout=layout, user=curator)
     assert not Experience.objects.exists() and not Feedback.objects.exists()
 
 
@@ -237,7 +238,7 @@ def test_a_bad_parquet_row_is_named(tmp_path, db):
     path = tmp_path / "data.parquet"
     pq.write_table(pa.table({"prompt": ["a", "b", "c"], "response": ["x", None, "z"]}), path)
     with pytest.raises(FileImportError, match=r"data.parquet, row 2: needs 'prompt' and 'response'"):
-        services.import_expert_data(path)
+        expert_import.import_expert_data(path)
 
 
 # ---- the job and the upload page ----
@@ -248,7 +249,7 @@ def upload(name: str, rows) -> SimpleUploadedFile:
 
 
 def test_import_job_imports_and_deletes_its_upload(curator):
-    job = services.start_import(
+    job = expert_import.start_import(
         upload=upload("expert.jsonl", [{"prompt": "p", "response": "r"}] * 3), layout="sft", fmt="jsonl", user=curator
     )
     upload_path = job.upload.path
@@ -269,7 +270,8 @@ def test_import_job_imports_and_deletes_its_upload(curator):
 
 
 def test_failed_import_job_holds_the_error(curator):
-    job = services.start_import(upload=upload("bad.jsonl", [{"prompt": "p"}]), layout="sft", fmt="jsonl", user=curator)
+    job = expert_import.start_import(upload=upload("bad.jsonl", [{"prompt": "p"}]), layout="sft", fmt="jsonl",
+                                     user=curator)
     job = run_job("buffer.bufferjob", job.pk)
     assert job.status == "failed" and job.error.startswith("bad.jsonl, line 1: needs 'prompt' and 'response'")
     assert not Experience.objects.exists()
@@ -313,7 +315,7 @@ def test_the_job_page_counts_pairs_and_rows_as_the_file_does(curator_client, cur
     for name, rows, layout in (("pairs.jsonl", pairs, "dpo"), ("answers.jsonl", pairs[:3], "sft")):
         if layout == "sft":
             rows = [{"prompt": row["prompt"], "response": row["chosen"]} for row in rows]
-        job = services.start_import(upload=upload(name, rows), layout=layout, fmt="jsonl", user=curator)
+        job = expert_import.start_import(upload=upload(name, rows), layout=layout, fmt="jsonl", user=curator)
         job = run_job("buffer.bufferjob", job.pk)
         page = curator_client.get(reverse("admin:buffer_bufferjob_change", args=[job.pk])).content.decode()
         imported = {"dpo": "imported 5 pairs into the new dataset &#x27;pairs&#x27;",
@@ -331,20 +333,20 @@ def test_the_same_export_imported_again_is_refused_unless_asked_to_add_to_its_da
     """The same file as .jsonl, then as .parquet, went twice into the dataset named after it: each row
     there twice, and the job said only 'imported: 3 rows'."""
     rows = [{"prompt": f"p{i}", "response": "r"} for i in range(3)]
-    first = services.import_expert_data(write_jsonl(tmp_path / "export.jsonl", rows))
+    first = expert_import.import_expert_data(write_jsonl(tmp_path / "export.jsonl", rows))
     assert (first.appended, first.holds, str(first)) == (False, 3, "imported 3 rows into the new dataset 'export'")
     again = tmp_path / "export.parquet"
     pq.write_table(pa.Table.from_pylist(rows), again)
 
     with pytest.raises(FileImportError, match="export.parquet: the dataset 'export' exists and holds 3 rows: name a "
                                               "new one, or ask to add this file's rows to it"):
-        services.import_expert_data(again)
+        expert_import.import_expert_data(again)
     assert Experience.objects.count() == 3
 
-    added = services.import_expert_data(again, append=True)
+    added = expert_import.import_expert_data(again, append=True)
     assert (added.rows, added.appended, added.holds) == (3, True, 6)
     assert str(added) == "added 3 rows to the existing dataset 'export', which now holds 6 rows"
-    assert services.import_expert_data(again, dataset="export-2").appended is False
+    assert expert_import.import_expert_data(again, dataset="export-2").appended is False
 
 
 def test_the_upload_page_asks_before_adding_to_a_dataset_and_says_it_did(curator_client, curator):
@@ -370,7 +372,7 @@ def test_an_import_queued_before_the_choice_adds_to_its_dataset_as_it_did_then(c
     """A job's params had no `append`: imports then added to a dataset of their name."""
     rows = [{"prompt": "p", "response": "r"}]
     for _ in range(2):
-        job = services.start_import(upload=upload("old.jsonl", rows), layout="sft", fmt="jsonl", user=curator)
+        job = expert_import.start_import(upload=upload("old.jsonl", rows), layout="sft", fmt="jsonl", user=curator)
         BufferJob.objects.filter(pk=job.pk).update(params={"dataset": None, "layout": "sft", "format": "jsonl"})
         job = run_job("buffer.bufferjob", job.pk)
     assert job.result == {"rows": 1, "dataset": "old", "appended": True, "holds": 2}

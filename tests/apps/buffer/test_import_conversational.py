@@ -9,7 +9,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from apps.buffer import services
+from apps.buffer import expert_import
 from apps.buffer.expert_data import _prompt_and_response
 from apps.buffer.models import Experience
 from apps.core.files import FileImportError
@@ -39,7 +39,7 @@ def test_sft_conversational_and_prompt_completion_rows(tmp_path, db):
         {"prompt": [ASK], "completion": [BLUE]},
         {"prompt": "The sky is", "completion": [{"role": "assistant", "content": " blue."}]},
     ])
-    assert services.import_expert_data(path).rows == 4
+    assert expert_import.import_expert_data(path).rows == 4
     assert stored() == [
         ("Be brief.\n\nWhat color is the sky?\n\nIt is blue.\n\nAnd at night?", "Black.",
          [SYSTEM, ASK, BLUE, again, {"role": "assistant", "content": "Black."}]),
@@ -65,7 +65,7 @@ def test_dpo_conversational_pairs_with_explicit_and_implicit_prompts(tmp_path, c
         pq.write_table(pa.table({"prompt": [rows[0]["prompt"], None], "chosen": [r["chosen"] for r in rows],
                                  "rejected": [r["rejected"] for r in rows]}), path)
 
-    assert services.import_expert_data(path, layout="dpo", user=curator).rows == len(rows) + (suffix == "jsonl")
+    assert expert_import.import_expert_data(path, layout="dpo", user=curator).rows == len(rows) + (suffix == "jsonl")
 
     chat = ("Be brief.\n\nWhat color is the sky?", "It is blue.", [SYSTEM, ASK, BLUE])
     chat_rejected = (chat[0], "It is green.", [SYSTEM, ASK, GREEN])
@@ -119,7 +119,7 @@ def test_a_malformed_conversation_is_named_and_nothing_is_kept(tmp_path, curator
     good = {"sft": {"messages": [ASK, BLUE]}, "dpo": {"chosen": [ASK, BLUE], "rejected": [ASK, GREEN]}}[layout]
     path = write_jsonl(tmp_path / "data.jsonl", [good, good, good, bad_row])
     with pytest.raises(FileImportError) as error:
-        services.import_expert_data(path, layout=layout, user=curator, batch_size=2)  # two rows already inserted
+        expert_import.import_expert_data(path, layout=layout, user=curator, batch_size=2)  # two rows already inserted
     assert (error.value.file, error.value.line) == ("data.jsonl", 4)
     assert message in error.value.message, error.value.message
     assert not Experience.objects.exists() and not Feedback.objects.exists()

@@ -2,7 +2,7 @@ from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 from tqdm import tqdm
 
-from apps.buffer import importers, services
+from apps.buffer import expert_import, importers
 from apps.core.files import FileImportError
 
 
@@ -37,7 +37,7 @@ class Command(BaseCommand):
                 bar.set_postfix(rows=f"{rows:,}", refresh=False)
 
             try:
-                imported = services.import_expert_data(
+                imported = expert_import.import_expert_data(
                     options["file"], dataset=options["dataset"], append=options["append"], layout=options["layout"],
                     fmt=options["format"], user=user, progress=show_progress,
                 )
