@@ -37,7 +37,8 @@ from vllm.distributed.weight_transfer.base import (
 )
 
 from .engines.vllm_weights import TIED_RTOL, RFTWorkerExtension, _refresh_tied_modules
-from .weight_broadcast import DEFAULT_TIMEOUT_S, IDLE_TIMEOUT_S, Receiver, fingerprint
+from .weight_broadcast import DEFAULT_TIMEOUT_S, IDLE_TIMEOUT_S, Receiver
+from .weight_manifest import fingerprint
 
 BACKEND = "rft_gloo"
 WORKER_EXTENSION = f"{__name__}.BroadcastWorkerExtension"
