@@ -106,7 +106,7 @@ def bench_nccl(path: Path, versions: int, verify_every: int) -> tuple[list[float
     from workers.rft.memory import InMemoryWeightGroup
     from workers.rft.models import load_policy, load_tokenizer
     from workers.rft.synchronizer import Synchronizer
-    from workers.rft.weight_broadcast import model_fingerprint
+    from workers.rft.weight_manifest import model_fingerprint
 
     tokenizer = load_tokenizer(path)
     model = load_policy(path, torch.device("cpu"))

@@ -5,7 +5,7 @@ machine has (hosts.py: memory, cores, GPUs: a launch checks a run against them),
 RFTWEB_HEARTBEAT_INTERVAL seconds on a thread of its main process, and is marked stopped on an
 orderly shutdown; one silent for RFTWEB_HEARTBEAT_TIMEOUT without that is lost. Its slots are its
 pool processes. What a slot holds is read off the active runs' duty heartbeats, which name the
-Celery worker serving each duty (`node`, services.claim_duty). Embedded (no Celery) the web
+Celery worker serving each duty (`node`, holding.claim_duty). Embedded (no Celery) the web
 process is the one worker: its threads serve every duty, without a slot limit.
 
 The Workers page and /api/workers/ show `overview()`, as Celery Flower and Ray's dashboard show

@@ -1,6 +1,6 @@
 """A run's duties (supervision.py's docstring: what each worker task holds while the run is
 served), the queue each goes to, and who holds each as the run's heartbeats say. Read-only: what
-changes a holding (claim, heartbeat, hand-over, release) is in services.py."""
+changes a holding (claim, heartbeat, hand-over, release) is in holding.py."""
 import os
 import socket
 from datetime import datetime

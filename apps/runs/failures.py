@@ -82,14 +82,14 @@ def free_bytes(path: Path) -> float:
 
 def is_rank_failure(exc: BaseException) -> bool:
     """A rank of the trainer died or hung (distributed.RankFailure), here or on another machine,
-    or an explorer of its weight group did (weight_broadcast.WeightSyncError)."""
+    or an explorer of its weight group did (weight_manifest.WeightSyncError)."""
     failures = []
     if "workers.rft.distributed" in sys.modules:  # else torch was not even loaded: no group ran here
         from workers.rft.distributed import RankFailure
 
         failures.append(RankFailure)
-    if "workers.rft.weight_broadcast" in sys.modules:
-        from workers.rft.weight_broadcast import WeightSyncError
+    if "workers.rft.weight_manifest" in sys.modules:
+        from workers.rft.weight_manifest import WeightSyncError
 
         failures.append(WeightSyncError)
     return isinstance(exc, tuple(failures))

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 
 from django.conf import settings
 
-from . import duties, services
+from . import duties, holding, services
 from .duties import NODE_DUTY
 from .holding import Stopped, pause, still_served
 from .models import Run
@@ -163,7 +163,7 @@ def serve_node(run: Run, duty: str, worker: str) -> str:
                              for i in range(local_size)]
                 log.info("run %s (%s): ranks %s..%s joining group %s at %s", run.pk, duty, node * local_size,
                          (node + 1) * local_size - 1, served, master)
-                services.mark_started(run, duty, worker)
+                holding.mark_started(run, duty, worker)
             pause()
     finally:
         end_followers(followers, at_once=True)

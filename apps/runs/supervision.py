@@ -10,7 +10,7 @@ A run is served by one or two long worker tasks, each holding a *duty* of the ru
   directory (checkpoint) or a weight group the trainer opens at the address it writes on the run
   (nccl: Run.rendezvous["weights"]; a broken group ends the trainer's duty as a broken rank group
   does, and its new worker opens a new group that the explorers join).
-A duty is held through a heartbeat written by a background thread (services.claim_duty, .heartbeat,
+A duty is held through a heartbeat written by a background thread (holding.claim_duty, .heartbeat,
 .release_duty); the `watchdog` (Celery beat) sends on a duty whose heartbeat expired (its worker
 died), and the new task resumes: the trainer from the last checkpoint, the explorer from its last
 stored step. A failed or stopped run resumes the same way when its user resumes it
@@ -51,7 +51,7 @@ from django.utils import timezone
 
 from rftweb.celery import enqueue
 
-from . import capacity, duties, services, system, turns
+from . import capacity, duties, holding, services, system, turns
 from .checkpoints import resume_point, run_checkpoint_dir, run_dir
 from .config_keys import stored_config
 from .duties import HANDED_OVER, NODE_DUTY, duties_of_run
@@ -174,7 +174,7 @@ class Heartbeat(threading.Thread):
                 try:
                     activity = _activities.get((self.target_run.pk, self.duty))
                     doing = activity.now() if activity is not None else None
-                    if not services.heartbeat(self.target_run, self.duty, self.worker, doing):
+                    if not holding.heartbeat(self.target_run, self.duty, self.worker, doing):
                         return  # the duty was taken over: the duty's next status check stops it
                     if self.source is not None:
                         system.record(self.target_run, self.source, system.measure(self.usage), time.time())
@@ -210,7 +210,7 @@ def serve(run_id: int, duty: str, task: str | None = None) -> str:
     counted = task is not None and run.queued_tasks.get(duty, {}).get("task") == task
     if run.status not in Run.SERVED and not counted:
         return "skipped"
-    if not services.claim_duty(run, duty, me, settings.RFTWEB_HEARTBEAT_TIMEOUT, node=capacity.this_node(),
+    if not holding.claim_duty(run, duty, me, settings.RFTWEB_HEARTBEAT_TIMEOUT, node=capacity.this_node(),
                                task=task):
         return "skipped"
     # What this duty's threads log while it serves goes to the run page's Logs panel (logs.py).
@@ -269,7 +269,7 @@ def serve_claimed(run: Run, duty: str, me: str) -> str:
         beat.stop()
         _activities.pop((run_id, duty), None)
         try:  # let the duty go (failing the run with the error, if any): it may be resumed at once
-            services.release_duty(run, duty, me, error=failure, broke=broke, handed_back=handed_back)
+            holding.release_duty(run, duty, me, error=failure, broke=broke, handed_back=handed_back)
             # Queued now, keeping its place (turns.py); but not by an embedded server shutting down,
             # whose new thread would take it back at once: the next start's watchdog sends it on.
             if handed_back and run.status in Run.SERVED and not (
@@ -358,7 +358,7 @@ def run_engine(run: Run, duty: str, worker: str) -> str:
             if run.explorer_step:
                 log.info("run %s (%s): resumed after explorer step %s", run.pk, duty, run.explorer_step)
         status()  # nobody took the duty over while the engine loaded
-        services.mark_started(run, duty, worker, from_checkpoint=resumed)
+        holding.mark_started(run, duty, worker, from_checkpoint=resumed)
 
         # A stop or a worker shutting down: the loop saves a checkpoint at this step first.
         stopping = lambda: status() in (Status.STOPPING, *Run.FINISHED) or leaving()  # noqa: E731
@@ -469,7 +469,7 @@ def watchdog() -> list[tuple[int, str]]:
                 # lets its duty go). Its beat lapses when the machine is busy, and sending its duty
                 # on restarted a run that was training (the demo server's watchdog, beside CI's load).
                 continue
-            if not services.hand_over(run, duty, settings.RFTWEB_MAX_HANDOVERS):
+            if not holding.hand_over(run, duty, settings.RFTWEB_MAX_HANDOVERS):
                 break  # the run failed: its user resumes it
             if beat["worker"] == duties.HANDED_OVER:
                 continue  # sent on before and not claimed yet: that task is still queued
@@ -495,7 +495,7 @@ def worker_lost(task: str, run_id: int, duty: str = "loop", *, cause: str) -> No
     """Celery's worker process running serve_duty task `task` died under it (killed: signal 9 is
     most often the kernel's out-of-memory killer). Called in the Celery worker's main process
     (workers/tasks.py): the duty is sent on once; the second time in a row the run fails,
-    saying so (services.worker_lost)."""
+    saying so (holding.worker_lost)."""
     try:
         run_id, duty = turns.owner_of(task, run_id, duty)  # a turn may have given it another duty
         run = Run.objects.filter(pk=run_id).first()
@@ -504,7 +504,7 @@ def worker_lost(task: str, run_id: int, duty: str = "loop", *, cause: str) -> No
             return
         log_for_run(run, duty, logging.WARNING, "run %s (%s): the process serving task %s is gone: %s",
                     run_id, duty, task, cause)
-        if services.worker_lost(run, duty, task, cause):
+        if holding.worker_lost(run, duty, task, cause):
             send(run, [duty])
     finally:
         connection.close()  # the worker's main process serves no request that would close it

@@ -57,7 +57,7 @@ CHART_X = ("step", "wall", "relative")  # static/js/chart_axes.js's modes
 
 def chart_view(query, smoothing: float | None = None) -> dict:
     """The chart toolbar's settings as a link gives them (?filter=, ?smoothing=, ?log=1, ?x=; the
-    pages keep the URL in step as they change: charts.js, keepChartView), so a link shared from the
+    pages keep the URL in step as they change: chart_toolbar.js, keepChartView), so a link shared from the
     run page or compare opens the charts as its sender saw them. `smoothing`: a saved report's,
     where the query has none. A value out of range is the default."""
     try:

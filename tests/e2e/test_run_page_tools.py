@@ -16,7 +16,7 @@ from playwright.sync_api import expect
 
 from apps.buffer.models import Experience
 from apps.core.bidi import isolate
-from apps.runs import services, supervision
+from apps.runs import holding, services, supervision
 from apps.runs.live import publisher
 from apps.runs.logs import DutyLog
 from apps.runs.models import MetricPoint, Run
@@ -170,10 +170,10 @@ def served_run(owner, worker: str, node: str, said: str) -> Run:
 
 def take_duty(run: Run, worker: str, node: str, said: str) -> None:
     """What a worker does as it serves the run's loop: claims it, logs `said`, begins its steps."""
-    assert services.claim_duty(run, "loop", worker, timeout=60, node=node)
+    assert holding.claim_duty(run, "loop", worker, timeout=60, node=node)
     with DutyLog(supervision.run_dir(run), run.pk, "loop"):
         log.info(said)
-    services.mark_started(run, "loop", worker)
+    holding.mark_started(run, "loop", worker)
 
 
 def test_a_run_resumed_from_elsewhere_shows_the_resumed_duty_on_the_open_page(page, login, researcher, page_errors):
@@ -188,7 +188,7 @@ def test_a_run_resumed_from_elsewhere_shows_the_resumed_duty_on_the_open_page(pa
     services.stop_run(run)
     with DutyLog(supervision.run_dir(run), run.pk, "loop"):
         log.info("run %s (loop): stopped at trainer step 5, checkpoint v5", run.pk)
-    services.release_duty(run, "loop", "gpu-1:11")  # the last duty of a stopping run to go stops it
+    holding.release_duty(run, "loop", "gpu-1:11")  # the last duty of a stopping run to go stops it
     expect(page.locator("#run-status")).to_have_text("stopped")
     expect(lines.first).to_contain_text("stopped at trainer step 5")
     expect(page.locator("#run-duties")).to_be_hidden()
@@ -214,14 +214,14 @@ def test_the_duty_line_says_what_the_engine_does_as_the_live_channel_tells_it(pa
     long; a poll that read an older beat leaves it be."""
     run = served_run(researcher, "gpu-1:11", "train@one", "rollout engine: transformers")
     begun = time.time()
-    services.heartbeat(run, "loop", "gpu-1:11", [{"role": "explorer", "what": "rolling out step 6 with v5",
+    holding.heartbeat(run, "loop", "gpu-1:11", [{"role": "explorer", "what": "rolling out step 6 with v5",
                                                   "since": begun}, {"role": "trainer", "what": "training step 5",
                                                                     "since": begun}])
     login(researcher, f"/runs/{run.pk}/")
     page.set_viewport_size(SCREEN)
     line = page.locator("#run-duties [data-duty=loop] .duty-detail")
     expect(line).to_contain_text("rolling out step 6 with v5 · training step 5 · on train@one")
-    services.heartbeat(run, "loop", "gpu-1:11")  # alive (a duty silent for 6 s is lost, in tests)
+    holding.heartbeat(run, "loop", "gpu-1:11")  # alive (a duty silent for 6 s is lost, in tests)
     now = time.time()
     publisher.publish(run.pk, {"type": "activity", "duty": "loop", "doing": [
         {"role": "explorer", "what": "rolling out step 7 with v6", "since": now},
@@ -229,7 +229,7 @@ def test_the_duty_line_says_what_the_engine_does_as_the_live_channel_tells_it(pa
     expect(line).to_contain_text(re.compile(
         r"rolling out step 7 with v6 · saving a checkpoint at step 6 \(4\d s\) · on train@one"), timeout=3000)
     page.screenshot(path=SHOTS / "run-page-duty-line.png")
-    services.heartbeat(run, "loop", "gpu-1:11")  # its beat still says step 6: polled, it is older
+    holding.heartbeat(run, "loop", "gpu-1:11")  # its beat still says step 6: polled, it is older
     page.wait_for_timeout(2500)  # two polls (every heartbeat interval: 1 s in tests)
     expect(line).to_contain_text("rolling out step 7 with v6")
     assert page_errors == []

@@ -13,7 +13,7 @@ from django.db import connection
 from django.utils import timezone
 from playwright.sync_api import expect
 
-from apps.runs import services
+from apps.runs import holding
 from apps.runs.logs import DutyLog
 from apps.runs.models import Run, TaskRun, Worker
 from apps.runs.supervision import SERVE_TASK, run_dir
@@ -33,14 +33,14 @@ def ran(task_id, node, run, duty, *, ago, result=None):
 
 @pytest.fixture
 def beating():
-    """Beats for a held duty as its worker's heartbeat thread would (services.heartbeat), every second."""
+    """Beats for a held duty as its worker's heartbeat thread would (holding.heartbeat), every second."""
     stop, threads = threading.Event(), []
 
     def start(run, duty):
         def beat():
             try:
                 while not stop.wait(1):
-                    services.heartbeat(run, duty, HOLDER)
+                    holding.heartbeat(run, duty, HOLDER)
             finally:
                 connection.close()
 

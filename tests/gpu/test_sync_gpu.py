@@ -15,7 +15,7 @@ from workers.rft.engines import SamplingParams, TransformersEngine
 from workers.rft.memory import InMemoryWeightGroup
 from workers.rft.models import build_tiny_model, load_policy, load_tokenizer
 from workers.rft.synchronizer import Synchronizer
-from workers.rft.weight_broadcast import model_fingerprint
+from workers.rft.weight_manifest import model_fingerprint
 
 pytestmark = [
     pytest.mark.gpu,

@@ -155,7 +155,8 @@ def test_the_trainers_store_listens_on_the_node_address_alone_and_a_stop_ends_it
 @pytest.mark.slow
 def test_the_weight_groups_store_listens_on_its_address_alone(tmp_path):
     """The trainer's side of an nccl weight group serves on the address it is given."""
-    from workers.rft.weight_broadcast import Sender, WeightSyncError
+    from workers.rft.weight_broadcast import Sender
+    from workers.rft.weight_manifest import WeightSyncError
 
     port = free_port("127.0.0.2")
     thread, out = in_thread(lambda: Sender("127.0.0.2", port, 1, join_timeout_s=5, secret="s"))

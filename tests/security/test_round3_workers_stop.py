@@ -14,7 +14,7 @@ import redis
 from django.conf import settings
 from django.utils import timezone
 
-from apps.runs import duties, services, supervision
+from apps.runs import duties, holding, services, supervision
 from apps.runs.models import Run
 from rftweb.celery import enqueue
 from tests.support import wait_for
@@ -142,6 +142,6 @@ def test_a_stopping_runs_duties_are_not_claimed_and_its_last_duty_to_leave_stops
     run = Run.objects.create(name="r", owner=researcher, config={}, status=Status.RUNNING,
                              heartbeats={"loop": beat("w1"), "trainer-node-1": beat("w2")})
     services.stop_run(run)
-    assert not services.claim_duty(run, "trainer-node-2", "w3", settings.RFTWEB_HEARTBEAT_TIMEOUT)
-    assert services.release_duty(run, "trainer-node-1", "w2") and status_of(run) == Status.STOPPING
-    assert services.release_duty(run, "loop", "w1") and status_of(run) == Status.STOPPED
+    assert not holding.claim_duty(run, "trainer-node-2", "w3", settings.RFTWEB_HEARTBEAT_TIMEOUT)
+    assert holding.release_duty(run, "trainer-node-1", "w2") and status_of(run) == Status.STOPPING
+    assert holding.release_duty(run, "loop", "w1") and status_of(run) == Status.STOPPED

@@ -19,7 +19,7 @@ import redis
 from django.conf import settings
 from django.utils import timezone
 
-from apps.runs import duties, services, supervision
+from apps.runs import duties, holding, services, supervision
 from apps.runs.models import Run
 from apps.runs.store import DjangoMetricSink
 from apps.tasksets.models import Taskset
@@ -122,7 +122,7 @@ def test_ten_stop_resume_cycles_queue_one_task_per_duty_and_a_stop_withdraws_the
         supervision.start_run(run.pk)
         assert queued("explore") == EXPLORERS - 1 and duty not in queued_duties("explore")
         # The task comes: it claims its duty (for a worker elsewhere), and is counted queued no more.
-        assert services.claim_duty(run, duty, "gpu-3:33", settings.RFTWEB_HEARTBEAT_TIMEOUT, task=task)
+        assert holding.claim_duty(run, duty, "gpu-3:33", settings.RFTWEB_HEARTBEAT_TIMEOUT, task=task)
         channel.basic_ack(taken.delivery_tag)
     run.refresh_from_db()
     assert duty not in run.queued_tasks and run.heartbeats[duty]["task"] == task
@@ -135,15 +135,15 @@ def test_a_duty_killed_twice_at_the_same_step_fails_its_run_saying_so(researcher
     trainer step fails the run, and the researcher reads why on the run page."""
     run = Run.objects.create(name="oom", owner=researcher, config={}, status=Status.RUNNING,
                              heartbeats={"loop": beat("gpu-1:11", task="t1")})
-    assert not services.worker_lost(run, "loop", "t-duplicate", OOM)  # it held nothing
-    assert services.worker_lost(run, "loop", "t1", OOM)
+    assert not holding.worker_lost(run, "loop", "t-duplicate", OOM)  # it held nothing
+    assert holding.worker_lost(run, "loop", "t1", OOM)
     run.refresh_from_db()
     assert run.status == Status.RUNNING
     assert run.heartbeats["loop"] | {"at": None, "handed_over_at": None} == {
         "at": None, "worker": duties.HANDED_OVER, "handovers": 1, "handed_over_at_step": 0, "handed_over_at": None,
         "task": "t1", "kills": 1, "lost": OOM}
-    assert services.claim_duty(run, "loop", "gpu-1:12", settings.RFTWEB_HEARTBEAT_TIMEOUT, task="t2")
-    assert not services.worker_lost(run, "loop", "t2", OOM)
+    assert holding.claim_duty(run, "loop", "gpu-1:12", settings.RFTWEB_HEARTBEAT_TIMEOUT, task="t2")
+    assert not holding.worker_lost(run, "loop", "t2", OOM)
     run.refresh_from_db()
     assert run.status == Status.FAILED
     assert run.error.startswith("loop failed: the worker serving loop was killed twice (signal 9: out of memory?), "
@@ -159,13 +159,13 @@ def test_a_kill_the_watchdog_saw_first_counts_once_and_a_step_between_kills_rese
     is progress: the count starts again."""
     run = Run.objects.create(name="oom", owner=researcher, config={}, status=Status.RUNNING,
                              heartbeats={"loop": beat("gpu-1:11", task="t1")})
-    assert services.hand_over(run, "loop", settings.RFTWEB_MAX_HANDOVERS)
-    assert services.worker_lost(run, "loop", "t1", OOM)
+    assert holding.hand_over(run, "loop", settings.RFTWEB_MAX_HANDOVERS)
+    assert holding.worker_lost(run, "loop", "t1", OOM)
     run.refresh_from_db()
     assert (run.heartbeats["loop"]["handovers"], run.heartbeats["loop"]["kills"]) == (1, 1)
-    services.claim_duty(run, "loop", "gpu-1:12", settings.RFTWEB_HEARTBEAT_TIMEOUT, task="t2")
+    holding.claim_duty(run, "loop", "gpu-1:12", settings.RFTWEB_HEARTBEAT_TIMEOUT, task="t2")
     DjangoMetricSink(run).log("trainer", 1, {"loss": 0.5})  # as the trainer logs a step
-    assert services.worker_lost(Run.objects.get(pk=run.pk), "loop", "t2", OOM)
+    assert holding.worker_lost(Run.objects.get(pk=run.pk), "loop", "t2", OOM)
     run.refresh_from_db()
     assert run.status == Status.RUNNING and run.heartbeats["loop"]["kills"] == 1
 
@@ -178,16 +178,16 @@ def test_a_replayed_step_between_two_kills_is_progress(researcher, settings):
     step between the kills counts; two kills with no step at all between them still fail it."""
     run = Run.objects.create(name="replay", owner=researcher, config={}, status=Status.RUNNING, trainer_step=189,
                              heartbeats={"loop": beat("gpu-1:11", task="t1")})
-    assert services.worker_lost(run, "loop", "t1", OOM)
-    services.claim_duty(run, "loop", "gpu-1:12", settings.RFTWEB_HEARTBEAT_TIMEOUT, task="t2")
+    assert holding.worker_lost(run, "loop", "t1", OOM)
+    holding.claim_duty(run, "loop", "gpu-1:12", settings.RFTWEB_HEARTBEAT_TIMEOUT, task="t2")
     for step in range(161, 170):  # the replay, below the run's trainer_step
         DjangoMetricSink(run).log("trainer", step, {"loss": 0.5})
     assert Run.objects.get(pk=run.pk).trainer_step == 189
-    assert services.worker_lost(Run.objects.get(pk=run.pk), "loop", "t2", OOM)
+    assert holding.worker_lost(Run.objects.get(pk=run.pk), "loop", "t2", OOM)
     run.refresh_from_db()
     assert run.status == Status.RUNNING and run.heartbeats["loop"]["kills"] == 1
-    services.claim_duty(run, "loop", "gpu-1:13", settings.RFTWEB_HEARTBEAT_TIMEOUT, task="t3")
-    assert not services.worker_lost(Run.objects.get(pk=run.pk), "loop", "t3", OOM)  # no step since
+    holding.claim_duty(run, "loop", "gpu-1:13", settings.RFTWEB_HEARTBEAT_TIMEOUT, task="t3")
+    assert not holding.worker_lost(Run.objects.get(pk=run.pk), "loop", "t3", OOM)  # no step since
     assert Run.objects.get(pk=run.pk).status == Status.FAILED
 
 

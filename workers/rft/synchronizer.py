@@ -225,7 +225,7 @@ class _Sending:
 
     def check(self) -> None:
         if self.error is not None:
-            from .weight_broadcast import WeightSyncError
+            from .weight_manifest import WeightSyncError
 
             raise WeightSyncError(f"the weight group broke: {self.error}") from self.error
 

@@ -15,7 +15,7 @@ on CPU it re-packs the linear layers). `update_weights` ends with torch.accelera
 (base.py), harmless on CPU: the CPU model runner replaces it with a no-op
 (v1/worker/cpu_model_runner.py, _set_torch_accelerator_to_noop).
 
-After finalize, tied heads are re-processed (the CPU trap described in engines/vllm_engine.py:
+After finalize, tied heads are re-processed (the CPU trap described in engines/vllm_weights.py:
 a tied lm_head receives no weight of its own, so the reload never repacks it) and checked; the
 acknowledgement the trainer waits for is sent only then.
 
@@ -36,12 +36,12 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
-from .engines.vllm_engine import RFTWorkerExtension, _refresh_tied_modules
-from .weight_broadcast import DEFAULT_TIMEOUT_S, IDLE_TIMEOUT_S, Receiver, fingerprint
+from .engines.vllm_weights import TIED_RTOL, RFTWorkerExtension, _refresh_tied_modules
+from .weight_broadcast import DEFAULT_TIMEOUT_S, IDLE_TIMEOUT_S, Receiver
+from .weight_manifest import fingerprint
 
 BACKEND = "rft_gloo"
 WORKER_EXTENSION = f"{__name__}.BroadcastWorkerExtension"
-TIED_RTOL = 1e-5  # as engines/vllm_engine.py: a one-hot probe of a tied head is exact up to rounding
 
 
 @dataclass

@@ -11,8 +11,8 @@ from django.contrib.auth.decorators import login_not_required
 from django.urls import URLPattern
 
 from .routes import api, docs_page
-from .schemas import workers_json
 from .tokens import method_refusal, token_for, token_or_session, user_for_token
+from .worker_schemas import workers_json
 
 __all__ = ["docs_page", "token_for", "token_or_session", "urlpatterns", "user_for_token", "workers_json"]
 

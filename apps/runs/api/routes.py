@@ -1,7 +1,7 @@
 """The routes of the JSON API (docs/api.md), on django-ninja: runs, their duties, metrics and
 experiences; launch and control; the workers, and a curator's drain of one. Each is a thin call
-into the services and queries of apps/runs; `schemas.py` says what each answers, `auth.py` who may
-call it."""
+into the services and queries of apps/runs; `schemas.py` and `worker_schemas.py` say what each
+answers, `auth.py` who may call it."""
 
 from functools import cache, wraps
 
@@ -28,7 +28,6 @@ from .paging import MAX_METRIC_POINTS, count_parameter, number_parameter, page_a
 from .saved_models import router as models_router
 from .schemas import (
     AnnotationOut,
-    DrainedOut,
     DutiesOut,
     ErrorOut,
     ExperienceFilters,
@@ -44,15 +43,13 @@ from .schemas import (
     RunFilters,
     RunOut,
     RunPage,
-    WorkerDetailOut,
-    WorkersOut,
     experience_json,
     run_json,
-    workers_json,
 )
 from .sweeps import router as sweeps_router
 from .tasksets import router as tasksets_router
 from .tokens import token_for
+from .worker_schemas import DrainedOut, WorkerDetailOut, WorkersOut, workers_json
 
 
 class RftwebAPI(NinjaAPI):

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 from django.conf import settings
 
-from apps.runs.api.schemas import HoldOut, WorkerOut, WorkersOut
+from apps.runs.api.worker_schemas import HoldOut, WorkerOut, WorkersOut
 
 DOC = (Path(settings.BASE_DIR) / "docs" / "api.md").read_text()
 WORKERS_LINE = next(line for line in DOC.splitlines() if line.startswith("| `GET /api/workers/` |"))

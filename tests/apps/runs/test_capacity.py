@@ -9,7 +9,7 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from apps.runs import capacity, duties, services, waits
+from apps.runs import capacity, duties, holding, services, waits
 from apps.runs.api import token_for
 from apps.runs.models import Run, Worker
 
@@ -98,15 +98,15 @@ def test_embedded_the_server_process_is_the_one_worker(make_run, settings):
 
 def test_a_duty_keeps_its_since_and_worker_while_the_same_process_beats(make_run):
     run = make_run("r", status=Run.Status.STARTING, heartbeats={})
-    assert services.claim_duty(run, "loop", "gpu-1:11", timeout=60, node="runs@gpu-1")
+    assert holding.claim_duty(run, "loop", "gpu-1:11", timeout=60, node="runs@gpu-1")
     first = Run.objects.get(pk=run.pk).heartbeats["loop"]
-    assert services.heartbeat(run, "loop", "gpu-1:11")
+    assert holding.heartbeat(run, "loop", "gpu-1:11")
     again = Run.objects.get(pk=run.pk).heartbeats["loop"]
     assert (again["since"], again["node"]) == (first["since"], "runs@gpu-1") and again["at"] >= first["at"]
     # handed to another process (the first is gone): it holds it since now
     run.heartbeats = {"loop": {**again, "ended": True}}
     run.save(update_fields=["heartbeats"])
-    assert services.claim_duty(run, "loop", "gpu-2:22", timeout=60, node="explore@gpu-2")
+    assert holding.claim_duty(run, "loop", "gpu-2:22", timeout=60, node="explore@gpu-2")
     taken = Run.objects.get(pk=run.pk).heartbeats["loop"]
     assert taken["node"] == "explore@gpu-2" and taken["since"] > first["since"]
 
@@ -202,16 +202,16 @@ def test_starting_lost_handed_over_and_ended_duties(make_run):
 
 def test_started_is_stamped_when_the_engine_runs_and_kept_while_the_worker_beats(make_run):
     run = make_run("r", status=Run.Status.STARTING, heartbeats={})
-    assert services.claim_duty(run, "loop", "gpu-1:11", timeout=60, node="runs@gpu-1")
+    assert holding.claim_duty(run, "loop", "gpu-1:11", timeout=60, node="runs@gpu-1")
     run.refresh_from_db()
     assert [s.state for s in waits.duty_states(run)] == ["starting"]
-    services.mark_started(run, "loop", "gpu-1:11")
+    holding.mark_started(run, "loop", "gpu-1:11")
     run.refresh_from_db()
     assert run.status == Run.Status.RUNNING and [s.state for s in waits.duty_states(run)] == ["running"]
     stamp = run.heartbeats["loop"]["started"]
-    assert services.heartbeat(run, "loop", "gpu-1:11")
+    assert holding.heartbeat(run, "loop", "gpu-1:11")
     assert Run.objects.get(pk=run.pk).heartbeats["loop"]["started"] == stamp
-    services.mark_started(run, "loop", "someone-else:1")  # not its holder: nothing changes
+    holding.mark_started(run, "loop", "someone-else:1")  # not its holder: nothing changes
     assert Run.objects.get(pk=run.pk).heartbeats["loop"]["started"] == stamp
 
 
@@ -311,17 +311,17 @@ def test_a_running_duty_says_what_its_engine_does_and_how_long_a_long_phase_has_
 
     worker("runs@gpu-1")
     run = make_run("r", status=Run.Status.STARTING, heartbeats={})
-    assert services.claim_duty(run, "loop", "gpu-1:11", timeout=60, node="runs@gpu-1")
-    services.mark_started(run, "loop", "gpu-1:11")
+    assert holding.claim_duty(run, "loop", "gpu-1:11", timeout=60, node="runs@gpu-1")
+    holding.mark_started(run, "loop", "gpu-1:11")
     doing = [{"role": "explorer", "what": "rolling out step 13 with v12", "since": time.time() - 2},
              {"role": "trainer", "what": "saving a checkpoint at step 12", "since": time.time() - 45}]
-    assert services.heartbeat(run, "loop", "gpu-1:11", doing)
+    assert holding.heartbeat(run, "loop", "gpu-1:11", doing)
     (state,) = waits.duty_states(Run.objects.get(pk=run.pk))
     assert state.state == "running"
     assert state.detail == "rolling out step 13 with v12 · saving a checkpoint at step 12 (45 s) · on runs@gpu-1"
     # The parts and the rest apart: the run page shows newer parts its live channel brings (run_duties.js).
     assert (state.doing, state.where) == (doing, "on runs@gpu-1")
-    assert services.heartbeat(run, "loop", "gpu-1:11")  # a beat with nothing new keeps what it said
+    assert holding.heartbeat(run, "loop", "gpu-1:11")  # a beat with nothing new keeps what it said
     assert Run.objects.get(pk=run.pk).heartbeats["loop"]["doing"] == doing
 
 
@@ -332,9 +332,9 @@ def test_a_late_beat_says_how_old_its_news_is_and_a_paused_run_says_paused(make_
 
     worker("runs@gpu-1")
     run = make_run("r", status=Run.Status.STARTING, heartbeats={})
-    assert services.claim_duty(run, "loop", "gpu-1:11", timeout=60, node="runs@gpu-1")
-    services.mark_started(run, "loop", "gpu-1:11")
-    assert services.heartbeat(run, "loop", "gpu-1:11", [{"role": "explorer", "what": "rolling out step 188",
+    assert holding.claim_duty(run, "loop", "gpu-1:11", timeout=60, node="runs@gpu-1")
+    holding.mark_started(run, "loop", "gpu-1:11")
+    assert holding.heartbeat(run, "loop", "gpu-1:11", [{"role": "explorer", "what": "rolling out step 188",
                                                          "since": time.time()}])
     late = settings.RFTWEB_HEARTBEAT_INTERVAL * 2
     beats = Run.objects.get(pk=run.pk).heartbeats
@@ -355,8 +355,8 @@ def test_a_curator_hands_a_held_duty_back_and_others_may_not(make_run, client, c
     heartbeat of the same holder keeps it; a new holding does not inherit it."""
     worker("runs@gpu-1")
     run = make_run("r", status=Run.Status.STARTING, heartbeats={})
-    assert services.claim_duty(run, "loop", "gpu-1:11", timeout=60, node="runs@gpu-1")
-    services.mark_started(run, "loop", "gpu-1:11")
+    assert holding.claim_duty(run, "loop", "gpu-1:11", timeout=60, node="runs@gpu-1")
+    holding.mark_started(run, "loop", "gpu-1:11")
     url = lambda action, duty="loop": reverse("worker-duty", args=[run.pk, duty, action])  # noqa: E731
     client.force_login(researcher)
     assert client.post(url("hand-back")).status_code == 403
@@ -369,12 +369,12 @@ def test_a_curator_hands_a_held_duty_back_and_others_may_not(make_run, client, c
     assert beat["hand_back"]["by"] == "cur"
     (state,) = waits.duty_states(Run.objects.get(pk=run.pk))
     assert state.state == "handing back" and "cur handed it back" in state.detail
-    assert services.heartbeat(run, "loop", "gpu-1:11")
+    assert holding.heartbeat(run, "loop", "gpu-1:11")
     assert "hand_back" in Run.objects.get(pk=run.pk).heartbeats["loop"]
-    services.release_duty(run, "loop", "gpu-1:11", handed_back="cur handed it back to its queue")
+    holding.release_duty(run, "loop", "gpu-1:11", handed_back="cur handed it back to its queue")
     messages = [m.message for m in client.post(url("hand-back"), follow=True).context["messages"]]
     assert messages[-1] == f"no live worker holds the loop duty of run {run.name!r}"
-    assert services.claim_duty(run, "loop", "gpu-1:11", timeout=60)  # the same process takes it again
+    assert holding.claim_duty(run, "loop", "gpu-1:11", timeout=60)  # the same process takes it again
     assert "hand_back" not in Run.objects.get(pk=run.pk).heartbeats["loop"]
 
 
@@ -383,8 +383,6 @@ def test_an_nccl_explorer_is_not_handed_back(make_run, method, refused):
     """Its weight group has a fixed size (set_explorers refuses to change it for the same reason):
     handed back, an explorer broke it, and the trainer restarted from its checkpoint after
     synchronizer.timeout_s, the run's page reading as normal waiting all along."""
-    from apps.runs import holding
-
     worker("explore@gpu-2")
     run = make_run("split", status=Run.Status.RUNNING, config={"synchronizer": {"method": method}},
                    heartbeats={"explorer": held_by("explore@gpu-2")})

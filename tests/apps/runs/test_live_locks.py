@@ -10,7 +10,7 @@ import pytest
 from django.db import connection, transaction
 
 from apps.buffer.models import Experience
-from apps.runs import services
+from apps.runs import holding, services
 from apps.runs.live import next_seq
 from apps.runs.models import MetricPoint, Run
 
@@ -124,7 +124,7 @@ def test_a_heartbeat_never_holds_the_runs_writers(make_run, write):
     experiences waited on each other, the beat for the write's whole transaction."""
     run = make_run(status=Run.Status.RUNNING, heartbeats={"trainer": {"worker": "w@h"}})
     beats = []
-    _while_locked(lambda: beats.append(services.heartbeat(run, "trainer", "w@h")), write(run))
+    _while_locked(lambda: beats.append(holding.heartbeat(run, "trainer", "w@h")), write(run))
     assert beats == [True]
 
 

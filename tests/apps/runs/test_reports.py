@@ -88,7 +88,7 @@ def test_a_report_saves_the_comparison_and_every_researcher_opens_it(researcher_
 
 def test_a_report_keeps_the_charts_smoothing_and_the_samples_form_the_charts_view(researcher_client, compared, tasks):
     """Save report kept the filter only as the server had it (?filter=), and the Samples panel's
-    Show dropped the smoothing: the page's fields now carry the toolbar's settings (charts.js
+    Show dropped the smoothing: the page's fields now carry the toolbar's settings (chart_toolbar.js
     keeps them in step with what is typed)."""
     a, b, _ = compared
     page = researcher_client.get(reverse("run-compare"), {"runs": [a.pk, b.pk], "filter": "kl", "smoothing": "0.9",

@@ -168,18 +168,18 @@ def test_replayed_steps_replace_their_metrics(make_run):
 def test_claim_duty_refuses_a_live_holder_and_inactive_runs(make_run, settings):
     timeout = settings.RFTWEB_HEARTBEAT_TIMEOUT
     run = make_run(status=Status.RUNNING, heartbeats={"loop": beat("w1")})
-    assert not services.claim_duty(run, "loop", "w2", timeout)  # w1 beats
-    assert services.claim_duty(run, "loop", "w1", timeout)  # its own duty again
+    assert not holding.claim_duty(run, "loop", "w2", timeout)  # w1 beats
+    assert holding.claim_duty(run, "loop", "w1", timeout)  # its own duty again
     run.heartbeats = {"loop": beat("w1", seconds_ago=timeout + 1)}
     run.save()
-    assert services.claim_duty(run, "loop", "w2", timeout)  # w1 fell silent
+    assert holding.claim_duty(run, "loop", "w2", timeout)  # w1 fell silent
     run.refresh_from_db()
     assert duties.holder(run, "loop") == "w2"
-    assert services.release_duty(run, "loop", "w2")
-    assert services.claim_duty(run, "loop", "w3", timeout)  # let go: anyone may take it
+    assert holding.release_duty(run, "loop", "w2")
+    assert holding.claim_duty(run, "loop", "w3", timeout)  # let go: anyone may take it
     for status in (Status.QUEUED, Status.FAILED, Status.STOPPED):
         stopped = make_run(f"r-{status}", status=status)
-        assert not services.claim_duty(stopped, "loop", "w1", timeout)
+        assert not holding.claim_duty(stopped, "loop", "w1", timeout)
         assert Run.objects.get(pk=stopped.pk).heartbeats == {}
 
 
@@ -198,16 +198,16 @@ def test_a_worker_of_this_machine_whose_process_is_gone_holds_nothing(make_run, 
     run = make_run(status=Status.RUNNING, heartbeats={"loop": beat(dead)})
     assert duties.holder(run, "loop") == dead  # by name it still is the holder...
     assert duties.workers_holding(run) == {}  # ...but not a live one
-    assert services.claim_duty(run, "loop", alive, settings.RFTWEB_HEARTBEAT_TIMEOUT)
+    assert holding.claim_duty(run, "loop", alive, settings.RFTWEB_HEARTBEAT_TIMEOUT)
 
 
 def test_a_worker_whose_duty_was_taken_stops_beating(make_run, settings):
     run = make_run(status=Status.RUNNING, heartbeats={"loop": beat("old")})
-    assert services.heartbeat(run, "loop", "old")
-    services.hand_over(run, "loop", limit=3)
-    assert not services.heartbeat(run, "loop", "old")  # it learns it lost the duty...
-    assert services.claim_duty(run, "loop", "new", settings.RFTWEB_HEARTBEAT_TIMEOUT)  # ...the new task takes it
-    assert not services.release_duty(run, "loop", "old", error="late failure")  # nor can it fail the run
+    assert holding.heartbeat(run, "loop", "old")
+    holding.hand_over(run, "loop", limit=3)
+    assert not holding.heartbeat(run, "loop", "old")  # it learns it lost the duty...
+    assert holding.claim_duty(run, "loop", "new", settings.RFTWEB_HEARTBEAT_TIMEOUT)  # ...the new task takes it
+    assert not holding.release_duty(run, "loop", "old", error="late failure")  # nor can it fail the run
     run.refresh_from_db()
     assert run.status == Status.RUNNING and run.error == "" and duties.holder(run, "loop") == "new"
 
@@ -215,14 +215,14 @@ def test_a_worker_whose_duty_was_taken_stops_beating(make_run, settings):
 def test_a_worker_checks_it_still_holds_its_duty_at_every_step(make_run):
     run = make_run(status=Status.RUNNING, heartbeats={"loop": beat("me")})
     assert holding.wait_while_paused(run, "loop", "me") == Status.RUNNING
-    services.hand_over(run, "loop", limit=3)  # the watchdog took me for dead
+    holding.hand_over(run, "loop", limit=3)  # the watchdog took me for dead
     with pytest.raises(holding.DutyLost, match="worker me no longer holds the loop duty"):
         holding.wait_while_paused(run, "loop", "me")
 
 
 def test_a_failing_worker_lets_go_and_fails_the_run_at_once(make_run):
     run = make_run(status=Status.RUNNING, heartbeats={"loop": beat("w1")})
-    assert services.release_duty(run, "loop", "w1", error=ERROR)
+    assert holding.release_duty(run, "loop", "w1", error=ERROR)
     assert run.status == Status.FAILED and run.error == ERROR and duties.workers_holding(run) == {}
 
 
@@ -277,9 +277,9 @@ def test_the_watchdog_fails_a_run_whose_worker_keeps_dying(make_run, settings):
     settings.RFTWEB_MAX_HANDOVERS = 2
     config = {"mode": "both", "synchronizer": {"method": "memory"}, "trainer": {"total_steps": 10}}
     run = make_run(status=Status.RUNNING, config=config, trainer_step=5, heartbeats={"loop": beat("w1")})
-    assert services.hand_over(run, "loop", limit=2)
-    services.claim_duty(run, "loop", "w2", settings.RFTWEB_HEARTBEAT_TIMEOUT)
-    assert services.hand_over(run, "loop", limit=2)  # w2 died at the same step: the second in a row
+    assert holding.hand_over(run, "loop", limit=2)
+    holding.claim_duty(run, "loop", "w2", settings.RFTWEB_HEARTBEAT_TIMEOUT)
+    assert holding.hand_over(run, "loop", limit=2)  # w2 died at the same step: the second in a row
     run.refresh_from_db()
     assert run.heartbeats["loop"]["handovers"] == 2
     w3_silent = {**run.heartbeats["loop"], "worker": "w3", "at": beat(seconds_ago=999)["at"]}
@@ -295,7 +295,7 @@ def test_the_watchdog_fails_a_run_whose_worker_keeps_dying(make_run, settings):
     # Progress resets the count.
     progressed = make_run("progressed", status=Status.RUNNING, trainer_step=9,
                           heartbeats={"loop": beat("w1", handovers=2, handed_over_at_step=5)})
-    assert services.hand_over(progressed, "loop", limit=2)
+    assert holding.hand_over(progressed, "loop", limit=2)
     progressed.refresh_from_db()
     assert progressed.heartbeats["loop"]["handovers"] == 1
 

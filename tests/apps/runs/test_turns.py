@@ -10,7 +10,7 @@ import pytest
 from django.urls import reverse
 from django.utils import timezone
 
-from apps.runs import capacity, services, supervision, task_log, turns, waits
+from apps.runs import capacity, holding, supervision, task_log, turns, waits
 from apps.runs.models import Run, TaskRun, Worker
 
 RUNNING = Run.Status.RUNNING
@@ -50,7 +50,7 @@ def test_the_task_a_worker_takes_serves_the_duty_that_asked_first_and_the_two_sw
     # the other run's).
     assert TaskRun.objects.get(task_id=later_task).args == repr([demo.pk, "loop"])
     assert (task_of(demo), task_of(later)) == (later_task, demo_task)  # each still has one task queued
-    assert services.claim_duty(demo, "loop", "gpu-2:9", timeout=60, node="train@gpu-2", task=later_task)
+    assert holding.claim_duty(demo, "loop", "gpu-2:9", timeout=60, node="train@gpu-2", task=later_task)
     demo.refresh_from_db()
     assert demo.queued_tasks == {} and demo.heartbeats["loop"]["asked"] == asked  # kept for its next hand-over
     # The demo's own task, when a worker takes it, now stands for the later run.
@@ -66,7 +66,7 @@ def test_a_duty_keeps_its_place_through_a_hand_over_and_a_resume_asks_afresh(mak
     first_asked = ago(30)
     run = make_run("kept", status=RUNNING, heartbeats={"loop": {
         "at": ago(5), "worker": "gpu-1:7", "node": "train@gpu-1", "asked": first_asked}})  # silent 5 minutes
-    assert services.hand_over(run, "loop", limit=3)  # the watchdog sends it on
+    assert holding.hand_over(run, "loop", limit=3)  # the watchdog sends it on
     run.refresh_from_db()
     assert run.heartbeats["loop"]["asked"] == first_asked
     assert supervision.send(run, ["loop"]) == ["loop"]
@@ -144,7 +144,7 @@ def test_a_duty_a_task_turned_to_is_taken_until_claimed_and_the_next_task_serves
     assert turns.turn(run.pk, "explorer", first_task) == (run.pk, "explorer-1")
     assert [w.duty for w in turns.queues()["train"]] == ["trainer"] and "explore" not in turns.queues()
     for duty, task in (("explorer", second_task), ("explorer-1", first_task)):
-        assert services.claim_duty(run, duty, f"gpu-1:{task[:4]}", timeout=60, task=task)
+        assert holding.claim_duty(run, duty, f"gpu-1:{task[:4]}", timeout=60, task=task)
     assert set(Run.objects.get(pk=run.pk).queued_tasks) == {"trainer"}
 
 

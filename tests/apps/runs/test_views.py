@@ -141,7 +141,7 @@ def test_the_run_page_says_how_the_trainer_is_scaled(researcher_client, make_run
 
 def test_the_run_page_opens_its_charts_as_a_link_says(researcher_client, make_run):
     """run_detail did not pass ?filter= to the toolbar (compare did): a shared link lost it. The
-    smoothing, log scale and x axis travel the same way (charts.js keeps them in the URL)."""
+    smoothing, log scale and x axis travel the same way (chart_toolbar.js keeps them in the URL)."""
     run = make_run(status=Status.RUNNING)
     url = reverse("run-detail", args=[run.pk])
     linked = {"filter": "kl", "smoothing": "0.25", "log": "1", "x": "relative"}

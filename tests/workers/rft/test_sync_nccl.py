@@ -14,7 +14,7 @@ from workers.rft.engines import SamplingParams, TransformersEngine
 from workers.rft.memory import InMemoryWeightGroup
 from workers.rft.models import load_policy, load_tokenizer
 from workers.rft.synchronizer import Synchronizer
-from workers.rft.weight_broadcast import WeightSyncError, model_fingerprint
+from workers.rft.weight_manifest import WeightSyncError, model_fingerprint
 
 CPU = torch.device("cpu")
 PROMPTS = ["What is 7 + 5?", "The quick brown fox", "12+30=42\n4*5="]

