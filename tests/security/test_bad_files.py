@@ -7,8 +7,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from apps.buffer.expert_import import import_expert_data
 from apps.buffer.models import Experience
-from apps.buffer.services import import_expert_data
 from apps.core.files import FileImportError
 from apps.tasksets.importers import FieldMapping
 from apps.tasksets.models import Task, Taskset

@@ -9,9 +9,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from apps.buffer.expert_import import import_expert_data
 from apps.buffer.importers import MAX_LINE_BYTES as EXPERT_LIMIT
 from apps.buffer.models import Experience
-from apps.buffer.services import import_expert_data
 from apps.core.files import FileImportError
 from apps.tasksets.importers import DEFAULT_MAX_LINE_BYTES as LIMIT
 from apps.tasksets.importers import FieldMapping

@@ -8,8 +8,8 @@ import pyarrow.parquet as pq
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
+from apps.buffer.expert_import import import_expert_data
 from apps.buffer.models import Experience
-from apps.buffer.services import import_expert_data
 from apps.core.files import FileImportError
 from apps.core.jobs import run_job
 from apps.tasksets.importers import FieldMapping
