@@ -18,6 +18,7 @@ from django.utils import timezone
 
 from apps.feedback.models import Feedback, PairUse
 from apps.runs.config_keys import stored_config
+from workers.rft import stopping
 from workers.rft.config import RunConfig
 from workers.rft.experience import EXPERT_SOURCES, SOURCES, Experience, PreferencePair
 from workers.rft.sampling import HUMAN_REWARD, USUAL_SOURCES, apply_human_feedback, sample_key
@@ -336,7 +337,11 @@ class DjangoExperienceBuffer:
 
     def _wait_for_ratings(self, rated, n: int, min_model_version: int | None) -> None:
         """Up to feedback.rating_wait_s, while fewer than n rated rollouts are ready and unrated
-        ones are there that annotators may still rate."""
+        ones are there that annotators may still rate (an item with fewer than its
+        judgements_per_item ratings is unrated). A Stop ends the wait within a check
+        (stopping.check: StopRequested, before anything is claimed, so the step is not counted);
+        it ran to the end of the wait before, up to an hour, and then counted a step that trained
+        on nothing. A Pause holds the wait where it is, and the paused time does not count."""
         deadline = time.monotonic() + self.config.feedback.rating_wait_s
         unrated = self._rows().filter(
             status=ExperienceRow.Status.READY, source__in=STALE_SOURCES, claimed_at__isnull=True
@@ -345,6 +350,9 @@ class DjangoExperienceBuffer:
             unrated = unrated.exclude(model_version__lt=min_model_version)
         while time.monotonic() < deadline and rated.count() < n and unrated.exists():
             time.sleep(RATING_POLL_S)
+            asked = time.monotonic()
+            stopping.check()
+            deadline += time.monotonic() - asked  # a paused run's check returns once it is resumed
 
     def _apply_feedback(self, rollouts: list[Experience]) -> None:
         """Human rewards and recomputed group advantages for the groups that have a rating: a
