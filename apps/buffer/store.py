@@ -12,7 +12,7 @@ from functools import cache, cached_property
 import psycopg
 from django.core.exceptions import EmptyResultSet
 from django.db import IntegrityError, connection, transaction
-from django.db.models import Case, F, OuterRef, Q, Subquery, Value, When
+from django.db.models import Case, Exists, F, Func, IntegerField, OuterRef, Q, Subquery, Value, When
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -193,17 +193,41 @@ def claim(picks: Sequence[tuple], claimer: int) -> list[list[Experience]]:
 
 def judged_pairs(run_ids: Sequence[int], *, exclude_flagged: bool):
     """The annotators' preferences on the runs' experiences that a DPO step samples (and the run
-    page counts as DPO pairs): a verdict, not a tie or "both bad"; on a run that requires review,
-    accepted; with `feedback.exclude_flagged`, neither response flagged."""
+    page counts as DPO pairs), one per pair of responses. A pair counts once its run's
+    `judgements_per_item` annotators have compared it and none of their verdicts waits for a
+    reviewer; of the verdicts that may reach training (a rejected one is left out), more than half
+    must choose the same side, and the earliest of those stands for the pair. Ties and "both bad"
+    choose no side, so opposite verdicts, or a verdict and a tie, make no pair (docs/feedback.md,
+    "Several annotators per item"). With `feedback.exclude_flagged`, neither response flagged."""
+    from apps.feedback.services import judgements_per_item  # apps.feedback imports this module
+    from apps.runs.models import Run
+
+    comparisons = Feedback.objects.filter(kind=Feedback.Kind.PREFERENCE)
+    of_pair = comparisons.filter(Q(experience=OuterRef("experience"), other=OuterRef("other"))
+                                 | Q(experience=OuterRef("other"), other=OuterRef("experience")))
+    decided = of_pair.filter(review__in=Feedback.TRAINED)
+    side = Q(value=1.0) | Q(value__isnull=True)  # a verdict for `experience`; ties and "both bad" are no pair
+    same_side = decided.filter(side, experience=OuterRef("experience"))
+    enough = Q(pk__in=[])
+    for run in Run.objects.filter(pk__in=run_ids):
+        enough |= Q(experience__run_id=run.pk, compared__gte=judgements_per_item(run))
     prefs = (
-        Feedback.objects.filter(kind=Feedback.Kind.PREFERENCE, experience__run_id__in=run_ids)
-        .filter(Q(value=1.0) | Q(value__isnull=True))  # a verdict; ties and "both bad" are no pair
-        .filter(review__in=Feedback.TRAINED)  # on a run that requires review: once accepted
+        comparisons.filter(side, experience__run_id__in=run_ids, review__in=Feedback.TRAINED)
+        .alias(compared=_count(of_pair), decided=_count(decided), agreeing=_count(same_side))
+        .filter(enough, decided__lt=F("agreeing") * 2)  # a majority of the verdicts that train
+        .exclude(Exists(of_pair.filter(review=Feedback.Review.PENDING)))
+        .exclude(Exists(same_side.filter(pk__lt=OuterRef("pk"))))  # the earliest stands for the pair
     )
     if exclude_flagged:
         rejected = ExperienceRow.Status.REJECTED
         prefs = prefs.exclude(experience__status=rejected).exclude(other__status=rejected)
     return prefs
+
+
+def _count(rows):
+    """How many of `rows` (a subquery on OuterRef), as a number the outer query filters on."""
+    return Coalesce(Subquery(rows.order_by().values(n=Func(F("pk"), function="COUNT", output_field=IntegerField()))),
+                    0)
 
 
 def trained_ratings(rows):
