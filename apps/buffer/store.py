@@ -203,19 +203,25 @@ def judged_pairs(run_ids: Sequence[int], *, exclude_flagged: bool):
     from apps.runs.models import Run
 
     comparisons = Feedback.objects.filter(kind=Feedback.Kind.PREFERENCE)
-    of_pair = comparisons.filter(Q(experience=OuterRef("experience"), other=OuterRef("other"))
-                                 | Q(experience=OuterRef("other"), other=OuterRef("experience")))
-    decided = of_pair.filter(review__in=Feedback.TRAINED)
+    # The pair's verdicts each way round, counted apart: an OR of the two ways is no index lookup
+    # (4,000 verdicts on 2,000 pairs: 5 s on SQLite, against 0.05 s so). Postgres, analyzed: 0.17 s
+    # to count them or sample 16 (0.02 and 0.08 s when each verdict was a pair), beside a DPO step's seconds.
+    ways = [comparisons.filter(experience=OuterRef("experience"), other=OuterRef("other")),
+            comparisons.filter(experience=OuterRef("other"), other=OuterRef("experience"))]
     side = Q(value=1.0) | Q(value__isnull=True)  # a verdict for `experience`; ties and "both bad" are no pair
-    same_side = decided.filter(side, experience=OuterRef("experience"))
+    trains = Q(review__in=Feedback.TRAINED)
+    same_side = ways[0].filter(side, trains)
     enough = Q(pk__in=[])
     for run in Run.objects.filter(pk__in=run_ids):
         enough |= Q(experience__run_id=run.pk, compared__gte=judgements_per_item(run))
     prefs = (
-        comparisons.filter(side, experience__run_id__in=run_ids, review__in=Feedback.TRAINED)
-        .alias(compared=_count(of_pair), decided=_count(decided), agreeing=_count(same_side))
+        comparisons.filter(side, trains, experience__run_id__in=run_ids)
+        .alias(compared=_count(ways[0]) + _count(ways[1]),
+               decided=_count(ways[0].filter(trains)) + _count(ways[1].filter(trains)),
+               agreeing=_count(same_side))
         .filter(enough, decided__lt=F("agreeing") * 2)  # a majority of the verdicts that train
-        .exclude(Exists(of_pair.filter(review=Feedback.Review.PENDING)))
+        .exclude(Exists(ways[0].filter(review=Feedback.Review.PENDING)))
+        .exclude(Exists(ways[1].filter(review=Feedback.Review.PENDING)))
         .exclude(Exists(same_side.filter(pk__lt=OuterRef("pk"))))  # the earliest stands for the pair
     )
     if exclude_flagged:
