@@ -160,18 +160,8 @@ def session_count(run, user, since) -> int:
 
 def _revert(feedback: Feedback, experience: Experience, trained: bool) -> None:
     """Take the judgement's effect out of the buffer, for what training does from now on."""
-    if feedback.kind == Feedback.Kind.RATING:
-        ratings = experience.feedback.filter(kind=Feedback.Kind.RATING, review__in=Feedback.TRAINED).exclude(
-            pk=feedback.pk)
-        others = list(ratings.values_list("value", flat=True))
-        components = dict(experience.reward_components)
-        if others:
-            components[services.HUMAN_REWARD] = sum(others) / len(others)
-        else:
-            components.pop(services.HUMAN_REWARD, None)
-        experience.reward_components = components
-        experience.save(update_fields=["reward_components"])
-    elif feedback.kind == Feedback.Kind.EDIT:
+    # A rating: undo makes the item's human reward again once the rating is deleted (set_human_reward).
+    if feedback.kind == Feedback.Kind.EDIT:
         row = edit_row(feedback)
         if row is not None and not trained:
             row.delete()
@@ -232,6 +222,8 @@ def undo(feedback_id: int, user) -> Undone:
         )
     _revert(feedback, experience, trained=step is not None)
     feedback.delete()
+    if feedback.kind == Feedback.Kind.RATING:  # from the other annotators' ratings, if the item still has its number
+        services.set_human_reward(experience)
     shown = locked[shown_id]
     reopened = services.refusal(shown, user) is None
     if reopened:

@@ -305,8 +305,9 @@ def _what_it_was(feedback: Feedback) -> str:
 
 @transaction.atomic
 def rate(experience_id: int, user, point: str, *, seconds_spent: float = 0.0, comment: str = "") -> Feedback:
-    """Rate on the run's scale; the mean of the human ratings becomes the experience's `human`
-    reward component (which the run may weight into its reward, or override it with)."""
+    """Rate on the run's scale; once the item has its judgements, the mean of the human ratings
+    becomes the experience's `human` reward component (which the run may weight into its reward, or
+    override it with): set_human_reward."""
     comment = checked_comment(comment)
     experience = _locked_row(experience_id, user)
     scale = rating_scale(experience.run)
@@ -323,13 +324,18 @@ def rate(experience_id: int, user, point: str, *, seconds_spent: float = 0.0, co
 
 
 def set_human_reward(experience: Experience) -> None:
-    """The experience's `human` reward component: the mean of its ratings that may reach training
-    (all of them, or those a reviewer accepted); none left, no component."""
-    ratings = list(experience.feedback.filter(kind=Feedback.Kind.RATING, review__in=Feedback.TRAINED)
-                   .values_list("value", flat=True))
+    """The experience's `human` reward component, which training reads as its rating. It is set
+    once the run's `judgements_per_item` annotators have rated the item and no rating waits for a
+    reviewer: the mean of its ratings that may reach training (a rejected one is left out; none
+    left, no component). Before, the item is not rated yet: with 2 per item, the first rating
+    alone trained as the item's reward and the second never counted."""
+    ratings = experience.feedback.filter(kind=Feedback.Kind.RATING)
+    counted = list(ratings.filter(review__in=Feedback.TRAINED).values_list("value", flat=True))
+    complete = (ratings.count() >= judgements_per_item(experience.run)
+                and not ratings.filter(review=Feedback.Review.PENDING).exists())
     components = {key: value for key, value in experience.reward_components.items() if key != HUMAN_REWARD}
-    if ratings:
-        components[HUMAN_REWARD] = sum(ratings) / len(ratings)
+    if complete and counted:
+        components[HUMAN_REWARD] = sum(counted) / len(counted)
     if components != experience.reward_components:
         experience.reward_components = components
         experience.save(update_fields=["reward_components"])

@@ -363,7 +363,8 @@ class FeedbackConfig(Section):
     scale_max: int = Field(5, ge=1, le=9)
     """the rating scale's highest point (one digit key each)"""
     judgements_per_item: int | None = Field(None, ge=1, le=20)
-    """annotators who judge each item (2 or more measures their agreement); empty: the server's default"""
+    """annotators who judge each item; it trains once all have, with the mean of their ratings or the
+    majority of their verdicts (2 or more also measures their agreement); empty: the server's default"""
     require_review: bool = False
     """ratings, edits and comparisons reach training once a reviewer accepts them"""
     reward_mode: Literal["none", "weight", "override"] = "none"

@@ -37,7 +37,7 @@ from .models import add_lora, load_critic, load_policy, load_reference, load_tok
 from .protocols import Stores
 from .rewards import ReadLimits, build_reward
 from .sampling import empty_batch_why
-from .stopping import StopRequested
+from .stopping import StopRequested, stoppable
 from .synchronizer import Synchronizer
 from .trainer import Trainer
 from .workflows import WORKFLOWS, rollout_tokens
@@ -145,6 +145,7 @@ class Loop(Checkpointing):
             )
 
         self.activity = Activity()  # what each part does now, for the run page
+        self.stopping = None  # should_stop, for the waits inside a step (_stop_inside_steps)
         self.skipped_steps = 0  # steps that counted with nothing to train on (Trainer.waits_for_data); in checkpoints
         self._waiting_for_data = False  # the trainer's last try found nothing, and it waits (train)
         self._explorer_thread = None  # while run() overlaps the explorer with the trainer
@@ -195,11 +196,14 @@ class Loop(Checkpointing):
         self._stop_inside_steps(should_stop)
         try:
             return self._run(should_stop, overlap, wait)
-        except StopRequested:  # inside an explorer step (an overlapped explorer's thread has ended)
+        except StopRequested:  # inside an explorer step (an overlapped explorer's thread has ended) or a rating wait
             self._save_on_stop()
             return "stopped"
 
     def _stop_inside_steps(self, should_stop) -> None:
+        """Hand should_stop to the waits inside a step: the explorer's long loops, and the trainer's
+        wait for ratings (feedback.rating_wait_s, up to an hour: the buffer's sample checks it)."""
+        self.stopping = should_stop
         if self.explorer is not None:
             self.explorer.stopping = should_stop
 
@@ -369,6 +373,14 @@ class Loop(Checkpointing):
         explorer step s is done (`explored_steps()` counts them) and, with buffer.max_staleness,
         until rollouts fresh enough for it are, as in the single-process loop (explorer_steps_needed;
         waiting for step s alone, a quick trainer skipped every step after the first at staleness 0)."""
+        self._stop_inside_steps(should_stop)
+        try:
+            return self._run_trainer(should_stop, explored_steps, wait)
+        except StopRequested:  # in a step's wait for ratings: the step is not counted
+            self._save_on_stop()
+            return "stopped"
+
+    def _run_trainer(self, should_stop, explored_steps, wait) -> str:
         total = self.config.trainer.total_steps
         while not self.sync.ready():  # nccl: the explorers join the weight group as their engines come up
             if should_stop():
@@ -422,7 +434,8 @@ class Loop(Checkpointing):
 
         if not self._waiting_for_data:  # while it waits, the line says so, and for how long
             self.activity.doing(TRAINER, f"training step {self.trainer.step + 1}")
-        metrics = self.trainer.train_step(current_version=self.sync.latest_version(), publish=publish)
+        with stoppable(self.stopping):  # a stop while the step waits for ratings: StopRequested, no step
+            metrics = self.trainer.train_step(current_version=self.sync.latest_version(), publish=publish)
         self._waiting_for_data = metrics is None
         if metrics is None:  # no step (Trainer.waits_for_data): the line says what it waits for, not "training"
             waits_for = waiting_for_data(self.config, trained=self.trainer.step > 0)

@@ -1,4 +1,4 @@
-"""A run's Stop reaching the long loops inside an explorer step.
+"""A run's Stop reaching the long loops inside a step: an explorer's, and a trainer's wait for ratings.
 
 The loop asks `should_stop()` between steps, but one step may run for minutes: a judge scoring
 two 120,000-character prompts held a worker for 1,725 s, and Stop waited for it. The engine knows
@@ -11,7 +11,9 @@ StopRequested once it says stop. The step is then abandoned before it stores any
 explorer writes a step's rollouts at its end), and the loop ends the run as a stop between steps
 does; a resumed run replays that step.
 
-Outside `stoppable` (the trainer's thread, a buffer job, a test) `check()` does nothing. The check
+The trainer's step is stoppable too (Loop.train): its wait for ratings (feedback.rating_wait_s,
+up to an hour) checks once a poll of the buffer, and a stop there raises before the step samples anything, so
+no step is counted. Outside `stoppable` (a buffer job, a test) `check()` does nothing. The check
 lives in a context variable: each thread sees its own, so an embedded server's runs, threads of
 one process that share a cached judge, each stop for their own run alone.
 """

@@ -106,9 +106,10 @@ def test_the_run_page_shows_human_feedback_counts_and_the_human_reward(
     services.rate(first.pk, make_annotator("a"), "5")
     services.rate(first.pk, make_annotator("b"), "4")  # the item's human reward: 0.875
     services.rate(third.pk, make_annotator("c"), "1")
+    services.rate(third.pk, make_annotator("e"), "1")  # rated once both of its 2 are in
     services.flag(second.pk, make_annotator("d"), "garbled")
     summary = researcher_client.get(reverse("annotate-run-summary", args=[run.pk])).json()
-    assert summary["judgements"] == {"rating": 3, "edit": 0, "preference": 0, "flag": 1}
+    assert summary["judgements"] == {"rating": 4, "edit": 0, "preference": 0, "flag": 1}
     assert (summary["rated_experiences"], summary["flagged_experiences"], summary["dpo_pairs"]) == (2, 1, 0)
     assert summary["human_reward_by_step"] == [
         {"explorer_step": 0, "human_reward": 0.875, "rated": 1},

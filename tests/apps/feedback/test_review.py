@@ -110,7 +110,13 @@ def test_krippendorffs_alpha_matches_the_coincidence_matrix_formula():
 # ---- review ---------------------------------------------------------------------------------------
 
 
+def judged_by(run, annotators: int):
+    run.config["feedback"]["judgements_per_item"] = annotators
+    run.save(update_fields=["config"])
+
+
 def test_a_rating_counts_only_once_accepted(reviewed_run, make_experience, make_annotator, reviewer):
+    judged_by(reviewed_run, 2)
     a, b = make_annotator("a"), make_annotator("b")
     item = make_experience()
     services.rate(item.pk, a, "5")
@@ -119,9 +125,9 @@ def test_a_rating_counts_only_once_accepted(reviewed_run, make_experience, make_
     first = review.next_for(reviewed_run, reviewer)
     assert first.user == a  # oldest first
     review.decide(first.pk, reviewer, accept=True, note="clear")
-    assert human(item) == 1.0
+    assert human(item) is None  # b's rating of the item's 2 still waits for review
     review.decide(review.next_for(reviewed_run, reviewer).pk, reviewer, accept=False, note="too harsh")
-    assert human(item) == 1.0 and review.next_for(reviewed_run, reviewer) is None
+    assert human(item) == 1.0 and review.next_for(reviewed_run, reviewer) is None  # the rejected one left out
     decided = Feedback.objects.get(user=b)
     assert (decided.review, decided.reviewer, decided.review_note) == ("rejected", reviewer, "too harsh")
     services.rate(item.pk, a, "3")  # judged again: back to review, out of the reward meanwhile
@@ -152,6 +158,7 @@ def test_a_comparison_is_a_pair_to_train_on_only_once_accepted(reviewed_run, mak
                                                                reviewer):
     from apps.buffer.store import DjangoExperienceBuffer
 
+    judged_by(reviewed_run, 1)
     a = make_annotator("a")
     first, second = make_experience(), make_experience()
     services.compare(first.pk, second.pk, a, "a_better")
@@ -310,6 +317,7 @@ def test_the_counts_of_what_reaches_training_wait_for_review(reviewed_run, make_
     sampled 1. What waits for a reviewer is counted apart, by kind."""
     from apps.buffer.store import DjangoExperienceBuffer
 
+    judged_by(reviewed_run, 1)  # each pair is compared once
     a = make_annotator("a")
     items = [make_experience() for _ in range(8)]  # 0-1, 2-3, 4-5, 6-7 answer one prompt each
     comparisons = [services.compare(first.pk, second.pk, a, "a_better")
@@ -335,7 +343,7 @@ def test_the_counts_of_what_reaches_training_wait_for_review(reviewed_run, make_
     # A tie, accepted, trains nothing; an accepted pair whose response is flagged is never sampled.
     tie = services.compare(items[7].pk, items[6].pk, a, "tie")
     review.decide(tie.pk, reviewer, accept=True)
-    services.flag(items[1].pk, make_annotator("b"), "wrong")
+    services.flag(items[1].pk, a, "wrong")
     assert counts() == (0, 1, {"rating": 0, "edit": 0, "preference": 0})
     assert DjangoExperienceBuffer(reviewed_run.pk).sample_pairs(10) == []
     # An edit's row rejected (undone after a step used it, or a curator's Mark rejected) trains no more.

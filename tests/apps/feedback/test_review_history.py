@@ -20,7 +20,7 @@ HUMAN = services.HUMAN_REWARD
 @pytest.fixture
 def reviewed_run(run):
     Run.objects.filter(pk=run.pk).update(config={"feedback": {
-        "reward_mode": "weight", "require_review": True, "judgements_per_item": 3}})
+        "reward_mode": "weight", "require_review": True, "judgements_per_item": 2}})
     run.refresh_from_db()
     return run
 

@@ -67,7 +67,7 @@ def test_annotators_cannot_export(annotator_client, run):
 
 
 def test_the_trained_figures_leave_out_what_was_flagged_after_it_was_judged_as_the_trainer_does(
-    researcher_client, run, make_experience, make_annotator, settings
+    researcher_client, run, make_experience, make_annotator
 ):
     """Rated 3, of which one an annotator flagged and one a curator rejected: the page said 3 rated
     and a human reward of 0.5 while the trainer read one rating (1.0). The trained figures are the
@@ -76,13 +76,12 @@ def test_the_trained_figures_leave_out_what_was_flagged_after_it_was_judged_as_t
     from apps.buffer.models import Experience
     from apps.buffer.store import DjangoExperienceBuffer
 
-    settings.RFTWEB_JUDGEMENTS_PER_ITEM = 3
-    a, b = make_annotator("a"), make_annotator("b")
+    a = make_annotator("a")  # one annotator per item: each judgement counts at once
     kept, flagged, rejected, unrated = (make_experience() for _ in range(4))
     services.compare(kept.pk, flagged.pk, a, "a_better")
     for item, point in ((kept, "5"), (flagged, "1"), (rejected, "3")):
         services.rate(item.pk, a, point)
-    services.flag(flagged.pk, b, "wrong")
+    services.flag(flagged.pk, a, "wrong")
     buffer.set_status(Experience.objects.filter(pk=rejected.pk), Experience.Status.REJECTED)
 
     summary = researcher_client.get(reverse("annotate-run-summary", args=[run.pk])).json()
@@ -103,16 +102,15 @@ def test_the_trained_figures_leave_out_what_was_flagged_after_it_was_judged_as_t
 
 
 def test_without_exclude_flagged_a_flag_is_recorded_and_everything_still_counts(
-    researcher_client, run, make_experience, make_annotator, settings
+    researcher_client, run, make_experience, make_annotator
 ):
     run.config = {**run.config, "feedback": {**run.config["feedback"], "exclude_flagged": False}}
     run.save(update_fields=["config"])
-    settings.RFTWEB_JUDGEMENTS_PER_ITEM = 3
-    a, b = make_annotator("a"), make_annotator("b")
+    a = make_annotator("a")  # one annotator per item: each judgement counts at once
     first, second = make_experience(), make_experience()
     services.compare(first.pk, second.pk, a, "a_better")
     services.rate(second.pk, a, "1")
-    services.flag(second.pk, b, "wrong")
+    services.flag(second.pk, a, "wrong")
     summary = stats.summary(run)
     assert (summary["rated_experiences"], summary["rated_flagged"]) == (1, 0)
     assert (summary["dpo_pairs"], summary["dpo_pairs_flagged"], summary["flagged_experiences"]) == (1, 0, 1)

@@ -109,17 +109,16 @@ def test_human_edits_are_expert_data_unless_the_run_says_otherwise(run, tasks, m
 
 
 def test_a_dpo_run_in_mode_train_trains_on_the_pairs_collected_on_another_run(
-    run, tasks, make_experience, make_annotator, researcher, settings
+    run, tasks, make_experience, make_annotator, researcher
 ):
     from workers.rft.models import load_policy, load_reference, load_tokenizer
     from workers.rft.trainer import Trainer
 
-    settings.RFTWEB_JUDGEMENTS_PER_ITEM = 2  # the flagger judges a compared response again
-    pairs = []
+    pairs, judges = [], [make_annotator(f"j{i}") for i in range(3)]
     for i, verdict in enumerate(["a_better", "b_better", "tie"]):
         a, b = make_experience(task=tasks[i]), make_experience(task=tasks[i])
-        pairs.append(services.compare(a.pk, b.pk, make_annotator(f"j{i}"), verdict))
-    services.flag(pairs[1].experience_id, make_annotator("flagger"), "wrong")  # a flagged response trains nothing
+        pairs.append(services.compare(a.pk, b.pk, judges[i], verdict))
+    services.flag(pairs[1].experience_id, judges[1], "wrong")  # a flagged response trains nothing
     config = {
         "mode": "train",
         "algorithm": {"name": "dpo"},

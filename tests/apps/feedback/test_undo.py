@@ -26,7 +26,7 @@ def test_undoing_a_rating_takes_it_out_of_the_reward_and_reopens_the_item(make_e
     assert queue.next_item(item.run, annotator) == item
 
 
-def test_undo_keeps_the_other_annotators_ratings_in_the_reward(make_experience, annotator, make_annotator, run):
+def test_undo_leaves_the_item_to_the_other_annotators_ratings(make_experience, annotator, make_annotator, run):
     run.config = {"feedback": {"judgements_per_item": 2}}
     run.save()
     item = make_experience()
@@ -35,7 +35,10 @@ def test_undo_keeps_the_other_annotators_ratings_in_the_reward(make_experience, 
     services.rate(item.pk, annotator, "5")
     history.undo_last(run, annotator)
     item.refresh_from_db()
-    assert item.reward_components["human"] == 0.0  # only the other's rating (1 on 1-5) is left
+    assert "human" not in item.reward_components  # the other's rating alone is 1 of the item's 2
+    services.rate(item.pk, annotator, "4")  # the item is back in front of the annotator, who rates it again
+    item.refresh_from_db()
+    assert item.reward_components["human"] == 0.375  # 1 and 4 on 1-5: the mean of 0 and 0.75
 
 
 def test_nobody_undoes_another_annotators_judgement_and_the_error_tells_nothing_of_it(make_experience, annotator,
