@@ -66,14 +66,21 @@ def reset_unread(config: dict, keys, swept=None) -> None:
         keys = [key for key in keys if not any(_within(key, unread) for unread in reset)]
 
 
-def stored_config(config: dict) -> RunConfig:
-    """A stored run's config as workers and the buffer read it: a key that a rule added since the
-    run was launched refuses as read by nothing goes back to its default (it did nothing then
-    either), so a run launched before the rule resumes and trains as it did; a resume used to
-    fail on it, naming the key. Other problems raise ConfigError as RunConfig.from_dict's do."""
+def as_run(config: dict) -> dict:
+    """A copy of a stored run's config with each key that a rule added since it launched refuses
+    as read by nothing back at its default (it did nothing then either): what the run does, for
+    its workers (stored_config) and for "Launch again", which was refused naming trainer.lr of a
+    mode-explore run launched before that rule. A config with other problems is copied as it is."""
     config = copy.deepcopy(config)
     try:
         reset_unread(config, list(unread_keys(RunConfig.model_validate(config))))
     except (ValidationError, ValueError, TypeError):
         pass  # from_dict names what is wrong
-    return RunConfig.from_dict(config)
+    return config
+
+
+def stored_config(config: dict) -> RunConfig:
+    """A stored run's config as workers and the buffer read it (as_run), so a run launched before a
+    rule resumes and trains as it did; a resume used to fail on it, naming the key. Other problems
+    raise ConfigError as RunConfig.from_dict's do."""
+    return RunConfig.from_dict(as_run(config))

@@ -10,10 +10,12 @@ checkpoints on disk. Deleting a checkpoint said nothing of what it meant: a rese
 then started the run over from step 0, its page still saying "explorer 25 · model v5"."""
 import logging
 import shutil
+from pathlib import Path
 
 from django.core.exceptions import PermissionDenied
 from django.db import transaction
-from django.db.models import Count, Q
+from django.db.models import Count, Q, TextField
+from django.db.models.functions import Cast
 from django.http import Http404
 
 from apps.buffer.models import Experience
@@ -30,7 +32,8 @@ logger = logging.getLogger(__name__)
 
 def refusals(runs) -> list[str]:
     """Why each of `runs` may not be deleted: it has not ended, or a run that may still train
-    (any but a completed one) trains on its human edits (feedback.source_runs)."""
+    (any but a completed one) trains on its human edits (feedback.source_runs) or loads a model from
+    its directory (loaders)."""
     ids = {run.pk for run in runs}
     reasons = [f"run {run.pk} '{run.name}' is {run.status}: stop it first" for run in runs
                if run.status not in Run.FINISHED]
@@ -40,7 +43,42 @@ def refusals(runs) -> list[str]:
         for source in set(ids) & set((reader.config.get("feedback") or {}).get("source_runs") or []):
             reasons.append(f"run {reader.pk} '{reader.name}' trains on the human edits of run {source} "
                            "(feedback.source_runs)")
+    for run in runs:
+        reasons += loaders(run_dir(run).resolve(), f"run {run.pk}'s directory", exclude=ids)
     return reasons
+
+
+def loaders(directory: Path, what: str, exclude=()) -> list[str]:
+    """A refusal per run that may still load a model from inside `directory` (a run's or a
+    checkpoint's) and is not in `exclude`: any but a completed run, as for a saved model
+    (saved_models.services.STILL_LOADS), since a stopped or failed one loads its models again when
+    resumed. Any key counts (model.path, ref_path, critic_path, a reward fn's model): a launch
+    stores each resolved, so `directory` is too. Narrowed in the database by the directory's name
+    (ASCII: a run's folder or step_N, the same text in either database's JSON), then checked value
+    by value. Kept, a run
+    whose model.path was another run's checkpoint failed on Resume once that run was deleted:
+    "no model directory at runs/2-.../checkpoints/step_6"."""
+    inside = f"{directory}/"
+    candidates = (Run.objects.exclude(status=Run.Status.COMPLETED).exclude(pk__in=exclude)
+                  .annotate(text=Cast("config", TextField())).filter(text__contains=f"/{directory.name}")
+                  .only("pk", "name", "status", "config").order_by("pk"))
+    reasons = []
+    for reader in candidates:
+        keys = [key for key, value in _strings(reader.config) if value == str(directory) or value.startswith(inside)]
+        if keys:
+            reasons.append(f"run {reader.pk} '{reader.name}' ({reader.status}) loads its {', '.join(keys)} from "
+                           f"{what}, and would again when resumed")
+    return reasons
+
+
+def _strings(value, key=""):
+    """(dotted key, string) for every string in a config, at any depth (a list's items by index)."""
+    if isinstance(value, str):
+        yield key, value
+    elif isinstance(value, dict | list):
+        items = value.items() if isinstance(value, dict) else enumerate(value)
+        for name, item in items:
+            yield from _strings(item, f"{key}.{name}" if key else str(name))
 
 
 def summary(runs) -> tuple[list[str], dict[str, str]]:
@@ -84,10 +122,16 @@ def _remove(directory) -> None:
 
 def checkpoint_refusals(checkpoints) -> list[str]:
     """Why `checkpoints` may not be deleted: a run that has not ended may be using one (its trainer
-    goes on from its newest at a hand-over or a restart, a paused one holds its step)."""
+    goes on from its newest at a hand-over or a restart, a paused one holds its step), or another
+    run loads a model from one (loaders)."""
     runs = {checkpoint.run_id: checkpoint.run for checkpoint in checkpoints}
-    return [f"run {run.pk} '{run.name}' is {run.status}: its trainer may go on from its checkpoints at any "
-            "moment (a hand-over, a restart); stop it first" for run in runs.values() if run.status not in Run.FINISHED]
+    reasons = [f"run {run.pk} '{run.name}' is {run.status}: its trainer may go on from its checkpoints at any "
+               "moment (a hand-over, a restart); stop it first"
+               for run in runs.values() if run.status not in Run.FINISHED]
+    for checkpoint in checkpoints:
+        if directory := _directory(checkpoint)[0]:
+            reasons += loaders(directory, f"checkpoint {_named(checkpoint)} of run {checkpoint.run_id}")
+    return reasons
 
 
 def _named(checkpoint) -> str:

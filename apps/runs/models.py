@@ -112,6 +112,12 @@ class Run(models.Model):
     # list filters by (apps/runs/notes.py checks and saves both).
     notes = models.TextField(blank=True)
     tags = models.JSONField(default=list, blank=True, decoder=ShallowJSONDecoder)
+    # Which save of them the page was opened on: a save from an older one is refused, naming who
+    # changed them and when (notes.set_notes_and_tags), where it silently overwrote their text.
+    notes_version = models.PositiveIntegerField(default=0, editable=False)
+    notes_changed_by = models.ForeignKey(settings.AUTH_USER_MODEL, related_name="+", null=True, blank=True,
+                                         on_delete=models.SET_NULL, editable=False)
+    notes_changed_at = models.DateTimeField(null=True, blank=True, editable=False)
     # The sweep that launched it, and the values it swept ({key: value}). Deleting a sweep keeps its runs.
     sweep = models.ForeignKey(Sweep, related_name="runs", null=True, blank=True, on_delete=models.SET_NULL)
     swept = models.JSONField(default=dict, blank=True)
@@ -150,6 +156,11 @@ class Report(models.Model):
                                         validators=[MinValueValidator(0), MaxValueValidator(0.99)])
     sample_task = models.BigIntegerField(null=True, blank=True, help_text="the samples panel's task id")
     sample_step = models.PositiveIntegerField(null=True, blank=True)
+    # Which save its edit form was opened on, and who made the last: an edit from an older one is
+    # refused naming them (views_reports.report_edit), where it silently overwrote their name and note.
+    version = models.PositiveIntegerField(default=0, editable=False)
+    changed_by = models.ForeignKey(settings.AUTH_USER_MODEL, related_name="+", null=True, blank=True,
+                                   on_delete=models.SET_NULL, editable=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

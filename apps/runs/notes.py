@@ -5,6 +5,8 @@ import json
 import re
 
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.db.models import F
+from django.utils import timezone
 
 from apps.core.files import parse_json
 from workers.rft.json_values import text_problem
@@ -75,10 +77,16 @@ def shown_tags(value) -> list[str]:
     return []
 
 
-def keep_draft(session, run: Run, *, notes: str, tags: str) -> None:
-    """Keep what was typed into a refused form for the run page to show once (taken_draft): a
-    refusal used to come back with the form closed and empty, the notes typed lost."""
-    session[DRAFT_KEY.format(run.pk)] = {"notes": notes[:MAX_DRAFT_CHARS], "tags": tags[:MAX_DRAFT_CHARS]}
+class NotesChanged(ValidationError):
+    """Another save of the notes and tags came first since the form was opened (its version)."""
+
+
+def keep_draft(session, run: Run, *, notes: str, tags: str, version: int) -> None:
+    """Keep what was typed into a refused form for the run page to show once (taken_draft), with
+    the version of the notes it goes on from: a refusal used to come back with the form closed and
+    empty, the notes typed lost."""
+    session[DRAFT_KEY.format(run.pk)] = {"notes": notes[:MAX_DRAFT_CHARS], "tags": tags[:MAX_DRAFT_CHARS],
+                                         "version": version}
 
 
 def taken_draft(session, run: Run) -> dict | None:
@@ -86,23 +94,40 @@ def taken_draft(session, run: Run) -> dict | None:
     return session.pop(DRAFT_KEY.format(run.pk), None)
 
 
-def set_notes_and_tags(run: Run, user, *, notes: str, tags: str) -> Run:
-    """Save the run's notes and its tags (as typed: parse_tags). PermissionDenied unless `user`
-    owns the run or is a curator; ValidationError naming the problem, saving nothing, for notes
-    too long or holding a NUL, or a bad tag."""
+def set_notes_and_tags(run: Run, user, *, notes: str, tags: str, version: int | None) -> Run:
+    """Save the run's notes and its tags (as typed: parse_tags) over `version` of them, the one the
+    form was opened on. PermissionDenied unless `user` owns the run or is a curator; ValidationError
+    naming the problem, saving nothing, for notes too long or holding a NUL, or a bad tag;
+    NotesChanged, saving nothing, where another save came since `version` (checked in the UPDATE
+    itself, so of two saves from the same page one is refused: the second used to wipe the first's
+    text without a word)."""
     if not may_control(user, run):
         raise PermissionDenied(
             f"only the owner of run {run.name!r} ({run.owner}) or a curator may edit its notes and tags"
         )
+    if version is None:  # a form from before versions, or a script's post: what it replaces is unknown
+        raise NotesChanged("the form did not say which version of them it edits")
     notes = notes.strip()
     if problem := text_problem(notes):  # a NUL typed or pasted: Postgres text cannot hold one
         raise ValidationError(f"the notes {problem}")
     if len(notes) > MAX_NOTES:
         raise ValidationError(f"notes of {len(notes):,} characters: at most {MAX_NOTES:,}")
-    run.tags = parse_tags(tags)
-    run.notes = notes
-    run.save(update_fields=["notes", "tags", "updated_at"])
+    tags, now = parse_tags(tags), timezone.now()
+    saved = Run.objects.filter(pk=run.pk, notes_version=version).update(
+        notes=notes, tags=tags, notes_version=F("notes_version") + 1, notes_changed_by=user, notes_changed_at=now,
+        updated_at=now)
+    run.refresh_from_db(fields=["notes", "tags", "notes_version", "notes_changed_by", "notes_changed_at",
+                                "updated_at"])
+    if not saved:
+        raise NotesChanged(f"{changed_by(run)} since you opened the page")
     return run
+
+
+def changed_by(run: Run) -> str:
+    """"changed by r1 at 2026-12-07 12:03 UTC": the last save of the run's notes and tags."""
+    who = run.notes_changed_by.get_username() if run.notes_changed_by else "someone"
+    when = f" at {run.notes_changed_at:%Y-%m-%d %H:%M} UTC" if run.notes_changed_at else ""
+    return f"they were changed by {who}{when}"
 
 
 def with_tag(runs, tag: str):

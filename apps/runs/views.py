@@ -36,6 +36,7 @@ from .api import token_for, token_or_session, workers_json
 from .capacity import DrainRefused, NoSuchWorker, set_drain, shown_name
 from .checkpoints import run_checkpoint_dir, tar_stream
 from .compression import gzip_json
+from .config_keys import as_run
 from .controls import control_run, control_statuses, may_control
 from .forms import LaunchForm, RolloutFilterForm, dump_config_yaml
 from .holding import hand_back
@@ -159,7 +160,7 @@ def _starting_point(request) -> tuple[dict, str, str | None]:
     source = whole_number(request.GET.get("from"))
     if source is not None:
         run = get_object_or_404(Run, pk=source)
-        return _models_now(request, run.config), f"{run.name} (again)", None
+        return _models_now(request, as_run(run.config)), f"{run.name} (again)", None
     evaluated = request.GET.get("evaluate") or ""
     if evaluated and (model := _saved_model(request, evaluated)):
         # A preset link on this form carries ?evaluate=: it changes the prompt format and reward

@@ -26,7 +26,7 @@ from .api import token_or_session
 from .compression import gzip_json
 from .forms import ReportForm
 from .models import Run
-from .notes import keep_draft, set_notes_and_tags
+from .notes import NotesChanged, keep_draft, set_notes_and_tags
 from .views import PLOTLY_VERSION, chart_view
 
 COMPARE_PICKER_RUNS = 50
@@ -238,11 +238,18 @@ def run_notes(request, pk):
     """Save the notes and tags of the run page's form (PermissionDenied: 403 for another's run)."""
     run = get_object_or_404(Run, pk=pk)
     notes, tags = request.POST.get("notes", ""), request.POST.get("tags", "")
+    version = whole_number(request.POST.get("version"))  # None: notes.set_notes_and_tags refuses it
     try:
-        set_notes_and_tags(run, request.user, notes=notes, tags=tags)
+        set_notes_and_tags(run, request.user, notes=notes, tags=tags, version=version)
+    except NotesChanged as err:
+        messages.error(request, f"Notes and tags not saved: {err.message}. Theirs are shown above, yours are in the "
+                                "form: merge them and Save again.")
+        # The form goes on from their version: saved again, it replaces what the page shows.
+        keep_draft(request.session, run, notes=notes, tags=tags, version=run.notes_version)
+        return redirect(reverse("run-detail", args=[pk]) + "#run-notes")
     except ValidationError as err:
         messages.error(request, "Notes and tags not saved: " + sentence(err.messages))
-        keep_draft(request.session, run, notes=notes, tags=tags)  # the form opens with them again
+        keep_draft(request.session, run, notes=notes, tags=tags, version=version)  # the form opens with them again
         return redirect(reverse("run-detail", args=[pk]) + "#run-notes")
     else:
         messages.success(request, f"Saved the notes and tags of {run.name}.")

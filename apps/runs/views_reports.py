@@ -5,7 +5,9 @@ delete it. Its page is the compare page's, as it was saved."""
 from django.contrib import messages
 from django.core.exceptions import PermissionDenied
 from django.core.paginator import Paginator
+from django.db.models import F
 from django.shortcuts import get_object_or_404, redirect, render
+from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from apps.accounts.roles import CURATOR, RESEARCHER, has_role, role_required
@@ -88,7 +90,9 @@ def _report_page(request, report: Report, edit_form: ReportForm, status: int = 2
 @role_required(RESEARCHER)
 def report_edit(request, pk):
     """Rename, re-note or delete a report. A refused edit comes back as the report's page with
-    the form open, holding what was typed (it redirected, and the typing was lost)."""
+    the form open, holding what was typed (it redirected, and the typing was lost). An edit from a
+    page opened before another's save (its `version`) is refused naming who saved and when: it
+    used to overwrite their name and note without a word."""
     report = get_object_or_404(Report, pk=pk)
     if not may_edit(request.user, report):
         raise PermissionDenied(f"only its owner ({report.owner}) or a curator may change report {report.name!r}")
@@ -96,6 +100,10 @@ def report_edit(request, pk):
         report.delete()
         messages.success(request, f"Deleted report {isolate(report.name)} (its runs stay).")
         return redirect("report-list")
+    typed = {key: request.POST.get(key) for key in ("name", "note")}
+    version = whole_number(request.POST.get("version"))
+    if version != report.version:
+        return _changed_since(request, report, typed)
     # Runs deleted since it was saved are dropped (as a new report's save offers the rest): kept,
     # they refused every rename ("runs: no run with id 2"), and only deleting the report was left.
     there = set(Run.objects.filter(pk__in=report.run_ids).values_list("pk", flat=True))
@@ -103,8 +111,7 @@ def report_edit(request, pk):
     if not kept:
         messages.error(request, f"Report not saved: {deleted(gone)}, every run it compared: it has nothing left "
                                 "to show. Delete it, or open Compare to save a new report.")
-        typed = ReportForm(instance=report, initial={key: request.POST.get(key) for key in ("name", "note")})
-        return _report_page(request, report, typed, status=400)
+        return _report_page(request, report, ReportForm(instance=report, initial=typed), status=400)
     data = {**request.POST.dict(), "runs": ",".join(map(str, kept)), "chart_filter": report.chart_filter,
             "chart_smoothing": "" if report.chart_smoothing is None else report.chart_smoothing,
             "sample_task": report.sample_task or "", "sample_step": report.sample_step or ""}
@@ -113,10 +120,27 @@ def report_edit(request, pk):
         report.refresh_from_db()  # a refused form has set what it could on the instance: the page shows what is saved
         messages.error(request, "Report not saved: " + sentence(form_problems(form)))
         return _report_page(request, report, form, status=400)
-    form.save()
+    # Over the version checked above only: another save since (a race with this one) is refused too.
+    saved = Report.objects.filter(pk=report.pk, version=version).update(
+        name=form.cleaned_data["name"], note=form.cleaned_data["note"], run_ids=kept, version=F("version") + 1,
+        changed_by=request.user, updated_at=timezone.now())
+    if not saved:
+        report.refresh_from_db()
+        return _changed_since(request, report, typed)
+    report.refresh_from_db()
     dropped = f": {deleted(gone)}; the report now holds {runs_named(kept)}" if gone else ""
     messages.success(request, f"Saved report {isolate(report.name)}{dropped}.")
     return redirect("report-detail", pk=report.pk)
+
+
+def _changed_since(request, report: Report, typed: dict):
+    """The report's page with its saved name and note and, in the form (which goes on from the
+    saved version), what was typed: nothing is lost, and Save again replaces theirs."""
+    who = report.changed_by.get_username() if report.changed_by else "someone"
+    when = f" at {report.updated_at:%Y-%m-%d %H:%M} UTC" if report.version else ""  # version 0: unsaved since made
+    messages.error(request, f"Report not saved: it was changed by {isolate(who)}{when} since you opened it. Theirs "
+                            "is shown above, yours is in the form: merge them and Save again.")
+    return _report_page(request, report, ReportForm(instance=report, initial=typed), status=409)
 
 
 def deleted(ids: list[int]) -> str:

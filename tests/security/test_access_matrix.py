@@ -171,7 +171,7 @@ MATRIX = {
     "report-save": Entry("LDAAA", method="post", data=lambda o: {"runs": str(o.run.pk), "name": "saved"}),
     "report-detail": Entry("LDAAA", kwargs=lambda o: {"pk": o.report.pk}),
     "report-edit": Entry(
-        "LDADA", method="post", kwargs=lambda o: {"pk": o.report.pk}, data=lambda o: {"name": "renamed"},
+        "LDADA", method="post", kwargs=lambda o: {"pk": o.report.pk}, data=lambda o: {"name": "renamed", "version": 0},
         changed=lambda o: Report.objects.get(pk=o.report.pk).name == "renamed",
     ),
     # saved models: every researcher sees, saves (as any downloads a checkpoint) and trains from
@@ -222,7 +222,7 @@ MATRIX = {
     "compare-metrics-csv": Entry("LDAAA", data=lambda o: {"runs": [o.run.pk]}),
     "compare-metrics-json": Entry("LDAAA", data=lambda o: {"runs": [o.run.pk]}),
     "run-notes": Entry(
-        "LDADA", method="post", kwargs=run, data=lambda o: {"notes": "lr too high", "tags": "baseline"},
+        "LDADA", method="post", kwargs=run, data=lambda o: {"notes": "lr too high", "tags": "baseline", "version": 0},
         changed=lambda o: Run.objects.get(pk=o.run.pk).tags == ["baseline"],
     ),
     # [run-page helper entries]

@@ -18,6 +18,8 @@ from apps.saved_models.models import SavedModel
 from apps.tasksets.models import Taskset, TasksetImport
 from tests.apps.runs.test_launch import posted
 
+NOTES = "/runs/{}/notes/"  # the run page's notes form (URL name run-notes)
+
 pytestmark = pytest.mark.django_db
 NUL_REFUSED = "Null characters are not allowed."  # Django's CharField
 
@@ -60,7 +62,7 @@ def test_a_report_names_a_nul_in_its_name_and_keeps_its_note(researcher_client, 
 
 
 def test_notes_name_a_nul_and_the_run_page_keeps_the_draft(researcher_client, run):
-    response = researcher_client.post(reverse("run-notes", args=[run.pk]), {"notes": "typed\x00 here", "tags": "t"})
+    response = researcher_client.post(NOTES.format(run.pk), {"notes": "typed\x00 here", "tags": "t", "version": 0})
     page = researcher_client.get(response["Location"]).content.decode()
     assert "Notes and tags not saved: the notes must not contain a NUL character (\\x00)." in page
     assert "typed\x00 here</textarea>" in page and Run.objects.get(pk=run.pk).notes == "before"

@@ -253,7 +253,7 @@ def _unread_rules(c, spec) -> list[tuple]:
     """Each key that would do nothing in its combination (rules as combination_issues'): refused
     where the person set it, and put back to its default where they did not (config_keys.reset_unread)."""
     algo = c.algorithm
-    return [
+    rules = [
         *_algorithm_option_rules(algo, spec),
         ("algorithm.kl.fn", algo.kl.fn != "none" and not spec.uses_rollouts,
          f"'{algo.kl.fn}' estimates the KL from the policy's own samples (rollouts), and algorithm '{algo.name}' "
@@ -279,6 +279,41 @@ def _unread_rules(c, spec) -> list[tuple]:
          ("feedback.rated_only",)),
         *_data_option_rules(c, spec),
     ]
+    return [*rules, *_no_trainer_rules(c, {key for key, broken, *_ in rules if broken})]
+
+
+# What only a trainer reads, by section (loop.py: modes explore and bench build no trainer). Not
+# here: trainer.total_steps (mode explore's count of explorer steps), the synchronizer's method
+# (bench evaluates each version a checkpoint sync published), buffer.expert_* (mix requires them:
+# the "mode" rule refuses what trains on no rollouts), the feedback keys the annotation pages read,
+# and the trainer's shape (strategy, num_processes, num_nodes, fsdp): the strategy rules of
+# combination_issues refuse it for these modes, naming trainer.strategy.
+TRAINER_ONLY = {
+    "model": ("ref_path",),  # model.lora: its own rule says these modes put adapters on nothing
+    "trainer": ("lr", "critic_lr", "batch_size", "micro_batch_size", "micro_batch_tokens", "activation_checkpointing",
+                "save_interval", "save_interval_s", "keep_checkpoints", "grad_clip", "weight_decay", "warmup_steps",
+                "update_epochs", "collective_timeout_s"),
+    "synchronizer": ("interval", "offset"),
+    "feedback": ("reward_mode", "reward_weight", "rated_only", "rating_wait_s", "edits_as_expert", "exclude_flagged",
+                 "source_runs"),
+}
+
+
+def _no_trainer_rules(c, refused: set) -> list[tuple]:
+    """Each TRAINER_ONLY key set off its default in mode explore or bench, unless another rule
+    refuses it already (rules as combination_issues'). Kept, `trainer: {lr: 0.5, update_epochs: 5}`
+    in mode explore was accepted and silently did nothing, where buffer.max_staleness was refused."""
+    if c.mode not in ("explore", "bench"):
+        return []
+    rules = []
+    for section, keys in TRAINER_ONLY.items():
+        values, fields = getattr(c, section), type(getattr(c, section)).model_fields
+        for key in keys:
+            default = fields[key].get_default(call_default_factory=True)
+            if getattr(values, key) != default and f"{section}.{key}" not in refused:
+                rules.append((f"{section}.{key}", True, f"has no effect with mode '{c.mode}': only a trainer reads it, "
+                              f"and mode '{c.mode}' runs none", ("mode",)))
+    return rules
 
 
 def unread_keys(c) -> dict[str, tuple[str, ...]]:

@@ -2,6 +2,8 @@
 directory, counted on the confirmation page; a run that has not ended, or whose human edits another
 run trains on, is refused and keeps everything. Django's own delete let a curator delete a running
 run (its worker failed at its next write) and listed every experience on the page."""
+import shutil
+
 import pytest
 from django.urls import reverse
 
@@ -75,3 +77,65 @@ def test_an_ended_run_goes_with_its_rows_and_directory_and_the_page_counts_them(
     with django_capture_on_commit_callbacks(execute=True):
         single = curator_client.post(reverse("admin:runs_run_delete", args=[other.pk]), {"post": "yes"})
     assert single.status_code == 302 and not Run.objects.exists() and not run_dir(other).exists()
+
+
+# ---- runs that load a model from the run's directory ----------------------------------------------------
+
+
+@pytest.fixture
+def checkpoint_reader(curator, tasksets, worker_queue):
+    """(source, reader): a stopped run with a checkpoint (the tiny model's files), and a run
+    launched as any is, its model.path and ref_path that checkpoint named as a user types it."""
+    from apps.runs import services
+    from apps.runs.models import Checkpoint
+    from apps.runs.presets import preset_config
+    from workers.rft.models import resolve_model_path
+
+    source = make_run(curator, Run.Status.STOPPED)
+    step = run_dir(source) / "checkpoints" / "step_6"
+    shutil.copytree(resolve_model_path("tiny"), step)
+    Checkpoint.objects.create(run=source, version=6, step=6, path=str(step))
+    config = preset_config("quick-demo")
+    typed = f"runs/{run_dir(source).name}/checkpoints/step_6"
+    config["model"] |= {"path": typed, "ref_path": typed}
+    reader = services.launch_run(curator, "reader", config)
+    Run.objects.filter(pk=reader.pk).update(status=Run.Status.STOPPED)  # stopped: Resume loads them again
+    return source, reader
+
+
+def test_a_run_another_run_loads_its_model_from_is_not_deleted(curator_client, checkpoint_reader):
+    """Deleted, it took the checkpoint a stopped run named as model.path: that run's Resume failed
+    with "no model directory at runs/2-.../checkpoints/step_6"."""
+    source, reader = checkpoint_reader
+    said = (f"run {reader.pk} &#x27;reader&#x27; (stopped) loads its model.path, model.ref_path from run "
+            f"{source.pk}&#x27;s directory, and would again when resumed")
+    assert said in delete_selected(curator_client, [source], confirm=False).content.decode()
+    delete_selected(curator_client, [source], confirm=True)
+    page = curator_client.get(reverse("admin:runs_run_delete", args=[source.pk]), follow=True).content.decode()
+    assert f"Not deleted: {said}" in page
+    curator_client.post(reverse("admin:runs_run_delete", args=[source.pk]), {"post": "yes"})
+    assert kept(source)
+    checkpoint = source.checkpoints.get()  # nor the checkpoint itself
+    page = curator_client.get(reverse("admin:runs_checkpoint_delete", args=[checkpoint.pk]), follow=True)
+    assert (f"loads its model.path, model.ref_path from checkpoint v6 (step 6) of run {source.pk}"
+            in page.content.decode())
+    curator_client.post(reverse("admin:runs_checkpoint_delete", args=[checkpoint.pk]), {"post": "yes"})
+    assert source.checkpoints.exists() and (run_dir(source) / "checkpoints" / "step_6").is_dir()
+
+
+def test_a_run_deleted_with_its_source_does_not_hold_it(
+        curator_client, checkpoint_reader, django_capture_on_commit_callbacks):
+    source, reader = checkpoint_reader
+    with django_capture_on_commit_callbacks(execute=True):
+        delete_selected(curator_client, [source, reader], confirm=True)
+    assert not Run.objects.filter(pk__in=[source.pk, reader.pk]).exists() and not run_dir(source).exists()
+
+
+def test_a_completed_run_loading_from_it_does_not_hold_it(
+        curator_client, checkpoint_reader, django_capture_on_commit_callbacks):
+    """A completed run is never resumed (as for a saved model it names: STILL_LOADS)."""
+    source, reader = checkpoint_reader
+    Run.objects.filter(pk=reader.pk).update(status=Run.Status.COMPLETED)
+    with django_capture_on_commit_callbacks(execute=True):
+        delete_selected(curator_client, [source], confirm=True)
+    assert not Run.objects.filter(pk=source.pk).exists() and Run.objects.filter(pk=reader.pk).exists()

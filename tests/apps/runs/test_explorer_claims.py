@@ -181,9 +181,10 @@ def test_a_count_the_run_cannot_take_is_refused_and_changes_nothing(researcher_c
 
 
 def test_a_run_in_one_worker_says_it_is_launched_again_to_add_explorers(make_run, sent):
-    demo = preset_config("quick-demo")  # its eval_interval has no effect in mode explore: left out
+    demo = preset_config("quick-demo")  # its eval_interval and trainer settings have no effect in mode explore
     explorer = {key: value for key, value in demo["explorer"].items() if key != "eval_interval"}
-    config = {**demo, "mode": "explore", "explorer": explorer}
+    trainer = {"total_steps": demo["trainer"]["total_steps"]}
+    config = {**demo, "mode": "explore", "explorer": explorer, "trainer": trainer}
     run = make_run(status="running", config=RunConfig.from_dict(config).to_dict())
     with pytest.raises(ConfigError) as refused:
         supervision.set_explorers(run, 2)

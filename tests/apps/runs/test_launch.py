@@ -218,6 +218,20 @@ def test_launch_again_copies_a_run(researcher_client, make_run, tasksets):
     assert form["name"].value() == "first (again)" and form["algorithm.name"].value() == "sft"
 
 
+def test_launch_again_of_a_run_from_before_a_rule_launches_as_it_ran(researcher_client, make_run, tasksets,
+                                                                      worker_queue):
+    """A mode-explore run launched with the quick demo's trainer settings, before config_rules
+    refused them (they did nothing): its form opens with them at their defaults, and launches."""
+    config = preset_config("quick-demo")
+    config["mode"], config["explorer"]["eval_interval"] = "explore", 0
+    run = make_run("explores", config=RunConfig.model_validate(config).to_dict())
+    form = researcher_client.get(URL, {"from": run.pk}).context["form"]
+    assert form["trainer.lr"].value() == RunConfig().trainer.lr and form["trainer.total_steps"].value() == 1000
+    response = researcher_client.post(URL, posted(form))
+    assert response.status_code == 302, response.context["form"].errors
+    assert Run.objects.latest("pk").config["trainer"]["lr"] == RunConfig().trainer.lr
+
+
 def test_annotators_cannot_launch(annotator_client, tasksets):
     assert annotator_client.get(URL).status_code == 403
 

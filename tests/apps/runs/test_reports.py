@@ -10,6 +10,7 @@ from django.utils.html import escape
 from apps.accounts.roles import RESEARCHER
 from apps.accounts.services import create_user
 from apps.buffer.models import Experience
+from apps.core.bidi import isolate
 from apps.runs import samples, sweeps
 from apps.runs.forms import ReportForm
 from apps.runs.models import Report, Run
@@ -80,7 +81,7 @@ def test_a_report_saves_the_comparison_and_every_researcher_opens_it(researcher_
     assert 'data-chart-filter value="reward"' in text and "see the samples at step 4" in text
     assert [col.step for col in page.context["sample_columns"]] == [2, 4]
     assert "Rename, re-note or delete" not in text  # not theirs
-    assert client.post(reverse("report-edit", args=[report.pk]), {"name": "mine"}).status_code == 403
+    assert client.post(reverse("report-edit", args=[report.pk]), {"name": "mine", "version": 0}).status_code == 403
     assert annotator_client.get(saved.url).status_code == 403
     listed = client.get(reverse("report-list")).content.decode()
     assert "lr: 1e-2 learns faster" in listed
@@ -107,7 +108,7 @@ def test_a_report_keeps_the_charts_smoothing_and_the_samples_form_the_charts_vie
     assert 'data-chart-filter value="kl"' in opened and 'step="0.01" value="0.90"> <output>0.90</output>' in opened
     assert "&filter=kl&smoothing=0.9" in opened  # its link back to Compare
     # A renamed report keeps them; a smoothing out of range is refused.
-    researcher_client.post(reverse("report-edit", args=[report.pk]), {"name": "renamed"})
+    researcher_client.post(reverse("report-edit", args=[report.pk]), {"name": "renamed", "version": 0})
     report.refresh_from_db()
     assert (report.name, report.chart_filter, report.chart_smoothing) == ("renamed", "kl", 0.9)
     refused = researcher_client.post(reverse("report-save"), {"runs": str(a.pk), "name": "x", "chart_smoothing": "2"})
@@ -117,10 +118,11 @@ def test_a_report_keeps_the_charts_smoothing_and_the_samples_form_the_charts_vie
 def test_its_owner_renames_it_and_a_curator_deletes_it_keeping_its_runs(researcher_client, curator, compared):
     a, b, _ = compared
     report = Report.objects.create(name="r", owner=Run.objects.get(pk=a.pk).owner, run_ids=[a.pk, b.pk])
-    researcher_client.post(reverse("report-edit", args=[report.pk]), {"name": "renamed", "note": "n"})
+    researcher_client.post(reverse("report-edit", args=[report.pk]), {"name": "renamed", "note": "n", "version": 0})
     report.refresh_from_db()
     assert (report.name, report.note, report.run_ids) == ("renamed", "n", [a.pk, b.pk])
-    too_long = researcher_client.post(reverse("report-edit", args=[report.pk]), {"name": "x", "note": "y" * 10_001})
+    too_long = researcher_client.post(reverse("report-edit", args=[report.pk]), {"name": "x", "note": "y" * 10_001,
+                                                                            "version": 1})
     report.refresh_from_db()
     assert too_long.status_code == 400 and report.note == "n"
     client = Client()
@@ -173,7 +175,7 @@ def test_a_refused_edit_comes_back_with_what_was_typed(researcher_client, compar
     a, b, _ = compared
     report = Report.objects.create(name="r", note="n", owner=Run.objects.get(pk=a.pk).owner, run_ids=[a.pk, b.pk])
     refused = researcher_client.post(reverse("report-edit", args=[report.pk]),
-                                     {"name": "renamed", "note": "y" * 10_001})
+                                     {"name": "renamed", "note": "y" * 10_001, "version": 0})
     report.refresh_from_db()
     assert refused.status_code == 400 and (report.name, report.note) == ("r", "n")
     assert shown_messages(refused) == ["Report not saved: note: at most 10,000 characters."]
@@ -232,8 +234,8 @@ def test_a_report_whose_run_was_deleted_is_still_renamed_and_drops_it(researcher
     page = researcher_client.get(reverse("report-detail", args=[report.pk])).content.decode()
     assert (f"Run #{gone_pk} no longer exists: deleted since the report was saved, it is left out below "
             "(saving the report drops it).") in page
-    saved = researcher_client.post(reverse("report-edit", args=[report.pk]), {"name": "renamed", "note": "re-noted"},
-                                   follow=True)
+    saved = researcher_client.post(reverse("report-edit", args=[report.pk]), {"name": "renamed", "note": "re-noted",
+                                                                                  "version": 0}, follow=True)
     report.refresh_from_db()
     assert saved.status_code == 200 and (report.name, report.note, report.run_ids) == ("renamed", "re-noted",
                                                                                        [a.pk, c.pk])
@@ -252,7 +254,8 @@ def test_a_report_whose_every_run_was_deleted_says_so_and_keeps_what_it_held(res
     assert (f"Every run of this report was deleted (#{ids[0]}, #{ids[1]}): it has nothing left to show. Delete it "
             "below, or open Compare to save a new report.") in page
     assert "Pick two or more runs" not in page and "Nothing to show: every run of this report was deleted." in page
-    refused = researcher_client.post(reverse("report-edit", args=[report.pk]), {"name": "renamed", "note": "typed"})
+    refused = researcher_client.post(reverse("report-edit", args=[report.pk]), {"name": "renamed", "note": "typed",
+                                                                                    "version": 0})
     report.refresh_from_db()
     assert refused.status_code == 400 and (report.name, report.note, report.run_ids) == ("r", "n", ids)
     assert shown_messages(refused) == [f"Report not saved: runs #{ids[0]}, #{ids[1]} were deleted, every run it "
@@ -262,3 +265,30 @@ def test_a_report_whose_every_run_was_deleted_says_so_and_keeps_what_it_held(res
     assert 'value="renamed"' in text and "typed</textarea>" in text and "<h1><bdi>r</bdi></h1>" in text
     researcher_client.post(reverse("report-edit", args=[report.pk]), {"delete": "1"})
     assert not Report.objects.exists()
+
+
+def test_an_edit_from_a_page_opened_before_anothers_save_is_refused_keeping_both(
+        researcher_client, compared, curator, researcher):
+    """The owner and a curator open the report; the owner re-notes it, then the curator saves from
+    the page it had open: it used to overwrite the owner's name and note without a word."""
+    a, b, _ = compared
+    report = Report.objects.create(name="r", note="n", owner=researcher, run_ids=[a.pk, b.pk])
+    client = Client()
+    client.force_login(curator)
+    opened = {who: who.get(reverse("report-detail", args=[report.pk])).content.decode().split(
+        'name="version" value="', 1)[1].split('"', 1)[0] for who in (researcher_client, client)}
+    owners = {"name": "lr sweep", "note": "owner: 1e-2 learns faster", "version": opened[researcher_client]}
+    researcher_client.post(reverse("report-edit", args=[report.pk]), owners)
+    refused = client.post(reverse("report-edit", args=[report.pk]),
+                          {"name": "old", "note": "curator: archived", "version": opened[client]})
+    report.refresh_from_db()
+    assert refused.status_code == 409 and (report.name, report.note) == ("lr sweep", "owner: 1e-2 learns faster")
+    assert shown_messages(refused) == [
+        f"Report not saved: it was changed by {isolate(researcher.username)} at {report.updated_at:%Y-%m-%d %H:%M} "
+        "UTC since you opened it. Theirs is shown above, yours is in the form: merge them and Save again."]
+    text = refused.content.decode()
+    assert "owner: 1e-2 learns faster" in text and 'value="old"' in text and "curator: archived</textarea>" in text
+    merged = text.split('name="version" value="', 1)[1].split('"', 1)[0]  # the owner's: saved again, it is taken
+    client.post(reverse("report-edit", args=[report.pk]), {"name": "lr sweep", "note": "both", "version": merged})
+    report.refresh_from_db()
+    assert (report.note, report.changed_by, report.version) == ("both", curator, 2)

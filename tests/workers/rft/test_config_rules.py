@@ -151,6 +151,42 @@ def test_the_same_keys_are_accepted_where_they_are_read(data):
     RunConfig.from_dict(data)
 
 
+@pytest.mark.parametrize("data, keys", [
+    (config({"mode": "explore", "trainer": {"lr": 0.5, "update_epochs": 5, "warmup_steps": 3}}),
+     ["trainer.lr", "trainer.update_epochs", "trainer.warmup_steps"]),
+    (config({"mode": "explore", "synchronizer": {"interval": 5, "offset": 2}}),
+     ["synchronizer.interval", "synchronizer.offset"]),
+    (config({"mode": "explore", "feedback": {"reward_mode": "override", "rated_only": True}}),
+     ["feedback.reward_mode", "feedback.rated_only"]),
+    (config({"mode": "bench", "buffer": {"eval_taskset": "x"}, "trainer": {"lr": 0.3, "update_epochs": 4,
+                                                                             "grad_clip": 0.01}}),
+     ["trainer.lr", "trainer.update_epochs", "trainer.grad_clip"]),
+    (config({"mode": "bench", "buffer": {"eval_taskset": "x"}, "model": {"ref_path": "tiny"},
+             "trainer": {"activation_checkpointing": True, "keep_checkpoints": 1}}),
+     ["model.ref_path", "trainer.activation_checkpointing", "trainer.keep_checkpoints"]),
+])
+def test_training_keys_set_for_a_mode_that_trains_nothing_are_refused(data, keys):
+    """Accepted, they did nothing: modes explore and bench build no trainer (loop.py)."""
+    found = refusal(data)
+    assert sorted(found) == sorted(keys), found
+    mode = data["mode"]
+    assert all(f"mode '{mode}'" in found[key] for key in keys), found
+    assert found[keys[0]] == f"has no effect with mode '{mode}': only a trainer reads it, and mode '{mode}' runs none"
+
+
+@pytest.mark.parametrize("data", [
+    RunConfig(mode="explore").to_dict(),  # every default written out ("Launch again" copies a whole config)
+    RunConfig(mode="bench", buffer={"eval_taskset": "x"}).to_dict(),
+    # what those modes read: the explorer's step count, a feedback rubric for the annotators
+    config({"mode": "explore", "trainer": {"total_steps": 7}, "feedback": {"rubric": "Is it right?",
+                                                                           "scale_max": 3}}),
+    config({"mode": "bench", "buffer": {"eval_taskset": "x"}, "synchronizer": {"method": "checkpoint"}}),
+    config({"trainer": {"lr": 0.5, "update_epochs": 5}, "synchronizer": {"interval": 5, "offset": 2}}),  # mode both
+])
+def test_a_mode_that_trains_nothing_accepts_what_it_reads_and_the_defaults(data):
+    RunConfig.from_dict(data)
+
+
 def test_unread_keys_name_what_the_launch_form_and_sweeps_put_back():
     """Keys a swept value or a hidden field leaves unread (config_keys.reset_unread), with what
     their rule reads: a sweep resets one only when it swept one of those."""

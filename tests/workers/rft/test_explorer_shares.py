@@ -62,7 +62,8 @@ def test_merged_parts_say_how_each_explorer_spent_its_time():
 
 @pytest.mark.parametrize("patch", [
     {"synchronizer": {"method": "memory"}},
-    {"synchronizer": {"method": "checkpoint"}, "mode": "explore"},
+    # the default lr: mode explore refuses a trainer's settings (config_rules.TRAINER_ONLY)
+    {"synchronizer": {"method": "checkpoint"}, "mode": "explore", "trainer": {"lr": 1e-5}},
 ])
 def test_several_explorers_need_workers_of_their_own(patch):
     with pytest.raises(ConfigError) as refused:

@@ -69,6 +69,8 @@ BASE = {
     "trainer": {"lr": 1e-3, "total_steps": 1, "micro_batch_size": 8},
     "buffer": {"taskset": TASKS},
 }
+# Modes explore and bench train nothing: BASE's trainer.lr is refused there (config_rules.TRAINER_ONLY).
+TRAINS_NOTHING = {"trainer": {"lr": RunConfig().trainer.lr}}
 SFT = {"mode": "train", "algorithm": {"name": "sft"}, "buffer": {"expert_taskset": EXPERT_TASKSET}}
 MIX = {"buffer": {"expert_taskset": EXPERT_TASKSET}}
 VLLM_MISSING = importlib.util.find_spec("vllm") is None
@@ -410,7 +412,7 @@ def mode_both(run, reference, value):
 
 @case("mode", "explore")
 def mode_explore(run, reference, value):
-    o = run({"mode": "explore"})
+    o = run({"mode": "explore", **TRAINS_NOTHING})
     assert o.loop.trainer is None and ("trainer", 1) not in o.stores.metrics.points
     ready = o.stores.buffer.all("ready")
     assert len(ready) == 8 and all(e.advantage is not None for e in ready)  # collected, not trained on
@@ -425,7 +427,7 @@ def mode_train(run, reference, value):
 
 @case("mode", "bench")
 def mode_bench(run, reference, value):
-    o = run({"mode": "bench", "buffer": {"eval_taskset": "arithmetic:n=5,seed=1"}})
+    o = run({"mode": "bench", "buffer": {"eval_taskset": "arithmetic:n=5,seed=1"}, **TRAINS_NOTHING})
     assert list(o.stores.metrics.points) == [("eval", 0)] and o.loop.trainer is None
     assert o.metrics("eval", 0)["tasks"] == 5 and o.stores.buffer.all() == []
 
@@ -1068,7 +1070,7 @@ def test_each_accepted_value_does_what_it_names(run, sharp_reference, key, value
     ({"algorithm": {"kl": {"coef": 0.1}}}, "algorithm.kl.coef", ["algorithm.kl.fn"]),
     ({"mode": "train", "algorithm": {"name": "dpo"}, "feedback": {"reward_mode": "override"}}, "feedback.reward_mode",
      ["algorithm 'dpo'"]),
-    ({"mode": "explore", "algorithm": {"name": "sft"}}, "mode", ["algorithm 'sft'"]),
+    ({"mode": "explore", "algorithm": {"name": "sft"}, **TRAINS_NOTHING}, "mode", ["algorithm 'sft'"]),
     ({"mode": "train", "algorithm": {"name": "dpo"}, "synchronizer": {"method": "nccl"}}, "synchronizer.method",
      ["mode 'train'", "no explorer"]),
     # keys read in one combination only, set in another (a review listed them)
@@ -1077,7 +1079,8 @@ def test_each_accepted_value_does_what_it_names(run, sharp_reference, key, value
     ({"algorithm": {"value_clip": 0.5}}, "algorithm.value_clip", ["advantage fn 'grpo'", "critic's (ppo)"]),
     ({"trainer": {"critic_lr": 1e-4}}, "trainer.critic_lr", ["advantage fn 'grpo'"]),
     # explore-only and train-only runs evaluated nothing, eval_interval or not
-    ({"mode": "explore", "explorer": {"eval_interval": 5}, "buffer": {"eval_taskset": "x"}}, "explorer.eval_interval",
+    ({"mode": "explore", "explorer": {"eval_interval": 5}, "buffer": {"eval_taskset": "x"}, **TRAINS_NOTHING},
+     "explorer.eval_interval",
      ["mode 'explore'", "weights never change", "mode 'bench'"]),
     ({**SFT, "explorer": {"eval_interval": 5}, "buffer": {"expert_taskset": "x", "eval_taskset": "x"}},
      "explorer.eval_interval", ["mode 'train'", "runs no explorer"]),
@@ -1088,7 +1091,7 @@ def test_each_accepted_value_does_what_it_names(run, sharp_reference, key, value
     ({"synchronizer": {"timeout_s": 30}}, "synchronizer.timeout_s", ["synchronizer.method 'memory'"]),
     ({"synchronizer": {"method": "checkpoint", "verify_every": 1}}, "synchronizer.verify_every",
      ["synchronizer.method 'checkpoint'"]),
-    ({"mode": "explore", "model": {"lora": {}}}, "model.lora", ["mode 'explore'", "no trainer"]),
+    ({"mode": "explore", "model": {"lora": {}}, **TRAINS_NOTHING}, "model.lora", ["mode 'explore'", "no trainer"]),
     ({"trainer": {"strategy": "ddp", "num_processes": 2, "fsdp": {}}}, "trainer.fsdp", ["trainer.strategy 'ddp'"]),
     ({"model": {"device": "cpu"}, "trainer": {"strategy": "fsdp", "num_processes": 2, "fsdp": {"cpu_offload": True}}},
      "trainer.fsdp.cpu_offload", ["model.device 'cpu'"]),
