@@ -52,7 +52,7 @@ PLOTLY_JS = settings.BASE_DIR / "static" / "vendor" / "plotly-basic.min.js"
 with PLOTLY_JS.open() as _header:
     PLOTLY_VERSION = re.search(r"plotly\.js \(basic - minified\) v([\w.-]+)", _header.read(200))[1]
 ACCEPTS_GZIP = re.compile(r"\bgzip\b")
-CHART_SMOOTHING = 0.6  # the chart toolbar's own (templates/runs/_chart_toolbar.html)
+CHART_SMOOTHING = 0.6  # the chart toolbar's default: its pages and chart_toolbar.js read it from here
 CHART_X = ("step", "wall", "relative")  # static/js/chart_axes.js's modes
 
 
@@ -67,6 +67,7 @@ def chart_view(query, smoothing: float | None = None) -> dict:
         smoothing = CHART_SMOOTHING
     return {"chart_filter": query.get("filter", "")[:200],
             "chart_smoothing": smoothing if 0 <= smoothing <= 0.99 else CHART_SMOOTHING,
+            "chart_smoothing_default": CHART_SMOOTHING,
             "chart_log": query.get("log") == "1", "chart_x": query.get("x") if query.get("x") in CHART_X else ""}
 
 

@@ -3,8 +3,6 @@
 // or save the page.
 "use strict";
 
-const CHART_SMOOTHING = 0.6; // the toolbar's default, which a link leaves out (views.chart_view)
-
 // Wires a toolbar (_chart_toolbar.html) to a board. It starts from what the page was given (a
 // link's ?filter=, ?smoothing=, ?log=1, ?x=, or a saved report's) and keeps each change in the
 // page's URL and in the fields of the forms that reload the page or save it (keepChartView): a
@@ -16,7 +14,8 @@ function bindChartControls(board, toolbar) {
   const x = toolbar.querySelector("[data-chart-x]");
   bindXAxisControl(board, x);
   const output = smoothing.parentElement.querySelector("output");
-  const keep = () => keepChartView({ filter: filter.value.trim(), smoothing: Number(smoothing.value) === CHART_SMOOTHING ? ""
+  const byDefault = Number(smoothing.dataset.default); // views.CHART_SMOOTHING, which a link leaves out
+  const keep = () => keepChartView({ filter: filter.value.trim(), smoothing: Number(smoothing.value) === byDefault ? ""
     : String(Number(smoothing.value)), log: log.checked ? "1" : "", x: x.value });
   filter.addEventListener("input", () => { board.setFilter(filter.value); keep(); });
   smoothing.addEventListener("input", () => { output.textContent = Number(smoothing.value).toFixed(2); });

@@ -108,7 +108,7 @@ class ChartBoard {
   // pinned: groups of chart ids ("role/key"); the first chart of each group that exists goes to
   // the overview section, in group order, followed by OVERVIEW_CHARTS. legends: false where the
   // page names the lines itself (compare: long run names in each chart's title row hid its title).
-  constructor(container, { smoothing = 0.6, logScale = false, pinned = [], legends = true, stepTitles = {} } = {}) {
+  constructor(container, { smoothing = 0, logScale = false, pinned = [], legends = true, stepTitles = {} } = {}) {
     this.container = container;
     this.legends = legends;
     this.smoothing = smoothing;
