@@ -4,6 +4,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -239,3 +240,28 @@ def daphne_command(port: int, interface: str = "127.0.0.1") -> list[str]:
     opening at once while CI loaded the machine (they all opened within 1.1 s on it alone)."""
     return [sys.executable, "-m", "daphne", "-e", f"tcp:port={port}:interface={interface}:backlog=1024",
             "--websocket_connect_timeout", "30", "rftweb.asgi:application"]
+
+
+def on_another_connection(work, wait_seconds: float = 5):
+    """What work() returns, run on a thread with its own database connection, or raise if it took
+    longer than `wait_seconds` (it waited for an import's write lock: the other connection's write
+    takes milliseconds, SQLite's busy timeout is 30 s)."""
+    from django.db import connection
+
+    outcome = {}
+
+    def run():
+        try:
+            outcome["value"] = work()
+        except Exception as exc:  # noqa: BLE001 - re-raised below
+            outcome["error"] = exc
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(wait_seconds)
+    assert not thread.is_alive(), f"the other connection waited over {wait_seconds} s for the import's write lock"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]

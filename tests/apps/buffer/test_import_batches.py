@@ -6,11 +6,9 @@ until the last batch is in; a bad row, a cancel, a deleted target or a redeliver
 nothing behind. On Postgres and on SQLite (`make test-sqlite`)."""
 
 import json
-import threading
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
-from django.db import connection
 from django.urls import reverse
 
 from apps.buffer import expert_import, services
@@ -23,6 +21,7 @@ from apps.feedback.models import Feedback
 from apps.runs.models import Run
 from apps.runs.services import validate_config
 from apps.tasksets.models import Taskset
+from tests.support import on_another_connection
 from workers.rft.config import ConfigError, RunConfig
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -30,7 +29,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 ROWS = [{"prompt": f"What is {i} + 1?", "response": str(i + 1)} for i in range(50)]
 PAIRS = [{"prompt": f"What is {i} + 1?", "chosen": str(i + 1), "rejected": str(i)} for i in range(50)]
 BATCH = 10
-WAIT_SECONDS = 5  # the other connection's write takes milliseconds; SQLite's busy timeout is 30 s
 
 
 @pytest.fixture(autouse=True)
@@ -42,28 +40,6 @@ def jsonl(tmp_path, rows, name="expert.jsonl"):
     path = tmp_path / name
     path.write_text("".join((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in rows))
     return path
-
-
-def on_another_connection(work):
-    """What work() returns, run on a thread with its own connection, or raise if it took longer
-    than WAIT_SECONDS (it waited for the import's write lock)."""
-    outcome = {}
-
-    def run():
-        try:
-            outcome["value"] = work()
-        except Exception as exc:  # noqa: BLE001 - re-raised below
-            outcome["error"] = exc
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join(WAIT_SECONDS)
-    assert not thread.is_alive(), f"the other connection waited over {WAIT_SECONDS} s for the import's write lock"
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
 
 
 def at_rows(rows_done, act):

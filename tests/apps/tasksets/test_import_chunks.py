@@ -6,22 +6,20 @@ import is under way; the taskset stays hidden until its last batch, and a failed
 import leaves nothing of it."""
 
 import json
-import threading
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
-from django.db import connection
 
 from apps.core import jobs
 from apps.tasksets import services
 from apps.tasksets.importers import FieldMapping
 from apps.tasksets.models import Task, Taskset, TasksetImport
+from tests.support import on_another_connection
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 ROWS = [{"q": f"What is {i} + 1?", "a": str(i + 1)} for i in range(50)]
 BATCH = 10
-WAIT_SECONDS = 5  # the other connection's write takes milliseconds; SQLite's busy timeout is 30 s
 
 
 @pytest.fixture(autouse=True)
@@ -34,28 +32,6 @@ def jsonl(tmp_path, rows):
     path = tmp_path / "tasks.jsonl"
     path.write_text("".join((row if isinstance(row, str) else json.dumps(row)) + "\n" for row in rows))
     return path
-
-
-def on_another_connection(work):
-    """What work() returns, run on a thread with its own connection, or raise if it took longer
-    than WAIT_SECONDS (it waited for the import's write lock)."""
-    outcome = {}
-
-    def run():
-        try:
-            outcome["value"] = work()
-        except Exception as exc:  # noqa: BLE001 - re-raised below
-            outcome["error"] = exc
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join(WAIT_SECONDS)
-    assert not thread.is_alive(), f"the other connection waited over {WAIT_SECONDS} s for the import's write lock"
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
 
 
 def test_others_write_while_a_big_import_runs_and_its_taskset_shows_only_when_complete(tmp_path, researcher):
