@@ -12,8 +12,10 @@
   function show(summary) {
     const j = summary.judgements;
     fields.human_reward.textContent = summary.human_reward === null ? "—" : summary.human_reward.toFixed(3);
-    fields.rated_experiences.textContent = summary.rated_experiences
-      + (summary.rated_flagged ? ` (${summary.rated_flagged} more flagged: not trained on)` : "");
+    const more = [];
+    if (summary.rated_waiting) more.push(`${summary.rated_waiting} more waiting for ${summary.judgements_per_item} judgements each`);
+    if (summary.rated_flagged) more.push(`${summary.rated_flagged} more flagged: not trained on`);
+    fields.rated_experiences.textContent = summary.rated_experiences + (more.length ? ` (${more.join("; ")})` : "");
     fields.judgements.textContent = `${j.rating} · ${j.edit} · ${j.preference} · ${j.flag}`;
     fields.data.textContent = `${summary.human_edits} · ${summary.dpo_pairs}${summary.dpo_pairs_flagged ? ` (+${summary.dpo_pairs_flagged} flagged)` : ""} · ${flagged(summary)}`;
     const waiting = summary.waiting_for_review;

@@ -15,6 +15,7 @@ from playwright.sync_api import expect
 from apps.accounts.roles import ANNOTATOR
 from apps.accounts.services import create_user
 from apps.buffer.models import Experience
+from apps.feedback import services as feedback
 from apps.feedback.models import Feedback
 from apps.runs import services as run_services
 from apps.runs.models import Run
@@ -214,15 +215,24 @@ def test_an_annotator_rates_edits_compares_and_flags_with_the_keyboard_while_ano
     assert Feedback.objects.filter(user=watcher).count() == 0
     watcher_context.close()
 
-    # The run page shows the feedback: counts, and the human reward (mean of 0.75, 0.25 and 1).
+    # The run page shows the feedback: two judgements per item, so the three rated once wait for
+    # a second annotator and give no human reward yet.
     researcher_context = browser.new_context(base_url=asgi_server, viewport={"width": 1400, "height": 3000})
     run_page = researcher_context.new_page()
     run_page.on("pageerror", lambda error: page_errors.append(str(error)))
     sign_in(run_page, researcher, f"/runs/{run.pk}/")
     card = run_page.locator("#human-feedback")
+    expect(card.locator('[data-feedback="rated_experiences"]')).to_have_text("0 (3 more waiting for 2 judgements each)")
+    expect(card.locator('[data-feedback="human_reward"]')).to_have_text("—")
+    expect(card.locator('[data-feedback="data"]')).to_have_text("1 · 0 · 1")  # the pair is compared once
+    # The watcher rates them as the first did and agrees on the pair: the page learns it with no
+    # reload, and the human reward is the mean of 0.75, 0.25 and 1.
+    for row, point in zip(to_rate, ("4", "2", "5"), strict=True):
+        feedback.rate(row.pk, watcher, point)
+    feedback.compare(pair_a.pk, pair_b.pk, watcher, "a_better")
     expect(card.locator('[data-feedback="rated_experiences"]')).to_have_text("3")
     expect(card.locator('[data-feedback="human_reward"]')).to_have_text("0.667")
-    expect(card.locator('[data-feedback="judgements"]')).to_have_text("3 · 1 · 1 · 1")
+    expect(card.locator('[data-feedback="judgements"]')).to_have_text("6 · 1 · 2 · 1")
     expect(card.locator('[data-feedback="data"]')).to_have_text("1 · 1 · 1")
     expect(run_page.locator("#human-reward-chart .main-svg").first).to_be_visible()
     researcher_context.close()
@@ -233,7 +243,6 @@ def test_the_run_page_counts_each_flagged_rollout_once_and_says_by_what(page, lo
                                                                        page_errors):
     """A flag judgement and a curator's rejection in the admin: the tile said 1 (the flags alone)."""
     from apps.buffer import services as buffer
-    from apps.feedback import services as feedback
 
     run = Run.objects.create(name="flags", owner=researcher, config={}, status=Run.Status.RUNNING)
     task = Task.objects.create(taskset=Taskset.objects.create(name="flags"), index=0, prompt="Say hi.", answer="")
