@@ -265,3 +265,32 @@ def on_another_connection(work, wait_seconds: float = 5):
     if "error" in outcome:
         raise outcome["error"]
     return outcome["value"]
+
+
+def run_cancelled_after_two_batches(monkeypatch, job_label: str, job) -> tuple:
+    """Run an import job, cancelled from another connection (as a person's Cancel) once it has
+    committed two batches. Returns (the ended job, rows_done as the canceller read it, whether the
+    cancel was taken, how many cancel checks the runner made: 3 when it stopped at the first check
+    after the cancel)."""
+    from django.apps import apps
+
+    from apps.core import jobs
+
+    model = apps.get_model(job_label)
+    checks, seen = [], []
+    stop_if_cancelled = jobs.stop_if_cancelled
+
+    def cancel_after_two_batches(running):
+        checks.append(running.pk)
+        if len(checks) == 3:  # the runner's check before it starts, then after the first two batches
+            def look_and_cancel():
+                saved = model.objects.get(pk=running.pk)
+                return saved.rows_done, jobs.cancel_job(saved).cancel_requested_at is not None
+
+            seen.append(on_another_connection(look_and_cancel))
+        stop_if_cancelled(running)
+
+    monkeypatch.setattr(jobs, "stop_if_cancelled", cancel_after_two_batches)
+    ended = jobs.run_job(job_label, job.pk)
+    rows_saved, cancelled = seen[0]
+    return ended, rows_saved, cancelled, len(checks)

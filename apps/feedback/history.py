@@ -160,7 +160,8 @@ def session_count(run, user, since) -> int:
 
 def _revert(feedback: Feedback, experience: Experience, trained: bool) -> None:
     """Take the judgement's effect out of the buffer, for what training does from now on."""
-    # A rating: undo makes the item's human reward again once the rating is deleted (set_human_reward).
+    # Any judgement: undo makes the item's human reward again once it is deleted (set_human_reward:
+    # a place of the item is free again, and a rating may be gone).
     if feedback.kind == Feedback.Kind.EDIT:
         row = edit_row(feedback)
         if row is not None and not trained:
@@ -222,8 +223,8 @@ def undo(feedback_id: int, user) -> Undone:
         )
     _revert(feedback, experience, trained=step is not None)
     feedback.delete()
-    if feedback.kind == Feedback.Kind.RATING:  # from the other annotators' ratings, if the item still has its number
-        services.set_human_reward(experience)
+    for judged in locked.values():  # from the other annotators' ratings, if the item still has its number
+        services.set_human_reward(judged)
     shown = locked[shown_id]
     reopened = services.refusal(shown, user) is None
     if reopened:

@@ -325,13 +325,17 @@ def rate(experience_id: int, user, point: str, *, seconds_spent: float = 0.0, co
 
 def set_human_reward(experience: Experience) -> None:
     """The experience's `human` reward component, which training reads as its rating. It is set
-    once the run's `judgements_per_item` annotators have rated the item and no rating waits for a
-    reviewer: the mean of its ratings that may reach training (a rejected one is left out; none
-    left, no component). Before, the item is not rated yet: with 2 per item, the first rating
-    alone trained as the item's reward and the second never counted."""
+    once the item's `judgements_per_item` places are taken (by annotators who judged it any way:
+    the queue hands it to no more, `_places_left`) and no rating waits for a reviewer: the mean of
+    its ratings that may reach training (a rejected one is left out; none left, no component).
+    Before, the item is not rated yet: with 2 per item, the first rating alone trained as the
+    item's reward and the second never counted. Called by every judgement, undo and review that
+    changes the item's places or ratings: an item rated by one annotator and edited by the other
+    waited for a second rating that could never come."""
     ratings = experience.feedback.filter(kind=Feedback.Kind.RATING)
     counted = list(ratings.filter(review__in=Feedback.TRAINED).values_list("value", flat=True))
-    complete = (ratings.count() >= judgements_per_item(experience.run)
+    judges = _judged(experience.pk).values("user_id").distinct().count()
+    complete = (judges >= judgements_per_item(experience.run)
                 and not ratings.filter(review=Feedback.Review.PENDING).exists())
     components = {key: value for key, value in experience.reward_components.items() if key != HUMAN_REWARD}
     if complete and counted:
@@ -371,6 +375,7 @@ def edit(
         store_human_edit(experience, user, text)
     elif (earlier := unused_edit(experience, user)) is not None:
         earlier.delete()  # an accepted edit, changed: what trains is what a reviewer accepts next
+    set_human_reward(experience)
     _judgement_done(experience, user)
     return feedback
 
@@ -416,6 +421,8 @@ def compare(
         chosen, user, Feedback.Kind.PREFERENCE, seconds_spent,
         other=rejected, value=VERDICT_VALUES[verdict], label=verdict, comment=comment,
     )
+    for judged in (experience, other):  # a comparison takes a place of both
+        set_human_reward(judged)
     _judgement_done(experience, user)
     return feedback
 
@@ -439,6 +446,7 @@ def flag(experience_id: int, user, reason: str, *, seconds_spent: float = 0.0, c
     if rejects:
         experience.status = Status.REJECTED
         experience.save(update_fields=["status"])
+    set_human_reward(experience)
     _judgement_done(experience, user)
     return feedback
 

@@ -246,7 +246,13 @@ def summary(run) -> dict:
     # it, is rejected: never sampled again.
     edits = rows.filter(source=Experience.Source.HUMAN_EDIT).exclude(status=Experience.Status.REJECTED)
     exclude_flagged = feedback_settings(run).exclude_flagged
-    pairs = judged_pairs([run.pk], exclude_flagged=exclude_flagged).count()
+    # Every judged pair, and those a flag keeps out, in one pass: the page asks every 5 s, and
+    # counting a pair's verdicts took 0.17 s a pass at 4,000 verdicts on Postgres.
+    rejected = Experience.Status.REJECTED
+    pairs = judged_pairs([run.pk], exclude_flagged=False).aggregate(
+        all=Count("pk"), flagged=Count("pk", filter=Q(experience__status=rejected) | Q(other__status=rejected)))
+    # Without exclude_flagged a flag is only recorded: every pair trains, none is set apart.
+    pairs_flagged = pairs["flagged"] if exclude_flagged else 0
     return {
         "judgements": counts,
         "rated_experiences": total,
@@ -255,9 +261,8 @@ def summary(run) -> dict:
         "rated_flagged": rows.filter(reward_components__has_key=HUMAN_REWARD).count() - total,
         **flagged(run),
         "human_edits": edits.count(),
-        "dpo_pairs": pairs,
-        # Without exclude_flagged a flag is only recorded: every pair trains, none is set apart.
-        "dpo_pairs_flagged": judged_pairs([run.pk], exclude_flagged=False).count() - pairs if exclude_flagged else 0,
+        "dpo_pairs": pairs["all"] - pairs_flagged,
+        "dpo_pairs_flagged": pairs_flagged,
         "waiting_for_review": dict.fromkeys(REVIEWED_KINDS, 0) | dict(waiting),
         "human_reward": sum(s["human_reward"] * s["rated"] for s in steps) / total if total else None,
         "human_reward_by_step": steps,

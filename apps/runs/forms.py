@@ -31,6 +31,7 @@ from workers.rft.config import (
     parse_reward_fn_text,
 )
 from workers.rft.config_issues import accepts_null, choices_of, description, leaf_types, section_of
+from workers.rft.config_rules import TRAINER_ONLY
 
 from . import notes, run_columns, sweeps
 from .config_keys import get_key, reset_unread, set_key
@@ -119,6 +120,12 @@ ALGORITHM_ONLY = {
     "algorithm.rollout_correction.": RL,
 }
 
+# Knobs only a trainer reads (config_rules.TRAINER_ONLY): the page hides them in modes explore and
+# bench, which run none, and a launch puts them back at their defaults there (the quick demo's
+# trainer.lr was refused with mode explore picked, as set and read by nothing).
+TRAINER_KEYS = {f"{section}.{key}" for section, keys in TRAINER_ONLY.items() for key in keys}
+TRAINER_MODES = ("both", "train")
+
 TASKSET_KEYS = ("buffer.taskset", "buffer.expert_taskset", "buffer.eval_taskset")
 
 
@@ -193,6 +200,7 @@ def _form_field(key: str, names: dict[str, list[str]]) -> forms.Field:
     else:
         field = forms.CharField(empty_value=None, **options)
     field.algorithms = next((names for prefix, names in ALGORITHM_ONLY.items() if key.startswith(prefix)), ())
+    field.modes = TRAINER_MODES if key in TRAINER_KEYS else ()
     if key == "model.path":
         from workers.rft.models import BUILTIN_MODELS
 
@@ -278,12 +286,14 @@ class LaunchForm(forms.Form):
         return config
 
     def _reset_hidden_unread(self, config: dict) -> None:
-        """A field the page hides for the chosen algorithm keeps its value while hidden, so picking
-        that algorithm again shows it; launched, it is the default where the config would not read it
-        (the quick demo's expert taskset, with grpo picked)."""
-        algorithm = get_key(config, "algorithm.name", None)
+        """A field the page hides for the chosen algorithm or mode keeps its value while hidden, so
+        picking that algorithm or mode again shows it; launched, it is the default where the config
+        would not read it (the quick demo's expert taskset with grpo picked, its trainer.lr with mode
+        explore)."""
+        algorithm, mode = get_key(config, "algorithm.name", None), get_key(config, "mode", None)
         reset_unread(config, [key for key, field in self.fields.items()
-                              if getattr(field, "algorithms", ()) and algorithm not in field.algorithms])
+                              if (getattr(field, "algorithms", ()) and algorithm not in field.algorithms)
+                              or (getattr(field, "modes", ()) and mode not in field.modes)])
 
     def sweep_space(self) -> list:
         """The sweep's axes as the API takes them (SweepError names what is wrong)."""

@@ -21,7 +21,7 @@ from apps.feedback.models import Feedback
 from apps.runs.models import Run
 from apps.runs.services import validate_config
 from apps.tasksets.models import Taskset
-from tests.support import on_another_connection
+from tests.support import on_another_connection, run_cancelled_after_two_batches
 from workers.rft.config import ConfigError, RunConfig
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -187,29 +187,14 @@ def start_import(user, rows=ROWS, **params):
 
 
 def test_a_cancel_mid_import_leaves_nothing(curator, monkeypatch):
-    job = start_import(curator)
-    checks, seen = [], []
-    stop_if_cancelled = jobs.stop_if_cancelled
+    job, rows_saved, cancelled, checks = run_cancelled_after_two_batches(
+        monkeypatch, "buffer.bufferjob", start_import(curator))
 
-    def cancel_after_two_batches(running):
-        checks.append(running.pk)
-        if len(checks) == 3:  # the runner's check before it starts, then after the first two batches
-            def look_and_cancel():
-                saved = BufferJob.objects.get(pk=running.pk)
-                return saved.rows_done, jobs.cancel_job(saved).cancel_requested_at is not None
-
-            seen.append(on_another_connection(look_and_cancel))
-        stop_if_cancelled(running)
-
-    monkeypatch.setattr(jobs, "stop_if_cancelled", cancel_after_two_batches)
-    job = jobs.run_job("buffer.bufferjob", job.pk)
-
-    rows_saved, cancelled = seen[0]
     assert rows_saved >= BATCH and cancelled  # written at most every PROGRESS_INTERVAL_SECONDS: the first batch's
     assert job.status == "cancelled" and job.error.startswith("cancelled on request"), job.error
     assert BufferJob.objects.get(pk=job.pk).dataset is None
     assert not ExpertDataset.all_objects.exists() and not Experience.objects.exists()
-    assert len(checks) == 3, "it stopped at the check after the cancel"
+    assert checks == 3, "it stopped at the check after the cancel"
 
 
 def test_a_redelivered_import_deletes_its_killed_worker_half_and_starts_again(curator):

@@ -254,6 +254,32 @@ def test_a_hidden_field_the_algorithm_would_not_read_launches_at_its_default(res
     assert mix == RunConfig().algorithm.mix.model_dump()
 
 
+def test_trainer_fields_are_marked_for_the_modes_that_train(researcher_client, tasksets):
+    html = researcher_client.get(URL).content.decode()
+    assert 'data-key="trainer.lr" data-modes="both train"' in html
+    assert 'data-key="trainer.total_steps" data-modes' not in html  # mode explore's count of explorer steps
+
+
+@pytest.mark.parametrize("mode", ["explore", "bench"])
+def test_the_quick_demo_switched_to_a_mode_without_a_trainer_launches_with_trainer_defaults(
+    researcher_client, tasksets, worker_queue, mode
+):
+    """The page hides what only a trainer reads in modes explore and bench; the quick demo's
+    trainer.lr, micro_batch_size and save_interval, hidden there, launch at their defaults (they
+    were refused as set and read by nothing). The same keys in YAML are refused (test_option_matrix)."""
+    extra = {"explorer.eval_interval": "0"} if mode == "explore" else {}
+    data = posted(config_form(), **{"mode": mode, **extra})
+    assert data["trainer.lr"] == "0.001"
+    response = researcher_client.post(URL, data)
+    assert response.status_code == 302, response.context["form"].errors
+    config, defaults = Run.objects.get().config, RunConfig()
+    assert config["mode"] == mode
+    assert config["trainer"]["lr"] == defaults.trainer.lr
+    assert config["trainer"]["micro_batch_size"] == defaults.trainer.micro_batch_size
+    assert config["trainer"]["save_interval"] == defaults.trainer.save_interval
+    assert config["trainer"]["total_steps"] == 1000  # read: the explorer steps of mode explore
+
+
 def test_a_hidden_field_the_configs_own_loss_reads_is_kept(researcher_client, tasksets, worker_queue):
     """grpo with policy_loss mix reads mix.mu, though the page hides it for grpo."""
     data = posted(config_form(), **{"algorithm.name": "grpo", "algorithm.policy_loss": "mix"})

@@ -14,7 +14,7 @@ from apps.core import jobs
 from apps.tasksets import services
 from apps.tasksets.importers import FieldMapping
 from apps.tasksets.models import Task, Taskset, TasksetImport
-from tests.support import on_another_connection
+from tests.support import on_another_connection, run_cancelled_after_two_batches
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -71,30 +71,15 @@ def start_import(user, rows=ROWS):
 
 
 def test_a_running_import_saves_its_progress_per_batch_and_a_cancel_answers_at_once(researcher, monkeypatch):
-    job = start_import(researcher)
-    checks, seen = [], []
-    stop_if_cancelled = jobs.stop_if_cancelled
+    job, rows_saved, cancelled, checks = run_cancelled_after_two_batches(
+        monkeypatch, "tasksets.tasksetimport", start_import(researcher))
 
-    def cancel_after_two_batches(running):
-        checks.append(running.pk)
-        if len(checks) == 3:  # the runner's check before it starts, then after the first two batches
-            def look_and_cancel():
-                saved = TasksetImport.objects.get(pk=running.pk)
-                return saved.rows_done, jobs.cancel_job(saved).cancel_requested_at is not None
-
-            seen.append(on_another_connection(look_and_cancel))
-        stop_if_cancelled(running)
-
-    monkeypatch.setattr(jobs, "stop_if_cancelled", cancel_after_two_batches)
-    job = jobs.run_job("tasksets.tasksetimport", job.pk)
-
-    rows_saved, cancelled = seen[0]
     # Written at most every PROGRESS_INTERVAL_SECONDS: the first batch's at least.
     assert rows_saved >= BATCH and cancelled
     assert job.status == "cancelled" and job.error.startswith("cancelled on request"), job.error
     assert job.taskset is None and TasksetImport.objects.get(pk=job.pk).taskset is None
     assert not Taskset.all_objects.filter(name="uploaded").exists() and not Task.objects.exists()
-    assert len(checks) == 3, "it stopped at the check after the cancel"
+    assert checks == 3, "it stopped at the check after the cancel"
 
 
 def test_a_redelivered_import_deletes_its_killed_worker_half_and_starts_again(researcher):

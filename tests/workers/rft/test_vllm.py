@@ -190,14 +190,14 @@ def test_weight_sync_serves_the_new_weights(method, tiny_vllm, tiny_path, tokeni
 
 @pytest.mark.slow  # the module's vLLM engine (tiny_vllm) starts in ~16 s: not in the quick run
 def test_guard_refuses_stale_weights(tiny_vllm, tiny_path, tmp_path):
-    from workers.rft.engines.vllm_weights import StaleWeightsError, _fingerprint_files, _fingerprint_tensors
+    from workers.rft.engines.vllm_weights import StaleWeightsError, fingerprint_files, fingerprint_tensors
 
     perturb(load_policy(tiny_path, CPU), seed=2).save_pretrained(tmp_path)
     assert "model.embed_tokens.weight" in tiny_vllm._comparable and "model.norm.weight" in tiny_vllm._comparable
     # vLLM's plain reload leaves the tied output head computing with the old embedding: caught.
     with pytest.raises(StaleWeightsError, match="lm_head"):
         tiny_vllm._reload(
-            lambda names: _fingerprint_files(tmp_path, torch.float32, names), 5,
+            lambda names: fingerprint_files(tmp_path, torch.float32, names), 5,
             weights_path=str(tmp_path), refresh_tied=False,
         )
     assert tiny_vllm.model_version == 0  # not taken, and nothing is served until a sync succeeds
@@ -207,7 +207,7 @@ def test_guard_refuses_stale_weights(tiny_vllm, tiny_path, tmp_path):
     other = perturb(load_policy(tiny_path, CPU), seed=3).state_dict()
     with pytest.raises(StaleWeightsError, match="differs"):
         tiny_vllm._reload(
-            lambda names: _fingerprint_tensors(((n, other[n]) for n in names), torch.float32), 5,
+            lambda names: fingerprint_tensors(((n, other[n]) for n in names), torch.float32), 5,
             weights_path=str(tmp_path),
         )
     tiny_vllm.load_checkpoint(tiny_path, version=0)
@@ -318,11 +318,11 @@ def test_smollm2_matches_transformers_before_and_after_a_trainer_step(tmp_path):
 
     # The trap is real on SmolLM2: reloading the starting weights without re-processing the tied
     # head leaves it computing with version 1's embedding, and the guard refuses that.
-    from workers.rft.engines.vllm_weights import _fingerprint_files
+    from workers.rft.engines.vllm_weights import fingerprint_files
 
     with pytest.raises(StaleWeightsError, match="lm_head"):
         engine._reload(
-            lambda names: _fingerprint_files(path, torch.float32, names), 0,
+            lambda names: fingerprint_files(path, torch.float32, names), 0,
             weights_path=str(path), refresh_tied=False,
         )
     engine.close()

@@ -46,16 +46,16 @@ from pathlib import Path
 import torch
 
 from ..models import data_dir, stop_token_ids
+from ..weight_manifest import unique_tensors
 from .base import Completion, RolloutEngine, SamplingParams
 from .vllm_weights import (
     TIED_RTOL,
     WORKER_EXTENSION,
     StaleWeightsError,
-    _fingerprint_files,
-    _fingerprint_tensors,
-    _ipc_handles,
-    _mismatches,
-    _unique_tensors,
+    fingerprint_files,
+    fingerprint_tensors,
+    ipc_handles,
+    mismatches,
 )
 
 log = logging.getLogger(__name__)
@@ -297,8 +297,8 @@ class VLLMEngine(RolloutEngine):
         """The parameters whose values vLLM keeps as loaded (it may pack or transform others):
         those that match the model's files now are the ones the guard compares after a sync."""
         [actual] = self._llm.collective_rpc("rft_fingerprint")
-        expected = _fingerprint_files(self.model_path, self.dtype, names=set(actual))
-        comparable = set(expected) - set(_mismatches(expected, actual, set(expected)))
+        expected = fingerprint_files(self.model_path, self.dtype, names=set(actual))
+        comparable = set(expected) - set(mismatches(expected, actual, set(expected)))
         if not comparable:
             log.warning(
                 "no vLLM parameter can be compared with the model's files: only tied heads are checked after a sync"
@@ -364,28 +364,22 @@ class VLLMEngine(RolloutEngine):
     def load_checkpoint(self, path: Path, version: int) -> None:
         started = time.perf_counter()
         path = Path(path)
-        self._reload(lambda names: _fingerprint_files(path, self.dtype, names), version, weights_path=str(path))
+        self._reload(lambda names: fingerprint_files(path, self.dtype, names), version, weights_path=str(path))
         self.last_sync_seconds = time.perf_counter() - started
 
     def load_state_dict(self, state_dict: dict, version: int) -> None:
         started = time.perf_counter()
-        weights = _unique_tensors(state_dict, self.tied)
+        # Each tensor once; a tied head not at all (vLLM ties it to the embedding itself).
+        weights = dict(unique_tensors({n: t for n, t in state_dict.items()
+                                       if not (self.tied and n == "lm_head.weight")}))
 
         def expected(names):
-            return _fingerprint_tensors(((n, t) for n, t in weights.items() if n in names), self.dtype)
+            return fingerprint_tensors(((n, t) for n, t in weights.items() if n in names), self.dtype)
 
         tensors_on_gpu = all(t.is_cuda for t in weights.values())
-        if tensors_on_gpu and self.device.type == "cuda":
-            try:
-                handles, keep_alive = _ipc_handles(weights)
-                self._reload(expected, version, ipc_handles=handles)
-                del keep_alive
-                self.last_sync_seconds = time.perf_counter() - started
-                return
-            except StaleWeightsError:
-                raise
-            except Exception:  # no CUDA IPC between these processes: go through a file
-                log.exception("CUDA IPC weight transfer failed; reloading from a file instead")
+        if tensors_on_gpu and self.device.type == "cuda" and self._reload_over_ipc(weights, expected, version):
+            self.last_sync_seconds = time.perf_counter() - started
+            return
         from safetensors.torch import save_file
 
         self._scratch.mkdir(parents=True, exist_ok=True)
@@ -397,6 +391,21 @@ class VLLMEngine(RolloutEngine):
             target.unlink(missing_ok=True)
         self.last_sync_seconds = time.perf_counter() - started
 
+    def _reload_over_ipc(self, weights: dict, expected, version: int) -> bool:
+        """Reload from the trainer's GPU tensors through CUDA IPC; False where IPC fails between
+        these processes (the caller goes through a file). The contiguous copies IPC shares live in
+        this call only: held through the file fallback, they kept a second copy of the weights on
+        the GPU for that sync."""
+        try:
+            handles, keep_alive = ipc_handles(weights)
+            self._reload(expected, version, ipc_handles=handles)
+            return True
+        except StaleWeightsError:
+            raise
+        except Exception:  # no CUDA IPC between these processes
+            log.exception("CUDA IPC weight transfer failed; reloading from a file instead")
+            return False
+
     def _reload(self, expected, version: int, **source) -> None:
         """Have the worker reload (`source`: weights_path or ipc_handles), then check that what it
         holds is what `expected(names)` (fingerprints of the published weights) says."""
@@ -405,7 +414,7 @@ class VLLMEngine(RolloutEngine):
         [report] = llm.collective_rpc("rft_reload_weights", kwargs=source)
         llm.reset_prefix_cache()
         names = self._comparable & set(report["fingerprint"])
-        problems = list(_mismatches(expected(names), report["fingerprint"], names).values())
+        problems = list(mismatches(expected(names), report["fingerprint"], names).values())
         problems += [
             f"tied module {name} computes with stale weights (max |Δ| {diff:.3g} of {scale:.3g})"
             for name, (diff, scale) in report["tied_errors"].items()

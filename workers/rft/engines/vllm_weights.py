@@ -42,30 +42,16 @@ class StaleWeightsError(RuntimeError):
 # Weight fingerprints (main process side)
 
 
-def _unique_tensors(state_dict: dict, tied: bool) -> dict:
-    """The state dict without the aliases of tied weights (one tensor, several names)."""
-    weights, seen = {}, {}
-    for name, tensor in state_dict.items():
-        if tied and name == "lm_head.weight":
-            continue  # the embedding; vLLM skips it for tied models
-        key = (tensor.device, tensor.data_ptr(), tuple(tensor.shape))
-        if key in seen:
-            continue
-        seen[key] = name
-        weights[name] = tensor.detach()
-    return weights
-
-
 def _fingerprint(tensor: torch.Tensor, dtype: torch.dtype) -> tuple[float, float]:
     values = tensor.detach().to(dtype).double()
     return values.sum().item(), values.abs().sum().item()
 
 
-def _fingerprint_tensors(items, dtype: torch.dtype) -> dict[str, tuple[float, float]]:
+def fingerprint_tensors(items, dtype: torch.dtype) -> dict[str, tuple[float, float]]:
     return {name: _fingerprint(tensor, dtype) for name, tensor in items}
 
 
-def _fingerprint_files(path: Path, dtype: torch.dtype, names=None) -> dict[str, tuple[float, float]]:
+def fingerprint_files(path: Path, dtype: torch.dtype, names=None) -> dict[str, tuple[float, float]]:
     """Fingerprints of the tensors of a saved HF directory (only `names`, when given)."""
     from safetensors import safe_open
 
@@ -81,7 +67,7 @@ def _fingerprint_files(path: Path, dtype: torch.dtype, names=None) -> dict[str, 
     return expected
 
 
-def _mismatches(expected: dict, actual: dict, names: set[str]) -> dict[str, str]:
+def mismatches(expected: dict, actual: dict, names: set[str]) -> dict[str, str]:
     """The names among `names` whose fingerprints differ (or are missing) on the two sides."""
     problems = {}
     for name in sorted(names):
@@ -95,7 +81,7 @@ def _mismatches(expected: dict, actual: dict, names: set[str]) -> dict[str, str]
     return problems
 
 
-def _ipc_handles(weights: dict) -> tuple[str, list]:
+def ipc_handles(weights: dict) -> tuple[str, list]:
     """CUDA IPC handles of the tensors, keyed by the GPU's UUID, pickled for the RPC."""
     from torch.multiprocessing.reductions import reduce_tensor
 
