@@ -5,6 +5,7 @@ from django.contrib import admin, messages
 from django.contrib.admin.utils import unquote
 from django.http import HttpResponseRedirect
 from django.urls import reverse
+from django.utils import timezone
 from django.utils.functional import lazy
 from django.utils.html import format_html
 
@@ -49,6 +50,25 @@ class RunAdminForm(forms.ModelForm):
     tags = TagsField(required=False, help_text=(
         f'A JSON list of at most {notes.MAX_TAGS} tags, e.g. ["baseline", "lr-sweep"]; each has {notes.TAG_RULE}.'
     ))
+    # The version of the notes and tags this form was opened on, as the run page's form has it
+    # (notes.set_notes_and_tags): a curator's save here overwrote a save made meanwhile on the run
+    # page without a word, and left its version as it was.
+    opened_notes_version = forms.IntegerField(widget=forms.HiddenInput, required=False)
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        if self.instance.pk is not None:
+            self.fields["opened_notes_version"].initial = self.instance.notes_version
+
+    def clean(self):
+        cleaned = super().clean()
+        if self.instance.pk is None or not {"notes", "tags"} & set(self.changed_data):
+            return cleaned
+        run = Run.objects.select_related("notes_changed_by").get(pk=self.instance.pk)
+        if cleaned.get("opened_notes_version") != run.notes_version:
+            raise forms.ValidationError(f"Notes and tags not saved: {notes.changed_by(run)} since you opened this "
+                                        "page. Reload it to see theirs, then make your change again.")
+        return cleaned
 
 
 @admin.register(Run)
@@ -97,6 +117,12 @@ class RunAdmin(CheckedSelectionMixin, admin.ModelAdmin):
 
     def has_add_permission(self, request):
         return False
+
+    def save_model(self, request, obj, form, change):
+        if change and {"notes", "tags"} & set(form.changed_data):  # a save of them, as the run page counts one
+            obj.notes_version += 1
+            obj.notes_changed_by, obj.notes_changed_at = request.user, timezone.now()
+        super().save_model(request, obj, form, change)
 
     # -- deletion (apps/runs/deletion.py): ended runs only, counted, in SQL chunks --
 

@@ -102,6 +102,10 @@ def report_edit(request, pk):
         return redirect("report-list")
     typed = {key: request.POST.get(key) for key in ("name", "note")}
     version = whole_number(request.POST.get("version"))
+    if version is None:  # as the run's notes refuse it (notes.set_notes_and_tags): what it replaces is unknown
+        messages.error(request, "Report not saved: the form did not say which version of it you edit. Reload the "
+                                "page and Save again; what you typed is in the form.")
+        return _report_page(request, report, ReportForm(instance=report, initial=typed), status=400)
     if version != report.version:
         return _changed_since(request, report, typed)
     # Runs deleted since it was saved are dropped (as a new report's save offers the rest): kept,

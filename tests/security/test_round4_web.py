@@ -89,7 +89,7 @@ def test_the_tag_filter_matches_only_a_list_of_tags(researcher_client, researche
 def admin_form(run: Run, **changes) -> dict:
     """The admin change form's POST for `run`, with `changes`."""
     return {"name": run.name, "owner": run.owner_id, "error": run.error, "notes": run.notes, "_save": "Save",
-            **changes}
+            "opened_notes_version": run.notes_version, **changes}
 
 
 @pytest.mark.django_db
@@ -123,6 +123,30 @@ def test_the_admin_saves_tags_by_the_run_pages_rule_and_shows_a_bad_stored_value
     assert run.tags == ["baseline", "lr-sweep"]
     Run.objects.filter(pk=run.pk).update(tags=Value({"a": 1}, output_field=JSONField()))
     assert "{&quot;a&quot;: 1}" in client.get(url).content.decode()  # shown as stored, to be fixed here
+
+
+@pytest.mark.django_db
+def test_an_admin_save_of_notes_over_a_save_made_meanwhile_is_refused_and_counts_as_a_save(
+    client, curator, researcher, run
+):
+    """The run page's notes and tags carry a version; the admin's form saved over them unchecked."""
+    from apps.runs import notes
+
+    client.force_login(curator)
+    url = reverse("admin:runs_run_change", args=[run.pk])
+    opened = admin_form(run, notes="curator's note")
+    notes.set_notes_and_tags(run, researcher, notes="owner's note", tags="kept", version=run.notes_version)
+    refused = client.post(url, opened)
+    run.refresh_from_db()
+    assert refused.status_code == 200 and "they were changed by res" in refused.content.decode()
+    assert run.notes == "owner's note"
+    saved = client.post(url, admin_form(run, notes="both notes"))
+    assert saved.status_code == 302
+    run.refresh_from_db()
+    assert (run.notes, run.notes_version, run.notes_changed_by) == ("both notes", 2, curator)
+    # the run page's form opened before the admin's save is refused in turn
+    with pytest.raises(notes.NotesChanged):
+        notes.set_notes_and_tags(run, researcher, notes="stale", tags="kept", version=1)
 
 
 # ---- 13: staged uploads -------------------------------------------------------------------------

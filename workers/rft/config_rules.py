@@ -294,8 +294,8 @@ TRAINER_ONLY = {
                 "save_interval", "save_interval_s", "keep_checkpoints", "grad_clip", "weight_decay", "warmup_steps",
                 "update_epochs", "collective_timeout_s"),
     "synchronizer": ("interval", "offset"),
-    "feedback": ("reward_mode", "reward_weight", "rated_only", "rating_wait_s", "edits_as_expert", "exclude_flagged",
-                 "source_runs"),
+    # Not exclude_flagged: a flag reads it in every mode, to reject the row or only record the flag.
+    "feedback": ("reward_mode", "reward_weight", "rated_only", "rating_wait_s", "edits_as_expert", "source_runs"),
 }
 
 

@@ -29,7 +29,8 @@ CHECK_EVERY_S = 2.0
 
 
 class StopRequested(Exception):
-    """The run was told to stop (or its worker to leave) in the middle of an explorer step."""
+    """The run was told to stop (or its worker to leave) in the middle of a step: an explorer's, or
+    a trainer's wait for ratings."""
 
 
 class _Check:
@@ -43,7 +44,7 @@ class _Check:
         stop = self.should_stop()
         self.next_at = time.monotonic() + self.every_s  # after: a paused run's should_stop waits in it
         if stop:
-            raise StopRequested("the run was told to stop during an explorer step")
+            raise StopRequested("the run was told to stop during a step")
 
 
 _current: ContextVar[_Check | None] = ContextVar("rft_stop_check", default=None)

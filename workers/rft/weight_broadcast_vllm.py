@@ -36,7 +36,7 @@ from vllm.distributed.weight_transfer.base import (
     WeightTransferUpdateInfo,
 )
 
-from .engines.vllm_weights import TIED_RTOL, RFTWorkerExtension, _refresh_tied_modules
+from .engines.vllm_weights import RFTWorkerExtension, refresh_tied_modules, stale_tied
 from .weight_broadcast import DEFAULT_TIMEOUT_S, IDLE_TIMEOUT_S, Receiver
 from .weight_manifest import fingerprint
 
@@ -119,8 +119,7 @@ class BroadcastWeightTransferEngine(WeightTransferEngine[BroadcastInitInfo, Broa
             started = time.perf_counter()
             finalize_layerwise_reload(self.model, self.model_config)
             finalized = time.perf_counter()
-            stale = {name: (diff, scale) for name, (diff, scale) in _refresh_tied_modules(self.model).items()
-                     if diff > TIED_RTOL * scale}
+            stale = stale_tied(refresh_tied_modules(self.model))
             if stale:
                 raise RuntimeError(f"tied modules compute with stale weights: {sorted(stale)}")
             self._check_loaded()

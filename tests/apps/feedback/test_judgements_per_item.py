@@ -43,6 +43,34 @@ def test_a_rating_trains_once_the_items_judgements_are_in_as_their_mean(run, mak
     assert human(item) is None and buffer.sample(2, sources=["rollout"]) == []
 
 
+@pytest.mark.parametrize("second", ["edit", "flag", "compare"])
+def test_a_place_taken_by_another_kind_of_judgement_completes_the_items_rating(
+    run, tasks, make_experience, make_annotator, second
+):
+    """The queue hands an item to N annotators, whatever each does with it: rated by one and edited,
+    flagged (recorded only) or compared by the other, it waited under rated_only for a second rating
+    no one could give. Its rating is the mean of the ratings it has; an undone judgement reopens it."""
+    buffer = configure(run, reward_mode="override", rated_only=True, rating_wait_s=0, exclude_flagged=False)
+    a1, a2 = make_annotator("a1"), make_annotator("a2")
+    item, other = make_experience(task=tasks[0]), make_experience(task=tasks[0])
+    services.rate(item.pk, a1, "9")
+    assert human(item) is None and stats.summary(run)["rated_waiting"] == 1
+    if second == "edit":
+        services.edit(item.pk, a2, "a better answer", confirmed=True)
+    elif second == "flag":
+        services.flag(item.pk, a2, "wrong")
+    else:
+        services.compare(other.pk, item.pk, a2, "a_better")
+
+    assert human(item) == 1.0
+    assert [e.id for e in buffer.sample(1, sources=["rollout"])] == [item.pk]
+    summary = stats.summary(run)
+    assert (summary["rated_experiences"], summary["rated_waiting"]) == (1, 0)
+    Experience.objects.update(claimed_at=None, claimed_by=None)
+    history.undo_last(run, a2)
+    assert human(item) is None
+
+
 def test_with_one_annotator_per_item_the_first_rating_is_the_items(run, make_experience, annotator):
     configure(run, judgements_per_item=1)
     item = make_experience()

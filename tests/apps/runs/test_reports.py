@@ -115,6 +115,18 @@ def test_a_report_keeps_the_charts_smoothing_and_the_samples_form_the_charts_vie
     assert refused.status_code == 400 and Report.objects.count() == 1
 
 
+def test_an_edit_that_does_not_say_which_version_it_edits_is_refused_keeping_what_was_typed(researcher_client,
+                                                                                            compared):
+    """As the run's notes: what such a post would replace is unknown (it read as changed since)."""
+    a, b, _ = compared
+    report = Report.objects.create(name="r", owner=Run.objects.get(pk=a.pk).owner, run_ids=[a.pk, b.pk])
+    refused = researcher_client.post(reverse("report-edit", args=[report.pk]), {"name": "renamed", "note": "mine"})
+    report.refresh_from_db()
+    assert refused.status_code == 400 and (report.name, report.note) == ("r", "")
+    page = refused.content.decode()
+    assert "the form did not say which version of it you edit" in page and ">mine</textarea>" in page
+
+
 def test_its_owner_renames_it_and_a_curator_deletes_it_keeping_its_runs(researcher_client, curator, compared):
     a, b, _ = compared
     report = Report.objects.create(name="r", owner=Run.objects.get(pk=a.pk).owner, run_ids=[a.pk, b.pk])

@@ -180,6 +180,8 @@ def test_training_keys_set_for_a_mode_that_trains_nothing_are_refused(data, keys
     # what those modes read: the explorer's step count, a feedback rubric for the annotators
     config({"mode": "explore", "trainer": {"total_steps": 7}, "feedback": {"rubric": "Is it right?",
                                                                            "scale_max": 3}}),
+    # a flag only recorded, the row left ready (feedback.services.flag reads it whatever the mode)
+    config({"mode": "explore", "feedback": {"exclude_flagged": False}}),
     config({"mode": "bench", "buffer": {"eval_taskset": "x"}, "synchronizer": {"method": "checkpoint"}}),
     config({"trainer": {"lr": 0.5, "update_epochs": 5}, "synchronizer": {"interval": 5, "offset": 2}}),  # mode both
 ])

@@ -49,13 +49,13 @@ from ..models import data_dir, stop_token_ids
 from ..weight_manifest import unique_tensors
 from .base import Completion, RolloutEngine, SamplingParams
 from .vllm_weights import (
-    TIED_RTOL,
     WORKER_EXTENSION,
     StaleWeightsError,
     fingerprint_files,
     fingerprint_tensors,
     ipc_handles,
     mismatches,
+    stale_tied,
 )
 
 log = logging.getLogger(__name__)
@@ -417,8 +417,7 @@ class VLLMEngine(RolloutEngine):
         problems = list(mismatches(expected(names), report["fingerprint"], names).values())
         problems += [
             f"tied module {name} computes with stale weights (max |Δ| {diff:.3g} of {scale:.3g})"
-            for name, (diff, scale) in report["tied_errors"].items()
-            if diff > TIED_RTOL * scale
+            for name, (diff, scale) in stale_tied(report["tied_errors"]).items()
         ]
         if problems:
             raise StaleWeightsError(f"vLLM did not take version {version}: " + "; ".join(problems[:5]))

@@ -121,7 +121,7 @@ class RFTWorkerExtension:
         else:
             self.reload_weights(weights_path=weights_path)
         model = self.model_runner.get_model()
-        tied_errors = _refresh_tied_modules(model) if refresh_tied else _check_tied_modules(model)
+        tied_errors = refresh_tied_modules(model) if refresh_tied else _check_tied_modules(model)
         return {"fingerprint": self.rft_fingerprint(), "tied_errors": tied_errors}
 
     def rft_fingerprint(self) -> dict[str, tuple[float, float]]:
@@ -148,7 +148,7 @@ def _tied_groups(model) -> list[list]:
     return [list(group.items()) for group in by_weight.values() if len({id(m) for m in group.values()}) > 1]
 
 
-def _refresh_tied_modules(model) -> dict[str, tuple[float, float]]:
+def refresh_tied_modules(model) -> dict[str, tuple[float, float]]:
     """Process tied modules again so their kernels (CPU: prepacked copies) see the new weight;
     return the check of each afterwards."""
     for group in _tied_groups(model):
@@ -157,6 +157,11 @@ def _refresh_tied_modules(model) -> dict[str, tuple[float, float]]:
             if method is not None and hasattr(method, "process_weights_after_loading"):
                 method.process_weights_after_loading(module)
     return _check_tied_modules(model)
+
+
+def stale_tied(errors: dict[str, tuple[float, float]]) -> dict[str, tuple[float, float]]:
+    """Of a tied-module check's (max |Δ|, max |weight|) per module, those off by more than TIED_RTOL."""
+    return {name: (diff, scale) for name, (diff, scale) in errors.items() if diff > TIED_RTOL * scale}
 
 
 @torch.no_grad()
