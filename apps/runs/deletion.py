@@ -43,31 +43,37 @@ def refusals(runs) -> list[str]:
         for source in set(ids) & set((reader.config.get("feedback") or {}).get("source_runs") or []):
             reasons.append(f"run {reader.pk} '{reader.name}' trains on the human edits of run {source} "
                            "(feedback.source_runs)")
-    for run in runs:
-        reasons += loaders(run_dir(run).resolve(), f"run {run.pk}'s directory", exclude=ids)
+    reasons += loaders([(run_dir(run).resolve(), f"run {run.pk}'s directory") for run in runs], exclude=ids)
     return reasons
 
 
-def loaders(directory: Path, what: str, exclude=()) -> list[str]:
-    """A refusal per run that may still load a model from inside `directory` (a run's or a
-    checkpoint's) and is not in `exclude`: any but a completed run, as for a saved model
-    (saved_models.services.STILL_LOADS), since a stopped or failed one loads its models again when
-    resumed. Any key counts (model.path, ref_path, critic_path, a reward fn's model): a launch
-    stores each resolved, so `directory` is too. Narrowed in the database by the directory's name
-    (ASCII: a run's folder or step_N, the same text in either database's JSON), then checked value
-    by value. Kept, a run
-    whose model.path was another run's checkpoint failed on Resume once that run was deleted:
-    "no model directory at runs/2-.../checkpoints/step_6"."""
-    inside = f"{directory}/"
-    candidates = (Run.objects.exclude(status=Run.Status.COMPLETED).exclude(pk__in=exclude)
-                  .annotate(text=Cast("config", TextField())).filter(text__contains=f"/{directory.name}")
-                  .only("pk", "name", "status", "config").order_by("pk"))
+def loaders(targets: list[tuple[Path, str]], exclude=()) -> list[str]:
+    """A refusal per run that may still load a model from inside one of the `targets`' directories
+    (a run's or a checkpoint's; `what` names it) and is not in `exclude`: any but a completed run, as
+    for a saved model (saved_models.services.STILL_LOADS), since a stopped or failed one loads its
+    models again when resumed. Any key counts (model.path, ref_path, critic_path, a reward fn's
+    model): a launch stores each resolved, so the directories are too. Narrowed in the database by
+    the directories' names (ASCII: a run's folder or step_N, the same text in either database's
+    JSON), in one query however many are deleted, then checked value by value. Kept, a run whose
+    model.path was another run's checkpoint failed on Resume once that run was deleted: "no model
+    directory at runs/2-.../checkpoints/step_6"."""
+    if not targets:
+        return []
+    named = Q()
+    for directory, _ in targets:
+        named |= Q(text__contains=f"/{directory.name}")
+    candidates = list(Run.objects.exclude(status=Run.Status.COMPLETED).exclude(pk__in=exclude)
+                      .annotate(text=Cast("config", TextField())).filter(named)
+                      .only("pk", "name", "status", "config").order_by("pk"))
     reasons = []
-    for reader in candidates:
-        keys = [key for key, value in _strings(reader.config) if value == str(directory) or value.startswith(inside)]
-        if keys:
-            reasons.append(f"run {reader.pk} '{reader.name}' ({reader.status}) loads its {', '.join(keys)} from "
-                           f"{what}, and would again when resumed")
+    for directory, what in targets:
+        inside = f"{directory}/"
+        for reader in candidates:
+            keys = [key for key, value in _strings(reader.config)
+                    if value == str(directory) or value.startswith(inside)]
+            if keys:
+                reasons.append(f"run {reader.pk} '{reader.name}' ({reader.status}) loads its {', '.join(keys)} "
+                               f"from {what}, and would again when resumed")
     return reasons
 
 
@@ -128,9 +134,8 @@ def checkpoint_refusals(checkpoints) -> list[str]:
     reasons = [f"run {run.pk} '{run.name}' is {run.status}: its trainer may go on from its checkpoints at any "
                "moment (a hand-over, a restart); stop it first"
                for run in runs.values() if run.status not in Run.FINISHED]
-    for checkpoint in checkpoints:
-        if directory := _directory(checkpoint)[0]:
-            reasons += loaders(directory, f"checkpoint {_named(checkpoint)} of run {checkpoint.run_id}")
+    reasons += loaders([(directory, f"checkpoint {_named(checkpoint)} of run {checkpoint.run_id}")
+                        for checkpoint in checkpoints if (directory := _directory(checkpoint)[0])])
     return reasons
 
 

@@ -139,3 +139,17 @@ def test_a_completed_run_loading_from_it_does_not_hold_it(
     with django_capture_on_commit_callbacks(execute=True):
         delete_selected(curator_client, [source], confirm=True)
     assert not Run.objects.filter(pk=source.pk).exists() and Run.objects.filter(pk=reader.pk).exists()
+
+
+def test_the_runs_that_load_from_many_deleted_runs_are_found_in_one_query(
+        curator, checkpoint_reader, django_assert_num_queries):
+    """A query per run selected read every unfinished run's config each time (a bulk delete of
+    hundreds of runs: hundreds of such scans); the one reader is still named for its source."""
+    from apps.runs import deletion
+
+    source, reader = checkpoint_reader
+    others = [make_run(curator, Run.Status.STOPPED) for _ in range(5)]
+    with django_assert_num_queries(2):  # the source_runs readers, then the model loaders
+        reasons = deletion.refusals([*others, source])
+    assert reasons == [f"run {reader.pk} 'reader' (stopped) loads its model.path, model.ref_path from run "
+                       f"{source.pk}'s directory, and would again when resumed"]
