@@ -82,9 +82,11 @@ def _item(request, item: Experience, *, error=None, confirm=None, text=None, **q
             "html": render_to_string("feedback/_item.html", context, request=request)}
 
 
-def _progress(request) -> dict:
-    """The session count and the history panel, as every answer that changes them carries."""
-    run = _run(request)
+def _progress(request, run: Run | None) -> dict:
+    """The session count and the history panel of `run` (the page's: a judgement's item's, an
+    undo's), as every answer that changes them carries. Each tab keeps its own queue: the session's
+    run is the one another tab opened last, and a `u` in one tab undid a judgement made in another,
+    on another run, and showed that tab's history."""
     if run is None:
         return {"session_count": 0, "history": []}
     return {"session_count": history.session_count(run, request.user, _since(request)),
@@ -199,7 +201,7 @@ def judge(request, pk, action):
         "saved": {"item": experience.pk, "action": action}, "at": time.time(),
         # The page says when a judgement replaced one (comparing a pair again): no change goes unsaid.
         "message": views.saved_message(action, experience.pk, replaced) if replaced else None,
-        **_progress(request),
+        **_progress(request, experience.run),
     })
 
 
@@ -216,7 +218,7 @@ def undo(request):
                 raise BadRequest(f"feedback must be the id of a judgement, not {fields['feedback']!r}")
             undone = history.undo(feedback, request.user)
         else:
-            run = _run(request)
+            run = _page_run(fields.get("run"), request)
             if run is None:
                 raise BadRequest("no run chosen: choose one on the annotation page")
             undone = history.undo_last(run, request.user)
@@ -230,12 +232,27 @@ def undo(request):
         return _error(str(exc), 404)
     return JsonResponse({
         "message": undone.message, "trained_on_step": undone.trained_on_step,
-        "item": _item(request, _experience(undone.experience.pk)), **_progress(request),
+        "item": _item(request, _experience(undone.experience.pk)), **_progress(request, undone.experience.run),
     })
 
 
 @require_GET
 @role_required(ANNOTATOR)
 def progress(request):
-    """This session's count and the user's newest judgements on the session's run."""
-    return JsonResponse(_progress(request))
+    """This session's count and the user's newest judgements on the page's run (`run`), else the
+    session's."""
+    try:
+        run = _page_run(request.GET.get("run"), request)
+    except BadRequest as exc:
+        return _error(str(exc))
+    return JsonResponse(_progress(request, run))
+
+
+def _page_run(value, request) -> Run | None:
+    """The run a page names (its queue's), else the session's."""
+    if value is None:
+        return _run(request)
+    pk = whole_number(value)
+    if pk is None:
+        raise BadRequest(f"run must be the id of a run, not {value!r}")
+    return Run.objects.filter(pk=pk).first()

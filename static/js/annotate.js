@@ -61,7 +61,11 @@ class AnnotationPage {
     document.getElementById("history-toggle").addEventListener("click", () => this.toggleHistory());
     document.getElementById("history-list").addEventListener("click", (event) => this.onHistoryClick(event));
     for (const id of ["undo", "history-toggle"]) document.getElementById(id).hidden = false;
-    this.request("GET", page.dataset.progressUrl).then(({ ok, data }) => { if (ok) this.showProgress(data); });
+    // The count and history of this page's run: the session's is the run another tab opened last.
+    const run = new URLSearchParams(this.queueSearch).get("run");
+    this.pageRun = run === null ? {} : { run };
+    this.request("GET", `${page.dataset.progressUrl}?${new URLSearchParams(this.pageRun)}`)
+      .then(({ ok, data }) => { if (ok) this.showProgress(data); });
     this.prefetchNext();
     if (page.dataset.socket) annotateSocket(page.dataset.socket, (message) => this.onMessage(message));
   }
@@ -372,7 +376,7 @@ class AnnotationPage {
 
   async undo(feedbackId) {
     this.busy = true;
-    const body = feedbackId === undefined ? {} : { feedback: feedbackId };
+    const body = feedbackId === undefined ? this.pageRun : { feedback: feedbackId };
     const { ok, data } = await this.request("POST", this.page.dataset.undoUrl, body);
     if (ok) {
       this.notify(data.message, data.trained_on_step === null ? "done" : "warning");

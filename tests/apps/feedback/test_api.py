@@ -49,6 +49,32 @@ def test_judging_answers_the_session_count_and_history_and_undo_reopens_the_item
     assert not Feedback.objects.exists()
 
 
+def test_undo_and_the_history_follow_the_pages_run_not_the_one_another_tab_opened_last(
+    annotator_client, page, researcher, tasks
+):
+    """Two tabs, two runs: `u` in the first tab undid the second tab's judgement (the session's run
+    is the one opened last) and showed that run's history."""
+    from apps.runs.models import Run
+
+    other_run = Run.objects.create(name="other", owner=researcher, config={}, status=Run.Status.RUNNING)
+    theirs = Experience.objects.create(run=other_run, task=tasks[0], explorer_step=0, rollout_index=0, group_id="o",
+                                       prompt_text=tasks[0].prompt, response_text="other", prompt_ids=[1],
+                                       response_ids=[2], action_mask=[1])
+    post(annotator_client, judge_url(page[2].pk, "rate"), {"point": 4})  # tab A, run 1
+    annotator_client.get(reverse("annotate-experience", args=[theirs.pk]))  # tab B opens the other run ...
+    judged = post(annotator_client, judge_url(theirs.pk, "rate"), {"point": 3}).json()  # ... and rates there
+    assert [h["summary"] for h in judged["history"]] == ["rated 3"]
+
+    mine = page[2].run_id
+    shown = annotator_client.get(reverse("annotate-api-progress"), {"run": mine}).json()
+    assert [h["item"] for h in shown["history"]] == [page[2].pk]
+    undone = post(annotator_client, reverse("annotate-api-undo"), {"run": str(mine)}).json()
+    assert undone["message"] == f"Undid your judgement of experience {page[2].pk} (rated 4)."
+    assert undone["history"] == [] and Feedback.objects.get().experience_id == theirs.pk
+    refused = annotator_client.get(reverse("annotate-api-progress"), {"run": "1x"})
+    assert refused.status_code == 400 and refused.json()["error"] == "run must be the id of a run, not '1x'"
+
+
 def test_a_contradicting_edit_answers_409_with_the_question_then_saves_when_confirmed(annotator_client, page):
     url = judge_url(page[2].pk, "edit")  # task 1: "What is 1 + 1?", reference 2
     asked = post(annotator_client, url, {"text": "It is 7."})
