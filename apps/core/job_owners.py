@@ -20,6 +20,7 @@ import psutil
 from django.conf import settings
 from django.utils import timezone
 
+from apps.runs import capacity
 from apps.runs.models import Worker
 
 from .models import JobOwner
@@ -29,13 +30,13 @@ from .models import JobOwner
 SAME_START_S = 1.0
 
 
-def record(job_label: str, job_id: int, worker: str) -> None:
-    """This process runs the job from now on (`worker`: the Celery worker serving it, "" embedded).
-    Called in the transaction that claims it."""
+def record(job_label: str, job_id: int) -> None:
+    """This process runs the job from now on, for the Celery worker serving the current task (the
+    name duty heartbeats give it: capacity.this_node). Called in the transaction that claims it."""
     me = psutil.Process()
     JobOwner.objects.update_or_create(job_label=job_label, job_id=job_id, defaults={
-        "host": socket.gethostname(), "pid": me.pid, "process_started": me.create_time(), "worker": worker,
-        "since": timezone.now(),
+        "host": socket.gethostname(), "pid": me.pid, "process_started": me.create_time(),
+        "worker": capacity.this_node() or "", "since": timezone.now(),
     })
 
 

@@ -31,7 +31,6 @@ from contextlib import contextmanager
 from time import monotonic
 
 from asgiref.sync import async_to_sync
-from celery import current_task
 from channels.layers import get_channel_layer
 from django.apps import apps
 from django.conf import settings
@@ -149,7 +148,7 @@ def cancel_job(job: Job) -> Job:
                 raise JobError(f"{name} has already finished ({locked.status}): there is nothing to cancel")
             if locked.status == Job.Status.RUNNING and (owner_gone := orphaned(locked)):
                 # This process ends it: a second cancel or the embedded watchdog now finds its owner alive.
-                job_owners.record(label(locked), locked.pk, worker="")
+                job_owners.record(label(locked), locked.pk)
             elif not cancellable(locked):
                 raise JobError(f"{name} is running and cannot be stopped safely before it ends; it finishes on its own")
             if locked.cancel_requested_at is None or owner_gone:
@@ -224,7 +223,7 @@ def run_job(job_label: str, job_id: int) -> Job:
             status=Job.Status.RUNNING, started_at=timezone.now(), rows_done=0, bytes_done=0
         )
         if claimed:
-            job_owners.record(job_label, job_id, worker=_celery_worker())
+            job_owners.record(job_label, job_id)
     job = model.objects.select_related("created_by").defer(*model.heavy_fields).get(pk=job_id)
     if not claimed:
         return job
@@ -278,13 +277,6 @@ def rerun_orphaned() -> list[str]:
                 enqueue("apps.core.tasks.run_job", job_label, job.pk, queue="default")
                 rerun.append(f"{job_label} {job.pk}")
     return rerun
-
-
-def _celery_worker() -> str:
-    """The name of the Celery worker serving the current task ("" embedded, or outside a task)."""
-    if settings.RFTWEB_EMBEDDED:
-        return ""
-    return getattr(getattr(current_task, "request", None), "hostname", None) or ""
 
 
 def _finish(job: Job, status: str, *, error: str = "", result=None) -> None:

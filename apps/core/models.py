@@ -109,7 +109,7 @@ class JobOwner(models.Model):
     host = models.CharField(max_length=255)
     pid = models.PositiveIntegerField()
     process_started = models.FloatField()  # seconds since the epoch, as psutil's create_time
-    worker = models.CharField(max_length=255, blank=True)  # its Celery worker's name ("" embedded)
+    worker = models.CharField(max_length=255, blank=True)  # capacity.this_node(): its Celery worker ("" outside a task)
     since = models.DateTimeField()
 
     class Meta:

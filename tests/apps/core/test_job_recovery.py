@@ -180,7 +180,7 @@ def test_a_second_thread_sent_for_a_job_leaves_it_to_the_first(curator, settings
     runs = []
     monkeypatch.setitem(jobs.JOB_TYPES, "buffer.promote", lambda job, progress: runs.append(job.pk) or {})
     job = BufferJob.objects.create(kind=BufferJob.Kind.PROMOTE, status="running")
-    job_owners.record("buffer.bufferjob", job.pk, worker="")  # this process runs it
+    job_owners.record("buffer.bufferjob", job.pk)  # this process runs it
 
     assert jobs.run_job("buffer.bufferjob", job.pk).status == "running" and runs == []
     settings.RFTWEB_EMBEDDED = False
