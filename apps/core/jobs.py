@@ -158,15 +158,21 @@ def cancel_job(job: Job) -> Job:
                     _finish(locked, Job.Status.CANCELLED, error="cancelled before it started")
                 elif not owner_gone:
                     broadcast(locked)
+        if owner_gone:
+            # Outside the lock's transaction: a taskset import's hook deletes its hidden taskset in
+            # committed batches, which would otherwise hold SQLite's write lock for the whole delete.
+            try:
+                _finish(locked, Job.Status.CANCELLED, error=f"cancelled after {locked.rows_text} rows: {owner_gone}")
+            except Exception:
+                # Still running, and owned by this live process: the watchdog would leave it for good
+                # and a second Cancel only ask it to stop. Released, both find it orphaned again.
+                job_owners.release(label(locked), locked.pk)
+                raise
     except OperationalError as exc:
         # Embedded SQLite has one writer at a time: a job writing in one transaction (a re-score)
         # holds it until it ends, and the request gave up waiting.
         raise JobError(f"{name} could not be cancelled now, the database is busy with its writes ({exc}); "
                        "try again in a moment") from exc
-    if owner_gone:
-        # Outside the lock's transaction: a taskset import's hook deletes its hidden taskset in
-        # committed batches, which would otherwise hold SQLite's write lock for the whole delete.
-        _finish(locked, Job.Status.CANCELLED, error=f"cancelled after {locked.rows_text} rows: {owner_gone}")
     return locked
 
 

@@ -15,6 +15,7 @@ from datetime import timedelta
 
 import psutil
 import pytest
+from django.db import OperationalError
 from django.urls import reverse
 from django.utils import timezone
 
@@ -157,6 +158,27 @@ def test_a_job_cancelled_before_its_server_died_is_ended_when_cancelled_again(ha
 
     job = jobs.cancel_job(job)
 
+    assert job.status == "cancelled" and not Taskset.all_objects.filter(pk=hidden.pk).exists()
+
+
+def test_a_cancel_that_could_not_end_a_job_nobody_runs_leaves_it_to_the_next(half_import, monkeypatch):
+    """The cancel takes the job (its owner: the cancelling process), then ends it outside the row
+    lock, where an embedded SQLite busy with another writer may refuse the write: the job stays
+    orphaned, so a second Cancel, or the watchdog, ends it."""
+    job, hidden = half_import()
+    finish = jobs._finish
+
+    def database_busy(*args, **kwargs):
+        raise OperationalError("database is locked")
+
+    monkeypatch.setattr(jobs, "_finish", database_busy)
+    with pytest.raises(jobs.JobError, match="the database is busy"):
+        jobs.cancel_job(job)
+
+    assert job_owners.owner_of(LABEL, job.pk) is None
+    assert jobs.orphaned(TasksetImport.objects.get(pk=job.pk)) == "no process ran it any more"
+    monkeypatch.setattr(jobs, "_finish", finish)
+    job = jobs.cancel_job(job)
     assert job.status == "cancelled" and not Taskset.all_objects.filter(pk=hidden.pk).exists()
 
 
