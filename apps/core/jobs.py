@@ -364,7 +364,7 @@ def snapshot(job: Job, why_orphaned: str = "") -> dict:
     status_text = job.status_text
     if why_orphaned:
         if settings.RFTWEB_EMBEDDED:  # the demo server's watchdog (rerun_orphaned); a bare runserver has none
-            every = settings.CELERY_BEAT_SCHEDULE["watchdog"]["schedule"]
+            every = settings.RFTWEB_WATCHDOG_INTERVAL
             then = f"the demo server runs it again from the start (at its start, then every {every:g} s)"
         else:
             then = "it starts again if Celery redelivers its task"

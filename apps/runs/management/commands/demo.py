@@ -68,7 +68,7 @@ class Command(BaseCommand):
             if not no_run:
                 self.start_demo_run(user)
             if settings.RFTWEB_EMBEDDED:  # after start_demo_run's watchdog: two at once would both send on
-                every(settings.CELERY_BEAT_SCHEDULE["watchdog"]["schedule"], pick_up, "watchdog")
+                every(settings.RFTWEB_WATCHDOG_INTERVAL, pick_up, "watchdog")
             self.stdout.write(self.style.SUCCESS(
                 f"rftweb on http://{addrport}/  (log in as {DEMO_USER} / {DEMO_PASSWORD})"
             ))
