@@ -28,6 +28,7 @@ import logging
 import math
 from collections.abc import Callable, Iterable
 from contextlib import contextmanager
+from datetime import timedelta
 from time import monotonic
 
 from asgiref.sync import async_to_sync
@@ -35,6 +36,7 @@ from channels.layers import get_channel_layer
 from django.apps import apps
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, OperationalError, connection, connections, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from rftweb.celery import enqueue
@@ -258,24 +260,35 @@ def rerun_orphaned() -> list[str]:
     does on the full stack. Returns them ("tasksets.tasksetimport 3").
 
     Nobody runs a running job whose process has exited (a server killed mid-import: its thread went
-    with it) nor a pending one no live process has claimed (its thread died before it could, or a
-    command that sends nothing sent it: rftweb.celery.serve_here). Re-running is safe for every
-    type, each written for Celery's redelivery: a taskset import deletes the hidden taskset it had
-    begun, an expert-data import its hidden staging dataset; a re-score, a promotion and a pipeline
-    apply their changes in one transaction, which the killed process's connection rolled back; an
-    export writes its file again; a retention goes on from its last committed chunk. A job whose
-    cancel was asked for ends cancelled at its first check, its on_stop hook run."""
+    with it) nor a pending one no live process has claimed a whole watchdog interval after it was
+    made (its thread died before it could, or a command that sends nothing sent it:
+    rftweb.celery.serve_here); a younger one is its own thread's to claim within milliseconds (each
+    round had sent every pending job a second thread, and logged it as left behind). Re-running is
+    safe for every type, each written for Celery's redelivery: a taskset import deletes the hidden
+    taskset it had begun, an expert-data import its hidden staging dataset; a re-score, a promotion
+    and a pipeline apply their changes in one transaction, which the killed process's connection
+    rolled back; an export writes its file again; a retention goes on from its last committed
+    chunk. A job whose cancel was asked for is not run again but ended, as its Cancel ends it
+    (cancel_job: cancelled, its on_stop hook run)."""
     rerun = []
+    made_before = timezone.now() - timedelta(seconds=settings.RFTWEB_WATCHDOG_INTERVAL)
     for model in apps.get_models():
         if not issubclass(model, Job):
             continue
         job_label = model._meta.label_lower
-        for job in model.objects.filter(status__in=Job.ACTIVE).only("pk", "status", "started_at"):
+        left = model.objects.filter(Q(status=Job.Status.RUNNING) | Q(status=Job.Status.PENDING,
+                                                                      created_at__lt=made_before))
+        for job in left.only("pk", "status", "started_at", "cancel_requested_at"):
             if not job_owners.is_gone(job_owners.owner_of(job_label, job.pk)):
                 continue
-            # Back to pending only as it was read: of two servers starting at once, one does it. A
-            # pending job's own thread and this one then race for its claim, which one wins.
-            requeued = model.objects.filter(pk=job.pk, status=job.status, started_at=job.started_at).update(
+            if job.cancel_requested_at is not None:
+                _end_cancelled(job)
+                continue
+            # Back to pending only as it was read: of two servers starting at once, one does it; a
+            # Cancel that took the job since (its end runs outside the row lock) keeps it. A pending
+            # job's own thread and this one then race for its claim, which one wins.
+            requeued = model.objects.filter(pk=job.pk, status=job.status, started_at=job.started_at,
+                                            cancel_requested_at__isnull=True).update(
                 status=Job.Status.PENDING, started_at=None, rows_done=0, bytes_done=0)
             if requeued:
                 logger.warning("job %s %s: nobody ran it any more (%s); running it again", job_label, job.pk,
@@ -283,6 +296,18 @@ def rerun_orphaned() -> list[str]:
                 enqueue("apps.core.tasks.run_job", job_label, job.pk, queue="default")
                 rerun.append(f"{job_label} {job.pk}")
     return rerun
+
+
+def _end_cancelled(job: Job) -> None:
+    """rerun_orphaned: end a job nobody runs whose cancel was asked for, as its Cancel would."""
+    try:
+        ended = cancel_job(job)
+    except JobError as err:  # finished meanwhile, or the database busy: the next round looks again
+        logger.warning("job %s %s: nobody ran it any more and its cancel was asked for; not ended: %s",
+                       label(job), job.pk, err)
+        return
+    logger.warning("job %s %s: nobody ran it any more and its cancel was asked for; ended %s", label(job),
+                   job.pk, ended.status)
 
 
 def _finish(job: Job, status: str, *, error: str = "", result=None) -> None:

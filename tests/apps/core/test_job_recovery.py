@@ -27,7 +27,7 @@ from apps.tasksets import services as taskset_services
 from apps.tasksets.importers import FieldMapping
 from apps.tasksets.models import Task, Taskset, TasksetImport
 from tests.apps.core.conftest import ROWS, jsonl_upload
-from tests.support import wait_for
+from tests.support import on_another_connection, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 LABEL = "tasksets.tasksetimport"
@@ -182,12 +182,55 @@ def test_a_cancel_that_could_not_end_a_job_nobody_runs_leaves_it_to_the_next(hal
     assert job.status == "cancelled" and not Taskset.all_objects.filter(pk=hidden.pk).exists()
 
 
+def test_embedded_a_job_cancelled_before_its_server_died_is_ended_by_the_watchdog(half_import, settings):
+    settings.RFTWEB_EMBEDDED = True
+    job, hidden = half_import()
+    dead = job_owners.owner_of(LABEL, job.pk)
+    TasksetImport.objects.filter(pk=job.pk).update(cancel_requested_at=timezone.now())
+
+    assert jobs.rerun_orphaned() == [], "not run again"
+
+    job.refresh_from_db()
+    assert job.status == "cancelled"
+    assert job.error == f"cancelled after 2 rows: the process that ran it ({dead}) had stopped"
+    assert not Taskset.all_objects.filter(pk=hidden.pk).exists()
+
+
+def test_embedded_a_job_a_cancel_takes_is_not_run_again_beside_it(half_import, settings, monkeypatch):
+    """The watchdog found the job's process gone; a Cancel then took the job and was ending it (its
+    hook deleting the hidden taskset, outside the row lock) when the watchdog put it back to
+    pending: that found the cancel, and left the job to it (it had started the import again)."""
+    settings.RFTWEB_EMBEDDED = True
+    job, hidden = half_import()
+    is_gone, finish, reads, ends = job_owners.is_gone, jobs._finish, [], []
+
+    def gone_then_cancelled(owner):
+        reads.append(owner)
+        gone = is_gone(owner)
+        if len(reads) == 1:  # the watchdog's read (the Cancel reads the owner again)
+            on_another_connection(lambda: jobs.cancel_job(TasksetImport.objects.get(pk=job.pk)))
+        return gone
+
+    monkeypatch.setattr(job_owners, "is_gone", gone_then_cancelled)
+    monkeypatch.setattr(jobs, "_finish", lambda *args, **kwargs: ends.append((args, kwargs)))  # still under way
+
+    assert jobs.rerun_orphaned() == []
+
+    (args, kwargs), = ends
+    finish(*args, **kwargs)
+    job.refresh_from_db()
+    assert job.status == "cancelled" and not Taskset.all_objects.filter(pk=hidden.pk).exists()
+
+
 def test_embedded_a_pending_job_nobody_claimed_runs(researcher, start_taskset_import, settings):
     """A command that sends nothing (rftweb.celery.serve_here(False)) or a server killed between the
     job's commit and its thread's claim left it pending."""
     job = start_taskset_import(researcher)  # (the test settings' broker: queued, never delivered)
     settings.RFTWEB_EMBEDDED = True
+    assert jobs.rerun_orphaned() == [], "just made: its own thread's to claim"
 
+    made = timezone.now() - timedelta(seconds=settings.RFTWEB_WATCHDOG_INTERVAL + 1)
+    TasksetImport.objects.filter(pk=job.pk).update(created_at=made)  # a whole watchdog round unclaimed
     assert jobs.rerun_orphaned() == [f"{LABEL} {job.pk}"]
 
     wait_for(lambda: TasksetImport.objects.get(pk=job.pk).is_finished, timeout=30, what="the import")
