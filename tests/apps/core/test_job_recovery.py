@@ -52,7 +52,8 @@ def process():
 def owned_by(job, proc, *, started=None, host=None, worker="", since=None):
     """Record `proc` (a Popen) as the job's owner, as run_job's claim does in that process."""
     JobOwner.objects.update_or_create(job_label=jobs.label(job), job_id=job.pk, defaults={
-        "host": host or socket.gethostname(), "pid": proc.pid, "worker": worker, "since": since or timezone.now(),
+        "host": host or socket.gethostname(), "pid": proc.pid, "pid_namespace": job_owners.pid_namespace(),
+        "worker": worker, "since": since or timezone.now(),
         "process_started": started if started is not None else psutil.Process(proc.pid).create_time(),
     })
 
@@ -125,6 +126,26 @@ def test_a_pid_the_system_gave_to_another_process_is_not_the_owner(half_import, 
     assert not job_owners.is_gone(owner)
     owner.process_started -= 3600  # the owner started an hour before the process that has its pid now
     assert job_owners.is_gone(owner)
+
+
+def test_a_process_of_another_pid_namespace_under_this_host_name_is_judged_by_its_worker(half_import):
+    """A container with docker's network_mode: host (a Kubernetes hostNetwork pod; another machine
+    also named `ubuntu`) has this host name and pids of its own: a pid of this namespace tells
+    nothing of it (it would call a live import's process gone, and a Cancel would delete its data)."""
+    job, _ = half_import()  # its process killed here
+    owner = job_owners.owner_of(LABEL, job.pk)
+    assert owner.pid_namespace == job_owners.pid_namespace() != "" and job_owners.is_gone(owner)
+
+    owner.pid_namespace = "0798d727-e536-4f23-b44e-000000000000/pid:[4026532501]"  # a container's
+    assert not job_owners.is_gone(owner), "an embedded server there: cannot tell, so left alone"
+    now = timezone.now()
+    owner.worker, owner.since = "jobs@container", now - timedelta(minutes=5)
+    worker = Worker.objects.create(name="jobs@container", host=owner.host, pid=owner.pid,
+                                   started_at=now - timedelta(hours=1), last_seen=now)
+    assert not job_owners.is_gone(owner), "its worker beats"
+    worker.started_at = now
+    worker.save()
+    assert job_owners.is_gone(owner), "restarted since the job started"
 
 
 def test_a_cancel_of_a_job_nobody_runs_ends_it_and_frees_its_name(half_import, client, researcher):
