@@ -390,7 +390,8 @@ def snapshot(job: Job, why_orphaned: str = "") -> dict:
     if why_orphaned:
         if settings.RFTWEB_EMBEDDED:  # the demo server's watchdog (rerun_orphaned); a bare runserver has none
             every = settings.RFTWEB_WATCHDOG_INTERVAL
-            then = f"the demo server runs it again from the start (at its start, then every {every:g} s)"
+            does = "ends it, cancelled" if job.cancel_requested_at else "runs it again from the start"
+            then = f"the demo server {does} (at its start, then every {every:g} s)"
         else:
             then = "it starts again if Celery redelivers its task"
         status_text = f"running, but {why_orphaned}: {then}, or Cancel ends it now"

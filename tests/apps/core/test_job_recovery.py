@@ -208,6 +208,10 @@ def test_embedded_a_job_cancelled_before_its_server_died_is_ended_by_the_watchdo
     job, hidden = half_import()
     dead = job_owners.owner_of(LABEL, job.pk)
     TasksetImport.objects.filter(pk=job.pk).update(cancel_requested_at=timezone.now())
+    job.refresh_from_db()
+    assert jobs.snapshot(job, jobs.orphaned(job))["status_text"] == (
+        f"running, but the process that ran it ({dead}) had stopped: the demo server ends it, cancelled (at its "
+        f"start, then every {settings.RFTWEB_WATCHDOG_INTERVAL:g} s), or Cancel ends it now")
 
     assert jobs.rerun_orphaned() == [], "not run again"
 
