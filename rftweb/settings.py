@@ -178,6 +178,7 @@ RFTWEB_SEARCH_INDEX_INTERVAL = env_number("RFTWEB_SEARCH_INDEX_INTERVAL", 10, po
 RFTWEB_BASE_URL = os.environ.get("RFTWEB_BASE_URL", "http://localhost:8000")
 RFTWEB_WEBHOOK_PRIVATE = env_bool("RFTWEB_WEBHOOK_PRIVATE", False)
 RFTWEB_ALERT_INTERVAL = env_number("RFTWEB_ALERT_INTERVAL", 60, positive=True)
+RFTWEB_WATCHDOG_INTERVAL = env_number("RFTWEB_WATCHDOG_INTERVAL", 30, positive=True)  # demo.pick_up embedded
 EMAIL_BACKEND = os.environ.get("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
 EMAIL_FILE_PATH = os.environ.get("EMAIL_FILE_PATH", str(DATA_DIR / "mail"))  # for the file backend
 EMAIL_HOST = os.environ.get("EMAIL_HOST", "localhost")
@@ -190,7 +191,7 @@ DEFAULT_FROM_EMAIL = os.environ.get("DEFAULT_FROM_EMAIL", "rftweb@localhost")
 CELERY_BEAT_SCHEDULE = {
     "alerts": {"task": "workers.tasks.alerts", "schedule": RFTWEB_ALERT_INTERVAL,
                "options": {"expires": RFTWEB_ALERT_INTERVAL}},
-    "watchdog": {"task": "workers.tasks.watchdog", "schedule": float(os.environ.get("RFTWEB_WATCHDOG_INTERVAL", 30))},
+    "watchdog": {"task": "workers.tasks.watchdog", "schedule": RFTWEB_WATCHDOG_INTERVAL},
     # Always scheduled, a no-op while retention is off.
     "buffer-retention": {"task": "workers.tasks.buffer_retention", "schedule": RFTWEB_BUFFER_RETENTION_INTERVAL},
     "search-index": {  # a round that a busy worker could not start in time is dropped, not queued up

@@ -2,6 +2,7 @@
 beat) on the test database and Redis, those processes (Stack), and polling for a condition."""
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -79,6 +80,28 @@ def watch_progress(monkeypatch, look) -> list:
     monkeypatch.setattr(jobs, "PROGRESS_INTERVAL_SECONDS", 0)
     monkeypatch.setattr(jobs, "progress_writer", observed)
     return seen
+
+
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 nothing listens on now, for a server a test starts."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def wait_for_port(port: int, proc: subprocess.Popen, log: Path, timeout: float = 90) -> None:
+    """Wait until the server `proc` accepts connections on 127.0.0.1:`port`; raise with its log
+    if it exits first or takes longer than `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"the server exited with {proc.returncode}:\n{log.read_text()}")
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1):
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"the server did not accept connections on port {port} in {timeout:.0f}s:\n{log.read_text()}")
 
 
 def wait_for(predicate, timeout=300, what="condition", every=0.5):

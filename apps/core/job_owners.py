@@ -5,21 +5,28 @@ twice, a laptop closed) takes the job's thread with it, and a Celery worker kill
 task unacknowledged until the broker's visibility timeout (6 h). The job then says `running` for
 good. Its owner, recorded when it claimed the job, tells whether anyone still runs it:
 
-- on this machine, exactly: the owner's pid is alive and started when the owner did;
-- on another machine, by its Celery worker (the Workers page's registry, apps.runs.capacity): the
-  same life of that worker (not restarted since the job started) still beating within
-  RFTWEB_HEARTBEAT_TIMEOUT. An owner with no worker there (an embedded server of another machine
-  on a shared Postgres) cannot be judged, and is taken as alive: a job is never taken from a
-  process that may still run it.
+- in this process's pid namespace, exactly: the owner's pid is alive and started when the owner
+  did. The host name alone does not tell that namespace: a container with docker's
+  `network_mode: host` or a Kubernetes pod with hostNetwork has the machine's host name and pids
+  of its own, and two machines may both be named `ubuntu`; a pid checked there would call a live
+  import's process gone, and a Cancel would then delete what it imports;
+- elsewhere (another machine, or another pid namespace), by its Celery worker (the Workers page's
+  registry, apps.runs.capacity): the same life of that worker (not restarted since the job
+  started) still beating within RFTWEB_HEARTBEAT_TIMEOUT. An owner with no worker there (an
+  embedded server of another machine on a shared Postgres) cannot be judged, and is taken as
+  alive: a job is never taken from a process that may still run it.
 """
 
+import os
 import socket
 from datetime import timedelta
+from functools import cache
 
 import psutil
 from django.conf import settings
 from django.utils import timezone
 
+from apps.runs import capacity
 from apps.runs.models import Worker
 
 from .models import JobOwner
@@ -29,13 +36,13 @@ from .models import JobOwner
 SAME_START_S = 1.0
 
 
-def record(job_label: str, job_id: int, worker: str) -> None:
-    """This process runs the job from now on (`worker`: the Celery worker serving it, "" embedded).
-    Called in the transaction that claims it."""
+def record(job_label: str, job_id: int) -> None:
+    """This process runs the job from now on, for the Celery worker serving the current task (the
+    name duty heartbeats give it: capacity.this_node). Called in the transaction that claims it."""
     me = psutil.Process()
     JobOwner.objects.update_or_create(job_label=job_label, job_id=job_id, defaults={
-        "host": socket.gethostname(), "pid": me.pid, "process_started": me.create_time(), "worker": worker,
-        "since": timezone.now(),
+        "host": socket.gethostname(), "pid": me.pid, "process_started": me.create_time(),
+        "pid_namespace": pid_namespace(), "worker": capacity.this_node() or "", "since": timezone.now(),
     })
 
 
@@ -53,7 +60,7 @@ def is_gone(owner: JobOwner | None) -> bool:
     by this version's runner (pending, or left running by an earlier version's), so nobody runs it."""
     if owner is None:
         return True
-    if owner.host == socket.gethostname():
+    if owner.host == socket.gethostname() and owner.pid_namespace == pid_namespace():
         return not _alive_here(owner.pid, owner.process_started)
     if not owner.worker:
         return False
@@ -62,6 +69,18 @@ def is_gone(owner: JobOwner | None) -> bool:
         return False
     silent = timezone.now() - worker.last_seen > timedelta(seconds=settings.RFTWEB_HEARTBEAT_TIMEOUT)
     return worker.started_at > owner.since or silent
+
+
+@cache
+def pid_namespace() -> str:
+    """The pid namespace this process's pid is a pid of, on this boot of this machine
+    ("<boot id>/pid:[<inode>]": a namespace's inode is unique within a boot, and a boot id across
+    machines); "" where there is no /proc to say (macOS: no pid namespaces, the host name tells)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as boot_id:
+            return f"{boot_id.read().strip()}/{os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return ""
 
 
 def _alive_here(pid: int, started: float) -> bool:

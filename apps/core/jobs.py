@@ -28,14 +28,15 @@ import logging
 import math
 from collections.abc import Callable, Iterable
 from contextlib import contextmanager
+from datetime import timedelta
 from time import monotonic
 
 from asgiref.sync import async_to_sync
-from celery import current_task
 from channels.layers import get_channel_layer
 from django.apps import apps
 from django.conf import settings
 from django.db import DEFAULT_DB_ALIAS, OperationalError, connection, connections, transaction
+from django.db.models import Q
 from django.utils import timezone
 
 from rftweb.celery import enqueue
@@ -149,7 +150,7 @@ def cancel_job(job: Job) -> Job:
                 raise JobError(f"{name} has already finished ({locked.status}): there is nothing to cancel")
             if locked.status == Job.Status.RUNNING and (owner_gone := orphaned(locked)):
                 # This process ends it: a second cancel or the embedded watchdog now finds its owner alive.
-                job_owners.record(label(locked), locked.pk, worker="")
+                job_owners.record(label(locked), locked.pk)
             elif not cancellable(locked):
                 raise JobError(f"{name} is running and cannot be stopped safely before it ends; it finishes on its own")
             if locked.cancel_requested_at is None or owner_gone:
@@ -159,15 +160,21 @@ def cancel_job(job: Job) -> Job:
                     _finish(locked, Job.Status.CANCELLED, error="cancelled before it started")
                 elif not owner_gone:
                     broadcast(locked)
+        if owner_gone:
+            # Outside the lock's transaction: a taskset import's hook deletes its hidden taskset in
+            # committed batches, which would otherwise hold SQLite's write lock for the whole delete.
+            try:
+                _finish(locked, Job.Status.CANCELLED, error=f"cancelled after {locked.rows_text} rows: {owner_gone}")
+            except Exception:
+                # Still running, and owned by this live process: the watchdog would leave it for good
+                # and a second Cancel only ask it to stop. Released, both find it orphaned again.
+                job_owners.release(label(locked), locked.pk)
+                raise
     except OperationalError as exc:
         # Embedded SQLite has one writer at a time: a job writing in one transaction (a re-score)
         # holds it until it ends, and the request gave up waiting.
         raise JobError(f"{name} could not be cancelled now, the database is busy with its writes ({exc}); "
                        "try again in a moment") from exc
-    if owner_gone:
-        # Outside the lock's transaction: a taskset import's hook deletes its hidden taskset in
-        # committed batches, which would otherwise hold SQLite's write lock for the whole delete.
-        _finish(locked, Job.Status.CANCELLED, error=f"cancelled after {locked.rows_text} rows: {owner_gone}")
     return locked
 
 
@@ -224,7 +231,7 @@ def run_job(job_label: str, job_id: int) -> Job:
             status=Job.Status.RUNNING, started_at=timezone.now(), rows_done=0, bytes_done=0
         )
         if claimed:
-            job_owners.record(job_label, job_id, worker=_celery_worker())
+            job_owners.record(job_label, job_id)
     job = model.objects.select_related("created_by").defer(*model.heavy_fields).get(pk=job_id)
     if not claimed:
         return job
@@ -253,24 +260,35 @@ def rerun_orphaned() -> list[str]:
     does on the full stack. Returns them ("tasksets.tasksetimport 3").
 
     Nobody runs a running job whose process has exited (a server killed mid-import: its thread went
-    with it) nor a pending one no live process has claimed (its thread died before it could, or a
-    command that sends nothing sent it: rftweb.celery.serve_here). Re-running is safe for every
-    type, each written for Celery's redelivery: a taskset import deletes the hidden taskset it had
-    begun, an expert-data import its hidden staging dataset; a re-score, a promotion and a pipeline
-    apply their changes in one transaction, which the killed process's connection rolled back; an
-    export writes its file again; a retention goes on from its last committed chunk. A job whose
-    cancel was asked for ends cancelled at its first check, its on_stop hook run."""
+    with it) nor a pending one no live process has claimed a whole watchdog interval after it was
+    made (its thread died before it could, or a command that sends nothing sent it:
+    rftweb.celery.serve_here); a younger one is its own thread's to claim within milliseconds (each
+    round had sent every pending job a second thread, and logged it as left behind). Re-running is
+    safe for every type, each written for Celery's redelivery: a taskset import deletes the hidden
+    taskset it had begun, an expert-data import its hidden staging dataset; a re-score, a promotion
+    and a pipeline apply their changes in one transaction, which the killed process's connection
+    rolled back; an export writes its file again; a retention goes on from its last committed
+    chunk. A job whose cancel was asked for is not run again but ended, as its Cancel ends it
+    (cancel_job: cancelled, its on_stop hook run)."""
     rerun = []
+    made_before = timezone.now() - timedelta(seconds=settings.RFTWEB_WATCHDOG_INTERVAL)
     for model in apps.get_models():
         if not issubclass(model, Job):
             continue
         job_label = model._meta.label_lower
-        for job in model.objects.filter(status__in=Job.ACTIVE).only("pk", "status", "started_at"):
+        left = model.objects.filter(Q(status=Job.Status.RUNNING) | Q(status=Job.Status.PENDING,
+                                                                      created_at__lt=made_before))
+        for job in left.only("pk", "status", "started_at", "cancel_requested_at"):
             if not job_owners.is_gone(job_owners.owner_of(job_label, job.pk)):
                 continue
-            # Back to pending only as it was read: of two servers starting at once, one does it. A
-            # pending job's own thread and this one then race for its claim, which one wins.
-            requeued = model.objects.filter(pk=job.pk, status=job.status, started_at=job.started_at).update(
+            if job.cancel_requested_at is not None:
+                _end_cancelled(job)
+                continue
+            # Back to pending only as it was read: of two servers starting at once, one does it; a
+            # Cancel that took the job since (its end runs outside the row lock) keeps it. A pending
+            # job's own thread and this one then race for its claim, which one wins.
+            requeued = model.objects.filter(pk=job.pk, status=job.status, started_at=job.started_at,
+                                            cancel_requested_at__isnull=True).update(
                 status=Job.Status.PENDING, started_at=None, rows_done=0, bytes_done=0)
             if requeued:
                 logger.warning("job %s %s: nobody ran it any more (%s); running it again", job_label, job.pk,
@@ -280,11 +298,16 @@ def rerun_orphaned() -> list[str]:
     return rerun
 
 
-def _celery_worker() -> str:
-    """The name of the Celery worker serving the current task ("" embedded, or outside a task)."""
-    if settings.RFTWEB_EMBEDDED:
-        return ""
-    return getattr(getattr(current_task, "request", None), "hostname", None) or ""
+def _end_cancelled(job: Job) -> None:
+    """rerun_orphaned: end a job nobody runs whose cancel was asked for, as its Cancel would."""
+    try:
+        ended = cancel_job(job)
+    except JobError as err:  # finished meanwhile, or the database busy: the next round looks again
+        logger.warning("job %s %s: nobody ran it any more and its cancel was asked for; not ended: %s",
+                       label(job), job.pk, err)
+        return
+    logger.warning("job %s %s: nobody ran it any more and its cancel was asked for; ended %s", label(job),
+                   job.pk, ended.status)
 
 
 def _finish(job: Job, status: str, *, error: str = "", result=None) -> None:
@@ -366,8 +389,9 @@ def snapshot(job: Job, why_orphaned: str = "") -> dict:
     status_text = job.status_text
     if why_orphaned:
         if settings.RFTWEB_EMBEDDED:  # the demo server's watchdog (rerun_orphaned); a bare runserver has none
-            every = settings.CELERY_BEAT_SCHEDULE["watchdog"]["schedule"]
-            then = f"the demo server runs it again from the start (at its start, then every {every:g} s)"
+            every = settings.RFTWEB_WATCHDOG_INTERVAL
+            does = "ends it, cancelled" if job.cancel_requested_at else "runs it again from the start"
+            then = f"the demo server {does} (at its start, then every {every:g} s)"
         else:
             then = "it starts again if Celery redelivers its task"
         status_text = f"running, but {why_orphaned}: {then}, or Cancel ends it now"

@@ -102,14 +102,16 @@ class JobOwner(models.Model):
 
     One table for every job model (a job is named by its model's label and its id): the job tables
     keep only what their users see. A process is its host, its pid and when it started, so a pid
-    the system gave to a new process after a reboot or a wrap-around is not taken for the owner."""
+    the system gave to a new process after a reboot or a wrap-around is not taken for the owner; and
+    its pid namespace, since a host name can be shared by processes that do not share pids."""
 
     job_label = models.CharField(max_length=100)  # "app_label.model_name", as jobs.label
     job_id = models.PositiveBigIntegerField()
     host = models.CharField(max_length=255)
     pid = models.PositiveIntegerField()
     process_started = models.FloatField()  # seconds since the epoch, as psutil's create_time
-    worker = models.CharField(max_length=255, blank=True)  # its Celery worker's name ("" embedded)
+    pid_namespace = models.CharField(max_length=100, blank=True)  # job_owners.pid_namespace()
+    worker = models.CharField(max_length=255, blank=True)  # capacity.this_node(): its Celery worker ("" outside a task)
     since = models.DateTimeField()
 
     class Meta:

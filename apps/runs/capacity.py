@@ -2,11 +2,12 @@
 
 A Celery worker registers when it is ready (workers/tasks.py's signal handlers), with what its
 machine has (hosts.py: memory, cores, GPUs: a launch checks a run against them), beats every
-RFTWEB_HEARTBEAT_INTERVAL seconds on a thread of its main process, and is marked stopped on an
-orderly shutdown; one silent for RFTWEB_HEARTBEAT_TIMEOUT without that is lost. Its slots are its
-pool processes. What a slot holds is read off the active runs' duty heartbeats, which name the
-Celery worker serving each duty (`node`, holding.claim_duty). Embedded (no Celery) the web
-process is the one worker: its threads serve every duty, without a slot limit.
+RFTWEB_HEARTBEAT_INTERVAL seconds on a thread of its main process (which registers it where that
+failed), and is marked stopped on an orderly shutdown; one silent for RFTWEB_HEARTBEAT_TIMEOUT
+without that is lost. Its slots are its pool processes. What a slot holds is read off the active
+runs' duty heartbeats, which name the Celery worker serving each duty (`node`,
+holding.claim_duty). Embedded (no Celery) the web process is the one worker: its threads serve
+every duty, without a slot limit.
 
 The Workers page and /api/workers/ show `overview()`, as Celery Flower and Ray's dashboard show
 theirs: who is there, what each holds since when, and who was lost. What a run waits for, given
@@ -138,9 +139,9 @@ def workers_starting(names_by_queue: dict[str, list[str]]) -> None:
     shared_cache.set(STARTING_KEY, {"at": time.time(), "queues": names_by_queue}, timeout=STARTING_FOR_S)
 
 
-def register(name: str, queues: list[str], slots: int) -> None:
+def register(name: str, queues: list[str], slots: int) -> datetime:
     """A worker is ready (again: a restarted worker of the same name starts afresh, its last life
-    kept for the page's Stopped or Lost list)."""
+    kept for the page's Stopped or Lost list). Returns when this life started, which its beats name."""
     now = timezone.now()
     earlier = []
     if (before := Worker.objects.filter(name=name).first()) is not None:
@@ -158,10 +159,19 @@ def register(name: str, queues: list[str], slots: int) -> None:
         "gpus": gpus(), "memory_gb": round(memory_bytes() / GB, 1), "cpus": cpu_count(), "version": code_version(),
         "started_at": now, "last_seen": now, "stopped_at": None, "drain": {},  # a new life consumes its queues
     })
+    return now
 
 
-def beat(name: str, usage: dict | None = None) -> None:
-    Worker.objects.filter(name=name).update(last_seen=timezone.now(), gpus=gpus(), usage=usage or {})
+def beat(name: str, life: datetime | None, queues: list[str], slots: int, usage: dict | None = None) -> datetime:
+    """The worker's heartbeat, for its life that started at `life` (what register returned). Returns
+    that life's start: a new one's when it registers the worker instead, because its registration
+    failed (`life` None: the database was down as it started) or the row is not this life's (a
+    beat that only moved last_seen kept an earlier life's started_at, so a job the dead life owned
+    was taken as run: job_owners.is_gone)."""
+    if life is not None and Worker.objects.filter(name=name, started_at=life).update(
+            last_seen=timezone.now(), gpus=gpus(), usage=usage or {}):
+        return life
+    return register(name, queues, slots)
 
 
 def stopped(name: str) -> None:
@@ -190,9 +200,9 @@ class WorkerBeat(threading.Thread):
     """The worker's own heartbeat, on a thread of its main process (its pool processes may all be
     busy with steps that take minutes)."""
 
-    def __init__(self, name: str, interval: float):
+    def __init__(self, name: str, queues: list[str], slots: int, interval: float, life: datetime | None):
         super().__init__(daemon=True, name=f"worker-beat-{name}")
-        self.worker_name, self.interval = name, interval
+        self.worker_name, self.queues, self.slots, self.interval, self.life = name, queues, slots, interval, life
         self.stopping = threading.Event()
         self.usage = ProcessUsage()
 
@@ -200,7 +210,7 @@ class WorkerBeat(threading.Thread):
         try:
             while not self.stopping.wait(self.interval):
                 try:
-                    beat(self.worker_name, self.usage())
+                    self.life = beat(self.worker_name, self.life, self.queues, self.slots, self.usage())
                 except DatabaseError as err:  # beat again once the database is back
                     log.warning("worker %s: heartbeat missed: %s", self.worker_name, err)
                     connection.close()
@@ -218,14 +228,15 @@ _beats: dict[str, WorkerBeat] = {}
 def worker_ready(controller) -> None:
     """Celery's worker_ready (workers/tasks.py): register the worker and start its heartbeat."""
     queues = controller.app.amqp.queues
-    names = list(queues.consume_from or queues)
+    names, slots, life = list(queues.consume_from or queues), int(controller.concurrency or 1), None
     try:
-        register(controller.hostname, names, int(controller.concurrency or 1))
+        life = register(controller.hostname, names, slots)
     except DatabaseError as err:
         log.warning("worker %s: not registered (%s); its heartbeat will register it", controller.hostname, err)
     finally:
         connection.close()  # the heartbeat thread has its own
-    _beats[controller.hostname] = WorkerBeat(controller.hostname, settings.RFTWEB_HEARTBEAT_INTERVAL)
+    _beats[controller.hostname] = WorkerBeat(controller.hostname, names, slots, settings.RFTWEB_HEARTBEAT_INTERVAL,
+                                             life)
     _beats[controller.hostname].start()
 
 

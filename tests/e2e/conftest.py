@@ -14,14 +14,12 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
-from tests.support import daphne_command, database_url
+from tests.support import daphne_command, database_url, free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[2]
 ARTIFACTS = ROOT / "test-artifacts"
@@ -57,25 +55,6 @@ def _artifact_dir(request) -> Path:
     return path
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _wait_for_port(port: int, proc: subprocess.Popen, log: Path, timeout: float = 90) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the server exited with {proc.returncode}:\n{log.read_text()}")
-        try:
-            with socket.create_connection(("127.0.0.1", port), timeout=1):
-                return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"the server did not accept connections on port {port} in {timeout:.0f}s:\n{log.read_text()}")
-
-
 def _stop(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -107,14 +86,14 @@ def asgi_server(django_db_setup, asgi_server_log):
         "PYTHONUNBUFFERED": "1",
     }
     env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)  # the server must keep Django's async safety checks
-    port = _free_port()
+    port = free_port()
     with open(asgi_server_log, "w") as log:
         proc = subprocess.Popen(
             daphne_command(port),
             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
         )
     try:
-        _wait_for_port(port, proc, asgi_server_log)
+        wait_for_port(port, proc, asgi_server_log)
         yield f"http://127.0.0.1:{port}"
     finally:
         _stop(proc)

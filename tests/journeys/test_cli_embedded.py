@@ -17,8 +17,8 @@ import uuid
 import psycopg
 import pytest
 
-from tests.e2e.conftest import _free_port, _wait_for_port
 from tests.journeys.test_newcomer import ADMIN_DB, ROOT, newcomer_env
+from tests.support import free_port, wait_for_port
 
 CONFIG = """
 model: {path: tiny}
@@ -64,13 +64,13 @@ def embedded(request, tmp_path):
         with psycopg.connect(ADMIN_DB, autocommit=True) as admin:
             admin.execute(f'CREATE DATABASE "{database}"')
         env["DATABASE_URL"] = f"postgres://postgres@localhost:5432/{database}"
-    port = _free_port()
+    port = free_port()
     log_path = tmp_path / "demo.log"
     with open(log_path, "w") as log:
         server = subprocess.Popen([sys.executable, "manage.py", "demo", f"127.0.0.1:{port}", "--no-run"], cwd=ROOT,
                                   env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        _wait_for_port(port, server, log_path, timeout=180)
+        wait_for_port(port, server, log_path, timeout=180)
         (tmp_path / "sums.yaml").write_text(CONFIG)
         yield env, server, tmp_path / "sums.yaml"
     finally:

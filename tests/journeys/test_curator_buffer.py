@@ -38,8 +38,8 @@ from apps.buffer import search
 from apps.buffer.models import BufferJob, Experience
 from apps.buffer.store import DjangoExperienceBuffer
 from apps.runs.models import Run
-from tests.e2e.conftest import PASSWORD, _artifact_dir, _failed, _free_port, _wait_for_port
-from tests.support import make_taskset, wait_for
+from tests.e2e.conftest import PASSWORD, _artifact_dir, _failed
+from tests.support import free_port, make_taskset, wait_for, wait_for_port
 from workers.rft.experience import Experience as EngineExperience
 
 pytestmark = [pytest.mark.slow, pytest.mark.e2e, pytest.mark.django_db(transaction=True), pytest.mark.timeout(600)]
@@ -135,12 +135,12 @@ def site(request, tmp_path, stack):
 
     data = tmp_path / "data"
     env = newcomer_env(data)  # no DATABASE_URL, no REDIS_URL: embedded
-    port, log_path = _free_port(), tmp_path / "demo.log"
+    port, log_path = free_port(), tmp_path / "demo.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen([sys.executable, "manage.py", "demo", "--no-run", f"127.0.0.1:{port}"], cwd=ROOT,
                                 env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
-        _wait_for_port(port, proc, log_path, timeout=180)  # migrated
+        wait_for_port(port, proc, log_path, timeout=180)  # migrated
         script = ("import django, json; django.setup(); "
                   "from tests.journeys.test_curator_buffer import embedded_setup; print(json.dumps(embedded_setup()))")
         setup = subprocess.run([sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, timeout=300,

@@ -26,7 +26,8 @@ import pytest
 import redis
 from django.conf import settings
 
-from tests.e2e.conftest import CHROMIUM, CHROMIUM_ARGS, _free_port, _wait_for_port
+from tests.e2e.conftest import CHROMIUM, CHROMIUM_ARGS
+from tests.support import free_port, wait_for_port
 
 ROOT = Path(__file__).resolve().parents[2]
 DEMO_RUN = "demo: tiny model learns addition (MIX)"
@@ -68,14 +69,14 @@ class Demo:
     def start(self) -> tuple[str, Path]:
         """(base URL, server log) once it listens."""
         self.starts += 1
-        port = _free_port()
+        port = free_port()
         log_path = self.tmp_path / f"demo-{self.starts}.log"
         with open(log_path, "w") as log:
             self.proc = subprocess.Popen(
                 [sys.executable, "manage.py", "demo", f"127.0.0.1:{port}"],
                 cwd=ROOT, env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
             )
-        _wait_for_port(port, self.proc, log_path, timeout=180)
+        wait_for_port(port, self.proc, log_path, timeout=180)
         return f"http://127.0.0.1:{port}", log_path
 
     def stop(self, timeout: float = 90) -> None:

@@ -26,6 +26,7 @@ def test_workers_register_beat_and_end_stopped_or_lost(celery_worker_factory):
     first = row.last_seen
     beats = settings.RFTWEB_HEARTBEAT_INTERVAL  # on a thread of its own
     wait_for(lambda: Worker.objects.get(name=calm.name).last_seen > first, timeout=5 * beats, what="a heartbeat")
+    assert Worker.objects.get(name=calm.name).started_at == row.started_at, "its beat names its life: the same"
     assert {calm.name, doomed.name} <= set(shown("workers"))
 
     os.killpg(calm.pid, signal.SIGTERM)  # an orderly stop

@@ -55,7 +55,7 @@ def run_here(db):
 
     def claim(job):
         type(job).objects.filter(pk=job.pk).update(status="running", started_at=timezone.now())
-        job_owners.record(jobs.label(job), job.pk, worker="")
+        job_owners.record(jobs.label(job), job.pk)
         return type(job).objects.get(pk=job.pk)
 
     return claim

@@ -15,6 +15,7 @@ from datetime import timedelta
 
 import psutil
 import pytest
+from django.db import OperationalError
 from django.urls import reverse
 from django.utils import timezone
 
@@ -26,7 +27,7 @@ from apps.tasksets import services as taskset_services
 from apps.tasksets.importers import FieldMapping
 from apps.tasksets.models import Task, Taskset, TasksetImport
 from tests.apps.core.conftest import ROWS, jsonl_upload
-from tests.support import wait_for
+from tests.support import on_another_connection, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 LABEL = "tasksets.tasksetimport"
@@ -51,7 +52,8 @@ def process():
 def owned_by(job, proc, *, started=None, host=None, worker="", since=None):
     """Record `proc` (a Popen) as the job's owner, as run_job's claim does in that process."""
     JobOwner.objects.update_or_create(job_label=jobs.label(job), job_id=job.pk, defaults={
-        "host": host or socket.gethostname(), "pid": proc.pid, "worker": worker, "since": since or timezone.now(),
+        "host": host or socket.gethostname(), "pid": proc.pid, "pid_namespace": job_owners.pid_namespace(),
+        "worker": worker, "since": since or timezone.now(),
         "process_started": started if started is not None else psutil.Process(proc.pid).create_time(),
     })
 
@@ -126,6 +128,26 @@ def test_a_pid_the_system_gave_to_another_process_is_not_the_owner(half_import, 
     assert job_owners.is_gone(owner)
 
 
+def test_a_process_of_another_pid_namespace_under_this_host_name_is_judged_by_its_worker(half_import):
+    """A container with docker's network_mode: host (a Kubernetes hostNetwork pod; another machine
+    also named `ubuntu`) has this host name and pids of its own: a pid of this namespace tells
+    nothing of it (it would call a live import's process gone, and a Cancel would delete its data)."""
+    job, _ = half_import()  # its process killed here
+    owner = job_owners.owner_of(LABEL, job.pk)
+    assert owner.pid_namespace == job_owners.pid_namespace() != "" and job_owners.is_gone(owner)
+
+    owner.pid_namespace = "0798d727-e536-4f23-b44e-000000000000/pid:[4026532501]"  # a container's
+    assert not job_owners.is_gone(owner), "an embedded server there: cannot tell, so left alone"
+    now = timezone.now()
+    owner.worker, owner.since = "jobs@container", now - timedelta(minutes=5)
+    worker = Worker.objects.create(name="jobs@container", host=owner.host, pid=owner.pid,
+                                   started_at=now - timedelta(hours=1), last_seen=now)
+    assert not job_owners.is_gone(owner), "its worker beats"
+    worker.started_at = now
+    worker.save()
+    assert job_owners.is_gone(owner), "restarted since the job started"
+
+
 def test_a_cancel_of_a_job_nobody_runs_ends_it_and_frees_its_name(half_import, client, researcher):
     """The full stack's case too: a Celery worker killed whole leaves its task unacknowledged until
     the broker's visibility timeout (6 h), and the job running meanwhile."""
@@ -160,12 +182,80 @@ def test_a_job_cancelled_before_its_server_died_is_ended_when_cancelled_again(ha
     assert job.status == "cancelled" and not Taskset.all_objects.filter(pk=hidden.pk).exists()
 
 
+def test_a_cancel_that_could_not_end_a_job_nobody_runs_leaves_it_to_the_next(half_import, monkeypatch):
+    """The cancel takes the job (its owner: the cancelling process), then ends it outside the row
+    lock, where an embedded SQLite busy with another writer may refuse the write: the job stays
+    orphaned, so a second Cancel, or the watchdog, ends it."""
+    job, hidden = half_import()
+    finish = jobs._finish
+
+    def database_busy(*args, **kwargs):
+        raise OperationalError("database is locked")
+
+    monkeypatch.setattr(jobs, "_finish", database_busy)
+    with pytest.raises(jobs.JobError, match="the database is busy"):
+        jobs.cancel_job(job)
+
+    assert job_owners.owner_of(LABEL, job.pk) is None
+    assert jobs.orphaned(TasksetImport.objects.get(pk=job.pk)) == "no process ran it any more"
+    monkeypatch.setattr(jobs, "_finish", finish)
+    job = jobs.cancel_job(job)
+    assert job.status == "cancelled" and not Taskset.all_objects.filter(pk=hidden.pk).exists()
+
+
+def test_embedded_a_job_cancelled_before_its_server_died_is_ended_by_the_watchdog(half_import, settings):
+    settings.RFTWEB_EMBEDDED = True
+    job, hidden = half_import()
+    dead = job_owners.owner_of(LABEL, job.pk)
+    TasksetImport.objects.filter(pk=job.pk).update(cancel_requested_at=timezone.now())
+    job.refresh_from_db()
+    assert jobs.snapshot(job, jobs.orphaned(job))["status_text"] == (
+        f"running, but the process that ran it ({dead}) had stopped: the demo server ends it, cancelled (at its "
+        f"start, then every {settings.RFTWEB_WATCHDOG_INTERVAL:g} s), or Cancel ends it now")
+
+    assert jobs.rerun_orphaned() == [], "not run again"
+
+    job.refresh_from_db()
+    assert job.status == "cancelled"
+    assert job.error == f"cancelled after 2 rows: the process that ran it ({dead}) had stopped"
+    assert not Taskset.all_objects.filter(pk=hidden.pk).exists()
+
+
+def test_embedded_a_job_a_cancel_takes_is_not_run_again_beside_it(half_import, settings, monkeypatch):
+    """The watchdog found the job's process gone; a Cancel then took the job and was ending it (its
+    hook deleting the hidden taskset, outside the row lock) when the watchdog put it back to
+    pending: that found the cancel, and left the job to it (it had started the import again)."""
+    settings.RFTWEB_EMBEDDED = True
+    job, hidden = half_import()
+    is_gone, finish, reads, ends = job_owners.is_gone, jobs._finish, [], []
+
+    def gone_then_cancelled(owner):
+        reads.append(owner)
+        gone = is_gone(owner)
+        if len(reads) == 1:  # the watchdog's read (the Cancel reads the owner again)
+            on_another_connection(lambda: jobs.cancel_job(TasksetImport.objects.get(pk=job.pk)))
+        return gone
+
+    monkeypatch.setattr(job_owners, "is_gone", gone_then_cancelled)
+    monkeypatch.setattr(jobs, "_finish", lambda *args, **kwargs: ends.append((args, kwargs)))  # still under way
+
+    assert jobs.rerun_orphaned() == []
+
+    (args, kwargs), = ends
+    finish(*args, **kwargs)
+    job.refresh_from_db()
+    assert job.status == "cancelled" and not Taskset.all_objects.filter(pk=hidden.pk).exists()
+
+
 def test_embedded_a_pending_job_nobody_claimed_runs(researcher, start_taskset_import, settings):
     """A command that sends nothing (rftweb.celery.serve_here(False)) or a server killed between the
     job's commit and its thread's claim left it pending."""
     job = start_taskset_import(researcher)  # (the test settings' broker: queued, never delivered)
     settings.RFTWEB_EMBEDDED = True
+    assert jobs.rerun_orphaned() == [], "just made: its own thread's to claim"
 
+    made = timezone.now() - timedelta(seconds=settings.RFTWEB_WATCHDOG_INTERVAL + 1)
+    TasksetImport.objects.filter(pk=job.pk).update(created_at=made)  # a whole watchdog round unclaimed
     assert jobs.rerun_orphaned() == [f"{LABEL} {job.pk}"]
 
     wait_for(lambda: TasksetImport.objects.get(pk=job.pk).is_finished, timeout=30, what="the import")
@@ -180,7 +270,7 @@ def test_a_second_thread_sent_for_a_job_leaves_it_to_the_first(curator, settings
     runs = []
     monkeypatch.setitem(jobs.JOB_TYPES, "buffer.promote", lambda job, progress: runs.append(job.pk) or {})
     job = BufferJob.objects.create(kind=BufferJob.Kind.PROMOTE, status="running")
-    job_owners.record("buffer.bufferjob", job.pk, worker="")  # this process runs it
+    job_owners.record("buffer.bufferjob", job.pk)  # this process runs it
 
     assert jobs.run_job("buffer.bufferjob", job.pk).status == "running" and runs == []
     settings.RFTWEB_EMBEDDED = False

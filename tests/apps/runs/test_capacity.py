@@ -132,12 +132,38 @@ def test_the_page_and_the_api_show_the_same_workers(busy, researcher_client, res
 
 
 def test_the_worker_beat_reports_gpus_it_finds(monkeypatch, db):
-    worker("runs@gpu-1", seen_ago=30)
+    life = worker("runs@gpu-1", seen_ago=30).started_at
     h100 = {"name": "NVIDIA H100 80GB HBM3", "memory_gb": 79.6, "used_gb": 3.1}
     monkeypatch.setattr(capacity, "gpus", lambda: [h100])
-    capacity.beat("runs@gpu-1")
+    assert capacity.beat("runs@gpu-1", life, ["explore", "train"], 2) == life
     row = Worker.objects.get(name="runs@gpu-1")
     assert row.gpus[0]["name"] == "NVIDIA H100 80GB HBM3" and timezone.now() - row.last_seen < timedelta(seconds=5)
+    assert (row.started_at, row.earlier) == (life, []), "the same life"
+
+
+def test_a_worker_whose_registration_failed_is_registered_by_its_beat(db):
+    """A worker restarted while the database was down (capacity.worker_ready: "its heartbeat will
+    register it"): its beats had only moved the row's last_seen, under the killed life's
+    started_at, so a job that life had owned was taken as run by the new one (job_owners.is_gone)."""
+    from apps.core import job_owners
+    from apps.core.models import JobOwner
+
+    killed = worker("jobs@gpu-1")  # an hour ago
+    owner = JobOwner(host="gpu-1", pid=4242, process_started=0, worker="jobs@gpu-1",
+                     since=killed.started_at + timedelta(minutes=1))
+
+    life = capacity.beat("jobs@gpu-1", None, ["default"], 4)
+
+    row = Worker.objects.get(name="jobs@gpu-1")
+    assert row.started_at == life > owner.since and (row.queues, row.slots) == (["default"], 4)
+    assert [old["started_at"] for old in row.earlier] == [killed.started_at.isoformat()], "on the page's Lost list"
+    assert job_owners.is_gone(owner), "the job's worker restarted since it took the job"
+    assert capacity.beat("jobs@gpu-1", life, ["default"], 4) == life, "beats on, the same life"
+    assert len(Worker.objects.get(name="jobs@gpu-1").earlier) == 1
+
+    Worker.objects.all().delete()  # a row gone: registered again
+    assert capacity.beat("jobs@gpu-1", life, ["default"], 4) > life
+    assert Worker.objects.filter(name="jobs@gpu-1").exists()
 
 
 SPLIT = {"trainer": {"total_steps": 100}, "synchronizer": {"method": "checkpoint"}, "explorer": {"engine_num": 2}}
@@ -402,7 +428,7 @@ def test_the_worker_beat_reports_what_its_processes_use(db):
 
     from apps.runs import hosts
 
-    worker("train@gpu-1")
+    life = worker("train@gpu-1").started_at
     usage = hosts.ProcessUsage()
     assert usage()["cpu_percent"] is None  # nothing to compare with yet
     stop = time.monotonic() + 0.3
@@ -410,6 +436,6 @@ def test_the_worker_beat_reports_what_its_processes_use(db):
         pass
     measured = usage()
     assert measured["rss_gb"] > 0.01 and 5 <= measured["cpu_percent"] <= 100 * (threading.active_count() + 1)
-    capacity.beat("train@gpu-1", measured)
+    capacity.beat("train@gpu-1", life, ["explore", "train"], 2, measured)
     (shown,) = capacity.overview()["workers"]
     assert shown.usage == measured and shown.as_json()["usage"] == measured

@@ -58,16 +58,27 @@ def test_rft_status_and_stop(config_file, capsys):
         call_command("rft_status", "999")
 
 
+@pytest.mark.parametrize("jobs_round", ["looked at", "failed"])
 def test_embedded_rft_run_leaves_its_run_to_the_demo_server_which_starts_it(
-        transactional_db, tmp_path, researcher, settings, monkeypatch, capsys):
+        transactional_db, tmp_path, researcher, settings, monkeypatch, capsys, caplog, jobs_round):
     """Embedded, a task runs on a thread of the process that sends it: rft_run's died with the
     command, and its run stayed queued for ever. The command now starts nothing; the demo server's
-    watchdog round (demo.pick_up) starts the queued run on a thread of its own. (Transactional: a
-    launch sends its task once it commits, inside the command.)"""
+    watchdog round (demo.pick_up) starts the queued run on a thread of its own, even when its look
+    at the jobs nobody runs fails first (it had ended the round). (Transactional: a launch sends its
+    task once it commits, inside the command.)"""
     from types import SimpleNamespace
 
+    from django.db import OperationalError
+
+    from apps.core import jobs
     from apps.runs.management.commands import demo
     from rftweb import celery
+
+    if jobs_round == "failed":
+        def database_busy():
+            raise OperationalError("database is locked")
+
+        monkeypatch.setattr(jobs, "rerun_orphaned", database_busy)
 
     settings.RFTWEB_EMBEDDED = True
     threads = []
@@ -83,3 +94,4 @@ def test_embedded_rft_run_leaves_its_run_to_the_demo_server_which_starts_it(
     demo.pick_up()
     run.refresh_from_db()
     assert run.status == "starting" and threads == [f"workers.tasks.serve_duty({run.pk}, 'loop')"]
+    assert ("the jobs nobody runs were not looked at" in caplog.text) == (jobs_round == "failed")

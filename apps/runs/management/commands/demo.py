@@ -68,7 +68,7 @@ class Command(BaseCommand):
             if not no_run:
                 self.start_demo_run(user)
             if settings.RFTWEB_EMBEDDED:  # after start_demo_run's watchdog: two at once would both send on
-                every(settings.CELERY_BEAT_SCHEDULE["watchdog"]["schedule"], pick_up, "watchdog")
+                every(settings.RFTWEB_WATCHDOG_INTERVAL, pick_up, "watchdog")
             self.stdout.write(self.style.SUCCESS(
                 f"rftweb on http://{addrport}/  (log in as {DEMO_USER} / {DEMO_PASSWORD})"
             ))
@@ -140,7 +140,10 @@ def pick_up() -> None:
     while this server stops: its runs are handed back for its next start."""
     if capacity.node_stopping(None):
         return
-    jobs.rerun_orphaned()
+    try:
+        jobs.rerun_orphaned()
+    except Exception:  # a busy SQLite's "database is locked": the runs' part of the round goes on all the same
+        logger.exception("watchdog: the jobs nobody runs were not looked at; the next round looks again")
     for run_id in Run.objects.filter(status=Run.Status.QUEUED).values_list("pk", flat=True):
         supervision.start_run(run_id)  # one another thread started meanwhile is left as it is
     supervision.watchdog()

@@ -82,7 +82,7 @@ def see_through(run: Run, wait: bool, write) -> None:
 
 
 def pick_up_interval() -> float:
-    return settings.CELERY_BEAT_SCHEDULE["watchdog"]["schedule"]
+    return settings.RFTWEB_WATCHDOG_INTERVAL
 
 
 def follow(run: Run, write, interval: float = 2.0, serve_after: float | None = None) -> None:
