@@ -174,8 +174,12 @@ def beat(name: str, life: datetime | None, queues: list[str], slots: int, usage:
     return register(name, queues, slots)
 
 
-def stopped(name: str) -> None:
-    Worker.objects.filter(name=name).update(stopped_at=timezone.now())
+def stopped(name: str, life: datetime | None) -> None:
+    """The worker's life that started at `life` stopped in order. Another life's row is left as it
+    is: a leftover worker of the same name stopping (a demo killed whole and started again) marked
+    the live one stopped, which then handed back every duty it took, every 2.5 s."""
+    if life is not None:
+        Worker.objects.filter(name=name, started_at=life).update(stopped_at=timezone.now())
 
 
 # Embedded: this server process is shutting down (the demo command's SIGTERM handler).
@@ -244,10 +248,11 @@ def worker_stopping(name: str) -> None:
     """Celery's worker_shutting_down (SIGTERM or SIGINT: a warm shutdown) and worker_shutdown: an
     orderly stop, not a loss. Marked stopped at once: its pool processes' duties see it at their
     next step, save, and let their runs go to another worker (Celery waits for them)."""
-    if (thread := _beats.pop(name, None)) is not None:
+    thread = _beats.get(name)  # kept: Celery sends both signals, and each names this life
+    if thread is not None:
         thread.stop()
     try:
-        stopped(name)
+        stopped(name, thread.life if thread is not None else None)
     except DatabaseError as err:
         log.warning("worker %s: not marked stopped (%s)", name, err)
     finally:

@@ -110,10 +110,20 @@ def test_a_waiting_duty_says_how_many_go_before_it_and_the_workers_page_shows_ea
     assert "Waiting for a slot" in page and "handed back" in page  # the page's own copy of the JSON
 
 
+def test_a_leftover_worker_of_the_same_name_stopping_leaves_the_live_one_serving(db):
+    """A demo killed whole left its Celery workers running; started again, it ran new ones of the
+    same names. The leftover's orderly stop marked the shared row stopped, and the live worker then
+    handed back every duty it took (node_stopping), every 2.5 s."""
+    old_life = capacity.register("train@vm", ["train"], 2)
+    capacity.register("train@vm", ["train"], 2)  # the new demo's worker
+    capacity.stopped("train@vm", old_life)  # the leftover stops in order
+    assert not capacity.node_stopping("train@vm")
+
+
 def test_a_worker_restarted_under_its_name_keeps_its_stopped_and_lost_lives_on_the_page(db, monkeypatch):
     """The Stopped list lost every worker restarted since (a restart reused its row)."""
-    capacity.register("train@vm", ["train"], 2)
-    capacity.stopped("train@vm")  # stopped in order (SIGTERM) ...
+    life = capacity.register("train@vm", ["train"], 2)
+    capacity.stopped("train@vm", life)  # stopped in order (SIGTERM) ...
     capacity.register("train@vm", ["train"], 2)  # ... and started again
     Worker.objects.filter(name="train@vm").update(last_seen=timezone.now() - timedelta(hours=1))  # then lost
     capacity.register("train@vm", ["train"], 2)  # and started again
