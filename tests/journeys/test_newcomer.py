@@ -11,6 +11,7 @@ the edit; a stopped run resumes
 from its checkpoint with every trainer step once; the demo stopped by SIGTERM and started again
 carries the run on from the step it stopped at.
 """
+import contextlib
 import os
 import re
 import signal
@@ -317,3 +318,26 @@ def stop_the_demo_and_start_it_again(demo_server, first_log: Path) -> None:
     _, second_log = demo_server.start()
     wait_until(lambda: step() > stopped_at, timeout=300)
     assert f"(trainer step {stopped_at})" in second_log.read_text()  # "from checkpoint vN (trainer step S)"
+
+
+@pytest.mark.slow
+def test_a_full_stack_demo_killed_whole_takes_its_workers_with_it(tmp_path):
+    """`kill -9` of `make demo` (or its terminal closed) left its four Celery processes running:
+    started again, the demo ran a second worker of each name beside them, and the leftovers took
+    tasks from its queues. They now get SIGTERM as the demo dies, and stop in order."""
+    import psutil
+
+    demo, workers = Demo(tmp_path, "full-stack"), []
+    try:
+        demo.start()
+        workers = psutil.Process(demo.proc.pid).children()
+        assert len(workers) == 4, workers  # train, explore, jobs and beat
+        demo.proc.kill()  # the demo's own process only, as kill -9 <pid> does
+        demo.proc.wait()
+        _, alive = psutil.wait_procs(workers, timeout=90)
+        assert not alive, [p.cmdline() for p in alive]
+    finally:
+        for proc in workers:  # and their pool processes, in their own sessions
+            with contextlib.suppress(psutil.NoSuchProcess):
+                os.killpg(proc.pid, signal.SIGKILL)
+        demo.drop()

@@ -8,6 +8,7 @@ alerts, and the buffer retention sweep (apps/buffer/retention.py) when
 RFTWEB_BUFFER_RETENTION_DAYS turns it on. With REDIS_URL, a Celery worker and beat are started
 beside the server and stopped with it.
 """
+import ctypes
 import logging
 import os
 import signal
@@ -61,9 +62,11 @@ class Command(BaseCommand):
             if settings.RFTWEB_BUFFER_RETENTION_DAYS:
                 every(settings.RFTWEB_BUFFER_RETENTION_INTERVAL, retention.sweep, "buffer retention")
             every(settings.RFTWEB_ALERT_INTERVAL, alerts.beat, "alerts")
-        # SIGTERM (a service manager, `kill`) stops as Ctrl-C does: runserver exits, then the runs
-        # are handed back at a step boundary (below), and nothing is left half done.
+        # SIGTERM (a service manager, `kill`) and SIGHUP (its terminal closed) stop as Ctrl-C does:
+        # runserver exits, then the runs are handed back at a step boundary (below), and nothing is
+        # left half done.
         signal.signal(signal.SIGTERM, _interrupt)
+        signal.signal(signal.SIGHUP, _interrupt)
         try:
             if not no_run:
                 self.start_demo_run(user)
@@ -128,7 +131,8 @@ class Command(BaseCommand):
         host = socket.gethostname()  # what %h becomes
         capacity.workers_starting({"train": [f"train@{host}"], "explore": [f"explore@{host}"],
                                    "default": [f"jobs@{host}"]})
-        return [subprocess.Popen(c, start_new_session=True) for c in commands]
+        return [subprocess.Popen(c, start_new_session=True, preexec_fn=_stop_with_parent(os.getpid()))
+                for c in commands]
 
 
 def pick_up() -> None:
@@ -164,6 +168,25 @@ def repeat(seconds: float, work, what: str) -> None:
         finally:
             connection.close()  # this thread's own: it would otherwise stay open between rounds
         time.sleep(seconds)
+
+
+def _stop_with_parent(parent: int):
+    """For a worker, before it runs: SIGTERM (an orderly stop) when the demo's process dies, however
+    it dies (Linux's PR_SET_PDEATHSIG). In a session of its own (Ctrl-C must reach the demo alone),
+    a worker outlived a demo killed with SIGKILL; started again, the demo ran a second worker of
+    each name, and the leftovers took tasks from its queues."""
+    def arm():
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        except (OSError, AttributeError):  # no prctl (not Linux): stopped by the demo's own stop only
+            return
+        if os.getppid() != parent:  # the demo died before the call: the signal would never come
+            os.kill(os.getpid(), signal.SIGTERM)
+    return arm
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def _interrupt(signum, frame):
