@@ -351,10 +351,15 @@ def _run_import(job: BufferJob, progress) -> dict:
         job.dataset = hidden
         BufferJob.objects.filter(pk=job.pk).update(dataset=hidden)
 
+    shown = []
+
     def committing(dataset: ExpertDataset, imported: Imported) -> None:
         # With the rows: a job redelivered after this commit does not import them again (above).
-        job.dataset, job.result = dataset, imported.result()
-        BufferJob.objects.filter(pk=job.pk).update(dataset=dataset, result=job.result)
+        # The job in memory changes once they have committed (below): a failed job saves every field
+        # it holds (jobs._finish), and one whose transaction failed after this (the hidden dataset's
+        # delete, SQLite's "database is locked" at COMMIT) said "added 50 rows", which were not.
+        BufferJob.objects.filter(pk=job.pk).update(dataset=dataset, result=imported.result())
+        shown.append(dataset)
 
     imported = import_expert_data(
         job.upload.path,
@@ -370,7 +375,7 @@ def _run_import(job: BufferJob, progress) -> dict:
         created=created,
         committing=committing,
     )
-    job.rows_total = imported.rows
+    job.dataset, job.rows_total = shown[0], imported.rows
     # Counted as the file's author counts: 5 pairs, not the 10 experiences they became.
     return imported.result()
 

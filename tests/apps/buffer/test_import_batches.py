@@ -9,6 +9,7 @@ import json
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.db import DatabaseError, connection
 from django.urls import reverse
 
 from apps.buffer import expert_import, services
@@ -228,3 +229,45 @@ def test_an_import_redelivered_after_its_rows_were_shown_adds_them_once(tmp_path
     assert job.status == "succeeded", job.error
     assert job.result == {"rows": 50, "dataset": "shared", "appended": True, "holds": 53}
     assert ExpertDataset.objects.get(name="shared").experiences.count() == 53
+
+
+@pytest.fixture
+def failing_show():
+    """The database refuses to delete a hidden dataset while an import job holds a result (in
+    _show's transaction, after committing() wrote it): a real failure there, as SQLite's "database
+    is locked" at COMMIT was, which rolls the result back."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("""
+                CREATE FUNCTION fail_show() RETURNS trigger AS $$ BEGIN
+                    IF EXISTS (SELECT 1 FROM buffer_bufferjob WHERE result <> '{}'::jsonb) THEN
+                        RAISE EXCEPTION 'disk I/O error';
+                    END IF;
+                    RETURN OLD;
+                END $$ LANGUAGE plpgsql""")
+            cursor.execute("CREATE TRIGGER fail_show BEFORE DELETE ON buffer_expertdataset FOR EACH ROW "
+                           "EXECUTE FUNCTION fail_show()")
+        else:
+            cursor.execute("CREATE TRIGGER fail_show BEFORE DELETE ON buffer_expertdataset "
+                           "WHEN EXISTS (SELECT 1 FROM buffer_bufferjob WHERE result <> '{}') "
+                           "BEGIN SELECT RAISE(ABORT, 'disk I/O error'); END")
+    yield
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TRIGGER fail_show" + (" ON buffer_expertdataset" if connection.vendor == "postgresql"
+                                                    else ""))
+        if connection.vendor == "postgresql":
+            cursor.execute("DROP FUNCTION fail_show()")
+
+
+def test_an_import_whose_last_transaction_fails_saves_no_result_on_its_job(tmp_path, curator, failing_show):
+    expert_import.import_expert_data(jsonl(tmp_path, ROWS[:3]), dataset="shared")
+    job = start_import(curator, dataset="shared", append=True)
+
+    with pytest.raises(DatabaseError, match="disk I/O error"):
+        jobs.run_job("buffer.bufferjob", job.pk)
+
+    job = BufferJob.objects.get(pk=job.pk)
+    assert job.status == "failed" and "disk I/O error" in job.error
+    assert job.result == {} and job.dataset is None, "it added nothing, and says so"
+    assert ExpertDataset.objects.get(name="shared").experiences.count() == 3
+    assert list(ExpertDataset.all_objects.values_list("name", flat=True)) == ["shared"], "the hidden one is gone"
