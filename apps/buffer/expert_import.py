@@ -8,8 +8,8 @@ rows go into a hidden dataset (ready False: not in ExpertDataset.objects, so no 
 or run sees it; the experiences and feedback admin leave its rows out, `staged`) in committed
 batches, and one short transaction at the end shows them: the hidden dataset becomes the new one,
 or its rows move into the dataset they are added to. A bad row, a cancel or any failure deletes
-the hidden dataset and its rows (delete_unready), as a taskset import does
-(apps/tasksets/services.py).
+the hidden dataset and its rows (hidden_datasets.delete_unready), as a taskset import does
+(apps/tasksets/services.py; both: apps/core/hidden_imports.py).
 """
 
 import uuid
@@ -21,17 +21,16 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
 
-from apps.core import jobs
+from apps.core import hidden_imports, jobs
 from apps.core.files import FileImportError
 from apps.feedback.models import Feedback
 
 from . import importers, services
 from .models import BufferJob, Experience, ExpertDataset
 
-# Rows of the file per committed batch (settings.EXPERT_IMPORT_BATCH_ROWS), each its own write
-# transaction: the taskset import's figure (500 rows held SQLite's lock 0.06 s on average beside a
-# training run, up to 0.7 s; 2,000 rows 0.36 s, up to 2.0 s).
-IMPORT_BATCH_ROWS = 500
+# With its rows go the preferences between them and their search documents (services.delete_rows).
+hidden_datasets = hidden_imports.HiddenImports(ExpertDataset, Experience.objects, "dataset", services.delete_rows)
+
 IMPORTED_UNIT = {"sft": "rows", "dpo": "pairs"}  # what a row of an import file is, by layout
 APPEND_LABEL = "Add to an existing dataset"  # the upload page's choice; the command's is --append
 
@@ -107,7 +106,7 @@ def import_expert_data(
     A DPO row becomes two experiences (chosen: ready; rejected: status rejected, so it is never
     imitated) and `user`'s preference between them.
 
-    Rows are streamed and inserted `batch_size` at a time (settings.EXPERT_IMPORT_BATCH_ROWS by
+    Rows are streamed and inserted `batch_size` at a time (settings.IMPORT_BATCH_ROWS by
     default), each batch committed into a hidden dataset, and shown at the end in one short
     transaction (_show); a bad row anywhere, a cancel or any other error deletes what was written.
     `created(hidden dataset)` is called once it exists; `progress(rows, bytes_done, bytes_total)`
@@ -119,7 +118,7 @@ def import_expert_data(
     path = Path(path)
     source = source or path.name
     fmt = fmt or importers.detect_expert_format(path.name)
-    batch_size = batch_size or getattr(settings, "EXPERT_IMPORT_BATCH_ROWS", IMPORT_BATCH_ROWS)
+    batch_size = batch_size or settings.IMPORT_BATCH_ROWS
     if layout == "dpo" and user is None:
         raise FileImportError(source, None, "a DPO import needs a user: each pair becomes their preference")
     name = _checked_name(dataset or default_dataset_name(source), source)
@@ -132,7 +131,7 @@ def import_expert_data(
         imported = _insert_rows(rows, hidden, layout, user, source, batch_size, progress, stop_if_cancelled)
         return _show(hidden, imported, source, committing)
     except BaseException:
-        delete_unready(hidden.pk, batch_size)
+        hidden_datasets.delete_unready(hidden.pk)
         raise
 
 
@@ -154,19 +153,6 @@ def being_imported(name: str) -> str | None:
         return (f"the dataset {name!r} is being imported: name another one, or add to it once that import has "
                 "finished")
     return None
-
-
-def delete_unready(dataset_id: int, batch_size: int = IMPORT_BATCH_ROWS) -> None:
-    """Delete the dataset `dataset_id` if an import is still filling it (ready False), its rows
-    `batch_size` at a time, each batch committed: one DELETE of 200k rows would hold the write
-    lock as long as their import did. With its rows go the preferences between them and their
-    search documents (services.delete_rows); no run copied them (none can name it)."""
-    unready = Experience.objects.filter(dataset_id=dataset_id, dataset__ready=False)
-    while ids := list(unready.values_list("pk", flat=True)[:batch_size]):
-        with transaction.atomic():
-            services.delete_rows(ids)
-        connection.queries_log.clear()
-    ExpertDataset.all_objects.filter(pk=dataset_id, ready=False).delete()
 
 
 def _checked_name(name: str, source: str) -> str:
@@ -343,7 +329,7 @@ def _run_import(job: BufferJob, progress) -> dict:
         job.rows_total = Imported.of_result(job.result, layout).rows
         return job.result
     if job.dataset_id is not None:  # a killed worker's half import, redelivered: start again
-        delete_unready(job.dataset_id)
+        hidden_datasets.delete_unready(job.dataset_id)
         job.dataset = None
 
     def created(hidden: ExpertDataset) -> None:
@@ -385,5 +371,5 @@ def _import_stopped(job: BufferJob) -> None:
     # import_expert_data deleted its hidden dataset already, unless that delete failed too (the
     # database gone): try again, and point the job at no dataset, so its row saves.
     if job.dataset_id is not None:
-        delete_unready(job.dataset_id)
+        hidden_datasets.delete_unready(job.dataset_id)
         job.dataset = None

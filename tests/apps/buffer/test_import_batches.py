@@ -34,7 +34,7 @@ BATCH = 10
 
 @pytest.fixture(autouse=True)
 def small_batches(settings):
-    settings.EXPERT_IMPORT_BATCH_ROWS = BATCH
+    settings.IMPORT_BATCH_ROWS = BATCH
 
 
 def jsonl(tmp_path, rows, name="expert.jsonl"):

@@ -24,7 +24,7 @@ BATCH = 10
 
 @pytest.fixture(autouse=True)
 def small_batches(settings, tmp_path):
-    settings.TASKSET_IMPORT_BATCH_ROWS = BATCH
+    settings.IMPORT_BATCH_ROWS = BATCH
     settings.MEDIA_ROOT = tmp_path / "media"
 
 
