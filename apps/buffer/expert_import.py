@@ -29,7 +29,8 @@ from . import importers, services
 from .models import BufferJob, Experience, ExpertDataset
 
 # With its rows go the preferences between them and their search documents (services.delete_rows).
-hidden_datasets = hidden_imports.HiddenImports(ExpertDataset, Experience.objects, "dataset", services.delete_rows)
+hidden_datasets = hidden_imports.HiddenImports(ExpertDataset, Experience.objects, "dataset", services.delete_rows,
+                                               BufferJob.objects.filter(kind=BufferJob.Kind.IMPORT), "dataset")
 
 IMPORTED_UNIT = {"sft": "rows", "dpo": "pairs"}  # what a row of an import file is, by layout
 APPEND_LABEL = "Add to an existing dataset"  # the upload page's choice; the command's is --append
@@ -109,8 +110,9 @@ def import_expert_data(
     Rows are streamed and inserted `batch_size` at a time (settings.IMPORT_BATCH_ROWS by
     default), each batch committed into a hidden dataset, and shown at the end in one short
     transaction (_show); a bad row anywhere, a cancel or any other error deletes what was written.
-    `created(hidden dataset)` is called once it exists; `progress(rows, bytes_done, bytes_total)`
-    and `stop_if_cancelled()` after every batch (what they raise stops the import);
+    `created(hidden dataset)` is called in the transaction that creates it, to record the job that
+    fills it (without it, this process is recorded: hidden_imports); `progress(rows, bytes_done,
+    bytes_total)` and `stop_if_cancelled()` after every batch (what they raise stops the import);
     `committing(dataset, imported)` inside the transaction that shows the rows, so what it writes
     commits with them. Returns what it did: the number of the file's rows imported, what its author
     counts (SFT rows, DPO pairs of two experiences each), and whether it added them to rows already
@@ -124,10 +126,8 @@ def import_expert_data(
     name = _checked_name(dataset or default_dataset_name(source), source)
     appends = _target(name, layout, append, source) is not None
     rows = importers.read_expert_data(path, fmt, layout, display_name=source)
-    hidden = _create_hidden(name, layout, user, appends, source)
+    hidden = _create_hidden(name, layout, user, appends, source, created)
     try:
-        if created:
-            created(hidden)
         imported = _insert_rows(rows, hidden, layout, user, source, batch_size, progress, stop_if_cancelled)
         return _show(hidden, imported, source, committing)
     except BaseException:
@@ -148,11 +148,15 @@ def taken(dataset: ExpertDataset, size: int,
 
 def being_imported(name: str) -> str | None:
     """Why `name` is not to be imported into now: a new dataset's import holds it (its rows are
-    still arriving), or None."""
-    if ExpertDataset.all_objects.filter(name=name, ready=False, appends=False).exists():
-        return (f"the dataset {name!r} is being imported: name another one, or add to it once that import has "
-                "finished")
-    return None
+    still arriving), or None. One left by an import that died with its process is deleted first,
+    which frees the name (hidden_imports)."""
+    hidden_datasets.delete_leftovers(ExpertDataset.all_objects.filter(name=name))
+    held = ExpertDataset.all_objects.filter(name=name, ready=False, appends=False).first()
+    if held is None:
+        return None
+    who = hidden_datasets.importer(held.pk) or "an import ending now"
+    return (f"the dataset {name!r} is being imported ({who}): name another one, or add to it once that import "
+            "has finished")
 
 
 def _checked_name(name: str, source: str) -> str:
@@ -180,11 +184,14 @@ def _target(name: str, layout: str, append: bool, source: str) -> ExpertDataset 
     return dataset
 
 
-def _create_hidden(name: str, layout: str, user, appends: bool, source: str) -> ExpertDataset:
+def _create_hidden(name: str, layout: str, user, appends: bool, source: str, created: Callable | None
+                   ) -> ExpertDataset:
     try:
         with transaction.atomic():
-            return ExpertDataset.all_objects.create(name=name, layout=layout, created_by=user, ready=False,
-                                                    appends=appends)
+            hidden = ExpertDataset.all_objects.create(name=name, layout=layout, created_by=user, ready=False,
+                                                      appends=appends)
+            hidden_datasets.created(hidden, created)
+            return hidden
     except IntegrityError:  # another import took the name since _target (expert_dataset_name)
         raise FileImportError(source, None, being_imported(name) or f"a dataset named {name!r} was just made by "
                                                                     "another import: name another one") from None
@@ -246,6 +253,7 @@ def _show(hidden: ExpertDataset, imported: int, source: str, committing: Callabl
             committing(target, done)
         if hidden.appends:
             ExpertDataset.all_objects.filter(pk=hidden.pk).delete()
+        hidden_datasets.done(hidden.pk)
     return done
 
 
@@ -333,7 +341,8 @@ def _run_import(job: BufferJob, progress) -> dict:
         job.dataset = None
 
     def created(hidden: ExpertDataset) -> None:
-        # Recorded at once, so a worker killed mid-import leaves its rows findable (above).
+        # With the hidden dataset: a worker killed mid-import leaves its rows findable (above), and
+        # no cleanup takes them for a leftover (hidden_imports).
         job.dataset = hidden
         BufferJob.objects.filter(pk=job.pk).update(dataset=hidden)
 
@@ -369,7 +378,8 @@ def _run_import(job: BufferJob, progress) -> dict:
 @jobs.on_stop(f"buffer.{BufferJob.Kind.IMPORT}")
 def _import_stopped(job: BufferJob) -> None:
     # import_expert_data deleted its hidden dataset already, unless that delete failed too (the
-    # database gone): try again, and point the job at no dataset, so its row saves.
+    # database gone): try again, and point the job at no dataset, so its row saves. Should this
+    # fail as well, the dataset is a leftover of a finished job, deleted later (hidden_imports).
     if job.dataset_id is not None:
         hidden_datasets.delete_unready(job.dataset_id)
         job.dataset = None

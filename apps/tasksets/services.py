@@ -27,7 +27,8 @@ DEFAULT_WORKFLOW = Taskset._meta.get_field("default_workflow").default
 DEFAULT_REWARD_FN = Taskset._meta.get_field("default_reward_fn").default
 # No run draws from a hidden taskset (none can name it), so no TaskDraw points at its tasks.
 hidden_tasksets = hidden_imports.HiddenImports(Taskset, Task.objects, "taskset",
-                                               lambda ids: Task.objects.filter(pk__in=ids).delete())
+                                               lambda ids: Task.objects.filter(pk__in=ids).delete(),
+                                               TasksetImport.objects, "taskset")
 
 
 TASKSET_KEYS = ("taskset", "eval_taskset", "expert_taskset")  # the buffer keys that name a taskset
@@ -79,9 +80,10 @@ def import_taskset(
     database long however long the file is. The taskset stays hidden (ready False: not in
     Taskset.objects) until its last batch is in; a bad row anywhere, a cancel or any other error
     deletes it and its tasks (hidden_tasksets.delete_unready). `source` is the file name shown in
-    errors and on the taskset (default: the path's name); `created(taskset)` is called once it
-    exists, `progress` after every committed batch (what it raises stops the import). Raises
-    FileImportError.
+    errors and on the taskset (default: the path's name); `created(taskset)` is called in the
+    transaction that creates it, to record the job that fills it (without it, this process is
+    recorded: hidden_imports), `progress` after every committed batch (what it raises stops the
+    import). Raises FileImportError.
     """
     path = Path(path)
     source = source or path.name
@@ -95,19 +97,19 @@ def import_taskset(
         raise FileImportError(source, None, f"the description is {len(description):,} characters; "
                                             f"at most {Taskset.MAX_DESCRIPTION:,}")
     rows = read_tasks(path, fmt, mapping, display_name=source, max_line_bytes=max_line_bytes)
-    taskset = _create_taskset(
-        name=name,
-        description=description,
-        field_mapping={"format": fmt, **mapping.to_dict()},
-        default_workflow=default_workflow,
-        default_reward_fn=default_reward_fn,
-        source=source,
-        created_by=user,
-        ready=False,
-    )
+    with transaction.atomic():
+        taskset = _create_taskset(
+            name=name,
+            description=description,
+            field_mapping={"format": fmt, **mapping.to_dict()},
+            default_workflow=default_workflow,
+            default_reward_fn=default_reward_fn,
+            source=source,
+            created_by=user,
+            ready=False,
+        )
+        hidden_tasksets.created(taskset, created)
     try:
-        if created:
-            created(taskset)
         _insert_tasks(taskset, rows, batch_size, progress)
     except BaseException:
         hidden_tasksets.delete_unready(taskset.pk)
@@ -134,11 +136,13 @@ def name_taken(name: str, instead_of: Taskset | None = None) -> str | None:
     others = Taskset.all_objects.filter(name__iexact=name)  # one being imported has its name too
     if instead_of is not None:
         others = others.exclude(pk=instead_of.pk)
-    found = others.values_list("name", "ready").first()
+    hidden_tasksets.delete_leftovers(others)  # a killed import's frees its name (hidden_imports)
+    found = others.values_list("pk", "name", "ready").first()
     if found is None:
         return None
-    other, ready = found
-    return (f"a taskset named {other!r} " + ("already exists" if ready else "is being imported")
+    pk, other, ready = found
+    importing = f"is being imported ({hidden_tasksets.importer(pk) or 'an import ending now'})"
+    return (f"a taskset named {other!r} " + ("already exists" if ready else importing)
             + (" (names differ only in case)" if other != name else ""))
 
 
@@ -203,6 +207,7 @@ def _insert_tasks(
         _flush(batch)
         taskset.task_count, taskset.ready = count, True
         taskset.save(update_fields=["task_count", "ready"])
+        hidden_tasksets.done(taskset.pk)
     if progress:
         progress(ImportProgress(count, read.bytes_total, read.bytes_total))
 
@@ -254,7 +259,8 @@ def run_import(job: TasksetImport, progress: jobs.Progress) -> Taskset:
         hidden_tasksets.delete_unready(job.taskset_id)
 
     def created(taskset: Taskset) -> None:
-        # Recorded at once, so a worker killed mid-import leaves its taskset findable (above).
+        # With the taskset: a worker killed mid-import leaves it findable (above), and no cleanup
+        # takes it for a leftover (hidden_imports).
         job.taskset = taskset
         type(job).objects.filter(pk=job.pk).update(taskset=taskset)
 
@@ -283,7 +289,8 @@ def run_import(job: TasksetImport, progress: jobs.Progress) -> Taskset:
 @jobs.on_stop(TasksetImport.job_type)
 def _import_stopped(job: TasksetImport) -> None:
     # import_taskset deleted its taskset already, unless that delete failed too (the database
-    # gone): try again, and point the job at no taskset, so its row saves.
+    # gone): try again, and point the job at no taskset, so its row saves. Should this fail as
+    # well, the taskset is a leftover of a finished job, deleted later (hidden_imports).
     if job.taskset_id is not None:
         hidden_tasksets.delete_unready(job.taskset_id)
         job.taskset = None

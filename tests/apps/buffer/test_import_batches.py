@@ -6,23 +6,26 @@ until the last batch is in; a bad row, a cancel, a deleted target or a redeliver
 nothing behind. On Postgres and on SQLite (`make test-sqlite`)."""
 
 import json
+import os
+import socket
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.db import DatabaseError, connection
 from django.urls import reverse
 
-from apps.buffer import expert_import, services
+from apps.buffer import expert_import, retention, services
 from apps.buffer.expert_data import DjangoExpertData
 from apps.buffer.forms import ExpertDataUploadForm
 from apps.buffer.models import BufferJob, Experience, ExpertDataset
 from apps.core import jobs
 from apps.core.files import FileImportError
+from apps.core.models import JobOwner
 from apps.feedback.models import Feedback
 from apps.runs.models import Run
 from apps.runs.services import validate_config
 from apps.tasksets.models import Taskset
-from tests.support import on_another_connection, run_cancelled_after_two_batches
+from tests.support import command_importing, on_another_connection, run_cancelled_after_two_batches
 from workers.rft.config import ConfigError, RunConfig
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -138,9 +141,55 @@ def test_a_name_an_import_holds_is_refused_saying_so(tmp_path, curator):
 
     expert_import.import_expert_data(jsonl(tmp_path, ROWS), progress=at_rows(BATCH, try_the_same_name))
 
-    held = "the dataset 'expert' is being imported: name another one, or add to it once that import has finished"
+    held = (f"the dataset 'expert' is being imported (a command, process {os.getpid()} on {socket.gethostname()}, "
+            "until it ends or is stopped): name another one, or add to it once that import has finished")
     assert refusals == [held, held, held[0].upper() + held[1:] + "."]
     assert ExpertDataset.objects.get(name="expert").experiences.count() == len(ROWS)
+
+
+def leftover(name, appends=False) -> ExpertDataset:
+    """A hidden dataset of `name` with a batch of rows, as an import leaves it mid-way."""
+    hidden = ExpertDataset.all_objects.create(name=name, layout="sft", ready=False, appends=appends)
+    Experience.objects.bulk_create(Experience(dataset=hidden, source="expert", prompt_text="p") for _ in range(BATCH))
+    return hidden
+
+
+@pytest.mark.parametrize("appends", [False])
+def test_a_killed_commands_hidden_dataset_is_deleted_by_the_next_import_of_its_name(tmp_path, appends):
+    if appends:
+        expert_import.import_expert_data(jsonl(tmp_path, ROWS[:3]), dataset="expert")
+    hidden = leftover("expert", appends)
+
+    with command_importing(hidden) as command:
+        with pytest.raises(FileImportError, match=rf"\(a command, process {command.pid} on "):
+            expert_import.import_expert_data(jsonl(tmp_path, ROWS), append=appends)  # it lives: left to it
+        assert ExpertDataset.all_objects.filter(pk=hidden.pk).exists()
+        command.kill()  # kill -9, out of memory
+        command.wait()
+
+        imported = expert_import.import_expert_data(jsonl(tmp_path, ROWS), append=appends)
+
+    assert imported.holds == len(ROWS) + 3 * appends
+    assert not ExpertDataset.all_objects.filter(pk=hidden.pk).exists()
+    assert Experience.objects.count() == len(ROWS) + 3 * appends, "its rows went with it"
+    assert not JobOwner.objects.exists(), "nor is anyone recorded as importing"
+
+
+def test_the_daily_sweep_deletes_the_leftovers_of_finished_jobs_and_of_killed_commands(curator):
+    failed = leftover("failed-job")  # its job's stop hook could not delete it (the database gone)
+    BufferJob.objects.create(kind="import", status="failed", dataset=failed, created_by=curator)
+    killed = leftover("killed-command")
+    running = leftover("running-job")
+    BufferJob.objects.create(kind="import", status="running", dataset=running, created_by=curator)
+    live = leftover("live-command")
+
+    with command_importing(killed) as dead, command_importing(live):
+        dead.kill()
+        dead.wait()
+        retention.sweep()  # retention is off: this is all it does
+
+        assert set(ExpertDataset.all_objects.values_list("name", flat=True)) == {"running-job", "live-command"}
+    assert set(Experience.objects.values_list("dataset__name", flat=True)) == {"running-job", "live-command"}
 
 
 @pytest.mark.parametrize("layout, rows", [("sft", ROWS), ("dpo", PAIRS)])
