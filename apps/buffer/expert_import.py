@@ -9,7 +9,9 @@ or run sees it; the experiences and feedback admin leave its rows out, `staged`)
 batches, and one short transaction at the end shows them: the hidden dataset becomes the new one,
 or its rows move into the dataset they are added to. A bad row, a cancel or any failure deletes
 the hidden dataset and its rows (hidden_datasets.delete_unready), as a taskset import does
-(apps/tasksets/services.py; both: apps/core/hidden_imports.py).
+(apps/tasksets/services.py; both: apps/core/hidden_imports.py). One import at a time fills a
+dataset of a name (being_imported; the constraint expert_dataset_import), adding to it included:
+a run copies a dataset's rows in id order (expert_data.py).
 """
 
 import uuid
@@ -147,14 +149,22 @@ def taken(dataset: ExpertDataset, size: int,
 
 
 def being_imported(name: str) -> str | None:
-    """Why `name` is not to be imported into now: a new dataset's import holds it (its rows are
-    still arriving), or None. One left by an import that died with its process is deleted first,
-    which frees the name (hidden_imports)."""
+    """Why `name` is not to be imported into now: another import is filling a hidden dataset of
+    that name (a new dataset's rows are still arriving, or rows are being added to it), or None. One
+    left by an import that died with its process is deleted first, which frees the name
+    (hidden_imports)."""
     hidden_datasets.delete_leftovers(ExpertDataset.all_objects.filter(name=name))
-    held = ExpertDataset.all_objects.filter(name=name, ready=False, appends=False).first()
+    held = ExpertDataset.all_objects.filter(name=name, ready=False).first()
     if held is None:
         return None
     who = hidden_datasets.importer(held.pk) or "an import ending now"
+    if held.appends:
+        # A run copies a dataset's rows in id order (expert_data.py), and an import's ids are taken
+        # when its batches are written, hours before they show: of two imports adding to one dataset
+        # at once, the later one shown first would have a run starting between them copy past the
+        # earlier one's rows, for good.
+        return (f"rows are being added to the dataset {name!r} by another import ({who}): add yours once that "
+                "import has finished")
     return (f"the dataset {name!r} is being imported ({who}): name another one, or add to it once that import "
             "has finished")
 
@@ -192,7 +202,7 @@ def _create_hidden(name: str, layout: str, user, appends: bool, source: str, cre
                                                       appends=appends)
             hidden_datasets.created(hidden, created)
             return hidden
-    except IntegrityError:  # another import took the name since _target (expert_dataset_name)
+    except IntegrityError:  # another import took the name since _target (expert_dataset_name, expert_dataset_import)
         raise FileImportError(source, None, being_imported(name) or f"a dataset named {name!r} was just made by "
                                                                     "another import: name another one") from None
 

@@ -11,7 +11,7 @@ import socket
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
-from django.db import DatabaseError, connection
+from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.urls import reverse
 
 from apps.buffer import expert_import, retention, services
@@ -147,6 +147,30 @@ def test_a_name_an_import_holds_is_refused_saying_so(tmp_path, curator):
     assert ExpertDataset.objects.get(name="expert").experiences.count() == len(ROWS)
 
 
+def test_rows_are_added_to_a_dataset_by_one_import_at_a_time(tmp_path):
+    # A run copies a dataset's rows in id order: with two appends at once, the later one shown first
+    # and a run started between them, the earlier one's rows (lower ids) were never copied.
+    expert_import.import_expert_data(jsonl(tmp_path, ROWS[:3]), dataset="shared")
+    refused = []
+
+    def append_again():
+        with pytest.raises(FileImportError) as second:
+            expert_import.import_expert_data(jsonl(tmp_path, ROWS[:1], "other.jsonl"), dataset="shared", append=True)
+        refused.append(second.value.message)
+        with pytest.raises(IntegrityError), transaction.atomic():  # what two imports racing past the check meet
+            ExpertDataset.all_objects.create(name="shared", layout="sft", ready=False, appends=True)
+
+    expert_import.import_expert_data(jsonl(tmp_path, ROWS), dataset="shared", append=True,
+                                     progress=at_rows(BATCH, append_again))
+
+    assert refused == [f"rows are being added to the dataset 'shared' by another import (a command, process "
+                       f"{os.getpid()} on {socket.gethostname()}, until it ends or is stopped): add yours once that "
+                       "import has finished"]
+    assert ExpertDataset.objects.get(name="shared").experiences.count() == 53
+    expert_import.import_expert_data(jsonl(tmp_path, ROWS[:1], "other.jsonl"), dataset="shared", append=True)
+    assert ExpertDataset.objects.get(name="shared").experiences.count() == 54, "once the first has finished"
+
+
 def leftover(name, appends=False) -> ExpertDataset:
     """A hidden dataset of `name` with a batch of rows, as an import leaves it mid-way."""
     hidden = ExpertDataset.all_objects.create(name=name, layout="sft", ready=False, appends=appends)
@@ -154,7 +178,7 @@ def leftover(name, appends=False) -> ExpertDataset:
     return hidden
 
 
-@pytest.mark.parametrize("appends", [False])
+@pytest.mark.parametrize("appends", [False, True])
 def test_a_killed_commands_hidden_dataset_is_deleted_by_the_next_import_of_its_name(tmp_path, appends):
     if appends:
         expert_import.import_expert_data(jsonl(tmp_path, ROWS[:3]), dataset="expert")
