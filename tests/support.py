@@ -8,6 +8,7 @@ import sys
 import threading
 import time
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import quote
 
@@ -130,6 +131,28 @@ def websocket_connects(path: str, headers: list[tuple[bytes, bytes]]) -> bool:
         return connected
 
     return async_to_sync(scenario)()
+
+
+@contextmanager
+def command_importing(holder):
+    """A live process of this machine, recorded as the command filling the hidden `holder` (an expert
+    dataset, a taskset: ready False), as manage.py import_expert_data and import_taskset record
+    theirs (apps.core.hidden_imports). Kill it and wait for it to leave the holder as a killed
+    command does; killed at the end either way."""
+    import psutil
+    from django.utils import timezone
+
+    from apps.core.models import JobOwner
+
+    proc = subprocess.Popen(["sleep", "600"])
+    try:
+        JobOwner.objects.create(job_label=holder._meta.label_lower, job_id=holder.pk, host=socket.gethostname(),
+                                pid=proc.pid, process_started=psutil.Process(proc.pid).create_time(),
+                                since=timezone.now())
+        yield proc
+    finally:
+        proc.kill()
+        proc.wait()
 
 
 def make_taskset(name="arith", n=40):

@@ -15,7 +15,8 @@ tokens (an exported multi-turn episode) is left out: its turns cannot be re-toke
 
 The copy goes by id, a batch a transaction: a trainer that dies in the middle carries it on from
 the last whole batch when the run resumes. Rows added to the dataset after a copy join the run at
-its next start.
+its next start: their ids are higher, since one import at a time adds to a dataset
+(expert_import.being_imported; two at once could show the later one's rows first).
 """
 import logging
 from collections.abc import Callable

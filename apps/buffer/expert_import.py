@@ -8,8 +8,10 @@ rows go into a hidden dataset (ready False: not in ExpertDataset.objects, so no 
 or run sees it; the experiences and feedback admin leave its rows out, `staged`) in committed
 batches, and one short transaction at the end shows them: the hidden dataset becomes the new one,
 or its rows move into the dataset they are added to. A bad row, a cancel or any failure deletes
-the hidden dataset and its rows (delete_unready), as a taskset import does
-(apps/tasksets/services.py).
+the hidden dataset and its rows (hidden_datasets.delete_unready), as a taskset import does
+(apps/tasksets/services.py; both: apps/core/hidden_imports.py). One import at a time fills a
+dataset of a name (being_imported; the constraint expert_dataset_import), adding to it included:
+a run copies a dataset's rows in id order (expert_data.py).
 """
 
 import uuid
@@ -21,17 +23,17 @@ from django.conf import settings
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
 
-from apps.core import jobs
+from apps.core import hidden_imports, jobs
 from apps.core.files import FileImportError
 from apps.feedback.models import Feedback
 
 from . import importers, services
 from .models import BufferJob, Experience, ExpertDataset
 
-# Rows of the file per committed batch (settings.EXPERT_IMPORT_BATCH_ROWS), each its own write
-# transaction: the taskset import's figure (500 rows held SQLite's lock 0.06 s on average beside a
-# training run, up to 0.7 s; 2,000 rows 0.36 s, up to 2.0 s).
-IMPORT_BATCH_ROWS = 500
+# With its rows go the preferences between them and their search documents (services.delete_rows).
+hidden_datasets = hidden_imports.HiddenImports(ExpertDataset, Experience.objects, "dataset", services.delete_rows,
+                                               BufferJob.objects.filter(kind=BufferJob.Kind.IMPORT), "dataset")
+
 IMPORTED_UNIT = {"sft": "rows", "dpo": "pairs"}  # what a row of an import file is, by layout
 APPEND_LABEL = "Add to an existing dataset"  # the upload page's choice; the command's is --append
 
@@ -107,11 +109,12 @@ def import_expert_data(
     A DPO row becomes two experiences (chosen: ready; rejected: status rejected, so it is never
     imitated) and `user`'s preference between them.
 
-    Rows are streamed and inserted `batch_size` at a time (settings.EXPERT_IMPORT_BATCH_ROWS by
+    Rows are streamed and inserted `batch_size` at a time (settings.IMPORT_BATCH_ROWS by
     default), each batch committed into a hidden dataset, and shown at the end in one short
     transaction (_show); a bad row anywhere, a cancel or any other error deletes what was written.
-    `created(hidden dataset)` is called once it exists; `progress(rows, bytes_done, bytes_total)`
-    and `stop_if_cancelled()` after every batch (what they raise stops the import);
+    `created(hidden dataset)` is called in the transaction that creates it, to record the job that
+    fills it (without it, this process is recorded: hidden_imports); `progress(rows, bytes_done,
+    bytes_total)` and `stop_if_cancelled()` after every batch (what they raise stops the import);
     `committing(dataset, imported)` inside the transaction that shows the rows, so what it writes
     commits with them. Returns what it did: the number of the file's rows imported, what its author
     counts (SFT rows, DPO pairs of two experiences each), and whether it added them to rows already
@@ -119,20 +122,18 @@ def import_expert_data(
     path = Path(path)
     source = source or path.name
     fmt = fmt or importers.detect_expert_format(path.name)
-    batch_size = batch_size or getattr(settings, "EXPERT_IMPORT_BATCH_ROWS", IMPORT_BATCH_ROWS)
+    batch_size = batch_size or settings.IMPORT_BATCH_ROWS
     if layout == "dpo" and user is None:
         raise FileImportError(source, None, "a DPO import needs a user: each pair becomes their preference")
     name = _checked_name(dataset or default_dataset_name(source), source)
     appends = _target(name, layout, append, source) is not None
     rows = importers.read_expert_data(path, fmt, layout, display_name=source)
-    hidden = _create_hidden(name, layout, user, appends, source)
+    hidden = _create_hidden(name, layout, user, appends, source, created)
     try:
-        if created:
-            created(hidden)
         imported = _insert_rows(rows, hidden, layout, user, source, batch_size, progress, stop_if_cancelled)
         return _show(hidden, imported, source, committing)
     except BaseException:
-        delete_unready(hidden.pk, batch_size)
+        hidden_datasets.delete_unready(hidden.pk)
         raise
 
 
@@ -148,25 +149,24 @@ def taken(dataset: ExpertDataset, size: int,
 
 
 def being_imported(name: str) -> str | None:
-    """Why `name` is not to be imported into now: a new dataset's import holds it (its rows are
-    still arriving), or None."""
-    if ExpertDataset.all_objects.filter(name=name, ready=False, appends=False).exists():
-        return (f"the dataset {name!r} is being imported: name another one, or add to it once that import has "
-                "finished")
-    return None
-
-
-def delete_unready(dataset_id: int, batch_size: int = IMPORT_BATCH_ROWS) -> None:
-    """Delete the dataset `dataset_id` if an import is still filling it (ready False), its rows
-    `batch_size` at a time, each batch committed: one DELETE of 200k rows would hold the write
-    lock as long as their import did. With its rows go the preferences between them and their
-    search documents (services.delete_rows); no run copied them (none can name it)."""
-    unready = Experience.objects.filter(dataset_id=dataset_id, dataset__ready=False)
-    while ids := list(unready.values_list("pk", flat=True)[:batch_size]):
-        with transaction.atomic():
-            services.delete_rows(ids)
-        connection.queries_log.clear()
-    ExpertDataset.all_objects.filter(pk=dataset_id, ready=False).delete()
+    """Why `name` is not to be imported into now: another import is filling a hidden dataset of
+    that name (a new dataset's rows are still arriving, or rows are being added to it), or None. One
+    left by an import that died with its process is deleted first, which frees the name
+    (hidden_imports)."""
+    hidden_datasets.delete_leftovers(ExpertDataset.all_objects.filter(name=name))
+    held = ExpertDataset.all_objects.filter(name=name, ready=False).first()
+    if held is None:
+        return None
+    who = hidden_datasets.importer(held.pk) or "an import ending now"
+    if held.appends:
+        # A run copies a dataset's rows in id order (expert_data.py), and an import's ids are taken
+        # when its batches are written, hours before they show: of two imports adding to one dataset
+        # at once, the later one shown first would have a run starting between them copy past the
+        # earlier one's rows, for good.
+        return (f"rows are being added to the dataset {name!r} by another import ({who}): add yours once that "
+                "import has finished")
+    return (f"the dataset {name!r} is being imported ({who}): name another one, or add to it once that import "
+            "has finished")
 
 
 def _checked_name(name: str, source: str) -> str:
@@ -194,12 +194,15 @@ def _target(name: str, layout: str, append: bool, source: str) -> ExpertDataset 
     return dataset
 
 
-def _create_hidden(name: str, layout: str, user, appends: bool, source: str) -> ExpertDataset:
+def _create_hidden(name: str, layout: str, user, appends: bool, source: str, created: Callable | None
+                   ) -> ExpertDataset:
     try:
         with transaction.atomic():
-            return ExpertDataset.all_objects.create(name=name, layout=layout, created_by=user, ready=False,
-                                                    appends=appends)
-    except IntegrityError:  # another import took the name since _target (expert_dataset_name)
+            hidden = ExpertDataset.all_objects.create(name=name, layout=layout, created_by=user, ready=False,
+                                                      appends=appends)
+            hidden_datasets.created(hidden, created)
+            return hidden
+    except IntegrityError:  # another import took the name since _target (expert_dataset_name, expert_dataset_import)
         raise FileImportError(source, None, being_imported(name) or f"a dataset named {name!r} was just made by "
                                                                     "another import: name another one") from None
 
@@ -260,6 +263,7 @@ def _show(hidden: ExpertDataset, imported: int, source: str, committing: Callabl
             committing(target, done)
         if hidden.appends:
             ExpertDataset.all_objects.filter(pk=hidden.pk).delete()
+        hidden_datasets.done(hidden.pk)
     return done
 
 
@@ -343,18 +347,24 @@ def _run_import(job: BufferJob, progress) -> dict:
         job.rows_total = Imported.of_result(job.result, layout).rows
         return job.result
     if job.dataset_id is not None:  # a killed worker's half import, redelivered: start again
-        delete_unready(job.dataset_id)
+        hidden_datasets.delete_unready(job.dataset_id)
         job.dataset = None
 
     def created(hidden: ExpertDataset) -> None:
-        # Recorded at once, so a worker killed mid-import leaves its rows findable (above).
+        # With the hidden dataset: a worker killed mid-import leaves its rows findable (above), and
+        # no cleanup takes them for a leftover (hidden_imports).
         job.dataset = hidden
         BufferJob.objects.filter(pk=job.pk).update(dataset=hidden)
 
+    shown = []
+
     def committing(dataset: ExpertDataset, imported: Imported) -> None:
         # With the rows: a job redelivered after this commit does not import them again (above).
-        job.dataset, job.result = dataset, imported.result()
-        BufferJob.objects.filter(pk=job.pk).update(dataset=dataset, result=job.result)
+        # The job in memory changes once they have committed (below): a failed job saves every field
+        # it holds (jobs._finish), and one whose transaction failed after this (the hidden dataset's
+        # delete, SQLite's "database is locked" at COMMIT) said "added 50 rows", which were not.
+        BufferJob.objects.filter(pk=job.pk).update(dataset=dataset, result=imported.result())
+        shown.append(dataset)
 
     imported = import_expert_data(
         job.upload.path,
@@ -370,7 +380,7 @@ def _run_import(job: BufferJob, progress) -> dict:
         created=created,
         committing=committing,
     )
-    job.rows_total = imported.rows
+    job.dataset, job.rows_total = shown[0], imported.rows
     # Counted as the file's author counts: 5 pairs, not the 10 experiences they became.
     return imported.result()
 
@@ -378,7 +388,8 @@ def _run_import(job: BufferJob, progress) -> dict:
 @jobs.on_stop(f"buffer.{BufferJob.Kind.IMPORT}")
 def _import_stopped(job: BufferJob) -> None:
     # import_expert_data deleted its hidden dataset already, unless that delete failed too (the
-    # database gone): try again, and point the job at no dataset, so its row saves.
+    # database gone): try again, and point the job at no dataset, so its row saves. Should this
+    # fail as well, the dataset is a leftover of a finished job, deleted later (hidden_imports).
     if job.dataset_id is not None:
-        delete_unready(job.dataset_id)
+        hidden_datasets.delete_unready(job.dataset_id)
         job.dataset = None

@@ -61,6 +61,9 @@ class ExpertDataset(models.Model):
             # A dataset's name, and a new dataset's import holds its name (another is refused);
             # imports adding to one share its name.
             models.UniqueConstraint(fields=["name"], condition=Q(appends=False), name="expert_dataset_name"),
+            # One import at a time fills a dataset of a name: two adding to one at once could cost a
+            # run's copy the earlier one's rows (expert_import.being_imported).
+            models.UniqueConstraint(fields=["name"], condition=Q(ready=False), name="expert_dataset_import"),
         ]
 
     def __str__(self):

@@ -41,7 +41,7 @@ from django.db import connection, transaction
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
-from apps.core import jobs
+from apps.core import hidden_imports, jobs
 from apps.core.jobs import JobError
 from apps.feedback.models import Feedback
 from apps.runs.models import Run
@@ -130,7 +130,10 @@ def start_retention(runs, *, action: str, user=None) -> BufferJob:
 def sweep(now=None) -> BufferJob | None:
     """Celery beat's daily retention (workers.tasks.buffer_retention; embedded, the demo command's
     thread): one job for every run that ended more than RFTWEB_BUFFER_RETENTION_DAYS ago and still
-    has rows to go, in no other retention job. None when retention is off or nothing is due."""
+    has rows to go, in no other retention job. None when retention is off or nothing is due. First,
+    retention on or off, it deletes the hidden datasets and tasksets of imports that died with their
+    process (hidden_imports.delete_leftovers), whose names nobody imports again."""
+    hidden_imports.delete_leftovers()
     days = settings.RFTWEB_BUFFER_RETENTION_DAYS
     if not days:
         return None

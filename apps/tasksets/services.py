@@ -12,7 +12,7 @@ from django.core.validators import validate_slug
 from django.db import IntegrityError, connection, transaction
 from django.db.models import Q
 
-from apps.core import jobs
+from apps.core import hidden_imports, jobs
 from apps.core.files import FileImportError, ReadProgress
 from apps.runs.models import Run
 from workers.rft import datasets
@@ -23,13 +23,12 @@ from workers.rft.workflows import WORKFLOWS
 from .importers import DEFAULT_MAX_LINE_BYTES, FieldMapping, TaskFields, detect_task_format, read_tasks
 from .models import Task, Taskset, TasksetImport
 
-# Rows per committed batch of an import, each its own write transaction: embedded SQLite's one
-# write lock is held while Django builds and runs a batch's INSERTs, beside a training thread
-# (measured with the demo run training: 2,000 rows held it 0.36 s on average, up to 2.0 s; 500
-# rows 0.06 s, up to 0.7 s; the 200k-row file took 36 s either way).
-IMPORT_BATCH_SIZE = 500
 DEFAULT_WORKFLOW = Taskset._meta.get_field("default_workflow").default
 DEFAULT_REWARD_FN = Taskset._meta.get_field("default_reward_fn").default
+# No run draws from a hidden taskset (none can name it), so no TaskDraw points at its tasks.
+hidden_tasksets = hidden_imports.HiddenImports(Taskset, Task.objects, "taskset",
+                                               lambda ids: Task.objects.filter(pk__in=ids).delete(),
+                                               TasksetImport.objects, "taskset")
 
 
 TASKSET_KEYS = ("taskset", "eval_taskset", "expert_taskset")  # the buffer keys that name a taskset
@@ -76,57 +75,46 @@ def import_taskset(
 ) -> Taskset:
     """Create the taskset `name` from a JSONL, CSV or Parquet file, all or nothing.
 
-    Rows are streamed and inserted `batch_size` at a time (settings.TASKSET_IMPORT_BATCH_ROWS by
+    Rows are streamed and inserted `batch_size` at a time (settings.IMPORT_BATCH_ROWS by
     default), each batch committed on its own, so memory stays flat and no transaction holds the
     database long however long the file is. The taskset stays hidden (ready False: not in
     Taskset.objects) until its last batch is in; a bad row anywhere, a cancel or any other error
-    deletes it and its tasks (delete_unready). `source` is the file name shown in errors and on the
-    taskset (default: the path's name); `created(taskset)` is called once it exists, `progress`
-    after every committed batch (what it raises stops the import). Raises FileImportError.
+    deletes it and its tasks (hidden_tasksets.delete_unready). `source` is the file name shown in
+    errors and on the taskset (default: the path's name); `created(taskset)` is called in the
+    transaction that creates it, to record the job that fills it (without it, this process is
+    recorded: hidden_imports), `progress` after every committed batch (what it raises stops the
+    import). Raises FileImportError.
     """
     path = Path(path)
     source = source or path.name
     fmt = fmt or detect_task_format(path.name)
     if max_line_bytes is None:
         max_line_bytes = getattr(settings, "TASKSET_IMPORT_MAX_LINE_BYTES", DEFAULT_MAX_LINE_BYTES)
-    batch_size = batch_size or getattr(settings, "TASKSET_IMPORT_BATCH_ROWS", IMPORT_BATCH_SIZE)
+    batch_size = batch_size or settings.IMPORT_BATCH_ROWS
     check_new_taskset_name(name, source)
     check_defaults(default_workflow, default_reward_fn, source)
     if len(description) > Taskset.MAX_DESCRIPTION:  # the form checks it; manage.py import_taskset does not
         raise FileImportError(source, None, f"the description is {len(description):,} characters; "
                                             f"at most {Taskset.MAX_DESCRIPTION:,}")
     rows = read_tasks(path, fmt, mapping, display_name=source, max_line_bytes=max_line_bytes)
-    taskset = _create_taskset(
-        name=name,
-        description=description,
-        field_mapping={"format": fmt, **mapping.to_dict()},
-        default_workflow=default_workflow,
-        default_reward_fn=default_reward_fn,
-        source=source,
-        created_by=user,
-        ready=False,
-    )
+    with transaction.atomic():
+        taskset = _create_taskset(
+            name=name,
+            description=description,
+            field_mapping={"format": fmt, **mapping.to_dict()},
+            default_workflow=default_workflow,
+            default_reward_fn=default_reward_fn,
+            source=source,
+            created_by=user,
+            ready=False,
+        )
+        hidden_tasksets.created(taskset, created)
     try:
-        if created:
-            created(taskset)
         _insert_tasks(taskset, rows, batch_size, progress)
     except BaseException:
-        delete_unready(taskset.pk, batch_size)
+        hidden_tasksets.delete_unready(taskset.pk)
         raise
     return taskset
-
-
-def delete_unready(taskset_id: int, batch_size: int = IMPORT_BATCH_SIZE) -> None:
-    """Delete the taskset `taskset_id` if it is still being imported (ready False), its tasks
-    `batch_size` at a time, each batch committed: one DELETE of 200k tasks would hold the write
-    lock as long as their import did. No run draws from it (none can name it), so no TaskDraw
-    points at them."""
-    while ids := list(Task.objects.filter(taskset_id=taskset_id, taskset__ready=False)
-                      .values_list("pk", flat=True)[:batch_size]):
-        with transaction.atomic():
-            Task.objects.filter(pk__in=ids).delete()
-        connection.queries_log.clear()
-    Taskset.all_objects.filter(pk=taskset_id, ready=False).delete()
 
 
 def check_new_taskset_name(name: str, source: str = "") -> None:
@@ -148,11 +136,13 @@ def name_taken(name: str, instead_of: Taskset | None = None) -> str | None:
     others = Taskset.all_objects.filter(name__iexact=name)  # one being imported has its name too
     if instead_of is not None:
         others = others.exclude(pk=instead_of.pk)
-    found = others.values_list("name", "ready").first()
+    hidden_tasksets.delete_leftovers(others)  # a killed import's frees its name (hidden_imports)
+    found = others.values_list("pk", "name", "ready").first()
     if found is None:
         return None
-    other, ready = found
-    return (f"a taskset named {other!r} " + ("already exists" if ready else "is being imported")
+    pk, other, ready = found
+    importing = f"is being imported ({hidden_tasksets.importer(pk) or 'an import ending now'})"
+    return (f"a taskset named {other!r} " + ("already exists" if ready else importing)
             + (" (names differ only in case)" if other != name else ""))
 
 
@@ -217,12 +207,13 @@ def _insert_tasks(
         _flush(batch)
         taskset.task_count, taskset.ready = count, True
         taskset.save(update_fields=["task_count", "ready"])
+        hidden_tasksets.done(taskset.pk)
     if progress:
         progress(ImportProgress(count, read.bytes_total, read.bytes_total))
 
 
 def _flush(batch: list[Task]) -> None:
-    with transaction.atomic():  # one short write transaction per batch (IMPORT_BATCH_SIZE)
+    with transaction.atomic():  # one short write transaction per batch (settings.IMPORT_BATCH_ROWS)
         Task.objects.bulk_create(batch)
     batch.clear()
     # With DEBUG on, Django keeps the SQL of every query; a million-row import would keep it all.
@@ -265,10 +256,11 @@ def start_taskset_import(
 @jobs.register(TasksetImport.job_type, cancellable=True)
 def run_import(job: TasksetImport, progress: jobs.Progress) -> Taskset:
     if job.taskset_id is not None:  # a killed worker's half import, redelivered: start again
-        delete_unready(job.taskset_id)
+        hidden_tasksets.delete_unready(job.taskset_id)
 
     def created(taskset: Taskset) -> None:
-        # Recorded at once, so a worker killed mid-import leaves its taskset findable (above).
+        # With the taskset: a worker killed mid-import leaves it findable (above), and no cleanup
+        # takes it for a leftover (hidden_imports).
         job.taskset = taskset
         type(job).objects.filter(pk=job.pk).update(taskset=taskset)
 
@@ -297,9 +289,10 @@ def run_import(job: TasksetImport, progress: jobs.Progress) -> Taskset:
 @jobs.on_stop(TasksetImport.job_type)
 def _import_stopped(job: TasksetImport) -> None:
     # import_taskset deleted its taskset already, unless that delete failed too (the database
-    # gone): try again, and point the job at no taskset, so its row saves.
+    # gone): try again, and point the job at no taskset, so its row saves. Should this fail as
+    # well, the taskset is a leftover of a finished job, deleted later (hidden_imports).
     if job.taskset_id is not None:
-        delete_unready(job.taskset_id)
+        hidden_tasksets.delete_unready(job.taskset_id)
         job.taskset = None
 
 

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+from django.conf import settings
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.db import connection, connections
 from django.urls import reverse
@@ -359,7 +360,7 @@ KINDS = {
     "import": (lambda run, user: expert_import.start_import(  # two batches: the job reads the batch size once
         upload=SimpleUploadedFile("expert.jsonl", "".join(
             json.dumps({"prompt": f"p{i}", "response": f"r{i}"}) + "\n"
-            for i in range(expert_import.IMPORT_BATCH_ROWS + 1)
+            for i in range(settings.IMPORT_BATCH_ROWS + 1)
         ).encode()),
         layout="sft", fmt="jsonl", user=user),
         lambda run: Experience.objects.count()),

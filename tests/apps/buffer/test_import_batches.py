@@ -6,22 +6,26 @@ until the last batch is in; a bad row, a cancel, a deleted target or a redeliver
 nothing behind. On Postgres and on SQLite (`make test-sqlite`)."""
 
 import json
+import os
+import socket
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
+from django.db import DatabaseError, IntegrityError, connection, transaction
 from django.urls import reverse
 
-from apps.buffer import expert_import, services
+from apps.buffer import expert_import, retention, services
 from apps.buffer.expert_data import DjangoExpertData
 from apps.buffer.forms import ExpertDataUploadForm
 from apps.buffer.models import BufferJob, Experience, ExpertDataset
 from apps.core import jobs
 from apps.core.files import FileImportError
+from apps.core.models import JobOwner
 from apps.feedback.models import Feedback
 from apps.runs.models import Run
 from apps.runs.services import validate_config
 from apps.tasksets.models import Taskset
-from tests.support import on_another_connection, run_cancelled_after_two_batches
+from tests.support import command_importing, on_another_connection, run_cancelled_after_two_batches
 from workers.rft.config import ConfigError, RunConfig
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -33,7 +37,7 @@ BATCH = 10
 
 @pytest.fixture(autouse=True)
 def small_batches(settings):
-    settings.EXPERT_IMPORT_BATCH_ROWS = BATCH
+    settings.IMPORT_BATCH_ROWS = BATCH
 
 
 def jsonl(tmp_path, rows, name="expert.jsonl"):
@@ -137,9 +141,79 @@ def test_a_name_an_import_holds_is_refused_saying_so(tmp_path, curator):
 
     expert_import.import_expert_data(jsonl(tmp_path, ROWS), progress=at_rows(BATCH, try_the_same_name))
 
-    held = "the dataset 'expert' is being imported: name another one, or add to it once that import has finished"
+    held = (f"the dataset 'expert' is being imported (a command, process {os.getpid()} on {socket.gethostname()}, "
+            "until it ends or is stopped): name another one, or add to it once that import has finished")
     assert refusals == [held, held, held[0].upper() + held[1:] + "."]
     assert ExpertDataset.objects.get(name="expert").experiences.count() == len(ROWS)
+
+
+def test_rows_are_added_to_a_dataset_by_one_import_at_a_time(tmp_path):
+    # A run copies a dataset's rows in id order: with two appends at once, the later one shown first
+    # and a run started between them, the earlier one's rows (lower ids) were never copied.
+    expert_import.import_expert_data(jsonl(tmp_path, ROWS[:3]), dataset="shared")
+    refused = []
+
+    def append_again():
+        with pytest.raises(FileImportError) as second:
+            expert_import.import_expert_data(jsonl(tmp_path, ROWS[:1], "other.jsonl"), dataset="shared", append=True)
+        refused.append(second.value.message)
+        with pytest.raises(IntegrityError), transaction.atomic():  # what two imports racing past the check meet
+            ExpertDataset.all_objects.create(name="shared", layout="sft", ready=False, appends=True)
+
+    expert_import.import_expert_data(jsonl(tmp_path, ROWS), dataset="shared", append=True,
+                                     progress=at_rows(BATCH, append_again))
+
+    assert refused == [f"rows are being added to the dataset 'shared' by another import (a command, process "
+                       f"{os.getpid()} on {socket.gethostname()}, until it ends or is stopped): add yours once that "
+                       "import has finished"]
+    assert ExpertDataset.objects.get(name="shared").experiences.count() == 53
+    expert_import.import_expert_data(jsonl(tmp_path, ROWS[:1], "other.jsonl"), dataset="shared", append=True)
+    assert ExpertDataset.objects.get(name="shared").experiences.count() == 54, "once the first has finished"
+
+
+def leftover(name, appends=False) -> ExpertDataset:
+    """A hidden dataset of `name` with a batch of rows, as an import leaves it mid-way."""
+    hidden = ExpertDataset.all_objects.create(name=name, layout="sft", ready=False, appends=appends)
+    Experience.objects.bulk_create(Experience(dataset=hidden, source="expert", prompt_text="p") for _ in range(BATCH))
+    return hidden
+
+
+@pytest.mark.parametrize("appends", [False, True])
+def test_a_killed_commands_hidden_dataset_is_deleted_by_the_next_import_of_its_name(tmp_path, appends):
+    if appends:
+        expert_import.import_expert_data(jsonl(tmp_path, ROWS[:3]), dataset="expert")
+    hidden = leftover("expert", appends)
+
+    with command_importing(hidden) as command:
+        with pytest.raises(FileImportError, match=rf"\(a command, process {command.pid} on "):
+            expert_import.import_expert_data(jsonl(tmp_path, ROWS), append=appends)  # it lives: left to it
+        assert ExpertDataset.all_objects.filter(pk=hidden.pk).exists()
+        command.kill()  # kill -9, out of memory
+        command.wait()
+
+        imported = expert_import.import_expert_data(jsonl(tmp_path, ROWS), append=appends)
+
+    assert imported.holds == len(ROWS) + 3 * appends
+    assert not ExpertDataset.all_objects.filter(pk=hidden.pk).exists()
+    assert Experience.objects.count() == len(ROWS) + 3 * appends, "its rows went with it"
+    assert not JobOwner.objects.exists(), "nor is anyone recorded as importing"
+
+
+def test_the_daily_sweep_deletes_the_leftovers_of_finished_jobs_and_of_killed_commands(curator):
+    failed = leftover("failed-job")  # its job's stop hook could not delete it (the database gone)
+    BufferJob.objects.create(kind="import", status="failed", dataset=failed, created_by=curator)
+    killed = leftover("killed-command")
+    running = leftover("running-job")
+    BufferJob.objects.create(kind="import", status="running", dataset=running, created_by=curator)
+    live = leftover("live-command")
+
+    with command_importing(killed) as dead, command_importing(live):
+        dead.kill()
+        dead.wait()
+        retention.sweep()  # retention is off: this is all it does
+
+        assert set(ExpertDataset.all_objects.values_list("name", flat=True)) == {"running-job", "live-command"}
+    assert set(Experience.objects.values_list("dataset__name", flat=True)) == {"running-job", "live-command"}
 
 
 @pytest.mark.parametrize("layout, rows", [("sft", ROWS), ("dpo", PAIRS)])
@@ -228,3 +302,45 @@ def test_an_import_redelivered_after_its_rows_were_shown_adds_them_once(tmp_path
     assert job.status == "succeeded", job.error
     assert job.result == {"rows": 50, "dataset": "shared", "appended": True, "holds": 53}
     assert ExpertDataset.objects.get(name="shared").experiences.count() == 53
+
+
+@pytest.fixture
+def failing_show():
+    """The database refuses to delete a hidden dataset while an import job holds a result (in
+    _show's transaction, after committing() wrote it): a real failure there, as SQLite's "database
+    is locked" at COMMIT was, which rolls the result back."""
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("""
+                CREATE FUNCTION fail_show() RETURNS trigger AS $$ BEGIN
+                    IF EXISTS (SELECT 1 FROM buffer_bufferjob WHERE result <> '{}'::jsonb) THEN
+                        RAISE EXCEPTION 'disk I/O error';
+                    END IF;
+                    RETURN OLD;
+                END $$ LANGUAGE plpgsql""")
+            cursor.execute("CREATE TRIGGER fail_show BEFORE DELETE ON buffer_expertdataset FOR EACH ROW "
+                           "EXECUTE FUNCTION fail_show()")
+        else:
+            cursor.execute("CREATE TRIGGER fail_show BEFORE DELETE ON buffer_expertdataset "
+                           "WHEN EXISTS (SELECT 1 FROM buffer_bufferjob WHERE result <> '{}') "
+                           "BEGIN SELECT RAISE(ABORT, 'disk I/O error'); END")
+    yield
+    with connection.cursor() as cursor:
+        cursor.execute("DROP TRIGGER fail_show" + (" ON buffer_expertdataset" if connection.vendor == "postgresql"
+                                                    else ""))
+        if connection.vendor == "postgresql":
+            cursor.execute("DROP FUNCTION fail_show()")
+
+
+def test_an_import_whose_last_transaction_fails_saves_no_result_on_its_job(tmp_path, curator, failing_show):
+    expert_import.import_expert_data(jsonl(tmp_path, ROWS[:3]), dataset="shared")
+    job = start_import(curator, dataset="shared", append=True)
+
+    with pytest.raises(DatabaseError, match="disk I/O error"):
+        jobs.run_job("buffer.bufferjob", job.pk)
+
+    job = BufferJob.objects.get(pk=job.pk)
+    assert job.status == "failed" and "disk I/O error" in job.error
+    assert job.result == {} and job.dataset is None, "it added nothing, and says so"
+    assert ExpertDataset.objects.get(name="shared").experiences.count() == 3
+    assert list(ExpertDataset.all_objects.values_list("name", flat=True)) == ["shared"], "the hidden one is gone"

@@ -93,7 +93,8 @@ def half_import(researcher, process):
 def test_embedded_a_job_whose_server_was_killed_runs_again_from_the_start(half_import, settings):
     settings.RFTWEB_EMBEDDED = True
     job, hidden = half_import()
-    assert taskset_services.name_taken("uploaded") == "a taskset named 'uploaded' is being imported"
+    assert taskset_services.name_taken("uploaded") == (
+        f"a taskset named 'uploaded' is being imported (taskset import {job.pk}, which its page can cancel)")
 
     assert jobs.rerun_orphaned() == [f"{LABEL} {job.pk}"]
 

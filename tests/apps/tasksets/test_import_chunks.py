@@ -6,15 +6,18 @@ import is under way; the taskset stays hidden until its last batch, and a failed
 import leaves nothing of it."""
 
 import json
+import os
+import socket
 
 import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 
+from apps.buffer import retention
 from apps.core import jobs
 from apps.tasksets import services
 from apps.tasksets.importers import FieldMapping
 from apps.tasksets.models import Task, Taskset, TasksetImport
-from tests.support import on_another_connection, run_cancelled_after_two_batches
+from tests.support import command_importing, on_another_connection, run_cancelled_after_two_batches
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -24,7 +27,7 @@ BATCH = 10
 
 @pytest.fixture(autouse=True)
 def small_batches(settings, tmp_path):
-    settings.TASKSET_IMPORT_BATCH_ROWS = BATCH
+    settings.IMPORT_BATCH_ROWS = BATCH
     settings.MEDIA_ROOT = tmp_path / "media"
 
 
@@ -39,7 +42,9 @@ def test_others_write_while_a_big_import_runs_and_its_taskset_shows_only_when_co
 
     def write_and_look():
         Taskset.objects.create(name="written-meanwhile")  # a write, committed at once
-        assert services.name_taken("Big") == "a taskset named 'big' is being imported (names differ only in case)"
+        assert services.name_taken("Big") == (
+            f"a taskset named 'big' is being imported (a command, process {os.getpid()} on {socket.gethostname()}, "
+            "until it ends or is stopped) (names differ only in case)")
         return Taskset.objects.filter(name="big").exists(), Taskset.all_objects.filter(name="big").exists()
 
     def progress(update):
@@ -93,3 +98,36 @@ def test_a_redelivered_import_deletes_its_killed_worker_half_and_starts_again(re
     assert job.status == "succeeded", job.error
     taskset = Taskset.objects.get(name="uploaded")
     assert taskset.pk != half.pk and taskset.task_count == len(ROWS) and Task.objects.count() == len(ROWS)
+
+
+def leftover(name) -> Taskset:
+    """A hidden taskset with a batch of tasks, as an import leaves it mid-way."""
+    hidden = Taskset.all_objects.create(name=name, ready=False)
+    Task.objects.bulk_create(Task(taskset=hidden, index=i, prompt="p") for i in range(BATCH))
+    return hidden
+
+
+def test_a_killed_commands_hidden_taskset_is_deleted_by_the_next_import_of_its_name(tmp_path):
+    # manage.py import_taskset killed (kill -9, out of memory) held its name for good.
+    hidden = leftover("big")
+    with command_importing(hidden) as command:
+        with pytest.raises(services.FileImportError, match=rf"is being imported \(a command, process {command.pid} "):
+            services.import_taskset(jsonl(tmp_path, ROWS), name="big", mapping=FieldMapping("q", "a"))
+        command.kill()
+        command.wait()
+
+        taskset = services.import_taskset(jsonl(tmp_path, ROWS), name="big", mapping=FieldMapping("q", "a"))
+
+    assert taskset.task_count == len(ROWS) and Task.objects.count() == len(ROWS)
+    assert not Taskset.all_objects.filter(pk=hidden.pk).exists()
+
+
+def test_the_daily_sweep_deletes_a_finished_jobs_leftover_taskset():
+    for status in ("failed", "running"):  # failed: its stop hook could not delete it (the database gone)
+        TasksetImport.objects.create(original_filename="t.jsonl", name=status, format="jsonl", status=status,
+                                     taskset=leftover(status))
+
+    retention.sweep()  # retention is off: this is all it does
+
+    assert list(Taskset.all_objects.values_list("name", flat=True)) == ["running"]
+    assert set(Task.objects.values_list("taskset__name", flat=True)) == {"running"}

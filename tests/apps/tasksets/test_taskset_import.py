@@ -3,11 +3,12 @@
 import tracemalloc
 
 import pytest
+from django.conf import settings
 
 from apps.core.files import FileImportError
 from apps.tasksets.importers import FieldMapping
 from apps.tasksets.models import Task, Taskset
-from apps.tasksets.services import IMPORT_BATCH_SIZE, import_taskset
+from apps.tasksets.services import import_taskset
 from workers.rft.rewards.answer import exact_match
 
 pytestmark = pytest.mark.django_db
@@ -377,7 +378,7 @@ def test_100k_row_file_imports_in_bounded_memory(files, mapping):
         tracemalloc.stop()
 
     assert Task.objects.filter(taskset__name="big").count() == rows
-    assert len(updates) == rows // IMPORT_BATCH_SIZE + 1
+    assert len(updates) == rows // settings.IMPORT_BATCH_ROWS + 1
     assert [u.rows_done for u in updates] == sorted(u.rows_done for u in updates)
     assert updates[-1].rows_done == rows and updates[-1].bytes_done == size
     # One batch of tasks is a few MB at most however long the file is (here ~17 MB).

@@ -5,13 +5,13 @@ import re
 from contextlib import contextmanager
 
 import pytest
+from django.conf import settings
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.db import connections
 from django.urls import reverse
 
 from apps.core import jobs
 from apps.tasksets.models import Task, Taskset, TasksetImport
-from apps.tasksets.services import IMPORT_BATCH_SIZE
 from rftweb.celery import app as celery_app
 
 UPLOAD_URL = reverse("taskset-upload")
@@ -232,7 +232,7 @@ def test_progress_is_visible_to_other_connections_while_the_import_runs(research
     finally:
         observer.close()
 
-    batches = [("running", rows, 0) for rows in range(IMPORT_BATCH_SIZE, 5_001, IMPORT_BATCH_SIZE)]
+    batches = [("running", rows, 0) for rows in range(settings.IMPORT_BATCH_ROWS, 5_001, settings.IMPORT_BATCH_ROWS)]
     assert seen_by_others == [*batches, ("running", 5_000, 1)]
     job.refresh_from_db()
     assert (job.status, job.rows_done, job.taskset.task_count) == ("succeeded", 5_000, 5_000)

@@ -27,7 +27,7 @@ from django.db import connection
 from apps.accounts.services import create_user
 from apps.alerts import services as alerts
 from apps.buffer import retention
-from apps.core import jobs
+from apps.core import hidden_imports, jobs
 from apps.runs import capacity, services, supervision
 from apps.runs.models import Run
 from apps.runs.presets import PRESETS
@@ -61,6 +61,8 @@ class Command(BaseCommand):
         if settings.RFTWEB_EMBEDDED:  # what beat does on the full stack
             if settings.RFTWEB_BUFFER_RETENTION_DAYS:
                 every(settings.RFTWEB_BUFFER_RETENTION_INTERVAL, retention.sweep, "buffer retention")
+            else:  # what the sweep also does: the hidden data of imports whose process is gone
+                every(settings.RFTWEB_BUFFER_RETENTION_INTERVAL, hidden_imports.delete_leftovers, "leftover imports")
             every(settings.RFTWEB_ALERT_INTERVAL, alerts.beat, "alerts")
         # SIGTERM (a service manager, `kill`) and SIGHUP (its terminal closed) stop as Ctrl-C does:
         # runserver exits, then the runs are handed back at a step boundary (below), and nothing is

@@ -8,7 +8,6 @@ from apps.tasksets.importers import FORMATS, FieldMapping
 from apps.tasksets.services import (
     DEFAULT_REWARD_FN,
     DEFAULT_WORKFLOW,
-    IMPORT_BATCH_SIZE,
     check_new_taskset_name,
     import_taskset,
 )
@@ -40,7 +39,7 @@ class Command(BaseCommand):
         parser.add_argument("--description", default="")
         parser.add_argument("--workflow", default=DEFAULT_WORKFLOW, help="default workflow of runs on this taskset")
         parser.add_argument("--reward-fn", default=DEFAULT_REWARD_FN, help="default reward function")
-        parser.add_argument("--batch-size", type=int, default=IMPORT_BATCH_SIZE, help="tasks per INSERT")
+        parser.add_argument("--batch-size", type=int, help="tasks per committed batch (default: settings, 500)")
         parser.add_argument("--max-line-bytes", type=int, help="reject longer lines (default: settings, 1 MiB)")
 
     def handle(self, *args, **options):
