@@ -1,5 +1,7 @@
 """The engine's storage protocols for one run, over Postgres (see workers/rft/protocols.py)."""
+import logging
 import math
+from pathlib import Path
 
 from django.conf import settings
 from django.db import connection, connections, transaction
@@ -12,10 +14,12 @@ from apps.tasksets.models import Taskset
 from apps.tasksets.store import DjangoTaskSource
 from workers.rft.protocols import Stores
 
-from . import duties, services
+from . import deletion, duties, services
 from .live import checkpoints_update
 from .models import Checkpoint, ExplorerGroup, ExplorerStep, Run
 from .rewind import rewind
+
+log = logging.getLogger(__name__)
 
 PROGRESS_OF_ROLE = {"explorer": "explorer_step", "trainer": "trainer_step"}
 
@@ -61,10 +65,22 @@ class DjangoCheckpointStore:
             services.set_progress(self.run, model_version=version)
             services.broadcast(self.run.pk, checkpoints_update(self.run.pk))  # the run page's table
 
-    def forget(self, steps) -> None:
+    def forget(self, checkpoints) -> list[int]:
+        """All but those another run may still load a model from (deletion.loaders, as the admin's
+        delete refuses them): keep_checkpoints' rotation deleted one, and that run's Resume failed
+        with "no model directory at runs/3-.../checkpoints/step_3"."""
+        may_go = []
+        for step, path in checkpoints.items():
+            if held := deletion.loaders([(Path(path).resolve(), f"its checkpoint at step {step}")],
+                                        exclude={self.run.pk}):
+                log.warning("run %s: checkpoint at step %s kept past trainer.keep_checkpoints: %s", self.run.pk, step,
+                            "; ".join(held))
+            else:
+                may_go.append(step)
         with transaction.atomic():
-            self.run.checkpoints.filter(step__in=list(steps)).delete()
+            self.run.checkpoints.filter(step__in=may_go).delete()
             services.broadcast(self.run.pk, checkpoints_update(self.run.pk))
+        return may_go
 
     def latest(self) -> Checkpoint | None:
         return self.run.checkpoints.order_by("-step").first()

@@ -73,7 +73,8 @@ class Checkpointing:
         """Keep the newest trainer.keep_checkpoints checkpoints; delete older ones, any newer than
         the trainer's step (left by steps a failure lost; never recorded) and half-written ones
         (a killed save). Store rows go before their directories, so a listed checkpoint always
-        has its files. Returns the steps deleted."""
+        has its files; one the store keeps (another run loads a model from it) stays, and is asked
+        about again at the next save. Returns the steps deleted."""
         root = self.work_dir / "checkpoints"
         saved = sorted(
             (int(match[1]), path) for path in root.glob("step_*") if (match := re.fullmatch(r"step_(\d+)", path.name))
@@ -81,7 +82,8 @@ class Checkpointing:
         up_to_now = [entry for entry in saved if entry[0] <= self.trainer.step]
         doomed = up_to_now[: -self.config.trainer.keep_checkpoints] + [e for e in saved if e[0] > self.trainer.step]
         if doomed and self.stores.checkpoints is not None:
-            self.stores.checkpoints.forget([step for step, _ in doomed])
+            may_go = set(self.stores.checkpoints.forget(dict(doomed)))
+            doomed = [(step, path) for step, path in doomed if step in may_go]
         for _, path in doomed:
             shutil.rmtree(path, ignore_errors=True)
         for half_written in root.glob(".step_*"):

@@ -240,8 +240,9 @@ class InMemoryCheckpoints:
     def record(self, version: int, step: int, path: str) -> None:
         self.records.append((version, step, path))
 
-    def forget(self, steps: Sequence[int]) -> None:
-        self.records = [record for record in self.records if record[1] not in steps]
+    def forget(self, checkpoints: Mapping[int, Path]) -> list[int]:
+        self.records = [record for record in self.records if record[1] not in checkpoints]
+        return list(checkpoints)
 
 
 def format_metrics(role: str, step: int, values: dict) -> str:

@@ -7,6 +7,7 @@ process, so a store's methods may be called from both at once and must be thread
 """
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from .experience import Experience, PreferencePair, Task, TaskKey, TaskStats
@@ -109,8 +110,10 @@ class CheckpointStore(Protocol):
     def record(self, version: int, step: int, path: str) -> None:
         """A weights directory was published: model `version`, after trainer `step`, at `path`."""
 
-    def forget(self, steps: Sequence[int]) -> None:
-        """The checkpoints of these trainer steps are about to be deleted (keep_checkpoints)."""
+    def forget(self, checkpoints: Mapping[int, Path]) -> list[int]:
+        """Of these checkpoints ({trainer step: directory}) due for deletion (keep_checkpoints, or
+        lost steps), the steps that may go, forgotten here: a store may keep one that something
+        else still loads a model from."""
 
 
 class StepClaims(Protocol):

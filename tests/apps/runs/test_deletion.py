@@ -153,3 +153,17 @@ def test_the_runs_that_load_from_many_deleted_runs_are_found_in_one_query(
         reasons = deletion.refusals([*others, source])
     assert reasons == [f"run {reader.pk} 'reader' (stopped) loads its model.path, model.ref_path from run "
                        f"{source.pk}'s directory, and would again when resumed"]
+
+
+def test_keep_checkpoints_keeps_a_checkpoint_another_run_loads_until_that_run_completes(checkpoint_reader):
+    """The trainer's rotation (trainer.keep_checkpoints) deleted it, as the admin's delete no longer
+    could: the reader's Resume failed with "no model directory at runs/3-.../checkpoints/step_6"."""
+    from apps.runs.store import DjangoCheckpointStore
+
+    source, reader = checkpoint_reader
+    store, checkpoints = DjangoCheckpointStore(source), run_dir(source) / "checkpoints"
+    assert store.forget({6: checkpoints / "step_6", 7: checkpoints / "step_7"}) == [7]
+    assert source.checkpoints.filter(step=6).exists()
+    Run.objects.filter(pk=reader.pk).update(status=Run.Status.COMPLETED)  # never resumed again
+    assert store.forget({6: checkpoints / "step_6"}) == [6]
+    assert not source.checkpoints.exists()

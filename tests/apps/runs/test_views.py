@@ -327,7 +327,7 @@ def test_checkpoints_come_with_the_snapshot_and_as_each_is_saved_or_deleted(rese
     assert updates[-1] == {"type": "checkpoints", "checkpoints": listed}
     assert researcher_client.get(reverse("run-live", args=[run.pk])).json()["checkpoints"] == listed
     with django_capture_on_commit_callbacks(execute=True):
-        checkpoints.forget([20])  # keep_checkpoints: the older one goes
+        assert checkpoints.forget({20: "checkpoints/step_20"}) == [20]  # keep_checkpoints: the older one goes
     assert sent[-1] == {"type": "checkpoints", "checkpoints": listed[:1]}
 
 

@@ -37,6 +37,21 @@ def test_every_save_interval_steps_and_at_the_end_keeping_the_newest(tmp_path):
     assert recorded_steps(stores) == [4, 5]  # its record went with it: no listed checkpoint without files
 
 
+def test_a_checkpoint_the_store_keeps_is_not_deleted_and_is_asked_about_again(tmp_path):
+    """The web app's store keeps one that another run loads a model from (apps.runs.store)."""
+    loop, stores = build(tmp_path, save_interval=1, keep_checkpoints=2)
+    forget, asked = stores.checkpoints.forget, []
+
+    def keep_step_1(checkpoints):
+        asked.append(sorted(checkpoints))
+        return forget({step: path for step, path in checkpoints.items() if step != 1})
+
+    stores.checkpoints.forget = keep_step_1
+    assert loop.run() == "completed"
+    assert saved_steps(tmp_path) == [1, 4, 5] and recorded_steps(stores) == [1, 4, 5]
+    assert asked == [[1], [1, 2], [1, 3]]
+
+
 def test_every_save_interval_s_seconds(tmp_path):
     loop, stores = build(tmp_path, save_interval_s=250, total_steps=7)
     assert loop.run() == "completed"
