@@ -142,13 +142,14 @@ def command_importing(holder):
     import psutil
     from django.utils import timezone
 
+    from apps.core import job_owners
     from apps.core.models import JobOwner
 
     proc = subprocess.Popen(["sleep", "600"])
     try:
         JobOwner.objects.create(job_label=holder._meta.label_lower, job_id=holder.pk, host=socket.gethostname(),
                                 pid=proc.pid, process_started=psutil.Process(proc.pid).create_time(),
-                                since=timezone.now())
+                                pid_namespace=job_owners.pid_namespace(), since=timezone.now())
         yield proc
     finally:
         proc.kill()
