@@ -96,18 +96,18 @@ def report_edit(request, pk):
     report = get_object_or_404(Report, pk=pk)
     if not may_edit(request.user, report):
         raise PermissionDenied(f"only its owner ({report.owner}) or a curator may change report {report.name!r}")
-    if request.POST.get("delete"):
-        report.delete()
-        messages.success(request, f"Deleted report {isolate(report.name)} (its runs stay).")
-        return redirect("report-list")
     typed = {key: request.POST.get(key) for key in ("name", "note")}
     version = whole_number(request.POST.get("version"))
     if version is None:  # as the run's notes refuse it (notes.set_notes_and_tags): what it replaces is unknown
         messages.error(request, "Report not saved: the form did not say which version of it you edit. Reload the "
                                 "page and Save again; what you typed is in the form.")
         return _report_page(request, report, ReportForm(instance=report, initial=typed), status=400)
-    if version != report.version:
-        return _changed_since(request, report, typed)
+    if version != report.version:  # a Delete too: from a page opened before someone's edit, it deleted theirs unseen
+        return _changed_since(request, report, typed, deleting=bool(request.POST.get("delete")))
+    if request.POST.get("delete"):
+        report.delete()
+        messages.success(request, f"Deleted report {isolate(report.name)} (its runs stay).")
+        return redirect("report-list")
     # Runs deleted since it was saved are dropped (as a new report's save offers the rest): kept,
     # they refused every rename ("runs: no run with id 2"), and only deleting the report was left.
     there = set(Run.objects.filter(pk__in=report.run_ids).values_list("pk", flat=True))
@@ -137,13 +137,17 @@ def report_edit(request, pk):
     return redirect("report-detail", pk=report.pk)
 
 
-def _changed_since(request, report: Report, typed: dict):
+def _changed_since(request, report: Report, typed: dict, deleting: bool = False):
     """The report's page with its saved name and note and, in the form (which goes on from the
     saved version), what was typed: nothing is lost, and Save again replaces theirs."""
     who = report.changed_by.get_username() if report.changed_by else "someone"
     when = f" at {report.updated_at:%Y-%m-%d %H:%M} UTC" if report.version else ""  # version 0: unsaved since made
-    messages.error(request, f"Report not saved: it was changed by {isolate(who)}{when} since you opened it. Theirs "
-                            "is shown above, yours is in the form: merge them and Save again.")
+    changed = f"it was changed by {isolate(who)}{when} since you opened it"
+    if deleting:
+        messages.error(request, f"Report not deleted: {changed}. Theirs is shown above: Delete again if it should go.")
+    else:
+        messages.error(request, f"Report not saved: {changed}. Theirs is shown above, yours is in the form: merge "
+                                "them and Save again.")
     return _report_page(request, report, ReportForm(instance=report, initial=typed), status=409)
 
 

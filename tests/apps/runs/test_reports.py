@@ -127,6 +127,20 @@ def test_an_edit_that_does_not_say_which_version_it_edits_is_refused_keeping_wha
     assert "the form did not say which version of it you edit" in page and ">mine</textarea>" in page
 
 
+def test_a_delete_from_a_page_opened_before_anothers_edit_is_refused(researcher_client, compared, curator):
+    a, b, _ = compared
+    report = Report.objects.create(name="r", owner=Run.objects.get(pk=a.pk).owner, run_ids=[a.pk, b.pk])
+    other = Client()
+    other.force_login(curator)
+    other.post(reverse("report-edit", args=[report.pk]), {"name": "curated", "note": "keep me", "version": 0})
+    refused = researcher_client.post(reverse("report-edit", args=[report.pk]), {"delete": "1", "version": 0})
+    assert refused.status_code == 409 and Report.objects.filter(pk=report.pk).exists()
+    [said] = shown_messages(refused)
+    assert said.startswith("Report not deleted: it was changed by") and "Delete again if it should go" in said
+    researcher_client.post(reverse("report-edit", args=[report.pk]), {"delete": "1", "version": 1})
+    assert not Report.objects.exists()
+
+
 def test_its_owner_renames_it_and_a_curator_deletes_it_keeping_its_runs(researcher_client, curator, compared):
     a, b, _ = compared
     report = Report.objects.create(name="r", owner=Run.objects.get(pk=a.pk).owner, run_ids=[a.pk, b.pk])
@@ -139,7 +153,7 @@ def test_its_owner_renames_it_and_a_curator_deletes_it_keeping_its_runs(research
     assert too_long.status_code == 400 and report.note == "n"
     client = Client()
     client.force_login(curator)
-    client.post(reverse("report-edit", args=[report.pk]), {"delete": "1"})
+    client.post(reverse("report-edit", args=[report.pk]), {"delete": "1", "version": 1})
     assert not Report.objects.exists() and Run.objects.filter(pk__in=[a.pk, b.pk]).count() == 2
 
 
@@ -275,7 +289,7 @@ def test_a_report_whose_every_run_was_deleted_says_so_and_keeps_what_it_held(res
                                        "new report."]
     text = refused.content.decode()
     assert 'value="renamed"' in text and "typed</textarea>" in text and "<h1><bdi>r</bdi></h1>" in text
-    researcher_client.post(reverse("report-edit", args=[report.pk]), {"delete": "1"})
+    researcher_client.post(reverse("report-edit", args=[report.pk]), {"delete": "1", "version": 0})
     assert not Report.objects.exists()
 
 
