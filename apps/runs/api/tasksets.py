@@ -109,7 +109,9 @@ def taskset_json(taskset: Taskset) -> dict:
 def import_json(job: TasksetImport) -> dict:
     return {"id": job.pk, "name": job.name, "status": job.status, "rows_done": job.rows_done,
             "bytes_done": job.bytes_done, "bytes_total": job.bytes_total, "error": job.error,
-            "taskset": job.taskset.name if job.taskset_id else None,
+            # Only once shown: a running import's job points at its hidden taskset, which
+            # /api/tasksets/<name>/ does not know (404) and a launch refuses.
+            "taskset": job.taskset.name if job.taskset_id and job.taskset.ready else None,
             "url": reverse("api-taskset-import", args=[job.pk])}
 
 

@@ -131,3 +131,15 @@ def test_the_daily_sweep_deletes_a_finished_jobs_leftover_taskset():
 
     assert list(Taskset.all_objects.values_list("name", flat=True)) == ["running"]
     assert set(Task.objects.values_list("taskset__name", flat=True)) == {"running"}
+
+
+def test_the_api_names_an_imports_taskset_only_once_it_is_shown(researcher):
+    """A running import's job points at its hidden taskset: the API named it, and
+    /api/tasksets/<name>/ answered 404 for it."""
+    from apps.runs.api.tasksets import import_json
+
+    hidden = Taskset.all_objects.create(name="coming", ready=False)
+    job = TasksetImport.objects.create(name="coming", status="running", taskset=hidden, created_by=researcher)
+    assert import_json(job)["taskset"] is None
+    Taskset.all_objects.filter(pk=hidden.pk).update(ready=True)
+    assert import_json(TasksetImport.objects.get(pk=job.pk))["taskset"] == "coming"
