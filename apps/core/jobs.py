@@ -39,12 +39,14 @@ from django.db import DEFAULT_DB_ALIAS, OperationalError, connection, connection
 from django.db.models import Q
 from django.utils import timezone
 
+from apps.runs import hosts
 from rftweb.celery import enqueue
 
 from . import job_owners
 from .models import Job
 
 logger = logging.getLogger(__name__)
+JOBS_QUEUE = "default"  # the Celery queue every job's task goes to
 
 # The most often a running job writes its progress row and broadcasts it: the polling page asks
 # every 500 ms, and a job writing every batch would spend a query on each 2,000 rows.
@@ -125,7 +127,7 @@ def visible_job(job_label: str, job_id: int, user) -> Job | None:
 def enqueue_job(job: Job) -> None:
     """Queue the job on `default` once this transaction commits (embedded: a thread of this process)."""
     job_label, job_id = label(job), job.pk
-    transaction.on_commit(lambda: enqueue("apps.core.tasks.run_job", job_label, job_id, queue="default"))
+    transaction.on_commit(lambda: enqueue("apps.core.tasks.run_job", job_label, job_id, queue=JOBS_QUEUE))
 
 
 def cancellable(job: Job) -> bool:
@@ -293,7 +295,7 @@ def rerun_orphaned() -> list[str]:
             if requeued:
                 logger.warning("job %s %s: nobody ran it any more (%s); running it again", job_label, job.pk,
                                job.status)
-                enqueue("apps.core.tasks.run_job", job_label, job.pk, queue="default")
+                enqueue("apps.core.tasks.run_job", job_label, job.pk, queue=JOBS_QUEUE)
                 rerun.append(f"{job_label} {job.pk}")
     return rerun
 
@@ -395,6 +397,10 @@ def snapshot(job: Job, why_orphaned: str = "") -> dict:
         else:
             then = "it starts again if Celery redelivers its task"
         status_text = f"running, but {why_orphaned}: {then}, or Cancel ends it now"
+    elif job.status == Job.Status.PENDING and not hosts.serving(JOBS_QUEUE):
+        # It said "pending" alone for as long as no worker was there to take it.
+        status_text = (f"pending: no live worker takes jobs (the {JOBS_QUEUE} queue) now; it starts once one does "
+                       f"(celery -A rftweb worker -Q {JOBS_QUEUE}), or Cancel ends it")
     return {
         "id": job.pk,
         "status": job.status,

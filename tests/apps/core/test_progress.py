@@ -58,6 +58,17 @@ def test_the_snapshot_is_what_the_widget_shows(client, researcher, taskset_impor
     }
 
 
+def test_a_pending_job_says_when_no_worker_takes_jobs(settings, curator, buffer_job):
+    """Full stack, with the jobs worker gone: it said "pending" alone, for as long as nobody came."""
+    from apps.runs import capacity
+
+    settings.RFTWEB_EMBEDDED = False
+    waiting = "pending: no live worker takes jobs (the default queue) now; it starts once one does"
+    assert jobs.snapshot(buffer_job)["status_text"].startswith(waiting)
+    capacity.register("jobs@vm", ["default"], 1)
+    assert jobs.snapshot(buffer_job)["status_text"] == "pending"
+
+
 def test_a_finished_job_links_its_result(client, researcher, taskset_import):
     taskset = taskset_import.taskset = Taskset.objects.create(name="made")
     taskset_import.status, taskset_import.finished_at = "succeeded", timezone.now()
