@@ -120,11 +120,12 @@ ALGORITHM_ONLY = {
     "algorithm.rollout_correction.": RL,
 }
 
-# Knobs only a trainer reads (config_rules.TRAINER_ONLY): the page hides them in modes explore and
-# bench, which run none, and a launch puts them back at their defaults there (the quick demo's
-# trainer.lr was refused with mode explore picked, as set and read by nothing).
-TRAINER_KEYS = {f"{section}.{key}" for section, keys in TRAINER_ONLY.items() for key in keys}
-TRAINER_MODES = ("both", "train")
+# Knobs only some modes read: what only a trainer reads (config_rules.TRAINER_ONLY), and the
+# explorer's evaluation. The page hides them for the other modes, and a launch puts them back at
+# their defaults there (the quick demo's trainer.lr and eval_interval were refused with mode
+# explore picked, as set and read by nothing).
+MODE_ONLY = {f"{section}.{key}": ("both", "train") for section, keys in TRAINER_ONLY.items() for key in keys}
+MODE_ONLY["explorer.eval_interval"] = ("both", "bench")  # explore's weights never change; train runs no explorer
 
 TASKSET_KEYS = ("buffer.taskset", "buffer.expert_taskset", "buffer.eval_taskset")
 
@@ -200,7 +201,7 @@ def _form_field(key: str, names: dict[str, list[str]]) -> forms.Field:
     else:
         field = forms.CharField(empty_value=None, **options)
     field.algorithms = next((names for prefix, names in ALGORITHM_ONLY.items() if key.startswith(prefix)), ())
-    field.modes = TRAINER_MODES if key in TRAINER_KEYS else ()
+    field.modes = MODE_ONLY.get(key, ())
     if key == "model.path":
         from workers.rft.models import BUILTIN_MODELS
 

@@ -255,6 +255,10 @@ def _unread_rules(c, spec) -> list[tuple]:
     algo = c.algorithm
     rules = [
         *_algorithm_option_rules(algo, spec),
+        ("explorer.eval_interval", c.explorer.eval_interval > 0 and c.mode in ("explore", "train"),
+         f"has no effect with mode '{c.mode}': "
+         + ("its weights never change (it trains nothing)" if c.mode == "explore" else "it runs no explorer")
+         + "; mode 'bench' scores a model on buffer.eval_taskset", ("mode",)),
         ("algorithm.kl.fn", algo.kl.fn != "none" and not spec.uses_rollouts,
          f"'{algo.kl.fn}' estimates the KL from the policy's own samples (rollouts), and algorithm '{algo.name}' "
          "trains on none", ("algorithm.name",)),
@@ -454,10 +458,6 @@ def combination_issues(c, bad: set) -> list[ConfigIssue]:
          "required by mode 'bench'", ("mode",)),
         ("buffer.eval_taskset", c.explorer.eval_interval > 0 and c.buffer.eval_taskset is None,
          "required when explorer.eval_interval > 0", ("explorer.eval_interval",)),
-        ("explorer.eval_interval", c.explorer.eval_interval > 0 and c.mode in ("explore", "train"),
-         f"has no effect with mode '{c.mode}': "
-         + ("its weights never change (it trains nothing)" if c.mode == "explore" else "it runs no explorer")
-         + "; mode 'bench' scores a model on buffer.eval_taskset", ("mode",)),
     ]
     trainer = c.trainer
     world = trainer.num_processes * trainer.num_nodes

@@ -258,6 +258,7 @@ def test_trainer_fields_are_marked_for_the_modes_that_train(researcher_client, t
     html = researcher_client.get(URL).content.decode()
     assert 'data-key="trainer.lr" data-modes="both train"' in html
     assert 'data-key="trainer.total_steps" data-modes' not in html  # mode explore's count of explorer steps
+    assert 'data-key="explorer.eval_interval" data-modes="both bench"' in html
 
 
 @pytest.mark.parametrize("mode", ["explore", "bench"])
@@ -267,8 +268,7 @@ def test_the_quick_demo_switched_to_a_mode_without_a_trainer_launches_with_train
     """The page hides what only a trainer reads in modes explore and bench; the quick demo's
     trainer.lr, micro_batch_size and save_interval, hidden there, launch at their defaults (they
     were refused as set and read by nothing). The same keys in YAML are refused (test_option_matrix)."""
-    extra = {"explorer.eval_interval": "0"} if mode == "explore" else {}
-    data = posted(config_form(), **{"mode": mode, **extra})
+    data = posted(config_form(), mode=mode)
     assert data["trainer.lr"] == "0.001"
     response = researcher_client.post(URL, data)
     assert response.status_code == 302, response.context["form"].errors
@@ -278,6 +278,7 @@ def test_the_quick_demo_switched_to_a_mode_without_a_trainer_launches_with_train
     assert config["trainer"]["micro_batch_size"] == defaults.trainer.micro_batch_size
     assert config["trainer"]["save_interval"] == defaults.trainer.save_interval
     assert config["trainer"]["total_steps"] == 1000  # read: the explorer steps of mode explore
+    assert config["explorer"]["eval_interval"] == (10 if mode == "bench" else 0)  # read by bench alone
 
 
 def test_a_hidden_field_the_configs_own_loss_reads_is_kept(researcher_client, tasksets, worker_queue):
