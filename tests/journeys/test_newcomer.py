@@ -338,6 +338,6 @@ def test_a_full_stack_demo_killed_whole_takes_its_workers_with_it(tmp_path):
         assert not alive, [p.cmdline() for p in alive]
     finally:
         for proc in workers:  # and their pool processes, in their own sessions
-            with contextlib.suppress(psutil.NoSuchProcess):
+            with contextlib.suppress(ProcessLookupError):  # gone, as they should be
                 os.killpg(proc.pid, signal.SIGKILL)
         demo.drop()
