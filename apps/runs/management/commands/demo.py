@@ -172,6 +172,9 @@ def repeat(seconds: float, work, what: str) -> None:
         time.sleep(seconds)
 
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
 def _stop_with_parent(parent: int):
     """For a worker, before it runs: SIGTERM (an orderly stop) when the demo's process dies, however
     it dies (Linux's PR_SET_PDEATHSIG). In a session of its own (Ctrl-C must reach the demo alone),
@@ -186,9 +189,6 @@ def _stop_with_parent(parent: int):
         if os.getppid() != parent:  # the demo died before the call: the signal would never come
             os.kill(os.getpid(), signal.SIGTERM)
     return arm
-
-
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 def _interrupt(signum, frame):
