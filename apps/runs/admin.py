@@ -64,7 +64,10 @@ class RunAdminForm(forms.ModelForm):
         cleaned = super().clean()
         if self.instance.pk is None or not {"notes", "tags"} & set(self.changed_data):
             return cleaned
-        run = Run.objects.select_related("notes_changed_by").get(pk=self.instance.pk)
+        # Locked until the save commits (the admin's change view is one transaction; SQLite's are
+        # IMMEDIATE, so there the whole view already holds the write lock): a run-page save between
+        # this check and the save was overwritten, both counting as version 1.
+        run = Run.objects.select_for_update().get(pk=self.instance.pk)
         if cleaned.get("opened_notes_version") != run.notes_version:
             raise forms.ValidationError(f"Notes and tags not saved: {notes.changed_by(run)} since you opened this "
                                         "page. Reload it to see theirs, then make your change again.")
@@ -119,10 +122,16 @@ class RunAdmin(CheckedSelectionMixin, admin.ModelAdmin):
         return False
 
     def save_model(self, request, obj, form, change):
-        if change and {"notes", "tags"} & set(form.changed_data):  # a save of them, as the run page counts one
-            obj.notes_version += 1
+        if not change:
+            return super().save_model(request, obj, form, change)
+        # Only what the form changed: a whole-row save wrote back the status, steps and heartbeats
+        # read when the page was posted, over what the run's workers wrote meanwhile.
+        fields = {f.name for f in Run._meta.concrete_fields} & set(form.changed_data)
+        if {"notes", "tags"} & fields:  # a save of them, as the run page counts one
+            obj.notes_version = form.cleaned_data["opened_notes_version"] + 1  # clean() checked it, row locked since
             obj.notes_changed_by, obj.notes_changed_at = request.user, timezone.now()
-        super().save_model(request, obj, form, change)
+            fields |= {"notes_version", "notes_changed_by", "notes_changed_at"}
+        obj.save(update_fields=[*fields, "updated_at"])
 
     # -- deletion (apps/runs/deletion.py): ended runs only, counted, in SQL chunks --
 

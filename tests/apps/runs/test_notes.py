@@ -166,3 +166,80 @@ def test_of_two_saves_over_one_version_the_second_changes_nothing(make_run, rese
     with pytest.raises(NotesChanged, match="did not say which version"):  # a post without one
         set_notes_and_tags(stale, curator, notes="second", tags="b", version=None)
     assert Run.objects.filter(pk=run.pk).values_list("notes", "tags", "notes_version").get() == ("first", ["a"], 1)
+
+
+# ---- the admin's save of a run --------------------------------------------------------------------
+
+
+def _admin_form(run: Run, **changes) -> dict:
+    return {"name": run.name, "owner": run.owner_id, "error": run.error, "notes": run.notes, "tags": "[]",
+            "_save": "Save", "opened_notes_version": run.notes_version, **changes}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_run_page_save_during_the_admins_save_waits_for_it_and_is_refused(make_run, researcher, curator):
+    """The admin checked the notes' version in clean() and saved later, unconditionally: a run-page
+    save landing in between was overwritten, and both counted as version 1. The row is locked from
+    the check to the commit: the run page's save waits, then finds the version moved on."""
+    import threading
+    import time
+
+    from django.db import connection
+
+    from apps.runs.admin import RunAdmin
+
+    run = make_run("r", notes="n")
+    checked, outcome = threading.Event(), {}
+    real_save = RunAdmin.save_model
+
+    def run_page_save():  # the owner's Save on the run page, opened on version 0
+        checked.wait(10)
+        try:
+            set_notes_and_tags(Run.objects.get(pk=run.pk), researcher, notes="owner's", tags="", version=0)
+            outcome["saved"] = True
+        except NotesChanged as refused:
+            outcome["refused"] = str(refused)
+        finally:
+            connection.close()
+
+    def save_model(self, request, obj, form, change):  # past clean()'s check, before the save
+        checked.set()
+        time.sleep(1)  # the run page's save is under way meanwhile (it had committed, unlocked)
+        return real_save(self, request, obj, form, change)
+
+    owner = threading.Thread(target=run_page_save)
+    owner.start()
+    RunAdmin.save_model = save_model
+    try:
+        client = Client()
+        client.force_login(curator)
+        response = client.post(reverse("admin:runs_run_change", args=[run.pk]), _admin_form(run, notes="curator's"))
+    finally:
+        RunAdmin.save_model = real_save
+    owner.join(30)
+    run.refresh_from_db()
+    assert response.status_code == 302
+    assert (run.notes, run.notes_version, run.notes_changed_by) == ("curator's", 1, curator)
+    assert "changed by cur" in outcome.get("refused", ""), outcome
+
+
+@pytest.mark.django_db
+def test_an_admin_save_writes_only_what_its_form_changed(make_run, curator, monkeypatch):
+    """A worker's write between the admin reading the run and saving it (a Stop, a step) stays."""
+    from apps.runs.admin import RunAdmin
+
+    run = make_run("r", status=Run.Status.RUNNING)
+    real_get = RunAdmin.get_object
+
+    def get_object(self, request, object_id, from_field=None):
+        obj = real_get(self, request, object_id, from_field)
+        Run.objects.filter(pk=obj.pk).update(status=Run.Status.STOPPING, explorer_step=7)  # the worker, meanwhile
+        return obj
+
+    monkeypatch.setattr(RunAdmin, "get_object", get_object)
+    client = Client()
+    client.force_login(curator)
+    response = client.post(reverse("admin:runs_run_change", args=[run.pk]), _admin_form(run, name="renamed"))
+    run.refresh_from_db()
+    assert response.status_code == 302
+    assert (run.name, run.status, run.explorer_step) == ("renamed", Run.Status.STOPPING, 7)
