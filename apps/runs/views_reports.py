@@ -105,7 +105,10 @@ def report_edit(request, pk):
     if version != report.version:  # a Delete too: from a page opened before someone's edit, it deleted theirs unseen
         return _changed_since(request, report, typed, deleting=bool(request.POST.get("delete")))
     if request.POST.get("delete"):
-        report.delete()
+        # Over the version checked above only, as an edit saves: an edit committed since is not deleted unseen.
+        if not Report.objects.filter(pk=report.pk, version=version).delete()[0]:
+            report.refresh_from_db()
+            return _changed_since(request, report, typed, deleting=True)
         messages.success(request, f"Deleted report {isolate(report.name)} (its runs stay).")
         return redirect("report-list")
     # Runs deleted since it was saved are dropped (as a new report's save offers the rest): kept,

@@ -141,6 +141,27 @@ def test_a_delete_from_a_page_opened_before_anothers_edit_is_refused(researcher_
     assert not Report.objects.exists()
 
 
+def test_an_edit_committed_while_a_delete_is_checked_is_not_deleted(researcher_client, compared, monkeypatch):
+    """The delete checked the version, then deleted whatever the row held by then."""
+    from django.db.models import F
+
+    from apps.runs import views_reports
+
+    a, b, _ = compared
+    report = Report.objects.create(name="r", owner=Run.objects.get(pk=a.pk).owner, run_ids=[a.pk, b.pk])
+    real = views_reports.may_edit
+
+    def may_edit_then_a_curator_saves(user, checked):  # their Save commits just after this request read the report
+        Report.objects.filter(pk=checked.pk).update(name="curated", note="keep me", version=F("version") + 1)
+        return real(user, checked)
+
+    monkeypatch.setattr(views_reports, "may_edit", may_edit_then_a_curator_saves)
+    refused = researcher_client.post(reverse("report-edit", args=[report.pk]), {"delete": "1", "version": 0})
+    assert refused.status_code == 409
+    assert Report.objects.get(pk=report.pk).note == "keep me"
+    assert shown_messages(refused)[0].startswith("Report not deleted: it was changed by")
+
+
 def test_its_owner_renames_it_and_a_curator_deletes_it_keeping_its_runs(researcher_client, curator, compared):
     a, b, _ = compared
     report = Report.objects.create(name="r", owner=Run.objects.get(pk=a.pk).owner, run_ids=[a.pk, b.pk])
