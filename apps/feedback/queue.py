@@ -17,7 +17,7 @@ from django.utils import timezone
 from apps.buffer.models import Experience
 
 from . import live
-from .models import AnnotationLock, Feedback, SetAside
+from .models import AnnotationLock, SetAside
 from .queue_filter import NO_FILTER, QueueFilter
 from .services import (
     FeedbackError,
@@ -27,6 +27,7 @@ from .services import (
     _locked_row,
     _places_left,
     check_may_annotate,
+    judge_count,
     judgements_per_item,
 )
 
@@ -99,15 +100,6 @@ def _open_items(run, user):
     skipped by the user, with a place left for them, and not trained on by a run that has finished
     (no more training to come: such a judgement is refused). The exact count of places is redone
     under the row's lock when an item is taken or judged."""
-    judges = (
-        Feedback.objects.filter(Q(experience_id=OuterRef("pk")) | Q(other_id=OuterRef("pk")))
-        .exclude(user=user).order_by()
-        .values(
-            n=Func(
-                F("user_id"), function="COUNT", template="COUNT(DISTINCT %(expressions)s)", output_field=IntegerField()
-            )
-        )
-    )
     holders = (
         AnnotationLock.objects.filter(experience_id=OuterRef("pk"), expires_at__gt=timezone.now())
         .exclude(user=user).order_by()
@@ -118,7 +110,7 @@ def _open_items(run, user):
         .exclude(status=Status.REJECTED)
         .exclude(Exists(_judged(OuterRef("pk"), user.pk)))
         .exclude(Exists(SetAside.objects.filter(experience=OuterRef("pk"), user=user, postponed=False)))
-        .alias(places_taken=Coalesce(Subquery(judges), 0) + Coalesce(Subquery(holders), 0))
+        .alias(places_taken=judge_count(OuterRef("pk"), leaving_out=user) + Coalesce(Subquery(holders), 0))
         .filter(places_taken__lt=judgements_per_item(run))
     )
     if run.is_finished:

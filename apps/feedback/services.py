@@ -10,7 +10,8 @@ import math
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Q
+from django.db.models import F, Func, IntegerField, Q, Subquery
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from apps.accounts.revocation import recheck
@@ -165,6 +166,17 @@ def _judged(experience_id, user_id=None):
     """Feedback on the experience, counting a comparison for both of its responses."""
     rows = Feedback.objects.filter(Q(experience_id=experience_id) | Q(other_id=experience_id))
     return rows if user_id is None else rows.filter(user_id=user_id)
+
+
+def judge_count(experience, *, leaving_out=None):
+    """How many annotators judged the experience (a subquery on `experience`, an OuterRef), leaving
+    out `leaving_out`'s judgements: the places its judgements take (`_places_left` counts the same)."""
+    rows = _judged(experience)
+    if leaving_out is not None:
+        rows = rows.exclude(user=leaving_out)
+    distinct = Func(F("user_id"), function="COUNT", template="COUNT(DISTINCT %(expressions)s)",
+                    output_field=IntegerField())
+    return Coalesce(Subquery(rows.order_by().values(n=distinct)), 0)
 
 
 def _live_locks(experience_id):

@@ -13,7 +13,7 @@ from apps.buffer.store import judged_pairs, trained_ratings
 
 from .models import Feedback
 from .queue import QUEUED_SOURCES
-from .services import HUMAN_REWARD, feedback_settings, judgements_per_item
+from .services import HUMAN_REWARD, feedback_settings, judge_count, judgements_per_item
 
 
 def per_annotator(run) -> list[dict]:
@@ -235,13 +235,16 @@ def summary(run) -> dict:
     )
     steps = [{"explorer_step": row["explorer_step"], "human_reward": row["mean"], "rated": row["n"]} for row in by_step]
     total = sum(s["rated"] for s in steps)
-    # Rated, but by fewer than judgements_per_item annotators so far: not an item's reward yet
-    # (services.set_human_reward). Without it a run judged twice per item showed "rated 0" after
-    # an annotator's three ratings, as if they had been lost.
+    # Rated, but judged by fewer than judgements_per_item annotators so far: not an item's reward
+    # yet (services.set_human_reward). Without it a run judged twice per item showed "rated 0"
+    # after an annotator's three ratings, as if they had been lost. One judged by all whose rating
+    # waits for a reviewer is counted under waiting_for_review instead.
     rated_once = Exists(Feedback.objects.filter(experience_id=OuterRef("pk"), kind=Feedback.Kind.RATING,
                                                 review__in=Feedback.TRAINED))
     waiting_judgements = (rows.exclude(reward_components__has_key=HUMAN_REWARD)
-                          .exclude(status=Experience.Status.REJECTED).filter(rated_once).count())
+                          .exclude(status=Experience.Status.REJECTED).filter(rated_once)
+                          .alias(judges=judge_count(OuterRef("pk"))).filter(judges__lt=judgements_per_item(run))
+                          .count())
     # A pending or rejected edit has no human_edit row; a row flagged, or undone after a step used
     # it, is rejected: never sampled again.
     edits = rows.filter(source=Experience.Source.HUMAN_EDIT).exclude(status=Experience.Status.REJECTED)

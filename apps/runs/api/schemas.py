@@ -260,8 +260,8 @@ class AnnotationOut(Schema):
     judgements: dict[str, int] = Field(description="by kind: rating, edit, preference (a comparison), flag")
     rated_experiences: int = Field(description="rated rollouts whose human reward training reads (on a run that "
                                                "requires review: from accepted ratings): not flagged")
-    rated_waiting: int = Field(description="rollouts rated by fewer annotators than judgements_per_item so far: "
-                                           "no human reward until the rest have judged them")
+    rated_waiting: int = Field(description="rollouts rated, but judged by fewer annotators than judgements_per_item "
+                                           "so far: no human reward until the rest have judged them")
     judgements_per_item: int = Field(description="how many annotators judge each item (feedback.judgements_per_item)")
     rated_flagged: int = Field(description="rated rollouts flagged since (by an annotator, a curator or a buffer "
                                            "operator): kept out of training, in no other rated figure")

@@ -71,6 +71,25 @@ def test_a_place_taken_by_another_kind_of_judgement_completes_the_items_rating(
     assert human(item) is None
 
 
+def test_an_item_judged_by_all_whose_rating_waits_for_review_is_not_shown_waiting_for_judgements(
+    run, make_experience, make_annotator, curator
+):
+    """The tile said "1 more waiting for 2 judgements each" of an item both annotators had judged:
+    it waits for a reviewer, and the page counts it there."""
+    from apps.feedback import review
+    from apps.feedback.models import Feedback
+
+    configure(run, require_review=True)
+    a1, a2 = make_annotator("a1"), make_annotator("a2")
+    item = make_experience()
+    services.rate(item.pk, a1, "9")
+    services.rate(item.pk, a2, "0")
+    review.decide(Feedback.objects.get(experience=item, user=a1).pk, curator, accept=True)
+    summary = stats.summary(run)
+    assert (summary["rated_experiences"], summary["rated_waiting"]) == (0, 0)
+    assert summary["waiting_for_review"]["rating"] == 1
+
+
 def test_with_one_annotator_per_item_the_first_rating_is_the_items(run, make_experience, annotator):
     configure(run, judgements_per_item=1)
     item = make_experience()
