@@ -167,9 +167,19 @@ def beat(name: str, life: datetime | None, queues: list[str], slots: int, usage:
     that life's start: a new one's when it registers the worker instead, because its registration
     failed (`life` None: the database was down as it started) or the row is not this life's (a
     beat that only moved last_seen kept an earlier life's started_at, so a job the dead life owned
-    was taken as run: job_owners.is_gone)."""
+    was taken as run: job_owners.is_gone). A row another live worker of the same name beats is
+    left to it, saying so: the two took the row in turn every beat, each making the other's running
+    jobs look orphaned and wiping its drain."""
+    now = timezone.now()
     if life is not None and Worker.objects.filter(name=name, started_at=life).update(
-            last_seen=timezone.now(), gpus=gpus(), usage=usage or {}):
+            last_seen=now, gpus=gpus(), usage=usage or {}):
+        return life
+    other = Worker.objects.filter(name=name).first()
+    if (life is not None and other is not None and other.stopped_at is None
+            and (now - other.last_seen).total_seconds() < settings.RFTWEB_HEARTBEAT_TIMEOUT):
+        log.warning("Another live worker is named %s (on %s, pid %s, since %s): this one's beats are not "
+                       "recorded while it beats. Give each worker its own name (celery -n NAME@%%h).",
+                       name, other.host, other.pid, other.started_at)
         return life
     return register(name, queues, slots)
 

@@ -166,6 +166,30 @@ def test_a_worker_whose_registration_failed_is_registered_by_its_beat(db):
     assert Worker.objects.filter(name="jobs@gpu-1").exists()
 
 
+def test_a_second_live_worker_of_the_same_name_does_not_take_the_row_each_beat(db, caplog):
+    """Two live workers named alike (two machines named `ubuntu`, a leftover demo worker): each beat
+    re-registered the row as the beating worker's, so each made the other's running jobs look
+    orphaned (job_owners.is_gone) and wiped its drain. The row stays the live one's; the other says why."""
+    from apps.core import job_owners
+    from apps.core.models import JobOwner
+
+    first = capacity.register("jobs@ubuntu", ["default"], 1)
+    second = capacity.register("jobs@ubuntu", ["default"], 1)  # its row now
+    owner = JobOwner(host="elsewhere", pid=1, process_started=0, pid_namespace="x", worker="jobs@ubuntu",
+                     since=timezone.now())
+    Worker.objects.filter(name="jobs@ubuntu").update(drain={"default": True})
+
+    assert capacity.beat("jobs@ubuntu", first, ["default"], 1) == first
+    row = Worker.objects.get(name="jobs@ubuntu")
+    assert (row.started_at, row.drain) == (second, {"default": True})
+    assert not job_owners.is_gone(owner)
+    assert "Another live worker is named jobs@ubuntu" in caplog.text
+    assert capacity.beat("jobs@ubuntu", second, ["default"], 1) == second
+
+    Worker.objects.filter(name="jobs@ubuntu").update(last_seen=timezone.now() - timedelta(hours=1))
+    assert capacity.beat("jobs@ubuntu", first, ["default"], 1) > second, "the other one silent: taken"
+
+
 SPLIT = {"trainer": {"total_steps": 100}, "synchronizer": {"method": "checkpoint"}, "explorer": {"engine_num": 2}}
 
 
