@@ -26,7 +26,7 @@ from . import history, queue, views
 from .page_queue import PageQueue
 from .queue_filter import FIELDS as FILTER_FIELDS
 from .queue_filter import QueueFilter
-from .services import FeedbackError, NeedsConfirmation, NotAnnotator
+from .services import FeedbackError, NeedsConfirmation, NotAnnotator, check_may_annotate
 
 MAX_BODY_CHARS = 64_000  # an edit (20,000 characters) and a comment, with room for JSON escapes
 ACTIONS = {**views.JUDGEMENTS, **{name: None for name in ("skip", "postpone")}}
@@ -245,14 +245,20 @@ def progress(request):
         run = _page_run(request.GET.get("run"), request)
     except BadRequest as exc:
         return _error(str(exc))
+    except NotAnnotator as exc:
+        return _error(str(exc), 403)
     return JsonResponse(_progress(request, run))
 
 
 def _page_run(value, request) -> Run | None:
-    """The run a page names (its queue's), else the session's."""
+    """The run a page names (its queue's), else the session's. NotAnnotator for a run the user may
+    not annotate (no longer: its owner took them off it), as its items' services refuse it."""
     if value is None:
         return _run(request)
     pk = whole_number(value)
     if pk is None:
         raise BadRequest(f"run must be the id of a run, not {value!r}")
-    return Run.objects.filter(pk=pk).first()
+    if (run := Run.objects.filter(pk=pk).first()) is None:
+        raise BadRequest(f"no run with id {pk}: it was deleted")
+    check_may_annotate(run, request.user)
+    return run

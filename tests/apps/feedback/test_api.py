@@ -73,6 +73,14 @@ def test_undo_and_the_history_follow_the_pages_run_not_the_one_another_tab_opene
     assert undone["history"] == [] and Feedback.objects.get().experience_id == theirs.pk
     refused = annotator_client.get(reverse("annotate-api-progress"), {"run": "1x"})
     assert refused.status_code == 400 and refused.json()["error"] == "run must be the id of a run, not '1x'"
+    # Taken off the other run by its owner: its history is no longer shown (it was, run named)
+    from apps.feedback.services import set_annotators
+
+    set_annotators(other_run, researcher, open_to_all=False, usernames=[])
+    off = annotator_client.get(reverse("annotate-api-progress"), {"run": other_run.pk})
+    assert off.status_code == 403 and "you are not an annotator of run 'other'" in off.json()["error"]
+    gone = annotator_client.get(reverse("annotate-api-progress"), {"run": 10**9})
+    assert gone.status_code == 400 and "no run with id" in gone.json()["error"]
 
 
 def test_a_contradicting_edit_answers_409_with_the_question_then_saves_when_confirmed(annotator_client, page):
