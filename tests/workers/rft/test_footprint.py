@@ -73,6 +73,21 @@ def test_what_a_process_holds_follows_the_mode_and_the_ranks():
     assert bf16.explorer.parts["explorer KV cache"] * 2 == both.explorer.parts["explorer KV cache"]
 
 
+def test_a_micro_batch_is_estimated_at_no_more_rows_than_a_ranks_share_of_the_batch():
+    """micro_batch_size 4,096 on a step of one row was refused at launch as 167 GB: the trainer
+    never puts more than the step's rows (a rank's share of them) in a micro-batch."""
+    tiny = BUILTIN_SHAPES["tiny"]
+
+    def activations(**trainer):
+        return run_footprint(make_config(trainer=trainer), tiny, on_gpu=False).trainer.total
+
+    assert activations(micro_batch_size=4096, batch_size=1) == activations(micro_batch_size=1, batch_size=1)
+    assert activations(micro_batch_size=4096, batch_size=8) == activations(micro_batch_size=8, batch_size=8)
+    assert activations(micro_batch_size=4, batch_size=8) < activations(micro_batch_size=8, batch_size=8)
+    ddp = {"strategy": "ddp", "num_processes": 4}  # 2 rows a rank
+    assert activations(micro_batch_size=64, batch_size=8, **ddp) == activations(micro_batch_size=2, batch_size=8, **ddp)
+
+
 def test_the_findings_config_is_dozens_of_gigabytes():
     """Issue #41, finding 3: 8 tasks x 16 rollouts x 32,768 new tokens of the tiny model."""
     config = RunConfig.from_dict({"algorithm": {"repeat_times": 16},
