@@ -432,10 +432,16 @@ class Loop(Checkpointing):
             if self.sync.is_publish_step(self.trainer.step):
                 self.sync.publish(self.trainer.policy, self.trainer.step, self.trainer.full_state()["policy"])
 
-        if not self._waiting_for_data:  # while it waits, the line says so, and for how long
+        def training():
             self.activity.doing(TRAINER, f"training step {self.trainer.step + 1}")
+
+        # While it waits, the line says so, and for how long, until a try finds data: a 159 s step on
+        # an annotator's long edit said "waiting for data" throughout.
+        if not self._waiting_for_data:
+            training()
         with stoppable(self.stopping):  # a stop while the step waits for ratings: StopRequested, no step
-            metrics = self.trainer.train_step(current_version=self.sync.latest_version(), publish=publish)
+            metrics = self.trainer.train_step(current_version=self.sync.latest_version(), publish=publish,
+                                              sampled=training if self._waiting_for_data else None)
         self._waiting_for_data = metrics is None
         if metrics is None:  # no step (Trainer.waits_for_data): the line says what it waits for, not "training"
             waits_for = waiting_for_data(self.config, trained=self.trainer.step > 0)

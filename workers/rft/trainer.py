@@ -134,10 +134,11 @@ class Trainer(TrainerCheckpoints):
 
     # -- one step --------------------------------------------------------------------------------
 
-    def train_step(self, current_version: int = 0, publish: Callable[[], object] | None = None) -> dict | None:
-        """Sample, update, `publish` the new weights (the synchroniser's part in this thread:
-        sync_seconds), log. With nothing to train on: None, and no step, where the trainer waits for
-        its data (waits_for_data); else the step counts, its metrics saying skipped.
+    def train_step(self, current_version: int = 0, publish: Callable[[], object] | None = None,
+                   sampled: Callable[[], object] | None = None) -> dict | None:
+        """Sample, say so (`sampled`), update, `publish` the new weights (the synchroniser's part in
+        this thread: sync_seconds), log. With nothing to train on: None, and no step, where the
+        trainer waits for its data (waits_for_data); else the step counts, its metrics saying skipped.
         idle_share: the part of the time since the last step's end spent neither in this step nor
         saving a checkpoint (waiting for rollouts, mostly)."""
         started = time.perf_counter()
@@ -153,6 +154,8 @@ class Trainer(TrainerCheckpoints):
         )
         if not len(batch) and self.waits_for_data:
             return None
+        if sampled is not None:
+            sampled()
         scatter = None
         if len(batch) and self.ranks is not None:
             sent = time.perf_counter()

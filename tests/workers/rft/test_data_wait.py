@@ -75,8 +75,9 @@ def test_a_dpo_loop_waits_for_pairs_saying_so_then_trains_on_them(tmp_path, toke
     assert stores.metrics.points[("trainer", 1)]["pairs"] == 2
     trainer = [what for role, what in said if role == "trainer"]
     trainer = [what for i, what in enumerate(trainer) if not i or what != trainer[i - 1]]  # said again: no change
-    assert trainer[:3] == ["training step 1", "waiting for data: nothing to train on yet from annotators' "
-                           "comparisons on run 7", "training step 2"]
+    # The step that finds the pairs says so as it trains (it said "waiting" until its end).
+    assert trainer[:4] == ["training step 1", "waiting for data: nothing to train on yet from annotators' "
+                           "comparisons on run 7", "training step 1", "training step 2"]
     assert loop.skipped_steps == 0
 
 
