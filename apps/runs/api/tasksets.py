@@ -111,7 +111,9 @@ def import_json(job: TasksetImport) -> dict:
             "bytes_done": job.bytes_done, "bytes_total": job.bytes_total, "error": job.error,
             # Only once shown: a running import's job points at its hidden taskset, which
             # /api/tasksets/<name>/ does not know (404) and a launch refuses.
-            "taskset": job.taskset.name if job.taskset_id and job.taskset.ready else None,
+            # Read by id: a failing import deletes its hidden taskset while the job still names it
+            # (job.taskset raised DoesNotExist: a 500 page to 1 poll in 7).
+            "taskset": Taskset.objects.filter(pk=job.taskset_id, ready=True).values_list("name", flat=True).first(),
             "url": reverse("api-taskset-import", args=[job.pk])}
 
 

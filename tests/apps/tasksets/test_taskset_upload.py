@@ -344,3 +344,20 @@ def test_the_uploader_cancels_a_queued_import_from_its_page(researcher_client, r
     assert "Import of <bdi>big.jsonl</bdi> cancelled" in page and "Cancel this import" not in page
     again = researcher_client.post(reverse("taskset-import-cancel", args=[job.pk]), follow=True).content.decode()
     assert "has already finished (cancelled): there is nothing to cancel" in again
+
+
+def test_a_poll_while_a_failing_import_deletes_its_hidden_taskset_answers_json(researcher):
+    """The poll read the job naming its hidden taskset, which the failing import deleted before the
+    answer was made: Taskset.DoesNotExist, a 500 page to 1 poll in 7 of a failing import."""
+    from apps.runs.api.tasksets import import_json
+
+    hidden = Taskset.all_objects.create(name="sums", ready=False)
+    TasksetImport.objects.create(original_filename="s.jsonl", name="sums", format="jsonl", taskset=hidden,
+                                 field_mapping={"prompt": "q"}, default_workflow="single_turn",
+                                 default_reward_fn="exact_match", created_by=researcher)
+    polled = TasksetImport.objects.get(name="sums")
+    Taskset.all_objects.filter(pk=hidden.pk).delete()  # the failing import, meanwhile
+    assert import_json(polled)["taskset"] is None
+    ready = Taskset.objects.create(name="sums", ready=True)
+    TasksetImport.objects.filter(pk=polled.pk).update(taskset=ready)
+    assert import_json(TasksetImport.objects.get(pk=polled.pk))["taskset"] == "sums"
