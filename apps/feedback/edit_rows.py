@@ -4,6 +4,7 @@ import functools
 import threading
 
 from apps.buffer.models import Experience
+from workers.rft.config import ExplorerConfig
 
 Status = Experience.Status
 
@@ -48,6 +49,22 @@ def _encode_response(run, text: str) -> list[int] | None:
         return None
     tokenizer = _tokenizer(path)
     return tokenizer(text, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+
+
+def too_long(run, text: str) -> str | None:
+    """Why the edit is longer than the run's model may answer (explorer.max_new_tokens, its
+    end-of-text token included), or None. An edit of 5,000 emoji (20,018 tokens, under the
+    character limit) trained 159 s a step on the tiny model, 40 times past its context, and held
+    Stop for as long. Edits are at most MAX_EDIT_CHARS characters: tokenized whole, in milliseconds."""
+    path = _model_path(run)
+    if not path:
+        return None
+    limit = ExplorerConfig.model_validate(((run.config or {}).get("explorer") or {})).max_new_tokens
+    tokens = len(_tokenizer(path)(text, add_special_tokens=False)["input_ids"]) + 1  # and its eos
+    if tokens <= limit:
+        return None
+    return (f"the edited response is {tokens:,} tokens with its end; this run's model answers in at most {limit:,} "
+            "(explorer.max_new_tokens), and a longer edit would teach it an answer it cannot finish: shorten it")
 
 
 def _model_path(run) -> str | None:

@@ -22,7 +22,7 @@ from workers.rft.config import RunConfig
 from workers.rft.json_values import text_problem
 
 from . import live
-from .edit_rows import store_human_edit, unused_edit
+from .edit_rows import store_human_edit, too_long, unused_edit
 from .models import AnnotationLock, Feedback, RunAnnotators
 from .reference import contradiction
 
@@ -380,6 +380,8 @@ def edit(
     if has_environment_turns(experience):
         raise FeedbackError(EPISODE_EDIT)
     _check_may_judge(experience, user)
+    if problem := too_long(experience.run, text):
+        raise FeedbackError(problem)
     if not confirmed and (question := contradiction(experience, text)):
         raise NeedsConfirmation(question)
     feedback = _save_feedback(experience, user, Feedback.Kind.EDIT, seconds_spent, edited_text=text, comment=comment)

@@ -78,6 +78,24 @@ def test_an_edit_becomes_a_ready_expert_experience_tokenized_for_the_run(make_ex
     assert list(edits) == ["0 + 0 = 0"]
 
 
+def test_an_edit_longer_than_the_model_may_answer_is_refused_naming_the_limit(make_experience, annotator, run):
+    """5,000 emoji passed the character limit as 20,018 tokens: the trainer's step on it took 159 s
+    on the tiny model (40 times its context) and held Stop as long. An edit must fit in the answer
+    the run's model may write, its end-of-text token included."""
+    run.config = {"model": {"path": "tiny"}, "explorer": {"max_new_tokens": 8}}
+    run.save()
+    original = make_experience()
+    tokenizer = edit_rows._tokenizer("tiny")
+    fits = "The answer is 0."
+    assert len(tokenizer(fits, add_special_tokens=False)["input_ids"]) < 8
+    with pytest.raises(services.FeedbackError) as refused:
+        services.edit(original.pk, annotator, "😀" * 5000, confirmed=True)
+    assert "this run's model answers in at most 8 (explorer.max_new_tokens)" in str(refused.value)
+    assert not Feedback.objects.exists() and not Experience.objects.filter(parent=original).exists()
+    services.edit(original.pk, annotator, fits)
+    assert len(Experience.objects.get(parent=original).response_ids) <= 8
+
+
 def test_an_edit_without_a_model_waits_raw_for_tokenizing(make_experience, annotator):
     original = make_experience()
     services.edit(original.pk, annotator, "fixed", confirmed=True)  # no number: not the reference answer
