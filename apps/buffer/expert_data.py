@@ -19,6 +19,7 @@ its next start: their ids are higher, since one import at a time adds to a datas
 (expert_import.being_imported; two at once could show the later one's rows first).
 """
 import logging
+from collections import Counter
 from collections.abc import Callable
 
 import numpy as np
@@ -32,6 +33,9 @@ from .store import to_row
 
 log = logging.getLogger(__name__)
 
+# What a copy cut to the run's lengths says in its metadata (Workflow.written_experience), counted.
+CUT = {"prompt_truncated": "prompts cut to model.max_prompt_tokens",
+       "response_truncated": "responses cut to explorer.max_new_tokens"}
 BATCH_ROWS = 500  # rows a transaction: a restart loses at most this many rows' tokenizing
 ROW_FIELDS = ("pk", "prompt_text", "response_text", "messages", "action_mask", "reward", "reward_components",
               "priority", "metadata")
@@ -53,16 +57,18 @@ class DjangoExpertData:
         copy = self._copy_pairs if dataset.layout == ExpertDataset.Layout.DPO else self._copy_responses
         written, left_out, cut = copy(dataset, after, to_experience)
         if written:
+            said = [f"{cut[key]:,} {what}" for key, what in CUT.items() if cut[key]]
             log.info("expert dataset %s: %s experiences copied into the run and tokenized for its model%s",
-                     self.name, f"{written:,}", f" ({cut:,} prompts cut to model.max_prompt_tokens)" if cut else "")
+                     self.name, f"{written:,}", f" ({', '.join(said)})" if said else "")
         if left_out:
             log.warning("expert dataset %s: %s multi-turn episodes left out: their environment turns cannot be "
                         "told apart once tokenized again for this model", self.name, f"{left_out:,}")
         return written
 
-    def _copy_responses(self, dataset, after: int, to_experience) -> tuple[int, int, int]:
+    def _copy_responses(self, dataset, after: int, to_experience) -> tuple[int, int, Counter]:
         rows = dataset.experiences.filter(status=ExperienceRow.Status.READY).order_by("pk").only(*ROW_FIELDS)
-        written = left_out = cut = 0
+        written = left_out = 0
+        cut = Counter()
         while batch := list(rows.filter(pk__gt=after)[:BATCH_ROWS]):
             after = batch[-1].pk
             copies = []  # bulk_create writes them in one transaction
@@ -71,13 +77,13 @@ class DjangoExpertData:
                     left_out += 1
                     continue
                 copy = self._copy(row, *_prompt_and_response(row), to_experience, f"{IMPORTED_GROUP}{row.pk}")
-                cut += "prompt_truncated" in copy.metadata
+                cut.update(CUT.keys() & copy.metadata.keys())
                 copies.append(copy)
             ExperienceRow.objects.bulk_create(copies)
             written += len(copies)
         return written, left_out, cut
 
-    def _copy_pairs(self, dataset, after: int, to_experience) -> tuple[int, int, int]:
+    def _copy_pairs(self, dataset, after: int, to_experience) -> tuple[int, int, Counter]:
         prefs = (
             Feedback.objects.filter(
                 kind=Feedback.Kind.PREFERENCE, value=1.0, experience__dataset=dataset,
@@ -85,7 +91,8 @@ class DjangoExpertData:
             )
             .select_related("experience", "other").order_by("experience_id")
         )
-        written = left_out = cut = 0
+        written = left_out = 0
+        cut = Counter()
         while batch := list(prefs.filter(experience_id__gt=after)[:BATCH_ROWS]):
             after = batch[-1].experience_id
             copies = []
@@ -100,7 +107,7 @@ class DjangoExpertData:
                     self._copy(chosen, prompt, response, to_experience, group, 0),
                     self._copy(rejected, prompt, _prompt_and_response(rejected)[1], to_experience, group, 1),
                 ]
-                cut += "prompt_truncated" in copies[-1].metadata
+                cut.update(CUT.keys() & (copies[-2].metadata.keys() | copies[-1].metadata.keys()))
             ExperienceRow.objects.bulk_create(copies)
             written += len(copies)
         return written, left_out, cut

@@ -135,6 +135,7 @@ class Loop(Checkpointing):
             system_prompt=config.explorer.system_prompt,
             use_chat_template=config.explorer.use_chat_template,
             max_prompt_tokens=model.max_prompt_tokens,
+            max_response_tokens=config.explorer.max_new_tokens,
             **config.explorer.workflow_args,
         )
         self.explorer = None

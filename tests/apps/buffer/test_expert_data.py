@@ -104,6 +104,26 @@ def test_an_sft_dataset_is_copied_into_the_run_tokenized_for_its_model(sft_datas
     assert copies(other)[0].prompt_text == "What is 1 + 1?"
 
 
+def test_a_response_longer_than_the_model_may_write_is_cut_there_and_counted(tmp_path, researcher, caplog):
+    """A 3,000,000-character response imported and copied whole: one row far past the model's
+    context and any micro-batch. Cut at explorer.max_new_tokens, as a rollout that long is (no
+    end-of-text token), its text what is kept; a response that fits still ends with one."""
+    long = "1 + 1 = 2. " * 300_000
+    expert_import.import_expert_data(write_jsonl(tmp_path / "long.jsonl", [
+        {"prompt": "Count.", "response": long}, {"prompt": "What is 1 + 1?", "response": "2"}]))
+    tokenizer = _tokenizer("tiny")
+    flow = WORKFLOWS.get("single_turn")(None, build_reward("exact_match"), tokenizer=tokenizer, max_response_tokens=8)
+    run = make_run(researcher, dataset="long")
+    with caplog.at_level("INFO", logger="apps.buffer.expert_data"):
+        assert DjangoExpertData(run.pk, "long").seed(flow.written_experience) == 2
+    cut, fits = copies(run)
+    assert len(cut.response_ids) == 8 and cut.response_ids[-1] != tokenizer.eos_token_id
+    assert cut.response_text == tokenizer.decode(cut.response_ids) and long.startswith(cut.response_text.strip())
+    assert cut.metadata["response_truncated"] is True
+    assert fits.response_ids[-1] == tokenizer.eos_token_id and "response_truncated" not in fits.metadata
+    assert "1 responses cut to explorer.max_new_tokens" in caplog.text
+
+
 def test_trl_conversational_files_train_as_the_same_chat_rows_do(tmp_path, researcher, curator, flow):
     """A conversation is stored as its turns, and the run's chat template formats them when it
     copies the dataset: TRL's implicit-prompt pairs and `messages` rows give the run the very tokens

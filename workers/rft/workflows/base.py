@@ -103,6 +103,7 @@ class Workflow:
         system_prompt: str | None = None,
         use_chat_template: bool = True,
         max_prompt_tokens: int = 256,
+        max_response_tokens: int | None = None,
         **workflow_args,
     ):
         problems = self.args_problems(workflow_args)
@@ -115,6 +116,7 @@ class Workflow:
         self.system_prompt = system_prompt
         self.use_chat_template = use_chat_template
         self.max_prompt_tokens = max_prompt_tokens
+        self.max_response_tokens = max_response_tokens  # explorer.max_new_tokens: what the model may write
         self._warned_truncated = set()  # the tasks whose cut prompt the run's log has been told of
 
     def run_batch(self, tasks: list[Task], params: SamplingParams, explorer_step: int,
@@ -217,8 +219,15 @@ class Workflow:
         return prompt
 
     def encode_response(self, text: str) -> list[int]:
-        """A written (expert or human) response as the model would have produced it: ending with eos."""
-        return self.tokenizer(text, add_special_tokens=False)["input_ids"] + [self.tokenizer.eos_token_id]
+        """A written (expert or human) response as the model would have produced it: ending with
+        eos, or cut at max_response_tokens without one, as a rollout that long is (only what is kept
+        is tokenized). An imported 3,000,000-character response trained whole: a row far past the
+        model's context and any micro-batch's tokens."""
+        eos, limit = self.tokenizer.eos_token_id, self.max_response_tokens
+        if limit is None:
+            return self.tokenizer(text, add_special_tokens=False)["input_ids"] + [eos]
+        ids = encode_start(self.tokenizer, text, limit)
+        return [*ids, eos] if len(ids) < limit else ids
 
     def score(self, response: str, task: Task) -> tuple[float, dict[str, float]]:
         return self.reward_fn(response, task)
@@ -248,7 +257,8 @@ class Workflow:
         """An imported expert response to `prompt` (text, or chat messages without the reply),
         formatted as a rollout of that prompt would be: the configured system prompt first where
         it has none, the model's chat template. A prompt cut to max_prompt_tokens says so in
-        metadata.prompt_truncated (the importer counts them, rather than a log line a row)."""
+        metadata.prompt_truncated, a response cut to max_response_tokens in response_truncated
+        (the importer counts them, rather than a log line a row)."""
         messages = self.messages(Task(None, prompt))
         prompt = self.encode_prompt(messages)
         experience = self._written(messages, prompt, response)
@@ -258,7 +268,10 @@ class Workflow:
 
     def _written(self, messages: list[dict], prompt: Prompt, response: str) -> Experience:
         response_ids = self.encode_response(response)
-        return Experience(
+        cut = response_ids[-1:] != [self.tokenizer.eos_token_id]
+        if cut:  # the text is what is trained, as a rollout cut at its length holds
+            response = self.tokenizer.decode(response_ids)
+        experience = Experience(
             task_id=None,
             group_id="",
             rollout_index=0,
@@ -270,3 +283,6 @@ class Workflow:
             response_text=response,
             messages=messages + [{"role": "assistant", "content": response}],
         )
+        if cut:
+            experience.metadata["response_truncated"] = True
+        return experience
