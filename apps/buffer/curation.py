@@ -62,16 +62,34 @@ def _rescore(job: BufferJob, progress) -> dict:
                     raise JobError(f"the reward fn failed on experience {row.pk}: {exc!r}") from exc
                 previous = {"reward_fn": spec, "previous_reward": row.reward,
                             "previous_components": row.reward_components}
-                rating = {k: v for k, v in row.reward_components.items() if k == HUMAN_REWARD}
                 row.metadata = {**row.metadata, "rescored": previous}
-                row.reward, row.reward_components = total, components | rating
+                row.reward, row.reward_components = total, components
                 if row.source == Experience.Source.ROLLOUT and row.run_id is not None:
                     groups[row.run_id].add(row.group_id)
+            _keep_ratings(scored)
             Experience.objects.bulk_update(scored, ["reward", "reward_components", "metadata"])
             counts.update(rescored=len(scored), skipped_without_task=len(chunk) - len(scored))
             progress(done)
         counts.update(_recompute_advantages(groups))
     return dict(counts)
+
+
+def _keep_ratings(rows: list[Experience]) -> None:
+    """Give each row the `human` component (the annotators' rating, feedback.set_human_reward's)
+    its stored row holds now, or none, locking the rows until the caller's transaction ends. A
+    job writes reward_components whole; from the copy it read before its reward fn or operator ran,
+    a rating saved meanwhile was overwritten (a 5/5 rating lost on Postgres,
+    test_rescore_concurrency). A rating saves under the same row lock (feedback._locked_row): it
+    was saved before this read, or it waits for the job's write and reads it."""
+    ids = sorted(row.pk for row in rows)  # in id order, as feedback.compare locks two rows
+    stored = dict(
+        Experience.objects.select_for_update().filter(pk__in=ids).order_by("pk").values_list("pk", "reward_components")
+    )
+    for row in rows:
+        components = {key: value for key, value in row.reward_components.items() if key != HUMAN_REWARD}
+        if HUMAN_REWARD in stored.get(row.pk, {}):
+            components[HUMAN_REWARD] = stored[row.pk][HUMAN_REWARD]
+        row.reward_components = components
 
 
 GROUPS_A_QUERY = 500  # group ids in one IN (...): SQLite's bound on query parameters is 32,766
@@ -277,6 +295,8 @@ def _store_outcome(rows: list[Experience], outcome: list, operator: str) -> Coun
     rejected = [row for row in rows if row.pk not in kept]
     for row in rejected:
         row.status, row.metadata = Experience.Status.REJECTED, {**row.metadata, "rejected_by": operator}
+    if "reward_components" in changed_fields:
+        _keep_ratings(changed)
     if changed:
         Experience.objects.bulk_update(changed, sorted(changed_fields))
     Experience.objects.bulk_update(rejected, ["status", "metadata"])
