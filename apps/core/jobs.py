@@ -267,9 +267,10 @@ def rerun_orphaned() -> list[str]:
     rftweb.celery.serve_here); a younger one is its own thread's to claim within milliseconds (each
     round had sent every pending job a second thread, and logged it as left behind). Re-running is
     safe for every type, each written for Celery's redelivery: a taskset import deletes the hidden
-    taskset it had begun, an expert-data import its hidden staging dataset; a re-score, a promotion
-    and a pipeline apply their changes in one transaction, which the killed process's connection
-    rolled back; an export writes its file again; a retention goes on from its last committed
+    taskset it had begun, an expert-data import its hidden staging dataset; a re-score skips the rows
+    its id marks as rescored and a promotion those it copied (each commits a chunk at a time); a
+    pipeline applies its changes in one transaction, which the killed process's connection rolled
+    back; an export writes its file again; a retention goes on from its last committed
     chunk. A job whose cancel was asked for is not run again but ended, as its Cancel ends it
     (cancel_job: cancelled, its on_stop hook run)."""
     rerun = []

@@ -1,5 +1,5 @@
 """A re-score beside the annotators: a rating saved while the job runs keeps its `human` reward
-component."""
+component, and an annotator's save does not wait for the whole job."""
 import threading
 import time
 
@@ -51,7 +51,8 @@ def annotator_meanwhile():
 
     def make(user, experience_id, patience=10.0, at_call=1):
         made.append(Annotator(user, experience_id, patience, at_call))
-        reward_fn(RATE_MEANWHILE)(lambda response, task: made[-1].score(response, task))
+        annotator = made[-1]
+        reward_fn(RATE_MEANWHILE)(lambda response, task: annotator.score(response, task))
         return made[-1]
 
     yield make
@@ -84,3 +85,54 @@ def test_a_rating_saved_while_the_rescore_scores_keeps_its_human_component(
     assert row.reward_components == {RATE_MEANWHILE: 0.5, "human": 1.0}
     assert row.reward == 0.5
 
+
+def test_an_annotators_save_waits_for_no_more_than_a_chunk_of_the_rescore(
+    make_experience, annotator, annotator_meanwhile, monkeypatch
+):
+    """One transaction over the whole job: on SQLite (one writer) the rating waited for the whole
+    job, 30 s, then failed 'database is locked'; on Postgres for the rows already written."""
+    monkeypatch.setattr("apps.buffer.services.CHUNK_ROWS", 2)
+    rows = [make_experience() for _ in range(6)]
+    # Rows 0 and 1 are written when the job scores row 3: the rating of row 0 comes then.
+    meanwhile = annotator_meanwhile(annotator, rows[0].pk, patience=5.0, at_call=3)
+
+    rescore(rows)
+
+    meanwhile.thread.join()
+    assert meanwhile.errors == []
+    assert meanwhile.seconds < 5.0  # saved while the job scored: it did not wait for its end
+    assert Experience.objects.get(pk=rows[0].pk).reward_components["human"] == 1.0
+
+
+class Killed(BaseException):
+    """The worker's process dying mid-job: no handler of the job's runs."""
+
+
+def test_a_rescore_run_again_after_its_worker_died_midway_goes_on_from_its_committed_chunks(
+    make_experience, monkeypatch
+):
+    """Committed a chunk at a time, a re-run must not rescore the rows done again: their previous
+    reward would be the rescored one, the original lost."""
+    monkeypatch.setattr("apps.buffer.services.CHUNK_ROWS", 2)
+    rows = [make_experience(reward=0.25) for _ in range(4)]
+    calls = []
+
+    def dies_at_the_third_row(response, task):
+        calls.append(response)
+        if len(calls) == 3:
+            raise Killed
+        return 0.5
+
+    dies_at_the_third_row.rules = {}
+    monkeypatch.setitem(REWARD_FNS._entries, RATE_MEANWHILE, dies_at_the_third_row)
+    job = curation.start_rescore(Experience.objects.filter(pk__in=[row.pk for row in rows]), reward_fn=RATE_MEANWHILE)
+    with pytest.raises(Killed):
+        run_job("buffer.bufferjob", job.pk)
+    assert [row.reward for row in Experience.objects.order_by("pk")] == [0.5, 0.5, 0.25, 0.25]
+
+    job = run_job("buffer.bufferjob", job.pk)  # Celery's redelivery
+
+    assert (job.status, job.result["rescored"]) == ("succeeded", 4)
+    assert len(calls) == 3 + 2  # the two rows committed before were not scored again
+    for row in Experience.objects.all():
+        assert (row.reward, row.metadata["rescored"]["previous_reward"]) == (0.5, 0.25)
