@@ -1,7 +1,5 @@
 """A re-score beside the annotators: a rating saved while the job runs keeps its `human` reward
 component, and an annotator's save does not wait for the whole job."""
-import subprocess
-import sys
 import threading
 import time
 
@@ -11,8 +9,8 @@ from django.db import connection
 from apps.buffer import curation
 from apps.buffer.models import Experience
 from apps.core.jobs import run_job
-from apps.core.models import JobOwner
 from apps.feedback import services as feedback
+from tests.support import owner_died
 from workers.rft.rewards.base import REWARD_FNS, reward_fn
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -132,9 +130,7 @@ def test_a_rescore_run_again_after_its_worker_died_midway_goes_on_from_its_commi
     with pytest.raises(Killed):
         run_job("buffer.bufferjob", job.pk)
     assert [row.reward for row in Experience.objects.order_by("pk")] == [0.5, 0.5, 0.25, 0.25]
-    exited = subprocess.Popen([sys.executable, "-c", "pass"])
-    exited.wait()
-    JobOwner.objects.filter(job_id=job.pk).update(pid=exited.pid)  # the worker's process is gone
+    owner_died(job)
 
     job = run_job("buffer.bufferjob", job.pk)  # Celery's redelivery
 
