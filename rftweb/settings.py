@@ -245,6 +245,9 @@ MEDIA_ROOT = DATA_DIR / "uploads"
 # Uploads: big taskset files stream to disk rather than memory; the cap is checked by the view.
 FILE_UPLOAD_MAX_MEMORY_SIZE = 5 * 1024 * 1024
 TASKSET_UPLOAD_MAX_BYTES = int(os.environ.get("TASKSET_UPLOAD_MAX_BYTES", 2 * 1024**3))
+# The most bytes of one JSONL/CSV line or Parquet cell of a taskset (docs/security.md): 1 MiB,
+# apps.tasksets.importers.DEFAULT_MAX_LINE_BYTES, the readers' own limit where none is given.
+TASKSET_IMPORT_MAX_LINE_BYTES = int(env_number("TASKSET_IMPORT_MAX_LINE_BYTES", 1024 * 1024, positive=True))
 # Rows of a file per committed batch of an import (a taskset's, expert data's: apps.core.hidden_imports),
 # each its own write transaction: embedded SQLite's one write lock is held while a batch is
 # inserted, beside a training run (measured with the demo run training: 2,000 rows held it 0.36 s on

@@ -341,3 +341,15 @@ def run_cancelled_after_two_batches(monkeypatch, job_label: str, job) -> tuple:
     ended = jobs.run_job(job_label, job.pk)
     rows_saved, cancelled = seen[0]
     return ended, rows_saved, cancelled, len(checks)
+
+
+def owner_died(job) -> None:
+    """The process recorded as running `job` (apps/core/job_owners.py) has exited, as a killed
+    worker's has: a test's Killed exception out of run_job leaves this live process its owner, and
+    run_job leaves a job that a live process runs to it (a redelivery beside it)."""
+    from apps.core import jobs
+    from apps.core.models import JobOwner
+
+    exited = subprocess.Popen([sys.executable, "-c", "pass"])
+    exited.wait()
+    JobOwner.objects.filter(job_label=jobs.label(job), job_id=job.pk).update(pid=exited.pid)

@@ -1,7 +1,8 @@
 """Curation jobs over a selection of the buffer that read every row in Python and change it:
 re-score with a reward fn, promote to expert data, run an experience pipeline operator. Each is a
-BufferJob kind (services says how such a job fixes its selection, reports progress, stops when
-cancelled between two chunks and changes the buffer all or nothing)."""
+BufferJob kind (services says how such a job fixes its selection, reports progress and stops when
+cancelled between two chunks). A re-score and a promotion commit a chunk at a time and can be run
+again; a pipeline changes the buffer all or nothing (_run_pipeline says why)."""
 
 import copy
 from collections import Counter, defaultdict
@@ -41,10 +42,18 @@ def start_rescore(queryset, *, reward_fn, user=None) -> BufferJob:
 @jobs.register(f"buffer.{BufferJob.Kind.RESCORE}", cancellable=True)
 def _rescore(job: BufferJob, progress) -> dict:
     """reward and reward_components from the reward fn, on the response and the row's task; the
-    previous reward and components are kept in metadata['rescored'], and the annotators' rating
-    (the `human` component) stays: it is no reward fn's to replace. Rows without a task (imported
-    data) have no answer to check and are skipped. The rescored rollouts' groups then get their
-    advantages recomputed (_recompute_advantages)."""
+    previous reward and components are kept in metadata['rescored'] (with the job's id), and the
+    annotators' rating (the `human` component) stays: it is no reward fn's to replace. Rows without
+    a task (imported data) have no answer to check and are skipped. The rescored rollouts' groups
+    then get their advantages recomputed (_recompute_advantages).
+
+    Each chunk is committed on its own, after its reward fn ran: one transaction over the whole
+    job held SQLite's one write lock (and Postgres's row locks) for all of it, and an annotator's
+    rating waited for its end (a 2,000-row re-score, 2 ms a row: 5-6 s, Postgres and SQLite;
+    0.3-0.6 s a chunk at a time; past 30 s SQLite answers 'database is locked'). So a job stopped
+    midway leaves the chunks before rescored, each row saying so; run again (Celery's redelivery,
+    rerun_orphaned) it skips the rows its own id marks, whose previous reward is the original, and
+    a cancelled one recomputes their groups' advantages before it ends."""
     spec = job.params["reward_fn"]
     reward = build_reward(spec)
     counts = Counter(rescored=0, skipped_without_task=0)
@@ -52,26 +61,50 @@ def _rescore(job: BufferJob, progress) -> dict:
         "response_text", "reward", "reward_components", "metadata", "task", "run", "group_id", "source"
     )
     groups = defaultdict(set)  # run id -> the ids of its groups with a rescored rollout
-    with transaction.atomic():
+    try:
         for done, chunk in selected_rows(job, rows):
             scored = [row for row in chunk if row.task is not None]
-            for row in scored:
+            fresh = [row for row in scored if row.metadata.get("rescored", {}).get("job") != job.pk]
+            for row in fresh:
                 try:
                     total, components = reward(row.response_text, to_task(row.task))
                 except Exception as exc:
                     raise JobError(f"the reward fn failed on experience {row.pk}: {exc!r}") from exc
                 previous = {"reward_fn": spec, "previous_reward": row.reward,
-                            "previous_components": row.reward_components}
-                rating = {k: v for k, v in row.reward_components.items() if k == HUMAN_REWARD}
+                            "previous_components": row.reward_components, "job": job.pk}
                 row.metadata = {**row.metadata, "rescored": previous}
-                row.reward, row.reward_components = total, components | rating
+                row.reward, row.reward_components = total, components
+            for row in scored:
                 if row.source == Experience.Source.ROLLOUT and row.run_id is not None:
                     groups[row.run_id].add(row.group_id)
-            Experience.objects.bulk_update(scored, ["reward", "reward_components", "metadata"])
+            with transaction.atomic():
+                _keep_ratings(fresh)
+                Experience.objects.bulk_update(fresh, ["reward", "reward_components", "metadata"])
             counts.update(rescored=len(scored), skipped_without_task=len(chunk) - len(scored))
             progress(done)
-        counts.update(_recompute_advantages(groups))
+    except jobs.JobCancelled:
+        _recompute_advantages(groups)
+        raise
+    counts.update(_recompute_advantages(groups))
     return dict(counts)
+
+
+def _keep_ratings(rows: list[Experience]) -> None:
+    """Give each row the `human` component (the annotators' rating, feedback.set_human_reward's)
+    its stored row holds now, or none, locking the rows until the caller's transaction ends. A
+    job writes reward_components whole; from the copy it read before its reward fn or operator ran,
+    a rating saved meanwhile was overwritten (a 5/5 rating lost on Postgres,
+    test_rescore_concurrency). A rating saves under the same row lock (feedback._locked_row): it
+    was saved before this read, or it waits for the job's write and reads it."""
+    ids = sorted(row.pk for row in rows)  # in id order, as feedback.compare locks two rows
+    stored = dict(
+        Experience.objects.select_for_update().filter(pk__in=ids).order_by("pk").values_list("pk", "reward_components")
+    )
+    for row in rows:
+        components = {key: value for key, value in row.reward_components.items() if key != HUMAN_REWARD}
+        if HUMAN_REWARD in stored.get(row.pk, {}):
+            components[HUMAN_REWARD] = stored[row.pk][HUMAN_REWARD]
+        row.reward_components = components
 
 
 GROUPS_A_QUERY = 500  # group ids in one IN (...): SQLite's bound on query parameters is 32,766
@@ -147,10 +180,12 @@ def start_promotion(queryset, *, user=None) -> BufferJob:
 @jobs.register(f"buffer.{BufferJob.Kind.PROMOTE}", cancellable=True)
 def _promote(job: BufferJob, progress) -> dict:
     """An expert copy of each selected experience (MIX and SFT imitate expert data), ready, in
-    the same run, with the original as its parent. Expert rows, and rows promoted before, are skipped."""
+    the same run, with the original as its parent. Expert rows, and rows promoted before, are
+    skipped, so the job commits a chunk at a time: stopped midway, it keeps the copies made, and run
+    again it makes the rest."""
     counts = Counter(promoted=0, skipped=0)
-    with transaction.atomic():
-        for done, chunk in selected_rows(job, Experience.objects.all()):
+    for done, chunk in selected_rows(job, Experience.objects.all()):
+        with transaction.atomic():  # a chunk at a time, as _rescore: a re-run skips what is copied
             promoted_before = set(
                 Experience.objects.filter(
                     parent_id__in=[row.pk for row in chunk], source=Experience.Source.EXPERT
@@ -162,8 +197,8 @@ def _promote(job: BufferJob, progress) -> dict:
                 if row.source != Experience.Source.EXPERT and row.pk not in promoted_before
             ]
             Experience.objects.bulk_create(copies)
-            counts.update(promoted=len(copies), skipped=len(chunk) - len(copies))
-            progress(done)
+        counts.update(promoted=len(copies), skipped=len(chunk) - len(copies))
+        progress(done)
     return dict(counts)
 
 
@@ -210,7 +245,12 @@ def _run_pipeline(job: BufferJob, progress) -> dict:
     store the outcome: rows it drops become `rejected` (metadata['rejected_by'] names it), changed
     fields are saved, experiences it adds (promote_to_expert's copies) are inserted with the row
     they came from as parent. Rows without token ids (text-only imported data) are skipped: the
-    operators measure and compare responses by their tokens."""
+    operators measure and compare responses by their tokens.
+
+    Unlike a re-score, it changes the buffer in one transaction: run again after a partial commit
+    (Celery's redelivery, rerun_orphaned) it would run the operator over its own output (a reward
+    shaping applied twice, a dedupe that had rejected rows comparing the rest again), and nothing
+    in a row says which operator run made it so. On SQLite annotators' saves wait for it."""
     from workers.rft.pipelines import EXPERIENCE_OPERATORS, PipelineContext, build_operators, run_experience_operators
 
     name = job.params["operator"]
@@ -277,6 +317,8 @@ def _store_outcome(rows: list[Experience], outcome: list, operator: str) -> Coun
     rejected = [row for row in rows if row.pk not in kept]
     for row in rejected:
         row.status, row.metadata = Experience.Status.REJECTED, {**row.metadata, "rejected_by": operator}
+    if "reward_components" in changed_fields:
+        _keep_ratings(changed)
     if changed:
         Experience.objects.bulk_update(changed, sorted(changed_fields))
     Experience.objects.bulk_update(rejected, ["status", "metadata"])

@@ -5,9 +5,10 @@ set-based changes (status, priority, delete) run in the request. Anything that r
 in Python (export here; re-score, promote, a pipeline operator in `curation.py`; an import of
 expert data in `expert_import.py`) is a `BufferJob`, each kind a job type that apps.core.jobs runs
 on a Celery worker of the `default` queue: the job fixes the selected ids when the curator
-confirms, reports its progress as it goes, and changes the buffer all or nothing. Each kind stops
-when cancelled between two chunks of rows (jobs.stop_if_cancelled in `selected_rows`), rolling
-back what it had done.
+confirms and reports its progress as it goes. Each kind stops when cancelled between two chunks
+of rows (jobs.stop_if_cancelled in `selected_rows`): a re-score and a promotion commit a chunk at
+a time (annotators' saves wait for a chunk, not the job) and keep the chunks done, which a re-run
+skips; the others change the buffer all or nothing, rolling back what they had done.
 """
 
 import uuid
@@ -227,8 +228,8 @@ def _selection(job: BufferJob) -> np.ndarray:
 def selected_rows(job: BufferJob, rows) -> Iterator[tuple[int, list]]:
     """(rows read so far, the next chunk of the job's selected rows, in selection order): one
     chunk in memory at a time, so a job's memory stays flat however many rows it goes through.
-    Before each chunk, a cancelled job stops (jobs.JobCancelled): every caller rolls back or
-    deletes what it did with the chunks before."""
+    Before each chunk, a cancelled job stops (jobs.JobCancelled): a caller rolls back or deletes
+    what it did with the chunks before, or (re-score, promotion) keeps what it committed."""
     done = 0
     for chunk in _chunks(_selection(job), CHUNK_ROWS):
         jobs.stop_if_cancelled(job)

@@ -191,14 +191,15 @@ def claim(picks: Sequence[tuple], claimer: int) -> list[list[Experience]]:
     return claimed
 
 
-def judged_pairs(run_ids: Sequence[int], *, exclude_flagged: bool):
+def judged_pairs(run_ids: Sequence[int], *, exclude_flagged: bool, per_item: dict[int, int] | None = None):
     """The annotators' preferences on the runs' experiences that a DPO step samples (and the run
     page counts as DPO pairs), one per pair of responses. A pair counts once its run's
     `judgements_per_item` annotators have compared it and none of their verdicts waits for a
     reviewer; of the verdicts that may reach training (a rejected one is left out), more than half
     must choose the same side, and the earliest of those stands for the pair. Ties and "both bad"
     choose no side, so opposite verdicts, or a verdict and a tie, make no pair (docs/feedback.md,
-    "Several annotators per item"). With `feedback.exclude_flagged`, neither response flagged."""
+    "Several annotators per item"). With `feedback.exclude_flagged`, neither response flagged.
+    `per_item`: {run id: its judgements_per_item} where the caller has read the runs' configs."""
     from apps.feedback.services import judgements_per_item  # apps.feedback imports this module
     from apps.runs.models import Run
 
@@ -211,9 +212,11 @@ def judged_pairs(run_ids: Sequence[int], *, exclude_flagged: bool):
     side = Q(value=1.0) | Q(value__isnull=True)  # a verdict for `experience`; ties and "both bad" are no pair
     trains = Q(review__in=Feedback.TRAINED)
     same_side = ways[0].filter(side, trains)
+    if per_item is None:
+        per_item = {run.pk: judgements_per_item(run) for run in Run.objects.filter(pk__in=run_ids)}
     enough = Q(pk__in=[])
-    for run in Run.objects.filter(pk__in=run_ids):
-        enough |= Q(experience__run_id=run.pk, compared__gte=judgements_per_item(run))
+    for run_id, places in per_item.items():
+        enough |= Q(experience__run_id=run_id, compared__gte=places)
     prefs = (
         comparisons.filter(side, trains, experience__run_id__in=run_ids)
         .alias(compared=_count(ways[0]) + _count(ways[1]),

@@ -17,16 +17,15 @@ good. Its owner, recorded when it claimed the job, tells whether anyone still ru
   alive: a job is never taken from a process that may still run it.
 """
 
-import os
 import socket
 from datetime import timedelta
-from functools import cache
 
 import psutil
 from django.conf import settings
 from django.utils import timezone
 
 from apps.runs import capacity
+from apps.runs.duties import pid_namespace
 from apps.runs.models import Worker
 
 from .models import JobOwner
@@ -69,18 +68,6 @@ def is_gone(owner: JobOwner | None) -> bool:
         return False
     silent = timezone.now() - worker.last_seen > timedelta(seconds=settings.RFTWEB_HEARTBEAT_TIMEOUT)
     return worker.started_at > owner.since or silent
-
-
-@cache
-def pid_namespace() -> str:
-    """The pid namespace this process's pid is a pid of, on this boot of this machine
-    ("<boot id>/pid:[<inode>]": a namespace's inode is unique within a boot, and a boot id across
-    machines); "" where there is no /proc to say (macOS: no pid namespaces, the host name tells)."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as boot_id:
-            return f"{boot_id.read().strip()}/{os.readlink('/proc/self/ns/pid')}"
-    except OSError:
-        return ""
 
 
 def _alive_here(pid: int, started: float) -> bool:

@@ -221,17 +221,27 @@ def run_job(job_label: str, job_id: int) -> Job:
 
     A finished job is left alone (a redelivered Celery task, a job cancelled while queued); one left
     `running` by a killed worker starts again, its transaction having been rolled back with the
-    worker's connection. On the full stack that is the redelivered task (Celery hands a task to one
-    worker at a time: acks_late); embedded only a pending job is claimed, so two threads sent for
-    one job (rerun_orphaned's beside its creator's) never both run it."""
+    worker's connection (on the full stack that is the redelivered task: acks_late), and one a
+    live process runs is left to it (a task redelivered after the broker's visibility timeout while
+    its job still runs). Embedded only a pending job is claimed, so two threads sent for one job
+    (rerun_orphaned's beside its creator's) never both run it."""
     model = apps.get_model(job_label)
     claimable = Job.ACTIVE if not settings.RFTWEB_EMBEDDED else (Job.Status.PENDING,)
     # One conditional UPDATE claims it: a cancel of the pending job (under its row lock) is either
-    # before it (nothing claimed) or after it (a running job, asked to stop).
+    # before it (nothing claimed) or after it (a running job, asked to stop). A running job is
+    # claimed only from an owner that is gone: Redis redelivers a task unacknowledged after the
+    # visibility timeout (6 h) to a second worker while the first still runs a longer job, which
+    # then ran twice at once. The row lock makes two deliveries at once read one owner.
     with transaction.atomic():
-        claimed = model.objects.filter(pk=job_id, status__in=claimable).update(
-            status=Job.Status.RUNNING, started_at=timezone.now(), rows_done=0, bytes_done=0
-        )
+        status = model.objects.select_for_update().filter(pk=job_id).values_list("status", flat=True).first()
+        owner = job_owners.owner_of(job_label, job_id) if status == Job.Status.RUNNING else None
+        if owner is not None and not job_owners.is_gone(owner):
+            logger.warning("job %s %s was delivered again while %s runs it; left to it", job_label, job_id, owner)
+            claimed = 0
+        else:
+            claimed = model.objects.filter(pk=job_id, status__in=claimable).update(
+                status=Job.Status.RUNNING, started_at=timezone.now(), rows_done=0, bytes_done=0
+            )
         if claimed:
             job_owners.record(job_label, job_id)
     job = model.objects.select_related("created_by").defer(*model.heavy_fields).get(pk=job_id)
@@ -267,9 +277,10 @@ def rerun_orphaned() -> list[str]:
     rftweb.celery.serve_here); a younger one is its own thread's to claim within milliseconds (each
     round had sent every pending job a second thread, and logged it as left behind). Re-running is
     safe for every type, each written for Celery's redelivery: a taskset import deletes the hidden
-    taskset it had begun, an expert-data import its hidden staging dataset; a re-score, a promotion
-    and a pipeline apply their changes in one transaction, which the killed process's connection
-    rolled back; an export writes its file again; a retention goes on from its last committed
+    taskset it had begun, an expert-data import its hidden staging dataset; a re-score skips the rows
+    its id marks as rescored and a promotion those it copied (each commits a chunk at a time); a
+    pipeline applies its changes in one transaction, which the killed process's connection rolled
+    back; an export writes its file again; a retention goes on from its last committed
     chunk. A job whose cancel was asked for is not run again but ended, as its Cancel ends it
     (cancel_job: cancelled, its on_stop hook run)."""
     rerun = []

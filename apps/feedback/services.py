@@ -83,10 +83,11 @@ def needs_review(run) -> bool:
     return bool(run) and feedback_settings(run).require_review
 
 
-def judgements_per_item(run) -> int:
+def judgements_per_item(run, section=None) -> int:
     """How many annotators judge each item: the run's `feedback.judgements_per_item`, else the
-    deployment's RFTWEB_JUDGEMENTS_PER_ITEM."""
-    return feedback_settings(run).judgements_per_item or settings.RFTWEB_JUDGEMENTS_PER_ITEM
+    deployment's RFTWEB_JUDGEMENTS_PER_ITEM. `section`: the run's feedback_settings, where the
+    caller has parsed them (a pydantic validation of the config each)."""
+    return (section or feedback_settings(run)).judgements_per_item or settings.RFTWEB_JUDGEMENTS_PER_ITEM
 
 
 # -- who may annotate a run ------------------------------------------------------------------------

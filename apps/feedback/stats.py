@@ -248,19 +248,21 @@ def summary(run) -> dict:
     # A pending or rejected edit has no human_edit row; a row flagged, or undone after a step used
     # it, is rejected: never sampled again.
     edits = rows.filter(source=Experience.Source.HUMAN_EDIT).exclude(status=Experience.Status.REJECTED)
-    exclude_flagged = feedback_settings(run).exclude_flagged
-    # Every judged pair, and those a flag keeps out, in one pass: the page asks every 5 s, and
-    # counting a pair's verdicts took 0.17 s a pass at 4,000 verdicts on Postgres.
+    # The run's config parsed once: the page asks every 5 s (it was parsed three times a call).
+    section = feedback_settings(run)
+    per_item = judgements_per_item(run, section)
+    # Every judged pair, and those a flag keeps out, in one pass: counting a pair's verdicts took
+    # 0.17 s a pass at 4,000 verdicts on Postgres.
     rejected = Experience.Status.REJECTED
-    pairs = judged_pairs([run.pk], exclude_flagged=False).aggregate(
+    pairs = judged_pairs([run.pk], exclude_flagged=False, per_item={run.pk: per_item}).aggregate(
         all=Count("pk"), flagged=Count("pk", filter=Q(experience__status=rejected) | Q(other__status=rejected)))
     # Without exclude_flagged a flag is only recorded: every pair trains, none is set apart.
-    pairs_flagged = pairs["flagged"] if exclude_flagged else 0
+    pairs_flagged = pairs["flagged"] if section.exclude_flagged else 0
     return {
         "judgements": counts,
         "rated_experiences": total,
         "rated_waiting": waiting_judgements,
-        "judgements_per_item": judgements_per_item(run),
+        "judgements_per_item": per_item,
         "rated_flagged": rows.filter(reward_components__has_key=HUMAN_REWARD).count() - total,
         **flagged(run),
         "human_edits": edits.count(),

@@ -155,7 +155,8 @@ def register(name: str, queues: list[str], slots: int) -> datetime:
                    if datetime.fromisoformat(old["last_seen"]) >= shown_since][-EARLIER_LIVES_KEPT:]
     Worker.objects.update_or_create(name=name, defaults={
         "earlier": earlier,
-        "host": socket.gethostname(), "pid": os.getpid(), "queues": sorted(queues), "slots": slots,
+        "host": socket.gethostname(), "pid": os.getpid(), "pid_namespace": duties.pid_namespace(),
+        "queues": sorted(queues), "slots": slots,
         "gpus": gpus(), "memory_gb": round(memory_bytes() / GB, 1), "cpus": cpu_count(), "version": code_version(),
         "started_at": now, "last_seen": now, "stopped_at": None, "drain": {},  # a new life consumes its queues
     })

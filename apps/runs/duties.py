@@ -4,6 +4,7 @@ changes a holding (claim, heartbeat, hand-over, release) is in holding.py."""
 import os
 import socket
 from datetime import datetime
+from functools import cache
 
 from django.conf import settings
 from django.utils import timezone
@@ -62,16 +63,20 @@ def holder(run: Run, duty: str, timeout: float | None = None) -> str | None:
     beat = run.heartbeats.get(duty)
     if not beat or beat.get("ended"):
         return None
-    if timeout is not None and (heartbeat_age(run, duty) > timeout or process_is_gone(beat["worker"])):
+    if timeout is not None and (heartbeat_age(run, duty) > timeout
+                                or process_is_gone(beat["worker"], beat.get("pid_namespace", ""))):
         return None
     return beat["worker"]
 
 
-def process_is_gone(worker: str) -> bool:
+def process_is_gone(worker: str, namespace: str) -> bool:
     """True for a worker ("host:pid", supervision.worker_id) of this machine whose process has
-    exited (killed): nobody need wait for its heartbeat to expire. Unknown elsewhere: False."""
+    exited (killed): nobody need wait for its heartbeat to expire. `namespace`: the pid namespace
+    its pid is of (pid_namespace(), recorded with it). Unknown elsewhere: False, and so for a pid
+    of another namespace under this host name (a container with docker's network_mode: host, two
+    machines named `ubuntu`): this process table would judge another process by its number."""
     host, _, pid = worker.rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit():
+    if host != socket.gethostname() or namespace != pid_namespace() or not pid.isdigit():
         return False
     try:
         os.kill(int(pid), 0)
@@ -86,6 +91,18 @@ def process_is_gone(worker: str) -> bool:
             return stat.read().rpartition(")")[2].split()[0] == "Z"
     except (OSError, IndexError):
         return False
+
+
+@cache
+def pid_namespace() -> str:
+    """The pid namespace this process's pid is a pid of, on this boot of this machine
+    ("<boot id>/pid:[<inode>]": a namespace's inode is unique within a boot, and a boot id across
+    machines); "" where there is no /proc to say (macOS: no pid namespaces, the host name tells)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as boot_id:
+            return f"{boot_id.read().strip()}/{os.readlink('/proc/self/ns/pid')}"
+    except OSError:
+        return ""
 
 
 def workers_holding(run: Run) -> dict[str, str]:

@@ -10,7 +10,7 @@ from django.db import transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 
-from .duties import HANDED_OVER, NODE_DUTY, duties_of_run, holder, is_explorer, queue_of, workers_holding
+from .duties import HANDED_OVER, NODE_DUTY, duties_of_run, holder, is_explorer, pid_namespace, queue_of, workers_holding
 from .failures import describe_lost_worker
 from .hosts import serving
 from .models import MetricPoint, Run
@@ -65,7 +65,8 @@ KILLS_BEFORE_FAILING = 2
 
 
 def _write_beat(run: Run, duty: str, worker: str, node: str | None = None, task: str | None = None) -> None:
-    """The duty's heartbeat on `run` (the caller saves it): its worker process (`host:pid`), the
+    """The duty's heartbeat on `run` (the caller saves it): its worker process (`host:pid`, and the
+    pid namespace of that pid: duties.process_is_gone), the
     Celery worker (`node`, for the Workers page) and task (`task`), since when it holds the duty and
     since when its steps run (`started`, mark_started), kept while the same process beats (not
     across a claim of a duty it had let go: a hand-back asked of the last holding is not this one's)."""
@@ -78,7 +79,7 @@ def _write_beat(run: Run, duty: str, worker: str, node: str | None = None, task:
         kept |= {key: previous[key] for key in held if key in previous}
     kept.setdefault("since", now)
     kept |= {key: value for key, value in (("node", node), ("task", task)) if value is not None}
-    run.heartbeats = {**run.heartbeats, duty: {**kept, "at": now, "worker": worker}}
+    run.heartbeats = {**run.heartbeats, duty: {**kept, "at": now, "worker": worker, "pid_namespace": pid_namespace()}}
 
 
 def claim_duty(run: Run, duty: str, worker: str, timeout: float, node: str | None = None,

@@ -199,8 +199,9 @@ def serving(queue: str) -> list[Host]:
 def gone(worker: Worker) -> bool:
     """A worker of this machine whose main process has exited (kill -9: no orderly stop marked it).
     Its last beat stays fresh for up to RFTWEB_HEARTBEAT_TIMEOUT: the Workers page showed a dead
-    worker's 2 slots free for 2 minutes, and runs waited for it. Elsewhere: False (its beat tells)."""
-    return worker.pid is not None and process_is_gone(f"{worker.host}:{worker.pid}")
+    worker's 2 slots free for 2 minutes, and runs waited for it. Elsewhere, or in another pid
+    namespace under this host name: False (its beat tells)."""
+    return worker.pid is not None and process_is_gone(f"{worker.host}:{worker.pid}", worker.pid_namespace)
 
 
 def _gpu_bytes(found: list) -> tuple[int, ...]:

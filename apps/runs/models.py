@@ -86,7 +86,8 @@ class Run(models.Model):
     trainer_step = models.PositiveIntegerField(default=0)
     model_version = models.PositiveIntegerField(default=0)
     error = models.TextField(blank=True)
-    # {duty: {"at": iso time, "worker": id, "ended": iso time once the worker let go, "broke": why its
+    # {duty: {"at": iso time, "worker": id, "pid_namespace": its pid's (duties.process_is_gone),
+    # "ended": iso time once the worker let go, "broke": why its
     # rank group broke}}: who serves each duty ("loop", or "explorer" and "trainer", and
     # "trainer-node-K" per extra trainer machine: duties.duties_of_run, .holder); the
     # watchdog hands on a duty whose heartbeat expired or whose rank group broke.
@@ -299,6 +300,7 @@ class Worker(models.Model):
     name = models.CharField(max_length=255, unique=True)
     host = models.CharField(max_length=255)
     pid = models.PositiveIntegerField()
+    pid_namespace = models.CharField(max_length=100, blank=True)  # duties.pid_namespace(): where pid is one
     queues = models.JSONField(default=list)
     slots = models.PositiveIntegerField(default=1, help_text="pool processes: duties it can hold at once")
     gpus = models.JSONField(default=list, blank=True)  # [{"name", "memory_gb", "used_gb"}], from nvidia-smi

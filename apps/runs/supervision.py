@@ -486,7 +486,7 @@ def _why_lost(run: Run, duty: str, beat: dict) -> str:
         return f"its trainer's rank group broke ({beat['broke']})"
     if beat.get("handed_back"):
         return f"worker {beat['worker']} handed it back ({beat['handed_back']})"
-    if duties.process_is_gone(beat["worker"]):
+    if duties.process_is_gone(beat["worker"], beat.get("pid_namespace", "")):
         return f"the process of worker {beat['worker']} is gone (killed?)"
     return f"worker {beat['worker']} sent no heartbeat for {duties.heartbeat_age(run, duty):.0f} s"
 

@@ -20,7 +20,7 @@ from workers.rft.memory import held_out_split, parse_taskset_spec
 from workers.rft.rewards import REWARD_FNS
 from workers.rft.workflows import WORKFLOWS
 
-from .importers import DEFAULT_MAX_LINE_BYTES, FieldMapping, TaskFields, detect_task_format, read_tasks
+from .importers import FieldMapping, TaskFields, detect_task_format, read_tasks
 from .models import Task, Taskset, TasksetImport
 
 DEFAULT_WORKFLOW = Taskset._meta.get_field("default_workflow").default
@@ -89,7 +89,7 @@ def import_taskset(
     source = source or path.name
     fmt = fmt or detect_task_format(path.name)
     if max_line_bytes is None:
-        max_line_bytes = getattr(settings, "TASKSET_IMPORT_MAX_LINE_BYTES", DEFAULT_MAX_LINE_BYTES)
+        max_line_bytes = settings.TASKSET_IMPORT_MAX_LINE_BYTES
     batch_size = batch_size or settings.IMPORT_BATCH_ROWS
     check_new_taskset_name(name, source)
     check_defaults(default_workflow, default_reward_fn, source)

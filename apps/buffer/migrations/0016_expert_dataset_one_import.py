@@ -2,9 +2,42 @@
 
 from django.conf import settings
 from django.db import migrations, models
+from django.db.models import Count
+from django.utils import timezone
+
+UNFINISHED = ("pending", "running")
+
+
+def end_all_but_the_newest_import(apps, schema_editor):
+    """Before 0016 two imports could add to one dataset at once (appends), each filling a hidden
+    dataset of its name; the constraint below allows one, and adding it failed on a database
+    holding two ("could not create unique index"). The newest import of each name goes on; each
+    older one is ended: its job failed, saying so and what to do, its hidden dataset and the rows
+    it had imported deleted (hidden: no run had them), and a line printed for each."""
+    ExpertDataset = apps.get_model("buffer", "ExpertDataset")
+    BufferJob = apps.get_model("buffer", "BufferJob")
+    hidden = ExpertDataset.objects.filter(ready=False)
+    names = hidden.values("name").annotate(n=Count("pk")).filter(n__gt=1).values_list("name", flat=True)
+    for name in names:
+        newest, *older = hidden.filter(name=name).order_by("-created_at", "-pk")
+        for dataset in older:
+            error = (f"ended by migration buffer 0016 (one import at a time per dataset name): import "
+                     f"{newest.pk} of {name!r} was newer and goes on; the rows this one had imported "
+                     "were deleted. Import the file again once that one has finished.")
+            jobs = BufferJob.objects.filter(dataset=dataset, status__in=UNFINISHED)
+            ended = list(jobs.values_list("pk", flat=True))
+            jobs.update(status="failed", error=error, finished_at=timezone.now(), dataset=None)
+            rows, pk = dataset.experiences.count(), dataset.pk
+            dataset.delete()
+            print(f"\n  buffer 0016: ended the import of expert dataset {name!r} (hidden dataset {pk}, "
+                  f"{rows} rows deleted, job {', '.join(map(str, ended)) or 'none: a command'}); "
+                  f"hidden dataset {newest.pk} goes on")
 
 
 class Migration(migrations.Migration):
+    # The data step commits before the index is made: Postgres makes no index on a table with
+    # deferred foreign-key checks pending in the transaction ("pending trigger events").
+    atomic = False
 
     dependencies = [
         ('buffer', '0015_expert_dataset_ready'),
@@ -12,6 +45,7 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        migrations.RunPython(end_all_but_the_newest_import, migrations.RunPython.noop, atomic=True),
         migrations.AddConstraint(
             model_name='expertdataset',
             constraint=models.UniqueConstraint(condition=models.Q(('ready', False)), fields=('name',), name='expert_dataset_import'),

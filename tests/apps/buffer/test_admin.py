@@ -413,7 +413,8 @@ def test_rescore_with_a_reward_fn(curator_client, make_experience, tasks):
     right.refresh_from_db()
     assert right.reward_components == {"exact_match": 1.0}
     assert right.metadata["rescored"] == {
-        "reward_fn": {"exact_match": 2.0}, "previous_reward": 0.0, "previous_components": {"exact_match": 1.0}
+        "reward_fn": {"exact_match": 2.0}, "previous_reward": 0.0, "previous_components": {"exact_match": 1.0},
+        "job": job.pk,
     }
 
 

@@ -25,7 +25,7 @@ from apps.feedback.models import Feedback
 from apps.runs.models import Run
 from apps.runs.services import validate_config
 from apps.tasksets.models import Taskset
-from tests.support import command_importing, on_another_connection, run_cancelled_after_two_batches
+from tests.support import command_importing, on_another_connection, owner_died, run_cancelled_after_two_batches
 from workers.rft.config import ConfigError, RunConfig
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -296,6 +296,7 @@ def test_an_import_redelivered_after_its_rows_were_shown_adds_them_once(tmp_path
     with pytest.raises(SystemExit):
         jobs.run_job("buffer.bufferjob", job.pk)
     monkeypatch.setattr(jobs, "_finish", finish)
+    owner_died(job)
 
     job = jobs.run_job("buffer.bufferjob", job.pk)  # redelivered: it was left running
 

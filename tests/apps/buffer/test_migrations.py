@@ -157,3 +157,34 @@ def test_rows_imported_before_datasets_had_names_go_into_two_datasets(researcher
         assert layouts == {"imported": "sft", "imported-pairs": "dpo"}
     finally:
         migrate_to_newest()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_0016_ends_all_but_the_newest_of_two_imports_adding_to_one_dataset(capsys):
+    """0016's constraint (one import at a time per name) failed to be added on a database holding
+    two: 'could not create unique index' (Postgres), 'UNIQUE constraint failed' (SQLite)."""
+    old = migrate_to(("buffer", "0015_expert_dataset_ready"))
+    ExpertDataset, Experience = old.get_model("buffer", "ExpertDataset"), old.get_model("buffer", "Experience")
+    BufferJob = old.get_model("buffer", "BufferJob")
+    shown = ExpertDataset.objects.create(name="math", layout="sft")
+    first = ExpertDataset.objects.create(name="math", layout="sft", ready=False, appends=True)
+    second = ExpertDataset.objects.create(name="math", layout="sft", ready=False, appends=True)
+    other = ExpertDataset.objects.create(name="code", layout="sft", ready=False)
+    for n, dataset in enumerate((shown, first, second, other)):
+        Experience.objects.create(source="expert", dataset_id=dataset.pk, rollout_index=n, response_text="r")
+    older = BufferJob.objects.create(kind="import", status="running", dataset_id=first.pk)
+    newer = BufferJob.objects.create(kind="import", status="running", dataset_id=second.pk)
+    try:
+        new = migrate_to(("buffer", "0016_expert_dataset_one_import"))
+        ExpertDataset, Experience = new.get_model("buffer", "ExpertDataset"), new.get_model("buffer", "Experience")
+        BufferJob = new.get_model("buffer", "BufferJob")
+        assert sorted(ExpertDataset.objects.values_list("pk", flat=True)) == [shown.pk, second.pk, other.pk]
+        assert sorted(Experience.objects.values_list("dataset_id", flat=True)) == sorted(
+            [shown.pk, second.pk, other.pk])
+        ended = BufferJob.objects.get(pk=older.pk)
+        assert ended.status == "failed" and f"import {second.pk} of 'math' was newer" in ended.error
+        assert BufferJob.objects.get(pk=newer.pk).status == "running"
+        said = f"ended the import of expert dataset 'math' (hidden dataset {first.pk}, 1 rows deleted, job {older.pk})"
+        assert said in capsys.readouterr().out
+    finally:
+        migrate_to_newest()

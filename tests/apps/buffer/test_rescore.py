@@ -54,7 +54,8 @@ def test_rescore_keeps_the_annotators_rating_and_it_still_reaches_training(group
     rated = Experience.objects.get(pk=rows[2].pk)
     assert rated.reward_components == {"exact_match": 0.0, "human": 1.0} and rated.reward == 0.0
     assert rated.metadata["rescored"] == {
-        "reward_fn": "exact_match", "previous_reward": 0.0, "previous_components": {"exact_match": 0.0, "human": 1.0}
+        "reward_fn": "exact_match", "previous_reward": 0.0, "previous_components": {"exact_match": 0.0, "human": 1.0},
+        "job": rated.metadata["rescored"]["job"],
     }
     # The run overrides rewards with ratings: the trainer sees the rating, not the rescored 0.
     sampled = DjangoExperienceBuffer(rows[2].run_id).sample(4, sources=("rollout",))

@@ -11,11 +11,12 @@ A dead owner here is a real process: started, its start time read, then killed."
 import signal
 import socket
 import subprocess
+import threading
 from datetime import timedelta
 
 import psutil
 import pytest
-from django.db import OperationalError
+from django.db import OperationalError, connection
 from django.urls import reverse
 from django.utils import timezone
 
@@ -263,10 +264,10 @@ def test_embedded_a_pending_job_nobody_claimed_runs(researcher, start_taskset_im
     assert TasksetImport.objects.get(pk=job.pk).status == "succeeded"
 
 
-def test_a_second_thread_sent_for_a_job_leaves_it_to_the_first(curator, settings, monkeypatch):
+def test_a_second_thread_sent_for_a_job_leaves_it_to_the_first(curator, settings, monkeypatch, process):
     """Embedded only a pending job is claimed: a rerun_orphaned beside the job's own thread never
-    runs it twice. On the full stack Celery hands a task to one worker at a time, and its
-    redelivery runs a killed worker's job again."""
+    runs it twice. On the full stack a redelivered task runs a killed worker's job again, and
+    leaves one a live process runs to it."""
     settings.RFTWEB_EMBEDDED = True
     runs = []
     monkeypatch.setitem(jobs.JOB_TYPES, "buffer.promote", lambda job, progress: runs.append(job.pk) or {})
@@ -275,7 +276,40 @@ def test_a_second_thread_sent_for_a_job_leaves_it_to_the_first(curator, settings
 
     assert jobs.run_job("buffer.bufferjob", job.pk).status == "running" and runs == []
     settings.RFTWEB_EMBEDDED = False
+    assert jobs.run_job("buffer.bufferjob", job.pk).status == "running" and runs == []
+    worker = process()
+    owned_by(job, worker)
+    killed(worker)  # the worker that ran it was killed: the redelivery runs it again
     assert jobs.run_job("buffer.bufferjob", job.pk).status == "succeeded" and runs == [job.pk]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_full_stack_a_job_delivered_again_while_it_runs_is_left_to_its_run(settings, monkeypatch, caplog):
+    """Redis redelivers a task still unacknowledged after the visibility timeout (6 h) while its
+    worker runs it: the second delivery claimed the running job and ran it again beside the first."""
+    settings.RFTWEB_EMBEDDED = False
+    runs, second = [], []
+
+    def promote(job, progress):
+        runs.append(job.pk)
+        if len(runs) == 1:  # the broker delivers the task again meanwhile, to another worker's thread
+            thread = threading.Thread(target=redelivered, args=(job.pk,))
+            thread.start()
+            thread.join()
+        return {"promoted": 0}
+
+    def redelivered(pk):
+        try:
+            second.append(jobs.run_job("buffer.bufferjob", pk).status)
+        finally:
+            connection.close()
+
+    monkeypatch.setitem(jobs.JOB_TYPES, "buffer.promote", promote)
+    job = BufferJob.objects.create(kind=BufferJob.Kind.PROMOTE)
+
+    assert jobs.run_job("buffer.bufferjob", job.pk).status == "succeeded"
+    assert runs == [job.pk] and second == ["running"]
+    assert f"buffer.bufferjob {job.pk} was delivered again while" in caplog.text
 
 
 def test_on_another_machine_its_celery_worker_tells_whether_the_owner_lives(half_import, process):

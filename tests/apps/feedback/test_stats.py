@@ -116,6 +116,23 @@ def test_without_exclude_flagged_a_flag_is_recorded_and_everything_still_counts(
     assert (summary["dpo_pairs"], summary["dpo_pairs_flagged"], summary["flagged_experiences"]) == (1, 0, 1)
 
 
+def test_the_summary_reads_the_runs_feedback_settings_once(run, make_experience, make_annotator, monkeypatch):
+    """It parsed the run's config twice a call (its own exclude_flagged, judgements_per_item's),
+    and the run page asks every 5 s."""
+    run.config = {**run.config, "feedback": {**run.config["feedback"], "judgements_per_item": 2}}
+    run.save(update_fields=["config"])
+    services.rate(make_experience().pk, make_annotator("a"), "4")
+    parsed = []
+    read = services.feedback_settings
+    monkeypatch.setattr(services, "feedback_settings", lambda run: parsed.append(run.pk) or read(run))
+    monkeypatch.setattr(stats, "feedback_settings", services.feedback_settings)
+
+    summary = stats.summary(run)
+
+    assert parsed == [run.pk]
+    assert (summary["judgements_per_item"], summary["rated_waiting"]) == (2, 1)
+
+
 def test_flagged_experiences_counts_every_flag_once_whatever_flagged_it(
     researcher_client, run, make_experience, make_annotator, tasks
 ):

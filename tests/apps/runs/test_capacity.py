@@ -71,13 +71,18 @@ def test_a_worker_of_this_machine_whose_process_is_gone_is_lost_at_once(db):
     from apps.runs import hosts
 
     dead = worker("explore@here")
-    Worker.objects.filter(pk=dead.pk).update(host=socket.gethostname(), pid=2**22 + 7)  # no such pid
+    Worker.objects.filter(pk=dead.pk).update(host=socket.gethostname(), pid=2**22 + 7,  # no such pid
+                                             pid_namespace=duties.pid_namespace())
     worker("explore@elsewhere")
+    # A container on the host's network, or a machine of the same name: its pid is not this table's.
+    contained = worker("explore@contained")
+    Worker.objects.filter(pk=contained.pk).update(host=socket.gethostname(), pid=2**22 + 7,
+                                                  pid_namespace="0798d727-e536-4f23-b44e-000000000000/pid:[4026532501]")
     shown = capacity.overview()
     assert [w.name for w in shown["lost"]] == ["explore@here"]
-    assert [w.name for w in shown["workers"]] == ["explore@elsewhere"]
-    assert [host.name for host in hosts.serving("explore")] == ["explore@elsewhere"]
-    assert waits.free_slots()["explore"] == {"free": 2, "slots": 2, "workers": 1}
+    assert [w.name for w in shown["workers"]] == ["explore@contained", "explore@elsewhere"]
+    assert [host.name for host in hosts.serving("explore")] == ["explore@contained", "explore@elsewhere"]
+    assert waits.free_slots()["explore"] == {"free": 4, "slots": 4, "workers": 2}
 
 
 def test_a_duty_of_a_worker_that_never_registered_is_still_shown(make_run):

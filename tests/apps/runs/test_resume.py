@@ -183,21 +183,31 @@ def test_claim_duty_refuses_a_live_holder_and_inactive_runs(make_run, settings):
         assert Run.objects.get(pk=stopped.pk).heartbeats == {}
 
 
+CONTAINER = "0798d727-e536-4f23-b44e-000000000000/pid:[4026532501]"  # a pid namespace of another boot
+
+
 def test_a_worker_of_this_machine_whose_process_is_gone_holds_nothing(make_run, settings):
     """Its heartbeat need not expire: a killed worker's task, redelivered, is served at once."""
     exited = subprocess.Popen([sys.executable, "-c", "pass"])
     exited.wait()
     dead, alive = f"{socket.gethostname()}:{exited.pid}", f"{socket.gethostname()}:{os.getpid()}"
-    assert duties.process_is_gone(dead) and not duties.process_is_gone(alive)
-    assert not duties.process_is_gone(f"elsewhere:{exited.pid}")  # another machine's: unknown
+    here = duties.pid_namespace()
+    assert duties.process_is_gone(dead, here) and not duties.process_is_gone(alive, here)
+    assert not duties.process_is_gone(f"elsewhere:{exited.pid}", here)  # another machine's: unknown
+    # Another pid namespace under this host name (a container on the host's network): its pid
+    # is not this process table's.
+    assert not duties.process_is_gone(dead, CONTAINER)
     zombie = subprocess.Popen([sys.executable, "-c", "pass"])  # exited, not reaped yet (as when its parent died)
     while open(f"/proc/{zombie.pid}/stat").read().rpartition(")")[2].split()[0] != "Z":
         time.sleep(0.01)
-    assert duties.process_is_gone(f"{socket.gethostname()}:{zombie.pid}")
+    assert duties.process_is_gone(f"{socket.gethostname()}:{zombie.pid}", here)
     zombie.wait()
-    run = make_run(status=Status.RUNNING, heartbeats={"loop": beat(dead)})
+    run = make_run(status=Status.RUNNING, heartbeats={"loop": beat(dead) | {"pid_namespace": here}})
     assert duties.holder(run, "loop") == dead  # by name it still is the holder...
     assert duties.workers_holding(run) == {}  # ...but not a live one
+    in_a_container = make_run("contained", status=Status.RUNNING,
+                              heartbeats={"loop": beat(dead) | {"pid_namespace": CONTAINER}})
+    assert duties.workers_holding(in_a_container) == {"loop": dead}  # its beat tells
     assert holding.claim_duty(run, "loop", alive, settings.RFTWEB_HEARTBEAT_TIMEOUT)
 
 
@@ -259,7 +269,8 @@ def test_a_duty_sent_on_says_why_in_the_runs_own_logs(make_run, settings):
     assert int(silent_for) > settings.RFTWEB_HEARTBEAT_TIMEOUT
     # A process of this machine found gone is named as such, long before the timeout.
     gone = make_run("gone", status=Status.RUNNING, config=config,
-                    heartbeats={"loop": beat(f"{socket.gethostname()}:{2**22 + 7}")})  # no such pid
+                    heartbeats={"loop": beat(f"{socket.gethostname()}:{2**22 + 7}")  # no such pid
+                                | {"pid_namespace": duties.pid_namespace()}})
     assert supervision.watchdog() == [(gone.pk, "loop")]
     [line] = logs.read(supervision.run_dir(gone))["lines"]
     assert f"the process of worker {socket.gethostname()}:{2**22 + 7} is gone (killed?)" in line["message"]

@@ -295,6 +295,28 @@ def test_difficulty_that_is_not_a_number_names_the_row(files):
         import_taskset(path, name="bad", mapping=FieldMapping("question", "answer", difficulty="level"))
 
 
+@pytest.mark.parametrize("value, read", [(None, "1048576"), ("2048", "2048"), ("0", "must be a number above 0")])
+def test_the_line_limit_is_a_setting_from_the_environment(value, read):
+    """It was read with getattr and a default, and set nowhere: the environment could not change it."""
+    import os
+    import subprocess
+    import sys
+
+    env = {key: val for key, val in os.environ.items() if key != "TASKSET_IMPORT_MAX_LINE_BYTES"}
+    env |= {"SECRET_KEY": "x"} | ({} if value is None else {"TASKSET_IMPORT_MAX_LINE_BYTES": value})
+    started = subprocess.run(
+        [sys.executable, "-c", "import rftweb.settings as s; print(s.TASKSET_IMPORT_MAX_LINE_BYTES)"],
+        cwd=settings_root(), capture_output=True, text=True, env=env, timeout=60,
+    )
+    assert read in started.stdout + started.stderr, started.stderr
+
+
+def settings_root():
+    from django.conf import settings
+
+    return settings.BASE_DIR
+
+
 def test_line_limit_is_configurable(files, mapping, settings):
     path = files.jsonl([good(0), {"question": "x" * 200, "answer": "1"}])
     settings.TASKSET_IMPORT_MAX_LINE_BYTES = 100

@@ -16,7 +16,7 @@ from apps.core.jobs import run_job
 from apps.feedback.models import AnnotationLock, Feedback
 from apps.runs.models import Run
 from tests.apps.buffer.retention.support import ids, remaining, retire
-from tests.support import read_elsewhere, watch_progress
+from tests.support import owner_died, read_elsewhere, watch_progress
 
 Status = Run.Status
 
@@ -167,6 +167,7 @@ def test_a_rerun_of_a_job_killed_while_deleting_finishes_the_rest(ended, buffer,
     job = retention.start_retention(Run.objects.filter(pk=ended.pk), action=action)
     with pytest.raises(Killed):
         run_job("buffer.bufferjob", job.pk)
+    owner_died(job)
     job.refresh_from_db()
     assert job.status == "running" and job.result["deleted"] == 4 and job.result["checked"] == 4
     archive = job.output.name and Path(job.output.path).read_bytes()
@@ -197,6 +198,7 @@ def test_a_rerun_of_a_job_killed_while_archiving_writes_the_archive_again(ended,
     job = retention.start_retention(Run.objects.filter(pk=ended.pk), action="archive")
     with pytest.raises(Killed):
         run_job("buffer.bufferjob", job.pk)
+    owner_died(job)
     assert remaining() >= ids(buffer["doomed"]), "nothing is deleted before the archive is whole"
     assert not list(media_root.glob("buffer-jobs/*"))
 
@@ -231,6 +233,7 @@ def test_a_rerun_whose_archive_is_gone_deletes_nothing_more(ended, buffer, monke
     job = retention.start_retention(Run.objects.filter(pk=ended.pk), action="archive")
     with pytest.raises(Killed):
         run_job("buffer.bufferjob", job.pk)
+    owner_died(job)
     monkeypatch.setattr(services, "delete_rows", delete_rows)
     job.refresh_from_db()
     Path(job.output.path).unlink()
