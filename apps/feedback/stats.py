@@ -235,6 +235,9 @@ def summary(run) -> dict:
     )
     steps = [{"explorer_step": row["explorer_step"], "human_reward": row["mean"], "rated": row["n"]} for row in by_step]
     total = sum(s["rated"] for s in steps)
+    # The run's config parsed once: the page asks every 5 s (it was parsed three times a call).
+    section = feedback_settings(run)
+    per_item = judgements_per_item(run, section)
     # Rated, but judged by fewer than judgements_per_item annotators so far: not an item's reward
     # yet (services.set_human_reward). Without it a run judged twice per item showed "rated 0"
     # after an annotator's three ratings, as if they had been lost. One judged by all whose rating
@@ -243,14 +246,11 @@ def summary(run) -> dict:
                                                 review__in=Feedback.TRAINED))
     waiting_judgements = (rows.exclude(reward_components__has_key=HUMAN_REWARD)
                           .exclude(status=Experience.Status.REJECTED).filter(rated_once)
-                          .alias(judges=judge_count(OuterRef("pk"))).filter(judges__lt=judgements_per_item(run))
+                          .alias(judges=judge_count(OuterRef("pk"))).filter(judges__lt=per_item)
                           .count())
     # A pending or rejected edit has no human_edit row; a row flagged, or undone after a step used
     # it, is rejected: never sampled again.
     edits = rows.filter(source=Experience.Source.HUMAN_EDIT).exclude(status=Experience.Status.REJECTED)
-    # The run's config parsed once: the page asks every 5 s (it was parsed three times a call).
-    section = feedback_settings(run)
-    per_item = judgements_per_item(run, section)
     # Every judged pair, and those a flag keeps out, in one pass: counting a pair's verdicts took
     # 0.17 s a pass at 4,000 verdicts on Postgres.
     rejected = Experience.Status.REJECTED
