@@ -25,7 +25,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from apps.runs import capacity
-from apps.runs.duties import pid_namespace
+from apps.runs.duties import earlier_boot, pid_namespace
 from apps.runs.models import Worker
 
 from .models import JobOwner
@@ -59,8 +59,12 @@ def is_gone(owner: JobOwner | None) -> bool:
     by this version's runner (pending, or left running by an earlier version's), so nobody runs it."""
     if owner is None:
         return True
-    if owner.host == socket.gethostname() and owner.pid_namespace == pid_namespace():
-        return not _alive_here(owner.pid, owner.process_started)
+    if owner.host == socket.gethostname():
+        # "": recorded before namespaces were (core 0002), judged by its pid as it was then.
+        if owner.pid_namespace in (pid_namespace(), ""):
+            return not _alive_here(owner.pid, owner.process_started)
+        if earlier_boot(owner.pid_namespace):
+            return True
     if not owner.worker:
         return False
     worker = Worker.objects.filter(name=owner.worker).first()

@@ -76,8 +76,10 @@ def process_is_gone(worker: str, namespace: str) -> bool:
     of another namespace under this host name (a container with docker's network_mode: host, two
     machines named `ubuntu`): this process table would judge another process by its number."""
     host, _, pid = worker.rpartition(":")
-    if host != socket.gethostname() or namespace != pid_namespace() or not pid.isdigit():
+    if host != socket.gethostname() or not pid.isdigit():
         return False
+    if namespace != pid_namespace():
+        return earlier_boot(namespace)
     try:
         os.kill(int(pid), 0)
     except ProcessLookupError:
@@ -96,13 +98,34 @@ def process_is_gone(worker: str, namespace: str) -> bool:
 @cache
 def pid_namespace() -> str:
     """The pid namespace this process's pid is a pid of, on this boot of this machine
-    ("<boot id>/pid:[<inode>]": a namespace's inode is unique within a boot, and a boot id across
-    machines); "" where there is no /proc to say (macOS: no pid namespaces, the host name tells)."""
+    ("<machine id>/<boot id>/pid:[<inode>]": a namespace's inode is unique within a boot, a boot id
+    across machines and boots); "" where there is no /proc to say (macOS: no pid namespaces, the
+    host name tells). The machine id (systemd's, "" where the image has none) tells an earlier
+    boot of this machine from another machine of the same host name: earlier_boot."""
     try:
         with open("/proc/sys/kernel/random/boot_id") as boot_id:
-            return f"{boot_id.read().strip()}/{os.readlink('/proc/self/ns/pid')}"
+            boot = boot_id.read().strip()
+        return f"{_machine_id()}/{boot}/{os.readlink('/proc/self/ns/pid')}"
     except OSError:
         return ""
+
+
+def _machine_id() -> str:
+    try:
+        with open("/etc/machine-id") as machine_id:
+            return machine_id.read().strip()
+    except OSError:
+        return ""
+
+
+def earlier_boot(namespace: str) -> bool:
+    """Whether `namespace` (a pid_namespace() recorded under this host name) is this machine's
+    before its last reboot: every process of it is gone. After a reboot (the laptop closed) an
+    embedded demo's or an import command's job was taken as running for good: no pid of the old
+    boot is judged here, and they have no Celery worker to ask."""
+    machine, _, rest = namespace.partition("/")
+    mine, _, now = pid_namespace().partition("/")
+    return bool(machine) and machine == mine and rest.partition("/")[0] != now.partition("/")[0]
 
 
 def workers_holding(run: Run) -> dict[str, str]:

@@ -8,6 +8,7 @@ live process runs is never taken from it.
 
 A dead owner here is a real process: started, its start time read, then killed."""
 
+import os
 import signal
 import socket
 import subprocess
@@ -23,6 +24,7 @@ from django.utils import timezone
 from apps.buffer.models import BufferJob
 from apps.core import job_owners, jobs
 from apps.core.models import JobOwner
+from apps.runs import duties
 from apps.runs.models import Worker
 from apps.tasksets import services as taskset_services
 from apps.tasksets.importers import FieldMapping
@@ -148,6 +150,29 @@ def test_a_process_of_another_pid_namespace_under_this_host_name_is_judged_by_it
     worker.started_at = now
     worker.save()
     assert job_owners.is_gone(owner), "restarted since the job started"
+
+
+def test_an_owner_of_this_machines_earlier_boot_is_gone_and_one_recorded_before_namespaces_is_judged_by_pid(
+    half_import, process
+):
+    """After a reboot (the laptop closed) the namespace names another boot id: an embedded demo's
+    or an import command's job, which has no Celery worker to ask, was taken as running for good
+    (its Cancel a request nobody read, its name held). Rows from before namespaces were recorded
+    ("") were judged the same way, though the pid here is theirs."""
+    machine, boot, pids = job_owners.pid_namespace().split("/")
+    assert machine, "this machine has a machine id (/etc/machine-id)"
+    job, _ = half_import(alive=True)
+    owner = job_owners.owner_of(LABEL, job.pk)
+    owner.pid_namespace = f"{machine}/00000000-0000-4000-8000-000000000000/{pids}"  # this machine, before its reboot
+    assert job_owners.is_gone(owner), "every process of an earlier boot is gone"
+    owner.pid_namespace = f"0798d727e5364f23b44e000000000000/00000000-0000-4000-8000-000000000000/{pids}"
+    assert not job_owners.is_gone(owner), "another machine of this host name: cannot tell, left alone"
+    owner.pid_namespace = ""  # recorded before core 0002
+    assert not job_owners.is_gone(owner), "its pid is alive here"
+    killed(psutil.Process(owner.pid))
+    assert job_owners.is_gone(owner)
+    host = socket.gethostname()
+    assert duties.process_is_gone(f"{host}:{os.getpid()}", f"{machine}/00000000-0000-4000-8000-000000000000/{pids}")
 
 
 def test_a_cancel_of_a_job_nobody_runs_ends_it_and_frees_its_name(half_import, client, researcher):
