@@ -9,14 +9,14 @@ from workers.rft.models import load_policy, load_tokenizer
 from workers.rft.trainer import Trainer
 
 from .conftest import make_config
-from .test_distributed import TIMED, train
+from .test_distributed import TIMED, lone, train
 from .test_fsdp import LR, saved_for_backward
 from .test_trainer import rollouts
 
 
 @pytest.mark.parametrize("case", ["grpo", "ppo"])  # ppo: the critic is checkpointed too
 def test_a_checkpointed_step_is_the_plain_step(case, tiny_path):
-    plain = train(None, case, tiny_path)
+    plain = lone(case, tiny_path)
     checkpointed = train(None, case, tiny_path, trainer_keys={"activation_checkpointing": True})
     for one, two in zip(plain["metrics"], checkpointed["metrics"], strict=True):
         for key in one.keys() - TIMED:

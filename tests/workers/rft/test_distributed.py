@@ -2,6 +2,7 @@
 
 The rank functions live at module level: `launch` spawns fresh interpreters, which import them
 from here by name."""
+import copy
 import gc
 import os
 import re
@@ -103,6 +104,20 @@ def train(ranks, case: str, tiny_path, steps: int = 2, trainer_keys: dict | None
     return {name: weights(m) for name, m in models(trainer).items()}
 
 
+_LONE: dict[tuple[str, str], dict] = {}
+
+
+def lone(case: str, tiny_path) -> dict:
+    """train(None, case, tiny_path): the lone trainer's two steps that the ranks' steps are compared
+    with. Deterministic (seed 0, the case's data), so computed once a process and copied for each
+    test: the cases of this file, test_fsdp.py, test_micro_batches.py and
+    test_activation_checkpointing.py compare with the same 8 (it was 22 runs of them)."""
+    key = (case, str(tiny_path))
+    if key not in _LONE:
+        _LONE[key] = train(None, case, tiny_path)
+    return copy.deepcopy(_LONE[key])
+
+
 def models(trainer) -> dict:
     return {name: m for name, m in {"policy": trainer.policy, "critic": trainer.critic}.items() if m is not None}
 
@@ -152,7 +167,7 @@ def test_a_served_store_owns_its_socket_and_closes_it_once():
 
 @pytest.mark.parametrize("case", [c if c in QUICK else pytest.param(c, marks=pytest.mark.slow) for c in CASES])
 def test_two_ranks_take_the_step_one_process_takes(case, tiny_path):
-    alone = train(None, case, tiny_path)
+    alone = lone(case, tiny_path)
     leader, follower = launch(train, 2, case, tiny_path)
     for one, two in zip(alone["metrics"], leader["metrics"]):
         assert one.keys() == two.keys() - {"scatter_seconds"} and two["scatter_seconds"] >= 0  # the leader's send

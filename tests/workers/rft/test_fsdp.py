@@ -20,7 +20,7 @@ from workers.rft.models import load_policy, load_tokenizer, read_weights
 from workers.rft.trainer import Trainer
 
 from .conftest import make_config
-from .test_distributed import CASES, LEARNING, TIMED, around_a_checkpoint, build_trainer, cli, on_ranks, train
+from .test_distributed import CASES, LEARNING, TIMED, around_a_checkpoint, build_trainer, cli, lone, on_ranks
 from .test_trainer import rollouts
 
 FSDP = {"strategy": "fsdp", "num_processes": 2}
@@ -66,7 +66,7 @@ def assert_same_steps(alone: dict, sharded: dict, models=("policy",)) -> None:
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
 def test_two_sharded_ranks_take_the_step_one_process_takes(case, tiny_path):
-    alone = train(None, case, tiny_path)
+    alone = lone(case, tiny_path)
     leader, follower = launch(train_sharded, 2, case, tiny_path)
     assert follower is None
     assert_same_steps(alone, leader, ("policy", "critic") if case == "ppo" else ("policy",))
@@ -80,7 +80,7 @@ def test_two_sharded_ranks_take_the_step_one_process_takes(case, tiny_path):
     pytest.param({"activation_checkpointing": True}, id="activation_checkpointing"),
 ], ids=lambda f: next(iter(f)))
 def test_each_fsdp_setting_keeps_the_step_exact(fsdp, tiny_path):
-    alone = train(None, "grpo", tiny_path)
+    alone = lone("grpo", tiny_path)
     leader, _ = launch(train_sharded, 2, "grpo", tiny_path, fsdp)
     assert_same_steps(alone, leader)
 

@@ -7,7 +7,7 @@ from workers.rft.experience import Experience, PreferencePair
 from workers.rft.micro_batches import chunks, collate, pack, pack_pairs
 from workers.rft.models import load_tokenizer
 
-from .test_distributed import TIMED, train
+from .test_distributed import TIMED, lone, train
 from .test_fsdp import LR
 from .test_trainer import rollouts
 
@@ -60,7 +60,7 @@ def test_a_step_by_tokens_is_the_step_by_rows(case, tiny_path):
     mix adds its expert part."""
     batch = rollouts(load_tokenizer(tiny_path), 8)
     assert [len(mb) for mb in pack(batch, 8, 32)] == [2, 2, 2, 2] != [len(mb) for mb in chunks(batch, 3)]
-    by_rows = train(None, case, tiny_path)
+    by_rows = lone(case, tiny_path)
     by_tokens = train(None, case, tiny_path, trainer_keys={"micro_batch_size": 8, "micro_batch_tokens": 32})
     for one, two in zip(by_rows["metrics"], by_tokens["metrics"], strict=True):
         for key in one.keys() - TIMED:
