@@ -21,7 +21,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
 def ddp_config(steps: int, **sync) -> dict:
     config = grpo_config(steps, **sync)
-    config["trainer"].update(strategy="ddp", num_processes=2, collective_timeout_s=10)
+    # A follower imports torch and transformers before it joins: 16 s on a loaded 2-core machine,
+    # where 10 s failed two runs ("rank 1 of 2 did not join within 10 s") and each then waited out
+    # its 300 s wait_for.
+    config["trainer"].update(strategy="ddp", num_processes=2, collective_timeout_s=30)
     return config
 
 
