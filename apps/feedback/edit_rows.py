@@ -59,12 +59,17 @@ def too_long(run, text: str) -> str | None:
     path = _model_path(run)
     if not path:
         return None
-    limit = ExplorerConfig.model_validate(((run.config or {}).get("explorer") or {})).max_new_tokens
+    limit = answer_tokens(run)
     tokens = len(_tokenizer(path)(text, add_special_tokens=False)["input_ids"]) + 1  # and its eos
     if tokens <= limit:
         return None
     return (f"the edited response is {tokens:,} tokens with its end; this run's model answers in at most {limit:,} "
             "(explorer.max_new_tokens), and a longer edit would teach it an answer it cannot finish: shorten it")
+
+
+def answer_tokens(run) -> int:
+    """The most tokens the run's model writes in an answer (explorer.max_new_tokens): an edit's bound."""
+    return ExplorerConfig.model_validate(((run.config or {}).get("explorer") or {}) if run else {}).max_new_tokens
 
 
 def _model_path(run) -> str | None:

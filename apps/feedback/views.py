@@ -226,6 +226,7 @@ def item_context(request, item, *, error=None, confirm=None, edited_text=None, s
         **(filter_context(request, item.run_id, strategy, queue_filter) if item.run_id else {}),
         "mine": [describe(f) for f in mine],  # what the user already said of it (a reopened item)
         "max_edit_chars": services.MAX_EDIT_CHARS, "max_comment_chars": services.MAX_COMMENT_CHARS,
+        "answer_tokens": edit_rows.answer_tokens(item.run),
         "edited_text": edited_text,
         "not_editable": services.EPISODE_EDIT if item.pk and services.has_environment_turns(item) else None,
     }

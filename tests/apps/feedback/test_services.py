@@ -94,6 +94,14 @@ def test_an_edit_longer_than_the_model_may_answer_is_refused_naming_the_limit(ma
     assert not Feedback.objects.exists() and not Experience.objects.filter(parent=original).exists()
     services.edit(original.pk, annotator, fits)
     assert len(Experience.objects.get(parent=original).response_ids) <= 8
+    # The editor says so before anyone types.
+    from django.test import Client
+    from django.urls import reverse
+
+    client = Client()
+    client.force_login(annotator)
+    page = client.get(reverse("annotate-experience", args=[make_experience().pk])).content.decode()
+    assert "(at most 8 tokens, as the model writes)" in page
 
 
 def test_an_edit_without_a_model_waits_raw_for_tokenizing(make_experience, annotator):
