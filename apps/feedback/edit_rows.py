@@ -56,13 +56,10 @@ def too_long(run, text: str) -> str | None:
     end-of-text token included), or None. An edit of 5,000 emoji (20,018 tokens, under the
     character limit) trained 159 s a step on the tiny model, 40 times past its context, and held
     Stop for as long. Edits are at most MAX_EDIT_CHARS characters: tokenized whole, in milliseconds."""
-    path = _model_path(run)
-    if not path:
+    ids, limit = _encode_response(run, text), answer_tokens(run)
+    if ids is None or len(ids) <= limit:
         return None
-    limit = answer_tokens(run)
-    tokens = len(_tokenizer(path)(text, add_special_tokens=False)["input_ids"]) + 1  # and its eos
-    if tokens <= limit:
-        return None
+    tokens = len(ids)
     return (f"the edited response is {tokens:,} tokens with its end; this run's model answers in at most {limit:,} "
             "(explorer.max_new_tokens), and a longer edit would teach it an answer it cannot finish: shorten it")
 

@@ -179,8 +179,8 @@ def beat(name: str, life: datetime | None, queues: list[str], slots: int, usage:
     if (life is not None and other is not None and other.stopped_at is None
             and (now - other.last_seen).total_seconds() < settings.RFTWEB_HEARTBEAT_TIMEOUT):
         log.warning("Another live worker is named %s (on %s, pid %s, since %s): this one's beats are not "
-                       "recorded while it beats. Give each worker its own name (celery -n NAME@%%h).",
-                       name, other.host, other.pid, other.started_at)
+                    "recorded while it beats. Give each worker its own name (celery -n NAME@%%h).",
+                    name, other.host, other.pid, other.started_at)
         return life
     return register(name, queues, slots)
 
