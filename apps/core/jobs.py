@@ -29,7 +29,7 @@ import math
 from collections.abc import Callable, Iterable
 from contextlib import contextmanager
 from datetime import timedelta
-from time import monotonic
+from time import monotonic, sleep
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
@@ -51,6 +51,8 @@ JOBS_QUEUE = "default"  # the Celery queue every job's task goes to
 # The most often a running job writes its progress row and broadcasts it: the polling page asks
 # every 500 ms, and a job writing every batch would spend a query on each 2,000 rows.
 PROGRESS_INTERVAL_SECONDS = 0.25
+# How long a job that has done its work waits before trying again to save its end (_finish_persistently).
+FINISH_RETRY_S = (1.0, 5.0, 15.0)
 
 Progress = Callable[..., None]  # progress(rows_done, bytes_done=None)
 JOB_TYPES: dict[str, Callable[[Job, Progress], object]] = {}
@@ -244,26 +246,61 @@ def run_job(job_label: str, job_id: int) -> Job:
             )
         if claimed:
             job_owners.record(job_label, job_id)
-    job = model.objects.select_related("created_by").defer(*model.heavy_fields).get(pk=job_id)
     if not claimed:
-        return job
-    broadcast(job)
-    run = JOB_TYPES[job.job_type]
+        return model.objects.select_related("created_by").defer(*model.heavy_fields).get(pk=job_id)
+    try:
+        job = model.objects.select_related("created_by").defer(*model.heavy_fields).get(pk=job_id)
+        broadcast(job)
+        status, error, result, unexpected = _run(job)
+        _finish_persistently(job, status, error=error, result=result)
+    except BaseException:
+        # Claimed but not ended, its owner this live process: nobody would ever end it (the
+        # watchdog and a Cancel leave a job a live process runs to it). Let go, it is orphaned:
+        # the embedded watchdog runs it again, a Cancel ends it.
+        _let_go(job_label, job_id)
+        raise
+    if unexpected is not None:
+        raise unexpected
+    return job
+
+
+def _run(job: Job) -> tuple[str, str, object, Exception | None]:
+    """Run the claimed job's type: (status, error, result, the unexpected exception to re-raise)."""
     try:
         with progress_writer(job) as progress:
             stop_if_cancelled(job)  # cancelled while a killed worker's task waited to be redelivered
-            result = run(job, progress)
+            return Job.Status.SUCCEEDED, "", JOB_TYPES[job.job_type](job, progress), None
     except JobCancelled:
-        _finish(job, Job.Status.CANCELLED, error=f"cancelled on request, after {job.rows_text} rows")
+        return Job.Status.CANCELLED, f"cancelled on request, after {job.rows_text} rows", None, None
     except JobError as exc:
-        _finish(job, Job.Status.FAILED, error=str(exc))
+        return Job.Status.FAILED, str(exc), None, None
     except Exception as exc:
-        logger.exception("job %s %s failed", job_label, job.pk)
-        _finish(job, Job.Status.FAILED, error=f"the job failed unexpectedly ({exc!r})")
-        raise
-    else:
-        _finish(job, Job.Status.SUCCEEDED, result=result)
-    return job
+        logger.exception("job %s %s failed", label(job), job.pk)
+        return Job.Status.FAILED, f"the job failed unexpectedly ({exc!r})", None, exc
+
+
+def _finish_persistently(job: Job, status: str, *, error: str, result) -> None:
+    """_finish, tried again while the database is busy or gone for a moment: a job whose work is
+    done must not fail to say so (embedded, a write waits up to 30 s for SQLite's lock, and then
+    the job stayed `running` for good under its live owner)."""
+    for wait in (*FINISH_RETRY_S, None):
+        try:
+            _finish(job, status, error=error, result=result)
+            return
+        except OperationalError as exc:
+            if wait is None:
+                raise
+            logger.warning("job %s %s could not be ended %s (%s); trying again in %g s", label(job), job.pk,
+                           status, exc, wait)
+            connection.close_if_unusable_or_obsolete()
+            sleep(wait)
+
+
+def _let_go(job_label: str, job_id: int) -> None:
+    try:
+        job_owners.release(job_label, job_id)
+    except Exception:  # noqa: BLE001 - the database gone: its owner stays until it is back
+        logger.exception("job %s %s: ended by an error and could not be let go", job_label, job_id)
 
 
 def rerun_orphaned() -> list[str]:

@@ -255,8 +255,12 @@ def start_taskset_import(
 
 @jobs.register(TasksetImport.job_type, cancellable=True)
 def run_import(job: TasksetImport, progress: jobs.Progress) -> Taskset:
-    if job.taskset_id is not None:  # a killed worker's half import, redelivered: start again
-        hidden_tasksets.delete_unready(job.taskset_id)
+    if job.taskset_id is not None:  # run again: by a killed worker's redelivery, or after its end failed to save
+        imported = Taskset.objects.filter(pk=job.taskset_id).first()  # shown: the import had finished
+        if imported is not None:
+            job.rows_total = imported.task_count
+            return imported
+        hidden_tasksets.delete_unready(job.taskset_id)  # a half import: start again
 
     def created(taskset: Taskset) -> None:
         # With the taskset: a worker killed mid-import leaves it findable (above), and no cleanup

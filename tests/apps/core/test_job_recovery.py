@@ -356,3 +356,55 @@ def test_on_another_machine_its_celery_worker_tells_whether_the_owner_lives(half
 
     owner.worker = ""
     assert not job_owners.is_gone(owner), "an embedded server of another machine: cannot tell, so left alone"
+
+
+def busy_finishes(monkeypatch, times: int) -> list[str]:
+    """The first `times` ends of a job fail as a write to a database that stays busy fails (SQLite:
+    "database is locked" after its 30 s timeout); returns the statuses each tried to save."""
+    real, tried = jobs._finish, []
+
+    def finish(job, status, **kwargs):
+        tried.append(status)
+        if len(tried) <= times:
+            raise OperationalError("database is locked")
+        real(job, status, **kwargs)
+
+    monkeypatch.setattr(jobs, "_finish", finish)
+    monkeypatch.setattr(jobs, "FINISH_RETRY_S", (0.0, 0.0, 0.0))
+    return tried
+
+
+def test_a_job_whose_end_finds_the_database_busy_tries_again(researcher, start_taskset_import, monkeypatch):
+    monkeypatch.setattr(jobs, "enqueue", lambda *args, **kwargs: None)
+    job = start_taskset_import(researcher)
+    tried = busy_finishes(monkeypatch, times=2)
+
+    job = jobs.run_job(LABEL, job.pk)
+
+    assert tried == ["succeeded"] * 3
+    job.refresh_from_db()
+    assert (job.status, job.rows_done, job.taskset.task_count) == ("succeeded", 30, 30)
+    assert job_owners.owner_of(LABEL, job.pk) is None
+
+
+def test_embedded_a_job_whose_end_could_not_be_saved_is_let_go_and_run_again_without_importing_twice(
+    researcher, start_taskset_import, monkeypatch, settings
+):
+    """It stayed `running` for good: its owner, this live server, was taken to run it, so neither the
+    watchdog nor a Cancel ever ended it. Run again, the import finds its taskset shown and ends."""
+    monkeypatch.setattr(jobs, "enqueue", lambda *args, **kwargs: None)
+    job = start_taskset_import(researcher)
+    busy_finishes(monkeypatch, times=4)  # every try of this run
+
+    with pytest.raises(OperationalError):
+        jobs.run_job(LABEL, job.pk)
+
+    job.refresh_from_db()
+    assert job.status == "running" and job_owners.owner_of(LABEL, job.pk) is None
+    assert jobs.orphaned(job) == "no process ran it any more"
+    settings.RFTWEB_EMBEDDED = True
+    assert jobs.rerun_orphaned() == [f"{LABEL} {job.pk}"]
+    job = jobs.run_job(LABEL, job.pk)  # what the watchdog's thread does
+
+    assert (job.status, job.error, job.rows_total) == ("succeeded", "", 30)
+    assert list(Taskset.all_objects.values_list("name", "ready", "task_count")) == [("uploaded", True, 30)]

@@ -9,6 +9,7 @@ RFTWEB_BUFFER_RETENTION_DAYS turns it on. With REDIS_URL, a Celery worker and be
 beside the server and stopped with it.
 """
 import ctypes
+import faulthandler
 import logging
 import os
 import signal
@@ -69,6 +70,9 @@ class Command(BaseCommand):
         # left half done.
         signal.signal(signal.SIGTERM, _interrupt)
         signal.signal(signal.SIGHUP, _interrupt)
+        # `kill -USR1 <pid>` prints where each thread is to the log, as a Celery worker's does: what
+        # an import, a page or a run thread waits on when it hangs (embedded, all are threads here).
+        faulthandler.register(signal.SIGUSR1, all_threads=True)
         try:
             if not no_run:
                 self.start_demo_run(user)
