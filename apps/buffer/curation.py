@@ -129,33 +129,45 @@ def _recompute_advantages(groups: dict[int, set[str]]) -> Counter:
             continue
         ids = sorted(groups[run.pk])
         for i in range(0, len(ids), GROUPS_A_QUERY):
-            members = defaultdict(list)
-            rows = Experience.objects.filter(
-                run=run, group_id__in=ids[i : i + GROUPS_A_QUERY], source=Experience.Source.ROLLOUT
-            ).exclude(status=Experience.Status.REJECTED)
-            for row in rows.only("group_id", "status", "reward", "advantage", "metadata").order_by("pk"):
-                members[row.group_id].append(row)
-            changed = []
-            for group in members.values():
-                try:
-                    if stale:
-                        raise ValueError(stale)
-                    values = _advantages(group, *advantage)
-                except ValueError as exc:
-                    for row in group:
-                        rescored = {**row.metadata.get("rescored", {}), "advantage_stale": str(exc)}
-                        row.metadata = {**row.metadata, "rescored": rescored}
-                    changed += group
-                    counts["advantages_stale"] += len(group)
-                    continue
-                for row, value in zip(group, values):
-                    if row.status == Experience.Status.CONSUMED:
-                        counts["advantages_kept_as_trained"] += 1
-                    else:
-                        row.advantage = value
-                        changed.append(row)
-                        counts["advantages_recomputed"] += 1
-            Experience.objects.bulk_update(changed, ["advantage", "metadata"])
+            with transaction.atomic():
+                counts.update(_recompute_chunk(run, ids[i : i + GROUPS_A_QUERY], advantage, stale))
+    return counts
+
+
+def _recompute_chunk(run: Run, group_ids: list[str], advantage, stale: str | None) -> Counter:
+    """_recompute_advantages for some of a run's groups, their rows locked from the read of their
+    status to the write: a row a trainer step took meanwhile was given the advantage it did not
+    train with (the step read the old one; the write, of a row read unconsumed, came after). A row
+    a step has claimed and trains on now keeps its advantage as a consumed one does."""
+    counts = Counter()
+    members = defaultdict(list)
+    rows = Experience.objects.filter(
+        run=run, group_id__in=group_ids, source=Experience.Source.ROLLOUT
+    ).exclude(status=Experience.Status.REJECTED)
+    fields = ("group_id", "status", "claimed_by", "reward", "advantage", "metadata")
+    for row in rows.select_for_update().only(*fields).order_by("pk"):
+        members[row.group_id].append(row)
+    changed = []
+    for group in members.values():
+        try:
+            if stale:
+                raise ValueError(stale)
+            values = _advantages(group, *advantage)
+        except ValueError as exc:
+            for row in group:
+                rescored = {**row.metadata.get("rescored", {}), "advantage_stale": str(exc)}
+                row.metadata = {**row.metadata, "rescored": rescored}
+            changed += group
+            counts["advantages_stale"] += len(group)
+            continue
+        for row, value in zip(group, values):
+            if row.status == Experience.Status.CONSUMED or row.claimed_by is not None:
+                counts["advantages_kept_as_trained"] += 1
+            else:
+                row.advantage = value
+                changed.append(row)
+                counts["advantages_recomputed"] += 1
+    Experience.objects.bulk_update(changed, ["advantage", "metadata"])
     return counts
 
 

@@ -253,10 +253,11 @@ def run_job(job_label: str, job_id: int) -> Job:
         broadcast(job)
         status, error, result, unexpected = _run(job)
         _finish_persistently(job, status, error=error, result=result)
-    except BaseException:
+    except Exception:
         # Claimed but not ended, its owner this live process: nobody would ever end it (the
         # watchdog and a Cancel leave a job a live process runs to it). Let go, it is orphaned:
-        # the embedded watchdog runs it again, a Cancel ends it.
+        # the embedded watchdog runs it again, a Cancel ends it. (A BaseException is the process
+        # going: its owner record goes with it.)
         _let_go(job_label, job_id)
         raise
     if unexpected is not None:

@@ -138,3 +138,49 @@ def test_a_rescore_run_again_after_its_worker_died_midway_goes_on_from_its_commi
     assert len(calls) == 3 + 2  # the two rows committed before were not scored again
     for row in Experience.objects.all():
         assert (row.reward, row.metadata["rescored"]["previous_reward"]) == (0.5, 0.25)
+
+
+def test_a_step_that_samples_a_group_while_its_advantages_are_recomputed_trains_with_the_stored_one(
+    make_experience, tasks, monkeypatch
+):
+    """The recompute read the rows' status unlocked and wrote their advantages later: a trainer step
+    that sampled a row in between trained with the old advantage while the row said the new one."""
+    from apps.buffer.store import DjangoExperienceBuffer
+
+    rows = [make_experience(task=tasks[2], group_id="7-2", response_text=text, reward=0.0, advantage=0.0)
+            for text in ("4", "The answer is 4.", "5", "I do not know")]
+    in_window, go, real = threading.Event(), threading.Event(), curation._advantages
+
+    def paused(group, *args):  # between the recompute's read of the group and its write
+        in_window.set()
+        go.wait(10)
+        return real(group, *args)
+
+    monkeypatch.setattr(curation, "_advantages", paused)
+    sampled, errors = [], []
+
+    def in_thread(work):
+        def run():
+            try:
+                work()
+            except Exception as exc:  # noqa: BLE001 - reported below
+                errors.append(repr(exc))
+            finally:
+                connection.close()
+        thread = threading.Thread(target=run)
+        thread.start()
+        return thread
+
+    job = curation.start_rescore(Experience.objects.filter(pk__in=[rows[0].pk, rows[1].pk]), reward_fn="exact_match")
+    rescoring = in_thread(lambda: run_job("buffer.bufferjob", job.pk))
+    assert in_window.wait(10)
+    step = in_thread(lambda: sampled.extend(DjangoExperienceBuffer(rows[0].run_id).sample(4, sources=("rollout",))))
+    time.sleep(1.0)  # the step's claim, had it not to wait, is done
+    go.set()
+    rescoring.join(30)
+    step.join(30)
+
+    assert errors == []
+    stored = dict(Experience.objects.values_list("pk", "advantage"))
+    assert {e.id: e.advantage for e in sampled} == {e.id: stored[e.id] for e in sampled}
+    assert sorted(stored.values()) != [0.0] * 4, "the recompute wrote the new advantages"
