@@ -265,8 +265,8 @@ class ExperienceAdmin(CheckedSelectionMixin, admin.ModelAdmin):
             "Reward and reward components are recomputed from each response and its task (rows without a task "
             "are skipped); annotators' ratings (the human component) stay, the previous reward is kept in metadata. "
             "The advantages of the rescored rollouts' groups are recomputed with their run's advantage fn on the rows "
-            "no trainer step has consumed; training already done is unaffected, and a consumed row keeps the "
-            "advantage it trained with (the result counts them). Runs as a job.",
+            "no trainer step has consumed or is training on; training already done is unaffected, and such a row keeps "
+            "the advantage it trained with (the result counts them). Runs as a job.",
             form_class=RescoreForm,
             perform=lambda data, rows: self._job_started(
                 curation.start_rescore(rows, reward_fn=data["reward_fn"], user=request.user)
