@@ -53,7 +53,8 @@ def _rescore(job: BufferJob, progress) -> dict:
     0.3-0.6 s a chunk at a time; past 30 s SQLite answers 'database is locked'). So a job stopped
     midway leaves the chunks before rescored, each row saying so; run again (Celery's redelivery,
     rerun_orphaned) it skips the rows its own id marks, whose previous reward is the original, and
-    a cancelled one recomputes their groups' advantages before it ends."""
+    one that ends midway (cancelled, its reward fn failing) recomputes their groups' advantages
+    before it ends (a failed one had left them as they were, saying nothing of the rows done)."""
     spec = job.params["reward_fn"]
     reward = build_reward(spec)
     counts = Counter(rescored=0, skipped_without_task=0)
@@ -82,8 +83,11 @@ def _rescore(job: BufferJob, progress) -> dict:
                 Experience.objects.bulk_update(fresh, ["reward", "reward_components", "metadata"])
             counts.update(rescored=len(scored), skipped_without_task=len(chunk) - len(scored))
             progress(done)
-    except jobs.JobCancelled:
-        _recompute_advantages(groups)
+    except Exception as exc:  # cancelled, the reward fn failing, anything: the committed chunks stay rescored
+        _recompute_advantages(groups)  # their groups' advantages follow the new rewards
+        if isinstance(exc, JobError) and counts["rescored"]:
+            raise JobError(f"{exc}; the {counts['rescored']:,} rows before it were rescored (each says so in its "
+                           "metadata) and their groups' advantages recomputed") from exc
         raise
     counts.update(_recompute_advantages(groups))
     return dict(counts)
@@ -262,7 +266,11 @@ def _run_pipeline(job: BufferJob, progress) -> dict:
     Unlike a re-score, it changes the buffer in one transaction: run again after a partial commit
     (Celery's redelivery, rerun_orphaned) it would run the operator over its own output (a reward
     shaping applied twice, a dedupe that had rejected rows comparing the rest again), and nothing
-    in a row says which operator run made it so. On SQLite annotators' saves wait for it."""
+    in a row says which operator run made it so. On SQLite annotators' saves wait for it. Its
+    counts commit with its changes: run again after that (its process killed, or its end not
+    saved: jobs.run_job lets such a job go), it returns them and changes nothing."""
+    if job.result:
+        return job.result
     from workers.rft.pipelines import EXPERIENCE_OPERATORS, PipelineContext, build_operators, run_experience_operators
 
     name = job.params["operator"]
@@ -282,6 +290,7 @@ def _run_pipeline(job: BufferJob, progress) -> dict:
             counts.update(_store_outcome(usable, outcome, name))
             counts.update({key: value for key, value in metrics.items() if isinstance(value, int)})
             progress(done)
+        BufferJob.objects.filter(pk=job.pk).update(result=dict(counts))
     return dict(counts)
 
 

@@ -25,7 +25,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from apps.runs import capacity
-from apps.runs.duties import earlier_boot, pid_namespace
+from apps.runs.duties import earlier_boot, pid_namespace, same_namespace
 from apps.runs.models import Worker
 
 from .models import JobOwner
@@ -54,17 +54,26 @@ def owner_of(job_label: str, job_id: int) -> JobOwner | None:
     return JobOwner.objects.filter(job_label=job_label, job_id=job_id).first()
 
 
-def is_gone(owner: JobOwner | None) -> bool:
+def is_gone(owner: JobOwner | None, *, redelivered: bool = False) -> bool:
     """Whether the process that ran a job has certainly exited. No owner: the job was never claimed
-    by this version's runner (pending, or left running by an earlier version's), so nobody runs it."""
+    by this version's runner (pending, or left running by an earlier version's), so nobody runs it.
+
+    `redelivered`: asked by a delivery of the job's task (jobs.run_job). Elsewhere a beating Celery
+    worker says its main process lives, not the pool process running the job: one that died (out of
+    memory) has its task redelivered at once (task_reject_on_worker_lost), perhaps to another
+    machine, which left the job to it for good. Redis redelivers a task a live process runs only
+    after the visibility timeout; a delivery sooner than that after the claim is of a dead one."""
     if owner is None:
         return True
     if owner.host == socket.gethostname():
         # "": recorded before namespaces were (core 0002), judged by its pid as it was then.
-        if owner.pid_namespace in (pid_namespace(), ""):
+        if owner.pid_namespace == "" or same_namespace(owner.pid_namespace):
             return not _alive_here(owner.pid, owner.process_started)
         if earlier_boot(owner.pid_namespace):
             return True
+    visibility = settings.CELERY_BROKER_TRANSPORT_OPTIONS["visibility_timeout"]
+    if redelivered and timezone.now() - owner.since < timedelta(seconds=visibility):
+        return True
     if not owner.worker:
         return False
     worker = Worker.objects.filter(name=owner.worker).first()

@@ -52,7 +52,7 @@ JOBS_QUEUE = "default"  # the Celery queue every job's task goes to
 # every 500 ms, and a job writing every batch would spend a query on each 2,000 rows.
 PROGRESS_INTERVAL_SECONDS = 0.25
 # How long a job that has done its work waits before trying again to save its end (_finish_persistently).
-FINISH_RETRY_S = (1.0, 5.0, 15.0)
+FINISH_RETRY_S = (1.0, 5.0, 15.0, 60.0)
 
 Progress = Callable[..., None]  # progress(rows_done, bytes_done=None)
 JOB_TYPES: dict[str, Callable[[Job, Progress], object]] = {}
@@ -237,7 +237,7 @@ def run_job(job_label: str, job_id: int) -> Job:
     with transaction.atomic():
         status = model.objects.select_for_update().filter(pk=job_id).values_list("status", flat=True).first()
         owner = job_owners.owner_of(job_label, job_id) if status == Job.Status.RUNNING else None
-        if owner is not None and not job_owners.is_gone(owner):
+        if owner is not None and not job_owners.is_gone(owner, redelivered=True):
             logger.warning("job %s %s was delivered again while %s runs it; left to it", job_label, job_id, owner)
             claimed = 0
         else:

@@ -254,11 +254,13 @@ def _page_run(value, request) -> Run | None:
     """The run a page names (its queue's), else the session's. NotAnnotator for a run the user may
     not annotate (no longer: its owner took them off it), as its items' services refuse it."""
     if value is None:
-        return _run(request)
-    pk = whole_number(value)
-    if pk is None:
-        raise BadRequest(f"run must be the id of a run, not {value!r}")
-    if (run := Run.objects.filter(pk=pk).first()) is None:
-        raise BadRequest(f"no run with id {pk}: it was deleted")
-    check_may_annotate(run, request.user)
+        run = _run(request)
+    else:
+        pk = whole_number(value)
+        if pk is None:
+            raise BadRequest(f"run must be the id of a run, not {value!r}")
+        if (run := Run.objects.filter(pk=pk).first()) is None:
+            raise BadRequest(f"no run with id {pk}: it was deleted")
+    if run is not None:  # the session's too: chosen before its owner took the user off it
+        check_may_annotate(run, request.user)
     return run

@@ -78,7 +78,7 @@ def process_is_gone(worker: str, namespace: str) -> bool:
     host, _, pid = worker.rpartition(":")
     if host != socket.gethostname() or not pid.isdigit():
         return False
-    if namespace != pid_namespace():
+    if not same_namespace(namespace):
         return earlier_boot(namespace)
     try:
         os.kill(int(pid), 0)
@@ -116,6 +116,14 @@ def _machine_id() -> str:
             return machine_id.read().strip()
     except OSError:
         return ""
+
+
+def same_namespace(recorded: str) -> bool:
+    """Whether a pid_namespace() recorded earlier is this process's. One recorded before the
+    machine id was part of it ("<boot id>/pid:[<inode>]", a job owner of core 0002's) is if its
+    boot and inode are: an owner killed before an upgrade was taken as running for good."""
+    now = pid_namespace()
+    return recorded == now or (recorded.count("/") == 1 and recorded == now.partition("/")[2])
 
 
 def earlier_boot(namespace: str) -> bool:

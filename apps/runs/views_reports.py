@@ -107,8 +107,11 @@ def report_edit(request, pk):
     if request.POST.get("delete"):
         # Over the version checked above only, as an edit saves: an edit committed since is not deleted unseen.
         if not Report.objects.filter(pk=report.pk, version=version).delete()[0]:
-            report.refresh_from_db()
-            return _changed_since(request, report, typed, deleting=True)
+            now = Report.objects.filter(pk=report.pk).first()
+            if now is None:  # deleted by another tab meanwhile: what this Delete asked for (it was a 500)
+                messages.info(request, f"Report {isolate(report.name)} was already deleted (its runs stay).")
+                return redirect("report-list")
+            return _changed_since(request, now, typed, deleting=True)
         messages.success(request, f"Deleted report {isolate(report.name)} (its runs stay).")
         return redirect("report-list")
     # Runs deleted since it was saved are dropped (as a new report's save offers the rest): kept,

@@ -184,3 +184,32 @@ def test_a_step_that_samples_a_group_while_its_advantages_are_recomputed_trains_
     stored = dict(Experience.objects.values_list("pk", "advantage"))
     assert {e.id: e.advantage for e in sampled} == {e.id: stored[e.id] for e in sampled}
     assert sorted(stored.values()) != [0.0] * 4, "the recompute wrote the new advantages"
+
+
+def test_a_rescore_whose_reward_fn_fails_midway_recomputes_the_done_groups_and_says_what_it_did(
+    make_experience, tasks, monkeypatch
+):
+    """Its committed chunks kept their new rewards beside the old advantages, and its error named
+    only the failing row."""
+    monkeypatch.setattr("apps.buffer.services.CHUNK_ROWS", 2)
+    rows = [make_experience(task=tasks[2], group_id="7-2", response_text=text, reward=0.0, advantage=0.0)
+            for text in ("4", "5", "4", "5")]
+    calls = []
+
+    def fails_at_the_third_row(response, task):
+        calls.append(response)
+        if len(calls) == 3:
+            raise ValueError("the judge is down")
+        return 1.0 if response == "4" else 0.0
+
+    fails_at_the_third_row.rules = {}
+    monkeypatch.setitem(REWARD_FNS._entries, RATE_MEANWHILE, fails_at_the_third_row)
+    job = curation.start_rescore(Experience.objects.filter(pk__in=[row.pk for row in rows]), reward_fn=RATE_MEANWHILE)
+
+    job = run_job("buffer.bufferjob", job.pk)
+
+    assert job.status == "failed" and job.error.endswith(
+        "; the 2 rows before it were rescored (each says so in its metadata) and their groups' advantages recomputed")
+    stored = list(Experience.objects.order_by("pk").values_list("reward", "advantage"))
+    assert [reward for reward, _ in stored] == [1.0, 0.0, 0.0, 0.0]
+    assert stored[0][1] > 0 > stored[1][1], "the group's advantages follow its rewards now"

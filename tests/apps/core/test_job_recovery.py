@@ -175,6 +175,21 @@ def test_an_owner_of_this_machines_earlier_boot_is_gone_and_one_recorded_before_
     assert duties.process_is_gone(f"{host}:{os.getpid()}", f"{machine}/00000000-0000-4000-8000-000000000000/{pids}")
 
 
+def test_an_owner_recorded_before_the_machine_id_was_in_its_namespace_is_judged_by_pid(half_import):
+    """core 0002's rows say "<boot id>/pid:[n]": matching neither this namespace nor "", an owner
+    killed before the upgrade (an embedded demo's, a command's: no worker to ask) was taken as
+    running for good."""
+    _, boot, pids = job_owners.pid_namespace().split("/")
+    job, _ = half_import(alive=True)
+    owner = job_owners.owner_of(LABEL, job.pk)
+    owner.pid_namespace = f"{boot}/{pids}"
+    assert not job_owners.is_gone(owner), "its pid is alive here"
+    killed(psutil.Process(owner.pid))
+    assert job_owners.is_gone(owner)
+    owner.pid_namespace = f"00000000-0000-4000-8000-000000000000/{pids}"  # another boot, or a machine of this name
+    assert not job_owners.is_gone(owner), "cannot tell: left alone, as before"
+
+
 def test_a_cancel_of_a_job_nobody_runs_ends_it_and_frees_its_name(half_import, client, researcher):
     """The full stack's case too: a Celery worker killed whole leaves its task unacknowledged until
     the broker's visibility timeout (6 h), and the job running meanwhile."""
@@ -356,6 +371,28 @@ def test_on_another_machine_its_celery_worker_tells_whether_the_owner_lives(half
 
     owner.worker = ""
     assert not job_owners.is_gone(owner), "an embedded server of another machine: cannot tell, so left alone"
+
+
+def test_full_stack_a_task_delivered_again_soon_after_its_claim_on_another_machine_runs_its_job(half_import, settings):
+    """A pool process that dies (out of memory) has its task redelivered at once
+    (task_reject_on_worker_lost), perhaps to another machine, where its worker's beat said the
+    owner lived: the job was left to a dead process for good. Only a delivery later than the
+    broker's visibility timeout can be of a task a live process still runs."""
+    settings.RFTWEB_EMBEDDED = False
+    job, _ = half_import()
+    now = timezone.now()
+    Worker.objects.create(name="jobs@gpu-7", host="gpu-7", pid=4242, started_at=now - timedelta(hours=8),
+                          last_seen=now)
+    JobOwner.objects.filter(job_label=LABEL, job_id=job.pk).update(
+        host="gpu-7", worker="jobs@gpu-7", since=now - timedelta(hours=7))
+    assert jobs.run_job(LABEL, job.pk).status == "running", "past the visibility timeout: left to its worker"
+
+    JobOwner.objects.filter(job_label=LABEL, job_id=job.pk).update(since=now - timedelta(minutes=5))
+    job = jobs.run_job(LABEL, job.pk)
+
+    assert (job.status, job.rows_done) == ("succeeded", 30)
+    assert not job_owners.is_gone(JobOwner(host="gpu-7", worker="jobs@gpu-7", since=now - timedelta(minutes=5))), (
+        "asked by a Cancel or the watchdog, not a delivery: its worker tells, as before")
 
 
 def busy_finishes(monkeypatch, times: int) -> list[str]:

@@ -79,6 +79,8 @@ def test_undo_and_the_history_follow_the_pages_run_not_the_one_another_tab_opene
     set_annotators(other_run, researcher, open_to_all=False, usernames=[])
     off = annotator_client.get(reverse("annotate-api-progress"), {"run": other_run.pk})
     assert off.status_code == 403 and "you are not an annotator of run 'other'" in off.json()["error"]
+    off = annotator_client.get(reverse("annotate-api-progress"))  # the session's run: tab B opened it last
+    assert off.status_code == 403 and "you are not an annotator of run 'other'" in off.json()["error"]
     gone = annotator_client.get(reverse("annotate-api-progress"), {"run": 10**9})
     assert gone.status_code == 400 and "no run with id" in gone.json()["error"]
 

@@ -162,6 +162,26 @@ def test_an_edit_committed_while_a_delete_is_checked_is_not_deleted(researcher_c
     assert shown_messages(refused)[0].startswith("Report not deleted: it was changed by")
 
 
+def test_a_delete_of_a_report_another_tab_deleted_meanwhile_says_so(researcher_client, compared, monkeypatch):
+    """Two Deletes at once: the second found no row and answered a 500 (Report.DoesNotExist)."""
+    from apps.runs import views_reports
+
+    a, b, _ = compared
+    report = Report.objects.create(name="r", owner=Run.objects.get(pk=a.pk).owner, run_ids=[a.pk, b.pk])
+    real = views_reports.may_edit
+
+    def may_edit_then_another_tab_deletes(user, checked):
+        Report.objects.filter(pk=checked.pk).delete()
+        return real(user, checked)
+
+    monkeypatch.setattr(views_reports, "may_edit", may_edit_then_another_tab_deletes)
+    response = researcher_client.post(reverse("report-edit", args=[report.pk]), {"delete": "1", "version": 0})
+    assert response.status_code == 302 and response.url == reverse("report-list")
+    listed = researcher_client.get(response.url)
+    assert shown_messages(listed) == ["Report \u2068r\u2069 was already deleted (its runs stay)."]  # isolated
+    assert Run.objects.filter(pk__in=[a.pk, b.pk]).count() == 2
+
+
 def test_its_owner_renames_it_and_a_curator_deletes_it_keeping_its_runs(researcher_client, curator, compared):
     a, b, _ = compared
     report = Report.objects.create(name="r", owner=Run.objects.get(pk=a.pk).owner, run_ids=[a.pk, b.pk])
