@@ -15,7 +15,7 @@ from pathlib import Path
 from django.conf import settings
 from django.db.models import Count, Q
 
-from apps.buffer.models import ExpertDataset
+from apps.buffer.models import IMPORTED_GROUP, Experience, ExpertDataset
 from apps.saved_models.directories import missing as missing_saved_model
 from workers.rft.algorithms import resolve
 from workers.rft.config import (
@@ -213,6 +213,18 @@ def expert_dataset_issue(config) -> ConfigIssue | None:
         return ConfigIssue("buffer.expert_dataset", f"{name!r} holds {layout.upper()} data, and algorithm "
                            f"'{config.algorithm.name}' trains on {wants}: name {use}")
     return None
+
+
+def expert_dataset_gone(run) -> str | None:
+    """Why a stopped or failed run cannot resume for its expert dataset: deleted before its trainer
+    copied it (expert_data.seed: a copy made is the run's). Each Resume had queued, then failed."""
+    name = (run.config.get("buffer") or {}).get("expert_dataset")
+    if not name or ExpertDataset.objects.filter(name=name).exists():
+        return None
+    if Experience.objects.filter(run=run, group_id__startswith=IMPORTED_GROUP).exists():
+        return None
+    return (f"buffer.expert_dataset: no expert dataset is named {name!r} and the run had not copied it yet: "
+            "import it again under that name")
 
 
 def _tokenizer_difference(theirs: str, ours: str) -> str | None:

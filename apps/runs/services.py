@@ -15,7 +15,7 @@ from workers.rft.config_rules import data_issues
 
 from . import summaries
 from .checkpoints import forget_versions_after, resume_point
-from .config_checks import expert_dataset_issue, model_issues, source_run_issues
+from .config_checks import expert_dataset_gone, expert_dataset_issue, model_issues, source_run_issues
 from .config_fit import fit_issues
 from .duties import duties_of_run, workers_holding
 from .live import broadcast
@@ -123,13 +123,20 @@ def _write_point(point: MetricPoint) -> dict | None:
 
 
 def taskset_issues(buffer) -> list[ConfigIssue]:
-    """The buffer section's taskset keys (TASKSET_KEYS) that name no taskset here: a launch's
-    refusal, and a resume's (a taskset renamed or deleted since)."""
-    return [
-        ConfigIssue(f"buffer.{key}", missing_taskset(name))
-        for key in TASKSET_KEYS
-        if (name := buffer.get(key)) and not Taskset.objects.filter(name=name).exists()  # NUL: refused by from_dict
-    ]
+    """The buffer section's taskset keys (TASKSET_KEYS) that name no taskset here, or one without
+    tasks: a launch's refusal, and a resume's (a taskset renamed, deleted or emptied since: a run
+    on an emptied taskset was launched, and resumed, only to fail at its first step)."""
+    issues = []
+    for key in TASKSET_KEYS:
+        if not (name := buffer.get(key)):
+            continue
+        taskset = Taskset.objects.filter(name=name).first()  # NUL: refused by from_dict
+        if taskset is None:
+            issues.append(ConfigIssue(f"buffer.{key}", missing_taskset(name)))
+        elif not taskset.own_tasks.exists():
+            issues.append(ConfigIssue(f"buffer.{key}", f"taskset {name!r} has no tasks (they were deleted): "
+                                                        "upload tasks to a new taskset and name it"))
+    return issues
 
 
 def validate_config(config: dict) -> RunConfig:
@@ -207,6 +214,8 @@ def resume_run(run: Run) -> Run:
         if gone:  # it would queue, then fail at its first step
             raise InvalidTransition(f"run {locked.pk} cannot be resumed: " + "; ".join(
                 f"{issue.key}: {issue.message} (renamed or deleted since it launched?)" for issue in gone))
+        if dataset_gone := expert_dataset_gone(locked):  # the same
+            raise InvalidTransition(f"run {locked.pk} cannot be resumed: {dataset_gone}")
         moved = not_resumable(locked.config)
         if moved:  # it would queue, then fail at start on a directory that is not there
             raise InvalidTransition(f"run {locked.pk} cannot be resumed: " + "; ".join(moved))

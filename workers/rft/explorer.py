@@ -46,6 +46,8 @@ EVAL_CHUNK = 64  # eval prompts per engine call
 
 
 NO_TASKS = "the run's taskset (buffer.taskset) has no tasks: it was emptied or deleted"
+# An eval over none logged a held-out score of 0.0 at every eval, nothing saying why.
+NO_EVAL_TASKS = "the run's held-out taskset (buffer.eval_taskset) has no tasks: it was emptied or deleted"
 
 
 class Explorer:
@@ -237,6 +239,8 @@ class Explorer:
     def _evaluate(self, tasks: list[Task] | None) -> dict:
         started = time.perf_counter()
         tasks = self.eval_source.tasks() if tasks is None else tasks
+        if not tasks:
+            raise ValueError(NO_EVAL_TASKS)
         params = SamplingParams(n=1, temperature=0.0, max_new_tokens=self.config.explorer.max_new_tokens)
         experiences, failed = [], {}
         for i in range(0, len(tasks), EVAL_CHUNK):

@@ -333,9 +333,35 @@ def test_a_run_whose_taskset_is_gone_is_not_queued_to_fail(make_run, worker_queu
     second later ("Taskset matching query does not exist"). Now it is refused, naming the key."""
     from apps.tasksets.models import Taskset
 
-    Taskset.objects.create(name="addition")
+    from apps.tasksets.models import Task
+
+    addition = Taskset.objects.create(name="addition")
+    Task.objects.create(taskset=addition, index=0, prompt="What is 1 + 1?", answer="2")
     run = make_run(status=Status.STOPPED, config={"buffer": {"taskset": "addition", "eval_taskset": "good-csv"}})
     gone = r"cannot be resumed: buffer.eval_taskset: no taskset named 'good-csv'.*renamed or deleted"
     with pytest.raises(services.InvalidTransition, match=gone):
         services.resume_run(run)
     assert Run.objects.get(pk=run.pk).status == Status.STOPPED and worker_queue == []
+    # Emptied in the Task admin (before it refused): it queued, then failed at its first step, each Resume.
+    Taskset.objects.create(name="good-csv")
+    addition.tasks.all().delete()
+    emptied = (r"cannot be resumed: buffer.taskset: taskset 'addition' has no tasks \(they were deleted\)")
+    with pytest.raises(services.InvalidTransition, match=emptied):
+        services.resume_run(run)
+    assert Run.objects.get(pk=run.pk).status == Status.STOPPED and worker_queue == []
+
+
+def test_a_run_whose_expert_dataset_was_deleted_before_it_copied_it_is_not_queued_to_fail(make_run, worker_queue):
+    """Stopped while queued, its dataset deleted: each Resume queued it, and it failed ("no expert
+    dataset is named 'hx'"). A run that copied it goes on with its copy."""
+    from apps.buffer.models import IMPORTED_GROUP, Experience
+
+    run = make_run(status=Status.STOPPED, config={"mode": "train", "algorithm": {"name": "sft"},
+                                                  "buffer": {"expert_dataset": "hx"}})
+    refused = r"cannot be resumed: buffer.expert_dataset: no expert dataset is named 'hx' and the run had not copied"
+    with pytest.raises(services.InvalidTransition, match=refused):
+        services.resume_run(run)
+    assert Run.objects.get(pk=run.pk).status == Status.STOPPED and worker_queue == []
+    Experience.objects.create(run=run, group_id=f"{IMPORTED_GROUP}7", source="expert", response_text="r")
+    services.resume_run(run)
+    assert Run.objects.get(pk=run.pk).status == Status.QUEUED

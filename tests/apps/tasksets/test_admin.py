@@ -100,3 +100,40 @@ def test_a_taskset_being_imported_and_its_tasks_are_not_in_the_admin(curator_cli
     assert taskset.name in tasksets and "half-imported" not in tasksets
     assert "only-in-the-half-import" not in tasks
     assert curator_client.get(reverse("admin:tasksets_taskset_change", args=[half.pk])).status_code == 302
+
+
+# ---- the tasks of a taskset (the Task admin) ----
+
+
+def delete_tasks(client, tasks, confirm: bool, select_across=False):
+    data = {"action": "delete_selected", "_selected_action": [task.pk for task in tasks]}
+    if select_across:
+        data["select_across"] = "1"
+    url = reverse("admin:tasksets_task_changelist")
+    return client.post(url, {**data, **({"post": "yes"} if confirm else {})})
+
+
+@pytest.mark.parametrize("status", [Run.Status.RUNNING, Run.Status.STOPPED, Run.Status.QUEUED])
+@pytest.mark.parametrize("key", ["taskset", "eval_taskset"])
+def test_the_tasks_of_a_taskset_a_run_may_still_read_are_not_deleted(curator_client, curator, taskset, status, key):
+    """The Task admin went around the taskset's own refusal: a held-out set emptied under the demo
+    run scored 0.0 at every eval after; a training set's failed the run and every Resume."""
+    run = run_on(curator, status, **{key: "math"})
+    tasks = list(Task.objects.filter(taskset=taskset))
+    page = delete_tasks(curator_client, tasks, confirm=False, select_across=True).content.decode()
+    assert f"run {run.pk} &#x27;r-{status}&#x27; ({status}) reads taskset math" in page
+    delete_tasks(curator_client, tasks, confirm=True, select_across=True)
+    single = curator_client.post(reverse("admin:tasksets_task_delete", args=[tasks[0].pk]), {"post": "yes"})
+    assert single.status_code == 200
+    assert Task.objects.filter(taskset=taskset).count() == 3
+
+
+def test_the_tasks_of_a_taskset_no_run_reads_are_deleted_and_counted_again(curator_client, curator, taskset):
+    run_on(curator, Run.Status.COMPLETED, taskset="math")
+    tasks = list(Task.objects.filter(taskset=taskset).order_by("index"))
+    page = delete_tasks(curator_client, tasks[:2], confirm=False).content.decode()
+    assert "2 of the 3 tasks of taskset math" in page
+    assert delete_tasks(curator_client, tasks[:2], confirm=True).status_code == 302
+    assert Taskset.objects.get(pk=taskset.pk).task_count == 1  # it said 3 over 1
+    assert curator_client.post(reverse("admin:tasksets_task_delete", args=[tasks[2].pk]), {"post": "yes"}).status_code == 302
+    assert Taskset.objects.get(pk=taskset.pk).task_count == 0 and not Task.objects.exists()

@@ -164,3 +164,21 @@ def test_an_explorer_with_no_task_to_draw_says_why(tmp_path, tasks, pipeline, er
     with Loop(config, stores, tmp_path) as loop, pytest.raises(ValueError) as raised:
         loop.explore()
     assert str(raised.value) == error
+
+
+def test_an_eval_over_a_held_out_taskset_with_no_tasks_says_why(tmp_path):
+    """Its tasks deleted under a training run, every eval after logged a held-out score of 0.0 over
+    no tasks, nothing saying why."""
+    import dataclasses
+
+    from workers.rft.loop import Loop
+    from workers.rft.memory import memory_stores
+
+    from .conftest import make_config
+
+    config = make_config(buffer={"taskset": "arithmetic:n=200,max_operand=9,ops=+",
+                                 "eval_taskset": "arithmetic:n=200,max_operand=9,ops=+,split=eval"})
+    stores = dataclasses.replace(memory_stores(config), eval_source=InMemoryTaskSource([]))
+    with Loop(config, stores, tmp_path) as loop, pytest.raises(ValueError) as raised:
+        loop.evaluate()
+    assert str(raised.value) == "the run's held-out taskset (buffer.eval_taskset) has no tasks: it was emptied or deleted"
