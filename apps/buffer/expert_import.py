@@ -151,9 +151,9 @@ def taken(dataset: ExpertDataset, size: int,
 def being_imported(name: str) -> str | None:
     """Why `name` is not to be imported into now: another import is filling a hidden dataset of
     that name (a new dataset's rows are still arriving, or rows are being added to it), or None. One
-    left by an import that died with its process is deleted first, which frees the name
-    (hidden_imports)."""
-    hidden_datasets.delete_leftovers(ExpertDataset.all_objects.filter(name=name))
+    left by an import that died with its process is set aside first (deleted on a worker), which
+    frees the name (hidden_imports)."""
+    hidden_datasets.set_aside(ExpertDataset.all_objects.filter(name=name))
     held = ExpertDataset.all_objects.filter(name=name, ready=False).first()
     if held is None:
         return None

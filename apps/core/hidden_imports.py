@@ -10,9 +10,11 @@ imported") and no page to delete it from; so did an upload job whose own cleanup
 fills a holder is recorded in the transaction that creates it: an import job (its row points at
 the holder: BufferJob.dataset, TasksetImport.taskset), or else this process (apps.core.job_owners,
 under the holder's model label and id). A holder whose importer is gone (no active job points at
-it, and its process has exited) is a leftover: the next import of its name deletes it, and so does
-buffer retention's daily sweep. A live import is never touched: a process of another machine
-cannot be judged and is taken as alive (job_owners.is_gone)."""
+it, and its process has exited) is a leftover: the next import of its name sets it aside (renamed
+SET_ASIDE + its id, which frees the name at once) and queues a task that deletes it on a worker
+(apps.core.tasks.delete_leftovers; embedded, a thread), and buffer retention's daily sweep deletes
+any left. A live import is never touched: a process of another machine cannot be judged and is
+taken as alive (job_owners.is_gone)."""
 
 from collections.abc import Callable
 
@@ -20,10 +22,14 @@ from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Model, QuerySet
 
+from rftweb.celery import enqueue
+
 from . import job_owners
 from .models import Job
 
 KINDS: list["HiddenImports"] = []
+# A set-aside leftover's name: "~" is no taskset's (a slug), and the id makes it no other holder's.
+SET_ASIDE = "~leftover-"
 
 
 class HiddenImports:
@@ -59,6 +65,20 @@ class HiddenImports:
         if job_owners.is_gone(owner):
             return None
         return f"a command, process {owner.pid} on {owner.host}, until it ends or is stopped"
+
+    def set_aside(self, hidden: QuerySet) -> list[int]:
+        """Free the names of the leftovers among `hidden` at once: each renamed SET_ASIDE + its id,
+        still hidden, and deleted on a worker once this commits (delete_leftovers below). The next
+        import of a name deleted them here, inside its request: a 200,000-row leftover held the
+        upload form's name check 62 s on Postgres and 11 s on SQLite (a taskset; an expert
+        dataset 100 s and 70 s), on the shared 2-core test machine; set aside, 25 ms and 17 ms
+        (12 ms and 20 ms). Returns their ids."""
+        gone = [pk for pk in hidden.filter(ready=False).values_list("pk", flat=True) if self.importer(pk) is None]
+        for pk in gone:
+            self.model.all_objects.filter(pk=pk, ready=False).update(name=f"{SET_ASIDE}{pk}")
+        if gone:
+            transaction.on_commit(lambda: enqueue("apps.core.tasks.delete_leftovers"))
+        return gone
 
     def delete_leftovers(self, hidden: QuerySet | None = None) -> list[int]:
         """Delete the hidden holders (among `hidden`, by default all) whose importer is gone; returns

@@ -7,6 +7,7 @@ only regular files and directories are sent: a symlink could point anywhere on t
 """
 
 import os
+import re
 import stat
 import tarfile
 from collections.abc import Iterator
@@ -14,7 +15,10 @@ from pathlib import Path, PurePosixPath
 
 from django.conf import settings
 from django.core.exceptions import PermissionDenied
+from django.db.models import Q
 from django.http import Http404
+
+from .models import Checkpoint
 
 CHUNK_BYTES = 1 << 20
 BLOCK = tarfile.BLOCKSIZE
@@ -52,6 +56,41 @@ def run_checkpoint_dir(checkpoint, run_directory: Path) -> Path:
         raise PermissionDenied(f"checkpoint v{checkpoint.version} of run {checkpoint.run_id} lies outside that run's "
                                "own directory")
     return directory
+
+
+def lock_loaded(paths: dict[str, str]) -> list[tuple[str, str]]:
+    """Lock the Checkpoint rows of the trainer checkpoints (<data dir>/runs/<run>/checkpoints/step_N)
+    that `paths` ({config key: resolved directory}) name or lie in, inside the caller's transaction,
+    and say of each key whose checkpoint is no longer recorded, or whose directory is gone, why.
+    A launch calls it right before it creates its run; keep_checkpoints' rotation takes the same
+    row locks before it decides which checkpoints may go (store.DjangoCheckpointStore.forget), and
+    deletes their directories only once their rows are gone. So a rotation either sees the new
+    run and keeps the checkpoint, or went first and the launch is refused: never a run left naming
+    a deleted directory (a launch between the rotation's check and its delete lost its model).
+    (SQLite locks the whole database for a write instead: transaction_mode IMMEDIATE.)"""
+    data_dir = Path(settings.DATA_DIR).resolve()
+    named = {}
+    for key, path in paths.items():
+        parts = Path(path).relative_to(data_dir).parts if Path(path).is_relative_to(data_dir) else ()
+        if (len(parts) >= 4 and parts[0] == "runs" and parts[2] == "checkpoints"
+                and (step := re.fullmatch(r"step_(\d+)", parts[3])) and (run := re.match(r"(\d+)-", parts[1]))):
+            named[key] = (data_dir.joinpath(*parts[:4]), int(run[1]), int(step[1]))
+    if not named:
+        return []
+    wanted = Q()
+    for _, run_id, step in named.values():
+        wanted |= Q(run_id=run_id, step=step)
+    recorded = {(row.run_id, row.step): row for row in
+                Checkpoint.objects.select_for_update(of=("self",)).filter(wanted).select_related("run").order_by("pk")}
+    problems = []
+    for key, (directory, run_id, step) in named.items():
+        row = recorded.get((run_id, step))
+        if row is None or run_dir(row.run).name != directory.parent.parent.name:
+            problems.append((key, f"checkpoint step_{step} of run {run_id} is no longer recorded: its run keeps only "
+                                  "its newest trainer.keep_checkpoints (or it was deleted); name a newer one"))
+        elif not directory.is_dir():
+            problems.append((key, f"no model directory at {directory.relative_to(data_dir)}"))
+    return problems
 
 
 def resume_point(run, without=()):

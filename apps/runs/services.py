@@ -14,7 +14,7 @@ from workers.rft.config import ConfigError, ConfigIssue, RunConfig, model_paths
 from workers.rft.config_rules import data_issues
 
 from . import summaries
-from .checkpoints import forget_versions_after, resume_point
+from .checkpoints import forget_versions_after, lock_loaded, resume_point
 from .config_checks import expert_dataset_gone, expert_dataset_issue, model_issues, source_run_issues
 from .config_fit import fit_issues
 from .duties import duties_of_run, workers_holding
@@ -180,7 +180,9 @@ def launch_run(owner, name: str, config: dict) -> Run:
     parsed = validate_config(config)
     with transaction.atomic():
         # A saved model renamed since validate_config looked: refused, not a run that fails at start.
-        gone = lock_named({key: path for key, (path, _) in model_paths(parsed).items()})
+        # Likewise a checkpoint keep_checkpoints' rotation deleted since (checkpoints.lock_loaded).
+        paths = {key: path for key, (path, _) in model_paths(parsed).items()}
+        gone = lock_named(paths) + lock_loaded(paths)
         if gone:
             raise ConfigError([ConfigIssue(key, problem) for key, problem in gone])
         run = Run.objects.create(name=name, owner=owner, config=parsed.to_dict(), mode=parsed.mode)

@@ -68,16 +68,20 @@ class DjangoCheckpointStore:
     def forget(self, checkpoints) -> list[int]:
         """All but those another run may still load a model from (deletion.loaders, as the admin's
         delete refuses them): keep_checkpoints' rotation deleted one, and that run's Resume failed
-        with "no model directory at runs/3-.../checkpoints/step_3"."""
+        with "no model directory at runs/3-.../checkpoints/step_3". Decided under the rows' locks,
+        which a launch naming one takes too (checkpoints.lock_loaded), and the rows deleted in the
+        same transaction: a launch between a check outside it and the delete was not seen, and its
+        run was left naming a deleted directory."""
         may_go = []
-        for step, path in checkpoints.items():
-            if held := deletion.loaders([(Path(path).resolve(), f"its checkpoint at step {step}")],
-                                        exclude={self.run.pk}):
-                log.warning("run %s: checkpoint at step %s kept past trainer.keep_checkpoints: %s", self.run.pk, step,
-                            "; ".join(held))
-            else:
-                may_go.append(step)
         with transaction.atomic():
+            list(self.run.checkpoints.select_for_update().filter(step__in=list(checkpoints)).values_list("pk"))
+            for step, path in checkpoints.items():
+                if held := deletion.loaders([(Path(path).resolve(), f"its checkpoint at step {step}")],
+                                            exclude={self.run.pk}):
+                    log.warning("run %s: checkpoint at step %s kept past trainer.keep_checkpoints: %s", self.run.pk,
+                                step, "; ".join(held))
+                else:
+                    may_go.append(step)
             self.run.checkpoints.filter(step__in=may_go).delete()
             services.broadcast(self.run.pk, checkpoints_update(self.run.pk))
         return may_go

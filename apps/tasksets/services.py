@@ -136,7 +136,7 @@ def name_taken(name: str, instead_of: Taskset | None = None) -> str | None:
     others = Taskset.all_objects.filter(name__iexact=name)  # one being imported has its name too
     if instead_of is not None:
         others = others.exclude(pk=instead_of.pk)
-    hidden_tasksets.delete_leftovers(others)  # a killed import's frees its name (hidden_imports)
+    hidden_tasksets.set_aside(others)  # a killed import's frees its name (hidden_imports)
     found = others.values_list("pk", "name", "ready").first()
     if found is None:
         return None
