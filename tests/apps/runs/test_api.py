@@ -244,6 +244,30 @@ def test_an_invalid_launch_lists_its_errors_and_creates_nothing(api, tasksets, w
     assert not Run.objects.exists() and worker_queue == []
 
 
+def test_a_run_stopped_before_it_copied_its_expert_dataset_keeps_it_from_the_admins_delete(
+        api, tasksets, worker_queue, curator):
+    """The hostile tester's steps: launch on the expert dataset hx, stop the run while it is queued,
+    delete hx in the admin. The delete went through, and the run's Resume failed for good
+    ("buffer.expert_dataset: no expert dataset is named 'hx'")."""
+    from apps.buffer.models import ExpertDataset
+
+    dataset = ExpertDataset.objects.create(name="hx", layout="sft")
+    config = {"mode": "train", "algorithm": {"name": "sft"}, "buffer": {"expert_dataset": "hx"},
+              "trainer": {"total_steps": 3}}
+    launched = api("post", reverse("api-runs"), {"name": "on hx", "config": config})
+    assert launched.status_code == 201, launched.content
+    run = Run.objects.get()
+    assert api("post", reverse("api-run-stop", args=[run.pk])).json()["status"] == "stopped"
+    admin = Client()
+    admin.force_login(curator)
+    delete = reverse("admin:buffer_expertdataset_delete", args=[dataset.pk])
+    page = admin.post(delete, {"post": "yes"}).content.decode()
+    assert "Cannot delete expert dataset" in page
+    assert (f"Run on hx (#{run.pk}) names &#x27;hx&#x27;, which it has not copied, and is stopped: it can be "
+            "resumed; delete the run first") in page
+    assert ExpertDataset.objects.filter(name="hx").exists()
+
+
 def test_controls(api, make_run):
     run = make_run(status=Status.RUNNING)
     response = api("post", reverse("api-run-pause", args=[run.pk]))
