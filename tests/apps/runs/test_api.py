@@ -213,6 +213,16 @@ def test_launch_takes_yaml_text(api, tasksets, worker_queue):
     assert api("post", reverse("api-runs"), {"name": "y", "config": text}).status_code == 201
 
 
+def test_launch_reads_yaml_numbers_as_yaml_1_2_does(api, tasksets, worker_queue):
+    """`seed: 010` launched with seed 8 (YAML 1.1's octal) and `seed: 1:30` with seed 90 (base 60)."""
+    text = yaml.safe_dump({**preset_config("quick-demo"), "seed": 0})
+    assert api("post", reverse("api-runs"), {"config": text.replace("seed: 0", "seed: 010")}).status_code == 201
+    assert Run.objects.get().config["seed"] == 10
+    refused = api("post", reverse("api-runs"), {"config": text.replace("seed: 0", "seed: 1:30")})
+    assert refused.status_code == 400
+    assert refused.json()["errors"] == [{"key": "seed", "message": "expected an integer, got a string"}]
+
+
 def test_a_control_refused_after_another_request_moved_the_run_names_the_status_it_has_now(
         api, make_run, monkeypatch):
     """Three resumes of a stopped run at once: the ones refused answered "run 2 is queued: ..." beside
