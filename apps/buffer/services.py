@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 from django.db import DEFAULT_DB_ALIAS, connection, models, transaction
-from django.db.models import BinaryField, Count, ExpressionWrapper, F, Window
+from django.db.models import BinaryField, Count, Exists, ExpressionWrapper, F, OuterRef, Q, Window
 from django.db.models.fields.json import KT
 from django.db.models.functions import RowNumber
 
@@ -27,7 +27,7 @@ from apps.feedback.models import Feedback
 from apps.runs.models import Run
 
 from . import exporters
-from .models import BufferJob, Experience, ExpertDataset
+from .models import IMPORTED_GROUP, BufferJob, Experience, ExpertDataset
 
 CHUNK_ROWS = 2_000  # rows a job holds in memory at once
 DELETE_CHUNK_ROWS = 10_000
@@ -85,16 +85,34 @@ def delete_rows(ids: list[int]) -> int:
 
 
 class DatasetInUse(Exception):
-    """A dataset a run still has to copy (a queued or unfinished run names it) is not deleted."""
+    """A dataset a run still has to copy (runs_waiting_for) is not deleted."""
 
 
 def runs_waiting_for(names) -> list[Run]:
-    """The queued and unfinished runs that name one of these datasets as buffer.expert_dataset:
-    their trainers copy it when they start (expert_data.py)."""
+    """The runs that name one of these datasets as buffer.expert_dataset and may still have to
+    copy it (their trainers copy it when they start, expert_data.py), oldest first: every queued
+    and unfinished one (a running trainer may be in the middle of its copy), and every stopped or
+    failed one that has no copy of it yet, since Resume starts its trainer, which copies it then.
+    Deleted, such a run's Resume failed for good ("buffer.expert_dataset: no expert dataset is named
+    'hx'"). A stopped run with a copy trains on its copy (DjangoExpertData.seed), and a completed
+    run is never resumed: neither needs the dataset. `still_needs` says why each one does."""
     unfinished = (Run.Status.QUEUED, *Run.ACTIVE)
-    return list(Run.objects.filter(status__in=unfinished, config__buffer__expert_dataset__in=list(names)).only(
-        "pk", "name", "config"
-    ))
+    copied = Experience.objects.filter(run=OuterRef("pk"), group_id__startswith=IMPORTED_GROUP)
+    return list(
+        Run.objects.filter(config__buffer__expert_dataset__in=list(names))
+        .filter(Q(status__in=unfinished) | Q(status__in=(Run.Status.STOPPED, Run.Status.FAILED)) & ~Exists(copied))
+        .only("pk", "name", "status", "config").order_by("pk")
+    )
+
+
+def still_needs(run: Run) -> str:
+    """Why a run of runs_waiting_for keeps its dataset, and what lets it go (the wording of the
+    tasksets' and runs' refusals: a run that can be resumed is deleted first)."""
+    named = run.config["buffer"]["expert_dataset"]
+    if run.status in Run.FINISHED:
+        return (f"names {named!r}, which it has not copied, and is {run.status}: it can be resumed; "
+                "delete the run first")
+    return f"names {named!r} and has not ended: its trainer copies the dataset when it starts"
 
 
 def runs_naming(names, newest: int) -> dict[str, tuple[list[tuple[int, str]], int]]:
@@ -117,15 +135,12 @@ def runs_naming(names, newest: int) -> dict[str, tuple[list[tuple[int, str]], in
 def delete_datasets(queryset) -> int:
     """Delete expert datasets with their rows and the preferences between them, all or nothing
     (the runs' copies stay: a copy is its run's). Raises DatasetInUse, deleting nothing, while
-    a queued or unfinished run names one. Returns the number of experiences deleted."""
+    a run may still have to copy one (runs_waiting_for). Returns the number of experiences deleted."""
     datasets = list(queryset)
     waiting = runs_waiting_for(d.name for d in datasets)
     if waiting:
-        raise DatasetInUse(
-            "Not deleted: " + ", ".join(f"run {run.name} (#{run.pk}) names {run.config['buffer']['expert_dataset']!r}"
-                                         for run in waiting)
-            + ". A run copies its dataset when its trainer starts: delete it once they have ended."
-        )
+        raise DatasetInUse("Not deleted: " + "; ".join(f"run {run.name} (#{run.pk}) {still_needs(run)}"
+                                                       for run in waiting) + ".")
     with transaction.atomic():
         deleted = delete_experiences(Experience.objects.filter(dataset__in=datasets))
         ExpertDataset.objects.filter(pk__in=[d.pk for d in datasets]).delete()

@@ -49,7 +49,7 @@ _YAML_READER = yaml.CSafeLoader if yaml.__with_libyaml__ else yaml.SafeLoader
 
 
 class _Loader(_YAML_READER):
-    """YAML 1.1 reads `1e-5` (no dot) as a string; every config author means a float. A key twice in
+    """Numbers by YAML 1.2's rules (below: `010` is 10, `1:30` a string). A key twice in
     one mapping is refused: PyYAML keeps the last, so a second `trainer:` section silently dropped
     the first one's settings."""
 
@@ -64,9 +64,53 @@ class _Loader(_YAML_READER):
         return super().construct_mapping(node, deep=deep)
 
 
+# Numbers are read by YAML 1.2's core schema, as most YAML tools now read them (ruamel.yaml, Go's
+# yaml.v3, JS yaml), not by PyYAML's YAML 1.1 rules, under which `seed: 010` was 8 (octal) and
+# `seed: 1:30` was 90 (base 60) without a word. Under 1.2 a leading zero is decimal (010 is 10, 08
+# is 8, where 1.1 made it the string "08"), 0o10 is octal (8; 1.1 read it as the string "0o10"),
+# 0x10 is hex (16), and text with a colon is a string: an integer key then refuses it by name
+# ("seed: 1:30 ... must be an integer"), a string key keeps it as written. Kept from 1.1, as they
+# are never read two ways: a sign before 0x/0o/0b, 0b binary, and `_` between digits (10_000).
+# A float needs a dot or an exponent; 1.1 also read `1e-5` (no dot) as a string, where every
+# config author means a float.
+_INT, _FLOAT = "tag:yaml.org,2002:int", "tag:yaml.org,2002:float"
+_Loader.yaml_implicit_resolvers = {  # the 1.1 int and float rules out, the others (bool, null...) kept
+    first: [(tag, rule) for tag, rule in rules if tag not in (_INT, _FLOAT)]
+    for first, rules in _YAML_READER.yaml_implicit_resolvers.items()
+}
 _Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float", re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)[eE][-+]?\d+$"), list("-+0123456789.")
+    _INT, re.compile(r"^[-+]?(?:[0-9][0-9_]*|0x_*[0-9a-fA-F][0-9a-fA-F_]*|0o_*[0-7][0-7_]*|0b_*[01][01_]*)$"),
+    list("-+0123456789"),
 )
+_Loader.add_implicit_resolver(
+    _FLOAT, re.compile(r"""^(?:[-+]?(?:[0-9][0-9_]*\.[0-9_]*|\.[0-9][0-9_]*)(?:[eE][-+]?[0-9]+)?
+                           |[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+
+                           |[-+]?\.(?:inf|Inf|INF)
+                           |\.(?:nan|NaN|NAN))$""", re.VERBOSE),
+    list("-+0123456789."),
+)
+
+
+def _construct_int(loader, node) -> int:
+    """An int as _Loader's resolver reads it: decimal whatever its leading zeros (PyYAML's own made
+    010 octal and 1:30 base 60; an explicit `!!int 010` comes here too)."""
+    text = loader.construct_scalar(node).replace("_", "")
+    sign = -1 if text.startswith("-") else 1
+    digits = text.lstrip("+-")
+    base = {"0x": 16, "0o": 8, "0b": 2}.get(digits[:2].lower(), 10)
+    return sign * int(digits[2:] if base != 10 else digits, base)  # a bad `!!int x`: ValueError, a ConfigError
+
+
+_Loader.add_constructor(_INT, _construct_int)
+
+
+class ConfigDumper(yaml.CSafeDumper if yaml.__with_libyaml__ else yaml.SafeDumper):
+    """YAML written for _Loader to read back (the launch form's YAML box): a string it would read as
+    a number is quoted. PyYAML's own dumper quotes by the 1.1 rules, so it wrote the string "08" or
+    "0o10" bare, which _Loader reads as the number 8."""
+
+
+ConfigDumper.yaml_implicit_resolvers = {first: list(rules) for first, rules in _Loader.yaml_implicit_resolvers.items()}
 _OPENS = (yaml.MappingStartEvent, yaml.SequenceStartEvent)
 _CLOSES = (yaml.MappingEndEvent, yaml.SequenceEndEvent)
 _NODES = (*_OPENS, yaml.ScalarEvent, yaml.AliasEvent)

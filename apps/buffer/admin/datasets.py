@@ -81,11 +81,11 @@ class ExpertDatasetAdmin(CheckedSelectionMixin, admin.ModelAdmin):
 
     def get_deleted_objects(self, objs, request):
         """Each dataset with a count of its rows (Django's page listed every experience, a million),
-        and as protected the runs that still have to copy one: the page then deletes nothing."""
+        and as protected the runs that may still have to copy one (services.runs_waiting_for): the
+        page then deletes nothing."""
         deleted = [f"{dataset.name}: {dataset.experiences.count():,} experiences and the preferences between them"
                    for dataset in objs]
-        waiting = [f"Run {run.name} (#{run.pk}), which names {run.config['buffer']['expert_dataset']!r} and has not "
-                   "ended: its trainer copies the dataset when it starts"
+        waiting = [f"Run {run.name} (#{run.pk}) {services.still_needs(run)}"
                    for run in services.runs_waiting_for(dataset.name for dataset in objs)]
         return deleted, {"expert datasets": len(deleted)}, set(), waiting
 

@@ -168,16 +168,32 @@ def test_a_copy_that_fails_names_the_row_and_a_restart_carries_it_on(tmp_path, r
     assert sorted(c.response_text for c in copies(run)) == sorted(str(2 * i) for i in range(7))
 
 
-def test_a_deleted_dataset_fails_a_run_that_has_not_copied_it_and_not_one_that_has(sft_dataset, researcher, flow):
+def test_a_dataset_a_resumable_run_has_not_copied_is_kept_and_one_its_runs_have_copied_is_not(
+        sft_dataset, researcher, flow):
+    """A stopped or failed run that never copied the dataset copies it when resumed: deleted, its
+    Resume failed for good ("no expert dataset is named 'expert'"). One with a copy trains on the
+    copy, and a completed run is never resumed."""
     copied, waiting = make_run(researcher, "copied"), make_run(researcher, "waiting", status=Run.Status.STOPPED)
+    failed = make_run(researcher, "failed", status=Run.Status.FAILED)
+    make_run(researcher, "done", status=Run.Status.COMPLETED)
     DjangoExpertData(copied.pk, "expert").seed(flow.written_experience)
     Run.objects.filter(pk=copied.pk).update(status=Run.Status.STOPPED)
+    with pytest.raises(services.DatasetInUse) as refused:
+        services.delete_datasets(ExpertDataset.objects.all())
+    assert str(refused.value) == (
+        f"Not deleted: run waiting (#{waiting.pk}) names 'expert', which it has not copied, and is stopped: it can be "
+        f"resumed; delete the run first; run failed (#{failed.pk}) names 'expert', which it has not copied, and is "
+        "failed: it can be resumed; delete the run first.")
+    assert sft_dataset.experiences.count() == 4
+    Run.objects.filter(pk__in=[waiting.pk, failed.pk]).delete()
     assert services.delete_datasets(ExpertDataset.objects.all()) == 4
     assert not ExpertDataset.objects.exists() and len(copies(copied)) == 2  # the run's copy stays
     assert all(copy.parent_id is None for copy in copies(copied))
     assert DjangoExpertData(copied.pk, "expert").seed(flow.written_experience) == 0
+    # A run that had not copied it, had the dataset gone another way, says so on its start.
     with pytest.raises(ValueError, match="no expert dataset is named 'expert' .deleted since the run was launched"):
-        DjangoExpertData(waiting.pk, "expert").seed(flow.written_experience)
+        DjangoExpertData(make_run(researcher, "late", status=Run.Status.STOPPED).pk, "expert").seed(
+            flow.written_experience)
 
 
 def test_a_dataset_a_queued_or_running_run_names_is_not_deleted(sft_dataset, researcher, curator):
@@ -290,7 +306,8 @@ def test_the_datasets_page_lists_rows_and_runs_and_asks_before_deleting(sft_data
     assert "expert" in listing and ">4 rows<" in listing and "trains on it" in listing
     delete = reverse("admin:buffer_expertdataset_delete", args=[sft_dataset.pk])
     refused = client.get(delete).content.decode()
-    assert "Cannot delete expert dataset" in refused and f"Run trains on it (#{run.pk}), which names" in refused
+    assert "Cannot delete expert dataset" in refused
+    assert f"Run trains on it (#{run.pk}) names &#x27;expert&#x27; and has not ended" in refused
     assert "Cannot delete expert dataset" in client.post(delete, {"post": "yes"}).content.decode()
     assert sft_dataset.experiences.count() == 4
     Run.objects.filter(pk=run.pk).update(status=Run.Status.COMPLETED)

@@ -213,6 +213,16 @@ def test_launch_takes_yaml_text(api, tasksets, worker_queue):
     assert api("post", reverse("api-runs"), {"name": "y", "config": text}).status_code == 201
 
 
+def test_launch_reads_yaml_numbers_as_yaml_1_2_does(api, tasksets, worker_queue):
+    """`seed: 010` launched with seed 8 (YAML 1.1's octal) and `seed: 1:30` with seed 90 (base 60)."""
+    text = yaml.safe_dump({**preset_config("quick-demo"), "seed": 0})
+    assert api("post", reverse("api-runs"), {"config": text.replace("seed: 0", "seed: 010")}).status_code == 201
+    assert Run.objects.get().config["seed"] == 10
+    refused = api("post", reverse("api-runs"), {"config": text.replace("seed: 0", "seed: 1:30")})
+    assert refused.status_code == 400
+    assert refused.json()["errors"] == [{"key": "seed", "message": "expected an integer, got a string"}]
+
+
 def test_a_control_refused_after_another_request_moved_the_run_names_the_status_it_has_now(
         api, make_run, monkeypatch):
     """Three resumes of a stopped run at once: the ones refused answered "run 2 is queued: ..." beside
@@ -242,6 +252,30 @@ def test_an_invalid_launch_lists_its_errors_and_creates_nothing(api, tasksets, w
     assert api("post", reverse("api-runs"), {"config": "a: [unclosed"}).json()["errors"][0]["key"] == "<config>"
     assert api("post", reverse("api-runs"), "not json", content_type="text/plain").status_code == 400
     assert not Run.objects.exists() and worker_queue == []
+
+
+def test_a_run_stopped_before_it_copied_its_expert_dataset_keeps_it_from_the_admins_delete(
+        api, tasksets, worker_queue, curator):
+    """The hostile tester's steps: launch on the expert dataset hx, stop the run while it is queued,
+    delete hx in the admin. The delete went through, and the run's Resume failed for good
+    ("buffer.expert_dataset: no expert dataset is named 'hx'")."""
+    from apps.buffer.models import ExpertDataset
+
+    dataset = ExpertDataset.objects.create(name="hx", layout="sft")
+    config = {"mode": "train", "algorithm": {"name": "sft"}, "buffer": {"expert_dataset": "hx"},
+              "trainer": {"total_steps": 3}}
+    launched = api("post", reverse("api-runs"), {"name": "on hx", "config": config})
+    assert launched.status_code == 201, launched.content
+    run = Run.objects.get()
+    assert api("post", reverse("api-run-stop", args=[run.pk])).json()["status"] == "stopped"
+    admin = Client()
+    admin.force_login(curator)
+    delete = reverse("admin:buffer_expertdataset_delete", args=[dataset.pk])
+    page = admin.post(delete, {"post": "yes"}).content.decode()
+    assert "Cannot delete expert dataset" in page
+    assert (f"Run on hx (#{run.pk}) names &#x27;hx&#x27;, which it has not copied, and is stopped: it can be "
+            "resumed; delete the run first") in page
+    assert ExpertDataset.objects.filter(name="hx").exists()
 
 
 def test_controls(api, make_run):

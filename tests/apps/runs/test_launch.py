@@ -5,10 +5,10 @@ import yaml
 from django.urls import reverse
 
 from apps.runs import duties, services
-from apps.runs.forms import LaunchForm
+from apps.runs.forms import LaunchForm, RewardFnField, dump_config_yaml
 from apps.runs.models import Run
 from apps.runs.presets import PRESETS, preset_config
-from workers.rft.config import RunConfig
+from workers.rft.config import RunConfig, parse_config_text
 
 URL = reverse("run-launch")
 
@@ -188,6 +188,38 @@ def test_launch_from_yaml_reads_floats_like_the_cli(researcher_client, tasksets,
     assert "lr: 1e-4" in text
     researcher_client.post(URL, {"editor": "yaml", "name": "y", "yaml": text})
     assert Run.objects.get().config["trainer"]["lr"] == 1e-4
+
+
+@pytest.mark.parametrize(("written", "read"), [
+    ("010", 10), ("+010", 10), ("08", 8), ("00", 0), ("0o10", 8), ("0x10", 16), ("-0x10", -16), ("0b101", 5),
+    ("1_000", 1000), ("1:30", "1:30"), ("12:30:00", "12:30:00"), ("0o8", "0o8"), ("1e-5", 1e-5), ("1.5e3", 1500.0),
+    ("09.5", 9.5), ("1:30.5", "1:30.5"), ("'010'", "010"),
+])
+def test_yaml_numbers_are_read_by_yaml_1_2s_rules(written, read):
+    """PyYAML's YAML 1.1 read `seed: 010` as 8 (octal) and `seed: 1:30` as 90 (base 60), silently."""
+    value = parse_config_text(f"seed: {written}")["seed"]
+    assert (value, type(value)) == (read, type(read))
+
+
+def test_a_seed_written_with_leading_zeros_or_a_colon_launches_as_written_or_not_at_all(
+        researcher_client, tasksets, worker_queue):
+    text = yaml.safe_dump({**preset_config("quick-demo"), "seed": 0})
+    researcher_client.post(URL, {"editor": "yaml", "name": "zeros", "yaml": text.replace("seed: 0", "seed: 010")})
+    assert Run.objects.get().config["seed"] == 10
+    colon = text.replace("seed: 0", "seed: 1:30")
+    form = researcher_client.post(URL, {"editor": "yaml", "yaml": colon}).context["form"]
+    assert form.errors["yaml"] == ["seed: expected an integer, got a string"]
+    assert Run.objects.count() == 1
+
+
+def test_the_yaml_box_quotes_a_string_it_would_read_back_as_a_number():
+    """PyYAML's dumper quotes by YAML 1.1's rules: it wrote the system prompt "08" bare, which the
+    box then read back as the number 8."""
+    config = RunConfig.from_dict({"explorer": {"system_prompt": "08", "reward_fn": {"exact_match": 1}}}).to_dict()
+    for prompt in ("08", "0o10", "1:30", "1e5", "010"):
+        config["explorer"]["system_prompt"] = prompt
+        assert parse_config_text(dump_config_yaml(config)) == config
+    assert parse_config_text(RewardFnField().prepare_value({"0o7": 1})) == {"0o7": 1}
 
 
 def test_yaml_errors_show_by_the_yaml_box(researcher_client, tasksets, worker_queue):

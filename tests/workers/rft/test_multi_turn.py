@@ -235,6 +235,46 @@ def test_expert_episode_is_a_masked_trajectory(tokenizer):
         flow(None, tokenizer, env="frozenlake", env_args={"is_slippery": True}).expert_experience(Task(id=3, prompt=""))
 
 
+@ENVIRONMENTS.register("test-heard")
+class Heard(TextEnvironment):
+    """Two turns; keeps every reply it acted on (`heard`, the whole test session's)."""
+
+    instructions = "Say two things."
+    heard = []
+
+    def reset(self, seed, task):
+        self.turn = 0
+        return "Go on."
+
+    def step(self, reply):
+        Heard.heard.append(reply)
+        self.turn += 1
+        return Step("", 1.0, done=True) if self.turn == 2 else Step("Again.")
+
+
+def test_an_expert_reply_cut_at_max_new_tokens_is_the_kept_text_everywhere_and_flagged(tokenizer):
+    """An expert reply cut at explorer.max_new_tokens (encode_response): the environment acted on
+    the whole reply, the conversation showed it, and its turn said "stop" without a stop token,
+    where the trainer learns only its first tokens; nothing said it was cut."""
+    long = "this reply runs on far past the few tokens a turn may have"
+    workflow = flow(None, tokenizer, env="test-heard", max_response_tokens=4)
+    Heard.heard.clear()
+    expert = workflow.expert_experience(Task(id=5, prompt="", metadata={"expert_replies": [long, "yes"]}))
+    kept = tokenizer(long, add_special_tokens=False)["input_ids"][:4]
+    said = tokenizer.decode(kept)
+    assert said != long and Heard.heard == [said, "yes"]
+    assert [m["content"] for m in expert.messages if m["role"] == "assistant"] == [said, "yes"]
+    spans = runs_of_ones(expert.action_mask)
+    assert [expert.response_ids[s:e] for s, e in spans] == [kept, workflow.encode_response("yes")]
+    assert expert.metadata["response_truncated"] is True
+    # The cut turn is closed with the stop token it did not write, as the chat template renders it.
+    full = tokenizer.decode(expert.prompt_ids + expert.response_ids, skip_special_tokens=False)
+    assert full + "\n" == tokenizer.apply_chat_template(expert.messages, tokenize=False)
+    whole = flow(None, tokenizer, env="test-heard", max_response_tokens=64).expert_experience(
+        Task(id=5, prompt="", metadata={"expert_replies": [long, "yes"]}))
+    assert Heard.heard[-2:] == [long, "yes"] and "response_truncated" not in whole.metadata
+
+
 def test_workflow_settings_are_checked_by_name():
     assert workflow_args_problems("multi_turn", {"env": "frozenlake", "max_turns": 5}) == []
     problems = dict(workflow_args_problems("multi_turn", {"env": "lava", "max_turn": 5}))

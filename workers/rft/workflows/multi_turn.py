@@ -316,11 +316,13 @@ class MultiTurnWorkflow(Workflow):
                     # A text would be played one character a turn ("down": "d", an invalid action).
                     raise ValueError(f"metadata.expert_replies must be a list of replies (texts), "
                                      f"got {reprlib.repr(replies)}")
+                cut = False
                 for reply in replies:
                     if episode.done:
                         break
-                    ids = self.encode_response(reply)
-                    self.advance(episode, Completion(ids, reply, None, "stop"), max_new_tokens=len(ids))
+                    completion = self._expert_reply(reply)
+                    self.advance(episode, completion, max_new_tokens=len(completion.token_ids))
+                    cut |= completion.finish_reason == "length"
             finally:
                 episode.env.close()
         except StopRequested:
@@ -329,7 +331,22 @@ class MultiTurnWorkflow(Workflow):
             raise
         except Exception as err:  # noqa: BLE001 - the environment's, in its words, with the task named
             raise TaskFailed(task.id, err) from err
-        return self.experiences(episode, explorer_step=0, source="expert")[0]
+        experience = self.experiences(episode, explorer_step=0, source="expert")[0]
+        if cut:  # as a written response cut in _written says (the importer and the log count them)
+            experience.metadata["response_truncated"] = True
+        return experience
+
+    def _expert_reply(self, reply: str) -> Completion:
+        """A scripted reply as the model would have written it (encode_response): ending with its
+        stop token, or cut at explorer.max_new_tokens without one, and then as a rollout cut at its
+        length is: the kept tokens' text, which the environment acts on and the conversation shows
+        (the full reply's text made the environment answer what is not trained), and finish reason
+        "length", so the turn is closed with the stop token the model did not write
+        (environment_tokens)."""
+        ids = self.encode_response(reply)
+        if ids[-1:] == [self.tokenizer.eos_token_id]:
+            return Completion(ids, reply, None, "stop")
+        return Completion(ids, self.tokenizer.decode(ids), None, "length")
 
 
 def episode_seed(task: Task) -> int | None:
