@@ -363,3 +363,12 @@ def leftovers_queued(monkeypatch) -> list[str]:
     queued = []
     monkeypatch.setattr(hidden_imports, "enqueue", lambda name, *args, **options: queued.append(name))
     return queued
+
+
+def taskset_with_a_task(name: str, **fields):
+    """A taskset a run may name: a launch refuses one with no tasks (runs.services.taskset_issues)."""
+    from apps.tasksets.models import Task, Taskset
+
+    taskset = Taskset.objects.create(name=name, task_count=1, **fields)
+    Task.objects.create(taskset=taskset, index=0, prompt="What is 1 + 1?", answer="2")
+    return taskset

@@ -13,7 +13,7 @@ from django.urls import reverse
 
 from apps.runs.api import token_for
 from apps.runs.models import Run
-from apps.tasksets.models import Taskset
+from tests.support import taskset_with_a_task
 
 GOOD = {
     "model": {"path": "tiny"},
@@ -36,7 +36,7 @@ def merged(base: dict, patch: dict) -> dict:
 
 @pytest.fixture
 def api(researcher):
-    Taskset.objects.create(name="arith")
+    taskset_with_a_task("arith")
     client = Client(enforce_csrf_checks=True)
     headers = {"HTTP_AUTHORIZATION": f"Bearer {token_for(researcher)}"}
 
@@ -191,7 +191,7 @@ def test_bad_model_path_is_refused(api, models_root, tmp_path, settings, key, ma
 
 
 def test_launch_form_shows_the_bound_next_to_its_field(researcher_client):
-    Taskset.objects.create(name="arith")
+    taskset_with_a_task("arith")
     response = researcher_client.post(
         reverse("run-launch"),
         {
@@ -207,7 +207,7 @@ def test_launch_form_shows_the_bound_next_to_its_field(researcher_client):
 @pytest.mark.parametrize("algorithm", ["dpo", "sft"])
 def test_the_launches_that_trained_nothing_are_refused_by_the_api_and_the_form(api, researcher_client, algorithm):
     """As a reviewer sent them: no expert data, pairs or source runs, so 100 steps skipped."""
-    Taskset.objects.create(name="addition")
+    taskset_with_a_task("addition")
     config = {"mode": "train", "algorithm": {"name": algorithm}, "buffer": {"taskset": "addition"}}
     response = api({"name": "nothing", "config": config})
     key = "feedback.source_runs" if algorithm == "dpo" else "buffer.expert_taskset"
@@ -220,7 +220,7 @@ def test_the_launches_that_trained_nothing_are_refused_by_the_api_and_the_form(a
 
 
 def test_cli_refuses_a_bad_config_file(researcher, tmp_path):
-    Taskset.objects.create(name="arith")
+    taskset_with_a_task("arith")
     path = tmp_path / "run.yaml"
     path.write_text(json.dumps(merged(GOOD, {"trainer": {"lr": -1}, "explorer": {"batch_size": 0}})))
     with pytest.raises(CommandError) as err:

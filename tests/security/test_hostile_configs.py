@@ -14,8 +14,8 @@ from django.urls import reverse
 from apps.runs.api import token_for
 from apps.runs.forms import LaunchForm
 from apps.runs.models import Run
-from apps.tasksets.models import Taskset
 from tests.security.test_bad_configs import GOOD  # the smallest config that launches
+from tests.support import taskset_with_a_task
 from workers.rft.config import MAX_CONFIG_CHARS, MAX_CONFIG_DEPTH
 from workers.rft.workflows.base import MAX_ARG_CHARS, MAX_ARG_DEPTH
 
@@ -54,7 +54,7 @@ def nested(depth: int, leaf="SFFF"):
 
 @pytest.fixture
 def api(researcher):
-    Taskset.objects.create(name="arith")
+    taskset_with_a_task("arith")
     client = Client(enforce_csrf_checks=True, HTTP_AUTHORIZATION=f"Bearer {token_for(researcher)}")
 
     def post(config):
@@ -110,7 +110,7 @@ def test_hostile_config_text_is_refused_on_the_api(api, text, words):
 
 @pytest.mark.parametrize("case", ["alias-bomb", "deep-flow", "binary"])
 def test_hostile_config_text_is_a_form_error_on_the_launch_page(researcher_client, case):
-    Taskset.objects.create(name="arith")
+    taskset_with_a_task("arith")
     text, words = TEXT_CASES[case]
     response = researcher_client.post(reverse("run-launch"), {"name": "hostile", "editor": "yaml", "yaml": text})
     assert response.status_code == 200 and Run.objects.count() == 0
@@ -195,7 +195,7 @@ def test_no_config_of_4_kb_is_stored_big_or_validated_slowly(api, name):
 
 def test_deep_json_in_the_launch_forms_own_field_is_no_500(researcher_client):
     """The form editor carries the config as JSON in a hidden field, which a client can rewrite."""
-    Taskset.objects.create(name="arith")
+    taskset_with_a_task("arith")
     launch = reverse("run-launch")
     unreadable = researcher_client.post(launch, {"name": "x", "editor": "form", "base": "[" * 50_000 + "]" * 50_000})
     assert unreadable.status_code in (200, 302)  # read as no base config, like any other broken JSON there

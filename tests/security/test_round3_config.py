@@ -23,10 +23,9 @@ from apps.buffer.models import Experience
 from apps.runs.api import token_for
 from apps.runs.forms import LaunchForm
 from apps.runs.models import Run
-from apps.tasksets.models import Taskset
 from tests.security.test_bad_configs import GOOD, merged, model_dir
 from tests.security.test_hostile_configs import nested
-from tests.support import api_launcher, browser_client
+from tests.support import api_launcher, browser_client, taskset_with_a_task
 from workers.rft.config import MAX_CONFIG_CHARS, MAX_CONFIG_DEPTH, ConfigError
 
 LAUNCH = reverse("run-launch")
@@ -34,7 +33,7 @@ LAUNCH = reverse("run-launch")
 
 @pytest.fixture
 def arith(db):
-    return Taskset.objects.create(name="arith")
+    return taskset_with_a_task("arith")
 
 
 @pytest.fixture

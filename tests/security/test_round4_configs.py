@@ -23,11 +23,10 @@ from django.urls import reverse
 from apps.runs.api import token_for
 from apps.runs.models import Run
 from apps.runs.presets import PRESETS
-from apps.tasksets.models import Taskset
 from bench.config_cost import SIZE, worst_texts
 from tests.security.test_bad_configs import GOOD, merged
 from tests.security.test_round3_config import LAUNCH, form_errors, form_fields, refusal
-from tests.support import api_launcher, browser_client
+from tests.support import api_launcher, browser_client, taskset_with_a_task
 from workers.rft import config as config_module
 from workers.rft import config_issues, config_text
 from workers.rft.config import (
@@ -172,7 +171,7 @@ def test_only_the_reported_unknown_keys_get_a_hint(work, config):
 
 @pytest.fixture
 def arith(db):
-    return Taskset.objects.create(name="arith")
+    return taskset_with_a_task("arith")
 
 
 @pytest.fixture
@@ -213,7 +212,7 @@ def test_the_costliest_texts_are_form_errors_in_every_field_of_the_launch_page(p
 
 def test_four_at_once_through_the_api_each_cost_a_bounded_read(transactional_db, researcher, work):
     """The issue's four concurrent posts (41 s; the login page slowed to 1.4 s): each a 400, none built."""
-    Taskset.objects.create(name="arith")
+    taskset_with_a_task("arith")
     token = token_for(researcher)
     answers = []
 

@@ -22,8 +22,7 @@ from apps.runs.config_fit import fit_issues, fit_warnings
 from apps.runs.forms import LaunchForm
 from apps.runs.models import Run, Worker
 from apps.runs.presets import PRESETS, preset_config
-from apps.tasksets.models import Taskset
-from tests.support import api_launcher, browser_client
+from tests.support import api_launcher, browser_client, taskset_with_a_task
 from tests.workers.rft.test_option_matrix import BASE, MIX, SFT, merged
 from workers.rft.config import RunConfig, load_config, parse_config_text
 from workers.rft.footprint import BUILTIN_SHAPES, GB, run_footprint
@@ -58,7 +57,7 @@ def worker(name: str, *, memory_gb: float = 24.0, cpus: int = 2, gpus: tuple[flo
 
 @pytest.fixture
 def tasksets(db):
-    return [Taskset.objects.create(name=name) for name in TASKSETS]
+    return [taskset_with_a_task(name) for name in TASKSETS]
 
 
 @pytest.fixture

@@ -20,7 +20,7 @@ from apps.feedback.edit_rows import _tokenizer
 from apps.feedback.models import Feedback, PairUse
 from apps.runs.models import Run
 from apps.runs.services import validate_config
-from apps.tasksets.models import Taskset
+from tests.support import taskset_with_a_task
 from workers.rft.config import ConfigError, RunConfig
 from workers.rft.rewards import build_reward
 from workers.rft.workflows import WORKFLOWS
@@ -35,7 +35,7 @@ def write_jsonl(path, rows):
 
 @pytest.fixture
 def taskset(db):
-    return Taskset.objects.create(name="arithmetic")  # the config's default
+    return taskset_with_a_task("arithmetic")  # the config's default
 
 
 @pytest.fixture

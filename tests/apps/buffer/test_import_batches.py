@@ -25,13 +25,13 @@ from apps.core.models import JobOwner
 from apps.feedback.models import Feedback
 from apps.runs.models import Run
 from apps.runs.services import validate_config
-from apps.tasksets.models import Taskset
 from tests.support import (
     command_importing,
     leftovers_queued,
     on_another_connection,
     owner_died,
     run_cancelled_after_two_batches,
+    taskset_with_a_task,
 )
 from workers.rft.config import ConfigError, RunConfig
 
@@ -78,7 +78,7 @@ def run_naming(owner, name: str) -> Run:
 def test_others_write_while_a_big_import_runs_and_its_rows_show_only_when_complete(tmp_path, researcher, curator,
                                                                                        client):
     client.force_login(curator)
-    Taskset.objects.create(name="arithmetic")  # the launch's default taskset
+    taskset_with_a_task("arithmetic")  # the launch's default taskset
     seen = {}
 
     def look():

@@ -1,14 +1,14 @@
 
 import pytest
 
-from apps.tasksets.models import Taskset
+from tests.support import taskset_with_a_task
 
 
 @pytest.fixture
 def tasksets(db):
-    """The built-in tasksets' names (empty: the launch pages only check that they exist)."""
+    """The built-in tasksets' names, a task each (the launch pages check that they exist and hold one)."""
     names = ("addition", "addition-eval", "arithmetic", "arithmetic-eval", "countdown")
-    return [Taskset.objects.create(name=name) for name in names]
+    return [taskset_with_a_task(name) for name in names]
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from apps.runs.models import Run
-from apps.tasksets.models import Taskset
+from tests.support import taskset_with_a_task
 
 CONFIG = """
 model: {path: tiny}
@@ -16,7 +16,7 @@ buffer: {taskset: arith}
 
 @pytest.fixture
 def config_file(tmp_path, researcher, worker_queue):
-    Taskset.objects.create(name="arith")
+    taskset_with_a_task("arith")
     path = tmp_path / "my-run.yaml"
     path.write_text(CONFIG)
     return path
@@ -84,7 +84,7 @@ def test_embedded_rft_run_leaves_its_run_to_the_demo_server_which_starts_it(
     threads = []
     thread = lambda target, daemon, name: threads.append(name) or SimpleNamespace(start=lambda: None)  # noqa: E731
     monkeypatch.setattr(celery, "threading", SimpleNamespace(Thread=thread))  # enqueue's threads, recorded
-    Taskset.objects.create(name="arith")
+    taskset_with_a_task("arith")
     path = tmp_path / "my-run.yaml"
     path.write_text(CONFIG)
     call_command("rft_run", str(path), "--owner", "res")

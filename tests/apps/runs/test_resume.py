@@ -331,9 +331,7 @@ def test_embedded_the_watchdog_leaves_this_servers_own_slow_duties_alone(make_ru
 def test_a_run_whose_taskset_is_gone_is_not_queued_to_fail(make_run, worker_queue):
     """A taskset renamed or deleted since the launch: the resume queued the run, which failed a
     second later ("Taskset matching query does not exist"). Now it is refused, naming the key."""
-    from apps.tasksets.models import Taskset
-
-    from apps.tasksets.models import Task
+    from apps.tasksets.models import Task, Taskset
 
     addition = Taskset.objects.create(name="addition")
     Task.objects.create(taskset=addition, index=0, prompt="What is 1 + 1?", answer="2")

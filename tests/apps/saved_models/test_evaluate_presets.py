@@ -7,7 +7,7 @@ from django.urls import reverse
 from apps.runs.models import Run
 from apps.runs.presets import PRESETS
 from apps.saved_models import services
-from apps.tasksets.models import Taskset
+from tests.support import taskset_with_a_task
 
 from .test_evaluation import launch_fields, source  # noqa: F401 (a fixture)
 
@@ -15,7 +15,7 @@ pytestmark = pytest.mark.django_db
 
 
 def test_the_evaluate_forms_preset_links_carry_the_model_and_stay_a_bench_run(researcher_client, source, researcher):  # noqa: F811
-    Taskset.objects.create(name="arithmetic-eval")
+    taskset_with_a_task("arithmetic-eval")
     saved = services.save_model(source, 5, "warm", researcher)
     (services.model_dir(saved) / "config.json").write_text('{"model_type": "llama"}')  # what a launch checks
     for name, content in {"model.safetensors": "{}", "tokenizer_config.json": '{"chat_template": "{{ x }}"}'}.items():

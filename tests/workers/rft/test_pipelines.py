@@ -181,4 +181,5 @@ def test_an_eval_over_a_held_out_taskset_with_no_tasks_says_why(tmp_path):
     stores = dataclasses.replace(memory_stores(config), eval_source=InMemoryTaskSource([]))
     with Loop(config, stores, tmp_path) as loop, pytest.raises(ValueError) as raised:
         loop.evaluate()
-    assert str(raised.value) == "the run's held-out taskset (buffer.eval_taskset) has no tasks: it was emptied or deleted"
+    assert str(raised.value) == ("the run's held-out taskset (buffer.eval_taskset) has no tasks: "
+                                 "it was emptied or deleted")
