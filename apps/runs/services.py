@@ -122,7 +122,7 @@ def _write_point(point: MetricPoint) -> dict | None:
             return held[1]
 
 
-def taskset_issues(buffer) -> list[ConfigIssue]:
+def taskset_issues(buffer, *, resuming: bool = False) -> list[ConfigIssue]:
     """The buffer section's taskset keys (TASKSET_KEYS) that name no taskset here, or one without
     tasks: a launch's refusal, and a resume's (a taskset renamed, deleted or emptied since: a run
     on an emptied taskset was launched, and resumed, only to fail at its first step)."""
@@ -132,9 +132,11 @@ def taskset_issues(buffer) -> list[ConfigIssue]:
             continue
         taskset = Taskset.objects.filter(name=name).first()  # NUL: refused by from_dict
         if taskset is None:
-            issues.append(ConfigIssue(f"buffer.{key}", missing_taskset(name)))
+            since = " (renamed or deleted since it launched?)" if resuming else ""
+            issues.append(ConfigIssue(f"buffer.{key}", missing_taskset(name) + since))
         elif not taskset.own_tasks.exists():
-            issues.append(ConfigIssue(f"buffer.{key}", f"taskset {name!r} has no tasks (they were deleted): "
+            since = " since it launched" if resuming else ""
+            issues.append(ConfigIssue(f"buffer.{key}", f"taskset {name!r} has no tasks (they were deleted{since}): "
                                                         "upload tasks to a new taskset and name it"))
     return issues
 
@@ -212,10 +214,10 @@ def resume_run(run: Run) -> Run:
             )
         if locked.buffer_retired_at is not None:
             raise InvalidTransition(f"run {locked.pk} cannot be resumed: {buffer_retired(locked)}")
-        gone = taskset_issues(locked.config.get("buffer") or {})
+        gone = taskset_issues(locked.config.get("buffer") or {}, resuming=True)
         if gone:  # it would queue, then fail at its first step
             raise InvalidTransition(f"run {locked.pk} cannot be resumed: " + "; ".join(
-                f"{issue.key}: {issue.message} (renamed or deleted since it launched?)" for issue in gone))
+                f"{issue.key}: {issue.message}" for issue in gone))
         if dataset_gone := expert_dataset_gone(locked):  # the same
             raise InvalidTransition(f"run {locked.pk} cannot be resumed: {dataset_gone}")
         moved = not_resumable(locked.config)

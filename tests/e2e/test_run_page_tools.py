@@ -22,6 +22,7 @@ from apps.runs.logs import DutyLog
 from apps.runs.models import MetricPoint, Run
 from apps.runs.store import DjangoCheckpointStore
 from apps.tasksets.models import Task, Taskset
+from tests.support import taskset_with_a_task
 
 from .test_dashboard import DEMO_CONFIG, SCREEN, SHOTS
 
@@ -194,8 +195,8 @@ def test_a_run_resumed_from_elsewhere_shows_the_resumed_duty_on_the_open_page(pa
     expect(page.locator("#run-duties")).to_be_hidden()
 
     for key in ("taskset", "eval_taskset", "expert_taskset"):  # a resume refuses a run whose tasksets are gone
-        if name := run.config["buffer"].get(key):
-            Taskset.objects.get_or_create(name=name)
+        if (name := run.config["buffer"].get(key)) and not Taskset.objects.filter(name=name).exists():  # or empty
+            taskset_with_a_task(name)
     services.resume_run(run)  # not from this page: it does not reload
     supervision.start_run(run.pk)
     take_duty(run, "gpu-2:12", "train@two", f"run {run.pk} (loop): resumed from checkpoint v5 (trainer step 5)")

@@ -343,7 +343,7 @@ def test_a_run_whose_taskset_is_gone_is_not_queued_to_fail(make_run, worker_queu
     # Emptied in the Task admin (before it refused): it queued, then failed at its first step, each Resume.
     Taskset.objects.create(name="good-csv")
     addition.tasks.all().delete()
-    emptied = (r"cannot be resumed: buffer.taskset: taskset 'addition' has no tasks \(they were deleted\)")
+    emptied = r"cannot be resumed: buffer.taskset: taskset 'addition' has no tasks \(they were deleted since it launch"
     with pytest.raises(services.InvalidTransition, match=emptied):
         services.resume_run(run)
     assert Run.objects.get(pk=run.pk).status == Status.STOPPED and worker_queue == []
