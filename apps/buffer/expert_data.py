@@ -27,7 +27,7 @@ from django.db.models import Max
 
 from apps.feedback.models import Feedback
 
-from .models import IMPORTED_GROUP, IMPORTED_PAIR_GROUP, ExpertDataset
+from .models import IMPORTED_GROUP, IMPORTED_PAIR_GROUP, ExpertDataset, expert_copies
 from .models import Experience as ExperienceRow
 from .store import to_row
 
@@ -46,7 +46,7 @@ class DjangoExpertData:
         self.run_id, self.name = run_id, name
 
     def seed(self, to_experience: Callable) -> int:
-        copies = ExperienceRow.objects.filter(run_id=self.run_id, group_id__startswith=IMPORTED_GROUP)
+        copies = expert_copies(self.run_id)
         dataset = ExpertDataset.objects.filter(name=self.name).first()
         if dataset is None:
             if copies.exists():

@@ -261,3 +261,10 @@ class BufferJob(Job):
         # complete, checked archive stays: rows it holds may have been deleted since.
         if failed and not (self.kind == self.Kind.RETENTION and "archived" in self.result):
             self.output.name = ""
+
+
+def expert_copies(run):
+    """The run's copy of its expert dataset (expert_data.py: made when its trainer starts); `run` a
+    run, its id, or OuterRef("pk"). A run that has one trains on it, its dataset deleted or not."""
+    return Experience.objects.filter(run=run, group_id__startswith=IMPORTED_GROUP)
+

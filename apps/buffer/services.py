@@ -27,7 +27,7 @@ from apps.feedback.models import Feedback
 from apps.runs.models import Run
 
 from . import exporters
-from .models import IMPORTED_GROUP, BufferJob, Experience, ExpertDataset
+from .models import BufferJob, Experience, ExpertDataset, expert_copies
 
 CHUNK_ROWS = 2_000  # rows a job holds in memory at once
 DELETE_CHUNK_ROWS = 10_000
@@ -97,7 +97,7 @@ def runs_waiting_for(names) -> list[Run]:
     'hx'"). A stopped run with a copy trains on its copy (DjangoExpertData.seed), and a completed
     run is never resumed: neither needs the dataset. `still_needs` says why each one does."""
     unfinished = (Run.Status.QUEUED, *Run.ACTIVE)
-    copied = Experience.objects.filter(run=OuterRef("pk"), group_id__startswith=IMPORTED_GROUP)
+    copied = expert_copies(OuterRef("pk"))
     return list(
         Run.objects.filter(config__buffer__expert_dataset__in=list(names))
         .filter(Q(status__in=unfinished) | Q(status__in=(Run.Status.STOPPED, Run.Status.FAILED)) & ~Exists(copied))

@@ -15,7 +15,7 @@ from pathlib import Path
 from django.conf import settings
 from django.db.models import Count, Q
 
-from apps.buffer.models import IMPORTED_GROUP, Experience, ExpertDataset
+from apps.buffer.models import ExpertDataset, expert_copies
 from apps.saved_models.directories import missing as missing_saved_model
 from workers.rft.algorithms import resolve
 from workers.rft.config import (
@@ -221,7 +221,7 @@ def expert_dataset_gone(run) -> str | None:
     name = (run.config.get("buffer") or {}).get("expert_dataset")
     if not name or ExpertDataset.objects.filter(name=name).exists():
         return None
-    if Experience.objects.filter(run=run, group_id__startswith=IMPORTED_GROUP).exists():
+    if expert_copies(run).exists():
         return None
     return (f"buffer.expert_dataset: no expert dataset is named {name!r} and the run had not copied it yet: "
             "import it again under that name")

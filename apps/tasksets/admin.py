@@ -29,6 +29,17 @@ class TasksetForm(forms.ModelForm):
         return name
 
 
+def readers(tasksets, or_else: str = "") -> list[str]:
+    """The runs that may still read one of `tasksets` (runs_needing), each a line of a delete's
+    confirmation page that refuses it, saying what lets it go."""
+    return [
+        f"run {run.pk} '{run.name}' ({run.status}) reads taskset {name}: "
+        + ("stop it and delete it first" if run.status in Run.ACTIVE or run.status == Run.Status.QUEUED
+           else f"it can be resumed; delete the run first{or_else}")
+        for run, name in runs_needing(tasksets)
+    ]
+
+
 @admin.register(Taskset)
 class TasksetAdmin(CheckedSelectionMixin, admin.ModelAdmin):
     form = TasksetForm
@@ -57,12 +68,7 @@ class TasksetAdmin(CheckedSelectionMixin, admin.ModelAdmin):
         the runs that still read one (services.runs_needing)."""
         tasksets = list(objs)
         deleted = [f"Taskset {taskset.name}, with its {taskset.task_count:,} tasks" for taskset in tasksets]
-        protected = [
-            f"run {run.pk} '{run.name}' ({run.status}) reads taskset {name}: "
-            + ("stop it and delete it first" if run.status in Run.ACTIVE or run.status == Run.Status.QUEUED
-               else "it can be resumed; delete the run first")
-            for run, name in runs_needing(tasksets)
-        ]
+        protected = readers(tasksets)
         counts = {"tasksets": f"{len(tasksets):,}", "tasks": f"{sum(taskset.task_count for taskset in tasksets):,}"}
         return deleted, counts, set(), protected
 
@@ -95,12 +101,7 @@ class TaskAdmin(CheckedSelectionMixin, admin.ModelAdmin):
         tasksets = list(Taskset.all_objects.filter(pk__in=counts))
         deleted = [f"{counts[taskset.pk]:,} of the {taskset.task_count:,} tasks of taskset {taskset.name}"
                    for taskset in tasksets]
-        protected = [
-            f"run {run.pk} '{run.name}' ({run.status}) reads taskset {name}: "
-            + ("stop it and delete it first" if run.status in Run.ACTIVE or run.status == Run.Status.QUEUED
-               else "it can be resumed; delete the run first, or copy the taskset without these tasks")
-            for run, name in runs_needing(tasksets)
-        ]
+        protected = readers(tasksets, or_else=", or copy the taskset without these tasks")
         return deleted, {"tasks": f"{sum(counts.values()):,}"}, set(), protected
 
     def delete_model(self, request, obj):
